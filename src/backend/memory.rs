@@ -1,0 +1,271 @@
+use super::clock::{Clock, ManualClock};
+use super::{TierCheck, Verdict};
+use crate::algorithm::BucketState;
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+const SHARDS: usize = 64;
+const MIN_SWEEP: usize = 1024;
+
+/// Buckets in this process's memory: no network, no shared state between app
+/// servers (each server enforces the full quota on its own).
+///
+/// * **Exact and atomic**: the keys of one request's tiers are locked together
+///   (shards locked in index order, so concurrent requests cannot deadlock),
+///   so a request is charged on every tier or on none.
+/// * **Clock**: tokio's monotonic clock, anchored to the wall clock once at
+///   construction for the `X-RateLimit-Reset` epoch seconds. Tests can pause it
+///   (`#[tokio::test(start_paused = true)]`) or use a [`ManualClock`].
+/// * **Bounded memory**: a bucket is forgotten once it would be full again
+///   (its time-to-live, exactly as on Redis); expired entries are swept
+///   whenever a shard doubles in size, and at most
+///   [`max_keys`](MemoryBackend::max_keys) buckets are kept (default
+///   1 000 000): past that, the buckets closest to full are evicted first,
+///   which hands those keys a full bucket a little early.
+///
+/// ```
+/// use tiered_ratelimit::backend::MemoryBackend;
+/// let store = MemoryBackend::new().max_keys(100_000);
+/// assert_eq!(store.len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Clock,
+    max_per_shard: usize,
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<String, Entry>,
+    sweep_at: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    state: BucketState,
+    /// Epoch microseconds after which the bucket is full and the entry is
+    /// meaningless.
+    expires_us: u64,
+}
+
+impl fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("len", &self.len())
+            .field("max_keys", &(self.inner.max_per_shard * SHARDS))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// An empty store on tokio's monotonic clock, keeping at most 1 000 000
+    /// buckets.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::with_clock(Clock::monotonic(), 1_000_000)
+    }
+
+    /// An empty store on a [`ManualClock`] (for tests and replay).
+    #[must_use]
+    pub fn with_manual_clock(clock: ManualClock) -> Self {
+        Self::with_clock(Clock::Manual(clock), 1_000_000)
+    }
+
+    fn with_clock(clock: Clock, max_keys: usize) -> Self {
+        let max_per_shard = max_keys.div_ceil(SHARDS).max(1);
+        let shards = (0..SHARDS)
+            .map(|_| {
+                Mutex::new(Shard {
+                    map: HashMap::new(),
+                    sweep_at: sweep_threshold(MIN_SWEEP, max_per_shard),
+                })
+            })
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                shards,
+                hasher: RandomState::new(),
+                clock,
+                max_per_shard,
+            }),
+        }
+    }
+
+    /// Keeps at most about `max_keys` buckets (rounded up to a multiple of the
+    /// shard count, 64). Call before sharing the store.
+    #[must_use]
+    pub fn max_keys(self, max_keys: usize) -> Self {
+        Self::with_clock(self.inner.clock.clone(), max_keys)
+    }
+
+    /// Buckets currently held (expired ones not yet swept included).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The store's clock reading, in epoch microseconds.
+    pub fn now_us(&self) -> u64 {
+        self.inner.clock.now_us()
+    }
+
+    fn shard_of(&self, key: &str) -> usize {
+        // Truncation is fine: only the low bits pick the shard.
+        (self.inner.hasher.hash_one(key) as usize) % SHARDS
+    }
+
+    pub(crate) fn check(&self, checks: &[TierCheck]) -> Verdict {
+        let now_us = self.inner.clock.now_us();
+        let idx: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        let mut order = idx.clone();
+        order.sort_unstable();
+        order.dedup();
+        // Lock in ascending shard order: no two requests can wait on each other.
+        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
+            .iter()
+            .map(|&i| (i, lock(&self.inner.shards[i])))
+            .collect();
+        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
+
+        let mut decisions = Vec::with_capacity(checks.len());
+        let mut writes = Vec::with_capacity(checks.len());
+        for (c, &shard) in checks.iter().zip(&idx) {
+            let map = &guards[guard_of(shard)].1.map;
+            let state = map
+                .get(c.key.as_str())
+                .filter(|e| e.expires_us > now_us)
+                .map(|e| e.state);
+            let (decision, write) = c.bucket.check(state, now_us, c.cost);
+            decisions.push(decision);
+            writes.push(write);
+        }
+        if decisions.iter().all(|d| d.allowed) {
+            for ((c, &shard), write) in checks.iter().zip(&idx).zip(writes) {
+                if let Some((state, ttl_us)) = write {
+                    let g = &mut guards[guard_of(shard)].1;
+                    let entry = Entry {
+                        state,
+                        expires_us: now_us.saturating_add(ttl_us),
+                    };
+                    match g.map.get_mut(c.key.as_str()) {
+                        Some(e) => *e = entry,
+                        None => {
+                            g.map.insert(c.key.clone(), entry);
+                            if g.map.len() >= g.sweep_at {
+                                g.sweep(now_us, self.inner.max_per_shard);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Verdict { now_us, decisions }
+    }
+}
+
+impl Shard {
+    /// Drops expired buckets; if still over `max`, drops the buckets that
+    /// expire soonest (closest to full) down to 90% of `max`.
+    fn sweep(&mut self, now_us: u64, max: usize) {
+        self.map.retain(|_, e| e.expires_us > now_us);
+        if self.map.len() > max {
+            let keep = max - max / 10;
+            let mut expiries: Vec<u64> = self.map.values().map(|e| e.expires_us).collect();
+            let cut = expiries.len() - keep;
+            let (_, &mut threshold, _) = expiries.select_nth_unstable(cut);
+            self.map.retain(|_, e| e.expires_us >= threshold);
+            // Ties at the threshold may leave a few extra; remove arbitrary ones.
+            let extra = self.map.len().saturating_sub(keep);
+            if extra > 0 {
+                let victims: Vec<String> = self
+                    .map
+                    .iter()
+                    .filter(|(_, e)| e.expires_us == threshold)
+                    .take(extra)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in victims {
+                    self.map.remove(&k);
+                }
+            }
+        }
+        self.sweep_at = sweep_threshold(self.map.len() * 2, max);
+    }
+}
+
+/// Sweep when a shard doubles, but never let it pass `max`.
+fn sweep_threshold(target: usize, max: usize) -> usize {
+    target.max(MIN_SWEEP).min(max.saturating_add(1))
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding the lock cannot leave a shard half-written (every
+    // write is a single insert), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::TokenBucket;
+
+    fn check(key: &str, tb: TokenBucket) -> TierCheck {
+        TierCheck {
+            key: key.to_owned(),
+            bucket: tb,
+            cost: 1,
+        }
+    }
+
+    #[test]
+    fn all_or_nothing_across_tiers() {
+        let clock = ManualClock::new(1_000_000_000_000);
+        let m = MemoryBackend::with_manual_clock(clock);
+        let wide = TokenBucket::new(10, 60_000_000, 10).unwrap();
+        let narrow = TokenBucket::new(1, 60_000_000, 1).unwrap();
+        let v = m.check(&[check("rl:g:all", wide), check("rl:u:a", narrow)]);
+        assert!(v.allowed());
+        let v = m.check(&[check("rl:g:all", wide), check("rl:u:a", narrow)]);
+        assert!(!v.allowed());
+        assert_eq!(v.decisions[1].remaining, 0);
+        // The global tier was not charged for the denied request: 10 - 1 - 1.
+        let v = m.check(&[check("rl:g:all", wide)]);
+        assert_eq!(v.decisions[0].remaining, 8);
+    }
+
+    #[test]
+    fn memory_stays_bounded_under_a_key_flood() {
+        let clock = ManualClock::new(1_000_000_000_000);
+        let m = MemoryBackend::with_manual_clock(clock.clone()).max_keys(64 * 100);
+        let tb = TokenBucket::new(1, 3_600_000_000, 1).unwrap();
+        for i in 0..100_000u32 {
+            let v = m.check(&[check(&format!("rl:ip:{i}"), tb)]);
+            assert!(v.allowed());
+        }
+        assert!(m.len() <= 64 * (100 + 1), "len {}", m.len());
+        // After an hour every bucket is full again and sweeps drop them all.
+        clock.advance(std::time::Duration::from_secs(3601));
+        for i in 0..64 * 1100u32 {
+            m.check(&[check(&format!("rl:ip:new{i}"), tb)]);
+        }
+        assert!(m.len() <= 64 * 101);
+    }
+}

@@ -1,0 +1,102 @@
+//! Where buckets live: [`MemoryBackend`] (one process) or [`RedisBackend`]
+//! (shared by every app server).
+//!
+//! Both run the same algorithm code: the memory backend calls the pure models
+//! in [`crate::algorithm`]; the Redis backend runs their Lua twins from `lua/`
+//! in one script call per request, covering every tier.
+
+mod clock;
+mod memory;
+#[cfg(feature = "redis")]
+mod redis;
+
+pub use clock::ManualClock;
+pub use memory::MemoryBackend;
+#[cfg(feature = "redis")]
+pub use self::redis::RedisBackend;
+
+use crate::algorithm::{Decision, TokenBucket};
+use crate::error::BackendError;
+use std::future::Future;
+use std::pin::Pin;
+
+/// The storage a layer checks its tiers against.
+///
+/// Built from a backend with `.into()`; the builder's `.backend(..)` takes
+/// either kind directly.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum Backend {
+    /// In-process buckets.
+    Memory(MemoryBackend),
+    /// Buckets in Redis, checked with one Lua script call per request.
+    #[cfg(feature = "redis")]
+    Redis(RedisBackend),
+}
+
+impl From<MemoryBackend> for Backend {
+    fn from(b: MemoryBackend) -> Self {
+        Backend::Memory(b)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<RedisBackend> for Backend {
+    fn from(b: RedisBackend) -> Self {
+        Backend::Redis(b)
+    }
+}
+
+/// One tier's share of a request's check.
+#[derive(Debug, Clone)]
+pub(crate) struct TierCheck {
+    /// The full storage key, `<prefix>:<tier>:<key part>`.
+    pub(crate) key: String,
+    pub(crate) bucket: TokenBucket,
+    /// Cost in tokens.
+    pub(crate) cost: u64,
+}
+
+/// The backend's answer for all tiers of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// The backend's clock when it decided, in Unix epoch microseconds.
+    pub(crate) now_us: u64,
+    /// One decision per [`TierCheck`], in order.
+    pub(crate) decisions: Vec<Decision>,
+}
+
+impl Verdict {
+    pub(crate) fn allowed(&self) -> bool {
+        self.decisions.iter().all(|d| d.allowed)
+    }
+}
+
+pub(crate) type CheckFuture = Pin<Box<dyn Future<Output = Result<Verdict, BackendError>> + Send>>;
+
+/// A check that finished at once (memory) or must be awaited (Redis).
+pub(crate) enum Check {
+    Ready(Result<Verdict, BackendError>),
+    Pending(CheckFuture),
+}
+
+impl Backend {
+    /// Checks every tier of one request, all or nothing: the request is
+    /// charged on every tier only if every tier allows it.
+    pub(crate) fn check(&self, checks: Vec<TierCheck>) -> Check {
+        match self {
+            Backend::Memory(m) => Check::Ready(Ok(m.check(&checks))),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => Check::Pending(Box::pin(r.clone().check(checks))),
+        }
+    }
+
+    /// Whether decisions come from a shared store rather than this process.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Backend::Memory(_) => "memory",
+            #[cfg(feature = "redis")]
+            Backend::Redis(_) => "redis",
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! Errors: configuration errors (at build time) and backend errors (at run time).
+
+use std::time::Duration;
+
+/// A configuration the layer refuses to build, naming the offending field.
+///
+/// Returned by [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build),
+/// [`RateLimitLayer::from_policy`](crate::RateLimitLayer::from_policy),
+/// [`Policy::from_toml_str`](crate::Policy::from_toml_str) and the backend constructors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The builder or policy has no `tier`.
+    #[error("tiers: at least one tier is required")]
+    NoTiers,
+    /// Two tiers share a name (names are part of the storage key).
+    #[error("tier \"{0}\": name: duplicate tier name")]
+    DuplicateTier(String),
+    /// A tier name is empty, too long, or has characters outside `[A-Za-z0-9_-]`.
+    #[error("tier \"{0}\": name: must be 1-64 characters of [A-Za-z0-9_-]")]
+    InvalidTierName(String),
+    /// A quota's `limit` is zero.
+    #[error("tier \"{tier}\": limit: must be greater than 0")]
+    ZeroLimit {
+        /// The tier's name.
+        tier: String,
+    },
+    /// A quota's `period` is zero (or under one microsecond).
+    #[error("tier \"{tier}\": period: must be at least 1 microsecond, got {period:?}")]
+    ZeroPeriod {
+        /// The tier's name.
+        tier: String,
+        /// The period given.
+        period: Duration,
+    },
+    /// A tier's fixed `cost` is zero.
+    #[error("tier \"{tier}\": cost: must be greater than 0")]
+    ZeroCost {
+        /// The tier's name.
+        tier: String,
+    },
+    /// The `burst` is smaller than the tier's `cost`, so no request could ever pass.
+    #[error("tier \"{tier}\": burst: {burst} is smaller than cost {cost}; no request could ever pass")]
+    BurstBelowCost {
+        /// The tier's name.
+        tier: String,
+        /// The burst (capacity) in tokens.
+        burst: u64,
+        /// The fixed cost per request in tokens.
+        cost: u64,
+    },
+    /// `burst × period` is too large to count exactly (see
+    /// [`TokenBucket::MAX_CAPACITY_UNITS`](crate::algorithm::TokenBucket::MAX_CAPACITY_UNITS)).
+    #[error("tier \"{tier}\": burst/period: quota too large to count exactly in microseconds; use a shorter period or a smaller burst")]
+    QuotaTooLarge {
+        /// The tier's name.
+        tier: String,
+    },
+    /// The key prefix is empty, too long, or has whitespace, `{`, `}` or non-ASCII.
+    #[error("key_prefix: \"{0}\" must be 1-64 printable ASCII characters without '{{' or '}}'")]
+    InvalidKeyPrefix(String),
+    /// The Redis URL does not parse.
+    #[error("redis url: {0}")]
+    InvalidRedisUrl(String),
+    /// `client_ip.ipv6_prefix` is above 128.
+    #[error("client_ip.ipv6_prefix: {0} is not a prefix length (0-128)")]
+    InvalidIpv6Prefix(u8),
+    /// The policy file does not parse or does not match the schema; the
+    /// message names the field (unknown fields included).
+    #[error("policy: {0}")]
+    Policy(String),
+    /// The policy file could not be read.
+    #[error("policy file {path}: {source}")]
+    PolicyFile {
+        /// The path given.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+}
+
+/// Why a backend could not decide. The layer turns every one of these into the
+/// configured [`FailurePolicy`](crate::FailurePolicy); none reaches the client
+/// as a 500.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The backend did not answer within `backend_timeout`.
+    #[error("backend timed out after {0:?}")]
+    Timeout(Duration),
+    /// The connection to the backend failed or was lost.
+    #[error("backend connection error: {0}")]
+    Connection(String),
+    /// The backend answered with an error or an unexpected reply.
+    #[error("backend script error: {0}")]
+    Script(String),
+    /// A key extractor could not run (for example `ClientIp` without
+    /// `ConnectInfo`), which is a server configuration error.
+    #[error("key extraction failed: {0}")]
+    Key(#[from] crate::key::KeyError),
+}
+
+impl BackendError {
+    /// A short, bounded label for metrics: `timeout`, `connection`, `script` or `key`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            BackendError::Timeout(_) => "timeout",
+            BackendError::Connection(_) => "connection",
+            BackendError::Script(_) => "script",
+            BackendError::Key(_) => "key",
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! [`ResponseFuture`]: the check (when the backend is remote), then the inner
+//! service, then the headers.
+
+use crate::backend::CheckFuture;
+use crate::layer::Shared;
+use crate::response::{RateLimitHeaders, ResponseBody};
+use crate::service::{outcome, Outcome};
+use bytes::Bytes;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use tower_service::Service;
+
+pin_project! {
+    /// The response future of [`RateLimitService`](crate::service::RateLimitService).
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    #[project_replace = StateOwned]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        /// Waiting for the backend (bounded by the backend timeout).
+        Checking {
+            #[pin]
+            check: CheckFuture,
+            service: S,
+            request: Request<ReqBody>,
+            shared: Arc<Shared>,
+            tiers: Vec<u16>,
+        },
+        /// The inner service runs; its response gets `headers`.
+        Calling {
+            #[pin]
+            future: S::Future,
+            headers: Option<RateLimitHeaders>,
+        },
+        /// The layer answers by itself (429 or 503).
+        Responding {
+            response: Option<Response<Bytes>>,
+        },
+        Done,
+    }
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn call(future: S::Future, headers: Option<RateLimitHeaders>) -> Self {
+        Self {
+            state: State::Calling { future, headers },
+        }
+    }
+
+    pub(crate) fn respond(response: Response<Bytes>) -> Self {
+        Self {
+            state: State::Responding {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn check(
+        check: CheckFuture,
+        service: S,
+        request: Request<ReqBody>,
+        shared: Arc<Shared>,
+        tiers: Vec<u16>,
+    ) -> Self {
+        Self {
+            state: State::Checking {
+                check,
+                service,
+                request,
+                shared,
+                tiers,
+            },
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Checking {
+                    check,
+                    shared,
+                    tiers,
+                    ..
+                } => {
+                    let result = ready!(check.poll(cx));
+                    let decided = outcome(shared, tiers, result);
+                    let StateOwned::Checking {
+                        mut service,
+                        request,
+                        ..
+                    } = this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("state was Checking");
+                    };
+                    let next = match decided {
+                        Outcome::Pass(headers) => State::Calling {
+                            future: service.call(request),
+                            headers,
+                        },
+                        Outcome::Respond(res) => State::Responding {
+                            response: Some(res),
+                        },
+                    };
+                    this.state.set(next);
+                }
+                StateProj::Calling { future, headers } => {
+                    let mut res = ready!(future.poll(cx))?;
+                    if let Some(h) = headers.take() {
+                        h.write(res.headers_mut());
+                    }
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(res.map(|body| ResponseBody::Inner { body })));
+                }
+                StateProj::Responding { response } => {
+                    let res = response.take().unwrap_or_default();
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(res.map(ResponseBody::full)));
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            }
+        }
+    }
+}

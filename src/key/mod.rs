@@ -1,0 +1,149 @@
+//! Key extractors: what a tier counts a request against.
+//!
+//! A [`KeyExtractor`] looks at the request's head ([`http::request::Parts`],
+//! never the body) and returns the key of the bucket to charge, or `None` when
+//! the tier does not apply to the request (an anonymous request skips the
+//! `user` tier). Closures `Fn(&Parts) -> Option<String>` are extractors:
+//!
+//! ```
+//! use tiered_ratelimit::{Quota, Tier};
+//!
+//! #[derive(Clone)]
+//! struct Tenant(String);
+//!
+//! let tier = Tier::new(
+//!     "tenant",
+//!     |p: &http::request::Parts| p.extensions.get::<Tenant>().map(|t| t.0.clone()),
+//!     Quota::per_minute(600),
+//! );
+//! ```
+//!
+//! # Key hygiene
+//! Whatever an extractor returns (built-in or yours) is passed through
+//! [`storage_key_part`] by the layer before
+//! it reaches Redis or memory: printable ASCII stays readable, every other
+//! byte and the structural characters `%`, `#`, `{`, `}` are percent-escaped,
+//! and anything whose escaped form would pass [`MAX_KEY_PART`] bytes is
+//! replaced by `#` and its 128-bit XXH3 hash in hex (XXH3 is stable across
+//! processes and versions, so every app server computes the same key). Request bytes can therefore never change a key's structure or its
+//! Redis Cluster slot, and a key part is at most 128 bytes however large the
+//! header it came from.
+
+mod client_ip;
+mod endpoint;
+mod global;
+mod header;
+mod user;
+
+pub use client_ip::{ClientIp, MAX_FORWARDED_HOPS};
+pub use endpoint::Endpoint;
+pub use global::Global;
+pub use header::ApiKey;
+pub use user::{User, UserId};
+
+use http::request::Parts;
+
+/// Why an extractor could not produce a key. This is a server configuration
+/// problem, not a client one: the layer logs it and applies the
+/// [`FailurePolicy`](crate::FailurePolicy).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// `ClientIp` found neither axum's `ConnectInfo<SocketAddr>` nor a
+    /// `SocketAddr` in the request extensions.
+    #[error("ClientIp needs the peer address: serve the app with `into_make_service_with_connect_info::<SocketAddr>()`")]
+    MissingConnectInfo,
+}
+
+/// Produces the key a tier charges for a request.
+///
+/// `Ok(None)` means the tier does not apply to this request; `Err` means the
+/// extractor cannot work at all (see [`KeyError`]).
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key for this request, or `None` to skip the tier.
+    fn extract(&self, parts: &Parts) -> Result<Option<String>, KeyError>;
+}
+
+impl<F> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+{
+    fn extract(&self, parts: &Parts) -> Result<Option<String>, KeyError> {
+        Ok(self(parts))
+    }
+}
+
+/// The longest key part, in bytes, stored as (escaped) text; longer values
+/// are hashed.
+pub const MAX_KEY_PART: usize = 128;
+
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_graphic() && !matches!(b, b'%' | b'#' | b'{' | b'}')
+}
+
+/// Turns request-derived bytes into a storage-safe key part (see the module
+/// docs): at most 128 bytes, printable ASCII, never containing `{` or `}`.
+/// Injective up to hash collisions: two different inputs never share an
+/// escaped form, and escaped forms never start with `#`.
+pub fn storage_key_part(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    storage_key_part_into(&mut out, bytes);
+    out
+}
+
+/// [`storage_key_part`], appended to `out` (no allocation of its own).
+pub fn storage_key_part_into(out: &mut String, bytes: &[u8]) {
+    let escaped_len: usize = bytes
+        .iter()
+        .map(|&b| if is_plain(b) { 1 } else { 3 })
+        .sum();
+    if escaped_len > MAX_KEY_PART {
+        out.push('#');
+        let h = xxhash_rust::xxh3::xxh3_128(bytes);
+        for shift in (0..32).rev() {
+            out.push(char::from(HEX_LOWER[((h >> (shift * 4)) & 0xf) as usize]));
+        }
+        return;
+    }
+    for &b in bytes {
+        if is_plain(b) {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        }
+    }
+}
+
+const HEX_LOWER: &[u8; 16] = b"0123456789abcdef";
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_keys_stay_readable() {
+        assert_eq!(storage_key_part(b"alice"), "alice");
+        assert_eq!(storage_key_part(b"198.51.100.7"), "198.51.100.7");
+    }
+
+    #[test]
+    fn structure_bytes_are_escaped() {
+        assert_eq!(storage_key_part(b"GET /users/{id}"), "GET%20/users/%7Bid%7D");
+        assert_eq!(storage_key_part(b"a%b#c\n\0"), "a%25b%23c%0A%00");
+        assert_eq!(storage_key_part(&[0xff, 0xfe]), "%FF%FE");
+    }
+
+    #[test]
+    fn long_values_are_hashed_to_a_fixed_size() {
+        let big = vec![b'a'; 64 * 1024];
+        let k = storage_key_part(&big);
+        assert_eq!(k.len(), 33);
+        assert!(k.starts_with('#'));
+        assert_ne!(k, storage_key_part(&big[1..]));
+        // escaping that would overflow the cap also hashes
+        assert_eq!(storage_key_part(&[b'{'; 50]).len(), 33);
+    }
+}

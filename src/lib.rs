@@ -1,0 +1,87 @@
+//! Tiered HTTP rate limiting for [tower] and [axum](https://docs.rs/axum).
+//!
+//! A [`RateLimitLayer`] takes keys from each request — global, client IP,
+//! user, API key, endpoint, or your own — and checks every tier in one atomic
+//! step, against Redis (one Lua script call per request, whatever the number
+//! of tiers) or an in-process store. Allowed responses carry
+//! `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset`;
+//! denied requests get a JSON `429` with `Retry-After` (see [`response`] for
+//! the exact contract).
+//!
+//! ```no_run
+//! use std::{net::SocketAddr, time::Duration};
+//! use axum::{routing::get, Router};
+//! use tiered_ratelimit::{
+//!     backend::RedisBackend,
+//!     key::{ApiKey, ClientIp, Endpoint, Global, User},
+//!     FailurePolicy, Quota, RateLimitLayer, Tier,
+//! };
+//!
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let layer = RateLimitLayer::builder()
+//!     .backend(RedisBackend::from_url("redis://127.0.0.1:6379/")?)
+//!     .tier(Tier::new("global", Global, Quota::per_second(1000).burst(2000)))
+//!     .tier(Tier::new("ip", ClientIp::default(), Quota::per_minute(300)))
+//!     .tier(Tier::new("user", User, Quota::per_minute(100)))
+//!     .tier(Tier::new("api_key", ApiKey::header("x-api-key"), Quota::per_hour(10_000)))
+//!     .tier(Tier::new("endpoint", Endpoint, Quota::new(50, Duration::from_secs(10))))
+//!     .failure_policy(FailurePolicy::Open)
+//!     .backend_timeout(Duration::from_millis(100))
+//!     .docs_url("https://example.com/docs/rate-limits")
+//!     .build()?;
+//! let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//! // ClientIp needs the peer address:
+//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Semantics
+//! * Tiers are checked in the order added; a request passes only if every
+//!   tier that applies allows it, and is then charged on all of them. **All
+//!   or nothing**: a request denied by one tier consumes nothing anywhere.
+//! * A tier whose extractor returns `None` does not apply (an anonymous
+//!   request skips the `user` tier); a request no tier applies to passes
+//!   untouched, without headers.
+//! * Token bucket: capacity = burst (default = limit), refill = limit / period,
+//!   in exact integer arithmetic ([`algorithm::token_bucket`]).
+//! * Time: Redis scripts read Redis `TIME`; the memory backend uses a
+//!   monotonic clock.
+//! * Storage keys: `<prefix>:<tier>:<key part>`, the key part escaped or
+//!   hashed ([`key`]); each key expires when its bucket would be full again.
+//! * Backend failure or timeout: [`FailurePolicy`].
+//!
+//! # Features
+//! * `redis` (default): [`backend::RedisBackend`].
+//! * `axum` (default): `ConnectInfo<SocketAddr>` for [`key::ClientIp`] and
+//!   `MatchedPath` for [`key::Endpoint`].
+//!
+//! # Deployment caveats
+//! * [`key::ClientIp`] trusts no forwarding header until you list your proxies;
+//!   behind a load balancer without them, every client shares the balancer's
+//!   bucket.
+//! * The memory backend is per process: N app servers admit N × the quota.
+
+#![deny(missing_docs, unreachable_pub, unsafe_code)]
+
+pub mod algorithm;
+pub mod backend;
+mod error;
+mod future;
+pub mod key;
+mod layer;
+mod observe;
+mod policy;
+mod quota;
+pub mod response;
+mod service;
+mod tier;
+
+pub use error::{BackendError, ConfigError};
+pub use future::ResponseFuture;
+pub use key::{KeyExtractor, UserId};
+pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
+pub use policy::{ClientIpPolicy, KeySpec, Policy, TierPolicy};
+pub use quota::Quota;
+pub use service::RateLimitService;
+pub use tier::{Algorithm, Tier};
