@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `X-RateLimit-Limit` | the tier's capacity (its burst) in requests |
 //! | `X-RateLimit-Remaining` | requests left now (never negative) |
-//! | `X-RateLimit-Reset` | Unix epoch **seconds**, rounded up: when allowed, the instant the tier is back to its full capacity; when denied, `now + Retry-After` |
+//! | `X-RateLimit-Reset` | Unix epoch **seconds**, rounded up: when allowed, the instant the tier is back to its full capacity; when denied, the instant the request would pass (`now` + the exact wait, so never later than `now + Retry-After`) |
 //! | `Retry-After` | only on `429`: whole **seconds**, rounded up, at least 1 — the time until the request would pass on every tier |
 //!
 //! A denied request gets `429 Too Many Requests`, `Content-Type:
@@ -72,7 +72,8 @@ pub struct Rejection {
     pub limit: u64,
     /// Requests left on that tier (a denied request of cost 3 with 2 left shows 2).
     pub remaining: u64,
-    /// Unix epoch seconds at which the request would pass: `now + retry_after`.
+    /// Unix epoch seconds, rounded up, at which the request would pass
+    /// (`now` + the exact wait; at most `now + retry_after`).
     pub reset: u64,
     /// Seconds until the request would pass, rounded up, at least 1.
     pub retry_after: u64,

@@ -187,7 +187,7 @@ fn decide(shared: &Shared, tiers: &[u16], v: &Verdict) -> Outcome {
     let headers = RateLimitHeaders {
         limit: d.limit,
         remaining: d.remaining,
-        reset: ceil_secs(v.now_us) + retry_after,
+        reset: ceil_secs(v.now_us.saturating_add(d.retry_after_us)),
         retry_after: Some(retry_after),
     };
     observe::count_limited(&tier);

@@ -1,0 +1,296 @@
+//! Test support: real `redis-server` processes on free loopback ports, and a
+//! real axum server over TCP.
+#![allow(dead_code)]
+
+use axum::{
+    extract::Request,
+    http::StatusCode,
+    middleware::{self, Next},
+    response::Response,
+    routing::{get, post},
+    Router,
+};
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tiered_ratelimit::{RateLimitLayer, UserId};
+
+/// 2023-11-14T22:13:20Z: a whole second, so test clocks give exact headers.
+pub const T0_S: u64 = 1_700_000_000;
+pub const T0_US: u64 = T0_S * 1_000_000;
+
+/// A `redis-server` of our own on a free loopback port, killed on drop.
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        for _ in 0..5 {
+            let mut s = RedisServer {
+                port: free_port(),
+                child: None,
+            };
+            if s.spawn() {
+                return s;
+            }
+        }
+        panic!("could not start redis-server on a free port after 5 tries");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--loglevel",
+                "warning",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server not found on PATH: the tests start their own Redis; \
+                 install the Debian package `redis-server` (apt-get install redis-server)"
+            ),
+            Err(e) => panic!("cannot start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(_)) = c.try_wait() {
+                    self.child = None;
+                    return false; // port taken between probe and bind
+                }
+            }
+            if self.ping() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(2))
+    }
+
+    pub fn ping(&self) -> bool {
+        self.connection()
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    }
+
+    /// Runs a command and returns its reply.
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = self.connection().expect("connect to test redis");
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query(&mut c).expect("redis command")
+    }
+
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.cmd(&["GET", key])
+    }
+
+    pub fn pttl(&self, key: &str) -> i64 {
+        self.cmd(&["PTTL", key])
+    }
+
+    pub fn keys(&self) -> Vec<String> {
+        let mut k: Vec<String> = self.cmd(&["KEYS", "*"]);
+        k.sort();
+        k
+    }
+
+    /// Kills the server (data is lost: it keeps nothing on disk).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        assert!(self.spawn(), "redis-server did not come back on port {}", self.port);
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let ok = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "kill {sig} failed");
+        }
+    }
+
+    /// Freezes the process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.resume();
+        self.stop();
+    }
+}
+
+/// Demo auth: `Authorization: Bearer <id>` becomes `UserId(<id>)`.
+pub async fn auth(mut req: Request, next: Next) -> Response {
+    let user = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|id| UserId(id.to_owned()));
+    if let Some(u) = user {
+        req.extensions_mut().insert(u);
+    }
+    next.run(req).await
+}
+
+/// The app under test: a few routes, the limiter, auth outside it.
+pub fn app(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .route("/users/{id}", get(|| async { "user" }))
+        .route("/login", post(|| async { "welcome" }))
+        .route("/boom", get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "boom") }))
+        .layer(layer)
+        .layer(middleware::from_fn(auth))
+}
+
+/// Serves `app` on a free loopback port with `ConnectInfo<SocketAddr>`.
+pub async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .expect("serve");
+    });
+    addr
+}
+
+/// Serves `app` WITHOUT `ConnectInfo` (a misconfigured deployment).
+pub async fn serve_without_connect_info(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("serve");
+    });
+    addr
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client")
+}
+
+/// The rate-limit headers of a response, as numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub status: u16,
+    pub limit: Option<u64>,
+    pub remaining: Option<u64>,
+    pub reset: Option<u64>,
+    pub retry_after: Option<u64>,
+}
+
+pub fn limits(res: &reqwest::Response) -> Limits {
+    let h = |name: &str| -> Option<u64> {
+        let all: Vec<_> = res.headers().get_all(name).iter().collect();
+        assert!(all.len() <= 1, "header {name} sent {} times", all.len());
+        all.first().map(|v| {
+            v.to_str()
+                .expect("ascii header")
+                .parse()
+                .expect("integer header")
+        })
+    };
+    Limits {
+        status: res.status().as_u16(),
+        limit: h("x-ratelimit-limit"),
+        remaining: h("x-ratelimit-remaining"),
+        reset: h("x-ratelimit-reset"),
+        retry_after: h("retry-after"),
+    }
+}
+
+/// An allowed response's expected limits.
+pub fn ok(limit: u64, remaining: u64, reset: u64) -> Limits {
+    Limits {
+        status: 200,
+        limit: Some(limit),
+        remaining: Some(remaining),
+        reset: Some(reset),
+        retry_after: None,
+    }
+}
+
+/// A denied response's expected limits.
+pub fn denied(limit: u64, remaining: u64, reset: u64, retry_after: u64) -> Limits {
+    Limits {
+        status: 429,
+        limit: Some(limit),
+        remaining: Some(remaining),
+        reset: Some(reset),
+        retry_after: Some(retry_after),
+    }
+}
+
+pub const NO_LIMITS: Limits = Limits {
+    status: 200,
+    limit: None,
+    remaining: None,
+    reset: None,
+    retry_after: None,
+};
