@@ -40,7 +40,9 @@ pub enum ConfigError {
         tier: String,
     },
     /// The `burst` is smaller than the tier's `cost`, so no request could ever pass.
-    #[error("tier \"{tier}\": burst: {burst} is smaller than cost {cost}; no request could ever pass")]
+    #[error(
+        "tier \"{tier}\": burst: {burst} is smaller than cost {cost}; no request could ever pass"
+    )]
     BurstBelowCost {
         /// The tier's name.
         tier: String,

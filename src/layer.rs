@@ -225,8 +225,7 @@ impl RateLimitLayerBuilder {
         for t in self.tiers {
             let valid_name = !t.name.is_empty()
                 && t.name.len() <= 64
-                && t
-                    .name
+                && t.name
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
             if !valid_name {

@@ -55,7 +55,12 @@ impl LogThrottle {
         if now >= next
             && self
                 .next_ms
-                .compare_exchange(next, now.saturating_add(self.interval_ms), Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(
+                    next,
+                    now.saturating_add(self.interval_ms),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
                 .is_ok()
         {
             Some(self.suppressed.swap(0, Ordering::Relaxed))

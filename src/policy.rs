@@ -156,7 +156,10 @@ impl<'de> Deserialize<'de> for KeySpec {
                     "ip" => Ok(KeySpec::Ip),
                     "user" => Ok(KeySpec::User),
                     "endpoint" => Ok(KeySpec::Endpoint),
-                    other => Err(E::unknown_variant(other, &["global", "ip", "user", "endpoint"])),
+                    other => Err(E::unknown_variant(
+                        other,
+                        &["global", "ip", "user", "endpoint"],
+                    )),
                 }
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<KeySpec, A::Error> {
@@ -169,7 +172,10 @@ impl<'de> Deserialize<'de> for KeySpec {
                 }
                 let h = header.ok_or_else(|| de::Error::missing_field("header"))?;
                 if ApiKey::try_header(&h).is_none() {
-                    return Err(de::Error::invalid_value(de::Unexpected::Str(&h), &"a header name"));
+                    return Err(de::Error::invalid_value(
+                        de::Unexpected::Str(&h),
+                        &"a header name",
+                    ));
                 }
                 Ok(KeySpec::Header(h))
             }
@@ -184,7 +190,12 @@ fn nets<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
         .map(|s| {
             s.parse::<IpNet>()
                 .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
-                .map_err(|_| de::Error::invalid_value(de::Unexpected::Str(s), &"a CIDR such as 10.0.0.0/8 or an IP address"))
+                .map_err(|_| {
+                    de::Error::invalid_value(
+                        de::Unexpected::Str(s),
+                        &"a CIDR such as 10.0.0.0/8 or an IP address",
+                    )
+                })
         })
         .collect()
 }
@@ -231,7 +242,10 @@ impl Policy {
     ///
     /// # Errors
     /// [`ConfigError::InvalidIpv6Prefix`] for `ipv6_prefix` above 128.
-    pub fn builder(&self, backend: impl Into<Backend>) -> Result<RateLimitLayerBuilder, ConfigError> {
+    pub fn builder(
+        &self,
+        backend: impl Into<Backend>,
+    ) -> Result<RateLimitLayerBuilder, ConfigError> {
         if self.client_ip.ipv6_prefix > 128 {
             return Err(ConfigError::InvalidIpv6Prefix(self.client_ip.ipv6_prefix));
         }
@@ -259,7 +273,12 @@ impl Policy {
                 KeySpec::Endpoint => Tier::new(name, Endpoint, quota),
                 KeySpec::Header(h) => match ApiKey::try_header(h) {
                     Some(k) => Tier::new(name, k, quota),
-                    None => return Err(ConfigError::Policy(format!("tier \"{}\": key.header: invalid header name {h:?}", t.name))),
+                    None => {
+                        return Err(ConfigError::Policy(format!(
+                            "tier \"{}\": key.header: invalid header name {h:?}",
+                            t.name
+                        )))
+                    }
                 },
             };
             b = b.tier(tier.cost(t.cost).algorithm(t.algorithm));
@@ -285,7 +304,9 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_named() {
-        let err = Policy::from_toml_str("key_prefx = \"rl\"").unwrap_err().to_string();
+        let err = Policy::from_toml_str("key_prefx = \"rl\"")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("key_prefx"), "{err}");
         let err = Policy::from_toml_str(
             "[[tier]]\nname='a'\nkey='global'\nlimit=1\nperiod='1s'\nburts=3\n",
@@ -301,16 +322,28 @@ mod tests {
 
     #[test]
     fn trusted_proxies_accept_cidrs_and_addresses() {
-        let p = Policy::from_toml_str("[client_ip]\ntrusted_proxies=['10.0.0.0/8','192.0.2.1','::1']").unwrap();
+        let p =
+            Policy::from_toml_str("[client_ip]\ntrusted_proxies=['10.0.0.0/8','192.0.2.1','::1']")
+                .unwrap();
         assert_eq!(p.client_ip.trusted_proxies.len(), 3);
-        let err = Policy::from_toml_str("[client_ip]\ntrusted_proxies=['nope']").unwrap_err().to_string();
-        assert!(err.contains("nope") && err.contains("trusted_proxies"), "{err}");
+        let err = Policy::from_toml_str("[client_ip]\ntrusted_proxies=['nope']")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("nope") && err.contains("trusted_proxies"),
+            "{err}"
+        );
     }
 
     #[test]
     fn invalid_tiers_fail_at_build_naming_the_field() {
-        let p = Policy::from_toml_str("[[tier]]\nname='ip'\nkey='ip'\nlimit=0\nperiod='1s'\n").unwrap();
-        let err = RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new()).unwrap_err();
-        assert_eq!(err.to_string(), "tier \"ip\": limit: must be greater than 0");
+        let p =
+            Policy::from_toml_str("[[tier]]\nname='ip'\nkey='ip'\nlimit=0\nperiod='1s'\n").unwrap();
+        let err =
+            RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "tier \"ip\": limit: must be greater than 0"
+        );
     }
 }

@@ -206,7 +206,9 @@ where
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         match self.project() {
             BodyProj::Inner { body } => body.poll_frame(cx),
-            BodyProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(http_body::Frame::data(d)))),
+            BodyProj::Full { data } => {
+                Poll::Ready(data.take().map(|d| Ok(http_body::Frame::data(d))))
+            }
         }
     }
 

@@ -119,7 +119,8 @@ fn plan(
         let Some(part) = t.key.extract(parts)? else {
             continue;
         };
-        let mut key = String::with_capacity(t.key_base.len() + part.len().min(crate::key::MAX_KEY_PART));
+        let mut key =
+            String::with_capacity(t.key_base.len() + part.len().min(crate::key::MAX_KEY_PART));
         key.push_str(&t.key_base);
         storage_key_part_into(&mut key, part.as_bytes());
         checks.push(TierCheck {
@@ -154,10 +155,11 @@ fn decide(shared: &Shared, tiers: &[u16], v: &Verdict) -> Outcome {
     let ds = &v.decisions;
     if v.allowed() {
         // Binding tier: least remaining; on a tie, the one that takes longest to refill.
-        let Some(d) = ds
-            .iter()
-            .min_by(|a, b| a.remaining.cmp(&b.remaining).then(b.reset_after_us.cmp(&a.reset_after_us)))
-        else {
+        let Some(d) = ds.iter().min_by(|a, b| {
+            a.remaining
+                .cmp(&b.remaining)
+                .then(b.reset_after_us.cmp(&a.reset_after_us))
+        }) else {
             return Outcome::Pass(None);
         };
         observe::count_decision("allowed");

@@ -10,10 +10,10 @@ mod memory;
 #[cfg(feature = "redis")]
 mod redis;
 
-pub use clock::ManualClock;
-pub use memory::MemoryBackend;
 #[cfg(feature = "redis")]
 pub use self::redis::RedisBackend;
+pub use clock::ManualClock;
+pub use memory::MemoryBackend;
 
 use crate::algorithm::{Decision, TokenBucket};
 use crate::error::BackendError;

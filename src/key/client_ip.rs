@@ -203,7 +203,10 @@ mod tests {
     #[test]
     fn ipv6_grouped_and_mapped() {
         let c = ClientIp::default();
-        assert_eq!(key(&c, "[2001:db8:1:2:3:4:5:6]:1", &[]), "2001:db8:1:2::/64");
+        assert_eq!(
+            key(&c, "[2001:db8:1:2:3:4:5:6]:1", &[]),
+            "2001:db8:1:2::/64"
+        );
         assert_eq!(key(&c, "[::ffff:192.0.2.1]:1", &[]), "192.0.2.1");
         let c = c.ipv6_prefix(128);
         assert_eq!(key(&c, "[2001:DB8::1]:1", &[]), "2001:db8::1/128");

@@ -26,7 +26,8 @@ pub struct ApiKey {
 impl ApiKey {
     /// Reads the key from header `name` (case-insensitive).
     pub fn header(name: &str) -> Self {
-        Self::try_header(name).unwrap_or_else(|| panic!("ApiKey::header: invalid header name {name:?}"))
+        Self::try_header(name)
+            .unwrap_or_else(|| panic!("ApiKey::header: invalid header name {name:?}"))
     }
 
     /// Like [`ApiKey::header`], returning `None` for an invalid header name.

@@ -93,10 +93,7 @@ pub fn storage_key_part(bytes: &[u8]) -> String {
 
 /// [`storage_key_part`], appended to `out` (no allocation of its own).
 pub fn storage_key_part_into(out: &mut String, bytes: &[u8]) {
-    let escaped_len: usize = bytes
-        .iter()
-        .map(|&b| if is_plain(b) { 1 } else { 3 })
-        .sum();
+    let escaped_len: usize = bytes.iter().map(|&b| if is_plain(b) { 1 } else { 3 }).sum();
     if escaped_len > MAX_KEY_PART {
         out.push('#');
         let h = xxhash_rust::xxh3::xxh3_128(bytes);
@@ -131,7 +128,10 @@ mod tests {
 
     #[test]
     fn structure_bytes_are_escaped() {
-        assert_eq!(storage_key_part(b"GET /users/{id}"), "GET%20/users/%7Bid%7D");
+        assert_eq!(
+            storage_key_part(b"GET /users/{id}"),
+            "GET%20/users/%7Bid%7D"
+        );
         assert_eq!(storage_key_part(b"a%b#c\n\0"), "a%25b%23c%0A%00");
         assert_eq!(storage_key_part(&[0xff, 0xfe]), "%FF%FE");
     }

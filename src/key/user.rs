@@ -19,9 +19,6 @@ pub struct User;
 
 impl KeyExtractor for User {
     fn extract(&self, parts: &Parts) -> Result<Option<String>, KeyError> {
-        Ok(parts
-            .extensions
-            .get::<UserId>()
-            .map(|u| u.0.clone()))
+        Ok(parts.extensions.get::<UserId>().map(|u| u.0.clone()))
     }
 }

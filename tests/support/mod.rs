@@ -143,7 +143,11 @@ impl RedisServer {
     /// Starts the server again on the same port.
     pub fn restart(&mut self) {
         self.stop();
-        assert!(self.spawn(), "redis-server did not come back on port {}", self.port);
+        assert!(
+            self.spawn(),
+            "redis-server did not come back on port {}",
+            self.port
+        );
     }
 
     fn signal(&self, sig: &str) {
@@ -194,7 +198,10 @@ pub fn app(layer: RateLimitLayer) -> Router {
         .route("/", get(|| async { "hello" }))
         .route("/users/{id}", get(|| async { "user" }))
         .route("/login", post(|| async { "welcome" }))
-        .route("/boom", get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "boom") }))
+        .route(
+            "/boom",
+            get(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "boom") }),
+        )
         .layer(layer)
         .layer(middleware::from_fn(auth))
 }

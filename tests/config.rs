@@ -1,0 +1,151 @@
+//! Misconfiguration fails at build time with an error that names the field.
+
+use std::time::Duration;
+use tiered_ratelimit::{
+    backend::{MemoryBackend, RedisBackend},
+    key::Global,
+    ConfigError, Policy, Quota, RateLimitLayer, Tier,
+};
+
+fn err(b: tiered_ratelimit::RateLimitLayerBuilder) -> String {
+    b.build().unwrap_err().to_string()
+}
+
+#[test]
+fn builder_errors_name_the_field() {
+    let t = |name: &str, q: Quota| Tier::new(name, Global, q);
+    assert_eq!(
+        err(RateLimitLayer::builder()),
+        "tiers: at least one tier is required"
+    );
+    assert_eq!(
+        err(RateLimitLayer::builder()
+            .tier(t("a", Quota::per_second(1)))
+            .tier(t("a", Quota::per_second(2)))),
+        "tier \"a\": name: duplicate tier name"
+    );
+    assert_eq!(
+        err(RateLimitLayer::builder().tier(t("a", Quota::per_second(0)))),
+        "tier \"a\": limit: must be greater than 0"
+    );
+    assert_eq!(
+        err(RateLimitLayer::builder().tier(t("a", Quota::new(1, Duration::ZERO)))),
+        "tier \"a\": period: must be at least 1 microsecond, got 0ns"
+    );
+    assert_eq!(
+        err(RateLimitLayer::builder().tier(t("a", Quota::per_second(5).burst(2)).cost(3))),
+        "tier \"a\": burst: 2 is smaller than cost 3; no request could ever pass"
+    );
+    assert_eq!(
+        err(RateLimitLayer::builder().tier(t("a", Quota::per_second(5)).cost(0))),
+        "tier \"a\": cost: must be greater than 0"
+    );
+    assert!(
+        err(RateLimitLayer::builder().tier(t("a b", Quota::per_second(5))))
+            .starts_with("tier \"a b\": name:")
+    );
+    assert!(err(RateLimitLayer::builder()
+        .key_prefix("rl{x}")
+        .tier(t("a", Quota::per_second(5))))
+    .starts_with("key_prefix:"));
+    assert!(err(RateLimitLayer::builder().tier(t(
+        "a",
+        Quota::new(u64::MAX / 2, Duration::from_secs(86_400 * 365))
+    )))
+    .starts_with("tier \"a\": burst/period:"));
+}
+
+#[test]
+fn bad_redis_url_is_a_config_error() {
+    let e = RedisBackend::from_url("redis//nope").unwrap_err();
+    assert!(matches!(e, ConfigError::InvalidRedisUrl(_)), "{e:?}");
+    assert!(e.to_string().starts_with("redis url:"));
+}
+
+#[test]
+fn the_issue_schema_is_accepted_exactly_as_written() {
+    let policy = Policy::from_toml_str(
+        r#"
+key_prefix = "rl"
+failure_policy = "open"              # "open" | "closed"
+backend_timeout_ms = 100
+docs_url = "https://example.com/docs/rate-limits"
+
+[client_ip]
+trusted_proxies = []                 # CIDRs; empty = trust no forwarding header
+ipv6_prefix = 64
+
+[[tier]]
+name = "global"
+key = "global"                       # "global" | "ip" | "user" | "endpoint" | { header = "x-api-key" }
+limit = 1000
+period = "1s"                        # humantime: "1s", "10s", "1m", "1h"
+burst = 2000                         # optional, default = limit
+algorithm = "token_bucket"           # optional, default token_bucket
+cost = 1                             # optional, default 1
+
+[[tier]]
+name = "ip"
+key = "ip"
+limit = 300
+period = "1m"
+
+[[tier]]
+name = "user"
+key = "user"
+limit = 100
+period = "1m"
+
+[[tier]]
+name = "api_key"
+key = { header = "x-api-key" }
+limit = 10000
+period = "1h"
+
+[[tier]]
+name = "endpoint"
+key = "endpoint"
+limit = 50
+period = "10s"
+"#,
+    )
+    .unwrap();
+    let layer = RateLimitLayer::from_policy(&policy, MemoryBackend::new()).unwrap();
+    assert_eq!(
+        layer.tier_names().collect::<Vec<_>>(),
+        ["global", "ip", "user", "api_key", "endpoint"]
+    );
+}
+
+#[test]
+fn policy_errors_name_the_field() {
+    let e = Policy::from_toml_str("failure_policy = \"sometimes\"")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("failure_policy") && e.contains("sometimes"),
+        "{e}"
+    );
+    let e = Policy::from_toml_str("[[tier]]\nname='a'\nkey='global'\nlimit=1\nperiod='soon'\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("period"), "{e}");
+    let e = Policy::from_toml_str(
+        "[[tier]]\nname='a'\nkey={ header = 'x', extra = 1 }\nlimit=1\nperiod='1s'\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("extra"), "{e}");
+    let p = Policy::from_toml_str(
+        "[client_ip]\nipv6_prefix = 129\n[[tier]]\nname='a'\nkey='ip'\nlimit=1\nperiod='1s'\n",
+    )
+    .unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with("client_ip.ipv6_prefix"), "{e}");
+    let e = Policy::from_file("/nonexistent/policy.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("/nonexistent/policy.toml"), "{e}");
+}

@@ -1,0 +1,292 @@
+//! Redis-only behaviour: agreement with the memory backend, exact admission
+//! across app servers, faults, script reloads and deadpool pools.
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::*;
+use tiered_ratelimit::{
+    backend::{Backend, ManualClock, MemoryBackend, RedisBackend},
+    key::{ClientIp, Global, User},
+    FailurePolicy, Quota, RateLimitLayer, Tier,
+};
+
+fn tiers(b: tiered_ratelimit::RateLimitLayerBuilder) -> tiered_ratelimit::RateLimitLayerBuilder {
+    b.tier(Tier::new("global", Global, Quota::per_second(10).burst(20)))
+        .tier(Tier::new(
+            "ip",
+            ClientIp::default(),
+            Quota::per_minute(67).burst(9),
+        ))
+        .tier(Tier::new("user", User, Quota::new(3, Duration::from_secs(10))).cost(1))
+        .tier(
+            Tier::new(
+                "heavy",
+                User,
+                Quota::new(9, Duration::from_secs(13)).burst(4),
+            )
+            .cost(2),
+        )
+}
+
+/// xorshift64*: a deterministic sequence without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_and_redis_decide_identically() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let mem: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+    let red: Backend = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(clock.clone())
+        .into();
+    let build = |b: Backend| {
+        tiers(
+            RateLimitLayer::builder()
+                .backend(b)
+                .backend_timeout(Duration::from_secs(2)),
+        )
+        .build()
+        .unwrap()
+    };
+    let mem_addr = serve(app(build(mem))).await;
+    let red_addr = serve(app(build(red))).await;
+    let c = client();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut denied_count = 0;
+    for i in 0..400 {
+        // Steps from 0 to ~1.5 s in odd microseconds, bursts of same-instant requests.
+        let step = match rng.next() % 4 {
+            0 => 0,
+            1 => rng.next() % 200_000,
+            _ => rng.next() % 1_500_000,
+        };
+        clock.advance(Duration::from_micros(step));
+        let user = ["alice", "bob", "carol", ""][(rng.next() % 4) as usize];
+        let path = ["/", "/users/1", "/users/2"][(rng.next() % 3) as usize];
+        let send = |addr| {
+            let mut r = c.get(format!("http://{addr}{path}"));
+            if !user.is_empty() {
+                r = r.header("authorization", format!("Bearer {user}"));
+            }
+            r.send()
+        };
+        let m = send(mem_addr).await.unwrap();
+        let r = send(red_addr).await.unwrap();
+        let (lm, lr) = (limits(&m), limits(&r));
+        assert_eq!(lm, lr, "request {i} ({user} {path}) diverged");
+        if lm.status == 429 {
+            denied_count += 1;
+        }
+        assert_eq!(m.text().await.unwrap(), r.text().await.unwrap());
+    }
+    // The sequence must exercise both outcomes to prove anything.
+    assert!(
+        denied_count > 50 && denied_count < 350,
+        "denied {denied_count}"
+    );
+    eprintln!("{denied_count} of 400 denied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_app_servers_admit_exactly_the_limit() {
+    let redis = RedisServer::start();
+    let mk = || {
+        RateLimitLayer::builder()
+            .backend(RedisBackend::from_url(&redis.url()).unwrap())
+            .tier(Tier::new("global", Global, Quota::per_hour(30)))
+            .backend_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let a = serve(app(mk())).await;
+    let b = serve(app(mk())).await;
+    let c = client();
+    for round in 0..3 {
+        redis.cmd::<()>(&["FLUSHALL"]);
+        let mut handles = Vec::new();
+        for i in 0..100 {
+            let url = format!("http://{}/", if i % 2 == 0 { a } else { b });
+            let c = c.clone();
+            handles.push(tokio::spawn(async move {
+                c.get(url).send().await.unwrap().status().as_u16()
+            }));
+        }
+        let mut ok = 0;
+        let mut limited = 0;
+        for h in handles {
+            match h.await.unwrap() {
+                200 => ok += 1,
+                429 => limited += 1,
+                s => panic!("unexpected status {s}"),
+            }
+        }
+        assert_eq!((ok, limited), (30, 70), "round {round}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_follows_failure_policy_and_recovers() {
+    let mut redis = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let mk = |policy| {
+        RateLimitLayer::builder()
+            .backend(RedisBackend::from_url(&redis.url()).unwrap())
+            .tier(Tier::new("global", Global, Quota::per_hour(1000)))
+            .failure_policy(policy)
+            .backend_timeout(timeout)
+            .build()
+            .unwrap()
+    };
+    let open = serve(app(mk(FailurePolicy::Open))).await;
+    let closed = serve(app(mk(FailurePolicy::Closed))).await;
+    let c = client();
+    let hit = |addr| c.get(format!("http://{addr}/")).send();
+
+    assert_eq!(limits(&hit(open).await.unwrap()).remaining, Some(999));
+    assert_eq!(limits(&hit(closed).await.unwrap()).remaining, Some(998));
+
+    redis.stop();
+    for _ in 0..5 {
+        let started = Instant::now();
+        let res = hit(open).await.unwrap();
+        assert_eq!(limits(&res), NO_LIMITS, "fail-open passes without headers");
+        assert!(
+            started.elapsed() < timeout * 4,
+            "took {:?}",
+            started.elapsed()
+        );
+        let started = Instant::now();
+        let res = hit(closed).await.unwrap();
+        assert_eq!(res.status(), 503);
+        assert_eq!(
+            res.text().await.unwrap(),
+            r#"{"error":"rate_limiter_unavailable"}"#
+        );
+        assert!(
+            started.elapsed() < timeout * 4,
+            "took {:?}",
+            started.elapsed()
+        );
+    }
+
+    // Redis comes back empty (no persistence); the connection manager
+    // reconnects and the script is reloaded without an app restart.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let l = limits(&hit(open).await.unwrap());
+        if l.remaining.is_some() {
+            assert_eq!(l.remaining, Some(999));
+            break;
+        }
+        assert!(Instant::now() < deadline, "limiting did not resume");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_costs_at_most_the_timeout() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_millis(250);
+    let layer = RateLimitLayer::builder()
+        .backend(RedisBackend::from_url(&redis.url()).unwrap())
+        .tier(Tier::new("global", Global, Quota::per_hour(1000)))
+        .backend_timeout(timeout)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let url = format!("http://{addr}/");
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()).remaining,
+        Some(999)
+    );
+
+    redis.pause();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let res = c.get(&url).send().await.unwrap();
+        let took = started.elapsed();
+        assert_eq!(limits(&res), NO_LIMITS);
+        assert!(
+            took >= timeout,
+            "answered in {took:?}: the timeout path was not taken"
+        );
+        assert!(took < timeout * 4, "took {took:?}");
+    }
+    redis.resume();
+    // The late increments of the timed-out checks land when Redis wakes up
+    // (a script that was sent runs); limiting continues from there.
+    let l = limits(&c.get(&url).send().await.unwrap());
+    assert!(l.remaining.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_reloaded_transparently() {
+    let redis = RedisServer::start();
+    let backend = RedisBackend::from_url(&redis.url()).unwrap();
+    let sha = backend.script_sha().to_owned();
+    let layer = RateLimitLayer::builder()
+        .backend(backend)
+        .tier(Tier::new("global", Global, Quota::per_hour(100)))
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let url = format!("http://{addr}/");
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()).remaining,
+        Some(99)
+    );
+    let exists: Vec<i64> = redis.cmd(&["SCRIPT", "EXISTS", &sha]);
+    assert_eq!(exists, vec![1]);
+    redis.cmd::<()>(&["SCRIPT", "FLUSH"]);
+    for want in [98, 97] {
+        let res = c.get(&url).send().await.unwrap();
+        assert_eq!(limits(&res).status, 200, "no 503 for NOSCRIPT");
+        assert_eq!(limits(&res).remaining, Some(want));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadpool_pool_backend() {
+    let redis = RedisServer::start();
+    let pool = deadpool_redis::Config::from_url(redis.url())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let clock = ManualClock::new(T0_US);
+    let layer = RateLimitLayer::builder()
+        .backend(RedisBackend::from_pool(pool).with_manual_clock(clock))
+        .tier(Tier::new("global", Global, Quota::per_minute(2)))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let url = format!("http://{addr}/");
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        ok(2, 1, T0_S + 30)
+    );
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        ok(2, 0, T0_S + 60)
+    );
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        denied(2, 0, T0_S + 30, 30)
+    );
+    // One connection taken from the pool and shared, not one per request.
+    let clients: String = redis.cmd(&["CLIENT", "LIST"]);
+    assert_eq!(clients.lines().count(), 2, "{clients}"); // ours + this CLIENT LIST
+}
