@@ -51,9 +51,17 @@ pub enum ConfigError {
         /// The fixed cost per request in tokens.
         cost: u64,
     },
+    /// A window algorithm was given a `burst` other than its limit.
+    #[error("tier \"{tier}\": burst: {algorithm:?} has no burst (it admits up to the limit per window); remove burst or use token_bucket/leaky_bucket")]
+    BurstNotSupported {
+        /// The tier's name.
+        tier: String,
+        /// The tier's algorithm.
+        algorithm: crate::Algorithm,
+    },
     /// `burst × period` is too large to count exactly (see
     /// [`TokenBucket::MAX_CAPACITY_UNITS`](crate::algorithm::TokenBucket::MAX_CAPACITY_UNITS)).
-    #[error("tier \"{tier}\": burst/period: quota too large to count exactly in microseconds; use a shorter period or a smaller burst")]
+    #[error("tier \"{tier}\": burst/period: quota too large to count exactly in microseconds (limit, burst, period or max_delay); use a shorter period or a smaller burst")]
     QuotaTooLarge {
         /// The tier's name.
         tier: String,

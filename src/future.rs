@@ -41,6 +41,14 @@ pin_project! {
             shared: Arc<Shared>,
             tiers: Vec<u16>,
         },
+        /// A shaping tier queued the request: wait for its slot.
+        Delaying {
+            #[pin]
+            sleep: tokio::time::Sleep,
+            service: S,
+            request: Request<ReqBody>,
+            headers: Option<RateLimitHeaders>,
+        },
         /// The inner service runs; its response gets `headers`.
         Calling {
             #[pin]
@@ -69,6 +77,22 @@ where
         Self {
             state: State::Responding {
                 response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn delay(
+        delay: std::time::Duration,
+        service: S,
+        request: Request<ReqBody>,
+        headers: Option<RateLimitHeaders>,
+    ) -> Self {
+        Self {
+            state: State::Delaying {
+                sleep: tokio::time::sleep(delay),
+                service,
+                request,
+                headers,
             },
         }
     }
@@ -119,8 +143,14 @@ where
                         unreachable!("state was Checking");
                     };
                     let next = match decided {
-                        Outcome::Pass(headers) => State::Calling {
+                        Outcome::Pass(headers, delay) if delay.is_zero() => State::Calling {
                             future: service.call(request),
+                            headers,
+                        },
+                        Outcome::Pass(headers, delay) => State::Delaying {
+                            sleep: tokio::time::sleep(delay),
+                            service,
+                            request,
                             headers,
                         },
                         Outcome::Respond(res) => State::Responding {
@@ -128,6 +158,22 @@ where
                         },
                     };
                     this.state.set(next);
+                }
+                StateProj::Delaying { sleep, .. } => {
+                    ready!(sleep.poll(cx));
+                    let StateOwned::Delaying {
+                        mut service,
+                        request,
+                        headers,
+                        ..
+                    } = this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("state was Delaying");
+                    };
+                    this.state.set(State::Calling {
+                        future: service.call(request),
+                        headers,
+                    });
                 }
                 StateProj::Calling { future, headers } => {
                     let mut res = ready!(future.poll(cx))?;

@@ -1,13 +1,14 @@
 //! [`RateLimitLayer`] and its builder: the code form of a [`Policy`](crate::Policy).
 
-use crate::algorithm::TokenBucket;
+use crate::algorithm::{Gcra, Limit, TokenBucket, Window};
 use crate::backend::{Backend, MemoryBackend};
 use crate::error::ConfigError;
 use crate::key::KeyExtractor;
 use crate::observe::LogThrottle;
 use crate::response::{JsonRejection, OnRejection};
 use crate::service::RateLimitService;
-use crate::Tier;
+use crate::tier::{CostFn, LeakyBucket};
+use crate::{Algorithm, Tier};
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
@@ -40,8 +41,9 @@ pub(crate) struct BuiltTier {
     /// `<prefix>:<tier>:`; the key part is appended per request.
     pub(crate) key_base: String,
     pub(crate) key: Arc<dyn KeyExtractor>,
-    pub(crate) bucket: TokenBucket,
+    pub(crate) limit: Limit,
     pub(crate) cost: u64,
+    pub(crate) cost_fn: Option<CostFn>,
 }
 
 /// Everything the service shares between requests.
@@ -255,15 +257,14 @@ impl RateLimitLayerBuilder {
                     cost: t.cost,
                 });
             }
-            let Some(bucket) = TokenBucket::new(q.limit(), period_us, q.burst_size()) else {
-                return Err(ConfigError::QuotaTooLarge { tier: t.name });
-            };
+            let limit = limit_for(&t.name, t.algorithm, q, period_us)?;
             tiers.push(BuiltTier {
                 key_base: format!("{prefix}:{}:", t.name),
                 name: Arc::from(t.name),
                 key: t.key,
-                bucket,
+                limit,
                 cost: t.cost,
+                cost_fn: t.cost_fn,
             });
         }
         Ok(RateLimitLayer {
@@ -280,4 +281,60 @@ impl RateLimitLayerBuilder {
             }),
         })
     }
+}
+
+/// The integer parameters of a tier's algorithm, checked.
+fn limit_for(
+    tier: &str,
+    algorithm: Algorithm,
+    q: crate::Quota,
+    period_us: u64,
+) -> Result<Limit, ConfigError> {
+    let too_large = || ConfigError::QuotaTooLarge {
+        tier: tier.to_owned(),
+    };
+    let window = || -> Result<Window, ConfigError> {
+        if q.burst_size() != q.limit() {
+            return Err(ConfigError::BurstNotSupported {
+                tier: tier.to_owned(),
+                algorithm,
+            });
+        }
+        Ok(Window {
+            limit: q.limit(),
+            window_us: period_us,
+        })
+    };
+    let bucket = || TokenBucket::new(q.limit(), period_us, q.burst_size()).ok_or_else(too_large);
+    Ok(match algorithm {
+        Algorithm::FixedWindow => Limit::FixedWindow(window()?),
+        Algorithm::SlidingWindowLog => Limit::SlidingWindowLog(window()?),
+        Algorithm::SlidingWindowCounter => {
+            let w = window()?;
+            match w.limit.checked_mul(w.window_us) {
+                Some(p) if p <= Window::MAX_PRODUCT => Limit::SlidingWindowCounter(w),
+                _ => return Err(too_large()),
+            }
+        }
+        Algorithm::TokenBucket => Limit::TokenBucket(bucket()?),
+        Algorithm::LeakyBucket(LeakyBucket::Police) => Limit::LeakyBucket(Gcra {
+            bucket: bucket()?,
+            max_delay_us: None,
+        }),
+        Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }) => {
+            let b = bucket()?;
+            let max_delay_us = u64::try_from(max_delay.as_micros()).map_err(|_| too_large())?;
+            let ticks = max_delay_us
+                .checked_mul(b.rate)
+                .and_then(|t| t.checked_add(b.capacity))
+                .ok_or_else(too_large)?;
+            if ticks > TokenBucket::MAX_CAPACITY_UNITS {
+                return Err(too_large());
+            }
+            Limit::LeakyBucket(Gcra {
+                bucket: b,
+                max_delay_us: Some(max_delay_us),
+            })
+        }
+    })
 }

@@ -20,7 +20,9 @@
 //!     limit = 1000
 //!     period = "1s"                        # humantime: "1s", "10s", "1m", "1h"
 //!     burst = 2000                         # optional, default = limit
-//!     algorithm = "token_bucket"           # optional, default token_bucket
+//!     algorithm = "token_bucket"           # optional, default token_bucket; also fixed_window,
+//!                                          #   sliding_window_log, sliding_window_counter, leaky_bucket,
+//!                                          #   leaky_bucket_shape (with max_delay = "2s")
 //!     cost = 1                             # optional, default 1
 //!
 //!     [[tier]]
@@ -43,7 +45,7 @@ use crate::backend::Backend;
 use crate::error::ConfigError;
 use crate::key::{ApiKey, ClientIp, Endpoint, Global, User};
 use crate::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
-use crate::{Algorithm, Quota, Tier};
+use crate::{Algorithm, LeakyBucket, Quota, Tier};
 use ipnet::IpNet;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -119,10 +121,34 @@ pub struct TierPolicy {
     pub burst: Option<u64>,
     /// Counting algorithm (default `token_bucket`).
     #[serde(default)]
-    pub algorithm: Algorithm,
+    pub algorithm: AlgorithmName,
+    /// For `leaky_bucket_shape`: the longest a request may be delayed
+    /// (humantime, e.g. `"2s"`). Required by that algorithm, rejected by the others.
+    #[serde(default, with = "humantime_serde")]
+    pub max_delay: Option<Duration>,
     /// Tokens per request (default 1).
     #[serde(default = "one")]
     pub cost: u64,
+}
+
+/// A tier's `algorithm` in a policy file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum AlgorithmName {
+    /// [`Algorithm::FixedWindow`].
+    FixedWindow,
+    /// [`Algorithm::SlidingWindowLog`].
+    SlidingWindowLog,
+    /// [`Algorithm::SlidingWindowCounter`].
+    SlidingWindowCounter,
+    /// [`Algorithm::TokenBucket`] (the default).
+    #[default]
+    TokenBucket,
+    /// [`LeakyBucket::Police`].
+    LeakyBucket,
+    /// [`LeakyBucket::Shape`], with the tier's `max_delay`.
+    LeakyBucketShape,
 }
 
 /// A tier's key in a policy file: `"global"`, `"ip"`, `"user"`,
@@ -281,7 +307,29 @@ impl Policy {
                     }
                 },
             };
-            b = b.tier(tier.cost(t.cost).algorithm(t.algorithm));
+            let algorithm = match (t.algorithm, t.max_delay) {
+                (AlgorithmName::LeakyBucketShape, Some(max_delay)) => {
+                    Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay })
+                }
+                (AlgorithmName::LeakyBucketShape, None) => {
+                    return Err(ConfigError::Policy(format!(
+                        "tier \"{}\": max_delay: required by algorithm = \"leaky_bucket_shape\"",
+                        t.name
+                    )))
+                }
+                (_, Some(_)) => {
+                    return Err(ConfigError::Policy(format!(
+                        "tier \"{}\": max_delay: only algorithm = \"leaky_bucket_shape\" delays requests",
+                        t.name
+                    )))
+                }
+                (AlgorithmName::FixedWindow, None) => Algorithm::FixedWindow,
+                (AlgorithmName::SlidingWindowLog, None) => Algorithm::SlidingWindowLog,
+                (AlgorithmName::SlidingWindowCounter, None) => Algorithm::SlidingWindowCounter,
+                (AlgorithmName::TokenBucket, None) => Algorithm::TokenBucket,
+                (AlgorithmName::LeakyBucket, None) => Algorithm::LeakyBucket(LeakyBucket::Police),
+            };
+            b = b.tier(tier.cost(t.cost).algorithm(algorithm));
         }
         Ok(b)
     }

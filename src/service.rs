@@ -13,6 +13,7 @@ use http::{Request, Response};
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tower_service::Service;
 
 /// Rate-limits requests before they reach `S`. Built by
@@ -50,8 +51,9 @@ impl<S> RateLimitService<S> {
 
 /// What to do with a request after its check.
 pub(crate) enum Outcome {
-    /// Call the inner service, then add these headers (none on fail-open).
-    Pass(Option<RateLimitHeaders>),
+    /// Call the inner service (after `delay`, when a shaping tier queued the
+    /// request), then add these headers (none on fail-open).
+    Pass(Option<RateLimitHeaders>, Duration),
     /// Answer with this response instead (429 or 503).
     Respond(Response<Bytes>),
 }
@@ -74,20 +76,14 @@ where
         let (parts, body) = req.into_parts();
         let planned = plan(&self.shared, &parts);
         let req = Request::from_parts(parts, body);
-        match planned {
+        let (result, tiers) = match planned {
             Ok(None) => {
                 observe::count_decision("skipped");
-                ResponseFuture::call(self.inner.call(req), None)
+                return ResponseFuture::call(self.inner.call(req), None);
             }
-            Ok(Some((checks, tiers))) => match self.shared.backend.check(checks) {
-                Check::Ready(result) => match outcome(&self.shared, &tiers, result) {
-                    Outcome::Pass(headers) => ResponseFuture::call(self.inner.call(req), headers),
-                    Outcome::Respond(res) => ResponseFuture::respond(res),
-                },
+            Ok(Some((checks, tiers))) => match self.shared.backend.start_check(checks) {
+                Check::Ready(result) => (result, tiers),
                 Check::Pending(fut) => {
-                    // Move the readied service into the future, keep a clone.
-                    let clone = self.inner.clone();
-                    let inner = std::mem::replace(&mut self.inner, clone);
                     let timeout = self.shared.backend_timeout;
                     let fut = Box::pin(async move {
                         match tokio::time::timeout(timeout, fut).await {
@@ -95,14 +91,31 @@ where
                             Err(_) => Err(BackendError::Timeout(timeout)),
                         }
                     });
-                    ResponseFuture::check(fut, inner, req, self.shared.clone(), tiers)
+                    let inner = self.take_ready_inner();
+                    return ResponseFuture::check(fut, inner, req, self.shared.clone(), tiers);
                 }
             },
-            Err(e) => match outcome(&self.shared, &[], Err(e)) {
-                Outcome::Pass(headers) => ResponseFuture::call(self.inner.call(req), headers),
-                Outcome::Respond(res) => ResponseFuture::respond(res),
-            },
+            Err(e) => (Err(e), Vec::new()),
+        };
+        match outcome(&self.shared, &tiers, result) {
+            Outcome::Pass(headers, delay) if delay.is_zero() => {
+                ResponseFuture::call(self.inner.call(req), headers)
+            }
+            Outcome::Pass(headers, delay) => {
+                let inner = self.take_ready_inner();
+                ResponseFuture::delay(delay, inner, req, headers)
+            }
+            Outcome::Respond(res) => ResponseFuture::respond(res),
         }
+    }
+}
+
+impl<S: Clone> RateLimitService<S> {
+    /// The readied inner service, for a future that calls it later; a clone
+    /// takes its place (the tower pattern for services called after an await).
+    fn take_ready_inner(&mut self) -> S {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
     }
 }
 
@@ -116,6 +129,13 @@ fn plan(
     let mut checks = Vec::with_capacity(shared.tiers.len());
     let mut tiers = Vec::with_capacity(shared.tiers.len());
     for (i, t) in shared.tiers.iter().enumerate() {
+        let cost = match &t.cost_fn {
+            Some(f) => f(parts),
+            None => t.cost,
+        };
+        if cost == 0 {
+            continue;
+        }
         let Some(part) = t.key.extract(parts)? else {
             continue;
         };
@@ -125,8 +145,8 @@ fn plan(
         storage_key_part_into(&mut key, part.as_bytes());
         checks.push(TierCheck {
             key,
-            bucket: t.bucket,
-            cost: t.cost,
+            limit: t.limit,
+            cost,
         });
         // build() caps tiers far below u16::MAX in practice; saturate anyway.
         tiers.push(u16::try_from(i).unwrap_or(u16::MAX));
@@ -160,15 +180,20 @@ fn decide(shared: &Shared, tiers: &[u16], v: &Verdict) -> Outcome {
                 .cmp(&b.remaining)
                 .then(b.reset_after_us.cmp(&a.reset_after_us))
         }) else {
-            return Outcome::Pass(None);
+            return Outcome::Pass(None, Duration::ZERO);
         };
         observe::count_decision("allowed");
-        return Outcome::Pass(Some(RateLimitHeaders {
-            limit: d.limit,
-            remaining: d.remaining,
-            reset: ceil_secs(v.now_us.saturating_add(d.reset_after_us)),
-            retry_after: None,
-        }));
+        // A request queued by shaping tiers waits for the latest slot.
+        let delay_us = ds.iter().map(|d| d.delay_us).max().unwrap_or(0);
+        return Outcome::Pass(
+            Some(RateLimitHeaders {
+                limit: d.limit,
+                remaining: d.remaining,
+                reset: ceil_secs(v.now_us.saturating_add(d.reset_after_us)),
+                retry_after: None,
+            }),
+            Duration::from_micros(delay_us),
+        );
     }
     // Binding tier: the denying tier with the longest wait (first on a tie).
     let mut binding: Option<(usize, &Decision)> = None;
@@ -178,7 +203,7 @@ fn decide(shared: &Shared, tiers: &[u16], v: &Verdict) -> Outcome {
         }
     }
     let Some((i, d)) = binding else {
-        return Outcome::Pass(None);
+        return Outcome::Pass(None, Duration::ZERO);
     };
     let tier = tiers
         .get(i)
@@ -224,7 +249,7 @@ fn fail(shared: &Shared, e: &BackendError) -> Outcome {
     match policy {
         FailurePolicy::Open => {
             observe::count_decision("fail_open");
-            Outcome::Pass(None)
+            Outcome::Pass(None, Duration::ZERO)
         }
         FailurePolicy::Closed => {
             observe::count_decision("fail_closed");

@@ -5,20 +5,58 @@ use crate::Quota;
 use std::fmt;
 use std::sync::Arc;
 
-/// The algorithm a tier counts with.
+/// The algorithm a tier counts with (see `docs/algorithms.md` for the
+/// trade-offs and measured costs).
 ///
-/// Only the token bucket exists so far; the enum is `non_exhaustive` so more
-/// can be added without breaking callers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// | algorithm | state per key | precision | bursts |
+/// |---|---|---|---|
+/// | [`FixedWindow`](Algorithm::FixedWindow) | 1 counter | up to 2 × limit across a window boundary | the whole limit at once |
+/// | [`SlidingWindowLog`](Algorithm::SlidingWindowLog) | 1 entry per admitted request | exact | the whole limit at once |
+/// | [`SlidingWindowCounter`](Algorithm::SlidingWindowCounter) | 2 counters | approximate (interpolated) | the whole limit at once |
+/// | [`TokenBucket`](Algorithm::TokenBucket) (default) | tokens + timestamp | exact | up to `burst` |
+/// | [`LeakyBucket`](Algorithm::LeakyBucket) | 1 timestamp (GCRA) | exact | up to `burst`; `Shape` delays instead of rejecting |
+///
+/// Window algorithms use the quota's limit and period as the window; a
+/// `burst` other than the limit is a configuration error for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Algorithm {
+    /// One counter per window, windows aligned to the Unix epoch
+    /// ([`algorithm::fixed_window`](crate::algorithm::fixed_window)).
+    FixedWindow,
+    /// Every admitted request's timestamp; exact
+    /// ([`algorithm::sliding_window_log`](crate::algorithm::sliding_window_log)).
+    SlidingWindowLog,
+    /// Current and previous window counters, interpolated
+    /// ([`algorithm::sliding_window_counter`](crate::algorithm::sliding_window_counter)).
+    SlidingWindowCounter,
     /// Token bucket: capacity = the quota's burst, refilled at
-    /// `limit / period`, in exact integer arithmetic (see
-    /// [`algorithm::token_bucket`](crate::algorithm::token_bucket)).
+    /// `limit / period`, in exact integer arithmetic
+    /// ([`algorithm::token_bucket`](crate::algorithm::token_bucket)).
     #[default]
     TokenBucket,
+    /// Leaky bucket as GCRA ([`algorithm::gcra`](crate::algorithm::gcra)).
+    LeakyBucket(LeakyBucket),
 }
+
+/// The two leaky buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeakyBucket {
+    /// A meter: excess requests are rejected at once (decisions equal a token
+    /// bucket's; the state is one theoretical arrival time).
+    Police,
+    /// A queue: a request that fits within `max_delay` is **delayed** until its
+    /// slot and then passed (smoothing, like nginx `limit_req` without
+    /// `nodelay`); one that does not fit is rejected with 429 at once. The wait
+    /// holds no lock and no Redis connection.
+    Shape {
+        /// The longest a request may be held.
+        max_delay: std::time::Duration,
+    },
+}
+
+/// A per-request cost function (see [`Tier::cost_fn`]).
+pub(crate) type CostFn = Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>;
 
 /// One named limit: requests whose key (from the extractor) is the same share
 /// one bucket of `quota`, each request costing `cost` tokens.
@@ -41,6 +79,7 @@ pub struct Tier {
     pub(crate) key: Arc<dyn KeyExtractor>,
     pub(crate) quota: Quota,
     pub(crate) cost: u64,
+    pub(crate) cost_fn: Option<CostFn>,
     pub(crate) algorithm: Algorithm,
 }
 
@@ -50,6 +89,7 @@ impl fmt::Debug for Tier {
             .field("name", &self.name)
             .field("quota", &self.quota)
             .field("cost", &self.cost)
+            .field("cost_fn", &self.cost_fn.is_some())
             .field("algorithm", &self.algorithm)
             .finish_non_exhaustive()
     }
@@ -63,6 +103,7 @@ impl Tier {
             key: Arc::new(key),
             quota,
             cost: 1,
+            cost_fn: None,
             algorithm: Algorithm::TokenBucket,
         }
     }
@@ -71,6 +112,31 @@ impl Tier {
     /// is rejected by `build()`.
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = cost;
+        self
+    }
+
+    /// A per-request cost, computed from the request head (by endpoint, by a
+    /// declared batch size header, ...); replaces the fixed [`cost`](Self::cost).
+    ///
+    /// A cost of 0 means the tier does not charge (nor check) this request. A
+    /// cost above the tier's capacity can never pass: it is rejected at once
+    /// with 429, and `Retry-After` is the time until the tier is full again
+    /// (the best it will ever be).
+    ///
+    /// ```
+    /// use tiered_ratelimit::{key::Global, Quota, Tier};
+    /// let tier = Tier::new("global", Global, Quota::per_minute(600)).cost_fn(|p: &http::request::Parts| {
+    ///     p.headers
+    ///         .get("x-batch-size")
+    ///         .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///         .unwrap_or(1)
+    /// });
+    /// ```
+    pub fn cost_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> u64 + Send + Sync + 'static,
+    {
+        self.cost_fn = Some(Arc::new(f));
         self
     }
 

@@ -1,16 +1,26 @@
 //! Pure, clock-free models of the rate-limiting algorithms.
 //!
-//! Each algorithm is a function of `(parameters, stored state, now, cost)` to
-//! `(decision, new state)`. Nothing here does I/O or reads a clock: the memory
-//! backend calls these functions directly, and the Redis Lua scripts in `lua/`
-//! are line-by-line twins of them, so tests can use this module as the oracle
-//! for both backends.
+//! Each algorithm is a pair of functions of `(parameters, stored state, now,
+//! cost)`: a *check* giving the [`Decision`], and a *charge* giving the state
+//! to store once every tier of the request has allowed it (all or nothing).
+//! Nothing here does I/O or reads a clock: the memory backend calls these
+//! functions directly, and the Redis Lua scripts in `lua/` are line-by-line
+//! twins of them, so tests use this module as the oracle for both backends.
 //!
-//! All time is integer **microseconds** and all state is integer, so a bucket
-//! never drifts, however many operations it sees.
+//! All time is integer **microseconds** and all state is integer, so nothing
+//! drifts however many operations a key sees. See `docs/algorithms.md` for
+//! the trade-offs and measured costs.
 
+pub mod fixed_window;
+pub mod gcra;
+pub mod sliding_window_counter;
+pub mod sliding_window_log;
 pub mod token_bucket;
 
+pub use fixed_window::FixedWindowState;
+pub use gcra::{Gcra, TatState};
+pub use sliding_window_counter::CounterState;
+pub use sliding_window_log::LogState;
 pub use token_bucket::{BucketState, TokenBucket};
 
 /// The outcome of checking one tier for one request.
@@ -20,7 +30,7 @@ pub use token_bucket::{BucketState, TokenBucket};
 pub struct Decision {
     /// Whether this tier admits the request (and, if every tier does, charges it).
     pub allowed: bool,
-    /// The tier's capacity in whole requests (the burst).
+    /// The tier's capacity in whole requests (the burst, or the window's limit).
     pub limit: u64,
     /// Whole requests left after this decision (after charging, when allowed;
     /// untouched, when denied). Never above `limit`. When another tier denies
@@ -29,8 +39,143 @@ pub struct Decision {
     pub remaining: u64,
     /// Microseconds until the tier is back to its full capacity.
     pub reset_after_us: u64,
-    /// Microseconds until this request's cost would be admitted; `0` when allowed.
+    /// Microseconds until this request's cost would be admitted; `0` when
+    /// allowed. For a cost above the tier's capacity (which can never pass)
+    /// it is `reset_after_us`: the time until the tier is full again.
     pub retry_after_us: u64,
+    /// Microseconds the request must wait before it is passed (shaping leaky
+    /// bucket only; `0` otherwise).
+    pub delay_us: u64,
+}
+
+/// A window-based limit: at most `limit` cost per `window_us` microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Cost admitted per window.
+    pub limit: u64,
+    /// Window length, microseconds.
+    pub window_us: u64,
+}
+
+impl Window {
+    /// The largest `limit × window_us` the sliding window counter accepts
+    /// (2^52), so the Lua twin computes it exactly in doubles.
+    pub const MAX_PRODUCT: u64 = 1 << 52;
+}
+
+/// One tier's algorithm with its integer parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Limit {
+    /// [`fixed_window`].
+    FixedWindow(Window),
+    /// [`sliding_window_log`].
+    SlidingWindowLog(Window),
+    /// [`sliding_window_counter`].
+    SlidingWindowCounter(Window),
+    /// [`token_bucket`].
+    TokenBucket(TokenBucket),
+    /// [`gcra`] (leaky bucket, police or shape).
+    LeakyBucket(Gcra),
+}
+
+/// The stored state of one key, per algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum State {
+    /// Fixed window.
+    FixedWindow(FixedWindowState),
+    /// Sliding window log.
+    Log(LogState),
+    /// Sliding window counter.
+    Counter(CounterState),
+    /// Token bucket.
+    Bucket(BucketState),
+    /// GCRA.
+    Tat(TatState),
+}
+
+impl Limit {
+    /// The capacity in whole requests (what `X-RateLimit-Limit` shows).
+    pub fn capacity(&self) -> u64 {
+        match self {
+            Limit::FixedWindow(w) | Limit::SlidingWindowLog(w) | Limit::SlidingWindowCounter(w) => w.limit,
+            Limit::TokenBucket(b) => b.burst(),
+            Limit::LeakyBucket(g) => g.bucket.burst(),
+        }
+    }
+
+    /// The decision for `cost` at `now_us` given the stored `state` (`None`
+    /// for a key never seen or expired; a state of another algorithm counts
+    /// as none).
+    pub fn check(&self, state: Option<&State>, now_us: u64, cost: u64) -> Decision {
+        match (self, state) {
+            (Limit::FixedWindow(w), s) => w.fixed_check(fixed(s), now_us, cost),
+            (Limit::SlidingWindowLog(w), Some(State::Log(l))) => w.log_check(Some(l), now_us, cost),
+            (Limit::SlidingWindowLog(w), _) => w.log_check(None, now_us, cost),
+            (Limit::SlidingWindowCounter(w), s) => w.counter_check(counter(s), now_us, cost),
+            (Limit::TokenBucket(b), s) => b.check(bucket(s), now_us, cost).0,
+            (Limit::LeakyBucket(g), s) => g.check(tat(s), now_us, cost),
+        }
+    }
+
+    /// Charges `cost` at `now_us` (only after [`Limit::check`] allowed it on
+    /// every tier): the state to store and its time-to-live in microseconds
+    /// (the time until the key would mean the same as no key).
+    pub fn charge(&self, state: Option<State>, now_us: u64, cost: u64) -> (State, u64) {
+        match self {
+            Limit::FixedWindow(w) => {
+                let (s, ttl) = w.fixed_charge(fixed(state.as_ref()), now_us, cost);
+                (State::FixedWindow(s), ttl)
+            }
+            Limit::SlidingWindowLog(w) => {
+                let mut log = match state {
+                    Some(State::Log(l)) => l,
+                    _ => LogState::new(),
+                };
+                let ttl = w.log_charge(&mut log, now_us, cost);
+                (State::Log(log), ttl)
+            }
+            Limit::SlidingWindowCounter(w) => {
+                let (s, ttl) = w.counter_charge(counter(state.as_ref()), now_us, cost);
+                (State::Counter(s), ttl)
+            }
+            Limit::TokenBucket(b) => match b.check(bucket(state.as_ref()), now_us, cost).1 {
+                Some((s, ttl)) => (State::Bucket(s), ttl),
+                // Not allowed after all: keep what was there.
+                None => (state.unwrap_or(State::Bucket(BucketState { tokens: b.capacity, updated_us: now_us })), 0),
+            },
+            Limit::LeakyBucket(g) => {
+                let (s, ttl) = g.charge(tat(state.as_ref()), now_us, cost);
+                (State::Tat(s), ttl)
+            }
+        }
+    }
+}
+
+fn fixed(s: Option<&State>) -> Option<FixedWindowState> {
+    match s {
+        Some(State::FixedWindow(f)) => Some(*f),
+        _ => None,
+    }
+}
+fn counter(s: Option<&State>) -> Option<CounterState> {
+    match s {
+        Some(State::Counter(c)) => Some(*c),
+        _ => None,
+    }
+}
+fn bucket(s: Option<&State>) -> Option<BucketState> {
+    match s {
+        Some(State::Bucket(b)) => Some(*b),
+        _ => None,
+    }
+}
+fn tat(s: Option<&State>) -> Option<TatState> {
+    match s {
+        Some(State::Tat(t)) => Some(*t),
+        _ => None,
+    }
 }
 
 /// `ceil(a / b)` for `b > 0`.

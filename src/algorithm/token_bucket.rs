@@ -118,6 +118,7 @@ impl TokenBucket {
                 remaining: left / self.unit,
                 reset_after_us,
                 retry_after_us: 0,
+                delay_us: 0,
             };
             let new_state = BucketState {
                 tokens: left,
@@ -139,6 +140,7 @@ impl TokenBucket {
                 remaining: tokens / self.unit,
                 reset_after_us,
                 retry_after_us,
+                delay_us: 0,
             };
             (decision, None)
         }

@@ -1,12 +1,17 @@
 use super::clock::{Clock, ManualClock};
 use super::{TierCheck, Verdict};
-use crate::algorithm::BucketState;
+use crate::algorithm::State;
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const SHARDS: usize = 64;
+/// Stands in for a state while it is being replaced (never observed).
+const PLACEHOLDER: State = State::Bucket(crate::algorithm::BucketState {
+    tokens: 0,
+    updated_us: 0,
+});
 const MIN_SWEEP: usize = 1024;
 
 /// Buckets in this process's memory: no network, no shared state between app
@@ -48,9 +53,8 @@ struct Shard {
     sweep_at: usize,
 }
 
-#[derive(Clone, Copy)]
 struct Entry {
-    state: BucketState,
+    state: State,
     /// Epoch microseconds after which the bucket is full and the entry is
     /// meaningless.
     expires_us: u64,
@@ -146,32 +150,34 @@ impl MemoryBackend {
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
 
         let mut decisions = Vec::with_capacity(checks.len());
-        let mut writes = Vec::with_capacity(checks.len());
         for (c, &shard) in checks.iter().zip(&idx) {
             let map = &guards[guard_of(shard)].1.map;
             let state = map
                 .get(c.key.as_str())
                 .filter(|e| e.expires_us > now_us)
-                .map(|e| e.state);
-            let (decision, write) = c.bucket.check(state, now_us, c.cost);
-            decisions.push(decision);
-            writes.push(write);
+                .map(|e| &e.state);
+            decisions.push(c.limit.check(state, now_us, c.cost));
         }
         if decisions.iter().all(|d| d.allowed) {
-            for ((c, &shard), write) in checks.iter().zip(&idx).zip(writes) {
-                if let Some((state, ttl_us)) = write {
-                    let g = &mut guards[guard_of(shard)].1;
-                    let entry = Entry {
-                        state,
-                        expires_us: now_us.saturating_add(ttl_us),
-                    };
-                    match g.map.get_mut(c.key.as_str()) {
-                        Some(e) => *e = entry,
-                        None => {
-                            g.map.insert(c.key.clone(), entry);
-                            if g.map.len() >= g.sweep_at {
-                                g.sweep(now_us, self.inner.max_per_shard);
-                            }
+            for (c, &shard) in checks.iter().zip(&idx) {
+                let g = &mut guards[guard_of(shard)].1;
+                match g.map.get_mut(c.key.as_str()) {
+                    Some(e) => {
+                        let old = std::mem::replace(&mut e.state, PLACEHOLDER);
+                        let old = (e.expires_us > now_us).then_some(old);
+                        let (state, ttl_us) = c.limit.charge(old, now_us, c.cost);
+                        e.state = state;
+                        e.expires_us = now_us.saturating_add(ttl_us);
+                    }
+                    None => {
+                        let (state, ttl_us) = c.limit.charge(None, now_us, c.cost);
+                        let entry = Entry {
+                            state,
+                            expires_us: now_us.saturating_add(ttl_us),
+                        };
+                        g.map.insert(c.key.clone(), entry);
+                        if g.map.len() >= g.sweep_at {
+                            g.sweep(now_us, self.inner.max_per_shard);
                         }
                     }
                 }
@@ -225,12 +231,12 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::TokenBucket;
+    use crate::algorithm::{Limit, TokenBucket};
 
     fn check(key: &str, tb: TokenBucket) -> TierCheck {
         TierCheck {
             key: key.to_owned(),
-            bucket: tb,
+            limit: Limit::TokenBucket(tb),
             cost: 1,
         }
     }

@@ -15,7 +15,7 @@ pub use self::redis::RedisBackend;
 pub use clock::ManualClock;
 pub use memory::MemoryBackend;
 
-use crate::algorithm::{Decision, TokenBucket};
+use crate::algorithm::{Decision, Limit};
 use crate::error::BackendError;
 use std::future::Future;
 use std::pin::Pin;
@@ -47,27 +47,32 @@ impl From<RedisBackend> for Backend {
     }
 }
 
-/// One tier's share of a request's check.
-#[derive(Debug, Clone)]
-pub(crate) struct TierCheck {
-    /// The full storage key, `<prefix>:<tier>:<key part>`.
-    pub(crate) key: String,
-    pub(crate) bucket: TokenBucket,
-    /// Cost in tokens.
-    pub(crate) cost: u64,
+/// One tier's share of a request's check: which key, under which limit, at
+/// what cost.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierCheck {
+    /// The full storage key. The layer builds `<prefix>:<tier>:<key part>`;
+    /// callers of [`Backend::check`] must keep keys free of request-controlled
+    /// structure themselves (see [`crate::key::storage_key_part`]).
+    pub key: String,
+    /// The algorithm and its parameters.
+    pub limit: Limit,
+    /// Cost in requests (tokens), at least 1.
+    pub cost: u64,
 }
 
 /// The backend's answer for all tiers of one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Verdict {
+pub struct Verdict {
     /// The backend's clock when it decided, in Unix epoch microseconds.
-    pub(crate) now_us: u64,
+    pub now_us: u64,
     /// One decision per [`TierCheck`], in order.
-    pub(crate) decisions: Vec<Decision>,
+    pub decisions: Vec<Decision>,
 }
 
 impl Verdict {
-    pub(crate) fn allowed(&self) -> bool {
+    /// Whether every tier allowed the request (and so it was charged).
+    pub fn allowed(&self) -> bool {
         self.decisions.iter().all(|d| d.allowed)
     }
 }
@@ -82,8 +87,19 @@ pub(crate) enum Check {
 
 impl Backend {
     /// Checks every tier of one request, all or nothing: the request is
-    /// charged on every tier only if every tier allows it.
-    pub(crate) fn check(&self, checks: Vec<TierCheck>) -> Check {
+    /// charged on every tier only if every tier allows it. This is what the
+    /// layer does per request, without HTTP (no timeout, no failure policy).
+    ///
+    /// # Errors
+    /// A [`BackendError`] when Redis fails or answers unexpectedly.
+    pub async fn check(&self, checks: Vec<TierCheck>) -> Result<Verdict, BackendError> {
+        match self.start_check(checks) {
+            Check::Ready(r) => r,
+            Check::Pending(f) => f.await,
+        }
+    }
+
+    pub(crate) fn start_check(&self, checks: Vec<TierCheck>) -> Check {
         match self {
             Backend::Memory(m) => Check::Ready(Ok(m.check(&checks))),
             #[cfg(feature = "redis")]
@@ -91,7 +107,7 @@ impl Backend {
         }
     }
 
-    /// Whether decisions come from a shared store rather than this process.
+    /// `"memory"` or `"redis"` (the `backend` metrics label).
     pub fn name(&self) -> &'static str {
         match self {
             Backend::Memory(_) => "memory",

@@ -1,6 +1,6 @@
 use super::clock::ManualClock;
 use super::{TierCheck, Verdict};
-use crate::algorithm::Decision;
+use crate::algorithm::{Decision, Limit};
 use crate::error::{BackendError, ConfigError};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use ::redis::{Client, RedisError, Script};
@@ -8,9 +8,18 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-/// The multi-tier token bucket script, loaded once per connection with
-/// `SCRIPT LOAD` semantics (EVALSHA, falling back to EVAL on `NOSCRIPT`).
-const TOKEN_BUCKET_LUA: &str = include_str!("../../lua/token_bucket.lua");
+/// The one script every request runs: the algorithm files of `lua/` joined,
+/// then the all-tiers dispatcher. Sent as EVALSHA, falling back to loading it
+/// on `NOSCRIPT`.
+const CHECK_LUA: &str = concat!(
+    include_str!("../../lua/common.lua"),
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/sliding_window_log.lua"),
+    include_str!("../../lua/sliding_window_counter.lua"),
+    include_str!("../../lua/token_bucket.lua"),
+    include_str!("../../lua/leaky_bucket.lua"),
+    include_str!("../../lua/check.lua"),
+);
 
 /// Buckets in Redis, shared by every app server that points at it.
 ///
@@ -103,7 +112,7 @@ impl RedisBackend {
         Self {
             inner: Arc::new(Inner {
                 source,
-                script: Script::new(TOKEN_BUCKET_LUA),
+                script: Script::new(CHECK_LUA),
             }),
             clock: None,
         }
@@ -168,11 +177,28 @@ impl RedisBackend {
             None => invocation.arg(""),
         };
         for c in &checks {
+            let (algorithm, p): (u8, [i64; 4]) = match c.limit {
+                Limit::FixedWindow(w) => (1, [int(w.limit), int(w.window_us), 0, 0]),
+                Limit::SlidingWindowLog(w) => (2, [int(w.limit), int(w.window_us), 0, 0]),
+                Limit::SlidingWindowCounter(w) => (3, [int(w.limit), int(w.window_us), 0, 0]),
+                Limit::TokenBucket(b) => (4, [int(b.capacity), int(b.rate), int(b.unit), 0]),
+                Limit::LeakyBucket(g) => (
+                    5,
+                    [
+                        int(g.bucket.capacity),
+                        int(g.bucket.rate),
+                        int(g.bucket.unit),
+                        g.max_delay_us.map_or(-1, int),
+                    ],
+                ),
+            };
             invocation
                 .key(c.key.as_str())
-                .arg(c.bucket.capacity)
-                .arg(c.bucket.rate)
-                .arg(c.bucket.unit)
+                .arg(algorithm)
+                .arg(p[0])
+                .arg(p[1])
+                .arg(p[2])
+                .arg(p[3])
                 .arg(c.cost);
         }
         let mut conn = self.connection().await?;
@@ -197,24 +223,32 @@ enum Conn {
     Multiplexed(MultiplexedConnection),
 }
 
+/// Parameters are validated far below 2^53 when the layer is built.
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+const PER_TIER: usize = 5;
+
 fn parse_reply(reply: &[i64], checks: &[TierCheck]) -> Result<Verdict, BackendError> {
-    if reply.len() != 1 + 4 * checks.len() {
+    if reply.len() != 1 + PER_TIER * checks.len() {
         return Err(BackendError::Script(format!(
             "expected {} values, got {}",
-            1 + 4 * checks.len(),
+            1 + PER_TIER * checks.len(),
             reply.len()
         )));
     }
     let u = |v: i64| u64::try_from(v).unwrap_or(0);
     let decisions = reply[1..]
-        .chunks_exact(4)
+        .chunks_exact(PER_TIER)
         .zip(checks)
         .map(|(r, c)| Decision {
             allowed: r[0] == 1,
-            limit: c.bucket.burst(),
+            limit: c.limit.capacity(),
             remaining: u(r[1]),
             reset_after_us: u(r[2]),
             retry_after_us: u(r[3]),
+            delay_us: u(r[4]),
         })
         .collect();
     Ok(Verdict {

@@ -1,0 +1,264 @@
+//! A small axum server behind a five-tier rate limiter.
+//!
+//! ```text
+//! cargo run --example quickstart                                   # in-memory buckets
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example quickstart # shared buckets in Redis
+//! POLICY_FILE=my-policy.toml cargo run --example quickstart        # your own limits
+//! ```
+//!
+//! Environment:
+//! * `LISTEN_ADDR`: where to listen (default `127.0.0.1:3000`).
+//! * `REDIS_URL`: unset = in-memory backend; set = Redis backend.
+//! * `POLICY_FILE`: a policy TOML file; unset = the built-in
+//!   [`DEFAULT_POLICY`], printed at start-up.
+//! * `RUST_LOG`: log filter (default `info`).
+//!
+//! Routes: `GET /`, `GET /users/{id}`, `POST /login`. A demo auth layer turns
+//! `Authorization: Bearer <id>` into a [`UserId`] (no real authentication!),
+//! so the `user` tier applies; anonymous requests skip it. The `api_key` tier
+//! applies to requests with an `x-api-key` header.
+
+use std::{error::Error, net::SocketAddr, process::ExitCode};
+
+use axum::{
+    extract::{Path, Request},
+    http::header::AUTHORIZATION,
+    middleware::{self, Next},
+    response::Response,
+    routing::{get, post},
+    Extension, Json, Router,
+};
+use serde_json::{json, Value};
+use tiered_ratelimit::{
+    backend::{Backend, MemoryBackend, RedisBackend},
+    response::Rejection,
+    Policy, RateLimitLayer, UserId,
+};
+use tracing_subscriber::EnvFilter;
+
+/// The policy used when `POLICY_FILE` is unset. Small on purpose: hit `/` a
+/// dozen times within ten seconds and the `endpoint` tier answers 429.
+const DEFAULT_POLICY: &str = r#"# tiered-ratelimit policy (TOML). Save a copy, edit it, run with POLICY_FILE=<path>.
+key_prefix = "rl"                  # storage keys are <prefix>:<tier>:<key part>
+failure_policy = "open"            # "open" (pass when the backend fails) | "closed" (503)
+backend_timeout_ms = 100
+docs_url = "https://example.com/docs/rate-limits"
+
+[client_ip]
+trusted_proxies = []               # CIDRs of your proxies; empty = trust no X-Forwarded-For
+ipv6_prefix = 64
+
+# Tiers are checked in this order; a request must pass all that apply.
+# key = "global" | "ip" | "user" | "endpoint" | { header = "<name>" }
+[[tier]]
+name = "global"                    # one bucket for the whole service
+key = "global"
+limit = 1000
+period = "1s"
+burst = 2000
+
+[[tier]]
+name = "ip"                        # per client IP (TCP peer)
+key = "ip"
+limit = 60
+period = "1m"
+
+[[tier]]
+name = "api_key"                   # per x-api-key value (stored hashed)
+key = { header = "x-api-key" }
+limit = 10000
+period = "1h"
+
+[[tier]]
+name = "user"                      # per UserId; anonymous requests skip it
+key = "user"
+limit = 100
+period = "1m"
+
+[[tier]]
+name = "endpoint"                  # per method + route template, all clients together
+key = "endpoint"
+limit = 10
+period = "10s"
+"#;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    // Logs go to stderr; stdout carries the policy and the hints below.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Display, not Debug: configuration errors name the field and line.
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn Error>> {
+    let listen_addr = env_or("LISTEN_ADDR", "127.0.0.1:3000");
+
+    let policy = match std::env::var("POLICY_FILE") {
+        Ok(path) if !path.is_empty() => {
+            println!("policy: {path}");
+            Policy::from_file(&path)?
+        }
+        _ => {
+            println!("policy: built-in default (set POLICY_FILE=<path> to use your own):\n");
+            println!("{DEFAULT_POLICY}");
+            Policy::from_toml_str(DEFAULT_POLICY)?
+        }
+    };
+
+    let backend: Backend = match std::env::var("REDIS_URL") {
+        Ok(url) if !url.is_empty() => {
+            println!("backend: redis at {}", redact(&url));
+            RedisBackend::from_url(&url)?.into()
+        }
+        _ => {
+            println!("backend: in-memory (set REDIS_URL to share buckets between processes)");
+            MemoryBackend::new().into()
+        }
+    };
+
+    let rate_limit = policy.builder(backend)?.build()?;
+    // Same thing: RateLimitLayer::from_policy(&policy, backend)?
+    let tiers: Vec<&str> = rate_limit.tier_names().collect();
+    println!("tiers, in check order: {}", tiers.join(", "));
+
+    let app = app(rate_limit);
+
+    let listener = tokio::net::TcpListener::bind(&listen_addr).await?;
+    let local = listener.local_addr()?;
+    println!("\nlistening on http://{local}");
+    println!("try:\n  for i in $(seq 1 12); do curl -s -o /dev/null -w '%{{http_code}} ' http://{local}/; done; echo");
+    println!("  curl -i http://{local}/\n");
+
+    // ClientIp keys by the TCP peer address, which axum only provides with
+    // connect info.
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await?;
+    tracing::info!("server stopped");
+    Ok(())
+}
+
+fn app(rate_limit: RateLimitLayer) -> Router {
+    // With `Router::layer(a).layer(b)`, `b` wraps `a`: requests go through
+    // `log_rejections`, then `demo_auth`, then the rate limiter, then the
+    // handler. The auth layer must run before the limiter so that `UserId`
+    // is in the extensions; `Router::layer` (rather than wrapping the whole
+    // Router) runs the limiter after routing, so the `endpoint` tier sees the
+    // route template (`/users/{id}`) through `MatchedPath`.
+    Router::new()
+        .route("/", get(index))
+        .route("/users/{id}", get(user))
+        .route("/login", post(login))
+        .layer(rate_limit)
+        .layer(middleware::from_fn(demo_auth))
+        .layer(middleware::from_fn(log_rejections))
+}
+
+async fn index() -> &'static str {
+    "hello from tiered-ratelimit\n"
+}
+
+async fn user(Path(id): Path<String>, caller: Option<Extension<UserId>>) -> Json<Value> {
+    Json(json!({
+        "id": id,
+        "requested_by": caller.map(|Extension(UserId(u))| u),
+    }))
+}
+
+async fn login() -> Json<Value> {
+    Json(json!({
+        "hint": "this demo has no real login: send `Authorization: Bearer <any id>` to be that user",
+    }))
+}
+
+/// Demo authentication: `Authorization: Bearer <id>` makes the request user
+/// `<id>`. It checks nothing; a real app verifies a token or a session here.
+async fn demo_auth(mut req: Request, next: Next) -> Response {
+    let user = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+        .map(|id| UserId(id.to_owned()));
+    if let Some(user) = user {
+        req.extensions_mut().insert(user);
+    }
+    next.run(req).await
+}
+
+/// The limiter puts a [`Rejection`] into the extensions of every 429 it
+/// sends; outer layers can log or count it.
+async fn log_rejections(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let res = next.run(req).await;
+    if let Some(r) = res.extensions().get::<Rejection>() {
+        tracing::info!(%method, %path, tier = &*r.tier, retry_after = r.retry_after, "rate limited");
+    }
+    res
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+/// `redis://user:secret@host/` → `redis://***@host/`, so passwords stay out
+/// of the terminal.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}***{}", &url[..scheme_end + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM; axum then stops accepting connections and
+/// lets in-flight requests finish.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+
+    tokio::select! {
+        () = ctrl_c => tracing::info!("Ctrl-C received, shutting down"),
+        () = terminate => tracing::info!("SIGTERM received, shutting down"),
+    }
+}

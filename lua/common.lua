@@ -1,0 +1,35 @@
+-- Shared helpers for the algorithm scripts. The files of lua/ are joined in
+-- this order into ONE script (see src/backend/redis.rs):
+--   common.lua, fixed_window.lua, sliding_window_log.lua,
+--   sliding_window_counter.lua, token_bucket.lua, leaky_bucket.lua, check.lua
+--
+-- Lua numbers are doubles: every value these scripts handle is an integer
+-- below 2^53 (the limits are checked when a quota is built), so all
+-- arithmetic is exact once division is corrected to integer division.
+-- ARGV values are strings: always tonumber() them.
+
+local function div_floor(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function div_ceil(a, b)
+  return div_floor(a + b - 1, b)
+end
+
+-- Time-to-live in whole milliseconds (rounded up, at least 1) for PX.
+local function ttl_ms(us)
+  local ms = div_ceil(us, 1000)
+  if ms < 1 then ms = 1 end
+  return ms
+end
+
+-- An integer as a string without exponent (tostring would print 1.7e+15).
+local function int(x)
+  return string.format('%.0f', x)
+end

@@ -1,0 +1,23 @@
+-- Fixed window (twin of src/algorithm/fixed_window.rs).
+-- Value: "<window start µs>:<count>", PX = until the window ends.
+local function fixed_window(key, now, limit, window, _, _, cost)
+  local start = div_floor(now, window) * window
+  local count = 0
+  local v = redis.call('GET', key)
+  if v then
+    local s, c = string.match(v, '^(%d+):(%d+)$')
+    if s and tonumber(s) == start then count = tonumber(c) end
+  end
+  local end_in = start + window - now
+  if count + cost <= limit then
+    local after = count + cost
+    return 1, limit - after, end_in, 0, 0, function()
+      redis.call('SET', key, int(start) .. ':' .. int(after), 'PX', ttl_ms(end_in))
+    end
+  end
+  local reset = end_in
+  if count == 0 then reset = 0 end
+  local remaining = limit - count
+  if remaining < 0 then remaining = 0 end
+  return 0, remaining, reset, end_in, 0, nil
+end

@@ -1,0 +1,36 @@
+-- Leaky bucket as GCRA (twin of src/algorithm/gcra.rs). Time in ticks of
+-- 1/rate µs; the theoretical arrival time is "<tat µs>:<remainder ticks>".
+-- max_delay < 0 polices (reject excess); max_delay >= 0 shapes (delay up to
+-- max_delay µs, returned as the delay). PX = until the TAT.
+local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_tokens)
+  local cost = cost_tokens * unit
+  local backlog = 0
+  local v = redis.call('GET', key)
+  if v then
+    local t, f = string.match(v, '^(%d+):(%d+)$')
+    if t then
+      t = tonumber(t)
+      if t >= now then backlog = (t - now) * rate + tonumber(f) end
+    end
+  end
+  local after = backlog + cost
+  local over = after - capacity
+  if over < 0 then over = 0 end
+  local tolerance = 0
+  if max_delay >= 0 then tolerance = max_delay * rate end
+  if over <= tolerance and cost <= capacity then
+    local left = capacity - after
+    if left < 0 then left = 0 end
+    local reset = div_ceil(after, rate)
+    return 1, div_floor(left, unit), reset, 0, div_ceil(over, rate), function()
+      local whole = div_floor(after, rate)
+      redis.call('SET', key, int(now + whole) .. ':' .. int(after - whole * rate), 'PX', ttl_ms(reset))
+    end
+  end
+  local reset = div_ceil(backlog, rate)
+  local retry = reset
+  if cost <= capacity then retry = div_ceil(over - tolerance, rate) end
+  local left = capacity - backlog
+  if left < 0 then left = 0 end
+  return 0, div_floor(left, unit), reset, retry, 0, nil
+end

@@ -1,0 +1,95 @@
+//! Leaky bucket as GCRA (the Generic Cell Rate Algorithm, ITU-T I.371): the
+//! state is one **theoretical arrival time** (TAT), the instant the bucket
+//! would be empty.
+//!
+//! Time is counted in *ticks* of `1 / rate` µs, with the same `unit`, `rate`
+//! and `capacity` as [`TokenBucket`] (so `cost` tokens advance the TAT by
+//! `cost × unit` ticks and the tolerance is `capacity` ticks). The TAT is
+//! stored exactly as whole microseconds plus a remainder in ticks.
+//!
+//! * **Police** (a meter): a request passes if `max(TAT, now) + cost × T − now ≤
+//!   burst × T`, otherwise it is rejected at once. Its decisions are those
+//!   of a token bucket with the same quota, which the tests check.
+//! * **Shape** (a queue, like nginx `limit_req` without `nodelay`): the part of
+//!   `max(TAT, now) + cost × T − now` beyond the tolerance is a **delay**: the
+//!   request is held until its slot and then passed, if that delay is at most
+//!   `max_delay`; otherwise it is rejected at once.
+
+use super::{div_ceil, Decision, TokenBucket};
+
+/// Stored state: the TAT as `tat_us + frac / rate` microseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TatState {
+    /// Whole microseconds of the TAT (epoch).
+    pub tat_us: u64,
+    /// Remainder in ticks, `0 ≤ frac < rate`.
+    pub frac: u64,
+}
+
+/// GCRA parameters: the bucket's integer units and, when shaping, the most a
+/// request may be delayed (µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gcra {
+    /// Capacity, rate and unit, as for the token bucket.
+    pub bucket: TokenBucket,
+    /// `None` to police; `Some(max delay in µs)` to shape.
+    pub max_delay_us: Option<u64>,
+}
+
+impl Gcra {
+    /// Ticks from `now_us` to the TAT (0 when the TAT is past).
+    fn backlog(&self, state: Option<TatState>, now_us: u64) -> u64 {
+        match state {
+            Some(s) if s.tat_us >= now_us => (s.tat_us - now_us) * self.bucket.rate + s.frac,
+            _ => 0,
+        }
+    }
+
+    /// GCRA decision for `cost` at `now_us`.
+    pub fn check(&self, state: Option<TatState>, now_us: u64, cost: u64) -> Decision {
+        let b = &self.bucket;
+        let backlog = self.backlog(state, now_us);
+        let after = backlog + cost * b.unit;
+        let over = after.saturating_sub(b.capacity);
+        let allowed_ticks = self.max_delay_us.map_or(0, |d| d.saturating_mul(b.rate));
+        let limit = b.burst();
+        if over <= allowed_ticks && cost * b.unit <= b.capacity {
+            Decision {
+                allowed: true,
+                limit,
+                remaining: b.capacity.saturating_sub(after) / b.unit,
+                reset_after_us: div_ceil(after, b.rate),
+                retry_after_us: 0,
+                delay_us: div_ceil(over, b.rate),
+            }
+        } else {
+            let reset_after_us = div_ceil(backlog, b.rate);
+            let retry_after_us = if cost * b.unit > b.capacity {
+                reset_after_us
+            } else {
+                div_ceil(over - allowed_ticks, b.rate)
+            };
+            Decision {
+                allowed: false,
+                limit,
+                remaining: b.capacity.saturating_sub(backlog) / b.unit,
+                reset_after_us,
+                retry_after_us,
+                delay_us: 0,
+            }
+        }
+    }
+
+    /// The state after admitting `cost` at `now_us`, and its time-to-live (µs).
+    pub fn charge(&self, state: Option<TatState>, now_us: u64, cost: u64) -> (TatState, u64) {
+        let rate = self.bucket.rate;
+        let after = self.backlog(state, now_us) + cost * self.bucket.unit;
+        (
+            TatState {
+                tat_us: now_us + after / rate,
+                frac: after % rate,
+            },
+            div_ceil(after, rate),
+        )
+    }
+}
