@@ -20,9 +20,7 @@
 //!     limit = 1000
 //!     period = "1s"                        # humantime: "1s", "10s", "1m", "1h"
 //!     burst = 2000                         # optional, default = limit
-//!     algorithm = "token_bucket"           # optional, default token_bucket; also fixed_window,
-//!                                          #   sliding_window_log, sliding_window_counter, leaky_bucket,
-//!                                          #   leaky_bucket_shape (with max_delay = "2s")
+//!     algorithm = "token_bucket"           # optional, default token_bucket (see below)
 //!     cost = 1                             # optional, default 1
 //!
 //!     [[tier]]
@@ -34,6 +32,10 @@
 //! let layer = RateLimitLayer::from_policy(&policy, MemoryBackend::new()).unwrap();
 //! assert_eq!(layer.tier_names().collect::<Vec<_>>(), ["global", "api_key"]);
 //! ```
+//!
+//! `algorithm` is one of `"fixed_window"`, `"sliding_window_log"`,
+//! `"sliding_window_counter"`, `"token_bucket"`, `"leaky_bucket"` (police)
+//! or `"leaky_bucket_shape"`, which also takes `max_delay = "2s"`.
 //!
 //! Every field but `[[tier]]`'s `name`, `key`, `limit` and `period` is
 //! optional, with the builder's defaults. Unknown fields are an error naming

@@ -51,7 +51,12 @@ impl Window {
     }
 
     /// The state after admitting `cost` at `now_us`, and its time-to-live (µs).
-    pub fn fixed_charge(&self, state: Option<FixedWindowState>, now_us: u64, cost: u64) -> (FixedWindowState, u64) {
+    pub fn fixed_charge(
+        &self,
+        state: Option<FixedWindowState>,
+        now_us: u64,
+        cost: u64,
+    ) -> (FixedWindowState, u64) {
         let start = self.window_start(now_us);
         let count = state.filter(|s| s.start_us == start).map_or(0, |s| s.count);
         (

@@ -99,7 +99,9 @@ impl Limit {
     /// The capacity in whole requests (what `X-RateLimit-Limit` shows).
     pub fn capacity(&self) -> u64 {
         match self {
-            Limit::FixedWindow(w) | Limit::SlidingWindowLog(w) | Limit::SlidingWindowCounter(w) => w.limit,
+            Limit::FixedWindow(w) | Limit::SlidingWindowLog(w) | Limit::SlidingWindowCounter(w) => {
+                w.limit
+            }
             Limit::TokenBucket(b) => b.burst(),
             Limit::LeakyBucket(g) => g.bucket.burst(),
         }
@@ -143,7 +145,13 @@ impl Limit {
             Limit::TokenBucket(b) => match b.check(bucket(state.as_ref()), now_us, cost).1 {
                 Some((s, ttl)) => (State::Bucket(s), ttl),
                 // Not allowed after all: keep what was there.
-                None => (state.unwrap_or(State::Bucket(BucketState { tokens: b.capacity, updated_us: now_us })), 0),
+                None => (
+                    state.unwrap_or(State::Bucket(BucketState {
+                        tokens: b.capacity,
+                        updated_us: now_us,
+                    })),
+                    0,
+                ),
             },
             Limit::LeakyBucket(g) => {
                 let (s, ttl) = g.charge(tat(state.as_ref()), now_us, cost);

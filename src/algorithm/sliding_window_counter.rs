@@ -76,7 +76,7 @@ impl Window {
             } else {
                 // In the next window, where `cur` becomes the previous count.
                 let room = (self.limit - cost) * w;
-                let wait_in_next = if cur == 0 { 0 } else { w.saturating_sub(room / cur) };
+                let wait_in_next = room.checked_div(cur).map_or(0, |r| w.saturating_sub(r));
                 start + w + wait_in_next - now_us
             };
             Decision {
@@ -91,7 +91,12 @@ impl Window {
     }
 
     /// The state after admitting `cost` at `now_us`, and its time-to-live (µs).
-    pub fn counter_charge(&self, state: Option<CounterState>, now_us: u64, cost: u64) -> (CounterState, u64) {
+    pub fn counter_charge(
+        &self,
+        state: Option<CounterState>,
+        now_us: u64,
+        cost: u64,
+    ) -> (CounterState, u64) {
         let (start, prev, cur) = self.counters(state, now_us);
         let s = CounterState {
             start_us: start,

@@ -14,9 +14,15 @@ use std::collections::VecDeque;
 pub type LogState = VecDeque<(u64, u64)>;
 
 impl Window {
-    fn live<'a>(&self, log: Option<&'a LogState>, now_us: u64) -> impl Iterator<Item = &'a (u64, u64)> + Clone {
+    fn live<'a>(
+        &self,
+        log: Option<&'a LogState>,
+        now_us: u64,
+    ) -> impl Iterator<Item = &'a (u64, u64)> + Clone {
         let window = self.window_us;
-        log.into_iter().flatten().filter(move |(t, _)| t + window > now_us)
+        log.into_iter()
+            .flatten()
+            .filter(move |(t, _)| t + window > now_us)
     }
 
     /// Sliding-log decision for `cost` at `now_us`.
@@ -66,7 +72,10 @@ impl Window {
     /// Logs `cost` at `now_us` (dropping expired entries); returns the
     /// time-to-live (µs) of the log.
     pub fn log_charge(&self, log: &mut LogState, now_us: u64, cost: u64) -> u64 {
-        while log.front().is_some_and(|(t, _)| t + self.window_us <= now_us) {
+        while log
+            .front()
+            .is_some_and(|(t, _)| t + self.window_us <= now_us)
+        {
             log.pop_front();
         }
         log.push_back((now_us, cost));
