@@ -2,7 +2,8 @@
 --
 -- KEYS[i]   the key of tier i: "<prefix>:<tier>:<key part>"
 -- ARGV[1]   "" to read the clock with Redis TIME (production), or a test
---           clock in Unix epoch microseconds (ManualClock; tests only)
+--           clock in Unix epoch microseconds (ManualClock; tests only),
+--           optionally followed by ":<ttl slack ms>" (see common.lua)
 -- ARGV[2 + 6(i-1) ..], six per tier:
 --           algorithm (1 fixed_window, 2 sliding_window_log,
 --           3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket),
@@ -17,7 +18,9 @@ local algorithms = {
 
 local now
 if ARGV[1] ~= '' then
-  now = tonumber(ARGV[1])
+  local clock, slack = string.match(ARGV[1], '^(%d+):?(%d*)$')
+  now = tonumber(clock)
+  if slack ~= nil and slack ~= '' then ttl_slack_ms = tonumber(slack) end
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -22,11 +22,17 @@ local function div_ceil(a, b)
   return div_floor(a + b - 1, b)
 end
 
+-- Extra milliseconds added to every TTL. Always 0 in production; tests that
+-- drive a manual clock faster or slower than Redis's own may set it (ARGV[1]
+-- "<now_us>:<slack_ms>") so that real-time expiry never runs ahead of the
+-- test's clock.
+local ttl_slack_ms = 0
+
 -- Time-to-live in whole milliseconds (rounded up, at least 1) for PX.
 local function ttl_ms(us)
   local ms = div_ceil(us, 1000)
   if ms < 1 then ms = 1 end
-  return ms
+  return ms + ttl_slack_ms
 end
 
 -- An integer as a string without exponent (tostring would print 1.7e+15).

@@ -19,5 +19,7 @@ local function fixed_window(key, now, limit, window, _, _, cost)
   if count == 0 then reset = 0 end
   local remaining = limit - count
   if remaining < 0 then remaining = 0 end
-  return 0, remaining, reset, end_in, 0, nil
+  local retry = end_in
+  if cost > limit then retry = reset end
+  return 0, remaining, reset, retry, 0, nil
 end

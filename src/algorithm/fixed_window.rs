@@ -37,14 +37,19 @@ impl Window {
                 delay_us: 0,
             }
         } else {
+            let reset_after_us = if count == 0 { 0 } else { end_in };
             Decision {
                 allowed: false,
                 limit: self.limit,
                 remaining: self.limit - count.min(self.limit),
-                reset_after_us: if count == 0 { 0 } else { end_in },
+                reset_after_us,
                 // The next window starts empty; a cost above the limit never
-                // fits, and the honest wait we can give is the same.
-                retry_after_us: end_in,
+                // fits, and the wait we report for it is the reset.
+                retry_after_us: if cost > self.limit {
+                    reset_after_us
+                } else {
+                    end_in
+                },
                 delay_us: 0,
             }
         }

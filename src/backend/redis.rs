@@ -51,6 +51,7 @@ const CHECK_LUA: &str = concat!(
 pub struct RedisBackend {
     inner: Arc<Inner>,
     clock: Option<ManualClock>,
+    ttl_slack_ms: u64,
 }
 
 struct Inner {
@@ -115,6 +116,7 @@ impl RedisBackend {
                 script: Script::new(CHECK_LUA),
             }),
             clock: None,
+            ttl_slack_ms: 0,
         }
     }
 
@@ -123,6 +125,17 @@ impl RedisBackend {
     #[must_use]
     pub fn with_manual_clock(mut self, clock: ManualClock) -> Self {
         self.clock = Some(clock);
+        self
+    }
+
+    /// With a manual clock, adds `slack` to every key's TTL, so that Redis's
+    /// real-time expiry never runs ahead of a test clock that advances slower
+    /// than real time. Decisions never depend on a key outliving its TTL.
+    /// Tests only.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn with_test_ttl_slack(mut self, slack: Duration) -> Self {
+        self.ttl_slack_ms = u64::try_from(slack.as_millis()).unwrap_or(u64::MAX);
         self
     }
 
@@ -173,6 +186,9 @@ impl RedisBackend {
     pub(crate) async fn check(self, checks: Vec<TierCheck>) -> Result<Verdict, BackendError> {
         let mut invocation = self.inner.script.prepare_invoke();
         match &self.clock {
+            Some(c) if self.ttl_slack_ms > 0 => {
+                invocation.arg(format!("{}:{}", c.now_us(), self.ttl_slack_ms))
+            }
             Some(c) => invocation.arg(c.now_us()),
             None => invocation.arg(""),
         };
