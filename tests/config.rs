@@ -149,3 +149,60 @@ fn policy_errors_name_the_field() {
         .to_string();
     assert!(e.contains("/nonexistent/policy.toml"), "{e}");
 }
+
+#[test]
+fn policy_algorithms_by_name() {
+    let tier = |algo: &str, extra: &str| {
+        format!(
+            "[[tier]]\nname='t'\nkey='global'\nlimit=10\nperiod='1m'\nalgorithm='{algo}'\n{extra}"
+        )
+    };
+    for algo in [
+        "fixed_window",
+        "sliding_window_log",
+        "sliding_window_counter",
+        "token_bucket",
+        "leaky_bucket",
+    ] {
+        let p = Policy::from_toml_str(&tier(algo, "")).unwrap();
+        let _layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+    }
+    let p = Policy::from_toml_str(&tier("leaky_bucket_shape", "max_delay='2s'")).unwrap();
+    let _layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+
+    let p = Policy::from_toml_str(&tier("leaky_bucket_shape", "")).unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "policy: tier \"t\": max_delay: required by algorithm = \"leaky_bucket_shape\""
+    );
+    let p = Policy::from_toml_str(&tier("token_bucket", "max_delay='2s'")).unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("max_delay"), "{e}");
+    let e = Policy::from_toml_str(&tier("gcra", ""))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gcra") && e.contains("algorithm"), "{e}");
+    // Window algorithms have no burst.
+    let p = Policy::from_toml_str(&tier("fixed_window", "burst=20")).unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("tier \"t\": burst: FixedWindow has no burst"),
+        "{e}"
+    );
+    // A fixed cost above the capacity is a build error, for every algorithm.
+    let p = Policy::from_toml_str(&tier("sliding_window_log", "cost=11")).unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "tier \"t\": burst: 10 is smaller than cost 11; no request could ever pass"
+    );
+}

@@ -8,70 +8,10 @@ mod support;
 use std::time::Duration;
 use support::*;
 use tiered_ratelimit::{
-    backend::{Backend, ManualClock, MemoryBackend, RedisBackend},
     key::{ApiKey, ClientIp, Endpoint, Global, User},
     response::Rejection,
-    FailurePolicy, Quota, RateLimitLayer, Tier,
+    FailurePolicy, Quota, Tier,
 };
-
-/// A backend on a manual clock, plus the Redis server behind it (if any).
-struct Env {
-    clock: ManualClock,
-    backend: Backend,
-    redis: Option<RedisServer>,
-}
-
-impl Env {
-    fn memory() -> Self {
-        let clock = ManualClock::new(T0_US);
-        Env {
-            backend: MemoryBackend::with_manual_clock(clock.clone()).into(),
-            clock,
-            redis: None,
-        }
-    }
-
-    fn redis() -> Self {
-        let clock = ManualClock::new(T0_US);
-        let server = RedisServer::start();
-        let backend = RedisBackend::from_url(&server.url())
-            .expect("url")
-            .with_manual_clock(clock.clone());
-        Env {
-            clock,
-            backend: backend.into(),
-            redis: Some(server),
-        }
-    }
-
-    fn builder(&self) -> tiered_ratelimit::RateLimitLayerBuilder {
-        RateLimitLayer::builder()
-            .backend(self.backend.clone())
-            .docs_url("https://example.com/docs/rate-limits")
-            .backend_timeout(Duration::from_secs(2))
-    }
-}
-
-macro_rules! both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Env::memory()).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(super::Env::redis()).await;
-                }
-            )*
-        }
-    };
-}
 
 both_backends!(
     burst_then_deny_then_refill,

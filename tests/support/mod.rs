@@ -13,6 +13,7 @@ use axum::{
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
 use tiered_ratelimit::{RateLimitLayer, UserId};
 
 /// 2023-11-14T22:13:20Z: a whole second, so test clocks give exact headers.
@@ -301,3 +302,65 @@ pub const NO_LIMITS: Limits = Limits {
     reset: None,
     retry_after: None,
 };
+
+/// A backend on a manual clock, plus the Redis server behind it (if any).
+pub struct Env {
+    pub clock: ManualClock,
+    pub backend: Backend,
+    pub redis: Option<RedisServer>,
+}
+
+impl Env {
+    pub fn memory() -> Self {
+        let clock = ManualClock::new(T0_US);
+        Env {
+            backend: MemoryBackend::with_manual_clock(clock.clone()).into(),
+            clock,
+            redis: None,
+        }
+    }
+
+    pub fn redis() -> Self {
+        let clock = ManualClock::new(T0_US);
+        let server = RedisServer::start();
+        let backend = RedisBackend::from_url(&server.url())
+            .expect("url")
+            .with_manual_clock(clock.clone());
+        Env {
+            clock,
+            backend: backend.into(),
+            redis: Some(server),
+        }
+    }
+
+    pub fn builder(&self) -> tiered_ratelimit::RateLimitLayerBuilder {
+        RateLimitLayer::builder()
+            .backend(self.backend.clone())
+            .docs_url("https://example.com/docs/rate-limits")
+            .backend_timeout(Duration::from_secs(2))
+    }
+}
+
+/// Runs each named `async fn(Env)` scenario on the memory backend and on a
+/// Redis of the test's own.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::support::Env::memory()).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::support::Env::redis()).await;
+                }
+            )*
+        }
+    };
+}
