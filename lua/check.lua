@@ -4,13 +4,17 @@
 -- ARGV[1]   "" to read the clock with Redis TIME (production), or a test
 --           clock in Unix epoch microseconds (ManualClock; tests only),
 --           optionally followed by ":<ttl slack ms>" (see common.lua)
--- ARGV[2 + 6(i-1) ..], six per tier:
+-- ARGV[2 + 7(i-1) ..], seven per tier:
 --           algorithm (1 fixed_window, 2 sliding_window_log,
 --           3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket),
---           p1, p2, p3, p4 (the algorithm's parameters, see each file), cost
+--           p1, p2, p3, p4 (the algorithm's parameters, see each file), cost,
+--           shadow (1 = the tier is in shadow mode: its denial does not stop
+--           the other tiers from being charged)
 -- Returns   { now_us, then per tier: allowed (0/1), remaining,
 --             reset_after_us, retry_after_us, delay_us }
--- Writes happen only if every tier allows the request.
+-- Writes happen only if every enforced tier allows the request; then every
+-- tier that allows it is charged (a shadow tier that would deny is not, just
+-- as an enforced denial charges nothing).
 
 local algorithms = {
   fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket,
@@ -30,7 +34,7 @@ local out = { now }
 local commits = {}
 local all = true
 for i = 1, #KEYS do
-  local a = 2 + (i - 1) * 6
+  local a = 2 + (i - 1) * 7
   local algorithm = algorithms[tonumber(ARGV[a])]
   if not algorithm then
     return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a]))
@@ -46,7 +50,7 @@ for i = 1, #KEYS do
   out[#out + 1] = delay
   if allowed == 1 then
     commits[#commits + 1] = commit
-  else
+  elseif ARGV[a + 6] ~= '1' then
     all = false
   end
 end

@@ -1,7 +1,7 @@
 //! [`RateLimitService`]: the tower service the layer wraps around yours.
 
 use crate::algorithm::Decision;
-use crate::backend::{Check, TierCheck, Verdict};
+use crate::backend::{Check, Shadow, TierCheck, Verdict};
 use crate::error::BackendError;
 use crate::future::ResponseFuture;
 use crate::key::storage_key_part_into;
@@ -81,20 +81,22 @@ where
                 observe::count_decision("skipped");
                 return ResponseFuture::call(self.inner.call(req), None);
             }
-            Ok(Some((checks, tiers))) => match self.shared.backend.start_check(checks) {
-                Check::Ready(result) => (result, tiers),
-                Check::Pending(fut) => {
-                    let timeout = self.shared.backend_timeout;
-                    let fut = Box::pin(async move {
-                        match tokio::time::timeout(timeout, fut).await {
-                            Ok(r) => r,
-                            Err(_) => Err(BackendError::Timeout(timeout)),
-                        }
-                    });
-                    let inner = self.take_ready_inner();
-                    return ResponseFuture::check(fut, inner, req, self.shared.clone(), tiers);
+            Ok(Some((checks, tiers))) => {
+                match self.shared.backend.start_check(checks, Shadow::NONE) {
+                    Check::Ready(result) => (result, tiers),
+                    Check::Pending(fut) => {
+                        let timeout = self.shared.backend_timeout;
+                        let fut = Box::pin(async move {
+                            match tokio::time::timeout(timeout, fut).await {
+                                Ok(r) => r,
+                                Err(_) => Err(BackendError::Timeout(timeout)),
+                            }
+                        });
+                        let inner = self.take_ready_inner();
+                        return ResponseFuture::check(fut, inner, req, self.shared.clone(), tiers);
+                    }
                 }
-            },
+            }
             Err(e) => (Err(e), Vec::new()),
         };
         match outcome(&self.shared, &tiers, result) {

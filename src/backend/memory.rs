@@ -1,5 +1,5 @@
 use super::clock::{Clock, ManualClock};
-use super::{TierCheck, Verdict};
+use super::{Shadow, TierCheck, Verdict};
 use crate::algorithm::State;
 use std::collections::HashMap;
 use std::fmt;
@@ -136,7 +136,7 @@ impl MemoryBackend {
         (self.inner.hasher.hash_one(key) as usize) % SHARDS
     }
 
-    pub(crate) fn check(&self, checks: &[TierCheck]) -> Verdict {
+    pub(crate) fn check(&self, checks: &[TierCheck], shadow: Shadow) -> Verdict {
         let now_us = self.inner.clock.now_us();
         let idx: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
         let mut order = idx.clone();
@@ -158,8 +158,11 @@ impl MemoryBackend {
                 .map(|e| &e.state);
             decisions.push(c.limit.check(state, now_us, c.cost));
         }
-        if decisions.iter().all(|d| d.allowed) {
-            for (c, &shard) in checks.iter().zip(&idx) {
+        if shadow.commits(&decisions) {
+            for ((c, &shard), d) in checks.iter().zip(&idx).zip(&decisions) {
+                if !d.allowed {
+                    continue; // a shadow tier that would deny charges nothing
+                }
                 let g = &mut guards[guard_of(shard)].1;
                 match g.map.get_mut(c.key.as_str()) {
                     Some(e) => {
@@ -241,19 +244,25 @@ mod tests {
         }
     }
 
+    impl MemoryBackend {
+        fn check_all(&self, checks: &[TierCheck]) -> Verdict {
+            self.check(checks, Shadow::NONE)
+        }
+    }
+
     #[test]
     fn all_or_nothing_across_tiers() {
         let clock = ManualClock::new(1_000_000_000_000);
         let m = MemoryBackend::with_manual_clock(clock);
         let wide = TokenBucket::new(10, 60_000_000, 10).unwrap();
         let narrow = TokenBucket::new(1, 60_000_000, 1).unwrap();
-        let v = m.check(&[check("rl:g:all", wide), check("rl:u:a", narrow)]);
+        let v = m.check_all(&[check("rl:g:all", wide), check("rl:u:a", narrow)]);
         assert!(v.allowed());
-        let v = m.check(&[check("rl:g:all", wide), check("rl:u:a", narrow)]);
+        let v = m.check_all(&[check("rl:g:all", wide), check("rl:u:a", narrow)]);
         assert!(!v.allowed());
         assert_eq!(v.decisions[1].remaining, 0);
         // The global tier was not charged for the denied request: 10 - 1 - 1.
-        let v = m.check(&[check("rl:g:all", wide)]);
+        let v = m.check_all(&[check("rl:g:all", wide)]);
         assert_eq!(v.decisions[0].remaining, 8);
     }
 
@@ -263,14 +272,14 @@ mod tests {
         let m = MemoryBackend::with_manual_clock(clock.clone()).max_keys(64 * 100);
         let tb = TokenBucket::new(1, 3_600_000_000, 1).unwrap();
         for i in 0..100_000u32 {
-            let v = m.check(&[check(&format!("rl:ip:{i}"), tb)]);
+            let v = m.check_all(&[check(&format!("rl:ip:{i}"), tb)]);
             assert!(v.allowed());
         }
         assert!(m.len() <= 64 * (100 + 1), "len {}", m.len());
         // After an hour every bucket is full again and sweeps drop them all.
         clock.advance(std::time::Duration::from_secs(3601));
         for i in 0..64 * 1100u32 {
-            m.check(&[check(&format!("rl:ip:new{i}"), tb)]);
+            m.check_all(&[check(&format!("rl:ip:new{i}"), tb)]);
         }
         assert!(m.len() <= 64 * 101);
     }

@@ -77,6 +77,27 @@ impl Verdict {
     }
 }
 
+/// Which checks (by index, at most 64) are in shadow mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Shadow(pub(crate) u64);
+
+impl Shadow {
+    pub(crate) const NONE: Shadow = Shadow(0);
+
+    pub(crate) fn contains(self, i: usize) -> bool {
+        i < 64 && self.0 & (1 << i) != 0
+    }
+
+    /// The commit rule of every backend: charge when every enforced tier
+    /// allows the request.
+    pub(crate) fn commits(self, decisions: &[Decision]) -> bool {
+        decisions
+            .iter()
+            .enumerate()
+            .all(|(i, d)| d.allowed || self.contains(i))
+    }
+}
+
 pub(crate) type CheckFuture = Pin<Box<dyn Future<Output = Result<Verdict, BackendError>> + Send>>;
 
 /// A check that finished at once (memory) or must be awaited (Redis).
@@ -93,17 +114,19 @@ impl Backend {
     /// # Errors
     /// A [`BackendError`] when Redis fails or answers unexpectedly.
     pub async fn check(&self, checks: Vec<TierCheck>) -> Result<Verdict, BackendError> {
-        match self.start_check(checks) {
+        match self.start_check(checks, Shadow::NONE) {
             Check::Ready(r) => r,
             Check::Pending(f) => f.await,
         }
     }
 
-    pub(crate) fn start_check(&self, checks: Vec<TierCheck>) -> Check {
+    /// Like [`Backend::check`], with some tiers in shadow mode: a shadow
+    /// tier's denial does not block charging the others.
+    pub(crate) fn start_check(&self, checks: Vec<TierCheck>, shadow: Shadow) -> Check {
         match self {
-            Backend::Memory(m) => Check::Ready(Ok(m.check(&checks))),
+            Backend::Memory(m) => Check::Ready(Ok(m.check(&checks, shadow))),
             #[cfg(feature = "redis")]
-            Backend::Redis(r) => Check::Pending(Box::pin(r.clone().check(checks))),
+            Backend::Redis(r) => Check::Pending(Box::pin(r.clone().check(checks, shadow))),
         }
     }
 

@@ -1,5 +1,5 @@
 use super::clock::ManualClock;
-use super::{TierCheck, Verdict};
+use super::{Shadow, TierCheck, Verdict};
 use crate::algorithm::{Decision, Limit};
 use crate::error::{BackendError, ConfigError};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -183,7 +183,11 @@ impl RedisBackend {
         }
     }
 
-    pub(crate) async fn check(self, checks: Vec<TierCheck>) -> Result<Verdict, BackendError> {
+    pub(crate) async fn check(
+        self,
+        checks: Vec<TierCheck>,
+        shadow: Shadow,
+    ) -> Result<Verdict, BackendError> {
         let mut invocation = self.inner.script.prepare_invoke();
         match &self.clock {
             Some(c) if self.ttl_slack_ms > 0 => {
@@ -192,7 +196,7 @@ impl RedisBackend {
             Some(c) => invocation.arg(c.now_us()),
             None => invocation.arg(""),
         };
-        for c in &checks {
+        for (i, c) in checks.iter().enumerate() {
             let (algorithm, p): (u8, [i64; 4]) = match c.limit {
                 Limit::FixedWindow(w) => (1, [int(w.limit), int(w.window_us), 0, 0]),
                 Limit::SlidingWindowLog(w) => (2, [int(w.limit), int(w.window_us), 0, 0]),
@@ -215,7 +219,8 @@ impl RedisBackend {
                 .arg(p[1])
                 .arg(p[2])
                 .arg(p[3])
-                .arg(c.cost);
+                .arg(c.cost)
+                .arg(u8::from(shadow.contains(i)));
         }
         let mut conn = self.connection().await?;
         let reply: Result<Vec<i64>, RedisError> = match &mut conn {
