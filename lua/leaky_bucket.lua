@@ -1,5 +1,6 @@
 -- Leaky bucket as GCRA (twin of src/algorithm/gcra.rs). Time in ticks of
--- 1/rate µs; the theoretical arrival time is "<tat µs>:<remainder ticks>".
+-- 1/rate µs; the value is "<tat µs>:<remainder ticks>:<rate>" (a value
+-- written under another rate counts as none).
 -- max_delay < 0 polices (reject excess); max_delay >= 0 shapes (delay up to
 -- max_delay µs, returned as the delay). PX = until the TAT.
 local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_tokens)
@@ -7,8 +8,8 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
   local backlog = 0
   local v = redis.call('GET', key)
   if v then
-    local t, f = string.match(v, '^(%d+):(%d+)$')
-    if t then
+    local t, f, r = string.match(v, '^(%d+):(%d+):(%d+)$')
+    if t and tonumber(r) == rate then
       t = tonumber(t)
       if t >= now then backlog = (t - now) * rate + tonumber(f) end
     end
@@ -24,7 +25,7 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
     local reset = div_ceil(after, rate)
     return 1, div_floor(left, unit), reset, 0, div_ceil(over, rate), function()
       local whole = div_floor(after, rate)
-      redis.call('SET', key, int(now + whole) .. ':' .. int(after - whole * rate), 'PX', ttl_ms(reset))
+      redis.call('SET', key, int(now + whole) .. ':' .. int(after - whole * rate) .. ':' .. int(rate), 'PX', ttl_ms(reset))
     end
   end
   local reset = div_ceil(backlog, rate)

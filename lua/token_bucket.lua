@@ -1,13 +1,14 @@
 -- Token bucket (twin of src/algorithm/token_bucket.rs), in units: capacity
 -- and cost in units, rate in units per microsecond.
--- Value: "<tokens in units>:<updated µs>", PX = until the bucket is full.
+-- Value: "<tokens in units>:<updated µs>:<unit>", PX = until the bucket is
+-- full. A value written under another unit (the quota changed) counts as none.
 local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens)
   local cost = cost_tokens * unit
   local tokens, updated = capacity, now
   local v = redis.call('GET', key)
   if v then
-    local t, u = string.match(v, '^(%d+):(%d+)$')
-    if t then
+    local t, u, un = string.match(v, '^(%d+):(%d+):(%d+)$')
+    if t and tonumber(un) == unit then
       t = tonumber(t)
       u = tonumber(u)
       local elapsed = now - u
@@ -23,7 +24,7 @@ local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens)
     local left = tokens - cost
     local reset = div_ceil(capacity - left, rate)
     return 1, div_floor(left, unit), reset, 0, 0, function()
-      redis.call('SET', key, int(left) .. ':' .. int(updated), 'PX', ttl_ms(reset))
+      redis.call('SET', key, int(left) .. ':' .. int(updated) .. ':' .. int(unit), 'PX', ttl_ms(reset))
     end
   end
   local reset = div_ceil(capacity - tokens, rate)

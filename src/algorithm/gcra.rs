@@ -18,12 +18,17 @@
 use super::{div_ceil, Decision, TokenBucket};
 
 /// Stored state: the TAT as `tat_us + frac / rate` microseconds.
+///
+/// The rate (ticks per µs) is stored too: a state written under another rate
+/// (a quota changed at run time) counts as none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TatState {
     /// Whole microseconds of the TAT (epoch).
     pub tat_us: u64,
     /// Remainder in ticks, `0 ≤ frac < rate`.
     pub frac: u64,
+    /// Ticks per microsecond when the state was written.
+    pub rate: u64,
 }
 
 /// GCRA parameters: the bucket's integer units and, when shaping, the most a
@@ -40,7 +45,9 @@ impl Gcra {
     /// Ticks from `now_us` to the TAT (0 when the TAT is past).
     fn backlog(&self, state: Option<TatState>, now_us: u64) -> u64 {
         match state {
-            Some(s) if s.tat_us >= now_us => (s.tat_us - now_us) * self.bucket.rate + s.frac,
+            Some(s) if s.tat_us >= now_us && s.rate == self.bucket.rate => {
+                (s.tat_us - now_us) * self.bucket.rate + s.frac
+            }
             _ => 0,
         }
     }
@@ -88,6 +95,7 @@ impl Gcra {
             TatState {
                 tat_us: now_us + after / rate,
                 frac: after % rate,
+                rate,
             },
             div_ceil(after, rate),
         )

@@ -149,6 +149,7 @@ impl Limit {
                     state.unwrap_or(State::Bucket(BucketState {
                         tokens: b.capacity,
                         updated_us: now_us,
+                        unit: b.unit,
                     })),
                     0,
                 ),

@@ -21,6 +21,10 @@
 use super::{div_ceil, Decision};
 
 /// The stored state of one bucket: tokens (in units) as of `updated_us`.
+///
+/// The unit is stored too: when a quota changes at run time (or a client
+/// changes plan) so that the unit differs, the old state cannot be read in
+/// the new units and the bucket starts full, in both backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketState {
     /// Tokens in the bucket, in units (see the module docs).
@@ -28,6 +32,8 @@ pub struct BucketState {
     /// The instant `tokens` was computed at, in microseconds (Unix epoch in
     /// both backends).
     pub updated_us: u64,
+    /// Units per token when the state was written.
+    pub unit: u64,
 }
 
 /// The integer parameters of one token bucket, derived from a quota.
@@ -94,7 +100,7 @@ impl TokenBucket {
         now_us: u64,
         cost: u64,
     ) -> (Decision, Option<(BucketState, u64)>) {
-        let (tokens, updated_us) = match state {
+        let (tokens, updated_us) = match state.filter(|s| s.unit == self.unit) {
             None => (self.capacity, now_us),
             Some(s) => {
                 let missing = self.capacity.saturating_sub(s.tokens);
@@ -123,6 +129,7 @@ impl TokenBucket {
             let new_state = BucketState {
                 tokens: left,
                 updated_us,
+                unit: self.unit,
             };
             (decision, Some((new_state, reset_after_us)))
         } else {

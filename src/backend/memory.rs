@@ -11,6 +11,7 @@ const SHARDS: usize = 64;
 const PLACEHOLDER: State = State::Bucket(crate::algorithm::BucketState {
     tokens: 0,
     updated_us: 0,
+    unit: 0,
 });
 const MIN_SWEEP: usize = 1024;
 
