@@ -19,6 +19,12 @@ pub enum ConfigError {
     /// A tier name is empty, too long, or has characters outside `[A-Za-z0-9_-]`.
     #[error("tier \"{0}\": name: must be 1-64 characters of [A-Za-z0-9_-]")]
     InvalidTierName(String),
+    /// More than [`MAX_TIERS`](crate::MAX_TIERS) tiers.
+    #[error("tiers: {0} tiers; at most 64 are supported")]
+    TooManyTiers(usize),
+    /// A runtime change named a tier the layer does not have.
+    #[error("tier \"{0}\": no such tier")]
+    UnknownTier(String),
     /// A quota's `limit` is zero.
     #[error("tier \"{tier}\": limit: must be greater than 0")]
     ZeroLimit {

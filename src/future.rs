@@ -4,7 +4,7 @@
 use crate::backend::CheckFuture;
 use crate::layer::Shared;
 use crate::response::{RateLimitHeaders, ResponseBody};
-use crate::service::{outcome, Outcome};
+use crate::service::{outcome, Meta, Outcome};
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -39,7 +39,7 @@ pin_project! {
             service: S,
             request: Request<ReqBody>,
             shared: Arc<Shared>,
-            tiers: Vec<u16>,
+            meta: Meta,
         },
         /// A shaping tier queued the request: wait for its slot.
         Delaying {
@@ -102,7 +102,7 @@ where
         service: S,
         request: Request<ReqBody>,
         shared: Arc<Shared>,
-        tiers: Vec<u16>,
+        meta: Meta,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -110,7 +110,7 @@ where
                 service,
                 request,
                 shared,
-                tiers,
+                meta,
             },
         }
     }
@@ -129,11 +129,11 @@ where
                 StateProj::Checking {
                     check,
                     shared,
-                    tiers,
+                    meta,
                     ..
                 } => {
                     let result = ready!(check.poll(cx));
-                    let decided = outcome(shared, tiers, result);
+                    let decided = outcome(shared, meta, result);
                     let StateOwned::Checking {
                         mut service,
                         request,

@@ -3,12 +3,16 @@
 use crate::algorithm::{Gcra, Limit, TokenBucket, Window};
 use crate::backend::{Backend, MemoryBackend};
 use crate::error::ConfigError;
+use crate::key::ClientIp;
 use crate::key::KeyExtractor;
 use crate::observe::LogThrottle;
 use crate::response::{JsonRejection, OnRejection};
+use crate::rollout::{AccessList, DenyStatus, Mode};
 use crate::service::RateLimitService;
+use crate::tier::PlanFn;
 use crate::tier::{CostFn, LeakyBucket};
-use crate::{Algorithm, Tier};
+use crate::{Algorithm, Quota, Tier};
+use arc_swap::ArcSwap;
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
@@ -35,26 +39,79 @@ pub enum FailurePolicy {
     Closed,
 }
 
-/// One tier as the service runs it.
+/// One tier as the service runs it: what never changes after `build()`.
 pub(crate) struct BuiltTier {
     pub(crate) name: Arc<str>,
     /// `<prefix>:<tier>:`; the key part is appended per request.
     pub(crate) key_base: String,
     pub(crate) key: Arc<dyn KeyExtractor>,
-    pub(crate) limit: Limit,
+    pub(crate) algorithm: Algorithm,
     pub(crate) cost: u64,
     pub(crate) cost_fn: Option<CostFn>,
+    /// `None`: every method but OPTIONS.
+    pub(crate) methods: Option<Box<[http::Method]>>,
+    pub(crate) plan_fn: Option<PlanFn>,
+}
+
+impl BuiltTier {
+    pub(crate) fn counts_method(&self, m: &http::Method) -> bool {
+        match &self.methods {
+            None => m != http::Method::OPTIONS,
+            Some(ms) => ms.contains(m),
+        }
+    }
+}
+
+/// A tier's settings that can change at run time.
+#[derive(Debug, Clone)]
+pub(crate) struct TierRuntime {
+    pub(crate) mode: Mode,
+    pub(crate) quota: Quota,
+    pub(crate) limit: Limit,
+    /// Per-plan quotas and limits, in the order given.
+    pub(crate) plans: Vec<(Arc<str>, Quota, Limit)>,
+}
+
+/// Everything [`RateLimitHandle`](crate::RateLimitHandle) can change; swapped
+/// whole, so a request sees one consistent version.
+#[derive(Debug, Clone)]
+pub(crate) struct Runtime {
+    pub(crate) mode: Mode,
+    pub(crate) tiers: Box<[TierRuntime]>,
+    pub(crate) allow: Arc<AccessList>,
+    pub(crate) deny: Arc<AccessList>,
 }
 
 /// Everything the service shares between requests.
 pub(crate) struct Shared {
     pub(crate) backend: Backend,
     pub(crate) tiers: Box<[BuiltTier]>,
+    pub(crate) runtime: ArcSwap<Runtime>,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) backend_timeout: Duration,
     pub(crate) docs_url: Option<Arc<str>>,
     pub(crate) on_rejection: Arc<dyn OnRejection>,
     pub(crate) failure_log: LogThrottle,
+    pub(crate) client_ip: ClientIp,
+    pub(crate) deny_status: DenyStatus,
+    pub(crate) shadow_headers: bool,
+    pub(crate) shadow_log_level: tracing::Level,
+    pub(crate) counts: crate::observe::Counts,
+}
+
+impl Shared {
+    /// Counts one request under `decision`, here and in the metrics facade.
+    pub(crate) fn count(&self, decision: &'static str) {
+        self.counts.add(decision);
+        crate::observe::count_decision(decision);
+    }
+
+    pub(crate) fn tier_index(&self, name: &str) -> Result<usize, ConfigError> {
+        self.tiers
+            .iter()
+            .position(|t| &*t.name == name)
+            .ok_or_else(|| ConfigError::UnknownTier(name.to_owned()))
+    }
 }
 
 /// A tower [`Layer`](tower_layer::Layer) that rate-limits every request by a
@@ -107,6 +164,13 @@ impl RateLimitLayer {
     pub fn tier_names(&self) -> impl Iterator<Item = &str> {
         self.shared.tiers.iter().map(|t| &*t.name)
     }
+
+    /// A handle to change modes, quotas and lists at run time, without
+    /// rebuilding the router. Every clone of the layer (and every service
+    /// it made) sees the changes from the next request on.
+    pub fn handle(&self) -> crate::RateLimitHandle {
+        crate::RateLimitHandle::new(self.shared.clone())
+    }
 }
 
 impl<S> tower_layer::Layer<S> for RateLimitLayer {
@@ -128,6 +192,13 @@ pub struct RateLimitLayerBuilder {
     backend_timeout: Duration,
     docs_url: Option<String>,
     on_rejection: Arc<dyn OnRejection>,
+    mode: Mode,
+    client_ip: ClientIp,
+    allow: AccessList,
+    deny: AccessList,
+    deny_status: DenyStatus,
+    shadow_headers: bool,
+    shadow_log_level: tracing::Level,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -140,6 +211,13 @@ impl Default for RateLimitLayerBuilder {
             backend_timeout: Duration::from_millis(100),
             docs_url: None,
             on_rejection: Arc::new(JsonRejection),
+            mode: Mode::Enforce,
+            client_ip: ClientIp::default(),
+            allow: AccessList::new(),
+            deny: AccessList::new(),
+            deny_status: DenyStatus::Forbidden,
+            shadow_headers: false,
+            shadow_log_level: tracing::Level::INFO,
         }
     }
 }
@@ -203,6 +281,47 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// The global mode (default [`Mode::Enforce`]): each tier runs in the
+    /// weaker of its own mode and this one (see [`crate::rollout`]).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How the allowlist and denylist resolve a client's IP (trusted proxies,
+    /// IPv6 prefix). Give it the same `ClientIp` as your `ip` tier.
+    pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
+        self.client_ip = client_ip;
+        self
+    }
+
+    /// Requests matching `list` skip limiting (see [`crate::rollout`]).
+    pub fn allowlist(mut self, list: AccessList) -> Self {
+        self.allow = list;
+        self
+    }
+
+    /// Requests matching `list` are refused with `status` before any tier.
+    pub fn denylist(mut self, list: AccessList, status: DenyStatus) -> Self {
+        self.deny = list;
+        self.deny_status = status;
+        self
+    }
+
+    /// Whether requests decided by shadow tiers carry `X-RateLimit-*` headers
+    /// (default `false`: clients see nothing while you observe).
+    pub fn shadow_headers(mut self, send: bool) -> Self {
+        self.shadow_headers = send;
+        self
+    }
+
+    /// The level of the log line for a request a shadow tier would have
+    /// rejected (default `INFO`).
+    pub fn shadow_log_level(mut self, level: tracing::Level) -> Self {
+        self.shadow_log_level = level;
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     ///
     /// # Errors
@@ -222,8 +341,12 @@ impl RateLimitLayerBuilder {
         if self.tiers.is_empty() {
             return Err(ConfigError::NoTiers);
         }
+        if self.tiers.len() > MAX_TIERS {
+            return Err(ConfigError::TooManyTiers(self.tiers.len()));
+        }
         let mut seen = HashSet::new();
         let mut tiers = Vec::with_capacity(self.tiers.len());
+        let mut runtime = Vec::with_capacity(self.tiers.len());
         for t in self.tiers {
             let valid_name = !t.name.is_empty()
                 && t.name.len() <= 64
@@ -236,35 +359,30 @@ impl RateLimitLayerBuilder {
             if !seen.insert(t.name.clone()) {
                 return Err(ConfigError::DuplicateTier(t.name));
             }
-            let q = t.quota;
-            if q.limit() == 0 {
-                return Err(ConfigError::ZeroLimit { tier: t.name });
-            }
-            let period_us = u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX);
-            if period_us == 0 {
-                return Err(ConfigError::ZeroPeriod {
-                    tier: t.name,
-                    period: q.period(),
-                });
-            }
             if t.cost == 0 {
                 return Err(ConfigError::ZeroCost { tier: t.name });
             }
-            if q.burst_size() < t.cost {
-                return Err(ConfigError::BurstBelowCost {
-                    tier: t.name,
-                    burst: q.burst_size(),
-                    cost: t.cost,
-                });
+            let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
+            let mut plans = Vec::with_capacity(t.plans.len());
+            for (plan, q) in &t.plans {
+                let l = checked_limit(&t.name, t.algorithm, *q, t.cost)?;
+                plans.push((Arc::<str>::from(plan.as_str()), *q, l));
             }
-            let limit = limit_for(&t.name, t.algorithm, q, period_us)?;
+            runtime.push(TierRuntime {
+                mode: t.mode,
+                quota: t.quota,
+                limit,
+                plans,
+            });
             tiers.push(BuiltTier {
                 key_base: format!("{prefix}:{}:", t.name),
                 name: Arc::from(t.name),
                 key: t.key,
-                limit,
+                algorithm: t.algorithm,
                 cost: t.cost,
                 cost_fn: t.cost_fn,
+                methods: t.methods.map(Vec::into_boxed_slice),
+                plan_fn: t.plan_fn,
             });
         }
         Ok(RateLimitLayer {
@@ -273,14 +391,58 @@ impl RateLimitLayerBuilder {
                     .backend
                     .unwrap_or_else(|| Backend::Memory(MemoryBackend::new())),
                 tiers: tiers.into_boxed_slice(),
+                runtime: ArcSwap::from_pointee(Runtime {
+                    mode: self.mode,
+                    tiers: runtime.into_boxed_slice(),
+                    allow: Arc::new(self.allow),
+                    deny: Arc::new(self.deny),
+                }),
                 failure_policy: self.failure_policy,
                 backend_timeout: self.backend_timeout,
                 docs_url: self.docs_url.map(Arc::from),
                 on_rejection: self.on_rejection,
                 failure_log: LogThrottle::new(Duration::from_secs(1)),
+                client_ip: self.client_ip,
+                deny_status: self.deny_status,
+                shadow_headers: self.shadow_headers,
+                shadow_log_level: self.shadow_log_level,
+                counts: crate::observe::Counts::default(),
             }),
         })
     }
+}
+
+/// The most tiers one layer may have.
+pub const MAX_TIERS: usize = 64;
+
+/// Checks a quota for a tier (limit, period, burst against the fixed cost)
+/// and derives the algorithm's integer parameters.
+pub(crate) fn checked_limit(
+    tier: &str,
+    algorithm: Algorithm,
+    q: Quota,
+    cost: u64,
+) -> Result<Limit, ConfigError> {
+    if q.limit() == 0 {
+        return Err(ConfigError::ZeroLimit {
+            tier: tier.to_owned(),
+        });
+    }
+    let period_us = u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX);
+    if period_us == 0 {
+        return Err(ConfigError::ZeroPeriod {
+            tier: tier.to_owned(),
+            period: q.period(),
+        });
+    }
+    if q.burst_size() < cost {
+        return Err(ConfigError::BurstBelowCost {
+            tier: tier.to_owned(),
+            burst: q.burst_size(),
+            cost,
+        });
+    }
+    limit_for(tier, algorithm, q, period_us)
 }
 
 /// The integer parameters of a tier's algorithm, checked.

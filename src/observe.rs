@@ -6,7 +6,8 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `fail_open`, `fail_closed`, `skipped`), `tier` (on `limited`: the binding tier) | one per request that reached the layer |
+//! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `skipped`) | one per request that reached the layer |
+//! | `tiered_ratelimit_tier_decisions_total` | counter | `decision` (`limited`, `shadow_limited`), `tier` | per tier: rejections (the binding tier) and would-be rejections |
 //! | `tiered_ratelimit_backend_errors_total` | counter | `kind` (`timeout`, `connection`, `script`, `key`), `backend` | failed checks |
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,9 +21,16 @@ pub(crate) fn count_decision(decision: &'static str) {
     metrics::counter!(REQUESTS, "decision" => decision).increment(1);
 }
 
-pub(crate) fn count_limited(tier: &Arc<str>) {
-    metrics::counter!(REQUESTS, "decision" => "limited", "tier" => tier.to_string()).increment(1);
+pub(crate) const LIMITED: &str = "limited";
+pub(crate) const SHADOW_LIMITED: &str = "shadow_limited";
+
+/// Counts a tier's rejection (or would-be rejection) with the tier label.
+pub(crate) fn count_tier(decision: &'static str, tier: &Arc<str>) {
+    metrics::counter!(TIER_DECISIONS, "decision" => decision, "tier" => tier.to_string())
+        .increment(1);
 }
+
+pub(crate) const TIER_DECISIONS: &str = "tiered_ratelimit_tier_decisions_total";
 
 pub(crate) fn count_backend_error(kind: &'static str, backend: &'static str) {
     metrics::counter!(BACKEND_ERRORS, "kind" => kind, "backend" => backend).increment(1);
@@ -83,5 +91,71 @@ mod tests {
         assert_eq!(t.permit(), None);
         t.next_ms.store(0, Ordering::Relaxed);
         assert_eq!(t.permit(), Some(2));
+    }
+}
+
+/// Requests by decision since the layer was built (this process only), as
+/// read by [`RateLimitHandle::counts`](crate::RateLimitHandle::counts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct DecisionCounts {
+    /// Passed every applicable tier.
+    pub allowed: u64,
+    /// Rejected with 429 by an enforced tier.
+    pub limited: u64,
+    /// Passed, but a shadow (or not-enforced canary) tier would have rejected it.
+    pub shadow_limited: u64,
+    /// On the allowlist: not limited.
+    pub allowlisted: u64,
+    /// On the denylist: refused.
+    pub denylisted: u64,
+    /// Passed because the backend failed and the policy is open.
+    pub fail_open: u64,
+    /// Refused with 503 because the backend failed and the policy is closed.
+    pub fail_closed: u64,
+    /// No tier applied (anonymous on a user tier, OPTIONS, mode off, ...).
+    pub skipped: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    allowed: AtomicU64,
+    limited: AtomicU64,
+    shadow_limited: AtomicU64,
+    allowlisted: AtomicU64,
+    denylisted: AtomicU64,
+    fail_open: AtomicU64,
+    fail_closed: AtomicU64,
+    skipped: AtomicU64,
+}
+
+impl Counts {
+    /// Counts one request under `decision` (also in the metrics facade).
+    pub(crate) fn add(&self, decision: &'static str) {
+        let c = match decision {
+            "allowed" => &self.allowed,
+            "limited" => &self.limited,
+            "shadow_limited" => &self.shadow_limited,
+            "allowlisted" => &self.allowlisted,
+            "denylisted" => &self.denylisted,
+            "fail_open" => &self.fail_open,
+            "fail_closed" => &self.fail_closed,
+            _ => &self.skipped,
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> DecisionCounts {
+        let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        DecisionCounts {
+            allowed: r(&self.allowed),
+            limited: r(&self.limited),
+            shadow_limited: r(&self.shadow_limited),
+            allowlisted: r(&self.allowlisted),
+            denylisted: r(&self.denylisted),
+            fail_open: r(&self.fail_open),
+            fail_closed: r(&self.fail_closed),
+            skipped: r(&self.skipped),
+        }
     }
 }

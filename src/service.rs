@@ -1,13 +1,15 @@
 //! [`RateLimitService`]: the tower service the layer wraps around yours.
 
 use crate::algorithm::Decision;
+use crate::algorithm::Limit;
 use crate::backend::{Check, Shadow, TierCheck, Verdict};
 use crate::error::BackendError;
 use crate::future::ResponseFuture;
 use crate::key::storage_key_part_into;
-use crate::layer::{FailurePolicy, Shared};
+use crate::layer::{BuiltTier, FailurePolicy, Shared, TierRuntime};
 use crate::observe;
-use crate::response::{unavailable, RateLimitHeaders, Rejection};
+use crate::response::{json_response, unavailable, RateLimitHeaders, Rejection};
+use crate::rollout::{DenyStatus, Mode, Plan};
 use bytes::Bytes;
 use http::{Request, Response};
 use std::fmt;
@@ -76,14 +78,15 @@ where
         let (parts, body) = req.into_parts();
         let planned = plan(&self.shared, &parts);
         let req = Request::from_parts(parts, body);
-        let (result, tiers) = match planned {
-            Ok(None) => {
-                observe::count_decision("skipped");
+        let (result, meta) = match planned {
+            Planned::Pass(decision) => {
+                self.shared.count(decision);
                 return ResponseFuture::call(self.inner.call(req), None);
             }
-            Ok(Some((checks, tiers))) => {
-                match self.shared.backend.start_check(checks, Shadow::NONE) {
-                    Check::Ready(result) => (result, tiers),
+            Planned::Refuse(res) => return ResponseFuture::respond(res),
+            Planned::Check(checks, meta) => {
+                match self.shared.backend.start_check(checks, meta.shadow) {
+                    Check::Ready(result) => (result, meta),
                     Check::Pending(fut) => {
                         let timeout = self.shared.backend_timeout;
                         let fut = Box::pin(async move {
@@ -93,13 +96,13 @@ where
                             }
                         });
                         let inner = self.take_ready_inner();
-                        return ResponseFuture::check(fut, inner, req, self.shared.clone(), tiers);
+                        return ResponseFuture::check(fut, inner, req, self.shared.clone(), meta);
                     }
                 }
             }
-            Err(e) => (Err(e), Vec::new()),
+            Planned::Failed(e) => (Err(e), Meta::default()),
         };
-        match outcome(&self.shared, &tiers, result) {
+        match outcome(&self.shared, &meta, result) {
             Outcome::Pass(headers, delay) if delay.is_zero() => {
                 ResponseFuture::call(self.inner.call(req), headers)
             }
@@ -121,16 +124,63 @@ impl<S: Clone> RateLimitService<S> {
     }
 }
 
-/// The checks for a request: one per tier whose extractor returns a key, with
-/// the indices of those tiers. `None` when no tier applies.
-#[allow(clippy::type_complexity)]
-fn plan(
-    shared: &Shared,
-    parts: &http::request::Parts,
-) -> Result<Option<(Vec<TierCheck>, Vec<u16>)>, BackendError> {
+/// What a request's check is about, kept for the decision: which tiers the
+/// checks belong to, which of them only observe (shadow, or canary keys not
+/// enforced), and what to log about those.
+#[derive(Debug, Default)]
+pub(crate) struct Meta {
+    /// Tier index of each check.
+    tiers: Vec<u8>,
+    /// Checks whose denial does not reject.
+    pub(crate) shadow: Shadow,
+    /// For shadow checks: the endpoint label and a hash of each key, for the
+    /// would-be-rejected log line (computed only when some tier observes).
+    observed: Option<Observed>,
+}
+
+#[derive(Debug)]
+struct Observed {
+    endpoint: String,
+    key_hashes: Vec<u64>,
+}
+
+/// What the service does with a request before any backend call.
+enum Planned {
+    /// No tier applies (or the request is allowlisted): pass, counted as this.
+    Pass(&'static str),
+    /// Denylisted: answer this.
+    Refuse(Response<Bytes>),
+    /// Check these.
+    Check(Vec<TierCheck>, Meta),
+    /// An extractor could not run.
+    Failed(BackendError),
+}
+
+/// The checks for a request, after the global mode and the lists: one per
+/// tier whose mode is not off, whose methods include the request's, whose
+/// cost is not 0 and whose extractor returns a key.
+fn plan(shared: &Shared, parts: &http::request::Parts) -> Planned {
+    let rt = shared.runtime.load();
+    if rt.mode == Mode::Off {
+        return Planned::Pass("skipped");
+    }
+    if rt.deny.matches(parts, &shared.client_ip) {
+        shared.count("denylisted");
+        return Planned::Refuse(denied_by_list(shared.deny_status));
+    }
+    if rt.allow.matches(parts, &shared.client_ip) {
+        return Planned::Pass("allowlisted");
+    }
     let mut checks = Vec::with_capacity(shared.tiers.len());
-    let mut tiers = Vec::with_capacity(shared.tiers.len());
-    for (i, t) in shared.tiers.iter().enumerate() {
+    let mut meta = Meta {
+        tiers: Vec::with_capacity(shared.tiers.len()),
+        ..Meta::default()
+    };
+    for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
+        let mode = r.mode.under(rt.mode);
+        if mode == Mode::Off || !t.counts_method(&parts.method) {
+            continue;
+        }
         let cost = match &t.cost_fn {
             Some(f) => f(parts),
             None => t.cost,
@@ -138,22 +188,90 @@ fn plan(
         if cost == 0 {
             continue;
         }
-        let Some(part) = t.key.extract(parts)? else {
-            continue;
+        let part = match t.key.extract(parts) {
+            Ok(Some(p)) => p,
+            Ok(None) => continue,
+            Err(e) => return Planned::Failed(e.into()),
         };
         let mut key =
             String::with_capacity(t.key_base.len() + part.len().min(crate::key::MAX_KEY_PART));
         key.push_str(&t.key_base);
         storage_key_part_into(&mut key, part.as_bytes());
-        checks.push(TierCheck {
-            key,
-            limit: t.limit,
-            cost,
-        });
-        // build() caps tiers far below u16::MAX in practice; saturate anyway.
-        tiers.push(u16::try_from(i).unwrap_or(u16::MAX));
+        let limit = if r.plans.is_empty() {
+            r.limit
+        } else {
+            plan_limit(t, r, parts)
+        };
+        if !mode.enforces(&t.name, &key[t.key_base.len()..]) {
+            let n = checks.len();
+            meta.shadow.0 |= 1 << n;
+            let observed = meta.observed.get_or_insert_with(|| Observed {
+                endpoint: endpoint_label(parts),
+                key_hashes: Vec::new(),
+            });
+            observed.key_hashes.resize(n, 0);
+            observed
+                .key_hashes
+                .push(xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
+        }
+        checks.push(TierCheck { key, limit, cost });
+        // MAX_TIERS is 64, so the index fits.
+        meta.tiers.push(u8::try_from(i).unwrap_or(u8::MAX));
     }
-    Ok((!checks.is_empty()).then_some((checks, tiers)))
+    if checks.is_empty() {
+        Planned::Pass("skipped")
+    } else {
+        Planned::Check(checks, meta)
+    }
+}
+
+/// The limit for the request's plan (the tier's default when unknown).
+fn plan_limit(t: &BuiltTier, r: &TierRuntime, parts: &http::request::Parts) -> Limit {
+    let from_fn;
+    let plan: Option<&str> = match &t.plan_fn {
+        Some(f) => {
+            from_fn = f(parts);
+            from_fn.as_deref()
+        }
+        None => parts.extensions.get::<Plan>().map(|p| p.0.as_str()),
+    };
+    plan.and_then(|p| r.plans.iter().find(|(name, _, _)| &**name == p))
+        .map_or(r.limit, |(_, _, l)| *l)
+}
+
+/// `GET /users/{id}`: the method and route template (or raw path when no
+/// route matched), for logs about observed requests.
+fn endpoint_label(parts: &http::request::Parts) -> String {
+    #[cfg(feature = "axum")]
+    if let Some(m) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return format!("{} {}", parts.method, m.as_str());
+    }
+    format!("{} <unmatched>", parts.method)
+}
+
+fn denied_by_list(status: DenyStatus) -> Response<Bytes> {
+    #[derive(serde::Serialize)]
+    struct Body {
+        error: &'static str,
+    }
+    match status {
+        DenyStatus::Forbidden => {
+            json_response(http::StatusCode::FORBIDDEN, &Body { error: "forbidden" })
+        }
+        DenyStatus::TooManyRequests => {
+            let mut res = json_response(
+                status.status(),
+                &Body {
+                    error: "rate_limit_exceeded",
+                },
+            );
+            res.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("3600"),
+            );
+            res
+        }
+    }
 }
 
 /// Seconds, rounded up.
@@ -164,42 +282,86 @@ fn ceil_secs(us: u64) -> u64 {
 /// Turns a backend result into what the client gets.
 pub(crate) fn outcome(
     shared: &Shared,
-    tiers: &[u16],
+    meta: &Meta,
     result: Result<Verdict, BackendError>,
 ) -> Outcome {
     match result {
-        Ok(v) => decide(shared, tiers, &v),
+        Ok(v) => decide(shared, meta, &v),
         Err(e) => fail(shared, &e),
     }
 }
 
-fn decide(shared: &Shared, tiers: &[u16], v: &Verdict) -> Outcome {
+fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
     let ds = &v.decisions;
-    if v.allowed() {
-        // Binding tier: least remaining; on a tie, the one that takes longest to refill.
-        let Some(d) = ds.iter().min_by(|a, b| {
-            a.remaining
-                .cmp(&b.remaining)
-                .then(b.reset_after_us.cmp(&a.reset_after_us))
-        }) else {
-            return Outcome::Pass(None, Duration::ZERO);
-        };
-        observe::count_decision("allowed");
-        // A request queued by shaping tiers waits for the latest slot.
-        let delay_us = ds.iter().map(|d| d.delay_us).max().unwrap_or(0);
-        return Outcome::Pass(
-            Some(RateLimitHeaders {
-                limit: d.limit,
-                remaining: d.remaining,
-                reset: ceil_secs(v.now_us.saturating_add(d.reset_after_us)),
-                retry_after: None,
-            }),
-            Duration::from_micros(delay_us),
-        );
+    let tier_name = |i: usize| -> Arc<str> {
+        meta.tiers
+            .get(i)
+            .and_then(|&t| shared.tiers.get(usize::from(t)))
+            .map_or_else(|| Arc::from("unknown"), |t| t.name.clone())
+    };
+    // Would-be rejections by observing tiers: counted and logged, never enforced.
+    let mut shadow_limited = false;
+    for (i, d) in ds.iter().enumerate() {
+        if !d.allowed && meta.shadow.contains(i) {
+            shadow_limited = true;
+            let tier = tier_name(i);
+            observe::count_tier(observe::SHADOW_LIMITED, &tier);
+            if let Some(o) = &meta.observed {
+                let key_hash = o.key_hashes.get(i).copied().unwrap_or(0);
+                log_shadow(
+                    shared.shadow_log_level,
+                    &tier,
+                    key_hash,
+                    &o.endpoint,
+                    d.retry_after_us,
+                );
+            }
+        }
     }
-    // Binding tier: the denying tier with the longest wait (first on a tie).
+    let enforced_denial = ds
+        .iter()
+        .enumerate()
+        .any(|(i, d)| !d.allowed && !meta.shadow.contains(i));
+    if !enforced_denial {
+        // Headers describe the tier with the least remaining (on a tie, the one
+        // that takes longest to refill), among enforced tiers and, when asked
+        // for, observing ones.
+        let shown = ds
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| shared.shadow_headers || !meta.shadow.contains(*i))
+            .map(|(_, d)| d)
+            .min_by(|a, b| {
+                a.remaining
+                    .cmp(&b.remaining)
+                    .then(b.reset_after_us.cmp(&a.reset_after_us))
+            });
+        shared.count(if shadow_limited {
+            "shadow_limited"
+        } else {
+            "allowed"
+        });
+        // A request queued by shaping tiers waits for the latest slot.
+        let delay_us = ds
+            .iter()
+            .filter(|d| d.allowed)
+            .map(|d| d.delay_us)
+            .max()
+            .unwrap_or(0);
+        let headers = shown.map(|d| RateLimitHeaders {
+            limit: d.limit,
+            remaining: d.remaining,
+            reset: ceil_secs(v.now_us.saturating_add(d.reset_after_us)),
+            retry_after: None,
+        });
+        return Outcome::Pass(headers, Duration::from_micros(delay_us));
+    }
+    // Binding tier: the enforced denying tier with the longest wait (first on a tie).
     let mut binding: Option<(usize, &Decision)> = None;
-    for (i, d) in ds.iter().enumerate().filter(|(_, d)| !d.allowed) {
+    for (i, d) in ds.iter().enumerate() {
+        if d.allowed || meta.shadow.contains(i) {
+            continue;
+        }
         if binding.is_none_or(|(_, b)| d.retry_after_us > b.retry_after_us) {
             binding = Some((i, d));
         }
@@ -207,11 +369,7 @@ fn decide(shared: &Shared, tiers: &[u16], v: &Verdict) -> Outcome {
     let Some((i, d)) = binding else {
         return Outcome::Pass(None, Duration::ZERO);
     };
-    let tier = tiers
-        .get(i)
-        .and_then(|&t| shared.tiers.get(usize::from(t)))
-        .map(|t| t.name.clone())
-        .unwrap_or_else(|| Arc::from("unknown"));
+    let tier = tier_name(i);
     let retry_after = ceil_secs(d.retry_after_us).max(1);
     let headers = RateLimitHeaders {
         limit: d.limit,
@@ -219,7 +377,8 @@ fn decide(shared: &Shared, tiers: &[u16], v: &Verdict) -> Outcome {
         reset: ceil_secs(v.now_us.saturating_add(d.retry_after_us)),
         retry_after: Some(retry_after),
     };
-    observe::count_limited(&tier);
+    shared.count("limited");
+    observe::count_tier(observe::LIMITED, &tier);
     tracing::debug!(tier = &*tier, retry_after, "request rate limited");
     let rejection = Rejection {
         tier,
@@ -233,6 +392,34 @@ fn decide(shared: &Shared, tiers: &[u16], v: &Verdict) -> Outcome {
     headers.write(res.headers_mut());
     res.extensions_mut().insert(rejection);
     Outcome::Respond(res)
+}
+
+fn log_shadow(
+    level: tracing::Level,
+    tier: &str,
+    key_hash: u64,
+    endpoint: &str,
+    retry_after_us: u64,
+) {
+    macro_rules! at {
+        ($lvl:expr) => {
+            tracing::event!(
+                $lvl,
+                tier,
+                key_hash = format_args!("{key_hash:016x}"),
+                endpoint,
+                retry_after_us,
+                "shadow: request would have been rate limited"
+            )
+        };
+    }
+    match level {
+        tracing::Level::ERROR => at!(tracing::Level::ERROR),
+        tracing::Level::WARN => at!(tracing::Level::WARN),
+        tracing::Level::INFO => at!(tracing::Level::INFO),
+        tracing::Level::DEBUG => at!(tracing::Level::DEBUG),
+        _ => at!(tracing::Level::TRACE),
+    }
 }
 
 fn fail(shared: &Shared, e: &BackendError) -> Outcome {
@@ -250,11 +437,11 @@ fn fail(shared: &Shared, e: &BackendError) -> Outcome {
     }
     match policy {
         FailurePolicy::Open => {
-            observe::count_decision("fail_open");
+            shared.count("fail_open");
             Outcome::Pass(None, Duration::ZERO)
         }
         FailurePolicy::Closed => {
-            observe::count_decision("fail_closed");
+            shared.count("fail_closed");
             Outcome::Respond(unavailable())
         }
     }

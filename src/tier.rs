@@ -1,7 +1,7 @@
 //! [`Tier`]: one named limit (a key extractor, a quota, a cost, an algorithm).
 
 use crate::key::KeyExtractor;
-use crate::Quota;
+use crate::{Mode, Quota};
 use std::fmt;
 use std::sync::Arc;
 
@@ -57,6 +57,8 @@ pub enum LeakyBucket {
 
 /// A per-request cost function (see [`Tier::cost_fn`]).
 pub(crate) type CostFn = Arc<dyn Fn(&http::request::Parts) -> u64 + Send + Sync>;
+/// A plan extractor (see [`Tier::plan_fn`]).
+pub(crate) type PlanFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
 
 /// One named limit: requests whose key (from the extractor) is the same share
 /// one bucket of `quota`, each request costing `cost` tokens.
@@ -81,6 +83,10 @@ pub struct Tier {
     pub(crate) cost: u64,
     pub(crate) cost_fn: Option<CostFn>,
     pub(crate) algorithm: Algorithm,
+    pub(crate) mode: Mode,
+    pub(crate) methods: Option<Vec<http::Method>>,
+    pub(crate) plans: Vec<(String, Quota)>,
+    pub(crate) plan_fn: Option<PlanFn>,
 }
 
 impl fmt::Debug for Tier {
@@ -91,6 +97,9 @@ impl fmt::Debug for Tier {
             .field("cost", &self.cost)
             .field("cost_fn", &self.cost_fn.is_some())
             .field("algorithm", &self.algorithm)
+            .field("mode", &self.mode)
+            .field("methods", &self.methods)
+            .field("plans", &self.plans)
             .finish_non_exhaustive()
     }
 }
@@ -105,7 +114,51 @@ impl Tier {
             cost: 1,
             cost_fn: None,
             algorithm: Algorithm::TokenBucket,
+            mode: Mode::Enforce,
+            methods: None,
+            plans: Vec::new(),
+            plan_fn: None,
         }
+    }
+
+    /// The tier's rollout mode (default [`Mode::Enforce`]); changeable at run
+    /// time through [`RateLimitHandle`](crate::RateLimitHandle).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Only requests with these methods are counted. By default every method
+    /// but `OPTIONS` is (CORS preflights should not spend a client's quota);
+    /// list `OPTIONS` here to count it too.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = http::Method>) -> Self {
+        self.methods = Some(methods.into_iter().collect());
+        self
+    }
+
+    /// Quotas per client plan: a request whose plan (by default the
+    /// [`Plan`](crate::Plan) in the request extensions) is listed gets that
+    /// plan's quota; an unknown or missing plan gets the tier's own quota.
+    /// Each plan's quota is checked like the tier's at `build()`.
+    ///
+    /// ```
+    /// use tiered_ratelimit::{key::User, Quota, Tier};
+    /// let tier = Tier::new("user", User, Quota::per_minute(60))
+    ///     .plans([("free", Quota::per_minute(100)), ("pro", Quota::per_minute(1000))]);
+    /// ```
+    pub fn plans<P: Into<String>>(mut self, plans: impl IntoIterator<Item = (P, Quota)>) -> Self {
+        self.plans = plans.into_iter().map(|(p, q)| (p.into(), q)).collect();
+        self
+    }
+
+    /// Reads the plan with `f` instead of the [`Plan`](crate::Plan) extension
+    /// (for example from a header set by a trusted gateway).
+    pub fn plan_fn<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.plan_fn = Some(Arc::new(f));
+        self
     }
 
     /// Tokens each request takes (default 1). Zero, or more than the burst,

@@ -1,0 +1,266 @@
+//! [`RateLimitHandle`]: change modes, quotas and lists at run time.
+
+use crate::layer::{checked_limit, Runtime, Shared};
+use crate::observe::DecisionCounts;
+use crate::rollout::{AccessList, Mode};
+use crate::{Algorithm, ConfigError, Quota};
+use std::fmt;
+use std::sync::Arc;
+
+/// Changes a running layer without rebuilding the router: the global mode,
+/// a tier's mode or quota, a plan's quota, the allowlist and the denylist.
+///
+/// Changes apply to the next request; requests in flight finish with the
+/// settings they started with. Reads on the request path are lock-free (the
+/// settings are swapped whole with `arc-swap`), so a request never sees half
+/// of a change: group changes that belong together in [`update`](Self::update).
+///
+/// ```
+/// use tiered_ratelimit::{key::Global, Mode, Quota, RateLimitLayer, Tier};
+///
+/// let layer = RateLimitLayer::builder()
+///     .tier(Tier::new("global", Global, Quota::per_second(100)).mode(Mode::Shadow))
+///     .build()
+///     .unwrap();
+/// let handle = layer.handle();
+/// handle.set_tier_mode("global", Mode::Canary { percent: 10 }).unwrap();
+/// handle.set_tier_quota("global", Quota::per_second(200)).unwrap();
+/// handle.set_mode(Mode::Off); // the kill switch
+/// assert_eq!(handle.mode(), Mode::Off);
+/// ```
+#[derive(Clone)]
+pub struct RateLimitHandle {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for RateLimitHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitHandle")
+            .field("mode", &self.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One tier's current settings, as reported by [`RateLimitHandle::tiers`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TierStatus {
+    /// The tier's name.
+    pub name: String,
+    /// Its own mode (before the global override).
+    pub mode: Mode,
+    /// Its mode under the global mode.
+    pub effective_mode: Mode,
+    /// Its default quota.
+    pub quota: Quota,
+    /// Its algorithm.
+    pub algorithm: Algorithm,
+    /// Per-plan quotas.
+    pub plans: Vec<(String, Quota)>,
+}
+
+/// A set of changes applied together by [`RateLimitHandle::update`].
+pub struct Changes<'a> {
+    runtime: &'a mut Runtime,
+    shared: &'a Shared,
+}
+
+impl fmt::Debug for Changes<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Changes")
+            .field("mode", &self.runtime.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Changes<'_> {
+    /// Sets the global mode.
+    pub fn mode(&mut self, mode: Mode) -> &mut Self {
+        self.runtime.mode = mode;
+        self
+    }
+
+    /// Sets a tier's mode.
+    ///
+    /// # Errors
+    /// [`ConfigError::UnknownTier`].
+    pub fn tier_mode(&mut self, tier: &str, mode: Mode) -> Result<&mut Self, ConfigError> {
+        let i = self.shared.tier_index(tier)?;
+        self.runtime.tiers[i].mode = mode;
+        Ok(self)
+    }
+
+    /// Sets a tier's default quota (checked like at build time).
+    ///
+    /// # Errors
+    /// [`ConfigError::UnknownTier`] or any quota error.
+    pub fn tier_quota(&mut self, tier: &str, quota: Quota) -> Result<&mut Self, ConfigError> {
+        let i = self.shared.tier_index(tier)?;
+        let t = &self.shared.tiers[i];
+        let limit = checked_limit(tier, t.algorithm, quota, t.cost)?;
+        let rt = &mut self.runtime.tiers[i];
+        rt.quota = quota;
+        rt.limit = limit;
+        Ok(self)
+    }
+
+    /// Sets (or adds) a plan's quota on a tier.
+    ///
+    /// # Errors
+    /// [`ConfigError::UnknownTier`] or any quota error.
+    pub fn plan_quota(
+        &mut self,
+        tier: &str,
+        plan: &str,
+        quota: Quota,
+    ) -> Result<&mut Self, ConfigError> {
+        let i = self.shared.tier_index(tier)?;
+        let t = &self.shared.tiers[i];
+        let limit = checked_limit(tier, t.algorithm, quota, t.cost)?;
+        let plans = &mut self.runtime.tiers[i].plans;
+        match plans.iter_mut().find(|(p, _, _)| &**p == plan) {
+            Some(entry) => {
+                entry.1 = quota;
+                entry.2 = limit;
+            }
+            None => plans.push((Arc::from(plan), quota, limit)),
+        }
+        Ok(self)
+    }
+
+    /// Replaces the allowlist.
+    pub fn allowlist(&mut self, list: AccessList) -> &mut Self {
+        self.runtime.allow = Arc::new(list);
+        self
+    }
+
+    /// Replaces the denylist (its status stays as built).
+    pub fn denylist(&mut self, list: AccessList) -> &mut Self {
+        self.runtime.deny = Arc::new(list);
+        self
+    }
+}
+
+impl RateLimitHandle {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Applies several changes at once: a request sees all of them or none.
+    /// If `f` returns an error nothing is applied.
+    ///
+    /// # Errors
+    /// Whatever `f` returns.
+    pub fn update<F>(&self, f: F) -> Result<(), ConfigError>
+    where
+        F: Fn(&mut Changes<'_>) -> Result<(), ConfigError>,
+    {
+        let current = self.shared.runtime.load_full();
+        let mut next = Runtime::clone(&current);
+        f(&mut Changes {
+            runtime: &mut next,
+            shared: &self.shared,
+        })?;
+        // A concurrent update between load and store would be lost; updates
+        // are rare operator actions, so compare-and-swap and retry.
+        let mut expected = current;
+        loop {
+            let prev = self
+                .shared
+                .runtime
+                .compare_and_swap(&expected, Arc::new(next.clone()));
+            if Arc::ptr_eq(&prev, &expected) {
+                return Ok(());
+            }
+            expected = arc_swap::Guard::into_inner(prev);
+            next = Runtime::clone(&expected);
+            f(&mut Changes {
+                runtime: &mut next,
+                shared: &self.shared,
+            })?;
+        }
+    }
+
+    /// The global mode.
+    pub fn mode(&self) -> Mode {
+        self.shared.runtime.load().mode
+    }
+
+    /// Sets the global mode: `Mode::Off` is the kill switch, `Mode::Shadow`
+    /// stops all rejections while still counting them.
+    pub fn set_mode(&self, mode: Mode) {
+        let _ = self.update(|c| {
+            c.mode(mode);
+            Ok(())
+        });
+    }
+
+    /// Sets one tier's mode.
+    ///
+    /// # Errors
+    /// [`ConfigError::UnknownTier`].
+    pub fn set_tier_mode(&self, tier: &str, mode: Mode) -> Result<(), ConfigError> {
+        self.update(|c| c.tier_mode(tier, mode).map(|_| ()))
+    }
+
+    /// Sets one tier's default quota. A token bucket or leaky bucket whose
+    /// integer unit changes with the quota starts full for every key.
+    ///
+    /// # Errors
+    /// [`ConfigError::UnknownTier`] or any quota error (checked like at build).
+    pub fn set_tier_quota(&self, tier: &str, quota: Quota) -> Result<(), ConfigError> {
+        self.update(|c| c.tier_quota(tier, quota).map(|_| ()))
+    }
+
+    /// Sets a plan's quota on a tier; applies to the next request of every
+    /// key on that plan.
+    ///
+    /// # Errors
+    /// [`ConfigError::UnknownTier`] or any quota error.
+    pub fn set_plan_quota(&self, tier: &str, plan: &str, quota: Quota) -> Result<(), ConfigError> {
+        self.update(|c| c.plan_quota(tier, plan, quota).map(|_| ()))
+    }
+
+    /// Replaces the allowlist.
+    pub fn set_allowlist(&self, list: AccessList) {
+        let _ = self.update(|c| {
+            c.allowlist(list.clone());
+            Ok(())
+        });
+    }
+
+    /// Replaces the denylist.
+    pub fn set_denylist(&self, list: AccessList) {
+        let _ = self.update(|c| {
+            c.denylist(list.clone());
+            Ok(())
+        });
+    }
+
+    /// Every tier's current settings, in check order.
+    pub fn tiers(&self) -> Vec<TierStatus> {
+        let rt = self.shared.runtime.load();
+        self.shared
+            .tiers
+            .iter()
+            .zip(rt.tiers.iter())
+            .map(|(t, r)| TierStatus {
+                name: t.name.to_string(),
+                mode: r.mode,
+                effective_mode: r.mode.under(rt.mode),
+                quota: r.quota,
+                algorithm: t.algorithm,
+                plans: r
+                    .plans
+                    .iter()
+                    .map(|(p, q, _)| (p.to_string(), *q))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// Requests by decision since the layer was built, in this process.
+    pub fn counts(&self) -> DecisionCounts {
+        self.shared.counts.snapshot()
+    }
+}

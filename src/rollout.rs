@@ -1,0 +1,335 @@
+//! Safe rollout: modes (enforce, shadow, canary, off), allow and deny lists,
+//! and client plans.
+//!
+//! A limiter is most dangerous on the day it is switched on. The recipe:
+//! **shadow** first (the whole path runs, would-be rejections are counted and
+//! logged, nobody is rejected), then **canary** enforcement for 1 % → 10 % →
+//! 100 % of keys, with a kill switch ([`RateLimitHandle`](crate::RateLimitHandle)
+//! and the fleet-wide control key) and an **allowlist** for critical
+//! integrations. `docs/rollout.md` is the runbook.
+//!
+//! # Modes
+//! Each tier has a [`Mode`]; the layer has a global one that overrides them:
+//! the effective mode of a tier is the *weaker* of the two, in the order
+//! `Off` < `Shadow` < `Canary` (smaller percent is weaker) < `Enforce`.
+//!
+//! # Allowlist and denylist
+//! An [`AccessList`] matches a request by client IP / CIDR (resolved with the
+//! layer's [`ClientIp`](crate::key::ClientIp) rules, so a forged
+//! `X-Forwarded-For` from an untrusted peer never matches), API key, user id
+//! or a predicate. An **allowlisted** request skips limiting entirely: no
+//! backend call, no headers, never rejected in any mode, counted as
+//! `allowlisted`. A **denylisted** request is refused before any tier with
+//! 403 (default) or 429, counted as `denylisted`; the denylist is checked
+//! first, so a client on both lists is refused.
+
+use crate::key::ClientIp;
+use http::request::Parts;
+use http::StatusCode;
+use ipnet::IpNet;
+use std::collections::HashSet;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// How a tier (or the whole layer) acts on its decisions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Reject requests over the limit (the default).
+    #[default]
+    Enforce,
+    /// Run the whole path (backend call, counting, metrics, logs) but never
+    /// reject: a request that would be denied passes and is counted as
+    /// `shadow_limited`. It consumes exactly what an enforced request would
+    /// (a would-be denial consumes nothing), so shadow numbers predict
+    /// enforcement.
+    Shadow,
+    /// Enforce for `percent` % of keys, chosen by a stable hash of
+    /// (tier, key): a key is always enforced or always shadowed at a given
+    /// percent, and raising the percent only adds keys. The rest behave as
+    /// [`Mode::Shadow`]. Values above 100 act as 100.
+    Canary {
+        /// Percent of keys enforced, 0-100.
+        percent: u8,
+    },
+    /// Skip the tier entirely (no backend call).
+    Off,
+}
+
+impl Mode {
+    /// Strength for combining a global and a tier mode: higher is stricter.
+    fn strength(self) -> u16 {
+        match self {
+            Mode::Off => 0,
+            Mode::Shadow => 1,
+            Mode::Canary { percent } => 2 + u16::from(percent.min(100)),
+            Mode::Enforce => 200,
+        }
+    }
+
+    /// The effective mode of a tier in mode `self` under global mode `global`:
+    /// the weaker of the two.
+    pub fn under(self, global: Mode) -> Mode {
+        if global.strength() < self.strength() {
+            global
+        } else {
+            self
+        }
+    }
+
+    /// Whether `key` of `tier` is enforced in this mode (`Canary` decides by a
+    /// stable hash; `Shadow` and `Off` never enforce).
+    ///
+    /// ```
+    /// use tiered_ratelimit::Mode;
+    /// let one = Mode::Canary { percent: 1 };
+    /// let ten = Mode::Canary { percent: 10 };
+    /// // Raising the percent only adds keys.
+    /// for k in 0..1000 {
+    ///     let key = k.to_string();
+    ///     assert!(!one.enforces("ip", &key) || ten.enforces("ip", &key));
+    /// }
+    /// ```
+    pub fn enforces(self, tier: &str, key: &str) -> bool {
+        match self {
+            Mode::Enforce => true,
+            Mode::Shadow | Mode::Off => false,
+            Mode::Canary { percent } => {
+                canary_bucket(tier, key) < u32::from(percent.min(100)) * 100
+            }
+        }
+    }
+
+    /// A bounded metrics label: `enforce`, `shadow`, `canary` or `off`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+            Mode::Canary { .. } => "canary",
+            Mode::Off => "off",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Mode::Canary { percent } => write!(f, "canary:{percent}"),
+            m => f.write_str(m.label()),
+        }
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    /// `enforce`, `shadow`, `off`, or `canary:<percent>`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "enforce" => Ok(Mode::Enforce),
+            "shadow" => Ok(Mode::Shadow),
+            "off" => Ok(Mode::Off),
+            other => other
+                .strip_prefix("canary:")
+                .and_then(|p| p.trim().parse::<u8>().ok())
+                .filter(|p| *p <= 100)
+                .map(|percent| Mode::Canary { percent })
+                .ok_or_else(|| {
+                    format!("unknown mode {other:?} (enforce, shadow, off or canary:<0-100>)")
+                }),
+        }
+    }
+}
+
+/// The canary bucket of (tier, key): 0-9999, from a stable 64-bit XXH3 hash.
+fn canary_bucket(tier: &str, key: &str) -> u32 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(tier.as_bytes());
+    h.update(&[0]);
+    h.update(key.as_bytes());
+    // Modulo bias over 2^64 is below 10^-15: irrelevant.
+    (h.digest() % 10_000) as u32
+}
+
+/// The client's plan (`free`, `pro`, ...), put into the request extensions by
+/// the app's auth layer next to [`UserId`](crate::UserId). Read by tiers
+/// with [`Tier::plans`](crate::Tier::plans) unless they have their own plan
+/// extractor.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Plan(pub String);
+
+/// What a denylisted request gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DenyStatus {
+    /// `403 Forbidden` (the default): the client is not welcome, and should
+    /// not retry.
+    #[default]
+    Forbidden,
+    /// `429 Too Many Requests` (with `Retry-After: 3600`), for clients that
+    /// should believe they are merely limited.
+    TooManyRequests,
+}
+
+impl DenyStatus {
+    pub(crate) fn status(self) -> StatusCode {
+        match self {
+            DenyStatus::Forbidden => StatusCode::FORBIDDEN,
+            DenyStatus::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
+        }
+    }
+}
+
+type Predicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+
+/// A set of clients: by IP / CIDR, API key, user id, or a predicate. Used as
+/// the allowlist and the denylist (see the [module docs](self)).
+///
+/// ```
+/// use tiered_ratelimit::AccessList;
+/// let partners = AccessList::new()
+///     .ip("192.0.2.0/24".parse().unwrap())
+///     .api_key("sk_partner_1")
+///     .user("ops-bot")
+///     .predicate(|p| p.uri.path() == "/health");
+/// ```
+#[derive(Clone, Default)]
+#[must_use]
+pub struct AccessList {
+    ips: Vec<IpNet>,
+    api_key_header: Option<http::HeaderName>,
+    api_keys: HashSet<Vec<u8>>,
+    users: HashSet<String>,
+    predicates: Vec<Predicate>,
+}
+
+impl fmt::Debug for AccessList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AccessList")
+            .field("ips", &self.ips)
+            .field("api_key_header", &self.api_key_header)
+            .field("api_keys", &self.api_keys.len())
+            .field("users", &self.users)
+            .field("predicates", &self.predicates.len())
+            .finish()
+    }
+}
+
+impl AccessList {
+    /// An empty list (matches nothing).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a network (IPv4 or IPv6; a single address is a /32 or /128).
+    /// IPv4-mapped IPv6 networks (`::ffff:192.0.2.0/120`) are stored as the
+    /// IPv4 network they denote, since client addresses are normalised the
+    /// same way.
+    pub fn ip(mut self, net: IpNet) -> Self {
+        self.ips.push(normalize_net(net));
+        self
+    }
+
+    /// Adds an API key, matched against the `api_key_header` (default
+    /// `x-api-key`).
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_keys.insert(key.into().into_bytes());
+        self
+    }
+
+    /// The header API keys are read from (default `x-api-key`).
+    pub fn api_key_header(mut self, header: http::HeaderName) -> Self {
+        self.api_key_header = Some(header);
+        self
+    }
+
+    /// Adds a user id ([`UserId`](crate::UserId) in the request extensions).
+    pub fn user(mut self, id: impl Into<String>) -> Self {
+        self.users.insert(id.into());
+        self
+    }
+
+    /// Adds a predicate on the request head.
+    pub fn predicate(mut self, f: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.predicates.push(Arc::new(f));
+        self
+    }
+
+    /// Whether the list is empty.
+    pub fn is_empty(&self) -> bool {
+        self.ips.is_empty()
+            && self.api_keys.is_empty()
+            && self.users.is_empty()
+            && self.predicates.is_empty()
+    }
+
+    /// Whether the request matches. `client_ip` resolves the client address
+    /// (trusted-proxy rules included); without a peer address, IP entries
+    /// cannot match.
+    pub fn matches(&self, parts: &Parts, client_ip: &ClientIp) -> bool {
+        if self.is_empty() {
+            return false;
+        }
+        if !self.ips.is_empty() {
+            if let Some(ip) = client_addr(client_ip, parts) {
+                if self.ips.iter().any(|n| n.contains(&ip)) {
+                    return true;
+                }
+            }
+        }
+        if !self.api_keys.is_empty() {
+            let header = self
+                .api_key_header
+                .clone()
+                .unwrap_or(http::HeaderName::from_static("x-api-key"));
+            if parts
+                .headers
+                .get_all(header)
+                .iter()
+                .any(|v| self.api_keys.contains(v.as_bytes()))
+            {
+                return true;
+            }
+        }
+        if !self.users.is_empty() {
+            if let Some(u) = parts.extensions.get::<crate::UserId>() {
+                if self.users.contains(&u.0) {
+                    return true;
+                }
+            }
+        }
+        self.predicates.iter().any(|p| p(parts))
+    }
+}
+
+/// The resolved client address: the peer, or with trusted proxies the first
+/// untrusted forwarding hop (the same rules as the `ClientIp` key).
+pub(crate) fn client_addr(client_ip: &ClientIp, parts: &Parts) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    let peer = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0);
+    #[cfg(not(feature = "axum"))]
+    let peer: Option<std::net::SocketAddr> = None;
+    let peer = peer.or_else(|| parts.extensions.get::<std::net::SocketAddr>().copied())?;
+    let ip = client_ip.resolve(peer.ip(), &parts.headers);
+    Some(match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    })
+}
+
+fn normalize_net(net: IpNet) -> IpNet {
+    match net {
+        IpNet::V6(v6) => {
+            let addr = v6.network();
+            match addr.to_ipv4_mapped() {
+                Some(v4) if v6.prefix_len() >= 96 => {
+                    IpNet::new(IpAddr::V4(v4), v6.prefix_len() - 96).unwrap_or(net)
+                }
+                _ => IpNet::V6(v6.trunc()),
+            }
+        }
+        IpNet::V4(v4) => IpNet::V4(v4.trunc()),
+    }
+}
