@@ -179,7 +179,8 @@ impl Drop for RedisServer {
     }
 }
 
-/// Demo auth: `Authorization: Bearer <id>` becomes `UserId(<id>)`.
+/// Demo auth: `Authorization: Bearer <id>` becomes `UserId(<id>)`, and
+/// `x-test-plan: <plan>` becomes `Plan(<plan>)`.
 pub async fn auth(mut req: Request, next: Next) -> Response {
     let user = req
         .headers()
@@ -189,6 +190,15 @@ pub async fn auth(mut req: Request, next: Next) -> Response {
         .map(|id| UserId(id.to_owned()));
     if let Some(u) = user {
         req.extensions_mut().insert(u);
+    }
+    // Test-only: the plan comes from a header the "auth layer" trusts.
+    let plan = req
+        .headers()
+        .get("x-test-plan")
+        .and_then(|v| v.to_str().ok())
+        .map(|p| tiered_ratelimit::Plan(p.to_owned()));
+    if let Some(p) = plan {
+        req.extensions_mut().insert(p);
     }
     next.run(req).await
 }
