@@ -22,6 +22,9 @@ pub enum ConfigError {
     /// More than [`MAX_TIERS`](crate::MAX_TIERS) tiers.
     #[error("tiers: {0} tiers; at most 64 are supported")]
     TooManyTiers(usize),
+    /// `fallback_instances` is 0.
+    #[error("fallback_instances: must be at least 1")]
+    ZeroFallbackInstances,
     /// A runtime change named a tier the layer does not have.
     #[error("tier \"{0}\": no such tier")]
     UnknownTier(String),
@@ -110,6 +113,10 @@ pub enum BackendError {
     /// The backend answered with an error or an unexpected reply.
     #[error("backend script error: {0}")]
     Script(String),
+    /// The circuit breaker is open: the backend failed repeatedly and is not
+    /// being called until the next probe.
+    #[error("backend circuit open: not calling it until the next probe")]
+    CircuitOpen,
     /// A key extractor could not run (for example `ClientIp` without
     /// `ConnectInfo`), which is a server configuration error.
     #[error("key extraction failed: {0}")]
@@ -117,13 +124,15 @@ pub enum BackendError {
 }
 
 impl BackendError {
-    /// A short, bounded label for metrics: `timeout`, `connection`, `script` or `key`.
+    /// A short, bounded label for metrics: `timeout`, `connection`, `script`,
+    /// `key` or `circuit_open`.
     pub fn kind(&self) -> &'static str {
         match self {
             BackendError::Timeout(_) => "timeout",
             BackendError::Connection(_) => "connection",
             BackendError::Script(_) => "script",
             BackendError::Key(_) => "key",
+            BackendError::CircuitOpen => "circuit_open",
         }
     }
 }

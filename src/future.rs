@@ -133,7 +133,7 @@ where
                     ..
                 } => {
                     let result = ready!(check.poll(cx));
-                    let decided = outcome(shared, meta, result);
+                    let (shared, meta) = (shared.clone(), std::mem::take(meta));
                     let StateOwned::Checking {
                         mut service,
                         request,
@@ -142,6 +142,9 @@ where
                     else {
                         unreachable!("state was Checking");
                     };
+                    let (parts, body) = request.into_parts();
+                    let decided = outcome(&shared, &meta, result, &parts);
+                    let request = Request::from_parts(parts, body);
                     let next = match decided {
                         Outcome::Pass(headers, delay) if delay.is_zero() => State::Calling {
                             future: service.call(request),

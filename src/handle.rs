@@ -1,6 +1,6 @@
 //! [`RateLimitHandle`]: change modes, quotas and lists at run time.
 
-use crate::layer::{checked_limit, Runtime, Shared};
+use crate::layer::{checked_limit, fallback_limit, PlanRuntime, Runtime, Shared};
 use crate::observe::DecisionCounts;
 use crate::rollout::{AccessList, Mode};
 use crate::{Algorithm, ConfigError, Quota};
@@ -98,9 +98,17 @@ impl Changes<'_> {
         let i = self.shared.tier_index(tier)?;
         let t = &self.shared.tiers[i];
         let limit = checked_limit(tier, t.algorithm, quota, t.cost)?;
+        let fallback = fallback_limit(
+            tier,
+            t.algorithm,
+            quota,
+            t.cost,
+            self.shared.fallback_instances,
+        )?;
         let rt = &mut self.runtime.tiers[i];
         rt.quota = quota;
         rt.limit = limit;
+        rt.fallback = fallback;
         Ok(self)
     }
 
@@ -116,14 +124,22 @@ impl Changes<'_> {
     ) -> Result<&mut Self, ConfigError> {
         let i = self.shared.tier_index(tier)?;
         let t = &self.shared.tiers[i];
-        let limit = checked_limit(tier, t.algorithm, quota, t.cost)?;
+        let entry = PlanRuntime {
+            name: Arc::from(plan),
+            quota,
+            limit: checked_limit(tier, t.algorithm, quota, t.cost)?,
+            fallback: fallback_limit(
+                tier,
+                t.algorithm,
+                quota,
+                t.cost,
+                self.shared.fallback_instances,
+            )?,
+        };
         let plans = &mut self.runtime.tiers[i].plans;
-        match plans.iter_mut().find(|(p, _, _)| &**p == plan) {
-            Some(entry) => {
-                entry.1 = quota;
-                entry.2 = limit;
-            }
-            None => plans.push((Arc::from(plan), quota, limit)),
+        match plans.iter_mut().find(|p| &*p.name == plan) {
+            Some(existing) => *existing = entry,
+            None => plans.push(entry),
         }
         Ok(self)
     }
@@ -170,6 +186,8 @@ impl RateLimitHandle {
                 .runtime
                 .compare_and_swap(&expected, Arc::new(next.clone()));
             if Arc::ptr_eq(&prev, &expected) {
+                // Cached denials were decided under the old settings.
+                self.shared.deny_cache.clear();
                 return Ok(());
             }
             expected = arc_swap::Guard::into_inner(prev);
@@ -253,10 +271,16 @@ impl RateLimitHandle {
                 plans: r
                     .plans
                     .iter()
-                    .map(|(p, q, _)| (p.to_string(), *q))
+                    .map(|p| (p.name.to_string(), p.quota))
                     .collect(),
             })
             .collect()
+    }
+
+    /// The circuit breaker: `closed`, `open` (the backend is not called) or
+    /// `half_open` (the next request probes it).
+    pub fn circuit_state(&self) -> &'static str {
+        self.shared.breaker.state().label()
     }
 
     /// Requests by decision since the layer was built, in this process.

@@ -1,7 +1,10 @@
 //! [`RateLimitLayer`] and its builder: the code form of a [`Policy`](crate::Policy).
 
 use crate::algorithm::{Gcra, Limit, TokenBucket, Window};
+use crate::backend::clock::Clock;
 use crate::backend::{Backend, MemoryBackend};
+use crate::breaker::{Breaker, CircuitBreaker};
+use crate::deny_cache::DenyCache;
 use crate::error::ConfigError;
 use crate::key::ClientIp;
 use crate::key::KeyExtractor;
@@ -37,6 +40,13 @@ pub enum FailurePolicy {
     /// `{"error":"rate_limiter_unavailable"}` (for routes where an unlimited
     /// request is worse than none, such as login).
     Closed,
+    /// Decide with a local in-memory limiter (the same algorithms) whose
+    /// quotas are the tiers' quotas divided by the expected instance count
+    /// ([`RateLimitLayerBuilder::fallback_instances`]), the "insurance"
+    /// strategy: N instances together admit about the quota while the
+    /// backend is down. Switches back as soon as the backend answers.
+    /// Decisions are counted as `fallback`.
+    Fallback,
 }
 
 /// One tier as the service runs it: what never changes after `build()`.
@@ -68,8 +78,19 @@ pub(crate) struct TierRuntime {
     pub(crate) mode: Mode,
     pub(crate) quota: Quota,
     pub(crate) limit: Limit,
+    /// The limit of the local fallback (quota ÷ instances).
+    pub(crate) fallback: Limit,
     /// Per-plan quotas and limits, in the order given.
-    pub(crate) plans: Vec<(Arc<str>, Quota, Limit)>,
+    pub(crate) plans: Vec<PlanRuntime>,
+}
+
+/// One plan's quota on a tier.
+#[derive(Debug, Clone)]
+pub(crate) struct PlanRuntime {
+    pub(crate) name: Arc<str>,
+    pub(crate) quota: Quota,
+    pub(crate) limit: Limit,
+    pub(crate) fallback: Limit,
 }
 
 /// Everything [`RateLimitHandle`](crate::RateLimitHandle) can change; swapped
@@ -97,6 +118,14 @@ pub(crate) struct Shared {
     pub(crate) shadow_headers: bool,
     pub(crate) shadow_log_level: tracing::Level,
     pub(crate) counts: crate::observe::Counts,
+    pub(crate) breaker: Breaker,
+    pub(crate) deny_cache: DenyCache,
+    /// The clock the deny cache and the fallback read (the backend's manual
+    /// clock in tests; a monotonic epoch clock otherwise).
+    pub(crate) local_clock: Clock,
+    /// The local limiter of [`FailurePolicy::Fallback`].
+    pub(crate) fallback: Option<MemoryBackend>,
+    pub(crate) fallback_instances: u32,
 }
 
 impl Shared {
@@ -199,6 +228,9 @@ pub struct RateLimitLayerBuilder {
     deny_status: DenyStatus,
     shadow_headers: bool,
     shadow_log_level: tracing::Level,
+    circuit_breaker: CircuitBreaker,
+    fallback_instances: u32,
+    deny_cache: u64,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -218,6 +250,9 @@ impl Default for RateLimitLayerBuilder {
             deny_status: DenyStatus::Forbidden,
             shadow_headers: false,
             shadow_log_level: tracing::Level::INFO,
+            circuit_breaker: CircuitBreaker::default(),
+            fallback_instances: 1,
+            deny_cache: 100_000,
         }
     }
 }
@@ -322,6 +357,28 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// The circuit breaker in front of the backend (default: open after 5
+    /// consecutive failures, probe every second; `failures: 0` disables it).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.circuit_breaker = breaker;
+        self
+    }
+
+    /// For [`FailurePolicy::Fallback`]: how many app instances share the
+    /// quota, so each local fallback admits `quota / instances` (default 1;
+    /// a burst or limit below 1 becomes 1).
+    pub fn fallback_instances(mut self, instances: u32) -> Self {
+        self.fallback_instances = instances;
+        self
+    }
+
+    /// The local deny cache's size in keys (default 100 000; 0 disables it).
+    /// Used with the Redis backend only: the memory backend is local anyway.
+    pub fn deny_cache(mut self, capacity: u64) -> Self {
+        self.deny_cache = capacity;
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     ///
     /// # Errors
@@ -341,6 +398,10 @@ impl RateLimitLayerBuilder {
         if self.tiers.is_empty() {
             return Err(ConfigError::NoTiers);
         }
+        if self.fallback_instances == 0 {
+            return Err(ConfigError::ZeroFallbackInstances);
+        }
+        let instances = self.fallback_instances;
         if self.tiers.len() > MAX_TIERS {
             return Err(ConfigError::TooManyTiers(self.tiers.len()));
         }
@@ -363,15 +424,21 @@ impl RateLimitLayerBuilder {
                 return Err(ConfigError::ZeroCost { tier: t.name });
             }
             let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
+            let fallback = fallback_limit(&t.name, t.algorithm, t.quota, t.cost, instances)?;
             let mut plans = Vec::with_capacity(t.plans.len());
             for (plan, q) in &t.plans {
-                let l = checked_limit(&t.name, t.algorithm, *q, t.cost)?;
-                plans.push((Arc::<str>::from(plan.as_str()), *q, l));
+                plans.push(PlanRuntime {
+                    name: Arc::<str>::from(plan.as_str()),
+                    quota: *q,
+                    limit: checked_limit(&t.name, t.algorithm, *q, t.cost)?,
+                    fallback: fallback_limit(&t.name, t.algorithm, *q, t.cost, instances)?,
+                });
             }
             runtime.push(TierRuntime {
                 mode: t.mode,
                 quota: t.quota,
                 limit,
+                fallback,
                 plans,
             });
             tiers.push(BuiltTier {
@@ -385,11 +452,19 @@ impl RateLimitLayerBuilder {
                 plan_fn: t.plan_fn,
             });
         }
+        let backend = self
+            .backend
+            .unwrap_or_else(|| Backend::Memory(MemoryBackend::new()));
+        let local_clock = backend.local_clock();
+        let is_memory = matches!(backend, Backend::Memory(_));
+        let fallback =
+            (self.failure_policy == FailurePolicy::Fallback).then(|| match &local_clock {
+                Clock::Manual(c) => MemoryBackend::with_manual_clock(c.clone()),
+                Clock::Monotonic { .. } => MemoryBackend::new(),
+            });
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
-                backend: self
-                    .backend
-                    .unwrap_or_else(|| Backend::Memory(MemoryBackend::new())),
+                backend,
                 tiers: tiers.into_boxed_slice(),
                 runtime: ArcSwap::from_pointee(Runtime {
                     mode: self.mode,
@@ -407,6 +482,11 @@ impl RateLimitLayerBuilder {
                 shadow_headers: self.shadow_headers,
                 shadow_log_level: self.shadow_log_level,
                 counts: crate::observe::Counts::default(),
+                breaker: Breaker::new(self.circuit_breaker),
+                deny_cache: DenyCache::new(if is_memory { 0 } else { self.deny_cache }),
+                local_clock,
+                fallback,
+                fallback_instances: instances,
             }),
         })
     }
@@ -443,6 +523,33 @@ pub(crate) fn checked_limit(
         });
     }
     limit_for(tier, algorithm, q, period_us)
+}
+
+/// The fallback limit: the quota divided by `instances` (at least 1, and at
+/// least the fixed cost).
+pub(crate) fn fallback_limit(
+    tier: &str,
+    algorithm: Algorithm,
+    q: Quota,
+    cost: u64,
+    instances: u32,
+) -> Result<Limit, ConfigError> {
+    let n = u64::from(instances.max(1));
+    let limit = (q.limit() / n).max(1);
+    let burst = (q.burst_size() / n).max(1).max(cost);
+    let divided = if q.burst_size() == q.limit() && limit >= cost {
+        Quota::new(limit, q.period())
+    } else {
+        Quota::new(limit, q.period()).burst(burst)
+    };
+    // Window algorithms have no burst: keep their limit at least the cost.
+    let divided = match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => {
+            Quota::new(limit.max(cost), q.period())
+        }
+        _ => divided,
+    };
+    checked_limit(tier, algorithm, divided, cost)
 }
 
 /// The integer parameters of a tier's algorithm, checked.

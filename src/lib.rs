@@ -66,6 +66,8 @@
 
 pub mod algorithm;
 pub mod backend;
+mod breaker;
+mod deny_cache;
 mod error;
 mod future;
 mod handle;
@@ -79,6 +81,7 @@ pub mod rollout;
 mod service;
 mod tier;
 
+pub use breaker::CircuitBreaker;
 pub use error::{BackendError, ConfigError};
 pub use future::ResponseFuture;
 pub use handle::{Changes, RateLimitHandle, TierStatus};

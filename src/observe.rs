@@ -115,6 +115,10 @@ pub struct DecisionCounts {
     pub fail_closed: u64,
     /// No tier applied (anonymous on a user tier, OPTIONS, mode off, ...).
     pub skipped: u64,
+    /// Rejected by the local deny cache, without a backend call.
+    pub cache_blocked: u64,
+    /// Decided by the local fallback limiter while the backend was down.
+    pub fallback: u64,
 }
 
 #[derive(Debug, Default)]
@@ -127,6 +131,8 @@ pub(crate) struct Counts {
     fail_open: AtomicU64,
     fail_closed: AtomicU64,
     skipped: AtomicU64,
+    cache_blocked: AtomicU64,
+    fallback: AtomicU64,
 }
 
 impl Counts {
@@ -140,6 +146,8 @@ impl Counts {
             "denylisted" => &self.denylisted,
             "fail_open" => &self.fail_open,
             "fail_closed" => &self.fail_closed,
+            "cache_blocked" => &self.cache_blocked,
+            "fallback" => &self.fallback,
             _ => &self.skipped,
         };
         c.fetch_add(1, Ordering::Relaxed);
@@ -156,6 +164,15 @@ impl Counts {
             fail_open: r(&self.fail_open),
             fail_closed: r(&self.fail_closed),
             skipped: r(&self.skipped),
+            cache_blocked: r(&self.cache_blocked),
+            fallback: r(&self.fallback),
         }
     }
+}
+
+pub(crate) const CIRCUIT_STATE: &str = "tiered_ratelimit_circuit_state";
+
+/// The circuit breaker gauge: 0 closed, 1 open, 2 half-open.
+pub(crate) fn set_circuit_state(state: crate::breaker::State) {
+    metrics::gauge!(CIRCUIT_STATE).set(f64::from(state as u8));
 }

@@ -3,6 +3,8 @@
 use crate::algorithm::Decision;
 use crate::algorithm::Limit;
 use crate::backend::{Check, Shadow, TierCheck, Verdict};
+use crate::breaker::Permit;
+use crate::deny_cache::Denied;
 use crate::error::BackendError;
 use crate::future::ResponseFuture;
 use crate::key::storage_key_part_into;
@@ -75,34 +77,50 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let shared = &self.shared;
         let (parts, body) = req.into_parts();
-        let planned = plan(&self.shared, &parts);
-        let req = Request::from_parts(parts, body);
-        let (result, meta) = match planned {
+        let (result, meta) = match plan(shared, &parts, false) {
             Planned::Pass(decision) => {
-                self.shared.count(decision);
+                shared.count(decision);
+                let req = Request::from_parts(parts, body);
                 return ResponseFuture::call(self.inner.call(req), None);
             }
             Planned::Refuse(res) => return ResponseFuture::respond(res),
-            Planned::Check(checks, meta) => {
-                match self.shared.backend.start_check(checks, meta.shadow) {
-                    Check::Ready(result) => (result, meta),
-                    Check::Pending(fut) => {
-                        let timeout = self.shared.backend_timeout;
-                        let fut = Box::pin(async move {
-                            match tokio::time::timeout(timeout, fut).await {
-                                Ok(r) => r,
-                                Err(_) => Err(BackendError::Timeout(timeout)),
-                            }
-                        });
-                        let inner = self.take_ready_inner();
-                        return ResponseFuture::check(fut, inner, req, self.shared.clone(), meta);
+            Planned::Failed(e) => (Err(e), Meta::default()),
+            Planned::Check(checks, mut meta) => {
+                if let Some(res) = deny_cached(shared, &checks, &meta) {
+                    return ResponseFuture::respond(res);
+                }
+                meta.permit = shared.breaker.permit();
+                if meta.permit == Permit::Reject {
+                    (Err(BackendError::CircuitOpen), meta)
+                } else {
+                    if shared.deny_cache.enabled() {
+                        meta.sent_us = shared.local_clock.now_us();
+                        meta.sent = checks.iter().map(|c| (c.key.clone(), c.cost)).collect();
+                    }
+                    match shared.backend.start_check(checks, meta.shadow) {
+                        Check::Ready(result) => (result, meta),
+                        Check::Pending(fut) => {
+                            let timeout = shared.backend_timeout;
+                            let fut = Box::pin(async move {
+                                match tokio::time::timeout(timeout, fut).await {
+                                    Ok(r) => r,
+                                    Err(_) => Err(BackendError::Timeout(timeout)),
+                                }
+                            });
+                            let shared = shared.clone();
+                            let req = Request::from_parts(parts, body);
+                            let inner = self.take_ready_inner();
+                            return ResponseFuture::check(fut, inner, req, shared, meta);
+                        }
                     }
                 }
             }
-            Planned::Failed(e) => (Err(e), Meta::default()),
         };
-        match outcome(&self.shared, &meta, result) {
+        let decided = outcome(shared, &meta, result, &parts);
+        let req = Request::from_parts(parts, body);
+        match decided {
             Outcome::Pass(headers, delay) if delay.is_zero() => {
                 ResponseFuture::call(self.inner.call(req), headers)
             }
@@ -113,6 +131,35 @@ where
             Outcome::Respond(res) => ResponseFuture::respond(res),
         }
     }
+}
+
+/// A 429 from the deny cache, if an enforced check's key is cached as
+/// denied for at least this cost.
+fn deny_cached(shared: &Shared, checks: &[TierCheck], meta: &Meta) -> Option<Response<Bytes>> {
+    if !shared.deny_cache.enabled() {
+        return None;
+    }
+    let now_us = shared.local_clock.now_us();
+    let (i, d) = checks.iter().enumerate().find_map(|(i, c)| {
+        if meta.shadow.contains(i) {
+            return None;
+        }
+        shared
+            .deny_cache
+            .get(&c.key, c.cost, now_us)
+            .map(|d| (i, d))
+    })?;
+    shared.count("cache_blocked");
+    let wait = d.until_us.saturating_sub(now_us);
+    let decision = Decision {
+        allowed: false,
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_after_us: wait,
+        retry_after_us: wait,
+        delay_us: 0,
+    };
+    Some(reject(shared, meta, i, &decision, now_us))
 }
 
 impl<S: Clone> RateLimitService<S> {
@@ -136,6 +183,14 @@ pub(crate) struct Meta {
     /// For shadow checks: the endpoint label and a hash of each key, for the
     /// would-be-rejected log line (computed only when some tier observes).
     observed: Option<Observed>,
+    /// What the circuit breaker allowed.
+    pub(crate) permit: Permit,
+    /// With the deny cache on: the local clock when the check was sent, and
+    /// each check's key and cost (to cache its denial).
+    sent_us: u64,
+    sent: Vec<(String, u64)>,
+    /// Decided by the local fallback limiter.
+    fallback: bool,
 }
 
 #[derive(Debug)]
@@ -159,7 +214,7 @@ enum Planned {
 /// The checks for a request, after the global mode and the lists: one per
 /// tier whose mode is not off, whose methods include the request's, whose
 /// cost is not 0 and whose extractor returns a key.
-fn plan(shared: &Shared, parts: &http::request::Parts) -> Planned {
+fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planned {
     let rt = shared.runtime.load();
     if rt.mode == Mode::Off {
         return Planned::Pass("skipped");
@@ -198,9 +253,13 @@ fn plan(shared: &Shared, parts: &http::request::Parts) -> Planned {
         key.push_str(&t.key_base);
         storage_key_part_into(&mut key, part.as_bytes());
         let limit = if r.plans.is_empty() {
-            r.limit
+            if fallback {
+                r.fallback
+            } else {
+                r.limit
+            }
         } else {
-            plan_limit(t, r, parts)
+            plan_limit(t, r, parts, fallback)
         };
         if !mode.enforces(&t.name, &key[t.key_base.len()..]) {
             let n = checks.len();
@@ -226,7 +285,12 @@ fn plan(shared: &Shared, parts: &http::request::Parts) -> Planned {
 }
 
 /// The limit for the request's plan (the tier's default when unknown).
-fn plan_limit(t: &BuiltTier, r: &TierRuntime, parts: &http::request::Parts) -> Limit {
+fn plan_limit(
+    t: &BuiltTier,
+    r: &TierRuntime,
+    parts: &http::request::Parts,
+    fallback: bool,
+) -> Limit {
     let from_fn;
     let plan: Option<&str> = match &t.plan_fn {
         Some(f) => {
@@ -235,8 +299,13 @@ fn plan_limit(t: &BuiltTier, r: &TierRuntime, parts: &http::request::Parts) -> L
         }
         None => parts.extensions.get::<Plan>().map(|p| p.0.as_str()),
     };
-    plan.and_then(|p| r.plans.iter().find(|(name, _, _)| &**name == p))
-        .map_or(r.limit, |(_, _, l)| *l)
+    let found = plan.and_then(|p| r.plans.iter().find(|pr| &*pr.name == p));
+    match (found, fallback) {
+        (Some(p), false) => p.limit,
+        (Some(p), true) => p.fallback,
+        (None, false) => r.limit,
+        (None, true) => r.fallback,
+    }
 }
 
 /// `GET /users/{id}`: the method and route template (or raw path when no
@@ -284,10 +353,43 @@ pub(crate) fn outcome(
     shared: &Shared,
     meta: &Meta,
     result: Result<Verdict, BackendError>,
+    parts: &http::request::Parts,
 ) -> Outcome {
     match result {
-        Ok(v) => decide(shared, meta, &v),
-        Err(e) => fail(shared, &e),
+        Ok(v) => {
+            shared.breaker.success(meta.permit);
+            remember_denials(shared, meta, &v);
+            decide(shared, meta, &v)
+        }
+        Err(e) => {
+            if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {
+                shared.breaker.failure(meta.permit);
+            }
+            fail(shared, &e, parts)
+        }
+    }
+}
+
+/// Caches enforced denials until their retry instant, measured from when the
+/// check was sent (so an entry can only end early, never late).
+fn remember_denials(shared: &Shared, meta: &Meta, v: &Verdict) {
+    if meta.sent.is_empty() {
+        return;
+    }
+    for (i, (d, (key, cost))) in v.decisions.iter().zip(&meta.sent).enumerate() {
+        if d.allowed || meta.shadow.contains(i) || d.retry_after_us == 0 {
+            continue;
+        }
+        shared.deny_cache.insert(
+            key.clone(),
+            Denied::new(
+                meta.sent_us.saturating_add(d.retry_after_us),
+                *cost,
+                d.limit,
+                d.remaining,
+                Duration::from_micros(d.retry_after_us),
+            ),
+        );
     }
 }
 
@@ -369,15 +471,26 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
     let Some((i, d)) = binding else {
         return Outcome::Pass(None, Duration::ZERO);
     };
-    let tier = tier_name(i);
+    Outcome::Respond(reject(shared, meta, i, d, v.now_us))
+}
+
+/// The 429 for a denial by check `i`.
+fn reject(shared: &Shared, meta: &Meta, i: usize, d: &Decision, now_us: u64) -> Response<Bytes> {
+    let tier = meta
+        .tiers
+        .get(i)
+        .and_then(|&t| shared.tiers.get(usize::from(t)))
+        .map_or_else(|| Arc::from("unknown"), |t| t.name.clone());
     let retry_after = ceil_secs(d.retry_after_us).max(1);
     let headers = RateLimitHeaders {
         limit: d.limit,
         remaining: d.remaining,
-        reset: ceil_secs(v.now_us.saturating_add(d.retry_after_us)),
+        reset: ceil_secs(now_us.saturating_add(d.retry_after_us)),
         retry_after: Some(retry_after),
     };
-    shared.count("limited");
+    if !meta.fallback {
+        shared.count("limited");
+    }
     observe::count_tier(observe::LIMITED, &tier);
     tracing::debug!(tier = &*tier, retry_after, "request rate limited");
     let rejection = Rejection {
@@ -391,7 +504,7 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
     let mut res = shared.on_rejection.response(&rejection);
     headers.write(res.headers_mut());
     res.extensions_mut().insert(rejection);
-    Outcome::Respond(res)
+    res
 }
 
 fn log_shadow(
@@ -422,7 +535,7 @@ fn log_shadow(
     }
 }
 
-fn fail(shared: &Shared, e: &BackendError) -> Outcome {
+fn fail(shared: &Shared, e: &BackendError, parts: &http::request::Parts) -> Outcome {
     let backend = shared.backend.name();
     observe::count_backend_error(e.kind(), backend);
     let policy = shared.failure_policy;
@@ -443,6 +556,22 @@ fn fail(shared: &Shared, e: &BackendError) -> Outcome {
         FailurePolicy::Closed => {
             shared.count("fail_closed");
             Outcome::Respond(unavailable())
+        }
+        FailurePolicy::Fallback => {
+            shared.count("fallback");
+            let Some(local) = &shared.fallback else {
+                return Outcome::Pass(None, Duration::ZERO);
+            };
+            match plan(shared, parts, true) {
+                Planned::Check(checks, mut meta) => {
+                    meta.fallback = true;
+                    let v = local.check(&checks, meta.shadow);
+                    decide(shared, &meta, &v)
+                }
+                Planned::Refuse(res) => Outcome::Respond(res),
+                // An extractor failed: nothing local can decide either.
+                Planned::Pass(_) | Planned::Failed(_) => Outcome::Pass(None, Duration::ZERO),
+            }
         }
     }
 }

@@ -206,3 +206,79 @@ fn policy_algorithms_by_name() {
         "tier \"t\": burst: 10 is smaller than cost 11; no request could ever pass"
     );
 }
+
+#[test]
+fn policy_rollout_fields() {
+    let p = Policy::from_toml_str(
+        r#"
+mode = "shadow"
+shadow_headers = true
+
+[allowlist]
+ips = ["192.0.2.0/24", "2001:db8::1"]
+api_keys = ["sk_partner"]
+api_key_header = "x-api-key"
+users = ["ops-bot"]
+
+[denylist]
+users = ["mallory"]
+status = 429
+
+[control]
+redis_key = "rl:control"
+poll_interval = "5s"
+
+[[tier]]
+name = "user"
+key = "user"
+limit = 100
+period = "1m"
+mode = "canary"
+canary_percent = 10
+methods = ["GET", "POST"]
+skip_failed_requests = false
+skip_successful_requests = false
+plan = { header = "x-plan" }
+
+[tier.plans]
+free = { limit = 100, period = "1m" }
+pro = { limit = 1000, period = "1m", burst = 2000 }
+"#,
+    )
+    .unwrap();
+    let layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+    let h = layer.handle();
+    assert_eq!(h.mode(), tiered_ratelimit::Mode::Shadow);
+    let t = &h.tiers()[0];
+    assert_eq!(t.mode, tiered_ratelimit::Mode::Canary { percent: 10 });
+    assert_eq!(t.effective_mode, tiered_ratelimit::Mode::Shadow);
+    assert_eq!(
+        t.plans,
+        vec![
+            ("free".to_owned(), Quota::per_minute(100)),
+            ("pro".to_owned(), Quota::per_minute(1000).burst(2000)),
+        ]
+    );
+
+    let bad = |extra: &str, tier_extra: &str| {
+        let text = format!(
+            "{extra}\n[[tier]]\nname='t'\nkey='global'\nlimit=1\nperiod='1s'\n{tier_extra}"
+        );
+        match Policy::from_toml_str(&text) {
+            Err(e) => e.to_string(),
+            Ok(p) => RateLimitLayer::from_policy(&p, MemoryBackend::new())
+                .unwrap_err()
+                .to_string(),
+        }
+    };
+    assert!(bad("mode = 'sometimes'", "").contains("sometimes"));
+    assert_eq!(
+        bad("", "mode = 'canary'"),
+        "policy: tier \"t\": canary_percent: required by mode = \"canary\""
+    );
+    assert!(bad("", "mode='canary'\ncanary_percent = 101").contains("above 100"));
+    assert!(bad("", "canary_percent = 5").contains("only mode = \"canary\""));
+    assert!(bad("[denylist]\nstatus = 418", "").contains("denylist.status"));
+    assert!(bad("[allowlist]\nipz = []", "").contains("ipz"));
+    assert!(bad("", "methods = ['G E T']").contains("methods"));
+}

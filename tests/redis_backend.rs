@@ -49,10 +49,13 @@ async fn memory_and_redis_decide_identically() {
         .unwrap()
         .with_manual_clock(clock.clone())
         .into();
+    // The deny cache is off: its answers are Redis's, aged, and would show
+    // the remaining of the denial instant (see src/deny_cache.rs).
     let build = |b: Backend| {
         tiers(
             RateLimitLayer::builder()
                 .backend(b)
+                .deny_cache(0)
                 .backend_timeout(Duration::from_secs(2)),
         )
         .build()
@@ -108,11 +111,12 @@ async fn two_app_servers_admit_exactly_the_limit() {
             .build()
             .unwrap()
     };
-    let a = serve(app(mk())).await;
-    let b = serve(app(mk())).await;
     let c = client();
     for round in 0..3 {
+        // Fresh app servers (and so fresh deny caches) on an emptied Redis.
         redis.cmd::<()>(&["FLUSHALL"]);
+        let a = serve(app(mk())).await;
+        let b = serve(app(mk())).await;
         let mut handles = Vec::new();
         for i in 0..100 {
             let url = format!("http://{}/", if i % 2 == 0 { a } else { b });

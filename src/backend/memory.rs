@@ -127,6 +127,10 @@ impl MemoryBackend {
         self.len() == 0
     }
 
+    pub(crate) fn clock(&self) -> Clock {
+        self.inner.clock.clone()
+    }
+
     /// The store's clock reading, in epoch microseconds.
     pub fn now_us(&self) -> u64 {
         self.inner.clock.now_us()

@@ -5,7 +5,7 @@
 //! in [`crate::algorithm`]; the Redis backend runs their Lua twins from `lua/`
 //! in one script call per request, covering every tier.
 
-mod clock;
+pub(crate) mod clock;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
@@ -127,6 +127,20 @@ impl Backend {
             Backend::Memory(m) => Check::Ready(Ok(m.check(&checks, shadow))),
             #[cfg(feature = "redis")]
             Backend::Redis(r) => Check::Pending(Box::pin(r.clone().check(checks, shadow))),
+        }
+    }
+
+    /// The clock decisions are made on, as this process can read it: the
+    /// backend's manual clock if it has one, else `None` (Redis reads its
+    /// own `TIME`; the memory backend's clock is its own).
+    pub(crate) fn local_clock(&self) -> clock::Clock {
+        match self {
+            Backend::Memory(m) => m.clock(),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => match r.manual_clock() {
+                Some(c) => clock::Clock::Manual(c.clone()),
+                None => clock::Clock::monotonic(),
+            },
         }
     }
 

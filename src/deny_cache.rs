@@ -1,0 +1,125 @@
+//! The local deny cache: a key the backend just denied is denied here, with
+//! no backend call, until its exact retry time.
+//!
+//! Under a flood from one abusive key this removes almost all backend
+//! traffic. It is exact, never stricter than the backend: an entry records
+//! the retry instant the backend computed for a request of a given cost,
+//! measured from *before* the request was sent (so it can only end early,
+//! never late), and it applies only to requests of exactly that cost on the
+//! same storage key — nothing another request does can make such a request
+//! pass earlier, since denied requests consume nothing. (A larger cost would
+//! wait longer than the cached `Retry-After` says, and a smaller one may fit:
+//! both go to the backend.) Entries are dropped
+//! by any runtime change (modes, quotas, lists, the kill switch).
+//!
+//! What it cannot know: an admission on the same key by *another* instance
+//! (or by a request of another cost) after the denial can push the real
+//! retry time later than the cached one; the cached answer is then the
+//! backend's answer at the denial, aged — optimistic by that much, and it
+//! never admits anything. With costs above 1, `X-RateLimit-Remaining` is the
+//! value at the denial (refill below the cost does not show). Turn it off
+//! with [`deny_cache(0)`](crate::RateLimitLayerBuilder::deny_cache) where
+//! that matters more than sparing the backend.
+//!
+//! Bounded by entry count (a `moka` cache, TinyLFU eviction); each entry also
+//! expires at its retry time.
+
+use moka::sync::Cache;
+use moka::Expiry;
+use std::time::{Duration, Instant};
+
+/// A cached denial.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Denied {
+    /// Backend-clock microseconds at which requests of `min_cost` pass again.
+    pub(crate) until_us: u64,
+    /// The cost that was denied; other costs go to the backend.
+    pub(crate) min_cost: u64,
+    /// `X-RateLimit-Limit` of the denying tier.
+    pub(crate) limit: u64,
+    /// What was left at the denial.
+    pub(crate) remaining: u64,
+    /// How long the entry lives in real time.
+    ttl: Duration,
+}
+
+impl Denied {
+    pub(crate) fn new(
+        until_us: u64,
+        min_cost: u64,
+        limit: u64,
+        remaining: u64,
+        ttl: Duration,
+    ) -> Self {
+        Self {
+            until_us,
+            min_cost,
+            limit,
+            remaining,
+            ttl,
+        }
+    }
+}
+
+struct UntilRetry;
+
+impl Expiry<String, Denied> for UntilRetry {
+    fn expire_after_create(
+        &self,
+        _key: &String,
+        value: &Denied,
+        _created_at: Instant,
+    ) -> Option<Duration> {
+        Some(value.ttl)
+    }
+    fn expire_after_update(
+        &self,
+        _key: &String,
+        value: &Denied,
+        _updated_at: Instant,
+        _duration_until_expiry: Option<Duration>,
+    ) -> Option<Duration> {
+        Some(value.ttl)
+    }
+}
+
+pub(crate) struct DenyCache {
+    cache: Option<Cache<String, Denied>>,
+}
+
+impl DenyCache {
+    /// A cache of at most `capacity` entries; 0 disables it.
+    pub(crate) fn new(capacity: u64) -> Self {
+        Self {
+            cache: (capacity > 0).then(|| {
+                Cache::builder()
+                    .max_capacity(capacity)
+                    .expire_after(UntilRetry)
+                    .build()
+            }),
+        }
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    /// The denial cached for `key` that still applies to `cost` at `now_us`.
+    pub(crate) fn get(&self, key: &str, cost: u64, now_us: u64) -> Option<Denied> {
+        let d = self.cache.as_ref()?.get(key)?;
+        (now_us < d.until_us && cost == d.min_cost).then_some(d)
+    }
+
+    pub(crate) fn insert(&self, key: String, denied: Denied) {
+        if let Some(c) = &self.cache {
+            c.insert(key, denied);
+        }
+    }
+
+    /// Drops every entry (runtime changes and the kill switch).
+    pub(crate) fn clear(&self) {
+        if let Some(c) = &self.cache {
+            c.invalidate_all();
+        }
+    }
+}

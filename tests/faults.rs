@@ -1,0 +1,240 @@
+//! Outages and abuse against a real redis-server: the circuit breaker, the
+//! local fallback, and the deny cache.
+
+mod support;
+
+use std::time::{Duration, Instant};
+use support::*;
+use tiered_ratelimit::{
+    backend::{ManualClock, RedisBackend},
+    key::Global,
+    CircuitBreaker, FailurePolicy, Quota, RateLimitLayer, Tier,
+};
+
+fn evalsha_calls(r: &RedisServer) -> u64 {
+    let info: String = r.cmd(&["INFO", "commandstats"]);
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_cache_spares_redis_under_a_single_key_flood() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .tier(Tier::new("global", Global, Quota::per_minute(10)))
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let url = format!("http://{addr}/");
+    // Load the script first (its first EVALSHA answers NOSCRIPT), through
+    // another layer with its own keys.
+    let warm = RateLimitLayer::builder()
+        .backend(RedisBackend::from_url(&redis.url()).unwrap())
+        .key_prefix("warm")
+        .tier(Tier::new("global", Global, Quota::per_minute(10)))
+        .build()
+        .unwrap();
+    let warm = serve(app(warm)).await;
+    c.get(format!("http://{warm}/")).send().await.unwrap();
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    let mut statuses = Vec::new();
+    for _ in 0..100 {
+        statuses.push(limits(&c.get(&url).send().await.unwrap()));
+    }
+    // 10 admitted and 1 denial from Redis; 89 denied locally, with the same
+    // headers Redis would give.
+    assert_eq!(statuses.iter().filter(|l| l.status == 200).count(), 10);
+    assert_eq!(evalsha_calls(&redis), 11);
+    assert_eq!(handle.counts().cache_blocked, 89);
+    assert!(
+        statuses[10..]
+            .iter()
+            .all(|l| *l == denied(10, 0, T0_S + 6, 6)),
+        "{:?}",
+        &statuses[10..12]
+    );
+    // One microsecond before the token: still cached.
+    clock.advance(Duration::from_micros(5_999_999));
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        denied(10, 0, T0_S + 6, 1)
+    );
+    assert_eq!(evalsha_calls(&redis), 11);
+    // At the exact retry time the cache lets the request through to Redis.
+    clock.advance(Duration::from_micros(1));
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        ok(10, 0, T0_S + 6 + 60)
+    );
+    assert_eq!(limits(&c.get(&url).send().await.unwrap()).status, 429);
+    assert_eq!(evalsha_calls(&redis), 13);
+    // Calls per denied request over the flood: 2 of 91.
+    let denied_requests = 89 + 1 + 1 + 1;
+    eprintln!(
+        "redis calls per denied request: {:.3}",
+        2.0 / denied_requests as f64
+    );
+    // A runtime change drops cached denials.
+    handle
+        .set_tier_quota("global", Quota::per_minute(1000))
+        .unwrap();
+    assert_eq!(limits(&c.get(&url).send().await.unwrap()).status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_cache_answers_only_the_cost_it_saw() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .tier(
+            Tier::new("global", Global, Quota::new(5, Duration::from_secs(5))).cost_fn(
+                |p: &http::request::Parts| {
+                    p.headers
+                        .get("x-cost")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(1)
+                },
+            ),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let send = |cost: u64| {
+        c.get(format!("http://{addr}/"))
+            .header("x-cost", cost.to_string())
+            .send()
+    };
+    assert_eq!(limits(&send(3).await.unwrap()).status, 200);
+    // Cost 3 with 2 left: denied (and cached for cost 3)...
+    assert_eq!(limits(&send(3).await.unwrap()), denied(5, 2, T0_S + 1, 1));
+    // ...a larger cost gets its own, longer wait from Redis...
+    assert_eq!(limits(&send(4).await.unwrap()), denied(5, 2, T0_S + 2, 2));
+    // ...but cost 2 still fits and must reach Redis.
+    assert_eq!(limits(&send(2).await.unwrap()), ok(5, 0, T0_S + 5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn circuit_breaker_stops_paying_the_timeout() {
+    let redis = RedisServer::start();
+    let timeout = Duration::from_millis(400);
+    let layer = RateLimitLayer::builder()
+        .backend(RedisBackend::from_url(&redis.url()).unwrap())
+        .tier(Tier::new("global", Global, Quota::per_hour(1000)))
+        .backend_timeout(timeout)
+        .circuit_breaker(CircuitBreaker {
+            failures: 3,
+            probe_interval: Duration::from_millis(1500),
+        })
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let url = format!("http://{addr}/");
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()).remaining,
+        Some(999)
+    );
+    redis.pause();
+    // Three requests pay the timeout, then the circuit opens.
+    for _ in 0..3 {
+        let t = Instant::now();
+        assert_eq!(limits(&c.get(&url).send().await.unwrap()), NO_LIMITS);
+        assert!(t.elapsed() >= timeout, "took {:?}", t.elapsed());
+    }
+    assert_eq!(handle.circuit_state(), "open");
+    for _ in 0..20 {
+        let t = Instant::now();
+        assert_eq!(limits(&c.get(&url).send().await.unwrap()), NO_LIMITS);
+        assert!(
+            t.elapsed() < timeout / 2,
+            "an open circuit still waited {:?}",
+            t.elapsed()
+        );
+    }
+    assert_eq!(handle.counts().fail_open, 23);
+    // Redis returns; after the probe interval one request probes and closes it.
+    redis.resume();
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert_eq!(handle.circuit_state(), "half_open");
+    let l = limits(&c.get(&url).send().await.unwrap());
+    assert!(l.remaining.is_some(), "the probe reached Redis: {l:?}");
+    assert_eq!(handle.circuit_state(), "closed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_limits_locally_with_the_divided_quota() {
+    let mut redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .tier(Tier::new("global", Global, Quota::per_minute(10)))
+        .failure_policy(FailurePolicy::Fallback)
+        .fallback_instances(2)
+        .circuit_breaker(CircuitBreaker {
+            failures: 0,
+            probe_interval: Duration::from_secs(1),
+        })
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let url = format!("http://{addr}/");
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        ok(10, 9, T0_S + 6)
+    );
+    redis.stop();
+    // Local buckets of 10 / 2 = 5 per minute, on the same clock.
+    for want in [4, 3, 2, 1, 0] {
+        assert_eq!(
+            limits(&c.get(&url).send().await.unwrap()),
+            ok(5, want, T0_S + (5 - want) * 12)
+        );
+    }
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        denied(5, 0, T0_S + 12, 12)
+    );
+    assert_eq!(handle.counts().fallback, 6);
+    // Redis is back (empty): decisions come from it again.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let l = limits(&c.get(&url).send().await.unwrap());
+        if l.limit == Some(10) {
+            assert_eq!(l, ok(10, 9, T0_S + 6));
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not switch back: {l:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
