@@ -9,7 +9,7 @@ use crate::error::ConfigError;
 use crate::key::ClientIp;
 use crate::key::KeyExtractor;
 use crate::observe::LogThrottle;
-use crate::response::{JsonRejection, OnRejection};
+use crate::response::{HeaderStyle, JsonRejection, OnRejection};
 use crate::rollout::{AccessList, DenyStatus, Mode};
 use crate::service::RateLimitService;
 use crate::tier::PlanFn;
@@ -126,6 +126,7 @@ pub(crate) struct Shared {
     /// The local limiter of [`FailurePolicy::Fallback`].
     pub(crate) fallback: Option<MemoryBackend>,
     pub(crate) fallback_instances: u32,
+    pub(crate) header_style: HeaderStyle,
 }
 
 impl Shared {
@@ -231,6 +232,7 @@ pub struct RateLimitLayerBuilder {
     circuit_breaker: CircuitBreaker,
     fallback_instances: u32,
     deny_cache: u64,
+    header_style: HeaderStyle,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -253,6 +255,7 @@ impl Default for RateLimitLayerBuilder {
             circuit_breaker: CircuitBreaker::default(),
             fallback_instances: 1,
             deny_cache: 100_000,
+            header_style: HeaderStyle::Legacy,
         }
     }
 }
@@ -379,6 +382,12 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Which rate-limit headers to send (default [`HeaderStyle::Legacy`]).
+    pub fn headers(mut self, style: HeaderStyle) -> Self {
+        self.header_style = style;
+        self
+    }
+
     /// Checks the configuration and builds the layer.
     ///
     /// # Errors
@@ -487,6 +496,7 @@ impl RateLimitLayerBuilder {
                 local_clock,
                 fallback,
                 fallback_instances: instances,
+                header_style: self.header_style,
             }),
         })
     }

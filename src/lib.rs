@@ -90,6 +90,7 @@ pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder, MAX_TIERS}
 pub use observe::DecisionCounts;
 pub use policy::{AlgorithmName, ClientIpPolicy, KeySpec, Policy, TierPolicy};
 pub use quota::Quota;
+pub use response::HeaderStyle;
 pub use rollout::{AccessList, DenyStatus, Mode, Plan};
 pub use service::RateLimitService;
 pub use tier::{Algorithm, LeakyBucket, Tier};

@@ -36,8 +36,37 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 /// `X-RateLimit-Reset`.
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+/// `RateLimit-Policy` (IETF draft).
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` (IETF draft).
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Which rate-limit headers responses carry. `Retry-After` is sent on every
+/// 429 whatever the style.
+///
+/// * `Legacy` (default): `X-RateLimit-Limit`, `X-RateLimit-Remaining`,
+///   `X-RateLimit-Reset` (epoch seconds) — what most clients parse today.
+/// * `Ietf`: the structured fields of the IETF HTTPAPI draft
+///   *RateLimit header fields for HTTP*, `draft-ietf-httpapi-ratelimit-headers-09`
+///   (March 2025): `RateLimit-Policy: "<tier>";q=<quota>;w=<window s>` and
+///   `RateLimit: "<tier>";r=<remaining>;t=<seconds until reset>`, for the
+///   binding tier. On a 429, `t` equals `Retry-After`.
+/// * `Both`, or `None` (no rate-limit headers; `Retry-After` only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HeaderStyle {
+    /// `X-RateLimit-*`.
+    #[default]
+    Legacy,
+    /// `RateLimit-Policy` and `RateLimit`.
+    Ietf,
+    /// Both sets.
+    Both,
+    /// Neither.
+    None,
+}
+
 /// The header values for one response (see the [module docs](self)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitHeaders {
     /// `X-RateLimit-Limit`: the binding tier's capacity, in requests.
     pub limit: u64,
@@ -47,14 +76,44 @@ pub struct RateLimitHeaders {
     pub reset: u64,
     /// `Retry-After` in seconds, on denied requests only.
     pub retry_after: Option<u64>,
+    /// Seconds from now until `reset` (the IETF `t` parameter).
+    pub reset_in: u64,
+    /// The binding tier (the IETF policy name).
+    pub policy: Arc<str>,
+    /// The tier's quota (IETF `q`) and window in seconds (IETF `w`).
+    pub quota: (u64, u64),
+    /// Which headers to write.
+    pub style: HeaderStyle,
+}
+
+impl HeaderStyle {
+    pub(crate) fn ietf(self) -> bool {
+        matches!(self, HeaderStyle::Ietf | HeaderStyle::Both)
+    }
 }
 
 impl RateLimitHeaders {
     /// Writes the headers into `headers`, replacing any of the same name.
     pub fn write(&self, headers: &mut HeaderMap) {
-        headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(self.limit));
-        headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(self.remaining));
-        headers.insert(X_RATELIMIT_RESET, HeaderValue::from(self.reset));
+        if matches!(self.style, HeaderStyle::Legacy | HeaderStyle::Both) {
+            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(self.limit));
+            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(self.remaining));
+            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(self.reset));
+        }
+        if matches!(self.style, HeaderStyle::Ietf | HeaderStyle::Both) {
+            // Tier names are [A-Za-z0-9_-], so they need no sf-string escaping.
+            let policy = format!("\"{}\";q={};w={}", self.policy, self.quota.0, self.quota.1);
+            let current = format!(
+                "\"{}\";r={};t={}",
+                self.policy, self.remaining, self.reset_in
+            );
+            if let Ok(v) = HeaderValue::from_str(&policy) {
+                headers.insert(RATELIMIT_POLICY, v);
+            }
+            if let Ok(v) = HeaderValue::from_str(&current) {
+                headers.insert(RATELIMIT, v);
+            }
+        }
         if let Some(s) = self.retry_after {
             headers.insert(RETRY_AFTER, HeaderValue::from(s));
         }
@@ -139,6 +198,54 @@ impl OnRejection for JsonRejection {
                 docs: r.docs_url.as_deref(),
             },
         )
+    }
+}
+
+/// An RFC 9457 problem details rejection (`application/problem+json`), with
+/// the IETF draft's `quota-exceeded` problem type and the violated policy:
+///
+/// ```json
+/// {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+///  "title":"Request cannot be satisfied as assigned quota has been exceeded",
+///  "status":429,"detail":"Retry in 20 seconds.","violated-policies":["ip"],
+///  "retry_after":20,"docs":"https://example.com/docs/rate-limits"}
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProblemRejection;
+
+#[derive(serde::Serialize)]
+struct ProblemBody<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(rename = "violated-policies")]
+    violated_policies: [&'a str; 1],
+    retry_after: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    docs: Option<&'a str>,
+}
+
+impl OnRejection for ProblemRejection {
+    fn response(&self, r: &Rejection) -> Response<Bytes> {
+        let mut res = json_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &ProblemBody {
+                kind: "https://iana.org/assignments/http-problem-types#quota-exceeded",
+                title: "Request cannot be satisfied as assigned quota has been exceeded",
+                status: 429,
+                detail: format!("Retry in {} seconds.", r.retry_after),
+                violated_policies: [&r.tier],
+                retry_after: r.retry_after,
+                docs: r.docs_url.as_deref(),
+            },
+        );
+        res.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        res
     }
 }
 

@@ -10,7 +10,7 @@ use crate::future::ResponseFuture;
 use crate::key::storage_key_part_into;
 use crate::layer::{BuiltTier, FailurePolicy, Shared, TierRuntime};
 use crate::observe;
-use crate::response::{json_response, unavailable, RateLimitHeaders, Rejection};
+use crate::response::{json_response, unavailable, HeaderStyle, RateLimitHeaders, Rejection};
 use crate::rollout::{DenyStatus, Mode, Plan};
 use bytes::Bytes;
 use http::{Request, Response};
@@ -191,6 +191,8 @@ pub(crate) struct Meta {
     sent: Vec<(String, u64)>,
     /// Decided by the local fallback limiter.
     fallback: bool,
+    /// With IETF headers: each check's quota and window in seconds.
+    quotas: Vec<(u64, u64)>,
 }
 
 #[derive(Debug)]
@@ -273,6 +275,15 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
                 .key_hashes
                 .push(xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
         }
+        if shared.header_style.ietf() {
+            let q = if r.plans.is_empty() {
+                r.quota
+            } else {
+                plan_quota(t, r, parts)
+            };
+            meta.quotas
+                .push((q.limit(), q.period().as_micros().div_ceil(1_000_000) as u64));
+        }
         checks.push(TierCheck { key, limit, cost });
         // MAX_TIERS is 64, so the index fits.
         meta.tiers.push(u8::try_from(i).unwrap_or(u8::MAX));
@@ -282,6 +293,20 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
     } else {
         Planned::Check(checks, meta)
     }
+}
+
+/// The quota of the request's plan (the tier's default when unknown).
+fn plan_quota(t: &BuiltTier, r: &TierRuntime, parts: &http::request::Parts) -> crate::Quota {
+    let from_fn;
+    let plan: Option<&str> = match &t.plan_fn {
+        Some(f) => {
+            from_fn = f(parts);
+            from_fn.as_deref()
+        }
+        None => parts.extensions.get::<Plan>().map(|p| p.0.as_str()),
+    };
+    plan.and_then(|p| r.plans.iter().find(|pr| &*pr.name == p))
+        .map_or(r.quota, |p| p.quota)
 }
 
 /// The limit for the request's plan (the tier's default when unknown).
@@ -432,17 +457,18 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
             .iter()
             .enumerate()
             .filter(|(i, _)| shared.shadow_headers || !meta.shadow.contains(*i))
-            .map(|(_, d)| d)
-            .min_by(|a, b| {
+            .min_by(|(_, a), (_, b)| {
                 a.remaining
                     .cmp(&b.remaining)
                     .then(b.reset_after_us.cmp(&a.reset_after_us))
             });
-        shared.count(if shadow_limited {
-            "shadow_limited"
-        } else {
-            "allowed"
-        });
+        if !meta.fallback {
+            shared.count(if shadow_limited {
+                "shadow_limited"
+            } else {
+                "allowed"
+            });
+        }
         // A request queued by shaping tiers waits for the latest slot.
         let delay_us = ds
             .iter()
@@ -450,12 +476,10 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
             .map(|d| d.delay_us)
             .max()
             .unwrap_or(0);
-        let headers = shown.map(|d| RateLimitHeaders {
-            limit: d.limit,
-            remaining: d.remaining,
-            reset: ceil_secs(v.now_us.saturating_add(d.reset_after_us)),
-            retry_after: None,
-        });
+        let headers = match shared.header_style {
+            HeaderStyle::None => None,
+            _ => shown.map(|(i, d)| headers_for(shared, meta, i, d, v.now_us, false)),
+        };
         return Outcome::Pass(headers, Duration::from_micros(delay_us));
     }
     // Binding tier: the enforced denying tier with the longest wait (first on a tie).
@@ -474,6 +498,48 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
     Outcome::Respond(reject(shared, meta, i, d, v.now_us))
 }
 
+/// The headers describing check `i`'s decision.
+fn headers_for(
+    shared: &Shared,
+    meta: &Meta,
+    i: usize,
+    d: &Decision,
+    now_us: u64,
+    denied: bool,
+) -> RateLimitHeaders {
+    let policy = meta
+        .tiers
+        .get(i)
+        .and_then(|&t| shared.tiers.get(usize::from(t)))
+        .map_or_else(|| Arc::from("unknown"), |t| t.name.clone());
+    let quota = meta.quotas.get(i).copied().unwrap_or((d.limit, 0));
+    if denied {
+        let retry_after = ceil_secs(d.retry_after_us).max(1);
+        RateLimitHeaders {
+            limit: d.limit,
+            remaining: d.remaining,
+            reset: ceil_secs(now_us.saturating_add(d.retry_after_us)),
+            retry_after: Some(retry_after),
+            reset_in: retry_after,
+            policy,
+            quota,
+            style: shared.header_style,
+        }
+    } else {
+        let reset = ceil_secs(now_us.saturating_add(d.reset_after_us));
+        RateLimitHeaders {
+            limit: d.limit,
+            remaining: d.remaining,
+            reset,
+            retry_after: None,
+            reset_in: reset.saturating_sub(now_us / 1_000_000),
+            policy,
+            quota,
+            style: shared.header_style,
+        }
+    }
+}
+
 /// The 429 for a denial by check `i`.
 fn reject(shared: &Shared, meta: &Meta, i: usize, d: &Decision, now_us: u64) -> Response<Bytes> {
     let tier = meta
@@ -481,13 +547,8 @@ fn reject(shared: &Shared, meta: &Meta, i: usize, d: &Decision, now_us: u64) -> 
         .get(i)
         .and_then(|&t| shared.tiers.get(usize::from(t)))
         .map_or_else(|| Arc::from("unknown"), |t| t.name.clone());
-    let retry_after = ceil_secs(d.retry_after_us).max(1);
-    let headers = RateLimitHeaders {
-        limit: d.limit,
-        remaining: d.remaining,
-        reset: ceil_secs(now_us.saturating_add(d.retry_after_us)),
-        retry_after: Some(retry_after),
-    };
+    let headers = headers_for(shared, meta, i, d, now_us, true);
+    let retry_after = headers.retry_after.unwrap_or(1);
     if !meta.fallback {
         shared.count("limited");
     }
