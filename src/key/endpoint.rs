@@ -1,14 +1,56 @@
 use super::{KeyError, KeyExtractor};
 use http::request::Parts;
 
-/// Keys by method and route: `GET /users/{id}` for both `/users/1` and
-/// `/users/2`.
+/// The route part of [`Endpoint`]'s key for a request that matched no route
+/// (and for every request outside an axum `Router`).
+pub const UNMATCHED_ROUTE: &str = "<unmatched>";
+
+/// Keys by method and route **template**: `GET /users/{id}` for both
+/// `/users/1` and `/users/2`.
 ///
-/// The route is axum's `MatchedPath` (the route template) when the layer runs
-/// inside a `Router` (`Router::layer` or `route_layer`); a request that matched
-/// no route, or a service outside axum, is keyed by its raw path.
+/// The route is axum's `MatchedPath` (the route template), which exists when
+/// the layer runs inside a `Router` (`Router::layer` or `route_layer`). The key
+/// never contains the raw request path, so clients cannot create keys at will:
+///
+/// * A request that matched **no** route (axum's fallback, a 404) is keyed
+///   `<METHOD> <unmatched>`: all of them share one bucket per method, so
+///   random paths cannot create unbounded keys. With `route_layer`, unmatched
+///   requests never reach the layer at all.
+/// * Methods other than the nine standard ones (`GET`, `POST`, `PUT`,
+///   `DELETE`, `HEAD`, `OPTIONS`, `CONNECT`, `PATCH`, `TRACE`; case-sensitive,
+///   as HTTP methods are) are keyed `OTHER`, so invented methods cannot create
+///   keys either. The endpoint tier therefore holds at most
+///   10 × (routes + 1) keys.
+/// * Spelling variants share a bucket exactly when axum routes them to the same
+///   route: `/users/1` and `/users/%31` (both match `/users/{id}`), query
+///   strings ignored. axum 0.8 matches paths exactly: `/users/1/` (trailing
+///   slash), `/USERS/1` (case) and `//users/1` (duplicate slash) match no
+///   route and answer 404, so they share the `<unmatched>` key, not
+///   `/users/{id}`. To make them count as the route, normalise paths before
+///   the router (for example tower-http's `NormalizePath` around it).
+/// * Outside axum (the `axum` feature off, or the layer wrapped around the
+///   `Router` instead of added with `Router::layer`) there is no
+///   `MatchedPath`, so every request is `<METHOD> <unmatched>`: the tier is
+///   then per method only. Key by route with your own extractor (a closure
+///   that maps the path to a bounded set of names) in that case.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Endpoint;
+
+/// The method's name for standard methods, `OTHER` for extension methods.
+fn method_label(method: &http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        "CONNECT" => "CONNECT",
+        "PATCH" => "PATCH",
+        "TRACE" => "TRACE",
+        _ => "OTHER",
+    }
+}
 
 impl KeyExtractor for Endpoint {
     fn extract(&self, parts: &Parts) -> Result<Option<String>, KeyError> {
@@ -19,12 +61,37 @@ impl KeyExtractor for Endpoint {
             .map(|m| m.as_str());
         #[cfg(not(feature = "axum"))]
         let route: Option<&str> = None;
-        let route = route.unwrap_or_else(|| parts.uri.path());
-        let method = parts.method.as_str();
+        let route = route.unwrap_or(UNMATCHED_ROUTE);
+        let method = method_label(&parts.method);
         let mut key = String::with_capacity(method.len() + 1 + route.len());
         key.push_str(method);
         key.push(' ');
         key.push_str(route);
         Ok(Some(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(method: &str, path: &str) -> String {
+        let (p, _) = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .body(())
+            .unwrap()
+            .into_parts();
+        Endpoint.extract(&p).unwrap().unwrap()
+    }
+
+    #[test]
+    fn without_a_matched_route_one_key_per_method() {
+        assert_eq!(key("GET", "/a/random/path"), "GET <unmatched>");
+        assert_eq!(key("GET", "/another"), "GET <unmatched>");
+        assert_eq!(key("POST", "/x"), "POST <unmatched>");
+        assert_eq!(key("PROPFIND", "/x"), "OTHER <unmatched>");
+        assert_eq!(key("get", "/x"), "OTHER <unmatched>");
+        assert_eq!(key("OTHER", "/x"), "OTHER <unmatched>");
     }
 }

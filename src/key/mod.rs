@@ -35,8 +35,8 @@ mod global;
 mod header;
 mod user;
 
-pub use client_ip::{ClientIp, MAX_FORWARDED_HOPS};
-pub use endpoint::Endpoint;
+pub use client_ip::{ClientIp, ForwardedHeader, UnknownForwardedHeader, MAX_FORWARDED_HOPS};
+pub use endpoint::{Endpoint, UNMATCHED_ROUTE};
 pub use global::Global;
 pub use header::ApiKey;
 pub use user::{User, UserId};

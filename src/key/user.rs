@@ -13,7 +13,7 @@ use http::request::Parts;
 pub struct UserId(pub String);
 
 /// Keys by the [`UserId`] in the request extensions; requests without one
-/// (anonymous) skip the tier.
+/// (anonymous), or with an empty id, skip the tier.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct User;
 
