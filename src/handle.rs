@@ -1,6 +1,8 @@
 //! [`RateLimitHandle`]: change modes, quotas and lists at run time.
 
 use crate::layer::{checked_limit, fallback_limit, PlanRuntime, Runtime, Shared};
+use crate::observe::recorder::{AnomalyStatus, BucketCounts};
+use crate::observe::topn::{BlockedKey, Kind};
 use crate::observe::DecisionCounts;
 use crate::rollout::{AccessList, Mode};
 use crate::{Algorithm, ConfigError, Quota};
@@ -188,6 +190,10 @@ impl RateLimitHandle {
             if Arc::ptr_eq(&prev, &expected) {
                 // Cached denials were decided under the old settings.
                 self.shared.deny_cache.clear();
+                let rt = self.shared.runtime.load();
+                for (t, r) in self.shared.tiers.iter().zip(rt.tiers.iter()) {
+                    crate::observe::set_mode_gauge(&t.name, r.mode.under(rt.mode));
+                }
                 return Ok(());
             }
             expected = arc_swap::Guard::into_inner(prev);
@@ -281,6 +287,54 @@ impl RateLimitHandle {
     /// `half_open` (the next request probes it).
     pub fn circuit_state(&self) -> &'static str {
         self.shared.breaker.state().label()
+    }
+
+    /// The `n` keys of `tier` most blocked (429 by that tier, shadow
+    /// would-blocks included) over the last `window` (rounded up to whole
+    /// hours, at most 24), in this process. `None` for an unknown tier.
+    pub fn top_blocked(
+        &self,
+        tier: &str,
+        n: usize,
+        window: std::time::Duration,
+    ) -> Option<Vec<BlockedKey>> {
+        self.top(tier, Kind::Blocked, n, window)
+    }
+
+    /// Like [`top_blocked`](Self::top_blocked), for keys allowed with less
+    /// than 20 % of their tier's capacity left.
+    pub fn top_near_limit(
+        &self,
+        tier: &str,
+        n: usize,
+        window: std::time::Duration,
+    ) -> Option<Vec<BlockedKey>> {
+        self.top(tier, Kind::NearLimit, n, window)
+    }
+
+    fn top(
+        &self,
+        tier: &str,
+        kind: Kind,
+        n: usize,
+        window: std::time::Duration,
+    ) -> Option<Vec<BlockedKey>> {
+        let i = self.shared.tier_index(tier).ok()?;
+        let hours = window.as_secs().div_ceil(3600).max(1);
+        let now_s = self.shared.local_clock.now_us() / 1_000_000;
+        Some(self.shared.observer.top(i, kind, n, hours, now_s))
+    }
+
+    /// Every (tier, endpoint) series of the 429-rate baseline, with its alert.
+    pub fn anomalies(&self) -> Vec<AnomalyStatus> {
+        self.shared.observer.anomalies()
+    }
+
+    /// The last hour of a tier's counts, one bucket per anomaly bucket (a
+    /// minute by default), oldest first. `None` for an unknown tier.
+    pub fn history(&self, tier: &str) -> Option<Vec<BucketCounts>> {
+        let i = self.shared.tier_index(tier).ok()?;
+        Some(self.shared.observer.history(i))
     }
 
     /// Requests by decision since the layer was built, in this process.

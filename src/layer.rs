@@ -8,6 +8,8 @@ use crate::deny_cache::DenyCache;
 use crate::error::ConfigError;
 use crate::key::ClientIp;
 use crate::key::KeyExtractor;
+use crate::observe::anomaly::AnomalyConfig;
+use crate::observe::recorder::Observer;
 use crate::observe::LogThrottle;
 use crate::response::{HeaderStyle, JsonRejection, OnRejection};
 use crate::rollout::{AccessList, DenyStatus, Mode};
@@ -127,6 +129,7 @@ pub(crate) struct Shared {
     pub(crate) fallback: Option<MemoryBackend>,
     pub(crate) fallback_instances: u32,
     pub(crate) header_style: HeaderStyle,
+    pub(crate) observer: Observer,
 }
 
 impl Shared {
@@ -233,6 +236,8 @@ pub struct RateLimitLayerBuilder {
     fallback_instances: u32,
     deny_cache: u64,
     header_style: HeaderStyle,
+    anomaly: AnomalyConfig,
+    top_n_capacity: usize,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -256,6 +261,8 @@ impl Default for RateLimitLayerBuilder {
             fallback_instances: 1,
             deny_cache: 100_000,
             header_style: HeaderStyle::Legacy,
+            anomaly: AnomalyConfig::default(),
+            top_n_capacity: 256,
         }
     }
 }
@@ -382,6 +389,19 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// The 429-rate baseline and its alert (see [`crate::observe::anomaly`]).
+    pub fn anomaly(mut self, config: AnomalyConfig) -> Self {
+        self.anomaly = config;
+        self
+    }
+
+    /// Counters per tier in the top-N blocked and near-limit sketches
+    /// (default 256; the error of a count is at most the smallest counter).
+    pub fn top_n_capacity(mut self, capacity: usize) -> Self {
+        self.top_n_capacity = capacity;
+        self
+    }
+
     /// Which rate-limit headers to send (default [`HeaderStyle::Legacy`]).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
         self.header_style = style;
@@ -461,6 +481,10 @@ impl RateLimitLayerBuilder {
                 plan_fn: t.plan_fn,
             });
         }
+        let names: Vec<Arc<str>> = tiers.iter().map(|t| t.name.clone()).collect();
+        for (t, r) in names.iter().zip(&runtime) {
+            crate::observe::set_mode_gauge(t, r.mode.under(self.mode));
+        }
         let backend = self
             .backend
             .unwrap_or_else(|| Backend::Memory(MemoryBackend::new()));
@@ -497,6 +521,7 @@ impl RateLimitLayerBuilder {
                 fallback,
                 fallback_instances: instances,
                 header_style: self.header_style,
+                observer: Observer::new(names, self.anomaly, self.top_n_capacity),
             }),
         })
     }

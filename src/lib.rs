@@ -73,7 +73,7 @@ mod future;
 mod handle;
 pub mod key;
 mod layer;
-mod observe;
+pub mod observe;
 mod policy;
 mod quota;
 pub mod response;

@@ -10,6 +10,7 @@ use crate::future::ResponseFuture;
 use crate::key::storage_key_part_into;
 use crate::layer::{BuiltTier, FailurePolicy, Shared, TierRuntime};
 use crate::observe;
+use crate::observe::topn::Kind;
 use crate::response::{json_response, unavailable, HeaderStyle, RateLimitHeaders, Rejection};
 use crate::rollout::{DenyStatus, Mode, Plan};
 use bytes::Bytes;
@@ -77,6 +78,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let started = std::time::Instant::now();
         let shared = &self.shared;
         let (parts, body) = req.into_parts();
         let (result, meta) = match plan(shared, &parts, false) {
@@ -91,14 +93,14 @@ where
                 if let Some(res) = deny_cached(shared, &checks, &meta) {
                     return ResponseFuture::respond(res);
                 }
+                meta.started = Some(started);
                 meta.permit = shared.breaker.permit();
                 if meta.permit == Permit::Reject {
                     (Err(BackendError::CircuitOpen), meta)
                 } else {
-                    if shared.deny_cache.enabled() {
-                        meta.sent_us = shared.local_clock.now_us();
-                        meta.sent = checks.iter().map(|c| (c.key.clone(), c.cost)).collect();
-                    }
+                    meta.sent_us = shared.local_clock.now_us();
+                    meta.backend_started = Some(std::time::Instant::now());
+                    meta.sent = checks.iter().map(|c| (c.key.clone(), c.cost)).collect();
                     match shared.backend.start_check(checks, meta.shadow) {
                         Check::Ready(result) => (result, meta),
                         Check::Pending(fut) => {
@@ -150,6 +152,20 @@ fn deny_cached(shared: &Shared, checks: &[TierCheck], meta: &Meta) -> Option<Res
             .map(|d| (i, d))
     })?;
     shared.count("cache_blocked");
+    // The operator's view counts it like the backend's rejection.
+    let now_s = now_us / 1_000_000;
+    if let Some(tier) = meta.tiers.get(i).map(|&t| usize::from(t)) {
+        if let Some(e) = &meta.endpoint {
+            shared.observer.record(e, tier, true, false, now_s);
+        }
+        if let Some(t) = shared.tiers.get(tier) {
+            let key = &checks[i].key;
+            let part = key.get(t.key_base.len()..).unwrap_or(key);
+            shared
+                .observer
+                .sketch(tier, Kind::Blocked, part, checks[i].cost, now_s);
+        }
+    }
     let wait = d.until_us.saturating_sub(now_us);
     let decision = Decision {
         allowed: false,
@@ -185,10 +201,15 @@ pub(crate) struct Meta {
     observed: Option<Observed>,
     /// What the circuit breaker allowed.
     pub(crate) permit: Permit,
-    /// With the deny cache on: the local clock when the check was sent, and
-    /// each check's key and cost (to cache its denial).
+    /// The local clock when the check was sent, and each check's key and
+    /// cost (for the deny cache and the top-N sketches).
     sent_us: u64,
     sent: Vec<(String, u64)>,
+    /// The request's endpoint series (for the anomaly baseline).
+    endpoint: Option<Arc<crate::observe::recorder::Endpoint>>,
+    /// When the request reached the layer, and when the backend call started.
+    started: Option<std::time::Instant>,
+    backend_started: Option<std::time::Instant>,
     /// Decided by the local fallback limiter.
     fallback: bool,
     /// With IETF headers: each check's quota and window in seconds.
@@ -263,11 +284,18 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
         } else {
             plan_limit(t, r, parts, fallback)
         };
+        // A cost above the capacity is denied anyway; clamping it keeps every
+        // algorithm's integer arithmetic far from overflow whatever a cost
+        // function returns (a client-declared batch size, say).
+        let cost = cost.min(limit.capacity().saturating_add(1));
         if !mode.enforces(&t.name, &key[t.key_base.len()..]) {
             let n = checks.len();
             meta.shadow.0 |= 1 << n;
             let observed = meta.observed.get_or_insert_with(|| Observed {
-                endpoint: endpoint_label(parts),
+                endpoint: {
+                    let (m, r) = crate::key::route_of(parts);
+                    format!("{m} {r}")
+                },
                 key_hashes: Vec::new(),
             });
             observed.key_hashes.resize(n, 0);
@@ -291,6 +319,8 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
     if checks.is_empty() {
         Planned::Pass("skipped")
     } else {
+        let (method, route) = crate::key::route_of(parts);
+        meta.endpoint = Some(shared.observer.endpoint(method, route));
         Planned::Check(checks, meta)
     }
 }
@@ -333,16 +363,6 @@ fn plan_limit(
     }
 }
 
-/// `GET /users/{id}`: the method and route template (or raw path when no
-/// route matched), for logs about observed requests.
-fn endpoint_label(parts: &http::request::Parts) -> String {
-    #[cfg(feature = "axum")]
-    if let Some(m) = parts.extensions.get::<axum::extract::MatchedPath>() {
-        return format!("{} {}", parts.method, m.as_str());
-    }
-    format!("{} <unmatched>", parts.method)
-}
-
 fn denied_by_list(status: DenyStatus) -> Response<Bytes> {
     #[derive(serde::Serialize)]
     struct Body {
@@ -380,10 +400,15 @@ pub(crate) fn outcome(
     result: Result<Verdict, BackendError>,
     parts: &http::request::Parts,
 ) -> Outcome {
-    match result {
+    let backend = shared.backend.name();
+    if let Some(t) = meta.backend_started {
+        observe::record_latency(backend, "backend", t.elapsed());
+    }
+    let decided = match result {
         Ok(v) => {
             shared.breaker.success(meta.permit);
             remember_denials(shared, meta, &v);
+            observe_decisions(shared, meta, &v);
             decide(shared, meta, &v)
         }
         Err(e) => {
@@ -392,6 +417,43 @@ pub(crate) fn outcome(
             }
             fail(shared, &e, parts)
         }
+    };
+    if let Some(t) = meta.started {
+        observe::record_latency(backend, "total", t.elapsed());
+    }
+    decided
+}
+
+/// Feeds the anomaly series and the top-N sketches. Rejections by a tier
+/// (enforced or shadow) count as blocked for that tier's sketch; allowed
+/// requests with less than 20 % of a tier's capacity left as near-limit.
+fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
+    let now_s = shared.local_clock.now_us() / 1_000_000;
+    for (i, d) in v.decisions.iter().enumerate() {
+        let Some(tier) = meta.tiers.get(i).map(|&t| usize::from(t)) else {
+            continue;
+        };
+        let shadow = meta.shadow.contains(i);
+        if let Some(e) = &meta.endpoint {
+            shared
+                .observer
+                .record(e, tier, !d.allowed && !shadow, !d.allowed && shadow, now_s);
+        }
+        let near = d.allowed && d.remaining.saturating_mul(5) < d.limit;
+        if d.allowed && !near {
+            continue;
+        }
+        let (Some((key, cost)), Some(t)) = (meta.sent.get(i), shared.tiers.get(tier)) else {
+            continue;
+        };
+        let part = key.get(t.key_base.len()..).unwrap_or(key);
+        let kind = if d.allowed {
+            observe::count_tier(observe::NEAR_LIMIT, &t.name);
+            Kind::NearLimit
+        } else {
+            Kind::Blocked
+        };
+        shared.observer.sketch(tier, kind, part, *cost, now_s);
     }
 }
 

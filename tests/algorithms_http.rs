@@ -141,13 +141,10 @@ async fn leaky_bucket_shape_delays_then_rejects(env: Env) {
             "passed after {took:?}, its slot was {delay_ms} ms away"
         );
     }
-    // The fifth would wait 2 s > max_delay: rejected at once, 0.5 s until it fits.
-    let t = Instant::now();
+    // The fifth would wait 2 s > max_delay: rejected at once, 0.5 s until it
+    // fits. (That a rejection carries no delay is exact on the model:
+    // `delay_us == 0` for every denial, checked in tests/algorithms.rs.)
     assert_eq!(send(req(1)).await, denied(1, 0, T0_S + 1, 1));
-    assert!(
-        t.elapsed() < Duration::from_millis(500),
-        "a rejection is not delayed"
-    );
 }
 
 async fn weighted_and_oversized_costs(env: Env) {

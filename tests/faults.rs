@@ -139,7 +139,9 @@ async fn deny_cache_answers_only_the_cost_it_saw() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn circuit_breaker_stops_paying_the_timeout() {
     let redis = RedisServer::start();
-    let timeout = Duration::from_millis(400);
+    // A long timeout, so "waited for Redis" and "did not" are far apart
+    // whatever the machine's load.
+    let timeout = Duration::from_millis(1500);
     let layer = RateLimitLayer::builder()
         .backend(RedisBackend::from_url(&redis.url()).unwrap())
         .tier(Tier::new("global", Global, Quota::per_hour(1000)))
@@ -179,6 +181,7 @@ async fn circuit_breaker_stops_paying_the_timeout() {
     // Redis returns; after the probe interval one request probes and closes it.
     redis.resume();
     tokio::time::sleep(Duration::from_millis(1600)).await;
+    // (probe_interval is 1.5 s: the circuit is half-open now)
     assert_eq!(handle.circuit_state(), "half_open");
     let l = limits(&c.get(&url).send().await.unwrap());
     assert!(l.remaining.is_some(), "the probe reached Redis: {l:?}");

@@ -226,7 +226,7 @@ async fn a_frozen_redis_costs_at_most_the_timeout() {
             took >= timeout,
             "answered in {took:?}: the timeout path was not taken"
         );
-        assert!(took < timeout * 4, "took {took:?}");
+        assert!(took < timeout * 8, "took {took:?}");
     }
     redis.resume();
     // The late increments of the timed-out checks land when Redis wakes up

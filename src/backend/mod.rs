@@ -113,7 +113,12 @@ impl Backend {
     ///
     /// # Errors
     /// A [`BackendError`] when Redis fails or answers unexpectedly.
-    pub async fn check(&self, checks: Vec<TierCheck>) -> Result<Verdict, BackendError> {
+    pub async fn check(&self, mut checks: Vec<TierCheck>) -> Result<Verdict, BackendError> {
+        // Costs above the capacity are denied anyway; clamped, they cannot
+        // overflow any algorithm's arithmetic.
+        for c in &mut checks {
+            c.cost = c.cost.min(c.limit.capacity().saturating_add(1));
+        }
         match self.start_check(checks, Shadow::NONE) {
             Check::Ready(r) => r,
             Check::Pending(f) => f.await,

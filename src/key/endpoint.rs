@@ -52,17 +52,26 @@ fn method_label(method: &http::Method) -> &'static str {
     }
 }
 
+/// The bounded `(method, route)` of a request: a standard method or `OTHER`,
+/// and the route template or [`UNMATCHED_ROUTE`]. Also the endpoint label of
+/// metrics and logs.
+pub(crate) fn route_of(parts: &Parts) -> (&'static str, &str) {
+    #[cfg(feature = "axum")]
+    let route = parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str());
+    #[cfg(not(feature = "axum"))]
+    let route: Option<&str> = None;
+    (
+        method_label(&parts.method),
+        route.unwrap_or(UNMATCHED_ROUTE),
+    )
+}
+
 impl KeyExtractor for Endpoint {
     fn extract(&self, parts: &Parts) -> Result<Option<String>, KeyError> {
-        #[cfg(feature = "axum")]
-        let route = parts
-            .extensions
-            .get::<axum::extract::MatchedPath>()
-            .map(|m| m.as_str());
-        #[cfg(not(feature = "axum"))]
-        let route: Option<&str> = None;
-        let route = route.unwrap_or(UNMATCHED_ROUTE);
-        let method = method_label(&parts.method);
+        let (method, route) = route_of(parts);
         let mut key = String::with_capacity(method.len() + 1 + route.len());
         key.push_str(method);
         key.push(' ');

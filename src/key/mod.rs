@@ -36,6 +36,7 @@ mod header;
 mod user;
 
 pub use client_ip::{ClientIp, ForwardedHeader, UnknownForwardedHeader, MAX_FORWARDED_HOPS};
+pub(crate) use endpoint::route_of;
 pub use endpoint::{Endpoint, UNMATCHED_ROUTE};
 pub use global::Global;
 pub use header::ApiKey;

@@ -10,6 +10,10 @@
 //! | `tiered_ratelimit_tier_decisions_total` | counter | `decision` (`limited`, `shadow_limited`), `tier` | per tier: rejections (the binding tier) and would-be rejections |
 //! | `tiered_ratelimit_backend_errors_total` | counter | `kind` (`timeout`, `connection`, `script`, `key`), `backend` | failed checks |
 
+pub mod anomaly;
+pub mod recorder;
+pub mod topn;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -175,4 +179,31 @@ pub(crate) const CIRCUIT_STATE: &str = "tiered_ratelimit_circuit_state";
 /// The circuit breaker gauge: 0 closed, 1 open, 2 half-open.
 pub(crate) fn set_circuit_state(state: crate::breaker::State) {
     metrics::gauge!(CIRCUIT_STATE).set(f64::from(state as u8));
+}
+
+pub(crate) const ANOMALY: &str = "tiered_ratelimit_anomaly";
+pub(crate) const CHECK_DURATION: &str = "tiered_ratelimit_check_duration_seconds";
+pub(crate) const MODE: &str = "tiered_ratelimit_mode";
+
+/// The mode gauge of a tier: 0 off, 1 shadow, 2 canary, 3 enforce; and the
+/// canary percent gauge.
+pub(crate) fn set_mode_gauge(tier: &Arc<str>, mode: crate::Mode) {
+    let (v, percent) = match mode {
+        crate::Mode::Off => (0.0, 0.0),
+        crate::Mode::Shadow => (1.0, 0.0),
+        crate::Mode::Canary { percent } => (2.0, f64::from(percent.min(100))),
+        crate::Mode::Enforce => (3.0, 100.0),
+    };
+    metrics::gauge!(MODE, "tier" => tier.to_string()).set(v);
+    metrics::gauge!(ENFORCED_PERCENT, "tier" => tier.to_string()).set(percent);
+}
+
+pub(crate) const ENFORCED_PERCENT: &str = "tiered_ratelimit_enforced_percent";
+pub(crate) const NEAR_LIMIT: &str = "near_limit";
+
+/// Records the latency the check added: `part = "total"` (the layer's whole
+/// work for the request, backend included) or `"backend"` (the backend call).
+pub(crate) fn record_latency(backend: &'static str, part: &'static str, d: std::time::Duration) {
+    metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => part)
+        .record(d.as_secs_f64());
 }

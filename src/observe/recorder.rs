@@ -1,0 +1,293 @@
+//! Per-request bookkeeping for the operator: 429 counts per (tier, endpoint)
+//! in time buckets feeding the anomaly baseline and the per-minute history,
+//! and the top-N sketches. All of it in this process, without a backend call.
+
+use super::anomaly::{AnomalyConfig, Baseline, Transition};
+use super::topn::{BlockedKey, Kind, TierSketch};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Minutes of history kept for the admin page.
+pub const HISTORY_BUCKETS: usize = 60;
+
+/// Counts of one tier in one bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BucketCounts {
+    /// Start of the bucket, Unix epoch seconds.
+    pub start: u64,
+    /// Requests this tier checked.
+    pub requests: u64,
+    /// Of those, rejected by this tier (enforced).
+    pub limited: u64,
+    /// Of those, would have been rejected (shadow).
+    pub shadow_limited: u64,
+}
+
+/// One (tier, endpoint) series of the anomaly baseline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AnomalyStatus {
+    /// The tier.
+    pub tier: String,
+    /// The endpoint (`GET /users/{id}`).
+    pub endpoint: String,
+    /// Whether the alert is raised.
+    pub alerting: bool,
+    /// The last finished bucket's 429 rate (0-1).
+    pub rate: f64,
+    /// The baseline mean (0-1).
+    pub mean: f64,
+    /// The baseline standard deviation.
+    pub sigma: f64,
+}
+
+#[derive(Default)]
+struct Counters {
+    requests: AtomicU64,
+    limited: AtomicU64,
+    shadow_limited: AtomicU64,
+}
+
+struct Series {
+    counters: Counters,
+    baseline: Mutex<Baseline>,
+}
+
+/// The series of one endpoint, one per tier; looked up once per request.
+pub(crate) struct Endpoint {
+    pub(crate) name: Arc<str>,
+    series: Box<[Series]>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+thread_local! {
+    static LABEL: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+pub(crate) struct Observer {
+    tiers: Box<[Arc<str>]>,
+    config: AnomalyConfig,
+    /// endpoint → one series per tier.
+    series: RwLock<HashMap<Arc<str>, Arc<Endpoint>>>,
+    bucket: AtomicU64,
+    roll: Mutex<()>,
+    history: Mutex<Vec<VecDeque<BucketCounts>>>,
+    sketches: Box<[TierSketch]>,
+}
+
+/// The most distinct endpoints tracked; more share `<other>`.
+const MAX_ENDPOINTS: usize = 1024;
+
+impl Observer {
+    pub(crate) fn new(tiers: Vec<Arc<str>>, config: AnomalyConfig, sketch_capacity: usize) -> Self {
+        let n = tiers.len();
+        Self {
+            sketches: (0..n).map(|_| TierSketch::new(sketch_capacity)).collect(),
+            history: Mutex::new(vec![VecDeque::new(); n]),
+            tiers: tiers.into_boxed_slice(),
+            config,
+            series: RwLock::new(HashMap::new()),
+            bucket: AtomicU64::new(0),
+            roll: Mutex::new(()),
+        }
+    }
+
+    /// The series of `METHOD route`, without allocating when it exists.
+    pub(crate) fn endpoint(&self, method: &str, route: &str) -> Arc<Endpoint> {
+        LABEL.with(|buf| {
+            let mut label = buf.borrow_mut();
+            label.clear();
+            label.push_str(method);
+            label.push(' ');
+            label.push_str(route);
+            self.endpoint_named(&label)
+        })
+    }
+
+    fn endpoint_named(&self, label: &str) -> Arc<Endpoint> {
+        if let Some(e) = self
+            .series
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(label)
+        {
+            return e.clone();
+        }
+        let mut map = self.series.write().unwrap_or_else(|e| e.into_inner());
+        let label = if map.len() >= MAX_ENDPOINTS && !map.contains_key(label) {
+            "<other>"
+        } else {
+            label
+        };
+        if let Some(e) = map.get(label) {
+            return e.clone();
+        }
+        let name: Arc<str> = Arc::from(label);
+        let e = Arc::new(Endpoint {
+            name: name.clone(),
+            series: self
+                .tiers
+                .iter()
+                .map(|_| Series {
+                    counters: Counters::default(),
+                    baseline: Mutex::new(Baseline::default()),
+                })
+                .collect(),
+        });
+        map.insert(name, e.clone());
+        e
+    }
+
+    /// Records one tier's decision for a request on `endpoint`.
+    pub(crate) fn record(
+        &self,
+        endpoint: &Endpoint,
+        tier: usize,
+        limited: bool,
+        shadow_limited: bool,
+        now_s: u64,
+    ) {
+        self.maybe_roll(now_s);
+        if let Some(s) = endpoint.series.get(tier) {
+            s.counters.requests.fetch_add(1, Ordering::Relaxed);
+            if limited {
+                s.counters.limited.fetch_add(1, Ordering::Relaxed);
+            }
+            if shadow_limited {
+                s.counters.shadow_limited.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub(crate) fn sketch(&self, tier: usize, kind: Kind, key: &str, count: u64, now_s: u64) {
+        if let Some(s) = self.sketches.get(tier) {
+            s.record(kind, key, count, now_s);
+        }
+    }
+
+    /// Closes the bucket when `now_s` is past it: feeds every series'
+    /// baseline and the history. Lazy, by whichever request notices first.
+    fn maybe_roll(&self, now_s: u64) {
+        let bucket = now_s / self.config.bucket_secs.max(1);
+        let current = self.bucket.load(Ordering::Acquire);
+        if bucket <= current {
+            return;
+        }
+        let Ok(_guard) = self.roll.try_lock() else {
+            return;
+        };
+        if self.bucket.load(Ordering::Acquire) != current {
+            return;
+        }
+        self.bucket.store(bucket, Ordering::Release);
+        if current == 0 {
+            return; // the first request: nothing to close yet
+        }
+        let start = current * self.config.bucket_secs.max(1);
+        let map = self.series.read().unwrap_or_else(|e| e.into_inner());
+        let mut totals = vec![
+            BucketCounts {
+                start,
+                ..Default::default()
+            };
+            self.tiers.len()
+        ];
+        for (endpoint, e) in map.iter() {
+            for (t, s) in e.series.iter().enumerate() {
+                let requests = s.counters.requests.swap(0, Ordering::Relaxed);
+                let limited = s.counters.limited.swap(0, Ordering::Relaxed);
+                let shadow = s.counters.shadow_limited.swap(0, Ordering::Relaxed);
+                if let Some(tot) = totals.get_mut(t) {
+                    tot.requests += requests;
+                    tot.limited += limited;
+                    tot.shadow_limited += shadow;
+                }
+                let mut b = s.baseline.lock().unwrap_or_else(|e| e.into_inner());
+                // Shadow rejections count: they are what enforcement would do.
+                let tier = &*self.tiers[t];
+                match b.observe(&self.config, requests, limited + shadow) {
+                    Some(Transition::Raised) => {
+                        tracing::warn!(
+                            tier,
+                            endpoint = &**endpoint,
+                            rate = b.last_rate,
+                            mean = b.mean,
+                            sigma = b.var.sqrt(),
+                            "429 rate anomaly: outside the baseline"
+                        );
+                        metrics::gauge!(super::ANOMALY, "tier" => tier.to_owned(), "endpoint" => endpoint.to_string())
+                            .set(1.0);
+                    }
+                    Some(Transition::Cleared) => {
+                        tracing::info!(
+                            tier,
+                            endpoint = &**endpoint,
+                            rate = b.last_rate,
+                            "429 rate back to its baseline"
+                        );
+                        metrics::gauge!(super::ANOMALY, "tier" => tier.to_owned(), "endpoint" => endpoint.to_string())
+                            .set(0.0);
+                    }
+                    None => {}
+                }
+            }
+        }
+        drop(map);
+        let mut history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        for (h, tot) in history.iter_mut().zip(totals) {
+            h.push_back(tot);
+            while h.len() > HISTORY_BUCKETS {
+                h.pop_front();
+            }
+        }
+    }
+
+    pub(crate) fn anomalies(&self) -> Vec<AnomalyStatus> {
+        let map = self.series.read().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for (endpoint, e) in map.iter() {
+            for (t, s) in e.series.iter().enumerate() {
+                let b = s.baseline.lock().unwrap_or_else(|e| e.into_inner());
+                if b.buckets == 0 {
+                    continue;
+                }
+                out.push(AnomalyStatus {
+                    tier: self.tiers[t].to_string(),
+                    endpoint: endpoint.to_string(),
+                    alerting: b.alerting,
+                    rate: b.last_rate,
+                    mean: b.mean,
+                    sigma: b.var.sqrt(),
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.tier, &a.endpoint).cmp(&(&b.tier, &b.endpoint)));
+        out
+    }
+
+    pub(crate) fn history(&self, tier: usize) -> Vec<BucketCounts> {
+        let h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        h.get(tier)
+            .map(|d| d.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn top(
+        &self,
+        tier: usize,
+        kind: Kind,
+        n: usize,
+        hours: u64,
+        now_s: u64,
+    ) -> Vec<BlockedKey> {
+        self.sketches
+            .get(tier)
+            .map(|s| s.top(kind, n, hours, now_s))
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,203 @@
+//! What an operator watches: metric names and bounded labels, top-N blocked
+//! keys, the per-minute history, and the 429-rate anomaly alert, through
+//! real HTTP with a manual clock.
+
+mod support;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use std::time::Duration;
+use support::*;
+use tiered_ratelimit::{
+    key::{ClientIp, User},
+    observe::anomaly::AnomalyConfig,
+    Quota, Tier,
+};
+
+both_backends!(top_blocked_and_history, anomaly_alert_on_a_step);
+
+async fn top_blocked_and_history(env: Env) {
+    let layer = env
+        .builder()
+        .tier(Tier::new("user", User, Quota::per_minute(2)))
+        .build()
+        .unwrap();
+    let h = layer.handle();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let send = |u: &'static str| {
+        c.get(format!("http://{addr}/users/7"))
+            .header("authorization", format!("Bearer {u}"))
+            .send()
+    };
+    // mallory: 2 allowed then 10 blocked; eve: 2 allowed, 3 blocked; bob: 1.
+    for _ in 0..12 {
+        send("mallory").await.unwrap();
+    }
+    for _ in 0..5 {
+        send("eve").await.unwrap();
+    }
+    send("bob").await.unwrap();
+    let top = h
+        .top_blocked("user", 10, Duration::from_secs(3600))
+        .unwrap();
+    let got: Vec<(&str, u64)> = top.iter().map(|b| (b.key.as_str(), b.count)).collect();
+    assert_eq!(got, [("mallory", 10), ("eve", 3)]);
+    assert!(top.iter().all(|b| b.error == 0));
+    // Near the limit: every second request left 0 of 2 (< 20 %).
+    let near = h
+        .top_near_limit("user", 10, Duration::from_secs(3600))
+        .unwrap();
+    assert_eq!(
+        near.iter().map(|b| b.key.as_str()).collect::<Vec<_>>(),
+        ["eve", "mallory"]
+    );
+    assert!(h.top_blocked("nope", 1, Duration::from_secs(60)).is_none());
+
+    // The minute closes when a request arrives in the next one.
+    env.clock.advance(Duration::from_secs(60));
+    send("bob").await.unwrap();
+    let hist = h.history("user").unwrap();
+    assert_eq!(hist.len(), 1);
+    assert_eq!(
+        (hist[0].requests, hist[0].limited, hist[0].shadow_limited),
+        (18, 13, 0)
+    );
+    assert_eq!(hist[0].start, T0_S - T0_S % 60);
+}
+
+async fn anomaly_alert_on_a_step(env: Env) {
+    let layer = env
+        .builder()
+        .anomaly(AnomalyConfig {
+            bucket_secs: 10,
+            warmup: 5,
+            confirm: 2,
+            min_requests: 10,
+            ..AnomalyConfig::default()
+        })
+        .tier(Tier::new(
+            "ip",
+            ClientIp::default(),
+            Quota::per_second(1000),
+        ))
+        .tier(Tier::new("user", User, Quota::per_minute(600).burst(5)))
+        .build()
+        .unwrap();
+    let h = layer.handle();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    // Normal: 20 requests per 10 s bucket from 20 users, none limited.
+    let mut bucket = 0u64;
+    let mut run_bucket = |abusive: bool| {
+        bucket += 1;
+        let c = c.clone();
+        let clock = env.clock.clone();
+        async move {
+            for i in 0..20 {
+                let user = if abusive {
+                    "mallory".to_owned()
+                } else {
+                    format!("u{bucket}-{i}")
+                };
+                c.get(format!("http://{addr}/"))
+                    .header("authorization", format!("Bearer {user}"))
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            clock.advance(Duration::from_secs(10));
+        }
+    };
+    for _ in 0..8 {
+        run_bucket(false).await;
+    }
+    assert!(h.anomalies().iter().all(|a| !a.alerting));
+    // One user floods: 15 of 20 requests limited in each bucket.
+    run_bucket(true).await;
+    run_bucket(true).await;
+    // The second anomalous bucket closes with the next request.
+    run_bucket(false).await;
+    let alerts: Vec<_> = h.anomalies().into_iter().filter(|a| a.alerting).collect();
+    assert_eq!(alerts.len(), 1, "{alerts:?}");
+    assert_eq!(
+        (alerts[0].tier.as_str(), alerts[0].endpoint.as_str()),
+        ("user", "GET /")
+    );
+    assert!((alerts[0].rate - 0.75).abs() < 1e-9, "{alerts:?}");
+    // Back to normal: the alert clears at the next closed bucket.
+    run_bucket(false).await;
+    assert!(h.anomalies().iter().all(|a| !a.alerting));
+}
+
+/// The metrics facade sees every request, with bounded labels only.
+#[test]
+fn metric_names_and_bounded_labels() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use tower::ServiceExt;
+            let layer = tiered_ratelimit::RateLimitLayer::builder()
+                .tier(Tier::new("user", User, Quota::per_minute(1)))
+                .build()
+                .unwrap();
+            let app = app(layer);
+            for _ in 0..3 {
+                let req = http::Request::get("/users/1")
+                    .header("authorization", "Bearer secret-user-id")
+                    .body(axum::body::Body::empty())
+                    .unwrap();
+                app.clone().oneshot(req).await.unwrap();
+            }
+        });
+    });
+    let snap = snapshotter.snapshot().into_vec();
+    let mut seen = Vec::new();
+    for (key, _unit, _desc, value) in &snap {
+        let name = key.key().name().to_owned();
+        let labels: Vec<String> = key
+            .key()
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        for l in &labels {
+            assert!(!l.contains("secret-user-id"), "{name}: unbounded label {l}");
+        }
+        let v = match value {
+            DebugValue::Counter(c) => *c as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(h) => h.len() as f64,
+        };
+        seen.push((name, labels.join(","), v));
+    }
+    seen.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let has = |name: &str, labels: &str, v: f64| {
+        assert!(
+            seen.iter()
+                .any(|(n, l, x)| n == name && l == labels && *x == v),
+            "missing {name}{{{labels}}} = {v} in {seen:#?}"
+        )
+    };
+    has("tiered_ratelimit_requests_total", "decision=allowed", 1.0);
+    has("tiered_ratelimit_requests_total", "decision=limited", 2.0);
+    has(
+        "tiered_ratelimit_tier_decisions_total",
+        "decision=limited,tier=user",
+        2.0,
+    );
+    has(
+        "tiered_ratelimit_tier_decisions_total",
+        "decision=near_limit,tier=user",
+        1.0,
+    );
+    has(
+        "tiered_ratelimit_check_duration_seconds",
+        "backend=memory,part=total",
+        3.0,
+    );
+    has("tiered_ratelimit_mode", "tier=user", 3.0);
+}
