@@ -51,7 +51,7 @@ pub struct TierStatus {
     pub name: String,
     /// Its own mode (before the global override).
     pub mode: Mode,
-    /// Its mode under the global mode.
+    /// Its mode in force: under the global mode, with control-key overrides.
     pub effective_mode: Mode,
     /// Its default quota.
     pub quota: Quota,
@@ -205,9 +205,19 @@ impl RateLimitHandle {
         }
     }
 
-    /// The global mode.
+    /// The global mode set in code (builder or [`set_mode`](Self::set_mode)).
     pub fn mode(&self) -> Mode {
         self.shared.runtime.load().mode
+    }
+
+    /// The global mode in force: the control key's override if it sets one
+    /// (see [`crate::control`]), else [`mode`](Self::mode).
+    pub fn effective_mode(&self) -> Mode {
+        self.shared
+            .overrides
+            .load()
+            .mode
+            .unwrap_or_else(|| self.mode())
     }
 
     /// Sets the global mode: `Mode::Off` is the kill switch, `Mode::Shadow`
@@ -264,14 +274,23 @@ impl RateLimitHandle {
     /// Every tier's current settings, in check order.
     pub fn tiers(&self) -> Vec<TierStatus> {
         let rt = self.shared.runtime.load();
+        let ov = self.shared.overrides.load();
+        let global = ov.mode.unwrap_or(rt.mode);
         self.shared
             .tiers
             .iter()
             .zip(rt.tiers.iter())
-            .map(|(t, r)| TierStatus {
+            .enumerate()
+            .map(|(i, (t, r))| TierStatus {
                 name: t.name.to_string(),
                 mode: r.mode,
-                effective_mode: r.mode.under(rt.mode),
+                effective_mode: ov
+                    .tiers
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .unwrap_or(r.mode)
+                    .under(global),
                 quota: r.quota,
                 algorithm: t.algorithm,
                 plans: r

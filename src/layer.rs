@@ -4,6 +4,7 @@ use crate::algorithm::{Gcra, Limit, TokenBucket, Window};
 use crate::backend::clock::Clock;
 use crate::backend::{Backend, MemoryBackend};
 use crate::breaker::{Breaker, CircuitBreaker};
+use crate::control::{ControlKey, Overrides};
 use crate::deny_cache::DenyCache;
 use crate::error::ConfigError;
 use crate::key::ClientIp;
@@ -130,6 +131,10 @@ pub(crate) struct Shared {
     pub(crate) fallback_instances: u32,
     pub(crate) header_style: HeaderStyle,
     pub(crate) observer: Observer,
+    pub(crate) control: Option<ControlKey>,
+    pub(crate) control_started: std::sync::OnceLock<()>,
+    /// Modes set by the fleet-wide control key (empty without one).
+    pub(crate) overrides: ArcSwap<Overrides>,
 }
 
 impl Shared {
@@ -238,6 +243,7 @@ pub struct RateLimitLayerBuilder {
     header_style: HeaderStyle,
     anomaly: AnomalyConfig,
     top_n_capacity: usize,
+    control: Option<ControlKey>,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -263,6 +269,7 @@ impl Default for RateLimitLayerBuilder {
             header_style: HeaderStyle::Legacy,
             anomaly: AnomalyConfig::default(),
             top_n_capacity: 256,
+            control: None,
         }
     }
 }
@@ -402,6 +409,13 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// Polls a fleet-wide control hash in Redis (see [`crate::control`]);
+    /// Redis backends only (ignored by the memory backend).
+    pub fn control_key(mut self, control: ControlKey) -> Self {
+        self.control = Some(control);
+        self
+    }
+
     /// Which rate-limit headers to send (default [`HeaderStyle::Legacy`]).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
         self.header_style = style;
@@ -522,6 +536,9 @@ impl RateLimitLayerBuilder {
                 fallback_instances: instances,
                 header_style: self.header_style,
                 observer: Observer::new(names, self.anomaly, self.top_n_capacity),
+                control: self.control,
+                control_started: std::sync::OnceLock::new(),
+                overrides: ArcSwap::from_pointee(Overrides::default()),
             }),
         })
     }

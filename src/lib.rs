@@ -67,6 +67,7 @@
 pub mod algorithm;
 pub mod backend;
 mod breaker;
+pub mod control;
 mod deny_cache;
 mod error;
 mod future;
@@ -76,12 +77,15 @@ mod layer;
 pub mod observe;
 mod policy;
 mod quota;
+#[cfg(feature = "cli")]
+pub mod replay;
 pub mod response;
 pub mod rollout;
 mod service;
 mod tier;
 
 pub use breaker::CircuitBreaker;
+pub use control::ControlKey;
 pub use error::{BackendError, ConfigError};
 pub use future::ResponseFuture;
 pub use handle::{Changes, RateLimitHandle, TierStatus};

@@ -637,6 +637,11 @@ impl Policy {
                 probe_interval: self.circuit_breaker.probe_interval,
             })
             .client_ip(client_ip.clone());
+        if let Some(c) = &self.control {
+            b = b.control_key(
+                crate::ControlKey::new(c.redis_key.clone()).poll_interval(c.poll_interval),
+            );
+        }
         if self.body == BodyName::Problem {
             b = b.on_rejection(crate::response::ProblemRejection);
         }

@@ -80,6 +80,9 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let started = std::time::Instant::now();
         let shared = &self.shared;
+        if shared.control.is_some() && shared.control_started.get().is_none() {
+            crate::control::start(shared);
+        }
         let (parts, body) = req.into_parts();
         let (result, meta) = match plan(shared, &parts, false) {
             Planned::Pass(decision) => {
@@ -239,7 +242,9 @@ enum Planned {
 /// cost is not 0 and whose extractor returns a key.
 fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planned {
     let rt = shared.runtime.load();
-    if rt.mode == Mode::Off {
+    let ov = shared.overrides.load();
+    let global = ov.mode.unwrap_or(rt.mode);
+    if global == Mode::Off {
         return Planned::Pass("skipped");
     }
     if rt.deny.matches(parts, &shared.client_ip) {
@@ -255,7 +260,8 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
         ..Meta::default()
     };
     for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
-        let mode = r.mode.under(rt.mode);
+        let tier_mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
+        let mode = tier_mode.under(global);
         if mode == Mode::Off || !t.counts_method(&parts.method) {
             continue;
         }

@@ -549,3 +549,81 @@ async fn per_route_limits_with_route_layer() {
         );
     }
 }
+
+/// One `HSET` on the control hash switches two app instances sharing Redis,
+/// within the poll interval; a malformed value is ignored; `HDEL` restores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_wide_control_key() {
+    use tiered_ratelimit::{backend::RedisBackend, ControlKey};
+    let redis = RedisServer::start();
+    let poll = Duration::from_millis(100);
+    let mk = || {
+        RateLimitLayer::builder()
+            .backend(RedisBackend::from_url(&redis.url()).unwrap())
+            .control_key(ControlKey::new("rl:control").poll_interval(poll))
+            .tier(Tier::new("global", Global, Quota::per_hour(1)))
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (mk(), mk());
+    let (ha, hb) = (la.handle(), lb.handle());
+    let a = serve(app(la)).await;
+    let b = serve(app(lb)).await;
+    let c = client();
+    let status = |addr| {
+        let c = c.clone();
+        async move { limits(&c.get(format!("http://{addr}/")).send().await.unwrap()) }
+    };
+    assert_eq!(status(a).await.status, 200);
+    assert_eq!(status(b).await.status, 429);
+    assert_eq!(status(a).await.status, 429);
+
+    // Wait until both watchers have polled at least once, then switch.
+    redis.cmd::<()>(&["HSET", "rl:control", "mode", "off"]);
+    let switched = |h: &tiered_ratelimit::RateLimitHandle, m: Mode| h.effective_mode() == m;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !(switched(&ha, Mode::Off) && switched(&hb, Mode::Off)) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the fleet did not switch"
+        );
+        tokio::time::sleep(poll / 4).await;
+    }
+    assert_eq!(status(a).await, NO_LIMITS);
+    assert_eq!(status(b).await, NO_LIMITS);
+
+    // A typo is ignored: the last good value stays.
+    redis.cmd::<()>(&["HSET", "rl:control", "mode", "offf"]);
+    tokio::time::sleep(poll * 3).await;
+    assert_eq!(ha.effective_mode(), Mode::Off);
+
+    // A tier override, then everything back to the configuration.
+    redis.cmd::<()>(&[
+        "HSET",
+        "rl:control",
+        "mode",
+        "enforce",
+        "tier:global",
+        "shadow",
+    ]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ha.tiers()[0].effective_mode != Mode::Shadow
+        || hb.tiers()[0].effective_mode != Mode::Shadow
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "tier override not applied"
+        );
+        tokio::time::sleep(poll / 4).await;
+    }
+    assert_eq!(status(a).await, NO_LIMITS, "shadow: passes without headers");
+    redis.cmd::<()>(&["DEL", "rl:control"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while ha.tiers()[0].effective_mode != Mode::Enforce
+        || hb.tiers()[0].effective_mode != Mode::Enforce
+    {
+        assert!(std::time::Instant::now() < deadline, "not restored");
+        tokio::time::sleep(poll / 4).await;
+    }
+    assert_eq!(status(a).await.status, 429);
+}

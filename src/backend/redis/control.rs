@@ -1,0 +1,21 @@
+//! Reading the fleet-wide control hash (see `crate::control`).
+
+use super::{Conn, RedisBackend};
+use crate::error::BackendError;
+
+impl RedisBackend {
+    /// `HGETALL key` on the node that holds it.
+    pub(crate) async fn hgetall(&self, key: &str) -> Result<Vec<(String, String)>, BackendError> {
+        let mut cmd = ::redis::cmd("HGETALL");
+        cmd.arg(key);
+        let err = |e: ::redis::RedisError| BackendError::Connection(e.to_string());
+        if self.is_cluster() {
+            let mut c = self.cluster_connection().await?;
+            return cmd.query_async(&mut c).await.map_err(err);
+        }
+        match self.connection().await? {
+            Conn::Manager(mut m) => cmd.query_async(&mut m).await.map_err(err),
+            Conn::Multiplexed(mut m) => cmd.query_async(&mut m).await.map_err(err),
+        }
+    }
+}
