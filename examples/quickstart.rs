@@ -9,6 +9,9 @@
 //! Environment:
 //! * `LISTEN_ADDR`: where to listen (default `127.0.0.1:3000`).
 //! * `REDIS_URL`: unset = in-memory backend; set = Redis backend.
+//! * `REDIS_CLUSTER_NODES`: comma-separated node URLs of a Redis Cluster
+//!   (`redis://127.0.0.1:7000,redis://127.0.0.1:7001`); when set, it is used
+//!   instead of `REDIS_URL`.
 //! * `POLICY_FILE`: a policy TOML file; unset = the built-in
 //!   [`DEFAULT_POLICY`], printed at start-up.
 //! * `RUST_LOG`: log filter (default `info`).
@@ -18,7 +21,7 @@
 //! so the `user` tier applies; anonymous requests skip it. The `api_key` tier
 //! applies to requests with an `x-api-key` header.
 
-use std::{error::Error, net::SocketAddr, process::ExitCode};
+use std::{error::Error, io::IsTerminal, net::SocketAddr, process::ExitCode};
 
 use axum::{
     extract::{Path, Request},
@@ -90,6 +93,7 @@ async fn main() -> ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match run().await {
         Ok(()) => ExitCode::SUCCESS,
@@ -116,7 +120,18 @@ async fn run() -> Result<(), Box<dyn Error>> {
         }
     };
 
+    let cluster_nodes = std::env::var("REDIS_CLUSTER_NODES").unwrap_or_default();
     let backend: Backend = match std::env::var("REDIS_URL") {
+        _ if !cluster_nodes.trim().is_empty() => {
+            let nodes: Vec<&str> = cluster_nodes
+                .split(',')
+                .map(str::trim)
+                .filter(|n| !n.is_empty())
+                .collect();
+            let shown: Vec<String> = nodes.iter().map(|n| redact(n)).collect();
+            println!("backend: redis cluster at {}", shown.join(", "));
+            RedisBackend::cluster(nodes)?.into()
+        }
         Ok(url) if !url.is_empty() => {
             println!("backend: redis at {}", redact(&url));
             RedisBackend::from_url(&url)?.into()
@@ -134,6 +149,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
 
     let app = app(rate_limit);
 
+    let shutdown = shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind(&listen_addr).await?;
     let local = listener.local_addr()?;
     println!("\nlistening on http://{local}");
@@ -146,7 +162,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown_signal())
+    .with_graceful_shutdown(shutdown)
     .await?;
     tracing::info!("server stopped");
     Ok(())
@@ -232,33 +248,34 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// Resolves on Ctrl-C or SIGTERM; axum then stops accepting connections and
-/// lets in-flight requests finish.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            tracing::error!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
+/// Listens for Ctrl-C (SIGINT) and SIGTERM. The handlers are registered
+/// here, before the port opens, so a signal sent as soon as the server
+/// accepts connections is not lost; the returned future resolves on the
+/// first one, and axum then stops accepting connections and lets in-flight
+/// requests finish.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    let terminate = async {
+    {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        Ok(async move {
+            tokio::select! {
+                _ = interrupt.recv() => tracing::info!("Ctrl-C received, shutting down"),
+                _ = terminate.recv() => tracing::info!("SIGTERM received, shutting down"),
             }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
+        })
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-
-    tokio::select! {
-        () = ctrl_c => tracing::info!("Ctrl-C received, shutting down"),
-        () = terminate => tracing::info!("SIGTERM received, shutting down"),
+    {
+        Ok(async {
+            match tokio::signal::ctrl_c().await {
+                Ok(()) => tracing::info!("Ctrl-C received, shutting down"),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for Ctrl-C");
+                    std::future::pending::<()>().await;
+                }
+            }
+        })
     }
 }

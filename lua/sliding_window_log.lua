@@ -26,6 +26,7 @@ local function sliding_window_log(key, now, limit, window, _, _, cost)
       end
       redis.call('ZADD', key, int(now), member)
       redis.call('PEXPIRE', key, ttl_ms(window))
+      return seq -- for a cross-slot refund (lua/refund.lua): the member is now:seq:cost
     end
   end
   local reset = 0

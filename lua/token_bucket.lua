@@ -25,6 +25,7 @@ local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens)
     local reset = div_ceil(capacity - left, rate)
     return 1, div_floor(left, unit), reset, 0, 0, function()
       redis.call('SET', key, int(left) .. ':' .. int(updated) .. ':' .. int(unit), 'PX', ttl_ms(reset))
+      return left -- for a cross-slot refund (lua/refund.lua)
     end
   end
   local reset = div_ceil(capacity - tokens, rate)

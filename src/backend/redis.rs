@@ -3,10 +3,15 @@ use super::{Shadow, TierCheck, Verdict};
 use crate::algorithm::{Decision, Limit};
 use crate::error::{BackendError, ConfigError};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use ::redis::cluster::{ClusterClient, ClusterConfig};
+use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, RedisError, Script};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+
+mod cluster;
+mod control;
 
 /// The one script every request runs: the algorithm files of `lua/` joined,
 /// then the all-tiers dispatcher. Sent as EVALSHA, falling back to loading it
@@ -23,10 +28,11 @@ const CHECK_LUA: &str = concat!(
 
 /// Buckets in Redis, shared by every app server that points at it.
 ///
-/// Each request runs **one** `EVALSHA` of `lua/token_bucket.lua` covering all of
-/// its tiers: one round trip however many tiers, atomic (Redis runs a script
-/// to completion before any other command), all or nothing, and timed by
-/// Redis `TIME` so that app servers with skewed clocks agree on every bucket.
+/// On a single Redis, each request runs **one** `EVALSHA` of the script
+/// (`lua/check.lua` and the algorithm files) covering all of its tiers: one
+/// round trip however many tiers, atomic (Redis runs a script to completion
+/// before any other command), all or nothing, and timed by Redis `TIME` so
+/// that app servers with skewed clocks agree on every bucket.
 ///
 /// Connections: requests share multiplexed connections (commands from
 /// concurrent requests are pipelined on one socket), never a pool checkout
@@ -37,14 +43,24 @@ const CHECK_LUA: &str = concat!(
 ///   `deadpool-redis` pool and shares it; when it fails it is dropped and the
 ///   next request takes a fresh one from the pool (no per-request recycle
 ///   check).
+/// * [`RedisBackend::cluster`] and [`RedisBackend::from_cluster_pool`] use a
+///   Redis Cluster through one shared `redis::cluster_async::ClusterConnection`
+///   (it follows `MOVED`/`ASK` and reconnects to nodes on its own). There a
+///   request's tiers are grouped by hash slot: one script call per slot, all
+///   slots at once, with a refund when another slot denies (see
+///   `docs/redis.md`, "Redis Cluster").
 ///
 /// A script missing after a Redis restart or `SCRIPT FLUSH` (`NOSCRIPT`) is
-/// reloaded once, transparently; it never counts as a backend failure.
+/// reloaded once, transparently; it never counts as a backend failure. In a
+/// cluster this happens per node: only the node that answered `NOSCRIPT`
+/// gets the script.
 ///
 /// ```no_run
 /// # fn main() -> Result<(), tiered_ratelimit::ConfigError> {
 /// use tiered_ratelimit::backend::RedisBackend;
 /// let redis = RedisBackend::from_url("redis://127.0.0.1:6379/")?;
+/// let cluster = RedisBackend::cluster(["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"])?;
+/// // or, from a deadpool-redis cluster pool: RedisBackend::from_cluster_pool(pool)
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -69,6 +85,14 @@ enum Source {
         pool: deadpool_redis::Pool,
         conn: Mutex<Option<MultiplexedConnection>>,
     },
+    Cluster {
+        client: ClusterClient,
+        conn: OnceLock<ClusterConnection>,
+    },
+    ClusterPool {
+        pool: deadpool_redis::cluster::Pool,
+        conn: Mutex<Option<ClusterConnection>>,
+    },
 }
 
 impl fmt::Debug for RedisBackend {
@@ -76,6 +100,8 @@ impl fmt::Debug for RedisBackend {
         let kind = match &self.inner.source {
             Source::Client { client, .. } => format!("{:?}", client.get_connection_info().addr()),
             Source::Pool { .. } => "deadpool".to_owned(),
+            Source::Cluster { .. } => "cluster".to_owned(),
+            Source::ClusterPool { .. } => "deadpool cluster".to_owned(),
         };
         f.debug_struct("RedisBackend")
             .field("source", &kind)
@@ -109,15 +135,68 @@ impl RedisBackend {
         })
     }
 
+    /// A backend for the Redis Cluster that `nodes` belong to (any reachable
+    /// primaries or replicas, e.g. `["redis://127.0.0.1:7000", ...]`; the
+    /// rest of the topology is discovered).
+    ///
+    /// Does not connect yet: the first request does. Requests then share one
+    /// cluster connection, which follows `MOVED`/`ASK` redirections and
+    /// reconnects to nodes on its own.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidRedisUrl`] when a URL does not parse, or the
+    /// nodes disagree on credentials or TLS.
+    pub fn cluster<I, S>(nodes: I) -> Result<Self, ConfigError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let nodes: Vec<String> = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        if nodes.is_empty() {
+            return Err(ConfigError::InvalidRedisUrl(
+                "cluster: at least one node URL is required".to_owned(),
+            ));
+        }
+        let client = cluster::client(nodes)
+            .map_err(|e| ConfigError::InvalidRedisUrl(format!("cluster: {e}")))?;
+        Ok(Self::new(Source::Cluster {
+            client,
+            conn: OnceLock::new(),
+        }))
+    }
+
+    /// A Redis Cluster backend that takes **one** connection out of your
+    /// `deadpool-redis` cluster pool the first time and shares it (a cluster
+    /// connection multiplexes every node); when it is dropped, the next
+    /// request takes a fresh one from the pool.
+    pub fn from_cluster_pool(pool: deadpool_redis::cluster::Pool) -> Self {
+        Self::new(Source::ClusterPool {
+            pool,
+            conn: Mutex::new(None),
+        })
+    }
+
     fn new(source: Source) -> Self {
+        let script = match source {
+            Source::Cluster { .. } | Source::ClusterPool { .. } => cluster::CLUSTER_LUA,
+            Source::Client { .. } | Source::Pool { .. } => CHECK_LUA,
+        };
         Self {
             inner: Arc::new(Inner {
                 source,
-                script: Script::new(CHECK_LUA),
+                script: Script::new(script),
             }),
             clock: None,
             ttl_slack_ms: 0,
         }
+    }
+
+    /// Whether this backend talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(
+            self.inner.source,
+            Source::Cluster { .. } | Source::ClusterPool { .. }
+        )
     }
 
     /// Makes the scripts use `clock` instead of Redis `TIME`. For tests only:
@@ -126,6 +205,12 @@ impl RedisBackend {
     pub fn with_manual_clock(mut self, clock: ManualClock) -> Self {
         self.clock = Some(clock);
         self
+    }
+
+    /// The manual clock, if one was set (the layer's deny cache and fallback
+    /// then use it too).
+    pub(crate) fn manual_clock(&self) -> Option<&ManualClock> {
+        self.clock.as_ref()
     }
 
     /// With a manual clock, adds `slack` to every key's TTL, so that Redis's
@@ -140,9 +225,20 @@ impl RedisBackend {
     }
 
     /// The SHA1 of the script, as used with `EVALSHA` (handy with
-    /// `redis-cli SCRIPT EXISTS`).
+    /// `redis-cli SCRIPT EXISTS`). A cluster backend runs another script
+    /// (the per-slot check and its refund), with its own SHA1.
     pub fn script_sha(&self) -> &str {
         self.inner.script.get_hash()
+    }
+
+    /// `ARGV[1]` of the scripts: `""` for Redis `TIME`, or the manual clock
+    /// (with the TTL slack, if any).
+    fn clock_arg(&self) -> String {
+        match &self.clock {
+            Some(c) if self.ttl_slack_ms > 0 => format!("{}:{}", c.now_us(), self.ttl_slack_ms),
+            Some(c) => c.now_us().to_string(),
+            None => String::new(),
+        }
     }
 
     async fn connection(&self) -> Result<Conn, BackendError> {
@@ -174,12 +270,48 @@ impl RedisBackend {
                 *lock(conn) = Some(c.clone());
                 Ok(Conn::Multiplexed(c))
             }
+            Source::Cluster { .. } | Source::ClusterPool { .. } => Err(BackendError::Script(
+                "a cluster backend has no single-node connection".to_owned(),
+            )),
+        }
+    }
+
+    /// The shared cluster connection (created on first use).
+    async fn cluster_connection(&self) -> Result<ClusterConnection, BackendError> {
+        match &self.inner.source {
+            Source::Cluster { client, conn } => {
+                if let Some(c) = conn.get() {
+                    return Ok(c.clone());
+                }
+                // Connects in the background; a cluster that is down now is
+                // retried by the connection itself, request after request.
+                let config = ClusterConfig::new().set_connection_timeout(Duration::from_secs(1));
+                let c = client.get_pending_async_connection_with_config(config);
+                Ok(conn.get_or_init(|| c).clone())
+            }
+            Source::ClusterPool { pool, conn } => {
+                if let Some(c) = lock(conn).clone() {
+                    return Ok(c);
+                }
+                let obj = pool
+                    .get()
+                    .await
+                    .map_err(|e| BackendError::Connection(e.to_string()))?;
+                let c = deadpool_redis::cluster::Connection::take(obj);
+                *lock(conn) = Some(c.clone());
+                Ok(c)
+            }
+            Source::Client { .. } | Source::Pool { .. } => {
+                Err(BackendError::Script("not a cluster backend".to_owned()))
+            }
         }
     }
 
     fn forget_connection(&self) {
-        if let Source::Pool { conn, .. } = &self.inner.source {
-            *lock(conn) = None;
+        match &self.inner.source {
+            Source::Pool { conn, .. } => *lock(conn) = None,
+            Source::ClusterPool { conn, .. } => *lock(conn) = None,
+            Source::Client { .. } | Source::Cluster { .. } => {}
         }
     }
 
@@ -188,30 +320,13 @@ impl RedisBackend {
         checks: Vec<TierCheck>,
         shadow: Shadow,
     ) -> Result<Verdict, BackendError> {
+        if self.is_cluster() {
+            return cluster::check(self, checks, shadow).await;
+        }
         let mut invocation = self.inner.script.prepare_invoke();
-        match &self.clock {
-            Some(c) if self.ttl_slack_ms > 0 => {
-                invocation.arg(format!("{}:{}", c.now_us(), self.ttl_slack_ms))
-            }
-            Some(c) => invocation.arg(c.now_us()),
-            None => invocation.arg(""),
-        };
+        invocation.arg(self.clock_arg());
         for (i, c) in checks.iter().enumerate() {
-            let (algorithm, p): (u8, [i64; 4]) = match c.limit {
-                Limit::FixedWindow(w) => (1, [int(w.limit), int(w.window_us), 0, 0]),
-                Limit::SlidingWindowLog(w) => (2, [int(w.limit), int(w.window_us), 0, 0]),
-                Limit::SlidingWindowCounter(w) => (3, [int(w.limit), int(w.window_us), 0, 0]),
-                Limit::TokenBucket(b) => (4, [int(b.capacity), int(b.rate), int(b.unit), 0]),
-                Limit::LeakyBucket(g) => (
-                    5,
-                    [
-                        int(g.bucket.capacity),
-                        int(g.bucket.rate),
-                        int(g.bucket.unit),
-                        g.max_delay_us.map_or(-1, int),
-                    ],
-                ),
-            };
+            let (algorithm, p) = encode(&c.limit);
             invocation
                 .key(c.key.as_str())
                 .arg(algorithm)
@@ -242,6 +357,25 @@ impl RedisBackend {
 enum Conn {
     Manager(ConnectionManager),
     Multiplexed(MultiplexedConnection),
+}
+
+/// A limit as the scripts take it: the algorithm's number and p1..p4.
+fn encode(limit: &Limit) -> (u8, [i64; 4]) {
+    match *limit {
+        Limit::FixedWindow(w) => (1, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::SlidingWindowLog(w) => (2, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::SlidingWindowCounter(w) => (3, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::TokenBucket(b) => (4, [int(b.capacity), int(b.rate), int(b.unit), 0]),
+        Limit::LeakyBucket(g) => (
+            5,
+            [
+                int(g.bucket.capacity),
+                int(g.bucket.rate),
+                int(g.bucket.unit),
+                g.max_delay_us.map_or(-1, int),
+            ],
+        ),
+    }
 }
 
 /// Parameters are validated far below 2^53 when the layer is built.

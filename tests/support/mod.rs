@@ -2,6 +2,8 @@
 //! real axum server over TCP.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use axum::{
     extract::Request,
     http::StatusCode,

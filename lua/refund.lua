@@ -1,0 +1,125 @@
+-- Refunds: the inverse of each algorithm's charge, for Redis Cluster only
+-- (see lua/cluster.lua and docs/redis.md, "Redis Cluster"). A request whose
+-- tiers live in several hash slots is charged optimistically on every slot
+-- at once; when another slot's enforced tier denied it, the slots that did
+-- charge run these to give the charge back.
+--
+-- Each takes the key, the refund's clock `now`, the charge's clock
+-- `charged_at` (µs, the `now` the charging script ran at), the algorithm's
+-- parameters p1..p4 and cost as in check.lua, and `undo`: what the charge
+-- returned (token bucket: tokens left in units; leaky bucket: backlog after
+-- the charge in ticks; sliding log: the member's sequence number; window
+-- algorithms: nothing).
+--
+-- Rule: give back what this charge still takes away, never more. Refill or
+-- a new window may already have absorbed part of it (the bucket would have
+-- been full, or the window is over, even without the charge); that part is
+-- not given back, so a refund can never admit more than the request had
+-- never been charged at all. A value in another format, another unit or
+-- another window is left alone. When a refund leaves the "nothing stored"
+-- state (full bucket, empty window), the key is deleted, exactly as if the
+-- charge had never happened.
+
+local function fixed_window_refund(key, _, charged_at, _, window, _, _, cost, _)
+  local start = div_floor(charged_at, window) * window
+  local v = redis.call('GET', key)
+  if not v then return end
+  local s, c = string.match(v, '^(%d+):(%d+)$')
+  if not s or tonumber(s) ~= start then return end
+  local count = tonumber(c) - cost
+  if count <= 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, int(start) .. ':' .. int(count), 'KEEPTTL')
+  end
+end
+
+local function sliding_window_log_refund(key, _, charged_at, _, _, _, _, cost, seq)
+  -- Removing the last member deletes the key.
+  redis.call('ZREM', key, int(charged_at) .. ':' .. int(seq) .. ':' .. int(cost))
+end
+
+local function sliding_window_counter_refund(key, _, charged_at, _, window, _, _, cost, _)
+  local start = div_floor(charged_at, window) * window
+  local v = redis.call('GET', key)
+  if not v then return end
+  local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
+  if not s then return end
+  s, c, p = tonumber(s), tonumber(c), tonumber(p)
+  if s == start then
+    c = c - cost
+    if c < 0 then c = 0 end
+  elseif s == start + window then
+    -- A later request opened the next window: this charge is in `previous`.
+    p = p - cost
+    if p < 0 then p = 0 end
+  else
+    return
+  end
+  if c == 0 and p == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, int(s) .. ':' .. int(c) .. ':' .. int(p), 'KEEPTTL')
+  end
+end
+
+local function token_bucket_refund(key, now, charged_at, capacity, rate, unit, _, cost_tokens, left)
+  local cost = cost_tokens * unit
+  -- Without this charge the bucket would have been full (cost - back units
+  -- of it absorbed by the cap) after (capacity - left - cost) / rate µs.
+  local elapsed = now - charged_at
+  if elapsed < 0 then elapsed = 0 end
+  local full_in = div_ceil(capacity, rate)
+  if elapsed > full_in then elapsed = full_in end
+  local back = capacity - left - elapsed * rate
+  if back > cost then back = cost end
+  if back <= 0 then return end
+  local v = redis.call('GET', key)
+  if not v then return end
+  local t, u, un = string.match(v, '^(%d+):(%d+):(%d+)$')
+  if not t or tonumber(un) ~= unit then return end
+  t, u = tonumber(t), tonumber(u)
+  -- Refill to now exactly as token_bucket() does, then add back.
+  local el = now - u
+  if el < 0 then el = 0 end
+  local missing_in = div_ceil(capacity - t, rate)
+  if el > missing_in then el = missing_in end
+  local tokens = t + el * rate
+  if tokens > capacity then tokens = capacity end
+  local updated = now
+  if u > now then updated = u end
+  tokens = tokens + back
+  if tokens >= capacity then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, int(tokens) .. ':' .. int(updated) .. ':' .. int(unit),
+      'PX', ttl_ms(div_ceil(capacity - tokens, rate)))
+  end
+end
+
+local function leaky_bucket_refund(key, now, charged_at, _, rate, unit, _, cost_tokens, after)
+  local cost = cost_tokens * unit
+  -- Without this charge the backlog would have drained (cost - back ticks
+  -- of it absorbed by the empty bucket) after (after - cost) / rate µs.
+  local elapsed = now - charged_at
+  if elapsed < 0 then elapsed = 0 end
+  local drained_in = div_ceil(after, rate)
+  if elapsed > drained_in then elapsed = drained_in end
+  local back = after - elapsed * rate
+  if back > cost then back = cost end
+  if back <= 0 then return end
+  local v = redis.call('GET', key)
+  if not v then return end
+  local t, f, r = string.match(v, '^(%d+):(%d+):(%d+)$')
+  if not t or tonumber(r) ~= rate then return end
+  t = tonumber(t)
+  if t < now then return end
+  local backlog = (t - now) * rate + tonumber(f) - back
+  if backlog <= 0 then
+    redis.call('DEL', key)
+  else
+    local whole = div_floor(backlog, rate)
+    redis.call('SET', key, int(now + whole) .. ':' .. int(backlog - whole * rate) .. ':' .. int(rate),
+      'PX', ttl_ms(div_ceil(backlog, rate)))
+  end
+end

@@ -1,0 +1,400 @@
+//! Redis Cluster: one script call per hash slot, all slots at once, and a
+//! refund when another slot denies.
+//!
+//! A Lua script may only touch keys of one hash slot, and the tiers of a
+//! request (say `global`, `ip`, `user`) live in different slots. So:
+//!
+//! 1. Each tier's key becomes `{<key>}`: the whole layer key is the hash tag,
+//!    so the slot is chosen by us (prefix, tier name and the escaped key
+//!    part, which never holds `{` or `}`), never by a request.
+//! 2. The tiers are grouped by slot. Each group is one `EVALSHA` of
+//!    `lua/cluster.lua` in `check` mode, with the all-or-nothing commit rule
+//!    among its own tiers; every group's call is sent at once, so a request
+//!    costs one round trip of wall time.
+//! 3. If an enforced tier of one group denied the request (or a group
+//!    failed), every group that committed gets a `refund` call giving back
+//!    exactly what it charged, minus what refill or a new window has already
+//!    absorbed: a refund never frees more than the request took, so the
+//!    cluster never admits more than a single Redis would; a denied request
+//!    may hold capacity on the other slots for the round trip until its
+//!    refund. The verdict is returned once the refunds are done.
+//!
+//! Steps 2-3 run in a task of their own when there are several groups, so a
+//! caller that gives up (the layer's `backend_timeout`) never leaves a charge
+//! without its refund. A request whose tiers share one slot is one call, no
+//! refund, as on a single Redis.
+//!
+//! `NOSCRIPT` is answered per node: the `EVALSHA` that failed is sent again
+//! as `EVAL` with the same keys, so it reaches the same node (by slot), runs,
+//! and leaves the script cached there. Nothing is loaded on other nodes.
+
+use super::{encode, int, RedisBackend};
+use crate::algorithm::Decision;
+use crate::backend::{Shadow, TierCheck, Verdict};
+use crate::error::BackendError;
+use crate::observe::LogThrottle;
+use ::redis::cluster::ClusterClient;
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::cluster_routing::Slot;
+use ::redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::task::Poll;
+use std::time::Duration;
+
+/// The cluster script: the algorithms, their refunds, and the per-slot
+/// dispatcher (instead of `check.lua`).
+pub(super) const CLUSTER_LUA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/sliding_window_log.lua"),
+    include_str!("../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/leaky_bucket.lua"),
+    include_str!("../../../lua/refund.lua"),
+    include_str!("../../../lua/cluster.lua"),
+);
+
+/// Failed refunds, by reason (`connection`, `script`).
+pub(crate) const REFUND_FAILURES: &str = "tiered_ratelimit_refund_failures_total";
+
+/// The cluster client: commands retry `MOVED`/`ASK` at once and other
+/// retryable errors (`TRYAGAIN`, `CLUSTERDOWN`, lost connections) after a
+/// short wait; the layer's `backend_timeout` bounds a request however many
+/// retries there are.
+pub(super) fn client(nodes: Vec<String>) -> RedisResult<ClusterClient> {
+    ClusterClient::builder(nodes)
+        .connection_timeout(Duration::from_secs(1))
+        .retries(8)
+        .min_retry_wait(5)
+        .max_retry_wait(250)
+        .build()
+}
+
+/// The Redis key of a layer key in a cluster: the whole key as hash tag.
+pub(crate) fn cluster_key(key: &str) -> String {
+    let mut k = String::with_capacity(key.len() + 2);
+    k.push('{');
+    k.push_str(key);
+    k.push('}');
+    k
+}
+
+/// One slot's share of a request: indices into the checks.
+struct Group {
+    tiers: Vec<usize>,
+}
+
+/// One slot's answer.
+struct GroupReply {
+    now_us: u64,
+    committed: bool,
+    decisions: Vec<Decision>,
+    undo: Vec<i64>,
+}
+
+/// Everything one request's cluster check needs, owned (it may run in a task).
+struct Job {
+    backend: RedisBackend,
+    conn: ClusterConnection,
+    checks: Vec<TierCheck>,
+    keys: Vec<String>,
+    shadow: Shadow,
+    clock: String,
+    groups: Vec<Group>,
+}
+
+pub(super) async fn check(
+    backend: RedisBackend,
+    checks: Vec<TierCheck>,
+    shadow: Shadow,
+) -> Result<Verdict, BackendError> {
+    let keys: Vec<String> = checks.iter().map(|c| cluster_key(&c.key)).collect();
+    let mut slots: Vec<Slot> = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
+    for (i, k) in keys.iter().enumerate() {
+        let slot = Slot::for_key(k.as_bytes());
+        match slots.iter().position(|s| *s == slot) {
+            Some(g) => groups[g].tiers.push(i),
+            None => {
+                slots.push(slot);
+                groups.push(Group { tiers: vec![i] });
+            }
+        }
+    }
+    let conn = backend.cluster_connection().await?;
+    let job = Job {
+        clock: backend.clock_arg(),
+        backend,
+        conn,
+        checks,
+        keys,
+        shadow,
+        groups,
+    };
+    if job.groups.len() <= 1 {
+        return job.run().await;
+    }
+    tokio::spawn(job.run())
+        .await
+        .map_err(|e| BackendError::Script(format!("cluster check task failed: {e}")))?
+}
+
+impl Job {
+    async fn run(self) -> Result<Verdict, BackendError> {
+        let calls = self.groups.iter().map(|g| self.check_group(g)).collect();
+        let replies = join_all(calls).await;
+
+        let mut decisions: Vec<Option<Decision>> = vec![None; self.checks.len()];
+        let mut now_us = None;
+        let mut error = None;
+        let mut charged = Vec::new();
+        for (g, reply) in self.groups.iter().zip(replies) {
+            match reply {
+                Ok(r) => {
+                    if g.tiers.contains(&0) {
+                        now_us = Some(r.now_us);
+                    }
+                    for (&i, d) in g.tiers.iter().zip(&r.decisions) {
+                        decisions[i] = Some(*d);
+                    }
+                    if r.committed {
+                        charged.push((g, r));
+                    }
+                }
+                Err(e) => {
+                    error.get_or_insert(e);
+                }
+            }
+        }
+        let decisions: Vec<Decision> = decisions.into_iter().flatten().collect();
+        let commit = error.is_none()
+            && decisions.len() == self.checks.len()
+            && self.shadow.commits(&decisions);
+        if !commit && !charged.is_empty() {
+            let refunds = charged
+                .iter()
+                .map(|(g, r)| self.refund_group(g, r))
+                .collect();
+            for result in join_all(refunds).await {
+                if let Err(e) = result {
+                    refund_failed(&e);
+                }
+            }
+        }
+        if let Some(e) = error {
+            return Err(e);
+        }
+        Ok(Verdict {
+            now_us: now_us.unwrap_or(0),
+            decisions,
+        })
+    }
+
+    async fn check_group(&self, g: &Group) -> Result<GroupReply, BackendError> {
+        let mut nums = Vec::with_capacity(7 * g.tiers.len());
+        for &i in &g.tiers {
+            let c = &self.checks[i];
+            let (algorithm, p) = encode(&c.limit);
+            nums.extend([
+                i64::from(algorithm),
+                p[0],
+                p[1],
+                p[2],
+                p[3],
+                int(c.cost),
+                i64::from(self.shadow.contains(i)),
+            ]);
+        }
+        let keys: Vec<&str> = g.tiers.iter().map(|&i| self.keys[i].as_str()).collect();
+        let reply = self
+            .invoke(&keys, "check", &self.clock, &nums)
+            .await
+            .map_err(|e| self.error(e))?;
+        parse_check(&reply, g, &self.checks)
+    }
+
+    async fn refund_group(&self, g: &Group, r: &GroupReply) -> Result<(), BackendError> {
+        let mut keys = Vec::new();
+        let mut nums = Vec::new();
+        for ((&i, d), &undo) in g.tiers.iter().zip(&r.decisions).zip(&r.undo) {
+            if !d.allowed {
+                continue; // a shadow tier that denied was not charged
+            }
+            let c = &self.checks[i];
+            let (algorithm, p) = encode(&c.limit);
+            keys.push(self.keys[i].as_str());
+            nums.extend([
+                i64::from(algorithm),
+                p[0],
+                p[1],
+                p[2],
+                p[3],
+                int(c.cost),
+                int(r.now_us),
+                undo,
+            ]);
+        }
+        if keys.is_empty() {
+            return Ok(());
+        }
+        // The refund reads its own clock: refill since the charge counts.
+        let clock = self.backend.clock_arg();
+        self.invoke(&keys, "refund", &clock, &nums)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.error(e))
+    }
+
+    /// `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL`: routed by the
+    /// keys' slot to the node that lacks the script, which caches it.
+    async fn invoke(
+        &self,
+        keys: &[&str],
+        mode: &str,
+        clock: &str,
+        nums: &[i64],
+    ) -> RedisResult<Vec<i64>> {
+        let script = &self.backend.inner.script;
+        let build = |name: &str, body: &str| -> Cmd {
+            let mut cmd = ::redis::cmd(name);
+            cmd.arg(body)
+                .arg(keys.len())
+                .arg(keys)
+                .arg(mode)
+                .arg(clock)
+                .arg(nums);
+            cmd
+        };
+        let mut conn = self.conn.clone();
+        match build("EVALSHA", script.get_hash())
+            .query_async(&mut conn)
+            .await
+        {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                build("EVAL", CLUSTER_LUA).query_async(&mut conn).await
+            }
+            other => other,
+        }
+    }
+
+    fn error(&self, e: RedisError) -> BackendError {
+        if e.is_connection_dropped() {
+            self.backend.forget_connection();
+        }
+        if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_timeout()
+            || e.is_cluster_error()
+            || matches!(
+                e.kind(),
+                ErrorKind::Server(
+                    ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                        | ServerErrorKind::BusyLoading
+                )
+            )
+        {
+            BackendError::Connection(e.to_string())
+        } else {
+            BackendError::Script(e.to_string())
+        }
+    }
+}
+
+const PER_TIER: usize = 6;
+
+fn parse_check(reply: &[i64], g: &Group, checks: &[TierCheck]) -> Result<GroupReply, BackendError> {
+    let want = 2 + PER_TIER * g.tiers.len();
+    if reply.len() != want {
+        return Err(BackendError::Script(format!(
+            "expected {want} values, got {}",
+            reply.len()
+        )));
+    }
+    let u = |v: i64| u64::try_from(v).unwrap_or(0);
+    let mut decisions = Vec::with_capacity(g.tiers.len());
+    let mut undo = Vec::with_capacity(g.tiers.len());
+    for (r, &i) in reply[2..].chunks_exact(PER_TIER).zip(&g.tiers) {
+        decisions.push(Decision {
+            allowed: r[0] == 1,
+            limit: checks[i].limit.capacity(),
+            remaining: u(r[1]),
+            reset_after_us: u(r[2]),
+            retry_after_us: u(r[3]),
+            delay_us: u(r[4]),
+        });
+        undo.push(r[5]);
+    }
+    Ok(GroupReply {
+        now_us: u(reply[0]),
+        committed: reply[1] == 1,
+        decisions,
+        undo,
+    })
+}
+
+/// A refund that did not land: the denied request keeps its charge on that
+/// slot's tiers (capacity is under-used until it refills; nothing is ever
+/// over-admitted). Logged at most once a second, counted always.
+fn refund_failed(e: &BackendError) {
+    metrics::counter!(REFUND_FAILURES, "kind" => e.kind()).increment(1);
+    static LOG: OnceLock<LogThrottle> = OnceLock::new();
+    let log = LOG.get_or_init(|| LogThrottle::new(Duration::from_secs(1)));
+    if let Some(suppressed) = log.permit() {
+        tracing::warn!(
+            error = %e,
+            suppressed,
+            "rate limiter: cross-slot refund failed; a denied request keeps its charge on one slot"
+        );
+    }
+}
+
+/// Polls every future until all are done; outputs in order.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futures.iter_mut().zip(out.iter_mut()) {
+            if o.is_none() {
+                match f.as_mut().poll(cx) {
+                    Poll::Ready(v) => *o = Some(v),
+                    Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_whole_layer_key_is_the_hash_tag() {
+        assert_eq!(cluster_key("rl:user:alice"), "{rl:user:alice}");
+        // Key parts never hold braces (they are escaped), so the tag is the
+        // whole key: same slot as the plain key, chosen by nothing else.
+        for k in [
+            "rl:global:all",
+            "rl:endpoint:GET%20/users/%7Bid%7D",
+            "p:ip:2001:db8::/64",
+        ] {
+            assert_eq!(Slot::for_key(cluster_key(k)), Slot::for_key(k));
+        }
+        assert_ne!(
+            Slot::for_key(cluster_key("rl:user:%7Bx%7D")),
+            Slot::for_key("x")
+        );
+    }
+}

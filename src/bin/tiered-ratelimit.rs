@@ -1,0 +1,208 @@
+//! `tiered-ratelimit`: offline tools for the `tiered-ratelimit` crate.
+//!
+//! `tiered-ratelimit replay --policy policy.toml access.log.gz` replays
+//! access logs through a policy and reports the would-be 429s (see
+//! `docs/replay.md`).
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+use tiered_ratelimit::replay::{
+    write_plot, Engine, FieldMap, Input, LogFormat, Modes, ReplayOptions, Replayer, Target,
+    TimeFormat,
+};
+use tiered_ratelimit::Policy;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tiered-ratelimit",
+    version,
+    about = "Offline tools for tiered-ratelimit policies"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Replay access logs through a policy on a virtual clock and report
+    /// the requests it would reject (429), per tier and endpoint.
+    Replay(ReplayArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Examples:
+  tiered-ratelimit replay -p policy.toml --route '/users/{id}' access.log access.log.1.gz
+  zcat access.log.*.gz | tiered-ratelimit replay -p policy.toml --json - > report.json
+  tiered-ratelimit replay -p policy.toml --format json --field ip=client.ip \\
+      --field header:x-api-key=api_key --field time=ts --plot 429s.svg app.jsonl
+
+Targets for --field / --extra-field: time, ip, method, path, request, status,
+user, plan, header:<name>. See docs/replay.md.")]
+struct ReplayArgs {
+    /// The policy (TOML, as for `Policy::from_file`).
+    #[arg(short, long, value_name = "FILE")]
+    policy: PathBuf,
+
+    /// Access logs, replayed in the order given (gzip detected by magic
+    /// bytes); `-` or none reads stdin.
+    #[arg(value_name = "INPUT")]
+    inputs: Vec<String>,
+
+    /// Log format: auto (per input, from its first line), combined, json.
+    #[arg(long, default_value = "auto", value_name = "FORMAT")]
+    format: LogFormat,
+
+    /// JSON field for a target, `TARGET=FIELD` (dotted for nested objects:
+    /// `ip=client.ip`); repeatable. Defaults: time=time, ip=remote_addr,
+    /// method=method, path=path, request=request, status=status, user=user.
+    #[arg(long = "field", value_name = "TARGET=FIELD")]
+    fields: Vec<String>,
+
+    /// Combined format: what the quoted fields after the user agent are, in
+    /// order (e.g. `--extra-field header:x-forwarded-for --extra-field
+    /// header:x-api-key`); repeatable.
+    #[arg(long = "extra-field", value_name = "TARGET")]
+    extra_fields: Vec<Target>,
+
+    /// Timestamps: auto, clf, rfc3339, epoch.
+    #[arg(long, default_value = "auto", value_name = "FORMAT")]
+    time_format: TimeFormat,
+
+    /// Combined format: do not use `$remote_user` as the user id.
+    #[arg(long)]
+    no_remote_user: bool,
+
+    /// A route template in axum syntax (`/users/{id}`, `/files/{*path}`);
+    /// repeatable. Paths matching no route are `<unmatched>`.
+    #[arg(short, long = "route", value_name = "PATTERN")]
+    routes: Vec<String>,
+
+    /// A file of route templates, one per line (`#` starts a comment).
+    #[arg(long, value_name = "FILE")]
+    routes_file: Option<PathBuf>,
+
+    /// auto, direct (fast: the layer's planning and the memory backend
+    /// without HTTP) or layer (a real axum Router per request).
+    #[arg(long, default_value = "auto")]
+    engine: Engine,
+
+    /// enforce (every tier not `off` enforced) or as-configured.
+    #[arg(long, default_value = "enforce")]
+    modes: Modes,
+
+    /// Blocked keys listed per tier.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    top: usize,
+
+    /// Malformed lines listed.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    examples: usize,
+
+    /// Show API keys in full (masked by default).
+    #[arg(long)]
+    show_keys: bool,
+
+    /// Most buckets kept in memory (as `MemoryBackend::max_keys`).
+    #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+    max_keys: usize,
+
+    /// Print the report as JSON on stdout instead of tables.
+    #[arg(long)]
+    json: bool,
+
+    /// Also draw the 429 rate over time per tier to FILE (.svg or .png).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+
+    /// No progress bar (it is shown only on a terminal, for large inputs).
+    #[arg(long)]
+    no_progress: bool,
+
+    /// No timing line on stderr.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Replay(args) => match replay(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tiered-ratelimit replay: {e}");
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+fn replay(args: ReplayArgs) -> Result<(), String> {
+    let policy = Policy::from_file(&args.policy).map_err(|e| e.to_string())?;
+    let mut fields = FieldMap::default();
+    for f in &args.fields {
+        fields
+            .set_spec(f)
+            .map_err(|e| format!("--field {f}: {e}"))?;
+    }
+    let mut routes = args.routes.clone();
+    if let Some(file) = &args.routes_file {
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        for line in text.lines() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if !line.is_empty() {
+                routes.push(line.to_owned());
+            }
+        }
+    }
+    let mut options = ReplayOptions::default();
+    options.format = args.format;
+    options.fields = fields;
+    options.extra_fields = args.extra_fields;
+    options.time_format = args.time_format;
+    options.remote_user = !args.no_remote_user;
+    options.routes = routes;
+    options.engine = args.engine;
+    options.modes = args.modes;
+    options.top = args.top;
+    options.max_examples = args.examples;
+    options.show_keys = args.show_keys;
+    options.max_keys = args.max_keys;
+    let mut replayer = Replayer::new(&policy, options).map_err(|e| e.to_string())?;
+    let inputs: Vec<Input> = if args.inputs.is_empty() {
+        vec![Input::Stdin]
+    } else {
+        args.inputs.iter().map(|a| Input::from_arg(a)).collect()
+    };
+    let start = Instant::now();
+    replayer
+        .run(&inputs, !args.no_progress)
+        .map_err(|e| e.to_string())?;
+    let elapsed = start.elapsed();
+    let engine = replayer.engine();
+    let report = replayer.finish();
+    if !args.quiet {
+        let secs = elapsed.as_secs_f64();
+        #[allow(clippy::cast_precision_loss)]
+        let lines = report.input.lines as f64;
+        eprintln!(
+            "replayed {} lines in {:.3} s: {:.0} lines/s (engine {engine})",
+            report.input.lines,
+            secs,
+            if secs > 0.0 { lines / secs } else { 0.0 },
+        );
+    }
+    if let Some(path) = &args.plot {
+        write_plot(&report, path)?;
+    }
+    if args.json {
+        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        println!("{json}");
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(())
+}

@@ -1,0 +1,207 @@
+//! Reading inputs (files or stdin, plain or gzip) on a thread of their own,
+//! in chunks that end at line boundaries, so decompression overlaps the
+//! replay.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// One input: a file (gzip or plain, detected by its magic bytes) or stdin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Input {
+    /// Standard input (`-`).
+    Stdin,
+    /// A file.
+    File(PathBuf),
+}
+
+impl Input {
+    /// `-` is stdin, anything else a file.
+    pub fn from_arg(arg: &str) -> Self {
+        if arg == "-" {
+            Input::Stdin
+        } else {
+            Input::File(PathBuf::from(arg))
+        }
+    }
+
+    /// The name used in reports: the path as given, or `-`.
+    pub fn name(&self) -> String {
+        match self {
+            Input::Stdin => "-".to_owned(),
+            Input::File(p) => p.display().to_string(),
+        }
+    }
+
+    /// The size on disk, when known (for the progress bar).
+    pub(crate) fn len(&self) -> Option<u64> {
+        match self {
+            Input::Stdin => None,
+            Input::File(p) => std::fs::metadata(p).ok().map(|m| m.len()),
+        }
+    }
+}
+
+/// What the reader thread sends.
+#[derive(Debug)]
+pub(crate) enum Msg {
+    /// Input `input` starts.
+    Start { input: usize },
+    /// Complete lines of the current input (the last one may lack its
+    /// newline at the end of the input).
+    Chunk(Vec<u8>),
+    /// The input could not be (fully) read; what was read before counts.
+    Error { input: usize, error: String },
+}
+
+const CHUNK: usize = 1 << 20;
+const MAX_LINE: usize = 16 << 20;
+
+/// Counts bytes read from the underlying source, for the progress bar.
+struct Counting<R> {
+    inner: R,
+    read: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+/// Opens an input: gzip when it starts with the gzip magic bytes (`1f 8b`),
+/// whatever its name; a `.gz` name without them is an error.
+fn open(input: &Input, read: Arc<AtomicU64>) -> io::Result<Box<dyn Read + Send>> {
+    let raw: Box<dyn Read + Send> = match input {
+        Input::Stdin => Box::new(io::stdin()),
+        Input::File(p) => Box::new(File::open(p)?),
+    };
+    let mut buf = BufReader::with_capacity(256 * 1024, Counting { inner: raw, read });
+    let head = buf.fill_buf()?;
+    let gzip = head.starts_with(&[0x1f, 0x8b]);
+    if gzip {
+        Ok(Box::new(flate2::bufread::MultiGzDecoder::new(buf)))
+    } else {
+        if let Input::File(p) = input {
+            if has_gz_extension(p) && !head.is_empty() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "named .gz but not gzip (no 1f 8b magic bytes)",
+                ));
+            }
+        }
+        Ok(Box::new(buf))
+    }
+}
+
+fn has_gz_extension(p: &Path) -> bool {
+    p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz"))
+}
+
+/// The reader thread: every input in order, as chunks of whole lines.
+pub(crate) struct Reader {
+    pub(crate) rx: Receiver<Msg>,
+    /// Used chunks go back here to be refilled.
+    pub(crate) recycle: Sender<Vec<u8>>,
+    pub(crate) handle: JoinHandle<()>,
+}
+
+pub(crate) fn spawn(inputs: Vec<Input>, read: Arc<AtomicU64>) -> io::Result<Reader> {
+    let (tx, rx) = mpsc::sync_channel::<Msg>(4);
+    let (recycle, spare) = mpsc::channel::<Vec<u8>>();
+    let handle = std::thread::Builder::new()
+        .name("replay-reader".into())
+        .spawn(move || {
+            for (i, input) in inputs.iter().enumerate() {
+                if tx.send(Msg::Start { input: i }).is_err() {
+                    return;
+                }
+                if let Err(e) = read_one(input, &read, &tx, &spare) {
+                    let msg = Msg::Error {
+                        input: i,
+                        error: e.to_string(),
+                    };
+                    if tx.send(msg).is_err() {
+                        return;
+                    }
+                }
+            }
+        })?;
+    Ok(Reader {
+        rx,
+        recycle,
+        handle,
+    })
+}
+
+fn read_one(
+    input: &Input,
+    read: &Arc<AtomicU64>,
+    tx: &SyncSender<Msg>,
+    spare: &Receiver<Vec<u8>>,
+) -> io::Result<()> {
+    let mut r = open(input, read.clone())?;
+    let mut buf: Vec<u8> = spare.try_recv().unwrap_or_default();
+    buf.clear();
+    loop {
+        if buf.capacity() < CHUNK * 2 {
+            buf.reserve(CHUNK * 2 - buf.len());
+        }
+        let start = buf.len();
+        buf.resize(start + CHUNK, 0);
+        let n = match r.read(&mut buf[start..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                buf.truncate(start);
+                continue;
+            }
+            Err(e) => {
+                buf.truncate(start);
+                // Whole lines read before the error still count.
+                if let Some(p) = buf.iter().rposition(|&b| b == b'\n') {
+                    buf.truncate(p + 1);
+                    let _ = tx.send(Msg::Chunk(buf));
+                }
+                return Err(e);
+            }
+        };
+        buf.truncate(start + n);
+        if n == 0 {
+            if !buf.is_empty() {
+                let _ = tx.send(Msg::Chunk(buf));
+            }
+            return Ok(());
+        }
+        if buf.len() < CHUNK {
+            continue;
+        }
+        // Send everything up to the last newline; keep the partial line.
+        if let Some(p) = buf.iter().rposition(|&b| b == b'\n') {
+            let mut next = spare.try_recv().unwrap_or_default();
+            next.clear();
+            next.extend_from_slice(&buf[p + 1..]);
+            buf.truncate(p + 1);
+            if tx.send(Msg::Chunk(buf)).is_err() {
+                return Ok(());
+            }
+            buf = next;
+        } else if buf.len() > MAX_LINE {
+            // No newline in 16 MiB: not a log line. Pass it on (it will be
+            // counted as malformed) rather than hold the input in memory.
+            let next = spare.try_recv().map(|mut v| {
+                v.clear();
+                v
+            });
+            if tx.send(Msg::Chunk(buf)).is_err() {
+                return Ok(());
+            }
+            buf = next.unwrap_or_default();
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! The chart: the would-be 429 rate over time, per tier (`--plot out.svg` or
+//! `out.png`).
+//!
+//! Text is drawn with an embedded subset of DejaVu Sans (ASCII and a few
+//! symbols, 10 KB; `DejaVuSans-subset.LICENSE` beside it), so charts look
+//! the same on machines without fonts.
+
+use super::report::Report;
+use super::time::format_axis_label;
+use plotters::prelude::*;
+use std::path::Path;
+use std::sync::Once;
+
+static FONT: &[u8] = include_bytes!("DejaVuSans-subset.ttf");
+static REGISTER: Once = Once::new();
+
+const SIZE: (u32, u32) = (1200, 640);
+
+/// Writes the chart of `report` to `path`: SVG for `.svg`, PNG for `.png`.
+///
+/// # Errors
+/// An unknown extension, or what the drawing backend reports (an
+/// unwritable path, for one).
+pub fn write_plot(report: &Report, path: &Path) -> Result<(), String> {
+    REGISTER.call_once(|| {
+        // The font is valid (checked by a test); a failure only loses text.
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    });
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("svg") => draw(report, SVGBackend::new(path, SIZE).into_drawing_area()),
+        Some("png") => draw(report, BitMapBackend::new(path, SIZE).into_drawing_area()),
+        _ => Err(format!(
+            "{}: the chart is written as .svg or .png",
+            path.display()
+        )),
+    }
+}
+
+fn err<E: std::fmt::Debug>(e: E) -> String {
+    format!("drawing the chart: {e:?}")
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn pct(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 * 100.0 / b as f64
+    }
+}
+
+fn draw<DB: DrawingBackend>(
+    report: &Report,
+    root: DrawingArea<DB, plotters::coord::Shift>,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE).map_err(err)?;
+    let tl = &report.timeline;
+    let bucket = tl.bucket_seconds.max(60);
+    let (x0, x1) = match (tl.points.first(), tl.points.last()) {
+        (Some(f), Some(l)) => (f.start_epoch, l.start_epoch + bucket),
+        _ => (0, bucket),
+    };
+    // Series: every tier, and all requests together.
+    let mut series: Vec<(String, Vec<(u64, f64)>)> = report
+        .tiers
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let pts = tl
+                .points
+                .iter()
+                .filter(|p| p.requests_by_tier.get(i).copied().unwrap_or(0) > 0)
+                .map(|p| {
+                    (
+                        p.start_epoch + bucket / 2,
+                        pct(p.rejected_by_tier[i], p.requests_by_tier[i]),
+                    )
+                })
+                .collect();
+            (t.name.clone(), pts)
+        })
+        .collect();
+    series.push((
+        "all requests".to_owned(),
+        tl.points
+            .iter()
+            .map(|p| (p.start_epoch + bucket / 2, pct(p.rejected, p.requests)))
+            .collect(),
+    ));
+    let ymax = series
+        .iter()
+        .flat_map(|(_, pts)| pts.iter().map(|p| p.1))
+        .fold(0.0f64, f64::max);
+    let ymax = if ymax <= 0.0 {
+        1.0
+    } else {
+        (ymax * 1.1).min(100.0)
+    };
+    let minutes = bucket / 60;
+    let caption = format!(
+        "Would-be 429 rate per tier (binding tier), {} buckets",
+        if minutes % 60 == 0 {
+            format!("{} h", minutes / 60)
+        } else {
+            format!("{minutes} min")
+        }
+    );
+    let with_date = x1 - x0 > 86_400 || {
+        let d = |s: u64| s / 86_400;
+        d(x0) != d(x1.saturating_sub(1))
+    };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 24))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(64)
+        .build_cartesian_2d(x0..x1, 0f64..ymax)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_labels(8)
+        .y_labels(8)
+        .x_label_formatter(&|x| format_axis_label(x * 1_000_000, with_date))
+        .y_label_formatter(&|y| format!("{y:.1}%"))
+        .x_desc("time (UTC)")
+        .y_desc("429s / requests the tier checked")
+        .label_style(("sans-serif", 14))
+        .draw()
+        .map_err(err)?;
+    let n = series.len();
+    for (k, (name, pts)) in series.into_iter().enumerate() {
+        let color = if k + 1 == n {
+            BLACK.mix(0.6)
+        } else {
+            Palette99::pick(k).mix(1.0)
+        };
+        let style = color.stroke_width(if k + 1 == n { 1 } else { 2 });
+        chart
+            .draw_series(LineSeries::new(pts, style))
+            .map_err(err)?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font(("sans-serif", 14))
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.4))
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}

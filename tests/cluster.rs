@@ -1,0 +1,1172 @@
+//! Redis Cluster: a real 3-primary cluster of our own (with replicas where
+//! a test needs them), the limiter through HTTP with exact headers, all or
+//! nothing across hash slots (optimistic charge + refund), concurrency
+//! exactness across app servers, NOSCRIPT per node, failover.
+
+mod support;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use support::cluster::{calls, failed_calls, RedisCluster};
+use support::*;
+use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
+use tiered_ratelimit::backend::{Backend, ManualClock, RedisBackend, TierCheck};
+use tiered_ratelimit::key::{ClientIp, Global, User};
+use tiered_ratelimit::{
+    Algorithm, FailurePolicy, LeakyBucket, Mode, Quota, RateLimitLayer, RateLimitLayerBuilder, Tier,
+};
+
+const S: u64 = 1_000_000;
+const W: Duration = Duration::from_secs(10);
+
+/// The Redis key of a layer key in a cluster (the whole key is the hash tag).
+fn ckey(key: &str) -> String {
+    format!("{{{key}}}")
+}
+
+/// A scenario on a shared cluster: its own manual clock and key prefix.
+struct Scn<'a> {
+    cluster: &'a RedisCluster,
+    clock: ManualClock,
+    prefix: String,
+}
+
+impl<'a> Scn<'a> {
+    fn new(cluster: &'a RedisCluster, prefix: &str) -> Self {
+        Scn {
+            cluster,
+            clock: ManualClock::new(T0_US),
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    fn backend(&self) -> RedisBackend {
+        RedisBackend::cluster(self.cluster.urls())
+            .expect("cluster urls")
+            .with_manual_clock(self.clock.clone())
+            // The clock stands still while Redis expires keys in real time.
+            .with_test_ttl_slack(Duration::from_secs(600))
+    }
+
+    fn builder(&self) -> RateLimitLayerBuilder {
+        RateLimitLayer::builder()
+            .backend(self.backend())
+            .key_prefix(self.prefix.as_str())
+            .docs_url("https://example.com/docs/rate-limits")
+            .backend_timeout(Duration::from_secs(2))
+    }
+
+    /// The Redis key of `<prefix>:<rest>`.
+    fn key(&self, rest: &str) -> String {
+        ckey(&format!("{}:{rest}", self.prefix))
+    }
+}
+
+async fn get(c: &reqwest::Client, url: &str) -> Limits {
+    limits(&c.get(url).send().await.expect("request"))
+}
+
+async fn get_as(c: &reqwest::Client, url: &str, user: &str) -> Limits {
+    let res = c
+        .get(url)
+        .header("authorization", format!("Bearer {user}"))
+        .send()
+        .await
+        .expect("request");
+    limits(&res)
+}
+
+// ---------------------------------------------------------------------------
+// Exact headers through HTTP (single-slot requests), manual clock.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_headers_on_a_cluster() {
+    let cluster = RedisCluster::start(0);
+    burst_then_deny_then_refill(Scn::new(&cluster, "burst")).await;
+    fixed_window(Scn::new(&cluster, "fixed")).await;
+    sliding_window_log(Scn::new(&cluster, "log")).await;
+    sliding_window_counter(Scn::new(&cluster, "counter")).await;
+    leaky_bucket_police(Scn::new(&cluster, "police")).await;
+    leaky_bucket_shape(Scn::new(&cluster, "shape")).await;
+    weighted_and_oversized_costs(Scn::new(&cluster, "weighted")).await;
+}
+
+async fn burst_then_deny_then_refill(s: Scn<'_>) {
+    let layer = s
+        .builder()
+        .tier(Tier::new("ip", ClientIp::default(), Quota::per_minute(3)))
+        .build()
+        .unwrap();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    assert_eq!(get(&c, &url).await, ok(3, 2, T0_S + 20));
+    assert_eq!(get(&c, &url).await, ok(3, 1, T0_S + 40));
+    assert_eq!(get(&c, &url).await, ok(3, 0, T0_S + 60));
+    let res = c.get(&url).send().await.unwrap();
+    assert_eq!(limits(&res), denied(3, 0, T0_S + 20, 20));
+    assert_eq!(
+        res.text().await.unwrap(),
+        r#"{"error":"rate_limit_exceeded","retry_after":20,"docs":"https://example.com/docs/rate-limits"}"#
+    );
+    s.clock.advance(Duration::from_micros(19_999_999));
+    assert_eq!(get(&c, &url).await, denied(3, 0, T0_S + 20, 1));
+    s.clock.advance(Duration::from_micros(1));
+    assert_eq!(get(&c, &url).await, ok(3, 0, T0_S + 80));
+    s.clock.advance(Duration::from_secs(3600));
+    let now = T0_S + 20 + 3600;
+    assert_eq!(get(&c, &url).await, ok(3, 2, now + 20));
+    // One key, hash-tagged, on the node that owns its slot.
+    let key = s.key("ip:127.0.0.1");
+    assert_eq!(
+        s.cluster.get(&key).as_deref(),
+        Some("40000000:1700003620000000:20000000")
+    );
+}
+
+/// A layer with one Global tier of `algorithm`, cost from `x-cost`.
+async fn start(
+    s: &Scn<'_>,
+    algorithm: Algorithm,
+    quota: Quota,
+) -> impl Fn(u64) -> reqwest::RequestBuilder {
+    let layer = s
+        .builder()
+        .tier(Tier::new("t", Global, quota).algorithm(algorithm).cost_fn(
+            |p: &http::request::Parts| {
+                p.headers
+                    .get("x-cost")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(1)
+            },
+        ))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    move |cost: u64| {
+        c.get(format!("http://{addr}/"))
+            .header("x-cost", cost.to_string())
+    }
+}
+
+async fn send(r: reqwest::RequestBuilder) -> Limits {
+    limits(&r.send().await.unwrap())
+}
+
+async fn fixed_window(s: Scn<'_>) {
+    let req = start(&s, Algorithm::FixedWindow, Quota::new(3, W)).await;
+    assert_eq!(send(req(1)).await, ok(3, 2, T0_S + 10));
+    assert_eq!(send(req(1)).await, ok(3, 1, T0_S + 10));
+    assert_eq!(send(req(1)).await, ok(3, 0, T0_S + 10));
+    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 10));
+    s.clock.advance(Duration::from_micros(9_999_999));
+    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 1));
+    s.clock.advance(Duration::from_micros(1));
+    for want in [2, 1, 0] {
+        assert_eq!(send(req(1)).await, ok(3, want, T0_S + 20));
+    }
+    assert_eq!(send(req(1)).await.status, 429);
+}
+
+async fn sliding_window_log(s: Scn<'_>) {
+    let req = start(&s, Algorithm::SlidingWindowLog, Quota::new(3, W)).await;
+    for want in [2, 1, 0] {
+        assert_eq!(send(req(1)).await, ok(3, want, T0_S + 10));
+    }
+    s.clock.advance(Duration::from_secs(4));
+    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 6));
+    s.clock.advance(Duration::from_micros(5_999_999));
+    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 1));
+    s.clock.advance(Duration::from_micros(1));
+    assert_eq!(send(req(1)).await, ok(3, 2, T0_S + 20));
+    assert_eq!(send(req(2)).await, ok(3, 0, T0_S + 20));
+    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 20, 10));
+}
+
+async fn sliding_window_counter(s: Scn<'_>) {
+    let req = start(&s, Algorithm::SlidingWindowCounter, Quota::new(4, W)).await;
+    for want in [3, 2, 1, 0] {
+        assert_eq!(send(req(1)).await, ok(4, want, T0_S + 20));
+    }
+    assert_eq!(send(req(1)).await, denied(4, 0, T0_S + 13, 13));
+    s.clock.advance(Duration::from_micros(12_499_999));
+    assert_eq!(send(req(1)).await, denied(4, 0, T0_S + 13, 1));
+    s.clock.advance(Duration::from_micros(1));
+    assert_eq!(send(req(1)).await, ok(4, 0, T0_S + 30));
+}
+
+async fn leaky_bucket_police(s: Scn<'_>) {
+    let algorithm = Algorithm::LeakyBucket(LeakyBucket::Police);
+    let req = start(&s, algorithm, Quota::new(2, W)).await;
+    assert_eq!(send(req(1)).await, ok(2, 1, T0_S + 5));
+    assert_eq!(send(req(1)).await, ok(2, 0, T0_S + 10));
+    assert_eq!(send(req(1)).await, denied(2, 0, T0_S + 5, 5));
+    s.clock.advance(Duration::from_secs(5));
+    assert_eq!(send(req(1)).await, ok(2, 0, T0_S + 15));
+}
+
+async fn leaky_bucket_shape(s: Scn<'_>) {
+    let algorithm = Algorithm::LeakyBucket(LeakyBucket::Shape {
+        max_delay: Duration::from_millis(1500),
+    });
+    let req = start(&s, algorithm, Quota::per_second(2).burst(1)).await;
+    assert_eq!(send(req(1)).await, ok(1, 0, T0_S + 1));
+    let started = Instant::now();
+    let queued: Vec<_> = (0..3)
+        .map(|_| {
+            let r = req(1);
+            tokio::spawn(async move { (send(r).await, started.elapsed()) })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for q in queued {
+        results.push(q.await.unwrap());
+    }
+    results.sort_by_key(|(_, t)| *t);
+    for ((l, took), delay_ms) in results.iter().zip([500u64, 1000, 1500]) {
+        assert_eq!(l.status, 200);
+        assert!(*took >= Duration::from_millis(delay_ms), "{took:?}");
+    }
+    assert_eq!(send(req(1)).await, denied(1, 0, T0_S + 1, 1));
+}
+
+async fn weighted_and_oversized_costs(s: Scn<'_>) {
+    let req = start(&s, Algorithm::TokenBucket, Quota::new(5, W)).await;
+    assert_eq!(send(req(3)).await, ok(5, 2, T0_S + 6));
+    assert_eq!(send(req(3)).await, denied(5, 2, T0_S + 2, 2));
+    assert_eq!(send(req(6)).await, denied(5, 2, T0_S + 6, 6));
+    assert_eq!(send(req(0)).await, NO_LIMITS);
+    assert_eq!(send(req(2)).await, ok(5, 0, T0_S + 10));
+}
+
+// ---------------------------------------------------------------------------
+// All or nothing across slots.
+
+/// A user whose `user` tier key is served by another primary than `other`.
+fn user_on_another_node(s: &Scn<'_>, tier: &str, other: &str) -> String {
+    let other_node = s.cluster.primary_of(other);
+    (0..100)
+        .map(|i| format!("user{i}"))
+        .find(|u| s.cluster.primary_of(&s.key(&format!("{tier}:{u}"))) != other_node)
+        .expect("a user key on another node")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denial_on_one_slot_leaves_the_others_untouched() {
+    let cluster = RedisCluster::start(0);
+    let s = Scn::new(&cluster, "aon");
+    let global = s.key("global:all");
+    let alice = user_on_another_node(&s, "user", &global);
+    let user_key = s.key(&format!("user:{alice}"));
+    assert_ne!(cluster.keyslot(&global), cluster.keyslot(&user_key));
+    assert_ne!(cluster.primary_of(&global), cluster.primary_of(&user_key));
+
+    let layer = s
+        .builder()
+        .tier(Tier::new("global", Global, Quota::per_minute(100)))
+        .tier(Tier::new("user", User, Quota::per_minute(2)))
+        .build()
+        .unwrap();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    assert_eq!(get_as(&c, &url, &alice).await, ok(2, 1, T0_S + 30));
+    assert_eq!(get_as(&c, &url, &alice).await, ok(2, 0, T0_S + 60));
+    let before = cluster.get(&global);
+    assert_eq!(before.as_deref(), Some("58800000:1700000000000000:600000"));
+    for _ in 0..3 {
+        assert_eq!(get_as(&c, &url, &alice).await, denied(2, 0, T0_S + 30, 30));
+        // Charged optimistically on the global slot, refunded before the 429.
+        assert_eq!(cluster.get(&global), before);
+    }
+    // The denied requests took nothing from the global tier: 100 - 2.
+    assert_eq!(get(&c, &url).await, ok(100, 97, T0_S + 2));
+    assert_eq!(
+        cluster.get(&global).as_deref(),
+        Some("58200000:1700000000000000:600000")
+    );
+    assert_eq!(
+        cluster.get(&user_key).as_deref(),
+        Some("0:1700000000000000:30000000")
+    );
+
+    // The other way round: the global tier denies, a user's key is never
+    // created (charged, then deleted by the refund: a full bucket is no key).
+    let s2 = Scn::new(&cluster, "aon2");
+    let layer = s2
+        .builder()
+        .tier(Tier::new("global", Global, Quota::per_minute(1)))
+        .tier(Tier::new("user", User, Quota::per_minute(5)))
+        .build()
+        .unwrap();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    assert_eq!(get_as(&c, &url, "carol").await, ok(1, 0, T0_S + 60));
+    for u in ["dave", "erin", "frank", "grace"] {
+        assert_eq!(get_as(&c, &url, u).await, denied(1, 0, T0_S + 60, 60));
+        assert!(!cluster.exists(&s2.key(&format!("user:{u}"))), "{u}");
+    }
+    assert_eq!(
+        cluster.keys(),
+        vec![
+            global.clone(),
+            s2.key("global:all"),
+            s2.key("user:carol"),
+            user_key.clone(),
+        ]
+        .into_iter()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect::<Vec<_>>()
+    );
+}
+
+/// Every algorithm as the tier that is charged and then refunded: after
+/// denials on another slot its stored value is exactly what it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_restore_every_algorithm_exactly() {
+    let cluster = RedisCluster::start(0);
+    let algorithms = [
+        ("fixed", Algorithm::FixedWindow),
+        ("log", Algorithm::SlidingWindowLog),
+        ("counter", Algorithm::SlidingWindowCounter),
+        ("bucket", Algorithm::TokenBucket),
+        ("police", Algorithm::LeakyBucket(LeakyBucket::Police)),
+        (
+            "shape",
+            Algorithm::LeakyBucket(LeakyBucket::Shape {
+                max_delay: Duration::from_secs(60),
+            }),
+        ),
+    ];
+    let c = client();
+    for (name, algorithm) in algorithms {
+        let s = Scn::new(&cluster, &format!("rf-{name}"));
+        let victim = s.key("victim:all");
+        let gate_user = user_on_another_node(&s, "gate", &victim);
+        let layer = s
+            .builder()
+            .tier(Tier::new("victim", Global, Quota::new(50, W)).algorithm(algorithm))
+            .tier(Tier::new("gate", User, Quota::per_minute(1)))
+            .build()
+            .unwrap();
+        let url = format!("http://{}/", serve(app(layer)).await);
+        // Two admitted (one through the gate), at two instants.
+        assert_eq!(get(&c, &url).await.status, 200, "{name}");
+        s.clock.advance(Duration::from_millis(1500));
+        assert_eq!(get_as(&c, &url, &gate_user).await.status, 200, "{name}");
+        let snapshot = |key: &str| -> (Option<String>, Vec<String>) {
+            let t: String = cluster.cmd_for_key(key, &["TYPE", key]);
+            if t == "zset" {
+                let members: Vec<String> =
+                    cluster.cmd_for_key(key, &["ZRANGE", key, "0", "-1", "WITHSCORES"]);
+                (None, members)
+            } else {
+                (cluster.get(key), Vec::new())
+            }
+        };
+        let before = snapshot(&victim);
+        assert!(before.0.is_some() || !before.1.is_empty(), "{name}");
+        for _ in 0..3 {
+            assert_eq!(get_as(&c, &url, &gate_user).await.status, 429, "{name}");
+            assert_eq!(snapshot(&victim), before, "{name}: refund not exact");
+        }
+        // And the headers go on as if the denials never happened.
+        let l = get(&c, &url).await;
+        assert_eq!(l.status, 200, "{name}");
+        assert_eq!(l.limit, Some(50), "{name}");
+    }
+}
+
+/// A shadow tier that would deny on one slot does not block charging the
+/// enforced tier on another, and nothing is refunded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shadow_denial_on_one_slot_charges_the_others() {
+    let cluster = RedisCluster::start(0);
+    let s = Scn::new(&cluster, "shadow");
+    let global = s.key("global:all");
+    let alice = user_on_another_node(&s, "user", &global);
+    let layer = s
+        .builder()
+        .tier(Tier::new("global", Global, Quota::per_minute(100)))
+        .tier(Tier::new("user", User, Quota::per_minute(1)).mode(Mode::Shadow))
+        .build()
+        .unwrap();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    for _ in 0..4 {
+        assert_eq!(get_as(&c, &url, &alice).await.status, 200);
+    }
+    // 4 charged on the enforced tier; the shadow tier admitted one.
+    assert_eq!(
+        cluster.get(&global).as_deref(),
+        Some("57600000:1700000000000000:600000")
+    );
+    assert_eq!(
+        cluster.get(&s.key(&format!("user:{alice}"))).as_deref(),
+        Some("0:1700000000000000:60000000")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Model agreement across slots: with the charge and its refund at the same
+// instant, the cluster decides exactly as one atomic all-or-nothing check.
+
+fn limits_list() -> Vec<(&'static str, Limit)> {
+    let tb = TokenBucket::new(3, 7 * S, 5).unwrap();
+    vec![
+        (
+            "fixed",
+            Limit::FixedWindow(Window {
+                limit: 4,
+                window_us: 1_700_001,
+            }),
+        ),
+        (
+            "log",
+            Limit::SlidingWindowLog(Window {
+                limit: 6,
+                window_us: 3 * S,
+            }),
+        ),
+        (
+            "counter",
+            Limit::SlidingWindowCounter(Window {
+                limit: 6,
+                window_us: 2_500_000,
+            }),
+        ),
+        ("bucket", Limit::TokenBucket(tb)),
+        (
+            "police",
+            Limit::LeakyBucket(Gcra {
+                bucket: tb,
+                max_delay_us: None,
+            }),
+        ),
+        (
+            "shape",
+            Limit::LeakyBucket(Gcra {
+                bucket: TokenBucket::new(2, S, 1).unwrap(),
+                max_delay_us: Some(1_500_000),
+            }),
+        ),
+    ]
+}
+
+#[derive(Default)]
+struct Model {
+    keys: HashMap<String, (State, u64)>,
+}
+
+impl Model {
+    fn state(&self, key: &str, now: u64) -> Option<&State> {
+        self.keys
+            .get(key)
+            .filter(|(_, exp)| *exp > now)
+            .map(|(s, _)| s)
+    }
+
+    fn check(&mut self, checks: &[TierCheck], now: u64) -> Vec<Decision> {
+        let ds: Vec<Decision> = checks
+            .iter()
+            .map(|c| c.limit.check(self.state(&c.key, now), now, c.cost))
+            .collect();
+        if ds.iter().all(|d| d.allowed) {
+            for c in checks {
+                let old = self.state(&c.key, now).cloned();
+                let (s, ttl) = c.limit.charge(old, now, c.cost);
+                self.keys.insert(c.key.clone(), (s, now + ttl));
+            }
+        }
+        ds
+    }
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_slot_checks_agree_with_the_model() {
+    let cluster = RedisCluster::start(0);
+    let clock = ManualClock::new(T0_US + 123_457);
+    let backend: Backend = RedisBackend::cluster(cluster.urls())
+        .unwrap()
+        .with_manual_clock(clock.clone())
+        .with_test_ttl_slack(Duration::from_secs(600))
+        .into();
+    let all = limits_list();
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let (mut cross, mut denied, mut total) = (0, 0, 0);
+    for (i, (na, a)) in all.iter().enumerate() {
+        for (j, (nb, b)) in all.iter().enumerate() {
+            let mut model = Model::default();
+            for op in 0..50 {
+                let step = match rng.next() % 4 {
+                    0 => 0,
+                    1 => rng.next() % 300_000,
+                    _ => rng.next() % 2_000_000,
+                };
+                clock.advance(Duration::from_micros(step));
+                let now = clock.now_us();
+                let key = rng.next() % 3;
+                let cost = 1 + rng.next() % 3;
+                let checks = vec![
+                    TierCheck {
+                        key: format!("m{i}{j}:a:k{key}"),
+                        limit: *a,
+                        cost,
+                    },
+                    TierCheck {
+                        key: format!("m{i}{j}:b:all"),
+                        limit: *b,
+                        cost: 1,
+                    },
+                ];
+                if cluster.keyslot(&ckey(&checks[0].key)) != cluster.keyslot(&ckey(&checks[1].key))
+                {
+                    cross += 1;
+                }
+                let want = model.check(&checks, now);
+                let got = backend.check(checks).await.unwrap();
+                assert_eq!(got.now_us, now);
+                assert_eq!(got.decisions, want, "{na}×{nb} diverged at op {op}");
+                total += 1;
+                if !want.iter().all(|d| d.allowed) {
+                    denied += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{total} checks, {cross} across slots, {denied} denied");
+    assert!(cross > total * 9 / 10, "{cross} of {total} across slots");
+    assert!(denied > total / 10 && denied < total * 9 / 10, "{denied}");
+}
+
+// ---------------------------------------------------------------------------
+// A refund never frees more than the charge took, whatever happened between
+// the charge and the refund (refill, new windows, other requests). Driven
+// directly through the cluster script on a single redis-server.
+
+const CLUSTER_SCRIPT: &str = concat!(
+    include_str!("../lua/common.lua"),
+    include_str!("../lua/fixed_window.lua"),
+    include_str!("../lua/sliding_window_log.lua"),
+    include_str!("../lua/sliding_window_counter.lua"),
+    include_str!("../lua/token_bucket.lua"),
+    include_str!("../lua/leaky_bucket.lua"),
+    include_str!("../lua/refund.lua"),
+    include_str!("../lua/cluster.lua"),
+);
+
+fn encode(limit: &Limit) -> [i64; 5] {
+    let i = |v: u64| v as i64;
+    match *limit {
+        Limit::FixedWindow(w) => [1, i(w.limit), i(w.window_us), 0, 0],
+        Limit::SlidingWindowLog(w) => [2, i(w.limit), i(w.window_us), 0, 0],
+        Limit::SlidingWindowCounter(w) => [3, i(w.limit), i(w.window_us), 0, 0],
+        Limit::TokenBucket(b) => [4, i(b.capacity), i(b.rate), i(b.unit), 0],
+        Limit::LeakyBucket(g) => [
+            5,
+            i(g.bucket.capacity),
+            i(g.bucket.rate),
+            i(g.bucket.unit),
+            g.max_delay_us.map_or(-1, i),
+        ],
+        _ => unreachable!(),
+    }
+}
+
+struct Lua {
+    conn: redis::Connection,
+}
+
+impl Lua {
+    fn clock(now: u64) -> String {
+        format!("{now}:600000")
+    }
+
+    /// Check (and charge if allowed) `cost` on `key`: (decision fields, undo).
+    fn charge(&mut self, key: &str, limit: &Limit, now: u64, cost: u64) -> (bool, u64, i64) {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(CLUSTER_SCRIPT)
+            .arg(1)
+            .arg(key)
+            .arg("check")
+            .arg(Self::clock(now))
+            .arg(&encode(limit)[..])
+            .arg(cost)
+            .arg(0);
+        let r: Vec<i64> = cmd.query(&mut self.conn).unwrap();
+        (r[2] == 1, r[3] as u64, r[7])
+    }
+
+    fn refund(
+        &mut self,
+        key: &str,
+        limit: &Limit,
+        now: u64,
+        charged_at: u64,
+        cost: u64,
+        undo: i64,
+    ) {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(CLUSTER_SCRIPT)
+            .arg(1)
+            .arg(key)
+            .arg("refund")
+            .arg(Self::clock(now))
+            .arg(&encode(limit)[..])
+            .arg(cost)
+            .arg(charged_at)
+            .arg(undo);
+        let n: i64 = cmd.query(&mut self.conn).unwrap();
+        assert_eq!(n, 1);
+    }
+
+    /// The decision for `cost` on `key` without charging (an enforced tier
+    /// that can never pass rides along).
+    fn probe(&mut self, key: &str, limit: &Limit, now: u64, cost: u64) -> (bool, u64) {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(CLUSTER_SCRIPT)
+            .arg(2)
+            .arg(key)
+            .arg("never")
+            .arg("check")
+            .arg(Self::clock(now))
+            .arg(&encode(limit)[..])
+            .arg(cost)
+            .arg(0)
+            .arg(&[1i64, 1, 1_000_000, 0, 0][..])
+            .arg(2)
+            .arg(0);
+        let r: Vec<i64> = cmd.query(&mut self.conn).unwrap();
+        assert_eq!(r[1], 0, "a probe never commits");
+        (r[2] == 1, r[3] as u64)
+    }
+}
+
+#[test]
+fn a_refund_never_frees_more_than_its_charge() {
+    let redis = RedisServer::start();
+    let mut lua = Lua {
+        conn: redis::Client::open(redis.url())
+            .unwrap()
+            .get_connection()
+            .unwrap(),
+    };
+    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    let (mut exact, mut absorbed, mut trials) = (0, 0, 0);
+    for (name, limit) in limits_list() {
+        let cap = limit.capacity();
+        for trial in 0..80 {
+            let (x, y) = (format!("x:{name}:{trial}"), format!("y:{name}:{trial}"));
+            let mut now = T0_US + rng.next() % (10 * S);
+            // The same admitted history on both keys.
+            for _ in 0..rng.next() % 6 {
+                now += rng.next() % 1_500_000;
+                let cost = 1 + rng.next() % cap;
+                let (ax, rx, _) = lua.charge(&x, &limit, now, cost);
+                if ax {
+                    let (ay, ry, _) = lua.charge(&y, &limit, now, cost);
+                    assert!(ay && ry == rx, "{name}: histories diverged");
+                } else {
+                    assert!(!lua.probe(&y, &limit, now, cost).0);
+                }
+            }
+            // The charge that will be refunded: on x only.
+            now += rng.next() % 1_000_000;
+            let cost = 1 + rng.next() % cap;
+            let (allowed, _, undo) = lua.charge(&x, &limit, now, cost);
+            if !allowed {
+                continue;
+            }
+            let charged_at = now;
+            // Time and other requests between the charge and its refund
+            // (admitted on y too whenever x admits them).
+            let quiet = rng.next().is_multiple_of(3);
+            if !quiet {
+                for _ in 0..rng.next() % 4 {
+                    now += rng.next() % 2_000_000;
+                    let c = 1 + rng.next() % cap;
+                    if lua.charge(&x, &limit, now, c).0 {
+                        assert!(
+                            lua.charge(&y, &limit, now, c).0,
+                            "{name}: y denied what x took"
+                        );
+                    }
+                }
+                now += rng.next() % 3_000_000;
+            }
+            lua.refund(&x, &limit, now, charged_at, cost, undo);
+            trials += 1;
+            // From now on x must never admit what y would not.
+            let mut same = true;
+            let mut t = now;
+            for _ in 0..4 {
+                for q in 1..=cap {
+                    let (ax, rx) = lua.probe(&x, &limit, t, q);
+                    let (ay, ry) = lua.probe(&y, &limit, t, q);
+                    assert!(
+                        (!ax || ay) && (ax != ay || rx <= ry),
+                        "{name} trial {trial}: after the refund x admits more than y \
+                         (cost {q} at +{} µs: x {ax}/{rx}, y {ay}/{ry})",
+                        t - now
+                    );
+                    same &= ax == ay && rx == ry;
+                }
+                t += rng.next() % 2_000_000;
+            }
+            if quiet {
+                assert!(
+                    same,
+                    "{name} trial {trial}: an immediate refund must be exact"
+                );
+            }
+            if same {
+                exact += 1;
+            } else {
+                absorbed += 1;
+            }
+        }
+    }
+    eprintln!("{trials} refunds: {exact} exact, {absorbed} partly absorbed by refill or windows");
+    assert!(trials > 200);
+}
+
+// ---------------------------------------------------------------------------
+// Concurrency: two app servers, one key, exactly the quota.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_app_servers_admit_exactly_the_quota() {
+    let cluster = RedisCluster::start(0);
+    let c = client();
+    for round in 0..3 {
+        let prefix = format!("conc{round}");
+        let mk = || {
+            RateLimitLayer::builder()
+                .backend(RedisBackend::cluster(cluster.urls()).unwrap())
+                .key_prefix(prefix.as_str())
+                .tier(Tier::new("global", Global, Quota::per_hour(50)))
+                .backend_timeout(Duration::from_secs(10))
+                .build()
+                .unwrap()
+        };
+        let a = serve(app(mk())).await;
+        let b = serve(app(mk())).await;
+        let (ok_count, limited) = burst(&c, [a, b], 200, None).await;
+        assert_eq!((ok_count, limited), (50, 350), "round {round}");
+    }
+}
+
+/// Cross-slot under concurrency: the user tier admits exactly its quota and
+/// every one of the 350 refunds on the global slot is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_cross_slot_denials_are_all_refunded() {
+    let cluster = RedisCluster::start(0);
+    let c = client();
+    for round in 0..3 {
+        let s = Scn::new(&cluster, &format!("xconc{round}"));
+        let global = s.key("global:all");
+        let alice = user_on_another_node(&s, "user", &global);
+        let mk = || {
+            s.builder()
+                .backend_timeout(Duration::from_secs(10))
+                .tier(Tier::new("global", Global, Quota::per_hour(1000)))
+                .tier(Tier::new("user", User, Quota::per_hour(50)))
+                .build()
+                .unwrap()
+        };
+        let a = serve(app(mk())).await;
+        let b = serve(app(mk())).await;
+        let (ok_count, limited) = burst(&c, [a, b], 200, Some(&alice)).await;
+        assert_eq!((ok_count, limited), (50, 350), "round {round}");
+        // 950 tokens of 3 600 000 units each: only the 50 admitted remain charged.
+        assert_eq!(
+            cluster.get(&global).as_deref(),
+            Some("3420000000:1700000000000000:3600000"),
+            "round {round}"
+        );
+    }
+}
+
+/// `per_server` concurrent requests to each server; (200s, 429s).
+async fn burst(
+    c: &reqwest::Client,
+    servers: [std::net::SocketAddr; 2],
+    per_server: usize,
+    user: Option<&str>,
+) -> (usize, usize) {
+    let mut handles = Vec::new();
+    for i in 0..2 * per_server {
+        let mut r = c.get(format!("http://{}/", servers[i % 2]));
+        if let Some(u) = user {
+            r = r.header("authorization", format!("Bearer {u}"));
+        }
+        handles.push(tokio::spawn(async move {
+            r.send().await.unwrap().status().as_u16()
+        }));
+    }
+    let (mut ok_count, mut limited) = (0, 0);
+    for h in handles {
+        match h.await.unwrap() {
+            200 => ok_count += 1,
+            429 => limited += 1,
+            s => panic!("unexpected status {s}"),
+        }
+    }
+    (ok_count, limited)
+}
+
+// ---------------------------------------------------------------------------
+// One round trip: the per-slot calls are sent together.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_slot_calls_are_sent_concurrently() {
+    let cluster = RedisCluster::start(0);
+    let s = Scn::new(&cluster, "rt");
+    let global = s.key("global:all");
+    let alice = user_on_another_node(&s, "user", &global);
+    let (g_node, u_node) = (
+        cluster.primary_of(&global),
+        cluster.primary_of(&s.key(&format!("user:{alice}"))),
+    );
+    // The user tier first: a sequential implementation would wait on it
+    // before sending anything to the global tier's node.
+    let layer = s
+        .builder()
+        .tier(Tier::new("user", User, Quota::per_minute(10)))
+        .tier(Tier::new("global", Global, Quota::per_minute(100)))
+        .build()
+        .unwrap();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    // Warm up (connections, topology, script cache on both nodes).
+    assert_eq!(get_as(&c, &url, &alice).await, ok(10, 9, T0_S + 6));
+    let sent_before = calls(g_node, "evalsha");
+
+    cluster.signal(u_node, "-STOP");
+    let pending = tokio::spawn({
+        let c = c.clone();
+        let url = url.clone();
+        let alice = alice.clone();
+        async move { get_as(&c, &url, &alice).await }
+    });
+    let deadline = Instant::now() + Duration::from_millis(1000);
+    while calls(g_node, "evalsha") == sent_before && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let reached_global = calls(g_node, "evalsha") > sent_before;
+    cluster.signal(u_node, "-CONT");
+    assert!(
+        reached_global,
+        "the global slot's call waited for the frozen user slot"
+    );
+    assert_eq!(pending.await.unwrap(), ok(10, 8, T0_S + 12));
+}
+
+// ---------------------------------------------------------------------------
+// NOSCRIPT: reloaded on the node that lost the script, and only there.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noscript_is_handled_on_that_node_only() {
+    let cluster = RedisCluster::start(0);
+    let s = Scn::new(&cluster, "ns");
+    let layer = s
+        .builder()
+        .tier(Tier::new("global", Global, Quota::per_hour(100)))
+        .failure_policy(FailurePolicy::Closed)
+        .build()
+        .unwrap();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    let node = cluster.primary_of(&s.key("global:all"));
+    let others: Vec<u16> = cluster
+        .primaries()
+        .into_iter()
+        .filter(|p| *p != node)
+        .collect();
+    // First request: the node has never seen the script.
+    assert_eq!(get(&c, &url).await, ok(100, 99, T0_S + 36));
+    assert_eq!(failed_calls(node, "evalsha"), 1);
+    assert_eq!(calls(node, "eval"), 1);
+    for p in cluster.primaries() {
+        assert_eq!(calls(p, "script|load"), 0, "node {p}");
+    }
+    assert_eq!(get(&c, &url).await, ok(100, 98, T0_S + 72));
+    assert_eq!(calls(node, "eval"), 1, "cached after one EVAL");
+
+    cluster.cmd_for_key::<()>(&s.key("global:all"), &["SCRIPT", "FLUSH"]);
+    for want in [97, 96] {
+        assert_eq!(get(&c, &url).await.remaining, Some(want), "no 503");
+    }
+    assert_eq!(failed_calls(node, "evalsha"), 2);
+    assert_eq!(calls(node, "eval"), 2);
+    for p in others {
+        assert_eq!(
+            calls(p, "eval") + calls(p, "evalsha") + calls(p, "script|load"),
+            0
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// deadpool-redis cluster pool: one shared connection.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deadpool_cluster_pool_backend() {
+    let cluster = RedisCluster::start(0);
+    let pool = deadpool_redis::cluster::Config::from_urls(cluster.urls())
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .unwrap();
+    let clock = ManualClock::new(T0_US);
+    let layer = RateLimitLayer::builder()
+        .backend(RedisBackend::from_cluster_pool(pool.clone()).with_manual_clock(clock))
+        .key_prefix("dp")
+        .tier(Tier::new("global", Global, Quota::per_minute(2)))
+        .tier(Tier::new("user", User, Quota::per_minute(5)))
+        .build()
+        .unwrap();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    assert_eq!(get_as(&c, &url, "zoe").await, ok(2, 1, T0_S + 30));
+    assert_eq!(get_as(&c, &url, "zoe").await, ok(2, 0, T0_S + 60));
+    assert_eq!(get_as(&c, &url, "zoe").await, denied(2, 0, T0_S + 30, 30));
+    // One cluster connection taken out of the pool (`Connection::take`) and
+    // shared: no checkout per request, no new sockets per request.
+    assert_eq!(pool.status().size, 0);
+    let clients = || -> Vec<usize> {
+        cluster
+            .primaries()
+            .into_iter()
+            .map(|p| {
+                let list: String = support::cluster::node_cmd(p, &["CLIENT", "LIST"]).unwrap();
+                list.lines().count() - 1 // this CLIENT LIST itself
+            })
+            .collect()
+    };
+    let before = clients();
+    for u in ["ann", "ben", "cat", "dan", "eve", "fay"] {
+        get_as(&c, &url, u).await;
+    }
+    assert_eq!(clients(), before);
+    assert!(before.iter().all(|&n| n <= 2), "{before:?}");
+    eprintln!("client connections per primary: {before:?}");
+    assert!(cluster.exists("{dp:user:zoe}"));
+    assert_eq!(
+        cluster.get("{dp:user:zoe}").as_deref(),
+        Some("36000000:1700000000000000:12000000")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Failover.
+
+/// `CLUSTER FAILOVER` on the replica of the primary holding the key, under
+/// load with `FailurePolicy::Closed`: MOVED is followed, the new primary
+/// gets the script by one EVAL, no request is answered 5xx, and no charge is
+/// lost or doubled (manual clock: `Remaining` counts down without a gap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manual_failover_loses_and_doubles_nothing() {
+    let cluster = Arc::new(RedisCluster::start(1));
+    let s = Scn::new(&cluster, "fo");
+    let key = s.key("global:all");
+    let primary = cluster.primary_of(&key);
+    let replica = cluster.replicas_of(primary)[0];
+    let layer = s
+        .builder()
+        .tier(Tier::new("global", Global, Quota::per_hour(1_000_000)))
+        .failure_policy(FailurePolicy::Closed)
+        .backend_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    assert_eq!(get(&c, &url).await.remaining, Some(999_999));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (c, url, stop) = (c.clone(), url.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let t = Instant::now();
+                let l = get(&c, &url).await;
+                seen.push((l, t.elapsed()));
+            }
+            seen
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let cl = cluster.clone();
+    tokio::task::spawn_blocking(move || cl.failover(replica))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let mut all = Vec::new();
+    for w in workers {
+        all.extend(w.await.unwrap());
+    }
+    let statuses: BTreeSet<u16> = all.iter().map(|(l, _)| l.status).collect();
+    let slowest = all.iter().map(|(_, t)| *t).max().unwrap();
+    eprintln!(
+        "manual failover took {took:?}; {} requests during it, statuses {statuses:?}, slowest {slowest:?}",
+        all.len()
+    );
+    assert_eq!(statuses, BTreeSet::from([200]), "no 5xx, no fail-open");
+    let mut remaining: Vec<u64> = all.iter().map(|(l, _)| l.remaining.unwrap()).collect();
+    remaining.sort_unstable();
+    let n = remaining.len() as u64;
+    let want: Vec<u64> = (999_999 - n..999_999).collect();
+    assert_eq!(remaining, want, "every charge counted exactly once");
+
+    assert_eq!(
+        cluster.primary_of(&key),
+        replica,
+        "the replica serves the slot"
+    );
+    assert!(
+        calls(replica, "eval") >= 1,
+        "the new primary got the script by EVAL"
+    );
+    for p in cluster.primaries() {
+        assert_eq!(calls(p, "script|load"), 0, "node {p}");
+    }
+    assert_eq!(get(&c, &url).await.remaining, Some(999_998 - n));
+}
+
+/// The primary holding the key is killed: its replica takes over after the
+/// node timeout. Meanwhile requests follow the failure policy (measured:
+/// fail-open passes without headers, fail-closed answers 503); no other 5xx;
+/// limiting resumes on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_primary_is_replaced_and_limiting_resumes() {
+    let mut cluster = RedisCluster::start(1);
+    let s = Scn::new(&cluster, "kill");
+    let key = s.key("global:all");
+    let primary = cluster.primary_of(&key);
+    let replica = cluster.replicas_of(primary)[0];
+    let mk = |policy| {
+        s.builder()
+            .tier(Tier::new("global", Global, Quota::per_hour(1_000_000)))
+            .failure_policy(policy)
+            .backend_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap()
+    };
+    let open = format!("http://{}/", serve(app(mk(FailurePolicy::Open))).await);
+    let closed = format!("http://{}/", serve(app(mk(FailurePolicy::Closed))).await);
+    let c = client();
+    assert_eq!(get(&c, &open).await.remaining, Some(999_999));
+    assert_eq!(get(&c, &closed).await.remaining, Some(999_998));
+    // Let the replica catch up (asynchronous replication) before the kill.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    cluster.kill(primary);
+    let killed = Instant::now();
+    let (mut open_passed, mut closed_503, mut other) = (0, 0, Vec::new());
+    let mut resumed = None;
+    while killed.elapsed() < Duration::from_secs(30) {
+        let (o, cl) = (get(&c, &open).await, get(&c, &closed).await);
+        match (o.status, o.remaining) {
+            (200, None) => open_passed += 1,
+            (200, Some(_)) => {}
+            (s, _) => other.push(s),
+        }
+        match cl.status {
+            503 => closed_503 += 1,
+            200 => {}
+            s => other.push(s),
+        }
+        if o.remaining.is_some() && cl.remaining.is_some() {
+            resumed = Some(killed.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "primary killed: limiting resumed after {resumed:?}; meanwhile {open_passed} fail-open passes, \
+         {closed_503} fail-closed 503s"
+    );
+    assert!(other.is_empty(), "unexpected statuses {other:?}");
+    let resumed = resumed.expect("limiting resumed within 30 s");
+    assert!(resumed < Duration::from_secs(20), "{resumed:?}");
+    assert_eq!(cluster.primary_of(&key), replica);
+    // The replica had both charges (replicated before the kill).
+    let l = get(&c, &open).await;
+    assert!(l.remaining.unwrap() <= 999_996, "{l:?}");
+}
+
+/// Every node is killed and comes back empty on the same ports: requests
+/// fail open meanwhile, then the one shared cluster connection reconnects
+/// by itself and each node gets the script again by one `EVAL`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_restart_reconnects() {
+    let mut cluster = RedisCluster::start(0);
+    let (urls, clock) = (cluster.urls(), ManualClock::new(T0_US));
+    let builder = |prefix: &str| {
+        RateLimitLayer::builder()
+            .backend(
+                RedisBackend::cluster(&urls)
+                    .unwrap()
+                    .with_manual_clock(clock.clone())
+                    .with_test_ttl_slack(Duration::from_secs(600)),
+            )
+            .key_prefix(prefix)
+    };
+    let layer = builder("rs")
+        .tier(Tier::new("global", Global, Quota::per_hour(1000)))
+        .failure_policy(FailurePolicy::Open)
+        .backend_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    assert_eq!(get(&c, &url).await, ok(1000, 999, T0_S + 4));
+    assert_eq!(get(&c, &url).await, ok(1000, 998, T0_S + 8));
+
+    cluster.stop_all();
+    // A second app whose backend first connects while the cluster is down.
+    let late = builder("rs-late")
+        .tier(Tier::new("global", Global, Quota::per_hour(1000)))
+        .backend_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let late = format!("http://{}/", serve(app(late)).await);
+    for _ in 0..3 {
+        assert_eq!(get(&c, &url).await, NO_LIMITS, "fail-open while down");
+        assert_eq!(get(&c, &late).await, NO_LIMITS, "fail-open while down");
+    }
+    cluster.restart_all();
+    let back = Instant::now();
+    for url in [&url, &late] {
+        loop {
+            let l = get(&c, url).await;
+            if l.remaining.is_some() {
+                // No persistence: the bucket starts full again.
+                assert_eq!(l, ok(1000, 999, T0_S + 4));
+                break;
+            }
+            assert!(
+                back.elapsed() < Duration::from_secs(20),
+                "limiting did not resume"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    eprintln!(
+        "limiting resumed {:?} after the cluster was healthy again",
+        back.elapsed()
+    );
+}
