@@ -10,6 +10,9 @@
 --           p1, p2, p3, p4 (the algorithm's parameters, see each file), cost,
 --           shadow (1 = the tier is in shadow mode: its denial does not stop
 --           the other tiers from being charged)
+-- KEYS[n+1] optional: the hourly sorted set of rejected keys (fleet-wide
+--           top-N): every tier that rejects adds its cost to its key's
+--           score; the set keeps its 10 000 heaviest keys and lives 25 h.
 -- Returns   { now_us, then per tier: allowed (0/1), remaining,
 --             reset_after_us, retry_after_us, delay_us }
 -- Writes happen only if every enforced tier allows the request; then every
@@ -33,7 +36,9 @@ end
 local out = { now }
 local commits = {}
 local all = true
-for i = 1, #KEYS do
+local tiers = (#ARGV - 1) / 7
+local rejected = {}
+for i = 1, tiers do
   local a = 2 + (i - 1) * 7
   local algorithm = algorithms[tonumber(ARGV[a])]
   if not algorithm then
@@ -50,12 +55,22 @@ for i = 1, #KEYS do
   out[#out + 1] = delay
   if allowed == 1 then
     commits[#commits + 1] = commit
-  elseif ARGV[a + 6] ~= '1' then
-    all = false
+  else
+    rejected[#rejected + 1] = i
+    if ARGV[a + 6] ~= '1' then all = false end
   end
 end
 
 if all then
   for _, commit in ipairs(commits) do commit() end
+end
+local blocked = KEYS[tiers + 1]
+if blocked and #rejected > 0 then
+  for _, i in ipairs(rejected) do
+    redis.call('ZINCRBY', blocked, tonumber(ARGV[2 + (i - 1) * 7 + 5]), KEYS[i])
+  end
+  local extra = redis.call('ZCARD', blocked) - 10000
+  if extra > 0 then redis.call('ZREMRANGEBYRANK', blocked, 0, extra - 1) end
+  redis.call('EXPIRE', blocked, 90000)
 end
 return out

@@ -344,6 +344,58 @@ impl RateLimitHandle {
         Some(self.shared.observer.top(i, kind, n, hours, now_s))
     }
 
+    /// The `n` keys of `tier` most rejected across the whole fleet over the
+    /// last `window` (whole hours, at most 24), from the hourly sets in Redis
+    /// (see [`RateLimitLayerBuilder::fleet_top_n`](crate::RateLimitLayerBuilder::fleet_top_n)).
+    /// Counts are exact (per key, up to the 10 000 heaviest keys an hour).
+    ///
+    /// # Errors
+    /// [`BackendError`](crate::BackendError) when Redis cannot answer, or
+    /// `Script` when the layer has no fleet-wide top-N (memory backend,
+    /// cluster, or turned off) or the tier is unknown.
+    pub async fn top_blocked_fleet(
+        &self,
+        tier: &str,
+        n: usize,
+        window: std::time::Duration,
+    ) -> Result<Vec<BlockedKey>, crate::BackendError> {
+        let no = |why: &str| crate::BackendError::Script(why.to_owned());
+        let i = self
+            .shared
+            .tier_index(tier)
+            .map_err(|e| no(&e.to_string()))?;
+        if self.shared.blocked_set.is_none() {
+            return Err(no(
+                "fleet-wide top-N needs a single Redis backend with fleet_top_n on",
+            ));
+        }
+        #[cfg(feature = "redis")]
+        if let crate::backend::Backend::Redis(r) = &self.shared.backend {
+            let hour = self.shared.local_clock.now_us() / 3_600_000_000;
+            let hours = window.as_secs().div_ceil(3600).clamp(1, 24);
+            let sets: Vec<String> = (0..hours)
+                .map(|h| {
+                    format!(
+                        "{}:blocked:{}",
+                        self.shared.key_prefix,
+                        hour.saturating_sub(h)
+                    )
+                })
+                .collect();
+            let base = &self.shared.tiers[i].key_base;
+            let top = r.top_blocked(&sets, base, n).await?;
+            return Ok(top
+                .into_iter()
+                .map(|(key, count)| BlockedKey {
+                    key,
+                    count,
+                    error: 0,
+                })
+                .collect());
+        }
+        Err(no("not a Redis backend"))
+    }
+
     /// Every (tier, endpoint) series of the 429-rate baseline, with its alert.
     pub fn anomalies(&self) -> Vec<AnomalyStatus> {
         self.shared.observer.anomalies()

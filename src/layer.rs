@@ -135,6 +135,25 @@ pub(crate) struct Shared {
     pub(crate) control_started: std::sync::OnceLock<()>,
     /// Modes set by the fleet-wide control key (empty without one).
     pub(crate) overrides: ArcSwap<Overrides>,
+    pub(crate) key_prefix: Arc<str>,
+    /// With fleet-wide top-N on a single Redis: the current hour's set of
+    /// rejected keys, `<prefix>:blocked:<hour since epoch>`.
+    pub(crate) blocked_set: Option<ArcSwap<(u64, Arc<str>)>>,
+}
+
+impl Shared {
+    /// The blocked-keys set to pass with this request's check, if any.
+    pub(crate) fn blocked_set(&self) -> Option<Arc<str>> {
+        let cell = self.blocked_set.as_ref()?;
+        let hour = self.local_clock.now_us() / 3_600_000_000;
+        let cur = cell.load();
+        if cur.0 == hour {
+            return Some(cur.1.clone());
+        }
+        let name: Arc<str> = Arc::from(format!("{}:blocked:{hour}", self.key_prefix));
+        cell.store(Arc::new((hour, name.clone())));
+        Some(name)
+    }
 }
 
 impl Shared {
@@ -244,6 +263,7 @@ pub struct RateLimitLayerBuilder {
     anomaly: AnomalyConfig,
     top_n_capacity: usize,
     control: Option<ControlKey>,
+    fleet_top_n: bool,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -270,6 +290,7 @@ impl Default for RateLimitLayerBuilder {
             anomaly: AnomalyConfig::default(),
             top_n_capacity: 256,
             control: None,
+            fleet_top_n: true,
         }
     }
 }
@@ -416,6 +437,15 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// On a single Redis, count rejected keys fleet-wide in hourly sorted
+    /// sets `<prefix>:blocked:<hour>` (TTL 25 h, the 10 000 heaviest kept),
+    /// written by the same script call as the decision (default on). Read
+    /// with [`RateLimitHandle::top_blocked_fleet`](crate::RateLimitHandle::top_blocked_fleet).
+    pub fn fleet_top_n(mut self, on: bool) -> Self {
+        self.fleet_top_n = on;
+        self
+    }
+
     /// Which rate-limit headers to send (default [`HeaderStyle::Legacy`]).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
         self.header_style = style;
@@ -504,6 +534,10 @@ impl RateLimitLayerBuilder {
             .unwrap_or_else(|| Backend::Memory(MemoryBackend::new()));
         let local_clock = backend.local_clock();
         let is_memory = matches!(backend, Backend::Memory(_));
+        #[cfg(feature = "redis")]
+        let single_redis = matches!(&backend, Backend::Redis(r) if !r.is_cluster());
+        #[cfg(not(feature = "redis"))]
+        let single_redis = false;
         let fallback =
             (self.failure_policy == FailurePolicy::Fallback).then(|| match &local_clock {
                 Clock::Manual(c) => MemoryBackend::with_manual_clock(c.clone()),
@@ -539,6 +573,9 @@ impl RateLimitLayerBuilder {
                 control: self.control,
                 control_started: std::sync::OnceLock::new(),
                 overrides: ArcSwap::from_pointee(Overrides::default()),
+                blocked_set: (self.fleet_top_n && single_redis)
+                    .then(|| ArcSwap::from_pointee((u64::MAX, Arc::from("")))),
+                key_prefix: Arc::from(prefix.as_str()),
             }),
         })
     }

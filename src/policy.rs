@@ -392,10 +392,12 @@ pub struct TierPolicy {
     /// Methods counted (default: all but OPTIONS).
     #[serde(default)]
     pub methods: Option<Vec<String>>,
-    /// Refund requests answered with status ≥ 400 (default false).
+    /// Refund requests answered with status ≥ 400. Only `false` (the
+    /// default) is accepted for now: refunds by status are not built yet.
     #[serde(default)]
     pub skip_failed_requests: bool,
-    /// Refund requests answered with status < 400 (default false).
+    /// Refund requests answered with status < 400. Only `false` (the
+    /// default) is accepted for now.
     #[serde(default)]
     pub skip_successful_requests: bool,
     /// Quotas per plan (`[tier.plans]`).
@@ -768,9 +770,20 @@ impl Policy {
                         .map(str::to_owned)
                 });
             }
-            tier = tier
-                .skip_failed_requests(t.skip_failed_requests)
-                .skip_successful_requests(t.skip_successful_requests);
+            // Refunding by response status is not built yet (it needs the
+            // inverse of every charge on both backends); refuse rather than
+            // silently count what the operator asked not to.
+            for (field, on) in [
+                ("skip_failed_requests", t.skip_failed_requests),
+                ("skip_successful_requests", t.skip_successful_requests),
+            ] {
+                if on {
+                    return Err(ConfigError::Policy(format!(
+                        "tier \"{}\": {field}: true is not supported yet (only false)",
+                        t.name
+                    )));
+                }
+            }
             b = b.tier(tier);
         }
         Ok(b)

@@ -104,7 +104,8 @@ where
                     meta.sent_us = shared.local_clock.now_us();
                     meta.backend_started = Some(std::time::Instant::now());
                     meta.sent = checks.iter().map(|c| (c.key.clone(), c.cost)).collect();
-                    match shared.backend.start_check(checks, meta.shadow) {
+                    let blocked = shared.blocked_set();
+                    match shared.backend.start_check(checks, meta.shadow, blocked) {
                         Check::Ready(result) => (result, meta),
                         Check::Pending(fut) => {
                             let timeout = shared.backend_timeout;

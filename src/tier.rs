@@ -87,8 +87,6 @@ pub struct Tier {
     pub(crate) methods: Option<Vec<http::Method>>,
     pub(crate) plans: Vec<(String, Quota)>,
     pub(crate) plan_fn: Option<PlanFn>,
-    pub(crate) skip_failed: bool,
-    pub(crate) skip_successful: bool,
 }
 
 impl fmt::Debug for Tier {
@@ -120,26 +118,7 @@ impl Tier {
             methods: None,
             plans: Vec::new(),
             plan_fn: None,
-            skip_failed: false,
-            skip_successful: false,
         }
-    }
-
-    /// Refunds the request's cost on this tier when the response status is
-    /// 400 or above (a failed request does not count; for login-style
-    /// endpoints count only successes with the opposite option). A refund
-    /// never pushes the remaining quota above the limit.
-    pub fn skip_failed_requests(mut self, skip: bool) -> Self {
-        self.skip_failed = skip;
-        self
-    }
-
-    /// Refunds the request's cost on this tier when the response status is
-    /// below 400, so only failures count (for login endpoints: limit failed
-    /// attempts, not successful sign-ins).
-    pub fn skip_successful_requests(mut self, skip: bool) -> Self {
-        self.skip_successful = skip;
-        self
     }
 
     /// The tier's rollout mode (default [`Mode::Enforce`]); changeable at run

@@ -282,3 +282,18 @@ pro = { limit = 1000, period = "1m", burst = 2000 }
     assert!(bad("[allowlist]\nipz = []", "").contains("ipz"));
     assert!(bad("", "methods = ['G E T']").contains("methods"));
 }
+
+#[test]
+fn unsupported_refund_options_are_refused_not_ignored() {
+    let p = Policy::from_toml_str(
+        "[[tier]]\nname='login'\nkey='ip'\nlimit=5\nperiod='1m'\nskip_successful_requests=true\n",
+    )
+    .unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "policy: tier \"login\": skip_successful_requests: true is not supported yet (only false)"
+    );
+}

@@ -201,3 +201,77 @@ fn metric_names_and_bounded_labels() {
     );
     has("tiered_ratelimit_mode", "tier=user", 3.0);
 }
+
+/// Blocked keys counted fleet-wide in Redis by the decision's own script call:
+/// two app servers, one merged answer, one EVALSHA per request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_wide_top_blocked_in_the_same_call() {
+    use tiered_ratelimit::{backend::ManualClock, backend::RedisBackend, RateLimitLayer};
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let mk = || {
+        RateLimitLayer::builder()
+            .backend(
+                RedisBackend::from_url(&redis.url())
+                    .unwrap()
+                    .with_manual_clock(clock.clone()),
+            )
+            .deny_cache(0)
+            .tier(Tier::new("user", User, Quota::per_minute(1)))
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (mk(), mk());
+    let h = la.handle();
+    let (a, b) = (serve(app(la)).await, serve(app(lb)).await);
+    let c = client();
+    // Load the script, then count calls.
+    c.get(format!("http://{a}/"))
+        .header("authorization", "Bearer warm")
+        .send()
+        .await
+        .unwrap();
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    let mut requests = 0u64;
+    for (addr, user, n) in [
+        (a, "mallory", 6),
+        (b, "mallory", 5),
+        (b, "eve", 3),
+        (a, "bob", 1),
+    ] {
+        for _ in 0..n {
+            c.get(format!("http://{addr}/"))
+                .header("authorization", format!("Bearer {user}"))
+                .send()
+                .await
+                .unwrap();
+            requests += 1;
+        }
+    }
+    let info: String = redis.cmd(&["INFO", "commandstats"]);
+    let calls: u64 = info
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum();
+    assert_eq!(
+        calls, requests,
+        "one script call per request, top-N included"
+    );
+    let top = h
+        .top_blocked_fleet("user", 10, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let got: Vec<(&str, u64)> = top.iter().map(|b| (b.key.as_str(), b.count)).collect();
+    assert_eq!(got, [("mallory", 10), ("eve", 2)]);
+    let set = format!("rl:blocked:{}", T0_S / 3600);
+    let ttl: i64 = redis.cmd(&["TTL", &set]);
+    assert!(ttl > 89_990 && ttl <= 90_000, "ttl {ttl}");
+}

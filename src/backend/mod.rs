@@ -19,6 +19,7 @@ use crate::algorithm::{Decision, Limit};
 use crate::error::BackendError;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 /// The storage a layer checks its tiers against.
 ///
@@ -119,7 +120,7 @@ impl Backend {
         for c in &mut checks {
             c.cost = c.cost.min(c.limit.capacity().saturating_add(1));
         }
-        match self.start_check(checks, Shadow::NONE) {
+        match self.start_check(checks, Shadow::NONE, None) {
             Check::Ready(r) => r,
             Check::Pending(f) => f.await,
         }
@@ -127,11 +128,22 @@ impl Backend {
 
     /// Like [`Backend::check`], with some tiers in shadow mode: a shadow
     /// tier's denial does not block charging the others.
-    pub(crate) fn start_check(&self, checks: Vec<TierCheck>, shadow: Shadow) -> Check {
+    ///
+    /// `blocked`: on a single Redis, the hourly sorted set that counts
+    /// rejected keys fleet-wide, written by the same script call.
+    pub(crate) fn start_check(
+        &self,
+        checks: Vec<TierCheck>,
+        shadow: Shadow,
+        blocked: Option<Arc<str>>,
+    ) -> Check {
         match self {
-            Backend::Memory(m) => Check::Ready(Ok(m.check(&checks, shadow))),
+            Backend::Memory(m) => {
+                let _ = blocked;
+                Check::Ready(Ok(m.check(&checks, shadow)))
+            }
             #[cfg(feature = "redis")]
-            Backend::Redis(r) => Check::Pending(Box::pin(r.clone().check(checks, shadow))),
+            Backend::Redis(r) => Check::Pending(Box::pin(r.clone().check(checks, shadow, blocked))),
         }
     }
 

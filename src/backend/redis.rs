@@ -224,6 +224,35 @@ impl RedisBackend {
         self
     }
 
+    /// The `n` keys most rejected fleet-wide whose storage key starts with
+    /// `key_prefix`, over the hourly sets `hours` (names), merged.
+    pub(crate) async fn top_blocked(
+        &self,
+        sets: &[String],
+        key_prefix: &str,
+        n: usize,
+    ) -> Result<Vec<(String, u64)>, BackendError> {
+        let mut totals: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+        for set in sets {
+            let mut cmd = ::redis::cmd("ZRANGE");
+            cmd.arg(set).arg(0).arg(-1).arg("WITHSCORES");
+            let mut conn = self.connection().await?;
+            let r: Result<Vec<(String, f64)>, RedisError> = match &mut conn {
+                Conn::Manager(m) => cmd.query_async(m).await,
+                Conn::Multiplexed(m) => cmd.query_async(m).await,
+            };
+            for (member, score) in r.map_err(|e| BackendError::Connection(e.to_string()))? {
+                if let Some(part) = member.strip_prefix(key_prefix) {
+                    *totals.entry(part.to_owned()).or_default() += score.max(0.0) as u64;
+                }
+            }
+        }
+        let mut v: Vec<(String, u64)> = totals.into_iter().collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        v.truncate(n);
+        Ok(v)
+    }
+
     /// The SHA1 of the script, as used with `EVALSHA` (handy with
     /// `redis-cli SCRIPT EXISTS`). A cluster backend runs another script
     /// (the per-slot check and its refund), with its own SHA1.
@@ -319,8 +348,11 @@ impl RedisBackend {
         self,
         checks: Vec<TierCheck>,
         shadow: Shadow,
+        blocked: Option<Arc<str>>,
     ) -> Result<Verdict, BackendError> {
         if self.is_cluster() {
+            // The blocked-keys set lives in its own slot: on a cluster the
+            // in-process sketch is the top-N source.
             return cluster::check(self, checks, shadow).await;
         }
         let mut invocation = self.inner.script.prepare_invoke();
@@ -336,6 +368,9 @@ impl RedisBackend {
                 .arg(p[3])
                 .arg(c.cost)
                 .arg(u8::from(shadow.contains(i)));
+        }
+        if let Some(b) = &blocked {
+            invocation.key(&**b);
         }
         let mut conn = self.connection().await?;
         let reply: Result<Vec<i64>, RedisError> = match &mut conn {
