@@ -2,7 +2,7 @@
 
 use crate::algorithm::Decision;
 use crate::algorithm::Limit;
-use crate::backend::{Check, Shadow, TierCheck, Verdict};
+use crate::backend::{Backend, Check, Shadow, TierCheck, Verdict};
 use crate::breaker::Permit;
 use crate::deny_cache::Denied;
 use crate::error::BackendError;
@@ -103,22 +103,29 @@ where
                 } else {
                     meta.sent_us = shared.local_clock.now_us();
                     meta.backend_started = Some(std::time::Instant::now());
-                    meta.sent = checks.iter().map(|c| (c.key.clone(), c.cost)).collect();
-                    let blocked = shared.blocked_set();
-                    match shared.backend.start_check(checks, meta.shadow, blocked) {
-                        Check::Ready(result) => (result, meta),
-                        Check::Pending(fut) => {
-                            let timeout = shared.backend_timeout;
-                            let fut = Box::pin(async move {
-                                match tokio::time::timeout(timeout, fut).await {
-                                    Ok(r) => r,
-                                    Err(_) => Err(BackendError::Timeout(timeout)),
-                                }
-                            });
-                            let shared = shared.clone();
-                            let req = Request::from_parts(parts, body);
-                            let inner = self.take_ready_inner();
-                            return ResponseFuture::check(fut, inner, req, shared, meta);
+                    if let Backend::Memory(m) = &shared.backend {
+                        // Synchronous: keep the checks themselves, no copies.
+                        let verdict = m.check(&checks, meta.shadow);
+                        meta.sent = checks;
+                        (Ok(verdict), meta)
+                    } else {
+                        meta.sent = checks.clone();
+                        let blocked = shared.blocked_set();
+                        match shared.backend.start_check(checks, meta.shadow, blocked) {
+                            Check::Ready(result) => (result, meta),
+                            Check::Pending(fut) => {
+                                let timeout = shared.backend_timeout;
+                                let fut = Box::pin(async move {
+                                    match tokio::time::timeout(timeout, fut).await {
+                                        Ok(r) => r,
+                                        Err(_) => Err(BackendError::Timeout(timeout)),
+                                    }
+                                });
+                                let shared = shared.clone();
+                                let req = Request::from_parts(parts, body);
+                                let inner = self.take_ready_inner();
+                                return ResponseFuture::check(fut, inner, req, shared, meta);
+                            }
                         }
                     }
                 }
@@ -208,7 +215,7 @@ pub(crate) struct Meta {
     /// The local clock when the check was sent, and each check's key and
     /// cost (for the deny cache and the top-N sketches).
     sent_us: u64,
-    sent: Vec<(String, u64)>,
+    sent: Vec<TierCheck>,
     /// The request's endpoint series (for the anomaly baseline).
     endpoint: Option<Arc<crate::observe::recorder::Endpoint>>,
     /// When the request reached the layer, and when the backend call started.
@@ -450,7 +457,9 @@ fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
         if d.allowed && !near {
             continue;
         }
-        let (Some((key, cost)), Some(t)) = (meta.sent.get(i), shared.tiers.get(tier)) else {
+        let (Some(TierCheck { key, cost, .. }), Some(t)) =
+            (meta.sent.get(i), shared.tiers.get(tier))
+        else {
             continue;
         };
         let part = key.get(t.key_base.len()..).unwrap_or(key);
@@ -470,7 +479,7 @@ fn remember_denials(shared: &Shared, meta: &Meta, v: &Verdict) {
     if meta.sent.is_empty() {
         return;
     }
-    for (i, (d, (key, cost))) in v.decisions.iter().zip(&meta.sent).enumerate() {
+    for (i, (d, TierCheck { key, cost, .. })) in v.decisions.iter().zip(&meta.sent).enumerate() {
         if d.allowed || meta.shadow.contains(i) || d.retry_after_us == 0 {
             continue;
         }
