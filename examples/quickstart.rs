@@ -15,8 +15,14 @@
 //! * `POLICY_FILE`: a policy TOML file; unset = the built-in
 //!   [`DEFAULT_POLICY`], printed at start-up.
 //! * `RUST_LOG`: log filter (default `info`).
+//! * `ADMIN_TOKEN`: when set (non-empty), the admin router
+//!   ([`tiered_ratelimit::admin`]) is mounted at `/admin/ratelimit` and wants
+//!   this bearer token; unset, it is not mounted at all.
 //!
-//! Routes: `GET /`, `GET /users/{id}`, `POST /login`. A demo auth layer turns
+//! Routes: `GET /`, `GET /users/{id}`, `POST /login`, plus `GET /metrics`
+//! (Prometheus text format, not rate limited) and, with `ADMIN_TOKEN`, the
+//! admin page and JSON API under `/admin/ratelimit` (see
+//! `docs/observability.md`). A demo auth layer turns
 //! `Authorization: Bearer <id>` into a [`UserId`] (no real authentication!),
 //! so the `user` tier applies; anonymous requests skip it. The `api_key` tier
 //! applies to requests with an `x-api-key` header.
@@ -31,11 +37,13 @@ use axum::{
     routing::{get, post},
     Extension, Json, Router,
 };
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde_json::{json, Value};
 use tiered_ratelimit::{
+    admin,
     backend::{Backend, MemoryBackend, RedisBackend},
     response::Rejection,
-    Policy, RateLimitLayer, UserId,
+    Policy, RateLimitHandle, RateLimitLayer, UserId,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -142,19 +150,30 @@ async fn run() -> Result<(), Box<dyn Error>> {
         }
     };
 
+    // The metrics recorder before the layer: it sets gauges when built.
+    let prometheus = prometheus()?;
     let rate_limit = policy.builder(backend)?.build()?;
     // Same thing: RateLimitLayer::from_policy(&policy, backend)?
     let tiers: Vec<&str> = rate_limit.tier_names().collect();
     println!("tiers, in check order: {}", tiers.join(", "));
 
-    let app = app(rate_limit);
+    let handle = rate_limit.handle();
+    let admin_token = std::env::var("ADMIN_TOKEN").ok().filter(|t| !t.is_empty());
+    let admin_mounted = admin_token.is_some();
+    let app = app(rate_limit).merge(ops(prometheus, handle, admin_token));
 
     let shutdown = shutdown_signal()?;
     let listener = tokio::net::TcpListener::bind(&listen_addr).await?;
     let local = listener.local_addr()?;
     println!("\nlistening on http://{local}");
     println!("try:\n  for i in $(seq 1 12); do curl -s -o /dev/null -w '%{{http_code}} ' http://{local}/; done; echo");
-    println!("  curl -i http://{local}/\n");
+    println!("  curl -i http://{local}/");
+    println!("  curl -s http://{local}/metrics | grep '^tiered_ratelimit'");
+    if admin_mounted {
+        println!("admin page: http://{local}/admin/ratelimit?token=$ADMIN_TOKEN (JSON: .../api/status with Authorization: Bearer $ADMIN_TOKEN)\n");
+    } else {
+        println!("(set ADMIN_TOKEN=<secret> to mount the admin page at /admin/ratelimit)\n");
+    }
 
     // ClientIp keys by the TCP peer address, which axum only provides with
     // connect info.
@@ -182,6 +201,53 @@ fn app(rate_limit: RateLimitLayer) -> Router {
         .layer(rate_limit)
         .layer(middleware::from_fn(demo_auth))
         .layer(middleware::from_fn(log_rejections))
+}
+
+/// Upper bounds (seconds) of the check latency histogram: with buckets set,
+/// `tiered_ratelimit_check_duration_seconds` is exported as a Prometheus
+/// histogram (`_bucket` series) rather than a summary.
+const LATENCY_BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+];
+
+/// Installs the Prometheus recorder (the `metrics` facade's global) and
+/// drains its histograms every 5 s, as `install_recorder` leaves to us.
+fn prometheus() -> Result<PrometheusHandle, Box<dyn Error>> {
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("tiered_ratelimit_check_duration_seconds".to_owned()),
+            &LATENCY_BUCKETS,
+        )?
+        .install_recorder()?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
+/// Operator routes, merged after the limiter's layers so they are neither
+/// rate limited nor counted: `GET /metrics`, and the admin router at
+/// `/admin/ratelimit` only when a token is configured. In production, put
+/// both behind your own access control too (the admin router's token is a
+/// second lock, not the only one).
+fn ops(
+    prometheus: PrometheusHandle,
+    handle: RateLimitHandle,
+    admin_token: Option<String>,
+) -> Router {
+    let router = Router::new().route(
+        "/metrics",
+        get(move || std::future::ready(prometheus.render())),
+    );
+    match admin_token {
+        Some(token) => router.nest("/admin/ratelimit", admin::router(handle, token)),
+        None => router,
+    }
 }
 
 async fn index() -> &'static str {

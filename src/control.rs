@@ -24,7 +24,7 @@
 
 use crate::layer::Shared;
 use crate::rollout::Mode;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Where the control hash is and how often to read it.
@@ -61,6 +61,7 @@ pub(crate) struct Overrides {
 }
 
 /// Applies one read of the hash to `previous`; returns the new overrides.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn apply(
     shared: &Shared,
     previous: &Overrides,
@@ -115,7 +116,7 @@ pub(crate) fn start(shared: &Arc<Shared>) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let weak: Weak<Shared> = Arc::downgrade(shared);
+        let weak: std::sync::Weak<Shared> = Arc::downgrade(shared);
         let redis = redis.clone();
         let key = control.redis_key.clone();
         let interval = control.poll_interval;
@@ -138,6 +139,7 @@ pub(crate) fn start(shared: &Arc<Shared>) {
                             );
                             shared.deny_cache.clear();
                             shared.overrides.store(Arc::new(next));
+                            crate::handle::refresh_mode_gauges(&shared);
                         }
                     }
                     Ok(Err(e)) => tracing::warn!(key, error = %e, "control key: poll failed; keeping the current overrides"),

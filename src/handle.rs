@@ -159,6 +159,18 @@ impl Changes<'_> {
     }
 }
 
+/// Sets every tier's mode gauge to its mode in force (code, file and
+/// control-key overrides combined).
+pub(crate) fn refresh_mode_gauges(shared: &Shared) {
+    let rt = shared.runtime.load();
+    let ov = shared.overrides.load();
+    let global = ov.mode.unwrap_or(rt.mode);
+    for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
+        let mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
+        crate::observe::set_mode_gauge(&t.name, mode.under(global));
+    }
+}
+
 impl RateLimitHandle {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self { shared }
@@ -190,10 +202,7 @@ impl RateLimitHandle {
             if Arc::ptr_eq(&prev, &expected) {
                 // Cached denials were decided under the old settings.
                 self.shared.deny_cache.clear();
-                let rt = self.shared.runtime.load();
-                for (t, r) in self.shared.tiers.iter().zip(rt.tiers.iter()) {
-                    crate::observe::set_mode_gauge(&t.name, r.mode.under(rt.mode));
-                }
+                refresh_mode_gauges(&self.shared);
                 return Ok(());
             }
             expected = arc_swap::Guard::into_inner(prev);
@@ -393,6 +402,8 @@ impl RateLimitHandle {
                 })
                 .collect());
         }
+        #[cfg(not(feature = "redis"))]
+        let _ = (n, window, i);
         Err(no("not a Redis backend"))
     }
 

@@ -64,6 +64,8 @@
 
 #![deny(missing_docs, unreachable_pub, unsafe_code)]
 
+#[cfg(feature = "axum")]
+pub mod admin;
 pub mod algorithm;
 pub mod backend;
 mod breaker;

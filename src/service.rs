@@ -103,6 +103,7 @@ where
                 } else {
                     meta.sent_us = shared.local_clock.now_us();
                     meta.backend_started = Some(std::time::Instant::now());
+                    #[allow(irrefutable_let_patterns)] // without the `redis` feature
                     if let Backend::Memory(m) = &shared.backend {
                         // Synchronous: keep the checks themselves, no copies.
                         let verdict = m.check(&checks, meta.shadow);
@@ -186,7 +187,7 @@ fn deny_cached(shared: &Shared, checks: &[TierCheck], meta: &Meta) -> Option<Res
         retry_after_us: wait,
         delay_us: 0,
     };
-    Some(reject(shared, meta, i, &decision, now_us))
+    Some(reject(shared, meta, i, &decision, now_us, false))
 }
 
 impl<S: Clone> RateLimitService<S> {
@@ -573,7 +574,7 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
     let Some((i, d)) = binding else {
         return Outcome::Pass(None, Duration::ZERO);
     };
-    Outcome::Respond(reject(shared, meta, i, d, v.now_us))
+    Outcome::Respond(reject(shared, meta, i, d, v.now_us, !meta.fallback))
 }
 
 /// The headers describing check `i`'s decision.
@@ -619,7 +620,16 @@ fn headers_for(
 }
 
 /// The 429 for a denial by check `i`.
-fn reject(shared: &Shared, meta: &Meta, i: usize, d: &Decision, now_us: u64) -> Response<Bytes> {
+/// `count_limited`: count the request as `limited` (the deny cache and the
+/// fallback count their own decision instead).
+fn reject(
+    shared: &Shared,
+    meta: &Meta,
+    i: usize,
+    d: &Decision,
+    now_us: u64,
+    count_limited: bool,
+) -> Response<Bytes> {
     let tier = meta
         .tiers
         .get(i)
@@ -627,7 +637,7 @@ fn reject(shared: &Shared, meta: &Meta, i: usize, d: &Decision, now_us: u64) -> 
         .map_or_else(|| Arc::from("unknown"), |t| t.name.clone());
     let headers = headers_for(shared, meta, i, d, now_us, true);
     let retry_after = headers.retry_after.unwrap_or(1);
-    if !meta.fallback {
+    if count_limited {
         shared.count("limited");
     }
     observe::count_tier(observe::LIMITED, &tier);

@@ -5,6 +5,7 @@
 //! `docs/replay.md`).
 
 use clap::{Args, Parser, Subcommand};
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -198,11 +199,20 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
     if let Some(path) = &args.plot {
         write_plot(&report, path)?;
     }
-    if args.json {
-        let json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
-        println!("{json}");
+    let out = if args.json {
+        let mut json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        json.push('\n');
+        json
     } else {
-        print!("{}", report.to_text());
+        report.to_text()
+    };
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        // `| head` closing the pipe is not an error.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
     }
-    Ok(())
 }

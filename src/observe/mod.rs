@@ -6,7 +6,7 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `skipped`) | one per request that reached the layer |
+//! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `cache_blocked`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `fallback`, `skipped`) | exactly one per request that reached the layer (`cache_blocked` is a 429 answered by the deny cache, not also `limited`) |
 //! | `tiered_ratelimit_tier_decisions_total` | counter | `decision` (`limited`, `shadow_limited`), `tier` | per tier: rejections (the binding tier) and would-be rejections |
 //! | `tiered_ratelimit_backend_errors_total` | counter | `kind` (`timeout`, `connection`, `script`, `key`), `backend` | failed checks |
 

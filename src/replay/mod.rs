@@ -58,9 +58,8 @@ use engine::{Direct, Layer, LoggedStatus, Planner};
 use http::request::Parts;
 use http::{HeaderValue, Method, Uri};
 use parse::{LineParser, Record};
-use report::Collector;
+use report::{Collector, FxMap};
 use routes::Routes;
-use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -239,7 +238,7 @@ pub struct Replayer {
     input_format: Option<LogFormat>,
     rec: Record,
     parts: Parts,
-    endpoint_ids: HashMap<(Method, Option<usize>), usize>,
+    endpoint_ids: FxMap<(Method, Option<usize>), usize>,
     collector: Collector,
     key_kinds: Vec<KeyKind>,
     policy_summary: Vec<TierSummary>,
@@ -376,7 +375,7 @@ impl Replayer {
             input_format: None,
             rec: Record::default(),
             parts: http::Request::new(()).into_parts().0,
-            endpoint_ids: HashMap::new(),
+            endpoint_ids: FxMap::default(),
             collector: Collector::new(names, options.max_examples),
             key_kinds,
             policy_summary,
@@ -432,10 +431,14 @@ impl Replayer {
             }
             (f, _) => f,
         };
-        if let Err(reason) = self.parser.parse(format, line, &mut self.rec) {
+        if let Err((reason, malformed)) = self.parser.parse(format, line, &mut self.rec) {
             self.collector
-                .issue(&self.input_name, self.line_no, reason, true);
-            return Ok(LineOutcome::Malformed(reason));
+                .issue(&self.input_name, self.line_no, reason, malformed);
+            return Ok(if malformed {
+                LineOutcome::Malformed(reason)
+            } else {
+                LineOutcome::Unreplayable(reason)
+            });
         }
         let rec = &self.rec;
         let Ok(method) = Method::from_bytes(rec.method.get().unwrap_or_default()) else {

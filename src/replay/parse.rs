@@ -233,8 +233,14 @@ impl Record {
     }
 }
 
-/// Why a line could not be read.
-pub(crate) type Malformed = &'static str;
+/// Why a line could not be replayed: the reason, and whether the line is
+/// malformed (`true`) or a well-formed line whose request is not one a
+/// server passes on (`false`: `"-"`, TLS bytes on a plain port).
+pub(crate) type Malformed = (&'static str, bool);
+
+fn bad(reason: &'static str) -> Malformed {
+    (reason, true)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Slot {
@@ -321,15 +327,15 @@ impl LineParser {
             _ => self.parse_combined(line, rec)?,
         }
         if rec.time_us.is_none() {
-            return Err("no readable timestamp");
+            return Err(bad("no readable timestamp"));
         }
         if rec.ip.is_none() {
-            return Err("no client IP address");
+            return Err(bad("no client IP address"));
         }
         if !rec.method.set || !rec.target.set {
             if let Some(r) = rec.request.get() {
-                let (m, t) =
-                    split_request(r).ok_or("request line is not `METHOD target [protocol]`")?;
+                let (m, t) = split_request(r)
+                    .ok_or(("request line is not `METHOD target [protocol]`", false))?;
                 if !rec.method.set {
                     rec.method.put(m);
                 }
@@ -339,10 +345,10 @@ impl LineParser {
             }
         }
         if !rec.method.set {
-            return Err("no method");
+            return Err(bad("no method"));
         }
         if !rec.target.set {
-            return Err("no request path");
+            return Err(bad("no request path"));
         }
         Ok(())
     }
@@ -385,46 +391,46 @@ fn put(time_format: TimeFormat, slot: Slot, b: &[u8], rec: &mut Record) {
 impl LineParser {
     fn parse_combined(&mut self, line: &[u8], rec: &mut Record) -> Result<(), Malformed> {
         let mut c = Cursor { b: line, i: 0 };
-        let host = c.token().ok_or("missing client address")?;
-        rec.ip = Some(parse_ip(host).ok_or("client address is not an IP address")?);
-        c.token().ok_or("missing ident field")?;
-        let user = c.token().ok_or("missing user field")?;
+        let host = c.token().ok_or(bad("missing client address"))?;
+        rec.ip = Some(parse_ip(host).ok_or(bad("client address is not an IP address"))?);
+        c.token().ok_or(bad("missing ident field"))?;
+        let user = c.token().ok_or(bad("missing user field"))?;
         if self.remote_user && user != b"-" && !user.is_empty() {
             rec.user.put(user);
         }
-        let ts = c.bracketed().ok_or("missing [timestamp]")?;
+        let ts = c.bracketed().ok_or(bad("missing [timestamp]"))?;
         rec.time_us = if ts == &self.last_clf[..] {
             Some(self.last_clf_us)
         } else {
-            let t = time::parse_text(ts, self.time_format).ok_or("unreadable [timestamp]")?;
+            let t = time::parse_text(ts, self.time_format).ok_or(bad("unreadable [timestamp]"))?;
             self.last_clf.clear();
             self.last_clf.extend_from_slice(ts);
             self.last_clf_us = t;
             Some(t)
         };
-        let request = c.quoted().ok_or("missing \"request\"")?;
+        let request = c.quoted().ok_or(bad("missing \"request\""))?;
         unescape_into(request, &mut rec.request.bytes);
         rec.request.set = true;
-        let status = c.token().ok_or("missing status")?;
+        let status = c.token().ok_or(bad("missing status"))?;
         rec.status = std::str::from_utf8(status)
             .ok()
             .and_then(|s| s.parse().ok());
-        c.token().ok_or("missing body bytes")?;
+        c.token().ok_or(bad("missing body bytes"))?;
         // Optional: referer, user agent, then the configured extras.
         if c.at_end() {
             return Ok(());
         }
-        c.field().ok_or("unreadable referer")?;
+        c.field().ok_or(bad("unreadable referer"))?;
         if c.at_end() {
             return Ok(());
         }
-        c.field().ok_or("unreadable user agent")?;
+        c.field().ok_or(bad("unreadable user agent"))?;
         let mut scratch = Vec::new();
         for k in 0..self.extras.len() {
             if c.at_end() {
                 break;
             }
-            let f = c.field().ok_or("unreadable extra field")?;
+            let f = c.field().ok_or(bad("unreadable extra field"))?;
             let slot = self.extras[k];
             if f.contains(&b'\\') {
                 unescape_into(f, &mut scratch);
@@ -447,9 +453,9 @@ impl LineParser {
             out: &mut out,
         }
         .deserialize(&mut de)
-        .map_err(|_| "not a JSON object")?;
+        .map_err(|_| bad("not a JSON object"))?;
         de.end()
-            .map_err(|_| "trailing characters after the JSON object")?;
+            .map_err(|_| bad("trailing characters after the JSON object"))?;
         Ok(())
     }
 }
@@ -553,7 +559,7 @@ impl<'a> Cursor<'a> {
             return None;
         }
         let start = self.i + 1;
-        let end = start + self.b[start..].iter().position(|&c| c == b']')?;
+        let end = start + memchr::memchr(b']', &self.b[start..])?;
         self.i = end + 1;
         Some(&self.b[start..end])
     }
@@ -565,15 +571,19 @@ impl<'a> Cursor<'a> {
         }
         let start = self.i + 1;
         let mut j = start;
-        while j < self.b.len() {
-            match self.b[j] {
-                b'\\' => j += 2,
-                b'"' => {
-                    self.i = j + 1;
-                    return Some(&self.b[start..j]);
-                }
-                _ => j += 1,
+        // The next quote not escaped by an odd number of backslashes.
+        while let Some(p) = memchr::memchr(b'"', &self.b[j..]) {
+            let q = j + p;
+            let backslashes = self.b[start..q]
+                .iter()
+                .rev()
+                .take_while(|&&c| c == b'\\')
+                .count();
+            if backslashes % 2 == 0 {
+                self.i = q + 1;
+                return Some(&self.b[start..q]);
             }
+            j = q + 1;
         }
         None
     }

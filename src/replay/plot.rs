@@ -40,6 +40,41 @@ pub fn write_plot(report: &Report, path: &Path) -> Result<(), String> {
     }
 }
 
+/// Tableau's 10 colours: distinct, and readable on white.
+const PALETTE: [(u8, u8, u8); 10] = [
+    (31, 119, 180),
+    (214, 39, 40),
+    (44, 160, 44),
+    (255, 127, 14),
+    (148, 103, 189),
+    (140, 86, 75),
+    (227, 119, 194),
+    (23, 190, 207),
+    (188, 189, 34),
+    (127, 127, 127),
+];
+
+/// Axis ticks on whole minutes, hours or days: the finest step giving at
+/// most ten ticks.
+fn time_ticks(x0: u64, x1: u64) -> Vec<u64> {
+    const STEPS: [u64; 14] = [
+        60, 120, 300, 600, 900, 1800, 3600, 7200, 10_800, 21_600, 43_200, 86_400, 172_800, 604_800,
+    ];
+    let span = x1.saturating_sub(x0).max(1);
+    let step = STEPS
+        .iter()
+        .copied()
+        .find(|s| span / s <= 10)
+        .unwrap_or_else(|| span.div_ceil(10).max(1));
+    let mut t = x0.div_ceil(step) * step;
+    let mut ticks = Vec::new();
+    while t <= x1 {
+        ticks.push(t);
+        t += step;
+    }
+    ticks
+}
+
 fn err<E: std::fmt::Debug>(e: E) -> String {
     format!("drawing the chart: {e:?}")
 }
@@ -106,7 +141,7 @@ where
     let minutes = bucket / 60;
     let caption = format!(
         "Would-be 429 rate per tier (binding tier), {} buckets",
-        if minutes % 60 == 0 {
+        if minutes.is_multiple_of(60) {
             format!("{} h", minutes / 60)
         } else {
             format!("{minutes} min")
@@ -116,16 +151,16 @@ where
         let d = |s: u64| s / 86_400;
         d(x0) != d(x1.saturating_sub(1))
     };
+    let ticks = time_ticks(x0, x1);
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 24))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(64)
-        .build_cartesian_2d(x0..x1, 0f64..ymax)
+        .build_cartesian_2d((x0..x1).with_key_points(ticks), 0f64..ymax)
         .map_err(err)?;
     chart
         .configure_mesh()
-        .x_labels(8)
         .y_labels(8)
         .x_label_formatter(&|x| format_axis_label(x * 1_000_000, with_date))
         .y_label_formatter(&|y| format!("{y:.1}%"))
@@ -139,7 +174,8 @@ where
         let color = if k + 1 == n {
             BLACK.mix(0.6)
         } else {
-            Palette99::pick(k).mix(1.0)
+            let (r, g, b) = PALETTE[k % PALETTE.len()];
+            RGBColor(r, g, b).mix(1.0)
         };
         let style = color.stroke_width(if k + 1 == n { 1 } else { 2 });
         chart

@@ -4,6 +4,42 @@ use super::engine::{Decision, Planner};
 use super::time::{format_utc_minute, format_utc_seconds};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A fast, non-cryptographic hasher (rustc's Fx) for the report's own maps:
+/// their keys were already made safe by the layer, and the replay reads
+/// logs the operator chose, so hash flooding is not a concern here.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            self.0 = (self.0.rotate_left(5) ^ w).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
+        }
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(u64::from(i));
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A `HashMap` with [`FxHasher`].
+pub(crate) type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 use std::fmt::Write as _;
 
 const MINUTE_US: u64 = 60_000_000;
@@ -271,7 +307,7 @@ struct TierAcc {
     applied: u64,
     rejected: u64,
     shadow_limited: u64,
-    keys: HashMap<String, KeyAcc>,
+    keys: FxMap<String, KeyAcc>,
 }
 
 struct EndpointAcc {
@@ -306,7 +342,7 @@ impl Collector {
                     applied: 0,
                     rejected: 0,
                     shadow_limited: 0,
-                    keys: HashMap::new(),
+                    keys: FxMap::default(),
                 })
                 .collect(),
             endpoints: Vec::new(),
@@ -644,7 +680,7 @@ fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

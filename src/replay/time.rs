@@ -256,7 +256,7 @@ pub(crate) fn parse_epoch_text(b: &[u8]) -> Option<u64> {
     };
     let n = digits(int)?;
     let frac = match frac {
-        Some(f) if f.is_empty() => 0,
+        Some([]) => 0,
         Some(f) => fraction_us(f)?,
         None => 0,
     };

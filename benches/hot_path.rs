@@ -1,0 +1,275 @@
+//! Criterion micro-benchmarks of the per-request hot path, memory backend
+//! only (no network): see `docs/performance.md` for the numbers and
+//! `benches/load.sh` for the HTTP load test.
+//!
+//! ```text
+//! cargo bench --bench hot_path                  # everything (a few minutes)
+//! cargo bench --bench hot_path -- layer/        # one group
+//! cargo bench --bench hot_path -- --quick       # a fast, rougher pass
+//! ```
+//!
+//! Groups:
+//! * `backend_check/<algorithm>`: `Backend::check` of one tier on one key,
+//!   memory backend, every algorithm, in steady state at half its rate (a
+//!   `ManualClock` advanced 20 ms per check for a quota of 100 per second, so
+//!   every check is allowed and the sliding log holds 50 entries).
+//! * `layer/...`: the whole `RateLimitLayer` (memory backend, default
+//!   settings) around a trivial `tower::service_fn`, called with a freshly
+//!   built request; `layer/baseline` is the same request through the bare
+//!   service, to subtract. 1 tier (`ip`) and 4 tiers (`global`, `ip`,
+//!   `user`, `endpoint`); 1 key and 10^6 keys (client IPs cycled through a
+//!   table that was filled first: the check should stay flat as keys grow);
+//!   and the 429 path (a tiny quota, every request denied).
+//! * `key/...`: `storage_key_part` on typical and hostile inputs.
+//! * `headers/...`: `RateLimitHeaders::write` in each style.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use http::{HeaderMap, Request, Response};
+use tiered_ratelimit::algorithm::{Gcra, Limit, TokenBucket, Window};
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, TierCheck};
+use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User};
+use tiered_ratelimit::response::RateLimitHeaders;
+use tiered_ratelimit::{HeaderStyle, Quota, RateLimitLayer, Tier, UserId};
+use tower::{Layer, Service};
+
+/// Polls a future once: everything on the memory backend's path is ready at
+/// once (no timer, no I/O), so no executor is needed and none is measured.
+fn now<F: Future>(f: F) -> F::Output {
+    let mut cx = Context::from_waker(Waker::noop());
+    match pin!(f).poll(&mut cx) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("the memory backend's path is expected to be ready at once"),
+    }
+}
+
+/// Calls `svc` with `req` and waits for the response (ready at once).
+fn serve<S, B>(svc: &mut S, req: Request<B>) -> S::Response
+where
+    S: Service<Request<B>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    match svc.poll_ready(&mut cx) {
+        Poll::Ready(r) => r.expect("ready"),
+        Poll::Pending => panic!("service not ready"),
+    }
+    now(svc.call(req)).expect("infallible")
+}
+
+const S: u64 = 1_000_000;
+
+// ---------------------------------------------------------------- backend
+
+fn bucket(limit: u64, period_us: u64) -> TokenBucket {
+    TokenBucket::new(limit, period_us, limit).expect("a small quota")
+}
+
+fn backend_check(c: &mut Criterion) {
+    let window = Window {
+        limit: 100,
+        window_us: S,
+    };
+    let algorithms: [(&str, Limit); 5] = [
+        ("token_bucket", Limit::TokenBucket(bucket(100, S))),
+        ("fixed_window", Limit::FixedWindow(window)),
+        ("sliding_window_log", Limit::SlidingWindowLog(window)),
+        (
+            "sliding_window_counter",
+            Limit::SlidingWindowCounter(window),
+        ),
+        (
+            "leaky_bucket_police",
+            Limit::LeakyBucket(Gcra {
+                bucket: bucket(100, S),
+                max_delay_us: None,
+            }),
+        ),
+    ];
+    let mut g = c.benchmark_group("backend_check");
+    g.throughput(Throughput::Elements(1));
+    for (name, limit) in algorithms {
+        let clock = ManualClock::new(1_700_000_000 * S);
+        let backend: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+        let check = TierCheck {
+            key: "rl:ip:198.51.100.7".to_owned(),
+            limit,
+            cost: 1,
+        };
+        // Fill the steady state first (the log holds a window of entries).
+        for _ in 0..200 {
+            clock.advance(Duration::from_millis(20));
+            assert!(now(backend.check(vec![check.clone()])).unwrap().allowed());
+        }
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || vec![check.clone()],
+                |checks| {
+                    clock.advance(Duration::from_millis(20));
+                    now(backend.check(checks))
+                },
+                BatchSize::SmallInput,
+            );
+        });
+    }
+    g.finish();
+}
+
+// ------------------------------------------------------------------ layer
+
+type Inner = tower::util::ServiceFn<
+    fn(Request<()>) -> std::future::Ready<Result<Response<String>, Infallible>>,
+>;
+
+fn inner() -> Inner {
+    fn hello(_: Request<()>) -> std::future::Ready<Result<Response<String>, Infallible>> {
+        std::future::ready(Ok(Response::new(String::from("hello"))))
+    }
+    tower::service_fn(hello as fn(_) -> _)
+}
+
+/// A request as `axum::serve` + `Router` hand it to the layer: the peer
+/// address (what `ClientIp` reads), the matched route and, for the `user`
+/// tier, a `UserId` an auth middleware put there.
+fn request(ip: u32) -> Request<()> {
+    let mut req = Request::get("/users/42").body(()).expect("a valid request");
+    let ext = req.extensions_mut();
+    ext.insert(SocketAddr::new(IpAddr::V4(Ipv4Addr::from(ip)), 40_000));
+    ext.insert(UserId("user-4711".to_owned()));
+    req
+}
+
+/// Never denies, however many requests: a billion per second.
+fn huge() -> Quota {
+    Quota::per_second(1_000_000_000)
+}
+
+/// Never denies during a run and never expires (one token an hour, a million
+/// of burst): the 10^6 keys all stay in the table.
+fn sticky() -> Quota {
+    Quota::new(1, Duration::from_secs(3600)).burst(1_000_000)
+}
+
+fn layer_with(tiers: usize, ip_quota: Quota) -> RateLimitLayer {
+    let mut b = RateLimitLayer::builder().backend(MemoryBackend::new().max_keys(4_000_000));
+    if tiers > 1 {
+        b = b.tier(Tier::new("global", Global, huge()));
+    }
+    b = b.tier(Tier::new("ip", ClientIp::default(), ip_quota));
+    if tiers > 1 {
+        b = b
+            .tier(Tier::new("user", User, huge()))
+            .tier(Tier::new("endpoint", Endpoint, huge()));
+    }
+    b.build().expect("a valid layer")
+}
+
+fn layer(c: &mut Criterion) {
+    const MANY: u32 = 1_000_000;
+    let base_ip = u32::from(Ipv4Addr::new(10, 0, 0, 0));
+    let mut g = c.benchmark_group("layer");
+    g.throughput(Throughput::Elements(1));
+
+    let mut bare = inner();
+    g.bench_function("baseline", |b| {
+        b.iter(|| serve(&mut bare, request(base_ip)));
+    });
+
+    for tiers in [1, 4] {
+        let mut one = layer_with(tiers, huge()).layer(inner());
+        g.bench_function(format!("{tiers}_tier/1_key"), |b| {
+            b.iter(|| serve(&mut one, request(base_ip)));
+        });
+
+        let mut many = layer_with(tiers, sticky()).layer(inner());
+        for i in 0..MANY {
+            let res = serve(&mut many, request(base_ip + i));
+            debug_assert_eq!(res.status(), 200);
+        }
+        let mut i = 0u32;
+        g.bench_function(format!("{tiers}_tier/1e6_keys"), |b| {
+            b.iter(|| {
+                i = (i + 1) % MANY;
+                serve(&mut many, request(base_ip + i))
+            });
+        });
+
+        // The 429 path: one request a day, so all but the first are denied.
+        let mut denied =
+            layer_with(tiers, Quota::new(1, Duration::from_secs(86_400))).layer(inner());
+        serve(&mut denied, request(base_ip));
+        assert_eq!(serve(&mut denied, request(base_ip)).status(), 429);
+        g.bench_function(format!("{tiers}_tier/denied"), |b| {
+            b.iter(|| serve(&mut denied, request(base_ip)));
+        });
+    }
+    g.finish();
+}
+
+// -------------------------------------------------------------------- keys
+
+fn keys(c: &mut Criterion) {
+    let long_header = "k".repeat(200);
+    let inputs: [(&str, &[u8]); 5] = [
+        ("ipv4", b"198.51.100.7"),
+        ("ipv6_prefix", b"2001:db8:85a3::/64"),
+        ("user_id", b"user-4711"),
+        ("endpoint_escaped", b"GET /users/{id}"),
+        ("hashed_200_bytes", long_header.as_bytes()),
+    ];
+    let mut g = c.benchmark_group("key");
+    g.throughput(Throughput::Elements(1));
+    for (name, bytes) in inputs {
+        g.bench_function(name, |b| b.iter(|| storage_key_part(black_box(bytes))));
+    }
+    g.finish();
+}
+
+// ----------------------------------------------------------------- headers
+
+fn headers(c: &mut Criterion) {
+    let mut g = c.benchmark_group("headers");
+    g.throughput(Throughput::Elements(1));
+    let policy: Arc<str> = Arc::from("ip");
+    for (name, style, retry_after) in [
+        ("legacy_allowed", HeaderStyle::Legacy, None),
+        ("legacy_denied", HeaderStyle::Legacy, Some(7)),
+        ("ietf_allowed", HeaderStyle::Ietf, None),
+        ("both_denied", HeaderStyle::Both, Some(7)),
+    ] {
+        let h = RateLimitHeaders {
+            limit: 300,
+            remaining: 299,
+            reset: 1_700_000_060,
+            retry_after,
+            reset_in: 60,
+            policy: policy.clone(),
+            quota: (300, 60),
+            style,
+        };
+        // Into the headers of a response that already has a few, as on the
+        // way out of a handler.
+        let mut base = HeaderMap::new();
+        base.insert(http::header::CONTENT_TYPE, "text/plain".parse().unwrap());
+        base.insert(http::header::CONTENT_LENGTH, "5".parse().unwrap());
+        g.bench_function(name, |b| {
+            b.iter_batched_ref(
+                || base.clone(),
+                |m| black_box(&h).write(m),
+                BatchSize::SmallInput,
+            );
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, backend_check, layer, keys, headers);
+criterion_main!(benches);

@@ -1,0 +1,726 @@
+//! The admin router over real HTTP: the token (header, cookie, query), the
+//! JSON API, mode changes and the kill switch, HTML escaping, and the page
+//! rendered by headless Chromium.
+
+mod support;
+
+use reqwest::{redirect, StatusCode};
+use serde_json::{json, Value};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use support::*;
+use tiered_ratelimit::{
+    admin::{self, Admin, COOKIE_NAME},
+    key::{ClientIp, Endpoint, User},
+    Mode, Quota, RateLimitHandle, RateLimitLayer, Tier,
+};
+
+const TOKEN: &str = "test-admin-token-0123456789";
+const BASE: &str = "/admin/ratelimit";
+
+both_backends!(
+    mode_change_applies_to_next_request,
+    kill_switch,
+    top_history_and_anomalies_json,
+);
+
+/// The test app with the admin router mounted at [`BASE`].
+async fn start(layer: RateLimitLayer) -> (RateLimitHandle, SocketAddr) {
+    let h = layer.handle();
+    let router = admin::router(h.clone(), TOKEN);
+    (h, serve(app(layer).nest(BASE, router)).await)
+}
+
+/// A client that does not follow redirects.
+fn raw_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .redirect(redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+fn user_tier(limit: u64) -> Tier {
+    Tier::new("user", User, Quota::per_minute(limit))
+}
+
+async fn as_user(addr: SocketAddr, user: &str) -> reqwest::Response {
+    client()
+        .get(format!("http://{addr}/"))
+        .header("authorization", format!("Bearer {user}"))
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn api_get(addr: SocketAddr, path: &str) -> (StatusCode, Value) {
+    let res = client()
+        .get(format!("http://{addr}{BASE}{path}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    (status, res.json().await.unwrap())
+}
+
+async fn api_mode(addr: SocketAddr, body: Value) -> (StatusCode, Value) {
+    let res = client()
+        .post(format!("http://{addr}{BASE}/api/mode"))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status();
+    (status, res.json().await.unwrap())
+}
+
+async fn assert_unauthorized(res: reqwest::Response, what: &str) {
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED, "{what}");
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/json",
+        "{what}: 401 is JSON"
+    );
+    assert!(res.headers().contains_key("www-authenticate"), "{what}");
+    assert_eq!(res.headers()["cache-control"], "no-store", "{what}");
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["error"], "unauthorized", "{what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_wants_the_token() {
+    let env = Env::memory();
+    let (h, addr) = start(env.builder().tier(user_tier(5)).build().unwrap()).await;
+    let c = raw_client();
+    let routes = [
+        ("GET", ""),
+        ("GET", "/api/status"),
+        ("GET", "/api/top/user"),
+        ("GET", "/api/history/user"),
+        ("GET", "/api/anomalies"),
+        ("GET", "/api/top/nope"),
+        ("GET", "/no/such/route"),
+        ("POST", "/api/mode"),
+        ("POST", "/mode"),
+    ];
+    let wrong = [
+        None,
+        Some("Bearer wrong"),
+        Some("Bearer test-admin-token-012345678"), // a prefix
+        Some("Bearer test-admin-token-0123456789x"),
+        Some("Basic dGVzdC1hZG1pbi10b2tlbi0wMTIzNDU2Nzg5"),
+        Some("test-admin-token-0123456789"),
+    ];
+    for (method, path) in routes {
+        for auth in wrong {
+            let url = format!("http://{addr}{BASE}{path}");
+            let mut req = if method == "GET" {
+                c.get(&url)
+            } else {
+                c.post(&url)
+                    .header("content-type", "application/json")
+                    .body(r#"{"mode":"off"}"#)
+            };
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            let res = req.send().await.unwrap();
+            assert_unauthorized(res, &format!("{method} {path} with {auth:?}")).await;
+        }
+    }
+    // The query token is for the page only; the cookie for the page and its form.
+    for path in ["/api/status", "/api/anomalies", "/api/history/user"] {
+        let res = c
+            .get(format!("http://{addr}{BASE}{path}?token={TOKEN}"))
+            .send()
+            .await
+            .unwrap();
+        assert_unauthorized(res, &format!("{path}?token=")).await;
+        let res = c
+            .get(format!("http://{addr}{BASE}{path}"))
+            .header("cookie", format!("{COOKIE_NAME}={}", hex(TOKEN)))
+            .send()
+            .await
+            .unwrap();
+        assert_unauthorized(res, &format!("{path} with the cookie")).await;
+    }
+    for target in ["/api/mode", "/mode"] {
+        let res = c
+            .post(format!("http://{addr}{BASE}{target}?token={TOKEN}"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("mode=off")
+            .send()
+            .await
+            .unwrap();
+        assert_unauthorized(res, &format!("POST {target}?token=")).await;
+    }
+    // A cookie holding the wrong token (or not hex) is no token.
+    for cookie in [hex("wrong"), "zz".to_owned(), TOKEN.to_owned()] {
+        let res = c
+            .get(format!("http://{addr}{BASE}"))
+            .header("cookie", format!("{COOKIE_NAME}={cookie}"))
+            .send()
+            .await
+            .unwrap();
+        assert_unauthorized(res, &format!("page with cookie {cookie}")).await;
+    }
+    assert_eq!(h.mode(), Mode::Enforce, "no unauthorized change applied");
+    // The right token, any case of the scheme.
+    let res = c
+        .get(format!("http://{addr}{BASE}/api/status"))
+        .header("authorization", format!("bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    // An unknown admin route, authorized: 404 JSON.
+    let (status, body) = api_get(addr, "/no/such/route").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"], "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_token_accepts_nothing() {
+    let env = Env::memory();
+    let layer = env.builder().tier(user_tier(5)).build().unwrap();
+    let router = admin::router(layer.handle(), "");
+    let addr = serve(app(layer).nest(BASE, router)).await;
+    let c = raw_client();
+    for auth in ["Bearer ", "Bearer  ", "Bearer"] {
+        let res = c
+            .get(format!("http://{addr}{BASE}/api/status"))
+            .header("authorization", auth)
+            .send()
+            .await
+            .unwrap();
+        assert_unauthorized(res, auth).await;
+    }
+    let res = c
+        .get(format!("http://{addr}{BASE}?token="))
+        .send()
+        .await
+        .unwrap();
+    assert_unauthorized(res, "?token=").await;
+}
+
+async fn mode_change_applies_to_next_request(env: Env) {
+    let (h, addr) = start(env.builder().tier(user_tier(1)).build().unwrap()).await;
+    assert_eq!(as_user(addr, "alice").await.status(), 200);
+    assert_eq!(as_user(addr, "alice").await.status(), 429);
+
+    // The tier to shadow: the very next request passes, counted as shadow_limited.
+    let (status, body) = api_mode(addr, json!({"tier": "user", "mode": "shadow"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["tiers"][0]["name"], "user");
+    assert_eq!(body["tiers"][0]["mode"], "shadow");
+    assert_eq!(body["mode"], "enforce");
+    let before = h.counts().shadow_limited;
+    assert_eq!(as_user(addr, "alice").await.status(), 200);
+    assert_eq!(h.counts().shadow_limited, before + 1);
+
+    // Back to enforce: the next request is refused again.
+    let (status, _) = api_mode(addr, json!({"tier": "user", "mode": "enforce"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(as_user(addr, "alice").await.status(), 429);
+
+    // A global canary at 0 % enforces nobody.
+    let (status, body) = api_mode(addr, json!({"mode": "canary:0"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["mode"], "canary:0");
+    assert_eq!(body["tiers"][0]["effective_mode"], "canary:0");
+    assert_eq!(h.mode(), Mode::Canary { percent: 0 });
+    assert_eq!(as_user(addr, "alice").await.status(), 200);
+    let (status, _) = api_mode(addr, json!({"mode": "canary:100"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(as_user(addr, "alice").await.status(), 429);
+
+    // What the status route reports.
+    let (_, s) = api_get(addr, "/api/status").await;
+    assert_eq!(s["mode"], "canary:100");
+    assert_eq!(s["effective_mode"], "canary:100");
+    assert_eq!(s["circuit_state"], "closed");
+    assert_eq!(s["tiers"][0]["quota"]["limit"], 1);
+    assert_eq!(s["tiers"][0]["quota"]["period"], "1m");
+    assert_eq!(s["tiers"][0]["algorithm"], "token_bucket");
+    assert!(s["counts"]["limited"].as_u64().unwrap() >= 3, "{s}");
+
+    // Refused changes change nothing.
+    for (body, status, error) in [
+        (
+            json!({"mode": "bogus"}),
+            StatusCode::BAD_REQUEST,
+            "invalid_mode",
+        ),
+        (
+            json!({"mode": "canary:101"}),
+            StatusCode::BAD_REQUEST,
+            "invalid_mode",
+        ),
+        (
+            json!({"tier": "nope", "mode": "off"}),
+            StatusCode::NOT_FOUND,
+            "unknown_tier",
+        ),
+        (
+            json!({"mode": "off", "extra": 1}),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+        ),
+        (
+            json!({"tier": "user"}),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+        ),
+        (json!("off"), StatusCode::BAD_REQUEST, "invalid_body"),
+    ] {
+        let (got, res) = api_mode(addr, body.clone()).await;
+        assert_eq!(
+            (got, res["error"].as_str()),
+            (status, Some(error)),
+            "{body}"
+        );
+    }
+    assert_eq!(h.mode(), Mode::Canary { percent: 100 });
+    assert_eq!(h.tiers()[0].mode, Mode::Enforce);
+}
+
+async fn kill_switch(env: Env) {
+    let (h, addr) = start(env.builder().tier(user_tier(1)).build().unwrap()).await;
+    assert_eq!(as_user(addr, "mallory").await.status(), 200);
+    assert_eq!(as_user(addr, "mallory").await.status(), 429);
+    let (status, body) = api_mode(addr, json!({"mode": "off"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["mode"], "off");
+    assert_eq!(body["tiers"][0]["effective_mode"], "off");
+    assert_eq!(h.mode(), Mode::Off);
+    let skipped = h.counts().skipped;
+    for _ in 0..5 {
+        let res = as_user(addr, "mallory").await;
+        assert_eq!(limits(&res), NO_LIMITS, "off: no limiting, no headers");
+    }
+    assert_eq!(h.counts().skipped, skipped + 5);
+    let (status, _) = api_mode(addr, json!({"mode": "enforce"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(as_user(addr, "mallory").await.status(), 429);
+}
+
+async fn top_history_and_anomalies_json(env: Env) {
+    let (_h, addr) = start(env.builder().tier(user_tier(2)).build().unwrap()).await;
+    for _ in 0..7 {
+        as_user(addr, "mallory").await;
+    }
+    for _ in 0..3 {
+        as_user(addr, "eve").await;
+    }
+    let (status, top) = api_get(addr, "/api/top/user").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(top["kind"], "blocked");
+    assert_eq!(top["window_secs"], 3600);
+    assert_eq!(
+        top["keys"],
+        json!([
+            {"key": "mallory", "count": 5, "error": 0},
+            {"key": "eve", "count": 1, "error": 0},
+        ])
+    );
+    let (_, top) = api_get(addr, "/api/top/user?n=1&window=3h").await;
+    assert_eq!(top["window_secs"], 3 * 3600);
+    assert_eq!(top["keys"].as_array().unwrap().len(), 1);
+    let (_, near) = api_get(addr, "/api/top/user?kind=near_limit").await;
+    assert_eq!(near["kind"], "near_limit");
+    let mut near: Vec<&str> = near["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    near.sort_unstable();
+    assert_eq!(near, ["eve", "mallory"]);
+    for (q, error) in [
+        ("?n=x", "invalid_n"),
+        ("?window=soon", "invalid_window"),
+        ("?kind=all", "invalid_kind"),
+    ] {
+        let (status, body) = api_get(addr, &format!("/api/top/user{q}")).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(error))
+        );
+    }
+    let (status, body) = api_get(addr, "/api/top/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body, json!({"error": "unknown_tier", "tier": "nope"}));
+
+    // The minute closes with the first request of the next one.
+    env.clock.advance(Duration::from_secs(60));
+    as_user(addr, "bob").await;
+    let (status, hist) = api_get(addr, "/api/history/user").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        hist["buckets"],
+        json!([{"start": T0_S - T0_S % 60, "requests": 10, "limited": 6, "shadow_limited": 0}])
+    );
+    let (status, _) = api_get(addr, "/api/history/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, a) = api_get(addr, "/api/anomalies").await;
+    assert_eq!(status, StatusCode::OK);
+    // Fewer than min_requests (20) in the bucket: no baseline yet.
+    assert_eq!(a, json!({"anomalies": []}));
+}
+
+/// `?token=` → 303 without it + the cookie; the cookie opens the page and
+/// its form, not the API; a cross-site form post is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_cookie_and_form() {
+    let env = Env::memory();
+    let (h, addr) = start(env.builder().tier(user_tier(5)).build().unwrap()).await;
+    let c = raw_client();
+    let res = c
+        .get(format!("http://{addr}{BASE}?token={TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(res.headers()["location"], BASE, "the token leaves the URL");
+    let set_cookie = res.headers()["set-cookie"].to_str().unwrap().to_owned();
+    for attr in [
+        "HttpOnly",
+        "SameSite=Strict",
+        "Secure",
+        "Path=/admin/ratelimit",
+        "Max-Age=",
+    ] {
+        assert!(set_cookie.contains(attr), "{set_cookie}: {attr}");
+    }
+    let cookie = set_cookie.split(';').next().unwrap().to_owned();
+    assert!(
+        !cookie.contains(TOKEN),
+        "the token is hex-encoded: {cookie}"
+    );
+
+    let res = c
+        .get(format!("http://{addr}{BASE}"))
+        .header("cookie", format!("other=1; {cookie}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["content-type"], "text/html; charset=utf-8");
+    let csp = res.headers()["content-security-policy"].to_str().unwrap();
+    assert!(csp.starts_with("default-src 'none'"), "{csp}");
+    assert_eq!(res.headers()["x-frame-options"], "DENY");
+    assert!(res.headers().get("set-cookie").is_none());
+    let html = res.text().await.unwrap();
+    assert!(html.contains(r#"action="/admin/ratelimit/mode""#), "{html}");
+    assert!(html.contains(r#"id="kill-switch""#));
+
+    let form = |body: &'static str, site: Option<&'static str>| {
+        let mut req = c
+            .post(format!("http://{addr}{BASE}/mode"))
+            .header("cookie", cookie.clone())
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body);
+        if let Some(s) = site {
+            req = req.header("sec-fetch-site", s);
+        }
+        req.send()
+    };
+    // Cross-site: refused even with the cookie.
+    let res = form("mode=off", Some("cross-site")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert_eq!(h.mode(), Mode::Enforce);
+    // The kill switch button.
+    let res = form("mode=off", Some("same-origin")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(res.headers()["location"], BASE);
+    assert_eq!(h.mode(), Mode::Off);
+    let html = c
+        .get(format!("http://{addr}{BASE}"))
+        .header("cookie", cookie.clone())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains(r#"id="resume""#), "off: the button resumes");
+    let res = form("mode=enforce", None).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(h.mode(), Mode::Enforce);
+    // A tier's form.
+    let res = form("tier=user&mode=canary%3A10", None).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(h.tiers()[0].mode, Mode::Canary { percent: 10 });
+    let res = form("tier=user&mode=nope", None).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    let res = form("tier=nope&mode=off", None).await.unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+    let res = form("tier=user", None).await.unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(h.tiers()[0].mode, Mode::Canary { percent: 10 });
+
+    // With the query token turned off, only the header opens the page.
+    let layer = env.builder().tier(user_tier(5)).build().unwrap();
+    let router = Admin::new(layer.handle(), TOKEN)
+        .query_token(false)
+        .secure_cookie(false)
+        .router();
+    let addr = serve(app(layer).nest(BASE, router)).await;
+    let res = c
+        .get(format!("http://{addr}{BASE}?token={TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_unauthorized(res, "query token off").await;
+    let res = c
+        .get(format!("http://{addr}{BASE}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert!(
+        res.headers().get("set-cookie").is_none(),
+        "a header-authenticated load sets no cookie"
+    );
+}
+
+/// Mounted at the root with `merge`, the page and its form live at `/`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mounted_at_the_root() {
+    let env = Env::memory();
+    let layer = env.builder().tier(user_tier(5)).build().unwrap();
+    let addr = serve(admin::router(layer.handle(), TOKEN)).await;
+    let c = raw_client();
+    let res = c
+        .get(format!("http://{addr}/?token={TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(res.headers()["location"], "/");
+    assert!(res.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .contains("Path=/;"));
+    let html = c
+        .get(format!("http://{addr}/"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains(r#"action="/mode""#));
+}
+
+/// Keys and endpoints are written into the page HTML-escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_escapes_what_clients_sent() {
+    let env = Env::memory();
+    let (_h, addr) = start(env.builder().tier(user_tier(1)).build().unwrap()).await;
+    let evil = r#"<script>alert(1)</script>"#;
+    for _ in 0..3 {
+        as_user(addr, evil).await;
+        // (the space is percent-escaped in the storage key part)
+        as_user(addr, r#"x" onmouseover="alert(2)"#).await;
+    }
+    let html = client()
+        .get(format!("http://{addr}{BASE}"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{html}"
+    );
+    assert!(
+        html.contains("x&quot;%20onmouseover=&quot;alert(2)"),
+        "{html}"
+    );
+    assert!(!html.contains("<script"), "{html}");
+    assert!(!html.contains(r#""%20onmouseover"#), "{html}");
+}
+
+fn hex(s: &str) -> String {
+    s.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+// ------------------------------------------------------------ headless Chromium
+
+/// Written to stderr directly, so it shows without `--nocapture`.
+fn say(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
+
+fn on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let d = std::env::temp_dir().join(format!(
+        "tiered-ratelimit-{tag}-{}-{nanos}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs headless Chromium on `url` with a fresh profile; returns stdout.
+async fn chromium(bin: &Path, url: &str, extra: &[String]) -> String {
+    let profile = temp_dir("chromium");
+    let mut cmd = tokio::process::Command::new(bin);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .args(extra)
+    .arg(url)
+    .stdin(std::process::Stdio::null())
+    .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("chromium finished within 2 minutes")
+        .expect("chromium ran");
+    let _ = std::fs::remove_dir_all(&profile);
+    assert!(
+        out.status.success(),
+        "chromium failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_page_in_headless_chromium() {
+    let Some(bin) = on_path("chromium") else {
+        say(
+            "SKIPPED admin_page_in_headless_chromium: `chromium` is not on PATH \
+             (Debian: apt-get install chromium)",
+        );
+        return;
+    };
+    let env = Env::memory();
+    let layer = env
+        .builder()
+        .tier(Tier::new(
+            "ip",
+            ClientIp::default(),
+            Quota::per_minute(10_000),
+        ))
+        .tier(user_tier(5))
+        .tier(Tier::new("endpoint", Endpoint, Quota::per_minute(15)).mode(Mode::Shadow))
+        .build()
+        .unwrap();
+    let (h, addr) = start(layer).await;
+
+    // 15 minutes of traffic on the manual clock: 20 well-behaved users a
+    // minute, mallory sending more and more, and a hostile-looking user id.
+    let evil = "<script>alert(1)</script>";
+    let c = client();
+    for minute in 0..15u64 {
+        for i in 0..20 {
+            c.get(format!("http://{addr}/users/{i}"))
+                .header("authorization", format!("Bearer u{minute}-{i}"))
+                .send()
+                .await
+                .unwrap();
+        }
+        for _ in 0..3 + minute {
+            as_user(addr, "mallory").await;
+        }
+        if minute >= 8 {
+            for _ in 0..7 {
+                as_user(addr, evil).await;
+            }
+        }
+        env.clock.advance(Duration::from_secs(60));
+    }
+    as_user(addr, "bob").await; // closes the last minute
+    assert_eq!(h.history("user").unwrap().len(), 15);
+    let top = h
+        .top_blocked("user", 10, Duration::from_secs(3600))
+        .unwrap();
+    assert_eq!(top[0].key, "mallory");
+    assert!(h.counts().limited > 0 && h.counts().shadow_limited > 0);
+
+    // Chromium loads the page with ?token=, follows the 303 with the cookie.
+    let url = format!("http://{addr}{BASE}?token={TOKEN}");
+    let shot = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("admin-page.png");
+    let _ = std::fs::remove_file(&shot);
+    chromium(
+        &bin,
+        &url,
+        &[
+            format!("--screenshot={}", shot.display()),
+            "--window-size=1200,900".to_owned(),
+        ],
+    )
+    .await;
+    let png = std::fs::read(&shot).expect("the screenshot was written");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "a PNG");
+    assert_eq!(&png[12..16], b"IHDR");
+    let width = u32::from_be_bytes(png[16..20].try_into().unwrap());
+    let height = u32::from_be_bytes(png[20..24].try_into().unwrap());
+    assert!(width >= 1000 && height >= 700, "{width}x{height}");
+    assert!(
+        png.len() > 20_000,
+        "a real page, not a blank: {} bytes",
+        png.len()
+    );
+    say(&format!(
+        "admin page screenshot ({width}x{height}, {} bytes): {}",
+        png.len(),
+        shot.display()
+    ));
+
+    let dom = chromium(&bin, &url, &["--dump-dom".to_owned()]).await;
+    assert!(
+        !dom.contains("unauthorized"),
+        "the cookie opened the page after the redirect: {dom}"
+    );
+    for needle in [
+        r#"<svg id="rate-chart""#,
+        "<polyline",
+        r#"data-tier="user""#,
+        r#"stroke-dasharray"#, // the shadow tier's would-block line
+        "<code>ip</code>",
+        "<code>user</code>",
+        "<code>endpoint</code>",
+        "<code>mallory</code>",
+        "&lt;script&gt;alert(1)&lt;/script&gt;",
+        r#"id="kill-switch""#,
+        r#"id="top-blocked""#,
+    ] {
+        assert!(
+            dom.contains(needle),
+            "{needle} missing from the DOM:\n{dom}"
+        );
+    }
+    assert!(!dom.contains("<script"), "no script element: {dom}");
+}
