@@ -1,9 +1,12 @@
 -- Every tier of one request, all or nothing, in one script call.
 --
 -- KEYS[i]   the key of tier i: "<prefix>:<tier>:<key part>"
--- ARGV[1]   "" to read the clock with Redis TIME (production), or a test
---           clock in Unix epoch microseconds (ManualClock; tests only),
---           optionally followed by ":<ttl slack ms>" (see common.lua)
+-- ARGV[1]   "" to read the clock with Redis TIME (production);
+--           "d<deadline µs>": Redis TIME, and if it is past the deadline the
+--           app has already given up on this check: write nothing, return
+--           { now_us, -1 } ("late");
+--           or a test clock in Unix epoch microseconds (ManualClock; tests
+--           only), optionally followed by ":<ttl slack ms>" (see common.lua)
 -- ARGV[2 + 7(i-1) ..], seven per tier:
 --           algorithm (1 fixed_window, 2 sliding_window_log,
 --           3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket),
@@ -24,13 +27,17 @@ local algorithms = {
 }
 
 local now
-if ARGV[1] ~= '' then
+local deadline = string.match(ARGV[1], '^d(%d+)$')
+if ARGV[1] ~= '' and not deadline then
   local clock, slack = string.match(ARGV[1], '^(%d+):?(%d*)$')
   now = tonumber(clock)
   if slack ~= nil and slack ~= '' then ttl_slack_ms = tonumber(slack) end
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  if deadline and now > tonumber(deadline) then
+    return { now, -1 }
+  end
 end
 
 local out = { now }

@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Circuit breaker settings (defaults: 5 failures, 1 s probe interval).
+/// Circuit breaker settings (defaults: 5 failures, 500 ms probe interval, so
+/// limiting resumes within about half a second of the backend's return).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CircuitBreaker {
     /// Consecutive backend failures that open the circuit (0 disables it).
@@ -19,7 +20,7 @@ impl Default for CircuitBreaker {
     fn default() -> Self {
         Self {
             failures: 5,
-            probe_interval: Duration::from_secs(1),
+            probe_interval: Duration::from_millis(500),
         }
     }
 }

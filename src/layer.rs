@@ -396,7 +396,7 @@ impl RateLimitLayerBuilder {
     }
 
     /// The circuit breaker in front of the backend (default: open after 5
-    /// consecutive failures, probe every second; `failures: 0` disables it).
+    /// consecutive failures, probe every 500 ms; `failures: 0` disables it).
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.circuit_breaker = breaker;
         self
@@ -533,6 +533,10 @@ impl RateLimitLayerBuilder {
             .backend
             .unwrap_or_else(|| Backend::Memory(MemoryBackend::new()));
         let local_clock = backend.local_clock();
+        #[cfg(feature = "redis")]
+        if let Backend::Redis(r) = &backend {
+            r.set_deadline_budget(self.backend_timeout);
+        }
         let is_memory = matches!(backend, Backend::Memory(_));
         #[cfg(feature = "redis")]
         let single_redis = matches!(&backend, Backend::Redis(r) if !r.is_cluster());

@@ -77,7 +77,7 @@ pub struct Policy {
     /// fallback divides quotas by (default 1).
     #[serde(default = "default_instances")]
     pub fallback_instances: u32,
-    /// `{ failures = 5, probe_interval = "1s" }` (the defaults).
+    /// `{ failures = 5, probe_interval = "500ms" }` (the defaults).
     #[serde(default)]
     pub circuit_breaker: CircuitBreakerPolicy,
     /// Sent as `docs` in the 429 body.
@@ -121,7 +121,7 @@ pub struct CircuitBreakerPolicy {
     /// Consecutive failures that open the circuit (default 5; 0 disables).
     #[serde(default = "default_failures")]
     pub failures: u32,
-    /// How long it stays open before a probe (humantime, default `"1s"`).
+    /// How long it stays open before a probe (humantime, default `"500ms"`).
     #[serde(default = "default_probe", with = "humantime_serde")]
     pub probe_interval: Duration,
 }
@@ -510,7 +510,7 @@ fn default_failures() -> u32 {
     5
 }
 fn default_probe() -> Duration {
-    Duration::from_secs(1)
+    Duration::from_millis(500)
 }
 
 fn default_deny_status() -> u16 {

@@ -7,8 +7,10 @@ use ::redis::cluster::{ClusterClient, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, RedisError, Script};
 use std::fmt;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+use std::time::Instant;
 
 mod cluster;
 mod control;
@@ -73,6 +75,14 @@ pub struct RedisBackend {
 struct Inner {
     source: Source,
     script: Script,
+    /// Calibration of Redis's clock against this process's monotonic clock,
+    /// from the last reply: Redis `TIME` minus the local midpoint of the
+    /// exchange, in µs (`i64::MIN` until the first reply).
+    offset_us: AtomicI64,
+    origin: Instant,
+    /// The layer's backend timeout in µs (0 = no deadline): a script that
+    /// reaches Redis later than this after it was sent writes nothing.
+    budget_us: AtomicU64,
 }
 
 enum Source {
@@ -185,6 +195,9 @@ impl RedisBackend {
             inner: Arc::new(Inner {
                 source,
                 script: Script::new(script),
+                offset_us: AtomicI64::new(i64::MIN),
+                origin: Instant::now(),
+                budget_us: AtomicU64::new(0),
             }),
             clock: None,
             ttl_slack_ms: 0,
@@ -270,6 +283,46 @@ impl RedisBackend {
         }
     }
 
+    /// Sets the deadline budget: the layer's backend timeout. A check sent at
+    /// local time `t` carries the deadline `t + budget` in Redis's clock (as
+    /// calibrated by the previous reply); a script that starts after it
+    /// (Redis was frozen, or the queue was long) writes nothing and answers
+    /// "late", so a stall leaves no pile-up of charges for requests the app
+    /// already answered by its failure policy.
+    pub(crate) fn set_deadline_budget(&self, budget: Duration) {
+        let us = u64::try_from(budget.as_micros()).unwrap_or(u64::MAX);
+        self.inner.budget_us.store(us, Ordering::Relaxed);
+    }
+
+    fn local_us(&self) -> i64 {
+        i64::try_from(self.inner.origin.elapsed().as_micros()).unwrap_or(i64::MAX)
+    }
+
+    /// `ARGV[1]` for a standalone check sent at local µs `sent`: the test
+    /// clock, or `d<deadline in Redis µs>`, or `""` before calibration.
+    fn check_clock_arg(&self, sent: i64) -> String {
+        if self.clock.is_some() {
+            return self.clock_arg();
+        }
+        let budget = self.inner.budget_us.load(Ordering::Relaxed);
+        let offset = self.inner.offset_us.load(Ordering::Relaxed);
+        if budget == 0 || offset == i64::MIN {
+            return String::new();
+        }
+        let deadline = sent
+            .saturating_add(offset)
+            .saturating_add(i64::try_from(budget).unwrap_or(i64::MAX));
+        format!("d{deadline}")
+    }
+
+    /// Records Redis's clock from a reply to a check sent at local `sent`.
+    fn calibrate(&self, sent: i64, redis_now: i64) {
+        let mid = sent + (self.local_us() - sent) / 2;
+        self.inner
+            .offset_us
+            .store(redis_now - mid, Ordering::Relaxed);
+    }
+
     async fn connection(&self) -> Result<Conn, BackendError> {
         match &self.inner.source {
             Source::Client {
@@ -280,9 +333,12 @@ impl RedisBackend {
                 if let Some(m) = manager.get() {
                     return Ok(Conn::Manager(m.clone()));
                 }
+                // Reconnect attempts back off to at most 200 ms apart, so a
+                // Redis that comes back is found within a fraction of a second.
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(*connect_timeout))
-                    .set_response_timeout(None);
+                    .set_response_timeout(None)
+                    .set_max_delay(Duration::from_millis(200));
                 let m = ConnectionManager::new_lazy_with_config(client.clone(), config)
                     .map_err(|e| BackendError::Connection(e.to_string()))?;
                 Ok(Conn::Manager(manager.get_or_init(|| m).clone()))
@@ -356,7 +412,8 @@ impl RedisBackend {
             return cluster::check(self, checks, shadow).await;
         }
         let mut invocation = self.inner.script.prepare_invoke();
-        invocation.arg(self.clock_arg());
+        let sent = self.local_us();
+        invocation.arg(self.check_clock_arg(sent));
         for (i, c) in checks.iter().enumerate() {
             let (algorithm, p) = encode(&c.limit);
             invocation
@@ -385,6 +442,16 @@ impl RedisBackend {
                 BackendError::Script(e.to_string())
             }
         })?;
+        if self.clock.is_none() {
+            if let Some(&now) = reply.first() {
+                self.calibrate(sent, now);
+            }
+        }
+        if reply.len() == 2 && reply[1] == -1 {
+            // Reached Redis after its deadline: nothing was written.
+            let budget = self.inner.budget_us.load(Ordering::Relaxed);
+            return Err(BackendError::Timeout(Duration::from_micros(budget)));
+        }
         parse_reply(&reply, &checks)
     }
 }
