@@ -416,6 +416,45 @@ pub(crate) fn outcome(
     parts: &http::request::Parts,
 ) -> Outcome {
     let backend = shared.backend.name();
+    // One span per check, with every tier's result as a field (formatted
+    // only when a subscriber wants the span).
+    let span = tracing::debug_span!(
+        "rate_limit_check",
+        backend,
+        tiers = tracing::field::Empty,
+        error = tracing::field::Empty
+    );
+    if !span.is_disabled() {
+        match &result {
+            Ok(v) => {
+                let mut out = String::new();
+                for (i, d) in v.decisions.iter().enumerate() {
+                    let name = meta
+                        .tiers
+                        .get(i)
+                        .and_then(|&t| shared.tiers.get(usize::from(t)))
+                        .map_or("?", |t| &*t.name);
+                    let what = match (d.allowed, meta.shadow.contains(i)) {
+                        (true, _) => "allowed",
+                        (false, true) => "shadow_limited",
+                        (false, false) => "limited",
+                    };
+                    use std::fmt::Write;
+                    let _ = write!(
+                        out,
+                        "{}{name}={what}/{}",
+                        if i > 0 { "," } else { "" },
+                        d.remaining
+                    );
+                }
+                span.record("tiers", out.as_str());
+            }
+            Err(e) => {
+                span.record("error", tracing::field::display(e));
+            }
+        }
+    }
+    let _entered = span.enter();
     if let Some(t) = meta.backend_started {
         observe::record_latency(backend, "backend", t.elapsed());
     }

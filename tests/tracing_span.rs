@@ -1,0 +1,76 @@
+//! The tracing span per check. Alone in its binary: tracing caches callsite
+//! interest process-wide, so a test with a thread-local subscriber must not
+//! share the process with tests that log without one.
+
+mod support;
+
+use support::*;
+use tiered_ratelimit::{
+    key::{ClientIp, User},
+    Quota, Tier,
+};
+
+/// One span per check, with every tier's result as a field.
+#[test]
+fn one_span_per_check_with_tier_results() {
+    use std::sync::{Arc, Mutex};
+    use tower::ServiceExt;
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let layer = tiered_ratelimit::RateLimitLayer::builder()
+                .tier(Tier::new("ip", ClientIp::default(), Quota::per_minute(10)))
+                .tier(Tier::new("user", User, Quota::per_minute(1)))
+                .build()
+                .unwrap();
+            let app = app(layer);
+            for _ in 0..2 {
+                let mut req = http::Request::get("/")
+                    .header("authorization", "Bearer u1")
+                    .body(axum::body::Body::empty())
+                    .unwrap();
+                req.extensions_mut()
+                    .insert(std::net::SocketAddr::from(([192, 0, 2, 1], 5000)));
+                app.clone().oneshot(req).await.unwrap();
+            }
+        });
+    });
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let spans: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("rate_limit_check") && l.contains(" close "))
+        .collect();
+    assert_eq!(spans.len(), 2, "{out}");
+    assert!(
+        spans[0].contains("tiers=\"ip=allowed/9,user=allowed/0\""),
+        "{out}"
+    );
+    assert!(
+        spans[1].contains("tiers=\"ip=allowed/8,user=limited/0\""),
+        "{out}"
+    );
+    // The rejection's debug event is logged inside that span.
+    assert!(out.contains("tiers=\"ip=allowed/8,user=limited/0\"}: tiered_ratelimit::service: request rate limited tier=\"user\""), "{out}");
+}
