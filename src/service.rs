@@ -226,12 +226,24 @@ pub(crate) struct Meta {
     fallback: bool,
     /// With IETF headers: each check's quota and window in seconds.
     quotas: Vec<(u64, u64)>,
+    /// For tiers with plans: each check's plan (`None` = the tier's default).
+    plans: Vec<Option<Arc<str>>>,
 }
 
 #[derive(Debug)]
 struct Observed {
     endpoint: String,
     key_hashes: Vec<u64>,
+}
+
+impl Meta {
+    /// Check `i`'s plan label: the plan's name, or `default`.
+    fn plan(&self, i: usize) -> &str {
+        self.plans
+            .get(i)
+            .and_then(|p| p.as_deref())
+            .unwrap_or("default")
+    }
 }
 
 /// What the service does with a request before any backend call.
@@ -297,7 +309,11 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
                 r.limit
             }
         } else {
-            plan_limit(t, r, parts, fallback)
+            let (limit, plan) = plan_limit(t, r, parts, fallback);
+            // The plan label of this check's metrics (configured names only).
+            meta.plans.resize(checks.len(), None);
+            meta.plans.push(plan);
+            limit
         };
         // A cost above the capacity is denied anyway; clamping it keeps every
         // algorithm's integer arithmetic far from overflow whatever a cost
@@ -360,7 +376,7 @@ fn plan_limit(
     r: &TierRuntime,
     parts: &http::request::Parts,
     fallback: bool,
-) -> Limit {
+) -> (Limit, Option<Arc<str>>) {
     let from_fn;
     let plan: Option<&str> = match &t.plan_fn {
         Some(f) => {
@@ -370,12 +386,13 @@ fn plan_limit(
         None => parts.extensions.get::<Plan>().map(|p| p.0.as_str()),
     };
     let found = plan.and_then(|p| r.plans.iter().find(|pr| &*pr.name == p));
-    match (found, fallback) {
+    let limit = match (found, fallback) {
         (Some(p), false) => p.limit,
         (Some(p), true) => p.fallback,
         (None, false) => r.limit,
         (None, true) => r.fallback,
-    }
+    };
+    (limit, found.map(|p| p.name.clone()))
 }
 
 fn denied_by_list(status: DenyStatus) -> Response<Bytes> {
@@ -504,7 +521,7 @@ fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
         };
         let part = key.get(t.key_base.len()..).unwrap_or(key);
         let kind = if d.allowed {
-            observe::count_tier(observe::NEAR_LIMIT, &t.name);
+            observe::count_tier(observe::NEAR_LIMIT, &t.name, meta.plan(i));
             Kind::NearLimit
         } else {
             Kind::Blocked
@@ -550,7 +567,7 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
         if !d.allowed && meta.shadow.contains(i) {
             shadow_limited = true;
             let tier = tier_name(i);
-            observe::count_tier(observe::SHADOW_LIMITED, &tier);
+            observe::count_tier(observe::SHADOW_LIMITED, &tier, meta.plan(i));
             if let Some(o) = &meta.observed {
                 let key_hash = o.key_hashes.get(i).copied().unwrap_or(0);
                 log_shadow(
@@ -679,7 +696,7 @@ fn reject(
     if count_limited {
         shared.count("limited");
     }
-    observe::count_tier(observe::LIMITED, &tier);
+    observe::count_tier(observe::LIMITED, &tier, meta.plan(i));
     tracing::debug!(tier = &*tier, retry_after, "request rate limited");
     let rejection = Rejection {
         tier,

@@ -142,13 +142,17 @@ fn metric_names_and_bounded_labels() {
         rt.block_on(async {
             use tower::ServiceExt;
             let layer = tiered_ratelimit::RateLimitLayer::builder()
-                .tier(Tier::new("user", User, Quota::per_minute(1)))
+                .tier(
+                    Tier::new("user", User, Quota::per_minute(5))
+                        .plans([("pro", Quota::per_minute(1))]),
+                )
                 .build()
                 .unwrap();
             let app = app(layer);
             for _ in 0..3 {
                 let req = http::Request::get("/users/1")
                     .header("authorization", "Bearer secret-user-id")
+                    .header("x-test-plan", "pro")
                     .body(axum::body::Body::empty())
                     .unwrap();
                 app.clone().oneshot(req).await.unwrap();
@@ -186,12 +190,12 @@ fn metric_names_and_bounded_labels() {
     has("tiered_ratelimit_requests_total", "decision=limited", 2.0);
     has(
         "tiered_ratelimit_tier_decisions_total",
-        "decision=limited,tier=user",
+        "decision=limited,tier=user,plan=pro",
         2.0,
     );
     has(
         "tiered_ratelimit_tier_decisions_total",
-        "decision=near_limit,tier=user",
+        "decision=near_limit,tier=user,plan=pro",
         1.0,
     );
     has(

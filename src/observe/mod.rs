@@ -7,7 +7,7 @@
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
 //! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `cache_blocked`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `fallback`, `skipped`) | exactly one per request that reached the layer (`cache_blocked` is a 429 answered by the deny cache, not also `limited`) |
-//! | `tiered_ratelimit_tier_decisions_total` | counter | `decision` (`limited`, `shadow_limited`), `tier` | per tier: rejections (the binding tier) and would-be rejections |
+//! | `tiered_ratelimit_tier_decisions_total` | counter | `decision` (`limited`, `shadow_limited`, `near_limit`), `tier`, `plan` (a configured plan name, or `default`) | per tier: rejections (the binding tier), would-be rejections, and admissions with under 20 % left |
 //! | `tiered_ratelimit_backend_errors_total` | counter | `kind` (`timeout`, `connection`, `script`, `key`), `backend` | failed checks |
 
 pub mod anomaly;
@@ -28,10 +28,16 @@ pub(crate) fn count_decision(decision: &'static str) {
 pub(crate) const LIMITED: &str = "limited";
 pub(crate) const SHADOW_LIMITED: &str = "shadow_limited";
 
-/// Counts a tier's rejection (or would-be rejection) with the tier label.
-pub(crate) fn count_tier(decision: &'static str, tier: &Arc<str>) {
-    metrics::counter!(TIER_DECISIONS, "decision" => decision, "tier" => tier.to_string())
-        .increment(1);
+/// Counts a tier's rejection (or would-be rejection, or near-limit
+/// admission) with the tier and plan labels.
+pub(crate) fn count_tier(decision: &'static str, tier: &Arc<str>, plan: &str) {
+    metrics::counter!(
+        TIER_DECISIONS,
+        "decision" => decision,
+        "tier" => tier.to_string(),
+        "plan" => plan.to_owned()
+    )
+    .increment(1);
 }
 
 pub(crate) const TIER_DECISIONS: &str = "tiered_ratelimit_tier_decisions_total";
