@@ -59,6 +59,10 @@ docs_url = "https://example.com/docs/rate-limits"
 trusted_proxies = []               # CIDRs of your proxies; empty = trust no X-Forwarded-For
 ipv6_prefix = 64
 
+[control]                          # with REDIS_URL: `redis-cli HSET rl:control mode off` = kill switch
+redis_key = "rl:control"
+poll_interval = "5s"
+
 # Tiers are checked in this order; a request must pass all that apply.
 # key = "global" | "ip" | "user" | "endpoint" | { header = "<name>" }
 [[tier]]
@@ -194,10 +198,17 @@ fn app(rate_limit: RateLimitLayer) -> Router {
     // is in the extensions; `Router::layer` (rather than wrapping the whole
     // Router) runs the limiter after routing, so the `endpoint` tier sees the
     // route template (`/users/{id}`) through `MatchedPath`.
+    //
+    // The explicit fallback matters: `Router::merge` keeps a router's own
+    // fallback only if it set one, so without it the operator routes merged
+    // below would bring back an unlayered default 404 and unknown paths would
+    // skip every tier. With it, 404s are limited too (keyed `<unmatched>` by
+    // the endpoint tier).
     Router::new()
         .route("/", get(index))
         .route("/users/{id}", get(user))
         .route("/login", post(login))
+        .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "not found\n") })
         .layer(rate_limit)
         .layer(middleware::from_fn(demo_auth))
         .layer(middleware::from_fn(log_rejections))

@@ -39,3 +39,13 @@ end
 local function int(x)
   return string.format('%.0f', x)
 end
+
+-- GET that treats a key of another type as no state. A key written by
+-- another algorithm (the tier's algorithm changed, or two layers share a
+-- prefix) must not turn every check into a script error, which would fail
+-- open: the state is read as absent and the commit's SET replaces it.
+local function get_state(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' and v.err then return nil end
+  return v
+end

@@ -3,7 +3,7 @@
 local function fixed_window(key, now, limit, window, _, _, cost)
   local start = div_floor(now, window) * window
   local count = 0
-  local v = redis.call('GET', key)
+  local v = get_state(key)
   if v then
     local s, c = string.match(v, '^(%d+):(%d+)$')
     if s and tonumber(s) == start then count = tonumber(c) end

@@ -6,7 +6,7 @@
 local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_tokens)
   local cost = cost_tokens * unit
   local backlog = 0
-  local v = redis.call('GET', key)
+  local v = get_state(key)
   if v then
     local t, f, r = string.match(v, '^(%d+):(%d+):(%d+)$')
     if t and tonumber(r) == rate then
@@ -26,7 +26,7 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
     return 1, div_floor(left, unit), reset, 0, div_ceil(over, rate), function()
       local whole = div_floor(after, rate)
       redis.call('SET', key, int(now + whole) .. ':' .. int(after - whole * rate) .. ':' .. int(rate), 'PX', ttl_ms(reset))
-      return after -- for a cross-slot refund (lua/refund.lua)
+      return after -- for a refund (lua/refund.lua)
     end
   end
   local reset = div_ceil(backlog, rate)

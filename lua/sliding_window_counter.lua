@@ -11,7 +11,7 @@ end
 local function sliding_window_counter(key, now, limit, window, _, _, cost)
   local start = div_floor(now, window) * window
   local prev, cur = 0, 0
-  local v = redis.call('GET', key)
+  local v = get_state(key)
   if v then
     local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
     if s then

@@ -4,7 +4,11 @@
 -- newest entry. Denied requests are not logged.
 local function sliding_window_log(key, now, limit, window, _, _, cost)
   local cutoff = now - window
-  local live = redis.call('ZRANGEBYSCORE', key, '(' .. int(cutoff), '+inf', 'WITHSCORES')
+  -- A key of another type (the algorithm changed) is no state; the commit
+  -- deletes it before logging.
+  local live = redis.pcall('ZRANGEBYSCORE', key, '(' .. int(cutoff), '+inf', 'WITHSCORES')
+  local foreign = type(live) == 'table' and live.err ~= nil
+  if foreign then live = {} end
   local used, newest = 0, nil
   local times, costs = {}, {}
   for i = 1, #live, 2 do
@@ -17,6 +21,7 @@ local function sliding_window_log(key, now, limit, window, _, _, cost)
   end
   if used + cost <= limit then
     return 1, limit - used - cost, window, 0, 0, function()
+      if foreign then redis.call('DEL', key) end
       redis.call('ZREMRANGEBYSCORE', key, '-inf', int(cutoff))
       local seq = #times
       local member = int(now) .. ':' .. seq .. ':' .. int(cost)
@@ -26,7 +31,7 @@ local function sliding_window_log(key, now, limit, window, _, _, cost)
       end
       redis.call('ZADD', key, int(now), member)
       redis.call('PEXPIRE', key, ttl_ms(window))
-      return seq -- for a cross-slot refund (lua/refund.lua): the member is now:seq:cost
+      return seq -- for a refund (lua/refund.lua): the member is now:seq:cost
     end
   end
   local reset = 0

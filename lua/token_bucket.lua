@@ -5,7 +5,7 @@
 local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens)
   local cost = cost_tokens * unit
   local tokens, updated = capacity, now
-  local v = redis.call('GET', key)
+  local v = get_state(key)
   if v then
     local t, u, un = string.match(v, '^(%d+):(%d+):(%d+)$')
     if t and tonumber(un) == unit then
@@ -25,7 +25,7 @@ local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens)
     local reset = div_ceil(capacity - left, rate)
     return 1, div_floor(left, unit), reset, 0, 0, function()
       redis.call('SET', key, int(left) .. ':' .. int(updated) .. ':' .. int(unit), 'PX', ttl_ms(reset))
-      return left -- for a cross-slot refund (lua/refund.lua)
+      return left -- for a refund (lua/refund.lua)
     end
   end
   local reset = div_ceil(capacity - tokens, rate)

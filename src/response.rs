@@ -10,7 +10,7 @@
 //! |---|---|
 //! | `X-RateLimit-Limit` | the tier's capacity (its burst) in requests |
 //! | `X-RateLimit-Remaining` | requests left now (never negative) |
-//! | `X-RateLimit-Reset` | Unix epoch **seconds**, rounded up: when allowed, the instant the tier is back to its full capacity; when denied, the instant the request would pass (`now` + the exact wait, so never later than `now + Retry-After`) |
+//! | `X-RateLimit-Reset` | Unix epoch **seconds**, rounded up: when allowed, the instant the tier is back to its full capacity; when denied, the instant the request would pass (`now` + the exact wait, rounded up) |
 //! | `Retry-After` | only on `429`: whole **seconds**, rounded up, at least 1 — the time until the request would pass on every tier |
 //!
 //! A denied request gets `429 Too Many Requests`, `Content-Type:

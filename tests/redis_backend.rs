@@ -307,3 +307,39 @@ async fn deadpool_pool_backend() {
     let clients: String = redis.cmd(&["CLIENT", "LIST"]);
     assert_eq!(clients.lines().count(), 2, "{clients}"); // ours + this CLIENT LIST
 }
+
+/// Changing a tier's algorithm (or two layers sharing a prefix) leaves keys
+/// of another Redis type behind: they read as no state, never as a script
+/// error that would fail open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_another_algorithm_is_replaced_not_an_error() {
+    use tiered_ratelimit::Algorithm;
+    let redis = RedisServer::start();
+    let mk = |algorithm| {
+        RateLimitLayer::builder()
+            .backend(RedisBackend::from_url(&redis.url()).unwrap())
+            .failure_policy(FailurePolicy::Closed)
+            .deny_cache(0)
+            .tier(Tier::new("global", Global, Quota::per_hour(100)).algorithm(algorithm))
+            .build()
+            .unwrap()
+    };
+    let c = client();
+    let mut expected_type = "";
+    for (algorithm, redis_type) in [
+        (Algorithm::SlidingWindowLog, "zset"),
+        (Algorithm::TokenBucket, "string"),
+        (Algorithm::SlidingWindowLog, "zset"),
+        (Algorithm::FixedWindow, "string"),
+        (Algorithm::SlidingWindowCounter, "string"),
+    ] {
+        let addr = serve(app(mk(algorithm))).await;
+        let res = c.get(format!("http://{addr}/")).send().await.unwrap();
+        // Closed policy: a script error would be a 503.
+        assert_eq!(limits(&res).status, 200, "{algorithm:?} after a {expected_type} key");
+        assert_eq!(limits(&res).remaining, Some(99), "{algorithm:?}: a fresh bucket");
+        let t: String = redis.cmd(&["TYPE", "rl:global:all"]);
+        assert_eq!(t, redis_type);
+        expected_type = redis_type;
+    }
+}
