@@ -10,12 +10,13 @@
 # Builds bench_server in release with line tables (its own target
 # directory, `$CARGO_TARGET_DIR/prof`), starts a throwaway redis-server
 # on a free loopback port (never 6379), and for each mode runs the server
-# under `valgrind --tool=callgrind`: 300 warm-up requests, counters zeroed
-# (callgrind_control -z), exactly N requests over one connection (wrk -c1
-# with a Lua script that stops after N responses), dump (callgrind_control
-# -d). Prints instructions (Ir) per request per mode, the difference from
-# `bare`, and for every mode but bare the functions with the largest
-# inclusive cost. Needs valgrind, wrk, redis-server, redis-cli, python3.
+# under `valgrind --tool=callgrind` twice: for 300 requests and for 300 + N
+# (over one connection: wrk -c1 with a Lua script that stops after that many
+# responses), the server then stopped with SIGTERM (callgrind writes its
+# profile). The difference of the two totals is N requests' instructions,
+# without startup and warm-up. Prints instructions (Ir) per request per
+# mode, the difference from `bare`, and for every mode but bare the
+# functions with the largest inclusive cost (of the 300 + N run). Needs valgrind, wrk, redis-server, redis-cli, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +24,7 @@ N=${N:-5000}
 MODES=${MODES:-"bare mem1 mem4 redis1 redis4 minimal"}
 TOP=${TOP:-45}
 
-for tool in valgrind callgrind_control callgrind_annotate wrk redis-server redis-cli python3; do
+for tool in valgrind callgrind_annotate wrk redis-server redis-cli python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "$tool not found on PATH" >&2; exit 1; }
 done
 
@@ -77,28 +78,35 @@ requests() { # count port
 }
 
 : >"$work/totals"
-for mode in $MODES; do
+# Ir of a server that answered `count` requests, startup and exit included
+# (valgrind writes the profile when the server dies of SIGTERM).
+profile() { # mode count out
+  local port
   port=$(free_port)
   LISTEN_ADDR="127.0.0.1:$port" valgrind --tool=callgrind --dump-instr=no \
-    --callgrind-out-file="$work/cg.$mode" "$bin" "$mode" \
-    >"$work/server.out" 2>"$work/valgrind.$mode.log" &
+    --callgrind-out-file="$3" "$bin" "$1" \
+    >"$work/server.out" 2>"$work/valgrind.$1.log" &
   server_pid=$!
   for _ in $(seq 1 600); do
     grep -q "listening on" "$work/server.out" 2>/dev/null && break
-    kill -0 "$server_pid" 2>/dev/null || { cat "$work/valgrind.$mode.log" >&2; exit 1; }
+    kill -0 "$server_pid" 2>/dev/null || { cat "$work/valgrind.$1.log" >&2; exit 1; }
     sleep 0.1
   done
-  requests 300 "$port"
-  callgrind_control -z "$server_pid" >/dev/null
-  requests "$N" "$port"
-  done_n=$(awk '/ requests in / {print $1}' "$work/wrk.out")
-  callgrind_control -d "$server_pid" >/dev/null
+  requests "$2" "$port"
+  awk '/ requests in / {print $1}' "$work/wrk.out" >"$3.n"
   stop "$server_pid"
   server_pid=""
-  dump=$(ls -t "$work"/cg."$mode".* 2>/dev/null | head -n1)
-  ir=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
-  echo "$mode $done_n $ir $dump" >>"$work/totals"
-  echo "[callgrind] $mode: $done_n requests, $ir Ir" >&2
+}
+for mode in $MODES; do
+  # Two runs, WARM and WARM + N requests: the difference is N requests'
+  # worth, without startup, warm-up (first connection, script load) or exit.
+  profile "$mode" 300 "$work/cg.$mode.warm"
+  profile "$mode" $((300 + N)) "$work/cg.$mode"
+  ir0=$(awk '/^(summary|totals):/ {print $2; exit}' "$work/cg.$mode.warm")
+  ir1=$(awk '/^(summary|totals):/ {print $2; exit}' "$work/cg.$mode")
+  n=$(($(cat "$work/cg.$mode.n") - $(cat "$work/cg.$mode.warm.n")))
+  echo "$mode $n $((ir1 - ir0)) $work/cg.$mode" >>"$work/totals"
+  echo "[callgrind] $mode: $n requests, $((ir1 - ir0)) Ir" >&2
 done
 
 python3 - "$work/totals" <<'EOF'
@@ -115,7 +123,7 @@ EOF
 while read -r mode n _ dump; do
   [[ "$mode" == bare ]] && continue
   echo
-  echo "### $mode: largest inclusive costs (Ir over $n requests)"
+  echo "### $mode: largest inclusive costs (Ir, 300 + $n requests, startup included)"
   echo
   echo '```'
   callgrind_annotate --inclusive=yes --threshold=100 "$dump" 2>/dev/null |

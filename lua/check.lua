@@ -17,7 +17,11 @@
 --           top-N): every tier that rejects adds its cost to its key's
 --           score; the set keeps its 10 000 heaviest keys and lives 25 h.
 -- Returns   { now_us, then per tier: allowed (0/1), remaining,
---             reset_after_us, retry_after_us, delay_us }
+--             reset_after_us, retry_after_us, delay_us, undo }
+--           where undo is what the tier's charge returned (0 if it was not
+--           charged, or its algorithm returns nothing): the argument of its
+--           refund (lua/refund.lua, run through lua/cluster.lua's 'refund'
+--           mode for skip_failed_requests / skip_successful_requests).
 -- Writes happen only if every enforced tier allows the request; then every
 -- tier that allows it is charged (a shadow tier that would deny is not, just
 -- as an enforced denial charges nothing).
@@ -60,8 +64,9 @@ for i = 1, tiers do
   out[#out + 1] = reset
   out[#out + 1] = retry
   out[#out + 1] = delay
+  out[#out + 1] = 0
   if allowed == 1 then
-    commits[#commits + 1] = commit
+    commits[#commits + 1] = { commit, #out }
   else
     rejected[#rejected + 1] = i
     if ARGV[a + 6] ~= '1' then all = false end
@@ -69,7 +74,9 @@ for i = 1, tiers do
 end
 
 if all then
-  for _, commit in ipairs(commits) do commit() end
+  for _, c in ipairs(commits) do
+    out[c[2]] = c[1]() or 0
+  end
 end
 local blocked = KEYS[tiers + 1]
 if blocked and #rejected > 0 then

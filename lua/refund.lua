@@ -1,8 +1,11 @@
--- Refunds: the inverse of each algorithm's charge, for Redis Cluster only
--- (see lua/cluster.lua and docs/redis.md, "Redis Cluster"). A request whose
--- tiers live in several hash slots is charged optimistically on every slot
--- at once; when another slot's enforced tier denied it, the slots that did
--- charge run these to give the charge back.
+-- Refunds: the inverse of each algorithm's charge, run through the 'refund'
+-- mode of lua/cluster.lua (on a cluster node, or on a single Redis). On a
+-- Redis Cluster a request whose tiers live in several hash slots is charged
+-- optimistically on every slot at once; when another slot's enforced tier
+-- denied it, the slots that did charge run these to give the charge back
+-- (see docs/redis.md, "Redis Cluster"). On both, a tier with
+-- skip_failed_requests / skip_successful_requests runs them once the
+-- response's status is known. Twins: Limit::refund in src/algorithm/mod.rs.
 --
 -- Each takes the key, the refund's clock `now`, the charge's clock
 -- `charged_at` (µs, the `now` the charging script ran at), the algorithm's

@@ -4,7 +4,7 @@
 use crate::backend::CheckFuture;
 use crate::layer::Shared;
 use crate::response::{RateLimitHeaders, ResponseBody};
-use crate::service::{outcome, Meta, Outcome};
+use crate::service::{outcome, Meta, Outcome, Refunds};
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -48,12 +48,16 @@ pin_project! {
             service: S,
             request: Request<ReqBody>,
             headers: Option<RateLimitHeaders>,
+            refunds: Option<Box<Refunds>>,
         },
-        /// The inner service runs; its response gets `headers`.
+        /// The inner service runs; its response gets `headers`, and its
+        /// status decides `refunds` (issued as soon as the response is
+        /// available; the headers describe the state before them).
         Calling {
             #[pin]
             future: S::Future,
             headers: Option<RateLimitHeaders>,
+            refunds: Option<Box<Refunds>>,
         },
         /// The layer answers by itself (429 or 503).
         Responding {
@@ -67,9 +71,17 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn call(future: S::Future, headers: Option<RateLimitHeaders>) -> Self {
+    pub(crate) fn call(
+        future: S::Future,
+        headers: Option<RateLimitHeaders>,
+        refunds: Option<Box<Refunds>>,
+    ) -> Self {
         Self {
-            state: State::Calling { future, headers },
+            state: State::Calling {
+                future,
+                headers,
+                refunds,
+            },
         }
     }
 
@@ -86,6 +98,7 @@ where
         service: S,
         request: Request<ReqBody>,
         headers: Option<RateLimitHeaders>,
+        refunds: Option<Box<Refunds>>,
     ) -> Self {
         Self {
             state: State::Delaying {
@@ -93,6 +106,7 @@ where
                 service,
                 request,
                 headers,
+                refunds,
             },
         }
     }
@@ -146,15 +160,19 @@ where
                     let decided = outcome(&shared, &meta, result, &parts);
                     let request = Request::from_parts(parts, body);
                     let next = match decided {
-                        Outcome::Pass(headers, delay) if delay.is_zero() => State::Calling {
-                            future: service.call(request),
-                            headers,
-                        },
-                        Outcome::Pass(headers, delay) => State::Delaying {
+                        Outcome::Pass(headers, delay, refunds) if delay.is_zero() => {
+                            State::Calling {
+                                future: service.call(request),
+                                headers,
+                                refunds,
+                            }
+                        }
+                        Outcome::Pass(headers, delay, refunds) => State::Delaying {
                             sleep: tokio::time::sleep(delay),
                             service,
                             request,
                             headers,
+                            refunds,
                         },
                         Outcome::Respond(res) => State::Responding {
                             response: Some(res),
@@ -168,6 +186,7 @@ where
                         mut service,
                         request,
                         headers,
+                        refunds,
                         ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
@@ -176,10 +195,19 @@ where
                     this.state.set(State::Calling {
                         future: service.call(request),
                         headers,
+                        refunds,
                     });
                 }
-                StateProj::Calling { future, headers } => {
+                StateProj::Calling {
+                    future,
+                    headers,
+                    refunds,
+                } => {
+                    // An inner error has no status: nothing is refunded.
                     let mut res = ready!(future.poll(cx))?;
+                    if let Some(r) = refunds.take() {
+                        r.issue(res.status());
+                    }
                     if let Some(h) = headers.take() {
                         h.write(res.headers_mut());
                     }

@@ -64,6 +64,10 @@ pub(crate) struct BuiltTier {
     /// `None`: every method but OPTIONS.
     pub(crate) methods: Option<Box<[http::Method]>>,
     pub(crate) plan_fn: Option<PlanFn>,
+    /// Refund this tier's charge on a status ≥ 400.
+    pub(crate) skip_failed: bool,
+    /// Refund this tier's charge on a status < 400.
+    pub(crate) skip_successful: bool,
 }
 
 impl BuiltTier {
@@ -523,6 +527,8 @@ impl RateLimitLayerBuilder {
                 cost_fn: t.cost_fn,
                 methods: t.methods.map(Vec::into_boxed_slice),
                 plan_fn: t.plan_fn,
+                skip_failed: t.skip_failed_requests,
+                skip_successful: t.skip_successful_requests,
             });
         }
         let names: Vec<Arc<str>> = tiers.iter().map(|t| t.name.clone()).collect();

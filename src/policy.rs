@@ -392,12 +392,13 @@ pub struct TierPolicy {
     /// Methods counted (default: all but OPTIONS).
     #[serde(default)]
     pub methods: Option<Vec<String>>,
-    /// Refund requests answered with status ≥ 400. Only `false` (the
-    /// default) is accepted for now: refunds by status are not built yet.
+    /// Refund this tier's cost when the response's status is ≥ 400
+    /// (default `false`); see [`Tier::skip_failed_requests`].
     #[serde(default)]
     pub skip_failed_requests: bool,
-    /// Refund requests answered with status < 400. Only `false` (the
-    /// default) is accepted for now.
+    /// Refund this tier's cost when the response's status is < 400
+    /// (default `false`; for login endpoints); see
+    /// [`Tier::skip_successful_requests`].
     #[serde(default)]
     pub skip_successful_requests: bool,
     /// Quotas per plan (`[tier.plans]`).
@@ -770,20 +771,9 @@ impl Policy {
                         .map(str::to_owned)
                 });
             }
-            // Refunding by response status is not built yet (it needs the
-            // inverse of every charge on both backends); refuse rather than
-            // silently count what the operator asked not to.
-            for (field, on) in [
-                ("skip_failed_requests", t.skip_failed_requests),
-                ("skip_successful_requests", t.skip_successful_requests),
-            ] {
-                if on {
-                    return Err(ConfigError::Policy(format!(
-                        "tier \"{}\": {field}: true is not supported yet (only false)",
-                        t.name
-                    )));
-                }
-            }
+            let tier = tier
+                .skip_failed_requests(t.skip_failed_requests)
+                .skip_successful_requests(t.skip_successful_requests);
             b = b.tier(tier);
         }
         Ok(b)

@@ -2,7 +2,7 @@
 
 use crate::algorithm::Decision;
 use crate::algorithm::Limit;
-use crate::backend::{Backend, Check, Shadow, TierCheck, Verdict};
+use crate::backend::{Backend, Check, Shadow, TierCheck, TierRefund, Verdict};
 use crate::breaker::Permit;
 use crate::deny_cache::Denied;
 use crate::error::BackendError;
@@ -57,10 +57,119 @@ impl<S> RateLimitService<S> {
 /// What to do with a request after its check.
 pub(crate) enum Outcome {
     /// Call the inner service (after `delay`, when a shaping tier queued the
-    /// request), then add these headers (none on fail-open).
-    Pass(Option<RateLimitHeaders>, Duration),
+    /// request), then add these headers (none on fail-open), and issue these
+    /// refunds by the response's status (tiers that skip failed or
+    /// successful requests).
+    Pass(Option<RateLimitHeaders>, Duration, Option<Box<Refunds>>),
     /// Answer with this response instead (429 or 503).
     Respond(Response<Bytes>),
+}
+
+/// The refunds a passed request may get once its response's status is
+/// known: the charges of its tiers with `skip_failed_requests` (given back
+/// on a status ≥ 400) and `skip_successful_requests` (< 400).
+pub(crate) struct Refunds {
+    backend: Backend,
+    on_failure: Vec<TierRefund>,
+    on_success: Vec<TierRefund>,
+}
+
+impl Refunds {
+    /// The refunds of a charged request, if any of its tiers asks for them.
+    fn of(shared: &Shared, meta: &Meta, v: &Verdict) -> Option<Box<Refunds>> {
+        if !shared
+            .tiers
+            .iter()
+            .any(|t| t.skip_failed || t.skip_successful)
+        {
+            return None;
+        }
+        let mut r = Refunds {
+            backend: shared.backend.clone(),
+            on_failure: Vec::new(),
+            on_success: Vec::new(),
+        };
+        for (i, charge) in v.charges.iter().enumerate() {
+            // Only tiers this request was charged on (allowed, not denied
+            // in shadow mode, and the request committed).
+            let (Some(charge), Some(check)) = (charge, meta.sent.get(i)) else {
+                continue;
+            };
+            let Some(t) = meta
+                .tiers
+                .get(i)
+                .and_then(|&t| shared.tiers.get(usize::from(t)))
+            else {
+                continue;
+            };
+            let refund = || TierRefund {
+                check: check.clone(),
+                charge: *charge,
+            };
+            if t.skip_failed {
+                r.on_failure.push(refund());
+            }
+            if t.skip_successful {
+                r.on_success.push(refund());
+            }
+        }
+        if r.on_failure.is_empty() && r.on_success.is_empty() {
+            None
+        } else {
+            Some(Box::new(r))
+        }
+    }
+
+    /// Gives back the charges `status` calls for, without delaying the
+    /// response: in memory at once (one shard lock per key, as brief as a
+    /// check's), on Redis in a task of its own.
+    pub(crate) fn issue(self, status: http::StatusCode) {
+        let refunds = if status.as_u16() >= 400 {
+            self.on_failure
+        } else {
+            self.on_success
+        };
+        if refunds.is_empty() {
+            return;
+        }
+        match self.backend {
+            Backend::Memory(m) => m.refund(&refunds),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        if let Err(e) = r.refund(&refunds).await {
+                            refund_failed(&e);
+                        }
+                    });
+                }
+                Err(_) => refund_failed(&BackendError::Script(
+                    "no tokio runtime to send the refund on".to_owned(),
+                )),
+            },
+        }
+    }
+}
+
+/// A refund by status that did not land: the request keeps its charge
+/// (capacity is under-used until it refills; nothing is over-admitted).
+/// Counted always, logged at most once a second.
+#[cfg(feature = "redis")]
+fn refund_failed(e: &BackendError) {
+    metrics::counter!(
+        "tiered_ratelimit_refund_failures_total",
+        "kind" => e.kind()
+    )
+    .increment(1);
+    static LOG: std::sync::OnceLock<observe::LogThrottle> = std::sync::OnceLock::new();
+    let log = LOG.get_or_init(|| observe::LogThrottle::new(Duration::from_secs(1)));
+    if let Some(suppressed) = log.permit() {
+        tracing::warn!(
+            error = %e,
+            suppressed,
+            "rate limiter: refund by response status failed; the request keeps its charge"
+        );
+    }
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
@@ -88,7 +197,7 @@ where
             Planned::Pass(decision) => {
                 shared.count(decision);
                 let req = Request::from_parts(parts, body);
-                return ResponseFuture::call(self.inner.call(req), None);
+                return ResponseFuture::call(self.inner.call(req), None, None);
             }
             Planned::Refuse(res) => return ResponseFuture::respond(res),
             Planned::Failed(e) => (Err(e), Meta::default()),
@@ -135,12 +244,12 @@ where
         let decided = outcome(shared, &meta, result, &parts);
         let req = Request::from_parts(parts, body);
         match decided {
-            Outcome::Pass(headers, delay) if delay.is_zero() => {
-                ResponseFuture::call(self.inner.call(req), headers)
+            Outcome::Pass(headers, delay, refunds) if delay.is_zero() => {
+                ResponseFuture::call(self.inner.call(req), headers, refunds)
             }
-            Outcome::Pass(headers, delay) => {
+            Outcome::Pass(headers, delay, refunds) => {
                 let inner = self.take_ready_inner();
-                ResponseFuture::delay(delay, inner, req, headers)
+                ResponseFuture::delay(delay, inner, req, headers, refunds)
             }
             Outcome::Respond(res) => ResponseFuture::respond(res),
         }
@@ -480,7 +589,12 @@ pub(crate) fn outcome(
             shared.breaker.success(meta.permit);
             remember_denials(shared, meta, &v);
             observe_decisions(shared, meta, &v);
-            decide(shared, meta, &v)
+            match decide(shared, meta, &v) {
+                Outcome::Pass(headers, delay, _) => {
+                    Outcome::Pass(headers, delay, Refunds::of(shared, meta, &v))
+                }
+                respond => respond,
+            }
         }
         Err(e) => {
             if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {
@@ -615,7 +729,7 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
             HeaderStyle::None => None,
             _ => shown.map(|(i, d)| headers_for(shared, meta, i, d, v.now_us, false)),
         };
-        return Outcome::Pass(headers, Duration::from_micros(delay_us));
+        return Outcome::Pass(headers, Duration::from_micros(delay_us), None);
     }
     // Binding tier: the enforced denying tier with the longest wait (first on a tie).
     let mut binding: Option<(usize, &Decision)> = None;
@@ -628,7 +742,7 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
         }
     }
     let Some((i, d)) = binding else {
-        return Outcome::Pass(None, Duration::ZERO);
+        return Outcome::Pass(None, Duration::ZERO, None);
     };
     Outcome::Respond(reject(shared, meta, i, d, v.now_us, !meta.fallback))
 }
@@ -667,7 +781,8 @@ fn headers_for(
             remaining: d.remaining,
             reset,
             retry_after: None,
-            reset_in: reset.saturating_sub(now_us / 1_000_000),
+            // Seconds until full, rounded up: never above the window.
+            reset_in: ceil_secs(d.reset_after_us),
             policy,
             quota,
             style: shared.header_style,
@@ -756,7 +871,7 @@ fn fail(shared: &Shared, e: &BackendError, parts: &http::request::Parts) -> Outc
     match policy {
         FailurePolicy::Open => {
             shared.count("fail_open");
-            Outcome::Pass(None, Duration::ZERO)
+            Outcome::Pass(None, Duration::ZERO, None)
         }
         FailurePolicy::Closed => {
             shared.count("fail_closed");
@@ -765,7 +880,7 @@ fn fail(shared: &Shared, e: &BackendError, parts: &http::request::Parts) -> Outc
         FailurePolicy::Fallback => {
             shared.count("fallback");
             let Some(local) = &shared.fallback else {
-                return Outcome::Pass(None, Duration::ZERO);
+                return Outcome::Pass(None, Duration::ZERO, None);
             };
             match plan(shared, parts, true) {
                 Planned::Check(checks, mut meta) => {
@@ -775,7 +890,7 @@ fn fail(shared: &Shared, e: &BackendError, parts: &http::request::Parts) -> Outc
                 }
                 Planned::Refuse(res) => Outcome::Respond(res),
                 // An extractor failed: nothing local can decide either.
-                Planned::Pass(_) | Planned::Failed(_) => Outcome::Pass(None, Duration::ZERO),
+                Planned::Pass(_) | Planned::Failed(_) => Outcome::Pass(None, Duration::ZERO, None),
             }
         }
     }

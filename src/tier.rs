@@ -87,6 +87,8 @@ pub struct Tier {
     pub(crate) methods: Option<Vec<http::Method>>,
     pub(crate) plans: Vec<(String, Quota)>,
     pub(crate) plan_fn: Option<PlanFn>,
+    pub(crate) skip_failed_requests: bool,
+    pub(crate) skip_successful_requests: bool,
 }
 
 impl fmt::Debug for Tier {
@@ -100,6 +102,8 @@ impl fmt::Debug for Tier {
             .field("mode", &self.mode)
             .field("methods", &self.methods)
             .field("plans", &self.plans)
+            .field("skip_failed_requests", &self.skip_failed_requests)
+            .field("skip_successful_requests", &self.skip_successful_requests)
             .finish_non_exhaustive()
     }
 }
@@ -118,7 +122,52 @@ impl Tier {
             methods: None,
             plans: Vec::new(),
             plan_fn: None,
+            skip_failed_requests: false,
+            skip_successful_requests: false,
         }
+    }
+
+    /// Gives the request's cost back **on this tier** when the response's
+    /// status is 400 or above (default `false`): only successful requests
+    /// count. For endpoints where failures are cheap and retries legitimate.
+    ///
+    /// The refund is issued once the inner service's response head is
+    /// available (from its status), without delaying the response: on the
+    /// memory backend it is done before the response is returned, on Redis
+    /// in a task of its own (one script call, its failure counted in
+    /// `tiered_ratelimit_refund_failures_total` and logged). So the
+    /// response's rate-limit headers still describe the state **before** the
+    /// refund, and a request sent right after the response may, on Redis,
+    /// still see the charge.
+    ///
+    /// A refund gives back what the charge still takes away, never more:
+    /// refill or a new window may already have absorbed part of it, so it
+    /// never leaves more room than if the request had never been charged
+    /// (and never pushes `remaining` above the limit). Only a request this
+    /// tier charged is refunded: not one it denied, not one another tier
+    /// denied, not one in shadow mode that this tier would have denied, and
+    /// not one decided by the local fallback (the failure policy).
+    pub fn skip_failed_requests(mut self, skip: bool) -> Self {
+        self.skip_failed_requests = skip;
+        self
+    }
+
+    /// Gives the request's cost back **on this tier** when the response's
+    /// status is below 400 (default `false`): only failed requests count.
+    /// For login endpoints: failed attempts are limited, a user who logs in
+    /// is not. Same timing and rules as
+    /// [`skip_failed_requests`](Self::skip_failed_requests).
+    ///
+    /// ```
+    /// use tiered_ratelimit::{key::ClientIp, Quota, Tier};
+    /// // Bursts of 5 failed logins per IP, one more a minute; successful
+    /// // logins are free.
+    /// let tier = Tier::new("login", ClientIp::default(), Quota::per_minute(1).burst(5))
+    ///     .skip_successful_requests(true);
+    /// ```
+    pub fn skip_successful_requests(mut self, skip: bool) -> Self {
+        self.skip_successful_requests = skip;
+        self
     }
 
     /// The tier's rollout mode (default [`Mode::Enforce`]); changeable at run

@@ -284,16 +284,20 @@ pro = { limit = 1000, period = "1m", burst = 2000 }
 }
 
 #[test]
-fn unsupported_refund_options_are_refused_not_ignored() {
-    let p = Policy::from_toml_str(
-        "[[tier]]\nname='login'\nkey='ip'\nlimit=5\nperiod='1m'\nskip_successful_requests=true\n",
-    )
-    .unwrap();
-    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
-        .unwrap_err()
-        .to_string();
-    assert_eq!(
-        e,
-        "policy: tier \"login\": skip_successful_requests: true is not supported yet (only false)"
-    );
+fn refund_options_are_accepted() {
+    for field in ["skip_failed_requests", "skip_successful_requests"] {
+        let p = Policy::from_toml_str(&format!(
+            "[[tier]]\nname='login'\nkey='ip'\nlimit=5\nperiod='1m'\n{field}=true\n"
+        ))
+        .unwrap();
+        let t = &p.tiers[0];
+        assert_eq!(
+            (t.skip_failed_requests, t.skip_successful_requests),
+            (
+                field == "skip_failed_requests",
+                field == "skip_successful_requests"
+            )
+        );
+        let _layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+    }
 }

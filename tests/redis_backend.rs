@@ -336,8 +336,16 @@ async fn a_key_of_another_algorithm_is_replaced_not_an_error() {
         let addr = serve(app(mk(algorithm))).await;
         let res = c.get(format!("http://{addr}/")).send().await.unwrap();
         // Closed policy: a script error would be a 503.
-        assert_eq!(limits(&res).status, 200, "{algorithm:?} after a {expected_type} key");
-        assert_eq!(limits(&res).remaining, Some(99), "{algorithm:?}: a fresh bucket");
+        assert_eq!(
+            limits(&res).status,
+            200,
+            "{algorithm:?} after a {expected_type} key"
+        );
+        assert_eq!(
+            limits(&res).remaining,
+            Some(99),
+            "{algorithm:?}: a fresh bucket"
+        );
         let t: String = redis.cmd(&["TYPE", "rl:global:all"]);
         assert_eq!(t, redis_type);
         expected_type = redis_type;

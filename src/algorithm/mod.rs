@@ -191,3 +191,164 @@ fn tat(s: Option<&State>) -> Option<TatState> {
 pub(crate) const fn div_ceil(a: u64, b: u64) -> u64 {
     a.div_ceil(b)
 }
+
+/// What a refund does to a stored key (see [`Limit::refund`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refund {
+    /// Nothing to give back (refill or a new window absorbed the charge, or
+    /// the stored value is not this charge's): leave the key alone.
+    Keep,
+    /// The key now means what no key means (full bucket, empty window):
+    /// delete it.
+    Delete,
+    /// Store this state, with this time-to-live in microseconds (`None`:
+    /// keep the key's current expiry).
+    Store(State, Option<u64>),
+}
+
+impl Limit {
+    /// What [`Limit::charge`]'s resulting `state` gives a later refund (the
+    /// `undo` of `lua/refund.lua`): token bucket, the tokens left in units;
+    /// leaky bucket, the backlog after the charge in ticks; others, 0 (the
+    /// Redis sliding log uses the member's sequence number instead, which
+    /// the in-memory log does not need).
+    pub fn undo_of(&self, state: &State, now_us: u64) -> u64 {
+        match (self, state) {
+            (Limit::TokenBucket(_), State::Bucket(b)) => b.tokens,
+            (Limit::LeakyBucket(_), State::Tat(t)) => {
+                t.tat_us.saturating_sub(now_us).saturating_mul(t.rate) + t.frac
+            }
+            _ => 0,
+        }
+    }
+
+    /// Gives back a charge of `cost` made at `charged_at_us` (its `undo` as
+    /// [`Limit::undo_of`] returned it), at `now_us`, given the key's stored
+    /// `state` (`None`: no key, or expired). The twin of `lua/refund.lua`:
+    /// gives back what the charge still takes away, never more. Refill or a
+    /// new window may already have absorbed part of it; that part is not
+    /// given back, so a refund never admits more than if the request had
+    /// never been charged at all. A state of another algorithm, unit or
+    /// window is left alone.
+    pub fn refund(
+        &self,
+        state: Option<&State>,
+        now_us: u64,
+        charged_at_us: u64,
+        cost: u64,
+        undo: u64,
+    ) -> Refund {
+        match (self, state) {
+            (_, None) => Refund::Keep,
+            (Limit::FixedWindow(w), Some(State::FixedWindow(s))) => {
+                let start = charged_at_us - charged_at_us % w.window_us;
+                if s.start_us != start {
+                    return Refund::Keep;
+                }
+                match s.count.checked_sub(cost).filter(|&c| c > 0) {
+                    None => Refund::Delete,
+                    Some(count) => Refund::Store(
+                        State::FixedWindow(FixedWindowState {
+                            start_us: start,
+                            count,
+                        }),
+                        None,
+                    ),
+                }
+            }
+            (Limit::SlidingWindowLog(_), Some(State::Log(log))) => {
+                let Some(at) = log
+                    .iter()
+                    .position(|&(t, c)| t == charged_at_us && c == cost)
+                else {
+                    return Refund::Keep;
+                };
+                let mut log = log.clone();
+                log.remove(at);
+                if log.is_empty() {
+                    Refund::Delete
+                } else {
+                    Refund::Store(State::Log(log), None)
+                }
+            }
+            (Limit::SlidingWindowCounter(w), Some(State::Counter(s))) => {
+                let start = charged_at_us - charged_at_us % w.window_us;
+                let mut s = *s;
+                if s.start_us == start {
+                    s.current = s.current.saturating_sub(cost);
+                } else if s.start_us == start + w.window_us {
+                    // A later request opened the next window: this charge
+                    // is in `previous`.
+                    s.previous = s.previous.saturating_sub(cost);
+                } else {
+                    return Refund::Keep;
+                }
+                if s.current == 0 && s.previous == 0 {
+                    Refund::Delete
+                } else {
+                    Refund::Store(State::Counter(s), None)
+                }
+            }
+            (Limit::TokenBucket(b), Some(State::Bucket(s))) => {
+                let cost = cost.saturating_mul(b.unit);
+                // Without this charge the bucket would have been full after
+                // (capacity - left - cost) / rate µs.
+                let elapsed = now_us
+                    .saturating_sub(charged_at_us)
+                    .min(div_ceil(b.capacity, b.rate));
+                let back = b
+                    .capacity
+                    .saturating_sub(undo)
+                    .saturating_sub(elapsed * b.rate)
+                    .min(cost);
+                if back == 0 || s.unit != b.unit {
+                    return Refund::Keep;
+                }
+                // Refill to now exactly as the check does, then add back.
+                let el = now_us
+                    .saturating_sub(s.updated_us)
+                    .min(div_ceil(b.capacity.saturating_sub(s.tokens), b.rate));
+                let tokens = (s.tokens + el * b.rate).min(b.capacity) + back;
+                if tokens >= b.capacity {
+                    Refund::Delete
+                } else {
+                    Refund::Store(
+                        State::Bucket(BucketState {
+                            tokens,
+                            updated_us: s.updated_us.max(now_us),
+                            unit: b.unit,
+                        }),
+                        Some(div_ceil(b.capacity - tokens, b.rate)),
+                    )
+                }
+            }
+            (Limit::LeakyBucket(g), Some(State::Tat(s))) => {
+                let (rate, cost) = (g.bucket.rate, cost.saturating_mul(g.bucket.unit));
+                // Without this charge the backlog would have drained after
+                // (after - cost) / rate µs.
+                let elapsed = now_us
+                    .saturating_sub(charged_at_us)
+                    .min(div_ceil(undo, rate));
+                let back = undo.saturating_sub(elapsed * rate).min(cost);
+                if back == 0 || s.rate != rate || s.tat_us < now_us {
+                    return Refund::Keep;
+                }
+                let backlog = ((s.tat_us - now_us) * rate + s.frac).saturating_sub(back);
+                if backlog == 0 {
+                    Refund::Delete
+                } else {
+                    Refund::Store(
+                        State::Tat(TatState {
+                            tat_us: now_us + backlog / rate,
+                            frac: backlog % rate,
+                            rate,
+                        }),
+                        Some(div_ceil(backlog, rate)),
+                    )
+                }
+            }
+            _ => Refund::Keep,
+        }
+    }
+}

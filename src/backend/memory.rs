@@ -1,6 +1,6 @@
 use super::clock::{Clock, ManualClock};
-use super::{Shadow, TierCheck, Verdict};
-use crate::algorithm::State;
+use super::{Charge, Shadow, TierCheck, TierRefund, Verdict};
+use crate::algorithm::{Refund, State};
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
@@ -155,6 +155,7 @@ impl MemoryBackend {
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
 
         let mut decisions = Vec::with_capacity(checks.len());
+        let mut charges = Vec::new();
         for (c, &shard) in checks.iter().zip(&idx) {
             let map = &guards[guard_of(shard)].1.map;
             let state = map
@@ -164,8 +165,10 @@ impl MemoryBackend {
             decisions.push(c.limit.check(state, now_us, c.cost));
         }
         if shadow.commits(&decisions) {
+            charges.reserve(checks.len());
             for ((c, &shard), d) in checks.iter().zip(&idx).zip(&decisions) {
                 if !d.allowed {
+                    charges.push(None);
                     continue; // a shadow tier that would deny charges nothing
                 }
                 let g = &mut guards[guard_of(shard)].1;
@@ -174,11 +177,19 @@ impl MemoryBackend {
                         let old = std::mem::replace(&mut e.state, PLACEHOLDER);
                         let old = (e.expires_us > now_us).then_some(old);
                         let (state, ttl_us) = c.limit.charge(old, now_us, c.cost);
+                        charges.push(Some(Charge {
+                            at_us: now_us,
+                            undo: c.limit.undo_of(&state, now_us),
+                        }));
                         e.state = state;
                         e.expires_us = now_us.saturating_add(ttl_us);
                     }
                     None => {
                         let (state, ttl_us) = c.limit.charge(None, now_us, c.cost);
+                        charges.push(Some(Charge {
+                            at_us: now_us,
+                            undo: c.limit.undo_of(&state, now_us),
+                        }));
                         let entry = Entry {
                             state,
                             expires_us: now_us.saturating_add(ttl_us),
@@ -191,7 +202,41 @@ impl MemoryBackend {
                 }
             }
         }
-        Verdict { now_us, decisions }
+        Verdict {
+            now_us,
+            decisions,
+            charges,
+        }
+    }
+
+    /// Gives back charges (see [`Limit::refund`](crate::algorithm::Limit::refund)),
+    /// one key at a time, each under its shard's lock only while it is
+    /// rewritten.
+    pub(crate) fn refund(&self, refunds: &[TierRefund]) {
+        let now_us = self.inner.clock.now_us();
+        for r in refunds {
+            let c = &r.check;
+            let mut g = lock(&self.inner.shards[self.shard_of(&c.key)]);
+            let Some(e) = g.map.get_mut(c.key.as_str()) else {
+                continue;
+            };
+            let state = (e.expires_us > now_us).then_some(&e.state);
+            match c
+                .limit
+                .refund(state, now_us, r.charge.at_us, c.cost, r.charge.undo)
+            {
+                Refund::Keep => {}
+                Refund::Delete => {
+                    g.map.remove(c.key.as_str());
+                }
+                Refund::Store(state, ttl_us) => {
+                    e.state = state;
+                    if let Some(ttl_us) = ttl_us {
+                        e.expires_us = now_us.saturating_add(ttl_us);
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -69,6 +69,32 @@ pub struct Verdict {
     pub now_us: u64,
     /// One decision per [`TierCheck`], in order.
     pub decisions: Vec<Decision>,
+    /// Per [`TierCheck`], when the request was charged: what a later refund
+    /// of that charge needs (empty, or `None` for a tier not charged).
+    /// Used by the layer's refunds by response status.
+    #[doc(hidden)]
+    pub charges: Vec<Option<Charge>>,
+}
+
+/// What one tier's charge returned, for its refund.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    /// The backend clock the charge ran at (Unix epoch µs).
+    pub at_us: u64,
+    /// The algorithm's undo value (see `lua/refund.lua` and
+    /// [`Limit::undo_of`](crate::algorithm::Limit::undo_of)).
+    pub undo: u64,
+}
+
+/// A refund of one tier's charge: the check it was, and its [`Charge`].
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierRefund {
+    /// The check that was charged (same key, limit and cost).
+    pub check: TierCheck,
+    /// What the charge returned.
+    pub charge: Charge,
 }
 
 impl Verdict {
@@ -159,6 +185,25 @@ impl Backend {
                 Some(c) => clock::Clock::Manual(c.clone()),
                 None => clock::Clock::monotonic(),
             },
+        }
+    }
+
+    /// Gives back charges, each only as far as it still takes capacity away
+    /// (see [`Limit::refund`](crate::algorithm::Limit::refund)): a refund
+    /// never leaves more room than if the request had never been charged.
+    /// Used by `skip_failed_requests` / `skip_successful_requests`.
+    ///
+    /// # Errors
+    /// A [`BackendError`] when Redis fails.
+    #[doc(hidden)]
+    pub async fn refund(&self, refunds: Vec<TierRefund>) -> Result<(), BackendError> {
+        match self {
+            Backend::Memory(m) => {
+                m.refund(&refunds);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.refund(&refunds).await,
         }
     }
 

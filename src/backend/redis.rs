@@ -1,5 +1,5 @@
 use super::clock::ManualClock;
-use super::{Shadow, TierCheck, Verdict};
+use super::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::algorithm::{Decision, Limit};
 use crate::error::{BackendError, ConfigError};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -75,6 +75,9 @@ pub struct RedisBackend {
 struct Inner {
     source: Source,
     script: Script,
+    /// The cluster script, whose `refund` mode a single Redis runs too (for
+    /// refunds by response status).
+    refund_script: Script,
     /// Calibration of Redis's clock against this process's monotonic clock,
     /// from the last reply: Redis `TIME` minus the local midpoint of the
     /// exchange, in µs (`i64::MIN` until the first reply).
@@ -195,6 +198,7 @@ impl RedisBackend {
             inner: Arc::new(Inner {
                 source,
                 script: Script::new(script),
+                refund_script: Script::new(cluster::CLUSTER_LUA),
                 offset_us: AtomicI64::new(i64::MIN),
                 origin: Instant::now(),
                 budget_us: AtomicU64::new(0),
@@ -452,8 +456,58 @@ impl RedisBackend {
             let budget = self.inner.budget_us.load(Ordering::Relaxed);
             return Err(BackendError::Timeout(Duration::from_micros(budget)));
         }
-        parse_reply(&reply, &checks)
+        parse_reply(&reply, &checks, shadow)
     }
+}
+
+impl RedisBackend {
+    /// Gives back charges with the `refund` mode of the cluster script
+    /// (`lua/refund.lua`), reading the clock now: refill since the charge
+    /// counts. On a single Redis one call; on a cluster one call per key.
+    pub(crate) async fn refund(&self, refunds: &[TierRefund]) -> Result<(), BackendError> {
+        if refunds.is_empty() {
+            return Ok(());
+        }
+        if self.is_cluster() {
+            return cluster::refund(self, refunds).await;
+        }
+        let mut invocation = self.inner.refund_script.prepare_invoke();
+        invocation.arg("refund").arg(self.clock_arg());
+        for r in refunds {
+            invocation
+                .key(r.check.key.as_str())
+                .arg(&refund_args(r)[..]);
+        }
+        let mut conn = self.connection().await?;
+        let reply: Result<i64, RedisError> = match &mut conn {
+            Conn::Manager(m) => invocation.invoke_async(m).await,
+            Conn::Multiplexed(m) => invocation.invoke_async(m).await,
+        };
+        reply.map(|_| ()).map_err(|e| {
+            if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+                self.forget_connection();
+                BackendError::Connection(e.to_string())
+            } else {
+                BackendError::Script(e.to_string())
+            }
+        })
+    }
+}
+
+/// The eight `ARGV` of one key in the cluster script's `refund` mode:
+/// algorithm, p1..p4, cost, charged_at, undo.
+fn refund_args(r: &TierRefund) -> [i64; 8] {
+    let (algorithm, p) = encode(&r.check.limit);
+    [
+        i64::from(algorithm),
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        int(r.check.cost),
+        int(r.charge.at_us),
+        int(r.charge.undo),
+    ]
 }
 
 enum Conn {
@@ -485,9 +539,13 @@ fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-const PER_TIER: usize = 5;
+const PER_TIER: usize = 6;
 
-fn parse_reply(reply: &[i64], checks: &[TierCheck]) -> Result<Verdict, BackendError> {
+fn parse_reply(
+    reply: &[i64],
+    checks: &[TierCheck],
+    shadow: Shadow,
+) -> Result<Verdict, BackendError> {
     if reply.len() != 1 + PER_TIER * checks.len() {
         return Err(BackendError::Script(format!(
             "expected {} values, got {}",
@@ -496,7 +554,8 @@ fn parse_reply(reply: &[i64], checks: &[TierCheck]) -> Result<Verdict, BackendEr
         )));
     }
     let u = |v: i64| u64::try_from(v).unwrap_or(0);
-    let decisions = reply[1..]
+    let now_us = u(reply[0]);
+    let decisions: Vec<Decision> = reply[1..]
         .chunks_exact(PER_TIER)
         .zip(checks)
         .map(|(r, c)| Decision {
@@ -508,9 +567,28 @@ fn parse_reply(reply: &[i64], checks: &[TierCheck]) -> Result<Verdict, BackendEr
             delay_us: u(r[4]),
         })
         .collect();
+    // Charged: every enforced tier allowed (the script's commit rule), and
+    // this one did.
+    let committed = reply[1..]
+        .chunks_exact(PER_TIER)
+        .zip(&decisions)
+        .map(|(r, d)| d.allowed.then_some(r[5]));
+    let charges = if !shadow.commits(&decisions) {
+        Vec::new()
+    } else {
+        committed
+            .map(|undo| {
+                undo.map(|undo| Charge {
+                    at_us: now_us,
+                    undo: u(undo),
+                })
+            })
+            .collect()
+    };
     Ok(Verdict {
-        now_us: u(reply[0]),
+        now_us,
         decisions,
+        charges,
     })
 }
 

@@ -28,9 +28,9 @@
 //! as `EVAL` with the same keys, so it reaches the same node (by slot), runs,
 //! and leaves the script cached there. Nothing is loaded on other nodes.
 
-use super::{encode, int, RedisBackend};
+use super::{encode, int, refund_args, RedisBackend};
 use crate::algorithm::Decision;
-use crate::backend::{Shadow, TierCheck, Verdict};
+use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::error::BackendError;
 use crate::observe::LogThrottle;
 use ::redis::cluster::ClusterClient;
@@ -147,6 +147,7 @@ impl Job {
         let replies = join_all(calls).await;
 
         let mut decisions: Vec<Option<Decision>> = vec![None; self.checks.len()];
+        let mut charges: Vec<Option<Charge>> = vec![None; self.checks.len()];
         let mut now_us = None;
         let mut error = None;
         let mut charged = Vec::new();
@@ -156,8 +157,14 @@ impl Job {
                     if g.tiers.contains(&0) {
                         now_us = Some(r.now_us);
                     }
-                    for (&i, d) in g.tiers.iter().zip(&r.decisions) {
+                    for ((&i, d), &undo) in g.tiers.iter().zip(&r.decisions).zip(&r.undo) {
                         decisions[i] = Some(*d);
+                        if r.committed && d.allowed {
+                            charges[i] = Some(Charge {
+                                at_us: r.now_us,
+                                undo: u64::try_from(undo).unwrap_or(0),
+                            });
+                        }
                     }
                     if r.committed {
                         charged.push((g, r));
@@ -189,6 +196,7 @@ impl Job {
         Ok(Verdict {
             now_us: now_us.unwrap_or(0),
             decisions,
+            charges: if commit { charges } else { Vec::new() },
         })
     }
 
@@ -256,7 +264,60 @@ impl Job {
         clock: &str,
         nums: &[i64],
     ) -> RedisResult<Vec<i64>> {
-        let script = &self.backend.inner.script;
+        invoke(&self.backend, &self.conn, keys, mode, clock, nums).await
+    }
+
+    fn error(&self, e: RedisError) -> BackendError {
+        error(&self.backend, e)
+    }
+}
+
+/// Refunds by response status: one `refund` call per key (each key is its
+/// own slot), all at once.
+pub(super) async fn refund(
+    backend: &RedisBackend,
+    refunds: &[TierRefund],
+) -> Result<(), BackendError> {
+    let conn = backend.cluster_connection().await?;
+    let clock = backend.clock_arg();
+    let calls = refunds
+        .iter()
+        .map(|r| {
+            let key = cluster_key(&r.check.key);
+            let nums = refund_args(r);
+            let (conn, clock) = (&conn, &clock);
+            async move {
+                invoke::<i64>(backend, conn, &[key.as_str()], "refund", clock, &nums)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| error(backend, e))
+            }
+        })
+        .collect();
+    let mut first = Ok(());
+    for r in join_all(calls).await {
+        if let Err(e) = r {
+            if first.is_ok() {
+                first = Err(e);
+            }
+        }
+    }
+    first
+}
+
+/// `EVALSHA` of the cluster script, and on `NOSCRIPT` the same call as
+/// `EVAL`: routed by the keys' slot to the node that lacks the script,
+/// which caches it.
+async fn invoke<T: ::redis::FromRedisValue>(
+    backend: &RedisBackend,
+    conn: &ClusterConnection,
+    keys: &[&str],
+    mode: &str,
+    clock: &str,
+    nums: &[i64],
+) -> RedisResult<T> {
+    {
+        let script = &backend.inner.script;
         let build = |name: &str, body: &str| -> Cmd {
             let mut cmd = ::redis::cmd(name);
             cmd.arg(body)
@@ -267,7 +328,7 @@ impl Job {
                 .arg(nums);
             cmd
         };
-        let mut conn = self.conn.clone();
+        let mut conn = conn.clone();
         match build("EVALSHA", script.get_hash())
             .query_async(&mut conn)
             .await
@@ -278,10 +339,13 @@ impl Job {
             other => other,
         }
     }
+}
 
-    fn error(&self, e: RedisError) -> BackendError {
+/// A cluster call's error, as the layer classifies it.
+fn error(backend: &RedisBackend, e: RedisError) -> BackendError {
+    {
         if e.is_connection_dropped() {
-            self.backend.forget_connection();
+            backend.forget_connection();
         }
         if e.is_io_error()
             || e.is_connection_dropped()
