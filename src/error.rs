@@ -22,6 +22,13 @@ pub enum ConfigError {
     /// More than [`MAX_TIERS`](crate::MAX_TIERS) tiers.
     #[error("tiers: {0} tiers; at most 64 are supported")]
     TooManyTiers(usize),
+    /// Both `skip_failed_requests` and `skip_successful_requests`: every
+    /// request would be refunded and the tier would never limit.
+    #[error("tier \"{tier}\": skip_failed_requests/skip_successful_requests: both set, so nothing would ever count")]
+    SkipBoth {
+        /// The tier's name.
+        tier: String,
+    },
     /// `fallback_instances` is 0.
     #[error("fallback_instances: must be at least 1")]
     ZeroFallbackInstances,

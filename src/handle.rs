@@ -356,7 +356,10 @@ impl RateLimitHandle {
     /// The `n` keys of `tier` most rejected across the whole fleet over the
     /// last `window` (whole hours, at most 24), from the hourly sets in Redis
     /// (see [`RateLimitLayerBuilder::fleet_top_n`](crate::RateLimitLayerBuilder::fleet_top_n)).
-    /// Counts are exact (per key, up to the 10 000 heaviest keys an hour).
+    /// Counts are exact for the rejections the script made (per key, up to
+    /// the 10 000 heaviest keys an hour); 429s answered by this process's
+    /// deny cache never reach Redis and are counted by
+    /// [`top_blocked`](Self::top_blocked) only.
     ///
     /// # Errors
     /// [`BackendError`](crate::BackendError) when Redis cannot answer, or

@@ -30,7 +30,7 @@ use std::time::Duration;
 /// Whichever applies, the failure is logged at `warn` (at most once a second,
 /// with a count of what was suppressed) and counted in
 /// `tiered_ratelimit_backend_errors_total{kind}` and
-/// `tiered_ratelimit_requests_total{decision="fail_open"|"fail_closed"}`.
+/// `tiered_ratelimit_requests_total{decision="fail_open"|"fail_closed"|"fallback"}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
@@ -500,6 +500,9 @@ impl RateLimitLayerBuilder {
             if t.cost == 0 {
                 return Err(ConfigError::ZeroCost { tier: t.name });
             }
+            if t.skip_failed_requests && t.skip_successful_requests {
+                return Err(ConfigError::SkipBoth { tier: t.name });
+            }
             let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
             let fallback = fallback_limit(&t.name, t.algorithm, t.quota, t.cost, instances)?;
             let mut plans = Vec::with_capacity(t.plans.len());
@@ -532,6 +535,7 @@ impl RateLimitLayerBuilder {
             });
         }
         let names: Vec<Arc<str>> = tiers.iter().map(|t| t.name.clone()).collect();
+        let n_tiers = names.len();
         for (t, r) in names.iter().zip(&runtime) {
             crate::observe::set_mode_gauge(t, r.mode.under(self.mode));
         }
@@ -582,7 +586,10 @@ impl RateLimitLayerBuilder {
                 observer: Observer::new(names, self.anomaly, self.top_n_capacity),
                 control: self.control,
                 control_started: std::sync::OnceLock::new(),
-                overrides: ArcSwap::from_pointee(Overrides::default()),
+                overrides: ArcSwap::from_pointee(Overrides {
+                    mode: None,
+                    tiers: vec![None; n_tiers],
+                }),
                 blocked_set: (self.fleet_top_n && single_redis)
                     .then(|| ArcSwap::from_pointee((u64::MAX, Arc::from("")))),
                 key_prefix: Arc::from(prefix.as_str()),

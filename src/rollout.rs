@@ -21,7 +21,8 @@
 //! backend call, no headers, never rejected in any mode, counted as
 //! `allowlisted`. A **denylisted** request is refused before any tier with
 //! 403 (default) or 429, counted as `denylisted`; the denylist is checked
-//! first, so a client on both lists is refused.
+//! first, so a client on both lists is refused. The global `Mode::Off` (the
+//! kill switch) turns everything off, the denylist included.
 
 use crate::key::ClientIp;
 use http::request::Parts;

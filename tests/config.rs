@@ -301,3 +301,20 @@ fn refund_options_are_accepted() {
         let _layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
     }
 }
+
+#[test]
+fn skipping_both_outcomes_is_refused() {
+    let e = RateLimitLayer::builder()
+        .tier(
+            Tier::new("login", Global, Quota::per_minute(5))
+                .skip_failed_requests(true)
+                .skip_successful_requests(true),
+        )
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "tier \"login\": skip_failed_requests/skip_successful_requests: both set, so nothing would ever count"
+    );
+}
