@@ -3,7 +3,12 @@ use super::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::algorithm::{Refund, State};
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
+// foldhash's quality variant: randomly seeded per process (so request-chosen
+// keys cannot be aimed at one bucket of the table), and several times faster
+// than SipHash on short keys.
+use foldhash::quality::RandomState;
+use smallvec::SmallVec;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 const SHARDS: usize = 64;
@@ -50,7 +55,7 @@ struct Inner {
 
 #[derive(Default)]
 struct Shard {
-    map: HashMap<String, Entry>,
+    map: HashMap<String, Entry, RandomState>,
     sweep_at: usize,
 }
 
@@ -95,7 +100,7 @@ impl MemoryBackend {
         let shards = (0..SHARDS)
             .map(|_| {
                 Mutex::new(Shard {
-                    map: HashMap::new(),
+                    map: HashMap::with_hasher(RandomState::default()),
                     sweep_at: sweep_threshold(MIN_SWEEP, max_per_shard),
                 })
             })
@@ -103,7 +108,7 @@ impl MemoryBackend {
         Self {
             inner: Arc::new(Inner {
                 shards,
-                hasher: RandomState::new(),
+                hasher: RandomState::default(),
                 clock,
                 max_per_shard,
             }),
@@ -143,12 +148,12 @@ impl MemoryBackend {
 
     pub(crate) fn check(&self, checks: &[TierCheck], shadow: Shadow) -> Verdict {
         let now_us = self.inner.clock.now_us();
-        let idx: Vec<usize> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        let idx: SmallVec<[usize; 8]> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
         let mut order = idx.clone();
         order.sort_unstable();
         order.dedup();
         // Lock in ascending shard order: no two requests can wait on each other.
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> = order
+        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 8]> = order
             .iter()
             .map(|&i| (i, lock(&self.inner.shards[i])))
             .collect();
