@@ -748,7 +748,7 @@ fn a_refund_never_frees_more_than_its_charge() {
 async fn two_app_servers_admit_exactly_the_quota() {
     let cluster = RedisCluster::start(0);
     let c = client();
-    for round in 0..3 {
+    for round in 0..20 {
         let prefix = format!("conc{round}");
         let mk = || {
             RateLimitLayer::builder()
