@@ -20,13 +20,15 @@
 #  2. Denials: each limiter with a per-IP limit of 10/s (all but ~10 requests
 #     a second get 429), once each.
 #  3. Deny cache flood, redis4, single key, with the deny cache and without
-#     (DENY_CACHE=0): paced (10 connections, 10 ms between requests: ~10x an
-#     ip limit of 100/s) and closed loop (32 connections, the ip limit a tenth
+#     (DENY_CACHE=0): paced (10 connections, 0-20 ms between requests: ~10x
+#     an ip limit of 100/s) and closed loop (32 connections, the ip limit a tenth
 #     of what a pilot run reached). Redis calls per request and per denied
 #     request.
 #  4. Redis alone: `redis-benchmark -P 1 -n 200000 evalsha` of the minimal
-#     middleware's script; MEMORY USAGE of the idle keys one request leaves
-#     (redis4 and minimal); used_memory per key over 100 000 such keys.
+#     middleware's script; Redis µs per call of the minimal script and of the
+#     layer's script with 0, 1 and 4 token-bucket tiers; MEMORY USAGE of the
+#     idle keys one request leaves (redis4 and minimal); used_memory per key
+#     over 100 000 such keys.
 #
 # Needs: wrk (Debian: apt-get install wrk), redis-server, redis-cli,
 # redis-benchmark (Debian: redis-server, redis-tools), curl, python3 (the
@@ -182,6 +184,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
   fi
   log "round $round: ${order[*]}"
   for mode in "${order[@]}"; do
+    rcli FLUSHALL >/dev/null
     start_server "$mode"
     wrk -t1 -c32 -d1s "http://127.0.0.1:$server_port/" -H 'x-user: alice' >/dev/null 2>&1
     measure rounds "$round" "$mode" 32 "$D32"
@@ -193,6 +196,7 @@ done
 # ------------------------------------------------------- phase 2: denials
 log "denials (per-IP limit 10/s)"
 for mode in $DENY_MODES; do
+  rcli FLUSHALL >/dev/null
   DENY_RATE=10 start_server "$mode" deny
   wrk -t1 -c32 -d1s "http://127.0.0.1:$server_port/" -H 'x-user: alice' >/dev/null 2>&1
   measure deny 1 "$mode" 32 "$D32"
@@ -200,15 +204,18 @@ for mode in $DENY_MODES; do
 done
 
 # ---------------------------------------------- phase 3: deny cache flood
-# (a) Paced: 10 connections, each waiting 10 ms between requests (~950/s
-#     offered, ~10x) against an ip limit of 100/s.
+# (a) Paced: 10 connections, each waiting a random 0-20 ms between requests
+#     (~950/s offered, ~10x) against an ip limit of 100/s. (A fixed 10 ms
+#     delay phase-locks the connections to the 10 ms token interval: they
+#     arrive together just after each token, all miss the cache at once.)
 # (b) Closed loop: 32 connections as fast as they go, the ip limit set to a
 #     tenth of the rate a 2 s pilot run reached.
 cat >"$work/paced.lua" <<'LUA'
-function delay() return 10 end
+function delay() return math.random(0, 20) end
 LUA
 for cache in default 0; do
   if [[ "$cache" == 0 ]]; then export DENY_CACHE=0; fi
+  rcli FLUSHALL >/dev/null
   DENY_RATE=100 start_server redis4 deny
   wrk -t1 -c10 -d1s "http://127.0.0.1:$server_port/" -H 'x-user: alice' >/dev/null 2>&1
   WRK_EXTRA=(-s "$work/paced.lua")
@@ -227,6 +234,7 @@ if [[ -n "$pilot_rate" && "$pilot_rate" -gt 10 ]]; then
   log "flood: redis4, ip limit $flood_rate/s"
   for cache in default 0; do
     if [[ "$cache" == 0 ]]; then export DENY_CACHE=0; fi
+    rcli FLUSHALL >/dev/null
     DENY_RATE=$flood_rate start_server redis4 deny
     wrk -t1 -c32 -d1s "http://127.0.0.1:$server_port/" -H 'x-user: alice' >/dev/null 2>&1
     measure "flood:$flood_rate:cache=$cache" 1 redis4 32 "$D32"
@@ -270,6 +278,29 @@ if [[ -n "${value:-}" ]]; then
   rcli FLUSHALL >/dev/null
 fi
 
+# The layer's script alone (loaded by the redis4 run above), token bucket
+# tiers with the never-denying quota (burst 10^9, 1000/s: capacity 10^12
+# units, rate 1 unit/µs, 1000 units a token). ARGV: clock ("" = Redis TIME),
+# then per tier: algorithm, p1..p4, cost, shadow.
+ours_sha=$("$bin" script-sha)
+tier_args=(4 1000000000000 1 1000 0 1 0)
+script_rows=""
+bench_script() { # label args...
+  local label=$1 rate usec
+  shift
+  rcli CONFIG RESETSTAT >/dev/null
+  rate=$(redis-benchmark -p "$rport" -P 1 -n 100000 -q "$@" 2>/dev/null | tr '\r' '\n' |
+    grep -a "requests per second" | tail -n1 | sed -E 's/.*: ([0-9.]+) requests per second.*/\1/')
+  usec=$(rcli INFO commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_evalsha:/ {print $7}')
+  script_rows+="$label"$'\t'"$rate"$'\t'"$usec"$'\n'
+}
+bench_script "minimal script, 1 key" evalsha "$sha" 1 bench:min 1000 1000000000
+bench_script "layer script, 0 tiers" evalsha "$ours_sha" 0 ""
+bench_script "layer script, 1 tier" evalsha "$ours_sha" 1 rl:ip:127.0.0.1 "" "${tier_args[@]}"
+bench_script "layer script, 4 tiers" evalsha "$ours_sha" 4 rl:global:all rl:ip:127.0.0.1 \
+  rl:user:alice rl:endpoint:GET%20/ "" "${tier_args[@]}" "${tier_args[@]}" "${tier_args[@]}" "${tier_args[@]}"
+rcli FLUSHALL >/dev/null
+
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 elapsed=$(($(date +%s) - t_start))
 
@@ -288,13 +319,15 @@ elapsed=$(($(date +%s) - t_start))
   echo "rounds=$ROUNDS d32=$D32 d1=$D1"
 } >"$work/meta.txt"
 printf '%s' "$memory_rows" >"$work/memory.tsv"
+printf '%s' "$script_rows" >"$work/scripts.tsv"
 
-python3 - "$results" "$work/meta.txt" "$work/memory.tsv" <<'EOF'
+python3 - "$results" "$work/meta.txt" "$work/memory.tsv" "$work/scripts.tsv" <<'EOF'
 import sys, statistics as st
 from collections import defaultdict
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 meta = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[2]) if "=" in l)
 mem = [l.rstrip("\n").split("\t") for l in open(sys.argv[3]) if l.strip()]
+scripts = [l.rstrip("\n").split("\t") for l in open(sys.argv[4]) if l.strip()]
 F = ["phase", "round", "mode", "conns", "req", "secs", "rps", "non2xx", "p50", "p99",
      "cpu", "rcpu", "evalsha"]
 rows = [dict(zip(F, r)) for r in rows]
@@ -364,7 +397,8 @@ if other:
         run = r["phase"]
         if run.startswith("flood:"):
             _, rate, cache = run.split(":")
-            how = "paced, 10 conns" if r["conns"] == 10 else "closed loop, 32 conns"
+            how = ("paced, 10 conns, 0-20 ms apart" if r["conns"] == 10
+                   else "closed loop, 32 conns")
             run = (f"flood ({how}), ip limit {rate}/s, offered {r['rps'] / float(rate):.1f}× it, "
                    f"deny {cache}")
         print(f"| {run} | {r['mode']} | {r['rps']:.0f} | {100 * denied / r['req']:.1f} % | "
@@ -373,6 +407,12 @@ if other:
 print(f"\n## Redis alone\n")
 print(f"* `redis-benchmark -P 1 -n 200000 evalsha` (minimal script, 50 clients): "
       f"{meta['redis_benchmark']} calls/s")
+if scripts:
+    print("\n| `redis-benchmark -P 1 -n 100000` (50 clients) | calls/s | Redis µs per call |")
+    print("|---|---|---|")
+    for label, rate, usec in scripts:
+        print(f"| {label} | {rate} | {usec} |")
+    print()
 if meta.get("used_memory_per_key"):
     print(f"* `used_memory` per key, 100 000 keys `rl:ip:10.x.y.z` (13-16 characters) "
           f"holding the value of `rl:ip:127.0.0.1`, TTL 1 h: {meta['used_memory_per_key']} B")
