@@ -272,5 +272,31 @@ fn headers(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, backend_check, layer, keys, headers);
+/// The same layer with a real metrics recorder installed (Prometheus), to
+/// set against `layer/*` measured earlier in the same run, when no recorder
+/// is installed (every `metrics::` call is then a no-op). Runs last: the
+/// recorder is global from here on.
+fn metrics_on(c: &mut Criterion) {
+    let _handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("install the Prometheus recorder");
+    let base_ip = u32::from(Ipv4Addr::new(10, 0, 0, 0));
+    let mut g = c.benchmark_group("layer_metrics_on");
+    g.throughput(Throughput::Elements(1));
+    for tiers in [1, 4] {
+        let mut one = layer_with(tiers, huge()).layer(inner());
+        g.bench_function(format!("{tiers}_tier/1_key"), |b| {
+            b.iter(|| serve(&mut one, request(base_ip)));
+        });
+        let mut denied =
+            layer_with(tiers, Quota::new(1, Duration::from_secs(86_400))).layer(inner());
+        serve(&mut denied, request(base_ip));
+        g.bench_function(format!("{tiers}_tier/denied"), |b| {
+            b.iter(|| serve(&mut denied, request(base_ip)));
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, backend_check, layer, keys, headers, metrics_on);
 criterion_main!(benches);
