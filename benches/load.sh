@@ -74,6 +74,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 log() { echo "[load] $*" >&2; }
 
+# The code measured: what is built now.
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua Cargo.toml 2>/dev/null || echo '+dirty')"
 log "building examples/bench_server.rs (release)..."
 cargo build --quiet --release --example bench_server
 bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
@@ -313,7 +315,7 @@ elapsed=$(($(date +%s) - t_start))
   echo "elapsed=$elapsed"
   echo "redis=$(redis-server --version | awk '{print $3}')"
   echo "wrk=$(wrk --version 2>&1 | head -n1 | awk '{print $2}')"
-  echo "commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua 2>/dev/null || echo '+dirty')"
+  echo "commit=$commit"
   echo "redis_benchmark=$rb"
   echo "used_memory_per_key=$per_key"
   echo "rounds=$ROUNDS d32=$D32 d1=$D1"
