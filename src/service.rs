@@ -1,14 +1,13 @@
 //! [`RateLimitService`]: the tower service the layer wraps around yours.
 
 use crate::algorithm::Decision;
-use crate::algorithm::Limit;
 use crate::backend::{Backend, Check, Shadow, TierCheck, TierRefund, Verdict};
 use crate::breaker::Permit;
 use crate::deny_cache::Denied;
 use crate::error::BackendError;
 use crate::future::ResponseFuture;
 use crate::key::storage_key_part_into;
-use crate::layer::{BuiltTier, FailurePolicy, Shared, TierRuntime};
+use crate::layer::{BuiltTier, FailurePolicy, PlanRuntime, Shared, TierRuntime};
 use crate::observe;
 use crate::observe::topn::Kind;
 use crate::response::{json_response, unavailable, HeaderStyle, RateLimitHeaders, Rejection};
@@ -95,11 +94,7 @@ impl Refunds {
             let (Some(charge), Some(check)) = (charge, meta.sent.get(i)) else {
                 continue;
             };
-            let Some(t) = meta
-                .tiers
-                .get(i)
-                .and_then(|&t| shared.tiers.get(usize::from(t)))
-            else {
+            let Some(t) = meta.tier(shared, i) else {
                 continue;
             };
             let refund = || TierRefund {
@@ -346,6 +341,19 @@ struct Observed {
 }
 
 impl Meta {
+    /// The tier check `i` belongs to.
+    fn tier<'s>(&self, shared: &'s Shared, i: usize) -> Option<&'s BuiltTier> {
+        self.tiers
+            .get(i)
+            .and_then(|&t| shared.tiers.get(usize::from(t)))
+    }
+
+    /// The name of the tier check `i` belongs to.
+    fn tier_name(&self, shared: &Shared, i: usize) -> Arc<str> {
+        self.tier(shared, i)
+            .map_or_else(|| Arc::from("unknown"), |t| t.name.clone())
+    }
+
     /// Check `i`'s plan label: the plan's name, or `default`.
     fn plan(&self, i: usize) -> &str {
         self.plans
@@ -411,18 +419,20 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
             String::with_capacity(t.key_base.len() + part.len().min(crate::key::MAX_KEY_PART));
         key.push_str(&t.key_base);
         storage_key_part_into(&mut key, part.as_bytes());
-        let limit = if r.plans.is_empty() {
-            if fallback {
-                r.fallback
-            } else {
-                r.limit
-            }
+        let plan = if r.plans.is_empty() {
+            None
         } else {
-            let (limit, plan) = plan_limit(t, r, parts, fallback);
+            let plan = plan_of(t, r, parts);
             // The plan label of this check's metrics (configured names only).
             meta.plans.resize(checks.len(), None);
-            meta.plans.push(plan);
-            limit
+            meta.plans.push(plan.map(|p| p.name.clone()));
+            plan
+        };
+        let limit = match (plan, fallback) {
+            (Some(p), false) => p.limit,
+            (Some(p), true) => p.fallback,
+            (None, false) => r.limit,
+            (None, true) => r.fallback,
         };
         // A cost above the capacity is denied anyway; clamping it keeps every
         // algorithm's integer arithmetic far from overflow whatever a cost
@@ -444,11 +454,7 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
                 .push(xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
         }
         if shared.header_style.ietf() {
-            let q = if r.plans.is_empty() {
-                r.quota
-            } else {
-                plan_quota(t, r, parts)
-            };
+            let q = plan.map_or(r.quota, |p| p.quota);
             meta.quotas
                 .push((q.limit(), q.period().as_micros().div_ceil(1_000_000) as u64));
         }
@@ -465,8 +471,13 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
     }
 }
 
-/// The quota of the request's plan (the tier's default when unknown).
-fn plan_quota(t: &BuiltTier, r: &TierRuntime, parts: &http::request::Parts) -> crate::Quota {
+/// The request's plan on this tier, if it names one the tier knows (else the
+/// tier's default quota applies). The plan extractor runs once per tier.
+fn plan_of<'r>(
+    t: &BuiltTier,
+    r: &'r TierRuntime,
+    parts: &http::request::Parts,
+) -> Option<&'r PlanRuntime> {
     let from_fn;
     let plan: Option<&str> = match &t.plan_fn {
         Some(f) => {
@@ -476,32 +487,6 @@ fn plan_quota(t: &BuiltTier, r: &TierRuntime, parts: &http::request::Parts) -> c
         None => parts.extensions.get::<Plan>().map(|p| p.0.as_str()),
     };
     plan.and_then(|p| r.plans.iter().find(|pr| &*pr.name == p))
-        .map_or(r.quota, |p| p.quota)
-}
-
-/// The limit for the request's plan (the tier's default when unknown).
-fn plan_limit(
-    t: &BuiltTier,
-    r: &TierRuntime,
-    parts: &http::request::Parts,
-    fallback: bool,
-) -> (Limit, Option<Arc<str>>) {
-    let from_fn;
-    let plan: Option<&str> = match &t.plan_fn {
-        Some(f) => {
-            from_fn = f(parts);
-            from_fn.as_deref()
-        }
-        None => parts.extensions.get::<Plan>().map(|p| p.0.as_str()),
-    };
-    let found = plan.and_then(|p| r.plans.iter().find(|pr| &*pr.name == p));
-    let limit = match (found, fallback) {
-        (Some(p), false) => p.limit,
-        (Some(p), true) => p.fallback,
-        (None, false) => r.limit,
-        (None, true) => r.fallback,
-    };
-    (limit, found.map(|p| p.name.clone()))
 }
 
 fn denied_by_list(status: DenyStatus) -> Response<Bytes> {
@@ -555,11 +540,7 @@ pub(crate) fn outcome(
             Ok(v) => {
                 let mut out = String::new();
                 for (i, d) in v.decisions.iter().enumerate() {
-                    let name = meta
-                        .tiers
-                        .get(i)
-                        .and_then(|&t| shared.tiers.get(usize::from(t)))
-                        .map_or("?", |t| &*t.name);
+                    let name = meta.tier(shared, i).map_or("?", |t| &*t.name);
                     let what = match (d.allowed, meta.shadow.contains(i)) {
                         (true, _) => "allowed",
                         (false, true) => "shadow_limited",
@@ -669,12 +650,7 @@ fn remember_denials(shared: &Shared, meta: &Meta, v: &Verdict) {
 
 fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
     let ds = &v.decisions;
-    let tier_name = |i: usize| -> Arc<str> {
-        meta.tiers
-            .get(i)
-            .and_then(|&t| shared.tiers.get(usize::from(t)))
-            .map_or_else(|| Arc::from("unknown"), |t| t.name.clone())
-    };
+    let tier_name = |i: usize| meta.tier_name(shared, i);
     // Would-be rejections by observing tiers: counted and logged, never enforced.
     let mut shadow_limited = false;
     for (i, d) in ds.iter().enumerate() {
@@ -756,11 +732,7 @@ fn headers_for(
     now_us: u64,
     denied: bool,
 ) -> RateLimitHeaders {
-    let policy = meta
-        .tiers
-        .get(i)
-        .and_then(|&t| shared.tiers.get(usize::from(t)))
-        .map_or_else(|| Arc::from("unknown"), |t| t.name.clone());
+    let policy = meta.tier_name(shared, i);
     let quota = meta.quotas.get(i).copied().unwrap_or((d.limit, 0));
     if denied {
         let retry_after = ceil_secs(d.retry_after_us).max(1);
@@ -801,11 +773,7 @@ fn reject(
     now_us: u64,
     count_limited: bool,
 ) -> Response<Bytes> {
-    let tier = meta
-        .tiers
-        .get(i)
-        .and_then(|&t| shared.tiers.get(usize::from(t)))
-        .map_or_else(|| Arc::from("unknown"), |t| t.name.clone());
+    let tier = meta.tier_name(shared, i);
     let headers = headers_for(shared, meta, i, d, now_us, true);
     let retry_after = headers.retry_after.unwrap_or(1);
     if count_limited {
