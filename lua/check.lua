@@ -26,22 +26,9 @@
 -- tier that allows it is charged (a shadow tier that would deny is not, just
 -- as an enforced denial charges nothing).
 
-local algorithms = {
-  fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket,
-}
-
-local now
-local deadline = string.match(ARGV[1], '^d(%d+)$')
-if ARGV[1] ~= '' and not deadline then
-  local clock, slack = string.match(ARGV[1], '^(%d+):?(%d*)$')
-  now = tonumber(clock)
-  if slack ~= nil and slack ~= '' then ttl_slack_ms = tonumber(slack) end
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  if deadline and now > tonumber(deadline) then
-    return { now, -1 }
-  end
+local now, deadline = read_clock(ARGV[1])
+if deadline and now > deadline then
+  return { now, -1 }
 end
 
 local out = { now }
@@ -51,14 +38,10 @@ local tiers = (#ARGV - 1) / 7
 local rejected = {}
 for i = 1, tiers do
   local a = 2 + (i - 1) * 7
-  local algorithm = algorithms[tonumber(ARGV[a])]
-  if not algorithm then
+  local allowed, remaining, reset, retry, delay, commit, shadow = check_tier(KEYS[i], now, a)
+  if allowed == false then
     return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a]))
   end
-  local allowed, remaining, reset, retry, delay, commit = algorithm(
-    KEYS[i], now,
-    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]))
   out[#out + 1] = allowed
   out[#out + 1] = remaining
   out[#out + 1] = reset
@@ -69,7 +52,7 @@ for i = 1, tiers do
     commits[#commits + 1] = { commit, #out }
   else
     rejected[#rejected + 1] = i
-    if ARGV[a + 6] ~= '1' then all = false end
+    if not shadow then all = false end
   end
 end
 

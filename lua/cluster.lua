@@ -19,23 +19,12 @@
 --           charged_at (the now_us the check returned), undo.
 --   returns the number of keys refunded.
 
-local algorithms = {
-  fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket,
-}
 local refunds = {
   fixed_window_refund, sliding_window_log_refund, sliding_window_counter_refund,
   token_bucket_refund, leaky_bucket_refund,
 }
 
-local now
-if ARGV[2] ~= '' then
-  local clock, slack = string.match(ARGV[2], '^(%d+):?(%d*)$')
-  now = tonumber(clock)
-  if slack ~= nil and slack ~= '' then ttl_slack_ms = tonumber(slack) end
-else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
+local now = read_clock(ARGV[2])
 
 if ARGV[1] == 'refund' then
   for i = 1, #KEYS do
@@ -60,14 +49,10 @@ local commits = {}
 local all = true
 for i = 1, #KEYS do
   local a = 3 + (i - 1) * 7
-  local algorithm = algorithms[tonumber(ARGV[a])]
-  if not algorithm then
+  local allowed, remaining, reset, retry, delay, commit, shadow = check_tier(KEYS[i], now, a)
+  if allowed == false then
     return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a]))
   end
-  local allowed, remaining, reset, retry, delay, commit = algorithm(
-    KEYS[i], now,
-    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]))
   out[#out + 1] = allowed
   out[#out + 1] = remaining
   out[#out + 1] = reset
@@ -76,7 +61,7 @@ for i = 1, #KEYS do
   out[#out + 1] = 0
   if allowed == 1 then
     commits[#commits + 1] = { commit, #out }
-  elseif ARGV[a + 6] ~= '1' then
+  elseif not shadow then
     all = false
   end
 end

@@ -1,7 +1,10 @@
 -- Shared helpers for the algorithm scripts. The files of lua/ are joined in
 -- this order into ONE script (see src/backend/redis.rs):
 --   common.lua, fixed_window.lua, sliding_window_log.lua,
---   sliding_window_counter.lua, token_bucket.lua, leaky_bucket.lua, check.lua
+--   sliding_window_counter.lua, token_bucket.lua, leaky_bucket.lua,
+--   dispatch.lua, check.lua
+-- (the cluster script, src/backend/redis/cluster.rs, puts refund.lua before
+-- dispatch.lua and ends with cluster.lua instead of check.lua).
 --
 -- Lua numbers are doubles: every value these scripts handle is an integer
 -- below 2^53 (the limits are checked when a quota is built), so all

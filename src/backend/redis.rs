@@ -25,6 +25,7 @@ const CHECK_LUA: &str = concat!(
     include_str!("../../lua/sliding_window_counter.lua"),
     include_str!("../../lua/token_bucket.lua"),
     include_str!("../../lua/leaky_bucket.lua"),
+    include_str!("../../lua/dispatch.lua"),
     include_str!("../../lua/check.lua"),
 );
 

@@ -53,6 +53,7 @@ pub(super) const CLUSTER_LUA: &str = concat!(
     include_str!("../../../lua/token_bucket.lua"),
     include_str!("../../../lua/leaky_bucket.lua"),
     include_str!("../../../lua/refund.lua"),
+    include_str!("../../../lua/dispatch.lua"),
     include_str!("../../../lua/cluster.lua"),
 );
 

@@ -1,0 +1,34 @@
+-- Shared by the two entry points, check.lua (a single Redis) and cluster.lua
+-- (one hash slot of a cluster); joined right before either of them.
+
+local algorithms = {
+  fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket,
+}
+
+-- The clock argument: "" reads Redis TIME; "d<deadline µs>" reads Redis TIME
+-- and also returns the deadline; "<µs>[:<ttl slack ms>]" is a test clock
+-- (ManualClock; tests only). Returns now (µs) and the deadline, if any.
+local function read_clock(arg)
+  local deadline = string.match(arg, '^d(%d+)$')
+  if arg ~= '' and not deadline then
+    local clock, slack = string.match(arg, '^(%d+):?(%d*)$')
+    if slack ~= nil and slack ~= '' then ttl_slack_ms = tonumber(slack) end
+    return tonumber(clock), nil
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(deadline)
+end
+
+-- Runs one tier from its seven ARGV starting at index a (algorithm, p1..p4,
+-- cost, shadow). Returns allowed (0/1), remaining, reset_after_us,
+-- retry_after_us, delay_us, the commit function (or nil) and whether the
+-- tier is in shadow mode; false alone for an unknown algorithm.
+local function check_tier(key, now, a)
+  local algorithm = algorithms[tonumber(ARGV[a])]
+  if not algorithm then return false end
+  local allowed, remaining, reset, retry, delay, commit = algorithm(
+    key, now,
+    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]))
+  return allowed, remaining, reset, retry, delay, commit, ARGV[a + 6] == '1'
+end
