@@ -36,9 +36,10 @@ local commits = {}
 local all = true
 local tiers = (#ARGV - 1) / 7
 local rejected = {}
+local states = read_states(tiers)
 for i = 1, tiers do
   local a = 2 + (i - 1) * 7
-  local allowed, remaining, reset, retry, delay, commit, shadow = check_tier(KEYS[i], now, a)
+  local allowed, remaining, reset, retry, delay, commit, shadow = check_tier(KEYS[i], now, a, states[i])
   if allowed == false then
     return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a]))
   end

@@ -47,9 +47,10 @@ end
 local out = { now, 0 }
 local commits = {}
 local all = true
+local states = read_states(#KEYS)
 for i = 1, #KEYS do
   local a = 3 + (i - 1) * 7
-  local allowed, remaining, reset, retry, delay, commit, shadow = check_tier(KEYS[i], now, a)
+  local allowed, remaining, reset, retry, delay, commit, shadow = check_tier(KEYS[i], now, a, states[i])
   if allowed == false then
     return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a]))
   end

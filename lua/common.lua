@@ -43,12 +43,11 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
--- GET that treats a key of another type as no state. A key written by
--- another algorithm (the tier's algorithm changed, or two layers share a
--- prefix) must not turn every check into a script error, which would fail
--- open: the state is read as absent and the commit's SET replaces it.
-local function get_state(key)
-  local v = redis.pcall('GET', key)
-  if type(v) == 'table' and v.err then return nil end
-  return v
-end
+-- Every tier's stored value is read up front with ONE MGET of all the
+-- request's keys (see read_states in dispatch.lua) and handed to the
+-- algorithm as its last argument `v` (false when absent). MGET answers nil
+-- for a key of another type, so a key written by another algorithm (the
+-- tier's algorithm changed, or two layers share a prefix) is read as no
+-- state, never as a script error that would fail open; the commit's SET
+-- replaces it. Values are written with string.format('%d'): Redis's Lua
+-- formats %d as a C long (64 bits), exact for every integer below 2^53.

@@ -19,16 +19,25 @@ local function read_clock(arg)
   return tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(deadline)
 end
 
+-- The stored values of KEYS[1..n], in one MGET (one command however many
+-- tiers; a sorted-set key of the sliding log reads as false, and that
+-- algorithm reads its set itself).
+local function read_states(n)
+  if n == 0 then return {} end
+  return redis.call('MGET', unpack(KEYS, 1, n))
+end
+
 -- Runs one tier from its seven ARGV starting at index a (algorithm, p1..p4,
--- cost, shadow). Returns allowed (0/1), remaining, reset_after_us,
--- retry_after_us, delay_us, the commit function (or nil) and whether the
--- tier is in shadow mode; false alone for an unknown algorithm.
-local function check_tier(key, now, a)
+-- cost, shadow) and its stored value v (from read_states). Returns allowed
+-- (0/1), remaining, reset_after_us, retry_after_us, delay_us, the commit
+-- function (or nil) and whether the tier is in shadow mode; false alone for
+-- an unknown algorithm.
+local function check_tier(key, now, a, v)
   local algorithm = algorithms[tonumber(ARGV[a])]
   if not algorithm then return false end
   local allowed, remaining, reset, retry, delay, commit = algorithm(
     key, now,
     tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]))
+    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), v)
   return allowed, remaining, reset, retry, delay, commit, ARGV[a + 6] == '1'
 end

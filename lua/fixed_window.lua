@@ -1,9 +1,8 @@
 -- Fixed window (twin of src/algorithm/fixed_window.rs).
 -- Value: "<window start µs>:<count>", PX = until the window ends.
-local function fixed_window(key, now, limit, window, _, _, cost)
+local function fixed_window(key, now, limit, window, _, _, cost, v)
   local start = div_floor(now, window) * window
   local count = 0
-  local v = get_state(key)
   if v then
     local s, c = string.match(v, '^(%d+):(%d+)$')
     if s and tonumber(s) == start then count = tonumber(c) end
@@ -12,7 +11,7 @@ local function fixed_window(key, now, limit, window, _, _, cost)
   if count + cost <= limit then
     local after = count + cost
     return 1, limit - after, end_in, 0, 0, function()
-      redis.call('SET', key, int(start) .. ':' .. int(after), 'PX', ttl_ms(end_in))
+      redis.call('SET', key, string.format('%d:%d', start, after), 'PX', ttl_ms(end_in))
     end
   end
   local reset = end_in

@@ -3,10 +3,9 @@
 -- written under another rate counts as none).
 -- max_delay < 0 polices (reject excess); max_delay >= 0 shapes (delay up to
 -- max_delay µs, returned as the delay). PX = until the TAT.
-local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_tokens)
+local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_tokens, v)
   local cost = cost_tokens * unit
   local backlog = 0
-  local v = get_state(key)
   if v then
     local t, f, r = string.match(v, '^(%d+):(%d+):(%d+)$')
     if t and tonumber(r) == rate then
@@ -25,7 +24,7 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
     local reset = div_ceil(after, rate)
     return 1, div_floor(left, unit), reset, 0, div_ceil(over, rate), function()
       local whole = div_floor(after, rate)
-      redis.call('SET', key, int(now + whole) .. ':' .. int(after - whole * rate) .. ':' .. int(rate), 'PX', ttl_ms(reset))
+      redis.call('SET', key, string.format('%d:%d:%d', now + whole, after - whole * rate, rate), 'PX', ttl_ms(reset))
       return after -- for a refund (lua/refund.lua)
     end
   end

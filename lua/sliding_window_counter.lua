@@ -8,10 +8,9 @@ local function counter_reset(start, window, prev, cur, now)
   return 0
 end
 
-local function sliding_window_counter(key, now, limit, window, _, _, cost)
+local function sliding_window_counter(key, now, limit, window, _, _, cost, v)
   local start = div_floor(now, window) * window
   local prev, cur = 0, 0
-  local v = get_state(key)
   if v then
     local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
     if s then
@@ -30,7 +29,7 @@ local function sliding_window_counter(key, now, limit, window, _, _, cost)
     local after = est + cost * window
     local reset = counter_reset(start, window, prev, cur + cost, now)
     return 1, div_floor(cap - after, window), reset, 0, 0, function()
-      redis.call('SET', key, int(start) .. ':' .. int(cur + cost) .. ':' .. int(prev), 'PX', ttl_ms(reset))
+      redis.call('SET', key, string.format('%d:%d:%d', start, cur + cost, prev), 'PX', ttl_ms(reset))
     end
   end
   local reset = counter_reset(start, window, prev, cur, now)

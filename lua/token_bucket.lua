@@ -2,10 +2,9 @@
 -- and cost in units, rate in units per microsecond.
 -- Value: "<tokens in units>:<updated µs>:<unit>", PX = until the bucket is
 -- full. A value written under another unit (the quota changed) counts as none.
-local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens)
+local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v)
   local cost = cost_tokens * unit
   local tokens, updated = capacity, now
-  local v = get_state(key)
   if v then
     local t, u, un = string.match(v, '^(%d+):(%d+):(%d+)$')
     if t and tonumber(un) == unit then
@@ -24,7 +23,7 @@ local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens)
     local left = tokens - cost
     local reset = div_ceil(capacity - left, rate)
     return 1, div_floor(left, unit), reset, 0, 0, function()
-      redis.call('SET', key, int(left) .. ':' .. int(updated) .. ':' .. int(unit), 'PX', ttl_ms(reset))
+      redis.call('SET', key, string.format('%d:%d:%d', left, updated, unit), 'PX', ttl_ms(reset))
       return left -- for a refund (lua/refund.lua)
     end
   end

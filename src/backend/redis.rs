@@ -5,7 +5,7 @@ use crate::error::{BackendError, ConfigError};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use ::redis::cluster::{ClusterClient, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Client, RedisError, Script};
+use ::redis::{Client, Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -303,21 +303,101 @@ impl RedisBackend {
         i64::try_from(self.inner.origin.elapsed().as_micros()).unwrap_or(i64::MAX)
     }
 
+    /// The check's `EVALSHA`, built in one buffer: the script's SHA1, the
+    /// keys (each tier's, then the blocked-keys set if any), `ARGV[1]` (the
+    /// clock, see [`Self::write_clock_arg`]) and seven numbers per tier (see
+    /// `lua/check.lua`).
+    fn check_cmd(
+        &self,
+        sent: i64,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        blocked: Option<&str>,
+    ) -> Cmd {
+        let mut cmd = ::redis::cmd("EVALSHA");
+        cmd.arg(self.inner.script.get_hash())
+            .arg(checks.len() + usize::from(blocked.is_some()));
+        for c in checks {
+            cmd.arg(c.key.as_str());
+        }
+        if let Some(b) = blocked {
+            cmd.arg(b);
+        }
+        self.write_clock_arg(&mut cmd, sent);
+        for (i, c) in checks.iter().enumerate() {
+            let (algorithm, p) = encode(&c.limit);
+            cmd.arg(algorithm)
+                .arg(p[0])
+                .arg(p[1])
+                .arg(p[2])
+                .arg(p[3])
+                .arg(c.cost)
+                .arg(u8::from(shadow.contains(i)));
+        }
+        cmd
+    }
+
     /// `ARGV[1]` for a standalone check sent at local µs `sent`: the test
     /// clock, or `d<deadline in Redis µs>`, or `""` before calibration.
-    fn check_clock_arg(&self, sent: i64) -> String {
+    fn write_clock_arg(&self, cmd: &mut Cmd, sent: i64) {
         if self.clock.is_some() {
-            return self.clock_arg();
+            cmd.arg(self.clock_arg());
+            return;
         }
         let budget = self.inner.budget_us.load(Ordering::Relaxed);
         let offset = self.inner.offset_us.load(Ordering::Relaxed);
         if budget == 0 || offset == i64::MIN {
-            return String::new();
+            cmd.arg("");
+            return;
         }
         let deadline = sent
             .saturating_add(offset)
             .saturating_add(i64::try_from(budget).unwrap_or(i64::MAX));
-        format!("d{deadline}")
+        // "d" and at most 20 characters of an i64, on the stack.
+        let mut buf = [0u8; 21];
+        buf[0] = b'd';
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(deadline).as_bytes();
+        buf[1..=digits.len()].copy_from_slice(digits);
+        cmd.arg(&buf[..=digits.len()]);
+    }
+
+    /// Runs `cmd`, an `EVALSHA` of `script`; on `NOSCRIPT` (Redis restarted,
+    /// or `SCRIPT FLUSH`) loads the script and runs it once more.
+    async fn eval<T: ::redis::FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+        script: &Script,
+        conn: &mut Conn,
+    ) -> Result<T, RedisError> {
+        let first = match conn {
+            Conn::Manager(m) => cmd.query_async(m).await,
+            Conn::Multiplexed(m) => cmd.query_async(m).await,
+        };
+        match first {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                match conn {
+                    Conn::Manager(m) => script.load_async(m).await?,
+                    Conn::Multiplexed(m) => script.load_async(m).await?,
+                };
+                match conn {
+                    Conn::Manager(m) => cmd.query_async(m).await,
+                    Conn::Multiplexed(m) => cmd.query_async(m).await,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// A single-Redis call's error, as the layer classifies it (and the
+    /// pooled connection forgotten when it broke).
+    fn error(&self, e: RedisError) -> BackendError {
+        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            self.forget_connection();
+            BackendError::Connection(e.to_string())
+        } else {
+            BackendError::Script(e.to_string())
+        }
     }
 
     /// Records Redis's clock from a reply to a check sent at local `sent`.
@@ -416,37 +496,13 @@ impl RedisBackend {
             // in-process sketch is the top-N source.
             return cluster::check(self, checks, shadow).await;
         }
-        let mut invocation = self.inner.script.prepare_invoke();
         let sent = self.local_us();
-        invocation.arg(self.check_clock_arg(sent));
-        for (i, c) in checks.iter().enumerate() {
-            let (algorithm, p) = encode(&c.limit);
-            invocation
-                .key(c.key.as_str())
-                .arg(algorithm)
-                .arg(p[0])
-                .arg(p[1])
-                .arg(p[2])
-                .arg(p[3])
-                .arg(c.cost)
-                .arg(u8::from(shadow.contains(i)));
-        }
-        if let Some(b) = &blocked {
-            invocation.key(&**b);
-        }
+        let cmd = self.check_cmd(sent, &checks, shadow, blocked.as_deref());
         let mut conn = self.connection().await?;
-        let reply: Result<Vec<i64>, RedisError> = match &mut conn {
-            Conn::Manager(m) => invocation.invoke_async(m).await,
-            Conn::Multiplexed(m) => invocation.invoke_async(m).await,
-        };
-        let reply = reply.map_err(|e| {
-            if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                self.forget_connection();
-                BackendError::Connection(e.to_string())
-            } else {
-                BackendError::Script(e.to_string())
-            }
-        })?;
+        let reply: Vec<i64> = self
+            .eval(&cmd, &self.inner.script, &mut conn)
+            .await
+            .map_err(|e| self.error(e))?;
         if self.clock.is_none() {
             if let Some(&now) = reply.first() {
                 self.calibrate(sent, now);
@@ -472,26 +528,21 @@ impl RedisBackend {
         if self.is_cluster() {
             return cluster::refund(self, refunds).await;
         }
-        let mut invocation = self.inner.refund_script.prepare_invoke();
-        invocation.arg("refund").arg(self.clock_arg());
+        let mut cmd = ::redis::cmd("EVALSHA");
+        cmd.arg(self.inner.refund_script.get_hash())
+            .arg(refunds.len());
         for r in refunds {
-            invocation
-                .key(r.check.key.as_str())
-                .arg(&refund_args(r)[..]);
+            cmd.arg(r.check.key.as_str());
+        }
+        cmd.arg("refund").arg(self.clock_arg());
+        for r in refunds {
+            cmd.arg(&refund_args(r)[..]);
         }
         let mut conn = self.connection().await?;
-        let reply: Result<i64, RedisError> = match &mut conn {
-            Conn::Manager(m) => invocation.invoke_async(m).await,
-            Conn::Multiplexed(m) => invocation.invoke_async(m).await,
-        };
-        reply.map(|_| ()).map_err(|e| {
-            if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                self.forget_connection();
-                BackendError::Connection(e.to_string())
-            } else {
-                BackendError::Script(e.to_string())
-            }
-        })
+        self.eval::<i64>(&cmd, &self.inner.refund_script, &mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.error(e))
     }
 }
 
