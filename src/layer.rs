@@ -125,6 +125,8 @@ pub(crate) struct Shared {
     pub(crate) shadow_headers: bool,
     pub(crate) shadow_log_level: tracing::Level,
     pub(crate) counts: crate::observe::Counts,
+    /// Handles of the per-request metrics.
+    pub(crate) metrics: crate::observe::RequestMetrics,
     pub(crate) breaker: Breaker,
     pub(crate) deny_cache: DenyCache,
     /// The clock the deny cache and the fallback read (the backend's manual
@@ -164,7 +166,7 @@ impl Shared {
     /// Counts one request under `decision`, here and in the metrics facade.
     pub(crate) fn count(&self, decision: &'static str) {
         self.counts.add(decision);
-        crate::observe::count_decision(decision);
+        self.metrics.count(decision);
     }
 
     pub(crate) fn tier_index(&self, name: &str) -> Result<usize, ConfigError> {
@@ -548,6 +550,7 @@ impl RateLimitLayerBuilder {
             r.set_deadline_budget(self.backend_timeout);
         }
         let is_memory = matches!(backend, Backend::Memory(_));
+        let backend_name = backend.name();
         #[cfg(feature = "redis")]
         let single_redis = matches!(&backend, Backend::Redis(r) if !r.is_cluster());
         #[cfg(not(feature = "redis"))]
@@ -577,6 +580,7 @@ impl RateLimitLayerBuilder {
                 shadow_headers: self.shadow_headers,
                 shadow_log_level: self.shadow_log_level,
                 counts: crate::observe::Counts::default(),
+                metrics: crate::observe::RequestMetrics::new(backend_name),
                 breaker: Breaker::new(self.circuit_breaker),
                 deny_cache: DenyCache::new(if is_memory { 0 } else { self.deny_cache }),
                 local_clock,

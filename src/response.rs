@@ -95,29 +95,46 @@ impl HeaderStyle {
 impl RateLimitHeaders {
     /// Writes the headers into `headers`, replacing any of the same name.
     pub fn write(&self, headers: &mut HeaderMap) {
-        if matches!(self.style, HeaderStyle::Legacy | HeaderStyle::Both) {
-            headers.insert(X_RATELIMIT_LIMIT, HeaderValue::from(self.limit));
-            headers.insert(X_RATELIMIT_REMAINING, HeaderValue::from(self.remaining));
-            headers.insert(X_RATELIMIT_RESET, HeaderValue::from(self.reset));
+        let legacy = matches!(self.style, HeaderStyle::Legacy | HeaderStyle::Both);
+        let ietf = matches!(self.style, HeaderStyle::Ietf | HeaderStyle::Both);
+        // Grow the map once, not header by header.
+        headers.reserve(
+            3 * usize::from(legacy)
+                + 2 * usize::from(ietf)
+                + usize::from(self.retry_after.is_some()),
+        );
+        if legacy {
+            headers.insert(X_RATELIMIT_LIMIT, int_value(self.limit));
+            headers.insert(X_RATELIMIT_REMAINING, int_value(self.remaining));
+            headers.insert(X_RATELIMIT_RESET, int_value(self.reset));
         }
-        if matches!(self.style, HeaderStyle::Ietf | HeaderStyle::Both) {
+        if ietf {
             // Tier names are [A-Za-z0-9_-], so they need no sf-string escaping.
+            // A String becomes a HeaderValue without a copy.
             let policy = format!("\"{}\";q={};w={}", self.policy, self.quota.0, self.quota.1);
             let current = format!(
                 "\"{}\";r={};t={}",
                 self.policy, self.remaining, self.reset_in
             );
-            if let Ok(v) = HeaderValue::from_str(&policy) {
+            if let Ok(v) = HeaderValue::try_from(policy) {
                 headers.insert(RATELIMIT_POLICY, v);
             }
-            if let Ok(v) = HeaderValue::from_str(&current) {
+            if let Ok(v) = HeaderValue::try_from(current) {
                 headers.insert(RATELIMIT, v);
             }
         }
         if let Some(s) = self.retry_after {
-            headers.insert(RETRY_AFTER, HeaderValue::from(s));
+            headers.insert(RETRY_AFTER, int_value(s));
         }
     }
+}
+
+/// A number as a header value: its digits formatted on the stack, then one
+/// copy (`HeaderValue::from(u64)` makes two allocations).
+fn int_value(n: u64) -> HeaderValue {
+    let mut digits = itoa::Buffer::new();
+    HeaderValue::from_bytes(digits.format(n).as_bytes())
+        .unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
 /// Why a request was denied: the binding tier and the numbers the headers

@@ -6,7 +6,6 @@ use crate::breaker::Permit;
 use crate::deny_cache::Denied;
 use crate::error::BackendError;
 use crate::future::ResponseFuture;
-use crate::key::storage_key_part_into;
 use crate::layer::{BuiltTier, FailurePolicy, PlanRuntime, Shared, TierRuntime};
 use crate::observe;
 use crate::observe::topn::Kind;
@@ -410,15 +409,15 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
         if cost == 0 {
             continue;
         }
-        let part = match t.key.extract(parts) {
-            Ok(Some(p)) => p,
-            Ok(None) => continue,
-            Err(e) => return Planned::Failed(e.into()),
-        };
-        let mut key =
-            String::with_capacity(t.key_base.len() + part.len().min(crate::key::MAX_KEY_PART));
+        // Room for the prefix and a typical key part (an IPv4 address, a
+        // user id, a 32-digit API key hash) without growing.
+        let mut key = String::with_capacity(t.key_base.len() + 40);
         key.push_str(&t.key_base);
-        storage_key_part_into(&mut key, part.as_bytes());
+        match t.key.extract_into(parts, &mut key) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => return Planned::Failed(e.into()),
+        }
         let plan = if r.plans.is_empty() {
             None
         } else {
@@ -562,9 +561,7 @@ pub(crate) fn outcome(
         }
     }
     let _entered = span.enter();
-    if let Some(t) = meta.backend_started {
-        observe::record_latency(backend, "backend", t.elapsed());
-    }
+    let backend_latency = meta.backend_started.map(|t| t.elapsed());
     let decided = match result {
         Ok(v) => {
             shared.breaker.success(meta.permit);
@@ -584,9 +581,9 @@ pub(crate) fn outcome(
             fail(shared, &e, parts)
         }
     };
-    if let Some(t) = meta.started {
-        observe::record_latency(backend, "total", t.elapsed());
-    }
+    shared
+        .metrics
+        .latency(backend_latency, meta.started.map(|t| t.elapsed()));
     decided
 }
 

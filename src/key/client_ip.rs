@@ -343,12 +343,38 @@ impl ClientIp {
     }
 
     fn key_for(&self, ip: IpAddr) -> String {
+        let mut key = String::new();
+        self.write_key(ip, &mut key);
+        key
+    }
+
+    /// Appends `ip`'s key: an IPv4 address in dotted decimal (written digit
+    /// by digit, not through `fmt`), an IPv6 address as its prefix network
+    /// (`2001:db8:1:2::/64`). Both are plain key characters: no escaping.
+    fn write_key(&self, ip: IpAddr, out: &mut String) {
+        use std::fmt::Write;
         match ip {
-            IpAddr::V4(v4) => v4.to_string(),
-            IpAddr::V6(v6) => match Ipv6Net::new(v6, self.ipv6_prefix) {
-                Ok(net) => net.trunc().to_string(),
-                Err(_) => v6.to_string(),
-            },
+            IpAddr::V4(v4) => {
+                for (i, octet) in v4.octets().into_iter().enumerate() {
+                    if i > 0 {
+                        out.push('.');
+                    }
+                    if octet >= 100 {
+                        out.push(char::from(b'0' + octet / 100));
+                    }
+                    if octet >= 10 {
+                        out.push(char::from(b'0' + octet / 10 % 10));
+                    }
+                    out.push(char::from(b'0' + octet % 10));
+                }
+            }
+            IpAddr::V6(v6) => {
+                // Writing into a String cannot fail.
+                let _ = match Ipv6Net::new(v6, self.ipv6_prefix) {
+                    Ok(net) => write!(out, "{}", net.trunc()),
+                    Err(_) => write!(out, "{v6}"),
+                };
+            }
         }
     }
 }
@@ -568,6 +594,12 @@ impl KeyExtractor for ClientIp {
         let ip = self.resolve(peer.ip(), &parts.headers);
         Ok(Some(self.key_for(ip)))
     }
+
+    fn extract_into(&self, parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
+        let peer = peer_addr(parts).ok_or(KeyError::MissingConnectInfo)?;
+        self.write_key(self.resolve(peer.ip(), &parts.headers), out);
+        Ok(true)
+    }
 }
 
 #[cfg(test)]
@@ -590,6 +622,28 @@ mod tests {
 
     fn key(c: &ClientIp, peer: &str, headers: &[(&str, &str)]) -> String {
         c.extract(&parts(peer, headers)).unwrap().unwrap()
+    }
+
+    #[test]
+    fn extract_into_agrees() {
+        let mut requests = Vec::new();
+        for peer in [
+            "0.0.0.0:1",
+            "9.10.99.100:1",
+            "255.255.255.255:1",
+            "10.1.2.3:1",
+            "[2001:db8:1:2:3:4:5:6]:1",
+            "[::ffff:1.2.3.4]:1",
+        ] {
+            requests.push(parts(peer, &xff(&["203.0.113.7, 10.9.9.9"])));
+            requests.push(parts(peer, &[]));
+        }
+        crate::key::assert_extract_into_agrees(&trusted(), &requests);
+        crate::key::assert_extract_into_agrees(&ClientIp::default().ipv6_prefix(128), &requests);
+        let v4 = |s: &str| ClientIp::default().key_for(s.parse().unwrap());
+        for ip in ["0.0.0.0", "9.10.99.100", "255.255.255.255", "1.20.120.201"] {
+            assert_eq!(v4(ip), ip);
+        }
     }
 
     fn trusted() -> ClientIp {

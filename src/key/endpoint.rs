@@ -78,6 +78,12 @@ impl KeyExtractor for Endpoint {
         key.push_str(route);
         Ok(Some(key))
     }
+
+    fn extract_into(&self, parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
+        let (method, route) = route_of(parts);
+        super::storage_key_parts_into(out, &[method.as_bytes(), b" ", route.as_bytes()]);
+        Ok(true)
+    }
 }
 
 #[cfg(test)]
@@ -102,5 +108,19 @@ mod tests {
         assert_eq!(key("PROPFIND", "/x"), "OTHER <unmatched>");
         assert_eq!(key("get", "/x"), "OTHER <unmatched>");
         assert_eq!(key("OTHER", "/x"), "OTHER <unmatched>");
+    }
+
+    #[test]
+    fn extract_into_agrees() {
+        let req = |method: &str| {
+            let (p, _) = http::Request::builder()
+                .method(method)
+                .uri("/x")
+                .body(())
+                .unwrap()
+                .into_parts();
+            p
+        };
+        crate::key::assert_extract_into_agrees(&Endpoint, &[req("GET"), req("PROPFIND")]);
     }
 }

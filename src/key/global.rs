@@ -12,4 +12,9 @@ impl KeyExtractor for Global {
     fn extract(&self, _parts: &Parts) -> Result<Option<String>, KeyError> {
         Ok(Some("all".to_owned()))
     }
+
+    fn extract_into(&self, _parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
+        out.push_str("all");
+        Ok(true)
+    }
 }

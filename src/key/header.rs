@@ -41,15 +41,35 @@ impl ApiKey {
     pub fn header_name(&self) -> &HeaderName {
         &self.header
     }
-}
 
-impl KeyExtractor for ApiKey {
-    fn extract(&self, parts: &Parts) -> Result<Option<String>, KeyError> {
-        Ok(parts
+    /// The request's non-empty key header.
+    fn value<'p>(&self, parts: &'p Parts) -> Option<&'p [u8]> {
+        parts
             .headers
             .get(&self.header)
             .map(|v| v.as_bytes())
             .filter(|v| !v.is_empty())
+    }
+}
+
+impl KeyExtractor for ApiKey {
+    fn extract(&self, parts: &Parts) -> Result<Option<String>, KeyError> {
+        Ok(self
+            .value(parts)
             .map(|v| format!("{:032x}", xxhash_rust::xxh3::xxh3_128(v))))
+    }
+
+    fn extract_into(&self, parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
+        let Some(v) = self.value(parts) else {
+            return Ok(false);
+        };
+        // 32 lowercase hex digits: plain, no escaping.
+        let h = xxhash_rust::xxh3::xxh3_128(v);
+        for shift in (0..32).rev() {
+            out.push(char::from(
+                b"0123456789abcdef"[((h >> (shift * 4)) & 0xf) as usize],
+            ));
+        }
+        Ok(true)
     }
 }

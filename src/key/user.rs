@@ -13,12 +13,58 @@ use http::request::Parts;
 pub struct UserId(pub String);
 
 /// Keys by the [`UserId`] in the request extensions; requests without one
-/// (anonymous), or with an empty id, skip the tier.
+/// (anonymous) skip the tier. An empty id is a key like any other: every
+/// request carrying it shares one bucket (skipping would leave them
+/// unlimited on this tier).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct User;
 
 impl KeyExtractor for User {
     fn extract(&self, parts: &Parts) -> Result<Option<String>, KeyError> {
-        Ok(parts.extensions.get::<UserId>().map(|u| u.0.clone()))
+        Ok(user_id(parts).map(str::to_owned))
+    }
+
+    fn extract_into(&self, parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
+        Ok(match user_id(parts) {
+            Some(id) => {
+                super::storage_key_part_into(out, id.as_bytes());
+                true
+            }
+            None => false,
+        })
+    }
+}
+
+/// The request's [`UserId`].
+fn user_id(parts: &Parts) -> Option<&str> {
+    parts.extensions.get::<UserId>().map(|u| u.0.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anonymous_requests_skip_the_tier() {
+        let with = |id: Option<&str>| {
+            let mut p = http::Request::new(()).into_parts().0;
+            if let Some(id) = id {
+                p.extensions.insert(UserId(id.to_owned()));
+            }
+            p
+        };
+        assert_eq!(User.extract(&with(None)), Ok(None));
+        assert_eq!(User.extract(&with(Some(""))), Ok(Some(String::new())));
+        assert_eq!(User.extract(&with(Some("42"))), Ok(Some("42".to_owned())));
+        let long = "x{".repeat(100);
+        crate::key::assert_extract_into_agrees(
+            &User,
+            &[
+                with(None),
+                with(Some("")),
+                with(Some("a b")),
+                with(Some(&long)),
+            ],
+        );
     }
 }

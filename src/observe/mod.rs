@@ -21,8 +21,88 @@ use std::time::{Duration, Instant};
 pub(crate) const REQUESTS: &str = "tiered_ratelimit_requests_total";
 pub(crate) const BACKEND_ERRORS: &str = "tiered_ratelimit_backend_errors_total";
 
-pub(crate) fn count_decision(decision: &'static str) {
-    metrics::counter!(REQUESTS, "decision" => decision).increment(1);
+/// The `decision` label values of [`REQUESTS`], in [`Counts`]' order.
+const DECISIONS: [&str; 10] = [
+    "allowed",
+    "limited",
+    "shadow_limited",
+    "allowlisted",
+    "denylisted",
+    "fail_open",
+    "fail_closed",
+    "skipped",
+    "cache_blocked",
+    "fallback",
+];
+
+/// Index of a decision in [`DECISIONS`] (unknown words count as `skipped`).
+fn decision_index(decision: &str) -> usize {
+    DECISIONS.iter().position(|d| *d == decision).unwrap_or(7)
+}
+
+/// A layer's handles for the metrics every request touches (the requests
+/// counter by decision, the check-duration histograms), registered once per
+/// recorder instead of per request: a request then costs an atomic add, or
+/// nothing with no recorder installed. Registered again when the current
+/// recorder changes (installed after the layer was built, or a thread-local
+/// recorder in tests).
+pub(crate) struct RequestMetrics {
+    backend: &'static str,
+    cached: arc_swap::ArcSwapOption<Handles>,
+}
+
+struct Handles {
+    /// Address of the recorder these were registered with.
+    recorder: usize,
+    requests: [metrics::Counter; 10],
+    backend_latency: metrics::Histogram,
+    total_latency: metrics::Histogram,
+}
+
+impl RequestMetrics {
+    pub(crate) fn new(backend: &'static str) -> Self {
+        Self {
+            backend,
+            cached: arc_swap::ArcSwapOption::empty(),
+        }
+    }
+
+    fn with<R>(&self, f: impl FnOnce(&Handles) -> R) -> R {
+        let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
+        let cached = self.cached.load();
+        if let Some(h) = cached.as_deref() {
+            if h.recorder == recorder {
+                return f(h);
+            }
+        }
+        let backend = self.backend;
+        let h = Arc::new(Handles {
+            recorder,
+            requests: DECISIONS.map(|d| metrics::counter!(REQUESTS, "decision" => d)),
+            backend_latency: metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => "backend"),
+            total_latency: metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => "total"),
+        });
+        self.cached.store(Some(h.clone()));
+        f(&h)
+    }
+
+    /// Counts one request under `decision` (a [`DECISIONS`] word).
+    pub(crate) fn count(&self, decision: &str) {
+        self.with(|h| h.requests[decision_index(decision)].increment(1));
+    }
+
+    /// Records the latency the check added: the backend call, and the
+    /// layer's whole work for the request (backend included).
+    pub(crate) fn latency(&self, backend: Option<Duration>, total: Option<Duration>) {
+        self.with(|h| {
+            if let Some(d) = backend {
+                h.backend_latency.record(d.as_secs_f64());
+            }
+            if let Some(d) = total {
+                h.total_latency.record(d.as_secs_f64());
+            }
+        });
+    }
 }
 
 pub(crate) const LIMITED: &str = "limited";
@@ -102,6 +182,42 @@ mod tests {
         t.next_ms.store(0, Ordering::Relaxed);
         assert_eq!(t.permit(), Some(2));
     }
+
+    /// Handles registered with one recorder are not used with another: a
+    /// recorder installed after the layer was built sees every request.
+    #[test]
+    fn request_metrics_follow_the_current_recorder() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let m = RequestMetrics::new("memory");
+        m.count("allowed"); // no recorder: nothing, no panic
+                            // Every decision's series exists (at 0) once registered.
+        let allowed = |r: &DebuggingRecorder| -> Vec<u64> {
+            r.snapshotter()
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .filter_map(|(k, _, _, v)| match v {
+                    DebugValue::Counter(c)
+                        if k.key().name() == REQUESTS
+                            && k.key().labels().any(|l| l.value() == "allowed") =>
+                    {
+                        Some(c)
+                    }
+                    _ => None,
+                })
+                .collect()
+        };
+        let a = DebuggingRecorder::new();
+        metrics::with_local_recorder(&a, || {
+            m.count("allowed");
+            m.count("allowed");
+        });
+        let b = DebuggingRecorder::new();
+        metrics::with_local_recorder(&b, || m.count("allowed"));
+        metrics::with_local_recorder(&a, || m.count("allowed"));
+        assert_eq!(allowed(&a), vec![3]);
+        assert_eq!(allowed(&b), vec![1]);
+    }
 }
 
 /// Requests by decision since the layer was built (this process only), as
@@ -146,18 +262,18 @@ pub(crate) struct Counts {
 }
 
 impl Counts {
-    /// Counts one request under `decision` (also in the metrics facade).
+    /// Counts one request under `decision`.
     pub(crate) fn add(&self, decision: &'static str) {
-        let c = match decision {
-            "allowed" => &self.allowed,
-            "limited" => &self.limited,
-            "shadow_limited" => &self.shadow_limited,
-            "allowlisted" => &self.allowlisted,
-            "denylisted" => &self.denylisted,
-            "fail_open" => &self.fail_open,
-            "fail_closed" => &self.fail_closed,
-            "cache_blocked" => &self.cache_blocked,
-            "fallback" => &self.fallback,
+        let c = match decision_index(decision) {
+            0 => &self.allowed,
+            1 => &self.limited,
+            2 => &self.shadow_limited,
+            3 => &self.allowlisted,
+            4 => &self.denylisted,
+            5 => &self.fail_open,
+            6 => &self.fail_closed,
+            8 => &self.cache_blocked,
+            9 => &self.fallback,
             _ => &self.skipped,
         };
         c.fetch_add(1, Ordering::Relaxed);
@@ -206,10 +322,3 @@ pub(crate) fn set_mode_gauge(tier: &Arc<str>, mode: crate::Mode) {
 
 pub(crate) const ENFORCED_PERCENT: &str = "tiered_ratelimit_enforced_percent";
 pub(crate) const NEAR_LIMIT: &str = "near_limit";
-
-/// Records the latency the check added: `part = "total"` (the layer's whole
-/// work for the request, backend included) or `"backend"` (the backend call).
-pub(crate) fn record_latency(backend: &'static str, part: &'static str, d: std::time::Duration) {
-    metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => part)
-        .record(d.as_secs_f64());
-}

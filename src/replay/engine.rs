@@ -14,7 +14,6 @@
 //! tiers applied and under which key, for the report.
 
 use crate::backend::{MemoryBackend, Shadow, TierCheck};
-use crate::key::storage_key_part_into;
 use crate::layer::{BuiltTier, FailurePolicy, Runtime, Shared, TierRuntime};
 use crate::response::Rejection;
 use crate::rollout::{Mode, Plan};
@@ -80,8 +79,6 @@ pub(crate) struct Planner {
     pub(crate) n: usize,
     /// Tier index of each check.
     pub(crate) tiers: Vec<usize>,
-    /// What the extractor returned, per check (before storage escaping).
-    pub(crate) raw: Vec<String>,
     pub(crate) shadow: Shadow,
 }
 
@@ -108,7 +105,6 @@ impl Planner {
             checks,
             n: 0,
             tiers: vec![0; n],
-            raw: vec![String::new(); n],
             shadow: Shadow::NONE,
         }
     }
@@ -145,16 +141,15 @@ impl Planner {
             if cost == 0 {
                 continue;
             }
-            let part = match t.key.extract(parts) {
-                Ok(Some(p)) => p,
-                Ok(None) => continue,
-                Err(_) => return Planned::Failed,
-            };
             let k = self.n;
             let c = &mut self.checks[k];
             c.key.clear();
             c.key.push_str(&t.key_base);
-            storage_key_part_into(&mut c.key, part.as_bytes());
+            match t.key.extract_into(parts, &mut c.key) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(_) => return Planned::Failed,
+            }
             c.limit = if r.plans.is_empty() {
                 r.limit
             } else {
@@ -166,7 +161,6 @@ impl Planner {
                 self.shadow.0 |= 1 << k;
             }
             self.tiers[k] = i;
-            self.raw[k] = part;
             self.n += 1;
         }
         if self.n == 0 {
@@ -180,6 +174,13 @@ impl Planner {
     pub(crate) fn key_part(&self, k: usize) -> &str {
         let t = &self.shared.tiers[self.tiers[k]];
         &self.checks[k].key[t.key_base.len()..]
+    }
+
+    /// The key check `k` of `parts` was planned with, as its extractor
+    /// returns it (before storage escaping): for display.
+    pub(crate) fn raw_key(&self, k: usize, parts: &Parts) -> String {
+        let t = &self.shared.tiers[self.tiers[k]];
+        t.key.extract(parts).ok().flatten().unwrap_or_default()
     }
 
     /// The check index of tier `tier`, if it was planned.

@@ -543,7 +543,7 @@ impl Replayer {
                         mask(&v)
                     }
                 }
-                KeyKind::Plain => shorten(&self.planner.raw[c]),
+                KeyKind::Plain => shorten(&self.planner.raw_key(c, &self.parts)),
             }
         };
         let blocked = outcome.binding_check.map(|c| (c, move || display(c)));
