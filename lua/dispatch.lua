@@ -32,6 +32,12 @@ end
 -- (0/1), remaining, reset_after_us, retry_after_us, delay_us, the commit
 -- function (or nil) and whether the tier is in shadow mode; false alone for
 -- an unknown algorithm.
+--
+-- retry_after_us of an ALLOWED tier is the wait, once it is charged, before
+-- another request of the same cost would pass (0: at once, or not computed:
+-- the sliding window algorithms return 0). The client reads it only when
+-- the request was charged, to prime its deny cache; the decision it reports
+-- has retry_after_us = 0.
 local function check_tier(key, now, a, v)
   local algorithm = algorithms[tonumber(ARGV[a])]
   if not algorithm then return false end

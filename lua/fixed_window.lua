@@ -10,7 +10,10 @@ local function fixed_window(key, now, limit, window, _, _, cost, v)
   local end_in = start + window - now
   if count + cost <= limit then
     local after = count + cost
-    return 1, limit - after, end_in, 0, 0, function()
+    -- The wait before another request of this cost would pass.
+    local next_in = 0
+    if after + cost > limit and cost <= limit then next_in = end_in end
+    return 1, limit - after, end_in, next_in, 0, function()
       redis.call('SET', key, string.format('%d:%d', start, after), 'PX', ttl_ms(end_in))
     end
   end

@@ -22,7 +22,11 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
     local left = capacity - after
     if left < 0 then left = 0 end
     local reset = div_ceil(after, rate)
-    return 1, div_floor(left, unit), reset, 0, div_ceil(over, rate), function()
+    -- The wait before another request of this cost would pass.
+    local next_in = 0
+    local next_over = after + cost - capacity
+    if next_over > tolerance and cost <= capacity then next_in = div_ceil(next_over - tolerance, rate) end
+    return 1, div_floor(left, unit), reset, next_in, div_ceil(over, rate), function()
       local whole = div_floor(after, rate)
       redis.call('SET', key, string.format('%d:%d:%d', now + whole, after - whole * rate, rate), 'PX', ttl_ms(reset))
       return after -- for a refund (lua/refund.lua)

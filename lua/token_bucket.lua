@@ -22,7 +22,11 @@ local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v)
   if cost <= tokens then
     local left = tokens - cost
     local reset = div_ceil(capacity - left, rate)
-    return 1, div_floor(left, unit), reset, 0, 0, function()
+    -- The wait before another request of this cost would pass (the local
+    -- deny cache answers it until then; see dispatch.lua).
+    local next_in = 0
+    if cost > left and cost <= capacity then next_in = div_ceil(cost - left, rate) end
+    return 1, div_floor(left, unit), reset, next_in, 0, function()
       redis.call('SET', key, string.format('%d:%d:%d', left, updated, unit), 'PX', ttl_ms(reset))
       return left -- for a refund (lua/refund.lua)
     end

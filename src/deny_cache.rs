@@ -1,5 +1,11 @@
 //! The local deny cache: a key the backend just denied is denied here, with
-//! no backend call, until its exact retry time.
+//! no backend call, until its exact retry time. It is also **primed by
+//! admissions**: when a request's charge leaves a tier less than another
+//! request of the same cost, a single Redis says (in the same reply) when
+//! the next one would pass — token bucket, fixed window, leaky bucket — and
+//! the key is cached as denied until then. So under a flood from one key
+//! only the admitted requests (one per token) reach Redis; the denied ones
+//! do not, not even the first after each admission.
 //!
 //! Under a flood from one abusive key this removes almost all backend
 //! traffic. It is exact, never stricter than the backend: an entry records
@@ -9,7 +15,9 @@
 //! same storage key — nothing another request does can make such a request
 //! pass earlier, since denied requests consume nothing. (A larger cost would
 //! wait longer than the cached `Retry-After` says, and a smaller one may fit:
-//! both go to the backend.) Entries are dropped
+//! both go to the backend.) Tiers that refund by response status
+//! (`skip_failed_requests`, `skip_successful_requests`) are never cached: a
+//! refund could make room earlier. Nor are shadow tiers. Entries are dropped
 //! by any runtime change (modes, quotas, lists, the kill switch).
 //!
 //! What it cannot know: an admission on the same key by *another* instance

@@ -213,18 +213,17 @@ where
                         meta.sent = checks;
                         (Ok(verdict), meta)
                     } else {
-                        meta.sent = checks.clone();
                         let blocked = shared.blocked_set();
-                        match shared.backend.start_check(checks, meta.shadow, blocked) {
+                        let started = shared.backend.start_check(
+                            &checks,
+                            meta.shadow,
+                            blocked.as_deref(),
+                            Some(shared.backend_timeout),
+                        );
+                        meta.sent = checks;
+                        match started {
                             Check::Ready(result) => (result, meta),
                             Check::Pending(fut) => {
-                                let timeout = shared.backend_timeout;
-                                let fut = Box::pin(async move {
-                                    match tokio::time::timeout(timeout, fut).await {
-                                        Ok(r) => r,
-                                        Err(_) => Err(BackendError::Timeout(timeout)),
-                                    }
-                                });
                                 let shared = shared.clone();
                                 let req = Request::from_parts(parts, body);
                                 let inner = self.take_ready_inner();
@@ -307,8 +306,8 @@ impl<S: Clone> RateLimitService<S> {
 /// enforced), and what to log about those.
 #[derive(Debug, Default)]
 pub(crate) struct Meta {
-    /// Tier index of each check.
-    tiers: Vec<u8>,
+    /// Tier index of each check (inline up to 8 checks).
+    tiers: smallvec::SmallVec<[u8; 8]>,
     /// Checks whose denial does not reject.
     pub(crate) shadow: Shadow,
     /// For shadow checks: the endpoint label and a hash of each key, for the
@@ -392,10 +391,7 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
         return Planned::Pass("allowlisted");
     }
     let mut checks = Vec::with_capacity(shared.tiers.len());
-    let mut meta = Meta {
-        tiers: Vec::with_capacity(shared.tiers.len()),
-        ..Meta::default()
-    };
+    let mut meta = Meta::default();
     for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
         let tier_mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
         let mode = tier_mode.under(global);
@@ -622,24 +618,48 @@ fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
     }
 }
 
-/// Caches enforced denials until their retry instant, measured from when the
-/// check was sent (so an entry can only end early, never late).
+/// Feeds the deny cache from a backend answer, for enforced tiers:
+/// * a denial is cached until its retry instant;
+/// * a charge that leaves less than another request of the same cost
+///   (the backend says when the next one would pass) is cached until then
+///   too, so the requests right after an admission that drained the bucket
+///   are answered locally (a single Redis reports it for the token bucket,
+///   fixed window and leaky bucket).
+///
+/// Both are measured from when the check was sent, so an entry can only end
+/// early, never late. Tiers that refund by response status are left out: a
+/// refund can make room before the cached instant.
 fn remember_denials(shared: &Shared, meta: &Meta, v: &Verdict) {
-    if meta.sent.is_empty() {
+    if meta.sent.is_empty() || !shared.deny_cache.enabled() {
         return;
     }
     for (i, (d, TierCheck { key, cost, .. })) in v.decisions.iter().zip(&meta.sent).enumerate() {
-        if d.allowed || meta.shadow.contains(i) || d.retry_after_us == 0 {
+        if meta.shadow.contains(i) {
+            continue;
+        }
+        let wait_us = if d.allowed {
+            v.charges
+                .get(i)
+                .and_then(|c| c.as_ref())
+                .map_or(0, |c| c.next_after_us)
+        } else {
+            d.retry_after_us
+        };
+        if wait_us == 0
+            || meta
+                .tier(shared, i)
+                .is_none_or(|t| t.skip_failed || t.skip_successful)
+        {
             continue;
         }
         shared.deny_cache.insert(
             key.clone(),
             Denied::new(
-                meta.sent_us.saturating_add(d.retry_after_us),
+                meta.sent_us.saturating_add(wait_us),
                 *cost,
                 d.limit,
                 d.remaining,
-                Duration::from_micros(d.retry_after_us),
+                Duration::from_micros(wait_us),
             ),
         );
     }

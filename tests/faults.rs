@@ -58,11 +58,13 @@ async fn deny_cache_spares_redis_under_a_single_key_flood() {
     for _ in 0..100 {
         statuses.push(limits(&c.get(&url).send().await.unwrap()));
     }
-    // 10 admitted and 1 denial from Redis; 89 denied locally, with the same
-    // headers Redis would give.
+    // 10 admitted by Redis; the 10th emptied the bucket and Redis said when
+    // the next token comes, so all 90 others are denied locally, with the
+    // same headers Redis would give.
     assert_eq!(statuses.iter().filter(|l| l.status == 200).count(), 10);
-    assert_eq!(evalsha_calls(&redis), 11);
-    assert_eq!(handle.counts().cache_blocked, 89);
+    assert_eq!(evalsha_calls(&redis), 10);
+    assert_eq!(handle.counts().cache_blocked, 90);
+    assert_eq!(handle.counts().limited, 0);
     assert!(
         statuses[10..]
             .iter()
@@ -76,26 +78,86 @@ async fn deny_cache_spares_redis_under_a_single_key_flood() {
         limits(&c.get(&url).send().await.unwrap()),
         denied(10, 0, T0_S + 6, 1)
     );
-    assert_eq!(evalsha_calls(&redis), 11);
+    assert_eq!(evalsha_calls(&redis), 10);
     // At the exact retry time the cache lets the request through to Redis.
     clock.advance(Duration::from_micros(1));
     assert_eq!(
         limits(&c.get(&url).send().await.unwrap()),
         ok(10, 0, T0_S + 6 + 60)
     );
-    assert_eq!(limits(&c.get(&url).send().await.unwrap()).status, 429);
-    assert_eq!(evalsha_calls(&redis), 13);
-    // Calls per denied request over the flood: 2 of 91.
-    let denied_requests = 89 + 1 + 1 + 1;
-    eprintln!(
-        "redis calls per denied request: {:.3}",
-        2.0 / denied_requests as f64
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        denied(10, 0, T0_S + 12, 6)
     );
+    assert_eq!(evalsha_calls(&redis), 11);
+    // Redis calls per denied request over the flood: none of 92.
+    assert_eq!(handle.counts().cache_blocked, 92);
     // A runtime change drops cached denials.
     handle
         .set_tier_quota("global", Quota::per_minute(1000))
         .unwrap();
     assert_eq!(limits(&c.get(&url).send().await.unwrap()).status, 200);
+}
+
+/// An admission that leaves less than another request of its cost primes
+/// the deny cache (fixed window, leaky bucket; the token bucket above), but
+/// not on a shadow tier, nor on one that refunds by status (a refund could
+/// make room before the cached instant): those keep asking Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_cache_is_primed_by_the_admission_that_empties_a_tier() {
+    use tiered_ratelimit::{Algorithm, LeakyBucket, Mode};
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let c = client();
+    // Load the script once, so every count below is of real checks.
+    let mut prefix = 0;
+    let mut run = |tier: Tier| {
+        prefix += 1;
+        let layer = RateLimitLayer::builder()
+            .backend(
+                RedisBackend::from_url(&redis.url())
+                    .unwrap()
+                    .with_manual_clock(clock.clone()),
+            )
+            .key_prefix(format!("p{prefix}"))
+            .tier(tier)
+            .build()
+            .unwrap();
+        let handle = layer.handle();
+        let redis = &redis;
+        let c = &c;
+        async move {
+            let addr = serve(app(layer)).await;
+            c.get(format!("http://{addr}/")).send().await.unwrap();
+            redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+            let mut ok = 0;
+            for _ in 0..9 {
+                if c.get(format!("http://{addr}/"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    == 200
+                {
+                    ok += 1;
+                }
+            }
+            let n = handle.counts();
+            (ok, evalsha_calls(redis), n.cache_blocked, n.limited)
+        }
+    };
+    let quota = || Quota::per_hour(4);
+    // 1 + 3 admitted; the 3rd (of 9) empties the tier: 6 answered locally.
+    let fixed = Tier::new("t", Global, quota()).algorithm(Algorithm::FixedWindow);
+    assert_eq!(run(fixed).await, (3, 3, 6, 0));
+    let leaky =
+        Tier::new("t", Global, quota()).algorithm(Algorithm::LeakyBucket(LeakyBucket::Police));
+    assert_eq!(run(leaky).await, (3, 3, 6, 0));
+    // Every request reaches Redis.
+    let refunding = Tier::new("t", Global, quota()).skip_failed_requests(true);
+    assert_eq!(run(refunding).await, (3, 9, 0, 6));
+    let shadow = Tier::new("t", Global, quota()).mode(Mode::Shadow);
+    assert_eq!(run(shadow).await, (9, 9, 0, 0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

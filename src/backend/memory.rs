@@ -185,6 +185,7 @@ impl MemoryBackend {
                         charges.push(Some(Charge {
                             at_us: now_us,
                             undo: c.limit.undo_of(&state, now_us),
+                            next_after_us: 0,
                         }));
                         e.state = state;
                         e.expires_us = now_us.saturating_add(ttl_us);
@@ -194,6 +195,7 @@ impl MemoryBackend {
                         charges.push(Some(Charge {
                             at_us: now_us,
                             undo: c.limit.undo_of(&state, now_us),
+                            next_after_us: 0,
                         }));
                         let entry = Entry {
                             state,

@@ -19,7 +19,6 @@ use crate::algorithm::{Decision, Limit};
 use crate::error::BackendError;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 
 /// The storage a layer checks its tiers against.
 ///
@@ -85,6 +84,11 @@ pub struct Charge {
     /// The algorithm's undo value (see `lua/refund.lua` and
     /// [`Limit::undo_of`](crate::algorithm::Limit::undo_of)).
     pub undo: u64,
+    /// Microseconds after `at_us` before another request of the same cost
+    /// would pass this tier (0: at once, or unknown). A single Redis reports
+    /// it for the token bucket, fixed window and leaky bucket; the layer
+    /// primes its deny cache with it. 0 from the memory backend and a cluster.
+    pub next_after_us: u64,
 }
 
 /// A refund of one tier's charge: the check it was, and its [`Charge`].
@@ -147,7 +151,7 @@ impl Backend {
         for c in &mut checks {
             c.cost = c.cost.min(c.limit.capacity().saturating_add(1));
         }
-        match self.start_check(checks, Shadow::NONE, None) {
+        match self.start_check(&checks, Shadow::NONE, None, None) {
             Check::Ready(r) => r,
             Check::Pending(f) => f.await,
         }
@@ -157,20 +161,26 @@ impl Backend {
     /// tier's denial does not block charging the others.
     ///
     /// `blocked`: on a single Redis, the hourly sorted set that counts
-    /// rejected keys fleet-wide, written by the same script call.
+    /// rejected keys fleet-wide, written by the same script call. `timeout`
+    /// bounds a remote check ([`BackendError::Timeout`] after it).
+    ///
+    /// The checks are only borrowed: a Redis check's command is built here,
+    /// so the caller keeps them (for the deny cache and the top-N sketches)
+    /// without a copy.
     pub(crate) fn start_check(
         &self,
-        checks: Vec<TierCheck>,
+        checks: &[TierCheck],
         shadow: Shadow,
-        blocked: Option<Arc<str>>,
+        blocked: Option<&str>,
+        timeout: Option<std::time::Duration>,
     ) -> Check {
         match self {
             Backend::Memory(m) => {
-                let _ = blocked;
-                Check::Ready(Ok(m.check(&checks, shadow)))
+                let _ = (blocked, timeout);
+                Check::Ready(Ok(m.check(checks, shadow)))
             }
             #[cfg(feature = "redis")]
-            Backend::Redis(r) => Check::Pending(Box::pin(r.clone().check(checks, shadow, blocked))),
+            Backend::Redis(r) => Check::Pending(r.start_check(checks, shadow, blocked, timeout)),
         }
     }
 

@@ -1,5 +1,5 @@
 use super::clock::ManualClock;
-use super::{Charge, Shadow, TierCheck, TierRefund, Verdict};
+use super::{Charge, CheckFuture, Shadow, TierCheck, TierRefund, Verdict};
 use crate::algorithm::{Decision, Limit};
 use crate::error::{BackendError, ConfigError};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
@@ -485,19 +485,37 @@ impl RedisBackend {
         }
     }
 
-    pub(crate) async fn check(
-        self,
-        checks: Vec<TierCheck>,
+    /// A check of every tier in one script call, bounded by `timeout`; the
+    /// command is built now, so `checks` are only borrowed.
+    pub(crate) fn start_check(
+        &self,
+        checks: &[TierCheck],
         shadow: Shadow,
-        blocked: Option<Arc<str>>,
-    ) -> Result<Verdict, BackendError> {
+        blocked: Option<&str>,
+        timeout: Option<Duration>,
+    ) -> CheckFuture {
+        let this = self.clone();
         if self.is_cluster() {
             // The blocked-keys set lives in its own slot: on a cluster the
             // in-process sketch is the top-N source.
-            return cluster::check(self, checks, shadow).await;
+            let checks = checks.to_vec();
+            return Box::pin(with_timeout(timeout, cluster::check(this, checks, shadow)));
         }
         let sent = self.local_us();
-        let cmd = self.check_cmd(sent, &checks, shadow, blocked.as_deref());
+        let cmd = self.check_cmd(sent, checks, shadow, blocked);
+        let capacities: Capacities = checks.iter().map(|c| c.limit.capacity()).collect();
+        Box::pin(with_timeout(timeout, async move {
+            this.run_check(cmd, sent, &capacities, shadow).await
+        }))
+    }
+
+    async fn run_check(
+        &self,
+        cmd: Cmd,
+        sent: i64,
+        capacities: &[u64],
+        shadow: Shadow,
+    ) -> Result<Verdict, BackendError> {
         let mut conn = self.connection().await?;
         let reply: Vec<i64> = self
             .eval(&cmd, &self.inner.script, &mut conn)
@@ -513,7 +531,24 @@ impl RedisBackend {
             let budget = self.inner.budget_us.load(Ordering::Relaxed);
             return Err(BackendError::Timeout(Duration::from_micros(budget)));
         }
-        parse_reply(&reply, &checks, shadow)
+        parse_reply(&reply, capacities, shadow)
+    }
+}
+
+/// Each check's capacity, for the reply's decisions (inline up to 8 tiers).
+type Capacities = smallvec::SmallVec<[u64; 8]>;
+
+/// `fut`, failing with [`BackendError::Timeout`] after `timeout` (if any).
+async fn with_timeout(
+    timeout: Option<Duration>,
+    fut: impl std::future::Future<Output = Result<Verdict, BackendError>>,
+) -> Result<Verdict, BackendError> {
+    match timeout {
+        None => fut.await,
+        Some(t) => match tokio::time::timeout(t, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(BackendError::Timeout(t)),
+        },
     }
 }
 
@@ -593,15 +628,13 @@ fn int(v: u64) -> i64 {
 
 const PER_TIER: usize = 6;
 
-fn parse_reply(
-    reply: &[i64],
-    checks: &[TierCheck],
-    shadow: Shadow,
-) -> Result<Verdict, BackendError> {
-    if reply.len() != 1 + PER_TIER * checks.len() {
+/// The decisions in a check's reply (see `lua/check.lua`), for checks of
+/// these capacities.
+fn parse_reply(reply: &[i64], capacities: &[u64], shadow: Shadow) -> Result<Verdict, BackendError> {
+    if reply.len() != 1 + PER_TIER * capacities.len() {
         return Err(BackendError::Script(format!(
             "expected {} values, got {}",
-            1 + PER_TIER * checks.len(),
+            1 + PER_TIER * capacities.len(),
             reply.len()
         )));
     }
@@ -609,30 +642,30 @@ fn parse_reply(
     let now_us = u(reply[0]);
     let decisions: Vec<Decision> = reply[1..]
         .chunks_exact(PER_TIER)
-        .zip(checks)
-        .map(|(r, c)| Decision {
+        .zip(capacities)
+        .map(|(r, &limit)| Decision {
             allowed: r[0] == 1,
-            limit: c.limit.capacity(),
+            limit,
             remaining: u(r[1]),
             reset_after_us: u(r[2]),
-            retry_after_us: u(r[3]),
+            // An allowed tier's slot holds the wait for the next request
+            // (see lua/dispatch.lua), kept in its charge below.
+            retry_after_us: if r[0] == 1 { 0 } else { u(r[3]) },
             delay_us: u(r[4]),
         })
         .collect();
     // Charged: every enforced tier allowed (the script's commit rule), and
     // this one did.
-    let committed = reply[1..]
-        .chunks_exact(PER_TIER)
-        .zip(&decisions)
-        .map(|(r, d)| d.allowed.then_some(r[5]));
     let charges = if !shadow.commits(&decisions) {
         Vec::new()
     } else {
-        committed
-            .map(|undo| {
-                undo.map(|undo| Charge {
+        reply[1..]
+            .chunks_exact(PER_TIER)
+            .map(|r| {
+                (r[0] == 1).then(|| Charge {
                     at_us: now_us,
-                    undo: u(undo),
+                    undo: u(r[5]),
+                    next_after_us: u(r[3]),
                 })
             })
             .collect()

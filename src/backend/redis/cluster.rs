@@ -164,6 +164,7 @@ impl Job {
                             charges[i] = Some(Charge {
                                 at_us: r.now_us,
                                 undo: u64::try_from(undo).unwrap_or(0),
+                                next_after_us: 0,
                             });
                         }
                     }
@@ -388,7 +389,9 @@ fn parse_check(reply: &[i64], g: &Group, checks: &[TierCheck]) -> Result<GroupRe
             limit: checks[i].limit.capacity(),
             remaining: u(r[1]),
             reset_after_us: u(r[2]),
-            retry_after_us: u(r[3]),
+            // An allowed tier's slot holds the wait for the next request
+            // (see lua/dispatch.lua); its decision's retry is 0.
+            retry_after_us: if r[0] == 1 { 0 } else { u(r[3]) },
             delay_us: u(r[4]),
         });
         undo.push(r[5]);
