@@ -432,8 +432,9 @@ impl RedisBackend {
                 if let Some(c) = lock(conn).clone() {
                     return Ok(Conn::Multiplexed(c));
                 }
-                let obj = pool
-                    .get()
+                // Boxed: deadpool's checkout future is kilobytes, and every
+                // check's future would otherwise carry (and move) its room.
+                let obj = Box::pin(pool.get())
                     .await
                     .map_err(|e| BackendError::Connection(e.to_string()))?;
                 let c = deadpool_redis::Connection::take(obj);
@@ -504,16 +505,17 @@ impl RedisBackend {
         let sent = self.local_us();
         let cmd = self.check_cmd(sent, checks, shadow, blocked);
         let capacities: Capacities = checks.iter().map(|c| c.limit.capacity()).collect();
-        Box::pin(with_timeout(timeout, async move {
-            this.run_check(cmd, sent, &capacities, shadow).await
-        }))
+        Box::pin(with_timeout(
+            timeout,
+            this.run_check(cmd, sent, capacities, shadow),
+        ))
     }
 
     async fn run_check(
-        &self,
+        self,
         cmd: Cmd,
         sent: i64,
-        capacities: &[u64],
+        capacities: Capacities,
         shadow: Shadow,
     ) -> Result<Verdict, BackendError> {
         let mut conn = self.connection().await?;
@@ -531,24 +533,52 @@ impl RedisBackend {
             let budget = self.inner.budget_us.load(Ordering::Relaxed);
             return Err(BackendError::Timeout(Duration::from_micros(budget)));
         }
-        parse_reply(&reply, capacities, shadow)
+        parse_reply(&reply, &capacities, shadow)
     }
 }
 
 /// Each check's capacity, for the reply's decisions (inline up to 8 tiers).
 type Capacities = smallvec::SmallVec<[u64; 8]>;
 
-/// `fut`, failing with [`BackendError::Timeout`] after `timeout` (if any).
-async fn with_timeout(
-    timeout: Option<Duration>,
-    fut: impl std::future::Future<Output = Result<Verdict, BackendError>>,
-) -> Result<Verdict, BackendError> {
-    match timeout {
-        None => fut.await,
-        Some(t) => match tokio::time::timeout(t, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(BackendError::Timeout(t)),
-        },
+/// `fut`, failing with [`BackendError::Timeout`] after `timeout` (if any;
+/// without one, a deadline tokio puts in the far future).
+fn with_timeout<F>(timeout: Option<Duration>, fut: F) -> Timed<F>
+where
+    F: std::future::Future<Output = Result<Verdict, BackendError>>,
+{
+    let limit = timeout.unwrap_or(Duration::MAX);
+    Timed {
+        inner: tokio::time::timeout(limit, fut),
+        limit,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`with_timeout`]'s future: a named type rather than an `async`
+    /// block, which would keep room for `fut` twice (once captured, once
+    /// awaited) in a future that is built and boxed per request.
+    struct Timed<F> {
+        #[pin]
+        inner: tokio::time::Timeout<F>,
+        limit: Duration,
+    }
+}
+
+impl<F> std::future::Future for Timed<F>
+where
+    F: std::future::Future<Output = Result<Verdict, BackendError>>,
+{
+    type Output = Result<Verdict, BackendError>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        match std::task::ready!(this.inner.poll(cx)) {
+            Ok(r) => std::task::Poll::Ready(r),
+            Err(_) => std::task::Poll::Ready(Err(BackendError::Timeout(*this.limit))),
+        }
     }
 }
 
@@ -679,4 +709,24 @@ fn parse_reply(reply: &[i64], capacities: &[u64], shadow: Shadow) -> Result<Verd
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    /// A check's future is built and boxed per request: it must stay small
+    /// (a deadpool checkout future inside it once made it 14.8 KB, moved and
+    /// copied on every request).
+    #[tokio::test]
+    async fn a_check_future_stays_small() {
+        let b = super::RedisBackend::from_url("redis://127.0.0.1:1/").unwrap();
+        let fut = b.start_check(
+            &[],
+            super::Shadow::NONE,
+            None,
+            Some(std::time::Duration::from_secs(1)),
+        );
+        let size = std::mem::size_of_val(&*fut);
+        assert!(size <= 1024, "{size} bytes");
+        eprintln!("a check's future: {size} bytes");
+    }
 }
