@@ -26,8 +26,15 @@
 //! Environment: `LISTEN_ADDR` (default `127.0.0.1:3000`), `REDIS_URL`
 //! (redis1, redis4, minimal), `DENY_RATE`, `DENY_CACHE` (the layer's deny
 //! cache capacity; 0 disables it), `OTHER_RATE` (the per-second limit of the
-//! global, user and endpoint tiers; default a billion), `PROMETHEUS=1` (install a Prometheus
-//! metrics recorder, without its HTTP listener, to count what metrics cost).
+//! global, user and endpoint tiers; default a billion),
+//! `USER_QUOTA_PER_MINUTE=N` (mem4, redis4: the `user` tier is
+//! `Quota::per_minute(N)` instead, so a user's key lives only until its
+//! bucket is full again, as under a real quota: `benches/scale.sh`; unset =
+//! the `OTHER_RATE` quota), `USER_BURST=B` (with `USER_QUOTA_PER_MINUTE`:
+//! `.burst(B)`, so a few hot users are never denied while the refill rate,
+//! and with it every key's TTL, stays the quota's), `PROMETHEUS=1` (install
+//! a Prometheus metrics recorder, without its HTTP listener, to count what
+//! metrics cost).
 //! Prints `listening on <addr>` once it accepts connections.
 //! `bench_server minimal-lua` prints the minimal limiter's script,
 //! `bench_server script-sha` the SHA1 of the layer's script.
@@ -92,6 +99,10 @@ struct Config {
     /// The per-second limit of the global, user and endpoint tiers (default
     /// a billion).
     other_rate: Option<u64>,
+    /// The `user` tier's limit per minute (default: the `other_rate` quota).
+    user_per_minute: Option<u64>,
+    /// The `user` tier's burst with `user_per_minute` (default: the limit).
+    user_burst: Option<u64>,
 }
 
 fn usage() -> Box<dyn Error + Send + Sync> {
@@ -136,6 +147,8 @@ async fn main() -> Res<()> {
         redis_url: std::env::var("REDIS_URL").ok(),
         deny_cache: env_u64("DENY_CACHE")?,
         other_rate: env_u64("OTHER_RATE")?,
+        user_per_minute: env_u64("USER_QUOTA_PER_MINUTE")?,
+        user_burst: env_u64("USER_BURST")?,
     };
     if std::env::var("PROMETHEUS").as_deref() == Ok("1") {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
@@ -198,6 +211,11 @@ fn ours(backend: Backend, tiers: usize, c: &Config) -> Res<RateLimitLayer> {
         None => huge(),
     };
     let other = c.other_rate.map_or_else(huge, Quota::per_second);
+    let user = match (c.user_per_minute, c.user_burst) {
+        (Some(n), Some(burst)) => Quota::per_minute(n).burst(burst),
+        (Some(n), None) => Quota::per_minute(n),
+        (None, _) => other,
+    };
     let mut b = RateLimitLayer::builder().backend(backend);
     if let Some(n) = c.deny_cache {
         b = b.deny_cache(n);
@@ -208,7 +226,7 @@ fn ours(backend: Backend, tiers: usize, c: &Config) -> Res<RateLimitLayer> {
         b = b
             .tier(Tier::new("global", Global, other))
             .tier(Tier::new("ip", ClientIp::default(), ip))
-            .tier(Tier::new("user", User, other))
+            .tier(Tier::new("user", User, user))
             .tier(Tier::new("endpoint", Endpoint, other));
     }
     Ok(b.build()?)

@@ -561,7 +561,7 @@ pub(crate) fn outcome(
     let decided = match result {
         Ok(v) => {
             shared.breaker.success(meta.permit);
-            remember_denials(shared, meta, &v);
+            feed_deny_cache(shared, meta, &v);
             observe_decisions(shared, meta, &v);
             match decide(shared, meta, &v) {
                 Outcome::Pass(headers, delay, _) => {
@@ -629,7 +629,7 @@ fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
 /// Both are measured from when the check was sent, so an entry can only end
 /// early, never late. Tiers that refund by response status are left out: a
 /// refund can make room before the cached instant.
-fn remember_denials(shared: &Shared, meta: &Meta, v: &Verdict) {
+fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     if meta.sent.is_empty() || !shared.deny_cache.enabled() {
         return;
     }

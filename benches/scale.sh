@@ -1,0 +1,511 @@
+#!/usr/bin/env bash
+# Scale test of the Redis backend: 10^6 distinct users against 10, same run
+# (docs/performance.md, "Scale: 10^6 users against Redis").
+#
+#   benches/scale.sh                        # ~2 minutes; markdown report on stdout
+#   ROUNDS=5 DURATION=15 benches/scale.sh   # longer, steadier
+#   USERS=100000 benches/scale.sh           # another population
+#
+# Builds examples/bench_server.rs (release), starts its own redis-server on a
+# free loopback port below 32768 (never 6379; no persistence) and one
+# bench_server in mode redis4 (tiers global, ip, user from `x-user`,
+# endpoint) on another, loads it with wrk on 127.0.0.1 and stops everything
+# it started on exit, whatever happens.
+#
+# The user tier has a real per-minute quota, so its keys expire:
+# USER_QUOTA_PER_MINUTE=$USER_QUOTA (default 10), burst USER_BURST (default
+# 10^7). A token bucket's key lives until the bucket is full again: k
+# requests leave a key for k × 60 000 / USER_QUOTA ms (6 s each by default)
+# after its last write, whatever the burst. The burst only keeps the hot
+# users of phase (a) from ever being denied; a 10^6-user phase gives each
+# user a fraction of a request, and nothing may be denied in either phase
+# (the report flags any non-2xx). The global, ip and endpoint tiers keep
+# bench_server's never-denying quota (their keys persist).
+#
+# Phases, ROUNDS (default 3) × [(a), (b)], each `wrk -t1 -c$CONNS
+# -d${DURATION}s --latency` with a Lua script drawing `x-user` per request:
+#  (a) uniformly from HOT_USERS (default 10) users h1..h10;
+#  (b) uniformly from USERS (default 10^6) users u1..u1000000.
+# Per phase: req/s, p50/p99, non-2xx, server and Redis CPU per request,
+# EVALSHA calls ÷ requests (INFO commandstats). Same-round ratio (b)/(a).
+# Around each (b): used_memory and DBSIZE read together (one EVAL) before
+# and after: bytes per new key, Redis overhead included; MEMORY USAGE
+# (SAMPLES 0), value length and PTTL of SAMPLE (default 1000) `rl:user:u*`
+# keys, each PTTL compared with what its stored bucket implies.
+# After the last (b): the longest PTTL of any `rl:user:u*` key, then DBSIZE,
+# INFO keyspace and the `rl:user:u*` keys SCAN still sees at that TTL + 1 s
+# and + 5 s.
+#
+# Needs: wrk (Debian: apt-get install wrk), redis-server, redis-cli (Debian:
+# redis-server, redis-tools), python3, a Linux /proc (CPU time). Other load
+# on the machine skews the absolute numbers: the report prints nproc and the
+# load average; the same-round ratio is the number to compare.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+USERS=${USERS:-1000000}
+HOT_USERS=${HOT_USERS:-10}
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-12}
+CONNS=${CONNS:-32}
+USER_QUOTA=${USER_QUOTA:-10}
+USER_BURST=${USER_BURST:-10000000}
+SAMPLE=${SAMPLE:-1000}
+
+for tool in wrk redis-server redis-cli python3; do
+  command -v "$tool" >/dev/null 2>&1 || {
+    echo "$tool not found on PATH (Debian: apt-get install wrk redis-server redis-tools python3)" >&2
+    exit 1
+  }
+done
+
+# A free loopback port in 20000-32767 (below Linux's ephemeral range, where a
+# port the kernel hands out to an outgoing connection could be taken again).
+free_port() {
+  python3 - <<'EOF'
+import random, socket
+for _ in range(500):
+    p = random.randint(20000, 32767)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(p)
+    break
+else:
+    raise SystemExit("no free port")
+EOF
+}
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/scale-bench.XXXXXX")
+redis_pid=""
+server_pid=""
+stop() { # pid
+  if [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; then
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+  fi
+}
+cleanup() {
+  stop "$server_pid"
+  stop "$redis_pid"
+  if [[ -n "${KEEP:-}" ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+log() { echo "[scale] $*" >&2; }
+
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua Cargo.toml 2>/dev/null || echo '+dirty')"
+log "building examples/bench_server.rs (release)..."
+cargo build --quiet --release --example bench_server
+bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
+[[ -x "$bin" ]] || { echo "no binary at $bin" >&2; exit 1; }
+
+# ------------------------------------------------------------------- redis
+started=""
+for _ in 1 2 3 4 5; do
+  rport=$(free_port)
+  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
+    --daemonize no --dir "$work" --logfile "$work/redis.log" &
+  redis_pid=$!
+  for _ in $(seq 1 100); do
+    kill -0 "$redis_pid" 2>/dev/null || break
+    if redis-cli -p "$rport" PING 2>/dev/null | grep -q PONG; then started=1; break; fi
+    sleep 0.05
+  done
+  [[ -n "$started" ]] && break
+  stop "$redis_pid"
+done
+[[ -n "$started" ]] || { echo "redis-server did not start" >&2; exit 1; }
+rcli() { redis-cli -p "$rport" "$@"; }
+log "redis-server $(redis-server --version | awk '{print $3}') on port $rport (pid $redis_pid)"
+
+# ------------------------------------------------------------------ server
+for _ in 1 2 3 4 5; do
+  sport=$(free_port)
+  REDIS_URL="redis://127.0.0.1:$rport/" LISTEN_ADDR="127.0.0.1:$sport" \
+    USER_QUOTA_PER_MINUTE=$USER_QUOTA USER_BURST=$USER_BURST \
+    "$bin" redis4 >"$work/server.out" 2>"$work/server.err" &
+  server_pid=$!
+  for _ in $(seq 1 200); do
+    grep -q "listening on" "$work/server.out" 2>/dev/null && break
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.025
+  done
+  grep -q "listening on" "$work/server.out" 2>/dev/null && break
+  stop "$server_pid"
+  server_pid=""
+done
+[[ -n "$server_pid" ]] || { echo "bench_server did not start:" >&2; cat "$work/server.err" >&2; exit 1; }
+url="http://127.0.0.1:$sport/"
+log "bench_server redis4 on port $sport (pid $server_pid), user quota $USER_QUOTA/min, burst $USER_BURST"
+
+# ------------------------------------------------------------------ helpers
+# x-user drawn uniformly from <prefix>1 .. <prefix><n> per request:
+#   wrk ... -s users.lua <url> -- <n> <prefix>
+cat >"$work/users.lua" <<'LUA'
+local n, prefix = 10, "u"
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("thread_id", threads)
+end
+function init(args)
+  n = tonumber(args[1]) or n
+  prefix = args[2] or prefix
+  -- A seed per thread and per run: each run draws other users.
+  math.randomseed(os.time() * 1000 + (thread_id or 0) * 7919 + n)
+  for _ = 1, 10 do math.random() end
+end
+local headers = {}
+function request()
+  headers["x-user"] = prefix .. math.random(1, n)
+  return wrk.format(nil, nil, headers)
+end
+LUA
+
+hz=$(getconf CLK_TCK)
+cpu_ticks() { # pid -> utime+stime in clock ticks (fields 14, 15; comm may hold spaces)
+  sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
+}
+evalsha_calls() {
+  rcli INFO commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_evalsha:/ {print $3; f=1} END {if (!f) print 0}'
+}
+wrk_parse() { # file -> "requests seconds non2xx p50_us p99_us socket_errors"
+  awk '
+    function us(v) {
+      if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000;
+      if (v ~ /s$/) return v * 1000000; return v + 0 }
+    / 50%/ {p50 = us($2)} / 99%/ {p99 = us($2)}
+    / requests in / {req = $1; d = $4; sub(/s,$/, "", d); if (d ~ /m$/) d = d * 60}
+    /Non-2xx or 3xx responses/ {non = $5}
+    /Socket errors/ {gsub(/,/, ""); err = $4 + $6 + $8 + $10}
+    END {printf "%d %s %d %s %s %d\n", req, d + 0, non + 0, p50 + 0, p99 + 0, err + 0}' "$1"
+}
+# used_memory and DBSIZE at one instant, and Redis's clock in µs.
+snap() {
+  rcli EVAL "local m = string.match(redis.call('INFO', 'memory'), 'used_memory:(%d+)')
+local t = redis.call('TIME')
+return {m, redis.call('DBSIZE'), t[1] * 1000000 + t[2]}" 0 | paste -sd' '
+}
+# Up to $1 keys matching $2, one line each: key, MEMORY USAGE SAMPLES 0,
+# STRLEN, PTTL, Redis TIME in µs right before and right after the PTTL (PTTL
+# reads the clock, not the script's start time), value.
+sample_keys() { # count pattern
+  rcli EVAL "local out, cursor = {}, '0'
+repeat
+  local r = redis.call('SCAN', cursor, 'MATCH', ARGV[2], 'COUNT', 1000)
+  cursor = r[1]
+  for _, k in ipairs(r[2]) do
+    if #out < tonumber(ARGV[1]) then
+      local v = redis.call('GET', k)
+      if v then
+        local t0 = redis.call('TIME')
+        local p = redis.call('PTTL', k)
+        local t1 = redis.call('TIME')
+        out[#out + 1] = k .. ' ' .. redis.call('MEMORY', 'USAGE', k, 'SAMPLES', '0') .. ' ' ..
+          #v .. ' ' .. p .. ' ' .. string.format('%.0f %.0f', t0[1] * 1000000 + t0[2],
+          t1[1] * 1000000 + t1[2]) .. ' ' .. v
+      end
+    end
+  end
+until cursor == '0' or #out >= tonumber(ARGV[1])
+return out" 0 "$1" "$2"
+}
+# Every key matching $1: "count max_pttl_ms" (SCAN skips expired keys).
+scan_pttl() { # pattern
+  rcli EVAL "local n, max, cursor = 0, -1, '0'
+repeat
+  local r = redis.call('SCAN', cursor, 'MATCH', ARGV[1], 'COUNT', 10000)
+  cursor = r[1]
+  for _, k in ipairs(r[2]) do
+    local p = redis.call('PTTL', k)
+    if p >= 0 then n = n + 1; if p > max then max = p end end
+  end
+until cursor == '0'
+return {n, max}" 0 "$1" | paste -sd' '
+}
+keyspace() { # -> "keys expires"
+  rcli INFO keyspace | tr -d '\r' | awk -F'[:=,]' '/^db0:/ {print $3, $5; f=1} END {if (!f) print 0, 0}'
+}
+expired_keys() {
+  rcli INFO stats | tr -d '\r' | awk -F: '/^expired_keys:/ {print $2}'
+}
+
+results="$work/results.tsv"
+mem="$work/memory.tsv"
+samples="$work/samples.txt"
+expiry="$work/expiry.tsv"
+: >"$results"; : >"$mem"; : >"$samples"; : >"$expiry"
+
+# One measured wrk run. Appends to $results:
+#   phase round users requests seconds rps non2xx p50 p99 sock_err
+#   cpu_us/req redis_cpu_us/req evalsha/req
+measure() { # phase round users prefix
+  local phase=$1 round=$2 users=$3 prefix=$4
+  local c0 r0 e0 c1 r1 e1
+  e0=$(evalsha_calls)
+  c0=$(cpu_ticks "$server_pid"); r0=$(cpu_ticks "$redis_pid")
+  wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s "$work/users.lua" "$url" -- "$users" "$prefix" \
+    >"$work/wrk.out" 2>&1
+  c1=$(cpu_ticks "$server_pid"); r1=$(cpu_ticks "$redis_pid")
+  e1=$(evalsha_calls)
+  read -r req secs non p50 p99 err < <(wrk_parse "$work/wrk.out")
+  if [[ "$req" -eq 0 ]]; then
+    echo "wrk made no requests:" >&2
+    cat "$work/wrk.out" >&2
+    exit 1
+  fi
+  python3 - "$phase" "$round" "$users" "$req" "$secs" "$non" "$p50" "$p99" "$err" \
+    "$((c1 - c0))" "$((r1 - r0))" "$((e1 - e0))" "$hz" >>"$results" <<'EOF'
+import sys
+ph, rnd, users, req, secs, non, p50, p99, err, cs, rs, ev, hz = sys.argv[1:]
+req, secs, hz = int(req), float(secs), int(hz)
+us = lambda ticks: int(ticks) * 1e6 / hz / req
+print("\t".join(map(str, [ph, rnd, users, req, secs, round(req / secs, 1), non, p50, p99, err,
+                          round(us(cs), 2), round(us(rs), 2), round(int(ev) / req, 4)])))
+EOF
+  log "$(tail -n1 "$results")"
+}
+
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+t_start=$(date +%s)
+rcli FLUSHALL >/dev/null
+rcli CONFIG RESETSTAT >/dev/null
+wrk -t1 -c"$CONNS" -d1s -s "$work/users.lua" "$url" -- "$HOT_USERS" h >/dev/null 2>&1
+expired0=$(expired_keys)
+
+# ----------------------------------------------------------------- phases
+for ((round = 1; round <= ROUNDS; round++)); do
+  log "round $round: $HOT_USERS users, then $USERS users"
+  measure hot "$round" "$HOT_USERS" h
+  read -r m0 k0 _ < <(snap)
+  measure cold "$round" "$USERS" u
+  read -r m1 k1 now_us < <(snap)
+  printf '%s\t%s\t%s\t%s\t%s\n' "$round" "$m0" "$k0" "$m1" "$k1" >>"$mem"
+  { echo "round $round"; sample_keys "$SAMPLE" 'rl:user:u*'; } >>"$samples"
+done
+
+# ------------------------------------------------------------------ expiry
+# The longest-lived user key from the (b) phases, then the keys left at its
+# expiry + 1 s and + 5 s. Physical counts first (DBSIZE, INFO keyspace: keys
+# not yet reclaimed included), then SCAN (which skips, and deletes, keys
+# whose TTL has passed).
+read -r live max_pttl < <(scan_pttl 'rl:user:u*')
+t0=$(python3 -c 'import time; print(time.time())')
+log "after the load: $live rl:user:u* keys, longest PTTL $max_pttl ms"
+expiry_row() { # label
+  local dbs ks ex s
+  dbs=$(rcli DBSIZE)
+  ks=$(keyspace | tr ' ' '\t')
+  ex=$(expired_keys)
+  s=$(scan_pttl 'rl:user:u*' | tr ' ' '\t')
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" \
+    "$(python3 -c "import time; print(round(time.time() - $t0, 2))")" "$dbs" "$ks" "$((ex - expired0))" "$s" \
+    >>"$expiry"
+  log "$(tail -n1 "$expiry")"
+}
+expiry_row "right after the load"
+hot_keys=$(rcli EVAL "local out = {}
+for _, k in ipairs(redis.call('KEYS', 'rl:user:h*')) do out[#out + 1] = k .. ' ' .. redis.call('PTTL', k) end
+return out" 0 | paste -sd';')
+other_keys=$(rcli EVAL "local out = {}
+for _, k in ipairs(redis.call('KEYS', '*')) do
+  if not string.match(k, '^rl:user:') then out[#out + 1] = k .. ' ' .. redis.call('PTTL', k) end
+end
+return out" 0 | paste -sd';')
+for extra in 1 5; do
+  python3 -c "import time; time.sleep(max(0, $t0 + $max_pttl / 1000 + $extra - time.time()))"
+  expiry_row "longest TTL + $extra s"
+done
+read -r m_end k_end _ < <(snap)
+
+load_end=$(cut -d' ' -f1-3 /proc/loadavg)
+elapsed=$(($(date +%s) - t_start))
+
+# ----------------------------------------------------------------- report
+{
+  echo "nproc=$(nproc)"
+  echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+  echo "load_start=$load_start"
+  echo "load_end=$load_end"
+  echo "elapsed=$elapsed"
+  echo "redis=$(redis-server --version | awk '{print $3}')"
+  echo "wrk=$(wrk --version 2>&1 | head -n1 | awk '{print $2}')"
+  echo "commit=$commit"
+  echo "users=$USERS"
+  echo "hot_users=$HOT_USERS"
+  echo "rounds=$ROUNDS"
+  echo "duration=$DURATION"
+  echo "conns=$CONNS"
+  echo "user_quota=$USER_QUOTA"
+  echo "user_burst=$USER_BURST"
+  echo "max_pttl=$max_pttl"
+  echo "live_after=$live"
+  echo "hot_keys=$hot_keys"
+  echo "other_keys=$other_keys"
+  echo "mem_end=$m_end"
+  echo "keys_end=$k_end"
+} >"$work/meta.txt"
+
+python3 - "$results" "$work/meta.txt" "$mem" "$samples" "$expiry" <<'EOF'
+import math, statistics as st, sys
+from collections import defaultdict
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+meta = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[2]) if "=" in l)
+mem = [l.split() for l in open(sys.argv[3]) if l.strip()]
+expiry = [l.rstrip("\n").split("\t") for l in open(sys.argv[5]) if l.strip()]
+F = ["phase", "round", "users", "req", "secs", "rps", "non2xx", "p50", "p99", "sockerr",
+     "cpu", "rcpu", "evalsha"]
+rows = [dict(zip(F, r)) for r in rows]
+for r in rows:
+    for k in F[2:]:
+        r[k] = float(r[k])
+med = lambda xs: st.median(xs) if xs else float("nan")
+n_quota, burst = int(meta["user_quota"]), int(meta["user_burst"])
+users, hot = int(meta["users"]), int(meta["hot_users"])
+# The user tier's bucket (src/algorithm/token_bucket.rs): per minute.
+period_us = 60_000_000
+g = math.gcd(n_quota, period_us)
+unit, rate = period_us // g, n_quota // g
+cap = burst * unit
+one_ms = math.ceil(math.ceil(unit / rate) / 1000)  # PX after one request
+
+def fmt(n):
+    return f"{n:,.0f}".replace(",", " ")
+
+print(f"# Scale: {fmt(users)} users against {hot} ({meta['elapsed']} s)\n")
+print(f"* machine: {meta['nproc']} CPUs ({meta['cpu']}), load average "
+      f"{meta['load_start']} at start, {meta['load_end']} at end (shared machine)")
+print(f"* code: {meta['commit']}; redis-server {meta['redis']}; wrk {meta['wrk']}; "
+      f"bench_server redis4 (global, ip, user, endpoint); user tier "
+      f"`Quota::per_minute({n_quota}).burst({burst})`, the others never deny")
+print(f"* {meta['rounds']} rounds × [{hot} users, {fmt(users)} users], each "
+      f"`wrk -t1 -c{meta['conns']} -d{meta['duration']}s --latency`, `x-user` drawn "
+      f"uniformly per request by a Lua script\n")
+
+print("| round | users | req/s | p50 µs | p99 µs | non-2xx | socket errors | server CPU µs/req | "
+      "Redis CPU µs/req | EVALSHA/req |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    print(f"| {r['round']} | {fmt(r['users'])} | {fmt(r['rps'])} | {r['p50']:.0f} | {r['p99']:.0f} | "
+          f"{r['non2xx']:.0f} | {r['sockerr']:.0f} | {r['cpu']:.1f} | {r['rcpu']:.1f} | "
+          f"{r['evalsha']:.3f} |")
+by = defaultdict(dict)
+for r in rows:
+    by[r["round"]][r["phase"]] = r
+ratios = [p["cold"]["rps"] / p["hot"]["rps"] for p in by.values() if "cold" in p and "hot" in p]
+p50d = [p["cold"]["p50"] - p["hot"]["p50"] for p in by.values() if "cold" in p and "hot" in p]
+p99d = [p["cold"]["p99"] - p["hot"]["p99"] for p in by.values() if "cold" in p and "hot" in p]
+g_ = lambda ph, k: med([r[k] for r in rows if r["phase"] == ph])
+print()
+print("| | median |  rounds |")
+print("|---|---|---|")
+print(f"| req/s, {fmt(users)} users / {hot} users | **{med(ratios):.3f}** | "
+      f"{', '.join(f'{x:.3f}' for x in ratios)} |")
+print(f"| p50, {fmt(users)} − {hot} users, µs | {med(p50d):+.0f} | {', '.join(f'{x:+.0f}' for x in p50d)} |")
+print(f"| p99, {fmt(users)} − {hot} users, µs | {med(p99d):+.0f} | {', '.join(f'{x:+.0f}' for x in p99d)} |")
+print(f"| Redis CPU µs/req, {hot} / {fmt(users)} users | {g_('hot', 'rcpu'):.1f} / {g_('cold', 'rcpu'):.1f} | |")
+print(f"| server CPU µs/req, {hot} / {fmt(users)} users | {g_('hot', 'cpu'):.1f} / {g_('cold', 'cpu'):.1f} | |")
+non = sum(r["non2xx"] for r in rows)
+errs = sum(r["sockerr"] for r in rows)
+print(f"\nNon-2xx responses over the whole run: **{non:.0f}**; socket errors: {errs:.0f}. "
+      f"EVALSHA per request: {min(r['evalsha'] for r in rows):.3f}–{max(r['evalsha'] for r in rows):.3f}.")
+
+print(f"\n## Memory, after each {fmt(users)}-user phase\n")
+print("`used_memory` and `DBSIZE` read in one `EVAL` before and right after the phase "
+      "(keys whose TTL had passed but not yet reclaimed count in both):\n")
+print("| round | keys before | keys after | new keys | used_memory Δ | bytes per new key |")
+print("|---|---|---|---|---|---|")
+for rnd, m0, k0, m1, k1 in mem:
+    m0, k0, m1, k1 = map(int, (m0, k0, m1, k1))
+    dk = k1 - k0
+    per = f"{(m1 - m0) / dk:.0f}" if dk > 0 else "–"
+    print(f"| {rnd} | {fmt(k0)} | {fmt(k1)} | {fmt(dk)} | {fmt(m1 - m0)} B | **{per}** |")
+
+# Samples: per round, keys with MEMORY USAGE, STRLEN, PTTL, Redis µs before
+# and after the PTTL, value.
+rounds, cur = {}, None
+for line in open(sys.argv[4]):
+    parts = line.split()
+    if not parts:
+        continue
+    if parts[0] == "round":
+        cur = parts[1]; rounds[cur] = []
+    else:
+        rounds[cur].append(parts)
+print(f"\n`MEMORY USAGE … SAMPLES 0` of up to {max((len(v) for v in rounds.values()), default=0)} "
+      "`rl:user:u*` keys (SCAN order) right after each phase, and their PTTL against the TTL "
+      f"their stored bucket implies (time to full = tokens missing × 60 000 / {n_quota} ms, "
+      "rounded up to ms, minus the time since the write; "
+      "Redis TIME read just before and after each PTTL, expected at the midpoint; off = outside "
+      "that bracket by more than PTTL's 1 ms resolution):\n")
+print("| round | keys | MEMORY USAGE min / median / max B | key length | value length | "
+      "PTTL median / max ms | PTTL − expected, ms (min … max) | keys off by > 1 ms | "
+      "requests behind full, max |")
+print("|---|---|---|---|---|---|---|---|---|")
+example = None
+for rnd, ks in rounds.items():
+    if not ks:
+        print(f"| {rnd} | 0 | | | | | | | |")
+        continue
+    mu = [int(k[1]) for k in ks]
+    kl = [len(k[0]) for k in ks]
+    vl = [int(k[2]) for k in ks]
+    pt = [int(k[3]) for k in ks]
+    diffs, behind, outside = [], [], 0
+    for k in ks:
+        before, now = int(k[4]), int(k[5])
+        t, u, un = map(int, k[6].split(":"))
+        if un != unit:
+            continue
+        miss = cap - t
+        ttl_ms = max(1, math.ceil(math.ceil(miss / rate) / 1000))
+        expected = ttl_ms - ((before + now) / 2 - u) / 1000
+        pttl = int(k[3])
+        diffs.append(pttl - expected)
+        # PTTL counts whole ms of Redis's clock: within 1 ms of the bracket.
+        if not (ttl_ms - (now - u) / 1000 - 1 <= pttl <= ttl_ms - (before - u) / 1000 + 1):
+            outside += 1
+        behind.append(miss / unit)
+        if example is None:
+            example = (k, ttl_ms, expected, now)
+    dmin = min(diffs) if diffs else float("nan")
+    dmax = max(diffs) if diffs else float("nan")
+    print(f"| {rnd} | {len(ks)} | {min(mu)} / {st.median(mu):.0f} / {max(mu)} | "
+          f"{min(kl)}–{max(kl)} | {min(vl)}–{max(vl)} | {st.median(pt):.0f} / {max(pt)} | "
+          f"{dmin:+.1f} … {dmax:+.1f} | {outside} | {max(behind):.2f} |" if behind else "")
+print(f"\nOne request leaves a key for {one_ms} ms (`per_minute({n_quota})`: one token per "
+      f"{60_000 / n_quota:.0f} ms; PX = time to full, rounded up to ms).")
+if example:
+    k, ttl_ms, expected, now = example
+    print(f"Example: `{k[0]}` = `{k[6]}`, {int(k[1])} B, PTTL {k[3]} ms; written with PX {ttl_ms} ms "
+          f"{(now - int(k[6].split(':')[1])) / 1000:.1f} ms before the read, so {expected:.1f} ms expected.")
+
+print(f"\n## Expiry\n")
+print(f"Right after the load {fmt(int(meta['live_after']))} `rl:user:u*` keys were live, the longest "
+      f"PTTL {meta['max_pttl']} ms. Non-user keys: {meta['other_keys'].replace(';', ', ')} "
+      f"(PTTL ms); the {hot} hot users' keys: "
+      f"{', '.join(x.split()[1] for x in meta['hot_keys'].split(';') if x)} ms "
+      f"(their buckets are {g_('hot', 'req') * int(meta['rounds']) / hot:.0f}-odd requests "
+      f"behind full, refilled at one per {60_000 / n_quota:.0f} ms).\n")
+print("| when | s after the load | DBSIZE | keyspace keys | keyspace expires | keys expired so far "
+      "(`expired_keys`) | `rl:user:u*` keys SCAN sees | their longest PTTL ms |")
+print("|---|---|---|---|---|---|---|---|")
+for label, t, dbs, keys, exp, expd, live, mx in expiry:
+    print(f"| {label} | {t} | {fmt(int(dbs))} | {fmt(int(keys))} | {fmt(int(exp))} | {fmt(int(expd))} | "
+          f"{fmt(int(live))} | {mx if int(live) else '–'} |")
+if mem:
+    print(f"\n`used_memory` at the end: {fmt(int(meta['mem_end']))} B for {meta['keys_end']} keys "
+          f"(before the first {fmt(users)}-user phase: {fmt(int(mem[0][1]))} B for {mem[0][2]} keys).")
+
+print("\n<details><summary>raw rows</summary>\n")
+print("| " + " | ".join(F) + " |")
+print("|" + "---|" * len(F))
+for r in rows:
+    print("| " + " | ".join(str(r[k]) for k in F) + " |")
+print("\n</details>")
+EOF
