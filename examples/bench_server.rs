@@ -34,7 +34,8 @@
 //! `.burst(B)`, so a few hot users are never denied while the refill rate,
 //! and with it every key's TTL, stays the quota's), `PROMETHEUS=1` (install
 //! a Prometheus metrics recorder, without its HTTP listener, to count what
-//! metrics cost).
+//! metrics cost), `HEADERS=none` (our layer sends no rate-limit headers, as
+//! tower_governor by default: what the headers cost).
 //! Prints `listening on <addr>` once it accepts connections.
 //! `bench_server minimal-lua` prints the minimal limiter's script,
 //! `bench_server script-sha` the SHA1 of the layer's script.
@@ -103,6 +104,8 @@ struct Config {
     user_per_minute: Option<u64>,
     /// The `user` tier's burst with `user_per_minute` (default: the limit).
     user_burst: Option<u64>,
+    /// Send no rate-limit headers.
+    no_headers: bool,
 }
 
 fn usage() -> Box<dyn Error + Send + Sync> {
@@ -149,6 +152,7 @@ async fn main() -> Res<()> {
         other_rate: env_u64("OTHER_RATE")?,
         user_per_minute: env_u64("USER_QUOTA_PER_MINUTE")?,
         user_burst: env_u64("USER_BURST")?,
+        no_headers: std::env::var("HEADERS").as_deref() == Ok("none"),
     };
     if std::env::var("PROMETHEUS").as_deref() == Ok("1") {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
@@ -219,6 +223,9 @@ fn ours(backend: Backend, tiers: usize, c: &Config) -> Res<RateLimitLayer> {
     let mut b = RateLimitLayer::builder().backend(backend);
     if let Some(n) = c.deny_cache {
         b = b.deny_cache(n);
+    }
+    if c.no_headers {
+        b = b.headers(tiered_ratelimit::response::HeaderStyle::None);
     }
     if tiers == 1 {
         b = b.tier(Tier::new("ip", ClientIp::default(), ip));
