@@ -169,6 +169,14 @@ impl Shared {
         self.metrics.count(decision);
     }
 
+    /// Whether any tier refunds by response status (so checks must report
+    /// their charges).
+    pub(crate) fn refunds(&self) -> bool {
+        self.tiers
+            .iter()
+            .any(|t| t.skip_failed || t.skip_successful)
+    }
+
     pub(crate) fn tier_index(&self, name: &str) -> Result<usize, ConfigError> {
         self.tiers
             .iter()

@@ -75,11 +75,7 @@ pub(crate) struct Refunds {
 impl Refunds {
     /// The refunds of a charged request, if any of its tiers asks for them.
     fn of(shared: &Shared, meta: &Meta, v: &Verdict) -> Option<Box<Refunds>> {
-        if !shared
-            .tiers
-            .iter()
-            .any(|t| t.skip_failed || t.skip_successful)
-        {
+        if !shared.refunds() {
             return None;
         }
         let mut r = Refunds {
@@ -209,7 +205,7 @@ where
                     #[allow(irrefutable_let_patterns)] // without the `redis` feature
                     if let Backend::Memory(m) = &shared.backend {
                         // Synchronous: keep the checks themselves, no copies.
-                        let verdict = m.check(&checks, meta.shadow);
+                        let verdict = m.check(&checks, meta.shadow, shared.refunds());
                         meta.sent = checks;
                         (Ok(verdict), meta)
                     } else {
@@ -870,7 +866,7 @@ fn fail(shared: &Shared, e: &BackendError, parts: &http::request::Parts) -> Outc
             match plan(shared, parts, true) {
                 Planned::Check(checks, mut meta) => {
                     meta.fallback = true;
-                    let v = local.check(&checks, meta.shadow);
+                    let v = local.check(&checks, meta.shadow, false);
                     decide(shared, &meta, &v)
                 }
                 Planned::Refuse(res) => Outcome::Respond(res),

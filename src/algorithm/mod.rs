@@ -121,6 +121,25 @@ impl Limit {
         }
     }
 
+    /// [`Limit::check`], and for the algorithms whose check computes the
+    /// charged state anyway (the token bucket), that state and its
+    /// time-to-live: exactly what [`Limit::charge`] would return for the
+    /// same arguments, so a caller that charges can skip recomputing it.
+    pub(crate) fn check_prepared(
+        &self,
+        state: Option<&State>,
+        now_us: u64,
+        cost: u64,
+    ) -> (Decision, Option<(State, u64)>) {
+        match self {
+            Limit::TokenBucket(b) => {
+                let (d, charged) = b.check(bucket(state), now_us, cost);
+                (d, charged.map(|(s, ttl)| (State::Bucket(s), ttl)))
+            }
+            _ => (self.check(state, now_us, cost), None),
+        }
+    }
+
     /// Charges `cost` at `now_us` (only after [`Limit::check`] allowed it on
     /// every tier): the state to store and its time-to-live in microseconds
     /// (the time until the key would mean the same as no key).

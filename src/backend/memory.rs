@@ -1,7 +1,7 @@
 use super::clock::{Clock, ManualClock};
 use super::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::algorithm::{Refund, State};
-use std::collections::HashMap;
+use hashbrown::HashTable;
 use std::fmt;
 // foldhash's quality variant: randomly seeded per process (so request-chosen
 // keys cannot be aimed at one bucket of the table), and several times faster
@@ -53,10 +53,17 @@ struct Inner {
     max_per_shard: usize,
 }
 
+/// One shard: buckets by key, in a table addressed by the key's hash, which
+/// a check computes once per key (it also picks the shard).
 #[derive(Default)]
 struct Shard {
-    map: HashMap<String, Entry, RandomState>,
+    map: HashTable<Slot>,
     sweep_at: usize,
+}
+
+struct Slot {
+    key: String,
+    entry: Entry,
 }
 
 struct Entry {
@@ -100,7 +107,7 @@ impl MemoryBackend {
         let shards = (0..SHARDS)
             .map(|_| {
                 Mutex::new(Shard {
-                    map: HashMap::with_hasher(RandomState::default()),
+                    map: HashTable::new(),
                     sweep_at: sweep_threshold(MIN_SWEEP, max_per_shard),
                 })
             })
@@ -141,14 +148,22 @@ impl MemoryBackend {
         self.inner.clock.now_us()
     }
 
-    fn shard_of(&self, key: &str) -> usize {
-        // Truncation is fine: only the low bits pick the shard.
-        (self.inner.hasher.hash_one(key) as usize) % SHARDS
+    fn hash(&self, key: &str) -> u64 {
+        self.inner.hasher.hash_one(key)
     }
 
-    pub(crate) fn check(&self, checks: &[TierCheck], shadow: Shadow) -> Verdict {
+    /// Checks, and charges when every enforced tier allows. `with_charges`:
+    /// fill [`Verdict::charges`] (what refunds need; skipped, with its
+    /// allocation, when no tier refunds).
+    pub(crate) fn check(
+        &self,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        with_charges: bool,
+    ) -> Verdict {
         let now_us = self.inner.clock.now_us();
-        let idx: SmallVec<[usize; 8]> = checks.iter().map(|c| self.shard_of(&c.key)).collect();
+        let hashes: SmallVec<[u64; 8]> = checks.iter().map(|c| self.hash(&c.key)).collect();
+        let idx: SmallVec<[usize; 8]> = hashes.iter().map(|&h| shard_of(h)).collect();
         let mut order = idx.clone();
         order.sort_unstable();
         order.dedup();
@@ -160,48 +175,76 @@ impl MemoryBackend {
         let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
 
         let mut decisions = Vec::with_capacity(checks.len());
+        // The token bucket's check computes the charged state too: kept, so
+        // the commit does not compute it again.
+        let mut prepared: SmallVec<[Option<(State, u64)>; 8]> = SmallVec::new();
         let mut charges = Vec::new();
-        for (c, &shard) in checks.iter().zip(&idx) {
+        for ((c, &shard), &h) in checks.iter().zip(&idx).zip(&hashes) {
             let map = &guards[guard_of(shard)].1.map;
             let state = map
-                .get(c.key.as_str())
-                .filter(|e| e.expires_us > now_us)
-                .map(|e| &e.state);
-            decisions.push(c.limit.check(state, now_us, c.cost));
+                .find(h, |s| s.key == c.key)
+                .filter(|s| s.entry.expires_us > now_us)
+                .map(|s| &s.entry.state);
+            let (d, charged) = c.limit.check_prepared(state, now_us, c.cost);
+            decisions.push(d);
+            prepared.push(charged);
         }
         if shadow.commits(&decisions) {
-            charges.reserve(checks.len());
-            for ((c, &shard), d) in checks.iter().zip(&idx).zip(&decisions) {
+            if with_charges {
+                charges.reserve(checks.len());
+            }
+            let mut charge = |c: &TierCheck, state: Option<&State>| {
+                if with_charges {
+                    charges.push(state.map(|state| Charge {
+                        at_us: now_us,
+                        undo: c.limit.undo_of(state, now_us),
+                        next_after_us: 0,
+                    }));
+                }
+            };
+            for ((((c, &shard), &h), d), ready) in checks
+                .iter()
+                .zip(&idx)
+                .zip(&hashes)
+                .zip(&decisions)
+                .zip(prepared)
+            {
                 if !d.allowed {
-                    charges.push(None);
+                    charge(c, None);
                     continue; // a shadow tier that would deny charges nothing
                 }
                 let g = &mut guards[guard_of(shard)].1;
-                match g.map.get_mut(c.key.as_str()) {
+                match g.map.find_mut(h, |s| s.key == c.key).map(|s| &mut s.entry) {
                     Some(e) => {
-                        let old = std::mem::replace(&mut e.state, PLACEHOLDER);
-                        let old = (e.expires_us > now_us).then_some(old);
-                        let (state, ttl_us) = c.limit.charge(old, now_us, c.cost);
-                        charges.push(Some(Charge {
-                            at_us: now_us,
-                            undo: c.limit.undo_of(&state, now_us),
-                            next_after_us: 0,
-                        }));
+                        let (state, ttl_us) = match ready {
+                            Some(ready) => ready,
+                            None => {
+                                let old = std::mem::replace(&mut e.state, PLACEHOLDER);
+                                let old = (e.expires_us > now_us).then_some(old);
+                                c.limit.charge(old, now_us, c.cost)
+                            }
+                        };
+                        charge(c, Some(&state));
                         e.state = state;
                         e.expires_us = now_us.saturating_add(ttl_us);
                     }
                     None => {
-                        let (state, ttl_us) = c.limit.charge(None, now_us, c.cost);
-                        charges.push(Some(Charge {
-                            at_us: now_us,
-                            undo: c.limit.undo_of(&state, now_us),
-                            next_after_us: 0,
-                        }));
+                        let (state, ttl_us) =
+                            ready.unwrap_or_else(|| c.limit.charge(None, now_us, c.cost));
+                        charge(c, Some(&state));
                         let entry = Entry {
                             state,
                             expires_us: now_us.saturating_add(ttl_us),
                         };
-                        g.map.insert(c.key.clone(), entry);
+                        let hasher = &self.inner.hasher;
+                        g.map.insert_unique(
+                            h,
+                            Slot {
+                                key: c.key.clone(),
+                                entry,
+                            },
+                            |s| hasher.hash_one(s.key.as_str()),
+                        );
                         if g.map.len() >= g.sweep_at {
                             g.sweep(now_us, self.inner.max_per_shard);
                         }
@@ -223,10 +266,12 @@ impl MemoryBackend {
         let now_us = self.inner.clock.now_us();
         for r in refunds {
             let c = &r.check;
-            let mut g = lock(&self.inner.shards[self.shard_of(&c.key)]);
-            let Some(e) = g.map.get_mut(c.key.as_str()) else {
+            let h = self.hash(&c.key);
+            let mut g = lock(&self.inner.shards[shard_of(h)]);
+            let Ok(mut slot) = g.map.find_entry(h, |s| s.key == c.key) else {
                 continue;
             };
+            let e = &mut slot.get_mut().entry;
             let state = (e.expires_us > now_us).then_some(&e.state);
             match c
                 .limit
@@ -234,7 +279,7 @@ impl MemoryBackend {
             {
                 Refund::Keep => {}
                 Refund::Delete => {
-                    g.map.remove(c.key.as_str());
+                    slot.remove();
                 }
                 Refund::Store(state, ttl_us) => {
                     e.state = state;
@@ -251,30 +296,32 @@ impl Shard {
     /// Drops expired buckets; if still over `max`, drops the buckets that
     /// expire soonest (closest to full) down to 90% of `max`.
     fn sweep(&mut self, now_us: u64, max: usize) {
-        self.map.retain(|_, e| e.expires_us > now_us);
+        self.map.retain(|s| s.entry.expires_us > now_us);
         if self.map.len() > max {
             let keep = max - max / 10;
-            let mut expiries: Vec<u64> = self.map.values().map(|e| e.expires_us).collect();
+            let mut expiries: Vec<u64> = self.map.iter().map(|s| s.entry.expires_us).collect();
             let cut = expiries.len() - keep;
             let (_, &mut threshold, _) = expiries.select_nth_unstable(cut);
-            self.map.retain(|_, e| e.expires_us >= threshold);
+            self.map.retain(|s| s.entry.expires_us >= threshold);
             // Ties at the threshold may leave a few extra; remove arbitrary ones.
-            let extra = self.map.len().saturating_sub(keep);
-            if extra > 0 {
-                let victims: Vec<String> = self
-                    .map
-                    .iter()
-                    .filter(|(_, e)| e.expires_us == threshold)
-                    .take(extra)
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                for k in victims {
-                    self.map.remove(&k);
+            let mut extra = self.map.len().saturating_sub(keep);
+            self.map.retain(|s| {
+                if extra > 0 && s.entry.expires_us == threshold {
+                    extra -= 1;
+                    false
+                } else {
+                    true
                 }
-            }
+            });
         }
         self.sweep_at = sweep_threshold(self.map.len() * 2, max);
     }
+}
+
+/// The shard of a key's hash: bits the table itself does not use (it indexes
+/// by the low bits and tags entries with the top seven).
+fn shard_of(hash: u64) -> usize {
+    ((hash >> 32) as usize) % SHARDS
 }
 
 /// Sweep when a shard doubles, but never let it pass `max`.
@@ -303,7 +350,7 @@ mod tests {
 
     impl MemoryBackend {
         fn check_all(&self, checks: &[TierCheck]) -> Verdict {
-            self.check(checks, Shadow::NONE)
+            self.check(checks, Shadow::NONE, true)
         }
     }
 

@@ -177,7 +177,7 @@ impl Backend {
         match self {
             Backend::Memory(m) => {
                 let _ = (blocked, timeout);
-                Check::Ready(Ok(m.check(checks, shadow)))
+                Check::Ready(Ok(m.check(checks, shadow, true)))
             }
             #[cfg(feature = "redis")]
             Backend::Redis(r) => Check::Pending(r.start_check(checks, shadow, blocked, timeout)),

@@ -249,7 +249,7 @@ impl Direct {
     }
 
     fn check(&self, p: &Planner) -> (Decision, Option<usize>, u64) {
-        let v = self.memory.check(&p.checks[..p.n], p.shadow);
+        let v = self.memory.check(&p.checks[..p.n], p.shadow, false);
         let ds = &v.decisions;
         let mut shadow_tiers = 0u64;
         let mut enforced_denial = false;

@@ -471,23 +471,37 @@ impl Replayer {
                 p.headers.append(name.clone(), v);
             }
         }
+        // Extensions are updated in place where they exist: an insert
+        // boxes its value (and frees the one it replaces) on every line.
         if let Some(ip) = rec.ip {
-            p.extensions.insert(SocketAddr::new(ip, 0));
+            let addr = SocketAddr::new(ip, 0);
+            match p.extensions.get_mut::<SocketAddr>() {
+                Some(a) => *a = addr,
+                None => {
+                    p.extensions.insert(addr);
+                }
+            }
         }
         match rec.user.get() {
-            Some(u) => {
-                p.extensions
-                    .insert(UserId(String::from_utf8_lossy(u).into_owned()));
-            }
+            Some(u) => match p.extensions.get_mut::<UserId>() {
+                Some(id) => set_lossy(&mut id.0, u),
+                None => {
+                    p.extensions
+                        .insert(UserId(String::from_utf8_lossy(u).into_owned()));
+                }
+            },
             None => {
                 p.extensions.remove::<UserId>();
             }
         }
         match rec.plan.get() {
-            Some(u) => {
-                p.extensions
-                    .insert(Plan(String::from_utf8_lossy(u).into_owned()));
-            }
+            Some(u) => match p.extensions.get_mut::<Plan>() {
+                Some(plan) => set_lossy(&mut plan.0, u),
+                None => {
+                    p.extensions
+                        .insert(Plan(String::from_utf8_lossy(u).into_owned()));
+                }
+            },
             None => {
                 p.extensions.remove::<Plan>();
             }
@@ -696,4 +710,11 @@ fn shorten(v: &str) -> String {
         let head: String = v.chars().take(79).collect();
         format!("{head}…")
     }
+}
+
+/// `s` becomes `bytes` as `String::from_utf8_lossy` reads them, reusing its
+/// buffer.
+fn set_lossy(s: &mut String, bytes: &[u8]) {
+    s.clear();
+    s.push_str(&String::from_utf8_lossy(bytes));
 }
