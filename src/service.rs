@@ -200,7 +200,6 @@ where
                 if meta.permit == Permit::Reject {
                     (Err(BackendError::CircuitOpen), meta)
                 } else {
-                    meta.sent_us = shared.local_clock.now_us();
                     meta.backend_started = Some(std::time::Instant::now());
                     #[allow(irrefutable_let_patterns)] // without the `redis` feature
                     if let Backend::Memory(m) = &shared.backend {
@@ -209,6 +208,8 @@ where
                         meta.sent = checks;
                         (Ok(verdict), meta)
                     } else {
+                        // For the deny cache (off on the memory backend).
+                        meta.sent_us = shared.local_clock.now_us();
                         let blocked = shared.blocked_set();
                         let started = shared.backend.start_check(
                             &checks,
@@ -583,7 +584,13 @@ pub(crate) fn outcome(
 /// (enforced or shadow) count as blocked for that tier's sketch; allowed
 /// requests with less than 20 % of a tier's capacity left as near-limit.
 fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
-    let now_s = shared.local_clock.now_us() / 1_000_000;
+    // The memory backend decided on this same clock a moment ago.
+    let now_us = match shared.backend {
+        Backend::Memory(_) => v.now_us,
+        #[cfg(feature = "redis")]
+        Backend::Redis(_) => shared.local_clock.now_us(),
+    };
+    let now_s = now_us / 1_000_000;
     for (i, d) in v.decisions.iter().enumerate() {
         let Some(tier) = meta.tiers.get(i).map(|&t| usize::from(t)) else {
             continue;

@@ -319,13 +319,17 @@ impl ClientIp {
     }
 
     fn warn_if_forwarded(&self, peer: IpAddr, headers: &HeaderMap) {
-        if headers.is_empty() {
+        // Per request: nothing unless the warning could be logged at all (a
+        // subscriber wants WARN here); then one pass over the request's few
+        // header names rather than three lookups.
+        if headers.is_empty() || !tracing::enabled!(tracing::Level::WARN) {
             return;
         }
-        let Some(h) = ForwardedHeader::ALL
-            .into_iter()
-            .find(|h| headers.contains_key(h.header_name()))
-        else {
+        let Some(h) = headers.keys().find_map(|name| {
+            ForwardedHeader::ALL
+                .into_iter()
+                .find(|h| h.header_name() == name)
+        }) else {
             return;
         };
         if self.misconfig_warning.permit() {

@@ -6,7 +6,7 @@ use super::anomaly::{AnomalyConfig, Baseline, Transition};
 use super::topn::{BlockedKey, Kind, TierSketch};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 /// Minutes of history kept for the admin page.
 pub const HISTORY_BUCKETS: usize = 60;
@@ -72,13 +72,19 @@ thread_local! {
 pub(crate) struct Observer {
     tiers: Box<[Arc<str>]>,
     config: AnomalyConfig,
-    /// endpoint → one series per tier.
-    series: RwLock<HashMap<Arc<str>, Arc<Endpoint>>>,
+    /// endpoint → one series per tier. Read by every request without a
+    /// lock (a new endpoint, at most `MAX_ENDPOINTS` times, copies the map
+    /// under `adding`).
+    series: arc_swap::ArcSwap<EndpointMap>,
+    adding: Mutex<()>,
     bucket: AtomicU64,
     roll: Mutex<()>,
     history: Mutex<Vec<VecDeque<BucketCounts>>>,
     sketches: Box<[TierSketch]>,
 }
+
+/// Endpoint label → its series (foldhash: the lookup is per request).
+type EndpointMap = HashMap<Arc<str>, Arc<Endpoint>, foldhash::fast::RandomState>;
 
 /// The most distinct endpoints tracked; more share `<other>`.
 const MAX_ENDPOINTS: usize = 1024;
@@ -91,7 +97,8 @@ impl Observer {
             history: Mutex::new(vec![VecDeque::new(); n]),
             tiers: tiers.into_boxed_slice(),
             config,
-            series: RwLock::new(HashMap::new()),
+            series: arc_swap::ArcSwap::from_pointee(EndpointMap::default()),
+            adding: Mutex::new(()),
             bucket: AtomicU64::new(0),
             roll: Mutex::new(()),
         }
@@ -110,15 +117,11 @@ impl Observer {
     }
 
     fn endpoint_named(&self, label: &str) -> Arc<Endpoint> {
-        if let Some(e) = self
-            .series
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(label)
-        {
+        if let Some(e) = self.series.load().get(label) {
             return e.clone();
         }
-        let mut map = self.series.write().unwrap_or_else(|e| e.into_inner());
+        let _adding = self.adding.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = EndpointMap::clone(&self.series.load());
         let label = if map.len() >= MAX_ENDPOINTS && !map.contains_key(label) {
             "<other>"
         } else {
@@ -140,6 +143,7 @@ impl Observer {
                 .collect(),
         });
         map.insert(name, e.clone());
+        self.series.store(Arc::new(map));
         e
     }
 
@@ -189,7 +193,7 @@ impl Observer {
             return; // the first request: nothing to close yet
         }
         let start = current * self.config.bucket_secs.max(1);
-        let map = self.series.read().unwrap_or_else(|e| e.into_inner());
+        let map = self.series.load();
         let mut totals = vec![
             BucketCounts {
                 start,
@@ -248,7 +252,7 @@ impl Observer {
     }
 
     pub(crate) fn anomalies(&self) -> Vec<AnomalyStatus> {
-        let map = self.series.read().unwrap_or_else(|e| e.into_inner());
+        let map = self.series.load();
         let mut out = Vec::new();
         for (endpoint, e) in map.iter() {
             for (t, s) in e.series.iter().enumerate() {
