@@ -15,7 +15,9 @@
 //! same storage key — nothing another request does can make such a request
 //! pass earlier, since denied requests consume nothing. (A larger cost would
 //! wait longer than the cached `Retry-After` says, and a smaller one may fit:
-//! both go to the backend.) Tiers that refund by response status
+//! both go to the backend.) Nor does it apply under another limit: the same
+//! key is checked under another plan's quota, or the quota changed while the
+//! check that wrote the entry was in flight. Tiers that refund by response status
 //! (`skip_failed_requests`, `skip_successful_requests`) are never cached: a
 //! refund could make room earlier. Nor are shadow tiers. Entries are dropped
 //! by any runtime change (modes, quotas, lists, the kill switch).
@@ -32,6 +34,7 @@
 //! Bounded by entry count (a `moka` cache, TinyLFU eviction); each entry also
 //! expires at its retry time.
 
+use crate::algorithm::Limit;
 use moka::sync::Cache;
 use moka::Expiry;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,6 +47,10 @@ pub(crate) struct Denied {
     pub(crate) until_us: u64,
     /// The cost that was denied; other costs go to the backend.
     pub(crate) min_cost: u64,
+    /// The limit it was decided under: a request checked under another (its
+    /// plan differs, or the quota changed while the check was in flight) goes
+    /// to the backend.
+    quota: Limit,
     /// `X-RateLimit-Limit` of the denying tier.
     pub(crate) limit: u64,
     /// What was left at the denial.
@@ -56,6 +63,7 @@ impl Denied {
     pub(crate) fn new(
         until_us: u64,
         min_cost: u64,
+        quota: Limit,
         limit: u64,
         remaining: u64,
         ttl: Duration,
@@ -63,6 +71,7 @@ impl Denied {
         Self {
             until_us,
             min_cost,
+            quota,
             limit,
             remaining,
             ttl,
@@ -118,13 +127,14 @@ impl DenyCache {
         self.cache.is_some()
     }
 
-    /// The denial cached for `key` that still applies to `cost` at `now_us`.
-    pub(crate) fn get(&self, key: &str, cost: u64, now_us: u64) -> Option<Denied> {
+    /// The denial cached for `key` that still applies at `now_us` to a
+    /// request of `cost` checked under `quota`.
+    pub(crate) fn get(&self, key: &str, cost: u64, quota: &Limit, now_us: u64) -> Option<Denied> {
         if now_us >= self.latest_until_us.load(Ordering::Relaxed) {
             return None;
         }
         let d = self.cache.as_ref()?.get(key)?;
-        (now_us < d.until_us && cost == d.min_cost).then_some(d)
+        (now_us < d.until_us && cost == d.min_cost && *quota == d.quota).then_some(d)
     }
 
     pub(crate) fn insert(&self, key: String, denied: Denied) {

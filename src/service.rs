@@ -259,7 +259,7 @@ fn deny_cached(shared: &Shared, checks: &[TierCheck], meta: &Meta) -> Option<Res
         }
         shared
             .deny_cache
-            .get(&c.key, c.cost, now_us)
+            .get(&c.key, c.cost, &c.limit, now_us)
             .map(|d| (i, d))
     })?;
     shared.count("cache_blocked");
@@ -574,9 +574,7 @@ pub(crate) fn outcome(
             fail(shared, &e, parts)
         }
     };
-    shared
-        .metrics
-        .latency(backend_latency, meta.started.map(|t| t.elapsed()));
+    shared.metrics.latency(backend_latency, meta.started);
     decided
 }
 
@@ -636,7 +634,7 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     if meta.sent.is_empty() || !shared.deny_cache.enabled() {
         return;
     }
-    for (i, (d, TierCheck { key, cost, .. })) in v.decisions.iter().zip(&meta.sent).enumerate() {
+    for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
         if meta.shadow.contains(i) {
             continue;
         }
@@ -660,6 +658,7 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
             Denied::new(
                 meta.sent_us.saturating_add(wait_us),
                 *cost,
+                *limit,
                 d.limit,
                 d.remaining,
                 Duration::from_micros(wait_us),

@@ -160,6 +160,41 @@ async fn deny_cache_is_primed_by_the_admission_that_empties_a_tier() {
     assert_eq!(run(shadow).await, (9, 9, 0, 0));
 }
 
+/// An entry applies only under the limit it was decided with: a key
+/// drained under the `free` plan is refused locally for `free` requests, but
+/// a `pro` request on the same key (which Redis admits) goes to Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_cache_answers_only_under_the_limit_it_saw() {
+    use tiered_ratelimit::Algorithm;
+    let redis = RedisServer::start();
+    let layer = RateLimitLayer::builder()
+        .backend(RedisBackend::from_url(&redis.url()).unwrap())
+        .backend_timeout(Duration::from_secs(2))
+        .tier(
+            Tier::new("g", Global, Quota::per_hour(1))
+                .algorithm(Algorithm::FixedWindow)
+                .plans([("free", Quota::per_hour(1)), ("pro", Quota::per_hour(100))]),
+        )
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let get = |plan: &'static str| {
+        c.get(format!("http://{addr}/"))
+            .header("x-test-plan", plan)
+            .send()
+    };
+    assert_eq!(get("free").await.unwrap().status(), 200);
+    // The admission emptied the free window: the next free request is
+    // refused locally...
+    assert_eq!(get("free").await.unwrap().status(), 429);
+    assert_eq!(handle.counts().cache_blocked, 1);
+    // ...a pro request is Redis's to decide, and Redis admits it.
+    assert_eq!(get("pro").await.unwrap().status(), 200);
+    assert_eq!(handle.counts().cache_blocked, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_cache_answers_only_the_cost_it_saw() {
     let redis = RedisServer::start();

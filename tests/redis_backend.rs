@@ -351,3 +351,29 @@ async fn a_key_of_another_algorithm_is_replaced_not_an_error() {
         expected_type = redis_type;
     }
 }
+
+/// A service may be called on a thread without a runtime and its future
+/// awaited on one: the check's timer is made on the first poll.
+#[test]
+fn a_check_built_outside_a_runtime_runs_inside_one() {
+    use tower::{Layer, Service};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let layer = RateLimitLayer::builder()
+        // Nothing listens there: the check fails and the (open) failure
+        // policy passes the request.
+        .backend(RedisBackend::from_url("redis://127.0.0.1:1/").unwrap())
+        .tier(Tier::new("g", Global, Quota::per_second(10)))
+        .backend_timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let mut svc = layer.layer(tower::service_fn(|_r: http::Request<String>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+    }));
+    rt.block_on(std::future::poll_fn(|cx| svc.poll_ready(cx)))
+        .unwrap();
+    let fut = svc.call(http::Request::new(String::new()));
+    let res = rt.block_on(fut).unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(handle.counts().fail_open, 1);
+}

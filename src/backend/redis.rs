@@ -540,16 +540,18 @@ impl RedisBackend {
 /// Each check's capacity, for the reply's decisions (inline up to 8 tiers).
 type Capacities = smallvec::SmallVec<[u64; 8]>;
 
-/// `fut`, failing with [`BackendError::Timeout`] after `timeout` (if any;
-/// without one, a deadline tokio puts in the far future).
+/// `fut`, failing with [`BackendError::Timeout`] `timeout` after its first
+/// poll (no timeout: a deadline tokio puts in the far future). The timer is
+/// made on that first poll, so a check can be built outside a runtime (a
+/// service called on one thread, its future awaited on a runtime).
 fn with_timeout<F>(timeout: Option<Duration>, fut: F) -> Timed<F>
 where
     F: std::future::Future<Output = Result<Verdict, BackendError>>,
 {
-    let limit = timeout.unwrap_or(Duration::MAX);
     Timed {
-        inner: tokio::time::timeout(limit, fut),
-        limit,
+        fut,
+        sleep: None,
+        limit: timeout.unwrap_or(Duration::MAX),
     }
 }
 
@@ -559,7 +561,9 @@ pin_project_lite::pin_project! {
     /// awaited) in a future that is built and boxed per request.
     struct Timed<F> {
         #[pin]
-        inner: tokio::time::Timeout<F>,
+        fut: F,
+        #[pin]
+        sleep: Option<tokio::time::Sleep>,
         limit: Duration,
     }
 }
@@ -574,10 +578,18 @@ where
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
-        let this = self.project();
-        match std::task::ready!(this.inner.poll(cx)) {
-            Ok(r) => std::task::Poll::Ready(r),
-            Err(_) => std::task::Poll::Ready(Err(BackendError::Timeout(*this.limit))),
+        let mut this = self.project();
+        if let std::task::Poll::Ready(r) = this.fut.poll(cx) {
+            return std::task::Poll::Ready(r);
+        }
+        if this.sleep.is_none() {
+            this.sleep.set(Some(tokio::time::sleep(*this.limit)));
+        }
+        match this.sleep.as_pin_mut().map(|sleep| sleep.poll(cx)) {
+            Some(std::task::Poll::Ready(())) => {
+                std::task::Poll::Ready(Err(BackendError::Timeout(*this.limit)))
+            }
+            _ => std::task::Poll::Pending,
         }
     }
 }

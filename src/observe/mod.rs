@@ -45,15 +45,22 @@ fn decision_index(decision: &str) -> usize {
 /// recorder instead of per request: a request then costs an atomic add, or
 /// nothing with no recorder installed. Registered again when the current
 /// recorder changes (installed after the layer was built, or a thread-local
-/// recorder in tests).
+/// recorder in tests; told apart by address), and at least every
+/// [`REFRESH`]: an exporter that drops idle series (Prometheus's
+/// `idle_timeout`) would otherwise leave a held handle counting into a
+/// series it no longer exports (metrics-rs/metrics#372).
 pub(crate) struct RequestMetrics {
     backend: &'static str,
     cached: arc_swap::ArcSwapOption<Handles>,
 }
 
+/// How long registered handles are used before they are registered again.
+const REFRESH: Duration = Duration::from_secs(1);
+
 struct Handles {
     /// Address of the recorder these were registered with.
     recorder: usize,
+    registered: Instant,
     requests: [metrics::Counter; 10],
     backend_latency: metrics::Histogram,
     total_latency: metrics::Histogram,
@@ -78,6 +85,7 @@ impl RequestMetrics {
         let backend = self.backend;
         let h = Arc::new(Handles {
             recorder,
+            registered: Instant::now(),
             requests: DECISIONS.map(|d| metrics::counter!(REQUESTS, "decision" => d)),
             backend_latency: metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => "backend"),
             total_latency: metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => "total"),
@@ -92,16 +100,24 @@ impl RequestMetrics {
     }
 
     /// Records the latency the check added: the backend call, and the
-    /// layer's whole work for the request (backend included).
-    pub(crate) fn latency(&self, backend: Option<Duration>, total: Option<Duration>) {
-        self.with(|h| {
+    /// layer's whole work for the request since `started` (backend
+    /// included). Once a [`REFRESH`] the handles are dropped, to be
+    /// registered again by the next use.
+    pub(crate) fn latency(&self, backend: Option<Duration>, started: Option<Instant>) {
+        let now = Instant::now();
+        let stale = self.with(|h| {
             if let Some(d) = backend {
                 h.backend_latency.record(d.as_secs_f64());
             }
-            if let Some(d) = total {
-                h.total_latency.record(d.as_secs_f64());
+            if let Some(t) = started {
+                h.total_latency
+                    .record(now.saturating_duration_since(t).as_secs_f64());
             }
+            now.saturating_duration_since(h.registered) >= REFRESH
         });
+        if stale {
+            self.cached.store(None);
+        }
     }
 }
 

@@ -117,8 +117,17 @@ impl Observer {
     }
 
     fn endpoint_named(&self, label: &str) -> Arc<Endpoint> {
-        if let Some(e) = self.series.load().get(label) {
-            return e.clone();
+        {
+            let map = self.series.load();
+            if let Some(e) = map.get(label) {
+                return e.clone();
+            }
+            // Full: new labels share `<other>`, without taking the lock.
+            if map.len() >= MAX_ENDPOINTS {
+                if let Some(e) = map.get("<other>") {
+                    return e.clone();
+                }
+            }
         }
         let _adding = self.adding.lock().unwrap_or_else(|e| e.into_inner());
         let mut map = EndpointMap::clone(&self.series.load());
