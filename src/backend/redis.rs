@@ -674,7 +674,7 @@ fn parse_reply(reply: &[i64], capacities: &[u64], shadow: Shadow) -> Result<Verd
             reply.len()
         ))
     };
-    if reply.len() < body || (reply.len() - body) % PER_TIER != 0 {
+    if reply.len() < body || !(reply.len() - body).is_multiple_of(PER_TIER) {
         return Err(bad("length"));
     }
     let u = |v: i64| u64::try_from(v).unwrap_or(0);
