@@ -11,17 +11,25 @@
 --           algorithm (1 fixed_window, 2 sliding_window_log,
 --           3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket),
 --           p1, p2, p3, p4 (the algorithm's parameters, see each file), cost,
---           shadow (1 = the tier is in shadow mode: its denial does not stop
---           the other tiers from being charged)
+--           flags: +1 shadow (the tier is in shadow mode: its denial does
+--           not stop the other tiers from being charged), +2 undo (return
+--           the charge's undo value, for a refund by response status)
 -- KEYS[n+1] optional: the hourly sorted set of rejected keys (fleet-wide
 --           top-N): every tier that rejects adds its cost to its key's
 --           score; the set keeps its 10 000 heaviest keys and lives 25 h.
--- Returns   { now_us, then per tier: allowed (0/1), remaining,
---             reset_after_us, retry_after_us, delay_us, undo }
---           where undo is what the tier's charge returned (0 if it was not
---           charged, or its algorithm returns nothing): the argument of its
---           refund (lua/refund.lua, run through lua/cluster.lua's 'refund'
---           mode for skip_failed_requests / skip_successful_requests).
+-- Returns   { now_us, then three per tier: r, reset_after_us, w;
+--             then a trailer of three per tier that needs one: i, delay_us,
+--             undo }
+--           r = remaining when the tier allows, -(remaining + 1) when it
+--           denies; w = its retry_after_us when it denies, and when it
+--           allows the wait before another request of the same cost would
+--           pass (see dispatch.lua). The trailer lists, by tier number i
+--           (1-based), every allowing tier with a delay (shaping) or, when
+--           the request was charged and the tier's undo flag is set, a
+--           non-zero undo: what its charge returned, the argument of its
+--           refund (lua/refund.lua, through lua/cluster.lua's 'refund'
+--           mode). Every other delay and undo is 0. (Few numbers: the client
+--           parses each one, about 1 000 instructions apiece in redis-rs.)
 -- Writes happen only if every enforced tier allows the request; then every
 -- tier that allows it is charged (a shadow tier that would deny is not, just
 -- as an enforced denial charges nothing).
@@ -33,6 +41,7 @@ end
 
 local out = { now }
 local commits = {}
+local trailer = {}
 local all = true
 local tiers = (#ARGV - 1) / 7
 local rejected = {}
@@ -43,25 +52,30 @@ for i = 1, tiers do
   if allowed == false then
     return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a]))
   end
-  out[#out + 1] = allowed
-  out[#out + 1] = remaining
-  out[#out + 1] = reset
-  out[#out + 1] = retry
-  out[#out + 1] = delay
-  out[#out + 1] = 0
   if allowed == 1 then
-    commits[#commits + 1] = { commit, #out }
+    out[#out + 1] = remaining
+    commits[#commits + 1] = { commit, i, delay, tonumber(ARGV[a + 6]) >= 2 }
   else
+    out[#out + 1] = -remaining - 1
     rejected[#rejected + 1] = i
     if not shadow then all = false end
   end
+  out[#out + 1] = reset
+  out[#out + 1] = retry
 end
 
-if all then
-  for _, c in ipairs(commits) do
-    out[c[2]] = c[1]() or 0
+for _, c in ipairs(commits) do
+  local undo = 0
+  if all then undo = c[1]() or 0 end
+  if not c[4] then undo = 0 end
+  if c[3] > 0 or undo ~= 0 then
+    trailer[#trailer + 1] = c[2]
+    trailer[#trailer + 1] = c[3]
+    trailer[#trailer + 1] = undo
   end
 end
+for _, v in ipairs(trailer) do out[#out + 1] = v end
+
 local blocked = KEYS[tiers + 1]
 if blocked and #rejected > 0 then
   for _, i in ipairs(rejected) do

@@ -28,7 +28,8 @@ local function read_states(n)
 end
 
 -- Runs one tier from its seven ARGV starting at index a (algorithm, p1..p4,
--- cost, shadow) and its stored value v (from read_states). Returns allowed
+-- cost, flags: +1 shadow, +2 undo wanted (check.lua)) and its stored value
+-- v (from read_states). Returns allowed
 -- (0/1), remaining, reset_after_us, retry_after_us, delay_us, the commit
 -- function (or nil) and whether the tier is in shadow mode; false alone for
 -- an unknown algorithm.
@@ -45,5 +46,5 @@ local function check_tier(key, now, a, v)
     key, now,
     tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
     tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), v)
-  return allowed, remaining, reset, retry, delay, commit, ARGV[a + 6] == '1'
+  return allowed, remaining, reset, retry, delay, commit, tonumber(ARGV[a + 6]) % 2 == 1
 end

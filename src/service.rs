@@ -214,6 +214,7 @@ where
                         let started = shared.backend.start_check(
                             &checks,
                             meta.shadow,
+                            shared.refunds(),
                             blocked.as_deref(),
                             Some(shared.backend_timeout),
                         );

@@ -151,7 +151,7 @@ impl Backend {
         for c in &mut checks {
             c.cost = c.cost.min(c.limit.capacity().saturating_add(1));
         }
-        match self.start_check(&checks, Shadow::NONE, None, None) {
+        match self.start_check(&checks, Shadow::NONE, true, None, None) {
             Check::Ready(r) => r,
             Check::Pending(f) => f.await,
         }
@@ -160,6 +160,8 @@ impl Backend {
     /// Like [`Backend::check`], with some tiers in shadow mode: a shadow
     /// tier's denial does not block charging the others.
     ///
+    /// `charges`: report each charge's undo value in [`Verdict::charges`]
+    /// (what refunds by status need; the charge itself is always listed).
     /// `blocked`: on a single Redis, the hourly sorted set that counts
     /// rejected keys fleet-wide, written by the same script call. `timeout`
     /// bounds a remote check ([`BackendError::Timeout`] after it).
@@ -171,16 +173,19 @@ impl Backend {
         &self,
         checks: &[TierCheck],
         shadow: Shadow,
+        charges: bool,
         blocked: Option<&str>,
         timeout: Option<std::time::Duration>,
     ) -> Check {
         match self {
             Backend::Memory(m) => {
                 let _ = (blocked, timeout);
-                Check::Ready(Ok(m.check(checks, shadow, true)))
+                Check::Ready(Ok(m.check(checks, shadow, charges)))
             }
             #[cfg(feature = "redis")]
-            Backend::Redis(r) => Check::Pending(r.start_check(checks, shadow, blocked, timeout)),
+            Backend::Redis(r) => {
+                Check::Pending(r.start_check(checks, shadow, charges, blocked, timeout))
+            }
         }
     }
 

@@ -306,12 +306,14 @@ impl RedisBackend {
     /// The check's `EVALSHA`, built in one buffer: the script's SHA1, the
     /// keys (each tier's, then the blocked-keys set if any), `ARGV[1]` (the
     /// clock, see [`Self::write_clock_arg`]) and seven numbers per tier (see
-    /// `lua/check.lua`).
+    /// `lua/check.lua`). `undo`: ask for the charges' undo values (for
+    /// refunds by status).
     fn check_cmd(
         &self,
         sent: i64,
         checks: &[TierCheck],
         shadow: Shadow,
+        undo: bool,
         blocked: Option<&str>,
     ) -> Cmd {
         let mut cmd = ::redis::cmd("EVALSHA");
@@ -332,7 +334,7 @@ impl RedisBackend {
                 .arg(p[2])
                 .arg(p[3])
                 .arg(c.cost)
-                .arg(u8::from(shadow.contains(i)));
+                .arg(u8::from(shadow.contains(i)) | (u8::from(undo) << 1));
         }
         cmd
     }
@@ -492,6 +494,7 @@ impl RedisBackend {
         &self,
         checks: &[TierCheck],
         shadow: Shadow,
+        undo: bool,
         blocked: Option<&str>,
         timeout: Option<Duration>,
     ) -> CheckFuture {
@@ -503,7 +506,7 @@ impl RedisBackend {
             return Box::pin(with_timeout(timeout, cluster::check(this, checks, shadow)));
         }
         let sent = self.local_us();
-        let cmd = self.check_cmd(sent, checks, shadow, blocked);
+        let cmd = self.check_cmd(sent, checks, shadow, undo, blocked);
         let capacities: Capacities = checks.iter().map(|c| c.limit.capacity()).collect();
         Box::pin(with_timeout(
             timeout,
@@ -668,46 +671,64 @@ fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-const PER_TIER: usize = 6;
+/// Numbers per tier in a check's reply, and per trailer entry.
+const PER_TIER: usize = 3;
 
-/// The decisions in a check's reply (see `lua/check.lua`), for checks of
-/// these capacities.
+/// The decisions in a check's reply (see `lua/check.lua`: three numbers per
+/// tier, then a trailer of delays and undo values), for checks of these
+/// capacities.
 fn parse_reply(reply: &[i64], capacities: &[u64], shadow: Shadow) -> Result<Verdict, BackendError> {
-    if reply.len() != 1 + PER_TIER * capacities.len() {
-        return Err(BackendError::Script(format!(
-            "expected {} values, got {}",
-            1 + PER_TIER * capacities.len(),
+    let n = capacities.len();
+    let body = 1 + PER_TIER * n;
+    let bad = |what: &str| {
+        BackendError::Script(format!(
+            "unexpected reply for {n} tiers ({what}): {} values",
             reply.len()
-        )));
+        ))
+    };
+    if reply.len() < body || !(reply.len() - body).is_multiple_of(PER_TIER) {
+        return Err(bad("length"));
     }
     let u = |v: i64| u64::try_from(v).unwrap_or(0);
     let now_us = u(reply[0]);
-    let decisions: Vec<Decision> = reply[1..]
+    let mut decisions: Vec<Decision> = reply[1..body]
         .chunks_exact(PER_TIER)
         .zip(capacities)
-        .map(|(r, &limit)| Decision {
-            allowed: r[0] == 1,
-            limit,
-            remaining: u(r[1]),
-            reset_after_us: u(r[2]),
-            // An allowed tier's slot holds the wait for the next request
-            // (see lua/dispatch.lua), kept in its charge below.
-            retry_after_us: if r[0] == 1 { 0 } else { u(r[3]) },
-            delay_us: u(r[4]),
+        .map(|(r, &limit)| {
+            // r[0]: remaining when allowed, -(remaining + 1) when denied.
+            let allowed = r[0] >= 0;
+            Decision {
+                allowed,
+                limit,
+                remaining: if allowed { u(r[0]) } else { u(-(r[0] + 1)) },
+                reset_after_us: u(r[1]),
+                // An allowed tier's slot holds the wait for the next request
+                // (see lua/dispatch.lua), kept in its charge below.
+                retry_after_us: if allowed { 0 } else { u(r[2]) },
+                delay_us: 0,
+            }
         })
         .collect();
+    let mut undo: smallvec::SmallVec<[u64; 8]> = smallvec::smallvec![0; n];
+    for t in reply[body..].chunks_exact(PER_TIER) {
+        let i = usize::try_from(t[0] - 1).map_err(|_| bad("tier number"))?;
+        let d = decisions.get_mut(i).ok_or_else(|| bad("tier number"))?;
+        d.delay_us = u(t[1]);
+        undo[i] = u(t[2]);
+    }
     // Charged: every enforced tier allowed (the script's commit rule), and
     // this one did.
     let charges = if !shadow.commits(&decisions) {
         Vec::new()
     } else {
-        reply[1..]
+        reply[1..body]
             .chunks_exact(PER_TIER)
-            .map(|r| {
-                (r[0] == 1).then(|| Charge {
+            .zip(&undo)
+            .map(|(r, &undo)| {
+                (r[0] >= 0).then(|| Charge {
                     at_us: now_us,
-                    undo: u(r[5]),
-                    next_after_us: u(r[3]),
+                    undo,
+                    next_after_us: u(r[2]),
                 })
             })
             .collect()
@@ -734,6 +755,7 @@ mod tests {
         let fut = b.start_check(
             &[],
             super::Shadow::NONE,
+            true,
             None,
             Some(std::time::Duration::from_secs(1)),
         );
