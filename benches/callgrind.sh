@@ -35,36 +35,9 @@ CARGO_TARGET_DIR="$target" CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
   cargo build --quiet --release --example bench_server
 bin="$target/release/examples/bench_server"
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-work=$(mktemp -d "${TMPDIR:-/tmp}/callgrind-bench.XXXXXX")
-redis_pid=""
-server_pid=""
-stop() {
-  if [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; then
-    kill "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
-  fi
-}
-cleanup() {
-  stop "$server_pid"
-  stop "$redis_pid"
-  if [[ -n "${KEEP:-}" ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-rport=$(free_port)
-[[ "$rport" == 6379 ]] && rport=$(free_port)
-redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
-  --daemonize no --dir "$work" --logfile "$work/redis.log" &
-redis_pid=$!
-for _ in $(seq 1 100); do
-  redis-cli -p "$rport" PING 2>/dev/null | grep -q PONG && break
-  sleep 0.05
-done
-export REDIS_URL="redis://127.0.0.1:$rport/"
+source benches/lib.sh
+bench_setup callgrind
+start_redis
 
 # `count` requests over one keep-alive connection (curl's URL globbing; the
 # query string does not change the route or any key).

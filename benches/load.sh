@@ -52,27 +52,8 @@ for tool in wrk redis-server redis-cli redis-benchmark curl python3; do
   }
 done
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/load-bench.XXXXXX")
-redis_pid=""
-server_pid=""
-stop() { # pid
-  if [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; then
-    kill "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
-  fi
-}
-cleanup() {
-  stop "$server_pid"
-  stop "$redis_pid"
-  if [[ -n "${KEEP:-}" ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-log() { echo "[load] $*" >&2; }
+source benches/lib.sh
+bench_setup load
 
 # The code measured: what is built now.
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua Cargo.toml 2>/dev/null || echo '+dirty')"
@@ -82,25 +63,7 @@ bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
 [[ -x "$bin" ]] || { echo "no binary at $bin" >&2; exit 1; }
 
 # ------------------------------------------------------------------- redis
-started=""
-for _ in 1 2 3 4 5; do
-  rport=$(free_port)
-  [[ "$rport" == 6379 ]] && continue
-  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
-    --daemonize no --dir "$work" --logfile "$work/redis.log" &
-  redis_pid=$!
-  for _ in $(seq 1 100); do
-    kill -0 "$redis_pid" 2>/dev/null || break
-    if redis-cli -p "$rport" PING 2>/dev/null | grep -q PONG; then started=1; break; fi
-    sleep 0.05
-  done
-  [[ -n "$started" ]] && break
-  stop "$redis_pid"
-done
-[[ -n "$started" ]] || { echo "redis-server did not start" >&2; exit 1; }
-rcli() { redis-cli -p "$rport" "$@"; }
-export REDIS_URL="redis://127.0.0.1:$rport/"
-log "redis-server $(redis-server --version | awk '{print $3}') on port $rport (pid $redis_pid)"
+start_redis
 
 # ------------------------------------------------------------------ helpers
 hz=$(getconf CLK_TCK)

@@ -59,44 +59,8 @@ for tool in wrk redis-server redis-cli python3; do
   }
 done
 
-# A free loopback port in 20000-32767 (below Linux's ephemeral range, where a
-# port the kernel hands out to an outgoing connection could be taken again).
-free_port() {
-  python3 - <<'EOF'
-import random, socket
-for _ in range(500):
-    p = random.randint(20000, 32767)
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", p))
-    except OSError:
-        continue
-    finally:
-        s.close()
-    print(p)
-    break
-else:
-    raise SystemExit("no free port")
-EOF
-}
-
-work=$(mktemp -d "${TMPDIR:-/tmp}/scale-bench.XXXXXX")
-redis_pid=""
-server_pid=""
-stop() { # pid
-  if [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null; then
-    kill "$1" 2>/dev/null || true
-    wait "$1" 2>/dev/null || true
-  fi
-}
-cleanup() {
-  stop "$server_pid"
-  stop "$redis_pid"
-  if [[ -n "${KEEP:-}" ]]; then echo "kept $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-log() { echo "[scale] $*" >&2; }
+source benches/lib.sh
+bench_setup scale
 
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua Cargo.toml 2>/dev/null || echo '+dirty')"
 log "building examples/bench_server.rs (release)..."
@@ -105,23 +69,7 @@ bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
 [[ -x "$bin" ]] || { echo "no binary at $bin" >&2; exit 1; }
 
 # ------------------------------------------------------------------- redis
-started=""
-for _ in 1 2 3 4 5; do
-  rport=$(free_port)
-  redis-server --port "$rport" --bind 127.0.0.1 --save '' --appendonly no \
-    --daemonize no --dir "$work" --logfile "$work/redis.log" &
-  redis_pid=$!
-  for _ in $(seq 1 100); do
-    kill -0 "$redis_pid" 2>/dev/null || break
-    if redis-cli -p "$rport" PING 2>/dev/null | grep -q PONG; then started=1; break; fi
-    sleep 0.05
-  done
-  [[ -n "$started" ]] && break
-  stop "$redis_pid"
-done
-[[ -n "$started" ]] || { echo "redis-server did not start" >&2; exit 1; }
-rcli() { redis-cli -p "$rport" "$@"; }
-log "redis-server $(redis-server --version | awk '{print $3}') on port $rport (pid $redis_pid)"
+start_redis
 
 # ------------------------------------------------------------------ server
 for _ in 1 2 3 4 5; do
