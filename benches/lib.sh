@@ -73,3 +73,40 @@ start_redis() {
 }
 
 rcli() { redis-cli -p "$rport" "$@"; }
+
+# build_bench_server: examples/bench_server.rs in release; sets $bin and
+# $commit (the code measured: HEAD, "+dirty" if src/, lua/ or Cargo.toml
+# differ from it).
+build_bench_server() {
+  commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua Cargo.toml 2>/dev/null || echo '+dirty')"
+  log "building examples/bench_server.rs (release)..."
+  cargo build --quiet --release --example bench_server
+  bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
+  [[ -x "$bin" ]] || { echo "no binary at $bin" >&2; exit 1; }
+}
+
+# CPU time of a process: utime + stime in clock ticks ($hz per second;
+# fields 14 and 15 of /proc/<pid>/stat, after the command name, which may
+# hold spaces).
+hz=$(getconf CLK_TCK)
+cpu_ticks() { # pid
+  sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
+}
+
+# Calls of EVALSHA so far (INFO commandstats).
+evalsha_calls() {
+  rcli INFO commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_evalsha:/ {print $3; f=1} END {if (!f) print 0}'
+}
+
+# A wrk --latency report -> "requests seconds non2xx p50_us p99_us socket_errors".
+wrk_parse() { # file -> "requests seconds non2xx p50_us p99_us socket_errors"
+  awk '
+    function us(v) {
+      if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000;
+      if (v ~ /s$/) return v * 1000000; return v + 0 }
+    / 50%/ {p50 = us($2)} / 99%/ {p99 = us($2)}
+    / requests in / {req = $1; d = $4; sub(/s,$/, "", d); if (d ~ /m$/) d = d * 60}
+    /Non-2xx or 3xx responses/ {non = $5}
+    /Socket errors/ {gsub(/,/, ""); err = $4 + $6 + $8 + $10}
+    END {printf "%d %s %d %s %s %d\n", req, d + 0, non + 0, p50 + 0, p99 + 0, err + 0}' "$1"
+}

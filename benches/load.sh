@@ -55,21 +55,12 @@ done
 source benches/lib.sh
 bench_setup load
 
-# The code measured: what is built now.
-commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua Cargo.toml 2>/dev/null || echo '+dirty')"
-log "building examples/bench_server.rs (release)..."
-cargo build --quiet --release --example bench_server
-bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
-[[ -x "$bin" ]] || { echo "no binary at $bin" >&2; exit 1; }
+build_bench_server
 
 # ------------------------------------------------------------------- redis
 start_redis
 
 # ------------------------------------------------------------------ helpers
-hz=$(getconf CLK_TCK)
-cpu_ticks() { # pid -> utime+stime in clock ticks (fields 14, 15; comm may hold spaces)
-  sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
-}
 start_server() { # mode [deny]; extra env through the environment
   local port
   port=$(free_port)
@@ -88,20 +79,6 @@ start_server() { # mode [deny]; extra env through the environment
   exit 1
 }
 stop_server() { stop "$server_pid"; server_pid=""; }
-evalsha_calls() {
-  rcli INFO commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_evalsha:/ {print $3; f=1} END {if (!f) print 0}'
-}
-# wrk to_us: latency with unit -> microseconds.
-wrk_parse() { # file -> "requests seconds non2xx p50_us p99_us"
-  awk '
-    function us(v) {
-      if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000;
-      if (v ~ /s$/) return v * 1000000; return v + 0 }
-    / 50%/ {p50 = us($2)} / 99%/ {p99 = us($2)}
-    / requests in / {req = $1; d = $4; sub(/s,$/, "", d); if (d ~ /m$/) d = d * 60}
-    /Non-2xx or 3xx responses/ {non = $5}
-    END {printf "%d %s %d %s %s\n", req, d + 0, non + 0, p50 + 0, p99 + 0}' "$1"
-}
 # One measured wrk run against the running server. Appends a row to $results.
 #   phase round mode conns requests seconds rps non2xx p50 p99 cpu_us/req
 #   redis_cpu_us/req evalsha/req
@@ -114,7 +91,7 @@ measure() { # phase round mode conns duration
     "http://127.0.0.1:$server_port/" >"$work/wrk.out" 2>&1
   c1=$(cpu_ticks "$server_pid"); r1=$(cpu_ticks "$redis_pid")
   e1=$(evalsha_calls)
-  read -r req secs non p50 p99 < <(wrk_parse "$work/wrk.out")
+  read -r req secs non p50 p99 _ < <(wrk_parse "$work/wrk.out")
   if [[ "$req" -eq 0 ]]; then
     echo "wrk made no requests against $mode:" >&2
     cat "$work/wrk.out" >&2

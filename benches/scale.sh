@@ -62,11 +62,7 @@ done
 source benches/lib.sh
 bench_setup scale
 
-commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua Cargo.toml 2>/dev/null || echo '+dirty')"
-log "building examples/bench_server.rs (release)..."
-cargo build --quiet --release --example bench_server
-bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
-[[ -x "$bin" ]] || { echo "no binary at $bin" >&2; exit 1; }
+build_bench_server
 
 # ------------------------------------------------------------------- redis
 start_redis
@@ -115,24 +111,6 @@ function request()
 end
 LUA
 
-hz=$(getconf CLK_TCK)
-cpu_ticks() { # pid -> utime+stime in clock ticks (fields 14, 15; comm may hold spaces)
-  sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
-}
-evalsha_calls() {
-  rcli INFO commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_evalsha:/ {print $3; f=1} END {if (!f) print 0}'
-}
-wrk_parse() { # file -> "requests seconds non2xx p50_us p99_us socket_errors"
-  awk '
-    function us(v) {
-      if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000;
-      if (v ~ /s$/) return v * 1000000; return v + 0 }
-    / 50%/ {p50 = us($2)} / 99%/ {p99 = us($2)}
-    / requests in / {req = $1; d = $4; sub(/s,$/, "", d); if (d ~ /m$/) d = d * 60}
-    /Non-2xx or 3xx responses/ {non = $5}
-    /Socket errors/ {gsub(/,/, ""); err = $4 + $6 + $8 + $10}
-    END {printf "%d %s %d %s %s %d\n", req, d + 0, non + 0, p50 + 0, p99 + 0, err + 0}' "$1"
-}
 # used_memory and DBSIZE at one instant, and Redis's clock in µs.
 snap() {
   rcli EVAL "local m = string.match(redis.call('INFO', 'memory'), 'used_memory:(%d+)')
