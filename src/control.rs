@@ -137,8 +137,10 @@ pub(crate) fn start(shared: &Arc<Shared>) {
                                 tiers = ?next.tiers,
                                 "control key changed the rate limiter's modes"
                             );
-                            shared.deny_cache.clear();
+                            // Store first, then drop the cached denials
+                            // (decided under the old modes).
                             shared.overrides.store(Arc::new(next));
+                            shared.deny_cache.clear();
                             crate::handle::refresh_mode_gauges(&shared);
                         }
                     }
