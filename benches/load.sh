@@ -41,6 +41,9 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 D32=${D32:-5}
 D1=${D1:-3}
+# minimal_pool (a deadpool checkout per request) is not in the default set:
+# MODES="minimal minimal_pool redis4" compares the two ways to share
+# connections.
 MODES=${MODES:-"bare mem1 mem4 governor redis1 redis4 minimal"}
 DENY_MODES=${DENY_MODES:-"mem1 mem4 governor redis1 redis4 minimal"}
 OUT=${OUT:-}
@@ -312,7 +315,8 @@ print("| comparison | median | rounds |")
 print("|---|---|---|")
 for num, den in [("mem1", "bare"), ("mem4", "bare"), ("mem1", "governor"), ("mem4", "governor"),
                  ("governor", "bare"), ("redis1", "bare"), ("redis4", "bare"),
-                 ("redis1", "minimal"), ("redis4", "minimal"), ("minimal", "bare")]:
+                 ("redis1", "minimal"), ("redis4", "minimal"), ("minimal", "bare"),
+                 ("minimal_pool", "minimal"), ("redis4", "minimal_pool")]:
     xs = ratio(num, den)
     if xs:
         print(f"| req/s {num} / {den} | {med(xs):.3f} | {', '.join(f'{x:.3f}' for x in xs)} |")

@@ -16,6 +16,8 @@
 //!   minimal   an axum::middleware::from_fn doing one EVALSHA of a plain
 //!             token-bucket script per request on one MultiplexedConnection
 //!             (the floor any Redis limiter pays)
+//!   minimal_pool  the same with a deadpool-redis checkout per request (a
+//!             pool of 32), the other way to share connections
 //!
 //!   deny      the per-IP limit is DENY_RATE per second (default 10; burst
 //!             the same), so under load nearly every request is denied.
@@ -109,7 +111,7 @@ struct Config {
 }
 
 fn usage() -> Box<dyn Error + Send + Sync> {
-    "usage: bench_server <bare|mem1|mem4|governor|redis1|redis4|minimal> [deny]".into()
+    "usage: bench_server <bare|mem1|mem4|governor|redis1|redis4|minimal|minimal_pool> [deny]".into()
 }
 
 fn env_u64(name: &str) -> Res<Option<u64>> {
@@ -200,8 +202,9 @@ async fn app(c: &Config) -> Res<Router> {
             let conf = b.finish().ok_or("invalid governor quota")?;
             router.layer(GovernorLayer::new(conf))
         }
-        "minimal" => {
-            let state = Minimal::connect(&redis_url()?, c.deny_rate).await?;
+        "minimal" | "minimal_pool" => {
+            let pooled = c.mode == "minimal_pool";
+            let state = Minimal::connect(&redis_url()?, c.deny_rate, pooled).await?;
             router.layer(middleware::from_fn_with_state(state, minimal))
         }
         _ => return Err(usage()),
@@ -256,14 +259,24 @@ async fn auth(mut req: Request, next: Next) -> Response {
 /// script's SHA1, and its rate and burst.
 #[derive(Clone)]
 struct Minimal {
-    conn: MultiplexedConnection,
+    conn: MinimalConn,
     sha: Arc<str>,
     rate: u64,
     burst: u64,
 }
 
+/// How the minimal middleware reaches Redis.
+#[derive(Clone)]
+enum MinimalConn {
+    /// One multiplexed connection shared by every request.
+    Shared(MultiplexedConnection),
+    /// A `deadpool-redis` checkout per request (32 connections, one per wrk
+    /// connection).
+    Pool(deadpool_redis::Pool),
+}
+
 impl Minimal {
-    async fn connect(url: &str, deny_rate: Option<u64>) -> Res<Self> {
+    async fn connect(url: &str, deny_rate: Option<u64>, pooled: bool) -> Res<Self> {
         let mut conn = redis::Client::open(url)?
             .get_multiplexed_async_connection()
             .await?;
@@ -272,6 +285,13 @@ impl Minimal {
             .arg(MINIMAL_LUA)
             .query_async(&mut conn)
             .await?;
+        let conn = if pooled {
+            let mut cfg = deadpool_redis::Config::from_url(url);
+            cfg.pool = Some(deadpool_redis::PoolConfig::new(32));
+            MinimalConn::Pool(cfg.create_pool(Some(deadpool_redis::Runtime::Tokio1))?)
+        } else {
+            MinimalConn::Shared(conn)
+        };
         Ok(Self {
             conn,
             sha: sha.into(),
@@ -287,14 +307,23 @@ async fn minimal(
     req: Request,
     next: Next,
 ) -> Response {
-    let reply: Result<(i64, i64), redis::RedisError> = redis::cmd("EVALSHA")
-        .arg(&*m.sha)
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&*m.sha)
         .arg(1)
         .arg(format!("min:{}", peer.ip()))
         .arg(m.rate)
-        .arg(m.burst)
-        .query_async(&mut m.conn)
-        .await;
+        .arg(m.burst);
+    let reply: Result<(i64, i64), redis::RedisError> = match &mut m.conn {
+        MinimalConn::Shared(conn) => cmd.query_async(conn).await,
+        MinimalConn::Pool(pool) => match pool.get().await {
+            Ok(mut conn) => cmd.query_async(&mut conn).await,
+            Err(e) => Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "pool",
+                e.to_string(),
+            ))),
+        },
+    };
     match reply {
         Ok((1, remaining)) => {
             let mut res = next.run(req).await;
