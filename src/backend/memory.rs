@@ -179,7 +179,7 @@ impl MemoryBackend {
         // the commit does not compute it again.
         let mut prepared: SmallVec<[Option<(State, u64)>; 8]> = SmallVec::new();
         let mut charges = Vec::new();
-        for ((c, &shard), &h) in checks.iter().zip(&idx).zip(&hashes) {
+        for (i, ((c, &shard), &h)) in checks.iter().zip(&idx).zip(&hashes).enumerate() {
             let map = &guards[guard_of(shard)].1.map;
             let state = map
                 .find(h, |s| s.key == c.key)
@@ -187,7 +187,14 @@ impl MemoryBackend {
                 .map(|s| &s.entry.state);
             let (d, charged) = c.limit.check_prepared(state, now_us, c.cost);
             decisions.push(d);
-            prepared.push(charged);
+            // A key charged twice in one check (a caller of Backend::check
+            // may pass one; the layer's tiers never share a key): the second
+            // charge must see the first, so it is computed at commit.
+            let repeated = hashes[..i]
+                .iter()
+                .zip(checks)
+                .any(|(&other, o)| other == h && o.key == c.key);
+            prepared.push(if repeated { None } else { charged });
         }
         if shadow.commits(&decisions) {
             if with_charges {
@@ -368,6 +375,22 @@ mod tests {
         // The global tier was not charged for the denied request: 10 - 1 - 1.
         let v = m.check_all(&[check("rl:g:all", wide)]);
         assert_eq!(v.decisions[0].remaining, 8);
+    }
+
+    /// A key listed twice in one check is charged twice (the second charge
+    /// sees the first), as it was before the token bucket's state was kept
+    /// from the decision.
+    #[test]
+    fn a_key_listed_twice_is_charged_twice() {
+        let m = MemoryBackend::with_manual_clock(ManualClock::new(1_000_000_000));
+        let tb = TokenBucket::new(10, 10_000_000, 10).unwrap();
+        let v = m.check(&[check("k", tb), check("k", tb)], Shadow::NONE, true);
+        assert!(v.allowed());
+        // Both decided on the full bucket; both charged.
+        assert_eq!(v.decisions[0].remaining, 9);
+        assert_eq!(v.decisions[1].remaining, 9);
+        let next = m.check(&[check("k", tb)], Shadow::NONE, true);
+        assert_eq!(next.decisions[0].remaining, 7);
     }
 
     #[test]
