@@ -110,3 +110,25 @@ wrk_parse() { # file -> "requests seconds non2xx p50_us p99_us socket_errors"
     /Socket errors/ {gsub(/,/, ""); err = $4 + $6 + $8 + $10}
     END {printf "%d %s %d %s %s %d\n", req, d + 0, non + 0, p50 + 0, p99 + 0, err + 0}' "$1"
 }
+
+# wrk_measure WRK_ARGS...: one wrk run against the running server, between
+# snapshots of the server's and Redis's CPU time and of the EVALSHA count.
+# Sets req secs rps non p50 p99 sock_err, and per request cpu_us redis_us
+# (CPU µs of the server and of Redis) and evalsha_per.
+wrk_measure() {
+  local c0 r0 e0 c1 r1 e1
+  e0=$(evalsha_calls)
+  c0=$(cpu_ticks "$server_pid"); r0=$(cpu_ticks "$redis_pid")
+  wrk "$@" >"$work/wrk.out" 2>&1
+  c1=$(cpu_ticks "$server_pid"); r1=$(cpu_ticks "$redis_pid")
+  e1=$(evalsha_calls)
+  read -r req secs non p50 p99 sock_err < <(wrk_parse "$work/wrk.out")
+  if [[ "$req" -eq 0 ]]; then
+    echo "wrk $* made no requests:" >&2
+    cat "$work/wrk.out" >&2
+    exit 1
+  fi
+  read -r rps cpu_us redis_us evalsha_per < <(awk -v req="$req" -v secs="$secs" -v hz="$hz" \
+    -v cs=$((c1 - c0)) -v rs=$((r1 - r0)) -v ev=$((e1 - e0)) \
+    'BEGIN { printf "%.1f %.2f %.2f %.4f\n", req / secs, cs * 1e6 / hz / req, rs * 1e6 / hz / req, ev / req }')
+}

@@ -87,29 +87,11 @@ stop_server() { stop "$server_pid"; server_pid=""; }
 #   redis_cpu_us/req evalsha/req
 measure() { # phase round mode conns duration
   local phase=$1 round=$2 mode=$3 conns=$4 dur=$5
-  local c0 r0 e0 c1 r1 e1
-  e0=$(evalsha_calls)
-  c0=$(cpu_ticks "$server_pid"); r0=$(cpu_ticks "$redis_pid")
-  wrk -t1 -c"$conns" -d"${dur}s" --latency -H 'x-user: alice' ${WRK_EXTRA[@]+"${WRK_EXTRA[@]}"} \
-    "http://127.0.0.1:$server_port/" >"$work/wrk.out" 2>&1
-  c1=$(cpu_ticks "$server_pid"); r1=$(cpu_ticks "$redis_pid")
-  e1=$(evalsha_calls)
-  read -r req secs non p50 p99 _ < <(wrk_parse "$work/wrk.out")
-  if [[ "$req" -eq 0 ]]; then
-    echo "wrk made no requests against $mode:" >&2
-    cat "$work/wrk.out" >&2
-    exit 1
-  fi
-  python3 - "$phase" "$round" "$mode" "$conns" "$req" "$secs" "$non" "$p50" "$p99" \
-    "$((c1 - c0))" "$((r1 - r0))" "$((e1 - e0))" "$hz" >>"$results" <<'EOF'
-import sys
-ph, rnd, mode, conns, req, secs, non, p50, p99, cs, rs, ev, hz = sys.argv[1:]
-req, secs, hz = int(req), float(secs), int(hz)
-us = lambda ticks: int(ticks) * 1e6 / hz / req
-print("\t".join(map(str, [ph, rnd, mode, conns, req, secs, round(req / secs, 1), non,
-                          p50, p99, round(us(cs), 2), round(us(rs), 2),
-                          round(int(ev) / req, 4)])))
-EOF
+  wrk_measure -t1 -c"$conns" -d"${dur}s" --latency -H 'x-user: alice' \
+    ${WRK_EXTRA[@]+"${WRK_EXTRA[@]}"} "http://127.0.0.1:$server_port/"
+  printf '%s\t' "$phase" "$round" "$mode" "$conns" "$req" "$secs" "$rps" "$non" "$p50" \
+    "$p99" "$cpu_us" "$redis_us" >>"$results"
+  printf '%s\n' "$evalsha_per" >>"$results"
   log "$(tail -n1 "$results")"
 }
 

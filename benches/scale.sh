@@ -172,28 +172,11 @@ expiry="$work/expiry.tsv"
 #   cpu_us/req redis_cpu_us/req evalsha/req
 measure() { # phase round users prefix
   local phase=$1 round=$2 users=$3 prefix=$4
-  local c0 r0 e0 c1 r1 e1
-  e0=$(evalsha_calls)
-  c0=$(cpu_ticks "$server_pid"); r0=$(cpu_ticks "$redis_pid")
-  wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency -s "$work/users.lua" "$url" -- "$users" "$prefix" \
-    >"$work/wrk.out" 2>&1
-  c1=$(cpu_ticks "$server_pid"); r1=$(cpu_ticks "$redis_pid")
-  e1=$(evalsha_calls)
-  read -r req secs non p50 p99 err < <(wrk_parse "$work/wrk.out")
-  if [[ "$req" -eq 0 ]]; then
-    echo "wrk made no requests:" >&2
-    cat "$work/wrk.out" >&2
-    exit 1
-  fi
-  python3 - "$phase" "$round" "$users" "$req" "$secs" "$non" "$p50" "$p99" "$err" \
-    "$((c1 - c0))" "$((r1 - r0))" "$((e1 - e0))" "$hz" >>"$results" <<'EOF'
-import sys
-ph, rnd, users, req, secs, non, p50, p99, err, cs, rs, ev, hz = sys.argv[1:]
-req, secs, hz = int(req), float(secs), int(hz)
-us = lambda ticks: int(ticks) * 1e6 / hz / req
-print("\t".join(map(str, [ph, rnd, users, req, secs, round(req / secs, 1), non, p50, p99, err,
-                          round(us(cs), 2), round(us(rs), 2), round(int(ev) / req, 4)])))
-EOF
+  wrk_measure -t1 -c"$CONNS" -d"${DURATION}s" --latency -s "$work/users.lua" "$url" \
+    -- "$users" "$prefix"
+  printf '%s\t' "$phase" "$round" "$users" "$req" "$secs" "$rps" "$non" "$p50" "$p99" \
+    "$sock_err" "$cpu_us" "$redis_us" >>"$results"
+  printf '%s\n' "$evalsha_per" >>"$results"
   log "$(tail -n1 "$results")"
 }
 
