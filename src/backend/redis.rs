@@ -391,11 +391,29 @@ impl RedisBackend {
         }
     }
 
-    /// A single-Redis call's error, as the layer classifies it (and the
-    /// pooled connection forgotten when it broke).
-    fn error(&self, e: RedisError) -> BackendError {
-        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+    /// A Redis call's error (single node or cluster), as the layer
+    /// classifies it: a broken, refused or timed-out connection, a cluster
+    /// error or a node that cannot serve yet (master down, read-only,
+    /// loading) is a connection error, anything else a script error. A
+    /// pooled connection that broke is forgotten (the next check takes a
+    /// fresh one).
+    pub(super) fn error(&self, e: RedisError) -> BackendError {
+        let broken = e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal();
+        if broken {
             self.forget_connection();
+        }
+        if broken
+            || e.is_timeout()
+            || e.is_cluster_error()
+            || matches!(
+                e.kind(),
+                ErrorKind::Server(
+                    ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                        | ServerErrorKind::BusyLoading
+                )
+            )
+        {
             BackendError::Connection(e.to_string())
         } else {
             BackendError::Script(e.to_string())

@@ -270,7 +270,7 @@ impl Job {
     }
 
     fn error(&self, e: RedisError) -> BackendError {
-        error(&self.backend, e)
+        self.backend.error(e)
     }
 }
 
@@ -292,7 +292,7 @@ pub(super) async fn refund(
                 invoke::<i64>(backend, conn, &[key.as_str()], "refund", clock, &nums)
                     .await
                     .map(|_| ())
-                    .map_err(|e| error(backend, e))
+                    .map_err(|e| backend.error(e))
             }
         })
         .collect();
@@ -339,33 +339,6 @@ async fn invoke<T: ::redis::FromRedisValue>(
                 build("EVAL", CLUSTER_LUA).query_async(&mut conn).await
             }
             other => other,
-        }
-    }
-}
-
-/// A cluster call's error, as the layer classifies it.
-fn error(backend: &RedisBackend, e: RedisError) -> BackendError {
-    {
-        if e.is_connection_dropped() {
-            backend.forget_connection();
-        }
-        if e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.is_timeout()
-            || e.is_cluster_error()
-            || matches!(
-                e.kind(),
-                ErrorKind::Server(
-                    ServerErrorKind::MasterDown
-                        | ServerErrorKind::ReadOnly
-                        | ServerErrorKind::BusyLoading
-                )
-            )
-        {
-            BackendError::Connection(e.to_string())
-        } else {
-            BackendError::Script(e.to_string())
         }
     }
 }
