@@ -64,12 +64,7 @@ impl KeyExtractor for ApiKey {
             return Ok(false);
         };
         // 32 lowercase hex digits: plain, no escaping.
-        let h = xxhash_rust::xxh3::xxh3_128(v);
-        for shift in (0..32).rev() {
-            out.push(char::from(
-                b"0123456789abcdef"[((h >> (shift * 4)) & 0xf) as usize],
-            ));
-        }
+        super::push_hex128(out, xxhash_rust::xxh3::xxh3_128(v));
         Ok(true)
     }
 }

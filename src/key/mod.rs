@@ -139,9 +139,7 @@ pub(crate) fn storage_key_parts_into(out: &mut String, parts: &[&[u8]]) {
                 hasher.digest128()
             }
         };
-        for shift in (0..32).rev() {
-            out.push(char::from(HEX_LOWER[((h >> (shift * 4)) & 0xf) as usize]));
-        }
+        push_hex128(out, h);
         return;
     }
     out.reserve(escaped_len);
@@ -171,6 +169,13 @@ pub(crate) fn assert_extract_into_agrees<E: KeyExtractor>(e: &E, requests: &[Par
 }
 
 const HEX_LOWER: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends `h` as 32 lowercase hex digits (what `format!("{h:032x}")` writes).
+pub(crate) fn push_hex128(out: &mut String, h: u128) {
+    for shift in (0..32).rev() {
+        out.push(char::from(HEX_LOWER[((h >> (shift * 4)) & 0xf) as usize]));
+    }
+}
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
 #[cfg(test)]
