@@ -50,9 +50,7 @@ pub(crate) struct Denied {
     /// The limit it was decided under: a request checked under another (its
     /// plan differs, or the quota changed while the check was in flight) goes
     /// to the backend.
-    quota: Limit,
-    /// `X-RateLimit-Limit` of the denying tier.
-    pub(crate) limit: u64,
+    pub(crate) quota: Limit,
     /// What was left at the denial.
     pub(crate) remaining: u64,
     /// How long the entry lives in real time.
@@ -64,7 +62,6 @@ impl Denied {
         until_us: u64,
         min_cost: u64,
         quota: Limit,
-        limit: u64,
         remaining: u64,
         ttl: Duration,
     ) -> Self {
@@ -72,7 +69,6 @@ impl Denied {
             until_us,
             min_cost,
             quota,
-            limit,
             remaining,
             ttl,
         }

@@ -281,7 +281,8 @@ fn deny_cached(shared: &Shared, checks: &[TierCheck], meta: &Meta) -> Option<Res
     let wait = d.until_us.saturating_sub(now_us);
     let decision = Decision {
         allowed: false,
-        limit: d.limit,
+        // `X-RateLimit-Limit`: the capacity of the limit it was decided under.
+        limit: d.quota.capacity(),
         remaining: d.remaining,
         reset_after_us: wait,
         retry_after_us: wait,
@@ -660,7 +661,6 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
                 meta.sent_us.saturating_add(wait_us),
                 *cost,
                 *limit,
-                d.limit,
                 d.remaining,
                 Duration::from_micros(wait_us),
             ),
