@@ -1,6 +1,7 @@
 use super::clock::{Clock, ManualClock};
 use super::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::algorithm::{Refund, State};
+use compact_str::CompactString;
 use hashbrown::HashTable;
 use std::fmt;
 // foldhash's quality variant: randomly seeded per process (so request-chosen
@@ -11,6 +12,7 @@ use smallvec::SmallVec;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// At most 64: a check locks its shards by the bits of a `u64`.
 const SHARDS: usize = 64;
 /// Stands in for a state while it is being replaced (never observed).
 const PLACEHOLDER: State = State::Bucket(crate::algorithm::BucketState {
@@ -62,7 +64,9 @@ struct Shard {
 }
 
 struct Slot {
-    key: String,
+    /// Inline up to 24 bytes (most IP and user keys): a lookup compares it
+    /// without following a pointer, and a new key allocates nothing more.
+    key: CompactString,
     entry: Entry,
 }
 
@@ -71,6 +75,24 @@ struct Entry {
     /// Epoch microseconds after which the bucket is full and the entry is
     /// meaningless.
     expires_us: u64,
+}
+
+impl Entry {
+    /// Charges the live entry (`ready`: the state the check already computed)
+    /// and returns the stored state.
+    fn commit(&mut self, ready: Option<(State, u64)>, c: &TierCheck, now_us: u64) -> &State {
+        let (state, ttl_us) = match ready {
+            Some(ready) => ready,
+            None => {
+                let old = std::mem::replace(&mut self.state, PLACEHOLDER);
+                let old = (self.expires_us > now_us).then_some(old);
+                c.limit.charge(old, now_us, c.cost)
+            }
+        };
+        self.state = state;
+        self.expires_us = now_us.saturating_add(ttl_us);
+        &self.state
+    }
 }
 
 impl fmt::Debug for MemoryBackend {
@@ -162,100 +184,113 @@ impl MemoryBackend {
         with_charges: bool,
     ) -> Verdict {
         let now_us = self.inner.clock.now_us();
-        let hashes: SmallVec<[u64; 8]> = checks.iter().map(|c| self.hash(&c.key)).collect();
-        let idx: SmallVec<[usize; 8]> = hashes.iter().map(|&h| shard_of(h)).collect();
-        let mut order = idx.clone();
-        order.sort_unstable();
-        order.dedup();
-        // Lock in ascending shard order: no two requests can wait on each other.
-        let mut guards: SmallVec<[(usize, MutexGuard<'_, Shard>); 8]> = order
-            .iter()
-            .map(|&i| (i, lock(&self.inner.shards[i])))
-            .collect();
-        let guard_of = |shard: usize| order.binary_search(&shard).unwrap_or(0);
+        let n = checks.len();
+        // Scratch space per check: on the stack for up to 8 tiers (indexing a
+        // SmallVec checks where its data lives on every access).
+        let (mut hashes_a, mut hashes_v) = ([0u64; 8], Vec::new());
+        let hashes = scratch(&mut hashes_a, &mut hashes_v, n);
+        let mut shards = 0u64;
+        for (h, c) in hashes.iter_mut().zip(checks) {
+            *h = self.hash(&c.key);
+            shards |= 1 << shard_of(*h);
+        }
+        // Lock in ascending shard order (the set bits, low to high): no two
+        // requests can wait on each other.
+        let mut locked: SmallVec<[MutexGuard<'_, Shard>; 8]> = SmallVec::new();
+        let mut rest = shards;
+        while rest != 0 {
+            locked.push(lock(&self.inner.shards[rest.trailing_zeros() as usize]));
+            rest &= rest - 1;
+        }
+        let guards = locked.as_mut_slice();
+        // A shard's guard: the number of locked shards below it.
+        let guard_of = |h: u64| (shards & ((1u64 << shard_of(h)) - 1)).count_ones() as usize;
 
-        let mut decisions = Vec::with_capacity(checks.len());
-        // The token bucket's check computes the charged state too: kept, so
-        // the commit does not compute it again.
-        let mut prepared: SmallVec<[Option<(State, u64)>; 8]> = SmallVec::new();
-        let mut charges = Vec::new();
-        for (i, ((c, &shard), &h)) in checks.iter().zip(&idx).zip(&hashes).enumerate() {
-            let map = &guards[guard_of(shard)].1.map;
-            let state = map
-                .find(h, |s| s.key == c.key)
+        let mut decisions = Vec::with_capacity(n);
+        // Per check, what the commit needs: where the key was found (so it
+        // is not looked up again), and the token bucket's charged state,
+        // which its check computes anyway. `None` for a new key, and for a
+        // key listed earlier in the same check (a caller of Backend::check
+        // may pass one; the layer's tiers never share a key): its second
+        // charge must see the first, so it is computed at commit.
+        let (mut found_a, mut found_v) = ([None; 8], Vec::new());
+        let found = scratch(&mut found_a, &mut found_v, n);
+        let (mut prepared_a, mut prepared_v) = ([const { None }; 8], Vec::new());
+        let prepared: &mut [Option<(State, u64)>] = scratch(&mut prepared_a, &mut prepared_v, n);
+        for (i, (c, &h)) in checks.iter().zip(hashes.iter()).enumerate() {
+            let map = &guards[guard_of(h)].map;
+            let bucket = map.find_bucket_index(h, |s| s.key == c.key);
+            let state = bucket
+                .and_then(|b| map.get_bucket(b))
                 .filter(|s| s.entry.expires_us > now_us)
                 .map(|s| &s.entry.state);
             let (d, charged) = c.limit.check_prepared(state, now_us, c.cost);
             decisions.push(d);
-            // A key charged twice in one check (a caller of Backend::check
-            // may pass one; the layer's tiers never share a key): the second
-            // charge must see the first, so it is computed at commit.
             let repeated = hashes[..i]
                 .iter()
                 .zip(checks)
                 .any(|(&other, o)| other == h && o.key == c.key);
-            prepared.push(if repeated { None } else { charged });
+            if !repeated {
+                found[i] = bucket;
+                prepared[i] = charged;
+            }
         }
+        let mut charges = Vec::new();
         if shadow.commits(&decisions) {
             if with_charges {
-                charges.reserve(checks.len());
+                charges.resize(n, None);
             }
-            let mut charge = |c: &TierCheck, state: Option<&State>| {
+            let mut charge = |i: usize, c: &TierCheck, state: &State| {
                 if with_charges {
-                    charges.push(state.map(|state| Charge {
+                    charges[i] = Some(Charge {
                         at_us: now_us,
                         undo: c.limit.undo_of(state, now_us),
                         next_after_us: 0,
-                    }));
+                    });
                 }
             };
-            for ((((c, &shard), &h), d), ready) in checks
-                .iter()
-                .zip(&idx)
-                .zip(&hashes)
-                .zip(&decisions)
-                .zip(prepared)
-            {
-                if !d.allowed {
-                    charge(c, None);
-                    continue; // a shadow tier that would deny charges nothing
+            // A shadow tier that would deny charges nothing. The keys found
+            // first, by their bucket: inserting a key may move every bucket
+            // of its table.
+            for (i, c) in checks.iter().enumerate() {
+                let Some(b) = found[i].filter(|_| decisions[i].allowed) else {
+                    continue;
+                };
+                let g = &mut guards[guard_of(hashes[i])];
+                if let Some(slot) = g.map.get_bucket_mut(b) {
+                    charge(i, c, slot.entry.commit(prepared[i].take(), c, now_us));
                 }
-                let g = &mut guards[guard_of(shard)].1;
-                match g.map.find_mut(h, |s| s.key == c.key).map(|s| &mut s.entry) {
-                    Some(e) => {
-                        let (state, ttl_us) = match ready {
-                            Some(ready) => ready,
-                            None => {
-                                let old = std::mem::replace(&mut e.state, PLACEHOLDER);
-                                let old = (e.expires_us > now_us).then_some(old);
-                                c.limit.charge(old, now_us, c.cost)
-                            }
-                        };
-                        charge(c, Some(&state));
-                        e.state = state;
-                        e.expires_us = now_us.saturating_add(ttl_us);
-                    }
-                    None => {
-                        let (state, ttl_us) =
-                            ready.unwrap_or_else(|| c.limit.charge(None, now_us, c.cost));
-                        charge(c, Some(&state));
-                        let entry = Entry {
-                            state,
-                            expires_us: now_us.saturating_add(ttl_us),
-                        };
-                        let hasher = &self.inner.hasher;
-                        g.map.insert_unique(
-                            h,
-                            Slot {
-                                key: c.key.clone(),
-                                entry,
-                            },
-                            |s| hasher.hash_one(s.key.as_str()),
-                        );
-                        if g.map.len() >= g.sweep_at {
-                            g.sweep(now_us, self.inner.max_per_shard);
-                        }
-                    }
+            }
+            // Then, in order, the new keys and the keys listed twice.
+            for (i, c) in checks.iter().enumerate() {
+                if found[i].is_some() || !decisions[i].allowed {
+                    continue;
+                }
+                let h = hashes[i];
+                let g = &mut guards[guard_of(h)];
+                if let Some(s) = g.map.find_mut(h, |s| s.key == c.key) {
+                    charge(i, c, s.entry.commit(prepared[i].take(), c, now_us));
+                    continue;
+                }
+                let (state, ttl_us) = prepared[i]
+                    .take()
+                    .unwrap_or_else(|| c.limit.charge(None, now_us, c.cost));
+                charge(i, c, &state);
+                let entry = Entry {
+                    state,
+                    expires_us: now_us.saturating_add(ttl_us),
+                };
+                let hasher = &self.inner.hasher;
+                g.map.insert_unique(
+                    h,
+                    Slot {
+                        key: CompactString::from(c.key.as_str()),
+                        entry,
+                    },
+                    |s| hasher.hash_one(s.key.as_str()),
+                );
+                if g.map.len() >= g.sweep_at {
+                    g.sweep(now_us, self.inner.max_per_shard);
                 }
             }
         }
@@ -331,6 +366,17 @@ fn shard_of(hash: u64) -> usize {
     ((hash >> 32) as usize) % SHARDS
 }
 
+/// `n` elements of `array` (each as it was), or of `vec` filled with
+/// defaults when `n` is over its length.
+fn scratch<'a, T: Default>(array: &'a mut [T; 8], vec: &'a mut Vec<T>, n: usize) -> &'a mut [T] {
+    if n <= array.len() {
+        &mut array[..n]
+    } else {
+        vec.resize_with(n, T::default);
+        vec
+    }
+}
+
 /// Sweep when a shard doubles, but never let it pass `max`.
 fn sweep_threshold(target: usize, max: usize) -> usize {
     target.max(MIN_SWEEP).min(max.saturating_add(1))
@@ -391,6 +437,35 @@ mod tests {
         assert_eq!(v.decisions[1].remaining, 9);
         let next = m.check(&[check("k", tb)], Shadow::NONE, true);
         assert_eq!(next.decisions[0].remaining, 7);
+    }
+
+    /// More tiers than the check's stack scratch holds (8), with new keys,
+    /// known keys, a key listed twice and keys longer than the 24 bytes
+    /// kept inline: every one charged exactly once per listing.
+    #[test]
+    fn a_check_of_many_tiers_charges_each_once() {
+        let m = MemoryBackend::with_manual_clock(ManualClock::new(1_000_000_000));
+        let tb = TokenBucket::new(5, 10_000_000, 5).unwrap();
+        let long = "rl:api_key:0123456789abcdef0123456789abcdef";
+        let mut keys: Vec<String> = (0..10).map(|i| format!("rl:t{i}:k")).collect();
+        keys.push(long.to_owned());
+        let checks: Vec<TierCheck> = keys.iter().map(|k| check(k, tb)).collect();
+        assert!(m.check_all(&checks[..3]).allowed());
+        let mut twice = checks.clone();
+        twice.push(check("rl:t0:k", tb));
+        let v = m.check_all(&twice);
+        assert!(v.allowed());
+        assert_eq!(v.charges.len(), 12);
+        assert!(v.charges.iter().all(Option::is_some));
+        let after: Vec<u64> = m
+            .check_all(&checks)
+            .decisions
+            .iter()
+            .map(|d| d.remaining)
+            .collect();
+        // t0: 1 + 2 (listed twice), t1, t2: 1 + 1, the rest 1, now 1 more.
+        assert_eq!(after, [1, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3]);
+        assert_eq!(m.len(), 11);
     }
 
     #[test]
