@@ -51,9 +51,11 @@ impl Input {
 pub(crate) enum Msg {
     /// Input `input` starts.
     Start { input: usize },
-    /// Complete lines of the current input (the last one may lack its
-    /// newline at the end of the input).
-    Chunk(Vec<u8>),
+    /// Complete lines of the current input, `buf[..len]` (the last one may
+    /// lack its newline at the end of the input). The rest of `buf` is
+    /// spare: buffers go back and forth initialized, so a read never zeroes
+    /// memory first.
+    Chunk { buf: Vec<u8>, len: usize },
     /// The input could not be (fully) read; what was read before counts.
     Error { input: usize, error: String },
 }
@@ -147,61 +149,57 @@ fn read_one(
     spare: &Receiver<Vec<u8>>,
 ) -> io::Result<()> {
     let mut r = open(input, read.clone())?;
+    // `buf[..filled]` holds data; the rest is initialized room to read into.
     let mut buf: Vec<u8> = spare.try_recv().unwrap_or_default();
-    buf.clear();
+    let mut filled = 0;
+    let send = |buf: Vec<u8>, len: usize| tx.send(Msg::Chunk { buf, len }).is_ok();
     loop {
-        if buf.capacity() < CHUNK * 2 {
-            buf.reserve(CHUNK * 2 - buf.len());
+        if buf.len() < filled + CHUNK {
+            buf.resize((filled + CHUNK).max(CHUNK * 2), 0);
         }
-        let start = buf.len();
-        buf.resize(start + CHUNK, 0);
-        let n = match r.read(&mut buf[start..]) {
+        let n = match r.read(&mut buf[filled..filled + CHUNK]) {
             Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
-                buf.truncate(start);
-                continue;
-            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
-                buf.truncate(start);
                 // Whole lines read before the error still count.
-                if let Some(p) = buf.iter().rposition(|&b| b == b'\n') {
-                    buf.truncate(p + 1);
-                    let _ = tx.send(Msg::Chunk(buf));
+                if let Some(p) = memchr::memrchr(b'\n', &buf[..filled]) {
+                    send(buf, p + 1);
                 }
                 return Err(e);
             }
         };
-        buf.truncate(start + n);
+        filled += n;
         if n == 0 {
-            if !buf.is_empty() {
-                let _ = tx.send(Msg::Chunk(buf));
+            if filled > 0 {
+                send(buf, filled);
             }
             return Ok(());
         }
-        if buf.len() < CHUNK {
+        if filled < CHUNK {
             continue;
         }
         // Send everything up to the last newline; keep the partial line.
-        if let Some(p) = buf.iter().rposition(|&b| b == b'\n') {
+        if let Some(p) = memchr::memrchr(b'\n', &buf[..filled]) {
             let mut next = spare.try_recv().unwrap_or_default();
-            next.clear();
-            next.extend_from_slice(&buf[p + 1..]);
-            buf.truncate(p + 1);
-            if tx.send(Msg::Chunk(buf)).is_err() {
+            let rest = filled - (p + 1);
+            if next.len() < rest + CHUNK {
+                next.resize((rest + CHUNK).max(CHUNK * 2), 0);
+            }
+            next[..rest].copy_from_slice(&buf[p + 1..filled]);
+            if !send(buf, p + 1) {
                 return Ok(());
             }
             buf = next;
-        } else if buf.len() > MAX_LINE {
+            filled = rest;
+        } else if filled > MAX_LINE {
             // No newline in 16 MiB: not a log line. Pass it on (it will be
             // counted as malformed) rather than hold the input in memory.
-            let next = spare.try_recv().map(|mut v| {
-                v.clear();
-                v
-            });
-            if tx.send(Msg::Chunk(buf)).is_err() {
+            let next = spare.try_recv().unwrap_or_default();
+            if !send(buf, filled) {
                 return Ok(());
             }
-            buf = next.unwrap_or_default();
+            buf = next;
+            filled = 0;
         }
     }
 }

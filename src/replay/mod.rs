@@ -219,6 +219,12 @@ enum KeyKind {
     Header(http::HeaderName),
 }
 
+#[derive(Default)]
+struct Spare {
+    user: Option<String>,
+    plan: Option<String>,
+}
+
 enum EngineImpl {
     Direct(Direct),
     Layer(Box<Layer>),
@@ -238,6 +244,8 @@ pub struct Replayer {
     input_format: Option<LogFormat>,
     rec: Record,
     parts: Parts,
+    /// Buffers of extensions removed from `parts`, for the next insert.
+    spare: Spare,
     endpoint_ids: FxMap<(Method, Option<usize>), usize>,
     collector: Collector,
     key_kinds: Vec<KeyKind>,
@@ -375,6 +383,7 @@ impl Replayer {
             input_format: None,
             rec: Record::default(),
             parts: http::Request::new(()).into_parts().0,
+            spare: Spare::default(),
             endpoint_ids: FxMap::default(),
             collector: Collector::new(names, options.max_examples),
             key_kinds,
@@ -486,24 +495,30 @@ impl Replayer {
             Some(u) => match p.extensions.get_mut::<UserId>() {
                 Some(id) => set_lossy(&mut id.0, u),
                 None => {
-                    p.extensions
-                        .insert(UserId(String::from_utf8_lossy(u).into_owned()));
+                    let mut id = self.spare.user.take().unwrap_or_default();
+                    set_lossy(&mut id, u);
+                    p.extensions.insert(UserId(id));
                 }
             },
             None => {
-                p.extensions.remove::<UserId>();
+                if let Some(id) = p.extensions.remove::<UserId>() {
+                    self.spare.user = Some(id.0);
+                }
             }
         }
         match rec.plan.get() {
             Some(u) => match p.extensions.get_mut::<Plan>() {
                 Some(plan) => set_lossy(&mut plan.0, u),
                 None => {
-                    p.extensions
-                        .insert(Plan(String::from_utf8_lossy(u).into_owned()));
+                    let mut plan = self.spare.plan.take().unwrap_or_default();
+                    set_lossy(&mut plan, u);
+                    p.extensions.insert(Plan(plan));
                 }
             },
             None => {
-                p.extensions.remove::<Plan>();
+                if let Some(plan) = p.extensions.remove::<Plan>() {
+                    self.spare.plan = Some(plan.0);
+                }
             }
         }
         match route {
@@ -512,7 +527,12 @@ impl Replayer {
                     .routes
                     .matched_path(i, &p.uri)
                     .map_err(ReplayError::Engine)?;
-                p.extensions.insert(m);
+                match p.extensions.get_mut::<MatchedPath>() {
+                    Some(old) => *old = m,
+                    None => {
+                        p.extensions.insert(m);
+                    }
+                }
             }
             None => {
                 p.extensions.remove::<MatchedPath>();
@@ -617,8 +637,8 @@ impl Replayer {
                     let name = inputs.get(input).map(Input::name).unwrap_or_default();
                     self.start_input(&name);
                 }
-                input::Msg::Chunk(buf) => {
-                    let mut rest = &buf[..];
+                input::Msg::Chunk { buf, len } => {
+                    let mut rest = &buf[..len];
                     while !rest.is_empty() {
                         let (line, next) = match memchr::memchr(b'\n', rest) {
                             Some(p) => (&rest[..p], &rest[p + 1..]),
