@@ -1,6 +1,6 @@
 use super::clock::{Clock, ManualClock};
 use super::{Charge, Shadow, TierCheck, TierRefund, Verdict};
-use crate::algorithm::{Refund, State};
+use crate::algorithm::{Decision, Refund, State};
 use compact_str::CompactString;
 use hashbrown::HashTable;
 use std::fmt;
@@ -183,6 +183,19 @@ impl MemoryBackend {
         shadow: Shadow,
         with_charges: bool,
     ) -> Verdict {
+        self.check_reusing(checks, shadow, with_charges, Vec::new())
+    }
+
+    /// [`MemoryBackend::check`] with the decisions written into `decisions`
+    /// (cleared first): a caller checking in a loop hands back the previous
+    /// verdict's, and allocates nothing.
+    pub(crate) fn check_reusing(
+        &self,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        with_charges: bool,
+        mut decisions: Vec<Decision>,
+    ) -> Verdict {
         let now_us = self.inner.clock.now_us();
         let n = checks.len();
         // Scratch space per check: on the stack for up to 8 tiers (indexing a
@@ -206,7 +219,8 @@ impl MemoryBackend {
         // A shard's guard: the number of locked shards below it.
         let guard_of = |h: u64| (shards & ((1u64 << shard_of(h)) - 1)).count_ones() as usize;
 
-        let mut decisions = Vec::with_capacity(n);
+        decisions.clear();
+        decisions.reserve(n);
         // Per check, what the commit needs: where the key was found (so it
         // is not looked up again), and the token bucket's charged state,
         // which its check computes anyway. `None` for a new key, and for a

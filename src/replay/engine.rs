@@ -226,15 +226,20 @@ pub(crate) struct Outcome {
 /// The direct engine: planning plus the memory backend's check.
 pub(crate) struct Direct {
     memory: MemoryBackend,
+    /// The last verdict's decisions, reused by the next check.
+    spare: Vec<crate::algorithm::Decision>,
 }
 
 impl Direct {
     pub(crate) fn new(memory: MemoryBackend) -> Self {
-        Self { memory }
+        Self {
+            memory,
+            spare: Vec::new(),
+        }
     }
 
     /// Decides a planned request as the service's `decide` does.
-    pub(crate) fn decide(&self, planner: &Planner, planned: Planned) -> Outcome {
+    pub(crate) fn decide(&mut self, planner: &Planner, planned: Planned) -> Outcome {
         let (decision, binding_check, shadow_tiers) = match planned {
             Planned::Pass(d) => (d, None, 0),
             Planned::Denylisted => (Decision::Denylisted, None, 0),
@@ -248,9 +253,17 @@ impl Direct {
         }
     }
 
-    fn check(&self, p: &Planner) -> (Decision, Option<usize>, u64) {
-        let v = self.memory.check(&p.checks[..p.n], p.shadow, false);
-        let ds = &v.decisions;
+    fn check(&mut self, p: &Planner) -> (Decision, Option<usize>, u64) {
+        let spare = std::mem::take(&mut self.spare);
+        let v = self
+            .memory
+            .check_reusing(&p.checks[..p.n], p.shadow, false, spare);
+        let result = Self::verdict(p, &v.decisions);
+        self.spare = v.decisions;
+        result
+    }
+
+    fn verdict(p: &Planner, ds: &[crate::algorithm::Decision]) -> (Decision, Option<usize>, u64) {
         let mut shadow_tiers = 0u64;
         let mut enforced_denial = false;
         for (i, d) in ds.iter().enumerate() {

@@ -246,6 +246,7 @@ pub struct Replayer {
     parts: Parts,
     /// Buffers of extensions removed from `parts`, for the next insert.
     spare: Spare,
+    uri_buf: bytes::BytesMut,
     endpoint_ids: FxMap<(Method, Option<usize>), usize>,
     collector: Collector,
     key_kinds: Vec<KeyKind>,
@@ -384,6 +385,7 @@ impl Replayer {
             rec: Record::default(),
             parts: http::Request::new(()).into_parts().0,
             spare: Spare::default(),
+            uri_buf: bytes::BytesMut::with_capacity(64 << 10),
             endpoint_ids: FxMap::default(),
             collector: Collector::new(names, options.max_examples),
             key_kinds,
@@ -456,7 +458,11 @@ impl Replayer {
                 .issue(&self.input_name, self.line_no, reason, false);
             return Ok(LineOutcome::Unreplayable(reason));
         };
-        let Ok(uri) = Uri::try_from(rec.target.get().unwrap_or_default()) else {
+        // The target is copied into an arena the URI then shares (one
+        // allocation per 64 KiB of targets, not one per line).
+        self.uri_buf
+            .extend_from_slice(rec.target.get().unwrap_or_default());
+        let Ok(uri) = Uri::from_maybe_shared(self.uri_buf.split().freeze()) else {
             let reason = "invalid request target";
             self.collector
                 .issue(&self.input_name, self.line_no, reason, false);
