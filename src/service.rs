@@ -1,17 +1,20 @@
 //! [`RateLimitService`]: the tower service the layer wraps around yours.
 
-use crate::algorithm::Decision;
+use crate::algorithm::{Decision, Limit};
 use crate::backend::{Backend, Check, Shadow, TierCheck, TierRefund, Verdict};
 use crate::breaker::Permit;
+use crate::control::Overrides;
 use crate::deny_cache::Denied;
 use crate::error::BackendError;
 use crate::future::ResponseFuture;
-use crate::layer::{BuiltTier, FailurePolicy, PlanRuntime, Shared, TierRuntime};
+use crate::key::KeyError;
+use crate::layer::{BuiltTier, FailurePolicy, PlanRuntime, Runtime, Shared, TierRuntime};
 use crate::observe;
 use crate::observe::topn::Kind;
 use crate::response::{json_response, unavailable, HeaderStyle, RateLimitHeaders, Rejection};
 use crate::rollout::{DenyStatus, Mode, Plan};
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use std::fmt;
 use std::sync::Arc;
@@ -372,67 +375,129 @@ enum Planned {
     Failed(BackendError),
 }
 
+/// The steps before any tier: the global mode (with the control key's
+/// override), then the denylist, then the allowlist. Shared with replay's
+/// direct engine, so both decide alike.
+pub(crate) enum Gate {
+    /// The global mode is off.
+    Off,
+    Denylisted,
+    Allowlisted,
+    /// Plan the tiers under this global mode.
+    Tiers(Mode),
+}
+
+pub(crate) fn gate(shared: &Shared, rt: &Runtime, ov: &Overrides, parts: &Parts) -> Gate {
+    let global = ov.mode.unwrap_or(rt.mode);
+    if global == Mode::Off {
+        Gate::Off
+    } else if rt.deny.matches(parts, &shared.client_ip) {
+        Gate::Denylisted
+    } else if rt.allow.matches(parts, &shared.client_ip) {
+        Gate::Allowlisted
+    } else {
+        Gate::Tiers(global)
+    }
+}
+
+/// One tier's check of a request, as planned.
+pub(crate) struct TierPlan<'r> {
+    pub(crate) limit: Limit,
+    /// Clamped to the capacity + 1: a cost above the capacity is denied
+    /// anyway, and clamping keeps every algorithm's integer arithmetic far
+    /// from overflow whatever a cost function returns (a client-declared
+    /// batch size, say).
+    pub(crate) cost: u64,
+    /// False in shadow mode, or for a canary's keys outside its share.
+    pub(crate) enforced: bool,
+    /// The request's plan on this tier, when the tier has plans and the
+    /// request names one of them.
+    pub(crate) plan: Option<&'r PlanRuntime>,
+}
+
+/// Whether tier `i` (`t`, `r`) checks `parts`, and how. `key` is set to the
+/// storage key (`<prefix>:<tier>:<part>`). `None`: the tier does not apply
+/// (its mode is off, it does not count the method, the cost is 0, or the
+/// extractor found no key). `fallback`: the local fallback's limits.
+///
+/// # Errors
+/// The extractor could not run.
+pub(crate) fn plan_tier<'r>(
+    (i, t, r): (usize, &BuiltTier, &'r TierRuntime),
+    ov: &Overrides,
+    global: Mode,
+    parts: &Parts,
+    fallback: bool,
+    key: &mut String,
+) -> Result<Option<TierPlan<'r>>, KeyError> {
+    let tier_mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
+    let mode = tier_mode.under(global);
+    if mode == Mode::Off || !t.counts_method(&parts.method) {
+        return Ok(None);
+    }
+    let cost = match &t.cost_fn {
+        Some(f) => f(parts),
+        None => t.cost,
+    };
+    if cost == 0 {
+        return Ok(None);
+    }
+    key.clear();
+    key.push_str(&t.key_base);
+    if !t.key.extract_into(parts, key)? {
+        return Ok(None);
+    }
+    let plan = if r.plans.is_empty() {
+        None
+    } else {
+        plan_of(t, r, parts)
+    };
+    let limit = match (plan, fallback) {
+        (Some(p), false) => p.limit,
+        (Some(p), true) => p.fallback,
+        (None, false) => r.limit,
+        (None, true) => r.fallback,
+    };
+    Ok(Some(TierPlan {
+        limit,
+        cost: cost.min(limit.capacity().saturating_add(1)),
+        enforced: mode.enforces(&t.name, &key[t.key_base.len()..]),
+        plan,
+    }))
+}
+
 /// The checks for a request, after the global mode and the lists: one per
 /// tier whose mode is not off, whose methods include the request's, whose
 /// cost is not 0 and whose extractor returns a key.
-fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planned {
+fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
     let rt = shared.runtime.load();
     let ov = shared.overrides.load();
-    let global = ov.mode.unwrap_or(rt.mode);
-    if global == Mode::Off {
-        return Planned::Pass("skipped");
-    }
-    if rt.deny.matches(parts, &shared.client_ip) {
-        shared.count("denylisted");
-        return Planned::Refuse(denied_by_list(shared.deny_status));
-    }
-    if rt.allow.matches(parts, &shared.client_ip) {
-        return Planned::Pass("allowlisted");
-    }
+    let global = match gate(shared, &rt, &ov, parts) {
+        Gate::Off => return Planned::Pass("skipped"),
+        Gate::Denylisted => {
+            shared.count("denylisted");
+            return Planned::Refuse(denied_by_list(shared.deny_status));
+        }
+        Gate::Allowlisted => return Planned::Pass("allowlisted"),
+        Gate::Tiers(global) => global,
+    };
     let mut checks = Vec::with_capacity(shared.tiers.len());
     let mut meta = Meta::default();
     for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
-        let tier_mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
-        let mode = tier_mode.under(global);
-        if mode == Mode::Off || !t.counts_method(&parts.method) {
-            continue;
-        }
-        let cost = match &t.cost_fn {
-            Some(f) => f(parts),
-            None => t.cost,
-        };
-        if cost == 0 {
-            continue;
-        }
         // Room for the prefix and a typical key part (an IPv4 address, a
         // user id, a 32-digit API key hash) without growing.
         let mut key = String::with_capacity(t.key_base.len() + 40);
-        key.push_str(&t.key_base);
-        match t.key.extract_into(parts, &mut key) {
-            Ok(true) => {}
-            Ok(false) => continue,
+        let tp = match plan_tier((i, t, r), &ov, global, parts, fallback, &mut key) {
+            Ok(Some(tp)) => tp,
+            Ok(None) => continue,
             Err(e) => return Planned::Failed(e.into()),
-        }
-        let plan = if r.plans.is_empty() {
-            None
-        } else {
-            let plan = plan_of(t, r, parts);
+        };
+        if !r.plans.is_empty() {
             // The plan label of this check's metrics (configured names only).
             meta.plans.resize(checks.len(), None);
-            meta.plans.push(plan.map(|p| p.name.clone()));
-            plan
-        };
-        let limit = match (plan, fallback) {
-            (Some(p), false) => p.limit,
-            (Some(p), true) => p.fallback,
-            (None, false) => r.limit,
-            (None, true) => r.fallback,
-        };
-        // A cost above the capacity is denied anyway; clamping it keeps every
-        // algorithm's integer arithmetic far from overflow whatever a cost
-        // function returns (a client-declared batch size, say).
-        let cost = cost.min(limit.capacity().saturating_add(1));
-        if !mode.enforces(&t.name, &key[t.key_base.len()..]) {
+            meta.plans.push(tp.plan.map(|p| p.name.clone()));
+        }
+        if !tp.enforced {
             let n = checks.len();
             meta.shadow.0 |= 1 << n;
             let observed = meta.observed.get_or_insert_with(|| Observed {
@@ -448,11 +513,15 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
                 .push(xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
         }
         if shared.header_style.ietf() {
-            let q = plan.map_or(r.quota, |p| p.quota);
+            let q = tp.plan.map_or(r.quota, |p| p.quota);
             meta.quotas
                 .push((q.limit(), q.period().as_micros().div_ceil(1_000_000) as u64));
         }
-        checks.push(TierCheck { key, limit, cost });
+        checks.push(TierCheck {
+            key,
+            limit: tp.limit,
+            cost: tp.cost,
+        });
         // MAX_TIERS is 64, so the index fits.
         meta.tiers.push(u8::try_from(i).unwrap_or(u8::MAX));
     }
@@ -467,11 +536,7 @@ fn plan(shared: &Shared, parts: &http::request::Parts, fallback: bool) -> Planne
 
 /// The request's plan on this tier, if it names one the tier knows (else the
 /// tier's default quota applies). The plan extractor runs once per tier.
-fn plan_of<'r>(
-    t: &BuiltTier,
-    r: &'r TierRuntime,
-    parts: &http::request::Parts,
-) -> Option<&'r PlanRuntime> {
+fn plan_of<'r>(t: &BuiltTier, r: &'r TierRuntime, parts: &Parts) -> Option<&'r PlanRuntime> {
     let from_fn;
     let plan: Option<&str> = match &t.plan_fn {
         Some(f) => {

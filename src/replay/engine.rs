@@ -4,19 +4,19 @@
 //!   layer added by `Router::layer`, exactly as in an app, and the decision
 //!   is read from the response (a [`Rejection`] in its extensions means 429).
 //!   The reference, at about 0.3 million requests per second.
-//! * **direct**: the layer's own planning (the same tiers, extractors,
-//!   modes, lists, plans and limits, read from the built layer) and the
-//!   memory backend's check, called without HTTP. Several times faster; its
-//!   decisions are tested to be the layer's, request by request
-//!   (`tests/replay.rs`).
+//! * **direct**: the layer's own planning code (the service's `gate` and
+//!   `plan_tier`, over the built layer's tiers, extractors, modes, lists,
+//!   plans and limits) and the memory backend's check, called without HTTP.
+//!   Several times faster; its decisions are tested to be the layer's,
+//!   request by request (`tests/replay.rs`).
 //!
 //! Both share the [`Planner`]: the layer engine uses it only to know which
 //! tiers applied and under which key, for the report.
 
 use crate::backend::{MemoryBackend, Shadow, TierCheck};
-use crate::layer::{BuiltTier, FailurePolicy, Runtime, Shared, TierRuntime};
+use crate::layer::{FailurePolicy, Runtime, Shared};
 use crate::response::Rejection;
-use crate::rollout::{Mode, Plan};
+use crate::service::{gate, plan_tier, Gate};
 use crate::{DecisionCounts, RateLimitHandle, RateLimitLayer};
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
@@ -109,55 +109,33 @@ impl Planner {
         }
     }
 
-    /// Which tiers check `parts`, with which keys and limits: the same
-    /// steps, in the same order, as the service's `plan`.
+    /// Which tiers check `parts`, with which keys and limits: the service's
+    /// own steps ([`gate`], then [`plan_tier`] per tier), without the
+    /// local fallback.
     pub(crate) fn plan(&mut self, parts: &Parts) -> Planned {
         let shared = &*self.shared;
         let rt = &*self.rt;
         // The fleet-wide control key's overrides (none without `[control]`).
         let ov = shared.overrides.load();
-        let global = ov.mode.unwrap_or(rt.mode);
         self.n = 0;
         self.shadow = Shadow::NONE;
-        if global == Mode::Off {
-            return Planned::Pass(Decision::Skipped);
-        }
-        if rt.deny.matches(parts, &shared.client_ip) {
-            return Planned::Denylisted;
-        }
-        if rt.allow.matches(parts, &shared.client_ip) {
-            return Planned::Pass(Decision::Allowlisted);
-        }
+        let global = match gate(shared, rt, &ov, parts) {
+            Gate::Off => return Planned::Pass(Decision::Skipped),
+            Gate::Denylisted => return Planned::Denylisted,
+            Gate::Allowlisted => return Planned::Pass(Decision::Allowlisted),
+            Gate::Tiers(global) => global,
+        };
         for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
-            let tier_mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
-            let mode = tier_mode.under(global);
-            if mode == Mode::Off || !t.counts_method(&parts.method) {
-                continue;
-            }
-            let cost = match &t.cost_fn {
-                Some(f) => f(parts),
-                None => t.cost,
-            };
-            if cost == 0 {
-                continue;
-            }
             let k = self.n;
             let c = &mut self.checks[k];
-            c.key.clear();
-            c.key.push_str(&t.key_base);
-            match t.key.extract_into(parts, &mut c.key) {
-                Ok(true) => {}
-                Ok(false) => continue,
+            let tp = match plan_tier((i, t, r), &ov, global, parts, false, &mut c.key) {
+                Ok(Some(tp)) => tp,
+                Ok(None) => continue,
                 Err(_) => return Planned::Failed,
-            }
-            c.limit = if r.plans.is_empty() {
-                r.limit
-            } else {
-                plan_limit(t, r, parts)
             };
-            // As the service: a cost above the capacity is denied anyway.
-            c.cost = cost.min(c.limit.capacity().saturating_add(1));
-            if !mode.enforces(&t.name, &c.key[t.key_base.len()..]) {
+            c.limit = tp.limit;
+            c.cost = tp.cost;
+            if !tp.enforced {
                 self.shadow.0 |= 1 << k;
             }
             self.tiers[k] = i;
@@ -196,21 +174,6 @@ impl Planner {
             FailurePolicy::Closed => Decision::FailClosed,
         }
     }
-}
-
-/// The limit for the request's plan (the tier's default when unknown), as
-/// the service's `plan_limit`.
-fn plan_limit(t: &BuiltTier, r: &TierRuntime, parts: &Parts) -> crate::algorithm::Limit {
-    let from_fn;
-    let plan: Option<&str> = match &t.plan_fn {
-        Some(f) => {
-            from_fn = f(parts);
-            from_fn.as_deref()
-        }
-        None => parts.extensions.get::<Plan>().map(|p| p.0.as_str()),
-    };
-    plan.and_then(|p| r.plans.iter().find(|pr| &*pr.name == p))
-        .map_or(r.limit, |p| p.limit)
 }
 
 /// The per-request result of an engine: the decision, the check (index
