@@ -4,6 +4,7 @@
 #
 #   benches/replay.sh                  # 5 000 000 lines
 #   LINES=20000000 benches/replay.sh   # more
+#   RUNS=5 benches/replay.sh           # runs per row (default 3; medians reported)
 #   KEEP=1 benches/replay.sh           # keep the generated files (path printed)
 #
 # Runs, each on the same log: the direct engine on the plain file, on the
@@ -19,6 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 LINES=${LINES:-5000000}
+RUNS=${RUNS:-3}
 KEEP=${KEEP:-}
 work=$(mktemp -d "${TMPDIR:-/tmp}/replay-bench.XXXXXX")
 cleanup() { [[ -n "$KEEP" ]] && echo "kept $work" >&2 || rm -rf "$work"; }
@@ -120,22 +122,27 @@ common=("${routes[@]}" --extra-field header:x-api-key --no-progress)
 
 run() {
   local label=$1 lines=$2 policy=$3; shift 3
-  local out
-  # user+sys CPU seconds from bash's time, wall-clock lines/s from the binary.
+  local out i rates=() cpus=()
+  # Each run ${RUNS} times; the median CPU (user+sys, from bash's time) and
+  # the median wall-clock rate (from the binary) are reported: other work
+  # on a shared machine inflates single runs.
   TIMEFORMAT='%U %S'
-  { out=$( { time "$bin" replay -p "$policy" "${common[@]}" "$@" >/dev/null; } 2>&1 ); } || { echo "$label: failed: $out" >&2; return 1; }
-  local rate cpu per_cpu secs
-  rate=$(grep -o '[0-9]* lines/s' <<<"$out" | head -1)
-  cpu=$(tail -1 <<<"$out" | awk '{ printf "%.2f", $1 + $2 }')
+  for ((i = 0; i < RUNS; i++)); do
+    { out=$( { time "$bin" replay -p "$policy" "${common[@]}" "$@" >/dev/null; } 2>&1 ); } || { echo "$label: failed: $out" >&2; return 1; }
+    rates+=("$(grep -o '[0-9]* lines/s' <<<"$out" | head -1 | cut -d' ' -f1)")
+    cpus+=("$(tail -1 <<<"$out" | awk '{ printf "%.3f", $1 + $2 }')")
+  done
+  local rate cpu per_cpu
+  rate=$(printf '%s\n' "${rates[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  cpu=$(printf '%s\n' "${cpus[@]}" | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
   per_cpu=$(awk -v n="$lines" -v c="$cpu" 'BEGIN { printf "%.0f", n / c }')
-  secs=$(grep -o 'in [0-9.]* s' <<<"$out" | head -1)
-  printf '| %s | %s | %s | %s s | %s |\n' "$label" "${rate% lines/s}" "${secs#in }" "$cpu" "$per_cpu"
+  printf '| %s | %s | %.2f s | %s | %s |\n' "$label" "$rate" "$cpu" "$(IFS=/; echo "${cpus[*]}")" "$per_cpu"
 }
 
 load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
 echo "Load average at start: $(load) (other work on the machine slows every run: compare CPU seconds)."
 echo
-echo "| run | lines/s (wall) | wall | CPU (user+sys, both threads) | lines per CPU second |"
+echo "| run | lines/s (wall, median) | CPU (user+sys, both threads, median) | CPU of each run, s | lines per CPU second |"
 echo "|---|---|---|---|---|"
 p5="$work/policy.toml"
 run "direct, plain file" "$LINES" "$p5" "$work/access.log"

@@ -721,7 +721,9 @@ struct KeySeed<'a, P> {
 impl<'de, P: AsRef<str>> DeserializeSeed<'de> for KeySeed<'_, P> {
     type Value = KeyMatch;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<KeyMatch, D::Error> {
-        d.deserialize_str(self)
+        // As bytes: serde_json then skips the UTF-8 check of every key (a
+        // key is only compared with the configured names).
+        d.deserialize_bytes(self)
     }
 }
 
@@ -731,13 +733,16 @@ impl<'de, P: AsRef<str>> Visitor<'de> for KeySeed<'_, P> {
         f.write_str("a key")
     }
     fn visit_str<E: de::Error>(self, k: &str) -> Result<KeyMatch, E> {
+        self.visit_bytes(k.as_bytes())
+    }
+    fn visit_bytes<E: de::Error>(self, k: &[u8]) -> Result<KeyMatch, E> {
         let mut mask = 0u64;
         for (i, (p, s)) in self.paths.iter().enumerate() {
-            let p = p.as_ref();
+            let p = p.as_ref().as_bytes();
             if p == k {
                 return Ok(KeyMatch::Leaf(*s));
             }
-            if i < 64 && p.len() > k.len() && p.starts_with(k) && p.as_bytes()[k.len()] == b'.' {
+            if i < 64 && p.len() > k.len() && p.starts_with(k) && p[k.len()] == b'.' {
                 mask |= 1 << i;
             }
         }
