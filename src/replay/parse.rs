@@ -268,8 +268,7 @@ pub(crate) struct LineParser {
     /// Combined: `$remote_user` becomes the user id.
     remote_user: bool,
     /// The last CLF timestamp text and its value (most lines share a second).
-    last_clf: Vec<u8>,
-    last_clf_us: u64,
+    time_cache: TimeCache,
 }
 
 impl LineParser {
@@ -309,8 +308,7 @@ impl LineParser {
             extras,
             headers,
             remote_user,
-            last_clf: Vec::new(),
-            last_clf_us: 0,
+            time_cache: TimeCache::default(),
         }
     }
 
@@ -399,15 +397,11 @@ impl LineParser {
             rec.user.put(user);
         }
         let ts = c.bracketed().ok_or(bad("missing [timestamp]"))?;
-        rec.time_us = if ts == &self.last_clf[..] {
-            Some(self.last_clf_us)
-        } else {
-            let t = time::parse_text(ts, self.time_format).ok_or(bad("unreadable [timestamp]"))?;
-            self.last_clf.clear();
-            self.last_clf.extend_from_slice(ts);
-            self.last_clf_us = t;
-            Some(t)
-        };
+        rec.time_us = Some(
+            self.time_cache
+                .parse(ts, self.time_format)
+                .ok_or(bad("unreadable [timestamp]"))?,
+        );
         let request = c.quoted().ok_or(bad("missing \"request\""))?;
         unescape_into(request, &mut rec.request.bytes);
         rec.request.set = true;
@@ -445,6 +439,7 @@ impl LineParser {
     fn parse_json(&mut self, line: &[u8], rec: &mut Record) -> Result<(), Malformed> {
         let mut out = JsonOut {
             time_format: self.time_format,
+            time_cache: &mut self.time_cache,
             rec,
         };
         let mut de = serde_json::Deserializer::from_slice(line);
@@ -600,7 +595,29 @@ impl<'a> Cursor<'a> {
 
 struct JsonOut<'r> {
     time_format: TimeFormat,
+    time_cache: &'r mut TimeCache,
     rec: &'r mut Record,
+}
+
+/// The last timestamp's text and value: consecutive log lines mostly share
+/// their second, and parsing a date is most of a line's parsing.
+#[derive(Debug, Default)]
+struct TimeCache {
+    text: Vec<u8>,
+    us: Option<u64>,
+}
+
+impl TimeCache {
+    fn parse(&mut self, b: &[u8], format: TimeFormat) -> Option<u64> {
+        if self.us.is_some() && b == &self.text[..] {
+            return self.us;
+        }
+        let t = time::parse_text(b, format)?;
+        self.text.clear();
+        self.text.extend_from_slice(b);
+        self.us = Some(t);
+        Some(t)
+    }
 }
 
 /// A JSON object, reading the fields in `paths` (relative to this object).
@@ -739,10 +756,13 @@ impl<'de, P: AsRef<str>> Visitor<'de> for KeySeed<'_, P> {
         let mut mask = 0u64;
         for (i, (p, s)) in self.paths.iter().enumerate() {
             let p = p.as_ref().as_bytes();
-            if p == k {
-                return Ok(KeyMatch::Leaf(*s));
-            }
-            if i < 64 && p.len() > k.len() && p.starts_with(k) && p[k.len()] == b'.' {
+            // The cheap tests first: most keys differ from most names in
+            // length, in the first byte, or in the byte after the prefix.
+            if p.len() == k.len() {
+                if p.first() == k.first() && p == k {
+                    return Ok(KeyMatch::Leaf(*s));
+                }
+            } else if i < 64 && p.len() > k.len() && p[k.len()] == b'.' && p.starts_with(k) {
                 mask |= 1 << i;
             }
         }
@@ -772,12 +792,21 @@ impl<'de> Visitor<'de> for ValueSeed<'_, '_> {
         f.write_str("a string or a number")
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        let JsonOut { time_format, rec } = self.out;
-        put(*time_format, self.slot, v.as_bytes(), rec);
+        let JsonOut {
+            time_format,
+            time_cache,
+            rec,
+        } = self.out;
+        match self.slot {
+            Slot::Time => rec.time_us = time_cache.parse(v.as_bytes(), *time_format),
+            slot => put(*time_format, slot, v.as_bytes(), rec),
+        }
         Ok(())
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        let JsonOut { time_format, rec } = self.out;
+        let JsonOut {
+            time_format, rec, ..
+        } = self.out;
         match self.slot {
             Slot::Time => rec.time_us = time::epoch_u64_us(v),
             Slot::Status => rec.status = u16::try_from(v).ok(),
@@ -789,7 +818,9 @@ impl<'de> Visitor<'de> for ValueSeed<'_, '_> {
         match u64::try_from(v) {
             Ok(u) => self.visit_u64(u),
             Err(_) => {
-                let JsonOut { time_format, rec } = self.out;
+                let JsonOut {
+                    time_format, rec, ..
+                } = self.out;
                 if !matches!(self.slot, Slot::Time | Slot::Status) {
                     put(*time_format, self.slot, v.to_string().as_bytes(), rec);
                 }
@@ -798,7 +829,9 @@ impl<'de> Visitor<'de> for ValueSeed<'_, '_> {
         }
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        let JsonOut { time_format, rec } = self.out;
+        let JsonOut {
+            time_format, rec, ..
+        } = self.out;
         match self.slot {
             Slot::Time => rec.time_us = time::epoch_f64_us(v),
             Slot::Status => {}
@@ -807,7 +840,9 @@ impl<'de> Visitor<'de> for ValueSeed<'_, '_> {
         Ok(())
     }
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-        let JsonOut { time_format, rec } = self.out;
+        let JsonOut {
+            time_format, rec, ..
+        } = self.out;
         if !matches!(self.slot, Slot::Time | Slot::Status) {
             put(
                 *time_format,
