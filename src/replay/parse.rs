@@ -947,6 +947,17 @@ mod tests {
         p.parse(LogFormat::Json, line, &mut r).unwrap();
         assert_eq!(r.ip, Some("198.51.100.2".parse().unwrap()));
         assert_eq!(r.time_us, Some(971_186_136_500_000));
+        // Keys are compared as bytes: an unknown key that is not UTF-8 is
+        // skipped like any other; a value that is read must be UTF-8.
+        let mut line =
+            br#"{"time":971186136,"client.ip":"198.51.100.3","method":"GET","path":"/z","#.to_vec();
+        line.extend_from_slice(b"\"k\xff\":1}");
+        p.parse(LogFormat::Json, &line, &mut r).unwrap();
+        assert_eq!(r.target.get(), Some(&b"/z"[..]));
+        let mut line =
+            br#"{"time":971186136,"client.ip":"198.51.100.3","method":"GET","path":"/"#.to_vec();
+        line.extend_from_slice(b"\xff\"}");
+        assert!(p.parse(LogFormat::Json, &line, &mut r).is_err());
         assert!(p.parse(LogFormat::Json, b"{\"time\":1", &mut r).is_err());
         assert!(p.parse(LogFormat::Json, b"[1,2]", &mut r).is_err());
     }
