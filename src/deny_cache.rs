@@ -31,14 +31,49 @@
 //! with [`deny_cache(0)`](crate::RateLimitLayerBuilder::deny_cache) where
 //! that matters more than sparing the backend.
 //!
+//! **Single flight.** An entry is kept for [`LAPSED_FOR`] after its retry
+//! instant. The first request that finds it lapsed goes to the backend (the
+//! *probe*); requests for the same key, cost and limit that arrive while the
+//! probe is in flight wait for its answer instead of asking too (at most the
+//! backend timeout), then look the cache up again: the probe's answer has
+//! written a new entry (it was denied, or its admission emptied the tier
+//! again) and they are answered from it, or it has not (there is room) and
+//! they go to the backend. Waiting never refuses anything the backend would
+//! admit; it saves the calls of every request that arrives during the
+//! probe's round trip, which without it all reach the backend.
+//!
 //! Bounded by entry count (a `moka` cache, TinyLFU eviction); each entry also
-//! expires at its retry time.
+//! expires [`LAPSED_FOR`] after its retry time. Probes in flight are held only
+//! while their request is (a guard in the request removes its probe and wakes
+//! the waiters when the answer has been fed to the cache, on an error, or
+//! when the request is dropped).
 
 use crate::algorithm::Limit;
 use moka::sync::Cache;
 use moka::Expiry;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// How long an entry is kept after its retry instant, so that the requests
+/// right after it know the key was at its limit: the first goes to the
+/// backend, the others wait for its answer.
+pub(crate) const LAPSED_FOR: Duration = Duration::from_secs(1);
+const LAPSED_FOR_US: u64 = 1_000_000;
+
+/// What the cache knows about a key, for a request of a given cost and limit.
+#[derive(Debug)]
+pub(crate) enum Lookup {
+    /// Denied until then: answer 429 without the backend.
+    Denied(Denied),
+    /// Denied until a moment ago: the key is at its limit, so its next
+    /// answer is worth sharing (see [`DenyCache::join`]).
+    Lapsed,
+    /// Nothing that applies.
+    Miss,
+}
 
 /// A cached denial.
 #[derive(Debug, Clone, Copy)]
@@ -84,7 +119,7 @@ impl Expiry<String, Denied> for UntilRetry {
         value: &Denied,
         _created_at: Instant,
     ) -> Option<Duration> {
-        Some(value.ttl)
+        Some(value.ttl + LAPSED_FOR)
     }
     fn expire_after_update(
         &self,
@@ -93,16 +128,80 @@ impl Expiry<String, Denied> for UntilRetry {
         _updated_at: Instant,
         _duration_until_expiry: Option<Duration>,
     ) -> Option<Duration> {
-        Some(value.ttl)
+        Some(value.ttl + LAPSED_FOR)
     }
 }
 
 pub(crate) struct DenyCache {
     cache: Option<Cache<String, Denied>>,
-    /// The latest `until_us` of any entry: once the clock passes it every
-    /// entry has lapsed, and a lookup (hashing the key) can be skipped. Most
-    /// requests of a service nobody floods take that shortcut.
+    /// The latest `until_us` of any entry plus [`LAPSED_FOR`]: once the clock
+    /// passes it every entry is gone, and a lookup (hashing the key) can be
+    /// skipped. Most requests of a service nobody floods take that shortcut.
     latest_until_us: AtomicU64,
+    /// Probes in flight, by storage key.
+    probes: Arc<Mutex<HashMap<String, Arc<Probe>>>>,
+}
+
+/// A request gone to the backend for a lapsed key; others wait for it.
+#[derive(Debug, Default)]
+pub(crate) struct Probe {
+    done: AtomicBool,
+    notify: Notify,
+}
+
+impl Probe {
+    /// Resolves when the probe's answer has been fed to the cache (or the
+    /// probe failed or was dropped), or after `timeout`.
+    pub(crate) async fn wait(self: Arc<Self>, timeout: Duration) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        // Registered before `done` is read: a wake-up between the two is
+        // not lost.
+        notified.as_mut().enable();
+        if !self.done.load(Ordering::Acquire) {
+            let _ = tokio::time::timeout(timeout, notified).await;
+        }
+    }
+}
+
+/// Held by the request that probes a key: dropping it (after the answer was
+/// fed to the cache, on an error, or with the request) ends the probe and
+/// wakes its waiters.
+pub(crate) struct ProbeGuard {
+    probes: Arc<Mutex<HashMap<String, Arc<Probe>>>>,
+    key: String,
+    probe: Arc<Probe>,
+}
+
+impl std::fmt::Debug for ProbeGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeGuard")
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl Drop for ProbeGuard {
+    fn drop(&mut self) {
+        let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+        if probes
+            .get(&self.key)
+            .is_some_and(|p| Arc::ptr_eq(p, &self.probe))
+        {
+            probes.remove(&self.key);
+        }
+        drop(probes);
+        self.probe.done.store(true, Ordering::Release);
+        self.probe.notify.notify_waiters();
+    }
+}
+
+/// A request's part in the probe of a lapsed key.
+pub(crate) enum Role {
+    /// It probes: it goes to the backend, holding this.
+    Lead(ProbeGuard),
+    /// Another request probes: wait for it.
+    Follow(Arc<Probe>),
 }
 
 impl DenyCache {
@@ -110,6 +209,7 @@ impl DenyCache {
     pub(crate) fn new(capacity: u64) -> Self {
         Self {
             latest_until_us: AtomicU64::new(0),
+            probes: Arc::default(),
             cache: (capacity > 0).then(|| {
                 Cache::builder()
                     .max_capacity(capacity)
@@ -123,20 +223,47 @@ impl DenyCache {
         self.cache.is_some()
     }
 
-    /// The denial cached for `key` that still applies at `now_us` to a
-    /// request of `cost` checked under `quota`.
-    pub(crate) fn get(&self, key: &str, cost: u64, quota: &Limit, now_us: u64) -> Option<Denied> {
+    /// What is cached for `key` at `now_us`, for a request of `cost` checked
+    /// under `quota` (an entry for another cost or limit does not apply).
+    pub(crate) fn lookup(&self, key: &str, cost: u64, quota: &Limit, now_us: u64) -> Lookup {
         if now_us >= self.latest_until_us.load(Ordering::Relaxed) {
-            return None;
+            return Lookup::Miss;
         }
-        let d = self.cache.as_ref()?.get(key)?;
-        (now_us < d.until_us && cost == d.min_cost && *quota == d.quota).then_some(d)
+        let Some(d) = self.cache.as_ref().and_then(|c| c.get(key)) else {
+            return Lookup::Miss;
+        };
+        if cost != d.min_cost || *quota != d.quota {
+            Lookup::Miss
+        } else if now_us < d.until_us {
+            Lookup::Denied(d)
+        } else if now_us < d.until_us.saturating_add(LAPSED_FOR_US) {
+            Lookup::Lapsed
+        } else {
+            Lookup::Miss
+        }
+    }
+
+    /// Joins the probe of the lapsed `key`: leads it when none is in flight.
+    pub(crate) fn join(&self, key: &str) -> Role {
+        let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = probes.get(key) {
+            return Role::Follow(p.clone());
+        }
+        let probe = Arc::new(Probe::default());
+        probes.insert(key.to_owned(), probe.clone());
+        Role::Lead(ProbeGuard {
+            probes: self.probes.clone(),
+            key: key.to_owned(),
+            probe,
+        })
     }
 
     pub(crate) fn insert(&self, key: String, denied: Denied) {
         if let Some(c) = &self.cache {
-            self.latest_until_us
-                .fetch_max(denied.until_us, Ordering::Relaxed);
+            self.latest_until_us.fetch_max(
+                denied.until_us.saturating_add(LAPSED_FOR_US),
+                Ordering::Relaxed,
+            );
             c.insert(key, denied);
         }
     }

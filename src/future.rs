@@ -1,10 +1,11 @@
 //! [`ResponseFuture`]: the check (when the backend is remote), then the inner
 //! service, then the headers.
 
-use crate::backend::CheckFuture;
+use crate::backend::{CheckFuture, TierCheck, Verdict};
+use crate::error::BackendError;
 use crate::layer::Shared;
 use crate::response::{RateLimitHeaders, ResponseBody};
-use crate::service::{outcome, Meta, Outcome, Refunds};
+use crate::service::{outcome, resume, Meta, Outcome, Refunds, Resumed, Started};
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -12,6 +13,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Instant;
 use tower_service::Service;
 
 pin_project! {
@@ -32,6 +34,19 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
+        /// Waiting for another request's answer on a lapsed deny-cache key
+        /// (bounded by the backend timeout); then the cache again, then the
+        /// backend.
+        Waiting {
+            #[pin]
+            wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+            service: S,
+            request: Request<ReqBody>,
+            shared: Arc<Shared>,
+            checks: Vec<TierCheck>,
+            meta: Meta,
+            started: Instant,
+        },
         /// Waiting for the backend (bounded by the backend timeout).
         Checking {
             #[pin]
@@ -111,6 +126,29 @@ where
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn wait(
+        wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+        service: S,
+        request: Request<ReqBody>,
+        shared: Arc<Shared>,
+        checks: Vec<TierCheck>,
+        meta: Meta,
+        started: Instant,
+    ) -> Self {
+        Self {
+            state: State::Waiting {
+                wait,
+                service,
+                request,
+                shared,
+                checks,
+                meta,
+                started,
+            },
+        }
+    }
+
     pub(crate) fn check(
         check: CheckFuture,
         service: S,
@@ -140,6 +178,37 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
+                StateProj::Waiting { wait, .. } => {
+                    ready!(wait.poll(cx));
+                    let StateOwned::Waiting {
+                        service,
+                        request,
+                        shared,
+                        checks,
+                        meta,
+                        started,
+                        ..
+                    } = this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("state was Waiting");
+                    };
+                    let next = match resume(&shared, checks, meta, started) {
+                        Resumed::Respond(res) => State::Responding {
+                            response: Some(res),
+                        },
+                        Resumed::Started(Started::Pending(check, meta)) => State::Checking {
+                            check,
+                            service,
+                            request,
+                            shared,
+                            meta,
+                        },
+                        Resumed::Started(Started::Ready(result, meta)) => {
+                            decided(&shared, &meta, result, service, request)
+                        }
+                    };
+                    this.state.set(next);
+                }
                 StateProj::Checking {
                     check,
                     shared,
@@ -149,36 +218,13 @@ where
                     let result = ready!(check.poll(cx));
                     let (shared, meta) = (shared.clone(), std::mem::take(meta));
                     let StateOwned::Checking {
-                        mut service,
-                        request,
-                        ..
+                        service, request, ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
                         unreachable!("state was Checking");
                     };
-                    let (parts, body) = request.into_parts();
-                    let decided = outcome(&shared, &meta, result, &parts);
-                    let request = Request::from_parts(parts, body);
-                    let next = match decided {
-                        Outcome::Pass(headers, delay, refunds) if delay.is_zero() => {
-                            State::Calling {
-                                future: service.call(request),
-                                headers,
-                                refunds,
-                            }
-                        }
-                        Outcome::Pass(headers, delay, refunds) => State::Delaying {
-                            sleep: tokio::time::sleep(delay),
-                            service,
-                            request,
-                            headers,
-                            refunds,
-                        },
-                        Outcome::Respond(res) => State::Responding {
-                            response: Some(res),
-                        },
-                    };
-                    this.state.set(next);
+                    this.state
+                        .set(decided(&shared, &meta, result, service, request));
                 }
                 StateProj::Delaying { sleep, .. } => {
                     ready!(sleep.poll(cx));
@@ -222,5 +268,39 @@ where
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
         }
+    }
+}
+
+/// The state after the backend's answer (or error): call the inner service
+/// (after a shaping delay), or answer.
+fn decided<S, ReqBody>(
+    shared: &Shared,
+    meta: &Meta,
+    result: Result<Verdict, BackendError>,
+    mut service: S,
+    request: Request<ReqBody>,
+) -> State<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    let (parts, body) = request.into_parts();
+    let decided = outcome(shared, meta, result, &parts);
+    let request = Request::from_parts(parts, body);
+    match decided {
+        Outcome::Pass(headers, delay, refunds) if delay.is_zero() => State::Calling {
+            future: service.call(request),
+            headers,
+            refunds,
+        },
+        Outcome::Pass(headers, delay, refunds) => State::Delaying {
+            sleep: tokio::time::sleep(delay),
+            service,
+            request,
+            headers,
+            refunds,
+        },
+        Outcome::Respond(res) => State::Responding {
+            response: Some(res),
+        },
     }
 }

@@ -1,10 +1,11 @@
 //! [`RateLimitService`]: the tower service the layer wraps around yours.
 
 use crate::algorithm::{Decision, Limit};
+use crate::backend::CheckFuture;
 use crate::backend::{Backend, Check, Shadow, TierCheck, TierRefund, Verdict};
 use crate::breaker::Permit;
 use crate::control::Overrides;
-use crate::deny_cache::Denied;
+use crate::deny_cache::{Denied, Lookup, Probe, ProbeGuard, Role};
 use crate::error::BackendError;
 use crate::future::ResponseFuture;
 use crate::key::KeyError;
@@ -19,7 +20,7 @@ use http::{Request, Response};
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tower_service::Service;
 
 /// Rate-limits requests before they reach `S`. Built by
@@ -195,42 +196,26 @@ where
             Planned::Refuse(res) => return ResponseFuture::respond(res),
             Planned::Failed(e) => (Err(e), Meta::default()),
             Planned::Check(checks, mut meta) => {
-                if let Some(res) = deny_cached(shared, &checks, &meta) {
-                    return ResponseFuture::respond(res);
-                }
-                meta.started = Some(started);
-                meta.permit = shared.breaker.permit();
-                if meta.permit == Permit::Reject {
-                    (Err(BackendError::CircuitOpen), meta)
-                } else {
-                    meta.backend_started = Some(std::time::Instant::now());
-                    #[allow(irrefutable_let_patterns)] // without the `redis` feature
-                    if let Backend::Memory(m) = &shared.backend {
-                        // Synchronous: keep the checks themselves, no copies.
-                        let verdict = m.check(&checks, meta.shadow, shared.refunds());
-                        meta.sent = checks;
-                        (Ok(verdict), meta)
-                    } else {
-                        // For the deny cache (off on the memory backend).
-                        meta.sent_us = shared.local_clock.now_us();
-                        let blocked = shared.blocked_set();
-                        let started = shared.backend.start_check(
-                            &checks,
-                            meta.shadow,
-                            shared.refunds(),
-                            blocked.as_deref(),
-                            Some(shared.backend_timeout),
+                match deny_cached(shared, &checks, &meta, true) {
+                    Cached::Respond(res) => return ResponseFuture::respond(res),
+                    Cached::Wait(probe) => {
+                        let wait = Box::pin(probe.wait(shared.backend_timeout));
+                        let shared = shared.clone();
+                        let req = Request::from_parts(parts, body);
+                        let inner = self.take_ready_inner();
+                        return ResponseFuture::wait(
+                            wait, inner, req, shared, checks, meta, started,
                         );
-                        meta.sent = checks;
-                        match started {
-                            Check::Ready(result) => (result, meta),
-                            Check::Pending(fut) => {
-                                let shared = shared.clone();
-                                let req = Request::from_parts(parts, body);
-                                let inner = self.take_ready_inner();
-                                return ResponseFuture::check(fut, inner, req, shared, meta);
-                            }
-                        }
+                    }
+                    Cached::Check(probe) => meta.probe = probe,
+                }
+                match start(shared, checks, meta, started) {
+                    Started::Ready(result, meta) => (result, meta),
+                    Started::Pending(fut, meta) => {
+                        let shared = shared.clone();
+                        let req = Request::from_parts(parts, body);
+                        let inner = self.take_ready_inner();
+                        return ResponseFuture::check(fut, inner, req, shared, meta);
                     }
                 }
             }
@@ -250,22 +235,128 @@ where
     }
 }
 
-/// A 429 from the deny cache, if an enforced check's key is cached as
-/// denied for at least this cost.
-fn deny_cached(shared: &Shared, checks: &[TierCheck], meta: &Meta) -> Option<Response<Bytes>> {
+/// How a backend check began.
+pub(crate) enum Started {
+    /// Decided already (the memory backend, an open circuit, a command that
+    /// could not be built).
+    Ready(Result<Verdict, BackendError>, Meta),
+    /// In flight.
+    Pending(CheckFuture, Meta),
+}
+
+/// Starts the backend check of `checks` (past the deny cache). `started`:
+/// when the request reached the layer.
+fn start(shared: &Shared, checks: Vec<TierCheck>, mut meta: Meta, started: Instant) -> Started {
+    meta.started = Some(started);
+    meta.permit = shared.breaker.permit();
+    if meta.permit == Permit::Reject {
+        return Started::Ready(Err(BackendError::CircuitOpen), meta);
+    }
+    meta.backend_started = Some(Instant::now());
+    #[allow(irrefutable_let_patterns)] // without the `redis` feature
+    if let Backend::Memory(m) = &shared.backend {
+        // Synchronous: keep the checks themselves, no copies.
+        let verdict = m.check(&checks, meta.shadow, shared.refunds());
+        meta.sent = checks;
+        Started::Ready(Ok(verdict), meta)
+    } else {
+        // For the deny cache (off on the memory backend).
+        meta.sent_us = shared.local_clock.now_us();
+        let blocked = shared.blocked_set();
+        let check = shared.backend.start_check(
+            &checks,
+            meta.shadow,
+            shared.refunds(),
+            blocked.as_deref(),
+            Some(shared.backend_timeout),
+        );
+        meta.sent = checks;
+        match check {
+            Check::Ready(result) => Started::Ready(result, meta),
+            Check::Pending(fut) => Started::Pending(fut, meta),
+        }
+    }
+}
+
+/// What a request that waited for another's probe does next.
+pub(crate) enum Resumed {
+    /// Answered from the deny cache.
+    Respond(Response<Bytes>),
+    Started(Started),
+}
+
+/// After the wait for a probe: the deny cache again (the probe's answer is
+/// in it now), then the backend.
+pub(crate) fn resume(
+    shared: &Shared,
+    checks: Vec<TierCheck>,
+    mut meta: Meta,
+    started: Instant,
+) -> Resumed {
+    match deny_cached(shared, &checks, &meta, false) {
+        Cached::Respond(res) => Resumed::Respond(res),
+        Cached::Wait(_) => Resumed::Started(start(shared, checks, meta, started)),
+        Cached::Check(probe) => {
+            meta.probe = probe;
+            Resumed::Started(start(shared, checks, meta, started))
+        }
+    }
+}
+
+/// What the deny cache says about a request's enforced checks.
+enum Cached {
+    /// A 429 from a cached denial.
+    Respond(Response<Bytes>),
+    /// Another request is probing one of its lapsed keys: wait for its
+    /// answer.
+    Wait(Arc<Probe>),
+    /// Ask the backend; with a guard when this request probes a lapsed key.
+    Check(Option<ProbeGuard>),
+}
+
+/// Looks the enforced checks up in the deny cache: a 429 if one is cached
+/// as denied for this cost and limit; else, for the first lapsed one, the
+/// probe to join (`may_wait`: wait for another's; a request that already
+/// waited does not wait again).
+fn deny_cached(shared: &Shared, checks: &[TierCheck], meta: &Meta, may_wait: bool) -> Cached {
     if !shared.deny_cache.enabled() {
-        return None;
+        return Cached::Check(None);
     }
     let now_us = shared.local_clock.now_us();
-    let (i, d) = checks.iter().enumerate().find_map(|(i, c)| {
+    let mut lapsed = None;
+    for (i, c) in checks.iter().enumerate() {
         if meta.shadow.contains(i) {
-            return None;
+            continue;
         }
-        shared
-            .deny_cache
-            .get(&c.key, c.cost, &c.limit, now_us)
-            .map(|d| (i, d))
-    })?;
+        match shared.deny_cache.lookup(&c.key, c.cost, &c.limit, now_us) {
+            Lookup::Denied(d) => {
+                return Cached::Respond(cache_blocked(shared, checks, meta, i, &d, now_us))
+            }
+            Lookup::Lapsed => {
+                lapsed.get_or_insert(i);
+            }
+            Lookup::Miss => {}
+        }
+    }
+    let Some(i) = lapsed else {
+        return Cached::Check(None);
+    };
+    match shared.deny_cache.join(&checks[i].key) {
+        Role::Lead(guard) => Cached::Check(Some(guard)),
+        Role::Follow(probe) if may_wait => Cached::Wait(probe),
+        Role::Follow(_) => Cached::Check(None),
+    }
+}
+
+/// The 429 for check `i`, cached as denied by `d`.
+fn cache_blocked(
+    shared: &Shared,
+    checks: &[TierCheck],
+    meta: &Meta,
+    i: usize,
+    d: &Denied,
+    now_us: u64,
+) -> Response<Bytes> {
     shared.count("cache_blocked");
     // The operator's view counts it like the backend's rejection.
     let now_s = now_us / 1_000_000;
@@ -291,7 +382,7 @@ fn deny_cached(shared: &Shared, checks: &[TierCheck], meta: &Meta) -> Option<Res
         retry_after_us: wait,
         delay_us: 0,
     };
-    Some(reject(shared, meta, i, &decision, now_us, false))
+    reject(shared, meta, i, &decision, now_us, false)
 }
 
 impl<S: Clone> RateLimitService<S> {
@@ -330,6 +421,10 @@ pub(crate) struct Meta {
     fallback: bool,
     /// With IETF headers: each check's quota and window in seconds.
     quotas: Vec<(u64, u64)>,
+    /// Held while this request probes a lapsed deny-cache key: dropped with
+    /// the meta, after the answer was fed to the cache (or on an error),
+    /// which wakes the requests waiting for it.
+    pub(crate) probe: Option<ProbeGuard>,
     /// For tiers with plans: each check's plan (`None` = the tier's default).
     plans: Vec<Option<Arc<str>>>,
 }

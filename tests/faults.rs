@@ -338,3 +338,115 @@ async fn fallback_limits_locally_with_the_divided_quota() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Issues `n` requests to `svc` before awaiting any (so all of them are
+/// planned, and find the deny cache, before the first answer comes back),
+/// then awaits them in order: their statuses and `Retry-After`s.
+async fn burst<S>(svc: &mut S, n: usize) -> Vec<(u16, Option<String>)>
+where
+    S: tower::Service<
+        http::Request<axum::body::Body>,
+        Response = http::Response<tiered_ratelimit::response::ResponseBody<axum::body::Body>>,
+    >,
+    S::Error: std::fmt::Debug,
+{
+    use tower::ServiceExt;
+    let mut futures = Vec::new();
+    for _ in 0..n {
+        let req = http::Request::builder()
+            .uri("/")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        futures.push(svc.ready().await.unwrap().call(req));
+    }
+    let mut out = Vec::new();
+    for f in futures {
+        let res = f.await.unwrap();
+        let retry = res
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        out.push((res.status().as_u16(), retry));
+    }
+    out
+}
+
+fn single_flight_layer(redis: &RedisServer, clock: &ManualClock, quota: Quota) -> RateLimitLayer {
+    RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .tier(Tier::new("global", Global, quota))
+        .build()
+        .unwrap()
+}
+
+fn ok_service() -> impl tower::Service<
+    http::Request<axum::body::Body>,
+    Response = http::Response<axum::body::Body>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    tower::service_fn(|_| async { Ok(http::Response::new(axum::body::Body::empty())) })
+}
+
+/// Single flight: when a cached denial lapses, the first request goes to
+/// Redis and those that arrive during its round trip wait for its answer
+/// instead of asking too. Its admission takes the one token that came back
+/// and empties the bucket again, so they are answered 429 from the cache,
+/// with no Redis call of their own.
+#[tokio::test(flavor = "current_thread")]
+async fn deny_cache_lets_one_request_ask_for_a_lapsed_key() {
+    use tower::Layer;
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let layer = single_flight_layer(&redis, &clock, Quota::per_minute(10));
+    let handle = layer.handle();
+    let mut svc = layer.layer(ok_service());
+    // All eleven are issued before the first answer: none finds the cache
+    // primed yet, and Redis denies the eleventh.
+    let first = burst(&mut svc, 11).await;
+    assert!(first[..10].iter().all(|(s, _)| *s == 200), "{first:?}");
+    assert_eq!(first[10], (429, Some("6".into())));
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    let before = handle.counts();
+    // The next token comes at +6 s; the entry lapses then.
+    clock.advance(Duration::from_secs(6));
+    let statuses = burst(&mut svc, 21).await;
+    assert_eq!(statuses[0], (200, None));
+    assert!(
+        statuses[1..].iter().all(|s| *s == (429, Some("6".into()))),
+        "{statuses:?}"
+    );
+    assert_eq!(evalsha_calls(&redis), 1);
+    let after = handle.counts();
+    assert_eq!(after.cache_blocked, before.cache_blocked + 20);
+    assert_eq!(after.limited, before.limited);
+}
+
+/// The waiters never get a 429 Redis would not give: when the probe's
+/// admission leaves room, nothing is cached and they all ask Redis, which
+/// admits them.
+#[tokio::test(flavor = "current_thread")]
+async fn requests_that_waited_for_a_probe_with_room_left_ask_redis() {
+    use tower::Layer;
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    // 1000 per second, burst 1000: empty after 1000, a token per ms.
+    let layer = single_flight_layer(&redis, &clock, Quota::per_second(1000));
+    let handle = layer.handle();
+    let mut svc = layer.layer(ok_service());
+    let first = burst(&mut svc, 1001).await;
+    assert_eq!(first.iter().filter(|(s, _)| *s == 200).count(), 1000);
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    // Half a second later, 500 tokens are back; the entry (until +1 ms) has
+    // lapsed a moment ago.
+    clock.advance(Duration::from_millis(500));
+    let statuses = burst(&mut svc, 21).await;
+    assert!(statuses.iter().all(|(s, _)| *s == 200), "{statuses:?}");
+    // The probe, then each waiter on its own.
+    assert_eq!(evalsha_calls(&redis), 21);
+    assert_eq!(handle.counts().allowed, 1000 + 21);
+}
