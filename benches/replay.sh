@@ -151,8 +151,9 @@ run "direct, plain file, --json" "$LINES" "$p5" --json "$work/access.log"
 run "direct, JSON lines" "$LINES" "$p5" --format json --field header:x-api-key=api_key "$work/access.jsonl"
 printf '[[tier]]\nname = "ip"\nkey = "ip"\nlimit = 300\nperiod = "1m"\n' > "$work/one-tier.toml"
 run "direct, plain file, 1 tier (ip) instead of 5" "$LINES" "$work/one-tier.toml" "$work/access.log"
-head -n 500000 "$work/access.log" > "$work/head.log"
-run "layer engine (axum Router), first 500 000 lines" 500000 "$p5" --engine layer "$work/head.log"
+head_lines=$(( LINES < 500000 ? LINES : 500000 ))
+head -n "$head_lines" "$work/access.log" > "$work/head.log"
+run "layer engine (axum Router), first $head_lines lines" "$head_lines" "$p5" --engine layer "$work/head.log"
 echo
 echo "Load average at the end: $(load)."
 echo

@@ -960,3 +960,111 @@ fn input_from_arg() {
     assert_eq!(Input::from_arg("-"), Input::Stdin);
     assert_eq!(Input::from_arg("a.log").name(), "a.log");
 }
+
+/// Inputs a review threw at the replay: a line over 16 MiB (skipped to its
+/// newline, counted once, nothing inside it replayed), a timestamp from
+/// the far future (malformed, not moving the clock for the lines after
+/// it), an impossible date, JSON lines behind a byte order mark or a
+/// partial first line (detected as JSON anyway).
+#[test]
+fn hostile_lines_are_counted_not_replayed() {
+    let dir = TempDir::new("hostile");
+    dir.file("policy.toml", SIMPLE_POLICY);
+    let good = |t: u64, ip: &str| {
+        format!(
+            "{ip} - - [{}] \"GET / HTTP/1.1\" 200 5 \"-\" \"ua\"\n",
+            clf_time(t)
+        )
+    };
+    let mut log = good(0, "192.0.2.1").into_bytes();
+    // 17 MiB of padding whose last bytes look like a whole request line.
+    let mut long = vec![b'x'; 17 << 20];
+    long.extend_from_slice(good(1, "6.6.6.6").trim_end().as_bytes());
+    long.push(b'\n');
+    log.extend_from_slice(&long); // 2
+    log.extend_from_slice(good(2, "192.0.2.1").as_bytes()); // 3
+    log.extend_from_slice(
+        b"198.18.0.1 - - [01/Jan/9999:00:00:00 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"x\"\n",
+    ); // 4
+    log.extend_from_slice(
+        b"198.18.0.1 - - [31/Feb/2024:00:00:00 +0000] \"GET / HTTP/1.1\" 200 1 \"-\" \"x\"\n",
+    ); // 5
+    log.extend_from_slice(good(3, "192.0.2.2").as_bytes()); // 6
+    dir.file("access.log", &log);
+    let r = json(&dir.0, &["-p", "policy.toml", "--json", "-q", "access.log"]);
+    let i = &r["input"];
+    assert_eq!(i["lines"], 6, "{i}");
+    assert_eq!(i["malformed"], 3, "{i}");
+    assert_eq!(r["totals"]["requests"], 3, "{i}");
+    let examples: Vec<(u64, String)> = i["examples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["line"].as_u64().unwrap(),
+                e["reason"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(examples[0], (2, "line longer than 16 MiB (skipped)".into()));
+    assert_eq!(
+        examples[1],
+        (4, "timestamp more than a day in the future".into())
+    );
+    assert_eq!(examples[2].0, 5);
+    // The clock did not jump to 9999: the log spans 3 s, in order.
+    assert_eq!(i["out_of_order"], 0, "{i}");
+    assert_eq!(i["span_seconds"], 3.0, "{i}");
+
+    // JSON lines behind a byte order mark, and after a partial line.
+    let jl = |t: u64| {
+        format!(
+            "{{\"time\":\"{}\",\"remote_addr\":\"192.0.2.9\",\"method\":\"GET\",\"path\":\"/\"}}\n",
+            clf_time(t)
+        )
+    };
+    let mut bom = b"\xEF\xBB\xBF".to_vec();
+    bom.extend_from_slice((jl(0) + &jl(1)).as_bytes());
+    dir.file("bom.jsonl", &bom);
+    dir.file("partial.jsonl", format!("th\":\"/\"}}\n{}{}", jl(0), jl(1)));
+    for (file, requests) in [("bom.jsonl", 2), ("partial.jsonl", 2)] {
+        let r = json(&dir.0, &["-p", "policy.toml", "--json", "-q", file]);
+        assert_eq!(r["totals"]["requests"], requests, "{file}: {}", r["input"]);
+    }
+}
+
+/// A chart that cannot be written fails before the replay, naming the
+/// flag; a run in which no input could be read exits non-zero.
+#[test]
+fn unwritable_plot_and_unreadable_inputs_fail_the_run() {
+    let dir = TempDir::new("failing");
+    dir.file("policy.toml", SIMPLE_POLICY);
+    dir.file(
+        "access.log",
+        "192.0.2.1 - - [01/Mar/2024:00:00:00 +0000] \"GET / HTTP/1.1\" 200 5\n",
+    );
+    let out = Command::new(BIN)
+        .args([
+            "replay",
+            "-p",
+            "policy.toml",
+            "--plot",
+            "no/such/dir/x.svg",
+            "access.log",
+        ])
+        .current_dir(&dir.0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--plot no/such/dir/x.svg"), "{err}");
+    let out = Command::new(BIN)
+        .args(["replay", "-p", "policy.toml", "-q", "missing.log"])
+        .current_dir(&dir.0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    // The report still says why.
+    assert!(String::from_utf8_lossy(&out.stdout).contains("missing.log"));
+}

@@ -172,6 +172,11 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
     options.max_examples = args.examples;
     options.show_keys = args.show_keys;
     options.max_keys = args.max_keys;
+    if let Some(path) = &args.plot {
+        // Fail before a long replay, not after it: the chart's file must be
+        // writable (it is overwritten at the end).
+        std::fs::File::create(path).map_err(|e| format!("--plot {}: {e}", path.display()))?;
+    }
     let mut replayer = Replayer::new(&policy, options).map_err(|e| e.to_string())?;
     let inputs: Vec<Input> = if args.inputs.is_empty() {
         vec![Input::Stdin]
@@ -196,9 +201,6 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
             if secs > 0.0 { lines / secs } else { 0.0 },
         );
     }
-    if let Some(path) = &args.plot {
-        write_plot(&report, path)?;
-    }
     let out = if args.json {
         let mut json = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         json.push('\n');
@@ -212,7 +214,15 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
         .and_then(|()| stdout.flush())
     {
         // `| head` closing the pipe is not an error.
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
-        _ => Ok(()),
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(format!("stdout: {e}")),
+        _ => {}
     }
+    // After the report, so a failing chart does not lose it.
+    if let Some(path) = &args.plot {
+        write_plot(&report, path).map_err(|e| format!("--plot {}: {e}", path.display()))?;
+    }
+    if report.input.lines == 0 && !report.input.errors.is_empty() {
+        return Err("no input could be read (see the report)".into());
+    }
+    Ok(())
 }

@@ -56,12 +56,17 @@ pub(crate) enum Msg {
     /// spare: buffers go back and forth initialized, so a read never zeroes
     /// memory first.
     Chunk { buf: Vec<u8>, len: usize },
+    /// A line longer than [`MAX_LINE`] was skipped (up to and including its
+    /// newline): it counts as one malformed line.
+    TooLong,
     /// The input could not be (fully) read; what was read before counts.
     Error { input: usize, error: String },
 }
 
 const CHUNK: usize = 1 << 20;
-const MAX_LINE: usize = 16 << 20;
+/// The longest line replayed: 16 MiB (no log line is anywhere near; a
+/// longer one is garbage, skipped to its end without being held).
+pub(crate) const MAX_LINE: usize = 16 << 20;
 
 /// Counts bytes read from the underlying source, for the progress bar.
 struct Counting<R> {
@@ -152,7 +157,9 @@ fn read_one(
     // `buf[..filled]` holds data; the rest is initialized room to read into.
     let mut buf: Vec<u8> = spare.try_recv().unwrap_or_default();
     let mut filled = 0;
-    let send = |buf: Vec<u8>, len: usize| tx.send(Msg::Chunk { buf, len }).is_ok();
+    // Inside a line over MAX_LINE: discard up to its newline.
+    let mut skipping = false;
+    let send = |msg: Msg| tx.send(msg).is_ok();
     loop {
         if buf.len() < filled + CHUNK {
             buf.resize((filled + CHUNK).max(CHUNK * 2), 0);
@@ -162,16 +169,37 @@ fn read_one(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => {
                 // Whole lines read before the error still count.
-                if let Some(p) = memchr::memrchr(b'\n', &buf[..filled]) {
-                    send(buf, p + 1);
+                if skipping {
+                    send(Msg::TooLong);
+                } else if let Some(p) = memchr::memrchr(b'\n', &buf[..filled]) {
+                    send(Msg::Chunk { buf, len: p + 1 });
                 }
                 return Err(e);
             }
         };
+        if skipping {
+            // Only the new bytes can hold the end of the long line.
+            match memchr::memchr(b'\n', &buf[filled..filled + n]) {
+                Some(p) => {
+                    buf.copy_within(filled + p + 1..filled + n, 0);
+                    filled = n - (p + 1);
+                    skipping = false;
+                    if !send(Msg::TooLong) {
+                        return Ok(());
+                    }
+                }
+                None if n == 0 => {
+                    send(Msg::TooLong);
+                    return Ok(());
+                }
+                None => {}
+            }
+            continue;
+        }
         filled += n;
         if n == 0 {
             if filled > 0 {
-                send(buf, filled);
+                send(Msg::Chunk { buf, len: filled });
             }
             return Ok(());
         }
@@ -186,20 +214,17 @@ fn read_one(
                 next.resize((rest + CHUNK).max(CHUNK * 2), 0);
             }
             next[..rest].copy_from_slice(&buf[p + 1..filled]);
-            if !send(buf, p + 1) {
+            if !send(Msg::Chunk { buf, len: p + 1 }) {
                 return Ok(());
             }
             buf = next;
             filled = rest;
         } else if filled > MAX_LINE {
-            // No newline in 16 MiB: not a log line. Pass it on (it will be
-            // counted as malformed) rather than hold the input in memory.
-            let next = spare.try_recv().unwrap_or_default();
-            if !send(buf, filled) {
-                return Ok(());
-            }
-            buf = next;
+            // No newline in 16 MiB: not a log line. Drop it to its end
+            // rather than hold it, or replay a piece of it as a line.
+            skipping = true;
             filled = 0;
+            buf.truncate(CHUNK * 2);
         }
     }
 }
@@ -208,12 +233,13 @@ fn read_one(
 mod tests {
     use super::*;
 
-    /// Reads `contents` through the reader thread; returns the chunks.
-    fn chunks_of(name: &str, contents: &[u8]) -> Vec<Vec<u8>> {
+    /// Reads `contents` through the reader thread; returns the chunks and
+    /// the number of lines skipped as too long.
+    fn read_all(name: &str, contents: &[u8]) -> (Vec<Vec<u8>>, usize) {
         let path = std::env::temp_dir().join(format!("trl-input-{}-{name}", std::process::id()));
         std::fs::write(&path, contents).unwrap();
         let reader = spawn(vec![Input::File(path.clone())], Arc::default()).unwrap();
-        let mut out = Vec::new();
+        let (mut out, mut too_long) = (Vec::new(), 0);
         for msg in &reader.rx {
             match msg {
                 Msg::Start { .. } => {}
@@ -221,12 +247,13 @@ mod tests {
                     out.push(buf[..len].to_vec());
                     let _ = reader.recycle.send(buf);
                 }
+                Msg::TooLong => too_long += 1,
                 Msg::Error { error, .. } => panic!("{error}"),
             }
         }
         reader.handle.join().unwrap();
         std::fs::remove_file(&path).unwrap();
-        out
+        (out, too_long)
     }
 
     /// Lines across many chunk boundaries come out whole, in order, byte for
@@ -244,7 +271,8 @@ mod tests {
             i += 1;
         }
         log.extend_from_slice(b"last line without a newline");
-        let chunks = chunks_of("boundaries", &log);
+        let (chunks, too_long) = read_all("boundaries", &log);
+        assert_eq!(too_long, 0);
         assert!(chunks.len() >= 5, "{} chunks", chunks.len());
         for c in &chunks[..chunks.len() - 1] {
             assert_eq!(c.last(), Some(&b'\n'));
@@ -252,15 +280,21 @@ mod tests {
         assert_eq!(chunks.concat(), log);
     }
 
-    /// A "line" over 16 MiB is passed on in pieces (to be counted as
-    /// malformed) instead of being held whole; what follows is intact.
+    /// A "line" over 16 MiB is skipped to its newline without being held
+    /// whole or passed on in pieces (one of which could read as a request):
+    /// the lines around it are intact.
     #[test]
-    fn a_line_over_the_limit_is_passed_on_not_held() {
-        let mut log = vec![b'x'; MAX_LINE + CHUNK + 5];
+    fn a_line_over_the_limit_is_skipped_to_its_end() {
+        let mut log = b"before\n".to_vec();
+        log.extend(std::iter::repeat_n(b'x', MAX_LINE + CHUNK + 5));
         log.extend_from_slice(b"\nnext line\n");
-        let chunks = chunks_of("huge", &log);
-        assert!(chunks.iter().all(|c| c.len() <= MAX_LINE + 2 * CHUNK));
-        assert_eq!(chunks.concat(), log);
-        assert!(chunks.last().unwrap().ends_with(b"\nnext line\n"));
+        let (chunks, too_long) = read_all("huge", &log);
+        assert_eq!(too_long, 1);
+        assert_eq!(chunks.concat(), b"before\nnext line\n");
+        // At the end of the input, with no newline after it.
+        let mut log = b"before\n".to_vec();
+        log.extend(std::iter::repeat_n(b'x', MAX_LINE + 3 * CHUNK));
+        let (chunks, too_long) = read_all("huge-last", &log);
+        assert_eq!((chunks.concat(), too_long), (b"before\n".to_vec(), 1));
     }
 }

@@ -242,6 +242,8 @@ pub struct Replayer {
     parser: LineParser,
     format: LogFormat,
     input_format: Option<LogFormat>,
+    /// A line of the current input has read in `input_format`.
+    format_confirmed: bool,
     rec: Record,
     parts: Parts,
     /// Buffers of extensions removed from `parts`, for the next insert.
@@ -382,6 +384,7 @@ impl Replayer {
             parser,
             format: options.format,
             input_format: None,
+            format_confirmed: false,
             rec: Record::default(),
             parts: http::Request::new(()).into_parts().0,
             spare: Spare::default(),
@@ -408,6 +411,7 @@ impl Replayer {
         name.clone_into(&mut self.input_name);
         self.line_no = 0;
         self.input_format = None;
+        self.format_confirmed = false;
     }
 
     /// Records that the current input could not be read past its current
@@ -415,6 +419,19 @@ impl Replayer {
     pub fn input_error(&mut self, error: String) {
         let (name, line) = (self.input_name.clone(), self.line_no);
         self.collector.input_error(&name, line, error);
+    }
+
+    /// Counts a line of the current input that was longer than 16 MiB (the
+    /// reader skipped it) as malformed.
+    fn too_long_line(&mut self) {
+        self.line_no += 1;
+        self.collector.input.lines += 1;
+        self.collector.issue(
+            &self.input_name,
+            self.line_no,
+            "line longer than 16 MiB (skipped)",
+            true,
+        );
     }
 
     /// Replays one line (without its newline) of the current input.
@@ -429,6 +446,12 @@ impl Replayer {
             return Ok(LineOutcome::Empty);
         }
         self.collector.input.lines += 1;
+        // A byte order mark before the first line is not part of it.
+        let line = if self.line_no == 1 {
+            line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line)
+        } else {
+            line
+        };
         let format = match (self.format, self.input_format) {
             (LogFormat::Auto, Some(f)) => f,
             (LogFormat::Auto, None) => {
@@ -442,7 +465,24 @@ impl Replayer {
             }
             (f, _) => f,
         };
-        if let Err((reason, malformed)) = self.parser.parse(format, line, &mut self.rec) {
+        let mut parsed = self.parser.parse(format, line, &mut self.rec);
+        if parsed.is_err() && self.format == LogFormat::Auto && !self.format_confirmed {
+            // Detected from a line that reads in neither format (a partial
+            // first line, say): until a line reads, one that reads in the
+            // other format switches the input to it.
+            let other = match format {
+                LogFormat::Json => LogFormat::Combined,
+                _ => LogFormat::Json,
+            };
+            if self.parser.parse(other, line, &mut self.rec).is_ok() {
+                self.input_format = Some(other);
+                parsed = Ok(());
+            }
+        }
+        if parsed.is_ok() {
+            self.format_confirmed = true;
+        }
+        if let Err((reason, malformed)) = parsed {
             self.collector
                 .issue(&self.input_name, self.line_no, reason, malformed);
             return Ok(if malformed {
@@ -663,6 +703,7 @@ impl Replayer {
                     bar.set_position(read.load(Ordering::Relaxed));
                     bar.set_message(format!("{} lines", self.collector.input.lines));
                 }
+                input::Msg::TooLong => self.too_long_line(),
                 input::Msg::Error { input, error } => {
                     let name = inputs.get(input).map(Input::name).unwrap_or_default();
                     if name != self.input_name {

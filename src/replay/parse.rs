@@ -269,6 +269,21 @@ pub(crate) struct LineParser {
     remote_user: bool,
     /// The last CLF timestamp text and its value (most lines share a second).
     time_cache: TimeCache,
+    /// Later timestamps are malformed: a log line cannot come from more
+    /// than a day after the replay (epoch µs).
+    max_time_us: u64,
+}
+
+/// A timestamp later than a day from now is not a log's: one such line
+/// would otherwise move the virtual clock (which never goes back) past all
+/// the lines after it.
+fn max_time_us() -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros());
+    u64::try_from(now)
+        .unwrap_or(u64::MAX)
+        .saturating_add(86_400_000_000)
 }
 
 impl LineParser {
@@ -309,6 +324,7 @@ impl LineParser {
             headers,
             remote_user,
             time_cache: TimeCache::default(),
+            max_time_us: max_time_us(),
         }
     }
 
@@ -324,8 +340,12 @@ impl LineParser {
             LogFormat::Json => self.parse_json(line, rec)?,
             _ => self.parse_combined(line, rec)?,
         }
-        if rec.time_us.is_none() {
-            return Err(bad("no readable timestamp"));
+        match rec.time_us {
+            None => return Err(bad("no readable timestamp")),
+            Some(t) if t > self.max_time_us => {
+                return Err(bad("timestamp more than a day in the future"))
+            }
+            Some(_) => {}
         }
         if rec.ip.is_none() {
             return Err(bad("no client IP address"));

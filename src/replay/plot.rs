@@ -178,8 +178,10 @@ where
             RGBColor(r, g, b).mix(1.0)
         };
         let style = color.stroke_width(if k + 1 == n { 1 } else { 2 });
+        // A series of one point draws no line: mark its points.
+        let marks = if pts.len() < 2 { 3 } else { 0 };
         chart
-            .draw_series(LineSeries::new(pts, style))
+            .draw_series(LineSeries::new(pts, style).point_size(marks))
             .map_err(err)?
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));

@@ -153,13 +153,24 @@ fn to_epoch_us(
     frac_us: u64,
     offset_s: i64,
 ) -> Option<u64> {
-    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+    if !(1..=12).contains(&mo) || d < 1 || d > days_in_month(y, mo) || h > 23 || mi > 59 || s > 60 {
         return None;
     }
     let days = days_from_civil(y, mo, d);
     let secs = days * 86_400 + i64::try_from(h * 3600 + mi * 60 + s).ok()? - offset_s;
     let secs = u64::try_from(secs).ok()?;
     secs.checked_mul(1_000_000)?.checked_add(frac_us)
+}
+
+/// Days in month `mo` (1–12) of year `y` (proleptic Gregorian): 31 Feb is
+/// not 2 March.
+fn days_in_month(y: i64, mo: u32) -> u32 {
+    match mo {
+        2 if y % 4 == 0 && (y % 100 != 0 || y % 400 == 0) => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
 }
 
 /// `±HHMM` or `±HH:MM` (or `Z`) → seconds east of UTC.
@@ -338,6 +349,14 @@ mod tests {
         );
         assert_eq!(parse_clf(b"10/Foo/2000:13:55:36 +0000"), None);
         assert_eq!(parse_clf(b"10/Oct/2000:13:55:36 +00"), Some(T));
+        // Days that do not exist are not rolled over into the next month.
+        assert_eq!(parse_clf(b"31/Feb/2024:00:00:00 +0000"), None);
+        assert_eq!(parse_clf(b"30/Feb/2024:00:00:00 +0000"), None);
+        assert_eq!(parse_clf(b"31/Apr/2024:00:00:00 +0000"), None);
+        assert!(parse_clf(b"29/Feb/2024:00:00:00 +0000").is_some());
+        assert_eq!(parse_clf(b"29/Feb/2023:00:00:00 +0000"), None);
+        assert_eq!(parse_clf(b"29/Feb/1900:00:00:00 +0000"), None);
+        assert!(parse_clf(b"29/Feb/2000:00:00:00 +0000").is_some());
     }
 
     #[test]
@@ -350,6 +369,7 @@ mod tests {
         );
         assert_eq!(parse_rfc3339(b"2000-10-10T13:55:36"), Some(T));
         assert_eq!(parse_rfc3339(b"2000-13-10T13:55:36Z"), None);
+        assert_eq!(parse_rfc3339(b"2024-02-31T00:00:00Z"), None);
     }
 
     #[test]
