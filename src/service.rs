@@ -796,6 +796,7 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     if meta.sent.is_empty() || !shared.deny_cache.enabled() {
         return;
     }
+    let mut now_us = None;
     for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
         if meta.shadow.contains(i) {
             continue;
@@ -815,10 +816,17 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         {
             continue;
         }
+        // An instant already past when the answer arrived (a wait shorter
+        // than the round trip) is of no use, and as a lapsed entry it would
+        // only make the next requests wait a round trip for nothing.
+        let until_us = meta.sent_us.saturating_add(wait_us);
+        if until_us <= *now_us.get_or_insert_with(|| shared.local_clock.now_us()) {
+            continue;
+        }
         shared.deny_cache.insert(
             key.clone(),
             Denied::new(
-                meta.sent_us.saturating_add(wait_us),
+                until_us,
                 *cost,
                 *limit,
                 d.remaining,
