@@ -59,7 +59,7 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::Duration;
 
-/// A whole layer configuration (see the [module docs](self) for the schema).
+/// A whole layer configuration, as a TOML policy file (the schema: the README's "Policy file" section).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]

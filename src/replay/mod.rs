@@ -3,7 +3,7 @@
 //!
 //! Each log line becomes an `http::Request` (method, path, headers, the peer
 //! address as a `SocketAddr` extension, the user id as [`UserId`], the plan
-//! as [`Plan`](crate::Plan)) and is decided by a layer built with
+//! as [`Plan`]) and is decided by a layer built with
 //! [`RateLimitLayer::from_policy`] on a [`MemoryBackend`] whose
 //! [`ManualClock`] follows the log's timestamps: no Redis, no sleeping. Route
 //! templates (`/users/{id}`) are matched as axum matches them, so the
