@@ -40,7 +40,17 @@
 //! again) and they are answered from it, or it has not (there is room) and
 //! they go to the backend. Waiting never refuses anything the backend would
 //! admit; it saves the calls of every request that arrives during the
-//! probe's round trip, which without it all reach the backend.
+//! probe's round trip, which without it all reach the backend. The wait
+//! counts against `backend_timeout` (a request that waited gets what is
+//! left for its own check: the layer adds at most that much to a request).
+//! An answer that leaves room, or whose instant passes within its round
+//! trip, ends the single flight: the lapsed entry is dropped, so requests
+//! on a key with room never wait for each other. A request that waited
+//! keeps the plan it was made with (limits, modes), as does any request in
+//! flight during a runtime change. The probe's backend call starts when its
+//! response future is first polled (at once under axum, one task per
+//! request); a caller that builds response futures and awaits another
+//! first makes the waiters wait for the timeout.
 //!
 //! Bounded by entry count (a `moka` cache, TinyLFU eviction); each entry also
 //! expires [`LAPSED_FOR`] after its retry time. Probes in flight are held only
@@ -181,6 +191,13 @@ impl std::fmt::Debug for ProbeGuard {
     }
 }
 
+impl ProbeGuard {
+    /// The storage key probed.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+}
+
 impl Drop for ProbeGuard {
     fn drop(&mut self) {
         let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
@@ -240,6 +257,18 @@ impl DenyCache {
             Lookup::Lapsed
         } else {
             Lookup::Miss
+        }
+    }
+
+    /// Forgets `key`'s entry if it has lapsed at `now_us`: a probe's answer
+    /// left room (or wrote nothing that outlives its round trip), so the next
+    /// requests need not wait for each other. A live entry stays.
+    pub(crate) fn remove_lapsed(&self, key: &str, now_us: u64) {
+        if let Some(c) = &self.cache {
+            c.entry_by_ref(key).and_compute_with(|e| match e {
+                Some(e) if e.value().until_us <= now_us => moka::ops::compute::Op::Remove,
+                _ => moka::ops::compute::Op::Nop,
+            });
         }
     }
 

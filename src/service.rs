@@ -209,7 +209,7 @@ where
                     }
                     Cached::Check(probe) => meta.probe = probe,
                 }
-                match start(shared, checks, meta, started) {
+                match start(shared, checks, meta, started, shared.backend_timeout) {
                     Started::Ready(result, meta) => (result, meta),
                     Started::Pending(fut, meta) => {
                         let shared = shared.clone();
@@ -245,8 +245,15 @@ pub(crate) enum Started {
 }
 
 /// Starts the backend check of `checks` (past the deny cache). `started`:
-/// when the request reached the layer.
-fn start(shared: &Shared, checks: Vec<TierCheck>, mut meta: Meta, started: Instant) -> Started {
+/// when the request reached the layer; `timeout`: the backend call's bound
+/// (less than `backend_timeout` after a wait for a probe).
+fn start(
+    shared: &Shared,
+    checks: Vec<TierCheck>,
+    mut meta: Meta,
+    started: Instant,
+    timeout: Duration,
+) -> Started {
     meta.started = Some(started);
     meta.permit = shared.breaker.permit();
     if meta.permit == Permit::Reject {
@@ -268,7 +275,7 @@ fn start(shared: &Shared, checks: Vec<TierCheck>, mut meta: Meta, started: Insta
             meta.shadow,
             shared.refunds(),
             blocked.as_deref(),
-            Some(shared.backend_timeout),
+            Some(timeout),
         );
         meta.sent = checks;
         match check {
@@ -293,12 +300,24 @@ pub(crate) fn resume(
     mut meta: Meta,
     started: Instant,
 ) -> Resumed {
+    // The wait counts against `backend_timeout`, the most the layer may add
+    // to a request: the check gets what is left (none: the failure policy).
+    let timeout = shared.backend_timeout.saturating_sub(started.elapsed());
     match deny_cached(shared, &checks, &meta, false) {
         Cached::Respond(res) => Resumed::Respond(res),
-        Cached::Wait(_) => Resumed::Started(start(shared, checks, meta, started)),
+        // Nothing left: a timeout, without sending a check that could
+        // charge after the request gave up on it.
+        _ if timeout.is_zero() => {
+            meta.started = Some(started);
+            Resumed::Started(Started::Ready(
+                Err(BackendError::Timeout(shared.backend_timeout)),
+                meta,
+            ))
+        }
+        Cached::Wait(_) => Resumed::Started(start(shared, checks, meta, started, timeout)),
         Cached::Check(probe) => {
             meta.probe = probe;
-            Resumed::Started(start(shared, checks, meta, started))
+            Resumed::Started(start(shared, checks, meta, started, timeout))
         }
     }
 }
@@ -797,6 +816,7 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         return;
     }
     let mut now_us = None;
+    let mut probed_written = false;
     for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
         if meta.shadow.contains(i) {
             continue;
@@ -823,6 +843,9 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         if until_us <= *now_us.get_or_insert_with(|| shared.local_clock.now_us()) {
             continue;
         }
+        if meta.probe.as_ref().is_some_and(|p| p.key() == key) {
+            probed_written = true;
+        }
         shared.deny_cache.insert(
             key.clone(),
             Denied::new(
@@ -833,6 +856,14 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
                 Duration::from_micros(wait_us),
             ),
         );
+    }
+    // This request probed a lapsed key and its answer wrote no entry that
+    // outlives the round trip: forget the lapsed one, or every request that
+    // overlaps another on this key would wait for an answer that cannot
+    // spare it a call, until the entry ages out.
+    if let Some(p) = meta.probe.as_ref().filter(|_| !probed_written) {
+        let now_us = now_us.unwrap_or_else(|| shared.local_clock.now_us());
+        shared.deny_cache.remove_lapsed(p.key(), now_us);
     }
 }
 

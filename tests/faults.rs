@@ -450,3 +450,91 @@ async fn requests_that_waited_for_a_probe_with_room_left_ask_redis() {
     assert_eq!(evalsha_calls(&redis), 21);
     assert_eq!(handle.counts().allowed, 1000 + 21);
 }
+
+/// A request that waited for a probe gets only what is left of
+/// `backend_timeout` for its own check: the layer adds at most that much
+/// to a request, wait included (with Redis frozen: the probe fails open at
+/// the timeout, the request that waited for it about then too, not one
+/// timeout later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_a_probe_counts_against_the_backend_timeout() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let timeout = Duration::from_millis(1000);
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .tier(Tier::new("global", Global, Quota::per_minute(10)))
+        .backend_timeout(timeout)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let url = format!("http://{addr}/");
+    for _ in 0..11 {
+        c.get(&url).send().await.unwrap();
+    }
+    clock.advance(Duration::from_secs(6));
+    redis.pause();
+    let started = Instant::now();
+    let probe = tokio::spawn({
+        let (c, url) = (c.clone(), url.clone());
+        async move { c.get(&url).send().await.map(|r| limits(&r)) }
+    });
+    // Let the probe reach the layer first (if it has not, the request below
+    // probes itself and the bound holds all the more).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let res = c.get(&url).send().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(limits(&res), NO_LIMITS, "fail-open at the timeout");
+    assert_eq!(probe.await.unwrap().unwrap(), NO_LIMITS);
+    // One timeout from the probe's start (+ slack), not two.
+    assert!(took < timeout * 14 / 10, "took {took:?}");
+    redis.resume();
+}
+
+/// After a probe's answer left room, the lapsed entry is forgotten: the
+/// next requests on the key go to Redis side by side, none waiting for
+/// another (here: the second of two is awaited first and must not wait for
+/// the first, which is never polled before it).
+#[tokio::test(flavor = "current_thread")]
+async fn an_answer_with_room_left_ends_the_single_flight() {
+    use tower::{Layer, Service, ServiceExt};
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .tier(Tier::new("global", Global, Quota::per_second(1000)))
+        .backend_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut svc = layer.layer(ok_service());
+    let first = burst(&mut svc, 1001).await;
+    assert_eq!(first.iter().filter(|(s, _)| *s == 200).count(), 1000);
+    clock.advance(Duration::from_millis(500));
+    // The probe finds room (500 tokens back): nothing is cached.
+    assert_eq!(burst(&mut svc, 1).await, [(200, None)]);
+    let req = || {
+        http::Request::builder()
+            .uri("/")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let a = svc.ready().await.unwrap().call(req());
+    let b = svc.ready().await.unwrap().call(req());
+    // A hang detector, not a measurement: b would wait the 30 s timeout for
+    // a, which is not polled, had the lapsed entry stayed.
+    let b = tokio::time::timeout(Duration::from_secs(10), b)
+        .await
+        .expect("the second request waited for the first")
+        .unwrap();
+    assert_eq!(b.status(), 200);
+    assert_eq!(a.await.unwrap().status(), 200);
+}
