@@ -816,7 +816,7 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         return;
     }
     let mut now_us = None;
-    let mut probed_written = false;
+    let mut probed_room = false;
     for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
         if meta.shadow.contains(i) {
             continue;
@@ -829,6 +829,9 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         } else {
             d.retry_after_us
         };
+        if wait_us == 0 && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
+            probed_room = true;
+        }
         if wait_us == 0
             || meta
                 .tier(shared, i)
@@ -843,9 +846,6 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         if until_us <= *now_us.get_or_insert_with(|| shared.local_clock.now_us()) {
             continue;
         }
-        if meta.probe.as_ref().is_some_and(|p| p.key() == key) {
-            probed_written = true;
-        }
         shared.deny_cache.insert(
             key.clone(),
             Denied::new(
@@ -857,11 +857,12 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
             ),
         );
     }
-    // This request probed a lapsed key and its answer wrote no entry that
-    // outlives the round trip: forget the lapsed one, or every request that
-    // overlaps another on this key would wait for an answer that cannot
-    // spare it a call, until the entry ages out.
-    if let Some(p) = meta.probe.as_ref().filter(|_| !probed_written) {
+    // This request probed a lapsed key and the answer shows room on it:
+    // forget the lapsed entry, or every request that overlaps another on
+    // this key would wait a round trip for nothing until the entry ages
+    // out. (When the key is still at its limit, the entry stays and keeps
+    // funnelling requests behind one probe at a time.)
+    if let Some(p) = meta.probe.as_ref().filter(|_| probed_room) {
         let now_us = now_us.unwrap_or_else(|| shared.local_clock.now_us());
         shared.deny_cache.remove_lapsed(p.key(), now_us);
     }
