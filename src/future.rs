@@ -40,12 +40,8 @@ pin_project! {
         Waiting {
             #[pin]
             wait: Pin<Box<dyn Future<Output = ()> + Send>>,
-            service: S,
-            request: Request<ReqBody>,
-            shared: Arc<Shared>,
-            checks: Vec<TierCheck>,
-            meta: Meta,
-            started: Instant,
+            // Boxed: a rare state, kept from growing every request's future.
+            waiter: Box<Waiter<S, ReqBody>>,
         },
         /// Waiting for the backend (bounded by the backend timeout).
         Checking {
@@ -80,6 +76,16 @@ pin_project! {
         },
         Done,
     }
+}
+
+/// What a request waiting for another's probe keeps until it resumes.
+struct Waiter<S, ReqBody> {
+    service: S,
+    request: Request<ReqBody>,
+    shared: Arc<Shared>,
+    checks: Vec<TierCheck>,
+    meta: Meta,
+    started: Instant,
 }
 
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
@@ -139,12 +145,14 @@ where
         Self {
             state: State::Waiting {
                 wait,
-                service,
-                request,
-                shared,
-                checks,
-                meta,
-                started,
+                waiter: Box::new(Waiter {
+                    service,
+                    request,
+                    shared,
+                    checks,
+                    meta,
+                    started,
+                }),
             },
         }
     }
@@ -180,18 +188,19 @@ where
             match this.state.as_mut().project() {
                 StateProj::Waiting { wait, .. } => {
                     ready!(wait.poll(cx));
-                    let StateOwned::Waiting {
+                    let StateOwned::Waiting { waiter, .. } =
+                        this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("state was Waiting");
+                    };
+                    let Waiter {
                         service,
                         request,
                         shared,
                         checks,
                         meta,
                         started,
-                        ..
-                    } = this.state.as_mut().project_replace(State::Done)
-                    else {
-                        unreachable!("state was Waiting");
-                    };
+                    } = *waiter;
                     let next = match resume(&shared, checks, meta, started) {
                         Resumed::Respond(res) => State::Responding {
                             response: Some(res),

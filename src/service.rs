@@ -557,6 +557,9 @@ pub(crate) fn plan_tier<'r>(
         return Ok(None);
     }
     key.clear();
+    // Room for the prefix and a typical key part (an IPv4 address, a user
+    // id, a 32-digit API key hash) without growing.
+    key.reserve(t.key_base.len() + 40);
     key.push_str(&t.key_base);
     if !t.key.extract_into(parts, key)? {
         return Ok(None);
@@ -597,10 +600,9 @@ fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
     };
     let mut checks = Vec::with_capacity(shared.tiers.len());
     let mut meta = Meta::default();
+    // A tier that does not apply leaves the buffer to the next.
+    let mut key = String::new();
     for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
-        // Room for the prefix and a typical key part (an IPv4 address, a
-        // user id, a 32-digit API key hash) without growing.
-        let mut key = String::with_capacity(t.key_base.len() + 40);
         let tp = match plan_tier((i, t, r), &ov, global, parts, fallback, &mut key) {
             Ok(Some(tp)) => tp,
             Ok(None) => continue,
@@ -632,7 +634,7 @@ fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
                 .push((q.limit(), q.period().as_micros().div_ceil(1_000_000) as u64));
         }
         checks.push(TierCheck {
-            key,
+            key: std::mem::take(&mut key),
             limit: tp.limit,
             cost: tp.cost,
         });
