@@ -205,14 +205,14 @@ where
                         Resumed::Respond(res) => State::Responding {
                             response: Some(res),
                         },
-                        Resumed::Started(Started::Pending(check, meta)) => State::Checking {
+                        Resumed::Started(Started::Pending(check), meta) => State::Checking {
                             check,
                             service,
                             request,
                             shared,
                             meta,
                         },
-                        Resumed::Started(Started::Ready(result, meta)) => {
+                        Resumed::Started(Started::Ready(result), meta) => {
                             decided(&shared, &meta, result, service, request)
                         }
                     };

@@ -209,9 +209,9 @@ where
                     }
                     Cached::Check(probe) => meta.probe = probe,
                 }
-                match start(shared, checks, meta, started, shared.backend_timeout) {
-                    Started::Ready(result, meta) => (result, meta),
-                    Started::Pending(fut, meta) => {
+                match start(shared, checks, &mut meta, started, shared.backend_timeout) {
+                    Started::Ready(result) => (result, meta),
+                    Started::Pending(fut) => {
                         let shared = shared.clone();
                         let req = Request::from_parts(parts, body);
                         let inner = self.take_ready_inner();
@@ -239,9 +239,9 @@ where
 pub(crate) enum Started {
     /// Decided already (the memory backend, an open circuit, a command that
     /// could not be built).
-    Ready(Result<Verdict, BackendError>, Meta),
+    Ready(Result<Verdict, BackendError>),
     /// In flight.
-    Pending(CheckFuture, Meta),
+    Pending(CheckFuture),
 }
 
 /// Starts the backend check of `checks` (past the deny cache). `started`:
@@ -250,14 +250,14 @@ pub(crate) enum Started {
 fn start(
     shared: &Shared,
     checks: Vec<TierCheck>,
-    mut meta: Meta,
+    meta: &mut Meta,
     started: Instant,
     timeout: Duration,
 ) -> Started {
     meta.started = Some(started);
     meta.permit = shared.breaker.permit();
     if meta.permit == Permit::Reject {
-        return Started::Ready(Err(BackendError::CircuitOpen), meta);
+        return Started::Ready(Err(BackendError::CircuitOpen));
     }
     meta.backend_started = Some(Instant::now());
     #[allow(irrefutable_let_patterns)] // without the `redis` feature
@@ -265,7 +265,7 @@ fn start(
         // Synchronous: keep the checks themselves, no copies.
         let verdict = m.check(&checks, meta.shadow, shared.refunds());
         meta.sent = checks;
-        Started::Ready(Ok(verdict), meta)
+        Started::Ready(Ok(verdict))
     } else {
         // For the deny cache (off on the memory backend).
         meta.sent_us = shared.local_clock.now_us();
@@ -279,8 +279,8 @@ fn start(
         );
         meta.sent = checks;
         match check {
-            Check::Ready(result) => Started::Ready(result, meta),
-            Check::Pending(fut) => Started::Pending(fut, meta),
+            Check::Ready(result) => Started::Ready(result),
+            Check::Pending(fut) => Started::Pending(fut),
         }
     }
 }
@@ -289,7 +289,7 @@ fn start(
 pub(crate) enum Resumed {
     /// Answered from the deny cache.
     Respond(Response<Bytes>),
-    Started(Started),
+    Started(Started, Meta),
 }
 
 /// After the wait for a probe: the deny cache again (the probe's answer is
@@ -309,15 +309,17 @@ pub(crate) fn resume(
         // charge after the request gave up on it.
         _ if timeout.is_zero() => {
             meta.started = Some(started);
-            Resumed::Started(Started::Ready(
-                Err(BackendError::Timeout(shared.backend_timeout)),
-                meta,
-            ))
+            let timed_out = Err(BackendError::Timeout(shared.backend_timeout));
+            Resumed::Started(Started::Ready(timed_out), meta)
         }
-        Cached::Wait(_) => Resumed::Started(start(shared, checks, meta, started, timeout)),
+        Cached::Wait(_) => {
+            let started = start(shared, checks, &mut meta, started, timeout);
+            Resumed::Started(started, meta)
+        }
         Cached::Check(probe) => {
             meta.probe = probe;
-            Resumed::Started(start(shared, checks, meta, started, timeout))
+            let started = start(shared, checks, &mut meta, started, timeout);
+            Resumed::Started(started, meta)
         }
     }
 }
@@ -536,6 +538,7 @@ pub(crate) struct TierPlan<'r> {
 ///
 /// # Errors
 /// The extractor could not run.
+#[inline]
 pub(crate) fn plan_tier<'r>(
     (i, t, r): (usize, &BuiltTier, &'r TierRuntime),
     ov: &Overrides,
