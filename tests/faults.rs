@@ -371,7 +371,14 @@ where
     out
 }
 
-fn single_flight_layer(redis: &RedisServer, clock: &ManualClock, quota: Quota) -> RateLimitLayer {
+/// One global tier of `quota` on `redis`, on `clock`, with `timeout` as
+/// the backend timeout.
+fn single_flight_layer(
+    redis: &RedisServer,
+    clock: &ManualClock,
+    quota: Quota,
+    timeout: Duration,
+) -> RateLimitLayer {
     RateLimitLayer::builder()
         .backend(
             RedisBackend::from_url(&redis.url())
@@ -379,9 +386,13 @@ fn single_flight_layer(redis: &RedisServer, clock: &ManualClock, quota: Quota) -
                 .with_manual_clock(clock.clone()),
         )
         .tier(Tier::new("global", Global, quota))
+        .backend_timeout(timeout)
         .build()
         .unwrap()
 }
+
+/// The default backend timeout (100 ms).
+const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
 fn ok_service() -> impl tower::Service<
     http::Request<axum::body::Body>,
@@ -402,7 +413,7 @@ async fn deny_cache_lets_one_request_ask_for_a_lapsed_key() {
     use tower::Layer;
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let layer = single_flight_layer(&redis, &clock, Quota::per_minute(10));
+    let layer = single_flight_layer(&redis, &clock, Quota::per_minute(10), DEFAULT_TIMEOUT);
     let handle = layer.handle();
     let mut svc = layer.layer(ok_service());
     // All eleven are issued before the first answer: none finds the cache
@@ -435,7 +446,7 @@ async fn requests_that_waited_for_a_probe_with_room_left_ask_redis() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
     // 1000 per second, burst 1000: empty after 1000, a token per ms.
-    let layer = single_flight_layer(&redis, &clock, Quota::per_second(1000));
+    let layer = single_flight_layer(&redis, &clock, Quota::per_second(1000), DEFAULT_TIMEOUT);
     let handle = layer.handle();
     let mut svc = layer.layer(ok_service());
     let first = burst(&mut svc, 1001).await;
@@ -461,16 +472,7 @@ async fn waiting_for_a_probe_counts_against_the_backend_timeout() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
     let timeout = Duration::from_millis(1000);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
-        .tier(Tier::new("global", Global, Quota::per_minute(10)))
-        .backend_timeout(timeout)
-        .build()
-        .unwrap();
+    let layer = single_flight_layer(&redis, &clock, Quota::per_minute(10), timeout);
     let addr = serve(app(layer)).await;
     let c = client();
     let url = format!("http://{addr}/");
@@ -505,16 +507,12 @@ async fn an_answer_with_room_left_ends_the_single_flight() {
     use tower::{Layer, Service, ServiceExt};
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
-        .tier(Tier::new("global", Global, Quota::per_second(1000)))
-        .backend_timeout(Duration::from_secs(30))
-        .build()
-        .unwrap();
+    let layer = single_flight_layer(
+        &redis,
+        &clock,
+        Quota::per_second(1000),
+        Duration::from_secs(30),
+    );
     let mut svc = layer.layer(ok_service());
     let first = burst(&mut svc, 1001).await;
     assert_eq!(first.iter().filter(|(s, _)| *s == 200).count(), 1000);
