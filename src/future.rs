@@ -79,13 +79,14 @@ pin_project! {
 }
 
 /// What a request waiting for another's probe keeps until it resumes.
-struct Waiter<S, ReqBody> {
-    service: S,
-    request: Request<ReqBody>,
-    shared: Arc<Shared>,
-    checks: Vec<TierCheck>,
-    meta: Meta,
-    started: Instant,
+pub(crate) struct Waiter<S, ReqBody> {
+    pub(crate) service: S,
+    pub(crate) request: Request<ReqBody>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) checks: Vec<TierCheck>,
+    pub(crate) meta: Meta,
+    /// When the request reached the layer.
+    pub(crate) started: Instant,
 }
 
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
@@ -132,27 +133,14 @@ where
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn wait(
         wait: Pin<Box<dyn Future<Output = ()> + Send>>,
-        service: S,
-        request: Request<ReqBody>,
-        shared: Arc<Shared>,
-        checks: Vec<TierCheck>,
-        meta: Meta,
-        started: Instant,
+        waiter: Waiter<S, ReqBody>,
     ) -> Self {
         Self {
             state: State::Waiting {
                 wait,
-                waiter: Box::new(Waiter {
-                    service,
-                    request,
-                    shared,
-                    checks,
-                    meta,
-                    started,
-                }),
+                waiter: Box::new(waiter),
             },
         }
     }

@@ -7,7 +7,7 @@ use crate::breaker::Permit;
 use crate::control::Overrides;
 use crate::deny_cache::{Denied, Lookup, Probe, ProbeGuard, Role};
 use crate::error::BackendError;
-use crate::future::ResponseFuture;
+use crate::future::{ResponseFuture, Waiter};
 use crate::key::KeyError;
 use crate::layer::{BuiltTier, FailurePolicy, PlanRuntime, Runtime, Shared, TierRuntime};
 use crate::observe;
@@ -200,12 +200,15 @@ where
                     Cached::Respond(res) => return ResponseFuture::respond(res),
                     Cached::Wait(probe) => {
                         let wait = Box::pin(probe.wait(shared.backend_timeout));
-                        let shared = shared.clone();
-                        let req = Request::from_parts(parts, body);
-                        let inner = self.take_ready_inner();
-                        return ResponseFuture::wait(
-                            wait, inner, req, shared, checks, meta, started,
-                        );
+                        let waiter = Waiter {
+                            service: self.take_ready_inner(),
+                            request: Request::from_parts(parts, body),
+                            shared: self.shared.clone(),
+                            checks,
+                            meta,
+                            started,
+                        };
+                        return ResponseFuture::wait(wait, waiter);
                     }
                     Cached::Check(probe) => meta.probe = probe,
                 }

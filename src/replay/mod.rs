@@ -537,36 +537,8 @@ impl Replayer {
                 }
             }
         }
-        match rec.user.get() {
-            Some(u) => match p.extensions.get_mut::<UserId>() {
-                Some(id) => set_lossy(&mut id.0, u),
-                None => {
-                    let mut id = self.spare.user.take().unwrap_or_default();
-                    set_lossy(&mut id, u);
-                    p.extensions.insert(UserId(id));
-                }
-            },
-            None => {
-                if let Some(id) = p.extensions.remove::<UserId>() {
-                    self.spare.user = Some(id.0);
-                }
-            }
-        }
-        match rec.plan.get() {
-            Some(u) => match p.extensions.get_mut::<Plan>() {
-                Some(plan) => set_lossy(&mut plan.0, u),
-                None => {
-                    let mut plan = self.spare.plan.take().unwrap_or_default();
-                    set_lossy(&mut plan, u);
-                    p.extensions.insert(Plan(plan));
-                }
-            },
-            None => {
-                if let Some(plan) = p.extensions.remove::<Plan>() {
-                    self.spare.plan = Some(plan.0);
-                }
-            }
-        }
+        set_string_extension::<UserId>(&mut p.extensions, rec.user.get(), &mut self.spare.user);
+        set_string_extension::<Plan>(&mut p.extensions, rec.plan.get(), &mut self.spare.plan);
         match route {
             Some(i) => {
                 let m = self
@@ -776,6 +748,62 @@ fn shorten(v: &str) -> String {
     } else {
         let head: String = v.chars().take(79).collect();
         format!("{head}…")
+    }
+}
+
+/// A request extension that is a string (the user id, the plan).
+trait StringExtension: Clone + Send + Sync + 'static {
+    fn wrap(s: String) -> Self;
+    fn string(&mut self) -> &mut String;
+    fn unwrap(self) -> String;
+}
+
+impl StringExtension for UserId {
+    fn wrap(s: String) -> Self {
+        UserId(s)
+    }
+    fn string(&mut self) -> &mut String {
+        &mut self.0
+    }
+    fn unwrap(self) -> String {
+        self.0
+    }
+}
+
+impl StringExtension for Plan {
+    fn wrap(s: String) -> Self {
+        Plan(s)
+    }
+    fn string(&mut self) -> &mut String {
+        &mut self.0
+    }
+    fn unwrap(self) -> String {
+        self.0
+    }
+}
+
+/// Sets extension `T` to `value` (removed when `None`) in place where it
+/// exists: an insert boxes its value, so a removed one's buffer is kept in
+/// `spare` for the next insert.
+fn set_string_extension<T: StringExtension>(
+    ext: &mut http::Extensions,
+    value: Option<&[u8]>,
+    spare: &mut Option<String>,
+) {
+    match value {
+        Some(v) => match ext.get_mut::<T>() {
+            Some(t) => set_lossy(t.string(), v),
+            None => {
+                let mut s = spare.take().unwrap_or_default();
+                set_lossy(&mut s, v);
+                ext.insert(T::wrap(s));
+            }
+        },
+        None => {
+            if let Some(t) = ext.remove::<T>() {
+                *spare = Some(t.unwrap());
+            }
+        }
     }
 }
 
