@@ -132,3 +132,17 @@ wrk_measure() {
     -v cs=$((c1 - c0)) -v rs=$((r1 - r0)) -v ev=$((e1 - e0)) \
     'BEGIN { printf "%.1f %.2f %.2f %.4f\n", req / secs, cs * 1e6 / hz / req, rs * 1e6 / hz / req, ev / req }')
 }
+
+# The facts every report starts with, as key=value lines: the machine, the
+# load average at the start (`$load_start`, read by the caller) and now,
+# the seconds since `$t_start`, tool versions and `$commit`.
+run_facts() {
+  echo "nproc=$(nproc)"
+  echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
+  echo "load_start=$load_start"
+  echo "load_end=$(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "elapsed=$(($(date +%s) - t_start))"
+  echo "redis=$(redis-server --version | awk '{print $3}')"
+  echo "wrk=$(wrk --version 2>&1 | head -n1 | awk '{print $2}')"
+  echo "commit=$commit"
+}

@@ -228,19 +228,10 @@ bench_script "layer script, 4 tiers" evalsha "$ours_sha" 4 rl:global:all rl:ip:1
   rl:user:alice rl:endpoint:GET%20/ "" "${tier_args[@]}" "${tier_args[@]}" "${tier_args[@]}" "${tier_args[@]}"
 rcli FLUSHALL >/dev/null
 
-load_end=$(cut -d' ' -f1-3 /proc/loadavg)
-elapsed=$(($(date +%s) - t_start))
 
 # ----------------------------------------------------------------- report
 {
-  echo "nproc=$(nproc)"
-  echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
-  echo "load_start=$load_start"
-  echo "load_end=$load_end"
-  echo "elapsed=$elapsed"
-  echo "redis=$(redis-server --version | awk '{print $3}')"
-  echo "wrk=$(wrk --version 2>&1 | head -n1 | awk '{print $2}')"
-  echo "commit=$commit"
+  run_facts
   echo "redis_benchmark=$rb"
   echo "used_memory_per_key=$per_key"
   echo "rounds=$ROUNDS d32=$D32 d1=$D1"

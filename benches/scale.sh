@@ -232,19 +232,10 @@ for extra in 1 5; do
 done
 read -r m_end k_end _ < <(snap)
 
-load_end=$(cut -d' ' -f1-3 /proc/loadavg)
-elapsed=$(($(date +%s) - t_start))
 
 # ----------------------------------------------------------------- report
 {
-  echo "nproc=$(nproc)"
-  echo "cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
-  echo "load_start=$load_start"
-  echo "load_end=$load_end"
-  echo "elapsed=$elapsed"
-  echo "redis=$(redis-server --version | awk '{print $3}')"
-  echo "wrk=$(wrk --version 2>&1 | head -n1 | awk '{print $2}')"
-  echo "commit=$commit"
+  run_facts
   echo "users=$USERS"
   echo "hot_users=$HOT_USERS"
   echo "rounds=$ROUNDS"
