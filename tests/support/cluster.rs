@@ -498,3 +498,69 @@ pub fn cluster_nodes(port: u16) -> Result<Vec<NodeLine>, String> {
     }
     Ok(out)
 }
+
+impl RedisCluster {
+    /// The node ID of the node at `port`.
+    pub fn node_id(&self, port: u16) -> String {
+        let p = self.live_ports()[0];
+        cluster_nodes(p)
+            .expect("CLUSTER NODES")
+            .into_iter()
+            .find(|n| n.port == port)
+            .map(|n| n.id)
+            .expect("a node on that port")
+    }
+
+    /// Moves `slot` to the primary at `to` exactly as `redis-cli --cluster
+    /// reshard` does: `SETSLOT IMPORTING` on the target, `SETSLOT MIGRATING`
+    /// on the source, then `CLUSTER GETKEYSINSLOT` + `MIGRATE` in batches of
+    /// `batch` keys (`pause` between batches, so requests meet the slot
+    /// half-moved), then `SETSLOT NODE` on the target, the source and every
+    /// other primary. Returns the number of keys moved.
+    pub fn migrate_slot(&self, slot: u16, to: u16, batch: usize, pause: Duration) -> usize {
+        let slot_s = slot.to_string();
+        let p = self.live_ports()[0];
+        let nodes = cluster_nodes(p).expect("CLUSTER NODES");
+        let from = nodes
+            .iter()
+            .find(|n| {
+                n.flags.contains("master") && n.slots.iter().any(|&(a, b)| a <= slot && slot <= b)
+            })
+            .map(|n| n.port)
+            .expect("the slot's owner");
+        assert_ne!(from, to, "slot {slot} is already on {to}");
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let ok = |port: u16, args: &[&str]| {
+            let r: String =
+                node_cmd(port, args).unwrap_or_else(|e| panic!("{args:?} on {port}: {e}"));
+            assert_eq!(r, "OK", "{args:?} on {port}");
+        };
+        ok(to, &["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &from_id]);
+        ok(from, &["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &to_id]);
+        let mut moved = 0;
+        loop {
+            let keys: Vec<String> = node_cmd(
+                from,
+                &["CLUSTER", "GETKEYSINSLOT", &slot_s, &batch.to_string()],
+            )
+            .expect("CLUSTER GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            let port = to.to_string();
+            let mut args = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            args.extend(keys.iter().map(String::as_str));
+            ok(from, &args);
+            moved += keys.len();
+            std::thread::sleep(pause);
+        }
+        ok(to, &["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id]);
+        ok(from, &["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id]);
+        for other in self.primaries() {
+            if other != to && other != from {
+                ok(other, &["CLUSTER", "SETSLOT", &slot_s, "NODE", &to_id]);
+            }
+        }
+        moved
+    }
+}
