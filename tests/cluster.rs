@@ -1184,8 +1184,18 @@ async fn whole_cluster_restart_reconnects() {
 /// breaker never opens, each user is admitted exactly its quota with every
 /// `Remaining` value once, and the keys left behind hold exactly the charges
 /// of the admitted requests.
+///
+/// Ignored: fails on the current code. Runs at ef37754: 503 for all 216
+/// requests still open when the connection wedged (200 in flight, 16
+/// follow-ups), 1 to 140 answered 200 before it; breaker stayed closed (the
+/// 503s are backend timeouts). The first `MOVED` makes redis-rs
+/// 1.8.1 refresh its slot map, and under this load a second refresh waits
+/// forever for `conn_lock.write()`: request futures that were granted read
+/// permits are not polled while the connection is recovering, so the shared
+/// cluster connection serves nothing again. Following `ASK` in our code
+/// (`ASKING` + call as one pipeline) does not help while that deadlock stands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "issue 14 item 6: expected to fail until ASK is followed correctly (not yet run on this code)"]
+#[ignore = "issue 14 item 6: redis-rs 1.8.1 slot-refresh deadlock wedges the cluster connection (see doc)"]
 async fn live_resharding_loses_and_doubles_nothing() {
     use redis::cluster_routing::Slot;
     const USERS: usize = 16;
@@ -1306,8 +1316,13 @@ async fn live_resharding_loses_and_doubles_nothing() {
         }
     }
     let statuses: BTreeSet<u16> = all.iter().map(|(_, l)| l.status).collect();
+    let count = |s: u16| all.iter().filter(|(_, l)| l.status == s).count();
     eprintln!(
-        "resharding moved {moved_keys} keys in {took:?}; {during} requests meanwhile; statuses {statuses:?}"
+        "resharding moved {moved_keys} keys in {took:?}; {during} requests meanwhile; \
+         200: {}, 429: {}, 503: {}; breaker states {breaker_states:?}",
+        count(200),
+        count(429),
+        count(503)
     );
     assert!(moved_keys > USERS, "{moved_keys}");
     assert_eq!(
