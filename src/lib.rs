@@ -63,6 +63,9 @@
 //! * The memory backend is per process: N app servers admit N × the quota.
 
 #![deny(missing_docs, unreachable_pub, unsafe_code)]
+// docs.rs builds with `--cfg docsrs` (Cargo.toml): items behind a feature
+// show a badge naming it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "axum")]
 pub mod admin;

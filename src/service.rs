@@ -54,6 +54,21 @@ impl<S> RateLimitService<S> {
     pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
         Self { inner, shared }
     }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the limiter, returning the wrapped service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 /// What to do with a request after its check.
