@@ -125,7 +125,8 @@ pub enum BackendError {
     #[error("backend circuit open: not calling it until the next probe")]
     CircuitOpen,
     /// A key extractor could not run (for example `ClientIp` without
-    /// `ConnectInfo`), which is a server configuration error.
+    /// `ConnectInfo`) under `FailurePolicy::Closed`; under the other
+    /// policies only that tier is skipped (see [`KeyError`](crate::key::KeyError)).
     #[error("key extraction failed: {0}")]
     Key(#[from] crate::key::KeyError),
 }

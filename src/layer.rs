@@ -58,6 +58,10 @@ pub(crate) struct BuiltTier {
     /// `<prefix>:<tier>:`; the key part is appended per request.
     pub(crate) key_base: String,
     pub(crate) key: Arc<dyn KeyExtractor>,
+    /// The extractor's type name (`ClientIp`), for logs.
+    pub(crate) key_type: &'static str,
+    /// Throttles the log line of this tier's failed extractions (once a minute).
+    pub(crate) key_error_log: LogThrottle,
     pub(crate) algorithm: Algorithm,
     pub(crate) cost: u64,
     pub(crate) cost_fn: Option<CostFn>,
@@ -535,6 +539,8 @@ impl RateLimitLayerBuilder {
                 key_base: format!("{prefix}:{}:", t.name),
                 name: Arc::from(t.name),
                 key: t.key,
+                key_type: t.key_type,
+                key_error_log: LogThrottle::new(Duration::from_secs(60)),
                 algorithm: t.algorithm,
                 cost: t.cost,
                 cost_fn: t.cost_fn,
