@@ -68,7 +68,7 @@ impl Window {
     /// `(2 × limit + 1) × window_us ≤ 2^53` (an estimate of up to
     /// `limit × window_us` plus a cost of up to `(limit + 1) × window_us`).
     pub fn counter_is_exact(&self) -> bool {
-        u128::from(self.limit) * 2 + 1 <= u128::from(MAX_EXACT) / u128::from(self.window_us.max(1))
+        (u128::from(self.limit) * 2 + 1) * u128::from(self.window_us) <= u128::from(MAX_EXACT)
     }
 }
 
