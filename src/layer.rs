@@ -1,6 +1,6 @@
 //! [`RateLimitLayer`] and its builder: the code form of a [`Policy`](crate::Policy).
 
-use crate::algorithm::{Gcra, Limit, TokenBucket, Window};
+use crate::algorithm::{Gcra, Limit, TokenBucket, Window, MAX_PERIOD_US};
 use crate::backend::clock::Clock;
 use crate::backend::{Backend, MemoryBackend};
 use crate::breaker::{Breaker, CircuitBreaker};
@@ -58,6 +58,10 @@ pub(crate) struct BuiltTier {
     /// `<prefix>:<tier>:`; the key part is appended per request.
     pub(crate) key_base: String,
     pub(crate) key: Arc<dyn KeyExtractor>,
+    /// The extractor's type name (`ClientIp`), for logs.
+    pub(crate) key_type: &'static str,
+    /// Throttles the log line of this tier's failed extractions (once a minute).
+    pub(crate) key_error_log: LogThrottle,
     pub(crate) algorithm: Algorithm,
     pub(crate) cost: u64,
     pub(crate) cost_fn: Option<CostFn>,
@@ -535,6 +539,8 @@ impl RateLimitLayerBuilder {
                 key_base: format!("{prefix}:{}:", t.name),
                 name: Arc::from(t.name),
                 key: t.key,
+                key_type: t.key_type,
+                key_error_log: LogThrottle::new(Duration::from_secs(60)),
                 algorithm: t.algorithm,
                 cost: t.cost,
                 cost_fn: t.cost_fn,
@@ -670,16 +676,28 @@ pub(crate) fn fallback_limit(
     checked_limit(tier, algorithm, divided, cost)
 }
 
-/// The integer parameters of a tier's algorithm, checked.
+/// The integer parameters of a tier's algorithm, checked so that every value
+/// the Redis script computes stays at or below 2^53 (the bounds are on
+/// [`Quota`](crate::Quota)).
 fn limit_for(
     tier: &str,
     algorithm: Algorithm,
     q: crate::Quota,
     period_us: u64,
 ) -> Result<Limit, ConfigError> {
-    let too_large = || ConfigError::QuotaTooLarge {
+    let too_large = |field: &'static str, detail: String| ConfigError::QuotaTooLarge {
         tier: tier.to_owned(),
+        field,
+        detail,
     };
+    if period_us > MAX_PERIOD_US {
+        return Err(too_large(
+            "period",
+            format!(
+                "{period_us} µs is above {MAX_PERIOD_US} µs (2^51 µs, about 71 years), the longest period"
+            ),
+        ));
+    }
     let window = || -> Result<Window, ConfigError> {
         if q.burst_size() != q.limit() {
             return Err(ConfigError::BurstNotSupported {
@@ -692,16 +710,61 @@ fn limit_for(
             window_us: period_us,
         })
     };
-    let bucket = || TokenBucket::new(q.limit(), period_us, q.burst_size()).ok_or_else(too_large);
+    let capped = |w: Window| -> Result<Window, ConfigError> {
+        if w.limit > Window::MAX_LIMIT {
+            return Err(too_large(
+                "limit",
+                format!(
+                    "{} is above {} (2^52 - 1), the largest limit of {algorithm:?}",
+                    w.limit,
+                    Window::MAX_LIMIT
+                ),
+            ));
+        }
+        Ok(w)
+    };
+    let bucket = || -> Result<TokenBucket, ConfigError> {
+        let (unit, rate) = TokenBucket::unit_and_rate(q.limit(), period_us);
+        let capacity = u128::from(q.burst_size()) * u128::from(unit);
+        if capacity > u128::from(TokenBucket::MAX_CAPACITY_UNITS) {
+            return Err(too_large(
+                "burst",
+                format!(
+                    "burst × period in units, {} × {unit} = {capacity}, is above 2^52; use a smaller burst or a shorter period",
+                    q.burst_size()
+                ),
+            ));
+        }
+        if rate > TokenBucket::MAX_RATE {
+            return Err(too_large(
+                "limit",
+                format!(
+                    "the refill rate, {rate} units per µs (limit / gcd(limit, period in µs)), is above 2^51"
+                ),
+            ));
+        }
+        TokenBucket::new(q.limit(), period_us, q.burst_size()).ok_or_else(|| {
+            too_large(
+                "burst",
+                format!("{} tokens cannot be counted", q.burst_size()),
+            )
+        })
+    };
     Ok(match algorithm {
-        Algorithm::FixedWindow => Limit::FixedWindow(window()?),
-        Algorithm::SlidingWindowLog => Limit::SlidingWindowLog(window()?),
+        Algorithm::FixedWindow => Limit::FixedWindow(capped(window()?)?),
+        Algorithm::SlidingWindowLog => Limit::SlidingWindowLog(capped(window()?)?),
         Algorithm::SlidingWindowCounter => {
             let w = window()?;
-            match w.limit.checked_mul(w.window_us) {
-                Some(p) if p <= Window::MAX_PRODUCT => Limit::SlidingWindowCounter(w),
-                _ => return Err(too_large()),
+            if !w.counter_is_exact() {
+                return Err(too_large(
+                    "limit",
+                    format!(
+                        "(2 × limit + 1) × period, (2 × {} + 1) × {} µs, is above 2^53; use a smaller limit or a shorter period",
+                        w.limit, w.window_us
+                    ),
+                ));
             }
+            Limit::SlidingWindowCounter(w)
         }
         Algorithm::TokenBucket => Limit::TokenBucket(bucket()?),
         Algorithm::LeakyBucket(LeakyBucket::Police) => Limit::LeakyBucket(Gcra {
@@ -710,17 +773,23 @@ fn limit_for(
         }),
         Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }) => {
             let b = bucket()?;
-            let max_delay_us = u64::try_from(max_delay.as_micros()).map_err(|_| too_large())?;
+            let max_delay_us = max_delay.as_micros();
             let ticks = max_delay_us
-                .checked_mul(b.rate)
-                .and_then(|t| t.checked_add(b.capacity))
-                .ok_or_else(too_large)?;
-            if ticks > TokenBucket::MAX_CAPACITY_UNITS {
-                return Err(too_large());
+                .saturating_mul(u128::from(b.rate))
+                .saturating_add(u128::from(b.capacity));
+            if ticks > u128::from(TokenBucket::MAX_CAPACITY_UNITS) {
+                return Err(too_large(
+                    "max_delay",
+                    format!(
+                        "capacity + max_delay × rate, {} + {max_delay_us} × {} units, is above 2^52; use a shorter max_delay or a smaller burst",
+                        b.capacity, b.rate
+                    ),
+                ));
             }
             Limit::LeakyBucket(Gcra {
                 bucket: b,
-                max_delay_us: Some(max_delay_us),
+                // At most 2^52 by the check above.
+                max_delay_us: Some(u64::try_from(max_delay_us).unwrap_or(u64::MAX)),
             })
         }
     })

@@ -627,7 +627,18 @@ fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
         let tp = match plan_tier((i, t, r), &ov, global, parts, fallback, &mut key) {
             Ok(Some(tp)) => tp,
             Ok(None) => continue,
-            Err(e) => return Planned::Failed(e.into()),
+            Err(e) => {
+                // The tier cannot be computed for this request: the failure
+                // policy decides it alone (see `KeyError`). The fallback's
+                // second plan of the same request is not counted again.
+                if !fallback {
+                    key_failed(shared, t, &e);
+                }
+                if shared.failure_policy == FailurePolicy::Closed {
+                    return Planned::Failed(e.into());
+                }
+                continue;
+            }
         };
         if !r.plans.is_empty() {
             // The plan label of this check's metrics (configured names only).
@@ -668,6 +679,51 @@ fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
         let (method, route) = crate::key::route_of(parts);
         meta.endpoint = Some(shared.observer.endpoint(method, route));
         Planned::Check(checks, meta)
+    }
+}
+
+/// The counter of failed key extractions.
+pub(crate) const KEY_ERRORS: &str = "tiered_ratelimit_key_errors_total";
+
+/// Counts a failed extraction on tier `t` and logs it (once a minute per
+/// tier, with the number of lines suppressed since the last): at ERROR with
+/// the fix for a configuration error, at WARN otherwise.
+#[cold]
+#[inline(never)]
+fn key_failed(shared: &Shared, t: &BuiltTier, e: &KeyError) {
+    metrics::counter!(
+        KEY_ERRORS,
+        "tier" => t.name.to_string(),
+        "reason" => e.reason()
+    )
+    .increment(1);
+    let Some(suppressed) = t.key_error_log.permit() else {
+        return;
+    };
+    let policy = shared.failure_policy;
+    let consequence = if policy == FailurePolicy::Closed {
+        "answering 503 (failure policy Closed)"
+    } else {
+        "skipping this tier; the other tiers still apply"
+    };
+    if e.is_configuration() {
+        tracing::error!(
+            tier = %t.name,
+            extractor = t.key_type,
+            reason = e.reason(),
+            suppressed,
+            "rate limiter misconfigured: tier \"{}\" cannot compute its key, {consequence}: {e}",
+            t.name,
+        );
+    } else {
+        tracing::warn!(
+            tier = %t.name,
+            extractor = t.key_type,
+            reason = e.reason(),
+            suppressed,
+            "rate limiter: tier \"{}\" could not compute this request's key, {consequence}: {e}",
+            t.name,
+        );
     }
 }
 
