@@ -356,10 +356,13 @@ impl RateLimitHandle {
     /// The `n` keys of `tier` most rejected across the whole fleet over the
     /// last `window` (whole hours, at most 24), from the hourly sets in Redis
     /// (see [`RateLimitLayerBuilder::fleet_top_n`](crate::RateLimitLayerBuilder::fleet_top_n)).
-    /// Counts are exact for the rejections the script made (per key, up to
-    /// the 10 000 heaviest keys an hour); 429s answered by this process's
-    /// deny cache never reach Redis and are counted by
-    /// [`top_blocked`](Self::top_blocked) only.
+    /// Counts are exact (per key, up to the 10 000 heaviest keys an hour):
+    /// the rejections the script made, plus the 429s each instance's deny
+    /// cache answered, added by a pipelined flush once per
+    /// [`fleet_top_n_flush`](crate::RateLimitLayerBuilder::fleet_top_n_flush)
+    /// interval (default 1 s) — so they can lag by one interval, and a crash
+    /// or a failed flush loses at most one interval of one instance (counted
+    /// in `tiered_ratelimit_fleet_blocked_dropped_total`).
     ///
     /// # Errors
     /// [`BackendError`](crate::BackendError) when Redis cannot answer, or

@@ -149,6 +149,9 @@ pub(crate) struct Shared {
     /// With fleet-wide top-N on a single Redis: the current hour's set of
     /// rejected keys, `<prefix>:blocked:<hour since epoch>`.
     pub(crate) blocked_set: Option<ArcSwap<(u64, Arc<str>)>>,
+    /// With `blocked_set`: the deny cache's 429s, waiting for their
+    /// pipelined flush into the same sets.
+    pub(crate) fleet_blocked: Option<crate::observe::fleet::FleetBlocked>,
 }
 
 impl Shared {
@@ -282,6 +285,8 @@ pub struct RateLimitLayerBuilder {
     top_n_capacity: usize,
     control: Option<ControlKey>,
     fleet_top_n: bool,
+    fleet_flush_interval: Duration,
+    fleet_pending_keys: usize,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -309,6 +314,8 @@ impl Default for RateLimitLayerBuilder {
             top_n_capacity: 256,
             control: None,
             fleet_top_n: true,
+            fleet_flush_interval: Duration::from_secs(1),
+            fleet_pending_keys: 10_000,
         }
     }
 }
@@ -457,10 +464,26 @@ impl RateLimitLayerBuilder {
 
     /// On a single Redis, count rejected keys fleet-wide in hourly sorted
     /// sets `<prefix>:blocked:<hour>` (TTL 25 h, the 10 000 heaviest kept),
-    /// written by the same script call as the decision (default on). Read
-    /// with [`RateLimitHandle::top_blocked_fleet`](crate::RateLimitHandle::top_blocked_fleet).
+    /// written by the same script call as the decision (default on). The
+    /// 429s answered by the local deny cache are added too, without a call
+    /// per request: accumulated in this process and flushed in one
+    /// pipelined call per [`fleet_top_n_flush`](Self::fleet_top_n_flush)
+    /// interval. Read with
+    /// [`RateLimitHandle::top_blocked_fleet`](crate::RateLimitHandle::top_blocked_fleet).
     pub fn fleet_top_n(mut self, on: bool) -> Self {
         self.fleet_top_n = on;
+        self
+    }
+
+    /// How often the deny cache's 429s are flushed to the fleet-wide hourly
+    /// sets (default 1 s; at least 10 ms), and how many distinct keys at
+    /// most wait for a flush (default 10 000): a 429 for a new key beyond
+    /// that is not counted fleet-wide, only in
+    /// `tiered_ratelimit_fleet_blocked_dropped_total{reason="overflow"}`. A
+    /// crash loses at most one interval; so does a flush Redis fails.
+    pub fn fleet_top_n_flush(mut self, interval: Duration, max_keys: usize) -> Self {
+        self.fleet_flush_interval = interval;
+        self.fleet_pending_keys = max_keys;
         self
     }
 
@@ -610,6 +633,13 @@ impl RateLimitLayerBuilder {
                 }),
                 blocked_set: (self.fleet_top_n && single_redis)
                     .then(|| ArcSwap::from_pointee((u64::MAX, Arc::from("")))),
+                fleet_blocked: (self.fleet_top_n && single_redis).then(|| {
+                    crate::observe::fleet::FleetBlocked::new(
+                        Arc::from(prefix.as_str()),
+                        self.fleet_flush_interval,
+                        self.fleet_pending_keys,
+                    )
+                }),
                 key_prefix: Arc::from(prefix.as_str()),
             }),
         })

@@ -397,6 +397,7 @@ fn cache_blocked(
     now_us: u64,
 ) -> Response<Bytes> {
     shared.count("cache_blocked");
+    shared.count_fleet_blocked(&checks[i].key, checks[i].cost, now_us);
     // The operator's view counts it like the backend's rejection.
     let now_s = now_us / 1_000_000;
     if let Some(tier) = meta.tiers.get(i).map(|&t| usize::from(t)) {
