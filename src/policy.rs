@@ -135,7 +135,9 @@ impl Default for CircuitBreakerPolicy {
     }
 }
 
-/// The top-level `headers`.
+/// The top-level `headers`: `"legacy"`, `"ietf-draft-11"`,
+/// `"ietf-draft-09"`, `"ietf"` (the current draft, today draft-11),
+/// `"both"` or `"none"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
@@ -143,8 +145,14 @@ pub enum HeaderStyleName {
     /// [`HeaderStyle::Legacy`].
     #[default]
     Legacy,
-    /// [`HeaderStyle::Ietf`].
+    /// `"ietf"`: the current draft, [`HeaderStyle::IetfDraft11`].
     Ietf,
+    /// `"ietf-draft-11"`: [`HeaderStyle::IetfDraft11`].
+    #[serde(rename = "ietf-draft-11")]
+    IetfDraft11,
+    /// `"ietf-draft-09"`: [`HeaderStyle::IetfDraft09`].
+    #[serde(rename = "ietf-draft-09")]
+    IetfDraft09,
     /// [`HeaderStyle::Both`].
     Both,
     /// [`HeaderStyle::None`].
@@ -630,7 +638,10 @@ impl Policy {
             .shadow_headers(self.shadow_headers)
             .headers(match self.headers {
                 HeaderStyleName::Legacy => HeaderStyle::Legacy,
-                HeaderStyleName::Ietf => HeaderStyle::Ietf,
+                HeaderStyleName::Ietf | HeaderStyleName::IetfDraft11 => {
+                    HeaderStyle::IetfDraft11
+                }
+                HeaderStyleName::IetfDraft09 => HeaderStyle::IetfDraft09,
                 HeaderStyleName::Both => HeaderStyle::Both,
                 HeaderStyleName::None => HeaderStyle::None,
             })
