@@ -204,8 +204,8 @@ pub(crate) fn effective_window_us(
 ) -> u64 {
     match refill {
         Some((limit, period_us)) if limit > 0 && remaining < capacity => {
-            let later = u128::from(capacity - remaining - 1) * u128::from(period_us)
-                / u128::from(limit);
+            let later =
+                u128::from(capacity - remaining - 1) * u128::from(period_us) / u128::from(limit);
             reset_after_us.saturating_sub(u64::try_from(later).unwrap_or(u64::MAX))
         }
         _ => reset_after_us,
@@ -447,5 +447,110 @@ where
                 http_body::SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(style: HeaderStyle, retry_after: Option<u64>, window_in: u64) -> HeaderMap {
+        let h = RateLimitHeaders {
+            limit: 3,
+            remaining: 1,
+            reset: 1_700_000_040,
+            retry_after,
+            reset_in: 40,
+            window_in,
+            policy: Arc::from("ip"),
+            quota: (3, 60),
+            style,
+        };
+        let mut m = HeaderMap::new();
+        h.write(&mut m);
+        m
+    }
+
+    fn get<'m>(m: &'m HeaderMap, name: &str) -> Option<&'m str> {
+        m.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn draft11_sends_the_effective_window_as_t() {
+        let m = headers(HeaderStyle::IetfDraft11, None, 20);
+        assert_eq!(get(&m, "ratelimit-policy"), Some(r#""ip";q=3;w=60"#));
+        assert_eq!(get(&m, "ratelimit"), Some(r#""ip";r=1;t=20"#));
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn draft09_sends_the_time_until_reset_as_t() {
+        let m = headers(HeaderStyle::IetfDraft09, None, 20);
+        assert_eq!(get(&m, "ratelimit-policy"), Some(r#""ip";q=3;w=60"#));
+        assert_eq!(get(&m, "ratelimit"), Some(r#""ip";r=1;t=40"#));
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn both_is_legacy_and_draft11() {
+        let m = headers(HeaderStyle::Both, None, 20);
+        assert_eq!(get(&m, "x-ratelimit-reset"), Some("1700000040"));
+        assert_eq!(get(&m, "ratelimit"), Some(r#""ip";r=1;t=20"#));
+        assert_eq!(m.len(), 5);
+    }
+
+    /// Draft-11 §6: `Retry-After` not earlier than the end of the window.
+    #[test]
+    fn retry_after_is_never_earlier_than_draft11_t() {
+        let m = headers(HeaderStyle::IetfDraft11, Some(3), 5);
+        assert_eq!(get(&m, "retry-after"), Some("5"));
+        assert_eq!(get(&m, "ratelimit"), Some(r#""ip";r=1;t=5"#));
+        let m = headers(HeaderStyle::IetfDraft11, Some(7), 5);
+        assert_eq!(get(&m, "retry-after"), Some("7"));
+        // Without the draft-11 fields there is no `t` to respect.
+        let m = headers(HeaderStyle::Legacy, Some(3), 5);
+        assert_eq!(get(&m, "retry-after"), Some("3"));
+    }
+
+    #[test]
+    fn effective_window_of_a_refilling_bucket_is_the_next_request() {
+        // 3 per 60 s: one request every 20 s. 0.25 of 3 left: full in 55 s,
+        // the next whole request in 15 s.
+        assert_eq!(
+            effective_window_us(3, 0, 55_000_000, Some((3, 60_000_000))),
+            15_000_000
+        );
+        // Burst 10 refilled at 5 per 10 s (2 s each), 7 left, full in 6 s:
+        // the next one in 2 s.
+        assert_eq!(
+            effective_window_us(10, 7, 6_000_000, Some((5, 10_000_000))),
+            2_000_000
+        );
+        // Full, or a window algorithm: the time until full.
+        assert_eq!(effective_window_us(3, 3, 0, Some((3, 60_000_000))), 0);
+        assert_eq!(effective_window_us(3, 1, 40_000_000, None), 40_000_000);
+    }
+
+    #[test]
+    fn problem_body_lists_every_violated_policy() {
+        let r = Rejection {
+            tier: Arc::from("b"),
+            violated_policies: vec![Arc::from("a"), Arc::from("b")],
+            limit: 1,
+            remaining: 0,
+            reset: 1_700_000_060,
+            retry_after: 60,
+            docs_url: None,
+        };
+        let res = ProblemRejection.response(&r);
+        assert_eq!(res.status(), 429);
+        assert_eq!(
+            get(res.headers(), "content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(
+            res.body().as_ref(),
+            br#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"Retry in 60 seconds.","violated-policies":["a","b"],"retry_after":60}"#
+        );
     }
 }

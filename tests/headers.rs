@@ -5,8 +5,8 @@ mod support;
 use std::time::Duration;
 use support::*;
 use tiered_ratelimit::{
-    key::Global, response::ProblemRejection, Algorithm, HeaderStyle, Policy, Quota,
-    RateLimitLayer, Tier,
+    key::Global, response::ProblemRejection, Algorithm, HeaderStyle, Policy, Quota, RateLimitLayer,
+    Tier,
 };
 
 both_backends!(
@@ -95,9 +95,7 @@ async fn ietf_draft11_fixed_window(env: Env) {
     let layer = env
         .builder()
         .headers(HeaderStyle::IetfDraft11)
-        .tier(
-            Tier::new("fw", Global, Quota::per_minute(3)).algorithm(Algorithm::FixedWindow),
-        )
+        .tier(Tier::new("fw", Global, Quota::per_minute(3)).algorithm(Algorithm::FixedWindow))
         .build()
         .unwrap();
     let addr = serve(app(layer)).await;
@@ -221,12 +219,16 @@ fn policy_header_and_body_names() {
     .unwrap();
     let _layer =
         RateLimitLayer::from_policy(&p, tiered_ratelimit::backend::MemoryBackend::new()).unwrap();
-    for name in ["ietf", "ietf-draft-11", "ietf-draft-09", "legacy", "none"] {
-        let p = Policy::from_toml_str(&format!(
-            "headers = '{name}'\n[[tier]]\nname='g'\nkey='global'\nlimit=1\nperiod='1s'\n"
-        ))
-        .unwrap();
-        RateLimitLayer::from_policy(&p, tiered_ratelimit::backend::MemoryBackend::new()).unwrap();
+    for (name, style) in [
+        ("legacy", HeaderStyle::Legacy),
+        ("ietf", HeaderStyle::IetfDraft11),
+        ("ietf-draft-11", HeaderStyle::IetfDraft11),
+        ("ietf-draft-09", HeaderStyle::IetfDraft09),
+        ("both", HeaderStyle::Both),
+        ("none", HeaderStyle::None),
+    ] {
+        let p = Policy::from_toml_str(&format!("headers = '{name}'")).unwrap();
+        assert_eq!(HeaderStyle::from(p.headers), style, "{name}");
     }
     let e = Policy::from_toml_str("headers = 'fancy'")
         .unwrap_err()
