@@ -102,3 +102,9 @@ pub use response::HeaderStyle;
 pub use rollout::{AccessList, DenyStatus, Mode, Plan};
 pub use service::RateLimitService;
 pub use tier::{Algorithm, LeakyBucket, Tier};
+
+/// The README's Rust code, compiled (and, unless `no_run`, run) by
+/// `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
