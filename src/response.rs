@@ -103,10 +103,10 @@ pub enum HeaderStyle {
 }
 
 impl HeaderStyle {
-    /// The current draft, [`HeaderStyle::IetfDraft11`]. `Ietf` meant
-    /// draft-09 before 0.x; it now follows the current draft (the wire syntax
-    /// is the same; see the type's docs). Name the draft you mean so an
-    /// upgrade never changes your headers silently.
+    /// The current draft, [`HeaderStyle::IetfDraft11`]. Until this release
+    /// `Ietf` was a variant sending draft-09; it now follows the current draft
+    /// (same wire syntax, a different `t`; see the type's docs). Name the
+    /// draft you mean, so that an upgrade never changes your headers silently.
     #[deprecated(note = "name the draft: HeaderStyle::IetfDraft11 or HeaderStyle::IetfDraft09")]
     #[allow(non_upper_case_globals)]
     pub const Ietf: HeaderStyle = HeaderStyle::IetfDraft11;
