@@ -293,7 +293,7 @@ impl Default for RateLimitLayerBuilder {
     fn default() -> Self {
         Self {
             backend: None,
-            key_prefix: "rl".to_owned(),
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             tiers: Vec::new(),
             failure_policy: FailurePolicy::Open,
             backend_timeout: Duration::from_millis(100),
@@ -343,6 +343,14 @@ impl RateLimitLayerBuilder {
 
     /// Prefix of every storage key (`<prefix>:<tier>:<key>`); default `rl`.
     /// 1-64 printable ASCII characters without `{` or `}`.
+    ///
+    /// **Two services that share one Redis must use different prefixes**:
+    /// with the same prefix, a tier of the same name and key is one bucket
+    /// for both, so each service's traffic spends the other's quota (and
+    /// their `[control]` keys and blocked-key sets collide too). With a
+    /// Redis backend and the default prefix, [`build`](Self::build) logs a
+    /// `WARN` line saying so, once per layer built; any other prefix
+    /// silences it.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
@@ -585,6 +593,14 @@ impl RateLimitLayerBuilder {
         #[cfg(feature = "redis")]
         if let Backend::Redis(r) = &backend {
             r.set_deadline_budget(self.backend_timeout);
+            if prefix == DEFAULT_KEY_PREFIX {
+                tracing::warn!(
+                    key_prefix = DEFAULT_KEY_PREFIX,
+                    "Redis backend with the default key_prefix: every service \
+                     sharing this Redis with the same prefix shares its buckets; \
+                     give each service its own key_prefix"
+                );
+            }
         }
         let is_memory = matches!(backend, Backend::Memory(_));
         let backend_name = backend.name();
@@ -648,6 +664,9 @@ impl RateLimitLayerBuilder {
 
 /// The most tiers one layer may have.
 pub const MAX_TIERS: usize = 64;
+
+/// The storage key prefix when none is set.
+const DEFAULT_KEY_PREFIX: &str = "rl";
 
 /// Checks a quota for a tier (limit, period, burst against the fixed cost)
 /// and derives the algorithm's integer parameters.

@@ -422,7 +422,8 @@ fn cache_blocked(
         retry_after_us: wait,
         delay_us: 0,
     };
-    reject(shared, meta, i, &decision, now_us, false)
+    let violated = vec![meta.tier_name(shared, i)];
+    reject(shared, meta, i, &decision, now_us, false, violated)
 }
 
 impl<S: Clone> RateLimitService<S> {
@@ -459,8 +460,9 @@ pub(crate) struct Meta {
     backend_started: Option<std::time::Instant>,
     /// Decided by the local fallback limiter.
     fallback: bool,
-    /// With IETF headers: each check's quota and window in seconds.
-    quotas: Vec<(u64, u64)>,
+    /// With IETF headers: each check's quota (requests), period in
+    /// microseconds, and whether its algorithm refills continuously.
+    quotas: Vec<(u64, u64, bool)>,
     /// Held while this request probes a lapsed deny-cache key: dropped with
     /// the meta, after the answer was fed to the cache (or on an error),
     /// which wakes the requests waiting for it.
@@ -663,8 +665,12 @@ fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
         }
         if shared.header_style.ietf() {
             let q = tp.plan.map_or(r.quota, |p| p.quota);
-            meta.quotas
-                .push((q.limit(), q.period().as_micros().div_ceil(1_000_000) as u64));
+            let refills = matches!(
+                t.algorithm,
+                crate::tier::Algorithm::TokenBucket | crate::tier::Algorithm::LeakyBucket(_)
+            );
+            let period_us = u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX);
+            meta.quotas.push((q.limit(), period_us, refills));
         }
         checks.push(TierCheck {
             key: std::mem::take(&mut key),
@@ -1020,7 +1026,21 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
     let Some((i, d)) = binding else {
         return Outcome::Pass(None, Duration::ZERO, None);
     };
-    Outcome::Respond(reject(shared, meta, i, d, v.now_us, !meta.fallback))
+    let violated = ds
+        .iter()
+        .enumerate()
+        .filter(|(j, d)| !d.allowed && !meta.shadow.contains(*j))
+        .map(|(j, _)| meta.tier_name(shared, j))
+        .collect();
+    Outcome::Respond(reject(
+        shared,
+        meta,
+        i,
+        d,
+        v.now_us,
+        !meta.fallback,
+        violated,
+    ))
 }
 
 /// The headers describing check `i`'s decision.
@@ -1033,7 +1053,8 @@ fn headers_for(
     denied: bool,
 ) -> RateLimitHeaders {
     let policy = meta.tier_name(shared, i);
-    let quota = meta.quotas.get(i).copied().unwrap_or((d.limit, 0));
+    let (q, period_us, refills) = meta.quotas.get(i).copied().unwrap_or((d.limit, 0, false));
+    let quota = (q, period_us.div_ceil(1_000_000));
     if denied {
         let retry_after = ceil_secs(d.retry_after_us).max(1);
         RateLimitHeaders {
@@ -1042,6 +1063,9 @@ fn headers_for(
             reset: ceil_secs(now_us.saturating_add(d.retry_after_us)),
             retry_after: Some(retry_after),
             reset_in: retry_after,
+            // The binding tier has the longest wait of the denying tiers,
+            // so `Retry-After` is never earlier than this `t`.
+            window_in: retry_after,
             policy,
             quota,
             style: shared.header_style,
@@ -1055,6 +1079,12 @@ fn headers_for(
             retry_after: None,
             // Seconds until full, rounded up: never above the window.
             reset_in: ceil_secs(d.reset_after_us),
+            window_in: ceil_secs(crate::response::effective_window_us(
+                d.limit,
+                d.remaining,
+                d.reset_after_us,
+                refills.then_some((q, period_us)),
+            )),
             policy,
             quota,
             style: shared.header_style,
@@ -1064,7 +1094,8 @@ fn headers_for(
 
 /// The 429 for a denial by check `i`.
 /// `count_limited`: count the request as `limited` (the deny cache and the
-/// fallback count their own decision instead).
+/// fallback count their own decision instead). `violated`: every enforced
+/// denying tier, in tier order.
 fn reject(
     shared: &Shared,
     meta: &Meta,
@@ -1072,6 +1103,7 @@ fn reject(
     d: &Decision,
     now_us: u64,
     count_limited: bool,
+    violated: Vec<Arc<str>>,
 ) -> Response<Bytes> {
     let tier = meta.tier_name(shared, i);
     let headers = headers_for(shared, meta, i, d, now_us, true);
@@ -1083,6 +1115,7 @@ fn reject(
     tracing::debug!(tier = &*tier, retry_after, "request rate limited");
     let rejection = Rejection {
         tier,
+        violated_policies: violated,
         limit: headers.limit,
         remaining: headers.remaining,
         reset: headers.reset,

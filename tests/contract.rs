@@ -23,6 +23,7 @@ both_backends!(
     custom_rejection_and_error_responses_keep_headers,
     missing_connect_info_follows_failure_policy,
     missing_connect_info_skips_only_the_ip_tier,
+    rejection_names_every_violated_tier,
 );
 
 async fn get(c: &reqwest::Client, url: &str) -> reqwest::Response {
@@ -311,4 +312,43 @@ async fn missing_connect_info_skips_only_the_ip_tier(env: Env) {
             assert_eq!(keys, vec![format!("{prefix}user:alice")]);
         }
     }
+}
+
+/// `Rejection::violated_policies`: every enforced tier that denied, in tier
+/// order, for a custom body; the draft-11 fields describe the binding tier
+/// (the longest wait) and `Retry-After` is its wait.
+async fn rejection_names_every_violated_tier(env: Env) {
+    let layer = env
+        .builder()
+        .headers(tiered_ratelimit::HeaderStyle::IetfDraft11)
+        // A full decision from the backend, not the deny cache's shortcut.
+        .deny_cache(0)
+        .tier(Tier::new("global", Global, Quota::per_minute(1)))
+        .tier(Tier::new("user", User, Quota::per_second(1)))
+        .on_rejection(|r: &Rejection| {
+            http::Response::builder()
+                .status(429)
+                .body(bytes::Bytes::from(format!(
+                    "{} of {}",
+                    r.tier,
+                    r.violated_policies.join(",")
+                )))
+                .unwrap()
+        })
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let alice = || {
+        c.get(format!("http://{addr}/"))
+            .header("authorization", "Bearer alice")
+            .send()
+    };
+    assert_eq!(alice().await.unwrap().status(), 200);
+    let res = alice().await.unwrap();
+    assert_eq!(res.status(), 429);
+    let h = |n: &str| res.headers()[n].to_str().unwrap().to_owned();
+    assert_eq!(h("ratelimit"), r#""global";r=0;t=60"#);
+    assert_eq!(h("retry-after"), "60");
+    assert_eq!(res.text().await.unwrap(), "global of global,user");
 }
