@@ -372,7 +372,9 @@ where
 }
 
 /// One global tier of `quota` on `redis`, on `clock`, with `timeout` as
-/// the backend timeout.
+/// the backend timeout. (Keys outlive their TTL by a minute in real time: a
+/// bucket a thousandth drained has a 1 ms TTL, which a loaded machine can
+/// outlast between two requests of one burst.)
 fn single_flight_layer(
     redis: &RedisServer,
     clock: &ManualClock,
@@ -383,7 +385,8 @@ fn single_flight_layer(
         .backend(
             RedisBackend::from_url(&redis.url())
                 .unwrap()
-                .with_manual_clock(clock.clone()),
+                .with_manual_clock(clock.clone())
+                .with_test_ttl_slack(Duration::from_secs(60)),
         )
         .tier(Tier::new("global", Global, quota))
         .backend_timeout(timeout)
