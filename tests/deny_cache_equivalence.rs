@@ -318,3 +318,89 @@ fn the_deny_cache_never_changes_a_response() {
         "only {cached} of {requests} requests answered by the deny cache"
     );
 }
+
+/// The same through the tower service, in bursts: every request of a burst
+/// is called (and looks the cache up) before the first is awaited, so a
+/// request that finds a lapsed entry probes Redis and those behind it wait
+/// for its answer and look again (the single flight). Still the same
+/// answers as without the cache.
+#[test]
+fn the_single_flight_never_changes_a_response() {
+    use tower::{Layer, Service, ServiceExt};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = RedisServer::start();
+    let n = AtomicU64::new(0);
+    let waited = AtomicU64::new(0);
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: 24,
+            failure_persistence: None,
+            ..Config::default()
+        },
+        TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]),
+    );
+    let result = runner.run(&case(), |(tiers, reqs)| {
+        let i = n.fetch_add(1, Ordering::Relaxed);
+        rt.block_on(async {
+            let start = T0_US + i * 100_000_000 + 654_321;
+            let mut answers = Vec::new();
+            let mut blocked = 0;
+            for cache in [false, true] {
+                let clock = ManualClock::new(start);
+                let prefix = format!("b{i}{cache}");
+                let l = layer(&redis, &clock, &prefix, &tiers, cache);
+                let handle = l.handle();
+                let mut svc = l.layer(tower::service_fn(|_| async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::from(
+                        "hello",
+                    )))
+                }));
+                let mut out: Vec<Answer> = Vec::new();
+                // Bursts of up to 4: the clock moves only between bursts.
+                for chunk in reqs.chunks(4) {
+                    clock.advance(Duration::from_micros(chunk[0].advance_us));
+                    let mut futures = Vec::new();
+                    for r in chunk {
+                        let mut req = http::Request::builder().uri("/");
+                        for (t, (k, cost)) in r.keys.iter().zip(&r.costs).enumerate() {
+                            req = req
+                                .header(format!("x-k{t}"), format!("key{k}"))
+                                .header(format!("x-c{t}"), cost.to_string());
+                        }
+                        let req = req.body(axum::body::Body::empty()).unwrap();
+                        futures.push(svc.ready().await.unwrap().call(req));
+                    }
+                    for f in futures {
+                        let res = f.await.unwrap();
+                        let status = res.status().as_u16();
+                        let mut headers: Vec<(String, String)> = res
+                            .headers()
+                            .iter()
+                            .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                            .collect();
+                        headers.sort();
+                        let body = axum::body::Body::new(res.into_body());
+                        let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+                        out.push((status, headers, String::from_utf8(body.to_vec()).unwrap()));
+                    }
+                }
+                answers.push(out);
+                blocked = handle.counts().cache_blocked;
+            }
+            for (k, (w, g)) in answers[0].iter().zip(&answers[1]).enumerate() {
+                prop_assert_eq!(w, g, "request {} of {:?}", k, reqs);
+            }
+            waited.fetch_add(blocked, Ordering::Relaxed);
+            Ok::<(), TestCaseError>(())
+        })
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let cached = waited.load(Ordering::Relaxed);
+    eprintln!("{cached} requests answered by the deny cache in bursts");
+    assert!(cached > 0);
+}
