@@ -72,8 +72,8 @@
 //! probe's round trip, which without it all reach the backend. The wait
 //! counts against `backend_timeout` (a request that waited gets what is
 //! left for its own check: the layer adds at most that much to a request).
-//! An answer that leaves room, or whose instant passes within its round
-//! trip, ends the single flight: the lapsed entry is dropped, so requests
+//! An answer that leaves room, whose instant passes within its round trip,
+//! or that the cache may not answer for (above), ends the single flight: the lapsed entry is dropped, so requests
 //! on a key with room never wait for each other. A request that waited
 //! keeps the plan it was made with (limits, modes), as does any request in
 //! flight during a runtime change. The probe's backend call starts when its

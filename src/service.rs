@@ -870,9 +870,6 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         } else {
             d.retry_after_us
         };
-        if wait_us == 0 && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
-            probed_room = true;
-        }
         // An instant already past when the answer arrived (a wait shorter
         // than the round trip) is of no use, and as a lapsed entry it would
         // only make the next requests wait a round trip for nothing.
@@ -883,6 +880,9 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
                 .tier(shared, i)
                 .is_some_and(|t| !t.skip_failed && !t.skip_successful)
             && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
+        if !cache && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
+            probed_room = true;
+        }
         if cache {
             shared.deny_cache.insert(
                 key.clone(),
@@ -900,11 +900,12 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
             });
         }
     }
-    // This request probed a lapsed key and the answer shows room on it:
-    // forget the lapsed entry, or every request that overlaps another on
-    // this key would wait a round trip for nothing until the entry ages
-    // out. (When the key is still at its limit, the entry stays and keeps
-    // funnelling requests behind one probe at a time.)
+    // This request probed a lapsed key and the answer wrote no entry for it
+    // (room left, or a denial the cache may not answer for): forget the
+    // lapsed entry, or every request that overlaps another on this key
+    // would wait a round trip for nothing until the entry ages out. (When
+    // the key is still at its limit, the entry stays and keeps funnelling
+    // requests behind one probe at a time.)
     if let Some(p) = meta.probe.as_ref().filter(|_| probed_room) {
         let now_us = now_us.unwrap_or_else(|| shared.local_clock.now_us());
         shared.deny_cache.remove_lapsed(p.key(), now_us);
