@@ -267,6 +267,17 @@ pub struct Rejection {
 pub trait OnRejection: Send + Sync + 'static {
     /// The response (status, headers, body) for `rejection`.
     fn response(&self, rejection: &Rejection) -> Response<Bytes>;
+
+    /// Whether the response reads [`Rejection::violated_policies`]. `true`
+    /// (the default, and for closures) keeps it exact from the deny cache
+    /// too: a 429 is then answered locally only when every enforced tier of
+    /// the request has a cached denial, since only then is the full list
+    /// known without asking the backend. Return `false` when the response
+    /// does not show the list, so that a cached denial of the binding tier
+    /// is enough ([`JsonRejection`] does).
+    fn uses_violated_policies(&self) -> bool {
+        true
+    }
 }
 
 impl<F> OnRejection for F
@@ -292,6 +303,10 @@ struct JsonBody<'a> {
 }
 
 impl OnRejection for JsonRejection {
+    fn uses_violated_policies(&self) -> bool {
+        false
+    }
+
     fn response(&self, r: &Rejection) -> Response<Bytes> {
         json_response(
             StatusCode::TOO_MANY_REQUESTS,

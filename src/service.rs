@@ -5,7 +5,7 @@ use crate::backend::CheckFuture;
 use crate::backend::{Backend, Check, Shadow, TierCheck, TierRefund, Verdict};
 use crate::breaker::Permit;
 use crate::control::Overrides;
-use crate::deny_cache::{Denied, Lookup, Probe, ProbeGuard, Role};
+use crate::deny_cache::{longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role};
 use crate::error::BackendError;
 use crate::future::{ResponseFuture, Waiter};
 use crate::key::KeyError;
@@ -353,28 +353,66 @@ enum Cached {
     Check(Option<ProbeGuard>),
 }
 
-/// Looks the enforced checks up in the deny cache: a 429 if one is cached
-/// as denied for this cost and limit; else, for the first lapsed one, the
-/// probe to join (`may_wait`: wait for another's; a request that already
-/// waited does not wait again).
+/// Looks the enforced checks up in the deny cache. It answers 429 only
+/// when it knows the whole answer the backend would give (see
+/// [`crate::deny_cache`]): the binding tier — the enforced denying tier with
+/// the longest wait, the first on a tie, as [`decide`] picks it — must be one
+/// with a live entry, which holds when every other enforced check either
+/// has a live entry with a shorter wait (or an equal one, after it) or
+/// could not, whatever its stored state, deny with a wait that would make
+/// it bind instead. Otherwise, for the first lapsed check, the probe to join
+/// (`may_wait`: wait for another's; a request that already waited does not
+/// wait again).
 fn deny_cached(shared: &Shared, checks: &[TierCheck], meta: &Meta, may_wait: bool) -> Cached {
     if !shared.deny_cache.enabled() {
         return Cached::Check(None);
     }
     let now_us = shared.local_clock.now_us();
     let mut lapsed = None;
+    // The binding cached denial so far: (check, entry, wait).
+    let mut binding: Option<(usize, Denied, u64)> = None;
+    // The enforced checks without a live entry, and those with one.
+    let mut uncached: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
+    let mut cached: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
     for (i, c) in checks.iter().enumerate() {
         if meta.shadow.contains(i) {
             continue;
         }
         match shared.deny_cache.lookup(&c.key, c.cost, &c.limit, now_us) {
             Lookup::Denied(d) => {
-                return Cached::Respond(cache_blocked(shared, checks, meta, i, &d, now_us))
+                cached.push(i);
+                let wait = d.until_us.saturating_sub(now_us);
+                if binding.is_none_or(|(_, _, b)| wait > b) {
+                    binding = Some((i, d, wait));
+                }
             }
             Lookup::Lapsed => {
                 lapsed.get_or_insert(i);
+                uncached.push(i);
             }
-            Lookup::Miss => {}
+            Lookup::Miss => uncached.push(i),
+        }
+    }
+    if let Some((i, d, wait)) = binding {
+        // A check without a live entry binds instead if it may deny with a
+        // longer wait (or an equal one, before the cached check). When the
+        // 429 lists every violated tier, any check without an entry may be
+        // one more of them: only a fully cached request is known.
+        let lists = shared.on_rejection.uses_violated_policies();
+        let known = (!lists || uncached.is_empty())
+            && uncached.iter().all(|&j| {
+                let c = &checks[j];
+                let longest = longest_wait_us(&c.limit, c.cost, now_us);
+                if j < i {
+                    longest < wait
+                } else {
+                    longest <= wait
+                }
+            });
+        if known {
+            // Every enforced check with a live entry is denied, in tier order.
+            let violated = cached.iter().map(|&j| meta.tier_name(shared, j)).collect();
+            return Cached::Respond(cache_blocked(shared, checks, meta, i, &d, now_us, violated));
         }
     }
     let Some(i) = lapsed else {
@@ -395,6 +433,7 @@ fn cache_blocked(
     i: usize,
     d: &Denied,
     now_us: u64,
+    violated: Vec<Arc<str>>,
 ) -> Response<Bytes> {
     shared.count("cache_blocked");
     shared.count_fleet_blocked(&checks[i].key, checks[i].cost, now_us);
@@ -422,7 +461,6 @@ fn cache_blocked(
         retry_after_us: wait,
         delay_us: 0,
     };
-    let violated = vec![meta.tier_name(shared, i)];
     reject(shared, meta, i, &decision, now_us, false, violated)
 }
 
@@ -892,11 +930,16 @@ fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
 ///   (the backend says when the next one would pass) is cached until then
 ///   too, so the requests right after an admission that drained the bucket
 ///   are answered locally (a single Redis reports it for the token bucket,
-///   fixed window and leaky bucket).
+///   fixed window and leaky bucket);
+/// * any other charge forgets the key's entry: it changed the key's state,
+///   so an entry written before (for another cost or limit) may no longer
+///   give the backend's answer.
 ///
-/// Both are measured from when the check was sent, so an entry can only end
-/// early, never late. Tiers that refund by response status are left out: a
-/// refund can make room before the cached instant.
+/// Only while the cached answer stays exactly the backend's
+/// ([`stays_exact`]: its `remaining` cannot change before the retry
+/// instant). Both are measured from when the check was sent (on a manual
+/// clock, the instant the backend decided at). Tiers that refund by response
+/// status are left out: a refund can make room before the cached instant.
 fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     if meta.sent.is_empty() || !shared.deny_cache.enabled() {
         return;
@@ -904,50 +947,51 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     let mut now_us = None;
     let mut probed_room = false;
     for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
+        let charged = v.charges.get(i).and_then(|c| c.as_ref());
         if meta.shadow.contains(i) {
             continue;
         }
         let wait_us = if d.allowed {
-            v.charges
-                .get(i)
-                .and_then(|c| c.as_ref())
-                .map_or(0, |c| c.next_after_us)
+            charged.map_or(0, |c| c.next_after_us)
         } else {
             d.retry_after_us
         };
-        if wait_us == 0 && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
-            probed_room = true;
-        }
-        if wait_us == 0
-            || meta
-                .tier(shared, i)
-                .is_none_or(|t| t.skip_failed || t.skip_successful)
-        {
-            continue;
-        }
         // An instant already past when the answer arrived (a wait shorter
         // than the round trip) is of no use, and as a lapsed entry it would
         // only make the next requests wait a round trip for nothing.
         let until_us = meta.sent_us.saturating_add(wait_us);
-        if until_us <= *now_us.get_or_insert_with(|| shared.local_clock.now_us()) {
-            continue;
+        let cache = wait_us > 0
+            && stays_exact(limit, *cost, d.remaining)
+            && meta
+                .tier(shared, i)
+                .is_some_and(|t| !t.skip_failed && !t.skip_successful)
+            && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
+        if !cache && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
+            probed_room = true;
         }
-        shared.deny_cache.insert(
-            key.clone(),
-            Denied::new(
-                until_us,
-                *cost,
-                *limit,
-                d.remaining,
-                Duration::from_micros(wait_us),
-            ),
-        );
+        if cache {
+            shared.deny_cache.insert(
+                key.clone(),
+                Denied::new(
+                    until_us,
+                    *cost,
+                    *limit,
+                    d.remaining,
+                    Duration::from_micros(wait_us),
+                ),
+            );
+        } else if charged.is_some() {
+            shared.deny_cache.forget(key, || {
+                *now_us.get_or_insert_with(|| shared.local_clock.now_us())
+            });
+        }
     }
-    // This request probed a lapsed key and the answer shows room on it:
-    // forget the lapsed entry, or every request that overlaps another on
-    // this key would wait a round trip for nothing until the entry ages
-    // out. (When the key is still at its limit, the entry stays and keeps
-    // funnelling requests behind one probe at a time.)
+    // This request probed a lapsed key and the answer wrote no entry for it
+    // (room left, or a denial the cache may not answer for): forget the
+    // lapsed entry, or every request that overlaps another on this key
+    // would wait a round trip for nothing until the entry ages out. (When
+    // the key is still at its limit, the entry stays and keeps funnelling
+    // requests behind one probe at a time.)
     if let Some(p) = meta.probe.as_ref().filter(|_| probed_room) {
         let now_us = now_us.unwrap_or_else(|| shared.local_clock.now_us());
         shared.deny_cache.remove_lapsed(p.key(), now_us);
