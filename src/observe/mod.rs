@@ -7,7 +7,7 @@
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
 //! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `cache_blocked`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `fallback`, `skipped`) | exactly one per request that reached the layer (`cache_blocked` is a 429 answered by the deny cache, not also `limited`) |
-//! | `tiered_ratelimit_tier_decisions_total` | counter | `decision` (`limited`, `shadow_limited`, `near_limit`), `tier`, `plan` (a configured plan name, or `default`) | per tier: rejections (the binding tier), would-be rejections, and admissions with under 20 % left |
+//! | `tiered_ratelimit_tier_decisions_total` | counter | `tier`, `plan` (a configured plan name, or `default`), `endpoint` (`METHOD route template`, `METHOD <unmatched>`, or `<other>` past the endpoint cap), `decision` (`allowed`, `near_limit`, `limited`, `limited_not_binding`, `shadow_limited`) | every decision of every tier: one per tier a request was checked against (`limited`: the binding tier of a 429) |
 //! | `tiered_ratelimit_backend_errors_total` | counter | `kind` (`timeout`, `connection`, `script`, `key`, `circuit_open`), `backend` | failed checks |
 
 pub mod anomaly;
@@ -17,6 +17,8 @@ pub mod topn;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use recorder::Endpoint;
 
 pub(crate) const REQUESTS: &str = "tiered_ratelimit_requests_total";
 pub(crate) const BACKEND_ERRORS: &str = "tiered_ratelimit_backend_errors_total";
@@ -41,21 +43,60 @@ fn decision_index(decision: &str) -> usize {
 }
 
 /// A layer's handles for the metrics every request touches (the requests
-/// counter by decision, the check-duration histograms), registered once per
-/// recorder instead of per request: a request then costs an atomic add, or
-/// nothing with no recorder installed. Registered again when the current
-/// recorder changes (installed after the layer was built, or a thread-local
-/// recorder in tests; told apart by address), and at least every
-/// [`REFRESH`]: an exporter that drops idle series (Prometheus's
-/// `idle_timeout`) would otherwise leave a held handle counting into a
-/// series it no longer exports (metrics-rs/metrics#372).
+/// counter by decision, the check-duration histograms, and the per-tier
+/// decision counter's cells), registered once per recorder instead of per
+/// request: a request then costs an atomic add, or nothing with no recorder
+/// installed. Registered again when the current recorder changes (installed
+/// after the layer was built, or a thread-local recorder in tests; told
+/// apart by address), and at least every [`REFRESH`]: an exporter that
+/// drops idle series (Prometheus's `idle_timeout`) would otherwise leave a
+/// held handle counting into a series it no longer exports
+/// (metrics-rs/metrics#372).
 pub(crate) struct RequestMetrics {
     backend: &'static str,
+    /// Tiers of the layer, and the most endpoint series (the observer's
+    /// endpoint cap, `<other>` included): the sizes of the cell tables.
+    tiers: usize,
+    endpoints: usize,
     cached: arc_swap::ArcSwapOption<Handles>,
 }
 
 /// How long registered handles are used before they are registered again.
 const REFRESH: Duration = Duration::from_secs(1);
+
+/// Plan slots per tier in the cell table: the default plan and the first
+/// `PLAN_SLOTS - 1` configured plans of a tier. Further plans are counted
+/// correctly, registering their counter on each use.
+pub(crate) const PLAN_SLOTS: usize = 8;
+
+/// The `decision` label values of [`TIER_DECISIONS`]: every check of a tier
+/// counts exactly once, under one of these.
+pub(crate) const TIER_DECISION_LABELS: [&str; 5] = [
+    "allowed",
+    "near_limit",
+    "limited",
+    "limited_not_binding",
+    "shadow_limited",
+];
+
+/// One tier's decision on one request, as counted by [`TIER_DECISIONS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TierDecision {
+    /// Allowed with at least 20 % of the capacity left.
+    Allowed = 0,
+    /// Allowed with less than 20 % left (`remaining × 5 < capacity`).
+    NearLimit = 1,
+    /// Denied, and this tier answered the 429 (the binding tier).
+    Limited = 2,
+    /// Denied (enforced), but another enforced tier with a longer wait
+    /// answered the 429.
+    LimitedNotBinding = 3,
+    /// Would have denied (shadow, or a canary tier not enforced for the key).
+    ShadowLimited = 4,
+}
+
+/// A tier-decision counter cell: the plan it was registered for, and it.
+type Cell = std::sync::OnceLock<(Arc<str>, metrics::Counter)>;
 
 struct Handles {
     /// Address of the recorder these were registered with.
@@ -64,12 +105,17 @@ struct Handles {
     requests: [metrics::Counter; 10],
     backend_latency: metrics::Histogram,
     total_latency: metrics::Histogram,
+    /// Per endpoint id: its cells, (tier × plan slot × decision), made on
+    /// the endpoint's first use, each registered on its first use.
+    endpoints: Box<[std::sync::OnceLock<Box<[Cell]>>]>,
 }
 
 impl RequestMetrics {
-    pub(crate) fn new(backend: &'static str) -> Self {
+    pub(crate) fn new(backend: &'static str, tiers: usize, endpoints: usize) -> Self {
         Self {
             backend,
+            tiers,
+            endpoints,
             cached: arc_swap::ArcSwapOption::empty(),
         }
     }
@@ -89,6 +135,9 @@ impl RequestMetrics {
             requests: DECISIONS.map(|d| metrics::counter!(REQUESTS, "decision" => d)),
             backend_latency: metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => "backend"),
             total_latency: metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => "total"),
+            endpoints: (0..self.endpoints)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
         });
         self.cached.store(Some(h.clone()));
         f(&h)
@@ -97,6 +146,55 @@ impl RequestMetrics {
     /// Counts one request under `decision` (a [`DECISIONS`] word).
     pub(crate) fn count(&self, decision: &str) {
         self.with(|h| h.requests[decision_index(decision)].increment(1));
+    }
+
+    /// Counts tier decisions of one request on `endpoint`, each given as
+    /// (tier index, tier name, plan slot, plan name, decision), with one
+    /// lookup of the handles. The plan slot is 0 for the default plan and
+    /// 1 + the plan's position in the tier's configured plans.
+    pub(crate) fn count_tiers<'a>(
+        &self,
+        endpoint: &Endpoint,
+        decisions: impl IntoIterator<Item = (usize, &'a str, usize, &'a str, TierDecision)>,
+    ) {
+        self.with(|h| {
+            let cells = h.endpoints.get(endpoint.id).map(|e| {
+                e.get_or_init(|| {
+                    (0..self.tiers * PLAN_SLOTS * TIER_DECISION_LABELS.len())
+                        .map(|_| Cell::new())
+                        .collect()
+                })
+            });
+            for (tier, tier_name, slot, plan, d) in decisions {
+                let register = || {
+                    metrics::counter!(
+                        TIER_DECISIONS,
+                        "decision" => TIER_DECISION_LABELS[d as usize],
+                        "tier" => tier_name.to_owned(),
+                        "plan" => plan.to_owned(),
+                        "endpoint" => endpoint.name.to_string()
+                    )
+                };
+                let cell = (slot < PLAN_SLOTS)
+                    .then(|| {
+                        cells?.get(
+                            (tier * PLAN_SLOTS + slot) * TIER_DECISION_LABELS.len() + d as usize,
+                        )
+                    })
+                    .flatten();
+                let Some(cell) = cell else {
+                    register().increment(1);
+                    continue;
+                };
+                let (p, counter) = cell.get_or_init(|| (Arc::from(plan), register()));
+                if &**p == plan {
+                    counter.increment(1);
+                } else {
+                    // The tier's plans were reconfigured within this REFRESH.
+                    register().increment(1);
+                }
+            }
+        });
     }
 
     /// Records the latency the check added: the backend call, and the
@@ -119,21 +217,6 @@ impl RequestMetrics {
             self.cached.store(None);
         }
     }
-}
-
-pub(crate) const LIMITED: &str = "limited";
-pub(crate) const SHADOW_LIMITED: &str = "shadow_limited";
-
-/// Counts a tier's rejection (or would-be rejection, or near-limit
-/// admission) with the tier and plan labels.
-pub(crate) fn count_tier(decision: &'static str, tier: &Arc<str>, plan: &str) {
-    metrics::counter!(
-        TIER_DECISIONS,
-        "decision" => decision,
-        "tier" => tier.to_string(),
-        "plan" => plan.to_owned()
-    )
-    .increment(1);
 }
 
 pub(crate) const TIER_DECISIONS: &str = "tiered_ratelimit_tier_decisions_total";
@@ -204,7 +287,7 @@ mod tests {
     #[test]
     fn request_metrics_follow_the_current_recorder() {
         use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-        let m = RequestMetrics::new("memory");
+        let m = RequestMetrics::new("memory", 1, 1);
         m.count("allowed"); // no recorder: nothing, no panic
                             // Every decision's series exists (at 0) once registered.
         let allowed = |r: &DebuggingRecorder| -> Vec<u64> {
@@ -337,4 +420,3 @@ pub(crate) fn set_mode_gauge(tier: &Arc<str>, mode: crate::Mode) {
 }
 
 pub(crate) const ENFORCED_PERCENT: &str = "tiered_ratelimit_enforced_percent";
-pub(crate) const NEAR_LIMIT: &str = "near_limit";
