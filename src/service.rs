@@ -12,7 +12,7 @@ use crate::key::KeyError;
 use crate::layer::{BuiltTier, FailurePolicy, PlanRuntime, Runtime, Shared, TierRuntime};
 use crate::observe;
 use crate::observe::topn::Kind;
-use crate::observe::TierDecision;
+use crate::observe::{TierCount, TierDecision};
 use crate::response::{json_response, unavailable, HeaderStyle, RateLimitHeaders, Rejection};
 use crate::rollout::{DenyStatus, Mode, Plan};
 use bytes::Bytes;
@@ -883,13 +883,25 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
 
 /// Counts every tier's decision on the request (one each) in
 /// `tiered_ratelimit_tier_decisions_total`, but the binding tier's: its
-/// `limited` is counted with the 429 ([`reject`]).
-fn count_tier_decisions(shared: &Shared, meta: &Meta, ds: &[Decision], binding: Option<usize>) {
+/// `limited` is counted with the 429 ([`reject`]). And the request under
+/// `request`, with the same lookup of the metric handles.
+fn count_tier_decisions(
+    shared: &Shared,
+    meta: &Meta,
+    ds: &[Decision],
+    binding: Option<usize>,
+    request: Option<&'static str>,
+) {
+    if let Some(d) = request {
+        shared.counts.add(d);
+    }
     let Some(e) = &meta.endpoint else {
+        if let Some(d) = request {
+            shared.metrics.count(d);
+        }
         return;
     };
     let cells = ds.iter().enumerate().filter_map(|(i, d)| {
-        let tier = meta.tier(shared, i)?;
         let decision = match (d.allowed, meta.shadow.contains(i)) {
             _ if Some(i) == binding => return None,
             (true, _) if d.remaining.saturating_mul(5) < d.limit => TierDecision::NearLimit,
@@ -897,11 +909,19 @@ fn count_tier_decisions(shared: &Shared, meta: &Meta, ds: &[Decision], binding: 
             (false, true) => TierDecision::ShadowLimited,
             (false, false) => TierDecision::LimitedNotBinding,
         };
-        let (slot, plan) = meta.plan_slot(i);
-        let index = usize::from(*meta.tiers.get(i)?);
-        Some((index, &*tier.name, slot, plan, decision))
+        Some(TierCount {
+            check: i,
+            tier: usize::from(*meta.tiers.get(i)?),
+            slot: meta.plan_slot(i).0,
+            decision,
+        })
     });
-    shared.metrics.count_tiers(e, cells);
+    shared.metrics.count_tiers(request, e, cells, |i| {
+        (
+            meta.tier(shared, i).map_or("unknown", |t| &*t.name),
+            meta.plan_slot(i).1,
+        )
+    });
 }
 
 fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
@@ -935,7 +955,6 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
             binding = Some((i, d));
         }
     }
-    count_tier_decisions(shared, meta, ds, binding.map(|(i, _)| i));
     let Some((i, d)) = binding else {
         // Headers describe the tier with the least remaining (on a tie, the one
         // that takes longest to refill), among enforced tiers and, when asked
@@ -949,13 +968,12 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
                     .cmp(&b.remaining)
                     .then(b.reset_after_us.cmp(&a.reset_after_us))
             });
-        if !meta.fallback {
-            shared.count(if shadow_limited {
-                "shadow_limited"
-            } else {
-                "allowed"
-            });
-        }
+        let request = (!meta.fallback).then_some(if shadow_limited {
+            "shadow_limited"
+        } else {
+            "allowed"
+        });
+        count_tier_decisions(shared, meta, ds, None, request);
         // A request queued by shaping tiers waits for the latest slot.
         let delay_us = ds
             .iter()
@@ -969,6 +987,7 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
         };
         return Outcome::Pass(headers, Duration::from_micros(delay_us), None);
     };
+    count_tier_decisions(shared, meta, ds, Some(i), None);
     Outcome::Respond(reject(shared, meta, i, d, v.now_us, !meta.fallback))
 }
 
@@ -1029,11 +1048,15 @@ fn reject(
         shared.count("limited");
     }
     if let (Some(e), Some(t)) = (&meta.endpoint, meta.tiers.get(i)) {
-        let (slot, plan) = meta.plan_slot(i);
-        shared.metrics.count_tiers(
-            e,
-            [(usize::from(*t), &*tier, slot, plan, TierDecision::Limited)],
-        );
+        let c = TierCount {
+            check: i,
+            tier: usize::from(*t),
+            slot: meta.plan_slot(i).0,
+            decision: TierDecision::Limited,
+        };
+        shared
+            .metrics
+            .count_tiers(None, e, [c], |_| (&*tier, meta.plan_slot(i).1));
     }
     tracing::debug!(tier = &*tier, retry_after, "request rate limited");
     let rejection = Rejection {

@@ -95,6 +95,18 @@ pub(crate) enum TierDecision {
     ShadowLimited = 4,
 }
 
+/// One tier's decision on a request, for [`RequestMetrics::count_tiers`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TierCount {
+    /// The request's check index (passed back to the labels function).
+    pub(crate) check: usize,
+    /// The tier's index in the layer.
+    pub(crate) tier: usize,
+    /// 0 for the default plan, else 1 + the plan's position in the tier.
+    pub(crate) slot: usize,
+    pub(crate) decision: TierDecision,
+}
+
 /// A tier-decision counter cell: the plan it was registered for, and it.
 type Cell = std::sync::OnceLock<(Arc<str>, metrics::Counter)>;
 
@@ -148,16 +160,21 @@ impl RequestMetrics {
         self.with(|h| h.requests[decision_index(decision)].increment(1));
     }
 
-    /// Counts tier decisions of one request on `endpoint`, each given as
-    /// (tier index, tier name, plan slot, plan name, decision), with one
-    /// lookup of the handles. The plan slot is 0 for the default plan and
-    /// 1 + the plan's position in the tier's configured plans.
+    /// Counts tier decisions of one request on `endpoint`, and the request
+    /// under `request` (a [`DECISIONS`] word) if given, with one lookup of
+    /// the handles. `labels(check)` gives a check's tier and plan names; it
+    /// is called only to register a cell, or to match a named plan.
     pub(crate) fn count_tiers<'a>(
         &self,
+        request: Option<&str>,
         endpoint: &Endpoint,
-        decisions: impl IntoIterator<Item = (usize, &'a str, usize, &'a str, TierDecision)>,
+        decisions: impl IntoIterator<Item = TierCount>,
+        labels: impl Fn(usize) -> (&'a str, &'a str),
     ) {
         self.with(|h| {
+            if let Some(d) = request {
+                h.requests[decision_index(d)].increment(1);
+            }
             let cells = h.endpoints.get(endpoint.id).map(|e| {
                 e.get_or_init(|| {
                     (0..self.tiers * PLAN_SLOTS * TIER_DECISION_LABELS.len())
@@ -165,33 +182,36 @@ impl RequestMetrics {
                         .collect()
                 })
             });
-            for (tier, tier_name, slot, plan, d) in decisions {
-                let register = || {
-                    metrics::counter!(
-                        TIER_DECISIONS,
-                        "decision" => TIER_DECISION_LABELS[d as usize],
-                        "tier" => tier_name.to_owned(),
-                        "plan" => plan.to_owned(),
-                        "endpoint" => endpoint.name.to_string()
-                    )
+            let register = |check: usize, d: TierDecision| {
+                let (tier, plan) = labels(check);
+                metrics::counter!(
+                    TIER_DECISIONS,
+                    "decision" => TIER_DECISION_LABELS[d as usize],
+                    "tier" => tier.to_owned(),
+                    "plan" => plan.to_owned(),
+                    "endpoint" => endpoint.name.to_string()
+                )
+            };
+            for c in decisions {
+                let cell = if c.slot < PLAN_SLOTS {
+                    let i = (c.tier * PLAN_SLOTS + c.slot) * TIER_DECISION_LABELS.len()
+                        + c.decision as usize;
+                    cells.and_then(|cells| cells.get(i))
+                } else {
+                    None
                 };
-                let cell = (slot < PLAN_SLOTS)
-                    .then(|| {
-                        cells?.get(
-                            (tier * PLAN_SLOTS + slot) * TIER_DECISION_LABELS.len() + d as usize,
-                        )
-                    })
-                    .flatten();
                 let Some(cell) = cell else {
-                    register().increment(1);
+                    register(c.check, c.decision).increment(1);
                     continue;
                 };
-                let (p, counter) = cell.get_or_init(|| (Arc::from(plan), register()));
-                if &**p == plan {
+                let (plan, counter) = cell
+                    .get_or_init(|| (Arc::from(labels(c.check).1), register(c.check, c.decision)));
+                // Slot 0 is always `default`; a named plan's slot may have
+                // been reconfigured to another plan within this REFRESH.
+                if c.slot == 0 || **plan == *labels(c.check).1 {
                     counter.increment(1);
                 } else {
-                    // The tier's plans were reconfigured within this REFRESH.
-                    register().increment(1);
+                    register(c.check, c.decision).increment(1);
                 }
             }
         });
