@@ -329,6 +329,77 @@ fn tier_decisions_per_endpoint_count_every_decision() {
     assert_eq!(got, want);
 }
 
+/// A 429 answered by the deny cache (Redis, no backend call) counts
+/// `limited` for its tier and endpoint like the backend's own.
+#[test]
+fn deny_cache_429s_count_as_limited_per_endpoint() {
+    use tiered_ratelimit::{backend::ManualClock, backend::RedisBackend, RateLimitLayer};
+    let redis = RedisServer::start();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use tower::ServiceExt;
+            let layer = RateLimitLayer::builder()
+                .backend(
+                    RedisBackend::from_url(&redis.url())
+                        .unwrap()
+                        .with_manual_clock(ManualClock::new(T0_US)),
+                )
+                .tier(Tier::new("user", User, Quota::per_minute(1)))
+                .build()
+                .unwrap();
+            let app = app(layer);
+            for _ in 0..3 {
+                let req = http::Request::get("/users/1")
+                    .header("authorization", "Bearer alice")
+                    .body(axum::body::Body::empty())
+                    .unwrap();
+                app.clone().oneshot(req).await.unwrap();
+            }
+        });
+    });
+    let mut got: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(k, _, _, v)| {
+            let name = k.key().name();
+            if !name.starts_with("tiered_ratelimit_") || !name.ends_with("_total") {
+                return None;
+            }
+            let labels: Vec<String> = k.key().labels().map(|l| l.value().to_owned()).collect();
+            match v {
+                DebugValue::Counter(c) if c > 0 => {
+                    Some((format!("{name} {}", labels.join(" | ")), c))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    got.sort();
+    let want: Vec<(String, u64)> = [
+        ("tiered_ratelimit_requests_total allowed", 1),
+        ("tiered_ratelimit_requests_total cache_blocked", 2),
+        (
+            "tiered_ratelimit_tier_decisions_total limited | user | default | GET /users/{id}",
+            2,
+        ),
+        (
+            "tiered_ratelimit_tier_decisions_total near_limit | user | default | GET /users/{id}",
+            1,
+        ),
+    ]
+    .into_iter()
+    .map(|(l, c)| (l.to_owned(), c))
+    .collect();
+    assert_eq!(got, want);
+}
+
 /// Blocked keys counted fleet-wide in Redis by the decision's own script call:
 /// two app servers, one merged answer, one EVALSHA per request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
