@@ -425,6 +425,48 @@ impl RateLimitHandle {
         Some(self.shared.observer.history(i))
     }
 
+    /// The fleet-wide control hash's Redis key, when the layer polls one (a
+    /// [`ControlKey`](crate::ControlKey) and a Redis backend): where
+    /// [`set_fleet_mode`](Self::set_fleet_mode) writes.
+    pub fn fleet_control_key(&self) -> Option<&str> {
+        crate::control::key_of(&self.shared)
+    }
+
+    /// Sets the mode of every instance: writes the control hash's `mode`
+    /// field (`tier` `None`) or `tier:<name>`, then applies the hash here
+    /// at once; the other instances follow within their poll interval (see
+    /// [`crate::control`]). Undo with `HDEL` (or set `enforce`).
+    pub async fn set_fleet_mode(
+        &self,
+        tier: Option<&str>,
+        mode: Mode,
+    ) -> Result<(), crate::control::ControlError> {
+        let field = match tier {
+            None => "mode".to_owned(),
+            Some(t) => {
+                self.shared
+                    .tier_index(t)
+                    .map_err(|_| crate::control::ControlError::UnknownTier(t.to_owned()))?;
+                format!("tier:{t}")
+            }
+        };
+        crate::control::write(&self.shared, &field, mode).await
+    }
+
+    /// A tier's counts so far in the bucket not closed yet (partial: the
+    /// current bucket, or the last one with traffic until the first request
+    /// after its end closes it into [`history`](Self::history)). `None` for
+    /// an unknown tier, and before the layer's first checked request.
+    pub fn open_bucket(&self, tier: &str) -> Option<BucketCounts> {
+        let i = self.shared.tier_index(tier).ok()?;
+        self.shared.observer.open_bucket(i)
+    }
+
+    /// The layer's clock (the one its buckets use), Unix epoch seconds.
+    pub(crate) fn now_s(&self) -> u64 {
+        self.shared.local_clock.now_us() / 1_000_000
+    }
+
     /// Requests by decision since the layer was built, in this process.
     pub fn counts(&self) -> DecisionCounts {
         self.shared.counts.snapshot()

@@ -283,6 +283,7 @@ pub struct RateLimitLayerBuilder {
     header_style: HeaderStyle,
     anomaly: AnomalyConfig,
     top_n_capacity: usize,
+    max_endpoints: usize,
     control: Option<ControlKey>,
     fleet_top_n: bool,
     fleet_flush_interval: Duration,
@@ -312,6 +313,7 @@ impl Default for RateLimitLayerBuilder {
             header_style: HeaderStyle::Legacy,
             anomaly: AnomalyConfig::default(),
             top_n_capacity: 256,
+            max_endpoints: crate::observe::recorder::DEFAULT_MAX_ENDPOINTS,
             control: None,
             fleet_top_n: true,
             fleet_flush_interval: Duration::from_secs(1),
@@ -460,6 +462,18 @@ impl RateLimitLayerBuilder {
     /// (default 256; the error of a count is at most the smallest counter).
     pub fn top_n_capacity(mut self, capacity: usize) -> Self {
         self.top_n_capacity = capacity;
+        self
+    }
+
+    /// The most distinct endpoints (`METHOD route template`) tracked with
+    /// their own series: the `endpoint` label of
+    /// `tiered_ratelimit_tier_decisions_total` and the anomaly gauge, and
+    /// the anomaly baseline (default 1024). Endpoints seen after that many
+    /// share the label `<other>`. Bounds the tier-decision series at
+    /// (`max_endpoints` + 1) × tiers × plans × 5 decisions, of which only
+    /// the combinations that occur exist.
+    pub fn max_endpoints(mut self, endpoints: usize) -> Self {
+        self.max_endpoints = endpoints.max(1);
         self
     }
 
@@ -633,14 +647,23 @@ impl RateLimitLayerBuilder {
                 shadow_headers: self.shadow_headers,
                 shadow_log_level: self.shadow_log_level,
                 counts: crate::observe::Counts::default(),
-                metrics: crate::observe::RequestMetrics::new(backend_name),
+                metrics: crate::observe::RequestMetrics::new(
+                    backend_name,
+                    n_tiers,
+                    self.max_endpoints.max(1) + 1,
+                ),
                 breaker: Breaker::new(self.circuit_breaker),
                 deny_cache: DenyCache::new(if is_memory { 0 } else { self.deny_cache }),
                 local_clock,
                 fallback,
                 fallback_instances: instances,
                 header_style: self.header_style,
-                observer: Observer::new(names, self.anomaly, self.top_n_capacity),
+                observer: Observer::new(
+                    names,
+                    self.anomaly,
+                    self.top_n_capacity,
+                    self.max_endpoints,
+                ),
                 control: self.control,
                 control_started: std::sync::OnceLock::new(),
                 overrides: ArcSwap::from_pointee(Overrides {

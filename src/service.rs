@@ -12,6 +12,7 @@ use crate::key::KeyError;
 use crate::layer::{BuiltTier, FailurePolicy, PlanRuntime, Runtime, Shared, TierRuntime};
 use crate::observe;
 use crate::observe::topn::Kind;
+use crate::observe::{TierCount, TierDecision};
 use crate::response::{json_response, unavailable, HeaderStyle, RateLimitHeaders, Rejection};
 use crate::rollout::{DenyStatus, Mode, Plan};
 use bytes::Bytes;
@@ -505,8 +506,9 @@ pub(crate) struct Meta {
     /// the meta, after the answer was fed to the cache (or on an error),
     /// which wakes the requests waiting for it.
     pub(crate) probe: Option<ProbeGuard>,
-    /// For tiers with plans: each check's plan (`None` = the tier's default).
-    plans: Vec<Option<Arc<str>>>,
+    /// For tiers with plans: each check's plan (`None` = the tier's
+    /// default), with its position among the tier's plans.
+    plans: Vec<Option<(usize, Arc<str>)>>,
 }
 
 #[derive(Debug)]
@@ -529,12 +531,13 @@ impl Meta {
             .map_or_else(|| Arc::from("unknown"), |t| t.name.clone())
     }
 
-    /// Check `i`'s plan label: the plan's name, or `default`.
-    fn plan(&self, i: usize) -> &str {
-        self.plans
-            .get(i)
-            .and_then(|p| p.as_deref())
-            .unwrap_or("default")
+    /// Check `i`'s plan slot for the tier-decision counter (0: the default
+    /// plan, else 1 + its position) and name.
+    fn plan_slot(&self, i: usize) -> (usize, &str) {
+        match self.plans.get(i) {
+            Some(Some((pos, name))) => (pos.saturating_add(1), name),
+            _ => (0, "default"),
+        }
     }
 }
 
@@ -684,7 +687,10 @@ fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
         if !r.plans.is_empty() {
             // The plan label of this check's metrics (configured names only).
             meta.plans.resize(checks.len(), None);
-            meta.plans.push(tp.plan.map(|p| p.name.clone()));
+            meta.plans.push(tp.plan.map(|p| {
+                let pos = r.plans.iter().position(|x| std::ptr::eq(x, p));
+                (pos.unwrap_or(usize::MAX - 1), p.name.clone())
+            }));
         }
         if !tp.enforced {
             let n = checks.len();
@@ -915,7 +921,6 @@ fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
         };
         let part = key.get(t.key_base.len()..).unwrap_or(key);
         let kind = if d.allowed {
-            observe::count_tier(observe::NEAR_LIMIT, &t.name, meta.plan(i));
             Kind::NearLimit
         } else {
             Kind::Blocked
@@ -998,6 +1003,49 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     }
 }
 
+/// Counts every tier's decision on the request (one each) in
+/// `tiered_ratelimit_tier_decisions_total`, but the binding tier's: its
+/// `limited` is counted with the 429 ([`reject`]). And the request under
+/// `request`, with the same lookup of the metric handles.
+fn count_tier_decisions(
+    shared: &Shared,
+    meta: &Meta,
+    ds: &[Decision],
+    binding: Option<usize>,
+    request: Option<&'static str>,
+) {
+    if let Some(d) = request {
+        shared.counts.add(d);
+    }
+    let Some(e) = &meta.endpoint else {
+        if let Some(d) = request {
+            shared.metrics.count(d);
+        }
+        return;
+    };
+    let cells = ds.iter().enumerate().filter_map(|(i, d)| {
+        let decision = match (d.allowed, meta.shadow.contains(i)) {
+            _ if Some(i) == binding => return None,
+            (true, _) if d.remaining.saturating_mul(5) < d.limit => TierDecision::NearLimit,
+            (true, _) => TierDecision::Allowed,
+            (false, true) => TierDecision::ShadowLimited,
+            (false, false) => TierDecision::LimitedNotBinding,
+        };
+        Some(TierCount {
+            check: i,
+            tier: usize::from(*meta.tiers.get(i)?),
+            slot: meta.plan_slot(i).0,
+            decision,
+        })
+    });
+    shared.metrics.count_tiers(request, e, cells, |i| {
+        (
+            meta.tier(shared, i).map_or("unknown", |t| &*t.name),
+            meta.plan_slot(i).1,
+        )
+    });
+}
+
 fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
     let ds = &v.decisions;
     let tier_name = |i: usize| meta.tier_name(shared, i);
@@ -1007,7 +1055,6 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
         if !d.allowed && meta.shadow.contains(i) {
             shadow_limited = true;
             let tier = tier_name(i);
-            observe::count_tier(observe::SHADOW_LIMITED, &tier, meta.plan(i));
             if let Some(o) = &meta.observed {
                 let key_hash = o.key_hashes.get(i).copied().unwrap_or(0);
                 log_shadow(
@@ -1020,11 +1067,17 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
             }
         }
     }
-    let enforced_denial = ds
-        .iter()
-        .enumerate()
-        .any(|(i, d)| !d.allowed && !meta.shadow.contains(i));
-    if !enforced_denial {
+    // Binding tier: the enforced denying tier with the longest wait (first on a tie).
+    let mut binding: Option<(usize, &Decision)> = None;
+    for (i, d) in ds.iter().enumerate() {
+        if d.allowed || meta.shadow.contains(i) {
+            continue;
+        }
+        if binding.is_none_or(|(_, b)| d.retry_after_us > b.retry_after_us) {
+            binding = Some((i, d));
+        }
+    }
+    let Some((i, d)) = binding else {
         // Headers describe the tier with the least remaining (on a tie, the one
         // that takes longest to refill), among enforced tiers and, when asked
         // for, observing ones.
@@ -1037,13 +1090,12 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
                     .cmp(&b.remaining)
                     .then(b.reset_after_us.cmp(&a.reset_after_us))
             });
-        if !meta.fallback {
-            shared.count(if shadow_limited {
-                "shadow_limited"
-            } else {
-                "allowed"
-            });
-        }
+        let request = (!meta.fallback).then_some(if shadow_limited {
+            "shadow_limited"
+        } else {
+            "allowed"
+        });
+        count_tier_decisions(shared, meta, ds, None, request);
         // A request queued by shaping tiers waits for the latest slot.
         let delay_us = ds
             .iter()
@@ -1056,20 +1108,8 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
             _ => shown.map(|(i, d)| headers_for(shared, meta, i, d, v.now_us, false)),
         };
         return Outcome::Pass(headers, Duration::from_micros(delay_us), None);
-    }
-    // Binding tier: the enforced denying tier with the longest wait (first on a tie).
-    let mut binding: Option<(usize, &Decision)> = None;
-    for (i, d) in ds.iter().enumerate() {
-        if d.allowed || meta.shadow.contains(i) {
-            continue;
-        }
-        if binding.is_none_or(|(_, b)| d.retry_after_us > b.retry_after_us) {
-            binding = Some((i, d));
-        }
-    }
-    let Some((i, d)) = binding else {
-        return Outcome::Pass(None, Duration::ZERO, None);
     };
+    count_tier_decisions(shared, meta, ds, Some(i), None);
     let violated = ds
         .iter()
         .enumerate()
@@ -1155,7 +1195,17 @@ fn reject(
     if count_limited {
         shared.count("limited");
     }
-    observe::count_tier(observe::LIMITED, &tier, meta.plan(i));
+    if let (Some(e), Some(t)) = (&meta.endpoint, meta.tiers.get(i)) {
+        let c = TierCount {
+            check: i,
+            tier: usize::from(*t),
+            slot: meta.plan_slot(i).0,
+            decision: TierDecision::Limited,
+        };
+        shared
+            .metrics
+            .count_tiers(None, e, [c], |_| (&*tier, meta.plan_slot(i).1));
+    }
     tracing::debug!(tier = &*tier, retry_after, "request rate limited");
     let rejection = Rejection {
         tier,
