@@ -151,3 +151,73 @@ fn key_errors_classify_configuration() {
     assert!(!KeyError::Request("bad token".into()).is_configuration());
     assert_eq!(KeyError::Request("x".into()).reason(), "request");
 }
+
+/// A denylist with IP entries cannot match without the peer address: the
+/// request is not silently treated as unlisted: one ERROR line with the fix,
+/// and every such request counted.
+#[test]
+fn an_ip_list_without_peer_address_is_logged_and_counted() {
+    use tiered_ratelimit::{AccessList, DenyStatus};
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    tracing::subscriber::with_default(subscriber, || {
+        metrics::with_local_recorder(&recorder, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let env = Env::memory();
+                let layer = env
+                    .builder()
+                    .denylist(
+                        AccessList::new().ip("127.0.0.0/8".parse().unwrap()),
+                        DenyStatus::Forbidden,
+                    )
+                    .tier(Tier::new("user", User, Quota::per_minute(2)))
+                    .build()
+                    .unwrap();
+                let addr = serve_without_connect_info(app(layer)).await;
+                let url = format!("http://{addr}/");
+                let c = client();
+                for _ in 0..3 {
+                    let res = c
+                        .get(&url)
+                        .header("authorization", "Bearer bob")
+                        .send()
+                        .await
+                        .unwrap();
+                    // The list cannot see the address: not denied, but said.
+                    assert_ne!(res.status(), 403);
+                }
+            });
+        });
+    });
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    assert!(lines[0].contains(" ERROR "), "{out}");
+    assert!(
+        lines[0].contains(
+            "an allow- or denylist has IP entries but the request has no peer address, so they \
+             cannot match; serve the app with into_make_service_with_connect_info::<SocketAddr>()"
+        ),
+        "{out}"
+    );
+    let snap = snapshotter.snapshot().into_vec();
+    assert_eq!(
+        counter(
+            &snap,
+            "tiered_ratelimit_key_errors_total",
+            "reason=missing_connect_info,tier=access_list"
+        ),
+        Some(3)
+    );
+}
