@@ -243,7 +243,7 @@ fn headers(c: &mut Criterion) {
     for (name, style, retry_after) in [
         ("legacy_allowed", HeaderStyle::Legacy, None),
         ("legacy_denied", HeaderStyle::Legacy, Some(7)),
-        ("ietf_allowed", HeaderStyle::Ietf, None),
+        ("ietf_allowed", HeaderStyle::IetfDraft11, None),
         ("both_denied", HeaderStyle::Both, Some(7)),
     ] {
         let h = RateLimitHeaders {
@@ -252,6 +252,7 @@ fn headers(c: &mut Criterion) {
             reset: 1_700_000_060,
             retry_after,
             reset_in: 60,
+            window_in: 1,
             policy: policy.clone(),
             quota: (300, 60),
             style,

@@ -13,7 +13,10 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
       if t >= now then backlog = (t - now) * rate + tonumber(f) end
     end
   end
-  local after = backlog + cost
+  -- A cost above the capacity never passes; leaving it out of `after` keeps
+  -- every value at or below 2^53 (the quota checks assume it).
+  local after = backlog
+  if cost <= capacity then after = backlog + cost end
   local over = after - capacity
   if over < 0 then over = 0 end
   local tolerance = 0

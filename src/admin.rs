@@ -22,13 +22,23 @@
 //!
 //! Everything below is relative to where the router is mounted.
 //!
+//! **Where mode changes apply.** With a fleet control key (a
+//! [`ControlKey`](crate::ControlKey) on a Redis backend), `POST /mode` and
+//! `POST /api/mode` write the control hash
+//! ([`RateLimitHandle::set_fleet_mode`]): every instance follows within its
+//! poll interval, and the page says "all instances" beside every button.
+//! Without one they change only the process that served the request
+//! ([`RateLimitHandle::set_mode`]), and the page says "this instance
+//! (host:pid)" beside every button. The page shows when it was rendered
+//! (the layer's clock, UTC) and reloads itself ([`Admin::refresh`]).
+//!
 //! | method and path | answer |
 //! |---|---|
 //! | `GET /` | the HTML page |
 //! | `POST /mode` | the page's form (`application/x-www-form-urlencoded`: `mode`, optional `tier`); answers `303` back to the page |
-//! | `GET /api/status` | global mode, circuit state, counts, every tier's mode and quota, the anomaly series |
+//! | `GET /api/status` | global mode, circuit state, where mode changes apply (`mode_changes_apply_to`: `all instances` or `this instance (host:pid)`; `control_key`), counts, every tier's mode and quota, the anomaly series |
 //! | `GET /api/top/{tier}?n=10&window=1h&kind=blocked` | top-N keys of a tier (`kind=near_limit` for keys allowed with < 20 % left); `window` in humantime, rounded up to hours, at most 24 h |
-//! | `GET /api/history/{tier}` | the tier's last hour of buckets |
+//! | `GET /api/history/{tier}` | the tier's last hour of closed buckets, and `current`: the bucket still open, `"partial": true` (`null` before the first request) |
 //! | `GET /api/anomalies` | the 429-rate anomaly series and their alerts |
 //! | `POST /api/mode` | `{"mode":"shadow"}` (global) or `{"tier":"ip","mode":"canary:10"}`; answers like `/api/status` |
 //!
@@ -122,6 +132,7 @@ pub struct Admin {
     window: Duration,
     secure_cookie: bool,
     query_token: bool,
+    refresh: Duration,
 }
 
 impl fmt::Debug for Admin {
@@ -132,6 +143,7 @@ impl fmt::Debug for Admin {
             .field("window", &self.window)
             .field("secure_cookie", &self.secure_cookie)
             .field("query_token", &self.query_token)
+            .field("refresh", &self.refresh)
             .finish_non_exhaustive()
     }
 }
@@ -146,7 +158,15 @@ impl Admin {
             window: Duration::from_secs(3600),
             secure_cookie: true,
             query_token: true,
+            refresh: Duration::from_secs(15),
         }
+    }
+
+    /// How often the page reloads itself (a `<meta http-equiv="refresh">`,
+    /// no script; default 15 s, at least 1 s).
+    pub fn refresh(mut self, every: Duration) -> Self {
+        self.refresh = every.max(Duration::from_secs(1));
+        self
     }
 
     /// Keys per tier in the page's top blocked table and the API's default
@@ -319,6 +339,11 @@ async fn api_history(State(admin): State<Arc<Admin>>, Path(tier): Path<String>) 
             &json!({
                 "tier": tier,
                 "buckets": buckets.iter().map(bucket_json).collect::<Vec<_>>(),
+                "current": admin.handle.open_bucket(&tier).map(|b| {
+                    let mut v = bucket_json(&b);
+                    v["partial"] = json!(true);
+                    v
+                }),
             }),
         ),
         None => unknown_tier(&tier),
@@ -405,7 +430,7 @@ async fn api_mode(State(admin): State<Arc<Admin>>, req: Request) -> Response {
             )
         }
     };
-    match apply_mode(&admin.handle, change.tier.as_deref(), &change.mode, "api") {
+    match apply_mode(&admin.handle, change.tier.as_deref(), &change.mode, "api").await {
         Ok(()) => json_response(StatusCode::OK, &status_json(&admin.handle)),
         Err(e) => e.response(),
     }
@@ -431,7 +456,7 @@ async fn form_mode(State(admin): State<Arc<Admin>>, req: Request) -> Response {
     let Some(mode) = mode else {
         return error(StatusCode::BAD_REQUEST, "invalid_body", "mode: missing");
     };
-    match apply_mode(&admin.handle, tier.as_deref(), &mode, "page") {
+    match apply_mode(&admin.handle, tier.as_deref(), &mode, "page").await {
         Ok(()) => see_other(page_path(&base)),
         Err(e) => e.response(),
     }
@@ -441,6 +466,8 @@ async fn form_mode(State(admin): State<Arc<Admin>>, req: Request) -> Response {
 enum ModeError {
     Invalid(String),
     UnknownTier(String),
+    /// The control key could not be written: nothing changed.
+    Control(crate::control::ControlError),
 }
 
 impl ModeError {
@@ -448,19 +475,69 @@ impl ModeError {
         match self {
             ModeError::Invalid(e) => error(StatusCode::BAD_REQUEST, "invalid_mode", e),
             ModeError::UnknownTier(t) => unknown_tier(t),
+            ModeError::Control(e) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "control_key_failed",
+                &e.to_string(),
+            ),
         }
     }
 }
 
-/// Sets the global mode (`tier` absent or empty) or a tier's, and logs it.
-fn apply_mode(
+/// Where the router's mode changes apply: `all instances` (the control
+/// key is written) or `this instance (host:pid)`.
+fn scope(handle: &RateLimitHandle) -> String {
+    if handle.fleet_control_key().is_some() {
+        "all instances".to_owned()
+    } else {
+        static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let host = HOST.get_or_init(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .or_else(|| std::env::var("HOSTNAME").ok())
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "unknown-host".to_owned())
+        });
+        format!("this instance ({host}:{})", std::process::id())
+    }
+}
+
+/// Sets the global mode (`tier` absent or empty) or a tier's, and logs it:
+/// with a control key, on every instance through it; else in this process.
+async fn apply_mode(
     handle: &RateLimitHandle,
     tier: Option<&str>,
     mode: &str,
     via: &'static str,
 ) -> Result<(), ModeError> {
     let mode: Mode = mode.parse().map_err(ModeError::Invalid)?;
-    match tier.filter(|t| !t.is_empty()) {
+    let tier = tier.filter(|t| !t.is_empty());
+    if let Some(key) = handle.fleet_control_key().map(str::to_owned) {
+        let from = match tier {
+            None => handle.effective_mode(),
+            Some(t) => {
+                handle
+                    .tiers()
+                    .into_iter()
+                    .find(|s| s.name == t)
+                    .ok_or_else(|| ModeError::UnknownTier(t.to_owned()))?
+                    .effective_mode
+            }
+        };
+        handle
+            .set_fleet_mode(tier, mode)
+            .await
+            .map_err(ModeError::Control)?;
+        let tier = tier.unwrap_or("");
+        if mode == Mode::Off && tier.is_empty() {
+            tracing::warn!(%from, to = %mode, via, key, "rate limiter admin: kill switch, global mode off on all instances (control key)");
+        } else {
+            tracing::info!(tier, %from, to = %mode, via, key, "rate limiter admin: mode changed on all instances (control key)");
+        }
+        return Ok(());
+    }
+    match tier {
         None => {
             let from = handle.mode();
             handle.set_mode(mode);
@@ -494,6 +571,8 @@ fn status_json(h: &RateLimitHandle) -> Value {
         "mode": h.mode().to_string(),
         "effective_mode": h.effective_mode().to_string(),
         "circuit_state": h.circuit_state(),
+        "mode_changes_apply_to": scope(h),
+        "control_key": h.fleet_control_key(),
         "counts": counts_json(&h.counts()),
         "tiers": h.tiers().iter().map(tier_json).collect::<Vec<_>>(),
         "anomalies": anomalies_json(&h.anomalies()),
@@ -752,7 +831,7 @@ form{display:inline;margin:0}\
 button{font:inherit;padding:3px 10px;border-radius:4px;border:1px solid #889;background:#fff;cursor:pointer}\
 button.kill{background:#c62828;color:#fff;border-color:#8e0000;font-weight:700}\
 button.resume{background:#2e7d32;color:#fff;border-color:#1b5e20;font-weight:700}\
-.muted{color:#778}.sw{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px;border-radius:2px}\
+.muted{color:#778}.scope{font-size:12px;opacity:.85}header .muted{color:#aab}.sw{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px;border-radius:2px}\
 svg text{font:11px system-ui,sans-serif;fill:#556}";
 
 async fn page(State(admin): State<Arc<Admin>>, req: Request) -> Response {
@@ -816,10 +895,20 @@ fn render_page(admin: &Admin, base: &str) -> String {
     let counts = h.counts();
     let anomalies = h.anomalies();
     let action = format!("{base}/mode");
+    // Beside every button: where it applies.
+    let scope = match h.fleet_control_key() {
+        Some(key) => format!(
+            r#" <span class="scope">all instances (control key <code>{}</code>)</span>"#,
+            Esc(key)
+        ),
+        None => format!(r#" <span class="scope">{}</span>"#, Esc(&scope(h))),
+    };
+    let rendered = h.now_s();
     let mut s = String::with_capacity(16 * 1024);
     let _ = write!(
         s,
-        r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>rate limiter admin</title><meta name="viewport" content="width=device-width,initial-scale=1"><style>{CSS}</style></head><body>"#
+        r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>rate limiter admin</title><meta name="viewport" content="width=device-width,initial-scale=1"><meta http-equiv="refresh" content="{}"><style>{CSS}</style></head><body>"#,
+        admin.refresh.as_secs()
     );
 
     // Header: mode, circuit, kill switch.
@@ -847,27 +936,33 @@ fn render_page(admin: &Admin, base: &str) -> String {
     if mode == Mode::Off {
         let _ = write!(
             s,
-            r#"<form method="post" action="{}"><input type="hidden" name="mode" value="enforce"><button class="resume" id="resume">Resume: enforce</button></form>"#,
+            r#"<form method="post" action="{}"><input type="hidden" name="mode" value="enforce"><button class="resume" id="resume">Resume: enforce</button>{scope}</form>"#,
             Esc(&action)
         );
     } else {
         let _ = write!(
             s,
-            r#"<form method="post" action="{}"><input type="hidden" name="mode" value="off"><button class="kill" id="kill-switch">Kill switch: mode off</button></form>"#,
+            r#"<form method="post" action="{}"><input type="hidden" name="mode" value="off"><button class="kill" id="kill-switch">Kill switch: mode off</button>{scope}</form>"#,
             Esc(&action)
         );
     }
     let _ = write!(
         s,
-        r#"<form method="post" action="{}">{} <button>set global mode</button></form></header><main>"#,
+        r#"<form method="post" action="{}">{} <button>set global mode</button>{scope}</form><span id="rendered" class="muted">rendered {}, refreshes every {} s</span></header><main>"#,
         Esc(&action),
-        mode_select(mode)
+        mode_select(mode),
+        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(rendered)),
+        admin.refresh.as_secs()
     );
 
     // The chart.
-    let series: Vec<(String, Vec<BucketCounts>)> = tiers
+    let series: Vec<Series> = tiers
         .iter()
-        .map(|t| (t.name.clone(), h.history(&t.name).unwrap_or_default()))
+        .map(|t| Series {
+            name: t.name.clone(),
+            closed: h.history(&t.name).unwrap_or_default(),
+            open: h.open_bucket(&t.name),
+        })
         .collect();
     s.push_str(r#"<section class="wide"><h2>429 rate per tier</h2>"#);
     s.push_str(&chart_svg(&series));
@@ -883,7 +978,7 @@ fn render_page(admin: &Admin, base: &str) -> String {
             .collect();
         let _ = write!(
             s,
-            r#"<tr><td><code>{name}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><form method="post" action="{action}"><input type="hidden" name="tier" value="{name}">{} <button>set</button></form></td></tr>"#,
+            r#"<tr><td><code>{name}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><form method="post" action="{action}"><input type="hidden" name="tier" value="{name}">{} <button>set</button>{scope}</form></td></tr>"#,
             mode_badge(t.mode),
             mode_badge(t.effective_mode),
             algorithm_name(t.algorithm),
@@ -993,9 +1088,32 @@ fn clock(t: u64, step: u64) -> String {
     }
 }
 
+/// One tier's line on the chart: its closed buckets and the open one.
+struct Series {
+    name: String,
+    closed: Vec<BucketCounts>,
+    /// The bucket not closed yet: drawn as a hollow dot, marked partial.
+    open: Option<BucketCounts>,
+}
+
+impl Series {
+    /// Every bucket, oldest first, with whether it is the open one.
+    fn points(&self) -> impl Iterator<Item = (&BucketCounts, bool)> + '_ {
+        let open = self
+            .open
+            .as_ref()
+            .filter(|o| self.closed.iter().all(|b| b.start < o.start));
+        self.closed
+            .iter()
+            .map(|b| (b, false))
+            .chain(open.map(|b| (b, true)))
+    }
+}
+
 /// The 429 rate (solid) and shadow would-block rate (dashed) of each tier,
-/// one point per history bucket, as an inline SVG.
-fn chart_svg(series: &[(String, Vec<BucketCounts>)]) -> String {
+/// one point per history bucket and a hollow one for the bucket still open
+/// (partial: its counts so far), as an inline SVG.
+fn chart_svg(series: &[Series]) -> String {
     const W: f64 = 1100.0;
     const H: f64 = 230.0;
     const L: f64 = 52.0;
@@ -1004,10 +1122,10 @@ fn chart_svg(series: &[(String, Vec<BucketCounts>)]) -> String {
     const B: f64 = 24.0;
     let starts: Vec<u64> = series
         .iter()
-        .flat_map(|(_, h)| h.iter().map(|b| b.start))
+        .flat_map(|s| s.points().map(|(b, _)| b.start))
         .collect();
     let Some(&last) = starts.iter().max() else {
-        return r#"<p class="muted" id="rate-chart-empty">No closed bucket yet: the history fills as buckets close (one a minute by default), on the first request after each.</p>"#.to_owned();
+        return r#"<p class="muted" id="rate-chart-empty">No request checked since the start: the chart shows the current bucket (partial) from the first one on.</p>"#.to_owned();
     };
     // The bucket length, from the closest two bucket starts (the history
     // skips buckets without traffic); a minute when there is one bucket.
@@ -1026,7 +1144,7 @@ fn chart_svg(series: &[(String, Vec<BucketCounts>)]) -> String {
     let rate = |n: u64, of: u64| if of == 0 { 0.0 } else { n as f64 / of as f64 };
     let peak = series
         .iter()
-        .flat_map(|(_, h)| h.iter())
+        .flat_map(|s| s.points().map(|(b, _)| b))
         .map(|b| rate(b.limited, b.requests).max(rate(b.shadow_limited, b.requests)))
         .fold(0.0f64, f64::max);
     let y_max = [0.05, 0.1, 0.2, 0.5, 1.0]
@@ -1073,11 +1191,13 @@ fn chart_svg(series: &[(String, Vec<BucketCounts>)]) -> String {
         );
     }
     // Series: runs of adjacent buckets as polylines, every bucket a dot.
-    for (i, (name, hist)) in series.iter().enumerate() {
+    for (i, ser) in series.iter().enumerate() {
+        let name = &ser.name;
         let color = PALETTE[i % PALETTE.len()];
-        let mut pts: Vec<&BucketCounts> = hist.iter().filter(|b| b.start >= t_min).collect();
-        pts.sort_by_key(|b| b.start);
-        let shadow = pts.iter().any(|b| b.shadow_limited > 0);
+        let mut pts: Vec<(&BucketCounts, bool)> =
+            ser.points().filter(|(b, _)| b.start >= t_min).collect();
+        pts.sort_by_key(|(b, _)| b.start);
+        let shadow = pts.iter().any(|(b, _)| b.shadow_limited > 0);
         let lines: &[(bool, &str)] = if shadow {
             &[(false, ""), (true, r#" stroke-dasharray="5 3""#)]
         } else {
@@ -1107,7 +1227,7 @@ fn chart_svg(series: &[(String, Vec<BucketCounts>)]) -> String {
                 }
                 run.clear();
             };
-            for b in &pts {
+            for (b, _) in &pts {
                 if prev.is_some_and(|p| b.start - p > step) {
                     flush(&mut run, &mut s);
                 }
@@ -1115,17 +1235,28 @@ fn chart_svg(series: &[(String, Vec<BucketCounts>)]) -> String {
                 run.push(format!("{:.1},{:.1}", x(b.start + step / 2), y(value(b))));
             }
             flush(&mut run, &mut s);
-            for b in &pts {
+            for &(b, partial) in &pts {
                 let n = if is_shadow {
                     b.shadow_limited
                 } else {
                     b.limited
                 };
+                // The open bucket: a hollow dot, its counts so far.
+                let (attrs, fill, so_far) = if partial {
+                    (
+                        format!(r#" class="partial" data-tier="{}""#, Esc(name)),
+                        "#fff",
+                        " so far (partial: bucket still open)",
+                    )
+                } else {
+                    (String::new(), color, "")
+                };
                 let _ = write!(
                     s,
-                    r#"<circle cx="{:.1}" cy="{:.1}" r="2.5" fill="{color}"><title>{} {} UTC: {} of {} {} ({:.1} %)</title></circle>"#,
+                    r#"<circle{attrs} cx="{:.1}" cy="{:.1}" r="{}" fill="{fill}" stroke="{color}" stroke-width="1.5"><title>{} {} UTC: {} of {} {} ({:.1} %){so_far}</title></circle>"#,
                     x(b.start + step / 2),
                     y(value(b)),
+                    if partial { "3.5" } else { "2.5" },
                     Esc(name),
                     clock(b.start, step),
                     n,
@@ -1141,17 +1272,17 @@ fn chart_svg(series: &[(String, Vec<BucketCounts>)]) -> String {
         }
     }
     s.push_str("</svg><div class=\"legend\">");
-    for (i, (name, _)) in series.iter().enumerate() {
+    for (i, ser) in series.iter().enumerate() {
         let _ = write!(
             s,
             r#"<span class="sw" style="background:{}"></span>{}"#,
             PALETTE[i % PALETTE.len()],
-            Esc(name)
+            Esc(&ser.name)
         );
     }
     let _ = write!(
         s,
-        r#" <span class="muted">— solid: limited / requests checked by the tier; dashed: shadow would-block. {step} s buckets, last bucket starts {} UTC.</span></div>"#,
+        r#" <span class="muted">— solid: limited / requests checked by the tier; dashed: shadow would-block; hollow dot: the bucket still open (partial, counts so far). {step} s buckets, last bucket starts {} UTC.</span></div>"#,
         clock(last, step)
     );
     s

@@ -21,6 +21,11 @@
 //!
 //! The watcher starts with the first request the layer sees (it needs the
 //! tokio runtime) and stops when the layer is dropped.
+//!
+//! [`RateLimitHandle::set_fleet_mode`](crate::RateLimitHandle::set_fleet_mode)
+//! writes the hash (what the admin page's buttons do when a control key is
+//! configured), then reads it back and applies it to its own process at
+//! once; the other instances follow within one poll interval.
 
 use crate::layer::Shared;
 use crate::rollout::Mode;
@@ -100,6 +105,74 @@ pub(crate) fn apply(
     next
 }
 
+/// Why a write to the control hash failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// The layer has no control key, or its backend is not Redis.
+    #[error("no fleet control key: the layer has none configured, or its backend is not Redis")]
+    NotConfigured,
+    /// No tier of that name.
+    #[error("unknown tier: {0}")]
+    UnknownTier(String),
+    /// The Redis call failed; nothing was changed.
+    #[error("control key: {0}")]
+    Backend(#[from] crate::error::BackendError),
+}
+
+/// The control hash's key, when the layer polls one (a control key and a
+/// Redis backend).
+pub(crate) fn key_of(shared: &Shared) -> Option<&str> {
+    let control = shared.control.as_ref()?;
+    #[cfg(feature = "redis")]
+    if matches!(shared.backend, crate::backend::Backend::Redis(_)) {
+        return Some(&control.redis_key);
+    }
+    let _ = control;
+    None
+}
+
+/// Sets `field` of the control hash to `mode`, then reads the hash back
+/// and applies it here at once (the watcher would within a poll interval).
+pub(crate) async fn write(
+    shared: &Arc<Shared>,
+    field: &str,
+    mode: Mode,
+) -> Result<(), ControlError> {
+    let Some(key) = key_of(shared) else {
+        return Err(ControlError::NotConfigured);
+    };
+    #[cfg(feature = "redis")]
+    if let crate::backend::Backend::Redis(redis) = &shared.backend {
+        redis.hset(key, field, &mode.to_string()).await?;
+        let fields = redis.hgetall(key).await?;
+        store(shared, key, &fields);
+        return Ok(());
+    }
+    let _ = (key, field, mode);
+    Err(ControlError::NotConfigured)
+}
+
+/// Applies one read of the hash, if it changes anything.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+fn store(shared: &Shared, key: &str, fields: &[(String, String)]) {
+    let previous = shared.overrides.load_full();
+    let next = apply(shared, &previous, fields);
+    if next != *previous {
+        tracing::warn!(
+            key,
+            mode = ?next.mode,
+            tiers = ?next.tiers,
+            "control key changed the rate limiter's modes"
+        );
+        // Store first, then drop the cached denials (decided under the
+        // old modes).
+        shared.overrides.store(Arc::new(next));
+        shared.deny_cache.clear();
+        crate::handle::refresh_mode_gauges(shared);
+    }
+}
+
 /// Starts the watcher once (needs a tokio runtime; a no-op without one).
 pub(crate) fn start(shared: &Arc<Shared>) {
     let Some(control) = shared.control.as_ref() else {
@@ -127,23 +200,7 @@ pub(crate) fn start(shared: &Arc<Shared>) {
                 };
                 let read = tokio::time::timeout(interval.max(Duration::from_millis(100)), redis.hgetall(&key)).await;
                 match read {
-                    Ok(Ok(fields)) => {
-                        let previous = shared.overrides.load_full();
-                        let next = apply(&shared, &previous, &fields);
-                        if next != *previous {
-                            tracing::warn!(
-                                key,
-                                mode = ?next.mode,
-                                tiers = ?next.tiers,
-                                "control key changed the rate limiter's modes"
-                            );
-                            // Store first, then drop the cached denials
-                            // (decided under the old modes).
-                            shared.overrides.store(Arc::new(next));
-                            shared.deny_cache.clear();
-                            crate::handle::refresh_mode_gauges(&shared);
-                        }
-                    }
+                    Ok(Ok(fields)) => store(&shared, &key, &fields),
                     Ok(Err(e)) => tracing::warn!(key, error = %e, "control key: poll failed; keeping the current overrides"),
                     Err(_) => tracing::warn!(key, "control key: poll timed out; keeping the current overrides"),
                 }

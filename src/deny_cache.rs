@@ -7,29 +7,58 @@
 //! only the admitted requests (one per token) reach Redis; the denied ones
 //! do not, not even the first after each admission.
 //!
-//! Under a flood from one abusive key this removes almost all backend
-//! traffic. It is exact, never stricter than the backend: an entry records
-//! the retry instant the backend computed for a request of a given cost,
-//! measured from *before* the request was sent (so it can only end early,
-//! never late), and it applies only to requests of exactly that cost on the
-//! same storage key — nothing another request does can make such a request
-//! pass earlier, since denied requests consume nothing. (A larger cost would
-//! wait longer than the cached `Retry-After` says, and a smaller one may fit:
-//! both go to the backend.) Nor does it apply under another limit: the same
-//! key is checked under another plan's quota, or the quota changed while the
-//! check that wrote the entry was in flight. Tiers that refund by response status
-//! (`skip_failed_requests`, `skip_successful_requests`) are never cached: a
-//! refund could make room earlier. Nor are shadow tiers. Entries are dropped
+//! **The rule: the cache may change the number of backend calls, never a
+//! response.** A 429 from the cache has the status, `Retry-After`,
+//! `X-RateLimit-*`, IETF fields and body the backend's answer would have
+//! had at that instant (on one clock: `tests/deny_cache_equivalence.rs`
+//! checks it on random request sequences, cache on against cache off).
+//! Three things make it so:
+//!
+//! * **An entry's answer does not change while it lives.** An entry records
+//!   the retry instant the backend computed for a request of a given cost,
+//!   under a given limit, on one storage key; it applies only to requests of
+//!   exactly that cost and limit (a larger cost waits longer, a smaller one
+//!   may fit: both go to the backend). Every algorithm's retry instant is
+//!   fixed while the key's state does not change, and denied requests change
+//!   nothing. So must be `X-RateLimit-Remaining`: a fixed window's count
+//!   does not move within the window, but the other algorithms refill while
+//!   a key is denied (a token bucket or GCRA with a cost above 1, a sliding
+//!   counter's decay, a sliding log's entries expiring). There the remaining
+//!   only grows and stays below the cost while denied, so it is constant when
+//!   it is already `cost − 1` — always, for a cost of 1. Other denials (and
+//!   primings) are not cached ([`stays_exact`]).
+//! * **A charge on the key forgets its entry** (unless the charge's answer
+//!   writes a new one): a request of another cost or under another limit
+//!   admitted on the same key moves its retry instant.
+//! * **The 429 describes the binding tier**, the enforced denying tier with
+//!   the longest wait (the first on a tie), as the backend's answer does.
+//!   The cache answers only when that tier is one with a live entry: every
+//!   other enforced check of the request has a live entry with a shorter
+//!   wait (or an equal one, after it), or could not, whatever its key's
+//!   state, be denied with a wait that would make it bind instead
+//!   ([`longest_wait_us`]: a fixed window's end, a sliding log's window, a
+//!   sliding counter's next window's end, a token bucket's refill of the
+//!   cost; a leaky bucket has no such bound). Otherwise the request goes to
+//!   the backend.
+//!
+//! Shadow tiers are never cached (nor do they bind a 429). Tiers that refund
+//! by response status (`skip_failed_requests`, `skip_successful_requests`)
+//! are never cached: a refund could make room earlier. Entries are dropped
 //! by any runtime change (modes, quotas, lists, the kill switch).
 //!
+//! Times: an entry's instant is measured from *before* the request was sent
+//! (the instant the check is built); on a manual clock that is the instant
+//! the backend decides at, and a cached answer at `now` gives the same
+//! `Retry-After` and `X-RateLimit-Reset` as the backend would at `now`. On
+//! Redis `TIME` the local clock stands in for Redis's, so an entry can only
+//! end early (by the round trip), never late.
+//!
 //! What it cannot know: an admission on the same key by *another* instance
-//! (or by a request of another cost) after the denial can push the real
-//! retry time later than the cached one; the cached answer is then the
-//! backend's answer at the denial, aged — optimistic by that much, and it
-//! never admits anything. With costs above 1, `X-RateLimit-Remaining` is the
-//! value at the denial (refill below the cost does not show). Turn it off
-//! with [`deny_cache(0)`](crate::RateLimitLayerBuilder::deny_cache) where
-//! that matters more than sparing the backend.
+//! after the denial can push the real retry time later than the cached one;
+//! the cached answer is then the backend's answer at the denial, aged —
+//! optimistic by that much, and it never admits anything. Turn it off with
+//! [`deny_cache(0)`](crate::RateLimitLayerBuilder::deny_cache) where that
+//! matters more than sparing the backend.
 //!
 //! **Single flight.** An entry is kept for [`LAPSED_FOR`] after its retry
 //! instant. The first request that finds it lapsed goes to the backend (the
@@ -37,14 +66,14 @@
 //! probe is in flight wait for its answer instead of asking too (at most the
 //! backend timeout), then look the cache up again: the probe's answer has
 //! written a new entry (it was denied, or its admission emptied the tier
-//! again) and they are answered from it, or it has not (there is room) and
-//! they go to the backend. Waiting never refuses anything the backend would
+//! again) and they are answered from it under the same rule as any lookup,
+//! or it has not (there is room) and they go to the backend. Waiting never refuses anything the backend would
 //! admit; it saves the calls of every request that arrives during the
 //! probe's round trip, which without it all reach the backend. The wait
 //! counts against `backend_timeout` (a request that waited gets what is
 //! left for its own check: the layer adds at most that much to a request).
-//! An answer that leaves room, or whose instant passes within its round
-//! trip, ends the single flight: the lapsed entry is dropped, so requests
+//! An answer that leaves room, whose instant passes within its round trip,
+//! or that the cache may not answer for (above), ends the single flight: the lapsed entry is dropped, so requests
 //! on a key with room never wait for each other. A request that waited
 //! keeps the plan it was made with (limits, modes), as does any request in
 //! flight during a runtime change. The probe's backend call starts when its
@@ -117,6 +146,38 @@ impl Denied {
             remaining,
             ttl,
         }
+    }
+}
+
+/// Whether a denial of `cost` under `limit`, seen with `remaining` left,
+/// stays exactly the backend's answer until its retry instant: its retry
+/// instant is fixed (every algorithm's is, while the key's state does not
+/// change), and so must be its `remaining`. A fixed window's count does not
+/// move within the window (and its retry instant is the window's end). For
+/// the others, `remaining` only grows while a key is left alone, and stays
+/// below `cost` while the request is denied: it is constant when it is
+/// already `cost − 1` (always so for a cost of 1).
+pub(crate) fn stays_exact(limit: &Limit, cost: u64, remaining: u64) -> bool {
+    matches!(limit, Limit::FixedWindow(_)) || remaining.saturating_add(1) == cost
+}
+
+/// The longest `Retry-After` (µs) that a check of `cost` under `limit` at
+/// `now_us` could be denied with, whatever the key's stored state: a tier
+/// the cache knows nothing about cannot bind a request's 429 when this is
+/// shorter than a cached tier's wait. `u64::MAX` when there is no such
+/// bound: a leaky bucket's backlog may have been built under another limit
+/// of the same rate (a plan, a quota changed at run time).
+pub(crate) fn longest_wait_us(limit: &Limit, cost: u64, now_us: u64) -> u64 {
+    match *limit {
+        // The window's end (or its reset, the same instant).
+        Limit::FixedWindow(w) => w.window_us - now_us % w.window_us,
+        // The newest entry was logged at or before now.
+        Limit::SlidingWindowLog(w) => w.window_us,
+        // At most the end of the next window.
+        Limit::SlidingWindowCounter(w) => 2 * w.window_us - now_us % w.window_us,
+        // From an empty bucket: the cost (or a full bucket, above it).
+        Limit::TokenBucket(b) => cost.saturating_mul(b.unit).min(b.capacity).div_ceil(b.rate),
+        Limit::LeakyBucket(_) => u64::MAX,
     }
 }
 
@@ -285,6 +346,16 @@ impl DenyCache {
             key: key.to_owned(),
             probe,
         })
+    }
+
+    /// Forgets `key`'s entry (a charge changed the key's state). `now_us`
+    /// is read only when some entry may be live.
+    pub(crate) fn forget(&self, key: &str, now_us: impl FnOnce() -> u64) {
+        if let Some(c) = &self.cache {
+            if now_us() < self.latest_until_us.load(Ordering::Relaxed) {
+                c.invalidate(key);
+            }
+        }
     }
 
     pub(crate) fn insert(&self, key: String, denied: Denied) {

@@ -75,12 +75,19 @@ pub enum ConfigError {
         /// The tier's algorithm.
         algorithm: crate::Algorithm,
     },
-    /// `burst × period` is too large to count exactly (see
-    /// [`TokenBucket::MAX_CAPACITY_UNITS`](crate::algorithm::TokenBucket::MAX_CAPACITY_UNITS)).
-    #[error("tier \"{tier}\": burst/period: quota too large to count exactly in microseconds (limit, burst, period or max_delay); use a shorter period or a smaller burst")]
+    /// A quota value the Redis script could not compute exactly: it counts in
+    /// Lua doubles, and every value it handles must stay at or below 2^53.
+    /// `field` names the quota field to change (`limit`, `burst`, `period`
+    /// or `max_delay`); the bound of each algorithm is documented on
+    /// [`Quota`](crate::Quota).
+    #[error("tier \"{tier}\": {field}: {detail}; the Redis script counts exactly only up to 2^53 (see Quota's docs for each algorithm's bound)")]
     QuotaTooLarge {
         /// The tier's name.
         tier: String,
+        /// The field to change: `limit`, `burst`, `period` or `max_delay`.
+        field: &'static str,
+        /// What is too large, with the value and the bound.
+        detail: String,
     },
     /// The key prefix is empty, too long, or has whitespace, `{`, `}` or non-ASCII.
     #[error("key_prefix: \"{0}\" must be 1-64 printable ASCII characters without '{{' or '}}'")]
@@ -125,7 +132,8 @@ pub enum BackendError {
     #[error("backend circuit open: not calling it until the next probe")]
     CircuitOpen,
     /// A key extractor could not run (for example `ClientIp` without
-    /// `ConnectInfo`), which is a server configuration error.
+    /// `ConnectInfo`) under `FailurePolicy::Closed`; under the other
+    /// policies only that tier is skipped (see [`KeyError`](crate::key::KeyError)).
     #[error("key extraction failed: {0}")]
     Key(#[from] crate::key::KeyError),
 }

@@ -356,10 +356,13 @@ impl RateLimitHandle {
     /// The `n` keys of `tier` most rejected across the whole fleet over the
     /// last `window` (whole hours, at most 24), from the hourly sets in Redis
     /// (see [`RateLimitLayerBuilder::fleet_top_n`](crate::RateLimitLayerBuilder::fleet_top_n)).
-    /// Counts are exact for the rejections the script made (per key, up to
-    /// the 10 000 heaviest keys an hour); 429s answered by this process's
-    /// deny cache never reach Redis and are counted by
-    /// [`top_blocked`](Self::top_blocked) only.
+    /// Counts are exact (per key, up to the 10 000 heaviest keys an hour):
+    /// the rejections the script made, plus the 429s each instance's deny
+    /// cache answered, added by a pipelined flush once per
+    /// [`fleet_top_n_flush`](crate::RateLimitLayerBuilder::fleet_top_n_flush)
+    /// interval (default 1 s) — so they can lag by one interval, and a crash
+    /// or a failed flush loses at most one interval of one instance (counted
+    /// in `tiered_ratelimit_fleet_blocked_dropped_total`).
     ///
     /// # Errors
     /// [`BackendError`](crate::BackendError) when Redis cannot answer, or
@@ -420,6 +423,48 @@ impl RateLimitHandle {
     pub fn history(&self, tier: &str) -> Option<Vec<BucketCounts>> {
         let i = self.shared.tier_index(tier).ok()?;
         Some(self.shared.observer.history(i))
+    }
+
+    /// The fleet-wide control hash's Redis key, when the layer polls one (a
+    /// [`ControlKey`](crate::ControlKey) and a Redis backend): where
+    /// [`set_fleet_mode`](Self::set_fleet_mode) writes.
+    pub fn fleet_control_key(&self) -> Option<&str> {
+        crate::control::key_of(&self.shared)
+    }
+
+    /// Sets the mode of every instance: writes the control hash's `mode`
+    /// field (`tier` `None`) or `tier:<name>`, then applies the hash here
+    /// at once; the other instances follow within their poll interval (see
+    /// [`crate::control`]). Undo with `HDEL` (or set `enforce`).
+    pub async fn set_fleet_mode(
+        &self,
+        tier: Option<&str>,
+        mode: Mode,
+    ) -> Result<(), crate::control::ControlError> {
+        let field = match tier {
+            None => "mode".to_owned(),
+            Some(t) => {
+                self.shared
+                    .tier_index(t)
+                    .map_err(|_| crate::control::ControlError::UnknownTier(t.to_owned()))?;
+                format!("tier:{t}")
+            }
+        };
+        crate::control::write(&self.shared, &field, mode).await
+    }
+
+    /// A tier's counts so far in the bucket not closed yet (partial: the
+    /// current bucket, or the last one with traffic until the first request
+    /// after its end closes it into [`history`](Self::history)). `None` for
+    /// an unknown tier, and before the layer's first checked request.
+    pub fn open_bucket(&self, tier: &str) -> Option<BucketCounts> {
+        let i = self.shared.tier_index(tier).ok()?;
+        self.shared.observer.open_bucket(i)
+    }
+
+    /// The layer's clock (the one its buckets use), Unix epoch seconds.
+    pub(crate) fn now_s(&self) -> u64 {
+        self.shared.local_clock.now_us() / 1_000_000
     }
 
     /// Requests by decision since the layer was built, in this process.

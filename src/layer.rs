@@ -1,6 +1,6 @@
 //! [`RateLimitLayer`] and its builder: the code form of a [`Policy`](crate::Policy).
 
-use crate::algorithm::{Gcra, Limit, TokenBucket, Window};
+use crate::algorithm::{Gcra, Limit, TokenBucket, Window, MAX_PERIOD_US};
 use crate::backend::clock::Clock;
 use crate::backend::{Backend, MemoryBackend};
 use crate::breaker::{Breaker, CircuitBreaker};
@@ -58,6 +58,10 @@ pub(crate) struct BuiltTier {
     /// `<prefix>:<tier>:`; the key part is appended per request.
     pub(crate) key_base: String,
     pub(crate) key: Arc<dyn KeyExtractor>,
+    /// The extractor's type name (`ClientIp`), for logs.
+    pub(crate) key_type: &'static str,
+    /// Throttles the log line of this tier's failed extractions (once a minute).
+    pub(crate) key_error_log: LogThrottle,
     pub(crate) algorithm: Algorithm,
     pub(crate) cost: u64,
     pub(crate) cost_fn: Option<CostFn>,
@@ -145,6 +149,9 @@ pub(crate) struct Shared {
     /// With fleet-wide top-N on a single Redis: the current hour's set of
     /// rejected keys, `<prefix>:blocked:<hour since epoch>`.
     pub(crate) blocked_set: Option<ArcSwap<(u64, Arc<str>)>>,
+    /// With `blocked_set`: the deny cache's 429s, waiting for their
+    /// pipelined flush into the same sets.
+    pub(crate) fleet_blocked: Option<crate::observe::fleet::FleetBlocked>,
 }
 
 impl Shared {
@@ -276,15 +283,18 @@ pub struct RateLimitLayerBuilder {
     header_style: HeaderStyle,
     anomaly: AnomalyConfig,
     top_n_capacity: usize,
+    max_endpoints: usize,
     control: Option<ControlKey>,
     fleet_top_n: bool,
+    fleet_flush_interval: Duration,
+    fleet_pending_keys: usize,
 }
 
 impl Default for RateLimitLayerBuilder {
     fn default() -> Self {
         Self {
             backend: None,
-            key_prefix: "rl".to_owned(),
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             tiers: Vec::new(),
             failure_policy: FailurePolicy::Open,
             backend_timeout: Duration::from_millis(100),
@@ -303,8 +313,11 @@ impl Default for RateLimitLayerBuilder {
             header_style: HeaderStyle::Legacy,
             anomaly: AnomalyConfig::default(),
             top_n_capacity: 256,
+            max_endpoints: crate::observe::recorder::DEFAULT_MAX_ENDPOINTS,
             control: None,
             fleet_top_n: true,
+            fleet_flush_interval: Duration::from_secs(1),
+            fleet_pending_keys: 10_000,
         }
     }
 }
@@ -332,6 +345,14 @@ impl RateLimitLayerBuilder {
 
     /// Prefix of every storage key (`<prefix>:<tier>:<key>`); default `rl`.
     /// 1-64 printable ASCII characters without `{` or `}`.
+    ///
+    /// **Two services that share one Redis must use different prefixes**:
+    /// with the same prefix, a tier of the same name and key is one bucket
+    /// for both, so each service's traffic spends the other's quota (and
+    /// their `[control]` keys and blocked-key sets collide too). With a
+    /// Redis backend and the default prefix, [`build`](Self::build) logs a
+    /// `WARN` line saying so, once per layer built; any other prefix
+    /// silences it.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self
@@ -444,6 +465,18 @@ impl RateLimitLayerBuilder {
         self
     }
 
+    /// The most distinct endpoints (`METHOD route template`) tracked with
+    /// their own series: the `endpoint` label of
+    /// `tiered_ratelimit_tier_decisions_total` and the anomaly gauge, and
+    /// the anomaly baseline (default 1024). Endpoints seen after that many
+    /// share the label `<other>`. Bounds the tier-decision series at
+    /// (`max_endpoints` + 1) × tiers × plans × 5 decisions, of which only
+    /// the combinations that occur exist.
+    pub fn max_endpoints(mut self, endpoints: usize) -> Self {
+        self.max_endpoints = endpoints.max(1);
+        self
+    }
+
     /// Polls a fleet-wide control hash in Redis (see [`crate::control`]);
     /// Redis backends only (ignored by the memory backend).
     pub fn control_key(mut self, control: ControlKey) -> Self {
@@ -453,10 +486,26 @@ impl RateLimitLayerBuilder {
 
     /// On a single Redis, count rejected keys fleet-wide in hourly sorted
     /// sets `<prefix>:blocked:<hour>` (TTL 25 h, the 10 000 heaviest kept),
-    /// written by the same script call as the decision (default on). Read
-    /// with [`RateLimitHandle::top_blocked_fleet`](crate::RateLimitHandle::top_blocked_fleet).
+    /// written by the same script call as the decision (default on). The
+    /// 429s answered by the local deny cache are added too, without a call
+    /// per request: accumulated in this process and flushed in one
+    /// pipelined call per [`fleet_top_n_flush`](Self::fleet_top_n_flush)
+    /// interval. Read with
+    /// [`RateLimitHandle::top_blocked_fleet`](crate::RateLimitHandle::top_blocked_fleet).
     pub fn fleet_top_n(mut self, on: bool) -> Self {
         self.fleet_top_n = on;
+        self
+    }
+
+    /// How often the deny cache's 429s are flushed to the fleet-wide hourly
+    /// sets (default 1 s; at least 10 ms), and how many distinct keys at
+    /// most wait for a flush (default 10 000): a 429 for a new key beyond
+    /// that is not counted fleet-wide, only in
+    /// `tiered_ratelimit_fleet_blocked_dropped_total{reason="overflow"}`. A
+    /// crash loses at most one interval; so does a flush Redis fails.
+    pub fn fleet_top_n_flush(mut self, interval: Duration, max_keys: usize) -> Self {
+        self.fleet_flush_interval = interval;
+        self.fleet_pending_keys = max_keys;
         self
     }
 
@@ -535,6 +584,8 @@ impl RateLimitLayerBuilder {
                 key_base: format!("{prefix}:{}:", t.name),
                 name: Arc::from(t.name),
                 key: t.key,
+                key_type: t.key_type,
+                key_error_log: LogThrottle::new(Duration::from_secs(60)),
                 algorithm: t.algorithm,
                 cost: t.cost,
                 cost_fn: t.cost_fn,
@@ -556,6 +607,14 @@ impl RateLimitLayerBuilder {
         #[cfg(feature = "redis")]
         if let Backend::Redis(r) = &backend {
             r.set_deadline_budget(self.backend_timeout);
+            if prefix == DEFAULT_KEY_PREFIX {
+                tracing::warn!(
+                    key_prefix = DEFAULT_KEY_PREFIX,
+                    "Redis backend with the default key_prefix: every service \
+                     sharing this Redis with the same prefix shares its buckets; \
+                     give each service its own key_prefix"
+                );
+            }
         }
         let is_memory = matches!(backend, Backend::Memory(_));
         let backend_name = backend.name();
@@ -588,14 +647,23 @@ impl RateLimitLayerBuilder {
                 shadow_headers: self.shadow_headers,
                 shadow_log_level: self.shadow_log_level,
                 counts: crate::observe::Counts::default(),
-                metrics: crate::observe::RequestMetrics::new(backend_name),
+                metrics: crate::observe::RequestMetrics::new(
+                    backend_name,
+                    n_tiers,
+                    self.max_endpoints.max(1) + 1,
+                ),
                 breaker: Breaker::new(self.circuit_breaker),
                 deny_cache: DenyCache::new(if is_memory { 0 } else { self.deny_cache }),
                 local_clock,
                 fallback,
                 fallback_instances: instances,
                 header_style: self.header_style,
-                observer: Observer::new(names, self.anomaly, self.top_n_capacity),
+                observer: Observer::new(
+                    names,
+                    self.anomaly,
+                    self.top_n_capacity,
+                    self.max_endpoints,
+                ),
                 control: self.control,
                 control_started: std::sync::OnceLock::new(),
                 overrides: ArcSwap::from_pointee(Overrides {
@@ -604,6 +672,13 @@ impl RateLimitLayerBuilder {
                 }),
                 blocked_set: (self.fleet_top_n && single_redis)
                     .then(|| ArcSwap::from_pointee((u64::MAX, Arc::from("")))),
+                fleet_blocked: (self.fleet_top_n && single_redis).then(|| {
+                    crate::observe::fleet::FleetBlocked::new(
+                        Arc::from(prefix.as_str()),
+                        self.fleet_flush_interval,
+                        self.fleet_pending_keys,
+                    )
+                }),
                 key_prefix: Arc::from(prefix.as_str()),
             }),
         })
@@ -612,6 +687,9 @@ impl RateLimitLayerBuilder {
 
 /// The most tiers one layer may have.
 pub const MAX_TIERS: usize = 64;
+
+/// The storage key prefix when none is set.
+const DEFAULT_KEY_PREFIX: &str = "rl";
 
 /// Checks a quota for a tier (limit, period, burst against the fixed cost)
 /// and derives the algorithm's integer parameters.
@@ -670,16 +748,28 @@ pub(crate) fn fallback_limit(
     checked_limit(tier, algorithm, divided, cost)
 }
 
-/// The integer parameters of a tier's algorithm, checked.
+/// The integer parameters of a tier's algorithm, checked so that every value
+/// the Redis script computes stays at or below 2^53 (the bounds are on
+/// [`Quota`](crate::Quota)).
 fn limit_for(
     tier: &str,
     algorithm: Algorithm,
     q: crate::Quota,
     period_us: u64,
 ) -> Result<Limit, ConfigError> {
-    let too_large = || ConfigError::QuotaTooLarge {
+    let too_large = |field: &'static str, detail: String| ConfigError::QuotaTooLarge {
         tier: tier.to_owned(),
+        field,
+        detail,
     };
+    if period_us > MAX_PERIOD_US {
+        return Err(too_large(
+            "period",
+            format!(
+                "{period_us} µs is above {MAX_PERIOD_US} µs (2^51 µs, about 71 years), the longest period"
+            ),
+        ));
+    }
     let window = || -> Result<Window, ConfigError> {
         if q.burst_size() != q.limit() {
             return Err(ConfigError::BurstNotSupported {
@@ -692,16 +782,61 @@ fn limit_for(
             window_us: period_us,
         })
     };
-    let bucket = || TokenBucket::new(q.limit(), period_us, q.burst_size()).ok_or_else(too_large);
+    let capped = |w: Window| -> Result<Window, ConfigError> {
+        if w.limit > Window::MAX_LIMIT {
+            return Err(too_large(
+                "limit",
+                format!(
+                    "{} is above {} (2^52 - 1), the largest limit of {algorithm:?}",
+                    w.limit,
+                    Window::MAX_LIMIT
+                ),
+            ));
+        }
+        Ok(w)
+    };
+    let bucket = || -> Result<TokenBucket, ConfigError> {
+        let (unit, rate) = TokenBucket::unit_and_rate(q.limit(), period_us);
+        let capacity = u128::from(q.burst_size()) * u128::from(unit);
+        if capacity > u128::from(TokenBucket::MAX_CAPACITY_UNITS) {
+            return Err(too_large(
+                "burst",
+                format!(
+                    "burst × period in units, {} × {unit} = {capacity}, is above 2^52; use a smaller burst or a shorter period",
+                    q.burst_size()
+                ),
+            ));
+        }
+        if rate > TokenBucket::MAX_RATE {
+            return Err(too_large(
+                "limit",
+                format!(
+                    "the refill rate, {rate} units per µs (limit / gcd(limit, period in µs)), is above 2^51"
+                ),
+            ));
+        }
+        TokenBucket::new(q.limit(), period_us, q.burst_size()).ok_or_else(|| {
+            too_large(
+                "burst",
+                format!("{} tokens cannot be counted", q.burst_size()),
+            )
+        })
+    };
     Ok(match algorithm {
-        Algorithm::FixedWindow => Limit::FixedWindow(window()?),
-        Algorithm::SlidingWindowLog => Limit::SlidingWindowLog(window()?),
+        Algorithm::FixedWindow => Limit::FixedWindow(capped(window()?)?),
+        Algorithm::SlidingWindowLog => Limit::SlidingWindowLog(capped(window()?)?),
         Algorithm::SlidingWindowCounter => {
             let w = window()?;
-            match w.limit.checked_mul(w.window_us) {
-                Some(p) if p <= Window::MAX_PRODUCT => Limit::SlidingWindowCounter(w),
-                _ => return Err(too_large()),
+            if !w.counter_is_exact() {
+                return Err(too_large(
+                    "limit",
+                    format!(
+                        "(2 × limit + 1) × period, (2 × {} + 1) × {} µs, is above 2^53; use a smaller limit or a shorter period",
+                        w.limit, w.window_us
+                    ),
+                ));
             }
+            Limit::SlidingWindowCounter(w)
         }
         Algorithm::TokenBucket => Limit::TokenBucket(bucket()?),
         Algorithm::LeakyBucket(LeakyBucket::Police) => Limit::LeakyBucket(Gcra {
@@ -710,17 +845,23 @@ fn limit_for(
         }),
         Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }) => {
             let b = bucket()?;
-            let max_delay_us = u64::try_from(max_delay.as_micros()).map_err(|_| too_large())?;
+            let max_delay_us = max_delay.as_micros();
             let ticks = max_delay_us
-                .checked_mul(b.rate)
-                .and_then(|t| t.checked_add(b.capacity))
-                .ok_or_else(too_large)?;
-            if ticks > TokenBucket::MAX_CAPACITY_UNITS {
-                return Err(too_large());
+                .saturating_mul(u128::from(b.rate))
+                .saturating_add(u128::from(b.capacity));
+            if ticks > u128::from(TokenBucket::MAX_CAPACITY_UNITS) {
+                return Err(too_large(
+                    "max_delay",
+                    format!(
+                        "capacity + max_delay × rate, {} + {max_delay_us} × {} units, is above 2^52; use a shorter max_delay or a smaller burst",
+                        b.capacity, b.rate
+                    ),
+                ));
             }
             Limit::LeakyBucket(Gcra {
                 bucket: b,
-                max_delay_us: Some(max_delay_us),
+                // At most 2^52 by the check above.
+                max_delay_us: Some(u64::try_from(max_delay_us).unwrap_or(u64::MAX)),
             })
         }
     })

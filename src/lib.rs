@@ -63,6 +63,9 @@
 //! * The memory backend is per process: N app servers admit N × the quota.
 
 #![deny(missing_docs, unreachable_pub, unsafe_code)]
+// docs.rs builds with `--cfg docsrs` (Cargo.toml): items behind a feature
+// show a badge naming it.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "axum")]
 pub mod admin;
@@ -77,7 +80,7 @@ mod handle;
 pub mod key;
 mod layer;
 pub mod observe;
-mod policy;
+pub mod policy;
 mod quota;
 #[cfg(feature = "cli")]
 pub mod replay;
@@ -94,9 +97,17 @@ pub use handle::{Changes, RateLimitHandle, TierStatus};
 pub use key::{KeyExtractor, UserId};
 pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder, MAX_TIERS};
 pub use observe::DecisionCounts;
-pub use policy::{AlgorithmName, ClientIpPolicy, KeySpec, Policy, TierPolicy};
+/// The policy file's entry point; its tables' types are in [`policy`].
+#[doc(no_inline)]
+pub use policy::Policy;
 pub use quota::Quota;
 pub use response::HeaderStyle;
 pub use rollout::{AccessList, DenyStatus, Mode, Plan};
 pub use service::RateLimitService;
 pub use tier::{Algorithm, LeakyBucket, Tier};
+
+/// The README's Rust code, compiled (and, unless `no_run`, run) by
+/// `cargo test --doc`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

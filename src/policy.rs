@@ -39,7 +39,15 @@
 //! or `"leaky_bucket_shape"`, which also takes `max_delay = "2s"`.
 //!
 //! Every field but `[[tier]]`'s `name`, `key`, `limit` and `period` is
-//! optional, with the builder's defaults. Unknown fields are an error naming
+//! optional, with the builder's defaults. Each table has its type here, with
+//! every field documented: the top level is [`Policy`] (`mode`, `headers`,
+//! `body`, `fallback_instances`, `shadow_headers`, …), `[client_ip]` is
+//! [`ClientIpPolicy`], `[circuit_breaker]` [`CircuitBreakerPolicy`],
+//! `[allowlist]` [`ListPolicy`], `[denylist]` [`DenylistPolicy`], `[control]`
+//! [`ControlPolicy`], `[[tier]]` [`TierPolicy`] (its `key` a [`KeySpec`],
+//! its `algorithm` an [`AlgorithmName`]) and `[tier.plans]` entries
+//! [`PlanQuota`], read per request from a [`PlanSource`]. The operator's
+//! guide to lists, plans and the control key is `docs/rollout.md`. Unknown fields are an error naming
 //! the field. Closures stay code-only: files use the built-in extractors
 //! (`key = "user"` reads [`UserId`](crate::UserId) from the request
 //! extensions).
@@ -96,7 +104,8 @@ pub struct Policy {
     /// Whether shadow decisions send `X-RateLimit-*` headers (default false).
     #[serde(default)]
     pub shadow_headers: bool,
-    /// `"legacy"` (default), `"ietf"`, `"both"` or `"none"`.
+    /// `"legacy"` (default), `"ietf-draft-11"`, `"ietf-draft-09"`, `"ietf"`
+    /// (the current draft: draft-11), `"both"` or `"none"` ([`HeaderStyle`]).
     #[serde(default)]
     pub headers: HeaderStyleName,
     /// The 429 body: `"json"` (default) or `"problem"` (RFC 9457).
@@ -135,7 +144,9 @@ impl Default for CircuitBreakerPolicy {
     }
 }
 
-/// The top-level `headers`.
+/// The top-level `headers`: `"legacy"`, `"ietf-draft-11"`,
+/// `"ietf-draft-09"`, `"ietf"` (the current draft, today draft-11),
+/// `"both"` or `"none"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
@@ -143,12 +154,30 @@ pub enum HeaderStyleName {
     /// [`HeaderStyle::Legacy`].
     #[default]
     Legacy,
-    /// [`HeaderStyle::Ietf`].
+    /// `"ietf"`: the current draft, [`HeaderStyle::IetfDraft11`].
     Ietf,
+    /// `"ietf-draft-11"`: [`HeaderStyle::IetfDraft11`].
+    #[serde(rename = "ietf-draft-11")]
+    IetfDraft11,
+    /// `"ietf-draft-09"`: [`HeaderStyle::IetfDraft09`].
+    #[serde(rename = "ietf-draft-09")]
+    IetfDraft09,
     /// [`HeaderStyle::Both`].
     Both,
     /// [`HeaderStyle::None`].
     None,
+}
+
+impl From<HeaderStyleName> for HeaderStyle {
+    fn from(name: HeaderStyleName) -> Self {
+        match name {
+            HeaderStyleName::Legacy => HeaderStyle::Legacy,
+            HeaderStyleName::Ietf | HeaderStyleName::IetfDraft11 => HeaderStyle::IetfDraft11,
+            HeaderStyleName::IetfDraft09 => HeaderStyle::IetfDraft09,
+            HeaderStyleName::Both => HeaderStyle::Both,
+            HeaderStyleName::None => HeaderStyle::None,
+        }
+    }
 }
 
 /// The top-level `body`.
@@ -628,12 +657,7 @@ impl Policy {
                 GlobalModeName::Off => Mode::Off,
             })
             .shadow_headers(self.shadow_headers)
-            .headers(match self.headers {
-                HeaderStyleName::Legacy => HeaderStyle::Legacy,
-                HeaderStyleName::Ietf => HeaderStyle::Ietf,
-                HeaderStyleName::Both => HeaderStyle::Both,
-                HeaderStyleName::None => HeaderStyle::None,
-            })
+            .headers(self.headers.into())
             .fallback_instances(self.fallback_instances)
             .circuit_breaker(crate::CircuitBreaker {
                 failures: self.circuit_breaker.failures,

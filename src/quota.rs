@@ -19,6 +19,43 @@ use std::time::Duration;
 /// Invalid values (zero limit, zero period, a burst below the tier's cost)
 /// are reported by the layer's `build()` as a
 /// [`ConfigError`](crate::ConfigError) naming the tier.
+///
+/// # Exact bounds
+/// The Redis scripts count in Lua doubles, exact for every integer up to
+/// 2^53, so `build()` (and `RateLimitLayer::from_policy`) rejects any quota
+/// for which a value they compute could pass 2^53, with
+/// [`ConfigError::QuotaTooLarge`](crate::ConfigError::QuotaTooLarge) naming
+/// the field. The memory backend counts in `u64` and would agree with any
+/// quota; the bounds keep both backends giving the same answers. Per tier
+/// (periods in microseconds; `unit` = period / gcd(limit, period) and
+/// `rate` = limit / gcd(limit, period), see
+/// [`algorithm::token_bucket`](crate::algorithm::token_bucket)):
+///
+/// | algorithm | bound | why |
+/// |---|---|---|
+/// | every one | period ≤ 2^51 µs (about 71 years) | timestamps reach now + 2 × period, ≤ 2^53 until 2112 |
+/// | fixed window, sliding log | limit ≤ 2^52 − 1 | count (≤ limit) + cost (clamped to limit + 1) |
+/// | sliding window counter | (2 × limit + 1) × period ≤ 2^53 | estimate (≤ limit × period) + cost × period |
+/// | token bucket, leaky bucket | burst × unit ≤ 2^52 and rate ≤ 2^51 | a cost of capacity + 1 token is ≤ 2^53 units; rounded-up division by the rate adds up to 2 × rate |
+/// | leaky bucket, shaping | burst × unit + max_delay × rate ≤ 2^52 | the backlog plus one cost stays ≤ 2^53 ticks |
+///
+/// ```
+/// use std::time::Duration;
+/// use tiered_ratelimit::{key::Global, Algorithm, Quota, RateLimitLayer, Tier};
+///
+/// let fixed = |limit| {
+///     RateLimitLayer::builder()
+///         .tier(Tier::new("t", Global, Quota::per_minute(limit)).algorithm(Algorithm::FixedWindow))
+///         .build()
+/// };
+/// assert!(fixed((1 << 52) - 1).is_ok());
+/// assert_eq!(
+///     fixed(1 << 52).unwrap_err().to_string(),
+///     "tier \"t\": limit: 4503599627370496 is above 4503599627370495 (2^52 - 1), the largest \
+///      limit of FixedWindow; the Redis script counts exactly only up to 2^53 (see Quota's docs \
+///      for each algorithm's bound)"
+/// );
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
 pub struct Quota {

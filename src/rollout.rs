@@ -271,10 +271,11 @@ impl AccessList {
             return false;
         }
         if !self.ips.is_empty() {
-            if let Some(ip) = client_addr(client_ip, parts) {
-                if self.ips.iter().any(|n| n.contains(&ip)) {
-                    return true;
-                }
+            match client_addr(client_ip, parts) {
+                Some(ip) if self.ips.iter().any(|n| n.contains(&ip)) => return true,
+                Some(_) => {}
+                // A misconfiguration must not look like "not listed" in silence.
+                None => no_peer_address(),
             }
         }
         if !self.api_keys.is_empty() {
@@ -299,6 +300,33 @@ impl AccessList {
             }
         }
         self.predicates.iter().any(|p| p(parts))
+    }
+}
+
+/// An allow- or denylist with IP entries met a request without a peer
+/// address (the app is served without connect info): its IP entries cannot
+/// match. Counted in `tiered_ratelimit_key_errors_total{tier="access_list",
+/// reason="missing_connect_info"}` and logged at `ERROR` with the fix, at
+/// most once a minute.
+#[cold]
+fn no_peer_address() {
+    metrics::counter!(
+        "tiered_ratelimit_key_errors_total",
+        "tier" => "access_list",
+        "reason" => "missing_connect_info"
+    )
+    .increment(1);
+    static LOG: std::sync::OnceLock<crate::observe::LogThrottle> = std::sync::OnceLock::new();
+    let log =
+        LOG.get_or_init(|| crate::observe::LogThrottle::new(std::time::Duration::from_secs(60)));
+    if let Some(suppressed) = log.permit() {
+        tracing::error!(
+            reason = "missing_connect_info",
+            suppressed,
+            "rate limiter misconfigured: an allow- or denylist has IP entries but the request has \
+             no peer address, so they cannot match; serve the app with \
+             into_make_service_with_connect_info::<SocketAddr>()"
+        );
     }
 }
 

@@ -5,13 +5,14 @@ use crate::backend::CheckFuture;
 use crate::backend::{Backend, Check, Shadow, TierCheck, TierRefund, Verdict};
 use crate::breaker::Permit;
 use crate::control::Overrides;
-use crate::deny_cache::{Denied, Lookup, Probe, ProbeGuard, Role};
+use crate::deny_cache::{longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role};
 use crate::error::BackendError;
 use crate::future::{ResponseFuture, Waiter};
 use crate::key::KeyError;
 use crate::layer::{BuiltTier, FailurePolicy, PlanRuntime, Runtime, Shared, TierRuntime};
 use crate::observe;
 use crate::observe::topn::Kind;
+use crate::observe::{TierCount, TierDecision};
 use crate::response::{json_response, unavailable, HeaderStyle, RateLimitHeaders, Rejection};
 use crate::rollout::{DenyStatus, Mode, Plan};
 use bytes::Bytes;
@@ -53,6 +54,21 @@ impl<S: fmt::Debug> fmt::Debug for RateLimitService<S> {
 impl<S> RateLimitService<S> {
     pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
         Self { inner, shared }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the limiter, returning the wrapped service.
+    pub fn into_inner(self) -> S {
+        self.inner
     }
 }
 
@@ -338,28 +354,66 @@ enum Cached {
     Check(Option<ProbeGuard>),
 }
 
-/// Looks the enforced checks up in the deny cache: a 429 if one is cached
-/// as denied for this cost and limit; else, for the first lapsed one, the
-/// probe to join (`may_wait`: wait for another's; a request that already
-/// waited does not wait again).
+/// Looks the enforced checks up in the deny cache. It answers 429 only
+/// when it knows the whole answer the backend would give (see
+/// [`crate::deny_cache`]): the binding tier — the enforced denying tier with
+/// the longest wait, the first on a tie, as [`decide`] picks it — must be one
+/// with a live entry, which holds when every other enforced check either
+/// has a live entry with a shorter wait (or an equal one, after it) or
+/// could not, whatever its stored state, deny with a wait that would make
+/// it bind instead. Otherwise, for the first lapsed check, the probe to join
+/// (`may_wait`: wait for another's; a request that already waited does not
+/// wait again).
 fn deny_cached(shared: &Shared, checks: &[TierCheck], meta: &Meta, may_wait: bool) -> Cached {
     if !shared.deny_cache.enabled() {
         return Cached::Check(None);
     }
     let now_us = shared.local_clock.now_us();
     let mut lapsed = None;
+    // The binding cached denial so far: (check, entry, wait).
+    let mut binding: Option<(usize, Denied, u64)> = None;
+    // The enforced checks without a live entry, and those with one.
+    let mut uncached: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
+    let mut cached: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
     for (i, c) in checks.iter().enumerate() {
         if meta.shadow.contains(i) {
             continue;
         }
         match shared.deny_cache.lookup(&c.key, c.cost, &c.limit, now_us) {
             Lookup::Denied(d) => {
-                return Cached::Respond(cache_blocked(shared, checks, meta, i, &d, now_us))
+                cached.push(i);
+                let wait = d.until_us.saturating_sub(now_us);
+                if binding.is_none_or(|(_, _, b)| wait > b) {
+                    binding = Some((i, d, wait));
+                }
             }
             Lookup::Lapsed => {
                 lapsed.get_or_insert(i);
+                uncached.push(i);
             }
-            Lookup::Miss => {}
+            Lookup::Miss => uncached.push(i),
+        }
+    }
+    if let Some((i, d, wait)) = binding {
+        // A check without a live entry binds instead if it may deny with a
+        // longer wait (or an equal one, before the cached check). When the
+        // 429 lists every violated tier, any check without an entry may be
+        // one more of them: only a fully cached request is known.
+        let lists = shared.on_rejection.uses_violated_policies();
+        let known = (!lists || uncached.is_empty())
+            && uncached.iter().all(|&j| {
+                let c = &checks[j];
+                let longest = longest_wait_us(&c.limit, c.cost, now_us);
+                if j < i {
+                    longest < wait
+                } else {
+                    longest <= wait
+                }
+            });
+        if known {
+            // Every enforced check with a live entry is denied, in tier order.
+            let violated = cached.iter().map(|&j| meta.tier_name(shared, j)).collect();
+            return Cached::Respond(cache_blocked(shared, checks, meta, i, &d, now_us, violated));
         }
     }
     let Some(i) = lapsed else {
@@ -380,8 +434,10 @@ fn cache_blocked(
     i: usize,
     d: &Denied,
     now_us: u64,
+    violated: Vec<Arc<str>>,
 ) -> Response<Bytes> {
     shared.count("cache_blocked");
+    shared.count_fleet_blocked(&checks[i].key, checks[i].cost, now_us);
     // The operator's view counts it like the backend's rejection.
     let now_s = now_us / 1_000_000;
     if let Some(tier) = meta.tiers.get(i).map(|&t| usize::from(t)) {
@@ -406,7 +462,7 @@ fn cache_blocked(
         retry_after_us: wait,
         delay_us: 0,
     };
-    reject(shared, meta, i, &decision, now_us, false)
+    reject(shared, meta, i, &decision, now_us, false, violated)
 }
 
 impl<S: Clone> RateLimitService<S> {
@@ -443,14 +499,16 @@ pub(crate) struct Meta {
     backend_started: Option<std::time::Instant>,
     /// Decided by the local fallback limiter.
     fallback: bool,
-    /// With IETF headers: each check's quota and window in seconds.
-    quotas: Vec<(u64, u64)>,
+    /// With IETF headers: each check's quota (requests), period in
+    /// microseconds, and whether its algorithm refills continuously.
+    quotas: Vec<(u64, u64, bool)>,
     /// Held while this request probes a lapsed deny-cache key: dropped with
     /// the meta, after the answer was fed to the cache (or on an error),
     /// which wakes the requests waiting for it.
     pub(crate) probe: Option<ProbeGuard>,
-    /// For tiers with plans: each check's plan (`None` = the tier's default).
-    plans: Vec<Option<Arc<str>>>,
+    /// For tiers with plans: each check's plan (`None` = the tier's
+    /// default), with its position among the tier's plans.
+    plans: Vec<Option<(usize, Arc<str>)>>,
 }
 
 #[derive(Debug)]
@@ -473,12 +531,13 @@ impl Meta {
             .map_or_else(|| Arc::from("unknown"), |t| t.name.clone())
     }
 
-    /// Check `i`'s plan label: the plan's name, or `default`.
-    fn plan(&self, i: usize) -> &str {
-        self.plans
-            .get(i)
-            .and_then(|p| p.as_deref())
-            .unwrap_or("default")
+    /// Check `i`'s plan slot for the tier-decision counter (0: the default
+    /// plan, else 1 + its position) and name.
+    fn plan_slot(&self, i: usize) -> (usize, &str) {
+        match self.plans.get(i) {
+            Some(Some((pos, name))) => (pos.saturating_add(1), name),
+            _ => (0, "default"),
+        }
     }
 }
 
@@ -612,12 +671,26 @@ fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
         let tp = match plan_tier((i, t, r), &ov, global, parts, fallback, &mut key) {
             Ok(Some(tp)) => tp,
             Ok(None) => continue,
-            Err(e) => return Planned::Failed(e.into()),
+            Err(e) => {
+                // The tier cannot be computed for this request: the failure
+                // policy decides it alone (see `KeyError`). The fallback's
+                // second plan of the same request is not counted again.
+                if !fallback {
+                    key_failed(shared, t, &e);
+                }
+                if shared.failure_policy == FailurePolicy::Closed {
+                    return Planned::Failed(e.into());
+                }
+                continue;
+            }
         };
         if !r.plans.is_empty() {
             // The plan label of this check's metrics (configured names only).
             meta.plans.resize(checks.len(), None);
-            meta.plans.push(tp.plan.map(|p| p.name.clone()));
+            meta.plans.push(tp.plan.map(|p| {
+                let pos = r.plans.iter().position(|x| std::ptr::eq(x, p));
+                (pos.unwrap_or(usize::MAX - 1), p.name.clone())
+            }));
         }
         if !tp.enforced {
             let n = checks.len();
@@ -636,8 +709,12 @@ fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
         }
         if shared.header_style.ietf() {
             let q = tp.plan.map_or(r.quota, |p| p.quota);
-            meta.quotas
-                .push((q.limit(), q.period().as_micros().div_ceil(1_000_000) as u64));
+            let refills = matches!(
+                t.algorithm,
+                crate::tier::Algorithm::TokenBucket | crate::tier::Algorithm::LeakyBucket(_)
+            );
+            let period_us = u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX);
+            meta.quotas.push((q.limit(), period_us, refills));
         }
         checks.push(TierCheck {
             key: std::mem::take(&mut key),
@@ -653,6 +730,51 @@ fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
         let (method, route) = crate::key::route_of(parts);
         meta.endpoint = Some(shared.observer.endpoint(method, route));
         Planned::Check(checks, meta)
+    }
+}
+
+/// The counter of failed key extractions.
+pub(crate) const KEY_ERRORS: &str = "tiered_ratelimit_key_errors_total";
+
+/// Counts a failed extraction on tier `t` and logs it (once a minute per
+/// tier, with the number of lines suppressed since the last): at ERROR with
+/// the fix for a configuration error, at WARN otherwise.
+#[cold]
+#[inline(never)]
+fn key_failed(shared: &Shared, t: &BuiltTier, e: &KeyError) {
+    metrics::counter!(
+        KEY_ERRORS,
+        "tier" => t.name.to_string(),
+        "reason" => e.reason()
+    )
+    .increment(1);
+    let Some(suppressed) = t.key_error_log.permit() else {
+        return;
+    };
+    let policy = shared.failure_policy;
+    let consequence = if policy == FailurePolicy::Closed {
+        "answering 503 (failure policy Closed)"
+    } else {
+        "skipping this tier; the other tiers still apply"
+    };
+    if e.is_configuration() {
+        tracing::error!(
+            tier = %t.name,
+            extractor = t.key_type,
+            reason = e.reason(),
+            suppressed,
+            "rate limiter misconfigured: tier \"{}\" cannot compute its key, {consequence}: {e}",
+            t.name,
+        );
+    } else {
+        tracing::warn!(
+            tier = %t.name,
+            extractor = t.key_type,
+            reason = e.reason(),
+            suppressed,
+            "rate limiter: tier \"{}\" could not compute this request's key, {consequence}: {e}",
+            t.name,
+        );
     }
 }
 
@@ -799,7 +921,6 @@ fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
         };
         let part = key.get(t.key_base.len()..).unwrap_or(key);
         let kind = if d.allowed {
-            observe::count_tier(observe::NEAR_LIMIT, &t.name, meta.plan(i));
             Kind::NearLimit
         } else {
             Kind::Blocked
@@ -814,11 +935,16 @@ fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
 ///   (the backend says when the next one would pass) is cached until then
 ///   too, so the requests right after an admission that drained the bucket
 ///   are answered locally (a single Redis reports it for the token bucket,
-///   fixed window and leaky bucket).
+///   fixed window and leaky bucket);
+/// * any other charge forgets the key's entry: it changed the key's state,
+///   so an entry written before (for another cost or limit) may no longer
+///   give the backend's answer.
 ///
-/// Both are measured from when the check was sent, so an entry can only end
-/// early, never late. Tiers that refund by response status are left out: a
-/// refund can make room before the cached instant.
+/// Only while the cached answer stays exactly the backend's
+/// ([`stays_exact`]: its `remaining` cannot change before the retry
+/// instant). Both are measured from when the check was sent (on a manual
+/// clock, the instant the backend decided at). Tiers that refund by response
+/// status are left out: a refund can make room before the cached instant.
 fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     if meta.sent.is_empty() || !shared.deny_cache.enabled() {
         return;
@@ -826,54 +952,98 @@ fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     let mut now_us = None;
     let mut probed_room = false;
     for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
+        let charged = v.charges.get(i).and_then(|c| c.as_ref());
         if meta.shadow.contains(i) {
             continue;
         }
         let wait_us = if d.allowed {
-            v.charges
-                .get(i)
-                .and_then(|c| c.as_ref())
-                .map_or(0, |c| c.next_after_us)
+            charged.map_or(0, |c| c.next_after_us)
         } else {
             d.retry_after_us
         };
-        if wait_us == 0 && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
-            probed_room = true;
-        }
-        if wait_us == 0
-            || meta
-                .tier(shared, i)
-                .is_none_or(|t| t.skip_failed || t.skip_successful)
-        {
-            continue;
-        }
         // An instant already past when the answer arrived (a wait shorter
         // than the round trip) is of no use, and as a lapsed entry it would
         // only make the next requests wait a round trip for nothing.
         let until_us = meta.sent_us.saturating_add(wait_us);
-        if until_us <= *now_us.get_or_insert_with(|| shared.local_clock.now_us()) {
-            continue;
+        let cache = wait_us > 0
+            && stays_exact(limit, *cost, d.remaining)
+            && meta
+                .tier(shared, i)
+                .is_some_and(|t| !t.skip_failed && !t.skip_successful)
+            && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
+        if !cache && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
+            probed_room = true;
         }
-        shared.deny_cache.insert(
-            key.clone(),
-            Denied::new(
-                until_us,
-                *cost,
-                *limit,
-                d.remaining,
-                Duration::from_micros(wait_us),
-            ),
-        );
+        if cache {
+            shared.deny_cache.insert(
+                key.clone(),
+                Denied::new(
+                    until_us,
+                    *cost,
+                    *limit,
+                    d.remaining,
+                    Duration::from_micros(wait_us),
+                ),
+            );
+        } else if charged.is_some() {
+            shared.deny_cache.forget(key, || {
+                *now_us.get_or_insert_with(|| shared.local_clock.now_us())
+            });
+        }
     }
-    // This request probed a lapsed key and the answer shows room on it:
-    // forget the lapsed entry, or every request that overlaps another on
-    // this key would wait a round trip for nothing until the entry ages
-    // out. (When the key is still at its limit, the entry stays and keeps
-    // funnelling requests behind one probe at a time.)
+    // This request probed a lapsed key and the answer wrote no entry for it
+    // (room left, or a denial the cache may not answer for): forget the
+    // lapsed entry, or every request that overlaps another on this key
+    // would wait a round trip for nothing until the entry ages out. (When
+    // the key is still at its limit, the entry stays and keeps funnelling
+    // requests behind one probe at a time.)
     if let Some(p) = meta.probe.as_ref().filter(|_| probed_room) {
         let now_us = now_us.unwrap_or_else(|| shared.local_clock.now_us());
         shared.deny_cache.remove_lapsed(p.key(), now_us);
     }
+}
+
+/// Counts every tier's decision on the request (one each) in
+/// `tiered_ratelimit_tier_decisions_total`, but the binding tier's: its
+/// `limited` is counted with the 429 ([`reject`]). And the request under
+/// `request`, with the same lookup of the metric handles.
+fn count_tier_decisions(
+    shared: &Shared,
+    meta: &Meta,
+    ds: &[Decision],
+    binding: Option<usize>,
+    request: Option<&'static str>,
+) {
+    if let Some(d) = request {
+        shared.counts.add(d);
+    }
+    let Some(e) = &meta.endpoint else {
+        if let Some(d) = request {
+            shared.metrics.count(d);
+        }
+        return;
+    };
+    let cells = ds.iter().enumerate().filter_map(|(i, d)| {
+        let decision = match (d.allowed, meta.shadow.contains(i)) {
+            _ if Some(i) == binding => return None,
+            (true, _) if d.remaining.saturating_mul(5) < d.limit => TierDecision::NearLimit,
+            (true, _) => TierDecision::Allowed,
+            (false, true) => TierDecision::ShadowLimited,
+            (false, false) => TierDecision::LimitedNotBinding,
+        };
+        Some(TierCount {
+            check: i,
+            tier: usize::from(*meta.tiers.get(i)?),
+            slot: meta.plan_slot(i).0,
+            decision,
+        })
+    });
+    shared.metrics.count_tiers(request, e, cells, |i| {
+        (
+            meta.tier(shared, i).map_or("unknown", |t| &*t.name),
+            meta.plan_slot(i).1,
+        )
+    });
 }
 
 fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
@@ -885,7 +1055,6 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
         if !d.allowed && meta.shadow.contains(i) {
             shadow_limited = true;
             let tier = tier_name(i);
-            observe::count_tier(observe::SHADOW_LIMITED, &tier, meta.plan(i));
             if let Some(o) = &meta.observed {
                 let key_hash = o.key_hashes.get(i).copied().unwrap_or(0);
                 log_shadow(
@@ -898,11 +1067,17 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
             }
         }
     }
-    let enforced_denial = ds
-        .iter()
-        .enumerate()
-        .any(|(i, d)| !d.allowed && !meta.shadow.contains(i));
-    if !enforced_denial {
+    // Binding tier: the enforced denying tier with the longest wait (first on a tie).
+    let mut binding: Option<(usize, &Decision)> = None;
+    for (i, d) in ds.iter().enumerate() {
+        if d.allowed || meta.shadow.contains(i) {
+            continue;
+        }
+        if binding.is_none_or(|(_, b)| d.retry_after_us > b.retry_after_us) {
+            binding = Some((i, d));
+        }
+    }
+    let Some((i, d)) = binding else {
         // Headers describe the tier with the least remaining (on a tie, the one
         // that takes longest to refill), among enforced tiers and, when asked
         // for, observing ones.
@@ -915,13 +1090,12 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
                     .cmp(&b.remaining)
                     .then(b.reset_after_us.cmp(&a.reset_after_us))
             });
-        if !meta.fallback {
-            shared.count(if shadow_limited {
-                "shadow_limited"
-            } else {
-                "allowed"
-            });
-        }
+        let request = (!meta.fallback).then_some(if shadow_limited {
+            "shadow_limited"
+        } else {
+            "allowed"
+        });
+        count_tier_decisions(shared, meta, ds, None, request);
         // A request queued by shaping tiers waits for the latest slot.
         let delay_us = ds
             .iter()
@@ -934,21 +1108,23 @@ fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
             _ => shown.map(|(i, d)| headers_for(shared, meta, i, d, v.now_us, false)),
         };
         return Outcome::Pass(headers, Duration::from_micros(delay_us), None);
-    }
-    // Binding tier: the enforced denying tier with the longest wait (first on a tie).
-    let mut binding: Option<(usize, &Decision)> = None;
-    for (i, d) in ds.iter().enumerate() {
-        if d.allowed || meta.shadow.contains(i) {
-            continue;
-        }
-        if binding.is_none_or(|(_, b)| d.retry_after_us > b.retry_after_us) {
-            binding = Some((i, d));
-        }
-    }
-    let Some((i, d)) = binding else {
-        return Outcome::Pass(None, Duration::ZERO, None);
     };
-    Outcome::Respond(reject(shared, meta, i, d, v.now_us, !meta.fallback))
+    count_tier_decisions(shared, meta, ds, Some(i), None);
+    let violated = ds
+        .iter()
+        .enumerate()
+        .filter(|(j, d)| !d.allowed && !meta.shadow.contains(*j))
+        .map(|(j, _)| meta.tier_name(shared, j))
+        .collect();
+    Outcome::Respond(reject(
+        shared,
+        meta,
+        i,
+        d,
+        v.now_us,
+        !meta.fallback,
+        violated,
+    ))
 }
 
 /// The headers describing check `i`'s decision.
@@ -961,7 +1137,8 @@ fn headers_for(
     denied: bool,
 ) -> RateLimitHeaders {
     let policy = meta.tier_name(shared, i);
-    let quota = meta.quotas.get(i).copied().unwrap_or((d.limit, 0));
+    let (q, period_us, refills) = meta.quotas.get(i).copied().unwrap_or((d.limit, 0, false));
+    let quota = (q, period_us.div_ceil(1_000_000));
     if denied {
         let retry_after = ceil_secs(d.retry_after_us).max(1);
         RateLimitHeaders {
@@ -970,6 +1147,9 @@ fn headers_for(
             reset: ceil_secs(now_us.saturating_add(d.retry_after_us)),
             retry_after: Some(retry_after),
             reset_in: retry_after,
+            // The binding tier has the longest wait of the denying tiers,
+            // so `Retry-After` is never earlier than this `t`.
+            window_in: retry_after,
             policy,
             quota,
             style: shared.header_style,
@@ -983,6 +1163,12 @@ fn headers_for(
             retry_after: None,
             // Seconds until full, rounded up: never above the window.
             reset_in: ceil_secs(d.reset_after_us),
+            window_in: ceil_secs(crate::response::effective_window_us(
+                d.limit,
+                d.remaining,
+                d.reset_after_us,
+                refills.then_some((q, period_us)),
+            )),
             policy,
             quota,
             style: shared.header_style,
@@ -992,7 +1178,8 @@ fn headers_for(
 
 /// The 429 for a denial by check `i`.
 /// `count_limited`: count the request as `limited` (the deny cache and the
-/// fallback count their own decision instead).
+/// fallback count their own decision instead). `violated`: every enforced
+/// denying tier, in tier order.
 fn reject(
     shared: &Shared,
     meta: &Meta,
@@ -1000,6 +1187,7 @@ fn reject(
     d: &Decision,
     now_us: u64,
     count_limited: bool,
+    violated: Vec<Arc<str>>,
 ) -> Response<Bytes> {
     let tier = meta.tier_name(shared, i);
     let headers = headers_for(shared, meta, i, d, now_us, true);
@@ -1007,10 +1195,21 @@ fn reject(
     if count_limited {
         shared.count("limited");
     }
-    observe::count_tier(observe::LIMITED, &tier, meta.plan(i));
+    if let (Some(e), Some(t)) = (&meta.endpoint, meta.tiers.get(i)) {
+        let c = TierCount {
+            check: i,
+            tier: usize::from(*t),
+            slot: meta.plan_slot(i).0,
+            decision: TierDecision::Limited,
+        };
+        shared
+            .metrics
+            .count_tiers(None, e, [c], |_| (&*tier, meta.plan_slot(i).1));
+    }
     tracing::debug!(tier = &*tier, retry_after, "request rate limited");
     let rejection = Rejection {
         tier,
+        violated_policies: violated,
         limit: headers.limit,
         remaining: headers.remaining,
         reset: headers.reset,

@@ -79,6 +79,8 @@ pub(crate) type PlanFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + S
 pub struct Tier {
     pub(crate) name: String,
     pub(crate) key: Arc<dyn KeyExtractor>,
+    /// The extractor's type, for the log line of a failed extraction.
+    pub(crate) key_type: &'static str,
     pub(crate) quota: Quota,
     pub(crate) cost: u64,
     pub(crate) cost_fn: Option<CostFn>,
@@ -95,6 +97,7 @@ impl fmt::Debug for Tier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Tier")
             .field("name", &self.name)
+            .field("key", &self.key_type)
             .field("quota", &self.quota)
             .field("cost", &self.cost)
             .field("cost_fn", &self.cost_fn.is_some())
@@ -110,10 +113,11 @@ impl fmt::Debug for Tier {
 
 impl Tier {
     /// A tier named `name`, keyed by `key`, limited to `quota`, cost 1.
-    pub fn new(name: impl Into<String>, key: impl KeyExtractor, quota: Quota) -> Self {
+    pub fn new<K: KeyExtractor>(name: impl Into<String>, key: K, quota: Quota) -> Self {
         Self {
             name: name.into(),
             key: Arc::new(key),
+            key_type: short_type_name(std::any::type_name::<K>()),
             quota,
             cost: 1,
             cost_fn: None,
@@ -256,5 +260,26 @@ impl Tier {
     /// The tier's quota.
     pub fn quota(&self) -> Quota {
         self.quota
+    }
+}
+
+/// `ClientIp` for `tiered_ratelimit::key::client_ip::ClientIp`: the type's
+/// own name, without its module path (generic arguments kept whole).
+fn short_type_name(full: &'static str) -> &'static str {
+    let head = full.find('<').map_or(full, |i| &full[..i]);
+    match head.rfind("::") {
+        Some(i) => &full[i + 2..],
+        None => full,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn short_type_names() {
+        use super::short_type_name as s;
+        assert_eq!(s("tiered_ratelimit::key::client_ip::ClientIp"), "ClientIp");
+        assert_eq!(s("Global"), "Global");
+        assert_eq!(s("a::B<c::D>"), "B<c::D>");
     }
 }

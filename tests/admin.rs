@@ -380,6 +380,187 @@ async fn top_history_and_anomalies_json(env: Env) {
     assert_eq!(a, json!({"anomalies": []}));
 }
 
+/// The page as the bearer token sees it.
+async fn page_html(addr: SocketAddr) -> String {
+    let res = client()
+        .get(format!("http://{addr}{BASE}"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    res.text().await.unwrap()
+}
+
+/// Right after a start, before any bucket closed, the history API and the
+/// chart show the bucket still open, marked partial, with the requests
+/// made so far.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_bucket_right_after_start() {
+    let env = Env::memory();
+    let (h, addr) = start(env.builder().tier(user_tier(2)).build().unwrap()).await;
+    let (status, hist) = api_get(addr, "/api/history/user").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        hist,
+        json!({"tier": "user", "buckets": [], "current": null})
+    );
+    assert!(
+        page_html(addr).await.contains(r#"id="rate-chart-empty""#),
+        "nothing checked yet"
+    );
+    env.clock.advance(Duration::from_secs(7));
+    for _ in 0..3 {
+        as_user(addr, "mallory").await;
+    }
+    let (_, hist) = api_get(addr, "/api/history/user").await;
+    let start = T0_S - T0_S % 60;
+    assert_eq!(
+        hist,
+        json!({"tier": "user", "buckets": [], "current":
+            {"start": start, "requests": 3, "limited": 1, "shadow_limited": 0, "partial": true}})
+    );
+    assert_eq!(h.history("user").unwrap(), []);
+    let html = page_html(addr).await;
+    assert!(!html.contains("rate-chart-empty"), "{html}");
+    assert!(html.contains(r#"<svg id="rate-chart""#), "{html}");
+    assert_eq!(
+        html.matches(r#"<circle class="partial" data-tier="user""#)
+            .count(),
+        1,
+        "{html}"
+    );
+    assert!(
+        html.contains("1 of 3 limited (33.3 %) so far (partial: bucket still open)"),
+        "{html}"
+    );
+    // Once it closes, it is history, and the next one is the open one.
+    env.clock.advance(Duration::from_secs(60));
+    as_user(addr, "bob").await;
+    let (_, hist) = api_get(addr, "/api/history/user").await;
+    assert_eq!(
+        hist["buckets"],
+        json!([{"start": start, "requests": 3, "limited": 1, "shadow_limited": 0}])
+    );
+    assert_eq!(
+        hist["current"],
+        json!({"start": start + 60, "requests": 1, "limited": 0, "shadow_limited": 0, "partial": true})
+    );
+}
+
+/// The host name and pid the page names without a control key.
+fn this_instance() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    format!("this instance ({}:{})", host.trim(), std::process::id())
+}
+
+/// Without a control key the page's buttons switch this process, and the
+/// page says so beside each of them; it shows when it was rendered (the
+/// layer's clock) and reloads itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_without_control_key_names_this_instance() {
+    let env = Env::memory();
+    let layer = env
+        .builder()
+        .tier(user_tier(5))
+        .tier(Tier::new("ip", ClientIp::default(), Quota::per_minute(100)))
+        .build()
+        .unwrap();
+    let (h, addr) = start(layer).await;
+    env.clock.advance(Duration::from_secs(65));
+    let html = page_html(addr).await;
+    let scope = format!(r#"<span class="scope">{}</span>"#, this_instance());
+    // Kill switch, global mode, and one per tier.
+    assert_eq!(html.matches(&scope).count(), 4, "{html}");
+    assert!(!html.contains("all instances"), "{html}");
+    assert!(
+        html.contains(r#"<meta http-equiv="refresh" content="15">"#),
+        "{html}"
+    );
+    assert!(
+        html.contains(
+            r#"<span id="rendered" class="muted">rendered 2023-11-14T22:14:25Z, refreshes every 15 s</span>"#
+        ),
+        "{html}"
+    );
+    let (_, status) = api_get(addr, "/api/status").await;
+    assert_eq!(status["mode_changes_apply_to"], this_instance());
+    assert_eq!(status["control_key"], Value::Null);
+    // The kill switch switches this process.
+    let res = raw_client()
+        .post(format!("http://{addr}{BASE}/mode"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("mode=off")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(h.mode(), Mode::Off);
+}
+
+/// With a control key the page's buttons (and the API) write the fleet-wide
+/// control hash, apply it here at once, and say "all instances".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn page_with_control_key_switches_all_instances() {
+    use tiered_ratelimit::ControlKey;
+    let env = Env::redis();
+    let redis = env.redis.as_ref().unwrap();
+    let layer = env
+        .builder()
+        .control_key(ControlKey::new("rl:control").poll_interval(Duration::from_secs(3600)))
+        .tier(user_tier(5))
+        .build()
+        .unwrap();
+    let (h, addr) = start(layer).await;
+    let html = page_html(addr).await;
+    let scope = r#"<span class="scope">all instances (control key <code>rl:control</code>)</span>"#;
+    assert_eq!(html.matches(scope).count(), 3, "{html}");
+    assert!(!html.contains("this instance"), "{html}");
+    let (_, status) = api_get(addr, "/api/status").await;
+    assert_eq!(status["mode_changes_apply_to"], "all instances");
+    assert_eq!(status["control_key"], "rl:control");
+
+    let post = |body: &'static str| {
+        raw_client()
+            .post(format!("http://{addr}{BASE}/mode"))
+            .header("authorization", format!("Bearer {TOKEN}"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+    };
+    // The kill switch: the hash says off; this instance is off at once,
+    // its own configured mode untouched (the override is the fleet's).
+    assert_eq!(
+        post("mode=off").await.unwrap().status(),
+        StatusCode::SEE_OTHER
+    );
+    let mode: Option<String> = redis.cmd(&["HGET", "rl:control", "mode"]);
+    assert_eq!(mode.as_deref(), Some("off"));
+    assert_eq!((h.mode(), h.effective_mode()), (Mode::Enforce, Mode::Off));
+    assert!(page_html(addr).await.contains(r#"id="override""#));
+    // A tier's button writes its field.
+    assert_eq!(
+        post("tier=user&mode=shadow").await.unwrap().status(),
+        StatusCode::SEE_OTHER
+    );
+    let fields: Vec<String> = redis.cmd(&["HGETALL", "rl:control"]);
+    assert_eq!(fields, ["mode", "off", "tier:user", "shadow"]);
+    // The API too.
+    let (status, body) = api_mode(addr, json!({"mode": "enforce"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["effective_mode"], "enforce");
+    let mode: Option<String> = redis.cmd(&["HGET", "rl:control", "mode"]);
+    assert_eq!(mode.as_deref(), Some("enforce"));
+    // Unknown tier: nothing written.
+    assert_eq!(
+        post("tier=nope&mode=off").await.unwrap().status(),
+        StatusCode::NOT_FOUND
+    );
+    let fields: Vec<String> = redis.cmd(&["HGETALL", "rl:control"]);
+    assert_eq!(fields, ["mode", "enforce", "tier:user", "shadow"]);
+}
+
 /// `?token=` → 303 without it + the cookie; the cookie opens the page and
 /// its form, not the API; a cross-site form post is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -724,6 +905,11 @@ async fn admin_page_in_headless_chromium() {
         "&lt;script&gt;alert(1)&lt;/script&gt;",
         r#"id="kill-switch""#,
         r#"id="top-blocked""#,
+        // bob's request: the bucket still open, drawn as partial.
+        r#"<circle class="partial" data-tier="user""#,
+        r#"<meta http-equiv="refresh" content="15">"#,
+        r#"id="rendered""#,
+        &this_instance(),
     ] {
         assert!(
             dom.contains(needle),
@@ -731,4 +917,22 @@ async fn admin_page_in_headless_chromium() {
         );
     }
     assert!(!dom.contains("<script"), "no script element: {dom}");
+
+    // Right after a start: no bucket closed, the chart shows the open one.
+    let env = Env::memory();
+    let (_h, addr) = start(env.builder().tier(user_tier(2)).build().unwrap()).await;
+    for _ in 0..3 {
+        as_user(addr, "mallory").await;
+    }
+    let url = format!("http://{addr}{BASE}?token={TOKEN}");
+    let dom = chromium(&bin, &url, &["--dump-dom".to_owned()]).await;
+    assert!(!dom.contains("rate-chart-empty"), "{dom}");
+    assert!(
+        dom.contains(r#"<circle class="partial" data-tier="user""#),
+        "{dom}"
+    );
+    assert!(
+        dom.contains("1 of 3 limited (33.3 %) so far (partial: bucket still open)"),
+        "{dom}"
+    );
 }

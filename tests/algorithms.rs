@@ -418,3 +418,79 @@ fn sliding_counter_error_bound() {
     // docs/algorithms.md quotes this number.
     assert_eq!(worst, 133, "worst 60 s span under a 100/min flood");
 }
+
+/// The largest quota each algorithm accepts (the bounds on `Quota`, which
+/// tests/config.rs checks `build()` enforces): model, memory and Redis give
+/// identical answers for costs from 1 to the capacity + 1 (the most the
+/// layer ever sends), so no value the script computes has left 2^53.
+#[test]
+fn largest_accepted_quotas_agree() {
+    const P52: u64 = 1 << 52;
+    let h = Harness::new();
+    let bucket_fast = TokenBucket::new(1 << 51, 1, P52).unwrap();
+    let bucket_slow = TokenBucket::new(1, 1 << 20, 1 << 32).unwrap();
+    let cases = [
+        (
+            "fixed",
+            Limit::FixedWindow(Window {
+                limit: P52 - 1,
+                window_us: 60 * S,
+            }),
+        ),
+        (
+            "log",
+            Limit::SlidingWindowLog(Window {
+                limit: P52 - 1,
+                window_us: 60 * S,
+            }),
+        ),
+        (
+            "counter",
+            Limit::SlidingWindowCounter(Window {
+                limit: 4_503_599_626,
+                window_us: S,
+            }),
+        ),
+        ("bucket_fast", Limit::TokenBucket(bucket_fast)),
+        ("bucket_slow", Limit::TokenBucket(bucket_slow)),
+        (
+            "police",
+            Limit::LeakyBucket(Gcra {
+                bucket: bucket_slow,
+                max_delay_us: None,
+            }),
+        ),
+        (
+            "shape",
+            Limit::LeakyBucket(Gcra {
+                bucket: TokenBucket::new(1, 1 << 20, (1 << 32) - (1 << 20)).unwrap(),
+                max_delay_us: Some(1 << 40),
+            }),
+        ),
+    ];
+    for (i, (name, limit)) in cases.iter().enumerate() {
+        let cap = limit.capacity();
+        let ops = vec![
+            (0, 0, 1),
+            (0, 0, cap / 2),
+            (0, 0, cap / 2),
+            (0, 0, cap + 1),
+            (1, 0, 1),
+            (0, 0, cap - 1),
+            (S / 3, 0, cap / 3),
+            (S, 0, 1),
+            (0, 1, cap),
+            (0, 1, 1),
+            (0, 1, cap + 1),
+            (3, 1, 2),
+            (S / 2, 2, cap - 1),
+            (0, 2, 3),
+            (61 * S, 0, cap + 1),
+            (0, 0, cap),
+            (0, 0, 1),
+            (1 << 20, 0, 1),
+        ];
+        let denied = h.run(3_000_000 + i as u64, *limit, *limit, &ops);
+        assert!(denied > 0 && denied < ops.len(), "{name}: {denied} denied");
+    }
+}

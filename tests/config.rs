@@ -4,7 +4,7 @@ use std::time::Duration;
 use tiered_ratelimit::{
     backend::{MemoryBackend, RedisBackend},
     key::Global,
-    ConfigError, Policy, Quota, RateLimitLayer, Tier,
+    Algorithm, ConfigError, LeakyBucket, Policy, Quota, RateLimitLayer, Tier,
 };
 
 fn err(b: tiered_ratelimit::RateLimitLayerBuilder) -> String {
@@ -52,7 +52,7 @@ fn builder_errors_name_the_field() {
         "a",
         Quota::new(u64::MAX / 2, Duration::from_secs(86_400 * 365))
     )))
-    .starts_with("tier \"a\": burst/period:"));
+    .starts_with("tier \"a\": burst: burst × period in units"));
 }
 
 #[test]
@@ -316,5 +316,154 @@ fn skipping_both_outcomes_is_refused() {
     assert_eq!(
         e,
         "tier \"login\": skip_failed_requests/skip_successful_requests: both set, so nothing would ever count"
+    );
+}
+
+const EXACT: &str =
+    "; the Redis script counts exactly only up to 2^53 (see Quota's docs for each algorithm's bound)";
+
+/// Builds one tier `t` with `algorithm` and `quota`: `Ok` or the error text.
+fn build(algorithm: Algorithm, quota: Quota) -> Result<(), String> {
+    RateLimitLayer::builder()
+        .tier(Tier::new("t", Global, quota).algorithm(algorithm))
+        .build()
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Every algorithm at its exact bound (accepted) and one past it (rejected,
+/// naming the field): no quota the Redis script cannot count exactly.
+#[test]
+fn quotas_are_accepted_up_to_their_exact_bound_and_not_beyond() {
+    const P52: u64 = 1 << 52;
+    let minute = |limit| Quota::per_minute(limit);
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindowLog] {
+        assert_eq!(build(algorithm, minute(P52 - 1)), Ok(()));
+        assert_eq!(
+            build(algorithm, minute(P52)),
+            Err(format!(
+                "tier \"t\": limit: 4503599627370496 is above 4503599627370495 (2^52 - 1), \
+                 the largest limit of {algorithm:?}{EXACT}"
+            ))
+        );
+        // The issue's example: 2^53 + 1 was accepted, and Redis and memory
+        // disagreed about it.
+        assert_eq!(
+            build(algorithm, minute((1 << 53) + 1)),
+            Err(format!(
+                "tier \"t\": limit: 9007199254740993 is above 4503599627370495 (2^52 - 1), \
+                 the largest limit of {algorithm:?}{EXACT}"
+            ))
+        );
+    }
+    // Sliding counter, 1 s window: (2 × limit + 1) × 10^6 ≤ 2^53.
+    let counter = Algorithm::SlidingWindowCounter;
+    assert_eq!(build(counter, Quota::per_second(4_503_599_626)), Ok(()));
+    assert_eq!(
+        build(counter, Quota::per_second(4_503_599_627)),
+        Err(format!(
+            "tier \"t\": limit: (2 × limit + 1) × period, (2 × 4503599627 + 1) × 1000000 µs, \
+             is above 2^53; use a smaller limit or a shorter period{EXACT}"
+        ))
+    );
+    let us = Duration::from_micros;
+    for algorithm in [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket(LeakyBucket::Police),
+    ] {
+        // 2^51 per µs: unit 1, rate 2^51; burst 2^52: capacity 2^52 units.
+        assert_eq!(
+            build(algorithm, Quota::new(1 << 51, us(1)).burst(P52)),
+            Ok(())
+        );
+        assert_eq!(
+            build(algorithm, Quota::new(1 << 51, us(1)).burst(P52 + 1)),
+            Err(format!(
+                "tier \"t\": burst: burst × period in units, 4503599627370497 × 1 = \
+                 4503599627370497, is above 2^52; use a smaller burst or a shorter period{EXACT}"
+            ))
+        );
+        assert_eq!(
+            build(algorithm, Quota::new((1 << 51) + 1, us(1)).burst(P52)),
+            Err(format!(
+                "tier \"t\": limit: the refill rate, 2251799813685249 units per µs \
+                 (limit / gcd(limit, period in µs)), is above 2^51{EXACT}"
+            ))
+        );
+        // 1 per 2^20 µs: unit 2^20; burst 2^32 is 2^52 units.
+        assert_eq!(
+            build(algorithm, Quota::new(1, us(1 << 20)).burst(1 << 32)),
+            Ok(())
+        );
+        assert!(
+            build(algorithm, Quota::new(1, us(1 << 20)).burst((1 << 32) + 1))
+                .unwrap_err()
+                .starts_with("tier \"t\": burst: ")
+        );
+    }
+    // Shaping: capacity 2^52 - 2^40 units (rate 1) leaves 2^40 µs of delay.
+    let shape = |max_delay| {
+        Algorithm::LeakyBucket(LeakyBucket::Shape {
+            max_delay: us(max_delay),
+        })
+    };
+    let q = Quota::new(1, us(1 << 20)).burst((1 << 32) - (1 << 20));
+    assert_eq!(build(shape(1 << 40), q), Ok(()));
+    assert_eq!(
+        build(shape((1 << 40) + 1), q),
+        Err(format!(
+            "tier \"t\": max_delay: capacity + max_delay × rate, 4502500115742720 + \
+             1099511627777 × 1 units, is above 2^52; use a shorter max_delay or a smaller \
+             burst{EXACT}"
+        ))
+    );
+    // Every algorithm: the period at most 2^51 µs.
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket(LeakyBucket::Police),
+    ] {
+        assert_eq!(build(algorithm, Quota::new(1, us(1 << 51))), Ok(()));
+        assert_eq!(
+            build(algorithm, Quota::new(1, us((1 << 51) + 1))),
+            Err(format!(
+                "tier \"t\": period: 2251799813685249 µs is above 2251799813685248 µs \
+                 (2^51 µs, about 71 years), the longest period{EXACT}"
+            ))
+        );
+    }
+    // Plans are checked the same way.
+    let e = RateLimitLayer::builder()
+        .tier(
+            Tier::new("t", Global, Quota::per_minute(10))
+                .algorithm(Algorithm::FixedWindow)
+                .plans([("big", Quota::per_minute(P52))]),
+        )
+        .build()
+        .unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::QuotaTooLarge { field: "limit", .. }),
+        "{e:?}"
+    );
+}
+
+/// The policy file: the same error, naming the tier and the field.
+#[test]
+fn policy_quotas_past_the_exact_bound_name_the_field() {
+    let p = Policy::from_toml_str(
+        "[[tier]]\nname='t'\nkey='global'\nlimit=9007199254740993\nperiod='1m'\nalgorithm='sliding_window_log'\n",
+    )
+    .unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        format!(
+            "tier \"t\": limit: 9007199254740993 is above 4503599627370495 (2^52 - 1), \
+             the largest limit of SlidingWindowLog{EXACT}"
+        )
     );
 }

@@ -22,6 +22,8 @@ both_backends!(
     api_keys_are_separate_and_never_stored_in_clear,
     custom_rejection_and_error_responses_keep_headers,
     missing_connect_info_follows_failure_policy,
+    missing_connect_info_skips_only_the_ip_tier,
+    rejection_names_every_violated_tier,
 );
 
 async fn get(c: &reqwest::Client, url: &str) -> reqwest::Response {
@@ -269,4 +271,84 @@ async fn missing_connect_info_follows_failure_policy(env: Env) {
         res.text().await.unwrap(),
         r#"{"error":"rate_limiter_unavailable"}"#
     );
+}
+
+/// Served without connect info, the `ip` tier cannot be computed; under
+/// fail-open (and fallback) it alone is skipped, and a user far over the
+/// `user` tier's quota is still limited, with exact headers.
+async fn missing_connect_info_skips_only_the_ip_tier(env: Env) {
+    for policy in [FailurePolicy::Open, FailurePolicy::Fallback] {
+        let layer = env
+            .builder()
+            .key_prefix(format!("rl{policy:?}"))
+            .failure_policy(policy)
+            .tier(Tier::new("ip", ClientIp::default(), Quota::per_minute(1)))
+            .tier(Tier::new("user", User, Quota::per_minute(2)))
+            .build()
+            .unwrap();
+        let addr = serve_without_connect_info(app(layer)).await;
+        let url = format!("http://{addr}/");
+        let c = client();
+        let alice = || c.get(&url).header("authorization", "Bearer alice").send();
+        assert_eq!(limits(&alice().await.unwrap()), ok(2, 1, T0_S + 30));
+        assert_eq!(limits(&alice().await.unwrap()), ok(2, 0, T0_S + 60));
+        for _ in 0..10 {
+            assert_eq!(
+                limits(&alice().await.unwrap()),
+                denied(2, 0, T0_S + 30, 30),
+                "{policy:?}"
+            );
+        }
+        // Anonymous: no tier can be computed, so none applies.
+        assert_eq!(limits(&get(&c, &url).await), NO_LIMITS);
+        if let Some(r) = &env.redis {
+            let prefix = format!("rl{policy:?}:");
+            let mut keys: Vec<String> = r
+                .keys()
+                .into_iter()
+                .filter(|k| k.starts_with(&prefix))
+                .collect();
+            keys.sort();
+            assert_eq!(keys, vec![format!("{prefix}user:alice")]);
+        }
+    }
+}
+
+/// `Rejection::violated_policies`: every enforced tier that denied, in tier
+/// order, for a custom body; the draft-11 fields describe the binding tier
+/// (the longest wait) and `Retry-After` is its wait.
+async fn rejection_names_every_violated_tier(env: Env) {
+    let layer = env
+        .builder()
+        .headers(tiered_ratelimit::HeaderStyle::IetfDraft11)
+        // A full decision from the backend, not the deny cache's shortcut.
+        .deny_cache(0)
+        .tier(Tier::new("global", Global, Quota::per_minute(1)))
+        .tier(Tier::new("user", User, Quota::per_second(1)))
+        .on_rejection(|r: &Rejection| {
+            http::Response::builder()
+                .status(429)
+                .body(bytes::Bytes::from(format!(
+                    "{} of {}",
+                    r.tier,
+                    r.violated_policies.join(",")
+                )))
+                .unwrap()
+        })
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let alice = || {
+        c.get(format!("http://{addr}/"))
+            .header("authorization", "Bearer alice")
+            .send()
+    };
+    assert_eq!(alice().await.unwrap().status(), 200);
+    let res = alice().await.unwrap();
+    assert_eq!(res.status(), 429);
+    let h = |n: &str| res.headers()[n].to_str().unwrap().to_owned();
+    assert_eq!(h("ratelimit"), r#""global";r=0;t=60"#);
+    assert_eq!(h("retry-after"), "60");
+    assert_eq!(res.text().await.unwrap(), "global of global,user");
 }

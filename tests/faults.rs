@@ -233,6 +233,56 @@ async fn deny_cache_answers_only_the_cost_it_saw() {
     assert_eq!(limits(&send(2).await.unwrap()), ok(5, 0, T0_S + 5));
 }
 
+/// With two enforced tiers denying, a 429 from the cache describes the one
+/// with the longest wait, as Redis's does — not the first cached one: a
+/// client that waits the `Retry-After` it was given is not denied again by
+/// the other. A tier without an entry does not stop the cache when it could
+/// not bind (a token bucket of one a minute cannot make anyone wait longer
+/// than a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_cache_answers_with_the_longest_wait() {
+    use tiered_ratelimit::Algorithm;
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .tier(Tier::new("minute", Global, Quota::per_minute(1)))
+        .tier(Tier::new("hour", Global, Quota::per_hour(1)).algorithm(Algorithm::FixedWindow))
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let url = format!("http://{addr}/");
+    // T0 is 800 s into its hour: the hour's window ends 2 800 s later.
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        ok(1, 0, T0_S + 2800)
+    );
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    // The admission emptied both tiers and primed both entries: the
+    // minute's (60 s) and the hour's (2 800 s). The hour binds.
+    let res = c.get(&url).send().await.unwrap();
+    assert_eq!(limits(&res), denied(1, 0, T0_S + 2800, 2800));
+    assert_eq!(
+        res.text().await.unwrap(),
+        r#"{"error":"rate_limit_exceeded","retry_after":2800}"#
+    );
+    // A minute on, the minute's entry has lapsed (a token is back), the
+    // hour's has not: still the hour's 429, still without Redis.
+    clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        denied(1, 0, T0_S + 2800, 2740)
+    );
+    assert_eq!(evalsha_calls(&redis), 0);
+    assert_eq!(handle.counts().cache_blocked, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn circuit_breaker_stops_paying_the_timeout() {
     let redis = RedisServer::start();
@@ -372,7 +422,9 @@ where
 }
 
 /// One global tier of `quota` on `redis`, on `clock`, with `timeout` as
-/// the backend timeout.
+/// the backend timeout. (Keys outlive their TTL by a minute in real time: a
+/// bucket a thousandth drained has a 1 ms TTL, which a loaded machine can
+/// outlast between two requests of one burst.)
 fn single_flight_layer(
     redis: &RedisServer,
     clock: &ManualClock,
@@ -383,7 +435,8 @@ fn single_flight_layer(
         .backend(
             RedisBackend::from_url(&redis.url())
                 .unwrap()
-                .with_manual_clock(clock.clone()),
+                .with_manual_clock(clock.clone())
+                .with_test_ttl_slack(Duration::from_secs(60)),
         )
         .tier(Tier::new("global", Global, quota))
         .backend_timeout(timeout)

@@ -2,13 +2,18 @@
 
 mod support;
 
+use std::time::Duration;
 use support::*;
 use tiered_ratelimit::{
-    key::Global, response::ProblemRejection, HeaderStyle, Policy, Quota, RateLimitLayer, Tier,
+    key::Global, response::ProblemRejection, Algorithm, HeaderStyle, Policy, Quota, RateLimitLayer,
+    Tier,
 };
 
 both_backends!(
-    ietf_fields,
+    ietf_draft11_fields,
+    ietf_draft09_fields,
+    ietf_draft11_fixed_window,
+    problem_lists_violated_policies,
     both_styles_once_each,
     no_rate_limit_headers,
     problem_details_body
@@ -22,26 +27,117 @@ fn hdr(res: &reqwest::Response, name: &str) -> Vec<String> {
         .collect()
 }
 
-async fn ietf_fields(env: Env) {
+/// Draft-11 (`HeaderStyle::IetfDraft11`): `t` is the effective window. For
+/// a token bucket of 3/min (one request refills every 20 s) that is the
+/// time until one more request has refilled; for a fixed window, the time
+/// until the window ends. On a 429 `t` is the wait and `Retry-After` is not
+/// earlier.
+async fn ietf_draft11_fields(env: Env) {
     let layer = env
         .builder()
-        .headers(HeaderStyle::Ietf)
+        .headers(HeaderStyle::IetfDraft11)
         .tier(Tier::new("ip_tier", Global, Quota::per_minute(3)))
         .build()
         .unwrap();
     let addr = serve(app(layer)).await;
     let c = client();
-    let res = c.get(format!("http://{addr}/")).send().await.unwrap();
+    let get = || c.get(format!("http://{addr}/")).send();
+    let res = get().await.unwrap();
     assert_eq!(hdr(&res, "ratelimit-policy"), [r#""ip_tier";q=3;w=60"#]);
     assert_eq!(hdr(&res, "ratelimit"), [r#""ip_tier";r=2;t=20"#]);
     assert!(hdr(&res, "x-ratelimit-limit").is_empty());
-    c.get(format!("http://{addr}/")).send().await.unwrap();
-    c.get(format!("http://{addr}/")).send().await.unwrap();
+    // 2 of 3 used: full again in 40 s, but the next request refills in 20 s.
+    let res = get().await.unwrap();
+    assert_eq!(hdr(&res, "ratelimit"), [r#""ip_tier";r=1;t=20"#]);
+    env.clock.advance(Duration::from_secs(5));
+    // 1.25 tokens, 0.25 left: full in 55 s, one more request in 15 s.
+    let res = get().await.unwrap();
+    assert_eq!(hdr(&res, "ratelimit"), [r#""ip_tier";r=0;t=15"#]);
+    assert!(hdr(&res, "retry-after").is_empty());
+    let res = get().await.unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(hdr(&res, "ratelimit-policy"), [r#""ip_tier";q=3;w=60"#]);
+    assert_eq!(hdr(&res, "ratelimit"), [r#""ip_tier";r=0;t=15"#]);
+    assert_eq!(hdr(&res, "retry-after"), ["15"]);
+}
+
+/// The same requests under draft-09 (`HeaderStyle::IetfDraft09`): `t` is the
+/// time until the quota resets (the bucket is full again), and on a 429 it
+/// equals `Retry-After`.
+async fn ietf_draft09_fields(env: Env) {
+    let layer = env
+        .builder()
+        .headers(HeaderStyle::IetfDraft09)
+        .tier(Tier::new("ip_tier", Global, Quota::per_minute(3)))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let get = || c.get(format!("http://{addr}/")).send();
+    let res = get().await.unwrap();
+    assert_eq!(hdr(&res, "ratelimit-policy"), [r#""ip_tier";q=3;w=60"#]);
+    assert_eq!(hdr(&res, "ratelimit"), [r#""ip_tier";r=2;t=20"#]);
+    let res = get().await.unwrap();
+    assert_eq!(hdr(&res, "ratelimit"), [r#""ip_tier";r=1;t=40"#]);
+    env.clock.advance(Duration::from_secs(5));
+    let res = get().await.unwrap();
+    assert_eq!(hdr(&res, "ratelimit"), [r#""ip_tier";r=0;t=55"#]);
+    let res = get().await.unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(hdr(&res, "ratelimit"), [r#""ip_tier";r=0;t=15"#]);
+    assert_eq!(hdr(&res, "retry-after"), ["15"]);
+    assert!(hdr(&res, "x-ratelimit-limit").is_empty());
+}
+
+/// Draft-11 on a fixed window: quota only returns when the window ends, so
+/// `t` is the rest of the window. T0 is 20 s into its minute.
+async fn ietf_draft11_fixed_window(env: Env) {
+    let layer = env
+        .builder()
+        .headers(HeaderStyle::IetfDraft11)
+        .tier(Tier::new("fw", Global, Quota::per_minute(3)).algorithm(Algorithm::FixedWindow))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let res = c.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(hdr(&res, "ratelimit"), [r#""fw";r=2;t=40"#]);
+    env.clock.advance(Duration::from_secs(5));
+    let res = c.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(hdr(&res, "ratelimit"), [r#""fw";r=1;t=35"#]);
+}
+
+/// Two tiers deny: the problem body lists both (tier order), the headers
+/// describe the one with the longest wait, and `Retry-After` is that wait.
+/// A tier that allowed is not listed.
+async fn problem_lists_violated_policies(env: Env) {
+    let layer = env
+        .builder()
+        .headers(HeaderStyle::IetfDraft11)
+        .on_rejection(ProblemRejection)
+        .tier(Tier::new("per_second", Global, Quota::per_second(1)))
+        .tier(Tier::new("roomy", Global, Quota::per_hour(100)))
+        .tier(Tier::new("per_minute", Global, Quota::per_minute(1)))
+        // The deny cache would answer the second request from the first
+        // one's `per_second` result alone, without asking Redis about the
+        // other tiers: this test is about a full decision.
+        .deny_cache(0)
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let res = c.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), 200);
     let res = c.get(format!("http://{addr}/")).send().await.unwrap();
     assert_eq!(res.status(), 429);
-    // On a 429, t equals Retry-After: never earlier.
-    assert_eq!(hdr(&res, "ratelimit"), [r#""ip_tier";r=0;t=20"#]);
-    assert_eq!(hdr(&res, "retry-after"), ["20"]);
+    assert_eq!(hdr(&res, "content-type"), ["application/problem+json"]);
+    assert_eq!(hdr(&res, "ratelimit-policy"), [r#""per_minute";q=1;w=60"#]);
+    assert_eq!(hdr(&res, "ratelimit"), [r#""per_minute";r=0;t=60"#]);
+    assert_eq!(hdr(&res, "retry-after"), ["60"]);
+    assert_eq!(
+        res.text().await.unwrap(),
+        r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"Retry in 60 seconds.","violated-policies":["per_second","per_minute"],"retry_after":60,"docs":"https://example.com/docs/rate-limits"}"#
+    );
 }
 
 async fn both_styles_once_each(env: Env) {
@@ -123,6 +219,17 @@ fn policy_header_and_body_names() {
     .unwrap();
     let _layer =
         RateLimitLayer::from_policy(&p, tiered_ratelimit::backend::MemoryBackend::new()).unwrap();
+    for (name, style) in [
+        ("legacy", HeaderStyle::Legacy),
+        ("ietf", HeaderStyle::IetfDraft11),
+        ("ietf-draft-11", HeaderStyle::IetfDraft11),
+        ("ietf-draft-09", HeaderStyle::IetfDraft09),
+        ("both", HeaderStyle::Both),
+        ("none", HeaderStyle::None),
+    ] {
+        let p = Policy::from_toml_str(&format!("headers = '{name}'")).unwrap();
+        assert_eq!(HeaderStyle::from(p.headers), style, "{name}");
+    }
     let e = Policy::from_toml_str("headers = 'fancy'")
         .unwrap_err()
         .to_string();
@@ -131,4 +238,11 @@ fn policy_header_and_body_names() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("xml"), "{e}");
+}
+
+/// `HeaderStyle::Ietf` is the deprecated name of the current draft.
+#[test]
+#[allow(deprecated)]
+fn ietf_alias_is_the_current_draft() {
+    assert_eq!(HeaderStyle::Ietf, HeaderStyle::IetfDraft11);
 }

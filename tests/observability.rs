@@ -8,7 +8,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::time::Duration;
 use support::*;
 use tiered_ratelimit::{
-    key::{ClientIp, User},
+    key::{ClientIp, Endpoint, User},
     observe::anomaly::AnomalyConfig,
     Quota, Tier,
 };
@@ -190,12 +190,12 @@ fn metric_names_and_bounded_labels() {
     has("tiered_ratelimit_requests_total", "decision=limited", 2.0);
     has(
         "tiered_ratelimit_tier_decisions_total",
-        "decision=limited,tier=user,plan=pro",
+        "decision=limited,tier=user,plan=pro,endpoint=GET /users/{id}",
         2.0,
     );
     has(
         "tiered_ratelimit_tier_decisions_total",
-        "decision=near_limit,tier=user,plan=pro",
+        "decision=near_limit,tier=user,plan=pro,endpoint=GET /users/{id}",
         1.0,
     );
     has(
@@ -204,6 +204,200 @@ fn metric_names_and_bounded_labels() {
         3.0,
     );
     has("tiered_ratelimit_mode", "tier=user", 3.0);
+}
+
+/// Every tier's decision on every request is counted once, per (tier,
+/// plan, endpoint, decision): `limited` on the binding tier only,
+/// `limited_not_binding` on the other enforced tiers that denied, one
+/// endpoint value for unmatched routes, and `<other>` past the endpoint cap.
+/// Summed over `decision`, a (tier, endpoint) gives the requests that tier
+/// checked there: the denominator of its 429 rate.
+#[test]
+fn tier_decisions_per_endpoint_count_every_decision() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let statuses = metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use tower::ServiceExt;
+            let layer = tiered_ratelimit::RateLimitLayer::builder()
+                .max_endpoints(3)
+                .tier(
+                    Tier::new("user", User, Quota::per_minute(2))
+                        .plans([("pro", Quota::per_minute(1))]),
+                )
+                .tier(Tier::new("hourly", User, Quota::per_hour(2)))
+                .tier(
+                    Tier::new("endpoint", Endpoint, Quota::per_minute(1))
+                        .mode(tiered_ratelimit::Mode::Shadow),
+                )
+                .build()
+                .unwrap();
+            let app = app(layer);
+            let mut statuses = Vec::new();
+            for (method, path, user, plan) in [
+                ("GET", "/users/1", "alice", None),
+                ("GET", "/users/1", "alice", None),
+                ("GET", "/users/1", "alice", None),
+                ("GET", "/users/1", "alice", None),
+                ("GET", "/", "bob", Some("pro")),
+                ("GET", "/nope", "carol", None),
+                ("GET", "/zzz/1", "erin", None),
+                ("POST", "/login", "dave", None),
+            ] {
+                let mut req = http::Request::builder()
+                    .method(method)
+                    .uri(path)
+                    .header("authorization", format!("Bearer {user}"));
+                if let Some(p) = plan {
+                    req = req.header("x-test-plan", p);
+                }
+                let res = app
+                    .clone()
+                    .oneshot(req.body(axum::body::Body::empty()).unwrap())
+                    .await
+                    .unwrap();
+                let retry = res
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                statuses.push((res.status().as_u16(), retry));
+            }
+            statuses
+        })
+    });
+    // alice's 3rd and 4th: both enforced tiers deny; `hourly` waits longer.
+    let r1800 = || (429, Some("1800".to_owned()));
+    assert_eq!(
+        statuses,
+        [
+            (200, None),
+            (200, None),
+            r1800(),
+            r1800(),
+            (200, None),
+            (404, None),
+            (404, None),
+            (200, None),
+        ]
+    );
+    let mut got: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "tiered_ratelimit_tier_decisions_total")
+        .map(|(k, _, _, v)| {
+            let labels: Vec<String> = k.key().labels().map(|l| l.value().to_owned()).collect();
+            let DebugValue::Counter(c) = v else {
+                panic!("a counter")
+            };
+            (labels.join(" | "), c)
+        })
+        .collect();
+    got.sort();
+    let mut want: Vec<(String, u64)> = [
+        // alice ×4 on GET /users/{id}
+        ("allowed | user | default | GET /users/{id}", 1),
+        ("near_limit | user | default | GET /users/{id}", 1),
+        ("limited_not_binding | user | default | GET /users/{id}", 2),
+        ("allowed | hourly | default | GET /users/{id}", 1),
+        ("near_limit | hourly | default | GET /users/{id}", 1),
+        ("limited | hourly | default | GET /users/{id}", 2),
+        ("near_limit | endpoint | default | GET /users/{id}", 1),
+        ("shadow_limited | endpoint | default | GET /users/{id}", 3),
+        // bob, plan pro, on GET /
+        ("near_limit | user | pro | GET /", 1),
+        ("allowed | hourly | default | GET /", 1),
+        ("near_limit | endpoint | default | GET /", 1),
+        // carol and erin: two unmatched paths, one endpoint value
+        ("allowed | user | default | GET <unmatched>", 2),
+        ("allowed | hourly | default | GET <unmatched>", 2),
+        ("near_limit | endpoint | default | GET <unmatched>", 1),
+        ("shadow_limited | endpoint | default | GET <unmatched>", 1),
+        // dave: a 4th endpoint past the cap of 3
+        ("allowed | user | default | <other>", 1),
+        ("allowed | hourly | default | <other>", 1),
+        ("near_limit | endpoint | default | <other>", 1),
+    ]
+    .into_iter()
+    .map(|(l, c)| (l.to_owned(), c))
+    .collect();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+/// A 429 answered by the deny cache (Redis, no backend call) counts
+/// `limited` for its tier and endpoint like the backend's own.
+#[test]
+fn deny_cache_429s_count_as_limited_per_endpoint() {
+    use tiered_ratelimit::{backend::ManualClock, backend::RedisBackend, RateLimitLayer};
+    let redis = RedisServer::start();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            use tower::ServiceExt;
+            let layer = RateLimitLayer::builder()
+                .backend(
+                    RedisBackend::from_url(&redis.url())
+                        .unwrap()
+                        .with_manual_clock(ManualClock::new(T0_US)),
+                )
+                .tier(Tier::new("user", User, Quota::per_minute(1)))
+                .build()
+                .unwrap();
+            let app = app(layer);
+            for _ in 0..3 {
+                let req = http::Request::get("/users/1")
+                    .header("authorization", "Bearer alice")
+                    .body(axum::body::Body::empty())
+                    .unwrap();
+                app.clone().oneshot(req).await.unwrap();
+            }
+        });
+    });
+    let mut got: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(k, _, _, v)| {
+            let name = k.key().name();
+            if !name.starts_with("tiered_ratelimit_") || !name.ends_with("_total") {
+                return None;
+            }
+            let labels: Vec<String> = k.key().labels().map(|l| l.value().to_owned()).collect();
+            match v {
+                DebugValue::Counter(c) if c > 0 => {
+                    Some((format!("{name} {}", labels.join(" | ")), c))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    got.sort();
+    let want: Vec<(String, u64)> = [
+        ("tiered_ratelimit_requests_total allowed", 1),
+        ("tiered_ratelimit_requests_total cache_blocked", 2),
+        (
+            "tiered_ratelimit_tier_decisions_total limited | user | default | GET /users/{id}",
+            2,
+        ),
+        (
+            "tiered_ratelimit_tier_decisions_total near_limit | user | default | GET /users/{id}",
+            1,
+        ),
+    ]
+    .into_iter()
+    .map(|(l, c)| (l.to_owned(), c))
+    .collect();
+    assert_eq!(got, want);
 }
 
 /// Blocked keys counted fleet-wide in Redis by the decision's own script call:

@@ -49,13 +49,13 @@ async fn memory_and_redis_decide_identically() {
         .unwrap()
         .with_manual_clock(clock.clone())
         .into();
-    // The deny cache is off: its answers are Redis's, aged, and would show
-    // the remaining of the denial instant (see src/deny_cache.rs).
+    // The deny cache is on (the Redis side's default; the memory backend
+    // has none): it may spare Redis calls, never change an answer (see
+    // src/deny_cache.rs).
     let build = |b: Backend| {
         tiers(
             RateLimitLayer::builder()
                 .backend(b)
-                .deny_cache(0)
                 .backend_timeout(Duration::from_secs(2)),
         )
         .build()

@@ -504,6 +504,8 @@ fn malformed_lines_are_counted_with_line_numbers_and_never_abort() {
     assert_eq!(r["totals"]["requests"], 5, "{i}");
     assert_eq!(i["malformed"], 3, "{i}");
     assert_eq!(i["unreplayable"], 3, "{i}");
+    assert_eq!(i["first_malformed"]["input"], "access.log", "{i}");
+    assert_eq!(i["first_malformed"]["line"], 2, "{i}");
     let lines: Vec<(String, u64)> = i["examples"]
         .as_array()
         .unwrap()
@@ -529,6 +531,47 @@ fn malformed_lines_are_counted_with_line_numbers_and_never_abort() {
     let text = run(&dir.0, &["-p", "policy.toml", "-q", "access.log"], None);
     assert!(text.contains("access.log:2: "), "{text}");
     assert!(text.contains("Lines not replayed (6 of 10"), "{text}");
+}
+
+/// The first malformed line's number is reported even when unreplayable
+/// lines come before it, in the JSON report and in the text report; a clean
+/// log reports `null`.
+#[test]
+fn first_malformed_line_number_in_json_and_text() {
+    let dir = TempDir::new("first_malformed");
+    dir.file("policy.toml", SIMPLE_POLICY);
+    let good = |t: u64| {
+        format!(
+            "192.0.2.1 - - [{}] \"GET / HTTP/1.1\" 200 5 \"-\" \"ua\"\n",
+            clf_time(t)
+        )
+    };
+    let mut log = String::new();
+    log.push_str(&good(0)); // 1
+    log.push_str("192.0.2.1 - - [01/Mar/2024:00:00:01 +0000] \"-\" 400 0 \"-\" \"-\"\n"); // 2: unreplayable
+    log.push_str(&good(2)); // 3
+    log.push_str("not a log line at all\n"); // 4: malformed
+    log.push_str("nor this one\n"); // 5: malformed
+    dir.file("access.log", &log);
+    dir.file("clean.log", good(0));
+    let r = json(&dir.0, &["-p", "policy.toml", "--json", "-q", "access.log"]);
+    let i = &r["input"];
+    assert_eq!(i["malformed"], 2, "{i}");
+    assert_eq!(i["unreplayable"], 1, "{i}");
+    assert_eq!(i["examples"][0]["line"], 2, "{i}");
+    assert_eq!(i["first_malformed"]["input"], "access.log", "{i}");
+    assert_eq!(i["first_malformed"]["line"], 4, "{i}");
+    let reason = i["first_malformed"]["reason"].as_str().unwrap().to_owned();
+    assert!(!reason.is_empty());
+    let text = run(&dir.0, &["-p", "policy.toml", "-q", "access.log"], None);
+    assert!(
+        text.contains(&format!("First malformed line: access.log:4: {reason}\n")),
+        "{text}"
+    );
+    let r = json(&dir.0, &["-p", "policy.toml", "--json", "-q", "clean.log"]);
+    assert!(r["input"]["first_malformed"].is_null(), "{}", r["input"]);
+    let text = run(&dir.0, &["-p", "policy.toml", "-q", "clean.log"], None);
+    assert!(!text.contains("First malformed line"), "{text}");
 }
 
 #[test]

@@ -638,3 +638,79 @@ async fn fleet_wide_control_key() {
     }
     assert_eq!(status(a).await.status, 429);
 }
+
+/// The `tiered_ratelimit_mode` gauge follows the fleet control key
+/// (docs/observability.md): `HSET rl:control mode off` sets it to 0, and a
+/// tier override to shadow sets that tier's gauge to 1. The control poll
+/// runs on this current-thread runtime, so the thread-local recorder sees it.
+#[test]
+fn mode_gauge_follows_the_control_key() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tiered_ratelimit::{backend::RedisBackend, ControlKey};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let redis = RedisServer::start();
+    let gauge = || {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find_map(|(key, _, _, value)| {
+                let k = key.key();
+                let tier = k.labels().find(|l| l.key() == "tier")?.value().to_owned();
+                match (k.name(), value) {
+                    ("tiered_ratelimit_mode", DebugValue::Gauge(v)) if tier == "gauge_tier" => {
+                        Some(v.into_inner())
+                    }
+                    _ => None,
+                }
+            })
+    };
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let poll = Duration::from_millis(50);
+            let layer = RateLimitLayer::builder()
+                .backend(RedisBackend::from_url(&redis.url()).unwrap())
+                .key_prefix("gauge")
+                .control_key(ControlKey::new("gauge:control").poll_interval(poll))
+                .tier(Tier::new("gauge_tier", Global, Quota::per_hour(1)))
+                .build()
+                .unwrap();
+            let h = layer.handle();
+            assert_eq!(gauge(), Some(3.0), "enforce when built");
+            // The control watcher starts with the first request.
+            let app = app(layer);
+            let req = http::Request::get("/")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let res = tower::ServiceExt::oneshot(app.clone(), req).await.unwrap();
+            assert_eq!(res.status(), 200);
+            redis.cmd::<()>(&["HSET", "gauge:control", "mode", "off"]);
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while h.effective_mode() != Mode::Off {
+                assert!(std::time::Instant::now() < deadline, "not switched");
+                tokio::time::sleep(poll / 2).await;
+            }
+            assert_eq!(gauge(), Some(0.0), "the kill switch shows as 0");
+            redis.cmd::<()>(&[
+                "HSET",
+                "gauge:control",
+                "mode",
+                "enforce",
+                "tier:gauge_tier",
+                "shadow",
+            ]);
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while h.tiers()[0].effective_mode != Mode::Shadow {
+                assert!(std::time::Instant::now() < deadline, "no override");
+                tokio::time::sleep(poll / 2).await;
+            }
+            assert_eq!(gauge(), Some(1.0), "a tier override to shadow");
+            drop(app);
+        });
+    });
+}

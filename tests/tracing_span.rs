@@ -1,6 +1,8 @@
-//! The tracing span per check. Alone in its binary: tracing caches callsite
-//! interest process-wide, so a test with a thread-local subscriber must not
-//! share the process with tests that log without one.
+//! What the layer logs, captured with a thread-local subscriber: the tracing
+//! span per check, and the start-up warning about a shared Redis key prefix.
+//! Alone in its binary: tracing caches callsite interest process-wide, so a
+//! test with a thread-local subscriber must not share the process with tests
+//! that log without one.
 
 mod support;
 
@@ -73,4 +75,67 @@ fn one_span_per_check_with_tier_results() {
     );
     // The rejection's debug event is logged inside that span.
     assert!(out.contains("tiers=\"ip=allowed/8,user=limited/0\"}: tiered_ratelimit::service: request rate limited tier=\"user\""), "{out}");
+}
+
+/// Building a layer on Redis with the default `key_prefix` logs one `WARN`
+/// line (two services on one Redis would share buckets); another prefix, or
+/// the memory backend, logs none.
+#[test]
+fn default_key_prefix_on_redis_warns_once_per_build() {
+    use std::sync::{Arc, Mutex};
+    use tiered_ratelimit::{backend::RedisBackend, key::Global, RateLimitLayer};
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let warnings = || {
+        let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        out.lines()
+            .filter(|l| l.contains(" WARN ") && l.contains("default key_prefix"))
+            .count()
+    };
+    let server = RedisServer::start();
+    tracing::subscriber::with_default(subscriber, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let tier = || Tier::new("g", Global, Quota::per_second(1));
+            let redis = || RedisBackend::from_url(&server.url()).unwrap();
+            let _a = RateLimitLayer::builder()
+                .backend(redis())
+                .tier(tier())
+                .build()
+                .unwrap();
+            assert_eq!(warnings(), 1);
+            let _b = RateLimitLayer::builder()
+                .backend(redis())
+                .key_prefix("svc-b")
+                .tier(tier())
+                .build()
+                .unwrap();
+            let _c = RateLimitLayer::builder().tier(tier()).build().unwrap();
+            assert_eq!(warnings(), 1);
+        });
+    });
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        out.contains("key_prefix=\"rl\"") || out.contains("key_prefix=rl"),
+        "{out}"
+    );
 }

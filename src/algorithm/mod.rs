@@ -58,10 +58,29 @@ pub struct Window {
 }
 
 impl Window {
-    /// The largest `limit × window_us` the sliding window counter accepts
-    /// (2^52), so the Lua twin computes it exactly in doubles.
-    pub const MAX_PRODUCT: u64 = 1 << 52;
+    /// The largest `limit` of a fixed window or sliding log (2^52 − 1): the
+    /// Lua twin adds a cost of up to `limit + 1` (the layer clamps costs to
+    /// the capacity + 1) to a count of up to `limit`, and `2 × limit + 1`
+    /// must stay at or below [`MAX_EXACT`].
+    pub const MAX_LIMIT: u64 = (MAX_EXACT - 1) / 2;
+
+    /// Whether the sliding window counter's scaled values stay exact:
+    /// `(2 × limit + 1) × window_us ≤ 2^53` (an estimate of up to
+    /// `limit × window_us` plus a cost of up to `(limit + 1) × window_us`).
+    pub fn counter_is_exact(&self) -> bool {
+        (u128::from(self.limit) * 2 + 1) * u128::from(self.window_us) <= u128::from(MAX_EXACT)
+    }
 }
+
+/// Every value the Redis scripts handle must stay at or below 2^53: Lua
+/// numbers are doubles, exact for every integer up to there.
+pub const MAX_EXACT: u64 = 1 << 53;
+
+/// The longest period (window) of any algorithm, in microseconds: 2^51 µs,
+/// about 71 years. Timestamps the scripts compute reach `now + 2 × period`
+/// (the sliding counter's reset), which stays at or below 2^53 while the
+/// clock is below 2^52 µs (the year 2112).
+pub const MAX_PERIOD_US: u64 = 1 << 51;
 
 /// One tier's algorithm with its integer parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

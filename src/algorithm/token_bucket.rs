@@ -59,20 +59,27 @@ const fn gcd(mut a: u64, mut b: u64) -> u64 {
 impl TokenBucket {
     /// The largest capacity in units a bucket may have (2^52), so that every
     /// value the Lua twin handles is an exact integer in a double.
+    /// (With a capacity of at most 2^52, a cost of up to the capacity + 1
+    /// token is at most 2^53 units, and so is twice the capacity, which a
+    /// refund may add up to.)
     pub const MAX_CAPACITY_UNITS: u64 = 1 << 52;
 
+    /// The largest refill rate in units per microsecond (2^51): the Lua
+    /// twin's rounded-up divisions by the rate compute up to
+    /// `capacity + 2 × rate`, which must stay at or below 2^53.
+    pub const MAX_RATE: u64 = 1 << 51;
+
     /// Parameters for a bucket of `burst` tokens refilling `limit` tokens per
-    /// `period_us` microseconds. Returns `None` when an argument is zero or the
-    /// capacity in units would exceed [`Self::MAX_CAPACITY_UNITS`].
+    /// `period_us` microseconds. Returns `None` when an argument is zero, the
+    /// capacity in units would exceed [`Self::MAX_CAPACITY_UNITS`] or the
+    /// rate [`Self::MAX_RATE`].
     pub fn new(limit: u64, period_us: u64, burst: u64) -> Option<Self> {
         if limit == 0 || period_us == 0 || burst == 0 {
             return None;
         }
-        let g = gcd(limit, period_us);
-        let unit = period_us / g;
-        let rate = limit / g;
+        let (unit, rate) = Self::unit_and_rate(limit, period_us);
         let capacity = burst.checked_mul(unit)?;
-        if capacity > Self::MAX_CAPACITY_UNITS {
+        if capacity > Self::MAX_CAPACITY_UNITS || rate > Self::MAX_RATE {
             return None;
         }
         Some(Self {
@@ -80,6 +87,13 @@ impl TokenBucket {
             rate,
             unit,
         })
+    }
+
+    /// `(unit, rate)` for `limit` tokens per `period_us` (both above 0):
+    /// units per token and units per microsecond.
+    pub fn unit_and_rate(limit: u64, period_us: u64) -> (u64, u64) {
+        let g = gcd(limit, period_us);
+        (period_us / g, limit / g)
     }
 
     /// The bucket's capacity in whole tokens (the burst).

@@ -183,8 +183,10 @@ impl<'de> Deserialize<'de> for ForwardedHeader {
 /// # Missing peer address
 /// Without a peer address (the app was not served with
 /// `into_make_service_with_connect_info::<SocketAddr>()`), extraction fails
-/// with [`KeyError::MissingConnectInfo`]; the layer logs it and applies the
-/// failure policy instead of answering 500.
+/// with [`KeyError::MissingConnectInfo`], a configuration error: the layer
+/// skips this tier (the others still apply) under `FailurePolicy::Open` and
+/// `Fallback`, answers 503 under `Closed`, logs the fix at `ERROR` (once a
+/// minute) and counts it (see [`KeyError`]).
 ///
 /// ```
 /// use tiered_ratelimit::key::{ClientIp, ForwardedHeader};

@@ -68,17 +68,25 @@ fn method_label(method: &http::Method) -> &'static str {
 /// and the route template or [`UNMATCHED_ROUTE`]. Also the endpoint label of
 /// metrics and logs.
 pub(crate) fn route_of(parts: &Parts) -> (&'static str, &str) {
-    #[cfg(feature = "axum")]
-    let route = parts
-        .extensions
-        .get::<axum::extract::MatchedPath>()
-        .map(|m| m.as_str());
-    #[cfg(not(feature = "axum"))]
-    let route: Option<&str> = None;
     (
         method_label(&parts.method),
-        route.unwrap_or(UNMATCHED_ROUTE),
+        matched_route(parts).unwrap_or(UNMATCHED_ROUTE),
     )
+}
+
+/// The route template axum matched (`MatchedPath`), if any.
+#[cfg(feature = "axum")]
+fn matched_route(parts: &Parts) -> Option<&str> {
+    parts
+        .extensions
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str())
+}
+
+/// Without axum no router records a route template.
+#[cfg(not(feature = "axum"))]
+fn matched_route(_parts: &Parts) -> Option<&str> {
+    None
 }
 
 impl KeyExtractor for Endpoint {

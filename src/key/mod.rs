@@ -44,16 +44,86 @@ pub use user::{User, UserId};
 
 use http::request::Parts;
 
-/// Why an extractor could not produce a key. This is a server configuration
-/// problem, not a client one: the layer logs it and applies the
-/// [`FailurePolicy`](crate::FailurePolicy).
+/// Why an extractor could not produce a key.
+///
+/// The layer cannot compute that tier for the request, so it treats the tier
+/// as undecided and lets the [`FailurePolicy`](crate::FailurePolicy) decide
+/// **that tier alone**: under `Open` and `Fallback` the tier is skipped for
+/// this request while every other tier still applies (with its headers as
+/// usual); under `Closed` the request is answered 503. Either way every
+/// failure is counted in `tiered_ratelimit_key_errors_total{tier, reason}`
+/// (`reason` is [`KeyError::reason`]) and logged, at most once a minute per
+/// tier with the number of suppressed lines: at `ERROR` with what to change
+/// for a [configuration](KeyError::is_configuration) error, at `WARN`
+/// otherwise.
+///
+/// Your own extractors return [`KeyError::Configuration`] when the server is
+/// set up wrongly (a missing extension another layer should have inserted,
+/// say), with a message that says exactly what to change, and
+/// [`KeyError::Request`] for anything else. An extractor should not fail on
+/// request content at all: under `Open` that would let a client skip the
+/// tier by sending a malformed value. Return a key for malformed input (one
+/// shared key, for instance) or `Ok(None)` when the tier does not apply.
+///
+/// ```
+/// use tiered_ratelimit::key::{KeyError, KeyExtractor};
+///
+/// #[derive(Clone)]
+/// struct TenantId(String);
+///
+/// struct Tenant;
+/// impl KeyExtractor for Tenant {
+///     fn extract(&self, p: &http::request::Parts) -> Result<Option<String>, KeyError> {
+///         match p.extensions.get::<TenantId>() {
+///             Some(t) => Ok(Some(t.0.clone())),
+///             None => Err(KeyError::Configuration(
+///                 "Tenant needs the TenantId extension: add the tenant middleware \
+///                  outside the rate limit layer"
+///                     .into(),
+///             )),
+///         }
+///     }
+/// }
+/// let (parts, _) = http::Request::new(()).into_parts();
+/// let e = Tenant.extract(&parts).unwrap_err();
+/// assert!(e.is_configuration());
+/// assert_eq!(e.reason(), "configuration");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
     /// `ClientIp` found neither axum's `ConnectInfo<SocketAddr>` nor a
-    /// `SocketAddr` in the request extensions.
+    /// `SocketAddr` in the request extensions. A configuration error.
     #[error("ClientIp needs the peer address: serve the app with `into_make_service_with_connect_info::<SocketAddr>()`")]
     MissingConnectInfo,
+    /// The server is set up so that the extractor can never work (no request
+    /// can succeed until it is fixed). The message says what to change.
+    #[error("{0}")]
+    Configuration(String),
+    /// The extractor failed for this request only.
+    #[error("{0}")]
+    Request(String),
+}
+
+impl KeyError {
+    /// Whether the failure is the server's configuration (the same for every
+    /// request until someone changes it) rather than this request's.
+    pub fn is_configuration(&self) -> bool {
+        match self {
+            KeyError::MissingConnectInfo | KeyError::Configuration(_) => true,
+            KeyError::Request(_) => false,
+        }
+    }
+
+    /// A short, bounded label for metrics: `missing_connect_info`,
+    /// `configuration` or `request`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            KeyError::MissingConnectInfo => "missing_connect_info",
+            KeyError::Configuration(_) => "configuration",
+            KeyError::Request(_) => "request",
+        }
+    }
 }
 
 /// Produces the key a tier charges for a request.

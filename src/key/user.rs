@@ -5,9 +5,60 @@ use http::request::Parts;
 /// auth layer (which must run before the rate-limit layer). Read by [`User`]
 /// and by `key = "user"` in a policy file.
 ///
+/// Build one from the id your authentication established, as a string:
+///
 /// ```
+/// use tiered_ratelimit::UserId;
+///
 /// let mut req = http::Request::new(());
-/// req.extensions_mut().insert(tiered_ratelimit::UserId("42".into()));
+/// let account_id: u64 = 42; // what your auth verified
+/// req.extensions_mut().insert(UserId(account_id.to_string()));
+/// assert_eq!(req.extensions().get::<UserId>(), Some(&UserId("42".into())));
+/// ```
+///
+/// An axum middleware that inserts it, applied *outside* the limiter so it
+/// runs first (with axum, the layer added last runs first):
+///
+/// ```
+/// use axum::{extract::Request, middleware::{self, Next}, response::Response, routing::get, Router};
+/// use tiered_ratelimit::{key::User, Quota, RateLimitLayer, Tier, UserId};
+/// use tower::ServiceExt; // `oneshot`
+///
+/// /// A stand-in: the bearer token *is* the user id. Verify a real token or
+/// /// session before trusting it.
+/// async fn auth(mut req: Request, next: Next) -> Response {
+///     let user = req
+///         .headers()
+///         .get("authorization")
+///         .and_then(|v| v.to_str().ok())
+///         .and_then(|v| v.strip_prefix("Bearer "))
+///         .map(|id| UserId(id.to_owned()));
+///     if let Some(user) = user {
+///         req.extensions_mut().insert(user);
+///     }
+///     next.run(req).await
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let app = Router::new()
+///     .route("/", get(|| async { "hello" }))
+///     .layer(
+///         RateLimitLayer::builder()
+///             .tier(Tier::new("user", User, Quota::per_minute(1)))
+///             .build()
+///             .unwrap(),
+///     )
+///     .layer(middleware::from_fn(auth));
+/// let bob = || {
+///     Request::get("/")
+///         .header("authorization", "Bearer bob")
+///         .body(axum::body::Body::empty())
+///         .unwrap()
+/// };
+/// assert_eq!(app.clone().oneshot(bob()).await.unwrap().status(), 200);
+/// assert_eq!(app.oneshot(bob()).await.unwrap().status(), 429);
+/// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UserId(pub String);

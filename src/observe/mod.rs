@@ -7,16 +7,22 @@
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
 //! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `cache_blocked`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `fallback`, `skipped`) | exactly one per request that reached the layer (`cache_blocked` is a 429 answered by the deny cache, not also `limited`) |
-//! | `tiered_ratelimit_tier_decisions_total` | counter | `decision` (`limited`, `shadow_limited`, `near_limit`), `tier`, `plan` (a configured plan name, or `default`) | per tier: rejections (the binding tier), would-be rejections, and admissions with under 20 % left |
+//! | `tiered_ratelimit_tier_decisions_total` | counter | `tier`, `plan` (a configured plan name, or `default`), `endpoint` (`METHOD route template`, `METHOD <unmatched>`, or `<other>` past the endpoint cap), `decision` (`allowed`, `near_limit`, `limited`, `limited_not_binding`, `shadow_limited`) | every decision of every tier: one per tier a request was checked against (`limited`: the binding tier of a 429) |
+//! | `tiered_ratelimit_fleet_blocked_flushed_total` | counter | — | deny-cache 429s (cost) flushed to the fleet-wide hourly sets (see [`fleet`]) |
+//! | `tiered_ratelimit_fleet_blocked_dropped_total` | counter | `reason` (`overflow`, `error`, `timeout`) | deny-cache 429s (cost) not counted fleet-wide |
 //! | `tiered_ratelimit_backend_errors_total` | counter | `kind` (`timeout`, `connection`, `script`, `key`, `circuit_open`), `backend` | failed checks |
+//! | `tiered_ratelimit_key_errors_total` | counter | `tier`, `reason` (`missing_connect_info`, `configuration`, `request`) | key extractions that failed (the tier is skipped, or 503 under `Closed`) |
 
 pub mod anomaly;
+pub(crate) mod fleet;
 pub mod recorder;
 pub mod topn;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use recorder::Endpoint;
 
 pub(crate) const REQUESTS: &str = "tiered_ratelimit_requests_total";
 pub(crate) const BACKEND_ERRORS: &str = "tiered_ratelimit_backend_errors_total";
@@ -41,21 +47,72 @@ fn decision_index(decision: &str) -> usize {
 }
 
 /// A layer's handles for the metrics every request touches (the requests
-/// counter by decision, the check-duration histograms), registered once per
-/// recorder instead of per request: a request then costs an atomic add, or
-/// nothing with no recorder installed. Registered again when the current
-/// recorder changes (installed after the layer was built, or a thread-local
-/// recorder in tests; told apart by address), and at least every
-/// [`REFRESH`]: an exporter that drops idle series (Prometheus's
-/// `idle_timeout`) would otherwise leave a held handle counting into a
-/// series it no longer exports (metrics-rs/metrics#372).
+/// counter by decision, the check-duration histograms, and the per-tier
+/// decision counter's cells), registered once per recorder instead of per
+/// request: a request then costs an atomic add, or nothing with no recorder
+/// installed. Registered again when the current recorder changes (installed
+/// after the layer was built, or a thread-local recorder in tests; told
+/// apart by address), and at least every [`REFRESH`]: an exporter that
+/// drops idle series (Prometheus's `idle_timeout`) would otherwise leave a
+/// held handle counting into a series it no longer exports
+/// (metrics-rs/metrics#372).
 pub(crate) struct RequestMetrics {
     backend: &'static str,
+    /// Tiers of the layer, and the most endpoint series (the observer's
+    /// endpoint cap, `<other>` included): the sizes of the cell tables.
+    tiers: usize,
+    endpoints: usize,
     cached: arc_swap::ArcSwapOption<Handles>,
 }
 
 /// How long registered handles are used before they are registered again.
 const REFRESH: Duration = Duration::from_secs(1);
+
+/// Plan slots per tier in the cell table: the default plan and the first
+/// `PLAN_SLOTS - 1` configured plans of a tier. Further plans are counted
+/// correctly, registering their counter on each use.
+pub(crate) const PLAN_SLOTS: usize = 8;
+
+/// The `decision` label values of [`TIER_DECISIONS`]: every check of a tier
+/// counts exactly once, under one of these.
+pub(crate) const TIER_DECISION_LABELS: [&str; 5] = [
+    "allowed",
+    "near_limit",
+    "limited",
+    "limited_not_binding",
+    "shadow_limited",
+];
+
+/// One tier's decision on one request, as counted by [`TIER_DECISIONS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TierDecision {
+    /// Allowed with at least 20 % of the capacity left.
+    Allowed = 0,
+    /// Allowed with less than 20 % left (`remaining × 5 < capacity`).
+    NearLimit = 1,
+    /// Denied, and this tier answered the 429 (the binding tier).
+    Limited = 2,
+    /// Denied (enforced), but another enforced tier with a longer wait
+    /// answered the 429.
+    LimitedNotBinding = 3,
+    /// Would have denied (shadow, or a canary tier not enforced for the key).
+    ShadowLimited = 4,
+}
+
+/// One tier's decision on a request, for [`RequestMetrics::count_tiers`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TierCount {
+    /// The request's check index (passed back to the labels function).
+    pub(crate) check: usize,
+    /// The tier's index in the layer.
+    pub(crate) tier: usize,
+    /// 0 for the default plan, else 1 + the plan's position in the tier.
+    pub(crate) slot: usize,
+    pub(crate) decision: TierDecision,
+}
+
+/// A tier-decision counter cell: the plan it was registered for, and it.
+type Cell = std::sync::OnceLock<(Arc<str>, metrics::Counter)>;
 
 struct Handles {
     /// Address of the recorder these were registered with.
@@ -64,12 +121,17 @@ struct Handles {
     requests: [metrics::Counter; 10],
     backend_latency: metrics::Histogram,
     total_latency: metrics::Histogram,
+    /// Per endpoint id: its cells, (tier × plan slot × decision), made on
+    /// the endpoint's first use, each registered on its first use.
+    endpoints: Box<[std::sync::OnceLock<Box<[Cell]>>]>,
 }
 
 impl RequestMetrics {
-    pub(crate) fn new(backend: &'static str) -> Self {
+    pub(crate) fn new(backend: &'static str, tiers: usize, endpoints: usize) -> Self {
         Self {
             backend,
+            tiers,
+            endpoints,
             cached: arc_swap::ArcSwapOption::empty(),
         }
     }
@@ -89,6 +151,9 @@ impl RequestMetrics {
             requests: DECISIONS.map(|d| metrics::counter!(REQUESTS, "decision" => d)),
             backend_latency: metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => "backend"),
             total_latency: metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => "total"),
+            endpoints: (0..self.endpoints)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
         });
         self.cached.store(Some(h.clone()));
         f(&h)
@@ -97,6 +162,63 @@ impl RequestMetrics {
     /// Counts one request under `decision` (a [`DECISIONS`] word).
     pub(crate) fn count(&self, decision: &str) {
         self.with(|h| h.requests[decision_index(decision)].increment(1));
+    }
+
+    /// Counts tier decisions of one request on `endpoint`, and the request
+    /// under `request` (a [`DECISIONS`] word) if given, with one lookup of
+    /// the handles. `labels(check)` gives a check's tier and plan names; it
+    /// is called only to register a cell, or to match a named plan.
+    pub(crate) fn count_tiers<'a>(
+        &self,
+        request: Option<&str>,
+        endpoint: &Endpoint,
+        decisions: impl IntoIterator<Item = TierCount>,
+        labels: impl Fn(usize) -> (&'a str, &'a str),
+    ) {
+        self.with(|h| {
+            if let Some(d) = request {
+                h.requests[decision_index(d)].increment(1);
+            }
+            let cells = h.endpoints.get(endpoint.id).map(|e| {
+                e.get_or_init(|| {
+                    (0..self.tiers * PLAN_SLOTS * TIER_DECISION_LABELS.len())
+                        .map(|_| Cell::new())
+                        .collect()
+                })
+            });
+            let register = |check: usize, d: TierDecision| {
+                let (tier, plan) = labels(check);
+                metrics::counter!(
+                    TIER_DECISIONS,
+                    "decision" => TIER_DECISION_LABELS[d as usize],
+                    "tier" => tier.to_owned(),
+                    "plan" => plan.to_owned(),
+                    "endpoint" => endpoint.name.to_string()
+                )
+            };
+            for c in decisions {
+                let cell = if c.slot < PLAN_SLOTS {
+                    let i = (c.tier * PLAN_SLOTS + c.slot) * TIER_DECISION_LABELS.len()
+                        + c.decision as usize;
+                    cells.and_then(|cells| cells.get(i))
+                } else {
+                    None
+                };
+                let Some(cell) = cell else {
+                    register(c.check, c.decision).increment(1);
+                    continue;
+                };
+                let (plan, counter) = cell
+                    .get_or_init(|| (Arc::from(labels(c.check).1), register(c.check, c.decision)));
+                // Slot 0 is always `default`; a named plan's slot may have
+                // been reconfigured to another plan within this REFRESH.
+                if c.slot == 0 || **plan == *labels(c.check).1 {
+                    counter.increment(1);
+                } else {
+                    register(c.check, c.decision).increment(1);
+                }
+            }
+        });
     }
 
     /// Records the latency the check added: the backend call, and the
@@ -119,21 +241,6 @@ impl RequestMetrics {
             self.cached.store(None);
         }
     }
-}
-
-pub(crate) const LIMITED: &str = "limited";
-pub(crate) const SHADOW_LIMITED: &str = "shadow_limited";
-
-/// Counts a tier's rejection (or would-be rejection, or near-limit
-/// admission) with the tier and plan labels.
-pub(crate) fn count_tier(decision: &'static str, tier: &Arc<str>, plan: &str) {
-    metrics::counter!(
-        TIER_DECISIONS,
-        "decision" => decision,
-        "tier" => tier.to_string(),
-        "plan" => plan.to_owned()
-    )
-    .increment(1);
 }
 
 pub(crate) const TIER_DECISIONS: &str = "tiered_ratelimit_tier_decisions_total";
@@ -204,7 +311,7 @@ mod tests {
     #[test]
     fn request_metrics_follow_the_current_recorder() {
         use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-        let m = RequestMetrics::new("memory");
+        let m = RequestMetrics::new("memory", 1, 1);
         m.count("allowed"); // no recorder: nothing, no panic
                             // Every decision's series exists (at 0) once registered.
         let allowed = |r: &DebuggingRecorder| -> Vec<u64> {
@@ -337,4 +444,3 @@ pub(crate) fn set_mode_gauge(tier: &Arc<str>, mode: crate::Mode) {
 }
 
 pub(crate) const ENFORCED_PERCENT: &str = "tiered_ratelimit_enforced_percent";
-pub(crate) const NEAR_LIMIT: &str = "near_limit";

@@ -56,6 +56,8 @@ struct Series {
 /// The series of one endpoint, one per tier; looked up once per request.
 pub(crate) struct Endpoint {
     pub(crate) name: Arc<str>,
+    /// Dense, in creation order: below the observer's endpoint cap + 1.
+    pub(crate) id: usize,
     series: Box<[Series]>,
 }
 
@@ -73,10 +75,11 @@ pub(crate) struct Observer {
     tiers: Box<[Arc<str>]>,
     config: AnomalyConfig,
     /// endpoint → one series per tier. Read by every request without a
-    /// lock (a new endpoint, at most `MAX_ENDPOINTS` times, copies the map
+    /// lock (a new endpoint, at most `max_endpoints` times, copies the map
     /// under `adding`).
     series: arc_swap::ArcSwap<EndpointMap>,
     adding: Mutex<()>,
+    max_endpoints: usize,
     bucket: AtomicU64,
     roll: Mutex<()>,
     history: Mutex<Vec<VecDeque<BucketCounts>>>,
@@ -86,11 +89,21 @@ pub(crate) struct Observer {
 /// Endpoint label → its series (foldhash: the lookup is per request).
 type EndpointMap = HashMap<Arc<str>, Arc<Endpoint>, foldhash::fast::RandomState>;
 
-/// The most distinct endpoints tracked; more share `<other>`.
-const MAX_ENDPOINTS: usize = 1024;
+/// The default of the most distinct endpoints tracked; more share `<other>`.
+pub const DEFAULT_MAX_ENDPOINTS: usize = 1024;
+
+/// The endpoint label of requests past the endpoint cap.
+pub const OTHER_ENDPOINT: &str = "<other>";
 
 impl Observer {
-    pub(crate) fn new(tiers: Vec<Arc<str>>, config: AnomalyConfig, sketch_capacity: usize) -> Self {
+    /// `max_endpoints`: distinct endpoint labels before new ones share
+    /// [`OTHER_ENDPOINT`] (at least 1).
+    pub(crate) fn new(
+        tiers: Vec<Arc<str>>,
+        config: AnomalyConfig,
+        sketch_capacity: usize,
+        max_endpoints: usize,
+    ) -> Self {
         let n = tiers.len();
         Self {
             sketches: (0..n).map(|_| TierSketch::new(sketch_capacity)).collect(),
@@ -99,6 +112,7 @@ impl Observer {
             config,
             series: arc_swap::ArcSwap::from_pointee(EndpointMap::default()),
             adding: Mutex::new(()),
+            max_endpoints: max_endpoints.max(1),
             bucket: AtomicU64::new(0),
             roll: Mutex::new(()),
         }
@@ -123,16 +137,16 @@ impl Observer {
                 return e.clone();
             }
             // Full: new labels share `<other>`, without taking the lock.
-            if map.len() >= MAX_ENDPOINTS {
-                if let Some(e) = map.get("<other>") {
+            if map.len() >= self.max_endpoints {
+                if let Some(e) = map.get(OTHER_ENDPOINT) {
                     return e.clone();
                 }
             }
         }
         let _adding = self.adding.lock().unwrap_or_else(|e| e.into_inner());
         let mut map = EndpointMap::clone(&self.series.load());
-        let label = if map.len() >= MAX_ENDPOINTS && !map.contains_key(label) {
-            "<other>"
+        let label = if map.len() >= self.max_endpoints && !map.contains_key(label) {
+            OTHER_ENDPOINT
         } else {
             label
         };
@@ -142,6 +156,8 @@ impl Observer {
         let name: Arc<str> = Arc::from(label);
         let e = Arc::new(Endpoint {
             name: name.clone(),
+            // The map only grows, to at most max_endpoints + 1 (`<other>`).
+            id: map.len(),
             series: self
                 .tiers
                 .iter()
@@ -281,6 +297,28 @@ impl Observer {
         }
         out.sort_by(|a, b| (&a.tier, &a.endpoint).cmp(&(&b.tier, &b.endpoint)));
         out
+    }
+
+    /// The tier's counts so far in the bucket not yet closed (the current
+    /// one, or the last one with traffic until a request closes it), or
+    /// `None` before the first request.
+    pub(crate) fn open_bucket(&self, tier: usize) -> Option<BucketCounts> {
+        let bucket = self.bucket.load(Ordering::Acquire);
+        if bucket == 0 || tier >= self.tiers.len() {
+            return None;
+        }
+        let mut b = BucketCounts {
+            start: bucket * self.config.bucket_secs.max(1),
+            ..Default::default()
+        };
+        for e in self.series.load().values() {
+            if let Some(s) = e.series.get(tier) {
+                b.requests += s.counters.requests.load(Ordering::Relaxed);
+                b.limited += s.counters.limited.load(Ordering::Relaxed);
+                b.shadow_limited += s.counters.shadow_limited.load(Ordering::Relaxed);
+            }
+        }
+        Some(b)
     }
 
     pub(crate) fn history(&self, tier: usize) -> Vec<BucketCounts> {

@@ -131,6 +131,9 @@ impl Planner {
             let tp = match plan_tier((i, t, r), &ov, global, parts, false, &mut c.key) {
                 Ok(Some(tp)) => tp,
                 Ok(None) => continue,
+                // As the service: an extractor error leaves the tier
+                // undecided, and only fail-closed turns that into a refusal.
+                Err(_) if shared.failure_policy != crate::FailurePolicy::Closed => continue,
                 Err(_) => return Planned::Failed,
             };
             c.limit = tp.limit;

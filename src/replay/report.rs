@@ -115,6 +115,9 @@ pub struct InputSummary {
     pub replayed: u64,
     /// Lines that could not be read in the input's format.
     pub malformed: u64,
+    /// The first of them (input, 1-based line number, why), whether or not
+    /// it is among `examples`; `null` when there is none.
+    pub first_malformed: Option<LineIssue>,
     /// Lines read but not replayable as an HTTP request (an invalid method
     /// or target, which the server answers 400 before any middleware).
     pub unreplayable: u64,
@@ -375,6 +378,13 @@ impl Collector {
     pub(crate) fn issue(&mut self, input: &str, line: u64, reason: &str, malformed: bool) {
         if malformed {
             self.input.malformed += 1;
+            if self.input.first_malformed.is_none() {
+                self.input.first_malformed = Some(LineIssue {
+                    input: input.to_owned(),
+                    line,
+                    reason: reason.to_owned(),
+                });
+            }
         } else {
             self.input.unreplayable += 1;
         }
@@ -780,6 +790,13 @@ impl Report {
                 o,
                 "Log time: {first} to {last} ({}).",
                 duration(i.span_seconds)
+            );
+        }
+        if let Some(m) = &i.first_malformed {
+            let _ = writeln!(
+                o,
+                "First malformed line: {}:{}: {}",
+                m.input, m.line, m.reason
             );
         }
         if i.out_of_order > 0 {

@@ -1,4 +1,4 @@
-//! Reading the fleet-wide control hash (see `crate::control`).
+//! Reading and writing the fleet-wide control hash (see `crate::control`).
 
 use super::{Conn, RedisBackend};
 use crate::error::BackendError;
@@ -16,6 +16,26 @@ impl RedisBackend {
         match self.connection().await? {
             Conn::Manager(mut m) => cmd.query_async(&mut m).await.map_err(err),
             Conn::Multiplexed(mut m) => cmd.query_async(&mut m).await.map_err(err),
+        }
+    }
+
+    /// `HSET key field value` on the node that holds it.
+    pub(crate) async fn hset(
+        &self,
+        key: &str,
+        field: &str,
+        value: &str,
+    ) -> Result<(), BackendError> {
+        let mut cmd = ::redis::cmd("HSET");
+        cmd.arg(key).arg(field).arg(value);
+        let err = |e: ::redis::RedisError| BackendError::Connection(e.to_string());
+        if self.is_cluster() {
+            let mut c = self.cluster_connection().await?;
+            return cmd.query_async::<i64>(&mut c).await.map(drop).map_err(err);
+        }
+        match self.connection().await? {
+            Conn::Manager(mut m) => cmd.query_async::<i64>(&mut m).await.map(drop).map_err(err),
+            Conn::Multiplexed(mut m) => cmd.query_async::<i64>(&mut m).await.map(drop).map_err(err),
         }
     }
 }
