@@ -3,7 +3,6 @@ use super::{Charge, CheckFuture, Shadow, TierCheck, TierRefund, Verdict};
 use crate::algorithm::{Decision, Limit};
 use crate::error::{BackendError, ConfigError};
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use ::redis::cluster::{ClusterClient, ClusterConfig};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
 use std::fmt;
@@ -15,6 +14,7 @@ use std::time::Instant;
 mod blocked;
 mod cluster;
 mod control;
+mod router;
 
 /// The one script every request runs: the algorithm files of `lua/` joined,
 /// then the all-tiers dispatcher. Sent as EVALSHA, falling back to loading it
@@ -47,12 +47,15 @@ const CHECK_LUA: &str = concat!(
 ///   `deadpool-redis` pool and shares it; when it fails it is dropped and the
 ///   next request takes a fresh one from the pool (no per-request recycle
 ///   check).
-/// * [`RedisBackend::cluster`] and [`RedisBackend::from_cluster_pool`] use a
-///   Redis Cluster through one shared `redis::cluster_async::ClusterConnection`
-///   (it follows `MOVED`/`ASK` and reconnects to nodes on its own). There a
-///   request's tiers are grouped by hash slot: one script call per slot, all
-///   slots at once, with a refund when another slot denies (see
-///   `docs/redis.md`, "Redis Cluster").
+/// * [`RedisBackend::cluster`] routes its script calls (checks, refunds) by
+///   hash slot itself: a slot map of its own from `CLUSTER SLOTS`, one
+///   multiplexed connection per primary, `MOVED`/`ASK`/`TRYAGAIN` followed
+///   in this crate (redis-rs 1.8.1's cluster connection wedges under a live
+///   reshard; see `docs/redis.md`, "Resharding"), and so does the control
+///   key. [`RedisBackend::from_cluster_pool`] sends everything through one
+///   `redis::cluster_async::ClusterConnection` taken from the pool. In both, a request's tiers are grouped by
+///   hash slot: one script call per slot, all slots at once, with a refund
+///   when another slot denies (see `docs/redis.md`, "Redis Cluster").
 ///
 /// A script missing after a Redis restart or `SCRIPT FLUSH` (`NOSCRIPT`) is
 /// reloaded once, transparently; it never counts as a backend failure. In a
@@ -101,8 +104,8 @@ enum Source {
         conn: Mutex<Option<MultiplexedConnection>>,
     },
     Cluster {
-        client: ClusterClient,
-        conn: OnceLock<ClusterConnection>,
+        /// Where every command goes: our own routing by slot.
+        router: Arc<router::Router>,
     },
     ClusterPool {
         pool: deadpool_redis::cluster::Pool,
@@ -155,8 +158,11 @@ impl RedisBackend {
     /// rest of the topology is discovered).
     ///
     /// Does not connect yet: the first request does. Requests then share one
-    /// cluster connection, which follows `MOVED`/`ASK` redirections and
-    /// reconnects to nodes on its own.
+    /// multiplexed connection per primary; the backend keeps its own slot
+    /// map (`CLUSTER SLOTS`, refreshed in the background), follows
+    /// `MOVED`/`ASK` and retries `TRYAGAIN`/`CLUSTERDOWN` and refused
+    /// connects 5–200 ms apart, within the layer's `backend_timeout`; live
+    /// resharding costs no request.
     ///
     /// # Errors
     /// [`ConfigError::InvalidRedisUrl`] when a URL does not parse, or the
@@ -172,11 +178,10 @@ impl RedisBackend {
                 "cluster: at least one node URL is required".to_owned(),
             ));
         }
-        let client = cluster::client(nodes)
+        let router = router::Router::new(&nodes)
             .map_err(|e| ConfigError::InvalidRedisUrl(format!("cluster: {e}")))?;
         Ok(Self::new(Source::Cluster {
-            client,
-            conn: OnceLock::new(),
+            router: Arc::new(router),
         }))
     }
 
@@ -184,6 +189,14 @@ impl RedisBackend {
     /// `deadpool-redis` cluster pool the first time and shares it (a cluster
     /// connection multiplexes every node); when it is dropped, the next
     /// request takes a fresh one from the pool.
+    ///
+    /// Limitation: the pool hands out only redis-rs cluster connections, so
+    /// this backend's script calls go through redis-rs's own routing, not
+    /// the slot router of [`RedisBackend::cluster`]. With redis-rs 1.8.1 a
+    /// live reshard (`MOVED` under load) can wedge that connection until it
+    /// is dropped (requests then time out and follow the failure policy);
+    /// `ASK` is followed with `ASKING` sent on its own. Prefer
+    /// [`RedisBackend::cluster`] where slots are moved while serving.
     pub fn from_cluster_pool(pool: deadpool_redis::cluster::Pool) -> Self {
         Self::new(Source::ClusterPool {
             pool,
@@ -468,19 +481,9 @@ impl RedisBackend {
         }
     }
 
-    /// The shared cluster connection (created on first use).
+    /// A deadpool cluster pool's shared connection (taken on first use).
     async fn cluster_connection(&self) -> Result<ClusterConnection, BackendError> {
         match &self.inner.source {
-            Source::Cluster { client, conn } => {
-                if let Some(c) = conn.get() {
-                    return Ok(c.clone());
-                }
-                // Connects in the background; a cluster that is down now is
-                // retried by the connection itself, request after request.
-                let config = ClusterConfig::new().set_connection_timeout(Duration::from_secs(1));
-                let c = client.get_pending_async_connection_with_config(config);
-                Ok(conn.get_or_init(|| c).clone())
-            }
             Source::ClusterPool { pool, conn } => {
                 if let Some(c) = lock(conn).clone() {
                     return Ok(c);
@@ -493,9 +496,18 @@ impl RedisBackend {
                 *lock(conn) = Some(c.clone());
                 Ok(c)
             }
-            Source::Client { .. } | Source::Pool { .. } => {
-                Err(BackendError::Script("not a cluster backend".to_owned()))
-            }
+            Source::Client { .. } | Source::Pool { .. } | Source::Cluster { .. } => Err(
+                BackendError::Script("no redis-rs cluster connection".to_owned()),
+            ),
+        }
+    }
+
+    /// Where this cluster backend's script calls go: its router, or for a
+    /// deadpool cluster pool the shared redis-rs cluster connection.
+    async fn cluster_via(&self) -> Result<cluster::Via, BackendError> {
+        match &self.inner.source {
+            Source::Cluster { router, .. } => Ok(cluster::Via::Router(router.clone())),
+            _ => Ok(cluster::Via::Conn(self.cluster_connection().await?)),
         }
     }
 

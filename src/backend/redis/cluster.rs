@@ -24,22 +24,26 @@
 //! without its refund. A request whose tiers share one slot is one call, no
 //! refund, as on a single Redis.
 //!
+//! The calls go through [`Router`] (`router.rs`: our own slot map and
+//! per-primary connections, `MOVED`/`ASK`/`TRYAGAIN` followed there), or
+//! for a deadpool cluster pool through redis-rs's cluster connection.
+//!
 //! `NOSCRIPT` is answered per node: the `EVALSHA` that failed is sent again
 //! as `EVAL` with the same keys, so it reaches the same node (by slot), runs,
 //! and leaves the script cached there. Nothing is loaded on other nodes.
 
+use super::router::{slot_of, Router};
 use super::{encode, int, refund_args, RedisBackend};
 use crate::algorithm::Decision;
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::error::BackendError;
 use crate::observe::LogThrottle;
-use ::redis::cluster::ClusterClient;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::Slot;
 use ::redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -60,17 +64,12 @@ pub(super) const CLUSTER_LUA: &str = concat!(
 /// Failed refunds, by reason (`connection`, `script`).
 pub(crate) const REFUND_FAILURES: &str = "tiered_ratelimit_refund_failures_total";
 
-/// The cluster client: commands retry `MOVED`/`ASK` at once and other
-/// retryable errors (`TRYAGAIN`, `CLUSTERDOWN`, lost connections) after a
-/// short wait; the layer's `backend_timeout` bounds a request however many
-/// retries there are.
-pub(super) fn client(nodes: Vec<String>) -> RedisResult<ClusterClient> {
-    ClusterClient::builder(nodes)
-        .connection_timeout(Duration::from_secs(1))
-        .retries(8)
-        .min_retry_wait(5)
-        .max_retry_wait(250)
-        .build()
+/// How script calls reach the cluster.
+pub(super) enum Via {
+    /// Our own router ([`RedisBackend::cluster`]).
+    Router(Arc<Router>),
+    /// redis-rs's cluster connection ([`RedisBackend::from_cluster_pool`]).
+    Conn(ClusterConnection),
 }
 
 /// The Redis key of a layer key in a cluster: the whole key as hash tag.
@@ -98,7 +97,7 @@ struct GroupReply {
 /// Everything one request's cluster check needs, owned (it may run in a task).
 struct Job {
     backend: RedisBackend,
-    conn: ClusterConnection,
+    via: Via,
     checks: Vec<TierCheck>,
     keys: Vec<String>,
     shadow: Shadow,
@@ -124,11 +123,11 @@ pub(super) async fn check(
             }
         }
     }
-    let conn = backend.cluster_connection().await?;
+    let via = backend.cluster_via().await?;
     let job = Job {
         clock: backend.clock_arg(),
         backend,
-        conn,
+        via,
         checks,
         keys,
         shadow,
@@ -266,7 +265,7 @@ impl Job {
         clock: &str,
         nums: &[i64],
     ) -> RedisResult<Vec<i64>> {
-        invoke(&self.backend, &self.conn, keys, mode, clock, nums).await
+        invoke(&self.backend, &self.via, keys, mode, clock, nums).await
     }
 
     fn error(&self, e: RedisError) -> BackendError {
@@ -280,16 +279,16 @@ pub(super) async fn refund(
     backend: &RedisBackend,
     refunds: &[TierRefund],
 ) -> Result<(), BackendError> {
-    let conn = backend.cluster_connection().await?;
+    let via = backend.cluster_via().await?;
     let clock = backend.clock_arg();
     let calls = refunds
         .iter()
         .map(|r| {
             let key = cluster_key(&r.check.key);
             let nums = refund_args(r);
-            let (conn, clock) = (&conn, &clock);
+            let (via, clock) = (&via, &clock);
             async move {
-                invoke::<i64>(backend, conn, &[key.as_str()], "refund", clock, &nums)
+                invoke::<i64>(backend, via, &[key.as_str()], "refund", clock, &nums)
                     .await
                     .map(|_| ())
                     .map_err(|e| backend.error(e))
@@ -308,38 +307,65 @@ pub(super) async fn refund(
 }
 
 /// `EVALSHA` of the cluster script, and on `NOSCRIPT` the same call as
-/// `EVAL`: routed by the keys' slot to the node that lacks the script,
-/// which caches it.
+/// `EVAL` to the same node, which caches it. Through [`Router::call`]
+/// (which also follows `MOVED`/`ASK` and retries `TRYAGAIN`), or for a
+/// deadpool cluster pool through redis-rs's cluster connection.
 async fn invoke<T: ::redis::FromRedisValue>(
     backend: &RedisBackend,
-    conn: &ClusterConnection,
+    via: &Via,
     keys: &[&str],
     mode: &str,
     clock: &str,
     nums: &[i64],
 ) -> RedisResult<T> {
-    {
-        let script = &backend.inner.script;
-        let build = |name: &str, body: &str| -> Cmd {
-            let mut cmd = ::redis::cmd(name);
-            cmd.arg(body)
-                .arg(keys.len())
-                .arg(keys)
-                .arg(mode)
-                .arg(clock)
-                .arg(nums);
-            cmd
+    let script = &backend.inner.script;
+    let build = |eval: bool| -> Cmd {
+        let mut cmd = if eval {
+            let mut c = ::redis::cmd("EVAL");
+            c.arg(CLUSTER_LUA);
+            c
+        } else {
+            let mut c = ::redis::cmd("EVALSHA");
+            c.arg(script.get_hash());
+            c
         };
-        let mut conn = conn.clone();
-        match build("EVALSHA", script.get_hash())
-            .query_async(&mut conn)
-            .await
-        {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                build("EVAL", CLUSTER_LUA).query_async(&mut conn).await
-            }
-            other => other,
+        cmd.arg(keys.len()).arg(keys).arg(mode).arg(clock).arg(nums);
+        cmd
+    };
+    match via {
+        Via::Router(router) => {
+            // Every key of one call is in one slot.
+            let slot = keys.first().map_or(0, |k| slot_of(k.as_bytes()));
+            let reply = router.call(slot, build).await?;
+            Ok(::redis::from_redis_value(reply)?)
         }
+        Via::Conn(conn) => {
+            let mut conn = conn.clone();
+            match build(false).query_async(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    build(true).query_async(&mut conn).await
+                }
+                other => other,
+            }
+        }
+    }
+}
+
+/// One command (not a script call) to the node holding `key`: through the
+/// router, or the pool's cluster connection.
+pub(super) async fn command<T: ::redis::FromRedisValue>(
+    via: &Via,
+    key: &str,
+    cmd: &Cmd,
+) -> RedisResult<T> {
+    match via {
+        Via::Router(router) => {
+            let reply = router
+                .call(slot_of(key.as_bytes()), |_| cmd.clone())
+                .await?;
+            Ok(::redis::from_redis_value(reply)?)
+        }
+        Via::Conn(conn) => cmd.query_async(&mut conn.clone()).await,
     }
 }
 

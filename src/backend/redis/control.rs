@@ -10,8 +10,8 @@ impl RedisBackend {
         cmd.arg(key);
         let err = |e: ::redis::RedisError| BackendError::Connection(e.to_string());
         if self.is_cluster() {
-            let mut c = self.cluster_connection().await?;
-            return cmd.query_async(&mut c).await.map_err(err);
+            let via = self.cluster_via().await?;
+            return super::cluster::command(&via, key, &cmd).await.map_err(err);
         }
         match self.connection().await? {
             Conn::Manager(mut m) => cmd.query_async(&mut m).await.map_err(err),
@@ -30,8 +30,11 @@ impl RedisBackend {
         cmd.arg(key).arg(field).arg(value);
         let err = |e: ::redis::RedisError| BackendError::Connection(e.to_string());
         if self.is_cluster() {
-            let mut c = self.cluster_connection().await?;
-            return cmd.query_async::<i64>(&mut c).await.map(drop).map_err(err);
+            let via = self.cluster_via().await?;
+            return super::cluster::command::<i64>(&via, key, &cmd)
+                .await
+                .map(drop)
+                .map_err(err);
         }
         match self.connection().await? {
             Conn::Manager(mut m) => cmd.query_async::<i64>(&mut m).await.map(drop).map_err(err),
