@@ -1384,3 +1384,69 @@ async fn send_pair(c: &reqwest::Client, url: &str, user: &str, pair: &str) -> Li
         .expect("request");
     limits(&res)
 }
+
+// ---------------------------------------------------------------------------
+// The fleet control key on a cluster (routed by slot like the script calls).
+
+/// `set_fleet_mode` writes the control hash on the node holding its slot and
+/// reads it back; a second instance's watcher sees it there; after the slot
+/// moved to another primary (`MOVED` for the old owner) both still read and
+/// write it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_key_follows_its_slot() {
+    use tiered_ratelimit::ControlKey;
+    let cluster = RedisCluster::start(0);
+    let s = Scn::new(&cluster, "ctl");
+    let poll = Duration::from_millis(50);
+    let mk = || {
+        s.builder()
+            .control_key(ControlKey::new("ctl:control").poll_interval(poll))
+            .tier(Tier::new("global", Global, Quota::per_hour(100)))
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (mk(), mk());
+    let (ha, hb) = (la.handle(), lb.handle());
+    let a = format!("http://{}/", serve(app(la)).await);
+    let b = format!("http://{}/", serve(app(lb)).await);
+    let c = client();
+    assert_eq!(get(&c, &a).await.remaining, Some(99));
+    assert_eq!(get(&c, &b).await.remaining, Some(98));
+
+    let wait_for = |h: &tiered_ratelimit::RateLimitHandle, m: Mode| {
+        let h = h.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while h.effective_mode() != m {
+                assert!(Instant::now() < deadline, "not switched to {m:?}");
+                tokio::time::sleep(poll / 4).await;
+            }
+        }
+    };
+    ha.set_fleet_mode(None, Mode::Off).await.unwrap();
+    assert_eq!(ha.effective_mode(), Mode::Off, "applied at once");
+    let stored: HashMap<String, String> =
+        cluster.cmd_for_key("ctl:control", &["HGETALL", "ctl:control"]);
+    assert_eq!(
+        stored,
+        HashMap::from([("mode".to_owned(), "off".to_owned())])
+    );
+    wait_for(&hb, Mode::Off).await;
+    assert_eq!(get(&c, &b).await, NO_LIMITS);
+
+    // Move the control key's slot to another primary.
+    let slot = cluster.keyslot("ctl:control");
+    let from = cluster.primary_of("ctl:control");
+    let to = cluster
+        .primaries()
+        .into_iter()
+        .find(|p| *p != from)
+        .unwrap();
+    assert_eq!(cluster.migrate_slot(slot, to, 10, Duration::ZERO), 1);
+    assert_eq!(cluster.primary_of("ctl:control"), to);
+    ha.set_fleet_mode(None, Mode::Enforce).await.unwrap();
+    assert_eq!(ha.effective_mode(), Mode::Enforce);
+    wait_for(&hb, Mode::Enforce).await;
+    assert_eq!(get(&c, &a).await.remaining, Some(97));
+    assert_eq!(get(&c, &b).await.remaining, Some(96));
+}

@@ -47,15 +47,16 @@ const CHECK_LUA: &str = concat!(
 ///   `deadpool-redis` pool and shares it; when it fails it is dropped and the
 ///   next request takes a fresh one from the pool (no per-request recycle
 ///   check).
-/// * [`RedisBackend::cluster`] routes its script calls (checks, refunds) by
-///   hash slot itself: a slot map of its own from `CLUSTER SLOTS`, one
-///   multiplexed connection per primary, `MOVED`/`ASK`/`TRYAGAIN` followed
-///   in this crate (redis-rs 1.8.1's cluster connection wedges under a live
-///   reshard; see `docs/redis.md`, "Resharding"), and so does the control
-///   key. [`RedisBackend::from_cluster_pool`] sends everything through one
-///   `redis::cluster_async::ClusterConnection` taken from the pool. In both, a request's tiers are grouped by
-///   hash slot: one script call per slot, all slots at once, with a refund
-///   when another slot denies (see `docs/redis.md`, "Redis Cluster").
+/// * [`RedisBackend::cluster`] routes every command (script calls, control
+///   key) by hash slot itself: a slot map of its own from `CLUSTER SLOTS`,
+///   one multiplexed connection per primary, `MOVED`/`ASK`/`TRYAGAIN`
+///   followed in this crate (redis-rs 1.8.1's cluster connection wedges
+///   under a live reshard; see `docs/redis.md`, "Resharding").
+///   [`RedisBackend::from_cluster_pool`] sends everything through one
+///   `redis::cluster_async::ClusterConnection` taken from the pool. In both,
+///   a request's tiers are grouped by hash slot: one script call per slot,
+///   all slots at once, with a refund when another slot denies (see
+///   `docs/redis.md`, "Redis Cluster").
 ///
 /// A script missing after a Redis restart or `SCRIPT FLUSH` (`NOSCRIPT`) is
 /// reloaded once, transparently; it never counts as a backend failure. In a
@@ -193,8 +194,9 @@ impl RedisBackend {
     /// Limitation: the pool hands out only redis-rs cluster connections, so
     /// this backend's script calls go through redis-rs's own routing, not
     /// the slot router of [`RedisBackend::cluster`]. With redis-rs 1.8.1 a
-    /// live reshard (`MOVED` under load) can wedge that connection until it
-    /// is dropped (requests then time out and follow the failure policy);
+    /// live reshard (`MOVED` under load) can wedge that connection (requests
+    /// then time out and follow the failure policy; a timeout does not drop
+    /// it, so it can stay wedged);
     /// `ASK` is followed with `ASKING` sent on its own. Prefer
     /// [`RedisBackend::cluster`] where slots are moved while serving.
     pub fn from_cluster_pool(pool: deadpool_redis::cluster::Pool) -> Self {
