@@ -462,7 +462,9 @@ impl RateLimitHandle {
         self.shared.observer.open_bucket(i)
     }
 
-    /// The layer's clock (the one its buckets use), Unix epoch seconds.
+    /// The layer's clock (the one its buckets use), Unix epoch seconds
+    /// (the admin page's render time).
+    #[cfg(feature = "axum")]
     pub(crate) fn now_s(&self) -> u64 {
         self.shared.local_clock.now_us() / 1_000_000
     }

@@ -8,7 +8,7 @@
 //! |---|---|---|---|
 //! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `cache_blocked`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `fallback`, `skipped`) | exactly one per request that reached the layer (`cache_blocked` is a 429 answered by the deny cache, not also `limited`) |
 //! | `tiered_ratelimit_tier_decisions_total` | counter | `tier`, `plan` (a configured plan name, or `default`), `endpoint` (`METHOD route template`, `METHOD <unmatched>`, or `<other>` past the endpoint cap), `decision` (`allowed`, `near_limit`, `limited`, `limited_not_binding`, `shadow_limited`) | every decision of every tier: one per tier a request was checked against (`limited`: the binding tier of a 429) |
-//! | `tiered_ratelimit_fleet_blocked_flushed_total` | counter | — | deny-cache 429s (cost) flushed to the fleet-wide hourly sets (see [`fleet`]) |
+//! | `tiered_ratelimit_fleet_blocked_flushed_total` | counter | — | deny-cache 429s (cost) flushed to the fleet-wide hourly sets (see docs/redis.md, "Cached 429s in the blocked set") |
 //! | `tiered_ratelimit_fleet_blocked_dropped_total` | counter | `reason` (`overflow`, `error`, `timeout`) | deny-cache 429s (cost) not counted fleet-wide |
 //! | `tiered_ratelimit_backend_errors_total` | counter | `kind` (`timeout`, `connection`, `script`, `key`, `circuit_open`), `backend` | failed checks |
 //! | `tiered_ratelimit_key_errors_total` | counter | `tier`, `reason` (`missing_connect_info`, `configuration`, `request`) | key extractions that failed (the tier is skipped, or 503 under `Closed`) |
