@@ -116,7 +116,7 @@ impl Breaker {
         if permit == Permit::Probe || self.open_until_ms.load(Ordering::Acquire) != 0 {
             if self.open_until_ms.swap(0, Ordering::AcqRel) != 0 {
                 tracing::info!("rate limiter backend is back: circuit closed");
-                crate::observe::set_circuit_state(State::Closed);
+                crate::observe::set_circuit_state(State::Closed as u8);
             }
             self.probing.store(false, Ordering::Release);
         }
@@ -141,7 +141,7 @@ impl Breaker {
                     probe_interval = ?self.config.probe_interval,
                     "rate limiter backend failing: circuit open, deciding by the failure policy without calling it"
                 );
-                crate::observe::set_circuit_state(State::Open);
+                crate::observe::set_circuit_state(State::Open as u8);
             }
         }
     }

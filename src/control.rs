@@ -27,9 +27,6 @@
 //! configured), then reads it back and applies it to its own process at
 //! once; the other instances follow within one poll interval.
 
-use crate::layer::Shared;
-use crate::rollout::Mode;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Where the control hash is and how often to read it.
@@ -58,53 +55,6 @@ impl ControlKey {
     }
 }
 
-/// Overrides from the control hash: global and per tier.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Overrides {
-    pub(crate) mode: Option<Mode>,
-    pub(crate) tiers: Vec<Option<Mode>>,
-}
-
-/// Applies one read of the hash to `previous`; returns the new overrides.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-pub(crate) fn apply(
-    shared: &Shared,
-    previous: &Overrides,
-    fields: &[(String, String)],
-) -> Overrides {
-    let mut next = Overrides {
-        mode: None,
-        tiers: vec![None; shared.tiers.len()],
-    };
-    for (field, value) in fields {
-        let parsed = value.parse::<Mode>();
-        if field == "mode" {
-            match parsed {
-                Ok(m) => next.mode = Some(m),
-                Err(e) => {
-                    tracing::error!(field, value, error = %e, "control key: malformed mode ignored");
-                    next.mode = previous.mode;
-                }
-            }
-        } else if let Some(tier) = field.strip_prefix("tier:") {
-            let Ok(i) = shared.tier_index(tier) else {
-                tracing::error!(field, value, "control key: unknown tier ignored");
-                continue;
-            };
-            match parsed {
-                Ok(m) => next.tiers[i] = Some(m),
-                Err(e) => {
-                    tracing::error!(field, value, error = %e, "control key: malformed tier mode ignored");
-                    next.tiers[i] = previous.tiers.get(i).copied().flatten();
-                }
-            }
-        } else {
-            tracing::error!(field, value, "control key: unknown field ignored");
-        }
-    }
-    next
-}
-
 /// Why a write to the control hash failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -118,97 +68,4 @@ pub enum ControlError {
     /// The Redis call failed; nothing was changed.
     #[error("control key: {0}")]
     Backend(#[from] crate::error::BackendError),
-}
-
-/// The control hash's key, when the layer polls one (a control key and a
-/// Redis backend).
-pub(crate) fn key_of(shared: &Shared) -> Option<&str> {
-    let control = shared.control.as_ref()?;
-    #[cfg(feature = "redis")]
-    if matches!(shared.backend, crate::backend::Backend::Redis(_)) {
-        return Some(&control.redis_key);
-    }
-    let _ = control;
-    None
-}
-
-/// Sets `field` of the control hash to `mode`, then reads the hash back
-/// and applies it here at once (the watcher would within a poll interval).
-pub(crate) async fn write(
-    shared: &Arc<Shared>,
-    field: &str,
-    mode: Mode,
-) -> Result<(), ControlError> {
-    let Some(key) = key_of(shared) else {
-        return Err(ControlError::NotConfigured);
-    };
-    #[cfg(feature = "redis")]
-    if let crate::backend::Backend::Redis(redis) = &shared.backend {
-        redis.hset(key, field, &mode.to_string()).await?;
-        let fields = redis.hgetall(key).await?;
-        store(shared, key, &fields);
-        return Ok(());
-    }
-    let _ = (key, field, mode);
-    Err(ControlError::NotConfigured)
-}
-
-/// Applies one read of the hash, if it changes anything.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-fn store(shared: &Shared, key: &str, fields: &[(String, String)]) {
-    let previous = shared.overrides.load_full();
-    let next = apply(shared, &previous, fields);
-    if next != *previous {
-        tracing::warn!(
-            key,
-            mode = ?next.mode,
-            tiers = ?next.tiers,
-            "control key changed the rate limiter's modes"
-        );
-        // Store first, then drop the cached denials (decided under the
-        // old modes).
-        shared.overrides.store(Arc::new(next));
-        shared.deny_cache.clear();
-        crate::handle::refresh_mode_gauges(shared);
-    }
-}
-
-/// Starts the watcher once (needs a tokio runtime; a no-op without one).
-pub(crate) fn start(shared: &Arc<Shared>) {
-    let Some(control) = shared.control.as_ref() else {
-        return;
-    };
-    #[cfg(feature = "redis")]
-    {
-        let crate::backend::Backend::Redis(redis) = &shared.backend else {
-            return;
-        };
-        if shared.control_started.set(()).is_err() {
-            return;
-        }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let weak: std::sync::Weak<Shared> = Arc::downgrade(shared);
-        let redis = redis.clone();
-        let key = control.redis_key.clone();
-        let interval = control.poll_interval;
-        rt.spawn(async move {
-            loop {
-                let Some(shared) = weak.upgrade() else {
-                    return;
-                };
-                let read = tokio::time::timeout(interval.max(Duration::from_millis(100)), redis.hgetall(&key)).await;
-                match read {
-                    Ok(Ok(fields)) => store(&shared, &key, &fields),
-                    Ok(Err(e)) => tracing::warn!(key, error = %e, "control key: poll failed; keeping the current overrides"),
-                    Err(_) => tracing::warn!(key, "control key: poll timed out; keeping the current overrides"),
-                }
-                drop(shared);
-                tokio::time::sleep(interval).await;
-            }
-        });
-    }
-    #[cfg(not(feature = "redis"))]
-    let _ = control;
 }

@@ -2,10 +2,13 @@
 //! service, then the headers.
 
 use crate::backend::{CheckFuture, TierCheck, Verdict};
+use crate::engine::check::{resume, Resumed, Started};
+use crate::engine::decide::{Outcome, Refunds};
+use crate::engine::outcome::outcome;
+use crate::engine::plan::Meta;
+use crate::engine::runtime::Shared;
 use crate::error::BackendError;
-use crate::layer::Shared;
 use crate::response::{RateLimitHeaders, ResponseBody};
-use crate::service::{outcome, resume, Meta, Outcome, Refunds, Resumed, Started};
 use bytes::Bytes;
 use http::{Request, Response};
 use pin_project_lite::pin_project;

@@ -1,6 +1,6 @@
 //! [`RateLimitHandle`]: change modes, quotas and lists at run time.
 
-use crate::layer::{checked_limit, fallback_limit, PlanRuntime, Runtime, Shared};
+use crate::engine::runtime::{checked_limit, fallback_limit, PlanRuntime, Runtime, Shared};
 use crate::observe::recorder::{AnomalyStatus, BucketCounts};
 use crate::observe::topn::{BlockedKey, Kind};
 use crate::observe::DecisionCounts;
@@ -159,18 +159,6 @@ impl Changes<'_> {
     }
 }
 
-/// Sets every tier's mode gauge to its mode in force (code, file and
-/// control-key overrides combined).
-pub(crate) fn refresh_mode_gauges(shared: &Shared) {
-    let rt = shared.runtime.load();
-    let ov = shared.overrides.load();
-    let global = ov.mode.unwrap_or(rt.mode);
-    for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
-        let mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
-        crate::observe::set_mode_gauge(&t.name, mode.under(global));
-    }
-}
-
 impl RateLimitHandle {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self { shared }
@@ -202,7 +190,7 @@ impl RateLimitHandle {
             if Arc::ptr_eq(&prev, &expected) {
                 // Cached denials were decided under the old settings.
                 self.shared.deny_cache.clear();
-                refresh_mode_gauges(&self.shared);
+                self.shared.refresh_mode_gauges();
                 return Ok(());
             }
             expected = arc_swap::Guard::into_inner(prev);
@@ -429,7 +417,7 @@ impl RateLimitHandle {
     /// [`ControlKey`](crate::ControlKey) and a Redis backend): where
     /// [`set_fleet_mode`](Self::set_fleet_mode) writes.
     pub fn fleet_control_key(&self) -> Option<&str> {
-        crate::control::key_of(&self.shared)
+        crate::engine::watch::key_of(&self.shared)
     }
 
     /// Sets the mode of every instance: writes the control hash's `mode`
@@ -450,7 +438,7 @@ impl RateLimitHandle {
                 format!("tier:{t}")
             }
         };
-        crate::control::write(&self.shared, &field, mode).await
+        crate::engine::watch::write(&self.shared, &field, mode).await
     }
 
     /// A tier's counts so far in the bucket not closed yet (partial: the

@@ -74,6 +74,7 @@ pub mod backend;
 mod breaker;
 pub mod control;
 mod deny_cache;
+mod engine;
 mod error;
 mod future;
 mod handle;

@@ -30,7 +30,6 @@
 #![cfg_attr(not(feature = "redis"), allow(dead_code, unused_imports))]
 
 use crate::backend::Backend;
-use crate::layer::Shared;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -231,16 +230,6 @@ async fn flush(state: &State, redis: &crate::backend::RedisBackend) {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Shared {
-    /// Counts a 429 answered by the deny cache for the fleet-wide hourly
-    /// sets (a no-op without them).
-    pub(crate) fn count_fleet_blocked(&self, key: &str, cost: u64, now_us: u64) {
-        if let Some(f) = &self.fleet_blocked {
-            f.record(&self.backend, key, cost, now_us);
-        }
-    }
 }
 
 #[cfg(test)]

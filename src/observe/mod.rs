@@ -41,10 +41,23 @@ const DECISIONS: [&str; 10] = [
     "fallback",
 ];
 
-/// Index of a decision in [`DECISIONS`] (unknown words count as `skipped`).
-fn decision_index(decision: &str) -> usize {
-    DECISIONS.iter().position(|d| *d == decision).unwrap_or(7)
+/// What the layer did with one request: the `decision` label of
+/// [`REQUESTS`] and a field of [`DecisionCounts`]. Its discriminant indexes
+/// [`DECISIONS`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RequestDecision {
+    Allowed = 0,
+    Limited = 1,
+    ShadowLimited = 2,
+    Allowlisted = 3,
+    Denylisted = 4,
+    FailOpen = 5,
+    FailClosed = 6,
+    Skipped = 7,
+    CacheBlocked = 8,
+    Fallback = 9,
 }
+
 
 /// A layer's handles for the metrics every request touches (the requests
 /// counter by decision, the check-duration histograms, and the per-tier
@@ -160,8 +173,8 @@ impl RequestMetrics {
     }
 
     /// Counts one request under `decision` (a [`DECISIONS`] word).
-    pub(crate) fn count(&self, decision: &str) {
-        self.with(|h| h.requests[decision_index(decision)].increment(1));
+    pub(crate) fn count(&self, decision: RequestDecision) {
+        self.with(|h| h.requests[decision as usize].increment(1));
     }
 
     /// Counts tier decisions of one request on `endpoint`, and the request
@@ -170,14 +183,14 @@ impl RequestMetrics {
     /// is called only to register a cell, or to match a named plan.
     pub(crate) fn count_tiers<'a>(
         &self,
-        request: Option<&str>,
+        request: Option<RequestDecision>,
         endpoint: &Endpoint,
         decisions: impl IntoIterator<Item = TierCount>,
         labels: impl Fn(usize) -> (&'a str, &'a str),
     ) {
         self.with(|h| {
             if let Some(d) = request {
-                h.requests[decision_index(d)].increment(1);
+                h.requests[d as usize].increment(1);
             }
             let cells = h.endpoints.get(endpoint.id).map(|e| {
                 e.get_or_init(|| {
@@ -312,7 +325,7 @@ mod tests {
     fn request_metrics_follow_the_current_recorder() {
         use metrics_util::debugging::{DebugValue, DebuggingRecorder};
         let m = RequestMetrics::new("memory", 1, 1);
-        m.count("allowed"); // no recorder: nothing, no panic
+        m.count(RequestDecision::Allowed); // no recorder: nothing, no panic
                             // Every decision's series exists (at 0) once registered.
         let allowed = |r: &DebuggingRecorder| -> Vec<u64> {
             r.snapshotter()
@@ -332,12 +345,12 @@ mod tests {
         };
         let a = DebuggingRecorder::new();
         metrics::with_local_recorder(&a, || {
-            m.count("allowed");
-            m.count("allowed");
+            m.count(RequestDecision::Allowed);
+            m.count(RequestDecision::Allowed);
         });
         let b = DebuggingRecorder::new();
-        metrics::with_local_recorder(&b, || m.count("allowed"));
-        metrics::with_local_recorder(&a, || m.count("allowed"));
+        metrics::with_local_recorder(&b, || m.count(RequestDecision::Allowed));
+        metrics::with_local_recorder(&a, || m.count(RequestDecision::Allowed));
         assert_eq!(allowed(&a), vec![3]);
         assert_eq!(allowed(&b), vec![1]);
     }
@@ -386,18 +399,18 @@ pub(crate) struct Counts {
 
 impl Counts {
     /// Counts one request under `decision`.
-    pub(crate) fn add(&self, decision: &'static str) {
-        let c = match decision_index(decision) {
-            0 => &self.allowed,
-            1 => &self.limited,
-            2 => &self.shadow_limited,
-            3 => &self.allowlisted,
-            4 => &self.denylisted,
-            5 => &self.fail_open,
-            6 => &self.fail_closed,
-            8 => &self.cache_blocked,
-            9 => &self.fallback,
-            _ => &self.skipped,
+    pub(crate) fn add(&self, decision: RequestDecision) {
+        let c = match decision {
+            RequestDecision::Allowed => &self.allowed,
+            RequestDecision::Limited => &self.limited,
+            RequestDecision::ShadowLimited => &self.shadow_limited,
+            RequestDecision::Allowlisted => &self.allowlisted,
+            RequestDecision::Denylisted => &self.denylisted,
+            RequestDecision::FailOpen => &self.fail_open,
+            RequestDecision::FailClosed => &self.fail_closed,
+            RequestDecision::Skipped => &self.skipped,
+            RequestDecision::CacheBlocked => &self.cache_blocked,
+            RequestDecision::Fallback => &self.fallback,
         };
         c.fetch_add(1, Ordering::Relaxed);
     }
@@ -422,8 +435,8 @@ impl Counts {
 pub(crate) const CIRCUIT_STATE: &str = "tiered_ratelimit_circuit_state";
 
 /// The circuit breaker gauge: 0 closed, 1 open, 2 half-open.
-pub(crate) fn set_circuit_state(state: crate::breaker::State) {
-    metrics::gauge!(CIRCUIT_STATE).set(f64::from(state as u8));
+pub(crate) fn set_circuit_state(state: u8) {
+    metrics::gauge!(CIRCUIT_STATE).set(f64::from(state));
 }
 
 pub(crate) const ANOMALY: &str = "tiered_ratelimit_anomaly";

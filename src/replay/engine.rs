@@ -14,9 +14,9 @@
 //! tiers applied and under which key, for the report.
 
 use crate::backend::{MemoryBackend, Shadow, TierCheck};
-use crate::layer::{FailurePolicy, Runtime, Shared};
+use crate::engine::plan::{gate, plan_tier, Gate};
+use crate::engine::runtime::{FailurePolicy, Runtime, Shared};
 use crate::response::Rejection;
-use crate::service::{gate, plan_tier, Gate};
 use crate::{DecisionCounts, RateLimitHandle, RateLimitLayer};
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};

@@ -1,0 +1,377 @@
+//! The decision: the binding tier, its headers, the 429, shadow logging.
+
+use super::plan::Meta;
+use super::runtime::Shared;
+use crate::algorithm::Decision;
+use crate::backend::{Backend, TierRefund, Verdict};
+use crate::error::BackendError;
+use crate::observe;
+use crate::observe::RequestDecision;
+use crate::observe::{TierCount, TierDecision};
+use crate::response::{HeaderStyle, RateLimitHeaders, Rejection};
+use bytes::Bytes;
+use http::Response;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What to do with a request after its check.
+pub(crate) enum Outcome {
+    /// Call the inner service (after `delay`, when a shaping tier queued the
+    /// request), then add these headers (none on fail-open), and issue these
+    /// refunds by the response's status (tiers that skip failed or
+    /// successful requests).
+    Pass(Option<RateLimitHeaders>, Duration, Option<Box<Refunds>>),
+    /// Answer with this response instead (429 or 503).
+    Respond(Response<Bytes>),
+}
+
+/// The refunds a passed request may get once its response's status is
+/// known: the charges of its tiers with `skip_failed_requests` (given back
+/// on a status ≥ 400) and `skip_successful_requests` (< 400).
+pub(crate) struct Refunds {
+    pub(crate) backend: Backend,
+    pub(crate) on_failure: Vec<TierRefund>,
+    pub(crate) on_success: Vec<TierRefund>,
+}
+
+impl Refunds {
+    /// The refunds of a charged request, if any of its tiers asks for them.
+    pub(crate) fn of(shared: &Shared, meta: &Meta, v: &Verdict) -> Option<Box<Refunds>> {
+        if !shared.refunds() {
+            return None;
+        }
+        let mut r = Refunds {
+            backend: shared.backend.clone(),
+            on_failure: Vec::new(),
+            on_success: Vec::new(),
+        };
+        for (i, charge) in v.charges.iter().enumerate() {
+            // Only tiers this request was charged on (allowed, not denied
+            // in shadow mode, and the request committed).
+            let (Some(charge), Some(check)) = (charge, meta.sent.get(i)) else {
+                continue;
+            };
+            let Some(t) = meta.tier(shared, i) else {
+                continue;
+            };
+            let refund = || TierRefund {
+                check: check.clone(),
+                charge: *charge,
+            };
+            if t.skip_failed {
+                r.on_failure.push(refund());
+            }
+            if t.skip_successful {
+                r.on_success.push(refund());
+            }
+        }
+        if r.on_failure.is_empty() && r.on_success.is_empty() {
+            None
+        } else {
+            Some(Box::new(r))
+        }
+    }
+
+    /// Gives back the charges `status` calls for, without delaying the
+    /// response: in memory at once (one shard lock per key, as brief as a
+    /// check's), on Redis in a task of its own.
+    pub(crate) fn issue(self, status: http::StatusCode) {
+        let refunds = if status.as_u16() >= 400 {
+            self.on_failure
+        } else {
+            self.on_success
+        };
+        if refunds.is_empty() {
+            return;
+        }
+        match self.backend {
+            Backend::Memory(m) => m.refund(&refunds),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        if let Err(e) = r.refund(&refunds).await {
+                            refund_failed(&e);
+                        }
+                    });
+                }
+                Err(_) => refund_failed(&BackendError::Script(
+                    "no tokio runtime to send the refund on".to_owned(),
+                )),
+            },
+        }
+    }
+}
+
+/// A refund by status that did not land: the request keeps its charge
+/// (capacity is under-used until it refills; nothing is over-admitted).
+/// Counted always, logged at most once a second.
+#[cfg(feature = "redis")]
+pub(crate) fn refund_failed(e: &BackendError) {
+    metrics::counter!(
+        "tiered_ratelimit_refund_failures_total",
+        "kind" => e.kind()
+    )
+    .increment(1);
+    static LOG: std::sync::OnceLock<observe::LogThrottle> = std::sync::OnceLock::new();
+    let log = LOG.get_or_init(|| observe::LogThrottle::new(Duration::from_secs(1)));
+    if let Some(suppressed) = log.permit() {
+        tracing::warn!(
+            error = %e,
+            suppressed,
+            "rate limiter: refund by response status failed; the request keeps its charge"
+        );
+    }
+}
+
+pub(crate) fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
+    let ds = &v.decisions;
+    let tier_name = |i: usize| meta.tier_name(shared, i);
+    // Would-be rejections by observing tiers: counted and logged, never enforced.
+    let mut shadow_limited = false;
+    for (i, d) in ds.iter().enumerate() {
+        if !d.allowed && meta.shadow.contains(i) {
+            shadow_limited = true;
+            let tier = tier_name(i);
+            if let Some(o) = &meta.observed {
+                let key_hash = o.key_hashes.get(i).copied().unwrap_or(0);
+                log_shadow(
+                    shared.shadow_log_level,
+                    &tier,
+                    key_hash,
+                    &o.endpoint,
+                    d.retry_after_us,
+                );
+            }
+        }
+    }
+    // Binding tier: the enforced denying tier with the longest wait (first on a tie).
+    let mut binding: Option<(usize, &Decision)> = None;
+    for (i, d) in ds.iter().enumerate() {
+        if d.allowed || meta.shadow.contains(i) {
+            continue;
+        }
+        if binding.is_none_or(|(_, b)| d.retry_after_us > b.retry_after_us) {
+            binding = Some((i, d));
+        }
+    }
+    let Some((i, d)) = binding else {
+        // Headers describe the tier with the least remaining (on a tie, the one
+        // that takes longest to refill), among enforced tiers and, when asked
+        // for, observing ones.
+        let shown = ds
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| shared.shadow_headers || !meta.shadow.contains(*i))
+            .min_by(|(_, a), (_, b)| {
+                a.remaining
+                    .cmp(&b.remaining)
+                    .then(b.reset_after_us.cmp(&a.reset_after_us))
+            });
+        let request = (!meta.fallback).then_some(if shadow_limited {
+            RequestDecision::ShadowLimited
+        } else {
+            RequestDecision::Allowed
+        });
+        count_tier_decisions(shared, meta, ds, None, request);
+        // A request queued by shaping tiers waits for the latest slot.
+        let delay_us = ds
+            .iter()
+            .filter(|d| d.allowed)
+            .map(|d| d.delay_us)
+            .max()
+            .unwrap_or(0);
+        let headers = match shared.header_style {
+            HeaderStyle::None => None,
+            _ => shown.map(|(i, d)| headers_for(shared, meta, i, d, v.now_us, false)),
+        };
+        return Outcome::Pass(headers, Duration::from_micros(delay_us), None);
+    };
+    count_tier_decisions(shared, meta, ds, Some(i), None);
+    let violated = ds
+        .iter()
+        .enumerate()
+        .filter(|(j, d)| !d.allowed && !meta.shadow.contains(*j))
+        .map(|(j, _)| meta.tier_name(shared, j))
+        .collect();
+    Outcome::Respond(reject(
+        shared,
+        meta,
+        i,
+        d,
+        v.now_us,
+        !meta.fallback,
+        violated,
+    ))
+}
+
+/// Counts every tier's decision on the request (one each) in
+/// `tiered_ratelimit_tier_decisions_total`, but the binding tier's: its
+/// `limited` is counted with the 429 ([`reject`]). And the request under
+/// `request`, with the same lookup of the metric handles.
+pub(crate) fn count_tier_decisions(
+    shared: &Shared,
+    meta: &Meta,
+    ds: &[Decision],
+    binding: Option<usize>,
+    request: Option<RequestDecision>,
+) {
+    if let Some(d) = request {
+        shared.counts.add(d);
+    }
+    let Some(e) = &meta.endpoint else {
+        if let Some(d) = request {
+            shared.metrics.count(d);
+        }
+        return;
+    };
+    let cells = ds.iter().enumerate().filter_map(|(i, d)| {
+        let decision = match (d.allowed, meta.shadow.contains(i)) {
+            _ if Some(i) == binding => return None,
+            (true, _) if d.remaining.saturating_mul(5) < d.limit => TierDecision::NearLimit,
+            (true, _) => TierDecision::Allowed,
+            (false, true) => TierDecision::ShadowLimited,
+            (false, false) => TierDecision::LimitedNotBinding,
+        };
+        Some(TierCount {
+            check: i,
+            tier: usize::from(*meta.tiers.get(i)?),
+            slot: meta.plan_slot(i).0,
+            decision,
+        })
+    });
+    shared.metrics.count_tiers(request, e, cells, |i| {
+        (
+            meta.tier(shared, i).map_or("unknown", |t| &*t.name),
+            meta.plan_slot(i).1,
+        )
+    });
+}
+
+/// The headers describing check `i`'s decision.
+pub(crate) fn headers_for(
+    shared: &Shared,
+    meta: &Meta,
+    i: usize,
+    d: &Decision,
+    now_us: u64,
+    denied: bool,
+) -> RateLimitHeaders {
+    let policy = meta.tier_name(shared, i);
+    let (q, period_us, refills) = meta.quotas.get(i).copied().unwrap_or((d.limit, 0, false));
+    let quota = (q, period_us.div_ceil(1_000_000));
+    if denied {
+        let retry_after = ceil_secs(d.retry_after_us).max(1);
+        RateLimitHeaders {
+            limit: d.limit,
+            remaining: d.remaining,
+            reset: ceil_secs(now_us.saturating_add(d.retry_after_us)),
+            retry_after: Some(retry_after),
+            reset_in: retry_after,
+            // The binding tier has the longest wait of the denying tiers,
+            // so `Retry-After` is never earlier than this `t`.
+            window_in: retry_after,
+            policy,
+            quota,
+            style: shared.header_style,
+        }
+    } else {
+        let reset = ceil_secs(now_us.saturating_add(d.reset_after_us));
+        RateLimitHeaders {
+            limit: d.limit,
+            remaining: d.remaining,
+            reset,
+            retry_after: None,
+            // Seconds until full, rounded up: never above the window.
+            reset_in: ceil_secs(d.reset_after_us),
+            window_in: ceil_secs(crate::response::effective_window_us(
+                d.limit,
+                d.remaining,
+                d.reset_after_us,
+                refills.then_some((q, period_us)),
+            )),
+            policy,
+            quota,
+            style: shared.header_style,
+        }
+    }
+}
+
+/// The 429 for a denial by check `i`.
+/// `count_limited`: count the request as `limited` (the deny cache and the
+/// fallback count their own decision instead). `violated`: every enforced
+/// denying tier, in tier order.
+pub(crate) fn reject(
+    shared: &Shared,
+    meta: &Meta,
+    i: usize,
+    d: &Decision,
+    now_us: u64,
+    count_limited: bool,
+    violated: Vec<Arc<str>>,
+) -> Response<Bytes> {
+    let tier = meta.tier_name(shared, i);
+    let headers = headers_for(shared, meta, i, d, now_us, true);
+    let retry_after = headers.retry_after.unwrap_or(1);
+    if count_limited {
+        shared.count(RequestDecision::Limited);
+    }
+    if let (Some(e), Some(t)) = (&meta.endpoint, meta.tiers.get(i)) {
+        let c = TierCount {
+            check: i,
+            tier: usize::from(*t),
+            slot: meta.plan_slot(i).0,
+            decision: TierDecision::Limited,
+        };
+        shared
+            .metrics
+            .count_tiers(None, e, [c], |_| (&*tier, meta.plan_slot(i).1));
+    }
+    tracing::debug!(tier = &*tier, retry_after, "request rate limited");
+    let rejection = Rejection {
+        tier,
+        violated_policies: violated,
+        limit: headers.limit,
+        remaining: headers.remaining,
+        reset: headers.reset,
+        retry_after,
+        docs_url: shared.docs_url.clone(),
+    };
+    let mut res = shared.on_rejection.response(&rejection);
+    headers.write(res.headers_mut());
+    res.extensions_mut().insert(rejection);
+    res
+}
+
+pub(crate) fn log_shadow(
+    level: tracing::Level,
+    tier: &str,
+    key_hash: u64,
+    endpoint: &str,
+    retry_after_us: u64,
+) {
+    macro_rules! at {
+        ($lvl:expr) => {
+            tracing::event!(
+                $lvl,
+                tier,
+                key_hash = format_args!("{key_hash:016x}"),
+                endpoint,
+                retry_after_us,
+                "shadow: request would have been rate limited"
+            )
+        };
+    }
+    match level {
+        tracing::Level::ERROR => at!(tracing::Level::ERROR),
+        tracing::Level::WARN => at!(tracing::Level::WARN),
+        tracing::Level::INFO => at!(tracing::Level::INFO),
+        tracing::Level::DEBUG => at!(tracing::Level::DEBUG),
+        _ => at!(tracing::Level::TRACE),
+    }
+}
+
+/// Seconds, rounded up.
+pub(crate) fn ceil_secs(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}

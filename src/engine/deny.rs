@@ -1,0 +1,216 @@
+//! The deny cache step: answer a request from cached denials, join or lead
+//! the single flight of a lapsed key, and feed the cache from backend answers.
+
+use super::decide::reject;
+use super::plan::Meta;
+use super::runtime::Shared;
+use crate::algorithm::Decision;
+use crate::backend::{TierCheck, Verdict};
+use crate::deny_cache::{longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role};
+use crate::observe::topn::Kind;
+use crate::observe::RequestDecision;
+use bytes::Bytes;
+use http::Response;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the deny cache says about a request's enforced checks.
+pub(crate) enum Cached {
+    /// A 429 from a cached denial.
+    Respond(Response<Bytes>),
+    /// Another request is probing one of its lapsed keys: wait for its
+    /// answer.
+    Wait(Arc<Probe>),
+    /// Ask the backend; with a guard when this request probes a lapsed key.
+    Check(Option<ProbeGuard>),
+}
+
+/// Looks the enforced checks up in the deny cache. It answers 429 only
+/// when it knows the whole answer the backend would give (see
+/// [`crate::deny_cache`]): the binding tier — the enforced denying tier with
+/// the longest wait, the first on a tie, as [`decide`] picks it — must be one
+/// with a live entry, which holds when every other enforced check either
+/// has a live entry with a shorter wait (or an equal one, after it) or
+/// could not, whatever its stored state, deny with a wait that would make
+/// it bind instead. Otherwise, for the first lapsed check, the probe to join
+/// (`may_wait`: wait for another's; a request that already waited does not
+/// wait again).
+pub(crate) fn deny_cached(
+    shared: &Shared,
+    checks: &[TierCheck],
+    meta: &Meta,
+    may_wait: bool,
+) -> Cached {
+    if !shared.deny_cache.enabled() {
+        return Cached::Check(None);
+    }
+    let now_us = shared.local_clock.now_us();
+    let mut lapsed = None;
+    // The binding cached denial so far: (check, entry, wait).
+    let mut binding: Option<(usize, Denied, u64)> = None;
+    // The enforced checks without a live entry, and those with one.
+    let mut uncached: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
+    let mut cached: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
+    for (i, c) in checks.iter().enumerate() {
+        if meta.shadow.contains(i) {
+            continue;
+        }
+        match shared.deny_cache.lookup(&c.key, c.cost, &c.limit, now_us) {
+            Lookup::Denied(d) => {
+                cached.push(i);
+                let wait = d.until_us.saturating_sub(now_us);
+                if binding.is_none_or(|(_, _, b)| wait > b) {
+                    binding = Some((i, d, wait));
+                }
+            }
+            Lookup::Lapsed => {
+                lapsed.get_or_insert(i);
+                uncached.push(i);
+            }
+            Lookup::Miss => uncached.push(i),
+        }
+    }
+    if let Some((i, d, wait)) = binding {
+        // A check without a live entry binds instead if it may deny with a
+        // longer wait (or an equal one, before the cached check). When the
+        // 429 lists every violated tier, any check without an entry may be
+        // one more of them: only a fully cached request is known.
+        let lists = shared.on_rejection.uses_violated_policies();
+        let known = (!lists || uncached.is_empty())
+            && uncached.iter().all(|&j| {
+                let c = &checks[j];
+                let longest = longest_wait_us(&c.limit, c.cost, now_us);
+                if j < i {
+                    longest < wait
+                } else {
+                    longest <= wait
+                }
+            });
+        if known {
+            // Every enforced check with a live entry is denied, in tier order.
+            let violated = cached.iter().map(|&j| meta.tier_name(shared, j)).collect();
+            return Cached::Respond(cache_blocked(shared, checks, meta, i, &d, now_us, violated));
+        }
+    }
+    let Some(i) = lapsed else {
+        return Cached::Check(None);
+    };
+    match shared.deny_cache.join(&checks[i].key) {
+        Role::Lead(guard) => Cached::Check(Some(guard)),
+        Role::Follow(probe) if may_wait => Cached::Wait(probe),
+        Role::Follow(_) => Cached::Check(None),
+    }
+}
+
+/// The 429 for check `i`, cached as denied by `d`.
+pub(crate) fn cache_blocked(
+    shared: &Shared,
+    checks: &[TierCheck],
+    meta: &Meta,
+    i: usize,
+    d: &Denied,
+    now_us: u64,
+    violated: Vec<Arc<str>>,
+) -> Response<Bytes> {
+    shared.count(RequestDecision::CacheBlocked);
+    shared.count_fleet_blocked(&checks[i].key, checks[i].cost, now_us);
+    // The operator's view counts it like the backend's rejection.
+    let now_s = now_us / 1_000_000;
+    if let Some(tier) = meta.tiers.get(i).map(|&t| usize::from(t)) {
+        if let Some(e) = &meta.endpoint {
+            shared.observer.record(e, tier, true, false, now_s);
+        }
+        if let Some(t) = shared.tiers.get(tier) {
+            let key = &checks[i].key;
+            let part = key.get(t.key_base.len()..).unwrap_or(key);
+            shared
+                .observer
+                .sketch(tier, Kind::Blocked, part, checks[i].cost, now_s);
+        }
+    }
+    let wait = d.until_us.saturating_sub(now_us);
+    let decision = Decision {
+        allowed: false,
+        // `X-RateLimit-Limit`: the capacity of the limit it was decided under.
+        limit: d.quota.capacity(),
+        remaining: d.remaining,
+        reset_after_us: wait,
+        retry_after_us: wait,
+        delay_us: 0,
+    };
+    reject(shared, meta, i, &decision, now_us, false, violated)
+}
+
+/// Feeds the deny cache from a backend answer, for enforced tiers:
+/// * a denial is cached until its retry instant;
+/// * a charge that leaves less than another request of the same cost
+///   (the backend says when the next one would pass) is cached until then
+///   too, so the requests right after an admission that drained the bucket
+///   are answered locally (a single Redis reports it for the token bucket,
+///   fixed window and leaky bucket);
+/// * any other charge forgets the key's entry: it changed the key's state,
+///   so an entry written before (for another cost or limit) may no longer
+///   give the backend's answer.
+///
+/// Only while the cached answer stays exactly the backend's
+/// ([`stays_exact`]: its `remaining` cannot change before the retry
+/// instant). Both are measured from when the check was sent (on a manual
+/// clock, the instant the backend decided at). Tiers that refund by response
+/// status are left out: a refund can make room before the cached instant.
+pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
+    if meta.sent.is_empty() || !shared.deny_cache.enabled() {
+        return;
+    }
+    let mut now_us = None;
+    let mut probed_room = false;
+    for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
+        let charged = v.charges.get(i).and_then(|c| c.as_ref());
+        if meta.shadow.contains(i) {
+            continue;
+        }
+        let wait_us = if d.allowed {
+            charged.map_or(0, |c| c.next_after_us)
+        } else {
+            d.retry_after_us
+        };
+        // An instant already past when the answer arrived (a wait shorter
+        // than the round trip) is of no use, and as a lapsed entry it would
+        // only make the next requests wait a round trip for nothing.
+        let until_us = meta.sent_us.saturating_add(wait_us);
+        let cache = wait_us > 0
+            && stays_exact(limit, *cost, d.remaining)
+            && meta
+                .tier(shared, i)
+                .is_some_and(|t| !t.skip_failed && !t.skip_successful)
+            && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
+        if !cache && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
+            probed_room = true;
+        }
+        if cache {
+            shared.deny_cache.insert(
+                key.clone(),
+                Denied::new(
+                    until_us,
+                    *cost,
+                    *limit,
+                    d.remaining,
+                    Duration::from_micros(wait_us),
+                ),
+            );
+        } else if charged.is_some() {
+            shared.deny_cache.forget(key, || {
+                *now_us.get_or_insert_with(|| shared.local_clock.now_us())
+            });
+        }
+    }
+    // This request probed a lapsed key and the answer wrote no entry for it
+    // (room left, or a denial the cache may not answer for): forget the
+    // lapsed entry, or every request that overlaps another on this key
+    // would wait a round trip for nothing until the entry ages out. (When
+    // the key is still at its limit, the entry stays and keeps funnelling
+    // requests behind one probe at a time.)
+    if let Some(p) = meta.probe.as_ref().filter(|_| probed_room) {
+        let now_us = now_us.unwrap_or_else(|| shared.local_clock.now_us());
+        shared.deny_cache.remove_lapsed(p.key(), now_us);
+    }
+}

@@ -1,0 +1,162 @@
+//! What a backend answer (or error) becomes: breaker and deny-cache
+//! bookkeeping, observation, the decision, the failure policy, refunds.
+
+use super::decide::{decide, Outcome, Refunds};
+use super::deny::feed_deny_cache;
+use super::plan::{plan, Meta, Planned};
+use super::runtime::{FailurePolicy, Shared};
+use crate::backend::{Backend, TierCheck, Verdict};
+use crate::error::BackendError;
+use crate::observe;
+use crate::observe::topn::Kind;
+use crate::observe::RequestDecision;
+use crate::response::unavailable;
+use std::time::Duration;
+
+/// Turns a backend result into what the client gets.
+pub(crate) fn outcome(
+    shared: &Shared,
+    meta: &Meta,
+    result: Result<Verdict, BackendError>,
+    parts: &http::request::Parts,
+) -> Outcome {
+    let backend = shared.backend.name();
+    // One span per check, with every tier's result as a field (formatted
+    // only when a subscriber wants the span).
+    let span = tracing::debug_span!(
+        "rate_limit_check",
+        backend,
+        tiers = tracing::field::Empty,
+        error = tracing::field::Empty
+    );
+    if !span.is_disabled() {
+        match &result {
+            Ok(v) => {
+                let mut out = String::new();
+                for (i, d) in v.decisions.iter().enumerate() {
+                    let name = meta.tier(shared, i).map_or("?", |t| &*t.name);
+                    let what = match (d.allowed, meta.shadow.contains(i)) {
+                        (true, _) => "allowed",
+                        (false, true) => "shadow_limited",
+                        (false, false) => "limited",
+                    };
+                    use std::fmt::Write;
+                    let _ = write!(
+                        out,
+                        "{}{name}={what}/{}",
+                        if i > 0 { "," } else { "" },
+                        d.remaining
+                    );
+                }
+                span.record("tiers", out.as_str());
+            }
+            Err(e) => {
+                span.record("error", tracing::field::display(e));
+            }
+        }
+    }
+    let _entered = span.enter();
+    let backend_latency = meta.backend_started.map(|t| t.elapsed());
+    let decided = match result {
+        Ok(v) => {
+            shared.breaker.success(meta.permit);
+            feed_deny_cache(shared, meta, &v);
+            observe_decisions(shared, meta, &v);
+            match decide(shared, meta, &v) {
+                Outcome::Pass(headers, delay, _) => {
+                    Outcome::Pass(headers, delay, Refunds::of(shared, meta, &v))
+                }
+                respond => respond,
+            }
+        }
+        Err(e) => {
+            if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {
+                shared.breaker.failure(meta.permit);
+            }
+            fail(shared, &e, parts)
+        }
+    };
+    shared.metrics.latency(backend_latency, meta.started);
+    decided
+}
+
+/// Feeds the anomaly series and the top-N sketches. Rejections by a tier
+/// (enforced or shadow) count as blocked for that tier's sketch; allowed
+/// requests with less than 20 % of a tier's capacity left as near-limit.
+pub(crate) fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
+    // The memory backend decided on this same clock a moment ago.
+    let now_us = match shared.backend {
+        Backend::Memory(_) => v.now_us,
+        #[cfg(feature = "redis")]
+        Backend::Redis(_) => shared.local_clock.now_us(),
+    };
+    let now_s = now_us / 1_000_000;
+    for (i, d) in v.decisions.iter().enumerate() {
+        let Some(tier) = meta.tiers.get(i).map(|&t| usize::from(t)) else {
+            continue;
+        };
+        let shadow = meta.shadow.contains(i);
+        if let Some(e) = &meta.endpoint {
+            shared
+                .observer
+                .record(e, tier, !d.allowed && !shadow, !d.allowed && shadow, now_s);
+        }
+        let near = d.allowed && d.remaining.saturating_mul(5) < d.limit;
+        if d.allowed && !near {
+            continue;
+        }
+        let (Some(TierCheck { key, cost, .. }), Some(t)) =
+            (meta.sent.get(i), shared.tiers.get(tier))
+        else {
+            continue;
+        };
+        let part = key.get(t.key_base.len()..).unwrap_or(key);
+        let kind = if d.allowed {
+            Kind::NearLimit
+        } else {
+            Kind::Blocked
+        };
+        shared.observer.sketch(tier, kind, part, *cost, now_s);
+    }
+}
+
+pub(crate) fn fail(shared: &Shared, e: &BackendError, parts: &http::request::Parts) -> Outcome {
+    let backend = shared.backend.name();
+    observe::count_backend_error(e.kind(), backend);
+    let policy = shared.failure_policy;
+    if let Some(suppressed) = shared.failure_log.permit() {
+        tracing::warn!(
+            error = %e,
+            backend,
+            ?policy,
+            suppressed,
+            "rate limiter could not decide; applying failure policy"
+        );
+    }
+    match policy {
+        FailurePolicy::Open => {
+            shared.count(RequestDecision::FailOpen);
+            Outcome::Pass(None, Duration::ZERO, None)
+        }
+        FailurePolicy::Closed => {
+            shared.count(RequestDecision::FailClosed);
+            Outcome::Respond(unavailable())
+        }
+        FailurePolicy::Fallback => {
+            shared.count(RequestDecision::Fallback);
+            let Some(local) = &shared.fallback else {
+                return Outcome::Pass(None, Duration::ZERO, None);
+            };
+            match plan(shared, parts, true) {
+                Planned::Check(checks, mut meta) => {
+                    meta.fallback = true;
+                    let v = local.check(&checks, meta.shadow, false);
+                    decide(shared, &meta, &v)
+                }
+                Planned::Refuse(res) => Outcome::Respond(res),
+                // An extractor failed: nothing local can decide either.
+                Planned::Pass(_) | Planned::Failed(_) => Outcome::Pass(None, Duration::ZERO, None),
+            }
+        }
+    }
+}

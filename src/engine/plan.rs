@@ -1,0 +1,366 @@
+//! Planning: the gate (global mode, deny- and allowlists), then one check per
+//! applicable tier (mode, method, cost, key, plan, limit).
+
+use super::runtime::{
+    BuiltTier, FailurePolicy, Overrides, PlanRuntime, Runtime, Shared, TierRuntime,
+};
+use crate::algorithm::Limit;
+use crate::backend::{Shadow, TierCheck};
+use crate::breaker::Permit;
+use crate::deny_cache::ProbeGuard;
+use crate::error::BackendError;
+use crate::key::KeyError;
+use crate::observe::RequestDecision;
+use crate::response::json_response;
+use crate::rollout::{DenyStatus, Mode, Plan};
+use bytes::Bytes;
+use http::request::Parts;
+use http::Response;
+use std::sync::Arc;
+
+/// What a request's check is about, kept for the decision: which tiers the
+/// checks belong to, which of them only observe (shadow, or canary keys not
+/// enforced), and what to log about those.
+#[derive(Debug, Default)]
+pub(crate) struct Meta {
+    /// Tier index of each check (inline up to 8 checks).
+    pub(crate) tiers: smallvec::SmallVec<[u8; 8]>,
+    /// Checks whose denial does not reject.
+    pub(crate) shadow: Shadow,
+    /// For shadow checks: the endpoint label and a hash of each key, for the
+    /// would-be-rejected log line (computed only when some tier observes).
+    pub(crate) observed: Option<Observed>,
+    /// What the circuit breaker allowed.
+    pub(crate) permit: Permit,
+    /// The local clock when the check was sent, and each check's key and
+    /// cost (for the deny cache and the top-N sketches).
+    pub(crate) sent_us: u64,
+    pub(crate) sent: Vec<TierCheck>,
+    /// The request's endpoint series (for the anomaly baseline).
+    pub(crate) endpoint: Option<Arc<crate::observe::recorder::Endpoint>>,
+    /// When the request reached the layer, and when the backend call started.
+    pub(crate) started: Option<std::time::Instant>,
+    pub(crate) backend_started: Option<std::time::Instant>,
+    /// Decided by the local fallback limiter.
+    pub(crate) fallback: bool,
+    /// With IETF headers: each check's quota (requests), period in
+    /// microseconds, and whether its algorithm refills continuously.
+    pub(crate) quotas: Vec<(u64, u64, bool)>,
+    /// Held while this request probes a lapsed deny-cache key: dropped with
+    /// the meta, after the answer was fed to the cache (or on an error),
+    /// which wakes the requests waiting for it.
+    pub(crate) probe: Option<ProbeGuard>,
+    /// For tiers with plans: each check's plan (`None` = the tier's
+    /// default), with its position among the tier's plans.
+    pub(crate) plans: Vec<Option<(usize, Arc<str>)>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Observed {
+    pub(crate) endpoint: String,
+    pub(crate) key_hashes: Vec<u64>,
+}
+
+impl Meta {
+    /// The tier check `i` belongs to.
+    pub(crate) fn tier<'s>(&self, shared: &'s Shared, i: usize) -> Option<&'s BuiltTier> {
+        self.tiers
+            .get(i)
+            .and_then(|&t| shared.tiers.get(usize::from(t)))
+    }
+
+    /// The name of the tier check `i` belongs to.
+    pub(crate) fn tier_name(&self, shared: &Shared, i: usize) -> Arc<str> {
+        self.tier(shared, i)
+            .map_or_else(|| Arc::from("unknown"), |t| t.name.clone())
+    }
+
+    /// Check `i`'s plan slot for the tier-decision counter (0: the default
+    /// plan, else 1 + its position) and name.
+    pub(crate) fn plan_slot(&self, i: usize) -> (usize, &str) {
+        match self.plans.get(i) {
+            Some(Some((pos, name))) => (pos.saturating_add(1), name),
+            _ => (0, "default"),
+        }
+    }
+}
+
+/// What the service does with a request before any backend call.
+pub(crate) enum Planned {
+    /// No tier applies (or the request is allowlisted): pass, counted as this.
+    Pass(RequestDecision),
+    /// Denylisted: answer this.
+    Refuse(Response<Bytes>),
+    /// Check these.
+    Check(Vec<TierCheck>, Meta),
+    /// An extractor could not run.
+    Failed(BackendError),
+}
+
+/// The steps before any tier: the global mode (with the control key's
+/// override), then the denylist, then the allowlist. Shared with replay's
+/// direct engine, so both decide alike.
+pub(crate) enum Gate {
+    /// The global mode is off.
+    Off,
+    Denylisted,
+    Allowlisted,
+    /// Plan the tiers under this global mode.
+    Tiers(Mode),
+}
+
+pub(crate) fn gate(shared: &Shared, rt: &Runtime, ov: &Overrides, parts: &Parts) -> Gate {
+    let global = ov.mode.unwrap_or(rt.mode);
+    if global == Mode::Off {
+        Gate::Off
+    } else if rt.deny.matches(parts, &shared.client_ip) {
+        Gate::Denylisted
+    } else if rt.allow.matches(parts, &shared.client_ip) {
+        Gate::Allowlisted
+    } else {
+        Gate::Tiers(global)
+    }
+}
+
+/// One tier's check of a request, as planned.
+pub(crate) struct TierPlan<'r> {
+    pub(crate) limit: Limit,
+    /// Clamped to the capacity + 1: a cost above the capacity is denied
+    /// anyway, and clamping keeps every algorithm's integer arithmetic far
+    /// from overflow whatever a cost function returns (a client-declared
+    /// batch size, say).
+    pub(crate) cost: u64,
+    /// False in shadow mode, or for a canary's keys outside its share.
+    pub(crate) enforced: bool,
+    /// The request's plan on this tier, when the tier has plans and the
+    /// request names one of them.
+    pub(crate) plan: Option<&'r PlanRuntime>,
+}
+
+/// Whether tier `i` (`t`, `r`) checks `parts`, and how. `key` is set to the
+/// storage key (`<prefix>:<tier>:<part>`). `None`: the tier does not apply
+/// (its mode is off, it does not count the method, the cost is 0, or the
+/// extractor found no key). `fallback`: the local fallback's limits.
+///
+/// # Errors
+/// The extractor could not run.
+#[inline]
+pub(crate) fn plan_tier<'r>(
+    (i, t, r): (usize, &BuiltTier, &'r TierRuntime),
+    ov: &Overrides,
+    global: Mode,
+    parts: &Parts,
+    fallback: bool,
+    key: &mut String,
+) -> Result<Option<TierPlan<'r>>, KeyError> {
+    let tier_mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
+    let mode = tier_mode.under(global);
+    if mode == Mode::Off || !t.counts_method(&parts.method) {
+        return Ok(None);
+    }
+    let cost = match &t.cost_fn {
+        Some(f) => f(parts),
+        None => t.cost,
+    };
+    if cost == 0 {
+        return Ok(None);
+    }
+    key.clear();
+    // Room for the prefix and a typical key part (an IPv4 address, a user
+    // id, a 32-digit API key hash) without growing.
+    key.reserve(t.key_base.len() + 40);
+    key.push_str(&t.key_base);
+    if !t.key.extract_into(parts, key)? {
+        return Ok(None);
+    }
+    let plan = if r.plans.is_empty() {
+        None
+    } else {
+        plan_of(t, r, parts)
+    };
+    let limit = match (plan, fallback) {
+        (Some(p), false) => p.limit,
+        (Some(p), true) => p.fallback,
+        (None, false) => r.limit,
+        (None, true) => r.fallback,
+    };
+    Ok(Some(TierPlan {
+        limit,
+        cost: cost.min(limit.capacity().saturating_add(1)),
+        enforced: mode.enforces(&t.name, &key[t.key_base.len()..]),
+        plan,
+    }))
+}
+
+/// The checks for a request, after the global mode and the lists: one per
+/// tier whose mode is not off, whose methods include the request's, whose
+/// cost is not 0 and whose extractor returns a key.
+pub(crate) fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
+    let rt = shared.runtime.load();
+    let ov = shared.overrides.load();
+    let global = match gate(shared, &rt, &ov, parts) {
+        Gate::Off => return Planned::Pass(RequestDecision::Skipped),
+        Gate::Denylisted => {
+            shared.count(RequestDecision::Denylisted);
+            return Planned::Refuse(denied_by_list(shared.deny_status));
+        }
+        Gate::Allowlisted => return Planned::Pass(RequestDecision::Allowlisted),
+        Gate::Tiers(global) => global,
+    };
+    let mut checks = Vec::with_capacity(shared.tiers.len());
+    let mut meta = Meta::default();
+    // A tier that does not apply leaves the buffer to the next.
+    let mut key = String::new();
+    for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
+        let tp = match plan_tier((i, t, r), &ov, global, parts, fallback, &mut key) {
+            Ok(Some(tp)) => tp,
+            Ok(None) => continue,
+            Err(e) => {
+                // The tier cannot be computed for this request: the failure
+                // policy decides it alone (see `KeyError`). The fallback's
+                // second plan of the same request is not counted again.
+                if !fallback {
+                    key_failed(shared, t, &e);
+                }
+                if shared.failure_policy == FailurePolicy::Closed {
+                    return Planned::Failed(e.into());
+                }
+                continue;
+            }
+        };
+        if !r.plans.is_empty() {
+            // The plan label of this check's metrics (configured names only).
+            meta.plans.resize(checks.len(), None);
+            meta.plans.push(tp.plan.map(|p| {
+                let pos = r.plans.iter().position(|x| std::ptr::eq(x, p));
+                (pos.unwrap_or(usize::MAX - 1), p.name.clone())
+            }));
+        }
+        if !tp.enforced {
+            let n = checks.len();
+            meta.shadow.0 |= 1 << n;
+            let observed = meta.observed.get_or_insert_with(|| Observed {
+                endpoint: {
+                    let (m, r) = crate::key::route_of(parts);
+                    format!("{m} {r}")
+                },
+                key_hashes: Vec::new(),
+            });
+            observed.key_hashes.resize(n, 0);
+            observed
+                .key_hashes
+                .push(xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
+        }
+        if shared.header_style.ietf() {
+            let q = tp.plan.map_or(r.quota, |p| p.quota);
+            let refills = matches!(
+                t.algorithm,
+                crate::tier::Algorithm::TokenBucket | crate::tier::Algorithm::LeakyBucket(_)
+            );
+            let period_us = u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX);
+            meta.quotas.push((q.limit(), period_us, refills));
+        }
+        checks.push(TierCheck {
+            key: std::mem::take(&mut key),
+            limit: tp.limit,
+            cost: tp.cost,
+        });
+        // MAX_TIERS is 64, so the index fits.
+        meta.tiers.push(u8::try_from(i).unwrap_or(u8::MAX));
+    }
+    if checks.is_empty() {
+        Planned::Pass(RequestDecision::Skipped)
+    } else {
+        let (method, route) = crate::key::route_of(parts);
+        meta.endpoint = Some(shared.observer.endpoint(method, route));
+        Planned::Check(checks, meta)
+    }
+}
+
+/// The request's plan on this tier, if it names one the tier knows (else the
+/// tier's default quota applies). The plan extractor runs once per tier.
+pub(crate) fn plan_of<'r>(
+    t: &BuiltTier,
+    r: &'r TierRuntime,
+    parts: &Parts,
+) -> Option<&'r PlanRuntime> {
+    let from_fn;
+    let plan: Option<&str> = match &t.plan_fn {
+        Some(f) => {
+            from_fn = f(parts);
+            from_fn.as_deref()
+        }
+        None => parts.extensions.get::<Plan>().map(|p| p.0.as_str()),
+    };
+    plan.and_then(|p| r.plans.iter().find(|pr| &*pr.name == p))
+}
+
+/// The counter of failed key extractions.
+pub(crate) const KEY_ERRORS: &str = "tiered_ratelimit_key_errors_total";
+
+/// Counts a failed extraction on tier `t` and logs it (once a minute per
+/// tier, with the number of lines suppressed since the last): at ERROR with
+/// the fix for a configuration error, at WARN otherwise.
+#[cold]
+#[inline(never)]
+pub(crate) fn key_failed(shared: &Shared, t: &BuiltTier, e: &KeyError) {
+    metrics::counter!(
+        KEY_ERRORS,
+        "tier" => t.name.to_string(),
+        "reason" => e.reason()
+    )
+    .increment(1);
+    let Some(suppressed) = t.key_error_log.permit() else {
+        return;
+    };
+    let policy = shared.failure_policy;
+    let consequence = if policy == FailurePolicy::Closed {
+        "answering 503 (failure policy Closed)"
+    } else {
+        "skipping this tier; the other tiers still apply"
+    };
+    if e.is_configuration() {
+        tracing::error!(
+            tier = %t.name,
+            extractor = t.key_type,
+            reason = e.reason(),
+            suppressed,
+            "rate limiter misconfigured: tier \"{}\" cannot compute its key, {consequence}: {e}",
+            t.name,
+        );
+    } else {
+        tracing::warn!(
+            tier = %t.name,
+            extractor = t.key_type,
+            reason = e.reason(),
+            suppressed,
+            "rate limiter: tier \"{}\" could not compute this request's key, {consequence}: {e}",
+            t.name,
+        );
+    }
+}
+
+pub(crate) fn denied_by_list(status: DenyStatus) -> Response<Bytes> {
+    #[derive(serde::Serialize)]
+    pub(crate) struct Body {
+        error: &'static str,
+    }
+    match status {
+        DenyStatus::Forbidden => {
+            json_response(http::StatusCode::FORBIDDEN, &Body { error: "forbidden" })
+        }
+        DenyStatus::TooManyRequests => {
+            let mut res = json_response(
+                status.status(),
+                &Body {
+                    error: "rate_limit_exceeded",
+                },
+            );
+            res.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("3600"),
+            );
+            res
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! The engine's runtime state: the built tiers, the settings a handle can
+//! swap, the control key's overrides, and the limits compiled from quotas.
+
+use crate::algorithm::{Gcra, Limit, TokenBucket, Window, MAX_PERIOD_US};
+use crate::backend::clock::Clock;
+use crate::backend::{Backend, MemoryBackend};
+use crate::breaker::Breaker;
+use crate::control::ControlKey;
+use crate::deny_cache::DenyCache;
+use crate::error::ConfigError;
+use crate::key::ClientIp;
+use crate::key::KeyExtractor;
+use crate::observe::recorder::Observer;
+use crate::observe::LogThrottle;
+use crate::response::{HeaderStyle, OnRejection};
+use crate::rollout::{AccessList, DenyStatus, Mode};
+use crate::tier::PlanFn;
+use crate::tier::{CostFn, LeakyBucket};
+use crate::{Algorithm, Quota};
+use arc_swap::ArcSwap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the layer does when the backend cannot decide (error, timeout, or a
+/// key extractor that cannot run).
+///
+/// Whichever applies, the failure is logged at `warn` (at most once a second,
+/// with a count of what was suppressed) and counted in
+/// `tiered_ratelimit_backend_errors_total{kind}` and
+/// `tiered_ratelimit_requests_total{decision="fail_open"|"fail_closed"|"fallback"}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Let the request through, without rate-limit headers (the default:
+    /// a limiter outage must not become an API outage).
+    #[default]
+    Open,
+    /// Answer `503 Service Unavailable` with
+    /// `{"error":"rate_limiter_unavailable"}` (for routes where an unlimited
+    /// request is worse than none, such as login).
+    Closed,
+    /// Decide with a local in-memory limiter (the same algorithms) whose
+    /// quotas are the tiers' quotas divided by the expected instance count
+    /// ([`RateLimitLayerBuilder::fallback_instances`]), the "insurance"
+    /// strategy: N instances together admit about the quota while the
+    /// backend is down. Switches back as soon as the backend answers.
+    /// Decisions are counted as `fallback`.
+    Fallback,
+}
+
+/// One tier as the service runs it: what never changes after `build()`.
+pub(crate) struct BuiltTier {
+    pub(crate) name: Arc<str>,
+    /// `<prefix>:<tier>:`; the key part is appended per request.
+    pub(crate) key_base: String,
+    pub(crate) key: Arc<dyn KeyExtractor>,
+    /// The extractor's type name (`ClientIp`), for logs.
+    pub(crate) key_type: &'static str,
+    /// Throttles the log line of this tier's failed extractions (once a minute).
+    pub(crate) key_error_log: LogThrottle,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) cost: u64,
+    pub(crate) cost_fn: Option<CostFn>,
+    /// `None`: every method but OPTIONS.
+    pub(crate) methods: Option<Box<[http::Method]>>,
+    pub(crate) plan_fn: Option<PlanFn>,
+    /// Refund this tier's charge on a status ≥ 400.
+    pub(crate) skip_failed: bool,
+    /// Refund this tier's charge on a status < 400.
+    pub(crate) skip_successful: bool,
+}
+
+impl BuiltTier {
+    pub(crate) fn counts_method(&self, m: &http::Method) -> bool {
+        match &self.methods {
+            None => m != http::Method::OPTIONS,
+            Some(ms) => ms.contains(m),
+        }
+    }
+}
+
+/// A tier's settings that can change at run time.
+#[derive(Debug, Clone)]
+pub(crate) struct TierRuntime {
+    pub(crate) mode: Mode,
+    pub(crate) quota: Quota,
+    pub(crate) limit: Limit,
+    /// The limit of the local fallback (quota ÷ instances).
+    pub(crate) fallback: Limit,
+    /// Per-plan quotas and limits, in the order given.
+    pub(crate) plans: Vec<PlanRuntime>,
+}
+
+/// One plan's quota on a tier.
+#[derive(Debug, Clone)]
+pub(crate) struct PlanRuntime {
+    pub(crate) name: Arc<str>,
+    pub(crate) quota: Quota,
+    pub(crate) limit: Limit,
+    pub(crate) fallback: Limit,
+}
+
+/// Everything [`RateLimitHandle`](crate::RateLimitHandle) can change; swapped
+/// whole, so a request sees one consistent version.
+#[derive(Debug, Clone)]
+pub(crate) struct Runtime {
+    pub(crate) mode: Mode,
+    pub(crate) tiers: Box<[TierRuntime]>,
+    pub(crate) allow: Arc<AccessList>,
+    pub(crate) deny: Arc<AccessList>,
+}
+
+/// Everything the service shares between requests.
+pub(crate) struct Shared {
+    pub(crate) backend: Backend,
+    pub(crate) tiers: Box<[BuiltTier]>,
+    pub(crate) runtime: ArcSwap<Runtime>,
+    pub(crate) failure_policy: FailurePolicy,
+    pub(crate) backend_timeout: Duration,
+    pub(crate) docs_url: Option<Arc<str>>,
+    pub(crate) on_rejection: Arc<dyn OnRejection>,
+    pub(crate) failure_log: LogThrottle,
+    pub(crate) client_ip: ClientIp,
+    pub(crate) deny_status: DenyStatus,
+    pub(crate) shadow_headers: bool,
+    pub(crate) shadow_log_level: tracing::Level,
+    pub(crate) counts: crate::observe::Counts,
+    /// Handles of the per-request metrics.
+    pub(crate) metrics: crate::observe::RequestMetrics,
+    pub(crate) breaker: Breaker,
+    pub(crate) deny_cache: DenyCache,
+    /// The clock the deny cache and the fallback read (the backend's manual
+    /// clock in tests; a monotonic epoch clock otherwise).
+    pub(crate) local_clock: Clock,
+    /// The local limiter of [`FailurePolicy::Fallback`].
+    pub(crate) fallback: Option<MemoryBackend>,
+    pub(crate) fallback_instances: u32,
+    pub(crate) header_style: HeaderStyle,
+    pub(crate) observer: Observer,
+    pub(crate) control: Option<ControlKey>,
+    pub(crate) control_started: std::sync::OnceLock<()>,
+    /// Modes set by the fleet-wide control key (empty without one).
+    pub(crate) overrides: ArcSwap<Overrides>,
+    pub(crate) key_prefix: Arc<str>,
+    /// With fleet-wide top-N on a single Redis: the current hour's set of
+    /// rejected keys, `<prefix>:blocked:<hour since epoch>`.
+    pub(crate) blocked_set: Option<ArcSwap<(u64, Arc<str>)>>,
+    /// With `blocked_set`: the deny cache's 429s, waiting for their
+    /// pipelined flush into the same sets.
+    pub(crate) fleet_blocked: Option<crate::observe::fleet::FleetBlocked>,
+}
+
+impl Shared {
+    /// The blocked-keys set to pass with this request's check, if any.
+    pub(crate) fn blocked_set(&self) -> Option<Arc<str>> {
+        let cell = self.blocked_set.as_ref()?;
+        let hour = self.local_clock.now_us() / 3_600_000_000;
+        let cur = cell.load();
+        if cur.0 == hour {
+            return Some(cur.1.clone());
+        }
+        let name: Arc<str> = Arc::from(format!("{}:blocked:{hour}", self.key_prefix));
+        cell.store(Arc::new((hour, name.clone())));
+        Some(name)
+    }
+}
+
+impl Shared {
+    /// Counts one request under `decision`, here and in the metrics facade.
+    pub(crate) fn count(&self, decision: crate::observe::RequestDecision) {
+        self.counts.add(decision);
+        self.metrics.count(decision);
+    }
+
+    /// Whether any tier refunds by response status (so checks must report
+    /// their charges).
+    pub(crate) fn refunds(&self) -> bool {
+        self.tiers
+            .iter()
+            .any(|t| t.skip_failed || t.skip_successful)
+    }
+
+    pub(crate) fn tier_index(&self, name: &str) -> Result<usize, ConfigError> {
+        self.tiers
+            .iter()
+            .position(|t| &*t.name == name)
+            .ok_or_else(|| ConfigError::UnknownTier(name.to_owned()))
+    }
+}
+
+/// Overrides from the control hash: global and per tier.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Overrides {
+    pub(crate) mode: Option<Mode>,
+    pub(crate) tiers: Vec<Option<Mode>>,
+}
+
+/// Checks a quota for a tier (limit, period, burst against the fixed cost)
+/// and derives the algorithm's integer parameters.
+pub(crate) fn checked_limit(
+    tier: &str,
+    algorithm: Algorithm,
+    q: Quota,
+    cost: u64,
+) -> Result<Limit, ConfigError> {
+    if q.limit() == 0 {
+        return Err(ConfigError::ZeroLimit {
+            tier: tier.to_owned(),
+        });
+    }
+    let period_us = u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX);
+    if period_us == 0 {
+        return Err(ConfigError::ZeroPeriod {
+            tier: tier.to_owned(),
+            period: q.period(),
+        });
+    }
+    if q.burst_size() < cost {
+        return Err(ConfigError::BurstBelowCost {
+            tier: tier.to_owned(),
+            burst: q.burst_size(),
+            cost,
+        });
+    }
+    limit_for(tier, algorithm, q, period_us)
+}
+
+/// The fallback limit: the quota divided by `instances` (at least 1, and at
+/// least the fixed cost).
+pub(crate) fn fallback_limit(
+    tier: &str,
+    algorithm: Algorithm,
+    q: Quota,
+    cost: u64,
+    instances: u32,
+) -> Result<Limit, ConfigError> {
+    let n = u64::from(instances.max(1));
+    let limit = (q.limit() / n).max(1);
+    let burst = (q.burst_size() / n).max(1).max(cost);
+    let divided = if q.burst_size() == q.limit() && limit >= cost {
+        Quota::new(limit, q.period())
+    } else {
+        Quota::new(limit, q.period()).burst(burst)
+    };
+    // Window algorithms have no burst: keep their limit at least the cost.
+    let divided = match algorithm {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => {
+            Quota::new(limit.max(cost), q.period())
+        }
+        _ => divided,
+    };
+    checked_limit(tier, algorithm, divided, cost)
+}
+
+/// The integer parameters of a tier's algorithm, checked so that every value
+/// the Redis script computes stays at or below 2^53 (the bounds are on
+/// [`Quota`](crate::Quota)).
+fn limit_for(
+    tier: &str,
+    algorithm: Algorithm,
+    q: crate::Quota,
+    period_us: u64,
+) -> Result<Limit, ConfigError> {
+    let too_large = |field: &'static str, detail: String| ConfigError::QuotaTooLarge {
+        tier: tier.to_owned(),
+        field,
+        detail,
+    };
+    if period_us > MAX_PERIOD_US {
+        return Err(too_large(
+            "period",
+            format!(
+                "{period_us} µs is above {MAX_PERIOD_US} µs (2^51 µs, about 71 years), the longest period"
+            ),
+        ));
+    }
+    let window = || -> Result<Window, ConfigError> {
+        if q.burst_size() != q.limit() {
+            return Err(ConfigError::BurstNotSupported {
+                tier: tier.to_owned(),
+                algorithm,
+            });
+        }
+        Ok(Window {
+            limit: q.limit(),
+            window_us: period_us,
+        })
+    };
+    let capped = |w: Window| -> Result<Window, ConfigError> {
+        if w.limit > Window::MAX_LIMIT {
+            return Err(too_large(
+                "limit",
+                format!(
+                    "{} is above {} (2^52 - 1), the largest limit of {algorithm:?}",
+                    w.limit,
+                    Window::MAX_LIMIT
+                ),
+            ));
+        }
+        Ok(w)
+    };
+    let bucket = || -> Result<TokenBucket, ConfigError> {
+        let (unit, rate) = TokenBucket::unit_and_rate(q.limit(), period_us);
+        let capacity = u128::from(q.burst_size()) * u128::from(unit);
+        if capacity > u128::from(TokenBucket::MAX_CAPACITY_UNITS) {
+            return Err(too_large(
+                "burst",
+                format!(
+                    "burst × period in units, {} × {unit} = {capacity}, is above 2^52; use a smaller burst or a shorter period",
+                    q.burst_size()
+                ),
+            ));
+        }
+        if rate > TokenBucket::MAX_RATE {
+            return Err(too_large(
+                "limit",
+                format!(
+                    "the refill rate, {rate} units per µs (limit / gcd(limit, period in µs)), is above 2^51"
+                ),
+            ));
+        }
+        TokenBucket::new(q.limit(), period_us, q.burst_size()).ok_or_else(|| {
+            too_large(
+                "burst",
+                format!("{} tokens cannot be counted", q.burst_size()),
+            )
+        })
+    };
+    Ok(match algorithm {
+        Algorithm::FixedWindow => Limit::FixedWindow(capped(window()?)?),
+        Algorithm::SlidingWindowLog => Limit::SlidingWindowLog(capped(window()?)?),
+        Algorithm::SlidingWindowCounter => {
+            let w = window()?;
+            if !w.counter_is_exact() {
+                return Err(too_large(
+                    "limit",
+                    format!(
+                        "(2 × limit + 1) × period, (2 × {} + 1) × {} µs, is above 2^53; use a smaller limit or a shorter period",
+                        w.limit, w.window_us
+                    ),
+                ));
+            }
+            Limit::SlidingWindowCounter(w)
+        }
+        Algorithm::TokenBucket => Limit::TokenBucket(bucket()?),
+        Algorithm::LeakyBucket(LeakyBucket::Police) => Limit::LeakyBucket(Gcra {
+            bucket: bucket()?,
+            max_delay_us: None,
+        }),
+        Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }) => {
+            let b = bucket()?;
+            let max_delay_us = max_delay.as_micros();
+            let ticks = max_delay_us
+                .saturating_mul(u128::from(b.rate))
+                .saturating_add(u128::from(b.capacity));
+            if ticks > u128::from(TokenBucket::MAX_CAPACITY_UNITS) {
+                return Err(too_large(
+                    "max_delay",
+                    format!(
+                        "capacity + max_delay × rate, {} + {max_delay_us} × {} units, is above 2^52; use a shorter max_delay or a smaller burst",
+                        b.capacity, b.rate
+                    ),
+                ));
+            }
+            Limit::LeakyBucket(Gcra {
+                bucket: b,
+                // At most 2^52 by the check above.
+                max_delay_us: Some(u64::try_from(max_delay_us).unwrap_or(u64::MAX)),
+            })
+        }
+    })
+}
+
+impl Shared {
+    /// Counts a 429 answered by the deny cache for the fleet-wide hourly
+    /// sets (a no-op without them).
+    pub(crate) fn count_fleet_blocked(&self, key: &str, cost: u64, now_us: u64) {
+        if let Some(f) = &self.fleet_blocked {
+            f.record(&self.backend, key, cost, now_us);
+        }
+    }
+}
+
+impl Shared {
+    /// Sets every tier's mode gauge to its mode in force (code, file and
+    /// control-key overrides combined).
+    pub(crate) fn refresh_mode_gauges(&self) {
+        let rt = self.runtime.load();
+        let ov = self.overrides.load();
+        let global = ov.mode.unwrap_or(rt.mode);
+        for (i, (t, r)) in self.tiers.iter().zip(rt.tiers.iter()).enumerate() {
+            let mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
+            crate::observe::set_mode_gauge(&t.name, mode.under(global));
+        }
+    }
+}
