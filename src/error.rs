@@ -114,19 +114,35 @@ pub enum ConfigError {
 
 /// Why a backend could not decide. The layer turns every one of these into the
 /// configured [`FailurePolicy`](crate::FailurePolicy); none reaches the client
-/// as a 500.
+/// as a 500. The underlying error, where there is one, is kept as the
+/// [`source`](std::error::Error::source) (in an `Arc`, so the error stays
+/// `Clone`).
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum BackendError {
     /// The backend did not answer within `backend_timeout`.
     #[error("backend timed out after {0:?}")]
     Timeout(Duration),
-    /// The connection to the backend failed or was lost.
+    /// No connection: it could not be made or was lost, the pool could not
+    /// hand one out, or the node cannot serve the call now (loading,
+    /// read-only, its primary down, the cluster reconfiguring).
     #[error("backend connection error: {0}")]
-    Connection(String),
-    /// The backend answered with an error or an unexpected reply.
+    Connection(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
+    /// The backend answered the call with an error (a script error, say).
     #[error("backend script error: {0}")]
-    Script(String),
+    Script(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
+    /// The backend's reply does not have the layout this version expects.
+    #[error("unexpected backend reply: {0}")]
+    Reply(String),
+    /// The task a cluster check ran in failed (panicked or was cancelled).
+    #[error("backend task failed: {0}")]
+    Task(#[source] std::sync::Arc<dyn std::error::Error + Send + Sync>),
+    /// There is no tokio runtime to run the backend call on.
+    #[error("no tokio runtime to run the backend call on")]
+    NoRuntime,
+    /// This backend cannot do what was asked (what, in words).
+    #[error("not supported by this backend: {0}")]
+    Unsupported(String),
     /// The circuit breaker is open: the backend failed repeatedly and is not
     /// being called until the next probe.
     #[error("backend circuit open: not calling it until the next probe")]
@@ -139,13 +155,28 @@ pub enum BackendError {
 }
 
 impl BackendError {
-    /// A short, bounded label for metrics: `timeout`, `connection`, `script`,
+    /// A connection error with `e` as its source.
+    pub(crate) fn connection(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        BackendError::Connection(std::sync::Arc::new(e))
+    }
+
+    /// A script error with `e` as its source.
+    pub(crate) fn script(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        BackendError::Script(std::sync::Arc::new(e))
+    }
+
+    /// A short, bounded label for metrics: `timeout`, `connection`, `script`
+    /// (also an unexpected reply, a failed task, no runtime, unsupported),
     /// `key` or `circuit_open`.
     pub fn kind(&self) -> &'static str {
         match self {
             BackendError::Timeout(_) => "timeout",
             BackendError::Connection(_) => "connection",
-            BackendError::Script(_) => "script",
+            BackendError::Script(_)
+            | BackendError::Reply(_)
+            | BackendError::Task(_)
+            | BackendError::NoRuntime
+            | BackendError::Unsupported(_) => "script",
             BackendError::Key(_) => "key",
             BackendError::CircuitOpen => "circuit_open",
         }

@@ -362,7 +362,7 @@ impl RateLimitHandle {
         n: usize,
         window: std::time::Duration,
     ) -> Result<Vec<BlockedKey>, crate::BackendError> {
-        let no = |why: &str| crate::BackendError::Script(why.to_owned());
+        let no = |why: &str| crate::BackendError::Unsupported(why.to_owned());
         let i = self
             .shared
             .tier_index(tier)

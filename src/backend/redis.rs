@@ -275,7 +275,7 @@ impl RedisBackend {
                 Conn::Manager(m) => cmd.query_async(m).await,
                 Conn::Multiplexed(m) => cmd.query_async(m).await,
             };
-            for (member, score) in r.map_err(|e| BackendError::Connection(e.to_string()))? {
+            for (member, score) in r.map_err(BackendError::connection)? {
                 if let Some(part) = member.strip_prefix(key_prefix) {
                     *totals.entry(part.to_owned()).or_default() += score.max(0.0) as u64;
                 }
@@ -430,9 +430,9 @@ impl RedisBackend {
                 )
             )
         {
-            BackendError::Connection(e.to_string())
+            BackendError::connection(e)
         } else {
-            BackendError::Script(e.to_string())
+            BackendError::script(e)
         }
     }
 
@@ -461,7 +461,7 @@ impl RedisBackend {
                     .set_response_timeout(None)
                     .set_max_delay(Duration::from_millis(200));
                 let m = ConnectionManager::new_lazy_with_config(client.clone(), config)
-                    .map_err(|e| BackendError::Connection(e.to_string()))?;
+                    .map_err(BackendError::connection)?;
                 Ok(Conn::Manager(manager.get_or_init(|| m).clone()))
             }
             Source::Pool { pool, conn } => {
@@ -472,12 +472,12 @@ impl RedisBackend {
                 // check's future would otherwise carry (and move) its room.
                 let obj = Box::pin(pool.get())
                     .await
-                    .map_err(|e| BackendError::Connection(e.to_string()))?;
+                    .map_err(BackendError::connection)?;
                 let c = deadpool_redis::Connection::take(obj);
                 *lock(conn) = Some(c.clone());
                 Ok(Conn::Multiplexed(c))
             }
-            Source::Cluster { .. } | Source::ClusterPool { .. } => Err(BackendError::Script(
+            Source::Cluster { .. } | Source::ClusterPool { .. } => Err(BackendError::Unsupported(
                 "a cluster backend has no single-node connection".to_owned(),
             )),
         }
@@ -493,13 +493,13 @@ impl RedisBackend {
                 let obj = pool
                     .get()
                     .await
-                    .map_err(|e| BackendError::Connection(e.to_string()))?;
+                    .map_err(BackendError::connection)?;
                 let c = deadpool_redis::cluster::Connection::take(obj);
                 *lock(conn) = Some(c.clone());
                 Ok(c)
             }
             Source::Client { .. } | Source::Pool { .. } | Source::Cluster { .. } => Err(
-                BackendError::Script("no redis-rs cluster connection".to_owned()),
+                BackendError::Unsupported("no redis-rs cluster connection".to_owned()),
             ),
         }
     }
@@ -714,7 +714,7 @@ fn parse_reply(reply: &[i64], capacities: &[u64], shadow: Shadow) -> Result<Verd
     let n = capacities.len();
     let body = 1 + PER_TIER * n;
     let bad = |what: &str| {
-        BackendError::Script(format!(
+        BackendError::Reply(format!(
             "unexpected reply for {n} tiers ({what}): {} values",
             reply.len()
         ))

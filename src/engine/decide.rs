@@ -95,9 +95,7 @@ impl Refunds {
                         }
                     });
                 }
-                Err(_) => refund_failed(&BackendError::Script(
-                    "no tokio runtime to send the refund on".to_owned(),
-                )),
+                Err(_) => refund_failed(&BackendError::NoRuntime),
             },
         }
     }

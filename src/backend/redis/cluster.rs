@@ -138,7 +138,7 @@ pub(super) async fn check(
     }
     tokio::spawn(job.run())
         .await
-        .map_err(|e| BackendError::Script(format!("cluster check task failed: {e}")))?
+        .map_err(|e| BackendError::Task(std::sync::Arc::new(e)))?
 }
 
 impl Job {
@@ -374,7 +374,7 @@ const PER_TIER: usize = 6;
 fn parse_check(reply: &[i64], g: &Group, checks: &[TierCheck]) -> Result<GroupReply, BackendError> {
     let want = 2 + PER_TIER * g.tiers.len();
     if reply.len() != want {
-        return Err(BackendError::Script(format!(
+        return Err(BackendError::Reply(format!(
             "expected {want} values, got {}",
             reply.len()
         )));

@@ -8,7 +8,7 @@ impl RedisBackend {
     pub(crate) async fn hgetall(&self, key: &str) -> Result<Vec<(String, String)>, BackendError> {
         let mut cmd = ::redis::cmd("HGETALL");
         cmd.arg(key);
-        let err = |e: ::redis::RedisError| BackendError::Connection(e.to_string());
+        let err = BackendError::connection;
         if self.is_cluster() {
             let via = self.cluster_via().await?;
             return super::cluster::command(&via, key, &cmd).await.map_err(err);
@@ -28,7 +28,7 @@ impl RedisBackend {
     ) -> Result<(), BackendError> {
         let mut cmd = ::redis::cmd("HSET");
         cmd.arg(key).arg(field).arg(value);
-        let err = |e: ::redis::RedisError| BackendError::Connection(e.to_string());
+        let err = BackendError::connection;
         if self.is_cluster() {
             let via = self.cluster_via().await?;
             return super::cluster::command::<i64>(&via, key, &cmd)
