@@ -59,7 +59,8 @@
 //!   (`Sec-Fetch-Site`).
 //! * `?token=<token>`: only on `GET /` (a browser cannot send a bearer
 //!   header), unless [`Admin::query_token`] is `false`. The answer is a
-//!   `303` to the page **without** the query, setting the cookie, so the
+//!   `303` to the page **without** the query, setting the cookie (an
+//!   HMAC-SHA256 of the token, never the token itself), so the
 //!   token leaves the address bar at once; but that first URL may still be
 //!   written to access logs on the way. Where a reverse proxy can add the
 //!   `Authorization` header itself, turn this off.
@@ -230,11 +231,24 @@ impl Admin {
     }
 
     fn cookie_ok(&self, headers: &HeaderMap) -> bool {
-        cookies(headers, COOKIE_NAME).any(|v| {
-            hex_decode(v)
-                .as_deref()
-                .is_some_and(|t| self.token_matches(t))
-        })
+        use subtle::ConstantTimeEq;
+        let want = self.cookie_value();
+        cookies(headers, COOKIE_NAME).any(|v| bool::from(v.as_bytes().ct_eq(want.as_bytes())))
+    }
+
+    /// The cookie's value: HMAC-SHA256 of a fixed label keyed by the token,
+    /// in hex. It proves the token was given without carrying it (a cookie
+    /// read off a browser does not reveal the token), every instance with
+    /// the same token accepts it, and a new token voids old cookies.
+    fn cookie_value(&self) -> String {
+        use hmac::{KeyInit, Mac};
+        let Ok(mut mac) = hmac::Hmac::<sha2::Sha256>::new_from_slice(self.token.as_bytes()) else {
+            // HMAC takes keys of any length; unreachable, and no cookie
+            // matches an empty value.
+            return String::new();
+        };
+        mac.update(b"tiered-ratelimit admin cookie v1");
+        hex_encode(&mac.finalize().into_bytes())
     }
 
     fn query_ok(&self, query: Option<&str>) -> bool {
@@ -248,7 +262,7 @@ impl Admin {
     fn cookie(&self, path: &str) -> HeaderValue {
         let mut c = format!(
             "{COOKIE_NAME}={}; Path={path}; Max-Age={COOKIE_MAX_AGE_S}; HttpOnly; SameSite=Strict",
-            hex_encode(self.token.as_bytes())
+            self.cookie_value()
         );
         if self.secure_cookie {
             c.push_str("; Secure");
@@ -756,16 +770,6 @@ fn hex_encode(b: &[u8]) -> String {
         let _ = write!(s, "{x:02x}");
     }
     s
-}
-
-fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    let s = s.as_bytes();
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    s.chunks_exact(2)
-        .map(|p| Some(hex_val(p[0])? << 4 | hex_val(p[1])?))
-        .collect()
 }
 
 /// Values of cookie `name` in the request's `Cookie` headers.
@@ -1313,9 +1317,7 @@ mod tests {
                 ("t".into(), "%4".into()),
             ]
         );
-        assert_eq!(hex_decode(&hex_encode(b"t0k;en =")).unwrap(), b"t0k;en =");
-        assert!(hex_decode("abc").is_none());
-        assert!(hex_decode("zz").is_none());
+        assert_eq!(hex_encode(b"t0k;en ="), "74306b3b656e203d");
     }
 
     #[test]

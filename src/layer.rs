@@ -450,6 +450,15 @@ impl RateLimitLayerBuilder {
             }
         }
         let is_memory = matches!(backend, Backend::Memory(_));
+        if is_memory && self.control.is_some() {
+            // Not an error (a policy file may serve both backends), but not
+            // silent: the kill switch would look fleet-wide and is not.
+            tracing::warn!(
+                "control key configured with the in-memory backend: it is not \
+                 watched (it lives in Redis); mode changes apply to this \
+                 instance only"
+            );
+        }
         let backend_name = backend.name();
         #[cfg(feature = "redis")]
         let single_redis = matches!(&backend, Backend::Redis(r) if !r.is_cluster());

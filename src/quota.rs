@@ -106,6 +106,11 @@ impl Quota {
         self.period
     }
 
+    /// Whether a burst was set (else the capacity is the limit).
+    pub(crate) const fn has_burst(&self) -> bool {
+        self.burst.is_some()
+    }
+
     /// The burst (capacity): the explicit burst, or the limit.
     pub const fn burst_size(&self) -> u64 {
         match self.burst {

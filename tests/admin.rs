@@ -133,6 +133,15 @@ async fn every_route_wants_the_token() {
         }
     }
     // The query token is for the page only; the cookie for the page and its form.
+    let real_cookie = {
+        let res = c
+            .get(format!("http://{addr}{BASE}?token={TOKEN}"))
+            .send()
+            .await
+            .unwrap();
+        let set = res.headers()["set-cookie"].to_str().unwrap().to_owned();
+        set.split(';').next().unwrap().to_owned()
+    };
     for path in ["/api/status", "/api/anomalies", "/api/history/user"] {
         let res = c
             .get(format!("http://{addr}{BASE}{path}?token={TOKEN}"))
@@ -142,7 +151,7 @@ async fn every_route_wants_the_token() {
         assert_unauthorized(res, &format!("{path}?token=")).await;
         let res = c
             .get(format!("http://{addr}{BASE}{path}"))
-            .header("cookie", format!("{COOKIE_NAME}={}", hex(TOKEN)))
+            .header("cookie", real_cookie.clone())
             .send()
             .await
             .unwrap();
@@ -158,7 +167,8 @@ async fn every_route_wants_the_token() {
             .unwrap();
         assert_unauthorized(res, &format!("POST {target}?token=")).await;
     }
-    // A cookie holding the wrong token (or not hex) is no token.
+    // A cookie holding the wrong token, not hex, or the token itself (or
+    // its hex, the old format) is no token.
     for cookie in [hex("wrong"), "zz".to_owned(), TOKEN.to_owned()] {
         let res = c
             .get(format!("http://{addr}{BASE}"))
@@ -586,10 +596,12 @@ async fn page_cookie_and_form() {
         assert!(set_cookie.contains(attr), "{set_cookie}: {attr}");
     }
     let cookie = set_cookie.split(';').next().unwrap().to_owned();
+    // An HMAC of the token: neither the token nor any encoding of it.
     assert!(
-        !cookie.contains(TOKEN),
-        "the token is hex-encoded: {cookie}"
+        !cookie.contains(TOKEN) && !cookie.contains(&hex(TOKEN)),
+        "the cookie must not carry the token: {cookie}"
     );
+    assert_eq!(cookie.len(), COOKIE_NAME.len() + 1 + 64, "{cookie}");
 
     let res = c
         .get(format!("http://{addr}{BASE}"))

@@ -52,7 +52,8 @@ fn builder_errors_name_the_field() {
         "a",
         Quota::new(u64::MAX / 2, Duration::from_secs(86_400 * 365))
     )))
-    .starts_with("tier \"a\": burst: burst × period in units"));
+    // No burst set: the field the user wrote is the limit.
+    .starts_with("tier \"a\": limit: limit (the capacity: no burst is set) × period in units"));
 }
 
 #[test]

@@ -139,3 +139,49 @@ fn default_key_prefix_on_redis_warns_once_per_build() {
         "{out}"
     );
 }
+
+/// A control key on the memory backend cannot be watched: building such a
+/// layer says so in one `WARN` line (the quickstart's policy has `[control]`
+/// and runs in memory without `REDIS_URL`).
+#[test]
+fn control_key_on_the_memory_backend_warns() {
+    use std::sync::{Arc, Mutex};
+    use tiered_ratelimit::{key::Global, ControlKey, RateLimitLayer};
+    #[derive(Clone, Default)]
+    struct Buf(Arc<Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Buf::default();
+    let writer = buf.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    tracing::subscriber::with_default(subscriber, || {
+        let tier = || Tier::new("g", Global, Quota::per_second(1));
+        let _with = RateLimitLayer::builder()
+            .control_key(ControlKey::new("rl:control"))
+            .tier(tier())
+            .build()
+            .unwrap();
+        let _without = RateLimitLayer::builder().tier(tier()).build().unwrap();
+    });
+    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 1, "{out}");
+    assert!(
+        lines[0].contains(
+            "control key configured with the in-memory backend: it is not watched (it lives \
+             in Redis); mode changes apply to this instance only"
+        ),
+        "{out}"
+    );
+}

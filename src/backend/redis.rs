@@ -490,10 +490,7 @@ impl RedisBackend {
                 if let Some(c) = lock(conn).clone() {
                     return Ok(c);
                 }
-                let obj = pool
-                    .get()
-                    .await
-                    .map_err(BackendError::connection)?;
+                let obj = pool.get().await.map_err(BackendError::connection)?;
                 let c = deadpool_redis::cluster::Connection::take(obj);
                 *lock(conn) = Some(c.clone());
                 Ok(c)

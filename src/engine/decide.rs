@@ -114,7 +114,7 @@ pub(crate) fn refund_failed(e: &BackendError) {
     static LOG: std::sync::OnceLock<observe::LogThrottle> = std::sync::OnceLock::new();
     let log = LOG.get_or_init(|| observe::LogThrottle::new(Duration::from_secs(1)));
     if let Some(suppressed) = log.permit() {
-        tracing::warn!(
+        tracing::warn!(target: super::LOG_TARGET,
             error = %e,
             suppressed,
             "rate limiter: refund by response status failed; the request keeps its charge"
@@ -325,7 +325,7 @@ pub(crate) fn reject(
             .metrics
             .count_tiers(None, e, [c], |_| (&*tier, meta.plan_slot(i).1));
     }
-    tracing::debug!(tier = &*tier, retry_after, "request rate limited");
+    tracing::debug!(target: super::LOG_TARGET, tier = &*tier, retry_after, "request rate limited");
     let rejection = Rejection {
         tier,
         violated_policies: violated,
@@ -351,6 +351,7 @@ pub(crate) fn log_shadow(
     macro_rules! at {
         ($lvl:expr) => {
             tracing::event!(
+                target: super::LOG_TARGET,
                 $lvl,
                 tier,
                 key_hash = format_args!("{key_hash:016x}"),

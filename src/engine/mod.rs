@@ -22,3 +22,11 @@ pub(crate) mod outcome;
 pub(crate) mod plan;
 pub(crate) mod runtime;
 pub(crate) mod watch;
+
+/// The `tracing` target of a check's span and events: the module they came
+/// from before the engine had modules of its own, so that log filters such
+/// as `RUST_LOG=tiered_ratelimit::service=debug` keep working.
+pub(crate) const LOG_TARGET: &str = "tiered_ratelimit::service";
+
+/// The same for the control key's watcher (formerly `control.rs`).
+pub(crate) const CONTROL_LOG_TARGET: &str = "tiered_ratelimit::control";

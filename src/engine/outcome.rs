@@ -23,7 +23,7 @@ pub(crate) fn outcome(
     let backend = shared.backend.name();
     // One span per check, with every tier's result as a field (formatted
     // only when a subscriber wants the span).
-    let span = tracing::debug_span!(
+    let span = tracing::debug_span!(target: super::LOG_TARGET,
         "rate_limit_check",
         backend,
         tiers = tracing::field::Empty,
@@ -125,7 +125,7 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, parts: &http::request::Par
     observe::count_backend_error(e.kind(), backend);
     let policy = shared.failure_policy;
     if let Some(suppressed) = shared.failure_log.permit() {
-        tracing::warn!(
+        tracing::warn!(target: super::LOG_TARGET,
             error = %e,
             backend,
             ?policy,

@@ -320,7 +320,7 @@ pub(crate) fn key_failed(shared: &Shared, t: &BuiltTier, e: &KeyError) {
         "skipping this tier; the other tiers still apply"
     };
     if e.is_configuration() {
-        tracing::error!(
+        tracing::error!(target: super::LOG_TARGET,
             tier = %t.name,
             extractor = t.key_type,
             reason = e.reason(),
@@ -329,7 +329,7 @@ pub(crate) fn key_failed(shared: &Shared, t: &BuiltTier, e: &KeyError) {
             t.name,
         );
     } else {
-        tracing::warn!(
+        tracing::warn!(target: super::LOG_TARGET,
             tier = %t.name,
             extractor = t.key_type,
             reason = e.reason(),

@@ -304,10 +304,17 @@ fn limit_for(
         let (unit, rate) = TokenBucket::unit_and_rate(q.limit(), period_us);
         let capacity = u128::from(q.burst_size()) * u128::from(unit);
         if capacity > u128::from(TokenBucket::MAX_CAPACITY_UNITS) {
+            // Name the field the user wrote: without a burst, the capacity
+            // is the limit.
+            let (field, what) = if q.has_burst() {
+                ("burst", "burst")
+            } else {
+                ("limit", "limit (the capacity: no burst is set)")
+            };
             return Err(too_large(
-                "burst",
+                field,
                 format!(
-                    "burst × period in units, {} × {unit} = {capacity}, is above 2^52; use a smaller burst or a shorter period",
+                    "{what} × period in units, {} × {unit} = {capacity}, is above 2^52; use a smaller {field} or a shorter period",
                     q.burst_size()
                 ),
             ));

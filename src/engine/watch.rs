@@ -24,24 +24,24 @@ pub(crate) fn apply(
             match parsed {
                 Ok(m) => next.mode = Some(m),
                 Err(e) => {
-                    tracing::error!(field, value, error = %e, "control key: malformed mode ignored");
+                    tracing::error!(target: super::CONTROL_LOG_TARGET, field, value, error = %e, "control key: malformed mode ignored");
                     next.mode = previous.mode;
                 }
             }
         } else if let Some(tier) = field.strip_prefix("tier:") {
             let Ok(i) = shared.tier_index(tier) else {
-                tracing::error!(field, value, "control key: unknown tier ignored");
+                tracing::error!(target: super::CONTROL_LOG_TARGET, field, value, "control key: unknown tier ignored");
                 continue;
             };
             match parsed {
                 Ok(m) => next.tiers[i] = Some(m),
                 Err(e) => {
-                    tracing::error!(field, value, error = %e, "control key: malformed tier mode ignored");
+                    tracing::error!(target: super::CONTROL_LOG_TARGET, field, value, error = %e, "control key: malformed tier mode ignored");
                     next.tiers[i] = previous.tiers.get(i).copied().flatten();
                 }
             }
         } else {
-            tracing::error!(field, value, "control key: unknown field ignored");
+            tracing::error!(target: super::CONTROL_LOG_TARGET, field, value, "control key: unknown field ignored");
         }
     }
     next
@@ -86,7 +86,7 @@ fn store(shared: &Shared, key: &str, fields: &[(String, String)]) {
     let previous = shared.overrides.load_full();
     let next = apply(shared, &previous, fields);
     if next != *previous {
-        tracing::warn!(
+        tracing::warn!(target: super::CONTROL_LOG_TARGET,
             key,
             mode = ?next.mode,
             tiers = ?next.tiers,
@@ -128,8 +128,8 @@ pub(crate) fn start(shared: &Arc<Shared>) {
                 let read = tokio::time::timeout(interval.max(Duration::from_millis(100)), redis.hgetall(&key)).await;
                 match read {
                     Ok(Ok(fields)) => store(&shared, &key, &fields),
-                    Ok(Err(e)) => tracing::warn!(key, error = %e, "control key: poll failed; keeping the current overrides"),
-                    Err(_) => tracing::warn!(key, "control key: poll timed out; keeping the current overrides"),
+                    Ok(Err(e)) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, error = %e, "control key: poll failed; keeping the current overrides"),
+                    Err(_) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, "control key: poll timed out; keeping the current overrides"),
                 }
                 drop(shared);
                 tokio::time::sleep(interval).await;

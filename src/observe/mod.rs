@@ -58,7 +58,6 @@ pub(crate) enum RequestDecision {
     Fallback = 9,
 }
 
-
 /// A layer's handles for the metrics every request touches (the requests
 /// counter by decision, the check-duration histograms, and the per-tier
 /// decision counter's cells), registered once per recorder instead of per
@@ -326,7 +325,7 @@ mod tests {
         use metrics_util::debugging::{DebugValue, DebuggingRecorder};
         let m = RequestMetrics::new("memory", 1, 1);
         m.count(RequestDecision::Allowed); // no recorder: nothing, no panic
-                            // Every decision's series exists (at 0) once registered.
+                                           // Every decision's series exists (at 0) once registered.
         let allowed = |r: &DebuggingRecorder| -> Vec<u64> {
             r.snapshotter()
                 .snapshot()
