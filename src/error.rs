@@ -156,11 +156,13 @@ pub enum BackendError {
 
 impl BackendError {
     /// A connection error with `e` as its source.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn connection(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         BackendError::Connection(std::sync::Arc::new(e))
     }
 
     /// A script error with `e` as its source.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn script(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         BackendError::Script(std::sync::Arc::new(e))
     }

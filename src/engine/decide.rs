@@ -4,7 +4,9 @@ use super::plan::Meta;
 use super::runtime::Shared;
 use crate::algorithm::Decision;
 use crate::backend::{Backend, TierRefund, Verdict};
+#[cfg(feature = "redis")]
 use crate::error::BackendError;
+#[cfg(feature = "redis")]
 use crate::observe;
 use crate::observe::RequestDecision;
 use crate::observe::{TierCount, TierDecision};

@@ -42,7 +42,7 @@ pub enum FailurePolicy {
     Closed,
     /// Decide with a local in-memory limiter (the same algorithms) whose
     /// quotas are the tiers' quotas divided by the expected instance count
-    /// ([`RateLimitLayerBuilder::fallback_instances`]), the "insurance"
+    /// ([`RateLimitLayerBuilder::fallback_instances`](crate::RateLimitLayerBuilder::fallback_instances)), the "insurance"
     /// strategy: N instances together admit about the quota while the
     /// backend is down. Switches back as soon as the backend answers.
     /// Decisions are counted as `fallback`.

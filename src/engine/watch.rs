@@ -5,6 +5,7 @@ use super::runtime::{Overrides, Shared};
 use crate::control::ControlError;
 use crate::rollout::Mode;
 use std::sync::Arc;
+#[cfg(feature = "redis")]
 use std::time::Duration;
 
 /// Applies one read of the hash to `previous`; returns the new overrides.
