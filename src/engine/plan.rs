@@ -170,7 +170,10 @@ pub(crate) fn plan_tier<'r>(
     // id, a 32-digit API key hash) without growing.
     key.reserve(t.key_base.len() + 40);
     key.push_str(&t.key_base);
-    if !t.key.extract_into(parts, key)? {
+    if !t
+        .key
+        .extract_into(parts, &mut crate::key::KeyWriter::new(key))?
+    {
         return Ok(None);
     }
     let plan = if r.plans.is_empty() {

@@ -1,4 +1,4 @@
-use super::{KeyError, KeyExtractor};
+use super::{KeyError, KeyExtractor, KeyWriter};
 use http::header::{HeaderMap, HeaderName};
 use http::request::Parts;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -601,9 +601,10 @@ impl KeyExtractor for ClientIp {
         Ok(Some(self.key_for(ip)))
     }
 
-    fn extract_into(&self, parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
+    fn extract_into(&self, parts: &Parts, out: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
         let peer = peer_addr(parts).ok_or(KeyError::MissingConnectInfo)?;
-        self.write_key(self.resolve(peer.ip(), &parts.headers), out);
+        // An address's text is already in storage form.
+        self.write_key(self.resolve(peer.ip(), &parts.headers), out.trusted());
         Ok(true)
     }
 }

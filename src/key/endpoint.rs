@@ -1,4 +1,4 @@
-use super::{KeyError, KeyExtractor};
+use super::{KeyError, KeyExtractor, KeyWriter};
 use http::request::Parts;
 
 /// The route part of [`Endpoint`]'s key for a request that matched no route
@@ -99,8 +99,10 @@ impl KeyExtractor for Endpoint {
         Ok(Some(key))
     }
 
-    fn extract_into(&self, parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
+    fn extract_into(&self, parts: &Parts, out: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
         let (method, route) = route_of(parts);
+        // The cache below holds routes' escaped forms.
+        let out = out.trusted();
         ESCAPED.with(|cache| {
             // Route templates are few and their strings live as long as the
             // router, so the escaped key of each is cached per thread (a

@@ -1,4 +1,4 @@
-use super::{KeyError, KeyExtractor};
+use super::{KeyError, KeyExtractor, KeyWriter};
 use http::request::Parts;
 
 /// One bucket shared by every request: a global ceiling for the whole service
@@ -13,8 +13,8 @@ impl KeyExtractor for Global {
         Ok(Some("all".to_owned()))
     }
 
-    fn extract_into(&self, _parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
-        out.push_str("all");
+    fn extract_into(&self, _parts: &Parts, out: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
+        out.trusted().push_str("all");
         Ok(true)
     }
 }

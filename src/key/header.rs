@@ -1,4 +1,4 @@
-use super::{KeyError, KeyExtractor};
+use super::{KeyError, KeyExtractor, KeyWriter};
 use http::{header::HeaderName, request::Parts};
 
 /// Keys by an API key sent in a request header; requests without the header
@@ -59,12 +59,12 @@ impl KeyExtractor for ApiKey {
             .map(|v| format!("{:032x}", xxhash_rust::xxh3::xxh3_128(v))))
     }
 
-    fn extract_into(&self, parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
+    fn extract_into(&self, parts: &Parts, out: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
         let Some(v) = self.value(parts) else {
             return Ok(false);
         };
         // 32 lowercase hex digits: plain, no escaping.
-        super::push_hex128(out, xxhash_rust::xxh3::xxh3_128(v));
+        super::push_hex128(out.trusted(), xxhash_rust::xxh3::xxh3_128(v));
         Ok(true)
     }
 }

@@ -134,26 +134,60 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// The key for this request, or `None` to skip the tier.
     fn extract(&self, parts: &Parts) -> Result<Option<String>, KeyError>;
 
-    /// Appends this request's key part **in storage form** to `out` (which
-    /// already holds the tier's key prefix) and returns `true`, or returns
-    /// `false` to skip the tier. This is what the layer calls, once per tier
-    /// per request.
+    /// Writes this request's key part to `out` (after the tier's key prefix)
+    /// and returns `true`, or returns `false` to skip the tier. This is what
+    /// the layer calls, once per tier per request.
     ///
-    /// The default calls [`extract`](KeyExtractor::extract) and appends
-    /// [`storage_key_part`] of its key. Override it only to save that
-    /// intermediate `String` on the hot path, and then append exactly what the
-    /// default would (the built-in extractors do, and their tests check it).
+    /// The default calls [`extract`](KeyExtractor::extract) and writes its
+    /// key with [`KeyWriter::part`]. Override it only to save that
+    /// intermediate `String` on the hot path: a [`KeyWriter`] escapes or
+    /// hashes whatever it is given, so an extractor cannot put braces,
+    /// control bytes or an unbounded length into a storage key.
     ///
     /// # Errors
     /// As [`extract`](KeyExtractor::extract).
-    fn extract_into(&self, parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
+    fn extract_into(&self, parts: &Parts, out: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
         Ok(match self.extract(parts)? {
             Some(key) => {
-                storage_key_part_into(out, key.as_bytes());
+                out.part(key.as_bytes());
                 true
             }
             None => false,
         })
+    }
+}
+
+/// Where a [`KeyExtractor`] writes a request's key part: the storage key
+/// being built (`<prefix>:<tier>:`, then the part). It takes request bytes
+/// only through [`part`](KeyWriter::part) and [`parts`](KeyWriter::parts),
+/// which apply [`storage_key_part`]'s escaping (or hashing, past
+/// [`MAX_KEY_PART`] bytes): the guarantee is the type's, not a comment's.
+#[derive(Debug)]
+pub struct KeyWriter<'a>(&'a mut String);
+
+impl<'a> KeyWriter<'a> {
+    /// A writer appending to `key` (the crate's own callers).
+    pub(crate) fn new(key: &'a mut String) -> Self {
+        Self(key)
+    }
+
+    /// Appends `bytes` as a storage-safe key part ([`storage_key_part`]).
+    /// Call it once per key: two calls write two escaped parts side by
+    /// side, which is not [`parts`](KeyWriter::parts)' single part.
+    pub fn part(&mut self, bytes: &[u8]) {
+        storage_key_parts_into(self.0, &[bytes]);
+    }
+
+    /// Appends the key part of the concatenation of `parts`, without
+    /// building the concatenation.
+    pub fn parts(&mut self, parts: &[&[u8]]) {
+        storage_key_parts_into(self.0, parts);
+    }
+
+    /// The key itself, for the built-in extractors that write text already
+    /// in storage form (an IP address, a hex hash, a cached escaped route).
+    pub(crate) fn trusted(&mut self) -> &mut String {
+        self.0
     }
 }
 
@@ -233,7 +267,9 @@ pub(crate) fn assert_extract_into_agrees<E: KeyExtractor>(e: &E, requests: &[Par
             .extract(p)
             .map(|k| k.map(|k| format!("pre:{}", storage_key_part(k.as_bytes()))));
         let mut out = String::from("pre:");
-        let got = e.extract_into(p, &mut out).map(|hit| hit.then_some(out));
+        let got = e
+            .extract_into(p, &mut KeyWriter::new(&mut out))
+            .map(|hit| hit.then_some(out));
         assert_eq!(got, want, "{:?} {}", p.method, p.uri);
     }
 }

@@ -1,4 +1,4 @@
-use super::{KeyError, KeyExtractor};
+use super::{KeyError, KeyExtractor, KeyWriter};
 use http::request::Parts;
 
 /// The authenticated user's id, put into the request extensions by the app's
@@ -75,10 +75,10 @@ impl KeyExtractor for User {
         Ok(user_id(parts).map(str::to_owned))
     }
 
-    fn extract_into(&self, parts: &Parts, out: &mut String) -> Result<bool, KeyError> {
+    fn extract_into(&self, parts: &Parts, out: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
         Ok(match user_id(parts) {
             Some(id) => {
-                super::storage_key_part_into(out, id.as_bytes());
+                out.part(id.as_bytes());
                 true
             }
             None => false,
