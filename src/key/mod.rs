@@ -328,4 +328,34 @@ mod tests {
             assert_eq!(out, storage_key_part(&parts.concat()));
         }
     }
+
+    /// A user's extractor that overrides `extract_into` can only write
+    /// through the `KeyWriter`: braces, control bytes and length come out
+    /// escaped or hashed.
+    #[test]
+    fn a_custom_extract_into_cannot_write_raw_bytes() {
+        struct Hostile;
+        impl KeyExtractor for Hostile {
+            fn extract(&self, _: &Parts) -> Result<Option<String>, KeyError> {
+                Ok(None)
+            }
+            fn extract_into(&self, _: &Parts, out: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
+                out.part(b"{tag}\r\n");
+                out.parts(&[&[b'x'; 300][..], b"}"]);
+                Ok(true)
+            }
+        }
+        let (parts, ()) = http::Request::new(()).into_parts();
+        let mut key = String::from("rl:t:");
+        assert!(Hostile
+            .extract_into(&parts, &mut KeyWriter::new(&mut key))
+            .unwrap());
+        assert_eq!(&key[..20], "rl:t:%7Btag%7D%0D%0A");
+        // The 301-byte part is hashed: '#' and 32 hex digits.
+        assert_eq!(key.len(), 20 + 33);
+        assert!(key[20..].starts_with('#'));
+        assert!(key
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}'));
+    }
 }
