@@ -62,7 +62,12 @@
 //!   bucket.
 //! * The memory backend is per process: N app servers admit N × the quota.
 
-#![deny(missing_docs, missing_debug_implementations, unreachable_pub, unsafe_code)]
+#![deny(
+    missing_docs,
+    missing_debug_implementations,
+    unreachable_pub,
+    unsafe_code
+)]
 // docs.rs builds with `--cfg docsrs` (Cargo.toml): items behind a feature
 // show a badge naming it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
