@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Instructions per request of examples/bench_server.rs under callgrind: a
+# Instructions per request of tools/src/bin/bench_server.rs under callgrind: a
 # repeatable measure of what the layer adds (docs/performance.md), unlike
 # wall-clock numbers on a shared machine.
 #
@@ -32,8 +32,8 @@ done
 target="${CARGO_TARGET_DIR:-target}/prof"
 echo "[callgrind] building bench_server (release, line tables) in $target..." >&2
 CARGO_TARGET_DIR="$target" CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
-  cargo build --quiet --release --example bench_server
-bin="$target/release/examples/bench_server"
+  cargo build --quiet --release -p tiered-ratelimit-tools --bin bench_server
+bin="$target/release/bench_server"
 
 source benches/lib.sh
 bench_setup callgrind

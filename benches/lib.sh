@@ -74,14 +74,14 @@ start_redis() {
 
 rcli() { redis-cli -p "$rport" "$@"; }
 
-# build_bench_server: examples/bench_server.rs in release; sets $bin and
+# build_bench_server: tools/src/bin/bench_server.rs in release; sets $bin and
 # $commit (the code measured: HEAD, "+dirty" if src/, lua/ or Cargo.toml
 # differ from it).
 build_bench_server() {
   commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua Cargo.toml 2>/dev/null || echo '+dirty')"
-  log "building examples/bench_server.rs (release)..."
-  cargo build --quiet --release --example bench_server
-  bin="${CARGO_TARGET_DIR:-target}/release/examples/bench_server"
+  log "building tools/src/bin/bench_server.rs (release)..."
+  cargo build --quiet --release -p tiered-ratelimit-tools --bin bench_server
+  bin="${CARGO_TARGET_DIR:-target}/release/bench_server"
   [[ -x "$bin" ]] || { echo "no binary at $bin" >&2; exit 1; }
 }
 

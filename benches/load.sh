@@ -6,7 +6,7 @@
 #   ROUNDS=5 D32=10 benches/load.sh    # longer, steadier
 #   MODES="bare mem4" benches/load.sh  # a subset (ratios need their modes)
 #
-# Builds examples/bench_server.rs (release), starts its own redis-server on a
+# Builds tools/src/bin/bench_server.rs (release), starts its own redis-server on a
 # free loopback port (never 6379; no persistence) and, for each mode, a fresh
 # bench_server on another free port, loads it with wrk on 127.0.0.1 and stops
 # it. Everything it starts is stopped on exit, whatever happens.

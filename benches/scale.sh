@@ -6,7 +6,7 @@
 #   ROUNDS=5 DURATION=15 benches/scale.sh   # longer, steadier
 #   USERS=100000 benches/scale.sh           # another population
 #
-# Builds examples/bench_server.rs (release), starts its own redis-server on a
+# Builds tools/src/bin/bench_server.rs (release), starts its own redis-server on a
 # free loopback port below 32768 (never 6379; no persistence) and one
 # bench_server in mode redis4 (tiers global, ip, user from `x-user`,
 # endpoint) on another, loads it with wrk on 127.0.0.1 and stops everything

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! benches/algorithm_table.sh                      # starts its own redis-server
-//! REDIS_URL=redis://127.0.0.1:6390/ cargo run --release --example algorithm_table
+//! REDIS_URL=redis://127.0.0.1:6390/ cargo run --release -p tiered-ratelimit-tools --bin algorithm_table
 //! ```
 //!
 //! `REDIS_URL` is required. **Use a throwaway Redis**: the run calls
