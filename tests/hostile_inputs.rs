@@ -27,7 +27,7 @@ use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{app, client, serve, RedisServer};
+use support::{app, client, serve, LogBuf, RedisServer};
 use tiered_ratelimit::{
     backend::{MemoryBackend, RedisBackend},
     key::{
@@ -1162,19 +1162,6 @@ async fn random_paths_and_methods_share_bounded_endpoint_keys() {
 
 // ------------------------------------------------------- warning, policy
 
-#[derive(Clone, Default)]
-struct LogBuf(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogBuf {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 fn parts(peer: &str, headers: &[(&str, &str)]) -> Parts {
     let (mut p, _) = peer_req(peer, headers).into_parts();
     // A plain SocketAddr works as well as ConnectInfo.
@@ -1186,12 +1173,7 @@ fn parts(peer: &str, headers: &[(&str, &str)]) -> Parts {
 #[test]
 fn warns_once_when_forwarding_headers_arrive_and_no_proxy_is_trusted() {
     let buf = LogBuf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
+    let subscriber = buf.subscriber(tracing::Level::WARN);
     tracing::subscriber::with_default(subscriber, || {
         // Configured proxies, or no forwarding header: nothing to say.
         let trusted = client_ip(Cfg::Xff);
@@ -1204,7 +1186,7 @@ fn warns_once_when_forwarding_headers_arrive_and_no_proxy_is_trusted() {
         for _ in 0..10 {
             direct.extract(&parts(DIRECT, &[])).unwrap();
         }
-        assert!(buf.0.lock().unwrap().is_empty());
+        assert!(buf.text().is_empty());
         // The classic misconfiguration: once per minute, however many requests.
         for i in 0..1000 {
             let h = [XFF, FWD, XRI][i % 3];
@@ -1219,7 +1201,7 @@ fn warns_once_when_forwarding_headers_arrive_and_no_proxy_is_trusted() {
             .extract(&parts("10.0.0.1:443", &[(XFF, "6.6.6.6")]))
             .unwrap();
     });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let out = buf.text();
     assert_eq!(out.matches("no proxy is trusted").count(), 1, "{out}");
     assert!(out.contains("WARN"), "{out}");
     assert!(

@@ -7,25 +7,11 @@
 mod support;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use std::sync::{Arc, Mutex};
 use support::*;
 use tiered_ratelimit::{
     key::{ClientIp, KeyError, User},
     Quota, Tier,
 };
-
-#[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Buf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// The value of counter `name` with exactly these labels (sorted `k=v`).
 fn counter(
@@ -54,13 +40,8 @@ fn counter(
 
 #[test]
 fn missing_connect_info_is_logged_once_counted_and_skips_only_its_tier() {
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let buf = LogBuf::default();
+    let subscriber = buf.subscriber(tracing::Level::WARN);
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     tracing::subscriber::with_default(subscriber, || {
@@ -89,7 +70,7 @@ fn missing_connect_info_is_logged_once_counted_and_skips_only_its_tier() {
             });
         });
     });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let out = buf.text();
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 1, "{out}");
     let line = lines[0];
@@ -158,13 +139,8 @@ fn key_errors_classify_configuration() {
 #[test]
 fn an_ip_list_without_peer_address_is_logged_and_counted() {
     use tiered_ratelimit::{AccessList, DenyStatus};
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let buf = LogBuf::default();
+    let subscriber = buf.subscriber(tracing::Level::WARN);
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     tracing::subscriber::with_default(subscriber, || {
@@ -200,7 +176,7 @@ fn an_ip_list_without_peer_address_is_logged_and_counted() {
             });
         });
     });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let out = buf.text();
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 1, "{out}");
     assert!(lines[0].contains(" ERROR "), "{out}");

@@ -15,27 +15,9 @@ use tiered_ratelimit::{
 /// One span per check, with every tier's result as a field.
 #[test]
 fn one_span_per_check_with_tier_results() {
-    use std::sync::{Arc, Mutex};
     use tower::ServiceExt;
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let buf = LogBuf::default();
+    let subscriber = buf.subscriber_with_spans(tracing::Level::DEBUG);
     tracing::subscriber::with_default(subscriber, || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -59,7 +41,7 @@ fn one_span_per_check_with_tier_results() {
             }
         });
     });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let out = buf.text();
     let spans: Vec<&str> = out
         .lines()
         .filter(|l| l.contains("rate_limit_check") && l.contains(" close "))
@@ -82,28 +64,11 @@ fn one_span_per_check_with_tier_results() {
 /// the memory backend, logs none.
 #[test]
 fn default_key_prefix_on_redis_warns_once_per_build() {
-    use std::sync::{Arc, Mutex};
     use tiered_ratelimit::{backend::RedisBackend, key::Global, RateLimitLayer};
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let buf = LogBuf::default();
+    let subscriber = buf.subscriber(tracing::Level::WARN);
     let warnings = || {
-        let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+        let out = buf.text();
         out.lines()
             .filter(|l| l.contains(" WARN ") && l.contains("default key_prefix"))
             .count()
@@ -133,7 +98,7 @@ fn default_key_prefix_on_redis_warns_once_per_build() {
             assert_eq!(warnings(), 1);
         });
     });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let out = buf.text();
     assert!(
         out.contains("key_prefix=\"rl\"") || out.contains("key_prefix=rl"),
         "{out}"
@@ -145,26 +110,9 @@ fn default_key_prefix_on_redis_warns_once_per_build() {
 /// and runs in memory without `REDIS_URL`).
 #[test]
 fn control_key_on_the_memory_backend_warns() {
-    use std::sync::{Arc, Mutex};
     use tiered_ratelimit::{key::Global, ControlKey, RateLimitLayer};
-    #[derive(Clone, Default)]
-    struct Buf(Arc<Mutex<Vec<u8>>>);
-    impl std::io::Write for Buf {
-        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(b);
-            Ok(b.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buf = Buf::default();
-    let writer = buf.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
+    let buf = LogBuf::default();
+    let subscriber = buf.subscriber(tracing::Level::WARN);
     tracing::subscriber::with_default(subscriber, || {
         let tier = || Tier::new("g", Global, Quota::per_second(1));
         let _with = RateLimitLayer::builder()
@@ -174,7 +122,7 @@ fn control_key_on_the_memory_backend_warns() {
             .unwrap();
         let _without = RateLimitLayer::builder().tier(tier()).build().unwrap();
     });
-    let out = String::from_utf8(buf.0.lock().unwrap().clone()).unwrap();
+    let out = buf.text();
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 1, "{out}");
     assert!(
