@@ -23,21 +23,6 @@ use tiered_ratelimit::{
     Algorithm, LeakyBucket, Mode, Quota, RateLimitLayer, Tier,
 };
 
-fn evalsha_calls(r: &RedisServer) -> u64 {
-    let info: String = r.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 #[derive(Debug, Clone, Copy)]
 enum Alg {
     Fixed,
@@ -221,7 +206,7 @@ async fn run(
     let handle = layer.handle();
     let addr = serve(app(layer)).await;
     let c = client();
-    let before = evalsha_calls(redis);
+    let before = redis.script_calls();
     let mut out = Vec::new();
     for r in reqs {
         clock.advance(Duration::from_micros(r.advance_us));
@@ -243,7 +228,7 @@ async fn run(
         let body = res.text().await.unwrap();
         out.push((status, headers, body));
     }
-    let calls = evalsha_calls(redis) - before;
+    let calls = redis.script_calls() - before;
     (out, calls, handle.counts().cache_blocked)
 }
 

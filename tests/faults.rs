@@ -11,21 +11,6 @@ use tiered_ratelimit::{
     CircuitBreaker, FailurePolicy, Quota, RateLimitLayer, Tier,
 };
 
-fn evalsha_calls(r: &RedisServer) -> u64 {
-    let info: String = r.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_cache_spares_redis_under_a_single_key_flood() {
     let redis = RedisServer::start();
@@ -62,7 +47,7 @@ async fn deny_cache_spares_redis_under_a_single_key_flood() {
     // the next token comes, so all 90 others are denied locally, with the
     // same headers Redis would give.
     assert_eq!(statuses.iter().filter(|l| l.status == 200).count(), 10);
-    assert_eq!(evalsha_calls(&redis), 10);
+    assert_eq!(redis.script_calls(), 10);
     assert_eq!(handle.counts().cache_blocked, 90);
     assert_eq!(handle.counts().limited, 0);
     assert!(
@@ -78,7 +63,7 @@ async fn deny_cache_spares_redis_under_a_single_key_flood() {
         limits(&c.get(&url).send().await.unwrap()),
         denied(10, 0, T0_S + 6, 1)
     );
-    assert_eq!(evalsha_calls(&redis), 10);
+    assert_eq!(redis.script_calls(), 10);
     // At the exact retry time the cache lets the request through to Redis.
     clock.advance(Duration::from_micros(1));
     assert_eq!(
@@ -89,7 +74,7 @@ async fn deny_cache_spares_redis_under_a_single_key_flood() {
         limits(&c.get(&url).send().await.unwrap()),
         denied(10, 0, T0_S + 12, 6)
     );
-    assert_eq!(evalsha_calls(&redis), 11);
+    assert_eq!(redis.script_calls(), 11);
     // Redis calls per denied request over the flood: none of 92.
     assert_eq!(handle.counts().cache_blocked, 92);
     // A runtime change drops cached denials.
@@ -143,7 +128,7 @@ async fn deny_cache_is_primed_by_the_admission_that_empties_a_tier() {
                 }
             }
             let n = handle.counts();
-            (ok, evalsha_calls(redis), n.cache_blocked, n.limited)
+            (ok, redis.script_calls(), n.cache_blocked, n.limited)
         }
     };
     let quota = || Quota::per_hour(4);
@@ -279,7 +264,7 @@ async fn deny_cache_answers_with_the_longest_wait() {
         limits(&c.get(&url).send().await.unwrap()),
         denied(1, 0, T0_S + 2800, 2740)
     );
-    assert_eq!(evalsha_calls(&redis), 0);
+    assert_eq!(redis.script_calls(), 0);
     assert_eq!(handle.counts().cache_blocked, 2);
 }
 
@@ -484,7 +469,7 @@ async fn deny_cache_lets_one_request_ask_for_a_lapsed_key() {
         statuses[1..].iter().all(|s| *s == (429, Some("6".into()))),
         "{statuses:?}"
     );
-    assert_eq!(evalsha_calls(&redis), 1);
+    assert_eq!(redis.script_calls(), 1);
     let after = handle.counts();
     assert_eq!(after.cache_blocked, before.cache_blocked + 20);
     assert_eq!(after.limited, before.limited);
@@ -511,7 +496,7 @@ async fn requests_that_waited_for_a_probe_with_room_left_ask_redis() {
     let statuses = burst(&mut svc, 21).await;
     assert!(statuses.iter().all(|(s, _)| *s == 200), "{statuses:?}");
     // The probe, then each waiter on its own.
-    assert_eq!(evalsha_calls(&redis), 21);
+    assert_eq!(redis.script_calls(), 21);
     assert_eq!(handle.counts().allowed, 1000 + 21);
 }
 

@@ -20,22 +20,6 @@ fn two_per_day() -> Quota {
     Quota::new(2, Duration::from_secs(86_400))
 }
 
-/// `calls=` of a command in `INFO commandstats` (0 if never called).
-fn calls(redis: &RedisServer, command: &str) -> u64 {
-    let info: String = redis.cmd(&["INFO", "commandstats"]);
-    info.lines()
-        .filter(|l| l.starts_with(&format!("cmdstat_{command}:")))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 fn zrange(redis: &RedisServer, set: &str) -> Vec<(String, u64)> {
     redis.cmd(&["ZRANGE", set, "0", "-1", "WITHSCORES"])
 }
@@ -140,13 +124,13 @@ fn cached_denials_reach_the_hourly_sets_exactly() {
         .await;
         until_set(&redis, &next, &[("rl:user:u1", 1), ("rl:user:u5", 3)]).await;
         // Two admissions per key reached Redis; none of the 23 cached 429s did.
-        assert_eq!(calls(&redis, "evalsha"), 10);
+        assert_eq!(redis.calls("evalsha"), 10);
         assert_eq!(h.counts().cache_blocked, 23);
         // One flush (the first comes one interval, 1 s, after the first
         // cached 429; sending took less): one ZINCRBY per (hour, key).
         assert!(sending < Duration::from_secs(1), "sending took {sending:?}");
-        assert_eq!(calls(&redis, "zincrby"), 7);
-        assert_eq!(calls(&redis, "expire"), 2);
+        assert_eq!(redis.calls("zincrby"), 7);
+        assert_eq!(redis.calls("expire"), 2);
         for set in [&this, &next] {
             let ttl: i64 = redis.cmd(&["TTL", set]);
             assert!(ttl > 89_990 && ttl <= 90_000, "{set}: ttl {ttl}");

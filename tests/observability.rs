@@ -446,19 +446,7 @@ async fn fleet_wide_top_blocked_in_the_same_call() {
             requests += 1;
         }
     }
-    let info: String = redis.cmd(&["INFO", "commandstats"]);
-    let calls: u64 = info
-        .lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum();
+    let calls = redis.calls("evalsha");
     assert_eq!(
         calls, requests,
         "one script call per request, top-N included"

@@ -112,6 +112,25 @@ impl RedisServer {
     }
 
     /// Runs a command and returns its reply.
+    /// `calls=` of `command` in this server's `INFO commandstats` (0 if
+    /// never called).
+    pub fn calls(&self, command: &str) -> u64 {
+        // Through `cmd`: a server that cannot answer fails the test, never
+        // reads as 0 calls.
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:");
+        info.lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .filter_map(|v| v.split(',').find_map(|kv| kv.strip_prefix("calls=")))
+            .filter_map(|n| n.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Script calls: `EVALSHA`, plus `EVAL` (a reload after `NOSCRIPT`).
+    pub fn script_calls(&self) -> u64 {
+        self.calls("evalsha") + self.calls("eval")
+    }
+
     pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
         let mut c = self.connection().expect("connect to test redis");
         let mut cmd = redis::cmd(args[0]);
