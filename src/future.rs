@@ -1,22 +1,17 @@
-//! [`ResponseFuture`]: the check (when the backend is remote), then the inner
-//! service, then the headers.
+//! [`ResponseFuture`]: the engine's decision (when it must wait for the
+//! backend), then the inner service, then the headers.
 
-use crate::backend::{CheckFuture, TierCheck, Verdict};
-use crate::engine::check::{resume, Resumed, Started};
-use crate::engine::decide::{Outcome, Refunds};
-use crate::engine::outcome::outcome;
-use crate::engine::plan::Meta;
-use crate::engine::runtime::Shared;
-use crate::error::BackendError;
-use crate::response::{RateLimitHeaders, ResponseBody};
+use crate::engine::{Allow, Decision, Pending};
+use crate::front::Front;
+use crate::response::ResponseBody;
 use bytes::Bytes;
+use http::request::Parts;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Instant;
 use tower_service::Service;
 
 pin_project! {
@@ -37,23 +32,14 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
-        /// Waiting for another request's answer on a lapsed deny-cache key
-        /// (bounded by the backend timeout); then the cache again, then the
-        /// backend.
-        Waiting {
-            #[pin]
-            wait: Pin<Box<dyn Future<Output = ()> + Send>>,
-            // Boxed: a rare state, kept from growing every request's future.
-            waiter: Box<Waiter<S, ReqBody>>,
-        },
-        /// Waiting for the backend (bounded by the backend timeout).
-        Checking {
-            #[pin]
-            check: CheckFuture,
+        /// The engine waits for a probe or the backend (bounded by the
+        /// backend timeout); the request's head is its facts meanwhile.
+        Deciding {
+            pending: Pending,
             service: S,
-            request: Request<ReqBody>,
-            shared: Arc<Shared>,
-            meta: Meta,
+            parts: Parts,
+            body: ReqBody,
+            front: Arc<Front>,
         },
         /// A shaping tier queued the request: wait for its slot.
         Delaying {
@@ -61,19 +47,18 @@ pin_project! {
             sleep: tokio::time::Sleep,
             service: S,
             request: Request<ReqBody>,
-            headers: Option<RateLimitHeaders>,
-            refunds: Option<Box<Refunds>>,
+            allow: Allow,
         },
-        /// The inner service runs; its response gets `headers`, and its
-        /// status decides `refunds` (issued as soon as the response is
-        /// available; the headers describe the state before them).
+        /// The inner service runs; its response gets the allowed request's
+        /// headers, and its status settles the refunds (issued as soon as
+        /// the response is available; the headers describe the state before
+        /// them).
         Calling {
             #[pin]
             future: S::Future,
-            headers: Option<RateLimitHeaders>,
-            refunds: Option<Box<Refunds>>,
+            allow: Allow,
         },
-        /// The layer answers by itself (429 or 503).
+        /// The layer answers by itself (429, 403 or 503).
         Responding {
             response: Option<Response<Bytes>>,
         },
@@ -81,32 +66,13 @@ pin_project! {
     }
 }
 
-/// What a request waiting for another's probe keeps until it resumes.
-pub(crate) struct Waiter<S, ReqBody> {
-    pub(crate) service: S,
-    pub(crate) request: Request<ReqBody>,
-    pub(crate) shared: Arc<Shared>,
-    pub(crate) checks: Vec<TierCheck>,
-    pub(crate) meta: Meta,
-    /// When the request reached the layer.
-    pub(crate) started: Instant,
-}
-
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn call(
-        future: S::Future,
-        headers: Option<RateLimitHeaders>,
-        refunds: Option<Box<Refunds>>,
-    ) -> Self {
+    pub(crate) fn call(future: S::Future, allow: Allow) -> Self {
         Self {
-            state: State::Calling {
-                future,
-                headers,
-                refunds,
-            },
+            state: State::Calling { future, allow },
         }
     }
 
@@ -118,50 +84,31 @@ where
         }
     }
 
-    pub(crate) fn delay(
-        delay: std::time::Duration,
-        service: S,
-        request: Request<ReqBody>,
-        headers: Option<RateLimitHeaders>,
-        refunds: Option<Box<Refunds>>,
-    ) -> Self {
+    pub(crate) fn delay(allow: Allow, service: S, request: Request<ReqBody>) -> Self {
         Self {
             state: State::Delaying {
-                sleep: tokio::time::sleep(delay),
+                sleep: tokio::time::sleep(allow.delay),
                 service,
                 request,
-                headers,
-                refunds,
+                allow,
             },
         }
     }
 
-    pub(crate) fn wait(
-        wait: Pin<Box<dyn Future<Output = ()> + Send>>,
-        waiter: Waiter<S, ReqBody>,
-    ) -> Self {
-        Self {
-            state: State::Waiting {
-                wait,
-                waiter: Box::new(waiter),
-            },
-        }
-    }
-
-    pub(crate) fn check(
-        check: CheckFuture,
+    pub(crate) fn decide(
+        pending: Pending,
         service: S,
-        request: Request<ReqBody>,
-        shared: Arc<Shared>,
-        meta: Meta,
+        parts: Parts,
+        body: ReqBody,
+        front: Arc<Front>,
     ) -> Self {
         Self {
-            state: State::Checking {
-                check,
+            state: State::Deciding {
+                pending,
                 service,
-                request,
-                shared,
-                meta,
+                parts,
+                body,
+                front,
             },
         }
     }
@@ -177,62 +124,48 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Waiting { wait, .. } => {
-                    ready!(wait.poll(cx));
-                    let StateOwned::Waiting { waiter, .. } =
-                        this.state.as_mut().project_replace(State::Done)
-                    else {
-                        unreachable!("state was Waiting");
-                    };
-                    let Waiter {
-                        service,
-                        request,
-                        shared,
-                        checks,
-                        meta,
-                        started,
-                    } = *waiter;
-                    let next = match resume(&shared, checks, meta, started) {
-                        Resumed::Respond(res) => State::Responding {
-                            response: Some(res),
-                        },
-                        Resumed::Started(Started::Pending(check), meta) => State::Checking {
-                            check,
-                            service,
-                            request,
-                            shared,
-                            meta,
-                        },
-                        Resumed::Started(Started::Ready(result), meta) => {
-                            decided(&shared, &meta, result, service, request)
-                        }
-                    };
-                    this.state.set(next);
-                }
-                StateProj::Checking {
-                    check,
-                    shared,
-                    meta,
+                StateProj::Deciding {
+                    pending,
+                    parts,
+                    front,
                     ..
                 } => {
-                    let result = ready!(check.poll(cx));
-                    let (shared, meta) = (shared.clone(), std::mem::take(meta));
-                    let StateOwned::Checking {
-                        service, request, ..
+                    let decision =
+                        ready!(pending.poll_decide(cx, &front.engine, &front.facts(parts)));
+                    let StateOwned::Deciding {
+                        mut service,
+                        parts,
+                        body,
+                        front,
+                        ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
-                        unreachable!("state was Checking");
+                        unreachable!("state was Deciding");
                     };
-                    this.state
-                        .set(decided(&shared, &meta, result, service, request));
+                    let request = Request::from_parts(parts, body);
+                    let next = match decision {
+                        Decision::Allow(allow) if allow.delay.is_zero() => State::Calling {
+                            future: service.call(request),
+                            allow,
+                        },
+                        Decision::Allow(allow) => State::Delaying {
+                            sleep: tokio::time::sleep(allow.delay),
+                            service,
+                            request,
+                            allow,
+                        },
+                        Decision::Block(block) => State::Responding {
+                            response: Some(front.respond(block)),
+                        },
+                    };
+                    this.state.set(next);
                 }
                 StateProj::Delaying { sleep, .. } => {
                     ready!(sleep.poll(cx));
                     let StateOwned::Delaying {
                         mut service,
                         request,
-                        headers,
-                        refunds,
+                        allow,
                         ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
@@ -240,21 +173,16 @@ where
                     };
                     this.state.set(State::Calling {
                         future: service.call(request),
-                        headers,
-                        refunds,
+                        allow,
                     });
                 }
-                StateProj::Calling {
-                    future,
-                    headers,
-                    refunds,
-                } => {
+                StateProj::Calling { future, allow } => {
                     // An inner error has no status: nothing is refunded.
                     let mut res = ready!(future.poll(cx))?;
-                    if let Some(r) = refunds.take() {
-                        r.issue(res.status());
+                    if let Some(r) = allow.refunds.take() {
+                        r.settle(res.status().as_u16() >= 400);
                     }
-                    if let Some(h) = headers.take() {
+                    if let Some(h) = allow.headers.take() {
                         h.write(res.headers_mut());
                     }
                     this.state.set(State::Done);
@@ -268,39 +196,5 @@ where
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
         }
-    }
-}
-
-/// The state after the backend's answer (or error): call the inner service
-/// (after a shaping delay), or answer.
-fn decided<S, ReqBody>(
-    shared: &Shared,
-    meta: &Meta,
-    result: Result<Verdict, BackendError>,
-    mut service: S,
-    request: Request<ReqBody>,
-) -> State<S, ReqBody>
-where
-    S: Service<Request<ReqBody>>,
-{
-    let (parts, body) = request.into_parts();
-    let decided = outcome(shared, meta, result, &parts);
-    let request = Request::from_parts(parts, body);
-    match decided {
-        Outcome::Pass(headers, delay, refunds) if delay.is_zero() => State::Calling {
-            future: service.call(request),
-            headers,
-            refunds,
-        },
-        Outcome::Pass(headers, delay, refunds) => State::Delaying {
-            sleep: tokio::time::sleep(delay),
-            service,
-            request,
-            headers,
-            refunds,
-        },
-        Outcome::Respond(res) => State::Responding {
-            response: Some(res),
-        },
     }
 }

@@ -10,7 +10,9 @@ use crate::engine::runtime::Overrides;
 use crate::engine::runtime::{
     checked_limit, fallback_limit, BuiltTier, PlanRuntime, Runtime, Shared, TierRuntime,
 };
+use crate::engine::Engine;
 use crate::error::ConfigError;
+use crate::front::{Front, HttpTier};
 use crate::key::ClientIp;
 use crate::observe::anomaly::AnomalyConfig;
 use crate::observe::recorder::Observer;
@@ -49,7 +51,10 @@ use std::time::Duration;
 #[derive(Clone)]
 #[must_use]
 pub struct RateLimitLayer {
+    /// The engine's state (also `front.engine`'s), for handles and replay.
     pub(crate) shared: Arc<Shared>,
+    /// The HTTP front door every service of this layer decides through.
+    pub(crate) front: Arc<Front>,
 }
 
 impl fmt::Debug for RateLimitLayer {
@@ -88,7 +93,7 @@ impl<S> tower_layer::Layer<S> for RateLimitLayer {
     type Service = RateLimitService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimitService::new(inner, self.shared.clone())
+        RateLimitService::new(inner, self.front.clone())
     }
 }
 
@@ -377,6 +382,7 @@ impl RateLimitLayerBuilder {
         let mut seen = HashSet::new();
         let mut tiers = Vec::with_capacity(self.tiers.len());
         let mut runtime = Vec::with_capacity(self.tiers.len());
+        let mut http_tiers = Vec::with_capacity(self.tiers.len());
         for t in self.tiers {
             let valid_name = !t.name.is_empty()
                 && t.name.len() <= 64
@@ -413,17 +419,20 @@ impl RateLimitLayerBuilder {
                 fallback,
                 plans,
             });
-            tiers.push(BuiltTier {
-                key_base: format!("{prefix}:{}:", t.name),
-                name: Arc::from(t.name),
+            http_tiers.push(HttpTier {
                 key: t.key,
-                key_type: t.key_type,
-                key_error_log: LogThrottle::new(Duration::from_secs(60)),
-                algorithm: t.algorithm,
                 cost: t.cost,
                 cost_fn: t.cost_fn,
                 methods: t.methods.map(Vec::into_boxed_slice),
                 plan_fn: t.plan_fn,
+            });
+            tiers.push(BuiltTier {
+                key_base: format!("{prefix}:{}:", t.name),
+                name: Arc::from(t.name),
+                key_type: t.key_type,
+                key_error_log: LogThrottle::new(Duration::from_secs(60)),
+                algorithm: t.algorithm,
+                cost: t.cost,
                 skip_failed: t.skip_failed_requests,
                 skip_successful: t.skip_successful_requests,
             });
@@ -469,61 +478,63 @@ impl RateLimitLayerBuilder {
                 Clock::Manual(c) => MemoryBackend::with_manual_clock(c.clone()),
                 Clock::Monotonic { .. } => MemoryBackend::new(),
             });
-        Ok(RateLimitLayer {
-            shared: Arc::new(Shared {
-                backend,
-                tiers: tiers.into_boxed_slice(),
-                runtime: ArcSwap::from_pointee(Runtime {
-                    mode: self.mode,
-                    tiers: runtime.into_boxed_slice(),
-                    allow: Arc::new(self.allow),
-                    deny: Arc::new(self.deny),
-                }),
-                failure_policy: self.failure_policy,
-                backend_timeout: self.backend_timeout,
-                docs_url: self.docs_url.map(Arc::from),
-                on_rejection: self.on_rejection,
-                failure_log: LogThrottle::new(Duration::from_secs(1)),
-                client_ip: self.client_ip,
-                deny_status: self.deny_status,
-                shadow_headers: self.shadow_headers,
-                shadow_log_level: self.shadow_log_level,
-                counts: crate::observe::Counts::default(),
-                metrics: crate::observe::RequestMetrics::new(
-                    backend_name,
-                    n_tiers,
-                    self.max_endpoints.max(1) + 1,
-                ),
-                breaker: Breaker::new(self.circuit_breaker),
-                deny_cache: DenyCache::new(if is_memory { 0 } else { self.deny_cache }),
-                local_clock,
-                fallback,
-                fallback_instances: instances,
-                header_style: self.header_style,
-                observer: Observer::new(
-                    names,
-                    self.anomaly,
-                    self.top_n_capacity,
-                    self.max_endpoints,
-                ),
-                control: self.control,
-                control_started: std::sync::OnceLock::new(),
-                overrides: ArcSwap::from_pointee(Overrides {
-                    mode: None,
-                    tiers: vec![None; n_tiers],
-                }),
-                blocked_set: (self.fleet_top_n && single_redis)
-                    .then(|| ArcSwap::from_pointee((u64::MAX, Arc::from("")))),
-                fleet_blocked: (self.fleet_top_n && single_redis).then(|| {
-                    crate::observe::fleet::FleetBlocked::new(
-                        Arc::from(prefix.as_str()),
-                        self.fleet_flush_interval,
-                        self.fleet_pending_keys,
-                    )
-                }),
-                key_prefix: Arc::from(prefix.as_str()),
+        let lists_violated = self.on_rejection.uses_violated_policies();
+        let shared = Arc::new(Shared {
+            backend,
+            tiers: tiers.into_boxed_slice(),
+            runtime: ArcSwap::from_pointee(Runtime {
+                mode: self.mode,
+                tiers: runtime.into_boxed_slice(),
+                allow: Arc::new(self.allow),
+                deny: Arc::new(self.deny),
             }),
-        })
+            failure_policy: self.failure_policy,
+            backend_timeout: self.backend_timeout,
+            docs_url: self.docs_url.map(Arc::from),
+            lists_violated,
+            failure_log: LogThrottle::new(Duration::from_secs(1)),
+            deny_status: self.deny_status,
+            shadow_headers: self.shadow_headers,
+            shadow_log_level: self.shadow_log_level,
+            counts: crate::observe::Counts::default(),
+            metrics: crate::observe::RequestMetrics::new(
+                backend_name,
+                n_tiers,
+                self.max_endpoints.max(1) + 1,
+            ),
+            breaker: Breaker::new(self.circuit_breaker),
+            deny_cache: DenyCache::new(if is_memory { 0 } else { self.deny_cache }),
+            local_clock,
+            fallback,
+            fallback_instances: instances,
+            header_style: self.header_style,
+            observer: Observer::new(names, self.anomaly, self.top_n_capacity, self.max_endpoints),
+            control: self.control,
+            control_started: std::sync::OnceLock::new(),
+            overrides: ArcSwap::from_pointee(Overrides {
+                mode: None,
+                tiers: vec![None; n_tiers],
+            }),
+            blocked_set: (self.fleet_top_n && single_redis)
+                .then(|| ArcSwap::from_pointee((u64::MAX, Arc::from("")))),
+            fleet_blocked: (self.fleet_top_n && single_redis).then(|| {
+                crate::observe::fleet::FleetBlocked::new(
+                    Arc::from(prefix.as_str()),
+                    self.fleet_flush_interval,
+                    self.fleet_pending_keys,
+                )
+            }),
+            key_prefix: Arc::from(prefix.as_str()),
+        });
+        let front = Arc::new(Front {
+            engine: Engine {
+                shared: shared.clone(),
+            },
+            tiers: http_tiers.into_boxed_slice(),
+            client_ip: self.client_ip,
+            on_rejection: self.on_rejection,
+        });
+        Ok(RateLimitLayer { shared, front })
     }
 }
 

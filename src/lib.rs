@@ -81,6 +81,7 @@ pub mod control;
 mod deny_cache;
 mod engine;
 mod error;
+mod front;
 mod future;
 mod handle;
 pub mod key;

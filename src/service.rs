@@ -1,12 +1,8 @@
 //! [`RateLimitService`]: the tower service the layer wraps around yours.
 
-use crate::engine::check::{start, Started};
-use crate::engine::decide::Outcome;
-use crate::engine::deny::{deny_cached, Cached};
-use crate::engine::outcome::outcome;
-use crate::engine::plan::{plan, Meta, Planned};
-use crate::engine::runtime::Shared;
-use crate::future::{ResponseFuture, Waiter};
+use crate::engine::{Decision, Step};
+use crate::front::Front;
+use crate::future::ResponseFuture;
 use http::{Request, Response};
 use std::fmt;
 use std::sync::Arc;
@@ -20,14 +16,14 @@ use tower_service::Service;
 /// back-pressure, only as `429` responses.
 pub struct RateLimitService<S> {
     inner: S,
-    shared: Arc<Shared>,
+    front: Arc<Front>,
 }
 
 impl<S: Clone> Clone for RateLimitService<S> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: self.shared.clone(),
+            front: self.front.clone(),
         }
     }
 }
@@ -41,8 +37,8 @@ impl<S: fmt::Debug> fmt::Debug for RateLimitService<S> {
 }
 
 impl<S> RateLimitService<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
-        Self { inner, shared }
+    pub(crate) fn new(inner: S, front: Arc<Front>) -> Self {
+        Self { inner, front }
     }
 
     /// The wrapped service.
@@ -77,58 +73,22 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let started = std::time::Instant::now();
-        let shared = &self.shared;
-        if shared.control.is_some() && shared.control_started.get().is_none() {
-            crate::engine::watch::start(shared);
-        }
         let (parts, body) = req.into_parts();
-        let (result, meta) = match plan(shared, &parts, false) {
-            Planned::Pass(decision) => {
-                shared.count(decision);
+        let front = &*self.front;
+        match front.engine.start(&front.facts(&parts), started) {
+            Step::Done(Decision::Allow(allow)) if allow.delay.is_zero() => {
                 let req = Request::from_parts(parts, body);
-                return ResponseFuture::call(self.inner.call(req), None, None);
+                ResponseFuture::call(self.inner.call(req), allow)
             }
-            Planned::Refuse(res) => return ResponseFuture::respond(res),
-            Planned::Failed(e) => (Err(e), Meta::default()),
-            Planned::Check(checks, mut meta) => {
-                match deny_cached(shared, &checks, &meta, true) {
-                    Cached::Respond(res) => return ResponseFuture::respond(res),
-                    Cached::Wait(probe) => {
-                        let wait = Box::pin(probe.wait(shared.backend_timeout));
-                        let waiter = Waiter {
-                            service: self.take_ready_inner(),
-                            request: Request::from_parts(parts, body),
-                            shared: self.shared.clone(),
-                            checks,
-                            meta,
-                            started,
-                        };
-                        return ResponseFuture::wait(wait, waiter);
-                    }
-                    Cached::Check(probe) => meta.probe = probe,
-                }
-                match start(shared, checks, &mut meta, started, shared.backend_timeout) {
-                    Started::Ready(result) => (result, meta),
-                    Started::Pending(fut) => {
-                        let shared = shared.clone();
-                        let req = Request::from_parts(parts, body);
-                        let inner = self.take_ready_inner();
-                        return ResponseFuture::check(fut, inner, req, shared, meta);
-                    }
-                }
+            Step::Done(Decision::Allow(allow)) => {
+                let req = Request::from_parts(parts, body);
+                ResponseFuture::delay(allow, self.take_ready_inner(), req)
             }
-        };
-        let decided = outcome(shared, &meta, result, &parts);
-        let req = Request::from_parts(parts, body);
-        match decided {
-            Outcome::Pass(headers, delay, refunds) if delay.is_zero() => {
-                ResponseFuture::call(self.inner.call(req), headers, refunds)
+            Step::Done(Decision::Block(block)) => ResponseFuture::respond(front.respond(block)),
+            Step::Pending(pending) => {
+                let front = self.front.clone();
+                ResponseFuture::decide(pending, self.take_ready_inner(), parts, body, front)
             }
-            Outcome::Pass(headers, delay, refunds) => {
-                let inner = self.take_ready_inner();
-                ResponseFuture::delay(delay, inner, req, headers, refunds)
-            }
-            Outcome::Respond(res) => ResponseFuture::respond(res),
         }
     }
 }

@@ -1,19 +1,205 @@
-//! The backend step: the circuit breaker, then one backend call for all of a
-//! request's checks (or a wait for another request's probe, then the call).
+//! One request's check, start to decision: the engine's state machine.
+//!
+//! [`Engine::start`] runs every step that needs no waiting — gate, plan,
+//! deny cache, circuit breaker, and on the memory backend the check itself —
+//! and returns the [`Decision`] at once when it can. Otherwise it returns a
+//! [`Pending`] check, in one of two states:
+//!
+//! * **waiting** for another request's probe of a lapsed deny-cache key
+//!   (bounded by the backend timeout), then the cache again, then the
+//!   backend;
+//! * **checking**: the backend call is in flight (bounded by what is left
+//!   of the backend timeout).
+//!
+//! A front door polls it with [`Pending::poll_decide`], giving the same
+//! request's facts (the local fallback plans the request again).
 
+use super::decision::{Allow, Block, Decision};
 use super::deny::{deny_cached, Cached};
-use super::plan::Meta;
+use super::facts::Facts;
+use super::outcome::outcome;
+use super::plan::{plan, Meta, Planned, Purpose};
 use super::runtime::Shared;
-use crate::backend::CheckFuture;
-use crate::backend::{Backend, Check, TierCheck, Verdict};
+use crate::backend::{Backend, Check, CheckFuture, TierCheck, Verdict};
 use crate::breaker::Permit;
 use crate::error::BackendError;
-use bytes::Bytes;
-use http::Response;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-/// How a backend check began.
-pub(crate) enum Started {
+/// The decision engine: the built tiers, their runtime settings and the
+/// backend, shared by every front door of one layer. Cloning is cheap (an
+/// `Arc`).
+#[derive(Clone)]
+pub(crate) struct Engine {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("backend", &self.shared.backend.name())
+            .field("tiers", &self.shared.tiers.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a request's decision began.
+pub(crate) enum Step {
+    /// Decided without waiting.
+    Done(Decision),
+    /// Waiting for a probe or the backend: poll it.
+    Pending(Pending),
+}
+
+impl Engine {
+    /// Starts deciding the request of `facts`; `started` is when it reached
+    /// the front door (the backend timeout counts from there).
+    #[inline]
+    pub(crate) fn start(&self, facts: &impl Facts, started: Instant) -> Step {
+        self.start_inspected(facts, started, |_, _| {})
+    }
+
+    /// [`start`](Self::start), showing the planned checks and the tier index
+    /// of each to `inspect` before they go further (replay's report).
+    pub(crate) fn start_inspected(
+        &self,
+        facts: &impl Facts,
+        started: Instant,
+        inspect: impl FnOnce(&[TierCheck], &Meta),
+    ) -> Step {
+        let shared = &*self.shared;
+        if shared.control.is_some() && shared.control_started.get().is_none() {
+            super::watch::start(&self.shared);
+        }
+        let (result, meta) = match plan(shared, facts, Purpose::Check) {
+            Planned::Pass(decision) => {
+                shared.count(decision);
+                return Step::Done(Decision::Allow(Allow::bare(decision)));
+            }
+            Planned::Refuse(status) => {
+                return Step::Done(Decision::Block(Block::Denylisted(status)))
+            }
+            Planned::Failed(e) => (Err(e), Meta::default()),
+            Planned::Check(checks, mut meta) => {
+                inspect(&checks, &meta);
+                match deny_cached(shared, &checks, &meta, true) {
+                    Cached::Deny(denial) => {
+                        return Step::Done(Decision::Block(Block::Limited(denial)))
+                    }
+                    Cached::Wait(probe) => {
+                        return Step::Pending(Pending {
+                            state: State::Waiting {
+                                wait: Box::pin(probe.wait(shared.backend_timeout)),
+                                waiter: Box::new((checks, meta)),
+                                started,
+                            },
+                        });
+                    }
+                    Cached::Check(probe) => meta.probe = probe,
+                }
+                match begin(shared, checks, &mut meta, started, shared.backend_timeout) {
+                    Begun::Ready(result) => (result, meta),
+                    Begun::Pending(check) => {
+                        return Step::Pending(Pending {
+                            state: State::Checking { check, meta },
+                        });
+                    }
+                }
+            }
+        };
+        Step::Done(outcome(shared, &meta, result, facts))
+    }
+}
+
+/// A check that waits for a probe or the backend.
+pub(crate) struct Pending {
+    state: State,
+}
+
+// `Checking` holds its meta inline: boxing it would cost every Redis check
+// an allocation, for the rare `Waiting`'s sake.
+#[allow(clippy::large_enum_variant)]
+enum State {
+    /// Waiting for another request's answer on a lapsed deny-cache key.
+    Waiting {
+        wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+        // Boxed: a rare state, kept from growing every pending check.
+        waiter: Box<(Vec<TierCheck>, Meta)>,
+        started: Instant,
+    },
+    /// The backend call is in flight.
+    Checking {
+        check: CheckFuture,
+        meta: Meta,
+    },
+    Done,
+}
+
+impl fmt::Debug for Pending {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Waiting { .. } => "waiting",
+            State::Checking { .. } => "checking",
+            State::Done => "done",
+        };
+        f.debug_struct("Pending").field("state", &state).finish()
+    }
+}
+
+impl Pending {
+    /// Polls the check to its decision. `facts` are the request's, as given
+    /// to [`Engine::start`].
+    ///
+    /// # Panics
+    /// When polled again after it returned its decision.
+    pub(crate) fn poll_decide(
+        &mut self,
+        cx: &mut Context<'_>,
+        engine: &Engine,
+        facts: &impl Facts,
+    ) -> Poll<Decision> {
+        let shared = &*engine.shared;
+        loop {
+            match &mut self.state {
+                State::Waiting { wait, .. } => {
+                    ready!(wait.as_mut().poll(cx));
+                    let State::Waiting {
+                        waiter, started, ..
+                    } = std::mem::replace(&mut self.state, State::Done)
+                    else {
+                        unreachable!("state was Waiting");
+                    };
+                    let (checks, meta) = *waiter;
+                    match resume(shared, checks, meta, started) {
+                        Resumed::Deny(denial) => {
+                            return Poll::Ready(Decision::Block(Block::Limited(denial)))
+                        }
+                        Resumed::Begun(Begun::Pending(check), meta) => {
+                            self.state = State::Checking { check, meta };
+                        }
+                        Resumed::Begun(Begun::Ready(result), meta) => {
+                            return Poll::Ready(outcome(shared, &meta, result, facts));
+                        }
+                    }
+                }
+                State::Checking { check, meta } => {
+                    let result = ready!(check.as_mut().poll(cx));
+                    let meta = std::mem::take(meta);
+                    self.state = State::Done;
+                    return Poll::Ready(outcome(shared, &meta, result, facts));
+                }
+                State::Done => panic!("Pending polled after its decision"),
+            }
+        }
+    }
+}
+
+/// How a backend call began.
+enum Begun {
     /// Decided already (the memory backend, an open circuit, a command that
     /// could not be built).
     Ready(Result<Verdict, BackendError>),
@@ -21,20 +207,20 @@ pub(crate) enum Started {
     Pending(CheckFuture),
 }
 
-/// Starts the backend check of `checks` (past the deny cache). `started`:
-/// when the request reached the layer; `timeout`: the backend call's bound
+/// Starts the backend call for `checks` (past the deny cache). `started`:
+/// when the request reached the front door; `timeout`: the call's bound
 /// (less than `backend_timeout` after a wait for a probe).
-pub(crate) fn start(
+fn begin(
     shared: &Shared,
     checks: Vec<TierCheck>,
     meta: &mut Meta,
     started: Instant,
     timeout: Duration,
-) -> Started {
+) -> Begun {
     meta.started = Some(started);
     meta.permit = shared.breaker.permit();
     if meta.permit == Permit::Reject {
-        return Started::Ready(Err(BackendError::CircuitOpen));
+        return Begun::Ready(Err(BackendError::CircuitOpen));
     }
     meta.backend_started = Some(Instant::now());
     #[allow(irrefutable_let_patterns)] // without the `redis` feature
@@ -42,7 +228,7 @@ pub(crate) fn start(
         // Synchronous: keep the checks themselves, no copies.
         let verdict = m.check(&checks, meta.shadow, shared.refunds());
         meta.sent = checks;
-        Started::Ready(Ok(verdict))
+        Begun::Ready(Ok(verdict))
     } else {
         // For the deny cache (off on the memory backend).
         meta.sent_us = shared.local_clock.now_us();
@@ -56,47 +242,42 @@ pub(crate) fn start(
         );
         meta.sent = checks;
         match check {
-            Check::Ready(result) => Started::Ready(result),
-            Check::Pending(fut) => Started::Pending(fut),
+            Check::Ready(result) => Begun::Ready(result),
+            Check::Pending(fut) => Begun::Pending(fut),
         }
     }
 }
 
 /// What a request that waited for another's probe does next.
-pub(crate) enum Resumed {
+enum Resumed {
     /// Answered from the deny cache.
-    Respond(Response<Bytes>),
-    Started(Started, Meta),
+    Deny(super::decision::Denial),
+    Begun(Begun, Meta),
 }
 
 /// After the wait for a probe: the deny cache again (the probe's answer is
 /// in it now), then the backend.
-pub(crate) fn resume(
-    shared: &Shared,
-    checks: Vec<TierCheck>,
-    mut meta: Meta,
-    started: Instant,
-) -> Resumed {
+fn resume(shared: &Shared, checks: Vec<TierCheck>, mut meta: Meta, started: Instant) -> Resumed {
     // The wait counts against `backend_timeout`, the most the layer may add
     // to a request: the check gets what is left (none: the failure policy).
     let timeout = shared.backend_timeout.saturating_sub(started.elapsed());
     match deny_cached(shared, &checks, &meta, false) {
-        Cached::Respond(res) => Resumed::Respond(res),
+        Cached::Deny(denial) => Resumed::Deny(denial),
         // Nothing left: a timeout, without sending a check that could
         // charge after the request gave up on it.
         _ if timeout.is_zero() => {
             meta.started = Some(started);
             let timed_out = Err(BackendError::Timeout(shared.backend_timeout));
-            Resumed::Started(Started::Ready(timed_out), meta)
+            Resumed::Begun(Begun::Ready(timed_out), meta)
         }
         Cached::Wait(_) => {
-            let started = start(shared, checks, &mut meta, started, timeout);
-            Resumed::Started(started, meta)
+            let begun = begin(shared, checks, &mut meta, started, timeout);
+            Resumed::Begun(begun, meta)
         }
         Cached::Check(probe) => {
             meta.probe = probe;
-            let started = start(shared, checks, &mut meta, started, timeout);
-            Resumed::Started(started, meta)
+            let begun = begin(shared, checks, &mut meta, started, timeout);
+            Resumed::Begun(begun, meta)
         }
     }
 }

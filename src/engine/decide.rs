@@ -1,137 +1,29 @@
 //! The decision: the binding tier, its headers, the 429, shadow logging.
 
+use super::decision::{Allow, Block, Decision, Denial};
 use super::plan::Meta;
 use super::runtime::Shared;
-use crate::algorithm::Decision;
-use crate::backend::{Backend, TierRefund, Verdict};
-#[cfg(feature = "redis")]
-use crate::error::BackendError;
-#[cfg(feature = "redis")]
-use crate::observe;
+use crate::algorithm::Decision as TierResult;
+use crate::backend::Verdict;
 use crate::observe::RequestDecision;
 use crate::observe::{TierCount, TierDecision};
 use crate::response::{HeaderStyle, RateLimitHeaders, Rejection};
-use bytes::Bytes;
-use http::Response;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What to do with a request after its check.
-pub(crate) enum Outcome {
-    /// Call the inner service (after `delay`, when a shaping tier queued the
-    /// request), then add these headers (none on fail-open), and issue these
-    /// refunds by the response's status (tiers that skip failed or
-    /// successful requests).
-    Pass(Option<RateLimitHeaders>, Duration, Option<Box<Refunds>>),
-    /// Answer with this response instead (429 or 503).
-    Respond(Response<Bytes>),
-}
-
-/// The refunds a passed request may get once its response's status is
-/// known: the charges of its tiers with `skip_failed_requests` (given back
-/// on a status ≥ 400) and `skip_successful_requests` (< 400).
-pub(crate) struct Refunds {
-    pub(crate) backend: Backend,
-    pub(crate) on_failure: Vec<TierRefund>,
-    pub(crate) on_success: Vec<TierRefund>,
-}
-
-impl Refunds {
-    /// The refunds of a charged request, if any of its tiers asks for them.
-    pub(crate) fn of(shared: &Shared, meta: &Meta, v: &Verdict) -> Option<Box<Refunds>> {
-        if !shared.refunds() {
-            return None;
-        }
-        let mut r = Refunds {
-            backend: shared.backend.clone(),
-            on_failure: Vec::new(),
-            on_success: Vec::new(),
-        };
-        for (i, charge) in v.charges.iter().enumerate() {
-            // Only tiers this request was charged on (allowed, not denied
-            // in shadow mode, and the request committed).
-            let (Some(charge), Some(check)) = (charge, meta.sent.get(i)) else {
-                continue;
-            };
-            let Some(t) = meta.tier(shared, i) else {
-                continue;
-            };
-            let refund = || TierRefund {
-                check: check.clone(),
-                charge: *charge,
-            };
-            if t.skip_failed {
-                r.on_failure.push(refund());
-            }
-            if t.skip_successful {
-                r.on_success.push(refund());
-            }
-        }
-        if r.on_failure.is_empty() && r.on_success.is_empty() {
-            None
-        } else {
-            Some(Box::new(r))
-        }
-    }
-
-    /// Gives back the charges `status` calls for, without delaying the
-    /// response: in memory at once (one shard lock per key, as brief as a
-    /// check's), on Redis in a task of its own.
-    pub(crate) fn issue(self, status: http::StatusCode) {
-        let refunds = if status.as_u16() >= 400 {
-            self.on_failure
-        } else {
-            self.on_success
-        };
-        if refunds.is_empty() {
-            return;
-        }
-        match self.backend {
-            Backend::Memory(m) => m.refund(&refunds),
-            #[cfg(feature = "redis")]
-            Backend::Redis(r) => match tokio::runtime::Handle::try_current() {
-                Ok(rt) => {
-                    rt.spawn(async move {
-                        if let Err(e) = r.refund(&refunds).await {
-                            refund_failed(&e);
-                        }
-                    });
-                }
-                Err(_) => refund_failed(&BackendError::NoRuntime),
-            },
-        }
-    }
-}
-
-/// A refund by status that did not land: the request keeps its charge
-/// (capacity is under-used until it refills; nothing is over-admitted).
-/// Counted always, logged at most once a second.
-#[cfg(feature = "redis")]
-pub(crate) fn refund_failed(e: &BackendError) {
-    metrics::counter!(
-        "tiered_ratelimit_refund_failures_total",
-        "kind" => e.kind()
-    )
-    .increment(1);
-    static LOG: std::sync::OnceLock<observe::LogThrottle> = std::sync::OnceLock::new();
-    let log = LOG.get_or_init(|| observe::LogThrottle::new(Duration::from_secs(1)));
-    if let Some(suppressed) = log.permit() {
-        tracing::warn!(target: super::LOG_TARGET,
-            error = %e,
-            suppressed,
-            "rate limiter: refund by response status failed; the request keeps its charge"
-        );
-    }
-}
-
-pub(crate) fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
+/// The decision on a checked request: the binding tier, or the headers of
+/// an allowed one (without its refunds, which [`outcome`](super::outcome)
+/// adds).
+pub(crate) fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Decision {
     let ds = &v.decisions;
     let tier_name = |i: usize| meta.tier_name(shared, i);
     // Would-be rejections by observing tiers: counted and logged, never enforced.
-    let mut shadow_limited = false;
+    let mut shadow_tiers = 0u64;
     for (i, d) in ds.iter().enumerate() {
         if !d.allowed && meta.shadow.contains(i) {
-            shadow_limited = true;
+            if let Some(&t) = meta.tiers.get(i) {
+                shadow_tiers |= 1 << t;
+            }
             let tier = tier_name(i);
             if let Some(o) = &meta.observed {
                 let key_hash = o.key_hashes.get(i).copied().unwrap_or(0);
@@ -146,7 +38,7 @@ pub(crate) fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
         }
     }
     // Binding tier: the enforced denying tier with the longest wait (first on a tie).
-    let mut binding: Option<(usize, &Decision)> = None;
+    let mut binding: Option<(usize, &TierResult)> = None;
     for (i, d) in ds.iter().enumerate() {
         if d.allowed || meta.shadow.contains(i) {
             continue;
@@ -168,11 +60,14 @@ pub(crate) fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
                     .cmp(&b.remaining)
                     .then(b.reset_after_us.cmp(&a.reset_after_us))
             });
-        let request = (!meta.fallback).then_some(if shadow_limited {
+        let kind = if meta.fallback {
+            RequestDecision::Fallback
+        } else if shadow_tiers != 0 {
             RequestDecision::ShadowLimited
         } else {
             RequestDecision::Allowed
-        });
+        };
+        let request = (!meta.fallback).then_some(kind);
         count_tier_decisions(shared, meta, ds, None, request);
         // A request queued by shaping tiers waits for the latest slot.
         let delay_us = ds
@@ -185,7 +80,13 @@ pub(crate) fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
             HeaderStyle::None => None,
             _ => shown.map(|(i, d)| headers_for(shared, meta, i, d, v.now_us, false)),
         };
-        return Outcome::Pass(headers, Duration::from_micros(delay_us), None);
+        return Decision::Allow(Allow {
+            kind,
+            shadow_tiers,
+            headers,
+            delay: Duration::from_micros(delay_us),
+            refunds: None,
+        });
     };
     count_tier_decisions(shared, meta, ds, Some(i), None);
     let violated = ds
@@ -194,15 +95,9 @@ pub(crate) fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
         .filter(|(j, d)| !d.allowed && !meta.shadow.contains(*j))
         .map(|(j, _)| meta.tier_name(shared, j))
         .collect();
-    Outcome::Respond(reject(
-        shared,
-        meta,
-        i,
-        d,
-        v.now_us,
-        !meta.fallback,
-        violated,
-    ))
+    let mut denial = reject(shared, meta, i, d, v.now_us, !meta.fallback, violated);
+    denial.shadow_tiers = shadow_tiers;
+    Decision::Block(Block::Limited(denial))
 }
 
 /// Counts every tier's decision on the request (one each) in
@@ -212,7 +107,7 @@ pub(crate) fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Outcome {
 pub(crate) fn count_tier_decisions(
     shared: &Shared,
     meta: &Meta,
-    ds: &[Decision],
+    ds: &[TierResult],
     binding: Option<usize>,
     request: Option<RequestDecision>,
 ) {
@@ -253,7 +148,7 @@ pub(crate) fn headers_for(
     shared: &Shared,
     meta: &Meta,
     i: usize,
-    d: &Decision,
+    d: &TierResult,
     now_us: u64,
     denied: bool,
 ) -> RateLimitHeaders {
@@ -297,7 +192,7 @@ pub(crate) fn headers_for(
     }
 }
 
-/// The 429 for a denial by check `i`.
+/// The denial by check `i`.
 /// `count_limited`: count the request as `limited` (the deny cache and the
 /// fallback count their own decision instead). `violated`: every enforced
 /// denying tier, in tier order.
@@ -305,11 +200,11 @@ pub(crate) fn reject(
     shared: &Shared,
     meta: &Meta,
     i: usize,
-    d: &Decision,
+    d: &TierResult,
     now_us: u64,
     count_limited: bool,
     violated: Vec<Arc<str>>,
-) -> Response<Bytes> {
+) -> Denial {
     let tier = meta.tier_name(shared, i);
     let headers = headers_for(shared, meta, i, d, now_us, true);
     let retry_after = headers.retry_after.unwrap_or(1);
@@ -337,10 +232,12 @@ pub(crate) fn reject(
         retry_after,
         docs_url: shared.docs_url.clone(),
     };
-    let mut res = shared.on_rejection.response(&rejection);
-    headers.write(res.headers_mut());
-    res.extensions_mut().insert(rejection);
-    res
+    Denial {
+        check: i,
+        shadow_tiers: 0,
+        rejection,
+        headers,
+    }
 }
 
 pub(crate) fn log_shadow(

@@ -2,22 +2,21 @@
 //! the single flight of a lapsed key, and feed the cache from backend answers.
 
 use super::decide::reject;
+use super::decision::Denial;
 use super::plan::Meta;
 use super::runtime::Shared;
-use crate::algorithm::Decision;
+use crate::algorithm::Decision as TierResult;
 use crate::backend::{TierCheck, Verdict};
 use crate::deny_cache::{longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role};
 use crate::observe::topn::Kind;
 use crate::observe::RequestDecision;
-use bytes::Bytes;
-use http::Response;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// What the deny cache says about a request's enforced checks.
 pub(crate) enum Cached {
-    /// A 429 from a cached denial.
-    Respond(Response<Bytes>),
+    /// A denial from cached entries.
+    Deny(Denial),
     /// Another request is probing one of its lapsed keys: wait for its
     /// answer.
     Wait(Arc<Probe>),
@@ -75,7 +74,7 @@ pub(crate) fn deny_cached(
         // longer wait (or an equal one, before the cached check). When the
         // 429 lists every violated tier, any check without an entry may be
         // one more of them: only a fully cached request is known.
-        let lists = shared.on_rejection.uses_violated_policies();
+        let lists = shared.lists_violated;
         let known = (!lists || uncached.is_empty())
             && uncached.iter().all(|&j| {
                 let c = &checks[j];
@@ -89,7 +88,7 @@ pub(crate) fn deny_cached(
         if known {
             // Every enforced check with a live entry is denied, in tier order.
             let violated = cached.iter().map(|&j| meta.tier_name(shared, j)).collect();
-            return Cached::Respond(cache_blocked(shared, checks, meta, i, &d, now_us, violated));
+            return Cached::Deny(cache_blocked(shared, checks, meta, i, &d, now_us, violated));
         }
     }
     let Some(i) = lapsed else {
@@ -102,7 +101,7 @@ pub(crate) fn deny_cached(
     }
 }
 
-/// The 429 for check `i`, cached as denied by `d`.
+/// The denial by check `i`, cached as denied by `d`.
 pub(crate) fn cache_blocked(
     shared: &Shared,
     checks: &[TierCheck],
@@ -111,7 +110,7 @@ pub(crate) fn cache_blocked(
     d: &Denied,
     now_us: u64,
     violated: Vec<Arc<str>>,
-) -> Response<Bytes> {
+) -> Denial {
     shared.count(RequestDecision::CacheBlocked);
     shared.count_fleet_blocked(&checks[i].key, checks[i].cost, now_us);
     // The operator's view counts it like the backend's rejection.
@@ -129,7 +128,7 @@ pub(crate) fn cache_blocked(
         }
     }
     let wait = d.until_us.saturating_sub(now_us);
-    let decision = Decision {
+    let decision = TierResult {
         allowed: false,
         // `X-RateLimit-Limit`: the capacity of the limit it was decided under.
         limit: d.quota.capacity(),

@@ -3,21 +3,27 @@
 //!
 //! The steps, each in its own file, in the order a request meets them:
 //!
+//! A front door hands the engine a request's [`facts`] and gets a typed
+//! [`decision`] back; [`check`] holds the state machine between the two.
+//!
 //! 1. [`plan`]: the gate (global mode with the control key's override,
 //!    denylist, allowlist), then one check per applicable tier;
 //! 2. [`deny`]: the deny cache (cached denials, the single flight of a
 //!    lapsed key);
-//! 3. [`check`]: the circuit breaker, then one backend call for all checks;
+//! 3. [`check`]: the circuit breaker, then one backend call for all checks
+//!    (or a wait for another request's probe first);
 //! 4. [`outcome`]: breaker and deny-cache bookkeeping, observation, and the
 //!    failure policy when the backend failed;
-//! 5. [`decide`]: the binding tier, its headers, the 429.
+//! 5. [`decide`]: the binding tier, its headers, the denial.
 //!
 //! [`runtime`] holds the state all of them read ([`runtime::Shared`]);
 //! [`watch`] keeps the control key's overrides in it up to date.
 
 pub(crate) mod check;
 pub(crate) mod decide;
+pub(crate) mod decision;
 pub(crate) mod deny;
+pub(crate) mod facts;
 pub(crate) mod outcome;
 pub(crate) mod plan;
 pub(crate) mod runtime;
@@ -30,3 +36,7 @@ pub(crate) const LOG_TARGET: &str = "tiered_ratelimit::service";
 
 /// The same for the control key's watcher (formerly `control.rs`).
 pub(crate) const CONTROL_LOG_TARGET: &str = "tiered_ratelimit::control";
+
+pub(crate) use check::{Engine, Pending, Step};
+pub(crate) use decision::{Allow, Block, Decision};
+pub(crate) use facts::Facts;

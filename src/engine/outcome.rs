@@ -1,25 +1,26 @@
 //! What a backend answer (or error) becomes: breaker and deny-cache
 //! bookkeeping, observation, the decision, the failure policy, refunds.
 
-use super::decide::{decide, Outcome, Refunds};
+use super::decide::decide;
+use super::decision::{Allow, Block, Decision, Refunds};
 use super::deny::feed_deny_cache;
-use super::plan::{plan, Meta, Planned};
+use super::facts::Facts;
+use super::plan::{plan, Meta, Planned, Purpose};
 use super::runtime::{FailurePolicy, Shared};
 use crate::backend::{Backend, TierCheck, Verdict};
 use crate::error::BackendError;
 use crate::observe;
 use crate::observe::topn::Kind;
 use crate::observe::RequestDecision;
-use crate::response::unavailable;
-use std::time::Duration;
 
-/// Turns a backend result into what the client gets.
+/// Turns a backend result into the request's decision. `facts` are asked
+/// again only by the local fallback.
 pub(crate) fn outcome(
     shared: &Shared,
     meta: &Meta,
     result: Result<Verdict, BackendError>,
-    parts: &http::request::Parts,
-) -> Outcome {
+    facts: &impl Facts,
+) -> Decision {
     let backend = shared.backend.name();
     // One span per check, with every tier's result as a field (formatted
     // only when a subscriber wants the span).
@@ -63,17 +64,18 @@ pub(crate) fn outcome(
             feed_deny_cache(shared, meta, &v);
             observe_decisions(shared, meta, &v);
             match decide(shared, meta, &v) {
-                Outcome::Pass(headers, delay, _) => {
-                    Outcome::Pass(headers, delay, Refunds::of(shared, meta, &v))
-                }
-                respond => respond,
+                Decision::Allow(allow) => Decision::Allow(Allow {
+                    refunds: Refunds::of(shared, meta, &v),
+                    ..allow
+                }),
+                other => other,
             }
         }
         Err(e) => {
             if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {
                 shared.breaker.failure(meta.permit);
             }
-            fail(shared, &e, parts)
+            fail(shared, &e, facts)
         }
     };
     shared.metrics.latency(backend_latency, meta.started);
@@ -120,7 +122,9 @@ pub(crate) fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
     }
 }
 
-pub(crate) fn fail(shared: &Shared, e: &BackendError, parts: &http::request::Parts) -> Outcome {
+/// The failure policy's decision when the backend (or a key extractor)
+/// could not decide.
+pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Decision {
     let backend = shared.backend.name();
     observe::count_backend_error(e.kind(), backend);
     let policy = shared.failure_policy;
@@ -136,26 +140,28 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, parts: &http::request::Par
     match policy {
         FailurePolicy::Open => {
             shared.count(RequestDecision::FailOpen);
-            Outcome::Pass(None, Duration::ZERO, None)
+            Decision::Allow(Allow::bare(RequestDecision::FailOpen))
         }
         FailurePolicy::Closed => {
             shared.count(RequestDecision::FailClosed);
-            Outcome::Respond(unavailable())
+            Decision::Block(Block::Unavailable)
         }
         FailurePolicy::Fallback => {
             shared.count(RequestDecision::Fallback);
             let Some(local) = &shared.fallback else {
-                return Outcome::Pass(None, Duration::ZERO, None);
+                return Decision::Allow(Allow::bare(RequestDecision::Fallback));
             };
-            match plan(shared, parts, true) {
+            match plan(shared, facts, Purpose::Fallback) {
                 Planned::Check(checks, mut meta) => {
                     meta.fallback = true;
                     let v = local.check(&checks, meta.shadow, false);
                     decide(shared, &meta, &v)
                 }
-                Planned::Refuse(res) => Outcome::Respond(res),
+                Planned::Refuse(status) => Decision::Block(Block::Denylisted(status)),
                 // An extractor failed: nothing local can decide either.
-                Planned::Pass(_) | Planned::Failed(_) => Outcome::Pass(None, Duration::ZERO, None),
+                Planned::Pass(_) | Planned::Failed(_) => {
+                    Decision::Allow(Allow::bare(RequestDecision::Fallback))
+                }
             }
         }
     }

@@ -1,6 +1,7 @@
 //! Planning: the gate (global mode, deny- and allowlists), then one check per
 //! applicable tier (mode, method, cost, key, plan, limit).
 
+use super::facts::Facts;
 use super::runtime::{
     BuiltTier, FailurePolicy, Overrides, PlanRuntime, Runtime, Shared, TierRuntime,
 };
@@ -11,11 +12,7 @@ use crate::deny_cache::ProbeGuard;
 use crate::error::BackendError;
 use crate::key::KeyError;
 use crate::observe::RequestDecision;
-use crate::response::json_response;
-use crate::rollout::{DenyStatus, Mode, Plan};
-use bytes::Bytes;
-use http::request::Parts;
-use http::Response;
+use crate::rollout::{DenyStatus, Mode};
 use std::sync::Arc;
 
 /// What a request's check is about, kept for the decision: which tiers the
@@ -86,11 +83,13 @@ impl Meta {
 }
 
 /// What the service does with a request before any backend call.
+// Returned and matched at once: never stored, so never worth a box.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Planned {
     /// No tier applies (or the request is allowlisted): pass, counted as this.
     Pass(RequestDecision),
-    /// Denylisted: answer this.
-    Refuse(Response<Bytes>),
+    /// Denylisted: refuse with this status.
+    Refuse(DenyStatus),
     /// Check these.
     Check(Vec<TierCheck>, Meta),
     /// An extractor could not run.
@@ -98,8 +97,7 @@ pub(crate) enum Planned {
 }
 
 /// The steps before any tier: the global mode (with the control key's
-/// override), then the denylist, then the allowlist. Shared with replay's
-/// direct engine, so both decide alike.
+/// override), then the denylist, then the allowlist.
 pub(crate) enum Gate {
     /// The global mode is off.
     Off,
@@ -109,13 +107,13 @@ pub(crate) enum Gate {
     Tiers(Mode),
 }
 
-pub(crate) fn gate(shared: &Shared, rt: &Runtime, ov: &Overrides, parts: &Parts) -> Gate {
+pub(crate) fn gate(rt: &Runtime, ov: &Overrides, facts: &impl Facts) -> Gate {
     let global = ov.mode.unwrap_or(rt.mode);
     if global == Mode::Off {
         Gate::Off
-    } else if rt.deny.matches(parts, &shared.client_ip) {
+    } else if facts.listed(&rt.deny) {
         Gate::Denylisted
-    } else if rt.allow.matches(parts, &shared.client_ip) {
+    } else if facts.listed(&rt.allow) {
         Gate::Allowlisted
     } else {
         Gate::Tiers(global)
@@ -137,7 +135,7 @@ pub(crate) struct TierPlan<'r> {
     pub(crate) plan: Option<&'r PlanRuntime>,
 }
 
-/// Whether tier `i` (`t`, `r`) checks `parts`, and how. `key` is set to the
+/// Whether tier `i` (`t`, `r`) checks the request of `facts`, and how. `key` is set to the
 /// storage key (`<prefix>:<tier>:<part>`). `None`: the tier does not apply
 /// (its mode is off, it does not count the method, the cost is 0, or the
 /// extractor found no key). `fallback`: the local fallback's limits.
@@ -149,37 +147,33 @@ pub(crate) fn plan_tier<'r>(
     (i, t, r): (usize, &BuiltTier, &'r TierRuntime),
     ov: &Overrides,
     global: Mode,
-    parts: &Parts,
+    facts: &impl Facts,
     fallback: bool,
     key: &mut String,
 ) -> Result<Option<TierPlan<'r>>, KeyError> {
     let tier_mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
     let mode = tier_mode.under(global);
-    if mode == Mode::Off || !t.counts_method(&parts.method) {
+    if mode == Mode::Off {
         return Ok(None);
     }
-    let cost = match &t.cost_fn {
-        Some(f) => f(parts),
-        None => t.cost,
+    let cost = match facts.cost(i) {
+        None | Some(0) => return Ok(None),
+        Some(cost) => cost,
     };
-    if cost == 0 {
-        return Ok(None);
-    }
     key.clear();
     // Room for the prefix and a typical key part (an IPv4 address, a user
     // id, a 32-digit API key hash) without growing.
     key.reserve(t.key_base.len() + 40);
     key.push_str(&t.key_base);
-    if !t
-        .key
-        .extract_into(parts, &mut crate::key::KeyWriter::new(key))?
-    {
+    if !facts.key(i, &mut crate::key::KeyWriter::new(key))? {
         return Ok(None);
     }
     let plan = if r.plans.is_empty() {
         None
     } else {
-        plan_of(t, r, parts)
+        // The plan's name is read once per tier.
+        let name = facts.plan(i);
+        name.and_then(|p| r.plans.iter().find(|pr| *pr.name == *p))
     };
     let limit = match (plan, fallback) {
         (Some(p), false) => p.limit,
@@ -195,17 +189,32 @@ pub(crate) fn plan_tier<'r>(
     }))
 }
 
+/// Why a request is planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Purpose {
+    /// To be checked: counted, extractor failures logged.
+    Check,
+    /// Again, for the local fallback: its limits; nothing counted twice.
+    Fallback,
+    /// Only to see which tiers apply under which keys (replay's report next
+    /// to a real router): nothing counted, logged or registered.
+    Inspect,
+}
+
 /// The checks for a request, after the global mode and the lists: one per
 /// tier whose mode is not off, whose methods include the request's, whose
 /// cost is not 0 and whose extractor returns a key.
-pub(crate) fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
+pub(crate) fn plan(shared: &Shared, facts: &impl Facts, purpose: Purpose) -> Planned {
     let rt = shared.runtime.load();
     let ov = shared.overrides.load();
-    let global = match gate(shared, &rt, &ov, parts) {
+    let fallback = purpose == Purpose::Fallback;
+    let global = match gate(&rt, &ov, facts) {
         Gate::Off => return Planned::Pass(RequestDecision::Skipped),
         Gate::Denylisted => {
-            shared.count(RequestDecision::Denylisted);
-            return Planned::Refuse(denied_by_list(shared.deny_status));
+            if purpose == Purpose::Check {
+                shared.count(RequestDecision::Denylisted);
+            }
+            return Planned::Refuse(shared.deny_status);
         }
         Gate::Allowlisted => return Planned::Pass(RequestDecision::Allowlisted),
         Gate::Tiers(global) => global,
@@ -215,14 +224,14 @@ pub(crate) fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
     // A tier that does not apply leaves the buffer to the next.
     let mut key = String::new();
     for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
-        let tp = match plan_tier((i, t, r), &ov, global, parts, fallback, &mut key) {
+        let tp = match plan_tier((i, t, r), &ov, global, facts, fallback, &mut key) {
             Ok(Some(tp)) => tp,
             Ok(None) => continue,
             Err(e) => {
                 // The tier cannot be computed for this request: the failure
                 // policy decides it alone (see `KeyError`). The fallback's
                 // second plan of the same request is not counted again.
-                if !fallback {
+                if purpose == Purpose::Check {
                     key_failed(shared, t, &e);
                 }
                 if shared.failure_policy == FailurePolicy::Closed {
@@ -244,7 +253,7 @@ pub(crate) fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
             meta.shadow.0 |= 1 << n;
             let observed = meta.observed.get_or_insert_with(|| Observed {
                 endpoint: {
-                    let (m, r) = crate::key::route_of(parts);
+                    let (m, r) = facts.endpoint();
                     format!("{m} {r}")
                 },
                 key_hashes: Vec::new(),
@@ -274,28 +283,12 @@ pub(crate) fn plan(shared: &Shared, parts: &Parts, fallback: bool) -> Planned {
     if checks.is_empty() {
         Planned::Pass(RequestDecision::Skipped)
     } else {
-        let (method, route) = crate::key::route_of(parts);
-        meta.endpoint = Some(shared.observer.endpoint(method, route));
+        if purpose != Purpose::Inspect {
+            let (method, route) = facts.endpoint();
+            meta.endpoint = Some(shared.observer.endpoint(method, route));
+        }
         Planned::Check(checks, meta)
     }
-}
-
-/// The request's plan on this tier, if it names one the tier knows (else the
-/// tier's default quota applies). The plan extractor runs once per tier.
-pub(crate) fn plan_of<'r>(
-    t: &BuiltTier,
-    r: &'r TierRuntime,
-    parts: &Parts,
-) -> Option<&'r PlanRuntime> {
-    let from_fn;
-    let plan: Option<&str> = match &t.plan_fn {
-        Some(f) => {
-            from_fn = f(parts);
-            from_fn.as_deref()
-        }
-        None => parts.extensions.get::<Plan>().map(|p| p.0.as_str()),
-    };
-    plan.and_then(|p| r.plans.iter().find(|pr| &*pr.name == p))
 }
 
 /// The counter of failed key extractions.
@@ -340,30 +333,5 @@ pub(crate) fn key_failed(shared: &Shared, t: &BuiltTier, e: &KeyError) {
             "rate limiter: tier \"{}\" could not compute this request's key, {consequence}: {e}",
             t.name,
         );
-    }
-}
-
-pub(crate) fn denied_by_list(status: DenyStatus) -> Response<Bytes> {
-    #[derive(serde::Serialize)]
-    pub(crate) struct Body {
-        error: &'static str,
-    }
-    match status {
-        DenyStatus::Forbidden => {
-            json_response(http::StatusCode::FORBIDDEN, &Body { error: "forbidden" })
-        }
-        DenyStatus::TooManyRequests => {
-            let mut res = json_response(
-                status.status(),
-                &Body {
-                    error: "rate_limit_exceeded",
-                },
-            );
-            res.headers_mut().insert(
-                http::header::RETRY_AFTER,
-                http::HeaderValue::from_static("3600"),
-            );
-            res
-        }
     }
 }

@@ -8,14 +8,11 @@ use crate::breaker::Breaker;
 use crate::control::ControlKey;
 use crate::deny_cache::DenyCache;
 use crate::error::ConfigError;
-use crate::key::ClientIp;
-use crate::key::KeyExtractor;
 use crate::observe::recorder::Observer;
 use crate::observe::LogThrottle;
-use crate::response::{HeaderStyle, OnRejection};
+use crate::response::HeaderStyle;
 use crate::rollout::{AccessList, DenyStatus, Mode};
-use crate::tier::PlanFn;
-use crate::tier::{CostFn, LeakyBucket};
+use crate::tier::LeakyBucket;
 use crate::{Algorithm, Quota};
 use arc_swap::ArcSwap;
 use std::sync::Arc;
@@ -54,30 +51,17 @@ pub(crate) struct BuiltTier {
     pub(crate) name: Arc<str>,
     /// `<prefix>:<tier>:`; the key part is appended per request.
     pub(crate) key_base: String,
-    pub(crate) key: Arc<dyn KeyExtractor>,
     /// The extractor's type name (`ClientIp`), for logs.
     pub(crate) key_type: &'static str,
     /// Throttles the log line of this tier's failed extractions (once a minute).
     pub(crate) key_error_log: LogThrottle,
     pub(crate) algorithm: Algorithm,
+    /// The fixed cost (the quota checks' lower bound for bursts).
     pub(crate) cost: u64,
-    pub(crate) cost_fn: Option<CostFn>,
-    /// `None`: every method but OPTIONS.
-    pub(crate) methods: Option<Box<[http::Method]>>,
-    pub(crate) plan_fn: Option<PlanFn>,
     /// Refund this tier's charge on a status ≥ 400.
     pub(crate) skip_failed: bool,
     /// Refund this tier's charge on a status < 400.
     pub(crate) skip_successful: bool,
-}
-
-impl BuiltTier {
-    pub(crate) fn counts_method(&self, m: &http::Method) -> bool {
-        match &self.methods {
-            None => m != http::Method::OPTIONS,
-            Some(ms) => ms.contains(m),
-        }
-    }
 }
 
 /// A tier's settings that can change at run time.
@@ -119,9 +103,10 @@ pub(crate) struct Shared {
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) backend_timeout: Duration,
     pub(crate) docs_url: Option<Arc<str>>,
-    pub(crate) on_rejection: Arc<dyn OnRejection>,
+    /// Whether the rejection lists every violated tier (the deny cache then
+    /// answers only fully cached requests).
+    pub(crate) lists_violated: bool,
     pub(crate) failure_log: LogThrottle,
-    pub(crate) client_ip: ClientIp,
     pub(crate) deny_status: DenyStatus,
     pub(crate) shadow_headers: bool,
     pub(crate) shadow_log_level: tracing::Level,

@@ -4,18 +4,21 @@
 //!   layer added by `Router::layer`, exactly as in an app, and the decision
 //!   is read from the response (a [`Rejection`] in its extensions means 429).
 //!   The reference, at about 0.3 million requests per second.
-//! * **direct**: the layer's own planning code (the service's `gate` and
-//!   `plan_tier`, over the built layer's tiers, extractors, modes, lists,
-//!   plans and limits) and the memory backend's check, called without HTTP.
-//!   Several times faster; its decisions are tested to be the layer's,
-//!   request by request (`tests/replay.rs`).
+//! * **direct**: the layer's own engine, called with the request's head as
+//!   the HTTP front door reads it (the same gate, plan, check on the memory
+//!   backend and decision), without a router, a body or a response. Several
+//!   times faster; its decisions are tested to be the layer's, request by
+//!   request (`tests/replay.rs`).
 //!
-//! Both share the [`Planner`]: the layer engine uses it only to know which
-//! tiers applied and under which key, for the report.
+//! Both fill the [`Planner`]: which tiers applied and under which key, for
+//! the report. The direct engine shows it the engine's own plan; next to the
+//! router, the engine plans the request once more without counting it.
 
-use crate::backend::{MemoryBackend, Shadow, TierCheck};
-use crate::engine::plan::{gate, plan_tier, Gate};
-use crate::engine::runtime::{FailurePolicy, Runtime, Shared};
+use crate::backend::TierCheck;
+use crate::engine::plan::{plan, Planned, Purpose};
+use crate::engine::{Block, Decision as EngineDecision, Step};
+use crate::front::Front;
+use crate::observe::RequestDecision;
 use crate::response::Rejection;
 use crate::{DecisionCounts, RateLimitHandle, RateLimitLayer};
 use axum::body::Body;
@@ -57,125 +60,73 @@ pub enum Decision {
     FailClosed,
 }
 
-/// What planning gave.
-pub(crate) enum Planned {
-    /// Passed before any tier: mode off, or no tier applies (`Skipped`), or
-    /// allowlisted.
-    Pass(Decision),
-    Denylisted,
-    /// `checks[..n]` are to be checked.
-    Check,
-    /// An extractor failed.
-    Failed,
-}
-
-/// The layer's `plan` step (`service.rs`), over the layer's own tiers and
-/// runtime settings, with buffers reused from request to request.
+/// The checks the engine planned for the current request: tier and storage
+/// key each, with buffers reused from request to request.
 pub(crate) struct Planner {
-    pub(crate) shared: Arc<Shared>,
-    rt: Arc<Runtime>,
-    /// `checks[..n]` are this request's; the rest keep their buffers.
-    pub(crate) checks: Vec<TierCheck>,
+    pub(crate) front: Arc<Front>,
+    /// `keys[..n]` are this request's storage keys; the rest keep their
+    /// buffers.
+    keys: Vec<String>,
     pub(crate) n: usize,
     /// Tier index of each check.
     pub(crate) tiers: Vec<usize>,
-    pub(crate) shadow: Shadow,
 }
 
 impl Planner {
     pub(crate) fn new(layer: &RateLimitLayer) -> Self {
-        let shared = layer.shared.clone();
-        let rt = shared.runtime.load_full();
-        let n = shared.tiers.len();
-        let placeholder = rt.tiers.first().map(|r| r.limit);
-        let checks = placeholder
-            .map(|limit| {
-                (0..n)
-                    .map(|_| TierCheck {
-                        key: String::new(),
-                        limit,
-                        cost: 1,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let n = layer.shared.tiers.len();
         Self {
-            shared,
-            rt,
-            checks,
+            front: layer.front.clone(),
+            keys: vec![String::new(); n],
             n: 0,
             tiers: vec![0; n],
-            shadow: Shadow::NONE,
         }
     }
 
-    /// Which tiers check `parts`, with which keys and limits: the service's
-    /// own steps ([`gate`], then [`plan_tier`] per tier), without the
-    /// local fallback.
-    pub(crate) fn plan(&mut self, parts: &Parts) -> Planned {
-        let shared = &*self.shared;
-        let rt = &*self.rt;
-        // The fleet-wide control key's overrides (none without `[control]`).
-        let ov = shared.overrides.load();
+    /// Records the engine's plan.
+    fn record(&mut self, checks: &[TierCheck], tiers: &[u8]) {
         self.n = 0;
-        self.shadow = Shadow::NONE;
-        let global = match gate(shared, rt, &ov, parts) {
-            Gate::Off => return Planned::Pass(Decision::Skipped),
-            Gate::Denylisted => return Planned::Denylisted,
-            Gate::Allowlisted => return Planned::Pass(Decision::Allowlisted),
-            Gate::Tiers(global) => global,
-        };
-        for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
-            let k = self.n;
-            let c = &mut self.checks[k];
-            let tp = match plan_tier((i, t, r), &ov, global, parts, false, &mut c.key) {
-                Ok(Some(tp)) => tp,
-                Ok(None) => continue,
-                // As the service: an extractor error leaves the tier
-                // undecided, and only fail-closed turns that into a refusal.
-                Err(_) if shared.failure_policy != crate::FailurePolicy::Closed => continue,
-                Err(_) => return Planned::Failed,
+        for (c, &t) in checks.iter().zip(tiers) {
+            let (Some(key), Some(tier)) = (self.keys.get_mut(self.n), self.tiers.get_mut(self.n))
+            else {
+                break;
             };
-            c.limit = tp.limit;
-            c.cost = tp.cost;
-            if !tp.enforced {
-                self.shadow.0 |= 1 << k;
-            }
-            self.tiers[k] = i;
+            key.clear();
+            key.push_str(&c.key);
+            *tier = usize::from(t);
             self.n += 1;
         }
-        if self.n == 0 {
-            Planned::Pass(Decision::Skipped)
-        } else {
-            Planned::Check
+    }
+
+    /// Plans `parts` as the engine does, counting nothing (for the layer
+    /// engine, whose router plans it again for real).
+    pub(crate) fn inspect(&mut self, parts: &Parts) {
+        let front = self.front.clone();
+        match plan(&front.engine.shared, &front.facts(parts), Purpose::Inspect) {
+            Planned::Check(checks, meta) => self.record(&checks, &meta.tiers),
+            _ => self.n = 0,
         }
     }
 
     /// The storage key part (after `<prefix>:<tier>:`) of check `k`.
     pub(crate) fn key_part(&self, k: usize) -> &str {
-        let t = &self.shared.tiers[self.tiers[k]];
-        &self.checks[k].key[t.key_base.len()..]
+        let t = &self.front.engine.shared.tiers[self.tiers[k]];
+        self.keys[k].get(t.key_base.len()..).unwrap_or_default()
     }
 
     /// The key check `k` of `parts` was planned with, as its extractor
     /// returns it (before storage escaping): for display.
     pub(crate) fn raw_key(&self, k: usize, parts: &Parts) -> String {
-        let t = &self.shared.tiers[self.tiers[k]];
-        t.key.extract(parts).ok().flatten().unwrap_or_default()
+        self.front
+            .tiers
+            .get(self.tiers[k])
+            .and_then(|t| t.key.extract(parts).ok().flatten())
+            .unwrap_or_default()
     }
 
     /// The check index of tier `tier`, if it was planned.
     pub(crate) fn check_of_tier(&self, tier: usize) -> Option<usize> {
         self.tiers[..self.n].iter().position(|&t| t == tier)
-    }
-
-    fn failure(&self) -> Decision {
-        // Only an extractor can fail here (the memory backend cannot), and
-        // a local fallback cannot decide without that key either: it passes.
-        match self.shared.failure_policy {
-            FailurePolicy::Open | FailurePolicy::Fallback => Decision::FailOpen,
-            FailurePolicy::Closed => Decision::FailClosed,
-        }
     }
 }
 
@@ -189,94 +140,65 @@ pub(crate) struct Outcome {
     pub(crate) shadow_tiers: u64,
 }
 
-/// The direct engine: planning plus the memory backend's check.
-pub(crate) struct Direct {
-    memory: MemoryBackend,
-    /// The last verdict's decisions, reused by the next check.
-    spare: Vec<crate::algorithm::Decision>,
-}
+/// The direct engine: the layer's engine, called without HTTP.
+pub(crate) struct Direct;
 
 impl Direct {
-    pub(crate) fn new(memory: MemoryBackend) -> Self {
-        Self {
-            memory,
-            spare: Vec::new(),
-        }
-    }
-
-    /// Decides a planned request as the service's `decide` does.
-    pub(crate) fn decide(&mut self, planner: &Planner, planned: Planned) -> Outcome {
-        let (decision, binding_check, shadow_tiers) = match planned {
-            Planned::Pass(d) => (d, None, 0),
-            Planned::Denylisted => (Decision::Denylisted, None, 0),
-            Planned::Failed => (planner.failure(), None, 0),
-            Planned::Check => self.check(planner),
-        };
-        Outcome {
-            decision,
-            binding_check,
-            shadow_tiers,
-        }
-    }
-
-    fn check(&mut self, p: &Planner) -> (Decision, Option<usize>, u64) {
-        let spare = std::mem::take(&mut self.spare);
-        let v = self
-            .memory
-            .check_reusing(&p.checks[..p.n], p.shadow, false, spare);
-        let result = Self::verdict(p, &v.decisions);
-        self.spare = v.decisions;
-        result
-    }
-
-    fn verdict(p: &Planner, ds: &[crate::algorithm::Decision]) -> (Decision, Option<usize>, u64) {
-        let mut shadow_tiers = 0u64;
-        let mut enforced_denial = false;
-        for (i, d) in ds.iter().enumerate() {
-            if !d.allowed {
-                if p.shadow.contains(i) {
-                    shadow_tiers |= 1 << p.tiers[i];
-                } else {
-                    enforced_denial = true;
+    /// Decides `parts` with the layer's engine, recording its plan in
+    /// `planner`.
+    pub(crate) fn decide(&mut self, planner: &mut Planner, parts: &Parts) -> Outcome {
+        let front = planner.front.clone();
+        planner.n = 0;
+        let step = front.engine.start_inspected(
+            &front.facts(parts),
+            std::time::Instant::now(),
+            |checks, meta| planner.record(checks, &meta.tiers),
+        );
+        let decision = match step {
+            Step::Done(d) => d,
+            // The memory backend decides at once and has no deny cache:
+            // nothing waits. Should that change, the request passes as the
+            // layer's fail-open would.
+            Step::Pending(_) => {
+                return Outcome {
+                    decision: Decision::FailOpen,
+                    binding_check: None,
+                    shadow_tiers: 0,
                 }
             }
-        }
-        if !enforced_denial {
-            let delay = ds
-                .iter()
-                .filter(|d| d.allowed)
-                .map(|d| d.delay_us)
-                .max()
-                .unwrap_or(0);
-            let decision = Decision::Allowed {
-                delayed: delay > 0,
-                shadow_limited: shadow_tiers != 0,
-            };
-            return (decision, None, shadow_tiers);
-        }
-        // Binding tier: the enforced denying tier with the longest wait
-        // (first on a tie).
-        let mut binding: Option<(usize, u64)> = None;
-        for (i, d) in ds.iter().enumerate() {
-            if d.allowed || p.shadow.contains(i) {
-                continue;
-            }
-            if binding.is_none_or(|(_, b)| d.retry_after_us > b) {
-                binding = Some((i, d.retry_after_us));
-            }
-        }
-        let Some((i, _)) = binding else {
-            return (
-                Decision::Allowed {
-                    delayed: false,
-                    shadow_limited: shadow_tiers != 0,
-                },
-                None,
-                shadow_tiers,
-            );
         };
-        let tier = p.shared.tiers[p.tiers[i]].name.clone();
-        (Decision::Rejected { tier }, Some(i), shadow_tiers)
+        match decision {
+            EngineDecision::Allow(a) => Outcome {
+                decision: match a.kind {
+                    RequestDecision::Skipped => Decision::Skipped,
+                    RequestDecision::Allowlisted => Decision::Allowlisted,
+                    RequestDecision::FailOpen | RequestDecision::Fallback => Decision::FailOpen,
+                    _ => Decision::Allowed {
+                        delayed: !a.delay.is_zero(),
+                        shadow_limited: a.shadow_tiers != 0,
+                    },
+                },
+                binding_check: None,
+                shadow_tiers: a.shadow_tiers,
+            },
+            EngineDecision::Block(Block::Limited(d)) => Outcome {
+                decision: Decision::Rejected {
+                    tier: d.rejection.tier,
+                },
+                binding_check: Some(d.check),
+                shadow_tiers: d.shadow_tiers,
+            },
+            EngineDecision::Block(Block::Denylisted(_)) => Outcome {
+                decision: Decision::Denylisted,
+                binding_check: None,
+                shadow_tiers: 0,
+            },
+            EngineDecision::Block(Block::Unavailable) => Outcome {
+                decision: Decision::FailClosed,
+                binding_check: None,
+                shadow_tiers: 0,
+            },
+        }
     }
 }
 
@@ -366,6 +288,8 @@ impl Layer {
         };
         let binding_check = match &decision {
             Decision::Rejected { tier } => planner
+                .front
+                .engine
                 .shared
                 .tiers
                 .iter()

@@ -326,7 +326,7 @@ impl Replayer {
             .map_err(|(pattern, reason)| ReplayError::Route { pattern, reason })?;
         let engine = match engine_choice {
             Engine::Layer => EngineImpl::Layer(Box::new(Layer::new(&layer, routes.patterns())?)),
-            _ => EngineImpl::Direct(Direct::new(memory)),
+            _ => EngineImpl::Direct(Direct),
         };
         let statuses = handle.tiers();
         let policy_summary = policy
@@ -571,10 +571,10 @@ impl Replayer {
             }
         };
 
-        let planned = self.planner.plan(&self.parts);
         let outcome = match &mut self.engine {
-            EngineImpl::Direct(d) => d.decide(&self.planner, planned),
+            EngineImpl::Direct(d) => d.decide(&mut self.planner, &self.parts),
             EngineImpl::Layer(l) => {
+                self.planner.inspect(&self.parts);
                 let req = layer_request(&self.parts, status);
                 l.decide(&self.planner, req)
             }

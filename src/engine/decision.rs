@@ -1,0 +1,185 @@
+//! [`Decision`]: what the engine decided for one request, as types. A front
+//! door turns it into its protocol's answer (the tower layer: the inner
+//! service's response with headers, a 429, a 403, a 503).
+
+use super::plan::Meta;
+use super::runtime::Shared;
+use crate::backend::{Backend, TierRefund, Verdict};
+#[cfg(feature = "redis")]
+use crate::error::BackendError;
+#[cfg(feature = "redis")]
+use crate::observe;
+use crate::observe::RequestDecision;
+use crate::response::{RateLimitHeaders, Rejection};
+use crate::rollout::DenyStatus;
+use std::time::Duration;
+
+/// The engine's decision on one request.
+#[derive(Debug)]
+pub(crate) enum Decision {
+    /// Let the request through.
+    Allow(Allow),
+    /// Answer it without running it.
+    Block(Block),
+}
+
+/// Why a request is answered without running it.
+#[derive(Debug)]
+pub(crate) enum Block {
+    /// An enforced tier denies it: answer with the rejection (a 429).
+    Limited(Denial),
+    /// The denylist names its client: refuse it with this status.
+    Denylisted(DenyStatus),
+    /// The backend could not decide and the failure policy is `Closed`
+    /// (or a key extractor could not run under it): a 503.
+    Unavailable,
+}
+
+/// An allowed request.
+#[derive(Debug)]
+pub(crate) struct Allow {
+    /// Why it passes: `Allowed`, `ShadowLimited`, `Skipped`, `Allowlisted`,
+    /// `FailOpen` or `Fallback`.
+    pub(crate) kind: RequestDecision,
+    /// Bit per tier index: the observing tiers (shadow, canary keys not
+    /// enforced) that would have denied it.
+    pub(crate) shadow_tiers: u64,
+    /// The binding tier's numbers (none when no tier applied, on fail-open,
+    /// or with [`HeaderStyle::None`](crate::response::HeaderStyle::None)).
+    pub(crate) headers: Option<RateLimitHeaders>,
+    /// How long a shaping tier queued the request before it may run.
+    pub(crate) delay: Duration,
+    /// The charges to give back once the request's result is known.
+    pub(crate) refunds: Option<Box<Refunds>>,
+}
+
+impl Allow {
+    /// Allowed with no tier's numbers (skipped, allowlisted, fail-open).
+    pub(crate) fn bare(kind: RequestDecision) -> Self {
+        Self {
+            kind,
+            shadow_tiers: 0,
+            headers: None,
+            delay: Duration::ZERO,
+            refunds: None,
+        }
+    }
+}
+
+/// A denied request: the binding tier's rejection and its headers.
+#[derive(Debug)]
+pub(crate) struct Denial {
+    /// The check (in planned order) of the binding tier.
+    pub(crate) check: usize,
+    /// Bit per tier index: the observing tiers that denied it too.
+    pub(crate) shadow_tiers: u64,
+    pub(crate) rejection: Rejection,
+    pub(crate) headers: RateLimitHeaders,
+}
+
+/// The refunds a passed request may get once its result is known: the
+/// charges of its tiers with `skip_failed_requests` (given back when it
+/// failed) and `skip_successful_requests` (when it succeeded).
+pub(crate) struct Refunds {
+    pub(crate) backend: Backend,
+    pub(crate) on_failure: Vec<TierRefund>,
+    pub(crate) on_success: Vec<TierRefund>,
+}
+
+impl std::fmt::Debug for Refunds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refunds")
+            .field("on_failure", &self.on_failure.len())
+            .field("on_success", &self.on_success.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Refunds {
+    /// The refunds of a charged request, if any of its tiers asks for them.
+    pub(crate) fn of(shared: &Shared, meta: &Meta, v: &Verdict) -> Option<Box<Refunds>> {
+        if !shared.refunds() {
+            return None;
+        }
+        let mut r = Refunds {
+            backend: shared.backend.clone(),
+            on_failure: Vec::new(),
+            on_success: Vec::new(),
+        };
+        for (i, charge) in v.charges.iter().enumerate() {
+            // Only tiers this request was charged on (allowed, not denied
+            // in shadow mode, and the request committed).
+            let (Some(charge), Some(check)) = (charge, meta.sent.get(i)) else {
+                continue;
+            };
+            let Some(t) = meta.tier(shared, i) else {
+                continue;
+            };
+            let refund = || TierRefund {
+                check: check.clone(),
+                charge: *charge,
+            };
+            if t.skip_failed {
+                r.on_failure.push(refund());
+            }
+            if t.skip_successful {
+                r.on_success.push(refund());
+            }
+        }
+        if r.on_failure.is_empty() && r.on_success.is_empty() {
+            None
+        } else {
+            Some(Box::new(r))
+        }
+    }
+
+    /// Gives back the charges the request's result calls for (`failed`: for
+    /// HTTP, a status ≥ 400), without delaying its response: in memory at
+    /// once (one shard lock per key, as brief as a check's), on Redis in a
+    /// task of its own.
+    pub(crate) fn settle(self, failed: bool) {
+        let refunds = if failed {
+            self.on_failure
+        } else {
+            self.on_success
+        };
+        if refunds.is_empty() {
+            return;
+        }
+        match self.backend {
+            Backend::Memory(m) => m.refund(&refunds),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        if let Err(e) = r.refund(&refunds).await {
+                            refund_failed(&e);
+                        }
+                    });
+                }
+                Err(_) => refund_failed(&BackendError::NoRuntime),
+            },
+        }
+    }
+}
+
+/// A refund by result that did not land: the request keeps its charge
+/// (capacity is under-used until it refills; nothing is over-admitted).
+/// Counted always, logged at most once a second.
+#[cfg(feature = "redis")]
+pub(crate) fn refund_failed(e: &BackendError) {
+    metrics::counter!(
+        "tiered_ratelimit_refund_failures_total",
+        "kind" => e.kind()
+    )
+    .increment(1);
+    static LOG: std::sync::OnceLock<observe::LogThrottle> = std::sync::OnceLock::new();
+    let log = LOG.get_or_init(|| observe::LogThrottle::new(Duration::from_secs(1)));
+    if let Some(suppressed) = log.permit() {
+        tracing::warn!(target: super::LOG_TARGET,
+            error = %e,
+            suppressed,
+            "rate limiter: refund by response status failed; the request keeps its charge"
+        );
+    }
+}
