@@ -26,8 +26,8 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/replay-bench.XXXXXX")
 cleanup() { [[ -n "$KEEP" ]] && echo "kept $work" >&2 || rm -rf "$work"; }
 trap cleanup EXIT
 
-echo "building (release, --features cli)..." >&2
-cargo build --quiet --release --features cli --bin tiered-ratelimit
+echo "building (release, -p tiered-ratelimit-cli)..." >&2
+cargo build --quiet --release -p tiered-ratelimit-cli --bin tiered-ratelimit
 bin="${CARGO_TARGET_DIR:-target}/release/tiered-ratelimit"
 
 cat > "$work/policy.toml" <<'EOF'

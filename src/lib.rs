@@ -87,10 +87,9 @@ mod handle;
 pub mod key;
 mod layer;
 pub mod observe;
+pub mod offline;
 pub mod policy;
 mod quota;
-#[cfg(feature = "cli")]
-pub mod replay;
 pub mod response;
 pub mod rollout;
 mod service;

@@ -1,10 +1,10 @@
 //! Counting decisions into a [`Report`], and printing it.
 
-use super::engine::{Decision, Planner};
 use super::time::{format_utc_minute, format_utc_seconds};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
+use tiered_ratelimit::offline::{Checks, Decision};
 
 /// A fast, non-cryptographic hasher (rustc's Fx) for the report's own maps:
 /// their keys were already made safe by the layer, and the replay reads
@@ -448,7 +448,7 @@ impl Collector {
         &mut self,
         now_us: u64,
         endpoint: usize,
-        planned: &Planner,
+        planned: &Checks,
         decision: &Decision,
         blocked: Option<(usize, &dyn Fn() -> String)>,
         shadow_tiers: u64,
@@ -457,8 +457,8 @@ impl Collector {
         let t = &mut self.totals;
         t.requests += 1;
         self.cur.requests += 1;
-        for c in 0..planned.n {
-            let (i, key) = (planned.tiers[c], planned.key_part(c));
+        for c in 0..planned.len() {
+            let (i, key) = (planned.tier(c), planned.key_part(c));
             let tier = &mut self.tiers[i];
             tier.applied += 1;
             self.cur.applied[i] += 1;
@@ -483,8 +483,8 @@ impl Collector {
                 t.rejected += 1;
                 e.rejected += 1;
                 self.cur.rejected += 1;
-                if let Some((c, display)) = blocked.filter(|(c, _)| *c < planned.n) {
-                    let (i, key) = (planned.tiers[c], planned.key_part(c));
+                if let Some((c, display)) = blocked.filter(|(c, _)| *c < planned.len()) {
+                    let (i, key) = (planned.tier(c), planned.key_part(c));
                     e.by_tier[i] += 1;
                     self.cur.rejected_by[i] += 1;
                     let tier = &mut self.tiers[i];
@@ -514,6 +514,8 @@ impl Collector {
             Decision::Skipped => t.skipped += 1,
             Decision::FailOpen => t.fail_open += 1,
             Decision::FailClosed => t.fail_closed += 1,
+            // A decision this version of the report does not know.
+            _ => {}
         }
         if shadow_tiers != 0 {
             for (i, tier) in self.tiers.iter_mut().enumerate() {

@@ -9,11 +9,11 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
-use tiered_ratelimit::replay::{
+use tiered_ratelimit::Policy;
+use tiered_ratelimit_cli::replay::{
     write_plot, Engine, FieldMap, Input, LogFormat, Modes, ReplayOptions, Replayer, Target,
     TimeFormat,
 };
-use tiered_ratelimit::Policy;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -3,17 +3,16 @@
 //! report; the direct engine against the layer engine (a real axum Router)
 //! request by request, for every algorithm, modes, lists and plans; inputs
 //! (gzip, JSON lines, stdin, malformed lines); the chart.
-#![cfg(feature = "cli")]
 
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use tiered_ratelimit::replay::{
+use tiered_ratelimit::Policy;
+use tiered_ratelimit_cli::replay::{
     Decision, Engine, Input, LineOutcome, Modes, ReplayOptions, Replayer, Target,
 };
-use tiered_ratelimit::Policy;
 
 const BIN: &str = env!("CARGO_BIN_EXE_tiered-ratelimit");
 /// 2024-03-01T00:00:00Z.

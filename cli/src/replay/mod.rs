@@ -1,5 +1,5 @@
 //! Replay access logs through a [`Policy`] offline, to plan limits from real
-//! traffic (feature `cli`; the `tiered-ratelimit replay` command).
+//! traffic (the `tiered-ratelimit replay` command).
 //!
 //! Each log line becomes an `http::Request` (method, path, headers, the peer
 //! address as a `SocketAddr` extension, the user id as [`UserId`], the plan
@@ -13,7 +13,7 @@
 //! ([`write_plot`]).
 //!
 //! ```no_run
-//! use tiered_ratelimit::replay::{Input, ReplayOptions, Replayer};
+//! use tiered_ratelimit_cli::replay::{Input, ReplayOptions, Replayer};
 //! use tiered_ratelimit::Policy;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -38,7 +38,6 @@ mod report;
 mod routes;
 mod time;
 
-pub use engine::Decision;
 pub use input::Input;
 pub use parse::{FieldMap, LogFormat, Target};
 pub use plot::write_plot;
@@ -46,15 +45,11 @@ pub use report::{
     BlockedKey, EndpointReport, InputSummary, LineIssue, PeakMinute, Report, TierCount, TierReport,
     TierSummary, Timeline, TimelinePoint, Totals,
 };
+pub use tiered_ratelimit::offline::Decision;
 pub use time::TimeFormat;
 
-use crate::backend::{ManualClock, MemoryBackend};
-use crate::key::{Endpoint, KeyExtractor};
-use crate::policy::KeySpec;
-use crate::rollout::{Mode, Plan};
-use crate::{Algorithm, ConfigError, LeakyBucket, Policy, RateLimitLayer, UserId};
 use axum::extract::MatchedPath;
-use engine::{Direct, Layer, LoggedStatus, Planner};
+use engine::{Direct, Layer, LoggedStatus};
 use http::request::Parts;
 use http::{HeaderValue, Method, Uri};
 use parse::{LineParser, Record};
@@ -64,6 +59,12 @@ use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use tiered_ratelimit::backend::{ManualClock, MemoryBackend};
+use tiered_ratelimit::key::{Endpoint, KeyExtractor};
+use tiered_ratelimit::offline::{Checks, Offline};
+use tiered_ratelimit::policy::KeySpec;
+use tiered_ratelimit::rollout::{Mode, Plan};
+use tiered_ratelimit::{Algorithm, ConfigError, LeakyBucket, Policy, RateLimitLayer, UserId};
 
 /// Which engine decides requests (`--engine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -234,7 +235,10 @@ enum EngineImpl {
 pub struct Replayer {
     clock: ManualClock,
     clock_us: Option<u64>,
-    planner: Planner,
+    /// The layer's engine for request heads, and the checks it planned for
+    /// the current line.
+    offline: Offline,
+    checks: Checks,
     engine: EngineImpl,
     engine_name: &'static str,
     modes_name: &'static str,
@@ -280,6 +284,7 @@ fn algorithm_name(a: Algorithm) -> String {
             "leaky_bucket_shape (max_delay {})",
             humantime::format_duration(max_delay)
         ),
+        other => format!("{other:?}"),
     }
 }
 
@@ -341,6 +346,7 @@ impl Replayer {
                     KeySpec::User => "user".into(),
                     KeySpec::Endpoint => "endpoint".into(),
                     KeySpec::Header(h) => format!("header:{}", h.to_ascii_lowercase()),
+                    other => format!("{other:?}"),
                 },
                 algorithm: algorithm_name(s.algorithm),
                 limit: s.quota.limit(),
@@ -369,7 +375,10 @@ impl Replayer {
         Ok(Self {
             clock,
             clock_us: None,
-            planner: Planner::new(&layer),
+            offline: layer
+                .offline()
+                .ok_or_else(|| ReplayError::Engine("replay needs the memory backend".into()))?,
+            checks: Checks::default(),
             engine,
             engine_name: if engine_choice == Engine::Layer {
                 "layer"
@@ -572,15 +581,15 @@ impl Replayer {
         };
 
         let outcome = match &mut self.engine {
-            EngineImpl::Direct(d) => d.decide(&mut self.planner, &self.parts),
+            EngineImpl::Direct(d) => d.decide(&self.offline, &mut self.checks, &self.parts),
             EngineImpl::Layer(l) => {
-                self.planner.inspect(&self.parts);
+                self.offline.plan(&self.parts, &mut self.checks);
                 let req = layer_request(&self.parts, status);
-                l.decide(&self.planner, req)
+                l.decide(&self.checks, req)
             }
         };
         let display = |c: usize| -> String {
-            let tier = self.planner.tiers[c];
+            let tier = self.checks.tier(c);
             match &self.key_kinds[tier] {
                 KeyKind::Header(h) => {
                     let v = self
@@ -595,7 +604,7 @@ impl Replayer {
                         mask(&v)
                     }
                 }
-                KeyKind::Plain => shorten(&self.planner.raw_key(c, &self.parts)),
+                KeyKind::Plain => shorten(&self.offline.raw_key(tier, &self.parts)),
             }
         };
         let blocked = outcome.binding_check.map(|c| (c, move || display(c)));
@@ -605,7 +614,7 @@ impl Replayer {
         self.collector.request(
             now,
             endpoint,
-            &self.planner,
+            &self.checks,
             &outcome.decision,
             blocked_ref,
             outcome.shadow_tiers,
