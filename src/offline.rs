@@ -30,7 +30,7 @@
 //! assert_eq!(d.binding_check, Some(0));
 //! assert_eq!(checks.len(), 1);
 //! assert_eq!(checks.tier(0), 0);
-//! assert_eq!(checks.key_part(0), "global");
+//! assert_eq!(checks.key_part(0), "all"); // `Global`'s one key
 //! ```
 
 use crate::backend::{Backend, TierCheck};
