@@ -33,7 +33,8 @@
 //! and leaves the script cached there. Nothing is loaded on other nodes.
 
 use super::router::{slot_of, Router};
-use super::{encode, int, refund_args, RedisBackend};
+use super::wire::{self, ClockArg, CLUSTER_LUA};
+use super::RedisBackend;
 use crate::algorithm::Decision;
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::error::BackendError;
@@ -46,20 +47,6 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
-
-/// The cluster script: the algorithms, their refunds, and the per-slot
-/// dispatcher (instead of `check.lua`).
-pub(super) const CLUSTER_LUA: &str = concat!(
-    include_str!("../../../lua/common.lua"),
-    include_str!("../../../lua/fixed_window.lua"),
-    include_str!("../../../lua/sliding_window_log.lua"),
-    include_str!("../../../lua/sliding_window_counter.lua"),
-    include_str!("../../../lua/token_bucket.lua"),
-    include_str!("../../../lua/leaky_bucket.lua"),
-    include_str!("../../../lua/refund.lua"),
-    include_str!("../../../lua/dispatch.lua"),
-    include_str!("../../../lua/cluster.lua"),
-);
 
 /// Failed refunds, by reason (`connection`, `script`).
 pub(crate) const REFUND_FAILURES: &str = "tiered_ratelimit_refund_failures_total";
@@ -91,7 +78,7 @@ struct GroupReply {
     now_us: u64,
     committed: bool,
     decisions: Vec<Decision>,
-    undo: Vec<i64>,
+    undo: Vec<u64>,
 }
 
 /// Everything one request's cluster check needs, owned (it may run in a task).
@@ -101,7 +88,7 @@ struct Job {
     checks: Vec<TierCheck>,
     keys: Vec<String>,
     shadow: Shadow,
-    clock: String,
+    clock: ClockArg,
     groups: Vec<Group>,
 }
 
@@ -162,7 +149,7 @@ impl Job {
                         if r.committed && d.allowed {
                             charges[i] = Some(Charge {
                                 at_us: r.now_us,
-                                undo: u64::try_from(undo).unwrap_or(0),
+                                undo,
                                 next_after_us: 0,
                             });
                         }
@@ -205,20 +192,16 @@ impl Job {
         let mut nums = Vec::with_capacity(7 * g.tiers.len());
         for &i in &g.tiers {
             let c = &self.checks[i];
-            let (algorithm, p) = encode(&c.limit);
-            nums.extend([
-                i64::from(algorithm),
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                int(c.cost),
-                i64::from(self.shadow.contains(i)),
-            ]);
+            let flags = if self.shadow.contains(i) {
+                wire::SHADOW
+            } else {
+                0
+            };
+            nums.extend(wire::tier_args(c, flags));
         }
         let keys: Vec<&str> = g.tiers.iter().map(|&i| self.keys[i].as_str()).collect();
         let reply = self
-            .invoke(&keys, "check", &self.clock, &nums)
+            .invoke(&keys, "check", self.clock, &nums)
             .await
             .map_err(|e| self.error(e))?;
         parse_check(&reply, g, &self.checks)
@@ -231,26 +214,20 @@ impl Job {
             if !d.allowed {
                 continue; // a shadow tier that denied was not charged
             }
-            let c = &self.checks[i];
-            let (algorithm, p) = encode(&c.limit);
-            keys.push(self.keys[i].as_str());
-            nums.extend([
-                i64::from(algorithm),
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                int(c.cost),
-                int(r.now_us),
+            let charge = Charge {
+                at_us: r.now_us,
                 undo,
-            ]);
+                next_after_us: 0,
+            };
+            keys.push(self.keys[i].as_str());
+            nums.extend(wire::refund_args(&self.checks[i], &charge));
         }
         if keys.is_empty() {
             return Ok(());
         }
         // The refund reads its own clock: refill since the charge counts.
         let clock = self.backend.clock_arg();
-        self.invoke(&keys, "refund", &clock, &nums)
+        self.invoke(&keys, "refund", clock, &nums)
             .await
             .map(|_| ())
             .map_err(|e| self.error(e))
@@ -262,10 +239,10 @@ impl Job {
         &self,
         keys: &[&str],
         mode: &str,
-        clock: &str,
+        clock: ClockArg,
         nums: &[i64],
     ) -> RedisResult<Vec<i64>> {
-        invoke(&self.backend, &self.via, keys, mode, clock, nums).await
+        invoke(&self.backend, &self.via, keys, mode, &clock, nums).await
     }
 
     fn error(&self, e: RedisError) -> BackendError {
@@ -285,7 +262,7 @@ pub(super) async fn refund(
         .iter()
         .map(|r| {
             let key = cluster_key(&r.check.key);
-            let nums = refund_args(r);
+            let nums = wire::refund_args(&r.check, &r.charge);
             let (via, clock) = (&via, &clock);
             async move {
                 invoke::<i64>(backend, via, &[key.as_str()], "refund", clock, &nums)
@@ -315,7 +292,7 @@ async fn invoke<T: ::redis::FromRedisValue>(
     via: &Via,
     keys: &[&str],
     mode: &str,
-    clock: &str,
+    clock: &ClockArg,
     nums: &[i64],
 ) -> RedisResult<T> {
     let script = &backend.inner.script;
@@ -329,7 +306,11 @@ async fn invoke<T: ::redis::FromRedisValue>(
             c.arg(script.get_hash());
             c
         };
-        cmd.arg(keys.len()).arg(keys).arg(mode).arg(clock).arg(nums);
+        cmd.arg(keys.len())
+            .arg(keys)
+            .arg(mode)
+            .arg(clock.as_bytes())
+            .arg(nums);
         cmd
     };
     match via {
@@ -393,7 +374,7 @@ fn parse_check(reply: &[i64], g: &Group, checks: &[TierCheck]) -> Result<GroupRe
             retry_after_us: if r[0] == 1 { 0 } else { u(r[3]) },
             delay_us: u(r[4]),
         });
-        undo.push(r[5]);
+        undo.push(u(r[5]));
     }
     Ok(GroupReply {
         now_us: u(reply[0]),
