@@ -33,7 +33,7 @@
 //! and leaves the script cached there. Nothing is loaded on other nodes.
 
 use super::router::{slot_of, Router};
-use super::wire::{self, ClockArg, CLUSTER_LUA};
+use super::wire::{self, CheckReply, ClockArg, CLUSTER_LUA};
 use super::RedisBackend;
 use crate::algorithm::Decision;
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
@@ -73,12 +73,13 @@ struct Group {
     tiers: Vec<usize>,
 }
 
-/// One slot's answer.
-struct GroupReply {
-    now_us: u64,
-    committed: bool,
-    decisions: Vec<Decision>,
-    undo: Vec<u64>,
+/// One slot's answer: its tiers' decisions and, when the slot committed,
+/// their charges (see [`wire::parse_check`]).
+type GroupReply = Verdict;
+
+/// Whether a slot's call charged its tiers.
+fn committed(r: &GroupReply) -> bool {
+    !r.charges.is_empty()
 }
 
 /// Everything one request's cluster check needs, owned (it may run in a task).
@@ -144,17 +145,18 @@ impl Job {
                     if g.tiers.contains(&0) {
                         now_us = Some(r.now_us);
                     }
-                    for ((&i, d), &undo) in g.tiers.iter().zip(&r.decisions).zip(&r.undo) {
+                    for (&i, d) in g.tiers.iter().zip(&r.decisions) {
                         decisions[i] = Some(*d);
-                        if r.committed && d.allowed {
-                            charges[i] = Some(Charge {
-                                at_us: r.now_us,
-                                undo,
-                                next_after_us: 0,
-                            });
-                        }
                     }
-                    if r.committed {
+                    for (&i, c) in g.tiers.iter().zip(&r.charges) {
+                        // A cluster reports no next-pass wait (see
+                        // `Charge::next_after_us`).
+                        charges[i] = c.map(|c| Charge {
+                            next_after_us: 0,
+                            ..c
+                        });
+                    }
+                    if committed(&r) {
                         charged.push((g, r));
                     }
                 }
@@ -190,37 +192,43 @@ impl Job {
 
     async fn check_group(&self, g: &Group) -> Result<GroupReply, BackendError> {
         let mut nums = Vec::with_capacity(7 * g.tiers.len());
-        for &i in &g.tiers {
+        let mut capacities: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
+        // The group's shadow tiers, by their place in the group.
+        let mut shadow = 0;
+        for (j, &i) in g.tiers.iter().enumerate() {
             let c = &self.checks[i];
-            let flags = if self.shadow.contains(i) {
-                wire::SHADOW
-            } else {
-                0
-            };
+            // Always the undo values: a cross-slot denial refunds this slot.
+            let mut flags = wire::UNDO;
+            if self.shadow.contains(i) {
+                flags |= wire::SHADOW;
+                // j <= i < 64.
+                shadow |= 1 << j;
+            }
             nums.extend(wire::tier_args(c, flags));
+            capacities.push(c.limit.capacity());
         }
         let keys: Vec<&str> = g.tiers.iter().map(|&i| self.keys[i].as_str()).collect();
-        let reply = self
+        let reply: Vec<i64> = self
             .invoke(&keys, "check", self.clock, &nums)
             .await
             .map_err(|e| self.error(e))?;
-        parse_check(&reply, g, &self.checks)
+        match wire::parse_check(&reply, &capacities, Shadow(shadow))? {
+            CheckReply::Decided(v) => Ok(v),
+            CheckReply::Late => Err(BackendError::Reply(
+                "a cluster check without a deadline answered late".to_owned(),
+            )),
+        }
     }
 
     async fn refund_group(&self, g: &Group, r: &GroupReply) -> Result<(), BackendError> {
         let mut keys = Vec::new();
         let mut nums = Vec::new();
-        for ((&i, d), &undo) in g.tiers.iter().zip(&r.decisions).zip(&r.undo) {
-            if !d.allowed {
-                continue; // a shadow tier that denied was not charged
+        for (&i, c) in g.tiers.iter().zip(&r.charges) {
+            // A shadow tier that denied was not charged.
+            if let Some(charge) = c {
+                keys.push(self.keys[i].as_str());
+                nums.extend(wire::refund_args(&self.checks[i], charge));
             }
-            let charge = Charge {
-                at_us: r.now_us,
-                undo,
-                next_after_us: 0,
-            };
-            keys.push(self.keys[i].as_str());
-            nums.extend(wire::refund_args(&self.checks[i], &charge));
         }
         if keys.is_empty() {
             return Ok(());
@@ -348,40 +356,6 @@ pub(super) async fn command<T: ::redis::FromRedisValue>(
         }
         Via::Conn(conn) => cmd.query_async(&mut conn.clone()).await,
     }
-}
-
-const PER_TIER: usize = 6;
-
-fn parse_check(reply: &[i64], g: &Group, checks: &[TierCheck]) -> Result<GroupReply, BackendError> {
-    let want = 2 + PER_TIER * g.tiers.len();
-    if reply.len() != want {
-        return Err(BackendError::Reply(format!(
-            "expected {want} values, got {}",
-            reply.len()
-        )));
-    }
-    let u = |v: i64| u64::try_from(v).unwrap_or(0);
-    let mut decisions = Vec::with_capacity(g.tiers.len());
-    let mut undo = Vec::with_capacity(g.tiers.len());
-    for (r, &i) in reply[2..].chunks_exact(PER_TIER).zip(&g.tiers) {
-        decisions.push(Decision {
-            allowed: r[0] == 1,
-            limit: checks[i].limit.capacity(),
-            remaining: u(r[1]),
-            reset_after_us: u(r[2]),
-            // An allowed tier's slot holds the wait for the next request
-            // (see lua/dispatch.lua); its decision's retry is 0.
-            retry_after_us: if r[0] == 1 { 0 } else { u(r[3]) },
-            delay_us: u(r[4]),
-        });
-        undo.push(u(r[5]));
-    }
-    Ok(GroupReply {
-        now_us: u(reply[0]),
-        committed: reply[1] == 1,
-        decisions,
-        undo,
-    })
 }
 
 /// A refund that did not land: the denied request keeps its charge on that

@@ -1,7 +1,8 @@
 //! The wire format between this crate and its Lua scripts: which files make
-//! each script, what a call's `ARGV` holds, and the reply of `lua/check.lua`
-//! (a single Redis). (`lua/cluster.lua`'s `check` mode still answers six
-//! numbers per tier, parsed in `cluster.rs`.)
+//! each script, what a call's `ARGV` holds, and the one reply layout both
+//! check entry points (`lua/check.lua` on a single Redis, `lua/cluster.lua`'s
+//! `check` mode on one hash slot of a cluster) return. Everything either
+//! side writes or reads is encoded or parsed here.
 //!
 //! # Arguments
 //!
@@ -435,7 +436,7 @@ mod tests {
         undo: u64,
     }
 
-    /// The reply the scripts build (lua/check.lua)
+    /// The reply the scripts build (`check_request` in lua/dispatch.lua)
     /// for these tiers; `charged`: whether the call charged.
     fn reply_of(now: i64, tiers: &[Tier], charged: bool) -> Vec<i64> {
         let i = |v: u64| i64::try_from(v).unwrap();
