@@ -5,15 +5,16 @@
 --
 -- ARGV[1]   'check' or 'refund'
 -- ARGV[2]   the clock, as ARGV[1] of check.lua: "" = Redis TIME, or a test
---           clock "<now µs>[:<ttl slack ms>]"
+--           clock "<now µs>[:<ttl slack ms>]" (a "d<deadline µs>" would be
+--           honoured too; the cluster client sends none)
 --
 -- check:    KEYS and seven ARGV per tier from ARGV[3] on, exactly as in
---           check.lua (algorithm, p1, p2, p3, p4, cost, shadow), with the
+--           check.lua (algorithm, p1, p2, p3, p4, cost, flags), with the
 --           same commit rule among these tiers.
---   returns { now_us, committed (0/1), then per tier: allowed (0/1),
---             remaining, reset_after_us, retry_after_us, delay_us, undo }
---           where undo is what the tier's charge returned (0 if none): the
---           argument a refund needs.
+--   returns the same reply as check.lua (check_request in dispatch.lua; the
+--           layout is documented in src/backend/redis/wire.rs). The client
+--           sets the undo flag on every tier: a slot that charged while
+--           another slot denied is refunded with those values.
 -- refund:   KEYS = the keys to refund (tiers this script charged), eight
 --           ARGV per key from ARGV[3] on: algorithm, p1, p2, p3, p4, cost,
 --           charged_at (the now_us the check returned), undo.
@@ -24,9 +25,8 @@ local refunds = {
   token_bucket_refund, leaky_bucket_refund,
 }
 
-local now = read_clock(ARGV[2])
-
 if ARGV[1] == 'refund' then
+  local now = read_clock(ARGV[2])
   for i = 1, #KEYS do
     local a = 3 + (i - 1) * 8
     local refund = refunds[tonumber(ARGV[a])]
@@ -44,33 +44,8 @@ if ARGV[1] ~= 'check' then
   return redis.error_reply('unknown mode ' .. tostring(ARGV[1]))
 end
 
-local out = { now, 0 }
-local commits = {}
-local all = true
-local states = read_states(#KEYS)
-for i = 1, #KEYS do
-  local a = 3 + (i - 1) * 7
-  local allowed, remaining, reset, retry, delay, commit, shadow = check_tier(KEYS[i], now, a, states[i])
-  if allowed == false then
-    return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a]))
-  end
-  out[#out + 1] = allowed
-  out[#out + 1] = remaining
-  out[#out + 1] = reset
-  out[#out + 1] = retry
-  out[#out + 1] = delay
-  out[#out + 1] = 0
-  if allowed == 1 then
-    commits[#commits + 1] = { commit, #out }
-  elseif not shadow then
-    all = false
-  end
-end
-
-if all then
-  out[2] = 1
-  for _, c in ipairs(commits) do
-    out[c[2]] = c[1]() or 0
-  end
+local out, err = check_request(ARGV[2], 3, #KEYS)
+if not out then
+  return redis.error_reply(err)
 end
 return out

@@ -1,9 +1,9 @@
 -- Shared helpers for the algorithm scripts. The files of lua/ are joined in
--- this order into ONE script (see src/backend/redis.rs):
+-- this order into ONE script (see src/backend/redis/wire.rs):
 --   common.lua, fixed_window.lua, sliding_window_log.lua,
 --   sliding_window_counter.lua, token_bucket.lua, leaky_bucket.lua,
 --   dispatch.lua, check.lua
--- (the cluster script, src/backend/redis/cluster.rs, puts refund.lua before
+-- (the cluster script puts refund.lua before
 -- dispatch.lua and ends with cluster.lua instead of check.lua).
 --
 -- Lua numbers are doubles: every value these scripts handle is an integer

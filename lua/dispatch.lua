@@ -48,3 +48,59 @@ local function check_tier(key, now, a, v)
     tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), v)
   return allowed, remaining, reset, retry, delay, commit, tonumber(ARGV[a + 6]) % 2 == 1
 end
+
+-- One request's check of tiers 1..n, the body of both entry points (a
+-- single Redis: check.lua; one hash slot of a cluster: cluster.lua's
+-- 'check'): clock is the clock argument (see read_clock); tier i is KEYS[i]
+-- and seven ARGV from ARGV[first + 7(i-1)] (see check_tier).
+-- Decides every tier first; charges only if every enforced tier allows the
+-- request, and then every tier that allows it (a shadow tier that would deny
+-- is not charged, just as an enforced denial charges nothing).
+-- Returns the check reply, whose layout is documented once, in
+-- src/backend/redis/wire.rs:
+--   { now_us, three per tier: r, reset_after_us, w,
+--     then a trailer, three per entry: i, delay_us, undo }
+--   or { now_us, -1 } when the clock's deadline has passed (nothing written);
+-- and the numbers of the tiers that rejected. For an unknown algorithm:
+-- nil and the error message.
+local function check_request(clock, first, n)
+  local now, deadline = read_clock(clock)
+  if deadline and now > deadline then
+    return { now, -1 }, {}
+  end
+  local out = { now }
+  local commits = {}
+  local rejected = {}
+  local all = true
+  local states = read_states(n)
+  for i = 1, n do
+    local a = first + (i - 1) * 7
+    local allowed, remaining, reset, retry, delay, commit, shadow = check_tier(KEYS[i], now, a, states[i])
+    if allowed == false then
+      return nil, 'unknown algorithm ' .. tostring(ARGV[a])
+    end
+    if allowed == 1 then
+      out[#out + 1] = remaining
+      commits[#commits + 1] = { commit, i, delay, tonumber(ARGV[a + 6]) >= 2 }
+    else
+      out[#out + 1] = -remaining - 1
+      rejected[#rejected + 1] = i
+      if not shadow then all = false end
+    end
+    out[#out + 1] = reset
+    out[#out + 1] = retry
+  end
+  -- The trailer: every allowing tier with a delay, or with a non-zero undo
+  -- value that it asked for (flag +2) when the request was charged.
+  for _, c in ipairs(commits) do
+    local undo = 0
+    if all then undo = c[1]() or 0 end
+    if not c[4] then undo = 0 end
+    if c[3] > 0 or undo ~= 0 then
+      out[#out + 1] = c[2]
+      out[#out + 1] = c[3]
+      out[#out + 1] = undo
+    end
+  end
+  return out, rejected
+end

@@ -594,6 +594,17 @@ impl Lua {
         format!("{now}:600000")
     }
 
+    /// The first tier's (allowed, remaining) in a check reply (see
+    /// src/backend/redis/wire.rs: `r` is remaining when allowed,
+    /// `-(remaining + 1)` when denied).
+    fn first_tier(r: &[i64]) -> (bool, u64) {
+        if r[1] >= 0 {
+            (true, r[1] as u64)
+        } else {
+            (false, (-(r[1] + 1)) as u64)
+        }
+    }
+
     /// Check (and charge if allowed) `cost` on `key`: (decision fields, undo).
     fn charge(&mut self, key: &str, limit: &Limit, now: u64, cost: u64) -> (bool, u64, i64) {
         let mut cmd = redis::cmd("EVAL");
@@ -604,9 +615,12 @@ impl Lua {
             .arg(Self::clock(now))
             .arg(&encode(limit)[..])
             .arg(cost)
-            .arg(0);
+            .arg(2); // flags: the undo value, as the cluster backend asks
         let r: Vec<i64> = cmd.query(&mut self.conn).unwrap();
-        (r[2] == 1, r[3] as u64, r[7])
+        let (allowed, remaining) = Self::first_tier(&r);
+        // The trailer (tier 1, delay, undo) when the undo is not 0.
+        let undo = if r.len() == 7 { r[6] } else { 0 };
+        (allowed, remaining, undo)
     }
 
     fn refund(
@@ -649,8 +663,9 @@ impl Lua {
             .arg(2)
             .arg(0);
         let r: Vec<i64> = cmd.query(&mut self.conn).unwrap();
-        assert_eq!(r[1], 0, "a probe never commits");
-        (r[2] == 1, r[3] as u64)
+        // The second tier (r at index 4) is enforced and denies.
+        assert!(r[4] < 0, "a probe never commits");
+        Self::first_tier(&r)
     }
 }
 

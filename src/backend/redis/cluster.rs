@@ -33,7 +33,8 @@
 //! and leaves the script cached there. Nothing is loaded on other nodes.
 
 use super::router::{slot_of, Router};
-use super::{encode, int, refund_args, RedisBackend};
+use super::wire::{self, CheckReply, ClockArg, CLUSTER_LUA};
+use super::RedisBackend;
 use crate::algorithm::Decision;
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::error::BackendError;
@@ -46,20 +47,6 @@ use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
-
-/// The cluster script: the algorithms, their refunds, and the per-slot
-/// dispatcher (instead of `check.lua`).
-pub(super) const CLUSTER_LUA: &str = concat!(
-    include_str!("../../../lua/common.lua"),
-    include_str!("../../../lua/fixed_window.lua"),
-    include_str!("../../../lua/sliding_window_log.lua"),
-    include_str!("../../../lua/sliding_window_counter.lua"),
-    include_str!("../../../lua/token_bucket.lua"),
-    include_str!("../../../lua/leaky_bucket.lua"),
-    include_str!("../../../lua/refund.lua"),
-    include_str!("../../../lua/dispatch.lua"),
-    include_str!("../../../lua/cluster.lua"),
-);
 
 /// Failed refunds, by reason (`connection`, `script`).
 pub(crate) const REFUND_FAILURES: &str = "tiered_ratelimit_refund_failures_total";
@@ -86,12 +73,13 @@ struct Group {
     tiers: Vec<usize>,
 }
 
-/// One slot's answer.
-struct GroupReply {
-    now_us: u64,
-    committed: bool,
-    decisions: Vec<Decision>,
-    undo: Vec<i64>,
+/// One slot's answer: its tiers' decisions and, when the slot committed,
+/// their charges (see [`wire::parse_check`]).
+type GroupReply = Verdict;
+
+/// Whether a slot's call charged its tiers.
+fn committed(r: &GroupReply) -> bool {
+    !r.charges.is_empty()
 }
 
 /// Everything one request's cluster check needs, owned (it may run in a task).
@@ -101,7 +89,7 @@ struct Job {
     checks: Vec<TierCheck>,
     keys: Vec<String>,
     shadow: Shadow,
-    clock: String,
+    clock: ClockArg,
     groups: Vec<Group>,
 }
 
@@ -157,17 +145,18 @@ impl Job {
                     if g.tiers.contains(&0) {
                         now_us = Some(r.now_us);
                     }
-                    for ((&i, d), &undo) in g.tiers.iter().zip(&r.decisions).zip(&r.undo) {
+                    for (&i, d) in g.tiers.iter().zip(&r.decisions) {
                         decisions[i] = Some(*d);
-                        if r.committed && d.allowed {
-                            charges[i] = Some(Charge {
-                                at_us: r.now_us,
-                                undo: u64::try_from(undo).unwrap_or(0),
-                                next_after_us: 0,
-                            });
-                        }
                     }
-                    if r.committed {
+                    for (&i, c) in g.tiers.iter().zip(&r.charges) {
+                        // A cluster reports no next-pass wait (see
+                        // `Charge::next_after_us`).
+                        charges[i] = c.map(|c| Charge {
+                            next_after_us: 0,
+                            ..c
+                        });
+                    }
+                    if committed(&r) {
                         charged.push((g, r));
                     }
                 }
@@ -203,54 +192,50 @@ impl Job {
 
     async fn check_group(&self, g: &Group) -> Result<GroupReply, BackendError> {
         let mut nums = Vec::with_capacity(7 * g.tiers.len());
-        for &i in &g.tiers {
+        let mut capacities: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
+        // The group's shadow tiers, by their place in the group.
+        let mut shadow = 0;
+        for (j, &i) in g.tiers.iter().enumerate() {
             let c = &self.checks[i];
-            let (algorithm, p) = encode(&c.limit);
-            nums.extend([
-                i64::from(algorithm),
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                int(c.cost),
-                i64::from(self.shadow.contains(i)),
-            ]);
+            // Always the undo values: a cross-slot denial refunds this slot.
+            let mut flags = wire::UNDO;
+            if self.shadow.contains(i) {
+                flags |= wire::SHADOW;
+                // j <= i < 64.
+                shadow |= 1 << j;
+            }
+            nums.extend(wire::tier_args(c, flags));
+            capacities.push(c.limit.capacity());
         }
         let keys: Vec<&str> = g.tiers.iter().map(|&i| self.keys[i].as_str()).collect();
-        let reply = self
-            .invoke(&keys, "check", &self.clock, &nums)
+        let reply: Vec<i64> = self
+            .invoke(&keys, "check", self.clock, &nums)
             .await
             .map_err(|e| self.error(e))?;
-        parse_check(&reply, g, &self.checks)
+        match wire::parse_check(&reply, &capacities, Shadow(shadow))? {
+            CheckReply::Decided(v) => Ok(v),
+            CheckReply::Late => Err(BackendError::Reply(
+                "a cluster check without a deadline answered late".to_owned(),
+            )),
+        }
     }
 
     async fn refund_group(&self, g: &Group, r: &GroupReply) -> Result<(), BackendError> {
         let mut keys = Vec::new();
         let mut nums = Vec::new();
-        for ((&i, d), &undo) in g.tiers.iter().zip(&r.decisions).zip(&r.undo) {
-            if !d.allowed {
-                continue; // a shadow tier that denied was not charged
+        for (&i, c) in g.tiers.iter().zip(&r.charges) {
+            // A shadow tier that denied was not charged.
+            if let Some(charge) = c {
+                keys.push(self.keys[i].as_str());
+                nums.extend(wire::refund_args(&self.checks[i], charge));
             }
-            let c = &self.checks[i];
-            let (algorithm, p) = encode(&c.limit);
-            keys.push(self.keys[i].as_str());
-            nums.extend([
-                i64::from(algorithm),
-                p[0],
-                p[1],
-                p[2],
-                p[3],
-                int(c.cost),
-                int(r.now_us),
-                undo,
-            ]);
         }
         if keys.is_empty() {
             return Ok(());
         }
         // The refund reads its own clock: refill since the charge counts.
         let clock = self.backend.clock_arg();
-        self.invoke(&keys, "refund", &clock, &nums)
+        self.invoke(&keys, "refund", clock, &nums)
             .await
             .map(|_| ())
             .map_err(|e| self.error(e))
@@ -262,10 +247,10 @@ impl Job {
         &self,
         keys: &[&str],
         mode: &str,
-        clock: &str,
+        clock: ClockArg,
         nums: &[i64],
     ) -> RedisResult<Vec<i64>> {
-        invoke(&self.backend, &self.via, keys, mode, clock, nums).await
+        invoke(&self.backend, &self.via, keys, mode, &clock, nums).await
     }
 
     fn error(&self, e: RedisError) -> BackendError {
@@ -285,7 +270,7 @@ pub(super) async fn refund(
         .iter()
         .map(|r| {
             let key = cluster_key(&r.check.key);
-            let nums = refund_args(r);
+            let nums = wire::refund_args(&r.check, &r.charge);
             let (via, clock) = (&via, &clock);
             async move {
                 invoke::<i64>(backend, via, &[key.as_str()], "refund", clock, &nums)
@@ -315,7 +300,7 @@ async fn invoke<T: ::redis::FromRedisValue>(
     via: &Via,
     keys: &[&str],
     mode: &str,
-    clock: &str,
+    clock: &ClockArg,
     nums: &[i64],
 ) -> RedisResult<T> {
     let script = &backend.inner.script;
@@ -329,7 +314,11 @@ async fn invoke<T: ::redis::FromRedisValue>(
             c.arg(script.get_hash());
             c
         };
-        cmd.arg(keys.len()).arg(keys).arg(mode).arg(clock).arg(nums);
+        cmd.arg(keys.len())
+            .arg(keys)
+            .arg(mode)
+            .arg(clock.as_bytes())
+            .arg(nums);
         cmd
     };
     match via {
@@ -367,40 +356,6 @@ pub(super) async fn command<T: ::redis::FromRedisValue>(
         }
         Via::Conn(conn) => cmd.query_async(&mut conn.clone()).await,
     }
-}
-
-const PER_TIER: usize = 6;
-
-fn parse_check(reply: &[i64], g: &Group, checks: &[TierCheck]) -> Result<GroupReply, BackendError> {
-    let want = 2 + PER_TIER * g.tiers.len();
-    if reply.len() != want {
-        return Err(BackendError::Reply(format!(
-            "expected {want} values, got {}",
-            reply.len()
-        )));
-    }
-    let u = |v: i64| u64::try_from(v).unwrap_or(0);
-    let mut decisions = Vec::with_capacity(g.tiers.len());
-    let mut undo = Vec::with_capacity(g.tiers.len());
-    for (r, &i) in reply[2..].chunks_exact(PER_TIER).zip(&g.tiers) {
-        decisions.push(Decision {
-            allowed: r[0] == 1,
-            limit: checks[i].limit.capacity(),
-            remaining: u(r[1]),
-            reset_after_us: u(r[2]),
-            // An allowed tier's slot holds the wait for the next request
-            // (see lua/dispatch.lua); its decision's retry is 0.
-            retry_after_us: if r[0] == 1 { 0 } else { u(r[3]) },
-            delay_us: u(r[4]),
-        });
-        undo.push(r[5]);
-    }
-    Ok(GroupReply {
-        now_us: u(reply[0]),
-        committed: reply[1] == 1,
-        decisions,
-        undo,
-    })
 }
 
 /// A refund that did not land: the denied request keeps its charge on that

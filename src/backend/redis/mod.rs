@@ -1,34 +1,30 @@
+//! [`RedisBackend`]: its sources (URL, pools, cluster), its public
+//! methods, and a request's check and refund. The wire format of the script
+//! calls is in `wire.rs`, connections in `connection.rs`, the cluster path
+//! in `cluster.rs` and `router.rs`.
+
 use super::clock::ManualClock;
-use super::{Charge, CheckFuture, Shadow, TierCheck, TierRefund, Verdict};
-use crate::algorithm::{Decision, Limit};
+use super::{CheckFuture, Shadow, TierCheck, TierRefund, Verdict};
 use crate::error::{BackendError, ConfigError};
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use ::redis::aio::{ConnectionManager, MultiplexedConnection};
 use ::redis::cluster_async::ClusterConnection;
-use ::redis::{Client, Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
+use ::redis::{Client, Cmd, RedisError, Script};
+use connection::Conn;
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use std::time::Instant;
+use timed::with_timeout;
+use wire::{CheckReply, ClockArg};
 
 mod blocked;
 mod cluster;
+mod connection;
 mod control;
 mod router;
-
-/// The one script every request runs: the algorithm files of `lua/` joined,
-/// then the all-tiers dispatcher. Sent as EVALSHA, falling back to loading it
-/// on `NOSCRIPT`.
-const CHECK_LUA: &str = concat!(
-    include_str!("../../lua/common.lua"),
-    include_str!("../../lua/fixed_window.lua"),
-    include_str!("../../lua/sliding_window_log.lua"),
-    include_str!("../../lua/sliding_window_counter.lua"),
-    include_str!("../../lua/token_bucket.lua"),
-    include_str!("../../lua/leaky_bucket.lua"),
-    include_str!("../../lua/dispatch.lua"),
-    include_str!("../../lua/check.lua"),
-);
+mod timed;
+mod wire;
 
 /// Buckets in Redis, shared by every app server that points at it.
 ///
@@ -208,14 +204,14 @@ impl RedisBackend {
 
     fn new(source: Source) -> Self {
         let script = match source {
-            Source::Cluster { .. } | Source::ClusterPool { .. } => cluster::CLUSTER_LUA,
-            Source::Client { .. } | Source::Pool { .. } => CHECK_LUA,
+            Source::Cluster { .. } | Source::ClusterPool { .. } => wire::CLUSTER_LUA,
+            Source::Client { .. } | Source::Pool { .. } => wire::CHECK_LUA,
         };
         Self {
             inner: Arc::new(Inner {
                 source,
                 script: Script::new(script),
-                refund_script: Script::new(cluster::CLUSTER_LUA),
+                refund_script: Script::new(wire::CLUSTER_LUA),
                 offset_us: AtomicI64::new(i64::MIN),
                 origin: Instant::now(),
                 budget_us: AtomicU64::new(0),
@@ -294,13 +290,12 @@ impl RedisBackend {
         self.inner.script.get_hash()
     }
 
-    /// `ARGV[1]` of the scripts: `""` for Redis `TIME`, or the manual clock
-    /// (with the TTL slack, if any).
-    fn clock_arg(&self) -> String {
+    /// The clock argument of a script call without a deadline: `""` for
+    /// Redis `TIME`, or the manual clock (with the TTL slack, if any).
+    fn clock_arg(&self) -> ClockArg {
         match &self.clock {
-            Some(c) if self.ttl_slack_ms > 0 => format!("{}:{}", c.now_us(), self.ttl_slack_ms),
-            Some(c) => c.now_us().to_string(),
-            None => String::new(),
+            Some(c) => ClockArg::manual(c.now_us(), self.ttl_slack_ms),
+            None => ClockArg::redis(),
         }
     }
 
@@ -320,9 +315,9 @@ impl RedisBackend {
     }
 
     /// The check's `EVALSHA`, built in one buffer: the script's SHA1, the
-    /// keys (each tier's, then the blocked-keys set if any), `ARGV[1]` (the
-    /// clock, see [`Self::write_clock_arg`]) and seven numbers per tier (see
-    /// `lua/check.lua`). `undo`: ask for the charges' undo values (for
+    /// keys (each tier's, then the blocked-keys set if any), the clock
+    /// ([`Self::check_clock_arg`]) and seven numbers per tier
+    /// ([`wire::tier_args`]). `undo`: ask for the charges' undo values (for
     /// refunds by status).
     fn check_cmd(
         &self,
@@ -341,99 +336,31 @@ impl RedisBackend {
         if let Some(b) = blocked {
             cmd.arg(b);
         }
-        self.write_clock_arg(&mut cmd, sent);
+        cmd.arg(self.check_clock_arg(sent).as_bytes());
+        let undo = if undo { wire::UNDO } else { 0 };
         for (i, c) in checks.iter().enumerate() {
-            let (algorithm, p) = encode(&c.limit);
-            cmd.arg(algorithm)
-                .arg(p[0])
-                .arg(p[1])
-                .arg(p[2])
-                .arg(p[3])
-                .arg(c.cost)
-                .arg(u8::from(shadow.contains(i)) | (u8::from(undo) << 1));
+            let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
+            wire::write_tier(&mut cmd, c, shadow | undo);
         }
         cmd
     }
 
-    /// `ARGV[1]` for a standalone check sent at local µs `sent`: the test
-    /// clock, or `d<deadline in Redis µs>`, or `""` before calibration.
-    fn write_clock_arg(&self, cmd: &mut Cmd, sent: i64) {
+    /// The clock argument of a standalone check sent at local µs `sent`:
+    /// the test clock, or the deadline in Redis's clock, or Redis `TIME`
+    /// alone before calibration or without a budget.
+    fn check_clock_arg(&self, sent: i64) -> ClockArg {
         if self.clock.is_some() {
-            cmd.arg(self.clock_arg());
-            return;
+            return self.clock_arg();
         }
         let budget = self.inner.budget_us.load(Ordering::Relaxed);
         let offset = self.inner.offset_us.load(Ordering::Relaxed);
         if budget == 0 || offset == i64::MIN {
-            cmd.arg("");
-            return;
+            return ClockArg::redis();
         }
-        let deadline = sent
-            .saturating_add(offset)
-            .saturating_add(i64::try_from(budget).unwrap_or(i64::MAX));
-        // "d" and at most 20 characters of an i64, on the stack.
-        let mut buf = [0u8; 21];
-        buf[0] = b'd';
-        let mut digits = itoa::Buffer::new();
-        let digits = digits.format(deadline).as_bytes();
-        buf[1..=digits.len()].copy_from_slice(digits);
-        cmd.arg(&buf[..=digits.len()]);
-    }
-
-    /// Runs `cmd`, an `EVALSHA` of `script`; on `NOSCRIPT` (Redis restarted,
-    /// or `SCRIPT FLUSH`) loads the script and runs it once more.
-    async fn eval<T: ::redis::FromRedisValue>(
-        &self,
-        cmd: &Cmd,
-        script: &Script,
-        conn: &mut Conn,
-    ) -> Result<T, RedisError> {
-        let first = match conn {
-            Conn::Manager(m) => cmd.query_async(m).await,
-            Conn::Multiplexed(m) => cmd.query_async(m).await,
-        };
-        match first {
-            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                match conn {
-                    Conn::Manager(m) => script.load_async(m).await?,
-                    Conn::Multiplexed(m) => script.load_async(m).await?,
-                };
-                match conn {
-                    Conn::Manager(m) => cmd.query_async(m).await,
-                    Conn::Multiplexed(m) => cmd.query_async(m).await,
-                }
-            }
-            other => other,
-        }
-    }
-
-    /// A Redis call's error (single node or cluster), as the layer
-    /// classifies it: a broken, refused or timed-out connection, a cluster
-    /// error or a node that cannot serve yet (master down, read-only,
-    /// loading) is a connection error, anything else a script error. A
-    /// pooled connection that broke is forgotten (the next check takes a
-    /// fresh one).
-    pub(super) fn error(&self, e: RedisError) -> BackendError {
-        let broken = e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal();
-        if broken {
-            self.forget_connection();
-        }
-        if broken
-            || e.is_timeout()
-            || e.is_cluster_error()
-            || matches!(
-                e.kind(),
-                ErrorKind::Server(
-                    ServerErrorKind::MasterDown
-                        | ServerErrorKind::ReadOnly
-                        | ServerErrorKind::BusyLoading
-                )
-            )
-        {
-            BackendError::connection(e)
-        } else {
-            BackendError::script(e)
-        }
+        ClockArg::deadline(
+            sent.saturating_add(offset)
+                .saturating_add(i64::try_from(budget).unwrap_or(i64::MAX)),
+        )
     }
 
     /// Records Redis's clock from a reply to a check sent at local `sent`.
@@ -442,80 +369,6 @@ impl RedisBackend {
         self.inner
             .offset_us
             .store(redis_now - mid, Ordering::Relaxed);
-    }
-
-    async fn connection(&self) -> Result<Conn, BackendError> {
-        match &self.inner.source {
-            Source::Client {
-                client,
-                connect_timeout,
-                manager,
-            } => {
-                if let Some(m) = manager.get() {
-                    return Ok(Conn::Manager(m.clone()));
-                }
-                // Reconnect attempts back off to at most 200 ms apart, so a
-                // Redis that comes back is found within a fraction of a second.
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(*connect_timeout))
-                    .set_response_timeout(None)
-                    .set_max_delay(Duration::from_millis(200));
-                let m = ConnectionManager::new_lazy_with_config(client.clone(), config)
-                    .map_err(BackendError::connection)?;
-                Ok(Conn::Manager(manager.get_or_init(|| m).clone()))
-            }
-            Source::Pool { pool, conn } => {
-                if let Some(c) = lock(conn).clone() {
-                    return Ok(Conn::Multiplexed(c));
-                }
-                // Boxed: deadpool's checkout future is kilobytes, and every
-                // check's future would otherwise carry (and move) its room.
-                let obj = Box::pin(pool.get())
-                    .await
-                    .map_err(BackendError::connection)?;
-                let c = deadpool_redis::Connection::take(obj);
-                *lock(conn) = Some(c.clone());
-                Ok(Conn::Multiplexed(c))
-            }
-            Source::Cluster { .. } | Source::ClusterPool { .. } => Err(BackendError::Unsupported(
-                "a cluster backend has no single-node connection".to_owned(),
-            )),
-        }
-    }
-
-    /// A deadpool cluster pool's shared connection (taken on first use).
-    async fn cluster_connection(&self) -> Result<ClusterConnection, BackendError> {
-        match &self.inner.source {
-            Source::ClusterPool { pool, conn } => {
-                if let Some(c) = lock(conn).clone() {
-                    return Ok(c);
-                }
-                let obj = pool.get().await.map_err(BackendError::connection)?;
-                let c = deadpool_redis::cluster::Connection::take(obj);
-                *lock(conn) = Some(c.clone());
-                Ok(c)
-            }
-            Source::Client { .. } | Source::Pool { .. } | Source::Cluster { .. } => Err(
-                BackendError::Unsupported("no redis-rs cluster connection".to_owned()),
-            ),
-        }
-    }
-
-    /// Where this cluster backend's script calls go: its router, or for a
-    /// deadpool cluster pool the shared redis-rs cluster connection.
-    async fn cluster_via(&self) -> Result<cluster::Via, BackendError> {
-        match &self.inner.source {
-            Source::Cluster { router, .. } => Ok(cluster::Via::Router(router.clone())),
-            _ => Ok(cluster::Via::Conn(self.cluster_connection().await?)),
-        }
-    }
-
-    fn forget_connection(&self) {
-        match &self.inner.source {
-            Source::Pool { conn, .. } => *lock(conn) = None,
-            Source::ClusterPool { conn, .. } => *lock(conn) = None,
-            Source::Client { .. } | Source::Cluster { .. } => {}
-        }
     }
 
     /// A check of every tier in one script call, bounded by `timeout`; the
@@ -561,71 +414,19 @@ impl RedisBackend {
                 self.calibrate(sent, now);
             }
         }
-        if reply.len() == 2 && reply[1] == -1 {
-            // Reached Redis after its deadline: nothing was written.
-            let budget = self.inner.budget_us.load(Ordering::Relaxed);
-            return Err(BackendError::Timeout(Duration::from_micros(budget)));
+        match wire::parse_check(&reply, &capacities, shadow)? {
+            CheckReply::Decided(v) => Ok(v),
+            CheckReply::Late => {
+                // Reached Redis after its deadline: nothing was written.
+                let budget = self.inner.budget_us.load(Ordering::Relaxed);
+                Err(BackendError::Timeout(Duration::from_micros(budget)))
+            }
         }
-        parse_reply(&reply, &capacities, shadow)
     }
 }
 
 /// Each check's capacity, for the reply's decisions (inline up to 8 tiers).
 type Capacities = smallvec::SmallVec<[u64; 8]>;
-
-/// `fut`, failing with [`BackendError::Timeout`] `timeout` after its first
-/// poll (no timeout: a deadline tokio puts in the far future). The timer is
-/// made on that first poll, so a check can be built outside a runtime (a
-/// service called on one thread, its future awaited on a runtime).
-fn with_timeout<F>(timeout: Option<Duration>, fut: F) -> Timed<F>
-where
-    F: std::future::Future<Output = Result<Verdict, BackendError>>,
-{
-    Timed {
-        fut,
-        sleep: None,
-        limit: timeout.unwrap_or(Duration::MAX),
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// [`with_timeout`]'s future: a named type rather than an `async`
-    /// block, which would keep room for `fut` twice (once captured, once
-    /// awaited) in a future that is built and boxed per request.
-    struct Timed<F> {
-        #[pin]
-        fut: F,
-        #[pin]
-        sleep: Option<tokio::time::Sleep>,
-        limit: Duration,
-    }
-}
-
-impl<F> std::future::Future for Timed<F>
-where
-    F: std::future::Future<Output = Result<Verdict, BackendError>>,
-{
-    type Output = Result<Verdict, BackendError>;
-
-    fn poll(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        let mut this = self.project();
-        if let std::task::Poll::Ready(r) = this.fut.poll(cx) {
-            return std::task::Poll::Ready(r);
-        }
-        if this.sleep.is_none() {
-            this.sleep.set(Some(tokio::time::sleep(*this.limit)));
-        }
-        match this.sleep.as_pin_mut().map(|sleep| sleep.poll(cx)) {
-            Some(std::task::Poll::Ready(())) => {
-                std::task::Poll::Ready(Err(BackendError::Timeout(*this.limit)))
-            }
-            _ => std::task::Poll::Pending,
-        }
-    }
-}
 
 impl RedisBackend {
     /// Gives back charges with the `refund` mode of the cluster script
@@ -644,9 +445,9 @@ impl RedisBackend {
         for r in refunds {
             cmd.arg(r.check.key.as_str());
         }
-        cmd.arg("refund").arg(self.clock_arg());
+        cmd.arg("refund").arg(self.clock_arg().as_bytes());
         for r in refunds {
-            cmd.arg(&refund_args(r)[..]);
+            cmd.arg(&wire::refund_args(&r.check, &r.charge)[..]);
         }
         let mut conn = self.connection().await?;
         self.eval::<i64>(&cmd, &self.inner.refund_script, &mut conn)
@@ -654,124 +455,6 @@ impl RedisBackend {
             .map(|_| ())
             .map_err(|e| self.error(e))
     }
-}
-
-/// The eight `ARGV` of one key in the cluster script's `refund` mode:
-/// algorithm, p1..p4, cost, charged_at, undo.
-fn refund_args(r: &TierRefund) -> [i64; 8] {
-    let (algorithm, p) = encode(&r.check.limit);
-    [
-        i64::from(algorithm),
-        p[0],
-        p[1],
-        p[2],
-        p[3],
-        int(r.check.cost),
-        int(r.charge.at_us),
-        int(r.charge.undo),
-    ]
-}
-
-enum Conn {
-    Manager(ConnectionManager),
-    Multiplexed(MultiplexedConnection),
-}
-
-/// A limit as the scripts take it: the algorithm's number and p1..p4.
-fn encode(limit: &Limit) -> (u8, [i64; 4]) {
-    match *limit {
-        Limit::FixedWindow(w) => (1, [int(w.limit), int(w.window_us), 0, 0]),
-        Limit::SlidingWindowLog(w) => (2, [int(w.limit), int(w.window_us), 0, 0]),
-        Limit::SlidingWindowCounter(w) => (3, [int(w.limit), int(w.window_us), 0, 0]),
-        Limit::TokenBucket(b) => (4, [int(b.capacity), int(b.rate), int(b.unit), 0]),
-        Limit::LeakyBucket(g) => (
-            5,
-            [
-                int(g.bucket.capacity),
-                int(g.bucket.rate),
-                int(g.bucket.unit),
-                g.max_delay_us.map_or(-1, int),
-            ],
-        ),
-    }
-}
-
-/// Parameters are validated far below 2^53 when the layer is built.
-fn int(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-/// Numbers per tier in a check's reply, and per trailer entry.
-const PER_TIER: usize = 3;
-
-/// The decisions in a check's reply (see `lua/check.lua`: three numbers per
-/// tier, then a trailer of delays and undo values), for checks of these
-/// capacities.
-fn parse_reply(reply: &[i64], capacities: &[u64], shadow: Shadow) -> Result<Verdict, BackendError> {
-    let n = capacities.len();
-    let body = 1 + PER_TIER * n;
-    let bad = |what: &str| {
-        BackendError::Reply(format!(
-            "unexpected reply for {n} tiers ({what}): {} values",
-            reply.len()
-        ))
-    };
-    if reply.len() < body || !(reply.len() - body).is_multiple_of(PER_TIER) {
-        return Err(bad("length"));
-    }
-    let u = |v: i64| u64::try_from(v).unwrap_or(0);
-    let now_us = u(reply[0]);
-    let mut decisions: Vec<Decision> = reply[1..body]
-        .chunks_exact(PER_TIER)
-        .zip(capacities)
-        .map(|(r, &limit)| {
-            // r[0]: remaining when allowed, -(remaining + 1) when denied.
-            let allowed = r[0] >= 0;
-            Decision {
-                allowed,
-                limit,
-                remaining: if allowed { u(r[0]) } else { u(-(r[0] + 1)) },
-                reset_after_us: u(r[1]),
-                // An allowed tier's slot holds the wait for the next request
-                // (see lua/dispatch.lua), kept in its charge below.
-                retry_after_us: if allowed { 0 } else { u(r[2]) },
-                delay_us: 0,
-            }
-        })
-        .collect();
-    let mut undo: smallvec::SmallVec<[u64; 8]> = smallvec::smallvec![0; n];
-    for t in reply[body..].chunks_exact(PER_TIER) {
-        let i = usize::try_from(t[0] - 1).map_err(|_| bad("tier number"))?;
-        let d = decisions.get_mut(i).ok_or_else(|| bad("tier number"))?;
-        d.delay_us = u(t[1]);
-        undo[i] = u(t[2]);
-    }
-    // Charged: every enforced tier allowed (the script's commit rule), and
-    // this one did.
-    let charges = if !shadow.commits(&decisions) {
-        Vec::new()
-    } else {
-        reply[1..body]
-            .chunks_exact(PER_TIER)
-            .zip(&undo)
-            .map(|(r, &undo)| {
-                (r[0] >= 0).then(|| Charge {
-                    at_us: now_us,
-                    undo,
-                    next_after_us: u(r[2]),
-                })
-            })
-            .collect()
-    };
-    Ok(Verdict {
-        now_us,
-        decisions,
-        charges,
-    })
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]

@@ -1,0 +1,153 @@
+//! Connections: the single-node connection (a `ConnectionManager` or one
+//! shared connection out of a deadpool pool), the cluster routes, running an
+//! `EVALSHA` with its `NOSCRIPT` reload, and how a Redis error is classified.
+
+use super::{cluster, RedisBackend, Source};
+use crate::error::BackendError;
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// A single node's connection, shared by every request.
+pub(super) enum Conn {
+    Manager(ConnectionManager),
+    Multiplexed(MultiplexedConnection),
+}
+
+impl RedisBackend {
+    /// Runs `cmd`, an `EVALSHA` of `script`; on `NOSCRIPT` (Redis restarted,
+    /// or `SCRIPT FLUSH`) loads the script and runs it once more.
+    pub(super) async fn eval<T: ::redis::FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+        script: &Script,
+        conn: &mut Conn,
+    ) -> Result<T, RedisError> {
+        let first = match conn {
+            Conn::Manager(m) => cmd.query_async(m).await,
+            Conn::Multiplexed(m) => cmd.query_async(m).await,
+        };
+        match first {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                match conn {
+                    Conn::Manager(m) => script.load_async(m).await?,
+                    Conn::Multiplexed(m) => script.load_async(m).await?,
+                };
+                match conn {
+                    Conn::Manager(m) => cmd.query_async(m).await,
+                    Conn::Multiplexed(m) => cmd.query_async(m).await,
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// A Redis call's error (single node or cluster), as the layer
+    /// classifies it: a broken, refused or timed-out connection, a cluster
+    /// error or a node that cannot serve yet (master down, read-only,
+    /// loading) is a connection error, anything else a script error. A
+    /// pooled connection that broke is forgotten (the next check takes a
+    /// fresh one).
+    pub(super) fn error(&self, e: RedisError) -> BackendError {
+        let broken = e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal();
+        if broken {
+            self.forget_connection();
+        }
+        if broken
+            || e.is_timeout()
+            || e.is_cluster_error()
+            || matches!(
+                e.kind(),
+                ErrorKind::Server(
+                    ServerErrorKind::MasterDown
+                        | ServerErrorKind::ReadOnly
+                        | ServerErrorKind::BusyLoading
+                )
+            )
+        {
+            BackendError::connection(e)
+        } else {
+            BackendError::script(e)
+        }
+    }
+
+    pub(super) async fn connection(&self) -> Result<Conn, BackendError> {
+        match &self.inner.source {
+            Source::Client {
+                client,
+                connect_timeout,
+                manager,
+            } => {
+                if let Some(m) = manager.get() {
+                    return Ok(Conn::Manager(m.clone()));
+                }
+                // Reconnect attempts back off to at most 200 ms apart, so a
+                // Redis that comes back is found within a fraction of a second.
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(*connect_timeout))
+                    .set_response_timeout(None)
+                    .set_max_delay(Duration::from_millis(200));
+                let m = ConnectionManager::new_lazy_with_config(client.clone(), config)
+                    .map_err(BackendError::connection)?;
+                Ok(Conn::Manager(manager.get_or_init(|| m).clone()))
+            }
+            Source::Pool { pool, conn } => {
+                if let Some(c) = lock(conn).clone() {
+                    return Ok(Conn::Multiplexed(c));
+                }
+                // Boxed: deadpool's checkout future is kilobytes, and every
+                // check's future would otherwise carry (and move) its room.
+                let obj = Box::pin(pool.get())
+                    .await
+                    .map_err(BackendError::connection)?;
+                let c = deadpool_redis::Connection::take(obj);
+                *lock(conn) = Some(c.clone());
+                Ok(Conn::Multiplexed(c))
+            }
+            Source::Cluster { .. } | Source::ClusterPool { .. } => Err(BackendError::Unsupported(
+                "a cluster backend has no single-node connection".to_owned(),
+            )),
+        }
+    }
+
+    /// A deadpool cluster pool's shared connection (taken on first use).
+    async fn cluster_connection(&self) -> Result<ClusterConnection, BackendError> {
+        match &self.inner.source {
+            Source::ClusterPool { pool, conn } => {
+                if let Some(c) = lock(conn).clone() {
+                    return Ok(c);
+                }
+                let obj = pool.get().await.map_err(BackendError::connection)?;
+                let c = deadpool_redis::cluster::Connection::take(obj);
+                *lock(conn) = Some(c.clone());
+                Ok(c)
+            }
+            Source::Client { .. } | Source::Pool { .. } | Source::Cluster { .. } => Err(
+                BackendError::Unsupported("no redis-rs cluster connection".to_owned()),
+            ),
+        }
+    }
+
+    /// Where this cluster backend's script calls go: its router, or for a
+    /// deadpool cluster pool the shared redis-rs cluster connection.
+    pub(super) async fn cluster_via(&self) -> Result<cluster::Via, BackendError> {
+        match &self.inner.source {
+            Source::Cluster { router, .. } => Ok(cluster::Via::Router(router.clone())),
+            _ => Ok(cluster::Via::Conn(self.cluster_connection().await?)),
+        }
+    }
+
+    fn forget_connection(&self) {
+        match &self.inner.source {
+            Source::Pool { conn, .. } => *lock(conn) = None,
+            Source::ClusterPool { conn, .. } => *lock(conn) = None,
+            Source::Client { .. } | Source::Cluster { .. } => {}
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,624 @@
+//! The wire format between this crate and its Lua scripts: which files make
+//! each script, what a call's `ARGV` holds, and the one reply layout both
+//! check entry points (`lua/check.lua` on a single Redis, `lua/cluster.lua`'s
+//! `check` mode on one hash slot of a cluster) return. Everything either
+//! side writes or reads is encoded or parsed here.
+//!
+//! # Arguments
+//!
+//! ```text
+//! clock     "" = Redis TIME; "d<deadline>" = Redis TIME, and a script that
+//!           starts after the deadline writes nothing and answers "late";
+//!           "<now>[:<ttl slack ms>]" = a test clock (ManualClock)
+//! per tier  seven numbers: algorithm (1 fixed window, 2 sliding window log,
+//!           3 sliding window counter, 4 token bucket, 5 leaky bucket),
+//!           p1, p2, p3, p4, cost, flags (+1 shadow, +2 undo wanted)
+//! refund    eight numbers per key: algorithm, p1..p4, cost, charged_at, undo
+//! ```
+//!
+//! `p1..p4`: windows `limit, window_us, 0, 0`; token bucket `capacity, rate,
+//! unit, 0`; leaky bucket `capacity, rate, unit, max_delay_us` (−1 = police).
+//!
+//! # The check reply
+//!
+//! ```text
+//! { now_us,
+//!   then three per tier: r, reset_after_us, w,
+//!   then a trailer, three per entry: i, delay_us, undo }
+//! late: { now_us, -1 }
+//! ```
+//!
+//! All times are microseconds; `now_us` is Unix epoch µs, the others are
+//! relative to it. `r` is the tier's remaining when it allows and
+//! `-(remaining + 1)` when it denies; `w` its retry_after_us when it denies
+//! and, when it allows, the wait before another request of the same cost
+//! would pass (0 when at once or not computed). The trailer lists, by tier
+//! number `i` (from 1), every allowing tier with a shaping delay and, when
+//! the call charged and the tier has the undo flag, a non-zero `undo`: what
+//! its charge returned, the argument of its refund. Every other delay and
+//! undo is 0.
+//!
+//! Whether the call charged is not sent: the script charges exactly when
+//! every enforced tier allows, and the caller knows which tiers are in
+//! shadow mode, so [`parse_check`] derives it ([`Verdict::charges`] is
+//! empty when nothing was charged). Three numbers per tier rather than six:
+//! redis-rs parses each number of a reply (about 1 000 instructions apiece).
+//!
+//! "Late" cannot be confused with a check's reply: `1 + 3n + 3k` values is
+//! never 2 for `n ≥ 1` tiers.
+
+use crate::algorithm::{Decision, Limit};
+use crate::backend::{Charge, Shadow, TierCheck, Verdict};
+use crate::error::BackendError;
+use ::redis::Cmd;
+
+/// The script a single Redis runs per request: the algorithm files of
+/// `lua/` joined, then the shared dispatcher and `check.lua`.
+pub(super) const CHECK_LUA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/sliding_window_log.lua"),
+    include_str!("../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/leaky_bucket.lua"),
+    include_str!("../../../lua/dispatch.lua"),
+    include_str!("../../../lua/check.lua"),
+);
+
+/// The cluster script: the algorithms, their refunds, and the per-slot
+/// entry point (instead of `check.lua`). A single Redis runs its `refund`
+/// mode too.
+pub(super) const CLUSTER_LUA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/fixed_window.lua"),
+    include_str!("../../../lua/sliding_window_log.lua"),
+    include_str!("../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../lua/token_bucket.lua"),
+    include_str!("../../../lua/leaky_bucket.lua"),
+    include_str!("../../../lua/refund.lua"),
+    include_str!("../../../lua/dispatch.lua"),
+    include_str!("../../../lua/cluster.lua"),
+);
+
+/// Tier flag: the tier is in shadow mode (its denial does not stop the
+/// others from being charged).
+pub(super) const SHADOW: u8 = 1;
+/// Tier flag: return the charge's undo value (for a refund).
+pub(super) const UNDO: u8 = 2;
+
+/// The clock argument of a script call, on the stack: at most
+/// `"<u64>:<u64>"`, 41 bytes.
+#[derive(Clone, Copy)]
+pub(super) struct ClockArg {
+    buf: [u8; 41],
+    len: u8,
+}
+
+impl ClockArg {
+    /// `""`: the script reads Redis `TIME`.
+    pub(super) const fn redis() -> Self {
+        Self {
+            buf: [0; 41],
+            len: 0,
+        }
+    }
+
+    /// `"d<deadline µs>"` (Redis's clock): Redis `TIME`, and nothing is
+    /// written if the script starts after `deadline_us`.
+    pub(super) fn deadline(deadline_us: i64) -> Self {
+        let mut a = Self::redis();
+        a.push(b"d");
+        a.push(itoa::Buffer::new().format(deadline_us).as_bytes());
+        a
+    }
+
+    /// `"<now µs>"`, or `"<now µs>:<ttl slack ms>"` when the slack is not 0:
+    /// a test clock.
+    pub(super) fn manual(now_us: u64, ttl_slack_ms: u64) -> Self {
+        let mut a = Self::redis();
+        a.push(itoa::Buffer::new().format(now_us).as_bytes());
+        if ttl_slack_ms > 0 {
+            a.push(b":");
+            a.push(itoa::Buffer::new().format(ttl_slack_ms).as_bytes());
+        }
+        a
+    }
+
+    /// Appends `bytes`; the constructors never exceed the buffer (20 digits
+    /// of a u64 or i64 with its sign, twice, and one separator).
+    fn push(&mut self, bytes: &[u8]) {
+        let at = usize::from(self.len);
+        let end = (at + bytes.len()).min(self.buf.len());
+        self.buf[at..end].copy_from_slice(&bytes[..end - at]);
+        self.len = u8::try_from(end).unwrap_or(u8::MAX);
+    }
+
+    /// The argument's bytes.
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+}
+
+/// A limit as the scripts take it: the algorithm's number and p1..p4.
+fn encode(limit: &Limit) -> (u8, [i64; 4]) {
+    match *limit {
+        Limit::FixedWindow(w) => (1, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::SlidingWindowLog(w) => (2, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::SlidingWindowCounter(w) => (3, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::TokenBucket(b) => (4, [int(b.capacity), int(b.rate), int(b.unit), 0]),
+        Limit::LeakyBucket(g) => (
+            5,
+            [
+                int(g.bucket.capacity),
+                int(g.bucket.rate),
+                int(g.bucket.unit),
+                g.max_delay_us.map_or(-1, int),
+            ],
+        ),
+    }
+}
+
+/// Parameters are validated far below 2^53 when the layer is built.
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The seven `ARGV` of one tier of a check: algorithm, p1..p4, cost, flags
+/// ([`SHADOW`], [`UNDO`]).
+pub(super) fn tier_args(check: &TierCheck, flags: u8) -> [i64; 7] {
+    let (algorithm, p) = encode(&check.limit);
+    [
+        i64::from(algorithm),
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        int(check.cost),
+        i64::from(flags),
+    ]
+}
+
+/// Writes one tier's seven `ARGV` ([`tier_args`]) into `cmd`'s buffer.
+pub(super) fn write_tier(cmd: &mut Cmd, check: &TierCheck, flags: u8) {
+    cmd.arg(&tier_args(check, flags)[..]);
+}
+
+/// The eight `ARGV` of one key in the cluster script's `refund` mode:
+/// algorithm, p1..p4, cost, charged_at (µs), undo.
+pub(super) fn refund_args(check: &TierCheck, charge: &Charge) -> [i64; 8] {
+    let (algorithm, p) = encode(&check.limit);
+    [
+        i64::from(algorithm),
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        int(check.cost),
+        int(charge.at_us),
+        int(charge.undo),
+    ]
+}
+
+/// A check reply, parsed.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum CheckReply {
+    /// The script started after the call's deadline and wrote nothing.
+    Late,
+    /// The decisions; [`Verdict::charges`] is empty when nothing was
+    /// charged, else one entry per tier (`None` for a tier that denied).
+    Decided(Verdict),
+}
+
+/// Numbers per tier in a check's reply, and per trailer entry.
+const PER_TIER: usize = 3;
+
+/// Parses a check's reply (see the module docs) for tiers of these
+/// `capacities` (in call order) with these tiers in shadow mode.
+///
+/// # Errors
+/// [`BackendError::Reply`] when the reply does not have the layout: wrong
+/// length, a negative number where none can be, a trailer entry for a tier
+/// that does not exist or that denied.
+pub(super) fn parse_check(
+    reply: &[i64],
+    capacities: &[u64],
+    shadow: Shadow,
+) -> Result<CheckReply, BackendError> {
+    if reply.len() == 2 && reply[1] == -1 {
+        return Ok(CheckReply::Late);
+    }
+    let n = capacities.len();
+    let body = 1 + PER_TIER * n;
+    let bad = |what: &str| {
+        BackendError::Reply(format!(
+            "unexpected reply for {n} tiers ({what}): {} values",
+            reply.len()
+        ))
+    };
+    if reply.len() < body || !(reply.len() - body).is_multiple_of(PER_TIER) {
+        return Err(bad("length"));
+    }
+    let u = |v: i64, what: &str| u64::try_from(v).map_err(|_| bad(what));
+    let now_us = u(reply[0], "negative now_us")?;
+    let mut decisions = Vec::with_capacity(n);
+    for (r, &limit) in reply[1..body].chunks_exact(PER_TIER).zip(capacities) {
+        // r[0]: remaining when allowed, -(remaining + 1) when denied (no
+        // overflow: -(i64::MIN + 1) is i64::MAX).
+        let allowed = r[0] >= 0;
+        let remaining = if allowed { r[0] } else { -(r[0] + 1) };
+        let w = u(r[2], "negative wait")?;
+        decisions.push(Decision {
+            allowed,
+            limit,
+            remaining: remaining.unsigned_abs(),
+            reset_after_us: u(r[1], "negative reset")?,
+            // An allowed tier's w is the wait for the next request (see
+            // lua/dispatch.lua), kept in its charge below.
+            retry_after_us: if allowed { 0 } else { w },
+            delay_us: 0,
+        });
+    }
+    let mut undo: smallvec::SmallVec<[u64; 8]> = smallvec::smallvec![0; n];
+    for t in reply[body..].chunks_exact(PER_TIER) {
+        // Tier numbers count from 1.
+        let i = usize::try_from(t[0])
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .ok_or_else(|| bad("tier number"))?;
+        let d = decisions.get_mut(i).ok_or_else(|| bad("tier number"))?;
+        if !d.allowed {
+            return Err(bad("trailer entry for a denying tier"));
+        }
+        d.delay_us = u(t[1], "negative delay")?;
+        undo[i] = u(t[2], "negative undo")?;
+    }
+    // Charged: every enforced tier allowed (the script's commit rule), and
+    // this one did.
+    let charges = if !shadow.commits(&decisions) {
+        Vec::new()
+    } else {
+        reply[1..body]
+            .chunks_exact(PER_TIER)
+            .zip(&undo)
+            .map(|(r, &undo)| {
+                (r[0] >= 0).then(|| Charge {
+                    at_us: now_us,
+                    undo,
+                    // Checked non-negative above.
+                    next_after_us: r[2].unsigned_abs(),
+                })
+            })
+            .collect()
+    };
+    Ok(CheckReply::Decided(Verdict {
+        now_us,
+        decisions,
+        charges,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Gcra, TokenBucket, Window};
+
+    fn limits() -> Vec<Limit> {
+        let w = Window {
+            limit: 10,
+            window_us: 60_000_000,
+        };
+        let b = TokenBucket {
+            capacity: 5_000_000,
+            rate: 3,
+            unit: 1_000_000,
+        };
+        vec![
+            Limit::FixedWindow(w),
+            Limit::SlidingWindowLog(w),
+            Limit::SlidingWindowCounter(w),
+            Limit::TokenBucket(b),
+            Limit::LeakyBucket(Gcra {
+                bucket: b,
+                max_delay_us: None,
+            }),
+            Limit::LeakyBucket(Gcra {
+                bucket: b,
+                max_delay_us: Some(250_000),
+            }),
+        ]
+    }
+
+    /// What the scripts read back from seven tier `ARGV` (the inverse of
+    /// [`tier_args`], as `lua/dispatch.lua` and the algorithm files read it).
+    fn decode(a: [i64; 7]) -> (Limit, u64, u8) {
+        let u = |v: i64| u64::try_from(v).unwrap();
+        let w = Window {
+            limit: u(a[1]),
+            window_us: u(a[2]),
+        };
+        let b = TokenBucket {
+            capacity: u(a[1]),
+            rate: u(a[2]),
+            unit: u(a[3]),
+        };
+        let limit = match a[0] {
+            1 => Limit::FixedWindow(w),
+            2 => Limit::SlidingWindowLog(w),
+            3 => Limit::SlidingWindowCounter(w),
+            4 => Limit::TokenBucket(b),
+            5 => Limit::LeakyBucket(Gcra {
+                bucket: b,
+                max_delay_us: (a[4] >= 0).then(|| u(a[4])),
+            }),
+            other => panic!("algorithm {other}"),
+        };
+        (limit, u(a[5]), u8::try_from(a[6]).unwrap())
+    }
+
+    #[test]
+    fn tier_args_round_trip() {
+        for limit in limits() {
+            for flags in [0, SHADOW, UNDO, SHADOW | UNDO] {
+                let check = TierCheck {
+                    key: "rl:t:k".to_owned(),
+                    limit,
+                    cost: 3,
+                };
+                assert_eq!(decode(tier_args(&check, flags)), (limit, 3, flags));
+            }
+        }
+    }
+
+    #[test]
+    fn tier_args_in_a_command_are_seven_arguments() {
+        let check = TierCheck {
+            key: "k".to_owned(),
+            limit: limits()[5],
+            cost: 2,
+        };
+        let mut cmd = ::redis::cmd("EVALSHA");
+        write_tier(&mut cmd, &check, SHADOW | UNDO);
+        let args: Vec<Vec<u8>> = cmd.args_iter().skip(1).map(arg_bytes).collect();
+        let want: Vec<&[u8]> = vec![b"5", b"5000000", b"3", b"1000000", b"250000", b"2", b"3"];
+        assert_eq!(args, want);
+    }
+
+    fn arg_bytes(a: ::redis::Arg<&[u8]>) -> Vec<u8> {
+        match a {
+            ::redis::Arg::Simple(b) => b.to_vec(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn refund_args_carry_the_charge() {
+        let check = TierCheck {
+            key: "k".to_owned(),
+            limit: limits()[3],
+            cost: 2,
+        };
+        let charge = Charge {
+            at_us: 1_700_000_000_000_123,
+            undo: 3_000_000,
+            next_after_us: 9,
+        };
+        // algorithm, p1..p4, cost, charged_at, undo (the next-pass wait is
+        // not sent).
+        let want = [4, 5_000_000, 3, 1_000_000, 0, 2, 1_700_000_000_000_123];
+        assert_eq!(refund_args(&check, &charge)[..7], want);
+        assert_eq!(refund_args(&check, &charge)[7], 3_000_000);
+    }
+
+    #[test]
+    fn clock_args() {
+        assert_eq!(ClockArg::redis().as_bytes(), b"");
+        assert_eq!(
+            ClockArg::deadline(1_700_000_000_000_000).as_bytes(),
+            b"d1700000000000000"
+        );
+        assert_eq!(
+            ClockArg::deadline(i64::MAX).as_bytes(),
+            b"d9223372036854775807"
+        );
+        assert_eq!(ClockArg::manual(42, 0).as_bytes(), b"42");
+        assert_eq!(ClockArg::manual(42, 600_000).as_bytes(), b"42:600000");
+        assert_eq!(
+            ClockArg::manual(u64::MAX, u64::MAX).as_bytes(),
+            b"18446744073709551615:18446744073709551615"
+        );
+    }
+
+    /// One tier as the scripts see it, for [`reply_of`].
+    struct Tier {
+        d: Decision,
+        /// The allowed tier's wait before the next request (w).
+        next: u64,
+        undo: u64,
+    }
+
+    /// The reply the scripts build (`check_request` in lua/dispatch.lua)
+    /// for these tiers; `charged`: whether the call charged.
+    fn reply_of(now: i64, tiers: &[Tier], charged: bool) -> Vec<i64> {
+        let i = |v: u64| i64::try_from(v).unwrap();
+        let mut out = vec![now];
+        for t in tiers {
+            if t.d.allowed {
+                out.extend([i(t.d.remaining), i(t.d.reset_after_us), i(t.next)]);
+            } else {
+                out.extend([
+                    -i(t.d.remaining) - 1,
+                    i(t.d.reset_after_us),
+                    i(t.d.retry_after_us),
+                ]);
+            }
+        }
+        for (n, t) in tiers.iter().enumerate() {
+            let undo = if charged { t.undo } else { 0 };
+            if t.d.allowed && (t.d.delay_us > 0 || undo != 0) {
+                out.extend([i(n as u64 + 1), i(t.d.delay_us), i(undo)]);
+            }
+        }
+        out
+    }
+
+    fn tier(allowed: bool, remaining: u64, delay: u64, undo: u64) -> Tier {
+        Tier {
+            d: Decision {
+                allowed,
+                limit: 10,
+                remaining,
+                reset_after_us: 1_000 + remaining,
+                retry_after_us: if allowed { 0 } else { 500 },
+                delay_us: delay,
+            },
+            next: if allowed { 77 } else { 0 },
+            undo,
+        }
+    }
+
+    fn decided(r: Result<CheckReply, BackendError>) -> Verdict {
+        match r {
+            Ok(CheckReply::Decided(v)) => v,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_charged_reply_round_trips() {
+        let tiers = [
+            tier(true, 9, 0, 0),
+            tier(true, 0, 250, 12),
+            tier(true, 3, 0, 7),
+        ];
+        let reply = reply_of(1_700_000_000_000_000, &tiers, true);
+        assert_eq!(reply.len(), 1 + 3 * 3 + 3 * 2);
+        let v = decided(parse_check(&reply, &[10; 3], Shadow::NONE));
+        assert_eq!(v.now_us, 1_700_000_000_000_000);
+        let want: Vec<Decision> = tiers.iter().map(|t| t.d).collect();
+        assert_eq!(v.decisions, want);
+        let charges: Vec<Option<Charge>> = tiers
+            .iter()
+            .map(|t| {
+                Some(Charge {
+                    at_us: 1_700_000_000_000_000,
+                    undo: t.undo,
+                    next_after_us: 77,
+                })
+            })
+            .collect();
+        assert_eq!(v.charges, charges);
+    }
+
+    #[test]
+    fn an_enforced_denial_charges_nothing() {
+        let tiers = [tier(true, 4, 100, 5), tier(false, 0, 0, 0)];
+        let reply = reply_of(5, &tiers, false);
+        let v = decided(parse_check(&reply, &[10; 2], Shadow::NONE));
+        let want: Vec<Decision> = tiers.iter().map(|t| t.d).collect();
+        assert_eq!(v.decisions, want);
+        assert_eq!(v.decisions[0].delay_us, 100);
+        assert!(v.charges.is_empty());
+    }
+
+    #[test]
+    fn a_shadow_denial_charges_the_others() {
+        let tiers = [tier(false, 2, 0, 0), tier(true, 1, 0, 8)];
+        let reply = reply_of(5, &tiers, true);
+        let v = decided(parse_check(&reply, &[10; 2], Shadow(0b01)));
+        assert_eq!(v.decisions[0].remaining, 2);
+        assert!(!v.decisions[0].allowed);
+        assert_eq!(v.decisions[0].retry_after_us, 500);
+        assert_eq!(
+            v.charges,
+            vec![
+                None,
+                Some(Charge {
+                    at_us: 5,
+                    undo: 8,
+                    next_after_us: 77,
+                })
+            ]
+        );
+    }
+
+    #[test]
+    fn no_tiers_and_late() {
+        let v = decided(parse_check(&[9], &[], Shadow::NONE));
+        assert_eq!((v.now_us, v.decisions.len(), v.charges.len()), (9, 0, 0));
+        assert_eq!(
+            parse_check(&[9, -1], &[10], Shadow::NONE).unwrap(),
+            CheckReply::Late
+        );
+    }
+
+    fn is_reply_error(r: Result<CheckReply, BackendError>) -> bool {
+        matches!(r, Err(BackendError::Reply(_)))
+    }
+
+    #[test]
+    fn malformed_replies_are_reply_errors() {
+        let ok = reply_of(5, &[tier(true, 4, 100, 5), tier(true, 1, 0, 0)], true);
+        assert!(parse_check(&ok, &[10; 2], Shadow::NONE).is_ok());
+        let caps = [10; 2];
+        let bad: Vec<(&str, Vec<i64>)> = vec![
+            ("empty", vec![]),
+            ("short body", ok[..6].to_vec()),
+            ("partial trailer", ok[..ok.len() - 1].to_vec()),
+            ("extra value", [&ok[..], &[0]].concat()),
+            ("negative now", [&[-5], &ok[1..]].concat()),
+            ("negative reset", {
+                let mut r = ok.clone();
+                r[2] = -1;
+                r
+            }),
+            ("negative wait", {
+                let mut r = ok.clone();
+                r[3] = -3;
+                r
+            }),
+            ("tier 0", {
+                let mut r = ok.clone();
+                r[7] = 0;
+                r
+            }),
+            ("tier past the end", {
+                let mut r = ok.clone();
+                r[7] = 3;
+                r
+            }),
+            ("tier i64::MIN", {
+                let mut r = ok.clone();
+                r[7] = i64::MIN;
+                r
+            }),
+            ("negative delay", {
+                let mut r = ok.clone();
+                r[8] = -1;
+                r
+            }),
+            ("negative undo", {
+                let mut r = ok.clone();
+                r[9] = -1;
+                r
+            }),
+            ("trailer of a denying tier", {
+                let mut r = ok.clone();
+                r[1] = -1;
+                r
+            }),
+        ];
+        for (what, reply) in bad {
+            assert!(
+                is_reply_error(parse_check(&reply, &caps, Shadow::NONE)),
+                "{what}: {reply:?}"
+            );
+        }
+        // Extreme values parse without overflow.
+        let r = [0, i64::MIN, i64::MAX, i64::MAX];
+        let v = decided(parse_check(&r, &[1], Shadow::NONE));
+        assert_eq!(v.decisions[0].remaining, i64::MAX.unsigned_abs());
+        let r = [0, i64::MAX, 0, 0];
+        let v = decided(parse_check(&r, &[1], Shadow::NONE));
+        assert_eq!(v.decisions[0].remaining, i64::MAX.unsigned_abs());
+    }
+}
