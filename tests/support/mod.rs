@@ -1,8 +1,13 @@
 //! Test support: real `redis-server` processes on free loopback ports, and a
-//! real axum server over TCP.
+//! real axum server over TCP; seeded randomness ([`rng`]), the shared
+//! algorithm tables and oracle ([`algorithms`]) and the per-algorithm HTTP
+//! scenarios ([`algorithms_http`]).
 #![allow(dead_code)]
 
+pub mod algorithms;
+pub mod algorithms_http;
 pub mod cluster;
+pub mod rng;
 
 use axum::{
     extract::Request,
@@ -21,6 +26,56 @@ use tiered_ratelimit::{RateLimitLayer, UserId};
 /// 2023-11-14T22:13:20Z: a whole second, so test clocks give exact headers.
 pub const T0_S: u64 = 1_700_000_000;
 pub const T0_US: u64 = T0_S * 1_000_000;
+
+/// `redis-server` on loopback `port`, in the foreground, keeping nothing on
+/// disk, logging warnings only, its output discarded (add arguments, spawn).
+pub(crate) fn redis_server(port: u16) -> Command {
+    let mut c = Command::new("redis-server");
+    c.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--loglevel",
+        "warning",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    c
+}
+
+/// A connection to the redis-server on loopback `port` (2 s timeout).
+pub(crate) fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
+        .get_connection_with_timeout(Duration::from_secs(2))
+}
+
+/// `args` as one command (`args[0]` the command's name).
+pub(crate) fn command(args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd
+}
+
+/// Field `field` of `command` in an `INFO commandstats` reply, summed over
+/// its lines (0 if the command was never called).
+pub(crate) fn commandstat(info: &str, command: &str, field: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:");
+    let field = format!("{field}=");
+    info.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|v| v.trim().split(',').find_map(|kv| kv.strip_prefix(&field)))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum()
+}
 
 /// A `redis-server` of our own on a free loopback port, killed on drop.
 pub struct RedisServer {
@@ -50,24 +105,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--loglevel",
-                "warning",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
+        let child = redis_server(self.port).spawn();
         let child = match child {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
@@ -102,7 +140,7 @@ impl RedisServer {
     }
 
     fn connection(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(2))
+        connect(self.port)
     }
 
     pub fn ping(&self) -> bool {
@@ -118,12 +156,7 @@ impl RedisServer {
         // Through `cmd`: a server that cannot answer fails the test, never
         // reads as 0 calls.
         let info: String = self.cmd(&["INFO", "commandstats"]);
-        let prefix = format!("cmdstat_{command}:");
-        info.lines()
-            .filter_map(|l| l.strip_prefix(&prefix))
-            .filter_map(|v| v.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-            .filter_map(|n| n.parse::<u64>().ok())
-            .sum()
+        commandstat(&info, command, "calls")
     }
 
     /// Script calls: `EVALSHA`, plus `EVAL` (a reload after `NOSCRIPT`).
@@ -133,11 +166,7 @@ impl RedisServer {
 
     pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
         let mut c = self.connection().expect("connect to test redis");
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query(&mut c).expect("redis command")
+        command(args).query(&mut c).expect("redis command")
     }
 
     pub fn get(&self, key: &str) -> Option<String> {
@@ -270,11 +299,52 @@ pub async fn serve_without_connect_info(app: Router) -> SocketAddr {
     addr
 }
 
+/// The tests' HTTP client settings (a 10 s timeout), to add to.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().timeout(Duration::from_secs(10))
+}
+
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
+    client_builder().build().expect("client")
+}
+
+/// A tier cost read from request header `name` (1 when absent or not a
+/// number), for `Tier::cost_fn`.
+pub fn cost_from_header(
+    name: impl Into<String>,
+) -> impl Fn(&http::request::Parts) -> u64 + Send + Sync + 'static {
+    let name = name.into();
+    move |p: &http::request::Parts| {
+        p.headers
+            .get(&name)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    }
+}
+
+/// A current-thread runtime with time and I/O, for tests that drive async
+/// code from a plain `#[test]` (thread-local subscribers and recorders).
+pub fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
-        .expect("client")
+        .unwrap()
+}
+
+/// A two-worker runtime with time and I/O, for a plain `#[test]`.
+pub fn multi_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A metric's labels as `key=value`, in the order they were recorded.
+pub fn metric_labels(key: &metrics::Key) -> Vec<String> {
+    key.labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect()
 }
 
 /// The rate-limit headers of a response, as numbers.
