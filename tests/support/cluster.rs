@@ -3,7 +3,7 @@
 //! `redis-cli --cluster create`, all killed (and the directory removed) on
 //! drop.
 
-use super::{command, commandstat, connect, redis_server};
+use super::redis_server::{command, commandstat, connect, redis_server};
 use std::collections::HashMap;
 use std::net::TcpListener as StdListener;
 use std::path::PathBuf;
