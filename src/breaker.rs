@@ -82,11 +82,19 @@ impl Breaker {
     }
 
     pub(crate) fn permit(&self) -> Permit {
+        self.permit_with(|| self.now_ms())
+    }
+
+    /// [`permit`](Self::permit) with the clock passed in (milliseconds since
+    /// `origin`), so tests drive time; it is read only when the circuit is
+    /// not closed, so the closed fast path reads no clock at all.
+    #[inline]
+    fn permit_with(&self, now_ms: impl FnOnce() -> u64) -> Permit {
         let until = self.open_until_ms.load(Ordering::Acquire);
         if until == 0 {
             return Permit::Call;
         }
-        if self.now_ms() + 1 < until {
+        if now_ms() + 1 < until {
             return Permit::Reject;
         }
         if self
@@ -101,10 +109,15 @@ impl Breaker {
     }
 
     pub(crate) fn state(&self) -> State {
+        self.state_with(|| self.now_ms())
+    }
+
+    #[inline]
+    fn state_with(&self, now_ms: impl FnOnce() -> u64) -> State {
         let until = self.open_until_ms.load(Ordering::Acquire);
         if until == 0 {
             State::Closed
-        } else if self.now_ms() + 1 < until {
+        } else if now_ms() + 1 < until {
             State::Open
         } else {
             State::HalfOpen
@@ -123,6 +136,11 @@ impl Breaker {
     }
 
     pub(crate) fn failure(&self, permit: Permit) {
+        self.failure_with(permit, || self.now_ms());
+    }
+
+    #[inline]
+    fn failure_with(&self, permit: Permit, now_ms: impl FnOnce() -> u64) {
         if self.config.failures == 0 {
             return;
         }
@@ -131,7 +149,7 @@ impl Breaker {
             let interval =
                 u64::try_from(self.config.probe_interval.as_millis()).unwrap_or(u64::MAX);
             let was = self.open_until_ms.swap(
-                self.now_ms().saturating_add(interval).saturating_add(1),
+                now_ms().saturating_add(interval).saturating_add(1),
                 Ordering::AcqRel,
             );
             self.probing.store(false, Ordering::Release);
@@ -171,6 +189,127 @@ mod tests {
         b.success(Permit::Probe);
         assert_eq!(b.state(), State::Closed);
         assert_eq!(b.permit(), Permit::Call);
+    }
+
+    /// A breaker with `failures` and a 500 ms probe interval; the tests drive
+    /// its clock through the `_with` methods (milliseconds since `origin`).
+    fn breaker(failures: u32) -> Breaker {
+        Breaker::new(CircuitBreaker {
+            failures,
+            probe_interval: Duration::from_millis(500),
+        })
+    }
+
+    /// A clock the closed fast path must never read.
+    fn no_clock() -> u64 {
+        panic!("a closed circuit read the clock")
+    }
+
+    #[test]
+    fn closed_until_n_consecutive_failures_then_open_for_the_interval() {
+        let b = breaker(3);
+        b.failure_with(Permit::Call, || 10);
+        b.failure_with(Permit::Call, || 20);
+        assert_eq!(b.state_with(no_clock), State::Closed);
+        assert_eq!(b.permit_with(no_clock), Permit::Call);
+        b.failure_with(Permit::Call, || 30);
+        assert_eq!(b.state_with(|| 30), State::Open);
+        assert_eq!(b.permit_with(|| 30), Permit::Reject);
+        // Open for exactly 500 ms from the failure that opened it: [30, 530).
+        assert_eq!(b.state_with(|| 529), State::Open);
+        assert_eq!(b.permit_with(|| 529), Permit::Reject);
+        assert_eq!(b.state_with(|| 530), State::HalfOpen);
+    }
+
+    #[test]
+    fn a_success_resets_the_consecutive_count() {
+        let b = breaker(3);
+        b.failure_with(Permit::Call, || 0);
+        b.failure_with(Permit::Call, || 1);
+        b.success(Permit::Call);
+        b.failure_with(Permit::Call, || 2);
+        b.failure_with(Permit::Call, || 3);
+        assert_eq!(b.state_with(no_clock), State::Closed);
+        assert_eq!(b.permit_with(no_clock), Permit::Call);
+        b.failure_with(Permit::Call, || 4);
+        assert_eq!(b.state_with(|| 4), State::Open);
+    }
+
+    #[test]
+    fn half_open_permits_exactly_one_probe() {
+        let b = breaker(1);
+        b.failure_with(Permit::Call, || 0);
+        assert_eq!(b.state_with(|| 500), State::HalfOpen);
+        assert_eq!(b.permit_with(|| 500), Permit::Probe);
+        // While the probe is out, everyone else is rejected, however late.
+        assert_eq!(b.permit_with(|| 500), Permit::Reject);
+        assert_eq!(b.permit_with(|| 501), Permit::Reject);
+        assert_eq!(b.permit_with(|| 60_000), Permit::Reject);
+        assert_eq!(b.state_with(|| 60_000), State::HalfOpen);
+    }
+
+    #[test]
+    fn probe_success_closes_and_rearms_the_count() {
+        let b = breaker(2);
+        b.failure_with(Permit::Call, || 0);
+        b.failure_with(Permit::Call, || 0);
+        assert_eq!(b.permit_with(|| 500), Permit::Probe);
+        b.success(Permit::Probe);
+        assert_eq!(b.state_with(no_clock), State::Closed);
+        assert_eq!(b.permit_with(no_clock), Permit::Call);
+        // Closed again: it takes the full 2 consecutive failures to reopen.
+        b.failure_with(Permit::Call, || 600);
+        assert_eq!(b.state_with(no_clock), State::Closed);
+        b.failure_with(Permit::Call, || 700);
+        assert_eq!(b.state_with(|| 700), State::Open);
+        assert_eq!(b.permit_with(|| 1199), Permit::Reject);
+        // The probe flag was released on close: the next half-open probes.
+        assert_eq!(b.permit_with(|| 1200), Permit::Probe);
+    }
+
+    #[test]
+    fn probe_failure_reopens_for_a_fresh_interval() {
+        let b = breaker(1);
+        b.failure_with(Permit::Call, || 0);
+        assert_eq!(b.permit_with(|| 800), Permit::Probe);
+        b.failure_with(Permit::Probe, || 900);
+        // Open again for 500 ms from the probe's failure: [900, 1400).
+        assert_eq!(b.state_with(|| 900), State::Open);
+        assert_eq!(b.permit_with(|| 1399), Permit::Reject);
+        assert_eq!(b.state_with(|| 1400), State::HalfOpen);
+        assert_eq!(b.permit_with(|| 1400), Permit::Probe);
+        assert_eq!(b.permit_with(|| 1400), Permit::Reject);
+    }
+
+    #[test]
+    fn a_late_success_closes_an_open_circuit() {
+        // A call admitted before the circuit opened that then succeeds shows
+        // the backend is back: the circuit closes without waiting to probe.
+        let b = breaker(1);
+        b.failure_with(Permit::Call, || 0);
+        assert_eq!(b.state_with(|| 100), State::Open);
+        b.success(Permit::Call);
+        assert_eq!(b.state_with(no_clock), State::Closed);
+        assert_eq!(b.permit_with(no_clock), Permit::Call);
+    }
+
+    #[test]
+    fn zero_failures_disables_the_breaker() {
+        let b = breaker(0);
+        for t in 0..100 {
+            b.failure_with(Permit::Call, || t);
+        }
+        b.failure_with(Permit::Probe, || 100);
+        assert_eq!(b.state_with(no_clock), State::Closed);
+        assert_eq!(b.permit_with(no_clock), Permit::Call);
+    }
+
+    #[test]
+    fn state_gauge_values_and_labels() {
+        assert_eq!(
+            [State::Closed, State::Open, State::HalfOpen].map(|s| (s as u8, s.label())),
+            [(0, "closed"), (1, "open"), (2, "half_open")]
+        );
     }
 
     #[test]

@@ -35,8 +35,7 @@ async fn start(layer: RateLimitLayer) -> (RateLimitHandle, SocketAddr) {
 
 /// A client that does not follow redirects.
 fn raw_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
+    client_builder()
         .redirect(redirect::Policy::none())
         .build()
         .unwrap()

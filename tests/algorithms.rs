@@ -10,90 +10,11 @@ mod support;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::time::Duration;
+use support::algorithms::{algorithm_limits, clock_step, Model, S};
+use support::rng::Rng;
 use support::*;
 use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck};
-
-const S: u64 = 1_000_000;
-
-fn limits() -> Vec<(&'static str, Limit)> {
-    let tb = TokenBucket::new(3, 7 * S, 5).unwrap();
-    vec![
-        (
-            "fixed",
-            Limit::FixedWindow(Window {
-                limit: 5,
-                window_us: 2 * S,
-            }),
-        ),
-        (
-            "fixed_odd",
-            Limit::FixedWindow(Window {
-                limit: 4,
-                window_us: 1_700_001,
-            }),
-        ),
-        (
-            "log",
-            Limit::SlidingWindowLog(Window {
-                limit: 6,
-                window_us: 3 * S,
-            }),
-        ),
-        (
-            "counter",
-            Limit::SlidingWindowCounter(Window {
-                limit: 6,
-                window_us: 2_500_000,
-            }),
-        ),
-        ("bucket", Limit::TokenBucket(tb)),
-        (
-            "police",
-            Limit::LeakyBucket(Gcra {
-                bucket: tb,
-                max_delay_us: None,
-            }),
-        ),
-        (
-            "shape",
-            Limit::LeakyBucket(Gcra {
-                bucket: TokenBucket::new(2, S, 1).unwrap(),
-                max_delay_us: Some(1_500_000),
-            }),
-        ),
-    ]
-}
-
-/// The oracle: the models applied by hand, all or nothing, with expiry.
-#[derive(Default)]
-struct Model {
-    keys: HashMap<String, (State, u64)>,
-}
-
-impl Model {
-    fn state(&self, key: &str, now: u64) -> Option<&State> {
-        self.keys
-            .get(key)
-            .filter(|(_, exp)| *exp > now)
-            .map(|(s, _)| s)
-    }
-
-    fn check(&mut self, checks: &[TierCheck], now: u64) -> Vec<Decision> {
-        let ds: Vec<Decision> = checks
-            .iter()
-            .map(|c| c.limit.check(self.state(&c.key, now), now, c.cost))
-            .collect();
-        if ds.iter().all(|d| d.allowed) {
-            for c in checks {
-                let old = self.state(&c.key, now).cloned();
-                let (s, ttl) = c.limit.charge(old, now, c.cost);
-                self.keys.insert(c.key.clone(), (s, now + ttl));
-            }
-        }
-        ds
-    }
-}
 
 /// Checks the invariants of one denied or allowed decision against the model
 /// state it was made from.
@@ -140,10 +61,7 @@ impl Harness {
     fn new() -> Self {
         let redis = RedisServer::start();
         Harness {
-            rt: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap(),
+            rt: current_thread_runtime(),
             redis_url: redis.url(),
             _redis: redis,
         }
@@ -225,15 +143,9 @@ impl Harness {
 }
 
 fn ops() -> impl Strategy<Value = Vec<(u64, u8, u64)>> {
-    let step = prop_oneof![
-        3 => Just(0u64),
-        4 => 0u64..300_000,
-        3 => 0u64..3_000_000,
-        1 => 0u64..20_000_000,
-    ];
     prop::collection::vec(
         (
-            step,
+            clock_step(),
             0u8..3,
             prop_oneof![8 => Just(1u64), 3 => 1u64..=4, 1 => 5u64..=8],
         ),
@@ -247,7 +159,7 @@ proptest! {
     #[test]
     fn model_memory_and_redis_agree(pair in (0usize..7, 0usize..7), ops in ops()) {
         thread_local!(static H: Harness = Harness::new());
-        let all = limits();
+        let all = algorithm_limits();
         let (a, b) = (all[pair.0].1, all[pair.1].1);
         H.with(|h| {
             let case = rand_case();
@@ -267,13 +179,8 @@ fn rand_case() -> u64 {
 #[test]
 fn every_pair_on_a_long_sequence() {
     let h = Harness::new();
-    let mut x = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        x.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    };
+    let mut rng = Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
+    let mut next = move || rng.next();
     let ops: Vec<(u64, u8, u64)> = (0..300)
         .map(|_| {
             let step = match next() % 4 {
@@ -284,7 +191,7 @@ fn every_pair_on_a_long_sequence() {
             (step, (next() % 3) as u8, 1 + next() % 3)
         })
         .collect();
-    let all = limits();
+    let all = algorithm_limits();
     for (i, (na, a)) in all.iter().enumerate() {
         for (j, (nb, b)) in all.iter().enumerate() {
             let denied = h.run(1_000_000 + (i * 10 + j) as u64, *a, *b, &ops);

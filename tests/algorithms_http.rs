@@ -1,12 +1,12 @@
 //! Each algorithm through a real axum server over TCP, on both backends,
 //! with exact header values: a burst, refill, the boundary case, weighted
-//! cost. Time is a `ManualClock` at T0 (a multiple of 10 s).
+//! cost. Time is a `ManualClock` at T0 (a multiple of 10 s). The scenarios
+//! live in tests/support/algorithms_http.rs (tests/cluster.rs runs them on a
+//! Redis Cluster too).
 
 mod support;
 
-use std::time::{Duration, Instant};
-use support::*;
-use tiered_ratelimit::{key::Global, Algorithm, LeakyBucket, Quota, RateLimitLayer, Tier};
+use support::{algorithms_http as scenario, Env};
 
 both_backends!(
     fixed_window,
@@ -17,145 +17,26 @@ both_backends!(
     weighted_and_oversized_costs,
 );
 
-const W: Duration = Duration::from_secs(10);
-
-fn layer(env: &Env, algorithm: Algorithm, quota: Quota) -> RateLimitLayer {
-    env.builder()
-        .tier(Tier::new("t", Global, quota).algorithm(algorithm).cost_fn(
-            |p: &http::request::Parts| {
-                p.headers
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            },
-        ))
-        .build()
-        .unwrap()
-}
-
-async fn start(
-    env: &Env,
-    algorithm: Algorithm,
-    quota: Quota,
-) -> impl Fn(u64) -> reqwest::RequestBuilder {
-    assert_eq!(T0_S % 10, 0);
-    let addr = serve(app(layer(env, algorithm, quota))).await;
-    let c = client();
-    move |cost: u64| {
-        c.get(format!("http://{addr}/"))
-            .header("x-cost", cost.to_string())
-    }
-}
-
-async fn send(r: reqwest::RequestBuilder) -> Limits {
-    limits(&r.send().await.unwrap())
-}
-
 async fn fixed_window(env: Env) {
-    let req = start(&env, Algorithm::FixedWindow, Quota::new(3, W)).await;
-    // A burst of the limit, all resetting at the window's end.
-    assert_eq!(send(req(1)).await, ok(3, 2, T0_S + 10));
-    assert_eq!(send(req(1)).await, ok(3, 1, T0_S + 10));
-    assert_eq!(send(req(1)).await, ok(3, 0, T0_S + 10));
-    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 10));
-    env.clock.advance(Duration::from_micros(9_999_999));
-    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 1));
-    // Boundary: the next window starts empty, one microsecond later.
-    env.clock.advance(Duration::from_micros(1));
-    for want in [2, 1, 0] {
-        assert_eq!(send(req(1)).await, ok(3, want, T0_S + 20));
-    }
-    assert_eq!(send(req(1)).await.status, 429);
+    scenario::fixed_window(env.builder(), &env.clock).await;
 }
 
 async fn sliding_window_log(env: Env) {
-    let req = start(&env, Algorithm::SlidingWindowLog, Quota::new(3, W)).await;
-    for want in [2, 1, 0] {
-        assert_eq!(send(req(1)).await, ok(3, want, T0_S + 10));
-    }
-    env.clock.advance(Duration::from_secs(4));
-    // The oldest entry leaves the window at T0 + 10: 6 s from now.
-    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 6));
-    // No boundary burst: crossing a window edge frees nothing early.
-    env.clock.advance(Duration::from_micros(5_999_999));
-    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 1));
-    env.clock.advance(Duration::from_micros(1));
-    assert_eq!(send(req(1)).await, ok(3, 2, T0_S + 20));
-    // Weighted: cost 2 fills the log; cost 1 must wait a whole window.
-    assert_eq!(send(req(2)).await, ok(3, 0, T0_S + 20));
-    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 20, 10));
+    scenario::sliding_window_log(env.builder(), &env.clock).await;
 }
 
 async fn sliding_window_counter(env: Env) {
-    let req = start(&env, Algorithm::SlidingWindowCounter, Quota::new(4, W)).await;
-    // Counters are zero two windows after the last admission.
-    for want in [3, 2, 1, 0] {
-        assert_eq!(send(req(1)).await, ok(4, want, T0_S + 20));
-    }
-    // Next window, once 4 × (10 − e)/10 ≤ 3: e = 2.5 s → 12.5 s from now.
-    assert_eq!(send(req(1)).await, denied(4, 0, T0_S + 13, 13));
-    env.clock.advance(Duration::from_micros(12_499_999));
-    assert_eq!(send(req(1)).await, denied(4, 0, T0_S + 13, 1));
-    env.clock.advance(Duration::from_micros(1));
-    assert_eq!(send(req(1)).await, ok(4, 0, T0_S + 30));
+    scenario::sliding_window_counter(env.builder(), &env.clock).await;
 }
 
 async fn leaky_bucket_police(env: Env) {
-    let algorithm = Algorithm::LeakyBucket(LeakyBucket::Police);
-    let req = start(&env, algorithm, Quota::new(2, W)).await;
-    assert_eq!(send(req(1)).await, ok(2, 1, T0_S + 5));
-    assert_eq!(send(req(1)).await, ok(2, 0, T0_S + 10));
-    assert_eq!(send(req(1)).await, denied(2, 0, T0_S + 5, 5));
-    env.clock.advance(Duration::from_secs(5));
-    assert_eq!(send(req(1)).await, ok(2, 0, T0_S + 15));
+    scenario::leaky_bucket_police(env.builder(), &env.clock).await;
 }
 
 async fn leaky_bucket_shape_delays_then_rejects(env: Env) {
-    let algorithm = Algorithm::LeakyBucket(LeakyBucket::Shape {
-        max_delay: Duration::from_millis(1500),
-    });
-    // 2 per second (a slot every 500 ms), no burst beyond one request.
-    let req = start(&env, algorithm, Quota::per_second(2).burst(1)).await;
-    assert_eq!(send(req(1)).await, ok(1, 0, T0_S + 1));
-    // Three more at the same instant are queued 0.5, 1.0 and 1.5 s.
-    let started = Instant::now();
-    let queued: Vec<_> = (0..3)
-        .map(|_| {
-            let r = req(1);
-            tokio::spawn(async move {
-                let l = send(r).await;
-                (l, started.elapsed())
-            })
-        })
-        .collect();
-    let mut results = Vec::new();
-    for q in queued {
-        results.push(q.await.unwrap());
-    }
-    results.sort_by_key(|(_, t)| *t);
-    for ((l, took), delay_ms) in results.iter().zip([500u64, 1000, 1500]) {
-        assert_eq!(l.status, 200);
-        assert_eq!(l.remaining, Some(0));
-        assert!(
-            *took >= Duration::from_millis(delay_ms),
-            "passed after {took:?}, its slot was {delay_ms} ms away"
-        );
-    }
-    // The fifth would wait 2 s > max_delay: rejected at once, 0.5 s until it
-    // fits. (That a rejection carries no delay is exact on the model:
-    // `delay_us == 0` for every denial, checked in tests/algorithms.rs.)
-    assert_eq!(send(req(1)).await, denied(1, 0, T0_S + 1, 1));
+    scenario::leaky_bucket_shape_delays_then_rejects(env.builder()).await;
 }
 
 async fn weighted_and_oversized_costs(env: Env) {
-    let req = start(&env, Algorithm::TokenBucket, Quota::new(5, W)).await;
-    // One token every 2 s.
-    assert_eq!(send(req(3)).await, ok(5, 2, T0_S + 6));
-    // Cost 3 with 2 left: denied, shows the 2 left, waits for one token.
-    assert_eq!(send(req(3)).await, denied(5, 2, T0_S + 2, 2));
-    // A cost above the capacity never passes: 429 at once, wait = until full.
-    assert_eq!(send(req(6)).await, denied(5, 2, T0_S + 6, 6));
-    // Cost 0 from the cost function: the tier does not apply.
-    assert_eq!(send(req(0)).await, NO_LIMITS);
-    assert_eq!(send(req(2)).await, ok(5, 0, T0_S + 10));
+    scenario::weighted_and_oversized_costs(env.builder()).await;
 }

@@ -9,16 +9,18 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::algorithms::{algorithm_limits_without, Model, S};
+use support::algorithms_http as scenario;
 use support::cluster::{calls, failed_calls, RedisCluster};
+use support::rng::Rng;
 use support::*;
-use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
+use tiered_ratelimit::algorithm::Limit;
 use tiered_ratelimit::backend::{Backend, ManualClock, RedisBackend, TierCheck};
 use tiered_ratelimit::key::{ClientIp, Global, User};
 use tiered_ratelimit::{
     Algorithm, FailurePolicy, LeakyBucket, Mode, Quota, RateLimitLayer, RateLimitLayerBuilder, Tier,
 };
 
-const S: u64 = 1_000_000;
 const W: Duration = Duration::from_secs(10);
 
 /// The Redis key of a layer key in a cluster (the whole key is the hash tag).
@@ -85,12 +87,19 @@ async fn get_as(c: &reqwest::Client, url: &str, user: &str) -> Limits {
 async fn exact_headers_on_a_cluster() {
     let cluster = RedisCluster::start(0);
     burst_then_deny_then_refill(Scn::new(&cluster, "burst")).await;
-    fixed_window(Scn::new(&cluster, "fixed")).await;
-    sliding_window_log(Scn::new(&cluster, "log")).await;
-    sliding_window_counter(Scn::new(&cluster, "counter")).await;
-    leaky_bucket_police(Scn::new(&cluster, "police")).await;
-    leaky_bucket_shape(Scn::new(&cluster, "shape")).await;
-    weighted_and_oversized_costs(Scn::new(&cluster, "weighted")).await;
+    // The scenarios of tests/algorithms_http.rs, each on its own prefix.
+    let s = Scn::new(&cluster, "fixed");
+    scenario::fixed_window(s.builder(), &s.clock).await;
+    let s = Scn::new(&cluster, "log");
+    scenario::sliding_window_log(s.builder(), &s.clock).await;
+    let s = Scn::new(&cluster, "counter");
+    scenario::sliding_window_counter(s.builder(), &s.clock).await;
+    let s = Scn::new(&cluster, "police");
+    scenario::leaky_bucket_police(s.builder(), &s.clock).await;
+    let s = Scn::new(&cluster, "shape");
+    scenario::leaky_bucket_shape_delays_then_rejects(s.builder()).await;
+    let s = Scn::new(&cluster, "weighted");
+    scenario::weighted_and_oversized_costs(s.builder()).await;
 }
 
 async fn burst_then_deny_then_refill(s: Scn<'_>) {
@@ -123,122 +132,6 @@ async fn burst_then_deny_then_refill(s: Scn<'_>) {
         s.cluster.get(&key).as_deref(),
         Some("40000000:1700003620000000:20000000")
     );
-}
-
-/// A layer with one Global tier of `algorithm`, cost from `x-cost`.
-async fn start(
-    s: &Scn<'_>,
-    algorithm: Algorithm,
-    quota: Quota,
-) -> impl Fn(u64) -> reqwest::RequestBuilder {
-    let layer = s
-        .builder()
-        .tier(Tier::new("t", Global, quota).algorithm(algorithm).cost_fn(
-            |p: &http::request::Parts| {
-                p.headers
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            },
-        ))
-        .build()
-        .unwrap();
-    let addr = serve(app(layer)).await;
-    let c = client();
-    move |cost: u64| {
-        c.get(format!("http://{addr}/"))
-            .header("x-cost", cost.to_string())
-    }
-}
-
-async fn send(r: reqwest::RequestBuilder) -> Limits {
-    limits(&r.send().await.unwrap())
-}
-
-async fn fixed_window(s: Scn<'_>) {
-    let req = start(&s, Algorithm::FixedWindow, Quota::new(3, W)).await;
-    assert_eq!(send(req(1)).await, ok(3, 2, T0_S + 10));
-    assert_eq!(send(req(1)).await, ok(3, 1, T0_S + 10));
-    assert_eq!(send(req(1)).await, ok(3, 0, T0_S + 10));
-    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 10));
-    s.clock.advance(Duration::from_micros(9_999_999));
-    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 1));
-    s.clock.advance(Duration::from_micros(1));
-    for want in [2, 1, 0] {
-        assert_eq!(send(req(1)).await, ok(3, want, T0_S + 20));
-    }
-    assert_eq!(send(req(1)).await.status, 429);
-}
-
-async fn sliding_window_log(s: Scn<'_>) {
-    let req = start(&s, Algorithm::SlidingWindowLog, Quota::new(3, W)).await;
-    for want in [2, 1, 0] {
-        assert_eq!(send(req(1)).await, ok(3, want, T0_S + 10));
-    }
-    s.clock.advance(Duration::from_secs(4));
-    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 6));
-    s.clock.advance(Duration::from_micros(5_999_999));
-    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 10, 1));
-    s.clock.advance(Duration::from_micros(1));
-    assert_eq!(send(req(1)).await, ok(3, 2, T0_S + 20));
-    assert_eq!(send(req(2)).await, ok(3, 0, T0_S + 20));
-    assert_eq!(send(req(1)).await, denied(3, 0, T0_S + 20, 10));
-}
-
-async fn sliding_window_counter(s: Scn<'_>) {
-    let req = start(&s, Algorithm::SlidingWindowCounter, Quota::new(4, W)).await;
-    for want in [3, 2, 1, 0] {
-        assert_eq!(send(req(1)).await, ok(4, want, T0_S + 20));
-    }
-    assert_eq!(send(req(1)).await, denied(4, 0, T0_S + 13, 13));
-    s.clock.advance(Duration::from_micros(12_499_999));
-    assert_eq!(send(req(1)).await, denied(4, 0, T0_S + 13, 1));
-    s.clock.advance(Duration::from_micros(1));
-    assert_eq!(send(req(1)).await, ok(4, 0, T0_S + 30));
-}
-
-async fn leaky_bucket_police(s: Scn<'_>) {
-    let algorithm = Algorithm::LeakyBucket(LeakyBucket::Police);
-    let req = start(&s, algorithm, Quota::new(2, W)).await;
-    assert_eq!(send(req(1)).await, ok(2, 1, T0_S + 5));
-    assert_eq!(send(req(1)).await, ok(2, 0, T0_S + 10));
-    assert_eq!(send(req(1)).await, denied(2, 0, T0_S + 5, 5));
-    s.clock.advance(Duration::from_secs(5));
-    assert_eq!(send(req(1)).await, ok(2, 0, T0_S + 15));
-}
-
-async fn leaky_bucket_shape(s: Scn<'_>) {
-    let algorithm = Algorithm::LeakyBucket(LeakyBucket::Shape {
-        max_delay: Duration::from_millis(1500),
-    });
-    let req = start(&s, algorithm, Quota::per_second(2).burst(1)).await;
-    assert_eq!(send(req(1)).await, ok(1, 0, T0_S + 1));
-    let started = Instant::now();
-    let queued: Vec<_> = (0..3)
-        .map(|_| {
-            let r = req(1);
-            tokio::spawn(async move { (send(r).await, started.elapsed()) })
-        })
-        .collect();
-    let mut results = Vec::new();
-    for q in queued {
-        results.push(q.await.unwrap());
-    }
-    results.sort_by_key(|(_, t)| *t);
-    for ((l, took), delay_ms) in results.iter().zip([500u64, 1000, 1500]) {
-        assert_eq!(l.status, 200);
-        assert!(*took >= Duration::from_millis(delay_ms), "{took:?}");
-    }
-    assert_eq!(send(req(1)).await, denied(1, 0, T0_S + 1, 1));
-}
-
-async fn weighted_and_oversized_costs(s: Scn<'_>) {
-    let req = start(&s, Algorithm::TokenBucket, Quota::new(5, W)).await;
-    assert_eq!(send(req(3)).await, ok(5, 2, T0_S + 6));
-    assert_eq!(send(req(3)).await, denied(5, 2, T0_S + 2, 2));
-    assert_eq!(send(req(6)).await, denied(5, 2, T0_S + 6, 6));
-    assert_eq!(send(req(0)).await, NO_LIMITS);
-    assert_eq!(send(req(2)).await, ok(5, 0, T0_S + 10));
 }
 
 // ---------------------------------------------------------------------------
@@ -412,85 +305,9 @@ async fn a_shadow_denial_on_one_slot_charges_the_others() {
 // Model agreement across slots: with the charge and its refund at the same
 // instant, the cluster decides exactly as one atomic all-or-nothing check.
 
+/// The shared algorithm table without `fixed` (the odd window covers it).
 fn limits_list() -> Vec<(&'static str, Limit)> {
-    let tb = TokenBucket::new(3, 7 * S, 5).unwrap();
-    vec![
-        (
-            "fixed",
-            Limit::FixedWindow(Window {
-                limit: 4,
-                window_us: 1_700_001,
-            }),
-        ),
-        (
-            "log",
-            Limit::SlidingWindowLog(Window {
-                limit: 6,
-                window_us: 3 * S,
-            }),
-        ),
-        (
-            "counter",
-            Limit::SlidingWindowCounter(Window {
-                limit: 6,
-                window_us: 2_500_000,
-            }),
-        ),
-        ("bucket", Limit::TokenBucket(tb)),
-        (
-            "police",
-            Limit::LeakyBucket(Gcra {
-                bucket: tb,
-                max_delay_us: None,
-            }),
-        ),
-        (
-            "shape",
-            Limit::LeakyBucket(Gcra {
-                bucket: TokenBucket::new(2, S, 1).unwrap(),
-                max_delay_us: Some(1_500_000),
-            }),
-        ),
-    ]
-}
-
-#[derive(Default)]
-struct Model {
-    keys: HashMap<String, (State, u64)>,
-}
-
-impl Model {
-    fn state(&self, key: &str, now: u64) -> Option<&State> {
-        self.keys
-            .get(key)
-            .filter(|(_, exp)| *exp > now)
-            .map(|(s, _)| s)
-    }
-
-    fn check(&mut self, checks: &[TierCheck], now: u64) -> Vec<Decision> {
-        let ds: Vec<Decision> = checks
-            .iter()
-            .map(|c| c.limit.check(self.state(&c.key, now), now, c.cost))
-            .collect();
-        if ds.iter().all(|d| d.allowed) {
-            for c in checks {
-                let old = self.state(&c.key, now).cloned();
-                let (s, ttl) = c.limit.charge(old, now, c.cost);
-                self.keys.insert(c.key.clone(), (s, now + ttl));
-            }
-        }
-        ds
-    }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
+    algorithm_limits_without("fixed")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -503,7 +320,7 @@ async fn cross_slot_checks_agree_with_the_model() {
         .with_test_ttl_slack(Duration::from_secs(600))
         .into();
     let all = limits_list();
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     let (mut cross, mut denied, mut total) = (0, 0, 0);
     for (i, (na, a)) in all.iter().enumerate() {
         for (j, (nb, b)) in all.iter().enumerate() {
@@ -678,7 +495,7 @@ fn a_refund_never_frees_more_than_its_charge() {
             .get_connection()
             .unwrap(),
     };
-    let mut rng = Rng(0xD1B5_4A32_D192_ED03);
+    let mut rng = Rng::new(0xD1B5_4A32_D192_ED03);
     let (mut exact, mut absorbed, mut trials) = (0, 0, 0);
     for (name, limit) in limits_list() {
         let cap = limit.capacity();

@@ -12,9 +12,10 @@
 mod support;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use proptest::test_runner::TestCaseError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use support::rng::seeded_runner;
 use support::*;
 use tiered_ratelimit::{
     backend::{ManualClock, RedisBackend},
@@ -173,13 +174,7 @@ fn layer(
         }
         .algorithm(alg);
         if s.cost_from_request {
-            let header = format!("x-c{t}");
-            tier = tier.cost_fn(move |p: &http::request::Parts| {
-                p.headers
-                    .get(&header)
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            });
+            tier = tier.cost_fn(cost_from_header(format!("x-c{t}")));
         }
         if s.shadow {
             tier = tier.mode(Mode::Shadow);
@@ -234,11 +229,7 @@ async fn run(
 
 #[test]
 fn the_deny_cache_never_changes_a_response() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = multi_thread_runtime();
     let redis = RedisServer::start();
     // Load the script, so every call counted below is one check.
     rt.block_on(async {
@@ -264,14 +255,7 @@ fn the_deny_cache_never_changes_a_response() {
     let n = AtomicU64::new(0);
     let totals = std::sync::Mutex::new((0u64, 0u64));
     // A fixed seed: the same cases on every run (a failure reproduces).
-    let mut runner = TestRunner::new_with_rng(
-        Config {
-            cases: 48,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[7; 32]),
-    );
+    let mut runner = seeded_runner(48, 7);
     let result = runner.run(&case(), |(tiers, reqs)| {
         let i = n.fetch_add(1, Ordering::Relaxed);
         rt.block_on(async {
@@ -327,21 +311,11 @@ fn the_deny_cache_never_changes_a_response() {
 #[test]
 fn the_single_flight_never_changes_a_response() {
     use tower::{Layer, Service, ServiceExt};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread_runtime();
     let redis = RedisServer::start();
     let n = AtomicU64::new(0);
     let waited = AtomicU64::new(0);
-    let mut runner = TestRunner::new_with_rng(
-        Config {
-            cases: 24,
-            failure_persistence: None,
-            ..Config::default()
-        },
-        TestRng::from_seed(RngAlgorithm::ChaCha, &[11; 32]),
-    );
+    let mut runner = seeded_runner(24, 11);
     let result = runner.run(&case(), |(tiers, reqs)| {
         let i = n.fetch_add(1, Ordering::Relaxed);
         rt.block_on(async {

@@ -191,14 +191,8 @@ async fn deny_cache_answers_only_the_cost_it_saw() {
                 .with_manual_clock(clock.clone()),
         )
         .tier(
-            Tier::new("global", Global, Quota::new(5, Duration::from_secs(5))).cost_fn(
-                |p: &http::request::Parts| {
-                    p.headers
-                        .get("x-cost")
-                        .and_then(|v| v.to_str().ok()?.parse().ok())
-                        .unwrap_or(1)
-                },
-            ),
+            Tier::new("global", Global, Quota::new(5, Duration::from_secs(5)))
+                .cost_fn(cost_from_header("x-cost")),
         )
         .build()
         .unwrap();

@@ -77,11 +77,7 @@ fn cached_denials_reach_the_hourly_sets_exactly() {
         .build()
         .unwrap();
     let h = layer.handle();
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = multi_thread_runtime();
     rt.block_on(async move {
         let addr = serve(app(layer)).await;
         let c = client();
@@ -166,11 +162,7 @@ fn counter(name: &str, labels: &str) -> u64 {
     let totals = totals.get_or_insert_with(HashMap::new);
     for (key, _, _, value) in snap {
         if let DebugValue::Counter(v) = value {
-            let labels: Vec<String> = key
-                .key()
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
+            let labels = metric_labels(key.key());
             *totals
                 .entry(format!("{}{{{}}}", key.key().name(), labels.join(",")))
                 .or_default() += v;

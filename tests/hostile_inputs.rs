@@ -27,7 +27,7 @@ use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{app, client, serve, LogBuf, RedisServer};
+use support::{app, client, rng::Rng, serve, LogBuf, RedisServer};
 use tiered_ratelimit::{
     backend::{MemoryBackend, RedisBackend},
     key::{
@@ -1140,7 +1140,7 @@ async fn random_paths_and_methods_share_bounded_endpoint_keys() {
         .build()
         .unwrap();
     let app = routes().layer(layer);
-    let mut rng = XorShift(0x5eed);
+    let mut rng = Rng::new(0x5eed);
     for i in 0..5_000u32 {
         let method = match i % 4 {
             0 => "GET".to_owned(),
@@ -1268,23 +1268,6 @@ async fn policy_file_forwarded_headers() {
 
 // ---------------------------------------------------- randomized parsing
 
-/// xorshift64*: deterministic, no dependency.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 const PIECES: &[&str] = &[
     "1.2.3.4",
     "10.0.0.2",
@@ -1325,7 +1308,7 @@ const PIECES: &[&str] = &[
     "",
 ];
 
-fn random_value(rng: &mut XorShift) -> Vec<u8> {
+fn random_value(rng: &mut Rng) -> Vec<u8> {
     let mut v = Vec::new();
     for _ in 0..rng.below(12) {
         if rng.below(4) == 0 {
@@ -1337,7 +1320,7 @@ fn random_value(rng: &mut XorShift) -> Vec<u8> {
             };
             v.push(b);
         } else {
-            v.extend_from_slice(PIECES[rng.below(PIECES.len())].as_bytes());
+            v.extend_from_slice(PIECES[rng.index(PIECES.len())].as_bytes());
         }
     }
     v
@@ -1375,14 +1358,14 @@ fn random_forwarding_headers() {
         "[2001:db8:1::1]:1",
         "[::1]:1",
     ];
-    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     for iter in 0..100_000 {
-        let which = rng.below(cfgs.len());
+        let which = rng.index(cfgs.len());
         let c = &extractors[which];
-        let peer = peers[rng.below(peers.len())];
+        let peer = peers[rng.index(peers.len())];
         let mut lines = Vec::new();
         for _ in 0..rng.below(4) {
-            lines.push(([XFF, FWD, XRI][rng.below(3)], random_value(&mut rng)));
+            lines.push(([XFF, FWD, XRI][rng.index(3)], random_value(&mut rng)));
         }
         let p = {
             let mut p = parts(peer, &[]);
@@ -1413,7 +1396,7 @@ fn random_forwarding_headers() {
 /// printable bytes without `{`/`}`, and reversible unless hashed.
 #[test]
 fn random_key_parts() {
-    let mut rng = XorShift(0x0123_4567_89ab_cdef);
+    let mut rng = Rng::new(0x0123_4567_89ab_cdef);
     for _ in 0..100_000 {
         let len = match rng.below(10) {
             0 => rng.below(4096),
@@ -1421,7 +1404,7 @@ fn random_key_parts() {
         };
         let bytes: Vec<u8> = (0..len)
             .map(|_| match rng.below(3) {
-                0 => b"{}%#: \n\0"[rng.below(8)],
+                0 => b"{}%#: \n\0"[rng.index(8)],
                 _ => rng.next() as u8,
             })
             .collect();

@@ -25,11 +25,7 @@ fn counter(
     labels: &str,
 ) -> Option<u64> {
     snap.iter().find_map(|(key, _, _, value)| {
-        let mut l: Vec<String> = key
-            .key()
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
+        let mut l = metric_labels(key.key());
         l.sort();
         match value {
             DebugValue::Counter(c) if key.key().name() == name && l.join(",") == labels => Some(*c),
@@ -46,10 +42,7 @@ fn missing_connect_info_is_logged_once_counted_and_skips_only_its_tier() {
     let snapshotter = recorder.snapshotter();
     tracing::subscriber::with_default(subscriber, || {
         metrics::with_local_recorder(&recorder, || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = current_thread_runtime();
             rt.block_on(async {
                 let env = Env::memory();
                 let layer = env
@@ -145,10 +138,7 @@ fn an_ip_list_without_peer_address_is_logged_and_counted() {
     let snapshotter = recorder.snapshotter();
     tracing::subscriber::with_default(subscriber, || {
         metrics::with_local_recorder(&recorder, || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
+            let rt = current_thread_runtime();
             rt.block_on(async {
                 let env = Env::memory();
                 let layer = env

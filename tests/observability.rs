@@ -135,10 +135,7 @@ fn metric_names_and_bounded_labels() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = current_thread_runtime();
         rt.block_on(async {
             use tower::ServiceExt;
             let layer = tiered_ratelimit::RateLimitLayer::builder()
@@ -163,11 +160,7 @@ fn metric_names_and_bounded_labels() {
     let mut seen = Vec::new();
     for (key, _unit, _desc, value) in &snap {
         let name = key.key().name().to_owned();
-        let labels: Vec<String> = key
-            .key()
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
+        let labels = metric_labels(key.key());
         for l in &labels {
             assert!(!l.contains("secret-user-id"), "{name}: unbounded label {l}");
         }
@@ -217,10 +210,7 @@ fn tier_decisions_per_endpoint_count_every_decision() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let statuses = metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = current_thread_runtime();
         rt.block_on(async {
             use tower::ServiceExt;
             let layer = tiered_ratelimit::RateLimitLayer::builder()
@@ -338,10 +328,7 @@ fn deny_cache_429s_count_as_limited_per_endpoint() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = current_thread_runtime();
         rt.block_on(async {
             use tower::ServiceExt;
             let layer = RateLimitLayer::builder()

@@ -4,6 +4,7 @@
 mod support;
 
 use std::time::{Duration, Instant};
+use support::rng::Rng;
 use support::*;
 use tiered_ratelimit::{
     backend::{Backend, ManualClock, MemoryBackend, RedisBackend},
@@ -27,17 +28,6 @@ fn tiers(b: tiered_ratelimit::RateLimitLayerBuilder) -> tiered_ratelimit::RateLi
             )
             .cost(2),
         )
-}
-
-/// xorshift64*: a deterministic sequence without a dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,7 +54,7 @@ async fn memory_and_redis_decide_identically() {
     let mem_addr = serve(app(build(mem))).await;
     let red_addr = serve(app(build(red))).await;
     let c = client();
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     let mut denied_count = 0;
     for i in 0..400 {
         // Steps from 0 to ~1.5 s in odd microseconds, bursts of same-instant requests.

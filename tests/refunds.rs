@@ -8,8 +8,9 @@ mod support;
 use axum::{http::HeaderMap, http::StatusCode, routing::post, Router};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
+use support::algorithms::{algorithm_limits_without, clock_step};
 use support::*;
-use tiered_ratelimit::algorithm::{Gcra, Limit, TokenBucket, Window};
+use tiered_ratelimit::algorithm::Limit;
 use tiered_ratelimit::backend::{
     Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck, TierRefund,
 };
@@ -239,33 +240,12 @@ async fn only_the_tier_with_the_option_is_refunded(env: Env) {
 // ---------------------------------------------------------------------------
 // The Rust refund twins against lua/refund.lua.
 
-const S: u64 = 1_000_000;
-
+/// The shared algorithm table without `fixed_odd`: six limits.
 fn twin_limits() -> Vec<Limit> {
-    let tb = TokenBucket::new(3, 7 * S, 5).unwrap();
-    vec![
-        Limit::FixedWindow(Window {
-            limit: 5,
-            window_us: 2 * S,
-        }),
-        Limit::SlidingWindowLog(Window {
-            limit: 6,
-            window_us: 3 * S,
-        }),
-        Limit::SlidingWindowCounter(Window {
-            limit: 6,
-            window_us: 2_500_000,
-        }),
-        Limit::TokenBucket(tb),
-        Limit::LeakyBucket(Gcra {
-            bucket: tb,
-            max_delay_us: None,
-        }),
-        Limit::LeakyBucket(Gcra {
-            bucket: TokenBucket::new(2, S, 1).unwrap(),
-            max_delay_us: Some(1_500_000),
-        }),
-    ]
+    algorithm_limits_without("fixed_odd")
+        .into_iter()
+        .map(|(_, limit)| limit)
+        .collect()
 }
 
 /// One op: advance the clock, check `cost` on a key, and maybe refund an
@@ -273,15 +253,9 @@ fn twin_limits() -> Vec<Limit> {
 type Op = (u64, u8, u64, Option<usize>);
 
 fn twin_ops() -> impl Strategy<Value = Vec<Op>> {
-    let step = prop_oneof![
-        3 => Just(0u64),
-        4 => 0u64..300_000,
-        3 => 0u64..3_000_000,
-        1 => 0u64..20_000_000,
-    ];
     prop::collection::vec(
         (
-            step,
+            clock_step(),
             0u8..2,
             prop_oneof![6 => Just(1u64), 3 => 1u64..=3],
             prop::option::weighted(0.5, 0usize..1000),
@@ -293,10 +267,7 @@ fn twin_ops() -> impl Strategy<Value = Vec<Op>> {
 #[test]
 fn rust_refunds_equal_lua_refunds() {
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread_runtime();
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         cases: 48,
         failure_persistence: None,

@@ -667,10 +667,7 @@ fn mode_gauge_follows_the_control_key() {
             })
     };
     metrics::with_local_recorder(&recorder, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = current_thread_runtime();
         rt.block_on(async {
             let poll = Duration::from_millis(50);
             let layer = RateLimitLayer::builder()

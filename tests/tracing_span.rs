@@ -19,10 +19,7 @@ fn one_span_per_check_with_tier_results() {
     let buf = LogBuf::default();
     let subscriber = buf.subscriber_with_spans(tracing::Level::DEBUG);
     tracing::subscriber::with_default(subscriber, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = current_thread_runtime();
         rt.block_on(async {
             let layer = tiered_ratelimit::RateLimitLayer::builder()
                 .tier(Tier::new("ip", ClientIp::default(), Quota::per_minute(10)))
@@ -75,10 +72,7 @@ fn default_key_prefix_on_redis_warns_once_per_build() {
     };
     let server = RedisServer::start();
     tracing::subscriber::with_default(subscriber, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = current_thread_runtime();
         rt.block_on(async {
             let tier = || Tier::new("g", Global, Quota::per_second(1));
             let redis = || RedisBackend::from_url(&server.url()).unwrap();

@@ -4,11 +4,17 @@
 //! request by request, for every algorithm, modes, lists and plans; inputs
 //! (gzip, JSON lines, stdin, malformed lines); the chart.
 
+// The workspace's one seeded generator (the root crate's test support).
+#[allow(dead_code)]
+#[path = "../../tests/support/rng.rs"]
+mod rng;
+
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use rng::Rng;
 use tiered_ratelimit::Policy;
 use tiered_ratelimit_cli::replay::{
     Decision, Engine, Input, LineOutcome, Modes, ReplayOptions, Replayer, Target,
@@ -34,27 +40,13 @@ struct Req {
     status: u16,
 }
 
-/// A small deterministic PRNG (xorshift64*).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 const ABUSER: &str = "203.0.113.7";
 
 /// Two hours of traffic: ~120 ordinary clients (a few busy, most quiet),
 /// one abusive IP hammering for 20 minutes, and a 2-second burst from 40
 /// addresses at t = 3600 s.
 fn generate() -> Vec<Req> {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let mut out = Vec::new();
     for t in 0..7200u64 {
         // Ordinary clients: 0-3 requests a second, skewed to low numbers.

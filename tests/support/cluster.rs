@@ -3,6 +3,7 @@
 //! `redis-cli --cluster create`, all killed (and the directory removed) on
 //! drop.
 
+use super::redis_server::{command, commandstat, connect, redis_server};
 use std::collections::HashMap;
 use std::net::TcpListener as StdListener;
 use std::path::PathBuf;
@@ -37,19 +38,9 @@ fn free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
-fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
-    redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
-        .get_connection_with_timeout(Duration::from_secs(2))
-}
-
 /// Runs a command on one node.
 pub fn node_cmd<T: redis::FromRedisValue>(port: u16, args: &[&str]) -> redis::RedisResult<T> {
-    let mut c = connect(port)?;
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query(&mut c)
+    command(args).query(&mut connect(port)?)
 }
 
 /// `INFO <section>` of one node as key → value.
@@ -72,16 +63,9 @@ pub fn failed_calls(port: u16, command: &str) -> u64 {
 }
 
 fn stat(port: u16, command: &str, field: &str) -> u64 {
-    let stats = info(port, "commandstats");
-    stats
-        .get(&format!("cmdstat_{command}"))
-        .and_then(|v| {
-            v.split(',')
-                .filter_map(|kv| kv.split_once('='))
-                .find(|(k, _)| *k == field)
-                .and_then(|(_, v)| v.parse().ok())
-        })
-        .unwrap_or(0)
+    // A node that cannot answer reads as 0 calls (as `info` does).
+    let text: String = node_cmd(port, &["INFO", "commandstats"]).unwrap_or_default();
+    commandstat(&text, command, field)
 }
 
 impl RedisCluster {
@@ -404,14 +388,10 @@ impl Drop for RedisCluster {
 }
 
 fn spawn_node(dir: &std::path::Path, port: u16, bus: u16) -> Result<Child, String> {
-    Command::new("redis-server")
+    redis_server(port)
         .args([
-            "--port",
-            &port.to_string(),
             "--cluster-port",
             &bus.to_string(),
-            "--bind",
-            "127.0.0.1",
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
@@ -420,19 +400,9 @@ fn spawn_node(dir: &std::path::Path, port: u16, bus: u16) -> Result<Child, Strin
             &NODE_TIMEOUT_MS.to_string(),
             "--dir",
             &dir.to_string_lossy(),
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--loglevel",
-            "warning",
             "--logfile",
             &dir.join(format!("redis-{port}.log")).to_string_lossy(),
         ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
         .spawn()
         .map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => "redis-server not found on PATH: the tests start \

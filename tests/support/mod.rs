@@ -1,8 +1,17 @@
-//! Test support: real `redis-server` processes on free loopback ports, and a
-//! real axum server over TCP.
+//! Test support: real `redis-server` processes on free loopback ports
+//! ([`redis_server`], [`cluster`]) and a real axum server over TCP; seeded
+//! randomness ([`rng`]), the shared algorithm tables and oracle
+//! ([`algorithms`]) and the per-algorithm HTTP scenarios
+//! ([`algorithms_http`]).
 #![allow(dead_code)]
 
+pub mod algorithms;
+pub mod algorithms_http;
 pub mod cluster;
+pub mod redis_server;
+pub mod rng;
+
+pub use redis_server::RedisServer;
 
 use axum::{
     extract::Request,
@@ -12,196 +21,14 @@ use axum::{
     routing::{get, post},
     Router,
 };
-use std::net::{SocketAddr, TcpListener as StdListener};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::time::Duration;
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
 use tiered_ratelimit::{RateLimitLayer, UserId};
 
 /// 2023-11-14T22:13:20Z: a whole second, so test clocks give exact headers.
 pub const T0_S: u64 = 1_700_000_000;
 pub const T0_US: u64 = T0_S * 1_000_000;
-
-/// A `redis-server` of our own on a free loopback port, killed on drop.
-pub struct RedisServer {
-    port: u16,
-    child: Option<Child>,
-}
-
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-impl RedisServer {
-    pub fn start() -> Self {
-        for _ in 0..5 {
-            let mut s = RedisServer {
-                port: free_port(),
-                child: None,
-            };
-            if s.spawn() {
-                return s;
-            }
-        }
-        panic!("could not start redis-server on a free port after 5 tries");
-    }
-
-    fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--daemonize",
-                "no",
-                "--loglevel",
-                "warning",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let child = match child {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
-                "redis-server not found on PATH: the tests start their own Redis; \
-                 install the Debian package `redis-server` (apt-get install redis-server)"
-            ),
-            Err(e) => panic!("cannot start redis-server: {e}"),
-        };
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Some(c) = self.child.as_mut() {
-                if let Ok(Some(_)) = c.try_wait() {
-                    self.child = None;
-                    return false; // port taken between probe and bind
-                }
-            }
-            if self.ping() {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        false
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn connection(&self) -> redis::RedisResult<redis::Connection> {
-        redis::Client::open(self.url())?.get_connection_with_timeout(Duration::from_secs(2))
-    }
-
-    pub fn ping(&self) -> bool {
-        self.connection()
-            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-            .is_ok()
-    }
-
-    /// Runs a command and returns its reply.
-    /// `calls=` of `command` in this server's `INFO commandstats` (0 if
-    /// never called).
-    pub fn calls(&self, command: &str) -> u64 {
-        // Through `cmd`: a server that cannot answer fails the test, never
-        // reads as 0 calls.
-        let info: String = self.cmd(&["INFO", "commandstats"]);
-        let prefix = format!("cmdstat_{command}:");
-        info.lines()
-            .filter_map(|l| l.strip_prefix(&prefix))
-            .filter_map(|v| v.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-            .filter_map(|n| n.parse::<u64>().ok())
-            .sum()
-    }
-
-    /// Script calls: `EVALSHA`, plus `EVAL` (a reload after `NOSCRIPT`).
-    pub fn script_calls(&self) -> u64 {
-        self.calls("evalsha") + self.calls("eval")
-    }
-
-    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
-        let mut c = self.connection().expect("connect to test redis");
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query(&mut c).expect("redis command")
-    }
-
-    pub fn get(&self, key: &str) -> Option<String> {
-        self.cmd(&["GET", key])
-    }
-
-    pub fn pttl(&self, key: &str) -> i64 {
-        self.cmd(&["PTTL", key])
-    }
-
-    /// The limiter's bucket keys, sorted (the hourly fleet-wide top-N sets
-    /// `<prefix>:blocked:<hour>` are left out; tests/observability.rs checks them).
-    pub fn keys(&self) -> Vec<String> {
-        let mut k: Vec<String> = self.cmd(&["KEYS", "*"]);
-        k.retain(|k| !k.contains(":blocked:"));
-        k.sort();
-        k
-    }
-
-    /// Kills the server (data is lost: it keeps nothing on disk).
-    pub fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Starts the server again on the same port.
-    pub fn restart(&mut self) {
-        self.stop();
-        assert!(
-            self.spawn(),
-            "redis-server did not come back on port {}",
-            self.port
-        );
-    }
-
-    fn signal(&self, sig: &str) {
-        if let Some(c) = &self.child {
-            let ok = Command::new("kill")
-                .args([sig, &c.id().to_string()])
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            assert!(ok, "kill {sig} failed");
-        }
-    }
-
-    /// Freezes the process (SIGSTOP): connections stay open, nothing answers.
-    pub fn pause(&self) {
-        self.signal("-STOP");
-    }
-
-    pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.resume();
-        self.stop();
-    }
-}
 
 /// Demo auth: `Authorization: Bearer <id>` becomes `UserId(<id>)`, and
 /// `x-test-plan: <plan>` becomes `Plan(<plan>)`.
@@ -270,11 +97,52 @@ pub async fn serve_without_connect_info(app: Router) -> SocketAddr {
     addr
 }
 
+/// The tests' HTTP client settings (a 10 s timeout), to add to.
+pub fn client_builder() -> reqwest::ClientBuilder {
+    reqwest::Client::builder().timeout(Duration::from_secs(10))
+}
+
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
+    client_builder().build().expect("client")
+}
+
+/// A tier cost read from request header `name` (1 when absent or not a
+/// number), for `Tier::cost_fn`.
+pub fn cost_from_header(
+    name: impl Into<String>,
+) -> impl Fn(&http::request::Parts) -> u64 + Send + Sync + 'static {
+    let name = name.into();
+    move |p: &http::request::Parts| {
+        p.headers
+            .get(&name)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    }
+}
+
+/// A current-thread runtime with time and I/O, for tests that drive async
+/// code from a plain `#[test]` (thread-local subscribers and recorders).
+pub fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
         .build()
-        .expect("client")
+        .unwrap()
+}
+
+/// A two-worker runtime with time and I/O, for a plain `#[test]`.
+pub fn multi_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// A metric's labels as `key=value`, in the order they were recorded.
+pub fn metric_labels(key: &metrics::Key) -> Vec<String> {
+    key.labels()
+        .map(|l| format!("{}={}", l.key(), l.value()))
+        .collect()
 }
 
 /// The rate-limit headers of a response, as numbers.

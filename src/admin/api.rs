@@ -1,0 +1,230 @@
+//! The JSON API: status, top-N keys, history, anomalies, mode changes.
+
+use super::form::form_pairs;
+use super::mode::{apply_mode, scope};
+use super::reply::{error, json_response, read_body, unknown_tier};
+use super::{Admin, MAX_TOP_N};
+use crate::observe::recorder::{AnomalyStatus, BucketCounts};
+use crate::observe::topn::BlockedKey;
+use crate::{Algorithm, DecisionCounts, LeakyBucket, RateLimitHandle, TierStatus};
+use axum::extract::{Path, Request, State};
+use axum::response::Response;
+use http::StatusCode;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub(super) async fn api_status(State(admin): State<Arc<Admin>>) -> Response {
+    json_response(StatusCode::OK, &status_json(&admin.handle))
+}
+
+pub(super) async fn api_anomalies(State(admin): State<Arc<Admin>>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &json!({ "anomalies": anomalies_json(&admin.handle.anomalies()) }),
+    )
+}
+
+pub(super) async fn api_history(
+    State(admin): State<Arc<Admin>>,
+    Path(tier): Path<String>,
+) -> Response {
+    match admin.handle.history(&tier) {
+        Some(buckets) => json_response(
+            StatusCode::OK,
+            &json!({
+                "tier": tier,
+                "buckets": buckets.iter().map(bucket_json).collect::<Vec<_>>(),
+                "current": admin.handle.open_bucket(&tier).map(|b| {
+                    let mut v = bucket_json(&b);
+                    v["partial"] = json!(true);
+                    v
+                }),
+            }),
+        ),
+        None => unknown_tier(&tier),
+    }
+}
+
+pub(super) async fn api_top(
+    State(admin): State<Arc<Admin>>,
+    Path(tier): Path<String>,
+    req: Request,
+) -> Response {
+    let mut n = admin.top_n;
+    let mut window = admin.window;
+    let mut near = false;
+    for (k, v) in form_pairs(req.uri().query().unwrap_or("")) {
+        match k.as_str() {
+            "n" => match v.parse::<usize>() {
+                Ok(x) => n = x.clamp(1, MAX_TOP_N),
+                Err(_) => return error(StatusCode::BAD_REQUEST, "invalid_n", "n: an integer"),
+            },
+            "window" => match humantime::parse_duration(&v) {
+                Ok(d) => window = d.min(Duration::from_secs(24 * 3600)),
+                Err(e) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_window",
+                        &format!("window: {e} (humantime: 30m, 1h, 24h)"),
+                    )
+                }
+            },
+            "kind" => match v.as_str() {
+                "blocked" => near = false,
+                "near_limit" => near = true,
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_kind",
+                        "kind: blocked or near_limit",
+                    )
+                }
+            },
+            _ => {}
+        }
+    }
+    let top = if near {
+        admin.handle.top_near_limit(&tier, n, window)
+    } else {
+        admin.handle.top_blocked(&tier, n, window)
+    };
+    match top {
+        Some(keys) => json_response(
+            StatusCode::OK,
+            &json!({
+                "tier": tier,
+                "kind": if near { "near_limit" } else { "blocked" },
+                "window_secs": window_hours(window) * 3600,
+                "keys": keys.iter().map(key_json).collect::<Vec<_>>(),
+            }),
+        ),
+        None => unknown_tier(&tier),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModeChange {
+    mode: String,
+    #[serde(default)]
+    tier: Option<String>,
+}
+
+pub(super) async fn api_mode(State(admin): State<Arc<Admin>>, req: Request) -> Response {
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(res) => return res,
+    };
+    let change: ModeChange = match serde_json::from_slice(&body) {
+        Ok(c) => c,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_body",
+                &format!("{e}; expected {{\"mode\":\"shadow\"}} or {{\"tier\":\"ip\",\"mode\":\"canary:10\"}}"),
+            )
+        }
+    };
+    match apply_mode(&admin.handle, change.tier.as_deref(), &change.mode, "api").await {
+        Ok(()) => json_response(StatusCode::OK, &status_json(&admin.handle)),
+        Err(e) => e.response(),
+    }
+}
+
+fn status_json(h: &RateLimitHandle) -> Value {
+    json!({
+        "mode": h.mode().to_string(),
+        "effective_mode": h.effective_mode().to_string(),
+        "circuit_state": h.circuit_state(),
+        "mode_changes_apply_to": scope(h),
+        "control_key": h.fleet_control_key(),
+        "counts": counts_json(&h.counts()),
+        "tiers": h.tiers().iter().map(tier_json).collect::<Vec<_>>(),
+        "anomalies": anomalies_json(&h.anomalies()),
+    })
+}
+
+fn counts_json(c: &DecisionCounts) -> Value {
+    json!({
+        "allowed": c.allowed,
+        "limited": c.limited,
+        "shadow_limited": c.shadow_limited,
+        "allowlisted": c.allowlisted,
+        "denylisted": c.denylisted,
+        "fail_open": c.fail_open,
+        "fail_closed": c.fail_closed,
+        "skipped": c.skipped,
+        "cache_blocked": c.cache_blocked,
+        "fallback": c.fallback,
+    })
+}
+
+fn quota_json(q: &crate::Quota) -> Value {
+    json!({
+        "limit": q.limit(),
+        "period": humantime::format_duration(q.period()).to_string(),
+        "period_secs": q.period().as_secs_f64(),
+        "burst": q.burst_size(),
+    })
+}
+
+fn tier_json(t: &TierStatus) -> Value {
+    let mut v = json!({
+        "name": t.name,
+        "mode": t.mode.to_string(),
+        "effective_mode": t.effective_mode.to_string(),
+        "algorithm": algorithm_name(t.algorithm),
+        "quota": quota_json(&t.quota),
+        "plans": t.plans.iter().map(|(p, q)| json!({ "plan": p, "quota": quota_json(q) })).collect::<Vec<_>>(),
+    });
+    if let Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }) = t.algorithm {
+        v["max_delay"] = json!(humantime::format_duration(max_delay).to_string());
+    }
+    v
+}
+
+fn anomalies_json(a: &[AnomalyStatus]) -> Vec<Value> {
+    a.iter()
+        .map(|a| {
+            json!({
+                "tier": a.tier,
+                "endpoint": a.endpoint,
+                "alerting": a.alerting,
+                "rate": a.rate,
+                "mean": a.mean,
+                "sigma": a.sigma,
+            })
+        })
+        .collect()
+}
+
+fn bucket_json(b: &BucketCounts) -> Value {
+    json!({
+        "start": b.start,
+        "requests": b.requests,
+        "limited": b.limited,
+        "shadow_limited": b.shadow_limited,
+    })
+}
+
+fn key_json(k: &BlockedKey) -> Value {
+    json!({ "key": k.key, "count": k.count, "error": k.error })
+}
+
+/// The policy-file name of an algorithm.
+pub(super) fn algorithm_name(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::FixedWindow => "fixed_window",
+        Algorithm::SlidingWindowLog => "sliding_window_log",
+        Algorithm::SlidingWindowCounter => "sliding_window_counter",
+        Algorithm::TokenBucket => "token_bucket",
+        Algorithm::LeakyBucket(LeakyBucket::Police) => "leaky_bucket",
+        Algorithm::LeakyBucket(LeakyBucket::Shape { .. }) => "leaky_bucket_shape",
+    }
+}
+
+/// Whole hours a top-N window covers, as the handle rounds it.
+pub(super) fn window_hours(window: Duration) -> u64 {
+    window.as_secs().div_ceil(3600).clamp(1, 24)
+}

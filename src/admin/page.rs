@@ -1,0 +1,347 @@
+//! The HTML page: no script, everything escaped, forms that post back to
+//! `POST /mode`.
+
+use super::api::{algorithm_name, window_hours};
+use super::chart::{chart_svg, Series};
+use super::form::form_pairs;
+use super::mode::{apply_mode, scope};
+use super::reply::{base_of, error, page_path, read_body, see_other};
+use super::Admin;
+use crate::Mode;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::Response;
+use http::{header, HeaderValue, StatusCode};
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// HTML-escapes its contents when displayed.
+pub(super) struct Esc<'a>(pub(super) &'a str);
+
+impl fmt::Display for Esc<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut last = 0;
+        for (i, c) in self.0.char_indices() {
+            let rep = match c {
+                '&' => "&amp;",
+                '<' => "&lt;",
+                '>' => "&gt;",
+                '"' => "&quot;",
+                '\'' => "&#39;",
+                _ => continue,
+            };
+            f.write_str(&self.0[last..i])?;
+            f.write_str(rep)?;
+            last = i + c.len_utf8();
+        }
+        f.write_str(&self.0[last..])
+    }
+}
+
+const CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#f6f7f9}\
+header{background:#1d2733;color:#fff;padding:10px 20px;display:flex;gap:16px;align-items:center;flex-wrap:wrap}\
+header h1{font-size:18px;margin:0 12px 0 0}\
+main{padding:12px 20px;display:grid;grid-template-columns:1fr 1fr;gap:12px}\
+section{background:#fff;border:1px solid #dde;border-radius:6px;padding:10px 14px}\
+section.wide{grid-column:1/3}\
+h2{font-size:15px;margin:2px 0 8px}\
+table{border-collapse:collapse;width:100%}\
+th,td{text-align:left;padding:3px 8px;border-bottom:1px solid #eee;vertical-align:top}\
+th{font-weight:600;color:#556}\
+td.n{text-align:right;font-variant-numeric:tabular-nums}\
+code{font-size:13px;word-break:break-all}\
+.badge{display:inline-block;padding:2px 8px;border-radius:10px;font-weight:600;font-size:13px}\
+.enforce{background:#2e7d32;color:#fff}.shadow{background:#6a6f7a;color:#fff}\
+.canary{background:#ef6c00;color:#fff}.off{background:#c62828;color:#fff}\
+.closed{background:#2e7d32;color:#fff}.open{background:#c62828;color:#fff}.half_open{background:#ef6c00;color:#fff}\
+.alert{background:#fdecea}\
+form{display:inline;margin:0}\
+button{font:inherit;padding:3px 10px;border-radius:4px;border:1px solid #889;background:#fff;cursor:pointer}\
+button.kill{background:#c62828;color:#fff;border-color:#8e0000;font-weight:700}\
+button.resume{background:#2e7d32;color:#fff;border-color:#1b5e20;font-weight:700}\
+.muted{color:#778}.scope{font-size:12px;opacity:.85}header .muted{color:#aab}.sw{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px;border-radius:2px}\
+svg text{font:11px system-ui,sans-serif;fill:#556}";
+
+pub(super) async fn page(State(admin): State<Arc<Admin>>, req: Request) -> Response {
+    let base = base_of(&req);
+    let html = render_page(&admin, &base);
+    let mut res = Response::new(Body::from(html));
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; style-src 'unsafe-inline'; img-src data:; \
+             form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    res
+}
+
+fn mode_badge(m: Mode) -> String {
+    format!(
+        r#"<span class="badge {}">{}</span>"#,
+        m.label(),
+        Esc(&m.to_string())
+    )
+}
+
+/// A `<select name="mode">` of the usual modes, `current` selected.
+fn mode_select(current: Mode) -> String {
+    let mut modes = vec![
+        Mode::Enforce,
+        Mode::Canary { percent: 50 },
+        Mode::Canary { percent: 10 },
+        Mode::Canary { percent: 1 },
+        Mode::Shadow,
+        Mode::Off,
+    ];
+    if !modes.contains(&current) {
+        modes.insert(1, current);
+    }
+    let mut s = String::from(r#"<select name="mode">"#);
+    for m in modes {
+        let v = m.to_string();
+        let sel = if m == current { " selected" } else { "" };
+        let _ = write!(s, r#"<option value="{0}"{sel}>{0}</option>"#, Esc(&v));
+    }
+    s.push_str("</select>");
+    s
+}
+
+fn render_page(admin: &Admin, base: &str) -> String {
+    let h = &admin.handle;
+    let mode = h.mode();
+    let tiers = h.tiers();
+    let counts = h.counts();
+    let anomalies = h.anomalies();
+    let action = format!("{base}/mode");
+    // Beside every button: where it applies.
+    let scope = match h.fleet_control_key() {
+        Some(key) => format!(
+            r#" <span class="scope">all instances (control key <code>{}</code>)</span>"#,
+            Esc(key)
+        ),
+        None => format!(r#" <span class="scope">{}</span>"#, Esc(&scope(h))),
+    };
+    let rendered = h.now_s();
+    let mut s = String::with_capacity(16 * 1024);
+    let _ = write!(
+        s,
+        r#"<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>rate limiter admin</title><meta name="viewport" content="width=device-width,initial-scale=1"><meta http-equiv="refresh" content="{}"><style>{CSS}</style></head><body>"#,
+        admin.refresh.as_secs()
+    );
+
+    // Header: mode, circuit, kill switch.
+    let circuit = h.circuit_state();
+    let _ = write!(
+        s,
+        r#"<header><h1>tiered-ratelimit</h1><span id="mode">mode {}</span><span>circuit <span class="badge {c}" id="circuit">{c}</span></span>"#,
+        mode_badge(mode),
+        c = Esc(circuit),
+    );
+    let alerting = anomalies.iter().filter(|a| a.alerting).count();
+    let _ = write!(
+        s,
+        r#"<span>anomalies <span class="badge {}" id="alerting">{alerting} alerting</span></span>"#,
+        if alerting == 0 { "closed" } else { "open" }
+    );
+    let effective = h.effective_mode();
+    if effective != mode {
+        let _ = write!(
+            s,
+            r#"<span id="override">in force {} (the fleet control key overrides this page)</span>"#,
+            mode_badge(effective)
+        );
+    }
+    if mode == Mode::Off {
+        let _ = write!(
+            s,
+            r#"<form method="post" action="{}"><input type="hidden" name="mode" value="enforce"><button class="resume" id="resume">Resume: enforce</button>{scope}</form>"#,
+            Esc(&action)
+        );
+    } else {
+        let _ = write!(
+            s,
+            r#"<form method="post" action="{}"><input type="hidden" name="mode" value="off"><button class="kill" id="kill-switch">Kill switch: mode off</button>{scope}</form>"#,
+            Esc(&action)
+        );
+    }
+    let _ = write!(
+        s,
+        r#"<form method="post" action="{}">{} <button>set global mode</button>{scope}</form><span id="rendered" class="muted">rendered {}, refreshes every {} s</span></header><main>"#,
+        Esc(&action),
+        mode_select(mode),
+        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_secs(rendered)),
+        admin.refresh.as_secs()
+    );
+
+    // The chart.
+    let series: Vec<Series> = tiers
+        .iter()
+        .map(|t| Series {
+            name: t.name.clone(),
+            closed: h.history(&t.name).unwrap_or_default(),
+            open: h.open_bucket(&t.name),
+        })
+        .collect();
+    s.push_str(r#"<section class="wide"><h2>429 rate per tier</h2>"#);
+    s.push_str(&chart_svg(&series));
+    s.push_str("</section>");
+
+    // Tiers.
+    s.push_str(r#"<section class="wide"><h2>Tiers</h2><table id="tiers"><tr><th>tier</th><th>mode</th><th>effective</th><th>algorithm</th><th>quota</th><th>plans</th><th>set mode</th></tr>"#);
+    for t in &tiers {
+        let plans: Vec<String> = t
+            .plans
+            .iter()
+            .map(|(p, q)| format!("{}: {}", Esc(p), quota_text(q)))
+            .collect();
+        let _ = write!(
+            s,
+            r#"<tr><td><code>{name}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><form method="post" action="{action}"><input type="hidden" name="tier" value="{name}">{} <button>set</button>{scope}</form></td></tr>"#,
+            mode_badge(t.mode),
+            mode_badge(t.effective_mode),
+            algorithm_name(t.algorithm),
+            quota_text(&t.quota),
+            if plans.is_empty() {
+                "<span class=\"muted\">–</span>".to_owned()
+            } else {
+                plans.join("<br>")
+            },
+            mode_select(t.mode),
+            name = Esc(&t.name),
+            action = Esc(&action),
+        );
+    }
+    s.push_str("</table></section>");
+
+    // Top blocked keys.
+    let hours = window_hours(admin.window);
+    let _ = write!(
+        s,
+        r#"<section><h2>Top blocked keys, last {hours} h</h2><table id="top-blocked"><tr><th>tier</th><th>key</th><th class="n">blocked</th><th class="n">± error</th></tr>"#
+    );
+    let mut any = false;
+    for t in &tiers {
+        for k in h
+            .top_blocked(&t.name, admin.top_n, admin.window)
+            .unwrap_or_default()
+        {
+            any = true;
+            let _ = write!(
+                s,
+                r#"<tr><td><code>{}</code></td><td><code>{}</code></td><td class="n">{}</td><td class="n">{}</td></tr>"#,
+                Esc(&t.name),
+                Esc(&k.key),
+                k.count,
+                k.error
+            );
+        }
+    }
+    if !any {
+        s.push_str(r#"<tr><td colspan="4" class="muted">nothing blocked in this window</td></tr>"#);
+    }
+    s.push_str("</table></section>");
+
+    // Counts and anomalies.
+    s.push_str(r#"<section><h2>Requests since start</h2><table id="counts">"#);
+    for (k, v) in [
+        ("allowed", counts.allowed),
+        ("limited", counts.limited),
+        ("shadow_limited", counts.shadow_limited),
+        ("cache_blocked", counts.cache_blocked),
+        ("allowlisted", counts.allowlisted),
+        ("denylisted", counts.denylisted),
+        ("fail_open", counts.fail_open),
+        ("fail_closed", counts.fail_closed),
+        ("fallback", counts.fallback),
+        ("skipped", counts.skipped),
+    ] {
+        let _ = write!(s, r#"<tr><td>{k}</td><td class="n">{v}</td></tr>"#);
+    }
+    s.push_str("</table>");
+    let _ = write!(
+        s,
+        r#"<h2 style="margin-top:12px">429-rate anomalies: {alerting} alerting</h2><table id="anomalies"><tr><th>tier</th><th>endpoint</th><th class="n">rate</th><th class="n">baseline</th><th class="n">σ</th></tr>"#
+    );
+    if anomalies.is_empty() {
+        s.push_str(r#"<tr><td colspan="5" class="muted">no baseline yet</td></tr>"#);
+    }
+    for a in &anomalies {
+        let _ = write!(
+            s,
+            r#"<tr{}><td><code>{}</code></td><td><code>{}</code></td><td class="n">{:.1} %</td><td class="n">{:.1} %</td><td class="n">{:.1} %</td></tr>"#,
+            if a.alerting { r#" class="alert""# } else { "" },
+            Esc(&a.tier),
+            Esc(&a.endpoint),
+            a.rate * 100.0,
+            a.mean * 100.0,
+            a.sigma * 100.0
+        );
+    }
+    s.push_str("</table></section>");
+
+    let _ = write!(
+        s,
+        r#"<section class="wide muted">JSON: <code>{b}/api/status</code>, <code>{b}/api/top/&lt;tier&gt;</code>, <code>{b}/api/history/&lt;tier&gt;</code>, <code>{b}/api/anomalies</code>, <code>POST {b}/api/mode</code> (bearer token). Counts, history and top keys are this process's only.</section></main></body></html>"#,
+        b = Esc(base)
+    );
+    s
+}
+
+fn quota_text(q: &crate::Quota) -> String {
+    let mut s = format!("{} / {}", q.limit(), humantime::format_duration(q.period()));
+    if q.burst_size() != q.limit() {
+        let _ = write!(s, ", burst {}", q.burst_size());
+    }
+    s
+}
+
+pub(super) async fn form_mode(State(admin): State<Arc<Admin>>, req: Request) -> Response {
+    let base = base_of(&req);
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(res) => return res,
+    };
+    let Ok(body) = std::str::from_utf8(&body) else {
+        return error(StatusCode::BAD_REQUEST, "invalid_body", "not UTF-8");
+    };
+    let (mut mode, mut tier) = (None, None);
+    for (k, v) in form_pairs(body) {
+        match k.as_str() {
+            "mode" => mode = Some(v),
+            "tier" => tier = Some(v),
+            _ => {}
+        }
+    }
+    let Some(mode) = mode else {
+        return error(StatusCode::BAD_REQUEST, "invalid_body", "mode: missing");
+    };
+    match apply_mode(&admin.handle, tier.as_deref(), &mode, "page").await {
+        Ok(()) => see_other(page_path(&base)),
+        Err(e) => e.response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_html() {
+        assert_eq!(
+            Esc(r#"<a href="x">'&'</a>"#).to_string(),
+            "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
+        );
+        assert_eq!(Esc("plain ✓").to_string(), "plain ✓");
+    }
+}

@@ -1,0 +1,39 @@
+//! What the client sees: `X-RateLimit-*` headers, the `429` rejection and
+//! the `503` of a closed failure policy.
+//!
+//! # The contract
+//! Every response that went through at least one tier carries, for the
+//! **binding tier** (the tier with the least remaining when the request is
+//! allowed; the denying tier with the longest wait when it is not):
+//!
+//! | header | value |
+//! |---|---|
+//! | `X-RateLimit-Limit` | the tier's capacity (its burst) in requests |
+//! | `X-RateLimit-Remaining` | requests left now (never negative) |
+//! | `X-RateLimit-Reset` | Unix epoch **seconds**, rounded up: when allowed, the instant the tier is back to its full capacity; when denied, the instant the request would pass (`now` + the exact wait, rounded up) |
+//! | `Retry-After` | only on `429`: whole **seconds**, rounded up, at least 1 — the time until the request would pass on every tier |
+//!
+//! With [`HeaderStyle::IetfDraft11`] (or [`HeaderStyle::IetfDraft09`]) the
+//! same binding tier is described by the IETF `RateLimit-Policy` and
+//! `RateLimit` fields instead; [`HeaderStyle`] gives their exact values.
+//!
+//! A denied request gets `429 Too Many Requests`, `Content-Type:
+//! application/json` and the body
+//! `{"error":"rate_limit_exceeded","retry_after":<seconds>,"docs":"<docs_url>"}`
+//! (`docs` omitted when no docs URL is configured). Replace the body with
+//! [`OnRejection`]; the headers are added after your body is built, so they
+//! are never lost. The [`Rejection`] is also put in the response extensions
+//! for outer layers.
+
+mod body;
+mod headers;
+mod rejection;
+
+pub use body::ResponseBody;
+pub(crate) use headers::effective_window_us;
+pub use headers::{
+    HeaderStyle, RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+pub(crate) use rejection::{json_response, unavailable};
+pub use rejection::{JsonRejection, OnRejection, ProblemRejection, Rejection};

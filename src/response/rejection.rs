@@ -1,0 +1,223 @@
+//! The body of a `429` ([`OnRejection`] and the two built in) and of the
+//! `503` of a closed failure policy.
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Response, StatusCode};
+use std::sync::Arc;
+
+/// Why a request was denied: the binding tier and the numbers the headers
+/// carry. Given to [`OnRejection`] and put in the response extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Rejection {
+    /// The denying tier with the longest wait.
+    pub tier: Arc<str>,
+    /// Every enforced tier that denied the request, in tier order (the
+    /// draft's `violated-policies`; `tier` is one of them).
+    pub violated_policies: Vec<Arc<str>>,
+    /// The tier's capacity in requests.
+    pub limit: u64,
+    /// Requests left on that tier (a denied request of cost 3 with 2 left shows 2).
+    pub remaining: u64,
+    /// Unix epoch seconds, rounded up, at which the request would pass
+    /// (`now` + the exact wait; at most `now + retry_after`).
+    pub reset: u64,
+    /// Seconds until the request would pass, rounded up, at least 1.
+    pub retry_after: u64,
+    /// The configured documentation URL.
+    pub docs_url: Option<Arc<str>>,
+}
+
+/// Builds the response for a denied request. The layer then adds the
+/// `X-RateLimit-*` and `Retry-After` headers to whatever you return.
+///
+/// Closures `Fn(&Rejection) -> http::Response<Bytes>` implement it:
+///
+/// ```
+/// use bytes::Bytes;
+/// use tiered_ratelimit::{RateLimitLayer, Tier, Quota, key::Global, response::Rejection};
+///
+/// let layer = RateLimitLayer::builder()
+///     .tier(Tier::new("global", Global, Quota::per_second(10)))
+///     .on_rejection(|r: &Rejection| {
+///         http::Response::builder()
+///             .status(429)
+///             .header("content-type", "text/plain")
+///             .body(Bytes::from(format!("slow down: {} s", r.retry_after)))
+///             .unwrap_or_default()
+///     })
+///     .build()
+///     .unwrap();
+/// ```
+pub trait OnRejection: Send + Sync + 'static {
+    /// The response (status, headers, body) for `rejection`.
+    fn response(&self, rejection: &Rejection) -> Response<Bytes>;
+
+    /// Whether the response reads [`Rejection::violated_policies`]. `true`
+    /// (the default, and for closures) keeps it exact from the deny cache
+    /// too: a 429 is then answered locally only when every enforced tier of
+    /// the request has a cached denial, since only then is the full list
+    /// known without asking the backend. Return `false` when the response
+    /// does not show the list, so that a cached denial of the binding tier
+    /// is enough ([`JsonRejection`] does).
+    fn uses_violated_policies(&self) -> bool {
+        true
+    }
+}
+
+impl<F> OnRejection for F
+where
+    F: Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn response(&self, rejection: &Rejection) -> Response<Bytes> {
+        self(rejection)
+    }
+}
+
+/// The default rejection: `429` with
+/// `{"error":"rate_limit_exceeded","retry_after":N,"docs":"URL"}`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JsonRejection;
+
+#[derive(serde::Serialize)]
+struct JsonBody<'a> {
+    error: &'static str,
+    retry_after: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    docs: Option<&'a str>,
+}
+
+impl OnRejection for JsonRejection {
+    fn uses_violated_policies(&self) -> bool {
+        false
+    }
+
+    fn response(&self, r: &Rejection) -> Response<Bytes> {
+        json_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &JsonBody {
+                error: "rate_limit_exceeded",
+                retry_after: r.retry_after,
+                docs: r.docs_url.as_deref(),
+            },
+        )
+    }
+}
+
+/// An RFC 9457 problem details rejection (`application/problem+json`) with
+/// the `quota-exceeded` problem type of
+/// `draft-ietf-httpapi-ratelimit-headers-11` §5.1 (type URI
+/// `https://iana.org/assignments/http-problem-types#quota-exceeded`, title as
+/// in the draft's §5.1 example, status 429 as its §10.2.1 registration
+/// recommends) and its `violated-policies` member: the names of every
+/// enforced tier that denied the request, in tier order. `retry_after`
+/// (seconds, equal to the `Retry-After` header) and `docs` are this crate's
+/// extension members; `docs` is left out when no docs URL is configured.
+///
+/// ```json
+/// {"type":"https://iana.org/assignments/http-problem-types#quota-exceeded",
+///  "title":"Request cannot be satisfied as assigned quota has been exceeded",
+///  "status":429,"detail":"Retry in 20 seconds.","violated-policies":["ip","user"],
+///  "retry_after":20,"docs":"https://example.com/docs/rate-limits"}
+/// ```
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProblemRejection;
+
+#[derive(serde::Serialize)]
+struct ProblemBody<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(rename = "violated-policies")]
+    violated_policies: Vec<&'a str>,
+    retry_after: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    docs: Option<&'a str>,
+}
+
+impl OnRejection for ProblemRejection {
+    fn response(&self, r: &Rejection) -> Response<Bytes> {
+        let mut res = json_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            &ProblemBody {
+                kind: "https://iana.org/assignments/http-problem-types#quota-exceeded",
+                title: "Request cannot be satisfied as assigned quota has been exceeded",
+                status: 429,
+                detail: format!("Retry in {} seconds.", r.retry_after),
+                violated_policies: if r.violated_policies.is_empty() {
+                    vec![&*r.tier]
+                } else {
+                    r.violated_policies.iter().map(|p| &**p).collect()
+                },
+                retry_after: r.retry_after,
+                docs: r.docs_url.as_deref(),
+            },
+        );
+        res.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        res
+    }
+}
+
+pub(crate) fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response<Bytes> {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    let mut res = Response::new(Bytes::from(bytes));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}
+
+/// `503` JSON answered under [`FailurePolicy::Closed`](crate::FailurePolicy::Closed)
+/// when the backend cannot decide: `{"error":"rate_limiter_unavailable"}`.
+pub(crate) fn unavailable() -> Response<Bytes> {
+    #[derive(serde::Serialize)]
+    struct Body {
+        error: &'static str,
+    }
+    json_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &Body {
+            error: "rate_limiter_unavailable",
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use http::HeaderMap;
+
+    fn get<'m>(m: &'m HeaderMap, name: &str) -> Option<&'m str> {
+        m.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn problem_body_lists_every_violated_policy() {
+        let r = Rejection {
+            tier: Arc::from("b"),
+            violated_policies: vec![Arc::from("a"), Arc::from("b")],
+            limit: 1,
+            remaining: 0,
+            reset: 1_700_000_060,
+            retry_after: 60,
+            docs_url: None,
+        };
+        let res = ProblemRejection.response(&r);
+        assert_eq!(res.status(), 429);
+        assert_eq!(
+            get(res.headers(), "content-type"),
+            Some("application/problem+json")
+        );
+        assert_eq!(
+            res.body().as_ref(),
+            br#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"Retry in 60 seconds.","violated-policies":["a","b"],"retry_after":60}"#
+        );
+    }
+}

@@ -1,0 +1,113 @@
+//! The shared algorithm tables: the limits every model-agreement test runs
+//! (tests/algorithms.rs, tests/refunds.rs, tests/cluster.rs), the oracle
+//! they are checked against, and the clock steps their sequences draw.
+
+use proptest::prelude::*;
+use std::collections::HashMap;
+use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
+use tiered_ratelimit::backend::TierCheck;
+
+/// One second in microseconds.
+pub const S: u64 = 1_000_000;
+
+/// One limit of every algorithm, named: odd windows (1.7 s, 2.5 s) so
+/// windows and seconds do not line up, a token bucket with a burst above
+/// its rate, the leaky bucket policing and shaping.
+pub fn algorithm_limits() -> Vec<(&'static str, Limit)> {
+    let tb = TokenBucket::new(3, 7 * S, 5).unwrap();
+    vec![
+        (
+            "fixed",
+            Limit::FixedWindow(Window {
+                limit: 5,
+                window_us: 2 * S,
+            }),
+        ),
+        (
+            "fixed_odd",
+            Limit::FixedWindow(Window {
+                limit: 4,
+                window_us: 1_700_001,
+            }),
+        ),
+        (
+            "log",
+            Limit::SlidingWindowLog(Window {
+                limit: 6,
+                window_us: 3 * S,
+            }),
+        ),
+        (
+            "counter",
+            Limit::SlidingWindowCounter(Window {
+                limit: 6,
+                window_us: 2_500_000,
+            }),
+        ),
+        ("bucket", Limit::TokenBucket(tb)),
+        (
+            "police",
+            Limit::LeakyBucket(Gcra {
+                bucket: tb,
+                max_delay_us: None,
+            }),
+        ),
+        (
+            "shape",
+            Limit::LeakyBucket(Gcra {
+                bucket: TokenBucket::new(2, S, 1).unwrap(),
+                max_delay_us: Some(1_500_000),
+            }),
+        ),
+    ]
+}
+
+/// [`algorithm_limits`] without the one named `left_out`, in the same order.
+pub fn algorithm_limits_without(left_out: &str) -> Vec<(&'static str, Limit)> {
+    let mut all = algorithm_limits();
+    let before = all.len();
+    all.retain(|(name, _)| *name != left_out);
+    assert_eq!(all.len(), before - 1, "no limit named {left_out}");
+    all
+}
+
+/// The oracle: the models applied by hand, all or nothing, with expiry.
+#[derive(Default)]
+pub struct Model {
+    keys: HashMap<String, (State, u64)>,
+}
+
+impl Model {
+    pub fn state(&self, key: &str, now: u64) -> Option<&State> {
+        self.keys
+            .get(key)
+            .filter(|(_, exp)| *exp > now)
+            .map(|(s, _)| s)
+    }
+
+    pub fn check(&mut self, checks: &[TierCheck], now: u64) -> Vec<Decision> {
+        let ds: Vec<Decision> = checks
+            .iter()
+            .map(|c| c.limit.check(self.state(&c.key, now), now, c.cost))
+            .collect();
+        if ds.iter().all(|d| d.allowed) {
+            for c in checks {
+                let old = self.state(&c.key, now).cloned();
+                let (s, ttl) = c.limit.charge(old, now, c.cost);
+                self.keys.insert(c.key.clone(), (s, now + ttl));
+            }
+        }
+        ds
+    }
+}
+
+/// A clock advance between two operations (µs): often none, mostly under a
+/// window, sometimes past every window's expiry.
+pub fn clock_step() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        3 => Just(0u64),
+        4 => 0u64..300_000,
+        3 => 0u64..3_000_000,
+        1 => 0u64..20_000_000,
+    ]
+}

@@ -1,0 +1,211 @@
+//! A `redis-server` of our own per test: started on a free loopback port,
+//! killed on drop; and the plumbing support/cluster.rs shares with it.
+
+use std::net::TcpListener as StdListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `redis-server` on loopback `port`, in the foreground, keeping nothing on
+/// disk, logging warnings only, its output discarded (add arguments, spawn).
+pub(crate) fn redis_server(port: u16) -> Command {
+    let mut c = Command::new("redis-server");
+    c.args([
+        "--port",
+        &port.to_string(),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--loglevel",
+        "warning",
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    c
+}
+
+/// A connection to the redis-server on loopback `port` (2 s timeout).
+pub(crate) fn connect(port: u16) -> redis::RedisResult<redis::Connection> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
+        .get_connection_with_timeout(Duration::from_secs(2))
+}
+
+/// `args` as one command (`args[0]` the command's name).
+pub(crate) fn command(args: &[&str]) -> redis::Cmd {
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    cmd
+}
+
+/// Field `field` of `command` in an `INFO commandstats` reply, summed over
+/// its lines (0 if the command was never called).
+pub(crate) fn commandstat(info: &str, command: &str, field: &str) -> u64 {
+    let prefix = format!("cmdstat_{command}:");
+    let field = format!("{field}=");
+    info.lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|v| v.trim().split(',').find_map(|kv| kv.strip_prefix(&field)))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum()
+}
+
+/// A `redis-server` of our own on a free loopback port, killed on drop.
+pub struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+impl RedisServer {
+    pub fn start() -> Self {
+        for _ in 0..5 {
+            let mut s = RedisServer {
+                port: free_port(),
+                child: None,
+            };
+            if s.spawn() {
+                return s;
+            }
+        }
+        panic!("could not start redis-server on a free port after 5 tries");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let child = redis_server(self.port).spawn();
+        let child = match child {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server not found on PATH: the tests start their own Redis; \
+                 install the Debian package `redis-server` (apt-get install redis-server)"
+            ),
+            Err(e) => panic!("cannot start redis-server: {e}"),
+        };
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(_)) = c.try_wait() {
+                    self.child = None;
+                    return false; // port taken between probe and bind
+                }
+            }
+            if self.ping() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn connection(&self) -> redis::RedisResult<redis::Connection> {
+        connect(self.port)
+    }
+
+    pub fn ping(&self) -> bool {
+        self.connection()
+            .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+            .is_ok()
+    }
+
+    /// Runs a command and returns its reply.
+    /// `calls=` of `command` in this server's `INFO commandstats` (0 if
+    /// never called).
+    pub fn calls(&self, command: &str) -> u64 {
+        // Through `cmd`: a server that cannot answer fails the test, never
+        // reads as 0 calls.
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        commandstat(&info, command, "calls")
+    }
+
+    /// Script calls: `EVALSHA`, plus `EVAL` (a reload after `NOSCRIPT`).
+    pub fn script_calls(&self) -> u64 {
+        self.calls("evalsha") + self.calls("eval")
+    }
+
+    pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {
+        let mut c = self.connection().expect("connect to test redis");
+        command(args).query(&mut c).expect("redis command")
+    }
+
+    pub fn get(&self, key: &str) -> Option<String> {
+        self.cmd(&["GET", key])
+    }
+
+    pub fn pttl(&self, key: &str) -> i64 {
+        self.cmd(&["PTTL", key])
+    }
+
+    /// The limiter's bucket keys, sorted (the hourly fleet-wide top-N sets
+    /// `<prefix>:blocked:<hour>` are left out; tests/observability.rs checks them).
+    pub fn keys(&self) -> Vec<String> {
+        let mut k: Vec<String> = self.cmd(&["KEYS", "*"]);
+        k.retain(|k| !k.contains(":blocked:"));
+        k.sort();
+        k
+    }
+
+    /// Kills the server (data is lost: it keeps nothing on disk).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the server again on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        assert!(
+            self.spawn(),
+            "redis-server did not come back on port {}",
+            self.port
+        );
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let ok = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            assert!(ok, "kill {sig} failed");
+        }
+    }
+
+    /// Freezes the process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.resume();
+        self.stop();
+    }
+}
