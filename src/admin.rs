@@ -622,7 +622,7 @@ fn tier_json(t: &TierStatus) -> Value {
         "name": t.name,
         "mode": t.mode.to_string(),
         "effective_mode": t.effective_mode.to_string(),
-        "algorithm": algorithm_name(t.algorithm),
+        "algorithm": t.algorithm.name(),
         "quota": quota_json(&t.quota),
         "plans": t.plans.iter().map(|(p, q)| json!({ "plan": p, "quota": quota_json(q) })).collect::<Vec<_>>(),
     });
@@ -658,18 +658,6 @@ fn bucket_json(b: &BucketCounts) -> Value {
 
 fn key_json(k: &BlockedKey) -> Value {
     json!({ "key": k.key, "count": k.count, "error": k.error })
-}
-
-/// The policy-file name of an algorithm.
-fn algorithm_name(a: Algorithm) -> &'static str {
-    match a {
-        Algorithm::FixedWindow => "fixed_window",
-        Algorithm::SlidingWindowLog => "sliding_window_log",
-        Algorithm::SlidingWindowCounter => "sliding_window_counter",
-        Algorithm::TokenBucket => "token_bucket",
-        Algorithm::LeakyBucket(LeakyBucket::Police) => "leaky_bucket",
-        Algorithm::LeakyBucket(LeakyBucket::Shape { .. }) => "leaky_bucket_shape",
-    }
 }
 
 /// Whole hours a top-N window covers, as the handle rounds it.
@@ -985,7 +973,7 @@ fn render_page(admin: &Admin, base: &str) -> String {
             r#"<tr><td><code>{name}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><form method="post" action="{action}"><input type="hidden" name="tier" value="{name}">{} <button>set</button>{scope}</form></td></tr>"#,
             mode_badge(t.mode),
             mode_badge(t.effective_mode),
-            algorithm_name(t.algorithm),
+            t.algorithm.name(),
             quota_text(&t.quota),
             if plans.is_empty() {
                 "<span class=\"muted\">–</span>".to_owned()

@@ -110,7 +110,7 @@ pub use quota::Quota;
 pub use response::HeaderStyle;
 pub use rollout::{AccessList, DenyStatus, Mode, Plan};
 pub use service::RateLimitService;
-pub use tier::{Algorithm, LeakyBucket, Tier};
+pub use tier::{Algorithm, AlgorithmNameError, LeakyBucket, Tier};
 
 /// The README's Rust code, compiled (and, unless `no_run`, run) by
 /// `cargo test --doc`.

@@ -269,17 +269,15 @@ impl std::fmt::Debug for Replayer {
     }
 }
 
+/// The algorithm's name, with the shaping bucket's `max_delay`.
 fn algorithm_name(a: Algorithm) -> String {
     match a {
-        Algorithm::FixedWindow => "fixed_window".into(),
-        Algorithm::SlidingWindowLog => "sliding_window_log".into(),
-        Algorithm::SlidingWindowCounter => "sliding_window_counter".into(),
-        Algorithm::TokenBucket => "token_bucket".into(),
-        Algorithm::LeakyBucket(LeakyBucket::Police) => "leaky_bucket".into(),
         Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }) => format!(
-            "leaky_bucket_shape (max_delay {})",
+            "{} (max_delay {})",
+            a.name(),
             humantime::format_duration(max_delay)
         ),
+        _ => a.name().to_owned(),
     }
 }
 
