@@ -78,6 +78,7 @@ pub mod algorithm;
 pub mod backend;
 mod breaker;
 pub mod control;
+mod de;
 mod deny_cache;
 mod engine;
 mod error;

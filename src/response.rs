@@ -87,14 +87,20 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `draft-ietf-httpapi-ratelimit-headers-12` was announced in November
 /// 2026; its text was not available to us, so this crate has not been
 /// checked against it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+///
+/// A policy file's `headers` names them `"legacy"`, `"ietf-draft-11"`,
+/// `"ietf-draft-09"`, `"both"` and `"none"`; `"ietf"` is the current draft.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum HeaderStyle {
     /// `X-RateLimit-*`.
     #[default]
     Legacy,
     /// `RateLimit-Policy` and `RateLimit` per draft-11 (the current draft).
+    #[serde(rename = "ietf-draft-11", alias = "ietf")]
     IetfDraft11,
     /// `RateLimit-Policy` and `RateLimit` per draft-09.
+    #[serde(rename = "ietf-draft-09")]
     IetfDraft09,
     /// `X-RateLimit-*` and the draft-11 fields.
     Both,
@@ -375,6 +381,46 @@ impl OnRejection for ProblemRejection {
             HeaderValue::from_static("application/problem+json"),
         );
         res
+    }
+}
+
+/// The built-in rejections by name: a policy file's `body`, `"json"`
+/// ([`JsonRejection`], the default) or `"problem"` ([`ProblemRejection`]).
+/// Answers exactly as the one it names.
+///
+/// ```
+/// use tiered_ratelimit::{key::Global, response::RejectionBody, Quota, RateLimitLayer, Tier};
+///
+/// let layer = RateLimitLayer::builder()
+///     .tier(Tier::new("global", Global, Quota::per_second(100)))
+///     .on_rejection(RejectionBody::Problem)
+///     .build()
+///     .unwrap();
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum RejectionBody {
+    /// [`JsonRejection`].
+    #[default]
+    Json,
+    /// [`ProblemRejection`].
+    Problem,
+}
+
+impl OnRejection for RejectionBody {
+    fn response(&self, rejection: &Rejection) -> Response<Bytes> {
+        match self {
+            RejectionBody::Json => JsonRejection.response(rejection),
+            RejectionBody::Problem => ProblemRejection.response(rejection),
+        }
+    }
+
+    fn uses_violated_policies(&self) -> bool {
+        match self {
+            RejectionBody::Json => JsonRejection.uses_violated_policies(),
+            RejectionBody::Problem => ProblemRejection.uses_violated_policies(),
+        }
     }
 }
 
