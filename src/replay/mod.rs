@@ -333,13 +333,7 @@ impl Replayer {
             .zip(&statuses)
             .map(|(t, s)| TierSummary {
                 name: t.name.clone(),
-                key: match &t.key {
-                    KeySpec::Global => "global".into(),
-                    KeySpec::Ip => "ip".into(),
-                    KeySpec::User => "user".into(),
-                    KeySpec::Endpoint => "endpoint".into(),
-                    KeySpec::Header(h) => format!("header:{}", h.to_ascii_lowercase()),
-                },
+                key: t.key.to_string(),
                 algorithm: algorithm_name(s.algorithm),
                 limit: s.quota.limit(),
                 period: humantime::format_duration(s.quota.period()).to_string(),
@@ -352,8 +346,7 @@ impl Replayer {
             .tiers
             .iter()
             .map(|t| match &t.key {
-                KeySpec::Header(h) => http::HeaderName::from_bytes(h.as_bytes())
-                    .map_or(KeyKind::Plain, KeyKind::Header),
+                KeySpec::Header(h) => KeyKind::Header(h.clone()),
                 _ => KeyKind::Plain,
             })
             .collect();
