@@ -8,11 +8,17 @@ use std::time::{Duration, Instant};
 
 /// Circuit breaker settings (defaults: 5 failures, 500 ms probe interval, so
 /// limiting resumes within about half a second of the backend's return).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// In a policy file, the `[circuit_breaker]` table (or an inline
+/// `circuit_breaker = { failures = 5, probe_interval = "500ms" }`), each
+/// field optional, `probe_interval` in humantime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct CircuitBreaker {
     /// Consecutive backend failures that open the circuit (0 disables it).
     pub failures: u32,
     /// How long the circuit stays open before one request probes.
+    #[serde(with = "humantime_serde")]
     pub probe_interval: Duration,
 }
 

@@ -30,12 +30,22 @@
 use std::time::Duration;
 
 /// Where the control hash is and how often to read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// In a policy file, the `[control]` table: `redis_key` (required) and
+/// `poll_interval` (humantime, default `"5s"`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ControlKey {
     /// The Redis key of the hash, e.g. `rl:control`.
     pub redis_key: String,
     /// How often every instance reads it (default 5 s).
+    #[serde(default = "default_poll_interval", with = "humantime_serde")]
     pub poll_interval: Duration,
+}
+
+/// How often the control hash is read unless told otherwise.
+fn default_poll_interval() -> Duration {
+    Duration::from_secs(5)
 }
 
 impl ControlKey {
@@ -43,7 +53,7 @@ impl ControlKey {
     pub fn new(redis_key: impl Into<String>) -> Self {
         Self {
             redis_key: redis_key.into(),
-            poll_interval: Duration::from_secs(5),
+            poll_interval: default_poll_interval(),
         }
     }
 

@@ -358,8 +358,10 @@ impl RateLimitLayerBuilder {
     /// # Errors
     /// A [`ConfigError`] naming the field: no tiers, a duplicate or invalid
     /// tier name, a zero limit, period or cost, a burst below the cost, a
-    /// quota too large to count exactly, an invalid key prefix.
+    /// quota too large to count exactly, an invalid key prefix, a
+    /// [`client_ip`](Self::client_ip) with an IPv6 prefix above 128.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        self.client_ip.check()?;
         let prefix = self.key_prefix;
         if prefix.is_empty()
             || prefix.len() > 64

@@ -78,6 +78,7 @@ pub mod algorithm;
 pub mod backend;
 mod breaker;
 pub mod control;
+mod de;
 mod deny_cache;
 mod engine;
 mod error;
@@ -110,7 +111,7 @@ pub use quota::Quota;
 pub use response::HeaderStyle;
 pub use rollout::{AccessList, DenyStatus, Mode, Plan};
 pub use service::RateLimitService;
-pub use tier::{Algorithm, LeakyBucket, Tier};
+pub use tier::{Algorithm, AlgorithmNameError, LeakyBucket, Tier};
 
 /// The README's Rust code, compiled (and, unless `no_run`, run) by
 /// `cargo test --doc`.

@@ -20,6 +20,10 @@ use std::time::Duration;
 /// are reported by the layer's `build()` as a
 /// [`ConfigError`](crate::ConfigError) naming the tier.
 ///
+/// In a policy file (a `[tier.plans]` entry) it is
+/// `{ limit = 1000, period = "1s", burst = 2000 }`: `period` in humantime,
+/// `burst` optional.
+///
 /// # Exact bounds
 /// The Redis scripts count in Lua doubles, exact for every integer up to
 /// 2^53, so `build()` (and `RateLimitLayer::from_policy`) rejects any quota
@@ -56,11 +60,14 @@ use std::time::Duration;
 ///      for each algorithm's bound)"
 /// );
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 #[must_use]
 pub struct Quota {
     limit: u64,
+    #[serde(with = "humantime_serde")]
     period: Duration,
+    #[serde(default)]
     burst: Option<u64>,
 }
 

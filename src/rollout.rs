@@ -24,10 +24,13 @@
 //! first, so a client on both lists is refused. The global `Mode::Off` (the
 //! kill switch) turns everything off, the denylist included.
 
+use crate::de::{FieldIn, Header, Nets};
 use crate::key::ClientIp;
 use http::request::Parts;
 use http::StatusCode;
 use ipnet::IpNet;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
 use std::collections::HashSet;
 use std::fmt;
 use std::net::IpAddr;
@@ -102,7 +105,7 @@ impl Mode {
     }
 
     /// A bounded metrics label: `enforce`, `shadow`, `canary` or `off`.
-    pub fn label(self) -> &'static str {
+    pub const fn label(self) -> &'static str {
         match self {
             Mode::Enforce => "enforce",
             Mode::Shadow => "shadow",
@@ -124,21 +127,36 @@ impl fmt::Display for Mode {
 impl std::str::FromStr for Mode {
     type Err = String;
 
-    /// `enforce`, `shadow`, `off`, or `canary:<percent>`.
+    /// `enforce`, `shadow`, `off`, or `canary:<percent>` (the
+    /// [labels](Mode::label), with the canary's percent).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s.trim() {
-            "enforce" => Ok(Mode::Enforce),
-            "shadow" => Ok(Mode::Shadow),
-            "off" => Ok(Mode::Off),
-            other => other
-                .strip_prefix("canary:")
-                .and_then(|p| p.trim().parse::<u8>().ok())
-                .filter(|p| *p <= 100)
-                .map(|percent| Mode::Canary { percent })
-                .ok_or_else(|| {
-                    format!("unknown mode {other:?} (enforce, shadow, off or canary:<0-100>)")
-                }),
+        let s = s.trim();
+        if let Some(mode) = [Mode::Enforce, Mode::Shadow, Mode::Off]
+            .into_iter()
+            .find(|m| m.label() == s)
+        {
+            return Ok(mode);
         }
+        s.strip_prefix(Mode::CANARY)
+            .and_then(|p| p.strip_prefix(':'))
+            .and_then(|p| p.trim().parse::<u8>().ok())
+            .filter(|p| *p <= 100)
+            .map(|percent| Mode::Canary { percent })
+            .ok_or_else(|| format!("unknown mode {s:?} (enforce, shadow, off or canary:<0-100>)"))
+    }
+}
+
+impl Mode {
+    /// The canary's label, without a percent.
+    pub(crate) const CANARY: &'static str = Mode::Canary { percent: 0 }.label();
+}
+
+/// A policy file's global `mode`, parsed as [`Mode::from_str`](std::str::FromStr)
+/// parses the control key's: `"enforce"`, `"shadow"`, `"off"` or
+/// `"canary:<percent>"`.
+impl<'de> Deserialize<'de> for Mode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
     }
 }
 
@@ -177,6 +195,17 @@ impl DenyStatus {
             DenyStatus::Forbidden => StatusCode::FORBIDDEN,
             DenyStatus::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
         }
+    }
+}
+
+/// A policy file's `[denylist] status`: `403` or `429`.
+impl<'de> Deserialize<'de> for DenyStatus {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let code = u16::deserialize(d)?;
+        [DenyStatus::Forbidden, DenyStatus::TooManyRequests]
+            .into_iter()
+            .find(|s| s.status() == code)
+            .ok_or_else(|| de::Error::custom(format!("denylist.status: {code} is not 403 or 429")))
     }
 }
 
@@ -300,6 +329,58 @@ impl AccessList {
             }
         }
         self.predicates.iter().any(|p| p(parts))
+    }
+}
+
+impl AccessList {
+    /// The fields of a list table in a policy file (`[allowlist]`;
+    /// `[denylist]` has `status` too).
+    pub(crate) const FIELDS: [&'static str; 4] = ["ips", "api_keys", "api_key_header", "users"];
+
+    /// Adds the entries of list field `field` (one of [`AccessList::FIELDS`]),
+    /// read from `map`: `ips` (CIDRs or addresses), `api_keys`,
+    /// `api_key_header`, `users`.
+    pub(crate) fn read_field<'de, A: MapAccess<'de>>(
+        self,
+        field: &str,
+        map: &mut A,
+    ) -> Result<Self, A::Error> {
+        Ok(match field {
+            "ips" => map.next_value::<Nets>()?.0.into_iter().fold(self, Self::ip),
+            "api_keys" => map
+                .next_value::<Vec<String>>()?
+                .into_iter()
+                .fold(self, Self::api_key),
+            "api_key_header" => self.api_key_header(map.next_value::<Header>()?.0),
+            "users" => map
+                .next_value::<Vec<String>>()?
+                .into_iter()
+                .fold(self, Self::user),
+            other => return Err(de::Error::unknown_field(other, &Self::FIELDS)),
+        })
+    }
+}
+
+/// A policy file's `[allowlist]` table: `ips` (CIDRs or addresses),
+/// `api_keys`, `api_key_header` (default `x-api-key`) and `users`, each
+/// optional. Unknown fields are an error naming the field.
+impl<'de> Deserialize<'de> for AccessList {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = AccessList;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a table of ips, api_keys, api_key_header and users")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<AccessList, A::Error> {
+                let mut list = AccessList::new();
+                while let Some(field) = map.next_key_seed(FieldIn(&AccessList::FIELDS))? {
+                    list = list.read_field(field, &mut map)?;
+                }
+                Ok(list)
+            }
+        }
+        d.deserialize_struct("AccessList", &AccessList::FIELDS, V)
     }
 }
 

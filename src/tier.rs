@@ -4,6 +4,7 @@ use crate::key::KeyExtractor;
 use crate::{Mode, Quota};
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The algorithm a tier counts with (see `docs/algorithms.md` for the
 /// trade-offs and measured costs).
@@ -51,8 +52,112 @@ pub enum LeakyBucket {
     /// holds no lock and no Redis connection.
     Shape {
         /// The longest a request may be held.
-        max_delay: std::time::Duration,
+        max_delay: Duration,
     },
+}
+
+impl Algorithm {
+    /// Every algorithm's [`name`](Algorithm::name), in the order of the
+    /// table above: the values `algorithm` takes in a policy file.
+    pub const NAMES: [&'static str; 6] = {
+        let every = Algorithm::every(Duration::ZERO);
+        let mut names = [""; 6];
+        let mut i = 0;
+        while i < names.len() {
+            names[i] = every[i].name();
+            i += 1;
+        }
+        names
+    };
+
+    /// The algorithm's name: `fixed_window`, `sliding_window_log`,
+    /// `sliding_window_counter`, `token_bucket`, `leaky_bucket` (police) or
+    /// `leaky_bucket_shape`. It is how a policy file spells it
+    /// (`algorithm = "..."`; the shaping bucket's `max_delay` is a field of
+    /// its own there), and how the admin API and replay reports show it.
+    ///
+    /// ```
+    /// use tiered_ratelimit::{Algorithm, LeakyBucket};
+    /// assert_eq!(Algorithm::TokenBucket.name(), "token_bucket");
+    /// assert_eq!(Algorithm::LeakyBucket(LeakyBucket::Police).name(), "leaky_bucket");
+    /// ```
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket(LeakyBucket::Police) => "leaky_bucket",
+            Algorithm::LeakyBucket(LeakyBucket::Shape { .. }) => "leaky_bucket_shape",
+        }
+    }
+
+    /// The algorithm called `name` (one of [`Algorithm::NAMES`]), given
+    /// the shaping leaky bucket's `max_delay`: `leaky_bucket_shape` requires
+    /// it and every other algorithm refuses it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tiered_ratelimit::{Algorithm, LeakyBucket};
+    /// let two = Duration::from_secs(2);
+    /// assert_eq!(Algorithm::from_name("fixed_window", None), Ok(Algorithm::FixedWindow));
+    /// assert_eq!(
+    ///     Algorithm::from_name("leaky_bucket_shape", Some(two)),
+    ///     Ok(Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay: two }))
+    /// );
+    /// assert!(Algorithm::from_name("leaky_bucket_shape", None).is_err());
+    /// assert!(Algorithm::from_name("gcra", None).is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// [`AlgorithmNameError`]: an unknown name, a missing `max_delay` or one
+    /// given to an algorithm that does not delay.
+    pub fn from_name(name: &str, max_delay: Option<Duration>) -> Result<Self, AlgorithmNameError> {
+        let algorithm = Algorithm::every(max_delay.unwrap_or_default())
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| AlgorithmNameError::Unknown(name.to_owned()))?;
+        let shape = matches!(algorithm, Algorithm::LeakyBucket(LeakyBucket::Shape { .. }));
+        match (shape, max_delay) {
+            (true, None) => Err(AlgorithmNameError::MaxDelayRequired),
+            (false, Some(_)) => Err(AlgorithmNameError::MaxDelayUnused),
+            _ => Ok(algorithm),
+        }
+    }
+
+    /// One of each algorithm, the shaping bucket with `max_delay`.
+    const fn every(max_delay: Duration) -> [Algorithm; 6] {
+        [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowLog,
+            Algorithm::SlidingWindowCounter,
+            Algorithm::TokenBucket,
+            Algorithm::LeakyBucket(LeakyBucket::Police),
+            Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }),
+        ]
+    }
+}
+
+/// The name of the one algorithm with a `max_delay`, for the messages.
+const SHAPE: &str = Algorithm::LeakyBucket(LeakyBucket::Shape {
+    max_delay: Duration::ZERO,
+})
+.name();
+
+/// Why [`Algorithm::from_name`] returned no algorithm. The messages name
+/// the policy file's field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AlgorithmNameError {
+    /// No algorithm has this name.
+    #[error("algorithm: unknown algorithm {0:?}, expected one of {names}", names = Algorithm::NAMES.join(", "))]
+    Unknown(String),
+    /// `leaky_bucket_shape` without a `max_delay`.
+    #[error("max_delay: required by algorithm = {SHAPE:?}")]
+    MaxDelayRequired,
+    /// A `max_delay` for an algorithm that never delays.
+    #[error("max_delay: only algorithm = {SHAPE:?} delays requests")]
+    MaxDelayUnused,
 }
 
 /// A per-request cost function (see [`Tier::cost_fn`]).
@@ -281,5 +386,39 @@ mod tests {
         assert_eq!(s("tiered_ratelimit::key::client_ip::ClientIp"), "ClientIp");
         assert_eq!(s("Global"), "Global");
         assert_eq!(s("a::B<c::D>"), "B<c::D>");
+    }
+
+    /// One table: every name parses back to its algorithm, and no two
+    /// algorithms share a name.
+    #[test]
+    fn algorithm_names_round_trip() {
+        use super::{Algorithm, AlgorithmNameError, LeakyBucket};
+        use std::time::Duration;
+        let d = Duration::from_millis(1500);
+        for a in Algorithm::every(d) {
+            let max_delay =
+                matches!(a, Algorithm::LeakyBucket(LeakyBucket::Shape { .. })).then_some(d);
+            assert_eq!(Algorithm::from_name(a.name(), max_delay), Ok(a));
+        }
+        let mut names = Algorithm::NAMES.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), 6);
+        assert_eq!(
+            Algorithm::from_name("gcra", None).unwrap_err().to_string(),
+            "algorithm: unknown algorithm \"gcra\", expected one of fixed_window, \
+             sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket, \
+             leaky_bucket_shape"
+        );
+        assert_eq!(
+            Algorithm::from_name("leaky_bucket_shape", None),
+            Err(AlgorithmNameError::MaxDelayRequired)
+        );
+        assert_eq!(
+            Algorithm::from_name("sliding_window_log", Some(d))
+                .unwrap_err()
+                .to_string(),
+            "max_delay: only algorithm = \"leaky_bucket_shape\" delays requests"
+        );
     }
 }

@@ -468,3 +468,29 @@ fn policy_quotas_past_the_exact_bound_name_the_field() {
         )
     );
 }
+
+/// An IPv6 prefix above 128 is refused by `build()`, whichever way the
+/// `ClientIp` was made: read from a file (kept as written) or given to the
+/// builder (the setter clamps it, as documented).
+#[test]
+fn ipv6_prefix_is_checked_by_build() {
+    use tiered_ratelimit::key::ClientIp;
+    let from_file = Policy::from_toml_str("[client_ip]\nipv6_prefix = 200\n")
+        .unwrap()
+        .client_ip;
+    let e = RateLimitLayer::builder()
+        .client_ip(from_file)
+        .tier(Tier::new("a", Global, Quota::per_second(1)))
+        .build()
+        .unwrap_err();
+    assert!(matches!(e, ConfigError::InvalidIpv6Prefix(200)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "client_ip.ipv6_prefix: 200 is not a prefix length (0-128)"
+    );
+    let clamped = RateLimitLayer::builder()
+        .client_ip(ClientIp::default().ipv6_prefix(200))
+        .tier(Tier::new("a", Global, Quota::per_second(1)))
+        .build();
+    assert!(clamped.is_ok());
+}

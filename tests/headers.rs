@@ -228,7 +228,7 @@ fn policy_header_and_body_names() {
         ("none", HeaderStyle::None),
     ] {
         let p = Policy::from_toml_str(&format!("headers = '{name}'")).unwrap();
-        assert_eq!(HeaderStyle::from(p.headers), style, "{name}");
+        assert_eq!(p.headers, style, "{name}");
     }
     let e = Policy::from_toml_str("headers = 'fancy'")
         .unwrap_err()

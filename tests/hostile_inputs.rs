@@ -1216,17 +1216,14 @@ fn warns_once_when_forwarding_headers_arrive_and_no_proxy_is_trusted() {
 #[tokio::test]
 async fn policy_file_forwarded_headers() {
     let p = Policy::from_toml_str("").unwrap();
-    assert_eq!(
-        p.client_ip.forwarded_headers,
-        [ForwardedHeader::XForwardedFor]
-    );
+    assert_eq!(p.client_ip.headers(), [ForwardedHeader::XForwardedFor]);
     let p = Policy::from_toml_str(
         "[client_ip]\ntrusted_proxies = ['10.0.0.0/8']\nforwarded_headers = ['Forwarded', 'x-forwarded-for', 'x-real-ip']\n\
          [[tier]]\nname = 'ip'\nkey = 'ip'\nlimit = 1\nperiod = '1h'\n",
     )
     .unwrap();
     assert_eq!(
-        p.client_ip.forwarded_headers,
+        p.client_ip.headers(),
         [
             ForwardedHeader::Forwarded,
             ForwardedHeader::XForwardedFor,

@@ -9,12 +9,12 @@
 #[path = "../../tests/support/rng.rs"]
 mod rng;
 
+use rng::Rng;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use rng::Rng;
 use tiered_ratelimit::Policy;
 use tiered_ratelimit_cli::replay::{
     Decision, Engine, Input, LineOutcome, Modes, ReplayOptions, Replayer, Target,

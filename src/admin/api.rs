@@ -174,7 +174,7 @@ fn tier_json(t: &TierStatus) -> Value {
         "name": t.name,
         "mode": t.mode.to_string(),
         "effective_mode": t.effective_mode.to_string(),
-        "algorithm": algorithm_name(t.algorithm),
+        "algorithm": t.algorithm.name(),
         "quota": quota_json(&t.quota),
         "plans": t.plans.iter().map(|(p, q)| json!({ "plan": p, "quota": quota_json(q) })).collect::<Vec<_>>(),
     });
@@ -210,18 +210,6 @@ fn bucket_json(b: &BucketCounts) -> Value {
 
 fn key_json(k: &BlockedKey) -> Value {
     json!({ "key": k.key, "count": k.count, "error": k.error })
-}
-
-/// The policy-file name of an algorithm.
-pub(super) fn algorithm_name(a: Algorithm) -> &'static str {
-    match a {
-        Algorithm::FixedWindow => "fixed_window",
-        Algorithm::SlidingWindowLog => "sliding_window_log",
-        Algorithm::SlidingWindowCounter => "sliding_window_counter",
-        Algorithm::TokenBucket => "token_bucket",
-        Algorithm::LeakyBucket(LeakyBucket::Police) => "leaky_bucket",
-        Algorithm::LeakyBucket(LeakyBucket::Shape { .. }) => "leaky_bucket_shape",
-    }
 }
 
 /// Whole hours a top-N window covers, as the handle rounds it.

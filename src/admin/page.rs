@@ -1,7 +1,7 @@
 //! The HTML page: no script, everything escaped, forms that post back to
 //! `POST /mode`.
 
-use super::api::{algorithm_name, window_hours};
+use super::api::window_hours;
 use super::chart::{chart_svg, Series};
 use super::form::form_pairs;
 use super::mode::{apply_mode, scope};
@@ -210,7 +210,7 @@ fn render_page(admin: &Admin, base: &str) -> String {
             r#"<tr><td><code>{name}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td><form method="post" action="{action}"><input type="hidden" name="tier" value="{name}">{} <button>set</button>{scope}</form></td></tr>"#,
             mode_badge(t.mode),
             mode_badge(t.effective_mode),
-            algorithm_name(t.algorithm),
+            t.algorithm.name(),
             quota_text(&t.quota),
             if plans.is_empty() {
                 "<span class=\"muted\">–</span>".to_owned()

@@ -37,6 +37,11 @@ impl ApiKey {
             .map(|header| Self { header })
     }
 
+    /// Reads the key from header `header`.
+    pub(crate) fn from_name(header: HeaderName) -> Self {
+        Self { header }
+    }
+
     /// The header read.
     pub fn header_name(&self) -> &HeaderName {
         &self.header

@@ -59,14 +59,20 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// `draft-ietf-httpapi-ratelimit-headers-12` was announced in November
 /// 2026; its text was not available to us, so this crate has not been
 /// checked against it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+///
+/// A policy file's `headers` names them `"legacy"`, `"ietf-draft-11"`,
+/// `"ietf-draft-09"`, `"both"` and `"none"`; `"ietf"` is the current draft.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum HeaderStyle {
     /// `X-RateLimit-*`.
     #[default]
     Legacy,
     /// `RateLimit-Policy` and `RateLimit` per draft-11 (the current draft).
+    #[serde(rename = "ietf-draft-11", alias = "ietf")]
     IetfDraft11,
     /// `RateLimit-Policy` and `RateLimit` per draft-09.
+    #[serde(rename = "ietf-draft-09")]
     IetfDraft09,
     /// `X-RateLimit-*` and the draft-11 fields.
     Both,

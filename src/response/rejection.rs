@@ -164,6 +164,46 @@ impl OnRejection for ProblemRejection {
     }
 }
 
+/// The built-in rejections by name: a policy file's `body`, `"json"`
+/// ([`JsonRejection`], the default) or `"problem"` ([`ProblemRejection`]).
+/// Answers exactly as the one it names.
+///
+/// ```
+/// use tiered_ratelimit::{key::Global, response::RejectionBody, Quota, RateLimitLayer, Tier};
+///
+/// let layer = RateLimitLayer::builder()
+///     .tier(Tier::new("global", Global, Quota::per_second(100)))
+///     .on_rejection(RejectionBody::Problem)
+///     .build()
+///     .unwrap();
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum RejectionBody {
+    /// [`JsonRejection`].
+    #[default]
+    Json,
+    /// [`ProblemRejection`].
+    Problem,
+}
+
+impl OnRejection for RejectionBody {
+    fn response(&self, rejection: &Rejection) -> Response<Bytes> {
+        match self {
+            RejectionBody::Json => JsonRejection.response(rejection),
+            RejectionBody::Problem => ProblemRejection.response(rejection),
+        }
+    }
+
+    fn uses_violated_policies(&self) -> bool {
+        match self {
+            RejectionBody::Json => JsonRejection.uses_violated_policies(),
+            RejectionBody::Problem => ProblemRejection.uses_violated_policies(),
+        }
+    }
+}
+
 pub(crate) fn json_response(status: StatusCode, body: &impl serde::Serialize) -> Response<Bytes> {
     let bytes = serde_json::to_vec(body).unwrap_or_default();
     let mut res = Response::new(Bytes::from(bytes));

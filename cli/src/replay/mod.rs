@@ -273,18 +273,15 @@ impl std::fmt::Debug for Replayer {
     }
 }
 
+/// The algorithm's name, with the shaping bucket's `max_delay`.
 fn algorithm_name(a: Algorithm) -> String {
     match a {
-        Algorithm::FixedWindow => "fixed_window".into(),
-        Algorithm::SlidingWindowLog => "sliding_window_log".into(),
-        Algorithm::SlidingWindowCounter => "sliding_window_counter".into(),
-        Algorithm::TokenBucket => "token_bucket".into(),
-        Algorithm::LeakyBucket(LeakyBucket::Police) => "leaky_bucket".into(),
         Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }) => format!(
-            "leaky_bucket_shape (max_delay {})",
+            "{} (max_delay {})",
+            a.name(),
             humantime::format_duration(max_delay)
         ),
-        other => format!("{other:?}"),
+        _ => a.name().to_owned(),
     }
 }
 
@@ -340,14 +337,7 @@ impl Replayer {
             .zip(&statuses)
             .map(|(t, s)| TierSummary {
                 name: t.name.clone(),
-                key: match &t.key {
-                    KeySpec::Global => "global".into(),
-                    KeySpec::Ip => "ip".into(),
-                    KeySpec::User => "user".into(),
-                    KeySpec::Endpoint => "endpoint".into(),
-                    KeySpec::Header(h) => format!("header:{}", h.to_ascii_lowercase()),
-                    other => format!("{other:?}"),
-                },
+                key: t.key.to_string(),
                 algorithm: algorithm_name(s.algorithm),
                 limit: s.quota.limit(),
                 period: humantime::format_duration(s.quota.period()).to_string(),
@@ -360,8 +350,7 @@ impl Replayer {
             .tiers
             .iter()
             .map(|t| match &t.key {
-                KeySpec::Header(h) => http::HeaderName::from_bytes(h.as_bytes())
-                    .map_or(KeyKind::Plain, KeyKind::Header),
+                KeySpec::Header(h) => KeyKind::Header(h.clone()),
                 _ => KeyKind::Plain,
             })
             .collect();

@@ -13,9 +13,11 @@ mod throttle;
 pub use header::{ForwardedHeader, UnknownForwardedHeader};
 
 use super::{KeyError, KeyExtractor, KeyWriter};
+use crate::de::{FieldIn, Nets};
 use http::request::Parts;
 use ipnet::{IpNet, Ipv6Net};
 use parse::canonical_net;
+use serde::de::{self, Deserialize, Deserializer};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -167,6 +169,28 @@ impl ClientIp {
         self
     }
 
+    /// The trusted proxy networks (see [`ClientIp::trusted_proxies`]), as
+    /// stored: IPv4-mapped networks as IPv4.
+    pub fn trusted(&self) -> &[IpNet] {
+        &self.trusted
+    }
+
+    /// The forwarding headers read, in priority order (see
+    /// [`ClientIp::forwarded_headers`]).
+    pub fn headers(&self) -> &[ForwardedHeader] {
+        &self.headers
+    }
+
+    /// What [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build)
+    /// refuses: an `ipv6_prefix` above 128, which only a policy file can
+    /// give (the setter clamps).
+    pub(crate) fn check(&self) -> Result<(), crate::ConfigError> {
+        if self.ipv6_prefix > 128 {
+            return Err(crate::ConfigError::InvalidIpv6Prefix(self.ipv6_prefix));
+        }
+        Ok(())
+    }
+
     fn key_for(&self, ip: IpAddr) -> String {
         let mut key = String::new();
         self.write_key(ip, &mut key);
@@ -195,12 +219,53 @@ impl ClientIp {
             }
             IpAddr::V6(v6) => {
                 // Writing into a String cannot fail.
-                let _ = match Ipv6Net::new(v6, self.ipv6_prefix) {
+                let _ = match Ipv6Net::new(v6, self.ipv6_prefix.min(128)) {
                     Ok(net) => write!(out, "{}", net.trunc()),
                     Err(_) => write!(out, "{v6}"),
                 };
             }
         }
+    }
+}
+
+impl ClientIp {
+    /// The fields of a policy file's `[client_ip]` table.
+    const FIELDS: [&'static str; 3] = ["trusted_proxies", "forwarded_headers", "ipv6_prefix"];
+}
+
+/// A policy file's `[client_ip]` table, each field optional:
+/// `trusted_proxies` (CIDRs or single addresses; default none),
+/// `forwarded_headers` (header names, as [`ForwardedHeader`] parses them;
+/// default `["x-forwarded-for"]`) and `ipv6_prefix` (default 64; above 128
+/// the layer refuses to build, with [`ConfigError::InvalidIpv6Prefix`](crate::ConfigError::InvalidIpv6Prefix)).
+/// Unknown fields are an error naming the field.
+impl<'de> Deserialize<'de> for ClientIp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> de::Visitor<'de> for V {
+            type Value = ClientIp;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a table of trusted_proxies, forwarded_headers and ipv6_prefix")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<ClientIp, A::Error> {
+                let mut ip = ClientIp::default();
+                while let Some(field) = map.next_key_seed(FieldIn(&ClientIp::FIELDS))? {
+                    ip = match field {
+                        "trusted_proxies" => ip.trusted_proxies(map.next_value::<Nets>()?.0),
+                        "forwarded_headers" => ip.forwarded_headers(map.next_value::<Vec<_>>()?),
+                        // As written, not clamped: `build()` refuses it
+                        // above 128, naming the field.
+                        "ipv6_prefix" => ClientIp {
+                            ipv6_prefix: map.next_value()?,
+                            ..ip
+                        },
+                        other => return Err(de::Error::unknown_field(other, &ClientIp::FIELDS)),
+                    };
+                }
+                Ok(ip)
+            }
+        }
+        d.deserialize_struct("ClientIp", &ClientIp::FIELDS, V)
     }
 }
 

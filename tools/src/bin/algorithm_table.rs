@@ -40,6 +40,7 @@ use redis::aio::MultiplexedConnection;
 use redis::Value;
 use tiered_ratelimit::algorithm::{Gcra, Limit, TokenBucket, Window};
 use tiered_ratelimit::backend::{Backend, ManualClock, RedisBackend, TierCheck};
+use tiered_ratelimit::{Algorithm, LeakyBucket};
 
 type Res<T> = Result<T, Box<dyn Error>>;
 
@@ -59,7 +60,7 @@ const BURST_WINDOW_US: u64 = S;
 /// 2023-11-14T22:13:20Z, a whole second: window 1 is `[T0, T0 + 1 s)`.
 const T0_US: u64 = 1_700_000_000 * S;
 
-/// One row of the table: a name, the policy-file spelling and how to build
+/// One row of the table: a name, the policy-file spelling ([`Algorithm::name`]) and how to build
 /// its `Limit` for `limit` per `window_us` (burst = limit).
 struct Algo {
     name: &'static str,
@@ -75,31 +76,31 @@ fn bucket(limit: u64, window_us: u64) -> TokenBucket {
 const ALGOS: [Algo; 6] = [
     Algo {
         name: "token bucket",
-        policy: "token_bucket",
+        policy: Algorithm::TokenBucket.name(),
         state: "string `units:updated_us:unit`",
         make: |l, w| Limit::TokenBucket(bucket(l, w)),
     },
     Algo {
         name: "fixed window",
-        policy: "fixed_window",
+        policy: Algorithm::FixedWindow.name(),
         state: "string `start_us:count`",
         make: |limit, window_us| Limit::FixedWindow(Window { limit, window_us }),
     },
     Algo {
         name: "sliding window log",
-        policy: "sliding_window_log",
+        policy: Algorithm::SlidingWindowLog.name(),
         state: "sorted set, 1 member per admitted request",
         make: |limit, window_us| Limit::SlidingWindowLog(Window { limit, window_us }),
     },
     Algo {
         name: "sliding window counter",
-        policy: "sliding_window_counter",
+        policy: Algorithm::SlidingWindowCounter.name(),
         state: "string `start_us:current:previous`",
         make: |limit, window_us| Limit::SlidingWindowCounter(Window { limit, window_us }),
     },
     Algo {
         name: "leaky bucket, police (GCRA)",
-        policy: "leaky_bucket",
+        policy: Algorithm::LeakyBucket(LeakyBucket::Police).name(),
         state: "string `tat_us:frac_ticks:rate`",
         make: |l, w| {
             Limit::LeakyBucket(Gcra {
@@ -110,7 +111,10 @@ const ALGOS: [Algo; 6] = [
     },
     Algo {
         name: "leaky bucket, shape (GCRA, max_delay 2 s)",
-        policy: "leaky_bucket_shape",
+        policy: Algorithm::LeakyBucket(LeakyBucket::Shape {
+            max_delay: Duration::from_micros(MAX_DELAY_US),
+        })
+        .name(),
         state: "string `tat_us:frac_ticks:rate`",
         make: |l, w| {
             Limit::LeakyBucket(Gcra {

@@ -1,0 +1,297 @@
+//! `[[tier]]`: [`TierPolicy`], its `key` ([`KeySpec`]) and `plan`
+//! ([`PlanSource`]), and how it becomes a [`Tier`].
+
+use crate::de::{FieldIn, Header};
+use crate::error::ConfigError;
+use crate::key::{ApiKey, ClientIp, Endpoint, Global, User};
+use crate::{Algorithm, Mode, Quota, Tier};
+use http::HeaderName;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// One `[[tier]]` table: a [`Tier`] as a file gives it. Quotas, costs and
+/// names are checked by [`build`](crate::RateLimitLayerBuilder::build), as
+/// for a tier built in code.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TierPolicy {
+    /// Tier name.
+    pub name: String,
+    /// What the tier keys by.
+    pub key: KeySpec,
+    /// Requests per period.
+    pub limit: u64,
+    /// The period, in humantime (`"1s"`, `"10s"`, `"1m"`, `"1h"`).
+    #[serde(with = "humantime_serde")]
+    pub period: Duration,
+    /// Capacity (default: `limit`).
+    #[serde(default)]
+    pub burst: Option<u64>,
+    /// Counting algorithm: one of [`Algorithm::NAMES`] (default
+    /// `token_bucket`), checked when the file is read.
+    #[serde(default = "default_algorithm", deserialize_with = "algorithm_name")]
+    pub algorithm: String,
+    /// For `leaky_bucket_shape`: the longest a request may be delayed
+    /// (humantime, e.g. `"2s"`). Required by that algorithm, rejected by the others.
+    #[serde(default, with = "humantime_serde")]
+    pub max_delay: Option<Duration>,
+    /// Tokens per request (default 1).
+    #[serde(default = "one")]
+    pub cost: u64,
+    /// `"enforce"` (default), `"shadow"`, `"canary"` (with `canary_percent`)
+    /// or `"off"`: [`Mode`]'s [labels](Mode::label).
+    #[serde(default = "default_mode", deserialize_with = "mode_label")]
+    pub mode: String,
+    /// Percent of keys enforced in canary mode (0-100).
+    #[serde(default)]
+    pub canary_percent: Option<u8>,
+    /// Methods counted (default: all but OPTIONS).
+    #[serde(default, deserialize_with = "methods")]
+    pub methods: Option<Vec<http::Method>>,
+    /// Refund this tier's cost when the response's status is ≥ 400
+    /// (default `false`); see [`Tier::skip_failed_requests`].
+    #[serde(default)]
+    pub skip_failed_requests: bool,
+    /// Refund this tier's cost when the response's status is < 400
+    /// (default `false`; for login endpoints); see
+    /// [`Tier::skip_successful_requests`].
+    #[serde(default)]
+    pub skip_successful_requests: bool,
+    /// Quotas per plan (`[tier.plans]`, each
+    /// `{ limit = 100, period = "1m", burst = 200 }`, `burst` optional).
+    #[serde(default)]
+    pub plans: BTreeMap<String, Quota>,
+    /// Where the plan is read (default `"extension"`).
+    #[serde(default)]
+    pub plan: PlanSource,
+}
+
+fn default_algorithm() -> String {
+    Algorithm::default().name().to_owned()
+}
+fn default_mode() -> String {
+    Mode::default().label().to_owned()
+}
+fn one() -> u64 {
+    1
+}
+
+/// A tier's `mode`: the labels of [`Mode`], the canary's percent given apart.
+const MODES: [&str; 4] = [
+    Mode::Enforce.label(),
+    Mode::Shadow.label(),
+    Mode::CANARY,
+    Mode::Off.label(),
+];
+
+fn algorithm_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let name = String::deserialize(d)?;
+    if Algorithm::NAMES.contains(&name.as_str()) {
+        Ok(name)
+    } else {
+        Err(de::Error::unknown_variant(&name, &Algorithm::NAMES))
+    }
+}
+
+fn mode_label<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let label = String::deserialize(d)?;
+    if MODES.contains(&label.as_str()) {
+        Ok(label)
+    } else {
+        Err(de::Error::unknown_variant(&label, &MODES))
+    }
+}
+
+fn methods<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<http::Method>>, D::Error> {
+    Vec::<String>::deserialize(d)?
+        .iter()
+        .map(|m| {
+            http::Method::from_bytes(m.as_bytes())
+                .map_err(|_| de::Error::invalid_value(de::Unexpected::Str(m), &"an HTTP method"))
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
+impl TierPolicy {
+    /// The tier, keyed by `client_ip` for `key = "ip"`.
+    ///
+    /// # Errors
+    /// [`ConfigError::Policy`] when `algorithm` and `max_delay`, or `mode`
+    /// and `canary_percent`, do not go together.
+    pub(crate) fn tier(&self, client_ip: &ClientIp) -> Result<Tier, ConfigError> {
+        let error =
+            |e: &dyn fmt::Display| ConfigError::Policy(format!("tier \"{}\": {e}", self.name));
+        let algorithm =
+            Algorithm::from_name(&self.algorithm, self.max_delay).map_err(|e| error(&e))?;
+        let mode = self.rollout_mode().map_err(|e| error(&e))?;
+        let quota = match self.burst {
+            Some(burst) => Quota::new(self.limit, self.period).burst(burst),
+            None => Quota::new(self.limit, self.period),
+        };
+        let name = self.name.clone();
+        let tier = match &self.key {
+            KeySpec::Global => Tier::new(name, Global, quota),
+            KeySpec::Ip => Tier::new(name, client_ip.clone(), quota),
+            KeySpec::User => Tier::new(name, User, quota),
+            KeySpec::Endpoint => Tier::new(name, Endpoint, quota),
+            KeySpec::Header(h) => Tier::new(name, ApiKey::from_name(h.clone()), quota),
+        };
+        let mut tier = tier
+            .cost(self.cost)
+            .algorithm(algorithm)
+            .mode(mode)
+            .skip_failed_requests(self.skip_failed_requests)
+            .skip_successful_requests(self.skip_successful_requests);
+        if let Some(methods) = &self.methods {
+            tier = tier.methods(methods.iter().cloned());
+        }
+        if !self.plans.is_empty() {
+            tier = tier.plans(self.plans.iter().map(|(name, q)| (name.clone(), *q)));
+        }
+        if let PlanSource::Header(h) = &self.plan {
+            let h = h.clone();
+            tier = tier.plan_fn(move |p: &http::request::Parts| {
+                p.headers
+                    .get(&h)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned)
+            });
+        }
+        Ok(tier)
+    }
+
+    /// `mode` with `canary_percent`.
+    fn rollout_mode(&self) -> Result<Mode, String> {
+        let canary = self.mode == Mode::CANARY;
+        match (canary, self.canary_percent) {
+            (true, Some(percent)) if percent <= 100 => Ok(Mode::Canary { percent }),
+            (true, Some(p)) => Err(format!("canary_percent: {p} is above 100")),
+            (true, None) => Err("canary_percent: required by mode = \"canary\"".to_owned()),
+            (false, Some(_)) => Err("canary_percent: only mode = \"canary\" uses it".to_owned()),
+            (false, None) => self.mode.parse().map_err(|e| format!("mode: {e}")),
+        }
+    }
+}
+
+/// A tier's key in a policy file: `"global"`, `"ip"`, `"user"`,
+/// `"endpoint"` or `{ header = "x-api-key" }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeySpec {
+    /// [`Global`].
+    Global,
+    /// [`ClientIp`], configured by `[client_ip]`.
+    Ip,
+    /// [`User`] ([`UserId`](crate::UserId) from the request extensions).
+    User,
+    /// [`Endpoint`].
+    Endpoint,
+    /// [`ApiKey`] read from this header.
+    Header(HeaderName),
+}
+
+impl KeySpec {
+    /// The keys a policy file names with a string.
+    const NAMED: [KeySpec; 4] = [
+        KeySpec::Global,
+        KeySpec::Ip,
+        KeySpec::User,
+        KeySpec::Endpoint,
+    ];
+    /// Their names.
+    const NAMES: [&'static str; 4] = ["global", "ip", "user", "endpoint"];
+
+    /// `global`, `ip`, `user`, `endpoint` or `header`.
+    fn name(&self) -> &'static str {
+        match self {
+            KeySpec::Global => Self::NAMES[0],
+            KeySpec::Ip => Self::NAMES[1],
+            KeySpec::User => Self::NAMES[2],
+            KeySpec::Endpoint => Self::NAMES[3],
+            KeySpec::Header(_) => "header",
+        }
+    }
+}
+
+/// `global`, `ip`, `user`, `endpoint`, or `header:<name>` (lowercase): the
+/// key as replay reports show it.
+impl fmt::Display for KeySpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySpec::Header(h) => write!(f, "{}:{h}", self.name()),
+            named => f.write_str(named.name()),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for KeySpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = KeySpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#""global", "ip", "user", "endpoint" or { header = "<name>" }"#)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<KeySpec, E> {
+                KeySpec::NAMED
+                    .into_iter()
+                    .find(|k| k.name() == v)
+                    .ok_or_else(|| E::unknown_variant(v, &KeySpec::NAMES))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<KeySpec, A::Error> {
+                header_table(map).map(KeySpec::Header)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `{ header = "<name>" }`.
+fn header_table<'de, A: MapAccess<'de>>(mut map: A) -> Result<HeaderName, A::Error> {
+    let mut header = None;
+    while map.next_key_seed(FieldIn(&["header"]))?.is_some() {
+        header = Some(map.next_value::<Header>()?.0);
+    }
+    header.ok_or_else(|| de::Error::missing_field("header"))
+}
+
+/// Where a tier reads the client's plan: `"extension"` (the
+/// [`Plan`](crate::Plan) set by your auth layer; the default) or
+/// `{ header = "x-plan" }` — only behind a gateway that sets or strips that
+/// header, since clients can send any header.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PlanSource {
+    /// [`Plan`](crate::Plan) in the request extensions.
+    #[default]
+    Extension,
+    /// A request header written by a trusted gateway.
+    Header(HeaderName),
+}
+
+impl<'de> Deserialize<'de> for PlanSource {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = PlanSource;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(r#""extension" or { header = "<name>" }"#)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<PlanSource, E> {
+                match v {
+                    "extension" => Ok(PlanSource::Extension),
+                    other => Err(E::unknown_variant(other, &["extension"])),
+                }
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<PlanSource, A::Error> {
+                header_table(map).map(PlanSource::Header)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
