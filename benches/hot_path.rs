@@ -38,7 +38,7 @@ use tiered_ratelimit::algorithm::{Gcra, Limit, TokenBucket, Window};
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, TierCheck};
 use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User};
 use tiered_ratelimit::response::RateLimitHeaders;
-use tiered_ratelimit::{HeaderStyle, Quota, RateLimitLayer, Tier, UserId};
+use tiered_ratelimit::{key::UserId, response::HeaderStyle, Quota, RateLimitLayer, Tier};
 use tower::{Layer, Service};
 
 /// Polls a future once: everything on the memory backend's path is ready at

@@ -44,9 +44,10 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::{error::Error, net::SocketAddr, time::Duration};
 use tiered_ratelimit::{
     admin,
-    key::{ApiKey, Endpoint, Global, User},
+    key::{ApiKey, Endpoint, Global, User, UserId},
     observe::anomaly::AnomalyConfig,
-    Mode, Quota, RateLimitLayer, Tier, UserId,
+    rollout::Mode,
+    Quota, RateLimitLayer, Tier,
 };
 use tracing_subscriber::EnvFilter;
 

@@ -42,8 +42,10 @@ use serde_json::{json, Value};
 use tiered_ratelimit::{
     admin,
     backend::{Backend, MemoryBackend, RedisBackend},
+    key::UserId,
+    policy::Policy,
     response::Rejection,
-    Policy, RateLimitHandle, RateLimitLayer, UserId,
+    RateLimitHandle, RateLimitLayer,
 };
 use tracing_subscriber::EnvFilter;
 

@@ -27,8 +27,9 @@ use axum::{
 use serde_json::{json, Value};
 use std::{error::Error, net::SocketAddr};
 use tiered_ratelimit::{
-    key::{ClientIp, User},
-    AccessList, Mode, Quota, RateLimitHandle, RateLimitLayer, Tier, UserId,
+    key::{ClientIp, User, UserId},
+    rollout::{AccessList, Mode},
+    Quota, RateLimitHandle, RateLimitLayer, Tier,
 };
 
 async fn auth(mut req: Request, next: Next) -> Response {

@@ -1,6 +1,6 @@
 //! Deserialization helpers shared by the configuration types that a policy
 //! file's tables deserialize into ([`ClientIp`](crate::key::ClientIp),
-//! [`AccessList`](crate::AccessList), the `policy` module's tables).
+//! [`AccessList`](crate::rollout::AccessList), the `policy` module's tables).
 
 use ipnet::IpNet;
 use serde::de::{self, DeserializeSeed, Deserializer};

@@ -6,7 +6,7 @@ use std::time::Duration;
 ///
 /// Returned by [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build),
 /// [`RateLimitLayer::from_policy`](crate::RateLimitLayer::from_policy),
-/// [`Policy::from_toml_str`](crate::Policy::from_toml_str) and the backend constructors.
+/// [`Policy::from_toml_str`](crate::policy::Policy::from_toml_str) and the backend constructors.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {

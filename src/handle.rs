@@ -18,7 +18,7 @@ use std::sync::Arc;
 /// of a change: group changes that belong together in [`update`](Self::update).
 ///
 /// ```
-/// use tiered_ratelimit::{key::Global, Mode, Quota, RateLimitLayer, Tier};
+/// use tiered_ratelimit::{key::Global, Quota, RateLimitLayer, Tier, rollout::Mode};
 ///
 /// let layer = RateLimitLayer::builder()
 ///     .tier(Tier::new("global", Global, Quota::per_second(100)).mode(Mode::Shadow))
@@ -414,7 +414,7 @@ impl RateLimitHandle {
     }
 
     /// The fleet-wide control hash's Redis key, when the layer polls one (a
-    /// [`ControlKey`](crate::ControlKey) and a Redis backend): where
+    /// [`ControlKey`](crate::control::ControlKey) and a Redis backend): where
     /// [`set_fleet_mode`](Self::set_fleet_mode) writes.
     pub fn fleet_control_key(&self) -> Option<&str> {
         crate::engine::watch::key_of(&self.shared)

@@ -1,4 +1,4 @@
-//! [`RateLimitLayer`] and its builder: the code form of a [`Policy`](crate::Policy).
+//! [`RateLimitLayer`] and its builder: the code form of a [`Policy`](crate::policy::Policy).
 
 use crate::backend::clock::Clock;
 use crate::backend::{Backend, MemoryBackend};

@@ -97,19 +97,11 @@ mod service;
 mod tier;
 
 pub use breaker::CircuitBreaker;
-pub use control::ControlKey;
 pub use error::{BackendError, ConfigError};
 pub use future::ResponseFuture;
 pub use handle::{Changes, RateLimitHandle, TierStatus};
-pub use key::{KeyExtractor, UserId};
 pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder, MAX_TIERS};
-pub use observe::DecisionCounts;
-/// The policy file's entry point; its tables' types are in [`policy`].
-#[doc(no_inline)]
-pub use policy::Policy;
 pub use quota::Quota;
-pub use response::HeaderStyle;
-pub use rollout::{AccessList, DenyStatus, Mode, Plan};
 pub use service::RateLimitService;
 pub use tier::{Algorithm, AlgorithmNameError, LeakyBucket, Tier};
 

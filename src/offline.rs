@@ -5,7 +5,7 @@
 //! It reads a request exactly as the tower layer does (the same key
 //! extractors, cost and plan functions, methods, lists, modes and quotas)
 //! and decides it with the same engine, counting it in the same metrics and
-//! [`DecisionCounts`](crate::DecisionCounts); only the response is missing.
+//! [`DecisionCounts`](crate::observe::DecisionCounts); only the response is missing.
 //! It needs a backend that decides without waiting: the in-memory one
 //! (usually with a [`ManualClock`](crate::backend::ManualClock) that follows
 //! the replayed log's time).

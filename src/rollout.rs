@@ -85,7 +85,7 @@ impl Mode {
     /// stable hash; `Shadow` and `Off` never enforce).
     ///
     /// ```
-    /// use tiered_ratelimit::Mode;
+    /// use tiered_ratelimit::rollout::Mode;
     /// let one = Mode::Canary { percent: 1 };
     /// let ten = Mode::Canary { percent: 10 };
     /// // Raising the percent only adds keys.
@@ -171,7 +171,7 @@ fn canary_bucket(tier: &str, key: &str) -> u32 {
 }
 
 /// The client's plan (`free`, `pro`, ...), put into the request extensions by
-/// the app's auth layer next to [`UserId`](crate::UserId). Read by tiers
+/// the app's auth layer next to [`UserId`](crate::key::UserId). Read by tiers
 /// with [`Tier::plans`](crate::Tier::plans) unless they have their own plan
 /// extractor.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -215,7 +215,7 @@ type Predicate = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
 /// the allowlist and the denylist (see the [module docs](self)).
 ///
 /// ```
-/// use tiered_ratelimit::AccessList;
+/// use tiered_ratelimit::rollout::AccessList;
 /// let partners = AccessList::new()
 ///     .ip("192.0.2.0/24".parse().unwrap())
 ///     .api_key("sk_partner_1")
@@ -272,7 +272,7 @@ impl AccessList {
         self
     }
 
-    /// Adds a user id ([`UserId`](crate::UserId) in the request extensions).
+    /// Adds a user id ([`UserId`](crate::key::UserId) in the request extensions).
     pub fn user(mut self, id: impl Into<String>) -> Self {
         self.users.insert(id.into());
         self
@@ -322,7 +322,7 @@ impl AccessList {
             }
         }
         if !self.users.is_empty() {
-            if let Some(u) = parts.extensions.get::<crate::UserId>() {
+            if let Some(u) = parts.extensions.get::<crate::key::UserId>() {
                 if self.users.contains(&u.0) {
                     return true;
                 }

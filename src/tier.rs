@@ -1,7 +1,7 @@
 //! [`Tier`]: one named limit (a key extractor, a quota, a cost, an algorithm).
 
 use crate::key::KeyExtractor;
-use crate::{Mode, Quota};
+use crate::{rollout::Mode, Quota};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -295,7 +295,7 @@ impl Tier {
     }
 
     /// Quotas per client plan: a request whose plan (by default the
-    /// [`Plan`](crate::Plan) in the request extensions) is listed gets that
+    /// [`Plan`](crate::rollout::Plan) in the request extensions) is listed gets that
     /// plan's quota; an unknown or missing plan gets the tier's own quota.
     /// Each plan's quota is checked like the tier's at `build()`.
     ///
@@ -309,7 +309,7 @@ impl Tier {
         self
     }
 
-    /// Reads the plan with `f` instead of the [`Plan`](crate::Plan) extension
+    /// Reads the plan with `f` instead of the [`Plan`](crate::rollout::Plan) extension
     /// (for example from a header set by a trusted gateway).
     pub fn plan_fn<F>(mut self, f: F) -> Self
     where

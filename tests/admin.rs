@@ -14,7 +14,8 @@ use support::*;
 use tiered_ratelimit::{
     admin::{self, Admin, COOKIE_NAME},
     key::{ClientIp, Endpoint, User},
-    Mode, Quota, RateLimitHandle, RateLimitLayer, Tier,
+    rollout::Mode,
+    Quota, RateLimitHandle, RateLimitLayer, Tier,
 };
 
 const TOKEN: &str = "test-admin-token-0123456789";
@@ -512,7 +513,7 @@ async fn page_without_control_key_names_this_instance() {
 /// control hash, apply it here at once, and say "all instances".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_with_control_key_switches_all_instances() {
-    use tiered_ratelimit::ControlKey;
+    use tiered_ratelimit::control::ControlKey;
     let env = Env::redis();
     let redis = env.redis.as_ref().unwrap();
     let layer = env

@@ -18,7 +18,8 @@ use tiered_ratelimit::algorithm::Limit;
 use tiered_ratelimit::backend::{Backend, ManualClock, RedisBackend, TierCheck};
 use tiered_ratelimit::key::{ClientIp, Global, User};
 use tiered_ratelimit::{
-    Algorithm, FailurePolicy, LeakyBucket, Mode, Quota, RateLimitLayer, RateLimitLayerBuilder, Tier,
+    rollout::Mode, Algorithm, FailurePolicy, LeakyBucket, Quota, RateLimitLayer,
+    RateLimitLayerBuilder, Tier,
 };
 
 const W: Duration = Duration::from_secs(10);
@@ -1226,7 +1227,7 @@ async fn send_pair(c: &reqwest::Client, url: &str, user: &str, pair: &str) -> Li
 /// write it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_key_follows_its_slot() {
-    use tiered_ratelimit::ControlKey;
+    use tiered_ratelimit::control::ControlKey;
     let cluster = RedisCluster::start(0);
     let s = Scn::new(&cluster, "ctl");
     let poll = Duration::from_millis(50);

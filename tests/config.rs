@@ -4,7 +4,8 @@ use std::time::Duration;
 use tiered_ratelimit::{
     backend::{MemoryBackend, RedisBackend},
     key::Global,
-    Algorithm, ConfigError, LeakyBucket, Policy, Quota, RateLimitLayer, Tier,
+    policy::Policy,
+    Algorithm, ConfigError, LeakyBucket, Quota, RateLimitLayer, Tier,
 };
 
 fn err(b: tiered_ratelimit::RateLimitLayerBuilder) -> String {
@@ -249,10 +250,13 @@ pro = { limit = 1000, period = "1m", burst = 2000 }
     .unwrap();
     let layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
     let h = layer.handle();
-    assert_eq!(h.mode(), tiered_ratelimit::Mode::Shadow);
+    assert_eq!(h.mode(), tiered_ratelimit::rollout::Mode::Shadow);
     let t = &h.tiers()[0];
-    assert_eq!(t.mode, tiered_ratelimit::Mode::Canary { percent: 10 });
-    assert_eq!(t.effective_mode, tiered_ratelimit::Mode::Shadow);
+    assert_eq!(
+        t.mode,
+        tiered_ratelimit::rollout::Mode::Canary { percent: 10 }
+    );
+    assert_eq!(t.effective_mode, tiered_ratelimit::rollout::Mode::Shadow);
     assert_eq!(
         t.plans,
         vec![

@@ -320,7 +320,7 @@ async fn missing_connect_info_skips_only_the_ip_tier(env: Env) {
 async fn rejection_names_every_violated_tier(env: Env) {
     let layer = env
         .builder()
-        .headers(tiered_ratelimit::HeaderStyle::IetfDraft11)
+        .headers(tiered_ratelimit::response::HeaderStyle::IetfDraft11)
         // A full decision from the backend, not the deny cache's shortcut.
         .deny_cache(0)
         .tier(Tier::new("global", Global, Quota::per_minute(1)))

@@ -21,7 +21,8 @@ use tiered_ratelimit::{
     backend::{ManualClock, RedisBackend},
     key::{ApiKey, Global},
     response::{HeaderStyle, ProblemRejection},
-    Algorithm, LeakyBucket, Mode, Quota, RateLimitLayer, Tier,
+    rollout::Mode,
+    Algorithm, LeakyBucket, Quota, RateLimitLayer, Tier,
 };
 
 #[derive(Debug, Clone, Copy)]

@@ -90,7 +90,7 @@ async fn deny_cache_spares_redis_under_a_single_key_flood() {
 /// make room before the cached instant): those keep asking Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deny_cache_is_primed_by_the_admission_that_empties_a_tier() {
-    use tiered_ratelimit::{Algorithm, LeakyBucket, Mode};
+    use tiered_ratelimit::{rollout::Mode, Algorithm, LeakyBucket};
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
     let c = client();

@@ -5,8 +5,10 @@ mod support;
 use std::time::Duration;
 use support::*;
 use tiered_ratelimit::{
-    key::Global, response::ProblemRejection, Algorithm, HeaderStyle, Policy, Quota, RateLimitLayer,
-    Tier,
+    key::Global,
+    policy::Policy,
+    response::{HeaderStyle, ProblemRejection},
+    Algorithm, Quota, RateLimitLayer, Tier,
 };
 
 both_backends!(

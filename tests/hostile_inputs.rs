@@ -32,9 +32,10 @@ use tiered_ratelimit::{
     backend::{MemoryBackend, RedisBackend},
     key::{
         storage_key_part, ApiKey, ClientIp, Endpoint, ForwardedHeader, KeyError, KeyExtractor,
-        User, MAX_KEY_PART,
+        User, UserId, MAX_KEY_PART,
     },
-    Policy, Quota, RateLimitLayer, Tier, UserId,
+    policy::Policy,
+    Quota, RateLimitLayer, Tier,
 };
 use tower::{Service, ServiceExt};
 

@@ -131,7 +131,7 @@ fn key_errors_classify_configuration() {
 /// and every such request counted.
 #[test]
 fn an_ip_list_without_peer_address_is_logged_and_counted() {
-    use tiered_ratelimit::{AccessList, DenyStatus};
+    use tiered_ratelimit::rollout::{AccessList, DenyStatus};
     let buf = LogBuf::default();
     let subscriber = buf.subscriber(tracing::Level::WARN);
     let recorder = DebuggingRecorder::new();

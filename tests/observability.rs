@@ -222,7 +222,7 @@ fn tier_decisions_per_endpoint_count_every_decision() {
                 .tier(Tier::new("hourly", User, Quota::per_hour(2)))
                 .tier(
                     Tier::new("endpoint", Endpoint, Quota::per_minute(1))
-                        .mode(tiered_ratelimit::Mode::Shadow),
+                        .mode(tiered_ratelimit::rollout::Mode::Shadow),
                 )
                 .build()
                 .unwrap();

@@ -10,7 +10,8 @@ use std::time::Duration;
 use support::*;
 use tiered_ratelimit::{
     key::{ClientIp, Global, User},
-    AccessList, DenyStatus, Mode, Quota, RateLimitLayer, Tier,
+    rollout::{AccessList, DenyStatus, Mode},
+    Quota, RateLimitLayer, Tier,
 };
 
 both_backends!(
@@ -565,7 +566,7 @@ async fn per_route_limits_with_route_layer() {
 /// within the poll interval; a malformed value is ignored; `HDEL` restores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_wide_control_key() {
-    use tiered_ratelimit::{backend::RedisBackend, ControlKey};
+    use tiered_ratelimit::{backend::RedisBackend, control::ControlKey};
     let redis = RedisServer::start();
     let poll = Duration::from_millis(100);
     let mk = || {
@@ -646,7 +647,7 @@ async fn fleet_wide_control_key() {
 #[test]
 fn mode_gauge_follows_the_control_key() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    use tiered_ratelimit::{backend::RedisBackend, ControlKey};
+    use tiered_ratelimit::{backend::RedisBackend, control::ControlKey};
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let redis = RedisServer::start();

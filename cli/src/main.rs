@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
-use tiered_ratelimit::Policy;
+use tiered_ratelimit::policy::Policy;
 use tiered_ratelimit_cli::replay::{
     write_plot, Engine, FieldMap, Input, LogFormat, Modes, ReplayOptions, Replayer, Target,
     TimeFormat,

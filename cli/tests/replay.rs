@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use tiered_ratelimit::Policy;
+use tiered_ratelimit::policy::Policy;
 use tiered_ratelimit_cli::replay::{
     Decision, Engine, Input, LineOutcome, Modes, ReplayOptions, Replayer, Target,
 };

@@ -6,7 +6,7 @@ use super::reply::{error, json_response, read_body, unknown_tier};
 use super::{Admin, MAX_TOP_N};
 use crate::observe::recorder::{AnomalyStatus, BucketCounts};
 use crate::observe::topn::BlockedKey;
-use crate::{Algorithm, DecisionCounts, LeakyBucket, RateLimitHandle, TierStatus};
+use crate::{observe::DecisionCounts, Algorithm, LeakyBucket, RateLimitHandle, TierStatus};
 use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use http::StatusCode;

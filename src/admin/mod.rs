@@ -23,7 +23,7 @@
 //! Everything below is relative to where the router is mounted.
 //!
 //! **Where mode changes apply.** With a fleet control key (a
-//! [`ControlKey`](crate::ControlKey) on a Redis backend), `POST /mode` and
+//! [`ControlKey`](crate::control::ControlKey) on a Redis backend), `POST /mode` and
 //! `POST /api/mode` write the control hash
 //! ([`RateLimitHandle::set_fleet_mode`]): every instance follows within its
 //! poll interval, and the page says "all instances" beside every button.

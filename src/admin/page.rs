@@ -7,7 +7,7 @@ use super::form::form_pairs;
 use super::mode::{apply_mode, scope};
 use super::reply::{base_of, error, page_path, read_body, see_other};
 use super::Admin;
-use crate::Mode;
+use crate::rollout::Mode;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;

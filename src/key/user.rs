@@ -8,7 +8,7 @@ use http::request::Parts;
 /// Build one from the id your authentication established, as a string:
 ///
 /// ```
-/// use tiered_ratelimit::UserId;
+/// use tiered_ratelimit::key::UserId;
 ///
 /// let mut req = http::Request::new(());
 /// let account_id: u64 = 42; // what your auth verified
@@ -21,7 +21,7 @@ use http::request::Parts;
 ///
 /// ```
 /// use axum::{extract::Request, middleware::{self, Next}, response::Response, routing::get, Router};
-/// use tiered_ratelimit::{key::User, Quota, RateLimitLayer, Tier, UserId};
+/// use tiered_ratelimit::{key::{User, UserId}, Quota, RateLimitLayer, Tier};
 /// use tower::ServiceExt; // `oneshot`
 ///
 /// /// A stand-in: the bearer token *is* the user id. Verify a real token or

@@ -444,12 +444,12 @@ pub(crate) const MODE: &str = "tiered_ratelimit_mode";
 
 /// The mode gauge of a tier: 0 off, 1 shadow, 2 canary, 3 enforce; and the
 /// canary percent gauge.
-pub(crate) fn set_mode_gauge(tier: &Arc<str>, mode: crate::Mode) {
+pub(crate) fn set_mode_gauge(tier: &Arc<str>, mode: crate::rollout::Mode) {
     let (v, percent) = match mode {
-        crate::Mode::Off => (0.0, 0.0),
-        crate::Mode::Shadow => (1.0, 0.0),
-        crate::Mode::Canary { percent } => (2.0, f64::from(percent.min(100))),
-        crate::Mode::Enforce => (3.0, 100.0),
+        crate::rollout::Mode::Off => (0.0, 0.0),
+        crate::rollout::Mode::Shadow => (1.0, 0.0),
+        crate::rollout::Mode::Canary { percent } => (2.0, f64::from(percent.min(100))),
+        crate::rollout::Mode::Enforce => (3.0, 100.0),
     };
     metrics::gauge!(MODE, "tier" => tier.to_string()).set(v);
     metrics::gauge!(ENFORCED_PERCENT, "tier" => tier.to_string()).set(percent);

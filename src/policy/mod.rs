@@ -2,7 +2,7 @@
 //! operators tune without a recompile.
 //!
 //! ```
-//! use tiered_ratelimit::{backend::MemoryBackend, Policy, RateLimitLayer};
+//! use tiered_ratelimit::{backend::MemoryBackend, RateLimitLayer, policy::Policy};
 //!
 //! let policy = Policy::from_toml_str(r#"
 //!     key_prefix = "rl"
@@ -47,7 +47,7 @@
 //! `[client_ip]` is a [`ClientIp`], `[circuit_breaker]` a
 //! [`CircuitBreaker`], `[allowlist]` an [`AccessList`], `[denylist]` a
 //! [`DenylistPolicy`] (an `AccessList` and a
-//! [`DenyStatus`](crate::DenyStatus)), `[control]` a [`ControlKey`],
+//! [`DenyStatus`](crate::rollout::DenyStatus)), `[control]` a [`ControlKey`],
 //! `[[tier]]` a [`TierPolicy`] (its `key` a [`KeySpec`]) and
 //! `[tier.plans]` entries [`Quota`](crate::Quota)s, read per request from a
 //! [`PlanSource`]. The operator's guide to lists, plans and the control key
@@ -57,7 +57,7 @@
 //! tier names, an IPv6 prefix above 128) is checked by
 //! [`RateLimitLayerBuilder::build`], for a policy exactly as for code.
 //! Closures stay code-only: files use the built-in extractors
-//! (`key = "user"` reads [`UserId`](crate::UserId) from the request
+//! (`key = "user"` reads [`UserId`](crate::key::UserId) from the request
 //! extensions).
 
 mod lists;
@@ -72,7 +72,7 @@ use crate::key::ClientIp;
 use crate::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 use crate::response::{HeaderStyle, RejectionBody};
 use crate::rollout::{AccessList, Mode};
-use crate::{CircuitBreaker, ControlKey};
+use crate::{control::ControlKey, CircuitBreaker};
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Duration;
@@ -274,7 +274,7 @@ mod tests {
     #[test]
     fn tables_are_the_builder_types() {
         use crate::key::ForwardedHeader;
-        use crate::{DenyStatus, Quota};
+        use crate::{rollout::DenyStatus, Quota};
         let p = Policy::from_toml_str(
             r#"
 mode = "canary:5"

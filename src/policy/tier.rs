@@ -4,7 +4,7 @@
 use crate::de::{FieldIn, Header};
 use crate::error::ConfigError;
 use crate::key::{ApiKey, ClientIp, Endpoint, Global, User};
-use crate::{Algorithm, Mode, Quota, Tier};
+use crate::{rollout::Mode, Algorithm, Quota, Tier};
 use http::HeaderName;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -187,7 +187,7 @@ pub enum KeySpec {
     Global,
     /// [`ClientIp`], configured by `[client_ip]`.
     Ip,
-    /// [`User`] ([`UserId`](crate::UserId) from the request extensions).
+    /// [`User`] ([`UserId`](crate::key::UserId) from the request extensions).
     User,
     /// [`Endpoint`].
     Endpoint,
@@ -261,13 +261,13 @@ fn header_table<'de, A: MapAccess<'de>>(mut map: A) -> Result<HeaderName, A::Err
 }
 
 /// Where a tier reads the client's plan: `"extension"` (the
-/// [`Plan`](crate::Plan) set by your auth layer; the default) or
+/// [`Plan`](crate::rollout::Plan) set by your auth layer; the default) or
 /// `{ header = "x-plan" }` — only behind a gateway that sets or strips that
 /// header, since clients can send any header.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum PlanSource {
-    /// [`Plan`](crate::Plan) in the request extensions.
+    /// [`Plan`](crate::rollout::Plan) in the request extensions.
     #[default]
     Extension,
     /// A request header written by a trusted gateway.

@@ -24,7 +24,7 @@ use axum::{
 use std::net::SocketAddr;
 use std::time::Duration;
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
-use tiered_ratelimit::{RateLimitLayer, UserId};
+use tiered_ratelimit::{key::UserId, RateLimitLayer};
 
 /// 2023-11-14T22:13:20Z: a whole second, so test clocks give exact headers.
 pub const T0_S: u64 = 1_700_000_000;
@@ -47,7 +47,7 @@ pub async fn auth(mut req: Request, next: Next) -> Response {
         .headers()
         .get("x-test-plan")
         .and_then(|v| v.to_str().ok())
-        .map(|p| tiered_ratelimit::Plan(p.to_owned()));
+        .map(|p| tiered_ratelimit::rollout::Plan(p.to_owned()));
     if let Some(p) = plan {
         req.extensions_mut().insert(p);
     }

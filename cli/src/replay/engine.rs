@@ -22,7 +22,7 @@ use std::future::Future;
 use std::task::{Context, Poll, Waker};
 use tiered_ratelimit::offline::{Checks, Decision, Offline, Outcome};
 use tiered_ratelimit::response::Rejection;
-use tiered_ratelimit::{DecisionCounts, RateLimitHandle, RateLimitLayer};
+use tiered_ratelimit::{observe::DecisionCounts, RateLimitHandle, RateLimitLayer};
 use tower::Service;
 
 /// The direct engine: the layer's engine, called without HTTP.

@@ -14,7 +14,7 @@
 //!
 //! ```no_run
 //! use tiered_ratelimit_cli::replay::{Input, ReplayOptions, Replayer};
-//! use tiered_ratelimit::Policy;
+//! use tiered_ratelimit::policy::Policy;
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let policy = Policy::from_file("policy.toml")?;
@@ -64,7 +64,9 @@ use tiered_ratelimit::key::{Endpoint, KeyExtractor};
 use tiered_ratelimit::offline::{Checks, Offline};
 use tiered_ratelimit::policy::KeySpec;
 use tiered_ratelimit::rollout::{Mode, Plan};
-use tiered_ratelimit::{Algorithm, ConfigError, LeakyBucket, Policy, RateLimitLayer, UserId};
+use tiered_ratelimit::{
+    key::UserId, policy::Policy, Algorithm, ConfigError, LeakyBucket, RateLimitLayer,
+};
 
 /// Which engine decides requests (`--engine`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

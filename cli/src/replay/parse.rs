@@ -58,10 +58,10 @@ pub enum Target {
     Request,
     /// The response status the server logged (reported, not replayed).
     Status,
-    /// The user id ([`UserId`](tiered_ratelimit::UserId) extension, read by
+    /// The user id ([`UserId`](tiered_ratelimit::key::UserId) extension, read by
     /// `key = "user"`).
     User,
-    /// The client's plan ([`Plan`](tiered_ratelimit::Plan) extension, read by tiers
+    /// The client's plan ([`Plan`](tiered_ratelimit::rollout::Plan) extension, read by tiers
     /// with `[tier.plans]`).
     Plan,
     /// A request header, such as `x-api-key` for `key = { header = ".." }`

@@ -56,7 +56,7 @@ use axum::Router;
 use redis::aio::MultiplexedConnection;
 use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend};
 use tiered_ratelimit::key::{ClientIp, Endpoint, Global, User};
-use tiered_ratelimit::{Quota, RateLimitLayer, Tier, UserId};
+use tiered_ratelimit::{key::UserId, Quota, RateLimitLayer, Tier};
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
 
