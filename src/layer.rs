@@ -8,7 +8,7 @@ use crate::deny_cache::DenyCache;
 pub use crate::engine::runtime::FailurePolicy;
 use crate::engine::runtime::Overrides;
 use crate::engine::runtime::{
-    checked_limit, fallback_limit, BuiltTier, PlanRuntime, Runtime, Shared, TierRuntime,
+    checked_limit, fallback_limit, BuiltTier, PlanRuntime, RefundOn, Runtime, Shared, TierRuntime,
 };
 use crate::engine::Engine;
 use crate::error::ConfigError;
@@ -435,8 +435,14 @@ impl RateLimitLayerBuilder {
                 key_error_log: LogThrottle::new(Duration::from_secs(60)),
                 algorithm: t.algorithm,
                 cost: t.cost,
-                skip_failed: t.skip_failed_requests,
-                skip_successful: t.skip_successful_requests,
+                // Both at once was refused above.
+                refund_on: if t.skip_failed_requests {
+                    RefundOn::Failure
+                } else if t.skip_successful_requests {
+                    RefundOn::Success
+                } else {
+                    RefundOn::Never
+                },
             });
         }
         let names: Vec<Arc<str>> = tiers.iter().map(|t| t.name.clone()).collect();

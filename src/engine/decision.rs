@@ -3,7 +3,7 @@
 //! service's response with headers, a 429, a 403, a 503).
 
 use super::plan::Meta;
-use super::runtime::Shared;
+use super::runtime::{RefundOn, Shared};
 use crate::backend::{Backend, TierRefund, Verdict};
 #[cfg(feature = "redis")]
 use crate::error::BackendError;
@@ -119,11 +119,10 @@ impl Refunds {
                 check: check.clone(),
                 charge: *charge,
             };
-            if t.skip_failed {
-                r.on_failure.push(refund());
-            }
-            if t.skip_successful {
-                r.on_success.push(refund());
+            match t.refund_on {
+                RefundOn::Failure => r.on_failure.push(refund()),
+                RefundOn::Success => r.on_success.push(refund()),
+                RefundOn::Never => {}
             }
         }
         if r.on_failure.is_empty() && r.on_success.is_empty() {

@@ -4,7 +4,7 @@
 use super::decide::reject;
 use super::decision::Denial;
 use super::plan::Meta;
-use super::runtime::Shared;
+use super::runtime::{RefundOn, Shared};
 use crate::algorithm::Decision as TierResult;
 use crate::backend::{TierCheck, Verdict};
 use crate::deny_cache::{longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role};
@@ -180,7 +180,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
             && stays_exact(limit, *cost, d.remaining)
             && meta
                 .tier(shared, i)
-                .is_some_and(|t| !t.skip_failed && !t.skip_successful)
+                .is_some_and(|t| t.refund_on == RefundOn::Never)
             && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
         if !cache && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
             probed_room = true;

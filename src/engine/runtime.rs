@@ -58,10 +58,21 @@ pub(crate) struct BuiltTier {
     pub(crate) algorithm: Algorithm,
     /// The fixed cost (the quota checks' lower bound for bursts).
     pub(crate) cost: u64,
-    /// Refund this tier's charge on a status ≥ 400.
-    pub(crate) skip_failed: bool,
-    /// Refund this tier's charge on a status < 400.
-    pub(crate) skip_successful: bool,
+    /// Which results give this tier's charge back.
+    pub(crate) refund_on: RefundOn,
+}
+
+/// Which requests a tier gives its charge back to, once their result is
+/// known (`skip_failed_requests` and `skip_successful_requests` exclude each
+/// other: the builder refuses both).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RefundOn {
+    /// Every charge stands.
+    Never,
+    /// Failed requests (HTTP: a status ≥ 400).
+    Failure,
+    /// Successful requests (HTTP: a status < 400).
+    Success,
 }
 
 /// A tier's settings that can change at run time.
@@ -161,9 +172,7 @@ impl Shared {
     /// Whether any tier refunds by response status (so checks must report
     /// their charges).
     pub(crate) fn refunds(&self) -> bool {
-        self.tiers
-            .iter()
-            .any(|t| t.skip_failed || t.skip_successful)
+        self.tiers.iter().any(|t| t.refund_on != RefundOn::Never)
     }
 
     pub(crate) fn tier_index(&self, name: &str) -> Result<usize, ConfigError> {
