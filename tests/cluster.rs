@@ -413,7 +413,7 @@ impl Lua {
     }
 
     /// The first tier's (allowed, remaining) in a check reply (see
-    /// src/backend/redis/wire.rs: `r` is remaining when allowed,
+    /// src/backend/redis/wire/mod.rs: `r` is remaining when allowed,
     /// `-(remaining + 1)` when denied).
     fn first_tier(r: &[i64]) -> (bool, u64) {
         if r[1] >= 0 {

@@ -41,7 +41,7 @@ async fn memory_and_redis_decide_identically() {
         .into();
     // The deny cache is on (the Redis side's default; the memory backend
     // has none): it may spare Redis calls, never change an answer (see
-    // src/deny_cache.rs).
+    // src/deny_cache/rule.rs).
     let build = |b: Backend| {
         tiers(
             RateLimitLayer::builder()

@@ -63,13 +63,12 @@ pub(crate) fn outcome(
             shared.breaker.success(meta.permit);
             feed_deny_cache(shared, meta, &v);
             observe_decisions(shared, meta, &v);
-            match decide(shared, meta, &v) {
-                Decision::Allow(allow) => Decision::Allow(Allow {
-                    refunds: Refunds::of(shared, meta, &v),
-                    ..allow
-                }),
-                other => other,
+            let mut decision = decide(shared, meta, &v);
+            if let Decision::Allow(allow) = &mut decision {
+                // In place: the decision is moved as little as possible.
+                allow.refunds = Refunds::of(shared, meta, &v);
             }
+            decision
         }
         Err(e) => {
             if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {

@@ -1,6 +1,6 @@
 //! [`RedisBackend`]: its sources (URL, pools, cluster), its public
 //! methods, and a request's check and refund. The wire format of the script
-//! calls is in `wire.rs`, connections in `connection.rs`, the cluster path
+//! calls is in `wire/`, connections in `connection.rs`, the cluster path
 //! in `cluster.rs` and `router.rs`.
 
 use super::clock::ManualClock;

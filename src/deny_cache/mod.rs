@@ -87,14 +87,21 @@
 //! the waiters when the answer has been fed to the cache, on an error, or
 //! when the request is dropped).
 
+mod probe;
+mod rule;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use probe::{Probe, ProbeGuard, Role};
+pub(crate) use rule::{longest_wait_us, stays_exact};
+
 use crate::algorithm::Limit;
 use moka::sync::Cache;
 use moka::Expiry;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 
 /// How long an entry is kept after its retry instant, so that the requests
 /// right after it know the key was at its limit: the first goes to the
@@ -149,38 +156,6 @@ impl Denied {
     }
 }
 
-/// Whether a denial of `cost` under `limit`, seen with `remaining` left,
-/// stays exactly the backend's answer until its retry instant: its retry
-/// instant is fixed (every algorithm's is, while the key's state does not
-/// change), and so must be its `remaining`. A fixed window's count does not
-/// move within the window (and its retry instant is the window's end). For
-/// the others, `remaining` only grows while a key is left alone, and stays
-/// below `cost` while the request is denied: it is constant when it is
-/// already `cost − 1` (always so for a cost of 1).
-pub(crate) fn stays_exact(limit: &Limit, cost: u64, remaining: u64) -> bool {
-    matches!(limit, Limit::FixedWindow(_)) || remaining.saturating_add(1) == cost
-}
-
-/// The longest `Retry-After` (µs) that a check of `cost` under `limit` at
-/// `now_us` could be denied with, whatever the key's stored state: a tier
-/// the cache knows nothing about cannot bind a request's 429 when this is
-/// shorter than a cached tier's wait. `u64::MAX` when there is no such
-/// bound: a leaky bucket's backlog may have been built under another limit
-/// of the same rate (a plan, a quota changed at run time).
-pub(crate) fn longest_wait_us(limit: &Limit, cost: u64, now_us: u64) -> u64 {
-    match *limit {
-        // The window's end (or its reset, the same instant).
-        Limit::FixedWindow(w) => w.window_us - now_us % w.window_us,
-        // The newest entry was logged at or before now.
-        Limit::SlidingWindowLog(w) => w.window_us,
-        // At most the end of the next window.
-        Limit::SlidingWindowCounter(w) => 2 * w.window_us - now_us % w.window_us,
-        // From an empty bucket: the cost (or a full bucket, above it).
-        Limit::TokenBucket(b) => cost.saturating_mul(b.unit).min(b.capacity).div_ceil(b.rate),
-        Limit::LeakyBucket(_) => u64::MAX,
-    }
-}
-
 struct UntilRetry;
 
 impl Expiry<String, Denied> for UntilRetry {
@@ -211,75 +186,6 @@ pub(crate) struct DenyCache {
     latest_until_us: AtomicU64,
     /// Probes in flight, by storage key.
     probes: Arc<Mutex<HashMap<String, Arc<Probe>>>>,
-}
-
-/// A request gone to the backend for a lapsed key; others wait for it.
-#[derive(Debug, Default)]
-pub(crate) struct Probe {
-    done: AtomicBool,
-    notify: Notify,
-}
-
-impl Probe {
-    /// Resolves when the probe's answer has been fed to the cache (or the
-    /// probe failed or was dropped), or after `timeout`.
-    pub(crate) async fn wait(self: Arc<Self>, timeout: Duration) {
-        let notified = self.notify.notified();
-        tokio::pin!(notified);
-        // Registered before `done` is read: a wake-up between the two is
-        // not lost.
-        notified.as_mut().enable();
-        if !self.done.load(Ordering::Acquire) {
-            let _ = tokio::time::timeout(timeout, notified).await;
-        }
-    }
-}
-
-/// Held by the request that probes a key: dropping it (after the answer was
-/// fed to the cache, on an error, or with the request) ends the probe and
-/// wakes its waiters.
-pub(crate) struct ProbeGuard {
-    probes: Arc<Mutex<HashMap<String, Arc<Probe>>>>,
-    key: String,
-    probe: Arc<Probe>,
-}
-
-impl std::fmt::Debug for ProbeGuard {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProbeGuard")
-            .field("key", &self.key)
-            .finish()
-    }
-}
-
-impl ProbeGuard {
-    /// The storage key probed.
-    pub(crate) fn key(&self) -> &str {
-        &self.key
-    }
-}
-
-impl Drop for ProbeGuard {
-    fn drop(&mut self) {
-        let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
-        if probes
-            .get(&self.key)
-            .is_some_and(|p| Arc::ptr_eq(p, &self.probe))
-        {
-            probes.remove(&self.key);
-        }
-        drop(probes);
-        self.probe.done.store(true, Ordering::Release);
-        self.probe.notify.notify_waiters();
-    }
-}
-
-/// A request's part in the probe of a lapsed key.
-pub(crate) enum Role {
-    /// It probes: it goes to the backend, holding this.
-    Lead(ProbeGuard),
-    /// Another request probes: wait for it.
-    Follow(Arc<Probe>),
 }
 
 impl DenyCache {
@@ -333,21 +239,6 @@ impl DenyCache {
         }
     }
 
-    /// Joins the probe of the lapsed `key`: leads it when none is in flight.
-    pub(crate) fn join(&self, key: &str) -> Role {
-        let mut probes = self.probes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = probes.get(key) {
-            return Role::Follow(p.clone());
-        }
-        let probe = Arc::new(Probe::default());
-        probes.insert(key.to_owned(), probe.clone());
-        Role::Lead(ProbeGuard {
-            probes: self.probes.clone(),
-            key: key.to_owned(),
-            probe,
-        })
-    }
-
     /// Forgets `key`'s entry (a charge changed the key's state). `now_us`
     /// is read only when some entry may be live.
     pub(crate) fn forget(&self, key: &str, now_us: impl FnOnce() -> u64) {
@@ -373,137 +264,6 @@ impl DenyCache {
         if let Some(c) = &self.cache {
             self.latest_until_us.store(0, Ordering::Relaxed);
             c.invalidate_all();
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::algorithm::State;
-    use crate::engine::runtime::checked_limit;
-    use crate::{Algorithm, Quota};
-    use proptest::prelude::*;
-
-    fn limit(algorithm: Algorithm, n: u64, period_ms: u64) -> Limit {
-        checked_limit(
-            "t",
-            algorithm,
-            Quota::new(n, Duration::from_millis(period_ms)),
-            1,
-        )
-        .expect("a valid quota")
-    }
-
-    fn entry(until_us: u64, cost: u64, quota: Limit) -> Denied {
-        Denied::new(until_us, cost, quota, 0, Duration::from_secs(60))
-    }
-
-    #[test]
-    fn lookup_matches_key_cost_and_limit_and_lapses_for_a_second() {
-        let c = DenyCache::new(100);
-        let l = limit(Algorithm::TokenBucket, 10, 1000);
-        let other = limit(Algorithm::TokenBucket, 20, 1000);
-        assert!(matches!(c.lookup("k", 1, &l, 0), Lookup::Miss));
-        c.insert("k".into(), entry(5_000, 1, l));
-        assert!(matches!(c.lookup("k", 1, &l, 4_999), Lookup::Denied(d) if d.until_us == 5_000));
-        // Another cost, another limit (a plan), another key: not this entry.
-        assert!(matches!(c.lookup("k", 2, &l, 4_999), Lookup::Miss));
-        assert!(matches!(c.lookup("k", 1, &other, 4_999), Lookup::Miss));
-        assert!(matches!(c.lookup("j", 1, &l, 4_999), Lookup::Miss));
-        // From the retry instant on: lapsed for LAPSED_FOR, then nothing.
-        assert!(matches!(c.lookup("k", 1, &l, 5_000), Lookup::Lapsed));
-        assert!(matches!(
-            c.lookup("k", 1, &l, 5_000 + LAPSED_FOR_US - 1),
-            Lookup::Lapsed
-        ));
-        assert!(matches!(
-            c.lookup("k", 1, &l, 5_000 + LAPSED_FOR_US),
-            Lookup::Miss
-        ));
-    }
-
-    #[test]
-    fn forget_remove_lapsed_and_clear() {
-        let c = DenyCache::new(100);
-        let l = limit(Algorithm::FixedWindow, 1, 1000);
-        c.insert("a".into(), entry(5_000, 1, l));
-        c.insert("b".into(), entry(5_000, 1, l));
-        // A live entry survives remove_lapsed; a charge forgets it.
-        c.remove_lapsed("a", 4_000);
-        assert!(matches!(c.lookup("a", 1, &l, 4_000), Lookup::Denied(_)));
-        c.forget("a", || 4_000);
-        assert!(matches!(c.lookup("a", 1, &l, 4_000), Lookup::Miss));
-        c.remove_lapsed("b", 5_000);
-        assert!(matches!(c.lookup("b", 1, &l, 5_000), Lookup::Miss));
-        c.insert("b".into(), entry(9_000, 1, l));
-        c.clear();
-        assert!(matches!(c.lookup("b", 1, &l, 4_000), Lookup::Miss));
-        // Off: nothing is kept.
-        let off = DenyCache::new(0);
-        off.insert("a".into(), entry(5_000, 1, l));
-        assert!(!off.enabled());
-        assert!(matches!(off.lookup("a", 1, &l, 0), Lookup::Miss));
-    }
-
-    #[test]
-    fn one_probe_leads_the_others_follow() {
-        let c = DenyCache::new(100);
-        let Role::Lead(guard) = c.join("k") else {
-            panic!("the first request leads");
-        };
-        assert_eq!(guard.key(), "k");
-        assert!(matches!(c.join("k"), Role::Follow(_)));
-        assert!(matches!(c.join("other"), Role::Lead(_)));
-        drop(guard);
-        assert!(matches!(c.join("k"), Role::Lead(_)));
-    }
-
-    #[test]
-    fn stays_exact_only_where_remaining_cannot_move() {
-        let fixed = limit(Algorithm::FixedWindow, 10, 1000);
-        let bucket = limit(Algorithm::TokenBucket, 10, 1000);
-        assert!(stays_exact(&fixed, 5, 0));
-        assert!(stays_exact(&bucket, 1, 0));
-        assert!(stays_exact(&bucket, 3, 2));
-        assert!(!stays_exact(&bucket, 3, 1));
-    }
-
-    proptest! {
-        /// Whatever the key's history, a denial's wait is never longer than
-        /// `longest_wait_us` (the bound that lets an uncached tier be
-        /// ruled out of binding a cached 429).
-        #[test]
-        fn no_denial_waits_longer_than_the_bound(
-            alg in 0..4usize,
-            n in 1u64..20,
-            period_ms in 1u64..5_000,
-            ops in proptest::collection::vec((0u64..3_000_000, 1u64..25), 1..60),
-        ) {
-            let algorithm = [
-                Algorithm::FixedWindow,
-                Algorithm::SlidingWindowLog,
-                Algorithm::SlidingWindowCounter,
-                Algorithm::TokenBucket,
-            ][alg];
-            let l = limit(algorithm, n, period_ms);
-            let mut state: Option<State> = None;
-            let mut now = 1_700_000_000_000_000u64;
-            for (advance, cost) in ops {
-                now += advance;
-                let cost = cost.min(l.capacity() + 1);
-                let d = l.check(state.as_ref(), now, cost);
-                if d.allowed {
-                    state = Some(l.charge(state, now, cost).0);
-                } else {
-                    prop_assert!(
-                        d.retry_after_us <= longest_wait_us(&l, cost, now),
-                        "{algorithm:?} cost {cost}: waits {} > bound {}",
-                        d.retry_after_us,
-                        longest_wait_us(&l, cost, now)
-                    );
-                }
-            }
         }
     }
 }

@@ -1,0 +1,197 @@
+//! A request's check: its tiers' shards locked together, every tier charged
+//! or none; and the refund of a charge.
+
+use super::shard::{lock, shard_of, Entry, Shard, Slot};
+use super::MemoryBackend;
+use crate::algorithm::{Decision, Refund, State};
+use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
+use compact_str::CompactString;
+use smallvec::SmallVec;
+use std::hash::BuildHasher;
+use std::sync::MutexGuard;
+
+impl MemoryBackend {
+    /// Checks, and charges when every enforced tier allows. `with_charges`:
+    /// fill [`Verdict::charges`] (what refunds need; skipped, with its
+    /// allocation, when no tier refunds).
+    pub(crate) fn check(
+        &self,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        with_charges: bool,
+    ) -> Verdict {
+        self.check_reusing(checks, shadow, with_charges, Vec::new())
+    }
+
+    /// [`MemoryBackend::check`] with the decisions written into `decisions`
+    /// (cleared first): a caller checking in a loop hands back the previous
+    /// verdict's, and allocates nothing.
+    pub(crate) fn check_reusing(
+        &self,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        with_charges: bool,
+        mut decisions: Vec<Decision>,
+    ) -> Verdict {
+        let now_us = self.inner.clock.now_us();
+        let n = checks.len();
+        // Scratch space per check: on the stack for up to 8 tiers (indexing a
+        // SmallVec checks where its data lives on every access).
+        let (mut hashes_a, mut hashes_v) = ([0u64; 8], Vec::new());
+        let hashes = scratch(&mut hashes_a, &mut hashes_v, n);
+        let mut shards = 0u64;
+        for (h, c) in hashes.iter_mut().zip(checks) {
+            *h = self.hash(&c.key);
+            shards |= 1 << shard_of(*h);
+        }
+        // Lock in ascending shard order (the set bits, low to high): no two
+        // requests can wait on each other.
+        let mut locked: SmallVec<[MutexGuard<'_, Shard>; 8]> = SmallVec::new();
+        let mut rest = shards;
+        while rest != 0 {
+            locked.push(lock(&self.inner.shards[rest.trailing_zeros() as usize]));
+            rest &= rest - 1;
+        }
+        let guards = locked.as_mut_slice();
+        // A shard's guard: the number of locked shards below it.
+        let guard_of = |h: u64| (shards & ((1u64 << shard_of(h)) - 1)).count_ones() as usize;
+
+        decisions.clear();
+        decisions.reserve(n);
+        // Per check, what the commit needs: where the key was found (so it
+        // is not looked up again), and the token bucket's charged state,
+        // which its check computes anyway. `None` for a new key, and for a
+        // key listed earlier in the same check (a caller of Backend::check
+        // may pass one; the layer's tiers never share a key): its second
+        // charge must see the first, so it is computed at commit.
+        let (mut found_a, mut found_v) = ([None; 8], Vec::new());
+        let found = scratch(&mut found_a, &mut found_v, n);
+        let (mut prepared_a, mut prepared_v) = ([const { None }; 8], Vec::new());
+        let prepared: &mut [Option<(State, u64)>] = scratch(&mut prepared_a, &mut prepared_v, n);
+        for (i, (c, &h)) in checks.iter().zip(hashes.iter()).enumerate() {
+            let map = &guards[guard_of(h)].map;
+            let bucket = map.find_bucket_index(h, |s| s.key == c.key);
+            let state = bucket
+                .and_then(|b| map.get_bucket(b))
+                .filter(|s| s.entry.expires_us > now_us)
+                .map(|s| &s.entry.state);
+            let (d, charged) = c.limit.check_prepared(state, now_us, c.cost);
+            decisions.push(d);
+            let repeated = hashes[..i]
+                .iter()
+                .zip(checks)
+                .any(|(&other, o)| other == h && o.key == c.key);
+            if !repeated {
+                found[i] = bucket;
+                prepared[i] = charged;
+            }
+        }
+        let mut charges = Vec::new();
+        if shadow.commits(&decisions) {
+            if with_charges {
+                charges.resize(n, None);
+            }
+            let mut charge = |i: usize, c: &TierCheck, state: &State| {
+                if with_charges {
+                    charges[i] = Some(Charge {
+                        at_us: now_us,
+                        undo: c.limit.undo_of(state, now_us),
+                        next_after_us: 0,
+                    });
+                }
+            };
+            // A shadow tier that would deny charges nothing. The keys found
+            // first, by their bucket: inserting a key may move every bucket
+            // of its table.
+            for (i, c) in checks.iter().enumerate() {
+                let Some(b) = found[i].filter(|_| decisions[i].allowed) else {
+                    continue;
+                };
+                let g = &mut guards[guard_of(hashes[i])];
+                if let Some(slot) = g.map.get_bucket_mut(b) {
+                    charge(i, c, slot.entry.commit(prepared[i].take(), c, now_us));
+                }
+            }
+            // Then, in order, the new keys and the keys listed twice.
+            for (i, c) in checks.iter().enumerate() {
+                if found[i].is_some() || !decisions[i].allowed {
+                    continue;
+                }
+                let h = hashes[i];
+                let g = &mut guards[guard_of(h)];
+                if let Some(s) = g.map.find_mut(h, |s| s.key == c.key) {
+                    charge(i, c, s.entry.commit(prepared[i].take(), c, now_us));
+                    continue;
+                }
+                let (state, ttl_us) = prepared[i]
+                    .take()
+                    .unwrap_or_else(|| c.limit.charge(None, now_us, c.cost));
+                charge(i, c, &state);
+                let entry = Entry {
+                    state,
+                    expires_us: now_us.saturating_add(ttl_us),
+                };
+                let hasher = &self.inner.hasher;
+                g.map.insert_unique(
+                    h,
+                    Slot {
+                        key: CompactString::from(c.key.as_str()),
+                        entry,
+                    },
+                    |s| hasher.hash_one(s.key.as_str()),
+                );
+                if g.map.len() >= g.sweep_at {
+                    g.sweep(now_us, self.inner.max_per_shard);
+                }
+            }
+        }
+        Verdict {
+            now_us,
+            decisions,
+            charges,
+        }
+    }
+
+    /// Gives back charges (see [`Limit::refund`](crate::algorithm::Limit::refund)),
+    /// one key at a time, each under its shard's lock only while it is
+    /// rewritten.
+    pub(crate) fn refund(&self, refunds: &[TierRefund]) {
+        let now_us = self.inner.clock.now_us();
+        for r in refunds {
+            let c = &r.check;
+            let h = self.hash(&c.key);
+            let mut g = lock(&self.inner.shards[shard_of(h)]);
+            let Ok(mut slot) = g.map.find_entry(h, |s| s.key == c.key) else {
+                continue;
+            };
+            let e = &mut slot.get_mut().entry;
+            let state = (e.expires_us > now_us).then_some(&e.state);
+            match c
+                .limit
+                .refund(state, now_us, r.charge.at_us, c.cost, r.charge.undo)
+            {
+                Refund::Keep => {}
+                Refund::Delete => {
+                    slot.remove();
+                }
+                Refund::Store(state, ttl_us) => {
+                    e.state = state;
+                    if let Some(ttl_us) = ttl_us {
+                        e.expires_us = now_us.saturating_add(ttl_us);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `n` elements of `array` (each as it was), or of `vec` filled with
+/// defaults when `n` is over its length.
+fn scratch<'a, T: Default>(array: &'a mut [T; 8], vec: &'a mut Vec<T>, n: usize) -> &'a mut [T] {
+    if n <= array.len() {
+        &mut array[..n]
+    } else {
+        vec.resize_with(n, T::default);
+        vec
+    }
+}

@@ -1,0 +1,134 @@
+//! [`MemoryBackend`]: buckets in this process's memory, spread over 64
+//! locked shards.
+
+mod check;
+mod shard;
+#[cfg(test)]
+mod tests;
+
+use self::shard::{lock, sweep_threshold, Shard, MIN_SWEEP};
+use super::clock::{Clock, ManualClock};
+use hashbrown::HashTable;
+use std::fmt;
+// foldhash's quality variant: randomly seeded per process (so request-chosen
+// keys cannot be aimed at one bucket of the table), and several times faster
+// than SipHash on short keys.
+use foldhash::quality::RandomState;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+
+/// At most 64: a check locks its shards by the bits of a `u64`.
+const SHARDS: usize = 64;
+
+/// Buckets in this process's memory: no network, no shared state between app
+/// servers (each server enforces the full quota on its own).
+///
+/// * **Exact and atomic**: the keys of one request's tiers are locked together
+///   (shards locked in index order, so concurrent requests cannot deadlock),
+///   so a request is charged on every tier or on none.
+/// * **Clock**: tokio's monotonic clock, anchored to the wall clock once at
+///   construction for the `X-RateLimit-Reset` epoch seconds. Tests can pause it
+///   (`#[tokio::test(start_paused = true)]`) or use a [`ManualClock`].
+/// * **Bounded memory**: a bucket is forgotten once it would be full again
+///   (its time-to-live, exactly as on Redis); expired entries are swept
+///   whenever a shard doubles in size, and at most
+///   [`max_keys`](MemoryBackend::max_keys) buckets are kept (default
+///   1 000 000): past that, the buckets closest to full are evicted first,
+///   which hands those keys a full bucket a little early.
+///
+/// ```
+/// use tiered_ratelimit::backend::MemoryBackend;
+/// let store = MemoryBackend::new().max_keys(100_000);
+/// assert_eq!(store.len(), 0);
+/// ```
+#[derive(Clone)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: Clock,
+    max_per_shard: usize,
+}
+
+impl fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("len", &self.len())
+            .field("max_keys", &(self.inner.max_per_shard * SHARDS))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// An empty store on tokio's monotonic clock, keeping at most 1 000 000
+    /// buckets.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::with_clock(Clock::monotonic(), 1_000_000)
+    }
+
+    /// An empty store on a [`ManualClock`] (for tests and replay).
+    #[must_use]
+    pub fn with_manual_clock(clock: ManualClock) -> Self {
+        Self::with_clock(Clock::Manual(clock), 1_000_000)
+    }
+
+    fn with_clock(clock: Clock, max_keys: usize) -> Self {
+        let max_per_shard = max_keys.div_ceil(SHARDS).max(1);
+        let shards = (0..SHARDS)
+            .map(|_| {
+                Mutex::new(Shard {
+                    map: HashTable::new(),
+                    sweep_at: sweep_threshold(MIN_SWEEP, max_per_shard),
+                })
+            })
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                shards,
+                hasher: RandomState::default(),
+                clock,
+                max_per_shard,
+            }),
+        }
+    }
+
+    /// Keeps at most about `max_keys` buckets (rounded up to a multiple of the
+    /// shard count, 64). Call before sharing the store.
+    #[must_use]
+    pub fn max_keys(self, max_keys: usize) -> Self {
+        Self::with_clock(self.inner.clock.clone(), max_keys)
+    }
+
+    /// Buckets currently held (expired ones not yet swept included).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+    }
+
+    /// Whether no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub(crate) fn clock(&self) -> Clock {
+        self.inner.clock.clone()
+    }
+
+    /// The store's clock reading, in epoch microseconds.
+    pub fn now_us(&self) -> u64 {
+        self.inner.clock.now_us()
+    }
+
+    fn hash(&self, key: &str) -> u64 {
+        self.inner.hasher.hash_one(key)
+    }
+}

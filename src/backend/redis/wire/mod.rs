@@ -1,0 +1,301 @@
+//! The wire format between this crate and its Lua scripts: which files make
+//! each script, what a call's `ARGV` holds, and the one reply layout both
+//! check entry points (`lua/check.lua` on a single Redis, `lua/cluster.lua`'s
+//! `check` mode on one hash slot of a cluster) return. Everything either
+//! side writes or reads is encoded or parsed here.
+//!
+//! # Arguments
+//!
+//! ```text
+//! clock     "" = Redis TIME; "d<deadline>" = Redis TIME, and a script that
+//!           starts after the deadline writes nothing and answers "late";
+//!           "<now>[:<ttl slack ms>]" = a test clock (ManualClock)
+//! per tier  seven numbers: algorithm (1 fixed window, 2 sliding window log,
+//!           3 sliding window counter, 4 token bucket, 5 leaky bucket),
+//!           p1, p2, p3, p4, cost, flags (+1 shadow, +2 undo wanted)
+//! refund    eight numbers per key: algorithm, p1..p4, cost, charged_at, undo
+//! ```
+//!
+//! `p1..p4`: windows `limit, window_us, 0, 0`; token bucket `capacity, rate,
+//! unit, 0`; leaky bucket `capacity, rate, unit, max_delay_us` (−1 = police).
+//!
+//! # The check reply
+//!
+//! ```text
+//! { now_us,
+//!   then three per tier: r, reset_after_us, w,
+//!   then a trailer, three per entry: i, delay_us, undo }
+//! late: { now_us, -1 }
+//! ```
+//!
+//! All times are microseconds; `now_us` is Unix epoch µs, the others are
+//! relative to it. `r` is the tier's remaining when it allows and
+//! `-(remaining + 1)` when it denies; `w` its retry_after_us when it denies
+//! and, when it allows, the wait before another request of the same cost
+//! would pass (0 when at once or not computed). The trailer lists, by tier
+//! number `i` (from 1), every allowing tier with a shaping delay and, when
+//! the call charged and the tier has the undo flag, a non-zero `undo`: what
+//! its charge returned, the argument of its refund. Every other delay and
+//! undo is 0.
+//!
+//! Whether the call charged is not sent: the script charges exactly when
+//! every enforced tier allows, and the caller knows which tiers are in
+//! shadow mode, so [`parse_check`] derives it ([`Verdict::charges`] is
+//! empty when nothing was charged). Three numbers per tier rather than six:
+//! redis-rs parses each number of a reply (about 1 000 instructions apiece).
+//!
+//! "Late" cannot be confused with a check's reply: `1 + 3n + 3k` values is
+//! never 2 for `n ≥ 1` tiers.
+
+use crate::algorithm::{Decision, Limit};
+use crate::backend::{Charge, Shadow, TierCheck, Verdict};
+use crate::error::BackendError;
+use ::redis::Cmd;
+
+/// The script a single Redis runs per request: the algorithm files of
+/// `lua/` joined, then the shared dispatcher and `check.lua`.
+pub(super) const CHECK_LUA: &str = concat!(
+    include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/fixed_window.lua"),
+    include_str!("../../../../lua/sliding_window_log.lua"),
+    include_str!("../../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../../lua/token_bucket.lua"),
+    include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/dispatch.lua"),
+    include_str!("../../../../lua/check.lua"),
+);
+
+/// The cluster script: the algorithms, their refunds, and the per-slot
+/// entry point (instead of `check.lua`). A single Redis runs its `refund`
+/// mode too.
+pub(super) const CLUSTER_LUA: &str = concat!(
+    include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/fixed_window.lua"),
+    include_str!("../../../../lua/sliding_window_log.lua"),
+    include_str!("../../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../../lua/token_bucket.lua"),
+    include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/refund.lua"),
+    include_str!("../../../../lua/dispatch.lua"),
+    include_str!("../../../../lua/cluster.lua"),
+);
+
+/// Tier flag: the tier is in shadow mode (its denial does not stop the
+/// others from being charged).
+pub(super) const SHADOW: u8 = 1;
+/// Tier flag: return the charge's undo value (for a refund).
+pub(super) const UNDO: u8 = 2;
+
+/// The clock argument of a script call, on the stack: at most
+/// `"<u64>:<u64>"`, 41 bytes.
+#[derive(Clone, Copy)]
+pub(super) struct ClockArg {
+    buf: [u8; 41],
+    len: u8,
+}
+
+impl ClockArg {
+    /// `""`: the script reads Redis `TIME`.
+    pub(super) const fn redis() -> Self {
+        Self {
+            buf: [0; 41],
+            len: 0,
+        }
+    }
+
+    /// `"d<deadline µs>"` (Redis's clock): Redis `TIME`, and nothing is
+    /// written if the script starts after `deadline_us`.
+    pub(super) fn deadline(deadline_us: i64) -> Self {
+        let mut a = Self::redis();
+        a.push(b"d");
+        a.push(itoa::Buffer::new().format(deadline_us).as_bytes());
+        a
+    }
+
+    /// `"<now µs>"`, or `"<now µs>:<ttl slack ms>"` when the slack is not 0:
+    /// a test clock.
+    pub(super) fn manual(now_us: u64, ttl_slack_ms: u64) -> Self {
+        let mut a = Self::redis();
+        a.push(itoa::Buffer::new().format(now_us).as_bytes());
+        if ttl_slack_ms > 0 {
+            a.push(b":");
+            a.push(itoa::Buffer::new().format(ttl_slack_ms).as_bytes());
+        }
+        a
+    }
+
+    /// Appends `bytes`; the constructors never exceed the buffer (20 digits
+    /// of a u64 or i64 with its sign, twice, and one separator).
+    fn push(&mut self, bytes: &[u8]) {
+        let at = usize::from(self.len);
+        let end = (at + bytes.len()).min(self.buf.len());
+        self.buf[at..end].copy_from_slice(&bytes[..end - at]);
+        self.len = u8::try_from(end).unwrap_or(u8::MAX);
+    }
+
+    /// The argument's bytes.
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+}
+
+/// A limit as the scripts take it: the algorithm's number and p1..p4.
+fn encode(limit: &Limit) -> (u8, [i64; 4]) {
+    match *limit {
+        Limit::FixedWindow(w) => (1, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::SlidingWindowLog(w) => (2, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::SlidingWindowCounter(w) => (3, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::TokenBucket(b) => (4, [int(b.capacity), int(b.rate), int(b.unit), 0]),
+        Limit::LeakyBucket(g) => (
+            5,
+            [
+                int(g.bucket.capacity),
+                int(g.bucket.rate),
+                int(g.bucket.unit),
+                g.max_delay_us.map_or(-1, int),
+            ],
+        ),
+    }
+}
+
+/// Parameters are validated far below 2^53 when the layer is built.
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The seven `ARGV` of one tier of a check: algorithm, p1..p4, cost, flags
+/// ([`SHADOW`], [`UNDO`]).
+pub(super) fn tier_args(check: &TierCheck, flags: u8) -> [i64; 7] {
+    let (algorithm, p) = encode(&check.limit);
+    [
+        i64::from(algorithm),
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        int(check.cost),
+        i64::from(flags),
+    ]
+}
+
+/// Writes one tier's seven `ARGV` ([`tier_args`]) into `cmd`'s buffer.
+pub(super) fn write_tier(cmd: &mut Cmd, check: &TierCheck, flags: u8) {
+    cmd.arg(&tier_args(check, flags)[..]);
+}
+
+/// The eight `ARGV` of one key in the cluster script's `refund` mode:
+/// algorithm, p1..p4, cost, charged_at (µs), undo.
+pub(super) fn refund_args(check: &TierCheck, charge: &Charge) -> [i64; 8] {
+    let (algorithm, p) = encode(&check.limit);
+    [
+        i64::from(algorithm),
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        int(check.cost),
+        int(charge.at_us),
+        int(charge.undo),
+    ]
+}
+
+/// A check reply, parsed.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum CheckReply {
+    /// The script started after the call's deadline and wrote nothing.
+    Late,
+    /// The decisions; [`Verdict::charges`] is empty when nothing was
+    /// charged, else one entry per tier (`None` for a tier that denied).
+    Decided(Verdict),
+}
+
+/// Numbers per tier in a check's reply, and per trailer entry.
+const PER_TIER: usize = 3;
+
+/// Parses a check's reply (see the module docs) for tiers of these
+/// `capacities` (in call order) with these tiers in shadow mode.
+///
+/// # Errors
+/// [`BackendError::Reply`] when the reply does not have the layout: wrong
+/// length, a negative number where none can be, a trailer entry for a tier
+/// that does not exist or that denied.
+pub(super) fn parse_check(
+    reply: &[i64],
+    capacities: &[u64],
+    shadow: Shadow,
+) -> Result<CheckReply, BackendError> {
+    if reply.len() == 2 && reply[1] == -1 {
+        return Ok(CheckReply::Late);
+    }
+    let n = capacities.len();
+    let body = 1 + PER_TIER * n;
+    let bad = |what: &str| {
+        BackendError::Reply(format!(
+            "unexpected reply for {n} tiers ({what}): {} values",
+            reply.len()
+        ))
+    };
+    if reply.len() < body || !(reply.len() - body).is_multiple_of(PER_TIER) {
+        return Err(bad("length"));
+    }
+    let u = |v: i64, what: &str| u64::try_from(v).map_err(|_| bad(what));
+    let now_us = u(reply[0], "negative now_us")?;
+    let mut decisions = Vec::with_capacity(n);
+    for (r, &limit) in reply[1..body].chunks_exact(PER_TIER).zip(capacities) {
+        // r[0]: remaining when allowed, -(remaining + 1) when denied (no
+        // overflow: -(i64::MIN + 1) is i64::MAX).
+        let allowed = r[0] >= 0;
+        let remaining = if allowed { r[0] } else { -(r[0] + 1) };
+        let w = u(r[2], "negative wait")?;
+        decisions.push(Decision {
+            allowed,
+            limit,
+            remaining: remaining.unsigned_abs(),
+            reset_after_us: u(r[1], "negative reset")?,
+            // An allowed tier's w is the wait for the next request (see
+            // lua/dispatch.lua), kept in its charge below.
+            retry_after_us: if allowed { 0 } else { w },
+            delay_us: 0,
+        });
+    }
+    let mut undo: smallvec::SmallVec<[u64; 8]> = smallvec::smallvec![0; n];
+    for t in reply[body..].chunks_exact(PER_TIER) {
+        // Tier numbers count from 1.
+        let i = usize::try_from(t[0])
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .ok_or_else(|| bad("tier number"))?;
+        let d = decisions.get_mut(i).ok_or_else(|| bad("tier number"))?;
+        if !d.allowed {
+            return Err(bad("trailer entry for a denying tier"));
+        }
+        d.delay_us = u(t[1], "negative delay")?;
+        undo[i] = u(t[2], "negative undo")?;
+    }
+    // Charged: every enforced tier allowed (the script's commit rule), and
+    // this one did.
+    let charges = if !shadow.commits(&decisions) {
+        Vec::new()
+    } else {
+        reply[1..body]
+            .chunks_exact(PER_TIER)
+            .zip(&undo)
+            .map(|(r, &undo)| {
+                (r[0] >= 0).then(|| Charge {
+                    at_us: now_us,
+                    undo,
+                    // Checked non-negative above.
+                    next_after_us: r[2].unsigned_abs(),
+                })
+            })
+            .collect()
+    };
+    Ok(CheckReply::Decided(Verdict {
+        now_us,
+        decisions,
+        charges,
+    }))
+}
+
+#[cfg(test)]
+mod tests;

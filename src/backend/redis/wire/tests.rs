@@ -1,0 +1,322 @@
+use super::*;
+use crate::algorithm::{Gcra, TokenBucket, Window};
+
+fn limits() -> Vec<Limit> {
+    let w = Window {
+        limit: 10,
+        window_us: 60_000_000,
+    };
+    let b = TokenBucket {
+        capacity: 5_000_000,
+        rate: 3,
+        unit: 1_000_000,
+    };
+    vec![
+        Limit::FixedWindow(w),
+        Limit::SlidingWindowLog(w),
+        Limit::SlidingWindowCounter(w),
+        Limit::TokenBucket(b),
+        Limit::LeakyBucket(Gcra {
+            bucket: b,
+            max_delay_us: None,
+        }),
+        Limit::LeakyBucket(Gcra {
+            bucket: b,
+            max_delay_us: Some(250_000),
+        }),
+    ]
+}
+
+/// What the scripts read back from seven tier `ARGV` (the inverse of
+/// [`tier_args`], as `lua/dispatch.lua` and the algorithm files read it).
+fn decode(a: [i64; 7]) -> (Limit, u64, u8) {
+    let u = |v: i64| u64::try_from(v).unwrap();
+    let w = Window {
+        limit: u(a[1]),
+        window_us: u(a[2]),
+    };
+    let b = TokenBucket {
+        capacity: u(a[1]),
+        rate: u(a[2]),
+        unit: u(a[3]),
+    };
+    let limit = match a[0] {
+        1 => Limit::FixedWindow(w),
+        2 => Limit::SlidingWindowLog(w),
+        3 => Limit::SlidingWindowCounter(w),
+        4 => Limit::TokenBucket(b),
+        5 => Limit::LeakyBucket(Gcra {
+            bucket: b,
+            max_delay_us: (a[4] >= 0).then(|| u(a[4])),
+        }),
+        other => panic!("algorithm {other}"),
+    };
+    (limit, u(a[5]), u8::try_from(a[6]).unwrap())
+}
+
+#[test]
+fn tier_args_round_trip() {
+    for limit in limits() {
+        for flags in [0, SHADOW, UNDO, SHADOW | UNDO] {
+            let check = TierCheck {
+                key: "rl:t:k".to_owned(),
+                limit,
+                cost: 3,
+            };
+            assert_eq!(decode(tier_args(&check, flags)), (limit, 3, flags));
+        }
+    }
+}
+
+#[test]
+fn tier_args_in_a_command_are_seven_arguments() {
+    let check = TierCheck {
+        key: "k".to_owned(),
+        limit: limits()[5],
+        cost: 2,
+    };
+    let mut cmd = ::redis::cmd("EVALSHA");
+    write_tier(&mut cmd, &check, SHADOW | UNDO);
+    let args: Vec<Vec<u8>> = cmd.args_iter().skip(1).map(arg_bytes).collect();
+    let want: Vec<&[u8]> = vec![b"5", b"5000000", b"3", b"1000000", b"250000", b"2", b"3"];
+    assert_eq!(args, want);
+}
+
+fn arg_bytes(a: ::redis::Arg<&[u8]>) -> Vec<u8> {
+    match a {
+        ::redis::Arg::Simple(b) => b.to_vec(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn refund_args_carry_the_charge() {
+    let check = TierCheck {
+        key: "k".to_owned(),
+        limit: limits()[3],
+        cost: 2,
+    };
+    let charge = Charge {
+        at_us: 1_700_000_000_000_123,
+        undo: 3_000_000,
+        next_after_us: 9,
+    };
+    // algorithm, p1..p4, cost, charged_at, undo (the next-pass wait is
+    // not sent).
+    let want = [4, 5_000_000, 3, 1_000_000, 0, 2, 1_700_000_000_000_123];
+    assert_eq!(refund_args(&check, &charge)[..7], want);
+    assert_eq!(refund_args(&check, &charge)[7], 3_000_000);
+}
+
+#[test]
+fn clock_args() {
+    assert_eq!(ClockArg::redis().as_bytes(), b"");
+    assert_eq!(
+        ClockArg::deadline(1_700_000_000_000_000).as_bytes(),
+        b"d1700000000000000"
+    );
+    assert_eq!(
+        ClockArg::deadline(i64::MAX).as_bytes(),
+        b"d9223372036854775807"
+    );
+    assert_eq!(ClockArg::manual(42, 0).as_bytes(), b"42");
+    assert_eq!(ClockArg::manual(42, 600_000).as_bytes(), b"42:600000");
+    assert_eq!(
+        ClockArg::manual(u64::MAX, u64::MAX).as_bytes(),
+        b"18446744073709551615:18446744073709551615"
+    );
+}
+
+/// One tier as the scripts see it, for [`reply_of`].
+struct Tier {
+    d: Decision,
+    /// The allowed tier's wait before the next request (w).
+    next: u64,
+    undo: u64,
+}
+
+/// The reply the scripts build (`check_request` in lua/dispatch.lua)
+/// for these tiers; `charged`: whether the call charged.
+fn reply_of(now: i64, tiers: &[Tier], charged: bool) -> Vec<i64> {
+    let i = |v: u64| i64::try_from(v).unwrap();
+    let mut out = vec![now];
+    for t in tiers {
+        if t.d.allowed {
+            out.extend([i(t.d.remaining), i(t.d.reset_after_us), i(t.next)]);
+        } else {
+            out.extend([
+                -i(t.d.remaining) - 1,
+                i(t.d.reset_after_us),
+                i(t.d.retry_after_us),
+            ]);
+        }
+    }
+    for (n, t) in tiers.iter().enumerate() {
+        let undo = if charged { t.undo } else { 0 };
+        if t.d.allowed && (t.d.delay_us > 0 || undo != 0) {
+            out.extend([i(n as u64 + 1), i(t.d.delay_us), i(undo)]);
+        }
+    }
+    out
+}
+
+fn tier(allowed: bool, remaining: u64, delay: u64, undo: u64) -> Tier {
+    Tier {
+        d: Decision {
+            allowed,
+            limit: 10,
+            remaining,
+            reset_after_us: 1_000 + remaining,
+            retry_after_us: if allowed { 0 } else { 500 },
+            delay_us: delay,
+        },
+        next: if allowed { 77 } else { 0 },
+        undo,
+    }
+}
+
+fn decided(r: Result<CheckReply, BackendError>) -> Verdict {
+    match r {
+        Ok(CheckReply::Decided(v)) => v,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_charged_reply_round_trips() {
+    let tiers = [
+        tier(true, 9, 0, 0),
+        tier(true, 0, 250, 12),
+        tier(true, 3, 0, 7),
+    ];
+    let reply = reply_of(1_700_000_000_000_000, &tiers, true);
+    assert_eq!(reply.len(), 1 + 3 * 3 + 3 * 2);
+    let v = decided(parse_check(&reply, &[10; 3], Shadow::NONE));
+    assert_eq!(v.now_us, 1_700_000_000_000_000);
+    let want: Vec<Decision> = tiers.iter().map(|t| t.d).collect();
+    assert_eq!(v.decisions, want);
+    let charges: Vec<Option<Charge>> = tiers
+        .iter()
+        .map(|t| {
+            Some(Charge {
+                at_us: 1_700_000_000_000_000,
+                undo: t.undo,
+                next_after_us: 77,
+            })
+        })
+        .collect();
+    assert_eq!(v.charges, charges);
+}
+
+#[test]
+fn an_enforced_denial_charges_nothing() {
+    let tiers = [tier(true, 4, 100, 5), tier(false, 0, 0, 0)];
+    let reply = reply_of(5, &tiers, false);
+    let v = decided(parse_check(&reply, &[10; 2], Shadow::NONE));
+    let want: Vec<Decision> = tiers.iter().map(|t| t.d).collect();
+    assert_eq!(v.decisions, want);
+    assert_eq!(v.decisions[0].delay_us, 100);
+    assert!(v.charges.is_empty());
+}
+
+#[test]
+fn a_shadow_denial_charges_the_others() {
+    let tiers = [tier(false, 2, 0, 0), tier(true, 1, 0, 8)];
+    let reply = reply_of(5, &tiers, true);
+    let v = decided(parse_check(&reply, &[10; 2], Shadow(0b01)));
+    assert_eq!(v.decisions[0].remaining, 2);
+    assert!(!v.decisions[0].allowed);
+    assert_eq!(v.decisions[0].retry_after_us, 500);
+    assert_eq!(
+        v.charges,
+        vec![
+            None,
+            Some(Charge {
+                at_us: 5,
+                undo: 8,
+                next_after_us: 77,
+            })
+        ]
+    );
+}
+
+#[test]
+fn no_tiers_and_late() {
+    let v = decided(parse_check(&[9], &[], Shadow::NONE));
+    assert_eq!((v.now_us, v.decisions.len(), v.charges.len()), (9, 0, 0));
+    assert_eq!(
+        parse_check(&[9, -1], &[10], Shadow::NONE).unwrap(),
+        CheckReply::Late
+    );
+}
+
+fn is_reply_error(r: Result<CheckReply, BackendError>) -> bool {
+    matches!(r, Err(BackendError::Reply(_)))
+}
+
+#[test]
+fn malformed_replies_are_reply_errors() {
+    let ok = reply_of(5, &[tier(true, 4, 100, 5), tier(true, 1, 0, 0)], true);
+    assert!(parse_check(&ok, &[10; 2], Shadow::NONE).is_ok());
+    let caps = [10; 2];
+    let bad: Vec<(&str, Vec<i64>)> = vec![
+        ("empty", vec![]),
+        ("short body", ok[..6].to_vec()),
+        ("partial trailer", ok[..ok.len() - 1].to_vec()),
+        ("extra value", [&ok[..], &[0]].concat()),
+        ("negative now", [&[-5], &ok[1..]].concat()),
+        ("negative reset", {
+            let mut r = ok.clone();
+            r[2] = -1;
+            r
+        }),
+        ("negative wait", {
+            let mut r = ok.clone();
+            r[3] = -3;
+            r
+        }),
+        ("tier 0", {
+            let mut r = ok.clone();
+            r[7] = 0;
+            r
+        }),
+        ("tier past the end", {
+            let mut r = ok.clone();
+            r[7] = 3;
+            r
+        }),
+        ("tier i64::MIN", {
+            let mut r = ok.clone();
+            r[7] = i64::MIN;
+            r
+        }),
+        ("negative delay", {
+            let mut r = ok.clone();
+            r[8] = -1;
+            r
+        }),
+        ("negative undo", {
+            let mut r = ok.clone();
+            r[9] = -1;
+            r
+        }),
+        ("trailer of a denying tier", {
+            let mut r = ok.clone();
+            r[1] = -1;
+            r
+        }),
+    ];
+    for (what, reply) in bad {
+        assert!(
+            is_reply_error(parse_check(&reply, &caps, Shadow::NONE)),
+            "{what}: {reply:?}"
+        );
+    }
+    // Extreme values parse without overflow.
+    let r = [0, i64::MIN, i64::MAX, i64::MAX];
+    let v = decided(parse_check(&r, &[1], Shadow::NONE));
+    assert_eq!(v.decisions[0].remaining, i64::MAX.unsigned_abs());
+    let r = [0, i64::MAX, 0, 0];
+    let v = decided(parse_check(&r, &[1], Shadow::NONE));
+    assert_eq!(v.decisions[0].remaining, i64::MAX.unsigned_abs());
+}

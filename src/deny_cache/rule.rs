@@ -1,0 +1,36 @@
+//! When a cached denial is exactly the backend's answer: which denials
+//! may be cached, and which uncached tiers cannot bind a cached 429.
+
+use crate::algorithm::Limit;
+
+/// Whether a denial of `cost` under `limit`, seen with `remaining` left,
+/// stays exactly the backend's answer until its retry instant: its retry
+/// instant is fixed (every algorithm's is, while the key's state does not
+/// change), and so must be its `remaining`. A fixed window's count does not
+/// move within the window (and its retry instant is the window's end). For
+/// the others, `remaining` only grows while a key is left alone, and stays
+/// below `cost` while the request is denied: it is constant when it is
+/// already `cost − 1` (always so for a cost of 1).
+pub(crate) fn stays_exact(limit: &Limit, cost: u64, remaining: u64) -> bool {
+    matches!(limit, Limit::FixedWindow(_)) || remaining.saturating_add(1) == cost
+}
+
+/// The longest `Retry-After` (µs) that a check of `cost` under `limit` at
+/// `now_us` could be denied with, whatever the key's stored state: a tier
+/// the cache knows nothing about cannot bind a request's 429 when this is
+/// shorter than a cached tier's wait. `u64::MAX` when there is no such
+/// bound: a leaky bucket's backlog may have been built under another limit
+/// of the same rate (a plan, a quota changed at run time).
+pub(crate) fn longest_wait_us(limit: &Limit, cost: u64, now_us: u64) -> u64 {
+    match *limit {
+        // The window's end (or its reset, the same instant).
+        Limit::FixedWindow(w) => w.window_us - now_us % w.window_us,
+        // The newest entry was logged at or before now.
+        Limit::SlidingWindowLog(w) => w.window_us,
+        // At most the end of the next window.
+        Limit::SlidingWindowCounter(w) => 2 * w.window_us - now_us % w.window_us,
+        // From an empty bucket: the cost (or a full bucket, above it).
+        Limit::TokenBucket(b) => cost.saturating_mul(b.unit).min(b.capacity).div_ceil(b.rate),
+        Limit::LeakyBucket(_) => u64::MAX,
+    }
+}

@@ -1,0 +1,127 @@
+use super::*;
+use crate::algorithm::State;
+use crate::engine::runtime::checked_limit;
+use crate::{Algorithm, Quota};
+use proptest::prelude::*;
+
+fn limit(algorithm: Algorithm, n: u64, period_ms: u64) -> Limit {
+    checked_limit(
+        "t",
+        algorithm,
+        Quota::new(n, Duration::from_millis(period_ms)),
+        1,
+    )
+    .expect("a valid quota")
+}
+
+fn entry(until_us: u64, cost: u64, quota: Limit) -> Denied {
+    Denied::new(until_us, cost, quota, 0, Duration::from_secs(60))
+}
+
+#[test]
+fn lookup_matches_key_cost_and_limit_and_lapses_for_a_second() {
+    let c = DenyCache::new(100);
+    let l = limit(Algorithm::TokenBucket, 10, 1000);
+    let other = limit(Algorithm::TokenBucket, 20, 1000);
+    assert!(matches!(c.lookup("k", 1, &l, 0), Lookup::Miss));
+    c.insert("k".into(), entry(5_000, 1, l));
+    assert!(matches!(c.lookup("k", 1, &l, 4_999), Lookup::Denied(d) if d.until_us == 5_000));
+    // Another cost, another limit (a plan), another key: not this entry.
+    assert!(matches!(c.lookup("k", 2, &l, 4_999), Lookup::Miss));
+    assert!(matches!(c.lookup("k", 1, &other, 4_999), Lookup::Miss));
+    assert!(matches!(c.lookup("j", 1, &l, 4_999), Lookup::Miss));
+    // From the retry instant on: lapsed for LAPSED_FOR, then nothing.
+    assert!(matches!(c.lookup("k", 1, &l, 5_000), Lookup::Lapsed));
+    assert!(matches!(
+        c.lookup("k", 1, &l, 5_000 + LAPSED_FOR_US - 1),
+        Lookup::Lapsed
+    ));
+    assert!(matches!(
+        c.lookup("k", 1, &l, 5_000 + LAPSED_FOR_US),
+        Lookup::Miss
+    ));
+}
+
+#[test]
+fn forget_remove_lapsed_and_clear() {
+    let c = DenyCache::new(100);
+    let l = limit(Algorithm::FixedWindow, 1, 1000);
+    c.insert("a".into(), entry(5_000, 1, l));
+    c.insert("b".into(), entry(5_000, 1, l));
+    // A live entry survives remove_lapsed; a charge forgets it.
+    c.remove_lapsed("a", 4_000);
+    assert!(matches!(c.lookup("a", 1, &l, 4_000), Lookup::Denied(_)));
+    c.forget("a", || 4_000);
+    assert!(matches!(c.lookup("a", 1, &l, 4_000), Lookup::Miss));
+    c.remove_lapsed("b", 5_000);
+    assert!(matches!(c.lookup("b", 1, &l, 5_000), Lookup::Miss));
+    c.insert("b".into(), entry(9_000, 1, l));
+    c.clear();
+    assert!(matches!(c.lookup("b", 1, &l, 4_000), Lookup::Miss));
+    // Off: nothing is kept.
+    let off = DenyCache::new(0);
+    off.insert("a".into(), entry(5_000, 1, l));
+    assert!(!off.enabled());
+    assert!(matches!(off.lookup("a", 1, &l, 0), Lookup::Miss));
+}
+
+#[test]
+fn one_probe_leads_the_others_follow() {
+    let c = DenyCache::new(100);
+    let Role::Lead(guard) = c.join("k") else {
+        panic!("the first request leads");
+    };
+    assert_eq!(guard.key(), "k");
+    assert!(matches!(c.join("k"), Role::Follow(_)));
+    assert!(matches!(c.join("other"), Role::Lead(_)));
+    drop(guard);
+    assert!(matches!(c.join("k"), Role::Lead(_)));
+}
+
+#[test]
+fn stays_exact_only_where_remaining_cannot_move() {
+    let fixed = limit(Algorithm::FixedWindow, 10, 1000);
+    let bucket = limit(Algorithm::TokenBucket, 10, 1000);
+    assert!(stays_exact(&fixed, 5, 0));
+    assert!(stays_exact(&bucket, 1, 0));
+    assert!(stays_exact(&bucket, 3, 2));
+    assert!(!stays_exact(&bucket, 3, 1));
+}
+
+proptest! {
+    /// Whatever the key's history, a denial's wait is never longer than
+    /// `longest_wait_us` (the bound that lets an uncached tier be
+    /// ruled out of binding a cached 429).
+    #[test]
+    fn no_denial_waits_longer_than_the_bound(
+        alg in 0..4usize,
+        n in 1u64..20,
+        period_ms in 1u64..5_000,
+        ops in proptest::collection::vec((0u64..3_000_000, 1u64..25), 1..60),
+    ) {
+        let algorithm = [
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindowLog,
+            Algorithm::SlidingWindowCounter,
+            Algorithm::TokenBucket,
+        ][alg];
+        let l = limit(algorithm, n, period_ms);
+        let mut state: Option<State> = None;
+        let mut now = 1_700_000_000_000_000u64;
+        for (advance, cost) in ops {
+            now += advance;
+            let cost = cost.min(l.capacity() + 1);
+            let d = l.check(state.as_ref(), now, cost);
+            if d.allowed {
+                state = Some(l.charge(state, now, cost).0);
+            } else {
+                prop_assert!(
+                    d.retry_after_us <= longest_wait_us(&l, cost, now),
+                    "{algorithm:?} cost {cost}: waits {} > bound {}",
+                    d.retry_after_us,
+                    longest_wait_us(&l, cost, now)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,273 @@
+//! [`RateLimitLayerBuilder`]: its settings, their defaults and setters
+//! (checked and assembled by `build`, in `build.rs`).
+
+use super::DEFAULT_KEY_PREFIX;
+use crate::backend::Backend;
+use crate::breaker::CircuitBreaker;
+use crate::control::ControlKey;
+use crate::engine::runtime::FailurePolicy;
+use crate::key::ClientIp;
+use crate::observe::anomaly::AnomalyConfig;
+use crate::response::{HeaderStyle, JsonRejection, OnRejection};
+use crate::rollout::{AccessList, DenyStatus, Mode};
+use crate::Tier;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Builds a [`RateLimitLayer`](crate::RateLimitLayer); every setting is
+/// checked in [`build`](Self::build).
+#[must_use]
+pub struct RateLimitLayerBuilder {
+    pub(super) backend: Option<Backend>,
+    pub(super) key_prefix: String,
+    pub(super) tiers: Vec<Tier>,
+    pub(super) failure_policy: FailurePolicy,
+    pub(super) backend_timeout: Duration,
+    pub(super) docs_url: Option<String>,
+    pub(super) on_rejection: Arc<dyn OnRejection>,
+    pub(super) mode: Mode,
+    pub(super) client_ip: ClientIp,
+    pub(super) allow: AccessList,
+    pub(super) deny: AccessList,
+    pub(super) deny_status: DenyStatus,
+    pub(super) shadow_headers: bool,
+    pub(super) shadow_log_level: tracing::Level,
+    pub(super) circuit_breaker: CircuitBreaker,
+    pub(super) fallback_instances: u32,
+    pub(super) deny_cache: u64,
+    pub(super) header_style: HeaderStyle,
+    pub(super) anomaly: AnomalyConfig,
+    pub(super) top_n_capacity: usize,
+    pub(super) max_endpoints: usize,
+    pub(super) control: Option<ControlKey>,
+    pub(super) fleet_top_n: bool,
+    pub(super) fleet_flush_interval: Duration,
+    pub(super) fleet_pending_keys: usize,
+}
+
+impl Default for RateLimitLayerBuilder {
+    fn default() -> Self {
+        Self {
+            backend: None,
+            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            tiers: Vec::new(),
+            failure_policy: FailurePolicy::Open,
+            backend_timeout: Duration::from_millis(100),
+            docs_url: None,
+            on_rejection: Arc::new(JsonRejection),
+            mode: Mode::Enforce,
+            client_ip: ClientIp::default(),
+            allow: AccessList::new(),
+            deny: AccessList::new(),
+            deny_status: DenyStatus::Forbidden,
+            shadow_headers: false,
+            shadow_log_level: tracing::Level::INFO,
+            circuit_breaker: CircuitBreaker::default(),
+            fallback_instances: 1,
+            deny_cache: 100_000,
+            header_style: HeaderStyle::Legacy,
+            anomaly: AnomalyConfig::default(),
+            top_n_capacity: 256,
+            max_endpoints: crate::observe::recorder::DEFAULT_MAX_ENDPOINTS,
+            control: None,
+            fleet_top_n: true,
+            fleet_flush_interval: Duration::from_secs(1),
+            fleet_pending_keys: 10_000,
+        }
+    }
+}
+
+impl fmt::Debug for RateLimitLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("backend", &self.backend)
+            .field("key_prefix", &self.key_prefix)
+            .field("tiers", &self.tiers)
+            .field("failure_policy", &self.failure_policy)
+            .field("backend_timeout", &self.backend_timeout)
+            .field("docs_url", &self.docs_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayerBuilder {
+    /// Where buckets live: a [`MemoryBackend`](crate::backend::MemoryBackend)
+    /// (the default) or a [`RedisBackend`](crate::backend::RedisBackend).
+    pub fn backend(mut self, backend: impl Into<Backend>) -> Self {
+        self.backend = Some(backend.into());
+        self
+    }
+
+    /// Prefix of every storage key (`<prefix>:<tier>:<key>`); default `rl`.
+    /// 1-64 printable ASCII characters without `{` or `}`.
+    ///
+    /// **Two services that share one Redis must use different prefixes**:
+    /// with the same prefix, a tier of the same name and key is one bucket
+    /// for both, so each service's traffic spends the other's quota (and
+    /// their `[control]` keys and blocked-key sets collide too). With a
+    /// Redis backend and the default prefix, [`build`](Self::build) logs a
+    /// `WARN` line saying so, once per layer built; any other prefix
+    /// silences it.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Adds a tier; tiers are checked in the order added.
+    pub fn tier(mut self, tier: Tier) -> Self {
+        self.tiers.push(tier);
+        self
+    }
+
+    /// What to do when the backend cannot decide (default [`FailurePolicy::Open`]).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.failure_policy = policy;
+        self
+    }
+
+    /// The longest a backend check may add to a request (default 100 ms);
+    /// past it the failure policy applies.
+    pub fn backend_timeout(mut self, timeout: Duration) -> Self {
+        self.backend_timeout = timeout;
+        self
+    }
+
+    /// A URL explaining your limits, sent as `docs` in the 429 body.
+    pub fn docs_url(mut self, url: impl Into<String>) -> Self {
+        self.docs_url = Some(url.into());
+        self
+    }
+
+    /// Replaces the 429 response (see [`OnRejection`]).
+    pub fn on_rejection(mut self, on_rejection: impl OnRejection) -> Self {
+        self.on_rejection = Arc::new(on_rejection);
+        self
+    }
+
+    /// The global mode (default [`Mode::Enforce`]): each tier runs in the
+    /// weaker of its own mode and this one (see [`crate::rollout`]).
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// How the allowlist and denylist resolve a client's IP (trusted proxies,
+    /// IPv6 prefix). Give it the same `ClientIp` as your `ip` tier.
+    pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
+        self.client_ip = client_ip;
+        self
+    }
+
+    /// Requests matching `list` skip limiting (see [`crate::rollout`]).
+    pub fn allowlist(mut self, list: AccessList) -> Self {
+        self.allow = list;
+        self
+    }
+
+    /// Requests matching `list` are refused with `status` before any tier.
+    pub fn denylist(mut self, list: AccessList, status: DenyStatus) -> Self {
+        self.deny = list;
+        self.deny_status = status;
+        self
+    }
+
+    /// Whether requests decided by shadow tiers carry `X-RateLimit-*` headers
+    /// (default `false`: clients see nothing while you observe).
+    pub fn shadow_headers(mut self, send: bool) -> Self {
+        self.shadow_headers = send;
+        self
+    }
+
+    /// The level of the log line for a request a shadow tier would have
+    /// rejected (default `INFO`).
+    pub fn shadow_log_level(mut self, level: tracing::Level) -> Self {
+        self.shadow_log_level = level;
+        self
+    }
+
+    /// The circuit breaker in front of the backend (default: open after 5
+    /// consecutive failures, probe every 500 ms; `failures: 0` disables it).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.circuit_breaker = breaker;
+        self
+    }
+
+    /// For [`FailurePolicy::Fallback`]: how many app instances share the
+    /// quota, so each local fallback admits `quota / instances` (default 1;
+    /// a burst or limit below 1 becomes 1).
+    pub fn fallback_instances(mut self, instances: u32) -> Self {
+        self.fallback_instances = instances;
+        self
+    }
+
+    /// The local deny cache's size in keys (default 100 000; 0 disables it).
+    /// Used with the Redis backend only: the memory backend is local anyway.
+    pub fn deny_cache(mut self, capacity: u64) -> Self {
+        self.deny_cache = capacity;
+        self
+    }
+
+    /// The 429-rate baseline and its alert (see [`crate::observe::anomaly`]).
+    pub fn anomaly(mut self, config: AnomalyConfig) -> Self {
+        self.anomaly = config;
+        self
+    }
+
+    /// Counters per tier in the top-N blocked and near-limit sketches
+    /// (default 256; the error of a count is at most the smallest counter).
+    pub fn top_n_capacity(mut self, capacity: usize) -> Self {
+        self.top_n_capacity = capacity;
+        self
+    }
+
+    /// The most distinct endpoints (`METHOD route template`) tracked with
+    /// their own series: the `endpoint` label of
+    /// `tiered_ratelimit_tier_decisions_total` and the anomaly gauge, and
+    /// the anomaly baseline (default 1024). Endpoints seen after that many
+    /// share the label `<other>`. Bounds the tier-decision series at
+    /// (`max_endpoints` + 1) × tiers × plans × 5 decisions, of which only
+    /// the combinations that occur exist.
+    pub fn max_endpoints(mut self, endpoints: usize) -> Self {
+        self.max_endpoints = endpoints.max(1);
+        self
+    }
+
+    /// Polls a fleet-wide control hash in Redis (see [`crate::control`]);
+    /// Redis backends only (ignored by the memory backend).
+    pub fn control_key(mut self, control: ControlKey) -> Self {
+        self.control = Some(control);
+        self
+    }
+
+    /// On a single Redis, count rejected keys fleet-wide in hourly sorted
+    /// sets `<prefix>:blocked:<hour>` (TTL 25 h, the 10 000 heaviest kept),
+    /// written by the same script call as the decision (default on). The
+    /// 429s answered by the local deny cache are added too, without a call
+    /// per request: accumulated in this process and flushed in one
+    /// pipelined call per [`fleet_top_n_flush`](Self::fleet_top_n_flush)
+    /// interval. Read with
+    /// [`RateLimitHandle::top_blocked_fleet`](crate::RateLimitHandle::top_blocked_fleet).
+    pub fn fleet_top_n(mut self, on: bool) -> Self {
+        self.fleet_top_n = on;
+        self
+    }
+
+    /// How often the deny cache's 429s are flushed to the fleet-wide hourly
+    /// sets (default 1 s; at least 10 ms), and how many distinct keys at
+    /// most wait for a flush (default 10 000): a 429 for a new key beyond
+    /// that is not counted fleet-wide, only in
+    /// `tiered_ratelimit_fleet_blocked_dropped_total{reason="overflow"}`. A
+    /// crash loses at most one interval; so does a flush Redis fails.
+    pub fn fleet_top_n_flush(mut self, interval: Duration, max_keys: usize) -> Self {
+        self.fleet_flush_interval = interval;
+        self.fleet_pending_keys = max_keys;
+        self
+    }
+
+    /// Which rate-limit headers to send (default [`HeaderStyle::Legacy`]).
+    pub fn headers(mut self, style: HeaderStyle) -> Self {
+        self.header_style = style;
+        self
+    }
+}

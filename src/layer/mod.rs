@@ -1,0 +1,88 @@
+//! [`RateLimitLayer`] and its builder: the code form of a [`Policy`](crate::policy::Policy).
+
+mod build;
+mod builder;
+
+pub use self::builder::RateLimitLayerBuilder;
+pub use crate::engine::runtime::FailurePolicy;
+use crate::engine::runtime::Shared;
+use crate::front::Front;
+use crate::service::RateLimitService;
+use std::fmt;
+use std::sync::Arc;
+
+/// A tower [`Layer`](tower_layer::Layer) that rate-limits every request by a
+/// list of tiers.
+///
+/// Tiers are checked in the order added; a request passes only if every tier
+/// that applies to it allows it, and then it is charged on all of them (a
+/// request denied by one tier consumes nothing anywhere). See the crate docs
+/// for the full HTTP contract.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{routing::get, Router};
+/// use tiered_ratelimit::{key::{ClientIp, Global}, Quota, RateLimitLayer, Tier};
+///
+/// let layer = RateLimitLayer::builder()
+///     .tier(Tier::new("global", Global, Quota::per_second(1000).burst(2000)))
+///     .tier(Tier::new("ip", ClientIp::default(), Quota::per_minute(300)))
+///     .backend_timeout(Duration::from_millis(50))
+///     .build()
+///     .expect("valid rate-limit configuration");
+/// let app: Router = Router::new().route("/", get(|| async { "hi" })).layer(layer);
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct RateLimitLayer {
+    /// The engine's state (also `front.engine`'s), for handles and replay.
+    pub(crate) shared: Arc<Shared>,
+    /// The HTTP front door every service of this layer decides through.
+    pub(crate) front: Arc<Front>,
+}
+
+impl fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tiers: Vec<&str> = self.shared.tiers.iter().map(|t| &*t.name).collect();
+        f.debug_struct("RateLimitLayer")
+            .field("backend", &self.shared.backend.name())
+            .field("tiers", &tiers)
+            .field("failure_policy", &self.shared.failure_policy)
+            .field("backend_timeout", &self.shared.backend_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RateLimitLayer {
+    /// A builder with the defaults: in-memory backend, key prefix `rl`,
+    /// [`FailurePolicy::Open`], 100 ms backend timeout, no docs URL.
+    pub fn builder() -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder::default()
+    }
+
+    /// The tier names, in check order.
+    pub fn tier_names(&self) -> impl Iterator<Item = &str> {
+        self.shared.tiers.iter().map(|t| &*t.name)
+    }
+
+    /// A handle to change modes, quotas and lists at run time, without
+    /// rebuilding the router. Every clone of the layer (and every service
+    /// it made) sees the changes from the next request on.
+    pub fn handle(&self) -> crate::RateLimitHandle {
+        crate::RateLimitHandle::new(self.shared.clone())
+    }
+}
+
+impl<S> tower_layer::Layer<S> for RateLimitLayer {
+    type Service = RateLimitService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimitService::new(inner, self.front.clone())
+    }
+}
+
+/// The most tiers one layer may have.
+pub const MAX_TIERS: usize = 64;
+
+/// The storage key prefix when none is set.
+const DEFAULT_KEY_PREFIX: &str = "rl";
