@@ -29,6 +29,9 @@ pub(crate) mod plan;
 pub(crate) mod runtime;
 pub(crate) mod watch;
 
+#[cfg(test)]
+mod tests;
+
 /// The `tracing` target of a check's span and events: the module they came
 /// from before the engine had modules of its own, so that log filters such
 /// as `RUST_LOG=tiered_ratelimit::service=debug` keep working.
