@@ -94,6 +94,7 @@ mod quota;
 pub mod response;
 pub mod rollout;
 mod service;
+mod throttle;
 mod tier;
 
 pub use breaker::CircuitBreaker;

@@ -397,9 +397,9 @@ fn no_peer_address() {
         "reason" => "missing_connect_info"
     )
     .increment(1);
-    static LOG: std::sync::OnceLock<crate::observe::LogThrottle> = std::sync::OnceLock::new();
+    static LOG: std::sync::OnceLock<crate::throttle::LogThrottle> = std::sync::OnceLock::new();
     let log =
-        LOG.get_or_init(|| crate::observe::LogThrottle::new(std::time::Duration::from_secs(60)));
+        LOG.get_or_init(|| crate::throttle::LogThrottle::new(std::time::Duration::from_secs(60)));
     if let Some(suppressed) = log.permit() {
         tracing::error!(
             reason = "missing_connect_info",

@@ -1,7 +1,7 @@
 //! The page's chart: each tier's 429 rate over its history buckets, as
 //! inline SVG rendered on the server.
 
-use super::page::Esc;
+use super::html::Esc;
 use crate::observe::recorder::BucketCounts;
 use std::fmt::Write as _;
 

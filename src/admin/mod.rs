@@ -76,6 +76,7 @@ mod api;
 mod auth;
 mod chart;
 mod form;
+mod html;
 mod mode;
 mod page;
 mod reply;

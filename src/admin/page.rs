@@ -4,6 +4,7 @@
 use super::api::window_hours;
 use super::chart::{chart_svg, Series};
 use super::form::form_pairs;
+use super::html::Esc;
 use super::mode::{apply_mode, scope};
 use super::reply::{base_of, error, page_path, read_body, see_other};
 use super::Admin;
@@ -12,32 +13,9 @@ use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use http::{header, HeaderValue, StatusCode};
-use std::fmt::{self, Write as _};
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// HTML-escapes its contents when displayed.
-pub(super) struct Esc<'a>(pub(super) &'a str);
-
-impl fmt::Display for Esc<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut last = 0;
-        for (i, c) in self.0.char_indices() {
-            let rep = match c {
-                '&' => "&amp;",
-                '<' => "&lt;",
-                '>' => "&gt;",
-                '"' => "&quot;",
-                '\'' => "&#39;",
-                _ => continue,
-            };
-            f.write_str(&self.0[last..i])?;
-            f.write_str(rep)?;
-            last = i + c.len_utf8();
-        }
-        f.write_str(&self.0[last..])
-    }
-}
 
 const CSS: &str = "body{font:14px/1.4 system-ui,sans-serif;margin:0;color:#222;background:#f6f7f9}\
 header{background:#1d2733;color:#fff;padding:10px 20px;display:flex;gap:16px;align-items:center;flex-wrap:wrap}\

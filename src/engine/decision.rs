@@ -7,8 +7,6 @@ use super::runtime::{RefundOn, Shared};
 use crate::backend::{Backend, TierRefund, Verdict};
 #[cfg(feature = "redis")]
 use crate::error::BackendError;
-#[cfg(feature = "redis")]
-use crate::observe;
 use crate::observe::RequestDecision;
 use crate::response::{RateLimitHeaders, Rejection};
 use crate::rollout::DenyStatus;
@@ -172,8 +170,8 @@ pub(crate) fn refund_failed(e: &BackendError) {
         "kind" => e.kind()
     )
     .increment(1);
-    static LOG: std::sync::OnceLock<observe::LogThrottle> = std::sync::OnceLock::new();
-    let log = LOG.get_or_init(|| observe::LogThrottle::new(Duration::from_secs(1)));
+    static LOG: std::sync::OnceLock<crate::throttle::LogThrottle> = std::sync::OnceLock::new();
+    let log = LOG.get_or_init(|| crate::throttle::LogThrottle::new(Duration::from_secs(1)));
     if let Some(suppressed) = log.permit() {
         tracing::warn!(target: super::LOG_TARGET,
             error = %e,

@@ -17,7 +17,7 @@ use crate::engine::Engine;
 use crate::error::ConfigError;
 use crate::front::{Front, HttpTier};
 use crate::observe::recorder::Observer;
-use crate::observe::LogThrottle;
+use crate::throttle::LogThrottle;
 use arc_swap::ArcSwap;
 use std::collections::HashSet;
 use std::sync::Arc;

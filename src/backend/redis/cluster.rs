@@ -38,7 +38,7 @@ use super::RedisBackend;
 use crate::algorithm::Decision;
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::error::BackendError;
-use crate::observe::LogThrottle;
+use crate::throttle::LogThrottle;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::Slot;
 use ::redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};

@@ -1,19 +1,19 @@
 //! `ClientIp`: keys by the client's IP address. The type, its settings and
 //! its key format live here; which address is the client's in `resolve.rs`,
 //! the forwarding headers in `header.rs`, entry parsing in `parse.rs`, the
-//! misconfiguration warning's throttle in `throttle.rs`.
+//! misconfiguration warning's throttle is `crate::throttle::Throttle`.
 
 mod header;
 mod parse;
 mod resolve;
 #[cfg(test)]
 mod tests;
-mod throttle;
 
 pub use header::{ForwardedHeader, UnknownForwardedHeader};
 
 use super::{KeyError, KeyExtractor, KeyWriter};
 use crate::de::{FieldIn, Nets};
+use crate::throttle::Throttle;
 use http::request::Parts;
 use ipnet::{IpNet, Ipv6Net};
 use parse::canonical_net;
@@ -22,7 +22,6 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
-use throttle::WarnThrottle;
 
 /// The most entries read from a forwarding header (all its lines together,
 /// empty list elements included); past them the walk stops and the key falls
@@ -114,7 +113,7 @@ pub struct ClientIp {
     trusted: Vec<IpNet>,
     headers: Vec<ForwardedHeader>,
     ipv6_prefix: u8,
-    misconfig_warning: Arc<WarnThrottle>,
+    misconfig_warning: Arc<Throttle>,
 }
 
 impl fmt::Debug for ClientIp {
@@ -133,7 +132,7 @@ impl Default for ClientIp {
             trusted: Vec::new(),
             headers: ForwardedHeader::DEFAULT.to_vec(),
             ipv6_prefix: 64,
-            misconfig_warning: Arc::new(WarnThrottle::new(MISCONFIG_WARN_INTERVAL)),
+            misconfig_warning: Arc::new(Throttle::new(MISCONFIG_WARN_INTERVAL)),
         }
     }
 }
