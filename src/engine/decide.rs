@@ -1,6 +1,6 @@
 //! The decision: the binding tier, its headers, the 429, shadow logging.
 
-use super::decision::{Allow, Block, Decision, Denial};
+use super::decision::{Allow, Block, Decision, Denial, Refunds};
 use super::plan::Meta;
 use super::runtime::Shared;
 use crate::algorithm::Decision as TierResult;
@@ -12,9 +12,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The decision on a checked request: the binding tier, or the headers of
-/// an allowed one (without its refunds, which [`outcome`](super::outcome)
-/// adds).
-pub(crate) fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Decision {
+/// an allowed one with `refunds` (what [`outcome`](super::outcome) found
+/// its charges call for).
+pub(crate) fn decide(
+    shared: &Shared,
+    meta: &Meta,
+    v: &Verdict,
+    refunds: Option<Box<Refunds>>,
+) -> Decision {
     let ds = &v.decisions;
     let tier_name = |i: usize| meta.tier_name(shared, i);
     // Would-be rejections by observing tiers: counted and logged, never enforced.
@@ -85,7 +90,7 @@ pub(crate) fn decide(shared: &Shared, meta: &Meta, v: &Verdict) -> Decision {
             shadow_tiers,
             headers,
             delay: Duration::from_micros(delay_us),
-            refunds: None,
+            refunds,
         });
     };
     count_tier_decisions(shared, meta, ds, Some(i), None);
@@ -144,6 +149,7 @@ pub(crate) fn count_tier_decisions(
 }
 
 /// The headers describing check `i`'s decision.
+#[inline]
 pub(crate) fn headers_for(
     shared: &Shared,
     meta: &Meta,

@@ -63,12 +63,13 @@ pub(crate) fn outcome(
             shared.breaker.success(meta.permit);
             feed_deny_cache(shared, meta, &v);
             observe_decisions(shared, meta, &v);
-            let mut decision = decide(shared, meta, &v);
-            if let Decision::Allow(allow) = &mut decision {
-                // In place: the decision is moved as little as possible.
-                allow.refunds = Refunds::of(shared, meta, &v);
-            }
-            decision
+            // Only charged tiers have refunds: none for a denied request.
+            let refunds = if shared.refunds() {
+                Refunds::of(shared, meta, &v)
+            } else {
+                None
+            };
+            decide(shared, meta, &v, refunds)
         }
         Err(e) => {
             if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {
@@ -84,6 +85,7 @@ pub(crate) fn outcome(
 /// Feeds the anomaly series and the top-N sketches. Rejections by a tier
 /// (enforced or shadow) count as blocked for that tier's sketch; allowed
 /// requests with less than 20 % of a tier's capacity left as near-limit.
+#[inline]
 pub(crate) fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
     // The memory backend decided on this same clock a moment ago.
     let now_us = match shared.backend {
@@ -154,7 +156,7 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
                 Planned::Check(checks, mut meta) => {
                     meta.fallback = true;
                     let v = local.check(&checks, meta.shadow, false);
-                    decide(shared, &meta, &v)
+                    decide(shared, &meta, &v, None)
                 }
                 Planned::Refuse(status) => Decision::Block(Block::Denylisted(status)),
                 // An extractor failed: nothing local can decide either.

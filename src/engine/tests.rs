@@ -87,7 +87,7 @@ fn the_binding_tier_is_the_longest_wait_and_every_denying_tier_is_listed() {
         tier(true, 4, 30_000_000, 0),
         tier(false, 0, 6_000_000, 5_500_000),
     ]);
-    let Decision::Block(Block::Limited(d)) = decide(&shared, &meta, &v) else {
+    let Decision::Block(Block::Limited(d)) = decide(&shared, &meta, &v, None) else {
         panic!("denied");
     };
     assert_eq!(d.check, 2);
@@ -108,7 +108,7 @@ fn on_a_tie_the_first_denying_tier_binds() {
         tier(false, 0, 6_000_000, 3_000_000),
         tier(false, 0, 6_000_000, 3_000_000),
     ]);
-    let Decision::Block(Block::Limited(d)) = decide(&shared, &meta, &v) else {
+    let Decision::Block(Block::Limited(d)) = decide(&shared, &meta, &v, None) else {
         panic!("denied");
     };
     assert_eq!((d.check, &*d.rejection.tier), (0, "t0"));
@@ -122,7 +122,7 @@ fn an_observing_tier_never_denies_but_is_reported() {
         tier(true, 7, 18_000_000, 0),
         tier(false, 0, 6_000_000, 6_000_000),
     ]);
-    let Decision::Allow(a) = decide(&shared, &meta, &v) else {
+    let Decision::Allow(a) = decide(&shared, &meta, &v, None) else {
         panic!("a shadow denial passes");
     };
     assert_eq!(a.kind, RequestDecision::ShadowLimited);
@@ -140,7 +140,7 @@ fn allowed_headers_describe_the_least_remaining_then_the_longest_reset() {
         tier(true, 3, 48_000_000, 0),
         tier(true, 9, 6_000_000, 0),
     ]);
-    let Decision::Allow(a) = decide(&shared, &meta, &v) else {
+    let Decision::Allow(a) = decide(&shared, &meta, &v, None) else {
         panic!("allowed");
     };
     assert_eq!(a.kind, RequestDecision::Allowed);
@@ -158,7 +158,7 @@ fn a_shaped_request_waits_for_the_latest_slot() {
     let mut v = verdict(vec![tier(true, 0, 1, 0), tier(true, 0, 1, 0)]);
     v.decisions[0].delay_us = 250_000;
     v.decisions[1].delay_us = 900_000;
-    let Decision::Allow(a) = decide(&shared, &meta, &v) else {
+    let Decision::Allow(a) = decide(&shared, &meta, &v, None) else {
         panic!("allowed");
     };
     assert_eq!(a.delay, std::time::Duration::from_micros(900_000));
