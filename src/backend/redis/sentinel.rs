@@ -12,9 +12,10 @@
 //!
 //! The node a lookup finds must say `master` to `ROLE` on the very
 //! connection the checks will use (redis-rs asks it too, on a connection of
-//! its own, before), so a check is never sent to a replica. A node that
-//! answers `READONLY` later (demoted under us) makes the connection be
-//! dropped, as a broken one does: the next request looks again.
+//! its own, before), so no check goes to a node that was a replica when the
+//! connection was made. A node that answers `READONLY` later (demoted under
+//! us, its clients not closed) makes the connection be dropped, as a broken
+//! one does: the next request looks again.
 
 use super::{RedisBackend, Source};
 use crate::error::{BackendError, ConfigError};
@@ -129,9 +130,10 @@ impl RedisBackend {
     /// (closed, refused, or the node answers `READONLY`: demoted) the next
     /// request asks the sentinels again, so after a failover limiting
     /// resumes on the promoted replica. Meanwhile requests follow the
-    /// failure policy within the layer's `backend_timeout`. A check is never
-    /// sent to a replica: the node must answer `ROLE` with `master` on the
-    /// connection the checks use.
+    /// failure policy within the layer's `backend_timeout`. Checks go only
+    /// to a node that answered `ROLE` with `master` on the connection they
+    /// use; one demoted later refuses them with `READONLY`, which is a
+    /// failure (never an answer) and makes the sentinels be asked again.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), tiered_ratelimit::ConfigError> {
