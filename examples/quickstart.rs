@@ -12,6 +12,12 @@
 //! * `REDIS_CLUSTER_NODES`: comma-separated node URLs of a Redis Cluster
 //!   (`redis://127.0.0.1:7000,redis://127.0.0.1:7001`); when set, it is used
 //!   instead of `REDIS_URL`.
+//! * `REDIS_SENTINELS` and `REDIS_MASTER_NAME`: comma-separated Redis
+//!   Sentinel URLs (`redis://127.0.0.1:26379,redis://127.0.0.1:26380`) and
+//!   the monitored master's name (default `mymaster`); when set, used
+//!   instead of both above.
+//! * None of these: the policy's `[redis]` table if it has one (`url`,
+//!   `cluster_nodes`, or `sentinels` and `master_name`), else in memory.
 //! * `POLICY_FILE`: a policy TOML file; unset = the built-in
 //!   [`DEFAULT_POLICY`], printed at start-up.
 //! * `RUST_LOG`: log filter (default `info`).
@@ -134,26 +140,41 @@ async fn run() -> Result<(), Box<dyn Error>> {
         }
     };
 
-    let cluster_nodes = std::env::var("REDIS_CLUSTER_NODES").unwrap_or_default();
+    let sentinels = url_list("REDIS_SENTINELS");
+    let cluster_nodes = url_list("REDIS_CLUSTER_NODES");
+    let shown = |urls: &[String]| {
+        urls.iter()
+            .map(|u| redact(u))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let backend: Backend = match std::env::var("REDIS_URL") {
-        _ if !cluster_nodes.trim().is_empty() => {
-            let nodes: Vec<&str> = cluster_nodes
-                .split(',')
-                .map(str::trim)
-                .filter(|n| !n.is_empty())
-                .collect();
-            let shown: Vec<String> = nodes.iter().map(|n| redact(n)).collect();
-            println!("backend: redis cluster at {}", shown.join(", "));
-            RedisBackend::cluster(nodes)?.into()
+        _ if !sentinels.is_empty() => {
+            let master = env_or("REDIS_MASTER_NAME", "mymaster");
+            println!(
+                "backend: redis primary of {master:?} via sentinels {}",
+                shown(&sentinels)
+            );
+            RedisBackend::sentinel(&sentinels, &master)?.into()
+        }
+        _ if !cluster_nodes.is_empty() => {
+            println!("backend: redis cluster at {}", shown(&cluster_nodes));
+            RedisBackend::cluster(&cluster_nodes)?.into()
         }
         Ok(url) if !url.is_empty() => {
             println!("backend: redis at {}", redact(&url));
             RedisBackend::from_url(&url)?.into()
         }
-        _ => {
-            println!("backend: in-memory (set REDIS_URL to share buckets between processes)");
-            MemoryBackend::new().into()
-        }
+        _ => match &policy.redis {
+            Some(redis) => {
+                println!("backend: the policy's [redis] table: {redis:?}");
+                redis.backend()?.into()
+            }
+            None => {
+                println!("backend: in-memory (set REDIS_URL to share buckets between processes)");
+                MemoryBackend::new().into()
+            }
+        },
     };
 
     // The metrics recorder before the layer: it sets gauges when built.
@@ -314,6 +335,17 @@ fn env_or(name: &str, default: &str) -> String {
         .ok()
         .filter(|v| !v.is_empty())
         .unwrap_or_else(|| default.to_owned())
+}
+
+/// The comma-separated URLs in environment variable `name` (none when unset).
+fn url_list(name: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 /// `redis://user:secret@host/` → `redis://***@host/`, so passwords stay out

@@ -48,6 +48,8 @@
 //! [`CircuitBreaker`], `[allowlist]` an [`AccessList`], `[denylist]` a
 //! [`DenylistPolicy`] (an `AccessList` and a
 //! [`DenyStatus`](crate::rollout::DenyStatus)), `[control]` a [`ControlKey`],
+//! `[redis]` a [`RedisConfig`] (where the Redis backend is: `url`,
+//! `cluster_nodes`, or `sentinels` and `master_name`),
 //! `[[tier]]` a [`TierPolicy`] (its `key` a [`KeySpec`]) and
 //! `[tier.plans]` entries [`Quota`](crate::Quota)s, read per request from a
 //! [`PlanSource`]. The operator's guide to lists, plans and the control key
@@ -61,9 +63,11 @@
 //! extensions).
 
 mod lists;
+mod redis;
 mod tier;
 
 pub use lists::DenylistPolicy;
+pub use redis::RedisConfig;
 pub use tier::{KeySpec, PlanSource, TierPolicy};
 
 use crate::backend::Backend;
@@ -135,6 +139,12 @@ pub struct Policy {
     /// The fleet-wide control key (see `docs/rollout.md`).
     #[serde(default)]
     pub control: Option<ControlKey>,
+    /// Where the Redis backend is: the `[redis]` table (a URL, cluster
+    /// nodes, or sentinels and a master name), turned into a backend by
+    /// [`RedisConfig::backend`]. The layer takes its backend as an
+    /// argument, so this table is for the program that reads the policy.
+    #[serde(default)]
+    pub redis: Option<RedisConfig>,
 }
 
 fn default_prefix() -> String {

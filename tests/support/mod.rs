@@ -10,6 +10,7 @@ pub mod algorithms_http;
 pub mod cluster;
 pub mod redis_server;
 pub mod rng;
+pub mod sentinel;
 
 pub use redis_server::RedisServer;
 

@@ -58,10 +58,12 @@ pub(crate) fn commandstat(info: &str, command: &str, field: &str) -> u64 {
 /// A `redis-server` of our own on a free loopback port, killed on drop.
 pub struct RedisServer {
     port: u16,
+    /// More `redis-server` arguments (e.g. `--replicaof`).
+    args: Vec<String>,
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     StdListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -70,9 +72,16 @@ fn free_port() -> u16 {
 
 impl RedisServer {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A server with more `redis-server` arguments (e.g.
+    /// `["--replicaof", "127.0.0.1", "6379"]`).
+    pub fn start_with(args: &[&str]) -> Self {
         for _ in 0..5 {
             let mut s = RedisServer {
                 port: free_port(),
+                args: args.iter().map(|a| (*a).to_owned()).collect(),
                 child: None,
             };
             if s.spawn() {
@@ -83,7 +92,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> bool {
-        let child = redis_server(self.port).spawn();
+        let child = redis_server(self.port).args(&self.args).spawn();
         let child = match child {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(

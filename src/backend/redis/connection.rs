@@ -1,5 +1,6 @@
-//! Connections: the single-node connection (a `ConnectionManager` or one
-//! shared connection out of a deadpool pool), the cluster routes, running an
+//! Connections: the single-node connection (a `ConnectionManager`, one
+//! shared connection out of a deadpool pool, or the primary that Redis
+//! Sentinel names), the cluster routes, running an
 //! `EVALSHA` with its `NOSCRIPT` reload, and how a Redis error is classified.
 
 use super::{cluster, RedisBackend, Source};
@@ -49,10 +50,15 @@ impl RedisBackend {
     /// error or a node that cannot serve yet (master down, read-only,
     /// loading) is a connection error, anything else a script error. A
     /// pooled connection that broke is forgotten (the next check takes a
-    /// fresh one).
+    /// fresh one), as is a Sentinel primary's that broke or answers
+    /// `READONLY` (the next check asks the sentinels).
     pub(super) fn error(&self, e: RedisError) -> BackendError {
         let broken = e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal();
-        if broken {
+        // Behind Sentinel, a node that answers READONLY was demoted: look
+        // the primary up again.
+        let demoted = matches!(self.inner.source, Source::Sentinel(_))
+            && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
+        if broken || demoted {
             self.forget_connection();
         }
         if broken
@@ -106,6 +112,7 @@ impl RedisBackend {
                 *lock(conn) = Some(c.clone());
                 Ok(Conn::Multiplexed(c))
             }
+            Source::Sentinel(s) => s.connection().await.map(Conn::Multiplexed),
             Source::Cluster { .. } | Source::ClusterPool { .. } => Err(BackendError::Unsupported(
                 "a cluster backend has no single-node connection".to_owned(),
             )),
@@ -124,9 +131,12 @@ impl RedisBackend {
                 *lock(conn) = Some(c.clone());
                 Ok(c)
             }
-            Source::Client { .. } | Source::Pool { .. } | Source::Cluster { .. } => Err(
-                BackendError::Unsupported("no redis-rs cluster connection".to_owned()),
-            ),
+            Source::Client { .. }
+            | Source::Pool { .. }
+            | Source::Cluster { .. }
+            | Source::Sentinel(_) => Err(BackendError::Unsupported(
+                "no redis-rs cluster connection".to_owned(),
+            )),
         }
     }
 
@@ -143,6 +153,7 @@ impl RedisBackend {
         match &self.inner.source {
             Source::Pool { conn, .. } => *lock(conn) = None,
             Source::ClusterPool { conn, .. } => *lock(conn) = None,
+            Source::Sentinel(s) => s.forget(),
             Source::Client { .. } | Source::Cluster { .. } => {}
         }
     }

@@ -1,7 +1,7 @@
-//! [`RedisBackend`]: its sources (URL, pools, cluster), its public
-//! methods, and a request's check and refund. The wire format of the script
-//! calls is in `wire/`, connections in `connection.rs`, the cluster path
-//! in `cluster.rs` and `router.rs`.
+//! [`RedisBackend`]: its sources (URL, pools, cluster, sentinel), its
+//! public methods, and a request's check and refund. The wire format of the
+//! script calls is in `wire/`, connections in `connection.rs`, the cluster
+//! path in `cluster.rs` and `router.rs`, Redis Sentinel in `sentinel.rs`.
 
 use super::clock::ManualClock;
 use super::{CheckFuture, Shadow, TierCheck, TierRefund, Verdict};
@@ -18,11 +18,14 @@ use std::time::Instant;
 use timed::with_timeout;
 use wire::{CheckReply, ClockArg};
 
+pub use sentinel::SentinelMaster;
+
 mod blocked;
 mod cluster;
 mod connection;
 mod control;
 mod router;
+mod sentinel;
 mod timed;
 mod wire;
 
@@ -43,6 +46,10 @@ mod wire;
 ///   `deadpool-redis` pool and shares it; when it fails it is dropped and the
 ///   next request takes a fresh one from the pool (no per-request recycle
 ///   check).
+/// * [`RedisBackend::sentinel`] asks Redis Sentinels for the primary and
+///   shares one multiplexed connection to it; when it fails (the primary
+///   died, or was demoted and answers `READONLY`) the next request asks the
+///   sentinels again, so limiting follows a failover.
 /// * [`RedisBackend::cluster`] routes every command (script calls, control
 ///   key) by hash slot itself: a slot map of its own from `CLUSTER SLOTS`,
 ///   one multiplexed connection per primary, `MOVED`/`ASK`/`TRYAGAIN`
@@ -108,6 +115,8 @@ enum Source {
         pool: deadpool_redis::cluster::Pool,
         conn: Mutex<Option<ClusterConnection>>,
     },
+    /// The primary the sentinels name, and its connection.
+    Sentinel(Arc<sentinel::Sentinel>),
 }
 
 impl fmt::Debug for RedisBackend {
@@ -117,6 +126,7 @@ impl fmt::Debug for RedisBackend {
             Source::Pool { .. } => "deadpool".to_owned(),
             Source::Cluster { .. } => "cluster".to_owned(),
             Source::ClusterPool { .. } => "deadpool cluster".to_owned(),
+            Source::Sentinel(s) => format!("sentinel master {:?}", s.master_name()),
         };
         f.debug_struct("RedisBackend")
             .field("source", &kind)
@@ -205,7 +215,7 @@ impl RedisBackend {
     fn new(source: Source) -> Self {
         let script = match source {
             Source::Cluster { .. } | Source::ClusterPool { .. } => wire::CLUSTER_LUA,
-            Source::Client { .. } | Source::Pool { .. } => wire::CHECK_LUA,
+            Source::Client { .. } | Source::Pool { .. } | Source::Sentinel(_) => wire::CHECK_LUA,
         };
         Self {
             inner: Arc::new(Inner {
