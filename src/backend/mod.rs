@@ -11,7 +11,7 @@ mod memory;
 mod redis;
 
 #[cfg(feature = "redis")]
-pub use self::redis::RedisBackend;
+pub use self::redis::{RedisBackend, StateFormat};
 pub use clock::ManualClock;
 pub use memory::MemoryBackend;
 
