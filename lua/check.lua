@@ -13,7 +13,8 @@
 --           p1, p2, p3, p4 (the algorithm's parameters, see each file), cost,
 --           flags: +1 shadow (the tier is in shadow mode: its denial does
 --           not stop the other tiers from being charged), +2 undo (return
---           the charge's undo value, for a refund by response status)
+--           the charge's undo value, for a refund by response status), +4
+--           compact (write the compact format; see common.lua)
 -- KEYS[n+1] optional: the hourly sorted set of rejected keys (fleet-wide
 --           top-N): every tier that rejects adds its cost to its key's
 --           score; the set keeps its 10 000 heaviest keys and lives 25 h.

@@ -43,6 +43,39 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
+-- Whether `flags` (a tier's flags argument, see check.lua) has `bit` set.
+local function has_flag(flags, bit)
+  return div_floor(flags, bit) % 2 == 1
+end
+
+-- Stored values come in two formats (docs/redis.md, "Stored values"):
+-- "legacy", the colon-separated strings of every release before the compact
+-- format, and "compact", integers wherever the quota allows. Every script
+-- reads both; a tier's flag +4 says which one its writes use (a fleet keeps
+-- writing legacy until no instance of an older release is left, since those
+-- read a compact value as no state). A refund writes the format it read.
+--
+-- "<n><ddd>": an integer n followed by exactly three digits, the form of the
+-- bucket TATs (n = the TAT in µs) and of the log's members (n = the time).
+local function with_code(n, code)
+  return int(n) .. string.format('%03d', code)
+end
+
+-- n and the three-digit code of a value "<n><ddd>" (no separator), or nil.
+local function split_code(v)
+  local n, code = string.match(v, '^(%d+)(%d%d%d)$')
+  if not n then return nil end
+  return tonumber(n), tonumber(code)
+end
+
+-- The integer square root, exact for n <= 2^53.
+local function isqrt(n)
+  local r = math.floor(math.sqrt(n))
+  while r * r > n do r = r - 1 end
+  while (r + 1) * (r + 1) <= n do r = r + 1 end
+  return r
+end
+
 -- Every tier's stored value is read up front with ONE MGET of all the
 -- request's keys (see read_states in dispatch.lua) and handed to the
 -- algorithm as its last argument `v` (false when absent). MGET answers nil

@@ -28,8 +28,8 @@ local function read_states(n)
 end
 
 -- Runs one tier from its seven ARGV starting at index a (algorithm, p1..p4,
--- cost, flags: +1 shadow, +2 undo wanted (check.lua)) and its stored value
--- v (from read_states). Returns allowed
+-- cost, flags: +1 shadow, +2 undo wanted, +4 write the compact format
+-- (check.lua)) and its stored value v (from read_states). Returns allowed
 -- (0/1), remaining, reset_after_us, retry_after_us, delay_us, the commit
 -- function (or nil) and whether the tier is in shadow mode; false alone for
 -- an unknown algorithm.
@@ -42,11 +42,12 @@ end
 local function check_tier(key, now, a, v)
   local algorithm = algorithms[tonumber(ARGV[a])]
   if not algorithm then return false end
+  local flags = tonumber(ARGV[a + 6])
   local allowed, remaining, reset, retry, delay, commit = algorithm(
     key, now,
     tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), v)
-  return allowed, remaining, reset, retry, delay, commit, tonumber(ARGV[a + 6]) % 2 == 1
+    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), v, has_flag(flags, 4))
+  return allowed, remaining, reset, retry, delay, commit, has_flag(flags, 1)
 end
 
 -- One request's check of tiers 1..n, the body of both entry points (a
@@ -81,7 +82,7 @@ local function check_request(clock, first, n)
     end
     if allowed == 1 then
       out[#out + 1] = remaining
-      commits[#commits + 1] = { commit, i, delay, tonumber(ARGV[a + 6]) >= 2 }
+      commits[#commits + 1] = { commit, i, delay, has_flag(tonumber(ARGV[a + 6]), 2) }
     else
       out[#out + 1] = -remaining - 1
       rejected[#rejected + 1] = i

@@ -1,12 +1,31 @@
--- Fixed window (twin of src/algorithm/fixed_window.rs).
--- Value: "<window start µs>:<count>", PX = until the window ends.
-local function fixed_window(key, now, limit, window, _, _, cost, v)
+-- Fixed window (twin of src/algorithm/fixed_window.rs). PX = until the
+-- window ends. Values (docs/redis.md, "Stored values"):
+--   compact "<window start µs + count>", an integer, when limit < window
+--           (the start is a multiple of the window, so the count is what
+--           lies above it); else as legacy
+--   legacy  "<window start µs>:<count>"
+
+-- The count of a value in the window starting at `start`, 0 for another.
+local function window_count(v, start, window)
+  local s, c = string.match(v, '^(%d+):(%d+)$')
+  if s then
+    if tonumber(s) == start then return tonumber(c) end
+    return 0
+  end
+  local x = tonumber(string.match(v, '^(%d+)$'))
+  if x and x >= start and x < start + window then return x - start end
+  return 0
+end
+
+local function window_value(compact, limit, window, start, count)
+  if compact and limit < window then return int(start + count) end
+  return int(start) .. ':' .. int(count)
+end
+
+local function fixed_window(key, now, limit, window, _, _, cost, v, compact)
   local start = div_floor(now, window) * window
   local count = 0
-  if v then
-    local s, c = string.match(v, '^(%d+):(%d+)$')
-    if s and tonumber(s) == start then count = tonumber(c) end
-  end
+  if v then count = window_count(v, start, window) end
   local end_in = start + window - now
   if count + cost <= limit then
     local after = count + cost
@@ -14,7 +33,7 @@ local function fixed_window(key, now, limit, window, _, _, cost, v)
     local next_in = 0
     if after + cost > limit and cost <= limit then next_in = end_in end
     return 1, limit - after, end_in, next_in, 0, function()
-      redis.call('SET', key, string.format('%d:%d', start, after), 'PX', ttl_ms(end_in))
+      redis.call('SET', key, window_value(compact, limit, window, start, after), 'PX', ttl_ms(end_in))
     end
   end
   local reset = end_in

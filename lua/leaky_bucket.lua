@@ -1,17 +1,45 @@
 -- Leaky bucket as GCRA (twin of src/algorithm/gcra.rs). Time in ticks of
--- 1/rate µs; the value is "<tat µs>:<remainder ticks>:<rate>" (a value
--- written under another rate counts as none).
+-- 1/rate µs; the state is the TAT, tat + frac / rate µs.
+-- Values (docs/redis.md, "Stored values"):
+--   compact "<tat µs><ddd>", an integer, when rate <= 21: ddd = 500 +
+--           rate² + frac (so the digits say the rate, exactly)
+--   both    "<tat µs>:<frac ticks>:<rate>" (legacy, and compact otherwise)
+-- A value written under another rate counts as none.
 -- max_delay < 0 polices (reject excess); max_delay >= 0 shapes (delay up to
 -- max_delay µs, returned as the delay). PX = until the TAT.
-local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_tokens, v)
+
+-- The TAT (µs and remainder) of a value written under this rate, or nil.
+local function leaky_tat(v, rate)
+  local tat, code = split_code(v)
+  if tat then
+    local frac = code - 500 - rate * rate
+    if rate <= 21 and frac >= 0 and frac < rate then return tat, frac end
+    return nil
+  end
+  local t, f, r = string.match(v, '^(%d+):(%d+):(%d+)$')
+  if t and tonumber(r) == rate then return tonumber(t), tonumber(f) end
+  return nil
+end
+
+-- Writes the TAT `now` + `backlog` ticks, PX = until then.
+local function leaky_write(key, compact, now, backlog, rate)
+  local whole = div_floor(backlog, rate)
+  local frac = backlog - whole * rate
+  local v
+  if compact and rate <= 21 then
+    v = with_code(now + whole, 500 + rate * rate + frac)
+  else
+    v = int(now + whole) .. ':' .. int(frac) .. ':' .. int(rate)
+  end
+  redis.call('SET', key, v, 'PX', ttl_ms(div_ceil(backlog, rate)))
+end
+
+local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_tokens, v, compact)
   local cost = cost_tokens * unit
   local backlog = 0
   if v then
-    local t, f, r = string.match(v, '^(%d+):(%d+):(%d+)$')
-    if t and tonumber(r) == rate then
-      t = tonumber(t)
-      if t >= now then backlog = (t - now) * rate + tonumber(f) end
-    end
+    local t, f = leaky_tat(v, rate)
+    if t and t >= now then backlog = (t - now) * rate + f end
   end
   -- A cost above the capacity never passes; leaving it out of `after` keeps
   -- every value at or below 2^53 (the quota checks assume it).
@@ -30,8 +58,7 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
     local next_over = after + cost - capacity
     if next_over > tolerance and cost <= capacity then next_in = div_ceil(next_over - tolerance, rate) end
     return 1, div_floor(left, unit), reset, next_in, div_ceil(over, rate), function()
-      local whole = div_floor(after, rate)
-      redis.call('SET', key, string.format('%d:%d:%d', now + whole, after - whole * rate, rate), 'PX', ttl_ms(reset))
+      leaky_write(key, compact, now, after, rate)
       return after -- for a refund (lua/refund.lua)
     end
   end

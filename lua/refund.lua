@@ -18,37 +18,44 @@
 -- a new window may already have absorbed part of it (the bucket would have
 -- been full, or the window is over, even without the charge); that part is
 -- not given back, so a refund can never admit more than the request had
--- never been charged at all. A value in another format, another unit or
--- another window is left alone. When a refund leaves the "nothing stored"
+-- never been charged at all. A value of another quota or another window is
+-- left alone. A value is written back in the format it was read in (legacy
+-- or compact; see common.lua). When a refund leaves the "nothing stored"
 -- state (full bucket, empty window), the key is deleted, exactly as if the
 -- charge had never happened.
 
-local function fixed_window_refund(key, _, charged_at, _, window, _, _, cost, _)
+local function fixed_window_refund(key, _, charged_at, limit, window, _, _, cost, _)
   local start = div_floor(charged_at, window) * window
   local v = redis.call('GET', key)
   if not v then return end
-  local s, c = string.match(v, '^(%d+):(%d+)$')
-  if not s or tonumber(s) ~= start then return end
-  local count = tonumber(c) - cost
+  local count = window_count(v, start, window)
+  if count == 0 then return end
+  count = count - cost
   if count <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, int(start) .. ':' .. int(count), 'KEEPTTL')
+    local compact = not string.find(v, ':', 1, true)
+    redis.call('SET', key, window_value(compact, limit, window, start, count), 'KEEPTTL')
   end
 end
 
 local function sliding_window_log_refund(key, _, charged_at, _, _, _, _, cost, seq)
-  -- Removing the last member deletes the key.
-  redis.call('ZREM', key, int(charged_at) .. ':' .. int(seq) .. ':' .. int(cost))
+  -- Both names the charge may have used; removing the last member deletes
+  -- the key.
+  local short, long = log_members(charged_at, seq, cost)
+  if short then
+    redis.call('ZREM', key, short, long)
+  else
+    redis.call('ZREM', key, long)
+  end
 end
 
-local function sliding_window_counter_refund(key, _, charged_at, _, window, _, _, cost, _)
+local function sliding_window_counter_refund(key, _, charged_at, limit, window, _, _, cost, _)
   local start = div_floor(charged_at, window) * window
   local v = redis.call('GET', key)
   if not v then return end
-  local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
+  local s, c, p = counter_read(v, window)
   if not s then return end
-  s, c, p = tonumber(s), tonumber(c), tonumber(p)
   if s == start then
     c = c - cost
     if c < 0 then c = 0 end
@@ -62,7 +69,8 @@ local function sliding_window_counter_refund(key, _, charged_at, _, window, _, _
   if c == 0 and p == 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, int(s) .. ':' .. int(c) .. ':' .. int(p), 'KEEPTTL')
+    local compact = not string.find(v, ':', 1, true)
+    redis.call('SET', key, counter_value(compact, limit, window, s, c, p), 'KEEPTTL')
   end
 end
 
@@ -79,24 +87,18 @@ local function token_bucket_refund(key, now, charged_at, capacity, rate, unit, _
   if back <= 0 then return end
   local v = redis.call('GET', key)
   if not v then return end
-  local t, u, un = string.match(v, '^(%d+):(%d+):(%d+)$')
-  if not t or tonumber(un) ~= unit then return end
-  t, u = tonumber(t), tonumber(u)
+  local compact = bucket_tat(v, unit, rate) ~= nil
+  if not compact then
+    local t, _, un = string.match(v, '^(%d+):(%d+):(%d+)$')
+    if not t or tonumber(un) ~= unit then return end
+  end
   -- Refill to now exactly as token_bucket() does, then add back.
-  local el = now - u
-  if el < 0 then el = 0 end
-  local missing_in = div_ceil(capacity - t, rate)
-  if el > missing_in then el = missing_in end
-  local tokens = t + el * rate
-  if tokens > capacity then tokens = capacity end
-  local updated = now
-  if u > now then updated = u end
-  tokens = tokens + back
-  if tokens >= capacity then
+  local missing, updated = bucket_read(v, capacity, rate, unit, now)
+  missing = missing - back
+  if missing <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, int(tokens) .. ':' .. int(updated) .. ':' .. int(unit),
-      'PX', ttl_ms(div_ceil(capacity - tokens, rate)))
+    bucket_write(key, compact, capacity, rate, unit, missing, updated, now)
   end
 end
 
@@ -113,16 +115,12 @@ local function leaky_bucket_refund(key, now, charged_at, _, rate, unit, _, cost_
   if back <= 0 then return end
   local v = redis.call('GET', key)
   if not v then return end
-  local t, f, r = string.match(v, '^(%d+):(%d+):(%d+)$')
-  if not t or tonumber(r) ~= rate then return end
-  t = tonumber(t)
-  if t < now then return end
-  local backlog = (t - now) * rate + tonumber(f) - back
+  local t, f = leaky_tat(v, rate)
+  if not t or t < now then return end
+  local backlog = (t - now) * rate + f - back
   if backlog <= 0 then
     redis.call('DEL', key)
   else
-    local whole = div_floor(backlog, rate)
-    redis.call('SET', key, int(now + whole) .. ':' .. int(backlog - whole * rate) .. ':' .. int(rate),
-      'PX', ttl_ms(div_ceil(backlog, rate)))
+    leaky_write(key, not string.find(v, ':', 1, true), now, backlog, rate)
   end
 end

@@ -1,25 +1,46 @@
 -- Sliding window counter (twin of src/algorithm/sliding_window_counter.rs).
--- Value: "<current window start µs>:<current>:<previous>", PX = until both
--- counters are back to zero. Everything is multiplied by the window length,
--- so the interpolation is exact in integers.
+-- PX = until both counters are back to zero. Everything is multiplied by the
+-- window length, so the interpolation is exact in integers.
+-- Values (docs/redis.md, "Stored values"), with b = isqrt(window):
+--   compact "<current window start µs + previous × b + current>", an
+--           integer, when limit < b (both counts are below b, and the sum
+--           below the window); else as legacy
+--   legacy  "<current window start µs>:<current>:<previous>"
+
+-- The (start, current, previous) of a value, or nil.
+local function counter_read(v, window)
+  local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
+  if s then return tonumber(s), tonumber(c), tonumber(p) end
+  local x = tonumber(string.match(v, '^(%d+)$'))
+  if not x then return nil end
+  s = div_floor(x, window) * window
+  local b = isqrt(window)
+  local packed = x - s
+  local prev = div_floor(packed, b)
+  return s, packed - prev * b, prev
+end
+
+local function counter_value(compact, limit, window, s, cur, prev)
+  local b = isqrt(window)
+  if compact and limit < b then return int(s + prev * b + cur) end
+  return int(s) .. ':' .. int(cur) .. ':' .. int(prev)
+end
+
 local function counter_reset(start, window, prev, cur, now)
   if cur > 0 then return start + 2 * window - now end
   if prev > 0 then return start + window - now end
   return 0
 end
 
-local function sliding_window_counter(key, now, limit, window, _, _, cost, v)
+local function sliding_window_counter(key, now, limit, window, _, _, cost, v, compact)
   local start = div_floor(now, window) * window
   local prev, cur = 0, 0
   if v then
-    local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
-    if s then
-      s = tonumber(s)
-      if s == start then
-        prev, cur = tonumber(p), tonumber(c)
-      elseif s + window == start then
-        prev, cur = tonumber(c), 0
-      end
+    local s, c, p = counter_read(v, window)
+    if s == start then
+      prev, cur = p, c
+    elseif s and s + window == start then
+      prev, cur = c, 0
     end
   end
   local e = now - start
@@ -29,7 +50,7 @@ local function sliding_window_counter(key, now, limit, window, _, _, cost, v)
     local after = est + cost * window
     local reset = counter_reset(start, window, prev, cur + cost, now)
     return 1, div_floor(cap - after, window), reset, 0, 0, function()
-      redis.call('SET', key, string.format('%d:%d:%d', start, cur + cost, prev), 'PX', ttl_ms(reset))
+      redis.call('SET', key, counter_value(compact, limit, window, start, cur + cost, prev), 'PX', ttl_ms(reset))
     end
   end
   local reset = counter_reset(start, window, prev, cur, now)

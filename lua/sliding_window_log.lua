@@ -1,8 +1,21 @@
 -- Sliding window log (twin of src/algorithm/sliding_window_log.rs).
--- A sorted set: score = admission time (µs), member = "<time>:<seq>:<cost>".
--- An entry counts while now < time + window. PX = one window after the
--- newest entry. Denied requests are not logged.
-local function sliding_window_log(key, now, limit, window, _, _, cost)
+-- A sorted set: score = admission time (µs), one member per admission:
+--   compact "<time><seq, three digits>", an integer, for a cost of 1 and a
+--           seq below 1000; else as legacy
+--   legacy  "<time>:<seq>:<cost>"
+-- (a member without ':' costs 1, which is also how every earlier release
+-- reads it). An entry counts while now < time + window. PX = one window
+-- after the newest entry. Denied requests are not logged.
+
+-- The member names an admission at `time` can have: the compact one (when
+-- it has one), then the legacy one.
+local function log_members(time, seq, cost)
+  local legacy = int(time) .. ':' .. seq .. ':' .. int(cost)
+  if cost == 1 and seq < 1000 then return with_code(time, seq), legacy end
+  return nil, legacy
+end
+
+local function sliding_window_log(key, now, limit, window, _, _, cost, _, compact)
   local cutoff = now - window
   -- A key of another type (the algorithm changed) is no state; the commit
   -- deletes it before logging.
@@ -23,15 +36,21 @@ local function sliding_window_log(key, now, limit, window, _, _, cost)
     return 1, limit - used - cost, window, 0, 0, function()
       if foreign then redis.call('DEL', key) end
       redis.call('ZREMRANGEBYSCORE', key, '-inf', int(cutoff))
-      local seq = #times
-      local member = int(now) .. ':' .. seq .. ':' .. int(cost)
-      while redis.call('ZSCORE', key, member) do
+      -- A seq neither of whose names is taken (a refund removes both).
+      local seq, short, long = #times, nil, nil
+      while true do
+        short, long = log_members(now, seq, cost)
+        if not redis.call('ZSCORE', key, long)
+          and not (short and redis.call('ZSCORE', key, short)) then
+          break
+        end
         seq = seq + 1
-        member = int(now) .. ':' .. seq .. ':' .. int(cost)
       end
+      local member = long
+      if compact and short then member = short end
       redis.call('ZADD', key, int(now), member)
       redis.call('PEXPIRE', key, ttl_ms(window))
-      return seq -- for a refund (lua/refund.lua): the member is now:seq:cost
+      return seq -- for a refund (lua/refund.lua): log_members(now, seq, cost)
     end
   end
   local reset = 0

@@ -1,24 +1,98 @@
 -- Token bucket (twin of src/algorithm/token_bucket.rs), in units: capacity
--- and cost in units, rate in units per microsecond.
--- Value: "<tokens in units>:<updated µs>:<unit>", PX = until the bucket is
--- full. A value written under another unit (the quota changed) counts as none.
-local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v)
-  local cost = cost_tokens * unit
-  local tokens, updated = capacity, now
-  if v then
-    local t, u, un = string.match(v, '^(%d+):(%d+):(%d+)$')
-    if t and tonumber(un) == unit then
-      t = tonumber(t)
-      u = tonumber(u)
-      local elapsed = now - u
-      if elapsed < 0 then elapsed = 0 end
-      local full_in = div_ceil(capacity - t, rate)
-      if elapsed > full_in then elapsed = full_in end
-      tokens = t + elapsed * rate
-      if tokens > capacity then tokens = capacity end
-      if u > now then updated = u end
-    end
+-- and cost in units, rate in units per microsecond. The state is the
+-- bucket's theoretical arrival time (TAT), tat + frac / rate µs: the instant
+-- it is full again; it is missing (TAT − now) × rate units, and holds
+-- capacity minus that, at least 0. PX = until the TAT.
+--
+-- Values (docs/redis.md, "Stored values"):
+--   compact "<tat µs><ddd>", an integer, when rate = 1 (whole µs) and unit =
+--           a × 10^e with 1 <= a <= 49, e <= 9: ddd = 10a + e (unit_code);
+--           else "<tat µs>:<frac>:<rate>:<unit>"
+--   legacy  "<tokens in units>:<updated µs>:<unit>", read with its own rules
+--           (those of every earlier release, so a mixed fleet agrees)
+-- A value written under another unit or rate (the quota changed) counts as
+-- none.
+
+-- The three-digit code of a unit in the integer form, or nil.
+local function unit_code(unit)
+  local e = 0
+  while e < 9 and unit - div_floor(unit, 10) * 10 == 0 do
+    unit = div_floor(unit, 10)
+    e = e + 1
   end
+  if unit > 49 then return nil end
+  return unit * 10 + e
+end
+
+-- The TAT (µs and remainder) of a compact value written under this unit and
+-- rate, or nil.
+local function bucket_tat(v, unit, rate)
+  local tat, code = split_code(v)
+  if tat then
+    if rate == 1 and code == unit_code(unit) then return tat, 0 end
+    return nil
+  end
+  local t, f, r, u = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
+  if t and tonumber(r) == rate and tonumber(u) == unit then
+    return tonumber(t), tonumber(f)
+  end
+  return nil
+end
+
+-- The units a bucket whose TAT is tat + frac / rate µs is short of full at
+-- `now`: above the capacity only if the clock went back (at most 2^52, so
+-- the arithmetic stays exact).
+local function bucket_missing(rate, tat, frac, now)
+  if tat < now then return 0 end
+  local d = tat - now
+  local most = div_floor(4503599627370496, rate)
+  if d > most then d = most end
+  return d * rate + frac
+end
+
+-- The compact value of a bucket `missing` units short of full at `now`.
+local function bucket_value(now, missing, rate, unit)
+  local code = unit_code(unit)
+  if rate == 1 and code then return with_code(now + missing, code) end
+  local whole = div_floor(missing, rate)
+  return int(now + whole) .. ':' .. int(missing - whole * rate) .. ':' .. int(rate) .. ':' .. int(unit)
+end
+
+-- The units short of full at `now` (and the legacy value's `updated`, for
+-- a legacy write) of the stored value v, by its format; 0 for none.
+local function bucket_read(v, capacity, rate, unit, now)
+  if not v then return 0, now end
+  local tat, frac = bucket_tat(v, unit, rate)
+  if tat then return bucket_missing(rate, tat, frac, now), now end
+  local t, u, un = string.match(v, '^(%d+):(%d+):(%d+)$')
+  if not t or tonumber(un) ~= unit then return 0, now end
+  t, u = tonumber(t), tonumber(u)
+  local elapsed = now - u
+  if elapsed < 0 then elapsed = 0 end
+  local full_in = div_ceil(capacity - t, rate)
+  if elapsed > full_in then elapsed = full_in end
+  local tokens = t + elapsed * rate
+  if tokens > capacity then tokens = capacity end
+  if u > now then return capacity - tokens, u end
+  return capacity - tokens, now
+end
+
+-- Writes a bucket `missing` units short of full at `now`: compact, or
+-- legacy with `updated`; PX = until full.
+local function bucket_write(key, compact, capacity, rate, unit, missing, updated, now)
+  local ttl = ttl_ms(div_ceil(missing, rate))
+  if compact then
+    redis.call('SET', key, bucket_value(now, missing, rate, unit), 'PX', ttl)
+  else
+    redis.call('SET', key, string.format('%d:%d:%d', capacity - missing, updated, unit), 'PX', ttl)
+  end
+end
+
+local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v, compact)
+  local cost = cost_tokens * unit
+  local missing, updated = bucket_read(v, capacity, rate, unit, now)
+  local tokens = capacity - missing
+  if tokens < 0 then tokens = 0 end
   if cost <= tokens then
     local left = tokens - cost
     local reset = div_ceil(capacity - left, rate)
@@ -27,12 +101,12 @@ local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v)
     local next_in = 0
     if cost > left and cost <= capacity then next_in = div_ceil(cost - left, rate) end
     return 1, div_floor(left, unit), reset, next_in, 0, function()
-      redis.call('SET', key, string.format('%d:%d:%d', left, updated, unit), 'PX', ttl_ms(reset))
+      bucket_write(key, compact, capacity, rate, unit, capacity - left, updated, now)
       return left -- for a refund (lua/refund.lua)
     end
   end
-  local reset = div_ceil(capacity - tokens, rate)
+  local reset = div_ceil(missing, rate)
   local retry = reset
-  if cost <= capacity then retry = div_ceil(cost - tokens, rate) end
+  if cost <= capacity then retry = div_ceil(cost + missing - capacity, rate) end
   return 0, div_floor(tokens, unit), reset, retry, 0, nil
 end

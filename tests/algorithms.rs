@@ -1,5 +1,6 @@
 //! Every algorithm, proved three ways: the pure model (the oracle, driven
-//! here by hand), the memory backend and the Redis scripts must return
+//! here by hand), the memory backend and the Redis scripts (writing either
+//! state format) must return
 //! identical decisions for random sequences of (time step, key, cost), with
 //! every tier pair checked all or nothing; and the model's answers must
 //! keep the invariants (Retry-After and Reset tell the truth, the sliding
@@ -14,7 +15,9 @@ use support::algorithms::{algorithm_limits, clock_step, Model, S};
 use support::rng::Rng;
 use support::*;
 use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
-use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck};
+use tiered_ratelimit::backend::{
+    Backend, ManualClock, MemoryBackend, RedisBackend, StateFormat, TierCheck,
+};
 
 /// Checks the invariants of one denied or allowed decision against the model
 /// state it was made from.
@@ -77,6 +80,13 @@ impl Harness {
             .with_manual_clock(clock.clone())
             .with_test_ttl_slack(Duration::from_secs(600))
             .into();
+        // The same on keys of their own, written in the compact format.
+        let compact: Backend = RedisBackend::from_url(&self.redis_url)
+            .unwrap()
+            .with_manual_clock(clock.clone())
+            .with_test_ttl_slack(Duration::from_secs(600))
+            .with_state_format(StateFormat::Compact)
+            .into();
         let mut model = Model::default();
         let mut admitted: HashMap<String, Vec<(u64, u64)>> = HashMap::new();
         let mut denied = 0;
@@ -105,10 +115,22 @@ impl Harness {
             }
             let got_mem = self.rt.block_on(memory.check(checks.clone())).unwrap();
             let got_red = self.rt.block_on(redis.check(checks.clone())).unwrap();
+            let own_keys = checks
+                .iter()
+                .map(|c| TierCheck {
+                    key: format!("compact:{}", c.key),
+                    ..c.clone()
+                })
+                .collect();
+            let got_compact = self.rt.block_on(compact.check(own_keys)).unwrap();
             assert_eq!(got_mem.now_us, now);
             assert_eq!(got_red.now_us, now);
             assert_eq!(got_mem.decisions, want, "memory diverged at op {i}");
             assert_eq!(got_red.decisions, want, "redis diverged at op {i}");
+            assert_eq!(
+                got_compact.decisions, want,
+                "redis (compact) diverged at op {i}"
+            );
             if want.iter().all(|d| d.allowed) {
                 for c in &checks {
                     admitted

@@ -183,14 +183,7 @@ impl Limit {
             Limit::TokenBucket(b) => match b.check(bucket(state.as_ref()), now_us, cost).1 {
                 Some((s, ttl)) => (State::Bucket(s), ttl),
                 // Not allowed after all: keep what was there.
-                None => (
-                    state.unwrap_or(State::Bucket(BucketState {
-                        tokens: b.capacity,
-                        updated_us: now_us,
-                        unit: b.unit,
-                    })),
-                    0,
-                ),
+                None => (state.unwrap_or(State::Bucket(b.state_at(0, now_us))), 0),
             },
             Limit::LeakyBucket(g) => {
                 let (s, ttl) = g.charge(tat(state.as_ref()), now_us, cost);
@@ -253,7 +246,9 @@ impl Limit {
     /// the in-memory log does not need).
     pub fn undo_of(&self, state: &State, now_us: u64) -> u64 {
         match (self, state) {
-            (Limit::TokenBucket(_), State::Bucket(b)) => b.tokens,
+            (Limit::TokenBucket(b), State::Bucket(s)) => {
+                b.capacity.saturating_sub(b.missing(Some(*s), now_us))
+            }
             (Limit::LeakyBucket(_), State::Tat(t)) => {
                 t.tat_us.saturating_sub(now_us).saturating_mul(t.rate) + t.frac
             }
@@ -267,8 +262,8 @@ impl Limit {
     /// gives back what the charge still takes away, never more. Refill or a
     /// new window may already have absorbed part of it; that part is not
     /// given back, so a refund never admits more than if the request had
-    /// never been charged at all. A state of another algorithm, unit or
-    /// window is left alone.
+    /// never been charged at all. A state of another algorithm, unit, rate
+    /// or window is left alone.
     pub fn refund(
         &self,
         state: Option<&State>,
@@ -340,24 +335,17 @@ impl Limit {
                     .saturating_sub(undo)
                     .saturating_sub(elapsed * b.rate)
                     .min(cost);
-                if back == 0 || s.unit != b.unit {
+                if back == 0 || s.unit != b.unit || s.rate != b.rate {
                     return Refund::Keep;
                 }
                 // Refill to now exactly as the check does, then add back.
-                let el = now_us
-                    .saturating_sub(s.updated_us)
-                    .min(div_ceil(b.capacity.saturating_sub(s.tokens), b.rate));
-                let tokens = (s.tokens + el * b.rate).min(b.capacity) + back;
-                if tokens >= b.capacity {
+                let missing = b.missing(Some(*s), now_us).saturating_sub(back);
+                if missing == 0 {
                     Refund::Delete
                 } else {
                     Refund::Store(
-                        State::Bucket(BucketState {
-                            tokens,
-                            updated_us: s.updated_us.max(now_us),
-                            unit: b.unit,
-                        }),
-                        Some(div_ceil(b.capacity - tokens, b.rate)),
+                        State::Bucket(b.state_at(missing, now_us)),
+                        Some(div_ceil(missing, b.rate)),
                     )
                 }
             }

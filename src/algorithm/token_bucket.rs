@@ -17,23 +17,35 @@
 //! twin (`lua/token_bucket.lua`) does the same arithmetic in Lua doubles, which
 //! is exact because every value stays below 2^53 (checked when the quota is
 //! built: [`TokenBucket::MAX_CAPACITY_UNITS`]).
+//!
+//! The state is one instant, the bucket's **theoretical arrival time** (TAT)
+//! as GCRA keeps it ([`super::gcra`]): when the bucket is full again. The
+//! tokens follow from it, `capacity − (TAT − now) × rate` (at least 0), and
+//! so do `reset_after` and `retry_after`; every decision is the one a bucket
+//! holding that many tokens makes (the police leaky bucket's, see
+//! `tests/algorithms.rs`). Stored as whole microseconds plus a remainder in
+//! units (a unit is `1 / rate` µs of refill), the TAT is exact.
 
 use super::{div_ceil, Decision};
 
-/// The stored state of one bucket: tokens (in units) as of `updated_us`.
+/// The stored state of one bucket: its TAT, `tat_us + frac / rate` µs, the
+/// instant it is full again.
 ///
-/// The unit is stored too: when a quota changes at run time (or a client
-/// changes plan) so that the unit differs, the old state cannot be read in
-/// the new units and the bucket starts full, in both backends.
+/// The unit and rate are stored too: when a quota changes at run time (or a
+/// client changes plan) so that either differs, the old state cannot be read
+/// under the new quota and the bucket starts full, in both backends. (Under
+/// the same unit and rate, a new burst keeps the missing tokens: a bucket
+/// 2 tokens short of 10 is 2 short of 20 after the burst is raised.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketState {
-    /// Tokens in the bucket, in units (see the module docs).
-    pub tokens: u64,
-    /// The instant `tokens` was computed at, in microseconds (Unix epoch in
-    /// both backends).
-    pub updated_us: u64,
+    /// Whole microseconds of the TAT (Unix epoch in both backends).
+    pub tat_us: u64,
+    /// The rest of the TAT in units (`1 / rate` µs each), `0 ≤ frac < rate`.
+    pub frac: u64,
     /// Units per token when the state was written.
     pub unit: u64,
+    /// Units per microsecond when the state was written.
+    pub rate: u64,
 }
 
 /// The integer parameters of one token bucket, derived from a quota.
@@ -101,6 +113,31 @@ impl TokenBucket {
         self.capacity / self.unit
     }
 
+    /// The units the bucket in `state` is short of full at `now_us`
+    /// (`(TAT − now) × rate`; 0 for `None`). A state of another unit or rate
+    /// counts as none. Above the capacity only if the clock went back: a
+    /// bucket is as far from full as the clock is behind (at most 2^52 units,
+    /// so the Lua twin's arithmetic stays exact).
+    pub(crate) fn missing(&self, state: Option<BucketState>, now_us: u64) -> u64 {
+        match state.filter(|s| s.unit == self.unit && s.rate == self.rate) {
+            Some(s) if s.tat_us >= now_us => {
+                let d = (s.tat_us - now_us).min(Self::MAX_CAPACITY_UNITS / self.rate);
+                d * self.rate + s.frac
+            }
+            _ => 0,
+        }
+    }
+
+    /// The state of a bucket `missing` units short of full at `now_us`.
+    pub(crate) fn state_at(&self, missing: u64, now_us: u64) -> BucketState {
+        BucketState {
+            tat_us: now_us + missing / self.rate,
+            frac: missing % self.rate,
+            unit: self.unit,
+            rate: self.rate,
+        }
+    }
+
     /// Checks a request of `cost` tokens at `now_us` against `state` (`None`
     /// for a bucket never seen or expired, which is a full bucket).
     ///
@@ -114,19 +151,8 @@ impl TokenBucket {
         now_us: u64,
         cost: u64,
     ) -> (Decision, Option<(BucketState, u64)>) {
-        let (tokens, updated_us) = match state.filter(|s| s.unit == self.unit) {
-            None => (self.capacity, now_us),
-            Some(s) => {
-                let missing = self.capacity.saturating_sub(s.tokens);
-                // Cap elapsed time at what a full refill needs, so the product
-                // below can never overflow.
-                let elapsed = now_us
-                    .saturating_sub(s.updated_us)
-                    .min(div_ceil(missing, self.rate));
-                let tokens = (s.tokens + elapsed * self.rate).min(self.capacity);
-                (tokens, s.updated_us.max(now_us))
-            }
-        };
+        let missing = self.missing(state, now_us);
+        let tokens = self.capacity.saturating_sub(missing);
         let cost_units = cost.saturating_mul(self.unit);
         let limit = self.burst();
         if cost_units <= tokens {
@@ -140,20 +166,16 @@ impl TokenBucket {
                 retry_after_us: 0,
                 delay_us: 0,
             };
-            let new_state = BucketState {
-                tokens: left,
-                updated_us,
-                unit: self.unit,
-            };
-            (decision, Some((new_state, reset_after_us)))
+            let state = self.state_at(self.capacity - left, now_us);
+            (decision, Some((state, reset_after_us)))
         } else {
-            let reset_after_us = div_ceil(self.capacity - tokens, self.rate);
+            let reset_after_us = div_ceil(missing, self.rate);
             // A cost above the capacity can never pass; the honest wait we can
             // give is the time until the bucket is full.
             let retry_after_us = if cost_units > self.capacity {
                 reset_after_us
             } else {
-                div_ceil(cost_units - tokens, self.rate)
+                div_ceil(cost_units + missing - self.capacity, self.rate)
             };
             let decision = Decision {
                 allowed: false,
@@ -214,6 +236,48 @@ mod tests {
         }
         let span_us = (n - 1) * 100_000;
         assert_eq!(admitted, 1000 + span_us * 3 / (7 * S));
+    }
+
+    #[test]
+    fn the_state_is_the_tat() {
+        // 7 per minute, burst 3: one request leaves the bucket a token
+        // (8 571 428.57… µs) short of full: the TAT.
+        let tb = TokenBucket::new(7, 60 * S, 3).unwrap();
+        let now = 1_700_000_000 * S;
+        let (_, s) = tb.check(None, now, 1);
+        let (s, ttl) = s.unwrap();
+        assert_eq!(
+            s,
+            BucketState {
+                tat_us: now + 8_571_428,
+                frac: 4,
+                unit: 60_000_000,
+                rate: 7,
+            }
+        );
+        assert_eq!(ttl, 8_571_429);
+        assert_eq!(tb.missing(Some(s), now), tb.unit);
+        assert_eq!(tb.missing(Some(s), now + 8_571_429), 0);
+        // Another unit or rate: no state.
+        let other = TokenBucket::new(7, S, 3).unwrap();
+        assert_eq!(other.missing(Some(s), now), 0);
+    }
+
+    #[test]
+    fn a_clock_that_steps_back_never_fills_the_bucket() {
+        // 1 per second, burst 2, drained at t: 2 s to full.
+        let tb = TokenBucket::new(1, S, 2).unwrap();
+        let t = 1_700_000_000 * S;
+        let (_, s) = tb.check(None, t, 2);
+        let s = s.map(|(s, _)| s);
+        // Half a second earlier (a clock behind by 0.5 s): still empty, and
+        // the wait is as long as the bucket is behind.
+        let (d, _) = tb.check(s, t - S / 2, 1);
+        assert!(!d.allowed);
+        assert_eq!((d.remaining, d.retry_after_us), (0, 3 * S / 2));
+        // 10 s behind: full 12 s later.
+        let (d, _) = tb.check(s, t - 10 * S, 1);
+        assert_eq!((d.remaining, d.reset_after_us), (0, 12 * S));
     }
 
     #[test]

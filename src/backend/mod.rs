@@ -11,7 +11,7 @@ mod memory;
 mod redis;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisBackend, SentinelMaster};
+pub use self::redis::{RedisBackend, SentinelMaster, StateFormat};
 pub use clock::ManualClock;
 pub use memory::MemoryBackend;
 

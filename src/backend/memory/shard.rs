@@ -10,9 +10,10 @@ use std::sync::{Mutex, MutexGuard};
 
 /// Stands in for a state while it is being replaced (never observed).
 const PLACEHOLDER: State = State::Bucket(crate::algorithm::BucketState {
-    tokens: 0,
-    updated_us: 0,
+    tat_us: 0,
+    frac: 0,
     unit: 0,
+    rate: 0,
 });
 pub(super) const MIN_SWEEP: usize = 1024;
 

@@ -10,6 +10,7 @@ use ::redis::aio::{ConnectionManager, MultiplexedConnection};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, Cmd, RedisError, Script};
 use connection::Conn;
+pub use format::StateFormat;
 use std::fmt;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -24,6 +25,7 @@ mod blocked;
 mod cluster;
 mod connection;
 mod control;
+mod format;
 mod router;
 mod sentinel;
 mod timed;
@@ -79,6 +81,8 @@ pub struct RedisBackend {
     inner: Arc<Inner>,
     clock: Option<ManualClock>,
     ttl_slack_ms: u64,
+    /// What the scripts write (they read both formats).
+    format: StateFormat,
 }
 
 struct Inner {
@@ -228,6 +232,7 @@ impl RedisBackend {
             }),
             clock: None,
             ttl_slack_ms: 0,
+            format: StateFormat::default(),
         }
     }
 
@@ -348,9 +353,10 @@ impl RedisBackend {
         }
         cmd.arg(self.check_clock_arg(sent).as_bytes());
         let undo = if undo { wire::UNDO } else { 0 };
+        let format = self.format_flag();
         for (i, c) in checks.iter().enumerate() {
             let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
-            wire::write_tier(&mut cmd, c, shadow | undo);
+            wire::write_tier(&mut cmd, c, shadow | undo | format);
         }
         cmd
     }

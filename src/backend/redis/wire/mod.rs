@@ -12,7 +12,8 @@
 //!           "<now>[:<ttl slack ms>]" = a test clock (ManualClock)
 //! per tier  seven numbers: algorithm (1 fixed window, 2 sliding window log,
 //!           3 sliding window counter, 4 token bucket, 5 leaky bucket),
-//!           p1, p2, p3, p4, cost, flags (+1 shadow, +2 undo wanted)
+//!           p1, p2, p3, p4, cost, flags (+1 shadow, +2 undo wanted,
+//!           +4 write the compact format)
 //! refund    eight numbers per key: algorithm, p1..p4, cost, charged_at, undo
 //! ```
 //!
@@ -85,6 +86,8 @@ pub(super) const CLUSTER_LUA: &str = concat!(
 pub(super) const SHADOW: u8 = 1;
 /// Tier flag: return the charge's undo value (for a refund).
 pub(super) const UNDO: u8 = 2;
+/// Tier flag: write the compact format (`StateFormat::Compact`).
+pub(super) const COMPACT: u8 = 4;
 
 /// The clock argument of a script call, on the stack: at most
 /// `"<u64>:<u64>"`, 41 bytes.
