@@ -4,8 +4,10 @@
 //!
 //! It reads a request exactly as the tower layer does (the same key
 //! extractors, cost and plan functions, methods, lists, modes and quotas)
-//! and decides it with the same engine, counting it in the same metrics and
-//! [`DecisionCounts`](crate::observe::DecisionCounts); only the response is missing.
+//! and decides it with the same engine, counting it in the layer's
+//! [`DecisionCounts`](crate::observe::DecisionCounts). It is not traffic:
+//! it feeds none of the operator's view (per-endpoint metrics and anomaly
+//! series, top-N sketches, latency), and no response is built.
 //! It needs a backend that decides without waiting: the in-memory one
 //! (usually with a [`ManualClock`](crate::backend::ManualClock) that follows
 //! the replayed log's time).
@@ -35,11 +37,15 @@
 
 use crate::backend::{Backend, TierCheck};
 use crate::engine::plan::{plan, Planned, Purpose};
+use crate::engine::Facts;
 use crate::engine::{Block, Decision as EngineDecision, Step};
-use crate::front::Front;
+use crate::front::{Front, HttpFacts};
+use crate::key::{KeyError, KeyWriter};
 use crate::observe::RequestDecision;
+use crate::rollout::AccessList;
 use crate::RateLimitLayer;
 use http::request::Parts;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// What the layer decided for one request.
@@ -192,7 +198,7 @@ impl Offline {
         let front = &*self.front;
         checks.n = 0;
         let step = front.engine.start_inspected(
-            &front.facts(parts),
+            &Unobserved(front.facts(parts)),
             std::time::Instant::now(),
             |planned, meta| checks.record(&self.bases, planned, &meta.tiers),
         );
@@ -244,7 +250,11 @@ impl Offline {
     /// the same request).
     pub fn plan(&self, parts: &Parts, checks: &mut Checks) {
         let front = &*self.front;
-        match plan(&front.engine.shared, &front.facts(parts), Purpose::Inspect) {
+        match plan(
+            &front.engine.shared,
+            &Unobserved(front.facts(parts)),
+            Purpose::Inspect,
+        ) {
             Planned::Check(planned, meta) => checks.record(&self.bases, &planned, &meta.tiers),
             _ => checks.n = 0,
         }
@@ -258,5 +268,31 @@ impl Offline {
             .get(tier)
             .and_then(|t| t.key.extract(parts).ok().flatten())
             .unwrap_or_default()
+    }
+}
+
+/// The layer's own facts of a request, not fed to the operator's view
+/// (metrics, anomaly series, top-N, latency): a replayed request decides as
+/// the layer would and is counted in the layer's decision counts, but it is
+/// not traffic.
+struct Unobserved<'a>(HttpFacts<'a>);
+
+impl Facts for Unobserved<'_> {
+    const OBSERVED: bool = false;
+
+    fn listed(&self, list: &AccessList) -> bool {
+        self.0.listed(list)
+    }
+    fn cost(&self, tier: usize) -> Option<u64> {
+        self.0.cost(tier)
+    }
+    fn key(&self, tier: usize, key: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
+        self.0.key(tier, key)
+    }
+    fn plan(&self, tier: usize) -> Option<Cow<'_, str>> {
+        self.0.plan(tier)
+    }
+    fn endpoint(&self) -> (&str, &str) {
+        self.0.endpoint()
     }
 }

@@ -13,6 +13,12 @@ use std::borrow::Cow;
 /// The facts of one request, as a front door reads them. Tier numbers are
 /// positions in the layer's tier list (check order, from 0).
 pub(crate) trait Facts {
+    /// Whether the request feeds the operator's view: the per-endpoint
+    /// metrics and anomaly series, the top-N sketches and the check's
+    /// latency. Replay's offline front door says no: its report is its own,
+    /// and the layer being replayed serves no one.
+    const OBSERVED: bool = true;
+
     /// Whether `list` (the allow- or denylist) names this request's client.
     fn listed(&self, list: &AccessList) -> bool;
 

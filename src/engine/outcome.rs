@@ -62,7 +62,9 @@ pub(crate) fn outcome(
         Ok(v) => {
             shared.breaker.success(meta.permit);
             feed_deny_cache(shared, meta, &v);
-            observe_decisions(shared, meta, &v);
+            if !meta.quiet {
+                observe_decisions(shared, meta, &v);
+            }
             // Only charged tiers have refunds: none for a denied request.
             let refunds = if shared.refunds() {
                 Refunds::of(shared, meta, &v)
@@ -78,7 +80,9 @@ pub(crate) fn outcome(
             fail(shared, &e, facts)
         }
     };
-    shared.metrics.latency(backend_latency, meta.started);
+    if !meta.quiet {
+        shared.metrics.latency(backend_latency, meta.started);
+    }
     decided
 }
 

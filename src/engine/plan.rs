@@ -40,6 +40,9 @@ pub(crate) struct Meta {
     pub(crate) backend_started: Option<std::time::Instant>,
     /// Decided by the local fallback limiter.
     pub(crate) fallback: bool,
+    /// Not observed ([`Facts::OBSERVED`]): no endpoint series, sketches or
+    /// latency.
+    pub(crate) quiet: bool,
     /// With IETF headers: each check's quota (requests), period in
     /// microseconds, and whether its algorithm refills continuously.
     pub(crate) quotas: Vec<(u64, u64, bool)>,
@@ -204,7 +207,7 @@ pub(crate) enum Purpose {
 /// The checks for a request, after the global mode and the lists: one per
 /// tier whose mode is not off, whose methods include the request's, whose
 /// cost is not 0 and whose extractor returns a key.
-pub(crate) fn plan(shared: &Shared, facts: &impl Facts, purpose: Purpose) -> Planned {
+pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Planned {
     let rt = shared.runtime.load();
     let ov = shared.overrides.load();
     let fallback = purpose == Purpose::Fallback;
@@ -283,10 +286,11 @@ pub(crate) fn plan(shared: &Shared, facts: &impl Facts, purpose: Purpose) -> Pla
     if checks.is_empty() {
         Planned::Pass(RequestDecision::Skipped)
     } else {
-        if purpose != Purpose::Inspect {
+        if purpose != Purpose::Inspect && F::OBSERVED {
             let (method, route) = facts.endpoint();
             meta.endpoint = Some(shared.observer.endpoint(method, route));
         }
+        meta.quiet = !F::OBSERVED;
         Planned::Check(checks, meta)
     }
 }
