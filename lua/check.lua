@@ -19,7 +19,7 @@
 --           top-N): every tier that rejects adds its cost to its key's
 --           score; the set keeps its 10 000 heaviest keys and lives 25 h.
 -- Returns   the check reply of check_request (lua/dispatch.lua), whose layout
---           is documented in src/backend/redis/wire.rs: { now_us, then
+--           is documented in src/backend/redis/wire/mod.rs: { now_us, then
 --           r, reset_after_us, w per tier, then a trailer of i, delay_us,
 --           undo per tier that needs one }, or { now_us, -1 } when late.
 -- Writes happen only if every enforced tier allows the request; then every

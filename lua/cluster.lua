@@ -12,7 +12,7 @@
 --           check.lua (algorithm, p1, p2, p3, p4, cost, flags), with the
 --           same commit rule among these tiers.
 --   returns the same reply as check.lua (check_request in dispatch.lua; the
---           layout is documented in src/backend/redis/wire.rs). The client
+--           layout is documented in src/backend/redis/wire/mod.rs). The client
 --           sets the undo flag on every tier: a slot that charged while
 --           another slot denied is refunded with those values.
 -- refund:   KEYS = the keys to refund (tiers this script charged), eight

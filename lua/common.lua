@@ -1,5 +1,5 @@
 -- Shared helpers for the algorithm scripts. The files of lua/ are joined in
--- this order into ONE script (see src/backend/redis/wire.rs):
+-- this order into ONE script (see src/backend/redis/wire/mod.rs):
 --   common.lua, fixed_window.lua, sliding_window_log.lua,
 --   sliding_window_counter.lua, token_bucket.lua, leaky_bucket.lua,
 --   dispatch.lua, check.lua

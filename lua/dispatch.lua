@@ -58,7 +58,7 @@ end
 -- request, and then every tier that allows it (a shadow tier that would deny
 -- is not charged, just as an enforced denial charges nothing).
 -- Returns the check reply, whose layout is documented once, in
--- src/backend/redis/wire.rs:
+-- src/backend/redis/wire/mod.rs:
 --   { now_us, three per tier: r, reset_after_us, w,
 --     then a trailer, three per entry: i, delay_us, undo }
 --   or { now_us, -1 } when the clock's deadline has passed (nothing written);

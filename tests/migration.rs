@@ -93,7 +93,7 @@ fn encode(limit: &Limit) -> [i64; 5] {
 }
 
 /// One tier's decision from a check reply of either release (`{ now, r,
-/// reset, w, then the trailer i, delay, undo }`, src/backend/redis/wire.rs).
+/// reset, w, then the trailer i, delay, undo }`, src/backend/redis/wire/mod.rs).
 fn decision(reply: &[i64], limit: &Limit) -> Decision {
     let allowed = reply[1] >= 0;
     let remaining = if allowed { reply[1] } else { -(reply[1] + 1) };
