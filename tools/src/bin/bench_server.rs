@@ -33,9 +33,9 @@
 //! ```
 //!
 //! Environment: `LISTEN_ADDR` (default `127.0.0.1:3000`), `REDIS_URL`
-//! (redis1, redis4, minimal, minimal4), `DENY_RATE`, `DENY_CACHE` (the layer's deny
-//! cache capacity; 0 disables it), `OTHER_RATE` (the per-second limit of the
-//! global, user and endpoint tiers; default a billion),
+//! (redis1, redis4, minimal, minimal4), `DENY_RATE`, `DENY_CACHE` (the
+//! layer's deny cache capacity; 0 disables it), `OTHER_RATE` (the per-second
+//! limit of the global, user and endpoint tiers; default a billion),
 //! `USER_QUOTA_PER_MINUTE=N` (mem4, redis4, minimal4: the `user` tier is
 //! `Quota::per_minute(N)` instead, so a user's key lives only until its
 //! bucket is full again, as under a real quota: `benches/scale.sh`; unset =
