@@ -22,7 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 N=${N:-5000}
-MODES=${MODES:-"bare mem1 mem4 governor redis1 redis4 minimal"}
+MODES=${MODES:-"bare mem1 mem4 governor governor_headers redis1 redis4 minimal minimal4"}
 TOP=${TOP:-45}
 
 for tool in valgrind callgrind_annotate curl redis-server redis-cli python3; do

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # HTTP load test of the rate-limit layer against bare axum, tower_governor
-# and a minimal one-EVALSHA Redis middleware (docs/performance.md).
+# (without and with its headers) and minimal one-EVALSHA Redis middlewares
+# (one key; redis4's four keys) (docs/performance.md).
 #
 #   benches/load.sh                    # ~5 minutes; markdown report on stdout
 #   ROUNDS=5 D32=10 benches/load.sh    # longer, steadier
@@ -43,9 +44,11 @@ D32=${D32:-5}
 D1=${D1:-3}
 # minimal_pool (a deadpool checkout per request) is not in the default set:
 # MODES="minimal minimal_pool redis4" compares the two ways to share
-# connections.
-MODES=${MODES:-"bare mem1 mem4 governor redis1 redis4 minimal"}
-DENY_MODES=${DENY_MODES:-"mem1 mem4 governor redis1 redis4 minimal"}
+# connections. minimal4 is redis4's floor (its four keys and quotas in one
+# plain script), governor_headers tower_governor with its X-RateLimit headers
+# on (mem1 sends its headers too).
+MODES=${MODES:-"bare mem1 mem4 governor governor_headers redis1 redis4 minimal minimal4"}
+DENY_MODES=${DENY_MODES:-"mem1 mem4 governor governor_headers redis1 redis4 minimal minimal4"}
 OUT=${OUT:-}
 
 for tool in wrk redis-server redis-cli redis-benchmark curl python3; do
@@ -181,7 +184,7 @@ rb=$(sed -E 's/.*: ([0-9.]+) requests per second.*/\1/' "$work/rb.out")
 # read at once).
 rcli FLUSHALL >/dev/null
 memory_rows=""
-for mode in redis4 minimal; do
+for mode in redis4 minimal minimal4; do
   DENY_RATE=1 OTHER_RATE=1 start_server "$mode" deny
   curl -s -o /dev/null -H 'x-user: alice' "http://127.0.0.1:$server_port/"
   for key in $(rcli --scan); do
@@ -289,7 +292,9 @@ print("|---|---|---|")
 for num, den in [("mem1", "bare"), ("mem4", "bare"), ("mem1", "governor"), ("mem4", "governor"),
                  ("governor", "bare"), ("redis1", "bare"), ("redis4", "bare"),
                  ("redis1", "minimal"), ("redis4", "minimal"), ("minimal", "bare"),
-                 ("minimal_pool", "minimal"), ("redis4", "minimal_pool")]:
+                 ("minimal_pool", "minimal"), ("redis4", "minimal_pool"),
+                 ("redis4", "minimal4"), ("mem1", "governor_headers"),
+                 ("governor_headers", "governor"), ("minimal4", "minimal")]:
     xs = ratio(num, den)
     if xs:
         print(f"| req/s {num} / {den} | {med(xs):.3f} | {', '.join(f'{x:.3f}' for x in xs)} |")

@@ -11,6 +11,8 @@
 //!             (an `x-user` header turned into a UserId by a middleware),
 //!             endpoint
 //!   governor  tower_governor's per-IP governor (PeerIpKeyExtractor)
+//!   governor_headers  the same with its X-RateLimit headers on
+//!             (`GovernorConfigBuilder::use_headers`)
 //!   redis1    RateLimitLayer on Redis (REDIS_URL), 1 tier: ip
 //!   redis4    RateLimitLayer on Redis, the 4 tiers of mem4
 //!   minimal   an axum::middleware::from_fn doing one EVALSHA of a plain
@@ -18,6 +20,11 @@
 //!             (the floor any Redis limiter pays)
 //!   minimal_pool  the same with a deadpool-redis checkout per request (a
 //!             pool of 32), the other way to share connections
+//!   minimal4  a from_fn middleware whose one EVALSHA checks redis4's four
+//!             keys (same names, same quotas) all or nothing: Redis TIME,
+//!             one MGET, one SET … PX per key, one integer per key (a GCRA
+//!             theoretical arrival time in µs); 429 or the response, no
+//!             rate-limit headers (the floor of redis4)
 //!
 //!   deny      the per-IP limit is DENY_RATE per second (default 10; burst
 //!             the same), so under load nearly every request is denied.
@@ -26,10 +33,10 @@
 //! ```
 //!
 //! Environment: `LISTEN_ADDR` (default `127.0.0.1:3000`), `REDIS_URL`
-//! (redis1, redis4, minimal), `DENY_RATE`, `DENY_CACHE` (the layer's deny
-//! cache capacity; 0 disables it), `OTHER_RATE` (the per-second limit of the
-//! global, user and endpoint tiers; default a billion),
-//! `USER_QUOTA_PER_MINUTE=N` (mem4, redis4: the `user` tier is
+//! (redis1, redis4, minimal, minimal4), `DENY_RATE`, `DENY_CACHE` (the
+//! layer's deny cache capacity; 0 disables it), `OTHER_RATE` (the per-second
+//! limit of the global, user and endpoint tiers; default a billion),
+//! `USER_QUOTA_PER_MINUTE=N` (mem4, redis4, minimal4: the `user` tier is
 //! `Quota::per_minute(N)` instead, so a user's key lives only until its
 //! bucket is full again, as under a real quota: `benches/scale.sh`; unset =
 //! the `OTHER_RATE` quota), `USER_BURST=B` (with `USER_QUOTA_PER_MINUTE`:
@@ -40,6 +47,7 @@
 //! tower_governor by default: what the headers cost).
 //! Prints `listening on <addr>` once it accepts connections.
 //! `bench_server minimal-lua` prints the minimal limiter's script,
+//! `bench_server minimal4-lua` the four-key one,
 //! `bench_server script-sha` the SHA1 of the layer's script.
 
 use std::error::Error;
@@ -55,7 +63,7 @@ use axum::routing::get;
 use axum::Router;
 use redis::aio::MultiplexedConnection;
 use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend};
-use tiered_ratelimit::key::{ClientIp, Endpoint, Global, User};
+use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User, UNMATCHED_ROUTE};
 use tiered_ratelimit::{key::UserId, Quota, RateLimitLayer, Tier};
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
@@ -81,6 +89,28 @@ tokens = tokens - 1
 local ttl = math.ceil((burst - tokens) * 1000 / rate) + 1
 redis.call('SET', KEYS[1], string.format('%.6f:%d', tokens, now), 'PX', ttl)
 return {1, math.floor(tokens)}
+";
+
+/// The four-key minimal limiter's script (`minimal4`): GCRA on every key in
+/// `KEYS`, all or nothing. `ARGV[2i-1]` is key i's emission interval and
+/// `ARGV[2i]` its tolerance (burst × interval), both in µs; a key holds its
+/// theoretical arrival time in µs since the epoch. Returns 1 (allowed: every
+/// key written, `PX` until its bucket is full again) or 0 (denied: nothing
+/// written).
+const MINIMAL4_LUA: &str = r"
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local tats = redis.call('MGET', unpack(KEYS))
+local new = {}
+for i = 1, #KEYS do
+  local tat = math.max(tonumber(tats[i]) or now, now) + tonumber(ARGV[2 * i - 1])
+  if tat - now > tonumber(ARGV[2 * i]) then return 0 end
+  new[i] = tat
+end
+for i = 1, #KEYS do
+  redis.call('SET', KEYS[i], string.format('%d', new[i]), 'PX', math.ceil((new[i] - now) / 1000))
+end
+return 1
 ";
 
 /// A limit that never denies during a run yet keeps its keys, as busy keys
@@ -111,7 +141,9 @@ struct Config {
 }
 
 fn usage() -> Box<dyn Error + Send + Sync> {
-    "usage: bench_server <bare|mem1|mem4|governor|redis1|redis4|minimal|minimal_pool> [deny]".into()
+    "usage: bench_server <bare|mem1|mem4|governor|governor_headers|redis1|redis4|minimal|\
+     minimal_pool|minimal4> [deny]"
+        .into()
 }
 
 fn env_u64(name: &str) -> Res<Option<u64>> {
@@ -128,6 +160,10 @@ async fn main() -> Res<()> {
     if mode == "minimal-lua" {
         // For `redis-cli SCRIPT LOAD` and redis-benchmark.
         print!("{MINIMAL_LUA}");
+        return Ok(());
+    }
+    if mode == "minimal4-lua" {
+        print!("{MINIMAL4_LUA}");
         return Ok(());
     }
     if mode == "script-sha" {
@@ -189,7 +225,7 @@ async fn app(c: &Config) -> Res<Router> {
         "redis4" => router
             .layer(ours(RedisBackend::from_url(&redis_url()?)?.into(), 4, c)?)
             .layer(middleware::from_fn(auth)),
-        "governor" => {
+        "governor" | "governor_headers" => {
             let mut b = GovernorConfigBuilder::default();
             match c.deny_rate {
                 Some(rate) => b
@@ -199,30 +235,54 @@ async fn app(c: &Config) -> Res<Router> {
                     .period(Duration::from_secs(1) / u32::try_from(NEVER_RATE)?)
                     .burst_size(u32::MAX),
             };
-            let conf = b.finish().ok_or("invalid governor quota")?;
-            router.layer(GovernorLayer::new(conf))
+            if c.mode == "governor_headers" {
+                let conf = b.use_headers().finish().ok_or("invalid governor quota")?;
+                router.layer(GovernorLayer::new(conf))
+            } else {
+                let conf = b.finish().ok_or("invalid governor quota")?;
+                router.layer(GovernorLayer::new(conf))
+            }
         }
         "minimal" | "minimal_pool" => {
             let pooled = c.mode == "minimal_pool";
             let state = Minimal::connect(&redis_url()?, c.deny_rate, pooled).await?;
             router.layer(middleware::from_fn_with_state(state, minimal))
         }
+        "minimal4" => {
+            let state = Minimal4::connect(&redis_url()?, c).await?;
+            router.layer(middleware::from_fn_with_state(state, minimal4))
+        }
         _ => return Err(usage()),
     })
 }
 
+/// The quotas of the `ip` tier, of the `global` and `endpoint` tiers, and of
+/// the `user` tier (shared by our layer and `minimal4`).
+struct Quotas {
+    ip: Quota,
+    other: Quota,
+    user: Quota,
+}
+
+impl Quotas {
+    fn new(c: &Config) -> Self {
+        let ip = match c.deny_rate {
+            Some(rate) => Quota::per_second(rate),
+            None => huge(),
+        };
+        let other = c.other_rate.map_or_else(huge, Quota::per_second);
+        let user = match (c.user_per_minute, c.user_burst) {
+            (Some(n), Some(burst)) => Quota::per_minute(n).burst(burst),
+            (Some(n), None) => Quota::per_minute(n),
+            (None, _) => other,
+        };
+        Self { ip, other, user }
+    }
+}
+
 /// Our layer: the `ip` tier alone, or `global`, `ip`, `user`, `endpoint`.
 fn ours(backend: Backend, tiers: usize, c: &Config) -> Res<RateLimitLayer> {
-    let ip = match c.deny_rate {
-        Some(rate) => Quota::per_second(rate),
-        None => huge(),
-    };
-    let other = c.other_rate.map_or_else(huge, Quota::per_second);
-    let user = match (c.user_per_minute, c.user_burst) {
-        (Some(n), Some(burst)) => Quota::per_minute(n).burst(burst),
-        (Some(n), None) => Quota::per_minute(n),
-        (None, _) => other,
-    };
+    let Quotas { ip, other, user } = Quotas::new(c);
     let mut b = RateLimitLayer::builder().backend(backend);
     if let Some(n) = c.deny_cache {
         b = b.deny_cache(n);
@@ -339,5 +399,84 @@ async fn minimal(
             .into_response(),
         // Fail open, like the layer's default.
         Err(_) => next.run(req).await,
+    }
+}
+
+/// The four-key minimal limiter's state (`minimal4`): one multiplexed
+/// connection, the script's SHA1, and per tier (global, ip, user, endpoint)
+/// the GCRA emission interval and tolerance in µs.
+#[derive(Clone)]
+struct Minimal4 {
+    conn: MultiplexedConnection,
+    sha: Arc<str>,
+    global: [u64; 2],
+    ip: [u64; 2],
+    user: [u64; 2],
+    endpoint: [u64; 2],
+}
+
+/// A quota as GCRA parameters in µs: the emission interval (the period ÷
+/// the limit, rounded up to a whole µs) and the tolerance (burst × the
+/// interval).
+fn gcra(q: Quota) -> [u64; 2] {
+    let period = u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX);
+    let interval = period.div_ceil(q.limit()).max(1);
+    [interval, interval.saturating_mul(q.burst_size())]
+}
+
+impl Minimal4 {
+    async fn connect(url: &str, c: &Config) -> Res<Self> {
+        let mut conn = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(MINIMAL4_LUA)
+            .query_async(&mut conn)
+            .await?;
+        let q = Quotas::new(c);
+        Ok(Self {
+            conn,
+            sha: sha.into(),
+            global: gcra(q.other),
+            ip: gcra(q.ip),
+            user: gcra(q.user),
+            endpoint: gcra(q.other),
+        })
+    }
+}
+
+/// One EVALSHA over the keys our layer's redis4 would charge for this
+/// request (`rl:global:all`, `rl:ip:<ip>`, `rl:user:<x-user>` when the
+/// header is there, `rl:endpoint:<method route>`, parts escaped as the layer
+/// escapes them).
+async fn minimal4(
+    State(mut m): State<Minimal4>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let user = req.headers().get("x-user").map(|v| v.as_bytes());
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or(UNMATCHED_ROUTE, |p| p.as_str());
+    let endpoint = storage_key_part(format!("{} {route}", req.method()).as_bytes());
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&*m.sha).arg(3 + usize::from(user.is_some()));
+    cmd.arg("rl:global:all").arg(format!("rl:ip:{}", peer.ip()));
+    if let Some(u) = user {
+        cmd.arg(format!("rl:user:{}", storage_key_part(u)));
+    }
+    cmd.arg(format!("rl:endpoint:{endpoint}"));
+    cmd.arg(&m.global[..]).arg(&m.ip[..]);
+    if user.is_some() {
+        cmd.arg(&m.user[..]);
+    }
+    cmd.arg(&m.endpoint[..]);
+    match cmd.query_async::<i64>(&mut m.conn).await {
+        Ok(0) => StatusCode::TOO_MANY_REQUESTS.into_response(),
+        // Allowed, or fail open like the layer's default.
+        _ => next.run(req).await,
     }
 }
