@@ -10,7 +10,8 @@
 //! series, top-N sketches, latency), and no response is built.
 //! It needs a backend that decides without waiting: the in-memory one
 //! (usually with a [`ManualClock`](crate::backend::ManualClock) that follows
-//! the replayed log's time).
+//! the replayed log's time). The example builds a request head with the
+//! `http` crate (axum re-exports it as `axum::http`).
 //!
 //! ```
 //! use tiered_ratelimit::offline::{Checks, Decision};
