@@ -128,7 +128,7 @@ async fn main() -> ExitCode {
 async fn run() -> Result<(), Box<dyn Error>> {
     let listen_addr = env_or("LISTEN_ADDR", "127.0.0.1:3000");
 
-    let policy = match std::env::var("POLICY_FILE") {
+    let mut policy = match std::env::var("POLICY_FILE") {
         Ok(path) if !path.is_empty() => {
             println!("policy: {path}");
             Policy::from_file(&path)?
@@ -172,6 +172,11 @@ async fn run() -> Result<(), Box<dyn Error>> {
             }
             None => {
                 println!("backend: in-memory (set REDIS_URL to share buckets between processes)");
+                // The control key lives in Redis: in memory it would not be
+                // watched (the layer warns so), so this demo leaves it out.
+                if policy.control.take().is_some() {
+                    println!("[control]: needs Redis, not used in memory");
+                }
                 MemoryBackend::new().into()
             }
         },
