@@ -27,6 +27,7 @@ pub(crate) mod facts;
 pub(crate) mod outcome;
 pub(crate) mod plan;
 pub(crate) mod runtime;
+pub(crate) mod spare;
 pub(crate) mod watch;
 
 #[cfg(test)]

@@ -55,6 +55,13 @@ pub(crate) struct Meta {
     pub(crate) plans: Vec<Option<(usize, Arc<str>)>>,
 }
 
+impl Drop for Meta {
+    /// The checks' key buffers go back for the next request's.
+    fn drop(&mut self) {
+        super::spare::give_back(&mut self.sent);
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Observed {
     pub(crate) endpoint: String,
@@ -225,7 +232,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
     let mut checks = Vec::with_capacity(shared.tiers.len());
     let mut meta = Meta::default();
     // A tier that does not apply leaves the buffer to the next.
-    let mut key = String::new();
+    let mut key = super::spare::key();
     for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
         let tp = match plan_tier((i, t, r), &ov, global, facts, fallback, &mut key) {
             Ok(Some(tp)) => tp,
@@ -276,13 +283,14 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
             meta.quotas.push((q.limit(), period_us, refills));
         }
         checks.push(TierCheck {
-            key: std::mem::take(&mut key),
+            key: std::mem::replace(&mut key, super::spare::key()),
             limit: tp.limit,
             cost: tp.cost,
         });
         // MAX_TIERS is 64, so the index fits.
         meta.tiers.push(u8::try_from(i).unwrap_or(u8::MAX));
     }
+    super::spare::give_back_key(key);
     if checks.is_empty() {
         Planned::Pass(RequestDecision::Skipped)
     } else {
