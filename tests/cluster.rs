@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::algorithms::{algorithm_limits_without, Model, S};
+use support::algorithms::{algorithm_limits_without, script_args as encode, Model, S};
 use support::algorithms_http as scenario;
 use support::cluster::{calls, failed_calls, RedisCluster};
 use support::rng::Rng;
@@ -384,24 +384,6 @@ const CLUSTER_SCRIPT: &str = concat!(
     include_str!("../lua/dispatch.lua"),
     include_str!("../lua/cluster.lua"),
 );
-
-fn encode(limit: &Limit) -> [i64; 5] {
-    let i = |v: u64| v as i64;
-    match *limit {
-        Limit::FixedWindow(w) => [1, i(w.limit), i(w.window_us), 0, 0],
-        Limit::SlidingWindowLog(w) => [2, i(w.limit), i(w.window_us), 0, 0],
-        Limit::SlidingWindowCounter(w) => [3, i(w.limit), i(w.window_us), 0, 0],
-        Limit::TokenBucket(b) => [4, i(b.capacity), i(b.rate), i(b.unit), 0],
-        Limit::LeakyBucket(g) => [
-            5,
-            i(g.bucket.capacity),
-            i(g.bucket.rate),
-            i(g.bucket.unit),
-            g.max_delay_us.map_or(-1, i),
-        ],
-        _ => unreachable!(),
-    }
-}
 
 struct Lua {
     conn: redis::Connection,

@@ -11,7 +11,7 @@
 mod support;
 
 use std::time::Duration;
-use support::algorithms::{algorithm_limits, Model, S};
+use support::algorithms::{algorithm_limits, script_args as encode, Model, S};
 use support::cluster::RedisCluster;
 use support::rng::Rng;
 use support::*;
@@ -71,25 +71,6 @@ fn limits() -> Vec<(&'static str, Limit)> {
         }),
     ));
     all
-}
-
-/// A limit as both releases' scripts take it: algorithm, p1..p4.
-fn encode(limit: &Limit) -> [i64; 5] {
-    let i = |v: u64| v as i64;
-    match *limit {
-        Limit::FixedWindow(w) => [1, i(w.limit), i(w.window_us), 0, 0],
-        Limit::SlidingWindowLog(w) => [2, i(w.limit), i(w.window_us), 0, 0],
-        Limit::SlidingWindowCounter(w) => [3, i(w.limit), i(w.window_us), 0, 0],
-        Limit::TokenBucket(b) => [4, i(b.capacity), i(b.rate), i(b.unit), 0],
-        Limit::LeakyBucket(g) => [
-            5,
-            i(g.bucket.capacity),
-            i(g.bucket.rate),
-            i(g.bucket.unit),
-            g.max_delay_us.map_or(-1, i),
-        ],
-        _ => unreachable!(),
-    }
 }
 
 /// One tier's decision from a check reply of either release (`{ now, r,

@@ -111,3 +111,23 @@ pub fn clock_step() -> impl Strategy<Value = u64> {
         1 => 0u64..20_000_000,
     ]
 }
+
+/// A limit as the Lua scripts take it (this release's and the previous
+/// one's): the algorithm number, then p1..p4 (src/backend/redis/wire/).
+pub fn script_args(limit: &Limit) -> [i64; 5] {
+    let i = |v: u64| v as i64;
+    match *limit {
+        Limit::FixedWindow(w) => [1, i(w.limit), i(w.window_us), 0, 0],
+        Limit::SlidingWindowLog(w) => [2, i(w.limit), i(w.window_us), 0, 0],
+        Limit::SlidingWindowCounter(w) => [3, i(w.limit), i(w.window_us), 0, 0],
+        Limit::TokenBucket(b) => [4, i(b.capacity), i(b.rate), i(b.unit), 0],
+        Limit::LeakyBucket(g) => [
+            5,
+            i(g.bucket.capacity),
+            i(g.bucket.rate),
+            i(g.bucket.unit),
+            g.max_delay_us.map_or(-1, i),
+        ],
+        _ => unreachable!("a limit the scripts do not know"),
+    }
+}
