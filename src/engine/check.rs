@@ -222,7 +222,10 @@ fn begin(
     if meta.permit == Permit::Reject {
         return Begun::Ready(Err(BackendError::CircuitOpen));
     }
-    meta.backend_started = Some(Instant::now());
+    // Only for the latency histogram, which an unobserved check skips.
+    if !meta.quiet {
+        meta.backend_started = Some(Instant::now());
+    }
     #[allow(irrefutable_let_patterns)] // without the `redis` feature
     if let Backend::Memory(m) = &shared.backend {
         // Synchronous: keep the checks themselves, no copies.

@@ -57,6 +57,7 @@ pub(crate) fn outcome(
         }
     }
     let _entered = span.enter();
+    // `None` when unobserved (`begin` then read no clock).
     let backend_latency = meta.backend_started.map(|t| t.elapsed());
     let decided = match result {
         Ok(v) => {
