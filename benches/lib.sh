@@ -93,9 +93,11 @@ cpu_ticks() { # pid
   sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
 }
 
-# Calls of EVALSHA so far (INFO commandstats).
+# Script calls so far: EVALSHA (the minimal middlewares, a cluster, refunds)
+# plus FCALL (the layer's check on Redis >= 7).
 evalsha_calls() {
-  rcli INFO commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_evalsha:/ {print $3; f=1} END {if (!f) print 0}'
+  rcli INFO commandstats | tr -d '\r' |
+    awk -F'[:=,]' '/^cmdstat_(evalsha|fcall):/ {n += $3} END {print n + 0}'
 }
 
 # A wrk --latency report -> "requests seconds non2xx p50_us p99_us socket_errors".

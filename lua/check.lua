@@ -7,14 +7,15 @@
 --           { now_us, -1 } ("late");
 --           or a test clock in Unix epoch microseconds (ManualClock; tests
 --           only), optionally followed by ":<ttl slack ms>" (see common.lua)
--- ARGV[2 + 7(i-1) ..], seven per tier:
---           algorithm (1 fixed_window, 2 sliding_window_log,
---           3 sliding_window_counter, 4 token_bucket, 5 leaky_bucket),
---           p1, p2, p3, p4 (the algorithm's parameters, see each file), cost,
---           flags: +1 shadow (the tier is in shadow mode: its denial does
---           not stop the other tiers from being charged), +2 undo (return
---           the charge's undo value, for a refund by response status), +4
---           compact (write the compact format; see common.lua)
+-- ARGV[1 + i] the spec of tier i, one argument: "<algorithm> <p1> <p2> <p3>
+--           <p4> <cost> <flags>" (see tier_spec in dispatch.lua): algorithm
+--           (1 fixed_window, 2 sliding_window_log, 3 sliding_window_counter,
+--           4 token_bucket, 5 leaky_bucket), p1..p4 (the algorithm's
+--           parameters, see each file), cost, flags: +1 shadow (the tier is
+--           in shadow mode: its denial does not stop the other tiers from
+--           being charged), +2 undo (return the charge's undo value, for a
+--           refund by response status), +4 compact (write the compact
+--           format; see common.lua)
 -- KEYS[n+1] optional: the hourly sorted set of rejected keys (fleet-wide
 --           top-N): every tier that rejects adds its cost to its key's
 --           score; the set keeps its 10 000 heaviest keys and lives 25 h.
@@ -26,16 +27,16 @@
 -- tier that allows it is charged (a shadow tier that would deny is not, just
 -- as an enforced denial charges nothing).
 
-local tiers = (#ARGV - 1) / 7
+local tiers = #ARGV - 1
 local out, rejected = check_request(ARGV[1], 2, tiers)
 if not out then
   return redis.error_reply(rejected)
 end
 
 local blocked = KEYS[tiers + 1]
-if blocked and #rejected > 0 then
+if blocked and rejected then
   for _, i in ipairs(rejected) do
-    redis.call('ZINCRBY', blocked, tonumber(ARGV[2 + (i - 1) * 7 + 5]), KEYS[i])
+    redis.call('ZINCRBY', blocked, tier_spec(ARGV[1 + i])[6], KEYS[i])
   end
   local extra = redis.call('ZCARD', blocked) - 10000
   if extra > 0 then redis.call('ZREMRANGEBYRANK', blocked, 0, extra - 1) end

@@ -8,7 +8,7 @@
 --           clock "<now µs>[:<ttl slack ms>]" (a "d<deadline µs>" would be
 --           honoured too; the cluster client sends none)
 --
--- check:    KEYS and seven ARGV per tier from ARGV[3] on, exactly as in
+-- check:    KEYS and one spec per tier from ARGV[3] on, exactly as in
 --           check.lua (algorithm, p1, p2, p3, p4, cost, flags), with the
 --           same commit rule among these tiers.
 --   returns the same reply as check.lua (check_request in dispatch.lua; the

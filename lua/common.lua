@@ -11,13 +11,13 @@
 -- arithmetic is exact once division is corrected to integer division.
 -- ARGV values are strings: always tonumber() them.
 
+-- floor(a / b) for integers a, b > 0 below 2^53. The double quotient a / b
+-- is correctly rounded and rounding is monotonic, so floor() of it is never
+-- below the true floor and at most one above it (when the true quotient is
+-- just below an integer that it rounds to): one correction suffices.
 local function div_floor(a, b)
   local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
+  if q * b > a then q = q - 1 end
   return q
 end
 
@@ -39,13 +39,15 @@ local function ttl_ms(us)
 end
 
 -- An integer as a string without exponent (tostring would print 1.7e+15).
+-- Redis's Lua formats %d as a C long (64 bits): exact below 2^53, and half
+-- the cost of '%.0f'.
 local function int(x)
-  return string.format('%.0f', x)
+  return string.format('%d', x)
 end
 
--- Whether `flags` (a tier's flags argument, see check.lua) has `bit` set.
+-- Whether `flags` (a tier's flags, see dispatch.lua) has `bit` set.
 local function has_flag(flags, bit)
-  return div_floor(flags, bit) % 2 == 1
+  return flags % (bit + bit) >= bit
 end
 
 -- Stored values come in two formats (docs/redis.md, "Stored values"):
@@ -58,7 +60,7 @@ end
 -- "<n><ddd>": an integer n followed by exactly three digits, the form of the
 -- bucket TATs (n = the TAT in µs) and of the log's members (n = the time).
 local function with_code(n, code)
-  return int(n) .. string.format('%03d', code)
+  return string.format('%d%03d', n, code)
 end
 
 -- n and the three-digit code of a value "<n><ddd>" (no separator), or nil.

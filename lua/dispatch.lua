@@ -8,15 +8,21 @@ local algorithms = {
 -- The clock argument: "" reads Redis TIME; "d<deadline µs>" reads Redis TIME
 -- and also returns the deadline; "<µs>[:<ttl slack ms>]" is a test clock
 -- (ManualClock; tests only). Returns now (µs) and the deadline, if any.
+-- Also resets the TTL slack, which outlives a call in a Redis Function.
 local function read_clock(arg)
-  local deadline = string.match(arg, '^d(%d+)$')
-  if arg ~= '' and not deadline then
-    local clock, slack = string.match(arg, '^(%d+):?(%d*)$')
-    if slack ~= nil and slack ~= '' then ttl_slack_ms = tonumber(slack) end
-    return tonumber(clock), nil
+  ttl_slack_ms = 0
+  local deadline
+  if arg ~= '' then
+    -- "d<deadline>" (100 is 'd'), else a test clock.
+    if string.byte(arg, 1) == 100 then deadline = tonumber(string.sub(arg, 2)) end
+    if not deadline then
+      local clock, slack = string.match(arg, '^(%d+):?(%d*)$')
+      if slack ~= nil and slack ~= '' then ttl_slack_ms = tonumber(slack) end
+      return tonumber(clock), nil
+    end
   end
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(deadline)
+  return tonumber(t[1]) * 1000000 + tonumber(t[2]), deadline
 end
 
 -- The stored values of KEYS[1..n], in one MGET (one command however many
@@ -27,81 +33,128 @@ local function read_states(n)
   return redis.call('MGET', unpack(KEYS, 1, n))
 end
 
--- Runs one tier from its seven ARGV starting at index a (algorithm, p1..p4,
--- cost, flags: +1 shadow, +2 undo wanted, +4 write the compact format
--- (check.lua)) and its stored value v (from read_states). Returns allowed
--- (0/1), remaining, reset_after_us, retry_after_us, delay_us, the commit
--- function (or nil) and whether the tier is in shadow mode; false alone for
--- an unknown algorithm.
---
--- retry_after_us of an ALLOWED tier is the wait, once it is charged, before
--- another request of the same cost would pass (0: at once, or not computed:
--- the sliding window algorithms return 0). The client reads it only when
--- the request was charged, to prime its deny cache; the decision it reports
--- has retry_after_us = 0.
-local function check_tier(key, now, a, v)
-  local algorithm = algorithms[tonumber(ARGV[a])]
-  if not algorithm then return false end
-  local flags = tonumber(ARGV[a + 6])
-  local allowed, remaining, reset, retry, delay, commit = algorithm(
-    key, now,
-    tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-    tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), v, has_flag(flags, 4))
-  return allowed, remaining, reset, retry, delay, commit, has_flag(flags, 1)
+-- A tier's spec: ONE argument, "<algorithm> <p1> <p2> <p3> <p4> <cost>
+-- <flags>" (integers separated by single spaces; algorithm 1 fixed window,
+-- 2 sliding window log, 3 sliding window counter, 4 token bucket, 5 leaky
+-- bucket; flags: +1 shadow, +2 undo wanted, +4 write the compact format).
+-- Parsed specs are kept by their string: loaded as a Redis Function the
+-- table lives as long as the library, so a request's tiers cost one table
+-- lookup each instead of seven tonumber() calls (a deployment has a few
+-- specs per tier: one per cost). At most 1 024 are kept.
+local specs, specs_n = {}, 0
+
+-- The parsed spec s, { algorithm function, p1, p2, p3, p4, cost, shadow,
+-- undo, compact }, or false for a malformed spec or an unknown algorithm.
+local function tier_spec(s)
+  local t = specs[s]
+  if t ~= nil then return t end
+  local a, p1, p2, p3, p4, cost, flags =
+    string.match(s, '^(%d+) (%d+) (%d+) (%d+) (-?%d+) (%d+) (%d+)$')
+  local algorithm = a and algorithms[tonumber(a)]
+  t = false
+  if algorithm then
+    flags = tonumber(flags)
+    t = { algorithm, tonumber(p1), tonumber(p2), tonumber(p3), tonumber(p4), tonumber(cost),
+      has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 4) }
+  end
+  if specs_n >= 1024 then specs, specs_n = {}, 0 end
+  specs[s] = t
+  specs_n = specs_n + 1
+  return t
 end
 
 -- One request's check of tiers 1..n, the body of both entry points (a
 -- single Redis: check.lua; one hash slot of a cluster: cluster.lua's
 -- 'check'): clock is the clock argument (see read_clock); tier i is KEYS[i]
--- and seven ARGV from ARGV[first + 7(i-1)] (see check_tier).
+-- with the spec ARGV[first + i - 1] (see tier_spec).
 -- Decides every tier first; charges only if every enforced tier allows the
 -- request, and then every tier that allows it (a shadow tier that would deny
 -- is not charged, just as an enforced denial charges nothing).
+--
+-- Each algorithm returns allowed (0/1), remaining, reset_after_us,
+-- retry_after_us, delay_us and, when it allows, its write: a value to SET
+-- with PX the next result (ms) and the undo value after it, or a function
+-- that writes and returns the undo value (the sliding window log).
+-- retry_after_us of an ALLOWED tier is the wait, once it is charged, before
+-- another request of the same cost would pass (0: at once, or not computed:
+-- the sliding window algorithms return 0). The client reads it only when
+-- the request was charged, to prime its deny cache; the decision it reports
+-- has retry_after_us = 0.
+--
 -- Returns the check reply, whose layout is documented once, in
 -- src/backend/redis/wire/mod.rs:
 --   { now_us, three per tier: r, reset_after_us, w,
 --     then a trailer, three per entry: i, delay_us, undo }
 --   or { now_us, -1 } when the clock's deadline has passed (nothing written);
--- and the numbers of the tiers that rejected. For an unknown algorithm:
--- nil and the error message.
+-- and the numbers of the tiers that rejected (nil when none did). For a
+-- malformed spec or an unknown algorithm: nil and the error message.
 local function check_request(clock, first, n)
   local now, deadline = read_clock(clock)
   if deadline and now > deadline then
-    return { now, -1 }, {}
+    return { now, -1 }
   end
-  local out = { now }
-  local commits = {}
-  local rejected = {}
+  -- The reply, and per allowing tier i, from pend[5i - 4]: its write, PX,
+  -- undo, delay and undo flag (one table: a table per field costs more).
+  -- Up to four tiers both are built at their full size at once: growing a
+  -- table one slot at a time costs more than the check of a tier.
+  local out, pend
+  if n <= 4 then
+    out = { now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+    pend = { false, 0, 0, 0, false, false, 0, 0, 0, false,
+      false, 0, 0, 0, false, false, 0, 0, 0, false }
+  else
+    out, pend = { now }, {}
+  end
+  local o = 1
+  local rejected
   local all = true
   local states = read_states(n)
   for i = 1, n do
-    local a = first + (i - 1) * 7
-    local allowed, remaining, reset, retry, delay, commit, shadow = check_tier(KEYS[i], now, a, states[i])
-    if allowed == false then
-      return nil, 'unknown algorithm ' .. tostring(ARGV[a])
+    local t = tier_spec(ARGV[first + i - 1])
+    if not t then
+      return nil, 'bad tier spec ' .. tostring(ARGV[first + i - 1])
     end
+    local allowed, remaining, reset, retry, delay, write, ttl, undo =
+      t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9])
     if allowed == 1 then
-      out[#out + 1] = remaining
-      commits[#commits + 1] = { commit, i, delay, has_flag(tonumber(ARGV[a + 6]), 2) }
+      out[o + 1] = remaining
+      local p = 5 * i
+      pend[p - 4], pend[p - 3], pend[p - 2], pend[p - 1], pend[p] = write, ttl, undo, delay, t[8]
     else
-      out[#out + 1] = -remaining - 1
-      rejected[#rejected + 1] = i
-      if not shadow then all = false end
+      out[o + 1] = -remaining - 1
+      pend[5 * i - 4] = false
+      if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+      if not t[7] then all = false end
     end
-    out[#out + 1] = reset
-    out[#out + 1] = retry
+    out[o + 2] = reset
+    out[o + 3] = retry
+    o = o + 3
   end
-  -- The trailer: every allowing tier with a delay, or with a non-zero undo
-  -- value that it asked for (flag +2) when the request was charged.
-  for _, c in ipairs(commits) do
-    local undo = 0
-    if all then undo = c[1]() or 0 end
-    if not c[4] then undo = 0 end
-    if c[3] > 0 or undo ~= 0 then
-      out[#out + 1] = c[2]
-      out[#out + 1] = c[3]
-      out[#out + 1] = undo
+  -- Charge, then the trailer: every allowing tier with a delay, or with a
+  -- non-zero undo value that it asked for (flag +2) when the request was
+  -- charged.
+  for i = 1, n do
+    local p = 5 * i
+    local write = pend[p - 4]
+    if write then
+      local undo = 0
+      if all then
+        if type(write) == 'function' then
+          undo = write() or 0
+        else
+          redis.call('SET', KEYS[i], write, 'PX', pend[p - 3])
+          undo = pend[p - 2] or 0
+        end
+      end
+      if not pend[p] then undo = 0 end
+      local delay = pend[p - 1]
+      if delay > 0 or undo ~= 0 then
+        out[o + 1], out[o + 2], out[o + 3] = i, delay, undo
+        o = o + 3
+      end
     end
   end
+  -- The reply ends at its first nil (the slots presized for four tiers).
+  out[o + 1] = nil
   return out, rejected
 end

@@ -19,7 +19,7 @@ end
 
 local function window_value(compact, limit, window, start, count)
   if compact and limit < window then return int(start + count) end
-  return int(start) .. ':' .. int(count)
+  return string.format('%d:%d', start, count)
 end
 
 local function fixed_window(key, now, limit, window, _, _, cost, v, compact)
@@ -32,9 +32,8 @@ local function fixed_window(key, now, limit, window, _, _, cost, v, compact)
     -- The wait before another request of this cost would pass.
     local next_in = 0
     if after + cost > limit and cost <= limit then next_in = end_in end
-    return 1, limit - after, end_in, next_in, 0, function()
-      redis.call('SET', key, window_value(compact, limit, window, start, after), 'PX', ttl_ms(end_in))
-    end
+    return 1, limit - after, end_in, next_in, 0,
+      window_value(compact, limit, window, start, after), ttl_ms(end_in), 0
   end
   local reset = end_in
   if count == 0 then reset = 0 end

@@ -21,17 +21,19 @@ local function leaky_tat(v, rate)
   return nil
 end
 
--- Writes the TAT `now` + `backlog` ticks, PX = until then.
-local function leaky_write(key, compact, now, backlog, rate)
+-- The value of a backlog of `backlog` ticks at `now`: its TAT.
+local function leaky_value(compact, now, backlog, rate)
   local whole = div_floor(backlog, rate)
   local frac = backlog - whole * rate
-  local v
   if compact and rate <= 21 then
-    v = with_code(now + whole, 500 + rate * rate + frac)
-  else
-    v = int(now + whole) .. ':' .. int(frac) .. ':' .. int(rate)
+    return string.format('%d%03d', now + whole, 500 + rate * rate + frac)
   end
-  redis.call('SET', key, v, 'PX', ttl_ms(div_ceil(backlog, rate)))
+  return string.format('%d:%d:%d', now + whole, frac, rate)
+end
+
+-- Writes a backlog of `backlog` ticks at `now`, PX = until it drains.
+local function leaky_write(key, compact, now, backlog, rate)
+  redis.call('SET', key, leaky_value(compact, now, backlog, rate), 'PX', ttl_ms(div_ceil(backlog, rate)))
 end
 
 local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_tokens, v, compact)
@@ -57,10 +59,9 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
     local next_in = 0
     local next_over = after + cost - capacity
     if next_over > tolerance and cost <= capacity then next_in = div_ceil(next_over - tolerance, rate) end
-    return 1, div_floor(left, unit), reset, next_in, div_ceil(over, rate), function()
-      leaky_write(key, compact, now, after, rate)
-      return after -- for a refund (lua/refund.lua)
-    end
+    -- The write (value, PX) and the undo value for a refund (lua/refund.lua).
+    return 1, div_floor(left, unit), reset, next_in, div_ceil(over, rate),
+      leaky_value(compact, now, after, rate), ttl_ms(reset), after
   end
   local reset = div_ceil(backlog, rate)
   local retry = reset

@@ -23,7 +23,7 @@ end
 local function counter_value(compact, limit, window, s, cur, prev)
   local b = isqrt(window)
   if compact and limit < b then return int(s + prev * b + cur) end
-  return int(s) .. ':' .. int(cur) .. ':' .. int(prev)
+  return string.format('%d:%d:%d', s, cur, prev)
 end
 
 local function counter_reset(start, window, prev, cur, now)
@@ -49,9 +49,8 @@ local function sliding_window_counter(key, now, limit, window, _, _, cost, v, co
   if est + cost * window <= cap then
     local after = est + cost * window
     local reset = counter_reset(start, window, prev, cur + cost, now)
-    return 1, div_floor(cap - after, window), reset, 0, 0, function()
-      redis.call('SET', key, counter_value(compact, limit, window, start, cur + cost, prev), 'PX', ttl_ms(reset))
-    end
+    return 1, div_floor(cap - after, window), reset, 0, 0,
+      counter_value(compact, limit, window, start, cur + cost, prev), ttl_ms(reset), 0
   end
   local reset = counter_reset(start, window, prev, cur, now)
   local retry

@@ -13,25 +13,40 @@
 -- A value written under another unit or rate (the quota changed) counts as
 -- none.
 
--- The three-digit code of a unit in the integer form, or nil.
+-- The three-digit code of a unit in the integer form, as a string ("013"
+-- for 1 000), or false. Units are
+-- few (one per quota), so the codes are kept: as a Redis Function
+-- (FUNCTION LOAD) the table lives as long as the library, so each unit's
+-- code is computed once per Redis, not on every call.
+local unit_codes, unit_codes_n = {}, 0
+
 local function unit_code(unit)
-  local e = 0
-  while e < 9 and unit - div_floor(unit, 10) * 10 == 0 do
-    unit = div_floor(unit, 10)
+  local code = unit_codes[unit]
+  if code ~= nil then return code end
+  local a, e = unit, 0
+  while e < 9 and a - div_floor(a, 10) * 10 == 0 do
+    a = div_floor(a, 10)
     e = e + 1
   end
-  if unit > 49 then return nil end
-  return unit * 10 + e
+  code = false
+  if a <= 49 then code = string.format('%03d', a * 10 + e) end
+  if unit_codes_n >= 1024 then unit_codes, unit_codes_n = {}, 0 end
+  unit_codes[unit] = code
+  unit_codes_n = unit_codes_n + 1
+  return code
 end
 
 -- The TAT (µs and remainder) of a compact value written under this unit and
 -- rate, or nil.
 local function bucket_tat(v, unit, rate)
-  local tat, code = split_code(v)
-  if tat then
-    if rate == 1 and code == unit_code(unit) then return tat, 0 end
-    return nil
+  -- The common case first, without a pattern: this quota's integer value.
+  local code = rate == 1 and unit_code(unit)
+  if code and string.sub(v, -3) == code then
+    local tat = tonumber(string.sub(v, 1, -4))
+    if tat then return tat, 0 end
   end
+  local tat = split_code(v)
+  if tat then return nil end -- an integer value of another quota
   local t, f, r, u = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
   if t and tonumber(r) == rate and tonumber(u) == unit then
     return tonumber(t), tonumber(f)
@@ -45,17 +60,22 @@ end
 local function bucket_missing(rate, tat, frac, now)
   if tat < now then return 0 end
   local d = tat - now
-  local most = div_floor(4503599627370496, rate)
+  local most = 4503599627370496
+  if rate > 1 then most = div_floor(most, rate) end
   if d > most then d = most end
   return d * rate + frac
 end
 
--- The compact value of a bucket `missing` units short of full at `now`.
-local function bucket_value(now, missing, rate, unit)
-  local code = unit_code(unit)
-  if rate == 1 and code then return with_code(now + missing, code) end
+-- The value of a bucket `missing` units short of full at `now`: compact,
+-- or legacy with `updated`.
+local function bucket_value(compact, capacity, rate, unit, missing, updated, now)
+  if not compact then
+    return string.format('%d:%d:%d', capacity - missing, updated, unit)
+  end
+  local code = rate == 1 and unit_code(unit)
+  if code then return int(now + missing) .. code end
   local whole = div_floor(missing, rate)
-  return int(now + whole) .. ':' .. int(missing - whole * rate) .. ':' .. int(rate) .. ':' .. int(unit)
+  return string.format('%d:%d:%d:%d', now + whole, missing - whole * rate, rate, unit)
 end
 
 -- The units short of full at `now` (and the legacy value's `updated`, for
@@ -80,12 +100,8 @@ end
 -- Writes a bucket `missing` units short of full at `now`: compact, or
 -- legacy with `updated`; PX = until full.
 local function bucket_write(key, compact, capacity, rate, unit, missing, updated, now)
-  local ttl = ttl_ms(div_ceil(missing, rate))
-  if compact then
-    redis.call('SET', key, bucket_value(now, missing, rate, unit), 'PX', ttl)
-  else
-    redis.call('SET', key, string.format('%d:%d:%d', capacity - missing, updated, unit), 'PX', ttl)
-  end
+  redis.call('SET', key, bucket_value(compact, capacity, rate, unit, missing, updated, now),
+    'PX', ttl_ms(div_ceil(missing, rate)))
 end
 
 local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v, compact)
@@ -100,10 +116,9 @@ local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v, c
     -- deny cache answers it until then; see dispatch.lua).
     local next_in = 0
     if cost > left and cost <= capacity then next_in = div_ceil(cost - left, rate) end
-    return 1, div_floor(left, unit), reset, next_in, 0, function()
-      bucket_write(key, compact, capacity, rate, unit, capacity - left, updated, now)
-      return left -- for a refund (lua/refund.lua)
-    end
+    -- The write (value, PX) and the undo value for a refund (lua/refund.lua).
+    return 1, div_floor(left, unit), reset, next_in, 0,
+      bucket_value(compact, capacity, rate, unit, capacity - left, updated, now), ttl_ms(reset), left
   end
   local reset = div_ceil(missing, rate)
   local retry = reset

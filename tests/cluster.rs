@@ -9,7 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::algorithms::{algorithm_limits_without, script_args as encode, Model, S};
+use support::algorithms::{algorithm_limits_without, script_args as encode, script_spec, Model, S};
 use support::algorithms_http as scenario;
 use support::cluster::{calls, failed_calls, RedisCluster};
 use support::rng::Rng;
@@ -413,9 +413,8 @@ impl Lua {
             .arg(key)
             .arg("check")
             .arg(Self::clock(now))
-            .arg(&encode(limit)[..])
-            .arg(cost)
-            .arg(2); // flags: the undo value, as the cluster backend asks
+            // flags: the undo value, as the cluster backend asks
+            .arg(script_spec(limit, cost, 2));
         let r: Vec<i64> = cmd.query(&mut self.conn).unwrap();
         let (allowed, remaining) = Self::first_tier(&r);
         // The trailer (tier 1, delay, undo) when the undo is not 0.
@@ -456,12 +455,8 @@ impl Lua {
             .arg("never")
             .arg("check")
             .arg(Self::clock(now))
-            .arg(&encode(limit)[..])
-            .arg(cost)
-            .arg(0)
-            .arg(&[1i64, 1, 1_000_000, 0, 0][..])
-            .arg(2)
-            .arg(0);
+            .arg(script_spec(limit, cost, 0))
+            .arg("1 1 1000000 0 0 2 0");
         let r: Vec<i64> = cmd.query(&mut self.conn).unwrap();
         // The second tier (r at index 4) is enforced and denies.
         assert!(r[4] < 0, "a probe never commits");

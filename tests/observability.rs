@@ -433,7 +433,7 @@ async fn fleet_wide_top_blocked_in_the_same_call() {
             requests += 1;
         }
     }
-    let calls = redis.calls("evalsha");
+    let calls = redis.script_calls();
     assert_eq!(
         calls, requests,
         "one script call per request, top-N included"

@@ -112,8 +112,16 @@ pub fn clock_step() -> impl Strategy<Value = u64> {
     ]
 }
 
-/// A limit as the Lua scripts take it (this release's and the previous
-/// one's): the algorithm number, then p1..p4 (src/backend/redis/wire/).
+/// A tier's spec argument as this release's scripts take it:
+/// "<algorithm> <p1> <p2> <p3> <p4> <cost> <flags>" (src/backend/redis/wire/).
+pub fn script_spec(limit: &Limit, cost: u64, flags: u8) -> String {
+    let [a, p1, p2, p3, p4] = script_args(limit);
+    format!("{a} {p1} {p2} {p3} {p4} {cost} {flags}")
+}
+
+/// A limit as the Lua scripts take it: the algorithm number, then p1..p4
+/// (src/backend/redis/wire/); the previous release's scripts take these as
+/// separate arguments, followed by the cost and the flags.
 pub fn script_args(limit: &Limit) -> [i64; 5] {
     let i = |v: u64| v as i64;
     match *limit {

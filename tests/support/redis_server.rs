@@ -146,9 +146,10 @@ impl RedisServer {
         commandstat(&info, command, "calls")
     }
 
-    /// Script calls: `EVALSHA`, plus `EVAL` (a reload after `NOSCRIPT`).
+    /// Script calls: `FCALL` (the check on Redis ≥ 7), `EVALSHA` (refunds,
+    /// and checks where Functions are refused), plus `EVAL`.
     pub fn script_calls(&self) -> u64 {
-        self.calls("evalsha") + self.calls("eval")
+        self.calls("fcall") + self.calls("evalsha") + self.calls("eval")
     }
 
     pub fn cmd<T: redis::FromRedisValue>(&self, args: &[&str]) -> T {

@@ -191,7 +191,7 @@ impl Job {
     }
 
     async fn check_group(&self, g: &Group) -> Result<GroupReply, BackendError> {
-        let mut nums = Vec::with_capacity(7 * g.tiers.len());
+        let mut specs = Vec::with_capacity(g.tiers.len());
         let mut capacities: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
         // The group's shadow tiers, by their place in the group.
         let mut shadow = 0;
@@ -204,12 +204,12 @@ impl Job {
                 // j <= i < 64.
                 shadow |= 1 << j;
             }
-            nums.extend(wire::tier_args(c, flags));
+            specs.push(wire::TierSpec::new(c, flags));
             capacities.push(c.limit.capacity());
         }
         let keys: Vec<&str> = g.tiers.iter().map(|&i| self.keys[i].as_str()).collect();
         let reply: Vec<i64> = self
-            .invoke(&keys, "check", self.clock, &nums)
+            .invoke(&keys, "check", self.clock, &specs)
             .await
             .map_err(|e| self.error(e))?;
         match wire::parse_check(&reply, &capacities, Shadow(shadow))? {
@@ -243,14 +243,14 @@ impl Job {
 
     /// `EVALSHA`, and on `NOSCRIPT` the same call as `EVAL`: routed by the
     /// keys' slot to the node that lacks the script, which caches it.
-    async fn invoke(
+    async fn invoke<A: ::redis::ToRedisArgs + Sync>(
         &self,
         keys: &[&str],
         mode: &str,
         clock: ClockArg,
-        nums: &[i64],
+        args: &[A],
     ) -> RedisResult<Vec<i64>> {
-        invoke(&self.backend, &self.via, keys, mode, &clock, nums).await
+        invoke(&self.backend, &self.via, keys, mode, &clock, args).await
     }
 
     fn error(&self, e: RedisError) -> BackendError {
@@ -273,7 +273,7 @@ pub(super) async fn refund(
             let nums = wire::refund_args(&r.check, &r.charge);
             let (via, clock) = (&via, &clock);
             async move {
-                invoke::<i64>(backend, via, &[key.as_str()], "refund", clock, &nums)
+                invoke::<i64, i64>(backend, via, &[key.as_str()], "refund", clock, &nums)
                     .await
                     .map(|_| ())
                     .map_err(|e| backend.error(e))
@@ -295,13 +295,13 @@ pub(super) async fn refund(
 /// `EVAL` to the same node, which caches it. Through [`Router::call`]
 /// (which also follows `MOVED`/`ASK` and retries `TRYAGAIN`), or for a
 /// deadpool cluster pool through redis-rs's cluster connection.
-async fn invoke<T: ::redis::FromRedisValue>(
+async fn invoke<T: ::redis::FromRedisValue, A: ::redis::ToRedisArgs + Sync>(
     backend: &RedisBackend,
     via: &Via,
     keys: &[&str],
     mode: &str,
     clock: &ClockArg,
-    nums: &[i64],
+    args: &[A],
 ) -> RedisResult<T> {
     let script = &backend.inner.script;
     let build = |eval: bool| -> Cmd {
@@ -318,7 +318,7 @@ async fn invoke<T: ::redis::FromRedisValue>(
             .arg(keys)
             .arg(mode)
             .arg(clock.as_bytes())
-            .arg(nums);
+            .arg(args);
         cmd
     };
     match via {

@@ -8,6 +8,7 @@ use crate::error::BackendError;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -18,28 +19,86 @@ pub(super) enum Conn {
 }
 
 impl RedisBackend {
-    /// Runs `cmd`, an `EVALSHA` of `script`; on `NOSCRIPT` (Redis restarted,
-    /// or `SCRIPT FLUSH`) loads the script and runs it once more.
+    /// Runs `cmd`, an `EVALSHA` of `script` or an `FCALL` of the library's
+    /// check ([`wire::Library`]). On `NOSCRIPT` (Redis restarted, or
+    /// `SCRIPT FLUSH`) loads the script and runs it once more; on "Function
+    /// not found" (the first call, a restart, `FUNCTION FLUSH`) loads the
+    /// library the same way. Where Redis has no Functions (Redis 6: "unknown
+    /// command"), or refuses the library (an ACL without `FUNCTION`), this
+    /// backend switches to `EVALSHA` of the same code for good, and this
+    /// call is sent again that way.
     pub(super) async fn eval<T: ::redis::FromRedisValue>(
         &self,
         cmd: &Cmd,
         script: &Script,
         conn: &mut Conn,
     ) -> Result<T, RedisError> {
-        let first = match conn {
-            Conn::Manager(m) => cmd.query_async(m).await,
-            Conn::Multiplexed(m) => cmd.query_async(m).await,
-        };
-        match first {
+        match query(cmd, conn).await {
+            // Boxed: the rare paths stay out of every check's future.
+            Err(e) => Box::pin(self.recover(e, cmd, script, conn)).await,
+            ok => ok,
+        }
+    }
+
+    /// After `cmd` failed with `e`: the reloads and the switch to scripts
+    /// of [`Self::eval`], or `e`.
+    async fn recover<T: ::redis::FromRedisValue>(
+        &self,
+        e: RedisError,
+        cmd: &Cmd,
+        script: &Script,
+        conn: &mut Conn,
+    ) -> Result<T, RedisError> {
+        if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) {
+            load_script(script, conn).await?;
+            return query(cmd, conn).await;
+        }
+        if has_detail(&e, "unknown command") && is_fcall(cmd) {
+            tracing::info!(
+                target: "tiered_ratelimit::redis",
+                "Redis has no FCALL (Redis < 7): checks use EVALSHA"
+            );
+            self.inner.functions.store(false, Ordering::Relaxed);
+            return self
+                .eval_script(&as_evalsha(cmd, script), script, conn)
+                .await;
+        }
+        if !has_detail(&e, "Function not found") {
+            return Err(e);
+        }
+        let mut load = ::redis::cmd("FUNCTION");
+        load.arg("LOAD").arg(&self.inner.library.source);
+        match query::<String>(&load, conn).await {
+            Ok(_) => query(cmd, conn).await,
+            // Another instance of this release loaded it first.
+            Err(e) if has_detail(&e, "Library") && has_detail(&e, "already exists") => {
+                query(cmd, conn).await
+            }
+            Err(e) if e.is_io_error() || e.is_timeout() => Err(e),
+            Err(e) => {
+                tracing::warn!(
+                    target: "tiered_ratelimit::redis",
+                    error = %e,
+                    "FUNCTION LOAD refused: checks use EVALSHA from now on"
+                );
+                self.inner.functions.store(false, Ordering::Relaxed);
+                self.eval_script(&as_evalsha(cmd, script), script, conn)
+                    .await
+            }
+        }
+    }
+
+    /// `cmd`, an `EVALSHA` of `script`, with the `NOSCRIPT` reload.
+    async fn eval_script<T: ::redis::FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+        script: &Script,
+        conn: &mut Conn,
+    ) -> Result<T, RedisError> {
+        match query(cmd, conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                match conn {
-                    Conn::Manager(m) => script.load_async(m).await?,
-                    Conn::Multiplexed(m) => script.load_async(m).await?,
-                };
-                match conn {
-                    Conn::Manager(m) => cmd.query_async(m).await,
-                    Conn::Multiplexed(m) => cmd.query_async(m).await,
-                }
+                load_script(script, conn).await?;
+                query(cmd, conn).await
             }
             other => other,
         }
@@ -161,4 +220,41 @@ impl RedisBackend {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn query<T: ::redis::FromRedisValue>(cmd: &Cmd, conn: &mut Conn) -> Result<T, RedisError> {
+    match conn {
+        Conn::Manager(m) => cmd.query_async(m).await,
+        Conn::Multiplexed(m) => cmd.query_async(m).await,
+    }
+}
+
+async fn load_script(script: &Script, conn: &mut Conn) -> Result<(), RedisError> {
+    match conn {
+        Conn::Manager(m) => script.load_async(m).await?,
+        Conn::Multiplexed(m) => script.load_async(m).await?,
+    };
+    Ok(())
+}
+
+/// Whether a Redis error reply's text (after its code) contains `text`.
+fn has_detail(e: &RedisError, text: &str) -> bool {
+    e.detail().is_some_and(|d| d.contains(text))
+}
+
+fn is_fcall(cmd: &Cmd) -> bool {
+    matches!(cmd.args_iter().next(), Some(::redis::Arg::Simple(b"FCALL")))
+}
+
+/// The `EVALSHA` of `script` with the arguments of `cmd`, an `FCALL` of
+/// the same code (its name dropped): for the switch to scripts.
+fn as_evalsha(cmd: &Cmd, script: &Script) -> Cmd {
+    let mut out = ::redis::cmd("EVALSHA");
+    out.arg(script.get_hash());
+    for a in cmd.args_iter().skip(2) {
+        if let ::redis::Arg::Simple(b) = a {
+            out.arg(b);
+        }
+    }
+    out
 }

@@ -12,7 +12,7 @@ use ::redis::{Client, Cmd, RedisError, Script};
 use connection::Conn;
 pub use format::StateFormat;
 use std::fmt;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use std::time::Instant;
@@ -88,6 +88,16 @@ pub struct RedisBackend {
 struct Inner {
     source: Source,
     script: Script,
+    /// The check as a Redis Functions library (a single Redis, or the
+    /// Sentinel primary; a cluster runs `EVALSHA`): called with `FCALL`
+    /// while `functions` holds.
+    library: wire::Library,
+    /// The source of `script`.
+    script_source: &'static str,
+    /// Whether checks use `FCALL` (cleared for good when Redis does not
+    /// know `FUNCTION`/`FCALL`, Redis < 7, or refuses to load the library:
+    /// then `EVALSHA` of the same code).
+    functions: AtomicBool,
     /// The cluster script, whose `refund` mode a single Redis runs too (for
     /// refunds by response status).
     refund_script: Script,
@@ -221,10 +231,16 @@ impl RedisBackend {
             Source::Cluster { .. } | Source::ClusterPool { .. } => wire::CLUSTER_LUA,
             Source::Client { .. } | Source::Pool { .. } | Source::Sentinel(_) => wire::CHECK_LUA,
         };
+        let functions = !matches!(source, Source::Cluster { .. } | Source::ClusterPool { .. });
+        let script_source = script;
+        let script = Script::new(script);
         Self {
             inner: Arc::new(Inner {
+                script_source,
                 source,
-                script: Script::new(script),
+                library: wire::Library::new(script.get_hash()),
+                functions: AtomicBool::new(functions),
+                script,
                 refund_script: Script::new(wire::CLUSTER_LUA),
                 offset_us: AtomicI64::new(i64::MIN),
                 origin: Instant::now(),
@@ -305,6 +321,35 @@ impl RedisBackend {
         self.inner.script.get_hash()
     }
 
+    /// The source of the Redis Functions library that holds
+    /// [`Self::function_name`], as `FUNCTION LOAD` takes it: for an operator
+    /// who loads it ahead of a deploy, or with other credentials than the
+    /// application's (whose ACL then needs only `FCALL`).
+    ///
+    /// ```sh
+    /// redis-cli -x FUNCTION LOAD < library.lua   # "Library ... already exists" is fine
+    /// ```
+    pub fn function_library(&self) -> &str {
+        &self.inner.library.source
+    }
+
+    /// The Lua source of the script [`Self::script_sha`] names, as
+    /// `SCRIPT LOAD` takes it.
+    pub fn script_source(&self) -> &str {
+        self.inner.script_source
+    }
+
+    /// The name of the Redis Function the checks call with `FCALL` on a
+    /// single Redis or a Sentinel primary (Redis ≥ 7): `trl_check_<v>`, in
+    /// the library `tiered_ratelimit_<v>`, where `<v>` is the first 12 hex
+    /// digits of [`Self::script_sha`]. The backend loads the library itself
+    /// (`FUNCTION LOAD`) when Redis answers that the function is missing;
+    /// where Redis has no Functions or refuses to load them, checks run as
+    /// `EVALSHA` of the same code. A cluster backend runs `EVALSHA`.
+    pub fn function_name(&self) -> &str {
+        &self.inner.library.function
+    }
+
     /// The clock argument of a script call without a deadline: `""` for
     /// Redis `TIME`, or the manual clock (with the TTL slack, if any).
     fn clock_arg(&self) -> ClockArg {
@@ -329,10 +374,11 @@ impl RedisBackend {
         i64::try_from(self.inner.origin.elapsed().as_micros()).unwrap_or(i64::MAX)
     }
 
-    /// The check's `EVALSHA`, built in one buffer: the script's SHA1, the
+    /// The check's `FCALL` (or `EVALSHA` where Redis has no Functions),
+    /// built in one buffer: the function's name (the script's SHA1), the
     /// keys (each tier's, then the blocked-keys set if any), the clock
-    /// ([`Self::check_clock_arg`]) and seven numbers per tier
-    /// ([`wire::tier_args`]). `undo`: ask for the charges' undo values (for
+    /// ([`Self::check_clock_arg`]) and one spec per tier
+    /// ([`wire::TierSpec`]). `undo`: ask for the charges' undo values (for
     /// refunds by status).
     fn check_cmd(
         &self,
@@ -342,9 +388,16 @@ impl RedisBackend {
         undo: bool,
         blocked: Option<&str>,
     ) -> Cmd {
-        let mut cmd = ::redis::cmd("EVALSHA");
-        cmd.arg(self.inner.script.get_hash())
-            .arg(checks.len() + usize::from(blocked.is_some()));
+        let mut cmd = if self.inner.functions.load(Ordering::Relaxed) {
+            let mut cmd = ::redis::cmd("FCALL");
+            cmd.arg(&self.inner.library.function);
+            cmd
+        } else {
+            let mut cmd = ::redis::cmd("EVALSHA");
+            cmd.arg(self.inner.script.get_hash());
+            cmd
+        };
+        cmd.arg(checks.len() + usize::from(blocked.is_some()));
         for c in checks {
             cmd.arg(c.key.as_str());
         }

@@ -48,7 +48,9 @@
 //! Prints `listening on <addr>` once it accepts connections.
 //! `bench_server minimal-lua` prints the minimal limiter's script,
 //! `bench_server minimal4-lua` the four-key one,
-//! `bench_server script-sha` the SHA1 of the layer's script.
+//! `bench_server script-sha` the SHA1 of the layer's script, `check-lua` its
+//! source, `library-lua` the same check as a Redis Functions library and
+//! `function-name` the function's name (for benches/redis_cpu.sh).
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -164,6 +166,18 @@ async fn main() -> Res<()> {
     }
     if mode == "minimal4-lua" {
         print!("{MINIMAL4_LUA}");
+        return Ok(());
+    }
+    if mode == "check-lua" || mode == "library-lua" || mode == "function-name" {
+        // The layer's check as a script (EVALSHA), as a Functions library
+        // (FUNCTION LOAD) and its function's name (FCALL): for
+        // benches/redis_cpu.sh.
+        let b = RedisBackend::from_url("redis://127.0.0.1/")?;
+        match mode.as_str() {
+            "check-lua" => print!("{}", b.script_source()),
+            "library-lua" => print!("{}", b.function_library()),
+            _ => println!("{}", b.function_name()),
+        }
         return Ok(());
     }
     if mode == "script-sha" {

@@ -10,10 +10,14 @@
 //! clock     "" = Redis TIME; "d<deadline>" = Redis TIME, and a script that
 //!           starts after the deadline writes nothing and answers "late";
 //!           "<now>[:<ttl slack ms>]" = a test clock (ManualClock)
-//! per tier  seven numbers: algorithm (1 fixed window, 2 sliding window log,
-//!           3 sliding window counter, 4 token bucket, 5 leaky bucket),
-//!           p1, p2, p3, p4, cost, flags (+1 shadow, +2 undo wanted,
-//!           +4 write the compact format)
+//! per tier  one argument, its spec: seven integers separated by single
+//!           spaces, "<algorithm> <p1> <p2> <p3> <p4> <cost> <flags>":
+//!           algorithm (1 fixed window, 2 sliding window log, 3 sliding
+//!           window counter, 4 token bucket, 5 leaky bucket), p1..p4, cost,
+//!           flags (+1 shadow, +2 undo wanted, +4 write the compact format).
+//!           One argument rather than seven: the script keeps parsed specs
+//!           by their string (as a Redis Function, across calls), so a tier
+//!           costs Redis one table lookup instead of seven conversions
 //! refund    eight numbers per key: algorithm, p1..p4, cost, charged_at, undo
 //! ```
 //!
@@ -80,6 +84,64 @@ pub(super) const CLUSTER_LUA: &str = concat!(
     include_str!("../../../../lua/dispatch.lua"),
     include_str!("../../../../lua/cluster.lua"),
 );
+
+/// The single-Redis check as a Redis Functions library (Redis ≥ 7,
+/// `FUNCTION LOAD` then `FCALL`): the same files as [`CHECK_LUA`], loaded
+/// once per Redis instead of run as a whole on every call, so the five
+/// algorithms and the dispatcher are defined once and the parsed tier specs
+/// and unit codes outlive a call. `{v}` in [`LIBRARY_HEAD`] and
+/// [`LIBRARY_TAIL`] is the library's version (see [`Library`]).
+const LIBRARY_BODY: &str = concat!(
+    include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/fixed_window.lua"),
+    include_str!("../../../../lua/sliding_window_log.lua"),
+    include_str!("../../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../../lua/token_bucket.lua"),
+    include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/dispatch.lua"),
+    "local function check_main()\n",
+    include_str!("../../../../lua/check.lua"),
+    "\nend\n",
+);
+
+/// The library's first lines: its name, and `KEYS` and `ARGV` as locals of
+/// the library, which the registered function sets on every call (a Redis
+/// Function receives them as arguments; the files read them as `EVAL`
+/// scripts do).
+const LIBRARY_HEAD: &str = "#!lua name=tiered_ratelimit_{v}\nlocal KEYS, ARGV\n";
+
+/// The registration of the check as `trl_check_{v}`.
+const LIBRARY_TAIL: &str = "redis.register_function('trl_check_{v}', \
+     function(keys, args) KEYS = keys ARGV = args return check_main() end)\n";
+
+/// The check as a Redis Functions library, versioned by the script's
+/// content: library `tiered_ratelimit_<v>` with the function
+/// `trl_check_<v>`, where `<v>` is the first 12 hex digits of the SHA1 of
+/// [`CHECK_LUA`]. Two releases with different scripts load two libraries
+/// side by side, so a rolling deploy never replaces the code an older
+/// instance calls; a library of a release no instance runs any more can be
+/// removed with `FUNCTION DELETE tiered_ratelimit_<v>` (docs/redis.md).
+#[derive(Debug)]
+pub(super) struct Library {
+    /// The `FUNCTION LOAD` source.
+    pub(super) source: String,
+    /// The function's name, for `FCALL`.
+    pub(super) function: String,
+}
+
+impl Library {
+    /// The library for the script whose SHA1 is `sha` (hex).
+    pub(super) fn new(sha: &str) -> Self {
+        let v = sha.get(..12).unwrap_or(sha);
+        let mut source = LIBRARY_HEAD.replace("{v}", v);
+        source.push_str(LIBRARY_BODY);
+        source.push_str(&LIBRARY_TAIL.replace("{v}", v));
+        Self {
+            source,
+            function: format!("trl_check_{v}"),
+        }
+    }
+}
 
 /// Tier flag: the tier is in shadow mode (its denial does not stop the
 /// others from being charged).
@@ -166,8 +228,8 @@ fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// The seven `ARGV` of one tier of a check: algorithm, p1..p4, cost, flags
-/// ([`SHADOW`], [`UNDO`]).
+/// The seven numbers of one tier of a check: algorithm, p1..p4, cost, flags
+/// ([`SHADOW`], [`UNDO`], [`COMPACT`]).
 pub(super) fn tier_args(check: &TierCheck, flags: u8) -> [i64; 7] {
     let (algorithm, p) = encode(&check.limit);
     [
@@ -181,9 +243,55 @@ pub(super) fn tier_args(check: &TierCheck, flags: u8) -> [i64; 7] {
     ]
 }
 
-/// Writes one tier's seven `ARGV` ([`tier_args`]) into `cmd`'s buffer.
+/// One tier's spec argument ([`tier_args`] separated by single spaces), on
+/// the stack: at most seven 20-character numbers and six spaces.
+#[derive(Clone, Copy)]
+pub(super) struct TierSpec {
+    buf: [u8; 146],
+    len: u8,
+}
+
+impl TierSpec {
+    /// The spec of `check` with these flags.
+    pub(super) fn new(check: &TierCheck, flags: u8) -> Self {
+        let mut spec = Self {
+            buf: [0; 146],
+            len: 0,
+        };
+        let mut at = 0;
+        for (i, n) in tier_args(check, flags).into_iter().enumerate() {
+            if i > 0 {
+                spec.buf[at] = b' ';
+                at += 1;
+            }
+            let mut b = itoa::Buffer::new();
+            let digits = b.format(n).as_bytes();
+            spec.buf[at..at + digits.len()].copy_from_slice(digits);
+            at += digits.len();
+        }
+        // At most 7 × 20 + 6 = 146.
+        spec.len = u8::try_from(at).unwrap_or(u8::MAX);
+        spec
+    }
+
+    /// The argument's bytes.
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+}
+
+impl ::redis::ToRedisArgs for TierSpec {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + ::redis::RedisWrite,
+    {
+        out.write_arg(self.as_bytes());
+    }
+}
+
+/// Writes one tier's spec argument ([`TierSpec`]) into `cmd`'s buffer.
 pub(super) fn write_tier(cmd: &mut Cmd, check: &TierCheck, flags: u8) {
-    cmd.arg(&tier_args(check, flags)[..]);
+    cmd.arg(TierSpec::new(check, flags).as_bytes());
 }
 
 /// The eight `ARGV` of one key in the cluster script's `refund` mode:

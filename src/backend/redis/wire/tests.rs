@@ -69,7 +69,7 @@ fn tier_args_round_trip() {
 }
 
 #[test]
-fn tier_args_in_a_command_are_seven_arguments() {
+fn a_tier_is_one_spec_argument() {
     let check = TierCheck {
         key: "k".to_owned(),
         limit: limits()[5],
@@ -78,8 +78,26 @@ fn tier_args_in_a_command_are_seven_arguments() {
     let mut cmd = ::redis::cmd("EVALSHA");
     write_tier(&mut cmd, &check, SHADOW | UNDO);
     let args: Vec<Vec<u8>> = cmd.args_iter().skip(1).map(arg_bytes).collect();
-    let want: Vec<&[u8]> = vec![b"5", b"5000000", b"3", b"1000000", b"250000", b"2", b"3"];
+    let want: Vec<&[u8]> = vec![b"5 5000000 3 1000000 250000 2 3"];
     assert_eq!(args, want);
+    // The longest spec fits its buffer: seven 20-character numbers.
+    let widest = TierCheck {
+        key: "k".to_owned(),
+        limit: Limit::LeakyBucket(Gcra {
+            bucket: TokenBucket {
+                capacity: i64::MAX as u64,
+                rate: i64::MAX as u64,
+                unit: i64::MAX as u64,
+            },
+            max_delay_us: None,
+        }),
+        cost: i64::MAX as u64,
+    };
+    let spec = TierSpec::new(&widest, 7);
+    assert_eq!(
+        spec.as_bytes(),
+        b"5 9223372036854775807 9223372036854775807 9223372036854775807 -1 9223372036854775807 7"
+    );
 }
 
 fn arg_bytes(a: ::redis::Arg<&[u8]>) -> Vec<u8> {
