@@ -208,12 +208,14 @@ if [[ -n "${value:-}" ]]; then
   rcli FLUSHALL >/dev/null
 fi
 
-# The layer's script alone (loaded by the redis4 run above), token bucket
-# tiers with the never-denying quota (burst 10^9, 1000/s: capacity 10^12
-# units, rate 1 unit/µs, 1000 units a token). ARGV: clock ("" = Redis TIME),
-# then per tier: algorithm, p1..p4, cost, shadow.
-ours_sha=$("$bin" script-sha)
-tier_args=(4 1000000000000 1 1000 0 1 0)
+# The layer's check alone, as the redis runs above call it (FCALL of its
+# Functions library, loaded by them), token bucket tiers with the
+# never-denying quota (burst 10^9, 1000/s: capacity 10^12 units, rate 1
+# unit/µs, 1000 units a token), compact format. ARGV: clock ("" = Redis
+# TIME), then one spec per tier: "<algorithm> <p1..p4> <cost> <flags>".
+# benches/redis_cpu.sh compares it with the four-key floor in more rounds.
+fn=$("$bin" function-name)
+spec="4 1000000000000 1 1000 0 1 4"
 script_rows=""
 bench_script() { # label args...
   local label=$1 rate usec
@@ -221,14 +223,14 @@ bench_script() { # label args...
   rcli CONFIG RESETSTAT >/dev/null
   rate=$(redis-benchmark -p "$rport" -P 1 -n 100000 -q "$@" 2>/dev/null | tr '\r' '\n' |
     grep -a "requests per second" | tail -n1 | sed -E 's/.*: ([0-9.]+) requests per second.*/\1/')
-  usec=$(rcli INFO commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_evalsha:/ {print $7}')
+  usec=$(rcli INFO commandstats | tr -d '\r' | awk -F'[:=,]' '/^cmdstat_(evalsha|fcall):/ {print $7}')
   script_rows+="$label"$'\t'"$rate"$'\t'"$usec"$'\n'
 }
 bench_script "minimal script, 1 key" evalsha "$sha" 1 bench:min 1000 1000000000
-bench_script "layer script, 0 tiers" evalsha "$ours_sha" 0 ""
-bench_script "layer script, 1 tier" evalsha "$ours_sha" 1 rl:ip:127.0.0.1 "" "${tier_args[@]}"
-bench_script "layer script, 4 tiers" evalsha "$ours_sha" 4 rl:global:all rl:ip:127.0.0.1 \
-  rl:user:alice rl:endpoint:GET%20/ "" "${tier_args[@]}" "${tier_args[@]}" "${tier_args[@]}" "${tier_args[@]}"
+bench_script "layer check (FCALL), 0 tiers" fcall "$fn" 0 ""
+bench_script "layer check (FCALL), 1 tier" fcall "$fn" 1 rl:ip:127.0.0.1 "" "$spec"
+bench_script "layer check (FCALL), 4 tiers" fcall "$fn" 4 rl:global:all rl:ip:127.0.0.1 \
+  rl:user:alice rl:endpoint:GET%20/ "" "$spec" "$spec" "$spec" "$spec"
 rcli FLUSHALL >/dev/null
 
 
