@@ -84,6 +84,9 @@ mod engine;
 mod error;
 mod front;
 mod future;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
 mod handle;
 pub mod key;
 mod layer;
