@@ -80,6 +80,7 @@ mod breaker;
 pub mod control;
 mod de;
 mod deny_cache;
+pub mod descriptor;
 mod engine;
 mod error;
 mod front;
