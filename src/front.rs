@@ -46,6 +46,9 @@ pub(crate) struct Front {
     pub(crate) tiers: Box<[HttpTier]>,
     pub(crate) client_ip: ClientIp,
     pub(crate) on_rejection: Arc<dyn OnRejection>,
+    /// How blocked requests are answered: HTTP, gRPC, or by content type.
+    #[cfg(feature = "grpc")]
+    pub(crate) protocol: crate::grpc::Protocol,
 }
 
 impl fmt::Debug for Front {
@@ -63,11 +66,18 @@ impl Front {
         HttpFacts { front: self, parts }
     }
 
-    /// The response the layer answers a blocked request with: the
-    /// rejection (429, its body from [`OnRejection`], the headers added
-    /// after, the [`Rejection`](crate::response::Rejection) in the
-    /// extensions), the denylist's 403 or 429, or the 503.
-    pub(crate) fn respond(&self, block: Block) -> Response<Bytes> {
+    /// The response the layer answers a blocked request (with head
+    /// `parts`) with: the rejection (429, its body from [`OnRejection`], the
+    /// headers added after, the [`Rejection`](crate::response::Rejection) in
+    /// the extensions), the denylist's 403 or 429, or the 503; or their gRPC
+    /// forms ([`crate::grpc`]) for a gRPC request.
+    pub(crate) fn respond(&self, block: Block, parts: &Parts) -> Response<Bytes> {
+        #[cfg(feature = "grpc")]
+        if self.protocol.grpc(parts) {
+            return crate::grpc::respond(block);
+        }
+        #[cfg(not(feature = "grpc"))]
+        let _ = parts;
         match block {
             Block::Limited(d) => {
                 let mut res = self.on_rejection.response(&d.rejection);

@@ -142,6 +142,12 @@ where
                     else {
                         unreachable!("state was Deciding");
                     };
+                    if let Decision::Block(block) = decision {
+                        this.state.set(State::Responding {
+                            response: Some(front.respond(block, &parts)),
+                        });
+                        continue;
+                    }
                     let request = Request::from_parts(parts, body);
                     let next = match decision {
                         Decision::Allow(allow) if allow.delay.is_zero() => State::Calling {
@@ -154,9 +160,7 @@ where
                             request,
                             allow,
                         },
-                        Decision::Block(block) => State::Responding {
-                            response: Some(front.respond(block)),
-                        },
+                        Decision::Block(_) => unreachable!("answered above"),
                     };
                     this.state.set(next);
                 }
@@ -180,7 +184,7 @@ where
                     // An inner error has no status: nothing is refunded.
                     let mut res = ready!(future.poll(cx))?;
                     if let Some(r) = allow.refunds.take() {
-                        r.settle(res.status().as_u16() >= 400);
+                        r.settle(failed(&res));
                     }
                     if let Some(h) = allow.headers.take() {
                         h.write(res.headers_mut());
@@ -197,4 +201,14 @@ where
             }
         }
     }
+}
+
+/// Whether the inner service's response counts as failed for refunds by
+/// result: HTTP status ≥ 400, or (feature `grpc`) a gRPC error status in its
+/// headers.
+fn failed<B>(res: &Response<B>) -> bool {
+    #[cfg(feature = "grpc")]
+    return crate::grpc::failed(res.status(), res.headers());
+    #[cfg(not(feature = "grpc"))]
+    return res.status().as_u16() >= 400;
 }

@@ -80,10 +80,14 @@ mod breaker;
 pub mod control;
 mod de;
 mod deny_cache;
+pub mod descriptor;
 mod engine;
 mod error;
 mod front;
 mod future;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc;
 mod handle;
 pub mod key;
 mod layer;

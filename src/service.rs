@@ -84,7 +84,9 @@ where
                 let req = Request::from_parts(parts, body);
                 ResponseFuture::delay(allow, self.take_ready_inner(), req)
             }
-            Step::Done(Decision::Block(block)) => ResponseFuture::respond(front.respond(block)),
+            Step::Done(Decision::Block(block)) => {
+                ResponseFuture::respond(front.respond(block, &parts))
+            }
             Step::Pending(pending) => {
                 let front = self.front.clone();
                 ResponseFuture::decide(pending, self.take_ready_inner(), parts, body, front)

@@ -1,6 +1,6 @@
 //! The decision: the binding tier, its headers, the 429, shadow logging.
 
-use super::decision::{Allow, Block, Decision, Denial, Refunds};
+use super::decision::{Allow, Block, Decision, Denial, Details, Refunds};
 use super::plan::Meta;
 use super::runtime::Shared;
 use crate::algorithm::Decision as TierResult;
@@ -91,6 +91,7 @@ pub(crate) fn decide(
             headers,
             delay: Duration::from_micros(delay_us),
             refunds,
+            details: details(meta, v),
         });
     };
     count_tier_decisions(shared, meta, ds, Some(i), None);
@@ -102,6 +103,7 @@ pub(crate) fn decide(
         .collect();
     let mut denial = reject(shared, meta, i, d, v.now_us, !meta.fallback, violated);
     denial.shadow_tiers = shadow_tiers;
+    denial.details = details(meta, v);
     Decision::Block(Block::Limited(denial))
 }
 
@@ -243,7 +245,22 @@ pub(crate) fn reject(
         shadow_tiers: 0,
         rejection,
         headers,
+        details: None,
     }
+}
+
+/// Every check's result, when the front door asked for them.
+fn details(meta: &Meta, v: &Verdict) -> Option<Box<Details>> {
+    meta.details.then(|| {
+        Box::new(Details {
+            checks: meta
+                .tiers
+                .iter()
+                .zip(&v.decisions)
+                .map(|(&t, d)| (usize::from(t), *d))
+                .collect(),
+        })
+    })
 }
 
 pub(crate) fn log_shadow(

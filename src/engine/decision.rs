@@ -22,6 +22,9 @@ pub(crate) enum Decision {
 }
 
 /// Why a request is answered without running it.
+// Returned and turned into an answer at once, never stored: boxing the
+// denial would cost every 429 an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Block {
     /// An enforced tier denies it: answer with the rejection (a 429).
@@ -49,6 +52,17 @@ pub(crate) struct Allow {
     pub(crate) delay: Duration,
     /// The charges to give back once the request's result is known.
     pub(crate) refunds: Option<Box<Refunds>>,
+    /// Every check's result, when the front door asked
+    /// ([`Facts::DETAILS`](super::Facts::DETAILS)) and a backend decided.
+    pub(crate) details: Option<Box<Details>>,
+}
+
+/// Every check's result (for a front door that answers per check): the
+/// tier of each check, in planned order, with its decision.
+#[derive(Debug, Clone)]
+pub(crate) struct Details {
+    /// Per check: its tier index, and the tier's decision.
+    pub(crate) checks: Vec<(usize, crate::algorithm::Decision)>,
 }
 
 impl Allow {
@@ -60,6 +74,7 @@ impl Allow {
             headers: None,
             delay: Duration::ZERO,
             refunds: None,
+            details: None,
         }
     }
 }
@@ -73,6 +88,8 @@ pub(crate) struct Denial {
     pub(crate) shadow_tiers: u64,
     pub(crate) rejection: Rejection,
     pub(crate) headers: RateLimitHeaders,
+    /// As [`Allow::details`] (none when the deny cache answered).
+    pub(crate) details: Option<Box<Details>>,
 }
 
 /// The refunds a passed request may get once its result is known: the

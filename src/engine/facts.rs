@@ -19,6 +19,36 @@ pub(crate) trait Facts {
     /// and the layer being replayed serves no one.
     const OBSERVED: bool = true;
 
+    /// Whether the decision carries every check's result
+    /// ([`Details`](super::decision::Details)), for a front door that
+    /// answers per check (the descriptor front door); the HTTP layer shows
+    /// the binding tier only and says no.
+    const DETAILS: bool = false;
+
+    /// How many checks tier `tier` makes for this request (default 1): a
+    /// front door whose request can name one tier several times under
+    /// different keys (two descriptors matching one rule) plans each, as
+    /// occurrences `0..n`, asked through [`cost_at`](Self::cost_at) and
+    /// [`key_at`](Self::key_at). A request has at most
+    /// [`MAX_TIERS`](crate::MAX_TIERS) checks in all; occurrences past that
+    /// are not planned.
+    fn occurrences(&self, _tier: usize) -> usize {
+        1
+    }
+
+    /// [`cost`](Self::cost) of occurrence `n` of tier `tier`.
+    fn cost_at(&self, tier: usize, _n: usize) -> Option<u64> {
+        self.cost(tier)
+    }
+
+    /// [`key`](Self::key) of occurrence `n` of tier `tier`.
+    ///
+    /// # Errors
+    /// As [`key`](Self::key).
+    fn key_at(&self, tier: usize, _n: usize, key: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
+        self.key(tier, key)
+    }
+
     /// Whether `list` (the allow- or denylist) names this request's client.
     fn listed(&self, list: &AccessList) -> bool;
 

@@ -53,6 +53,8 @@ pub(crate) struct Meta {
     /// For tiers with plans: each check's plan (`None` = the tier's
     /// default), with its position among the tier's plans.
     pub(crate) plans: Vec<Option<(usize, Arc<str>)>>,
+    /// The decision carries every check's result ([`Facts::DETAILS`]).
+    pub(crate) details: bool,
 }
 
 impl Drop for Meta {
@@ -155,6 +157,7 @@ pub(crate) struct TierPlan<'r> {
 #[inline]
 pub(crate) fn plan_tier<'r>(
     (i, t, r): (usize, &BuiltTier, &'r TierRuntime),
+    n: usize,
     ov: &Overrides,
     global: Mode,
     facts: &impl Facts,
@@ -166,7 +169,7 @@ pub(crate) fn plan_tier<'r>(
     if mode == Mode::Off {
         return Ok(None);
     }
-    let cost = match facts.cost(i) {
+    let cost = match facts.cost_at(i, n) {
         None | Some(0) => return Ok(None),
         Some(cost) => cost,
     };
@@ -175,7 +178,7 @@ pub(crate) fn plan_tier<'r>(
     // id, a 32-digit API key hash) without growing.
     key.reserve(t.key_base.len() + 40);
     key.push_str(&t.key_base);
-    if !facts.key(i, &mut crate::key::KeyWriter::new(key))? {
+    if !facts.key_at(i, n, &mut crate::key::KeyWriter::new(key))? {
         return Ok(None);
     }
     let plan = if r.plans.is_empty() {
@@ -233,8 +236,16 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
     let mut meta = Meta::default();
     // A tier that does not apply leaves the buffer to the next.
     let mut key = super::spare::key();
-    for (i, (t, r)) in shared.tiers.iter().zip(rt.tiers.iter()).enumerate() {
-        let tp = match plan_tier((i, t, r), &ov, global, facts, fallback, &mut key) {
+    let tiers = shared.tiers.iter().zip(rt.tiers.iter()).enumerate();
+    // One check per tier (the HTTP layer), or per occurrence (a front door
+    // whose request names a tier more than once); never more than MAX_TIERS
+    // checks (the shadow bitmask's width).
+    let planned = tiers.flat_map(|(i, tr)| (0..facts.occurrences(i)).map(move |n| (i, tr, n)));
+    for (i, (t, r), n) in planned {
+        if checks.len() == crate::MAX_TIERS {
+            break;
+        }
+        let tp = match plan_tier((i, t, r), n, &ov, global, facts, fallback, &mut key) {
             Ok(Some(tp)) => tp,
             Ok(None) => continue,
             Err(e) => {
@@ -299,6 +310,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
             meta.endpoint = Some(shared.observer.endpoint(method, route));
         }
         meta.quiet = !F::OBSERVED;
+        meta.details = F::DETAILS;
         Planned::Check(checks, meta)
     }
 }

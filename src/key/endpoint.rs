@@ -70,8 +70,17 @@ fn method_label(method: &http::Method) -> &'static str {
 pub(crate) fn route_of(parts: &Parts) -> (&'static str, &str) {
     (
         method_label(&parts.method),
-        matched_route(parts).unwrap_or(UNMATCHED_ROUTE),
+        route(parts).unwrap_or(UNMATCHED_ROUTE),
     )
+}
+
+/// The route: the template axum matched, else (feature `grpc`) a gRPC
+/// request's method path.
+fn route(parts: &Parts) -> Option<&str> {
+    let route = matched_route(parts);
+    #[cfg(feature = "grpc")]
+    let route = route.or_else(|| crate::grpc::method_path(parts));
+    route
 }
 
 /// The route template axum matched (`MatchedPath`), if any.

@@ -212,6 +212,8 @@ impl RateLimitLayerBuilder {
             tiers: http_tiers.into_boxed_slice(),
             client_ip: self.client_ip,
             on_rejection: self.on_rejection,
+            #[cfg(feature = "grpc")]
+            protocol: self.protocol,
         });
         Ok(RateLimitLayer { shared, front })
     }

@@ -44,6 +44,8 @@ pub struct RateLimitLayerBuilder {
     pub(super) fleet_top_n: bool,
     pub(super) fleet_flush_interval: Duration,
     pub(super) fleet_pending_keys: usize,
+    #[cfg(feature = "grpc")]
+    pub(super) protocol: crate::grpc::Protocol,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -74,6 +76,8 @@ impl Default for RateLimitLayerBuilder {
             fleet_top_n: true,
             fleet_flush_interval: Duration::from_secs(1),
             fleet_pending_keys: 10_000,
+            #[cfg(feature = "grpc")]
+            protocol: crate::grpc::Protocol::Auto,
         }
     }
 }
@@ -262,6 +266,17 @@ impl RateLimitLayerBuilder {
     pub fn fleet_top_n_flush(mut self, interval: Duration, max_keys: usize) -> Self {
         self.fleet_flush_interval = interval;
         self.fleet_pending_keys = max_keys;
+        self
+    }
+
+    /// Which protocol blocked requests are answered in (feature `grpc`;
+    /// default [`Protocol::Auto`](crate::grpc::Protocol::Auto): gRPC for
+    /// `application/grpc` requests, HTTP for the others). See
+    /// [`crate::grpc`].
+    #[cfg(feature = "grpc")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+    pub fn protocol(mut self, protocol: crate::grpc::Protocol) -> Self {
+        self.protocol = protocol;
         self
     }
 

@@ -276,6 +276,15 @@ fn peer_addr(parts: &Parts) -> Option<SocketAddr> {
     {
         return Some(ci.0);
     }
+    // tonic's server puts the connection's addresses in every request.
+    #[cfg(feature = "grpc")]
+    if let Some(addr) = parts
+        .extensions
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|ci| ci.remote_addr())
+    {
+        return Some(addr);
+    }
     parts.extensions.get::<SocketAddr>().copied()
 }
 

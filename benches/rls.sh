@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# ShouldRateLimit load on the Envoy rate limit service (rls/,
+# docs/envoy.md): calls per second at concurrency 32, server CPU per call,
+# on memory and on Redis, with 1 and 4 descriptors a call
+# (docs/performance.md, "Envoy rate limit service").
+#
+#   benches/rls.sh                  # ~1 minute; markdown table on stdout
+#   ROUNDS=3 SECONDS_PER_RUN=10 benches/rls.sh
+#
+# Builds tiered-ratelimit-rls and tools/src/bin/rls_load.rs (release),
+# starts its own redis-server on a free loopback port (never 6379) and, per
+# run, a fresh server with limits nothing reaches (every call is decided and
+# charged, none denied), loads it with rls_load (32 tasks, one HTTP/2
+# connection each) after a 1 s warm-up, and reads the server's and Redis'
+# CPU time from /proc. Client and server share the machine: the report
+# prints nproc and the load average.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-1}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-5}
+CONCURRENCY=${CONCURRENCY:-32}
+
+for tool in redis-server redis-cli python3; do
+  command -v "$tool" >/dev/null 2>&1 || { echo "$tool not found on PATH" >&2; exit 1; }
+done
+
+source benches/lib.sh
+bench_setup rls
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua rls Cargo.toml 2>/dev/null || echo '+dirty')"
+log "building tiered-ratelimit-rls and rls_load (release)..."
+cargo build --quiet --release -p tiered-ratelimit-rls --bin tiered-ratelimit-rls
+cargo build --quiet --release -p tiered-ratelimit-tools --bin rls_load
+rls="${CARGO_TARGET_DIR:-target}/release/tiered-ratelimit-rls"
+load="${CARGO_TARGET_DIR:-target}/release/rls_load"
+start_redis
+load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+
+config() { # backend -> rules file
+  local f="$work/rls-$1.toml"
+  {
+    echo 'domain = "bench"'
+    echo 'key_prefix = "rls-bench"'
+    [[ "$1" == redis ]] && printf '[redis]\nurl = "%s"\n' "$REDIS_URL"
+    for r in "per_ip remote_address" "tenant tenant" "global generic_key"; do
+      set -- $r
+      printf '[[rule]]\nname = "%s"\nmatch = [{ key = "%s" }]\nlimit = 1000000000\nperiod = "1s"\n' "$1" "$2"
+    done
+    printf '[[rule]]\nname = "user_path"\nmatch = [{ key = "user" }, { key = "path" }]\nlimit = 1000000000\nperiod = "1s"\n'
+  } >"$f"
+  echo "$f"
+}
+
+results="$work/results.tsv"
+: >"$results"
+for round in $(seq 1 "$ROUNDS"); do
+  for backend in memory redis; do
+    for n in 1 4; do
+      port=$(free_port)
+      "$rls" --config "$(config $backend)" --listen "127.0.0.1:$port" --metrics none \
+        >"$work/server.out" 2>"$work/server.err" &
+      server_pid=$!
+      sleep 0.5
+      "$load" "127.0.0.1:$port" "$n" "$CONCURRENCY" 1 >/dev/null
+      s0=$(cpu_ticks "$server_pid"); r0=$(cpu_ticks "$redis_pid")
+      out=$("$load" "127.0.0.1:$port" "$n" "$CONCURRENCY" "$SECONDS_PER_RUN")
+      s1=$(cpu_ticks "$server_pid"); r1=$(cpu_ticks "$redis_pid")
+      stop "$server_pid"; server_pid=""
+      log "$backend $n: $out"
+      printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$backend" "$n" "$out" "$((s1 - s0))" "$((r1 - r0))" >>"$results"
+    done
+  done
+done
+
+python3 - "$results" "$hz" "$(nproc)" "$load_start" "$(cut -d' ' -f1-3 /proc/loadavg)" "$commit" "$CONCURRENCY" <<'PY'
+import sys, statistics
+path, hz, nproc, l0, l1, commit, conc = sys.argv[1:]
+hz = int(hz)
+rows = {}
+for line in open(path):
+    rnd, backend, n, out, sticks, rticks = line.rstrip("\n").split("\t")
+    kv = dict(p.split("=") for p in out.split())
+    calls = int(kv["calls"])
+    rows.setdefault((backend, n), []).append({
+        "rps": float(kv["rps"]), "p50": int(kv["p50_us"]), "p99": int(kv["p99_us"]),
+        "cpu": int(sticks) * 1e6 / hz / calls, "rcpu": int(rticks) * 1e6 / hz / calls,
+        "over": int(kv["over_limit"]), "err": int(kv["errors"]),
+    })
+print(f"* commit {commit}; {nproc} CPUs, load average {l0} → {l1}; concurrency {conc}, client on the same machine")
+print()
+print("| backend | descriptors | calls/s | p50 µs | p99 µs | server CPU µs/call | Redis CPU µs/call | over limit / errors |")
+print("|---|---|---|---|---|---|---|---|")
+for (backend, n), rs in rows.items():
+    m = lambda k: statistics.median(r[k] for r in rs)
+    print(f"| {backend} | {n} | {m('rps'):.0f} | {m('p50'):.0f} | {m('p99'):.0f} | {m('cpu'):.1f} | "
+          f"{m('rcpu'):.1f} | {sum(r['over'] for r in rs)} / {sum(r['err'] for r in rs)} |")
+PY

@@ -1,0 +1,288 @@
+//! An Envoy rate limit service (`envoy.service.ratelimit.v3.RateLimitService`)
+//! on the tiered-ratelimit engine: [`Rls`] maps `ShouldRateLimit` onto a
+//! [`DescriptorLimiter`] and back; [`serve`] runs it with `grpc.health.v1`
+//! health, Prometheus `/metrics` and graceful shutdown. The
+//! `tiered-ratelimit-rls` binary reads a rules file (see
+//! [`RulesPolicy`](tiered_ratelimit::descriptor::RulesPolicy)) and serves it.
+//! docs/envoy.md has the Envoy side.
+//!
+//! Every descriptor of a request is decided in one backend call, all or
+//! nothing: no descriptor is charged unless every enforced one allows.
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code as EnvoyCode, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use std::future::Future;
+use std::time::Duration;
+use tiered_ratelimit::descriptor::{
+    Answer, Code, Descriptor, DescriptorLimiter, FailureStatus, RequestError, MAX_DESCRIPTORS,
+};
+use tiered_ratelimit::Quota;
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+pub use envoy_types;
+
+/// The `ShouldRateLimit` service over a [`DescriptorLimiter`].
+#[derive(Debug, Clone)]
+pub struct Rls {
+    limiter: DescriptorLimiter,
+    failure_status: FailureStatus,
+}
+
+impl Rls {
+    /// The service deciding with `limiter`; `failure_status` is the answer
+    /// when the backend fails under `FailurePolicy::Closed`.
+    pub fn new(limiter: DescriptorLimiter, failure_status: FailureStatus) -> Self {
+        Self {
+            limiter,
+            failure_status,
+        }
+    }
+
+    /// Decides one request (what the gRPC method runs).
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for a request that cannot be decided (empty or
+    /// unknown domain, more than [`MAX_DESCRIPTORS`] descriptors, a
+    /// descriptor without entries or with `is_negative_hits`), with the
+    /// reason; `UNAVAILABLE` when the backend failed under `Closed` with
+    /// `failure_status = "unavailable"`.
+    pub async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, Status> {
+        if req.descriptors.len() > MAX_DESCRIPTORS {
+            let e = RequestError::TooManyDescriptors(req.descriptors.len());
+            return Err(Status::invalid_argument(e.to_string()));
+        }
+        if let Some(i) = req.descriptors.iter().position(|d| d.is_negative_hits) {
+            return Err(Status::invalid_argument(format!(
+                "descriptors[{i}]: is_negative_hits is not supported"
+            )));
+        }
+        let descriptors: Vec<Descriptor<'_>> = req.descriptors.iter().map(descriptor).collect();
+        match self
+            .limiter
+            .check(&req.domain, &descriptors, u64::from(req.hits_addend))
+            .await
+        {
+            Ok(answer) => Ok(response(&answer)),
+            Err(RequestError::Unavailable) => match self.failure_status {
+                FailureStatus::Unavailable => Err(Status::unavailable("rate limiter unavailable")),
+                _ => Ok(RateLimitResponse {
+                    overall_code: EnvoyCode::OverLimit.into(),
+                    statuses: req
+                        .descriptors
+                        .iter()
+                        .map(|_| DescriptorStatus {
+                            code: EnvoyCode::OverLimit.into(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    ..Default::default()
+                }),
+            },
+            Err(e) => Err(Status::invalid_argument(e.to_string())),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        self.decide(request.get_ref()).await.map(Response::new)
+    }
+}
+
+fn descriptor(d: &RateLimitDescriptor) -> Descriptor<'_> {
+    Descriptor {
+        entries: d
+            .entries
+            .iter()
+            .map(|e| (e.key.as_str(), e.value.as_str()))
+            .collect(),
+        hits_addend: d.hits_addend.map(|h| h.value),
+    }
+}
+
+/// The limiter's answer as Envoy's response.
+fn response(a: &Answer) -> RateLimitResponse {
+    let statuses = a
+        .statuses
+        .iter()
+        .map(|s| DescriptorStatus {
+            code: code(s.code).into(),
+            current_limit: s.limit.as_ref().map(|l| {
+                let (requests_per_unit, unit) = per_unit(l.quota);
+                RateLimit {
+                    name: l.name.to_string(),
+                    requests_per_unit,
+                    unit: unit.into(),
+                }
+            }),
+            limit_remaining: if s.unlimited {
+                u32::MAX
+            } else {
+                u32::try_from(s.remaining).unwrap_or(u32::MAX)
+            },
+            duration_until_reset: s.limit.as_ref().map(|_| proto_duration(s.until_reset)),
+            quota: None,
+        })
+        .collect();
+    let mut headers = http::HeaderMap::new();
+    if let Some(h) = &a.headers {
+        h.write(&mut headers);
+    }
+    RateLimitResponse {
+        overall_code: code(a.overall).into(),
+        statuses,
+        response_headers_to_add: headers
+            .iter()
+            .filter_map(|(k, v)| {
+                Some(HeaderValue {
+                    key: k.as_str().to_owned(),
+                    value: v.to_str().ok()?.to_owned(),
+                    ..Default::default()
+                })
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn code(c: Code) -> EnvoyCode {
+    match c {
+        Code::Ok => EnvoyCode::Ok,
+        Code::OverLimit => EnvoyCode::OverLimit,
+    }
+}
+
+fn proto_duration(d: Duration) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// A quota as Envoy's `requests_per_unit` and `unit`: the smallest of
+/// second, minute, hour, day, week that holds a
+/// whole number of requests (10 per 10 s → 1 per second; 7 per 10 s → 42
+/// per minute); else requests per week, rounded down.
+pub fn per_unit(q: Quota) -> (u32, Unit) {
+    const UNITS: [(u128, Unit); 5] = [
+        (1, Unit::Second),
+        (60, Unit::Minute),
+        (3_600, Unit::Hour),
+        (86_400, Unit::Day),
+        (604_800, Unit::Week),
+    ];
+    let period_us = q.period().as_micros().max(1);
+    let limit = u128::from(q.limit());
+    for (secs, unit) in UNITS {
+        let unit_us = secs * 1_000_000;
+        if (limit * unit_us) % period_us == 0 {
+            return (
+                u32::try_from(limit * unit_us / period_us).unwrap_or(u32::MAX),
+                unit,
+            );
+        }
+    }
+    let n = limit * 604_800_000_000 / period_us;
+    (u32::try_from(n).unwrap_or(u32::MAX), Unit::Week)
+}
+
+/// Serves `rls` on `grpc` (with `grpc.health.v1` health: `""` and the
+/// rate limit service `SERVING` until shutdown) and, given one, Prometheus'
+/// text format at `GET /metrics` on `metrics` (from the recorder `handle`
+/// installed by the caller). Returns when `shutdown` resolves and the
+/// calls in flight are answered (health turns `NOT_SERVING` first).
+///
+/// # Errors
+/// The gRPC server's.
+pub async fn serve(
+    rls: Rls,
+    grpc: TcpListener,
+    metrics: Option<(TcpListener, metrics_exporter_prometheus::PrometheusHandle)>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
+    let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some((listener, handle)) = metrics {
+        let upkeep = handle.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                upkeep.run_upkeep();
+            }
+        });
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let handle = handle.clone();
+                async move { handle.render() }
+            }),
+        );
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = metrics_stopped.await;
+            };
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await
+            {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
+    }
+    let shutdown = async move {
+        shutdown.await;
+        tracing::info!("shutting down: NOT_SERVING, answering the calls in flight");
+        reporter
+            .set_not_serving::<RateLimitServiceServer<Rls>>()
+            .await;
+        reporter
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        let _ = stop_metrics.send(());
+    };
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(RateLimitServiceServer::new(rls))
+        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc), shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotas_become_requests_per_unit() {
+        assert_eq!(per_unit(Quota::per_second(10)), (10, Unit::Second));
+        assert_eq!(per_unit(Quota::per_minute(100)), (100, Unit::Minute));
+        assert_eq!(
+            per_unit(Quota::new(10, Duration::from_secs(10))),
+            (1, Unit::Second)
+        );
+        assert_eq!(
+            per_unit(Quota::new(7, Duration::from_secs(10))),
+            (42, Unit::Minute)
+        );
+        assert_eq!(per_unit(Quota::per_hour(5)), (5, Unit::Hour));
+        assert_eq!(
+            per_unit(Quota::new(1, Duration::from_secs(7 * 86_400))),
+            (1, Unit::Week)
+        );
+    }
+}

@@ -1,0 +1,83 @@
+//! `tiered-ratelimit-rls`: the Envoy rate limit service (docs/envoy.md).
+//!
+//! ```sh
+//! tiered-ratelimit-rls --config rls.toml --listen 0.0.0.0:8081 --metrics 0.0.0.0:9090
+//! ```
+//!
+//! The backend is the rules file's `[redis]` table (a URL, cluster nodes, or
+//! sentinels), or in memory without one. SIGTERM or Ctrl-C: health turns
+//! `NOT_SERVING`, the calls in flight are answered, then it exits.
+
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tiered_ratelimit::backend::{Backend, MemoryBackend};
+use tiered_ratelimit::descriptor::RulesPolicy;
+use tiered_ratelimit_rls::{serve, Rls};
+
+/// The Envoy rate limit service (envoy.service.ratelimit.v3) on tiered-ratelimit.
+#[derive(Debug, Parser)]
+#[command(name = "tiered-ratelimit-rls", version)]
+struct Args {
+    /// The rules file (TOML: domain, [[rule]] tables, [redis]).
+    #[arg(long)]
+    config: PathBuf,
+    /// Where the gRPC service listens.
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    listen: SocketAddr,
+    /// Where `GET /metrics` listens; `none` for no metrics server.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    metrics: String,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let args = Args::parse();
+    let policy = RulesPolicy::from_file(&args.config)?;
+    let backend: Backend = match &policy.redis {
+        Some(redis) => redis.backend()?.into(),
+        None => MemoryBackend::new().into(),
+    };
+    let limiter = policy.limiter(backend)?;
+    let rls = Rls::new(limiter, policy.failure_status);
+    let metrics = if args.metrics == "none" {
+        None
+    } else {
+        let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+        let listener = tokio::net::TcpListener::bind(args.metrics.parse::<SocketAddr>()?).await?;
+        tracing::info!(addr = %listener.local_addr()?, "metrics at GET /metrics");
+        Some((listener, handle))
+    };
+    let grpc = tokio::net::TcpListener::bind(args.listen).await?;
+    tracing::info!(addr = %grpc.local_addr()?, domain = %policy.domain, "serving envoy.service.ratelimit.v3.RateLimitService");
+    serve(rls, grpc, metrics, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM on Unix.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

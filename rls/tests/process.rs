@@ -1,0 +1,190 @@
+//! The `tiered-ratelimit-rls` binary as Envoy meets it: two server
+//! processes sharing one Redis decide 200 concurrent two-descriptor calls
+//! all or nothing; `grpc.health.v1` says SERVING; `GET /metrics` serves
+//! Prometheus text; SIGTERM ends it cleanly (exit status 0).
+
+#[allow(dead_code)]
+#[path = "../../tests/support/redis_server.rs"]
+mod redis_server;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use redis_server::{free_port, RedisServer};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+/// A server process, killed on drop if still running.
+struct Server {
+    child: Child,
+    grpc: u16,
+    metrics: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(config: &std::path::Path) -> Server {
+    let (grpc, metrics) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+        .arg("--config")
+        .arg(config)
+        .args(["--listen", &format!("127.0.0.1:{grpc}")])
+        .args(["--metrics", &format!("127.0.0.1:{metrics}")])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn tiered-ratelimit-rls");
+    Server {
+        child,
+        grpc,
+        metrics,
+    }
+}
+
+/// A channel to `port` once the server's health says SERVING (10 s at most).
+async fn ready(port: u16) -> Channel {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}")).unwrap();
+        if let Ok(ch) = endpoint.connect().await {
+            let status = HealthClient::new(ch.clone())
+                .check(HealthCheckRequest {
+                    service: "envoy.service.ratelimit.v3.RateLimitService".into(),
+                })
+                .await
+                .map(|r| r.into_inner().status);
+            if status.ok() == Some(ServingStatus::Serving as i32) {
+                return ch;
+            }
+        }
+        assert!(Instant::now() < deadline, "server on {port} never SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn both() -> RateLimitRequest {
+    let d = |k: &str, v: &str| RateLimitDescriptor {
+        entries: vec![Entry {
+            key: k.into(),
+            value: v.into(),
+        }],
+        ..Default::default()
+    };
+    RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![d("tenant", "t1"), d("plan", "gold")],
+        hits_addend: 1,
+    }
+}
+
+/// `GET /metrics` over plain HTTP/1.0: the whole response.
+async fn get_metrics(port: u16) -> String {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("metrics port");
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_share_redis_all_or_nothing_then_shut_down_cleanly() {
+    let redis = RedisServer::start();
+    let config =
+        std::env::temp_dir().join(format!("rls-{}-{}.toml", std::process::id(), redis.port()));
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+domain = "edge"
+key_prefix = "rls-proc"
+[redis]
+url = "{}"
+[[rule]]
+name = "tenant"
+match = [{{ key = "tenant" }}]
+limit = 100
+period = "1h"
+[[rule]]
+name = "plan"
+match = [{{ key = "plan" }}]
+limit = 60
+period = "1h"
+"#,
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let mut a = spawn(&config);
+    let b = spawn(&config);
+    let (ca, cb) = (ready(a.grpc).await, ready(b.grpc).await);
+    let mut calls = Vec::new();
+    for i in 0..200 {
+        let ch = if i % 2 == 0 { ca.clone() } else { cb.clone() };
+        calls.push(tokio::spawn(async move {
+            RateLimitServiceClient::new(ch)
+                .should_rate_limit(both())
+                .await
+                .expect("answered")
+                .into_inner()
+        }));
+    }
+    let mut allowed = 0;
+    for c in calls {
+        if c.await.unwrap().overall_code == Code::Ok as i32 {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 60);
+    // `tenant` was charged for the 60 allowed calls only (100 an hour:
+    // one more token takes 36 s, far longer than this test).
+    let mut one = both();
+    one.descriptors.truncate(1);
+    let r = RateLimitServiceClient::new(ca.clone())
+        .should_rate_limit(one)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.statuses[0].limit_remaining, 39);
+
+    let m = get_metrics(a.metrics).await;
+    assert!(
+        m.starts_with("HTTP/1.0 200") || m.starts_with("HTTP/1.1 200"),
+        "{m}"
+    );
+    assert!(m.contains("tiered_ratelimit_requests_total"), "{m}");
+
+    // SIGTERM: a clean exit.
+    let status = Command::new("kill")
+        .args(["-TERM", &a.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(s) = a.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit 10 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(exit.success(), "{exit:?}");
+    let _ = std::fs::remove_file(&config);
+}

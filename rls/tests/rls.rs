@@ -1,0 +1,399 @@
+//! The Envoy rate limit service through a real tonic client over TCP
+//! (Envoy's generated client from envoy-types), on memory, Redis and a
+//! Redis Cluster: exact statuses, remaining and reset per descriptor; one
+//! all-or-nothing decision per request under concurrency from two server
+//! instances sharing Redis; the failure policy; hostile input.
+
+// The root crate's starters of real redis-server processes.
+#[allow(dead_code)]
+#[path = "../../tests/support/cluster.rs"]
+mod cluster;
+#[allow(dead_code)]
+#[path = "../../tests/support/redis_server.rs"]
+mod redis_server;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use std::net::SocketAddr;
+
+use cluster::RedisCluster;
+use redis_server::RedisServer;
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
+use tiered_ratelimit::descriptor::RulesPolicy;
+use tiered_ratelimit_rls::{serve, Rls};
+use tonic::transport::Channel;
+
+const T0_US: u64 = 1_700_000_000 * 1_000_000;
+
+const RULES: &str = r#"
+domain = "edge"
+key_prefix = "rls-test"
+
+[[rule]]
+name = "per_ip"
+match = [{ key = "remote_address" }]
+limit = 2
+period = "1m"
+
+[[rule]]
+name = "office"
+match = [{ key = "remote_address", value = "10.0.0.1" }]
+unlimited = true
+
+[[rule]]
+name = "per_user_path"
+match = [{ key = "user" }, { key = "path" }]
+limit = 3
+period = "1m"
+
+[[rule]]
+name = "shadowed"
+match = [{ key = "generic_key", value = "shadow" }]
+limit = 1
+period = "1m"
+shadow_mode = true
+"#;
+
+type Client = RateLimitServiceClient<Channel>;
+
+/// Serves `rules` on `backend` on a free loopback port.
+async fn start(rules: &str, backend: impl Into<Backend>) -> SocketAddr {
+    let policy = RulesPolicy::from_toml_str(rules).expect("rules");
+    let rls = Rls::new(
+        policy.limiter(backend).expect("limiter"),
+        policy.failure_status,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve(rls, listener, None, std::future::pending()));
+    addr
+}
+
+async fn connect(addr: SocketAddr) -> Client {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect");
+    RateLimitServiceClient::new(channel)
+}
+
+fn d(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).to_owned(),
+                value: (*v).to_owned(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn req(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+async fn call(c: &mut Client, r: RateLimitRequest) -> RateLimitResponse {
+    c.should_rate_limit(r).await.expect("answered").into_inner()
+}
+
+/// A status with a limit: code, rule, per unit, remaining, seconds to reset.
+fn limited(
+    code: Code,
+    name: &str,
+    per_unit: u32,
+    remaining: u32,
+    reset_s: i64,
+) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code.into(),
+        current_limit: Some(RateLimit {
+            name: name.to_owned(),
+            requests_per_unit: per_unit,
+            unit: Unit::Minute.into(),
+        }),
+        limit_remaining: remaining,
+        duration_until_reset: Some(ProtoDuration {
+            seconds: reset_s,
+            nanos: 0,
+        }),
+        quota: None,
+    }
+}
+
+fn no_limit(remaining: u32) -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok.into(),
+        limit_remaining: remaining,
+        ..Default::default()
+    }
+}
+
+fn header(k: &str, v: &str) -> HeaderValue {
+    HeaderValue {
+        key: k.to_owned(),
+        value: v.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// The scenario every backend must answer identically (time stands still
+/// at T0 on the manual clock).
+async fn exact_statuses(addr: SocketAddr) {
+    let mut c = connect(addr).await;
+    let ip = || d(&[("remote_address", "203.0.113.7")]);
+    let alice = || d(&[("user", "alice"), ("path", "/a")]);
+    // 1st: both allowed; binding (least remaining) per_ip.
+    let r = call(&mut c, req("edge", vec![ip(), alice()])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(
+        r.statuses,
+        vec![
+            limited(Code::Ok, "per_ip", 2, 1, 30),
+            limited(Code::Ok, "per_user_path", 3, 2, 20),
+        ]
+    );
+    assert_eq!(
+        r.response_headers_to_add,
+        vec![
+            header("ratelimit-policy", r#""per_ip";q=2;w=60"#),
+            header("ratelimit", r#""per_ip";r=1;t=30"#),
+        ]
+    );
+    // 2nd: per_ip empty.
+    let r = call(&mut c, req("edge", vec![ip(), alice()])).await;
+    assert_eq!(
+        r.statuses,
+        vec![
+            limited(Code::Ok, "per_ip", 2, 0, 60),
+            limited(Code::Ok, "per_user_path", 3, 1, 40),
+        ]
+    );
+    // 3rd: per_ip over the limit (30 s until it would pass); nothing is
+    // charged, per_user_path included.
+    let r = call(&mut c, req("edge", vec![ip(), alice()])).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0], limited(Code::OverLimit, "per_ip", 2, 0, 30));
+    assert_eq!(r.statuses[1].code, Code::Ok as i32);
+    assert_eq!(
+        r.response_headers_to_add,
+        vec![
+            header("ratelimit-policy", r#""per_ip";q=2;w=60"#),
+            header("ratelimit", r#""per_ip";r=0;t=30"#),
+            header("retry-after", "30"),
+        ]
+    );
+    // The denied call charged nothing: alice still has 1 left.
+    let r = call(&mut c, req("edge", vec![alice()])).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::Ok, "per_user_path", 3, 0, 60)]
+    );
+    // The specific unlimited rule replaces per_ip for the office; unknown
+    // keys have no limit; neither calls the backend.
+    for _ in 0..5 {
+        let r = call(
+            &mut c,
+            req(
+                "edge",
+                vec![d(&[("remote_address", "10.0.0.1")]), d(&[("unknown", "x")])],
+            ),
+        )
+        .await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(r.statuses, vec![no_limit(u32::MAX), no_limit(0)]);
+        assert!(r.response_headers_to_add.is_empty());
+    }
+    // A shadow rule decides and reports, never denies.
+    let shadow = || d(&[("generic_key", "shadow")]);
+    let r = call(&mut c, req("edge", vec![shadow()])).await;
+    assert_eq!(r.statuses, vec![limited(Code::Ok, "shadowed", 1, 0, 60)]);
+    let r = call(&mut c, req("edge", vec![shadow()])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses, vec![limited(Code::Ok, "shadowed", 1, 0, 60)]);
+    // hits_addend is the cost: 2 on a fresh address empties per_ip at once.
+    let mut r2 = req("edge", vec![d(&[("remote_address", "198.51.100.1")])]);
+    r2.hits_addend = 2;
+    let r = call(&mut c, r2.clone()).await;
+    assert_eq!(r.statuses, vec![limited(Code::Ok, "per_ip", 2, 0, 60)]);
+    let r = call(&mut c, r2).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::OverLimit, "per_ip", 2, 0, 60)]
+    );
+}
+
+#[tokio::test]
+async fn exact_statuses_in_memory() {
+    let backend = MemoryBackend::with_manual_clock(ManualClock::new(T0_US));
+    exact_statuses(start(RULES, backend).await).await;
+}
+
+#[tokio::test]
+async fn exact_statuses_on_redis() {
+    let redis = RedisServer::start();
+    let backend = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(ManualClock::new(T0_US));
+    exact_statuses(start(RULES, backend).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_statuses_on_a_cluster() {
+    let cluster = RedisCluster::start(0);
+    let backend = RedisBackend::cluster(cluster.urls())
+        .unwrap()
+        .with_manual_clock(ManualClock::new(T0_US));
+    exact_statuses(start(RULES, backend).await).await;
+}
+
+/// 200 concurrent calls, 100 to each of two server instances sharing one
+/// Redis, each with two descriptors: `tenant` (100 an hour) and `plan` (60
+/// an hour). Exactly 60 are allowed, and `tenant` was charged exactly 60
+/// times (never for a call `plan` denied): a later call sees 39 left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_are_all_or_nothing_under_concurrency_across_instances() {
+    let rules = r#"
+        domain = "edge"
+        key_prefix = "rls-atomic"
+        [[rule]]
+        name = "tenant"
+        match = [{ key = "tenant" }]
+        limit = 100
+        period = "1h"
+        [[rule]]
+        name = "plan"
+        match = [{ key = "plan" }]
+        limit = 60
+        period = "1h"
+    "#;
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let backend = || {
+        RedisBackend::from_url(&redis.url())
+            .unwrap()
+            .with_manual_clock(clock.clone())
+    };
+    let a = connect(start(rules, backend()).await).await;
+    let b = connect(start(rules, backend()).await).await;
+    let both = || req("edge", vec![d(&[("tenant", "t1")]), d(&[("plan", "gold")])]);
+    let mut calls = Vec::new();
+    for i in 0..200 {
+        let mut c = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let r = both();
+        calls.push(tokio::spawn(async move { call(&mut c, r).await }));
+    }
+    let mut allowed = 0;
+    for call in calls {
+        let r = call.await.unwrap();
+        if r.overall_code == Code::Ok as i32 {
+            allowed += 1;
+        } else {
+            assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+        }
+    }
+    assert_eq!(allowed, 60);
+    let r = call(&mut a.clone(), req("edge", vec![d(&[("tenant", "t1")])])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 39);
+}
+
+/// Redis down: `open` answers OK without limits; `closed` answers
+/// OVER_LIMIT, or UNAVAILABLE with `failure_status = "unavailable"`; each
+/// within the backend timeout.
+#[tokio::test]
+async fn backend_down_follows_the_failure_policy() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    redis.stop();
+    let rules = |policy: &str, status: &str| {
+        format!(
+            "domain = \"edge\"\nfailure_policy = \"{policy}\"\nfailure_status = \"{status}\"\n\
+             backend_timeout_ms = 50\n[[rule]]\nname = \"per_ip\"\n\
+             match = [{{ key = \"remote_address\" }}]\nlimit = 2\nperiod = \"1m\"\n"
+        )
+    };
+    let one = || req("edge", vec![d(&[("remote_address", "203.0.113.7")])]);
+    let backend = || RedisBackend::from_url(&url).unwrap();
+    let mut c = connect(start(&rules("open", "over_limit"), backend()).await).await;
+    let r = call(&mut c, one()).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses, vec![no_limit(0)]);
+    let mut c = connect(start(&rules("closed", "over_limit"), backend()).await).await;
+    let r = call(&mut c, one()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    let mut c = connect(start(&rules("closed", "unavailable"), backend()).await).await;
+    let s = c.should_rate_limit(one()).await.unwrap_err();
+    assert_eq!(s.code(), tonic::Code::Unavailable);
+    assert_eq!(s.message(), "rate limiter unavailable");
+}
+
+/// Hostile requests get a clear status, never a panic, never a key of
+/// unbounded size.
+#[tokio::test]
+async fn hostile_input_gets_a_clear_status() {
+    let redis = RedisServer::start();
+    let backend = RedisBackend::from_url(&redis.url()).unwrap();
+    let mut c = connect(start(RULES, backend).await).await;
+    let invalid = |s: tonic::Status, msg: &str| {
+        assert_eq!(s.code(), tonic::Code::InvalidArgument);
+        assert_eq!(s.message(), msg);
+    };
+    let ip = || d(&[("remote_address", "203.0.113.7")]);
+    invalid(
+        c.should_rate_limit(req("", vec![ip()])).await.unwrap_err(),
+        "domain: empty",
+    );
+    invalid(
+        c.should_rate_limit(req("other", vec![ip()]))
+            .await
+            .unwrap_err(),
+        "domain: \"other\" is not served here",
+    );
+    let many: Vec<_> = (0..10_000)
+        .map(|i| d(&[("remote_address", &i.to_string())]))
+        .collect();
+    invalid(
+        c.should_rate_limit(req("edge", many)).await.unwrap_err(),
+        "descriptors: 10000, at most 64 are accepted",
+    );
+    invalid(
+        c.should_rate_limit(req("edge", vec![ip(), d(&[])]))
+            .await
+            .unwrap_err(),
+        "descriptors[1]: 0 entries, 1 to 16 are accepted",
+    );
+    // A 1 MiB value is a key like any other, stored hashed.
+    let huge = "x".repeat(1 << 20);
+    let r = call(&mut c, req("edge", vec![d(&[("remote_address", &huge)])])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+    let keys = redis.keys();
+    assert!(
+        keys.iter().all(|k| k.len() <= 64),
+        "a key longer than 64 bytes: {keys:?}"
+    );
+    // Unknown keys: allowed without a limit.
+    let r = call(
+        &mut c,
+        req("edge", vec![d(&[("nope", "1"), ("nope2", "2")])]),
+    )
+    .await;
+    assert_eq!(r.statuses, vec![no_limit(0)]);
+    // The server still answers.
+    let r = call(&mut c, req("edge", vec![ip()])).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+}
