@@ -164,6 +164,11 @@ impl RateLimitHandle {
         Self { shared }
     }
 
+    /// What every request of the layer reads.
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
     /// Applies several changes at once: a request sees all of them or none.
     /// If `f` returns an error nothing is applied.
     ///

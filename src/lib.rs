@@ -85,6 +85,7 @@ mod error;
 mod front;
 mod future;
 mod handle;
+pub mod inspect;
 pub mod key;
 mod layer;
 pub mod observe;

@@ -4,7 +4,9 @@
 //! identical decisions for random sequences of (time step, key, cost), with
 //! every tier pair checked all or nothing; and the model's answers must
 //! keep the invariants (Retry-After and Reset tell the truth, the sliding
-//! log never admits more than the limit in any window).
+//! log never admits more than the limit in any window). Before every check,
+//! a peek of the first tier on each backend must equal the model's check of
+//! that tier with nothing charged (and the check after it must still agree).
 
 mod support;
 
@@ -109,6 +111,28 @@ impl Harness {
                 .iter()
                 .map(|c| model.state(&c.key, now).cloned())
                 .collect();
+            // A peek is one tier's check with nothing charged, on every
+            // backend (Redis: the read-only lua/peek.lua).
+            let peek = &checks[0];
+            let cost_in = peek.cost.min(peek.limit.capacity() + 1);
+            let want_peek = peek.limit.check(before[0].as_ref(), now, cost_in);
+            for (name, backend, key) in [
+                ("memory", &memory, peek.key.clone()),
+                ("redis", &redis, peek.key.clone()),
+                ("redis (compact)", &compact, format!("compact:{}", peek.key)),
+            ] {
+                let on_own = TierCheck {
+                    key,
+                    ..peek.clone()
+                };
+                let got = self.rt.block_on(backend.peek(&on_own)).unwrap();
+                assert_eq!(
+                    got.decisions,
+                    vec![want_peek],
+                    "{name} peek diverged at op {i}"
+                );
+                assert!(got.charges.is_empty());
+            }
             let want = model.check(&checks, now);
             for ((c, d), s) in checks.iter().zip(&want).zip(&before) {
                 check_invariants(&c.limit, s.as_ref(), now, c.cost, d);

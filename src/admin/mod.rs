@@ -41,6 +41,8 @@
 //! | `GET /api/history/{tier}` | the tier's last hour of closed buckets, and `current`: the bucket still open, `"partial": true` (`null` before the first request) |
 //! | `GET /api/anomalies` | the 429-rate anomaly series and their alerts |
 //! | `POST /api/mode` | `{"mode":"shadow"}` (global) or `{"tier":"ip","mode":"canary:10"}`; answers like `/api/status` |
+//! | `GET /api/peek/{tier}?key=203.0.113.7` | one key's numbers, nothing charged ([`RateLimitHandle::peek`]): `{"tier","key","allowed","limit","remaining","reset_after_us","retry_after_us","now_us"}`; `400` `invalid_key` for a key that is no stored key part, `503` `backend_failed` |
+//! | `POST /api/reset` | `{"tier":"ip","key":"203.0.113.7"}`: the key starts fresh ([`RateLimitHandle::reset`]); answers `{"tier","key","existed"}` |
 //!
 //! # Authentication
 //! The router wants a bearer token of its own **in addition to** whatever
@@ -77,6 +79,7 @@ mod auth;
 mod chart;
 mod form;
 mod html;
+mod keys;
 mod mode;
 mod page;
 mod reply;
@@ -209,6 +212,8 @@ impl Admin {
             .route("/api/history/{tier}", get(api_history))
             .route("/api/anomalies", get(api_anomalies))
             .route("/api/mode", post(api_mode))
+            .route("/api/peek/{tier}", get(keys::api_peek))
+            .route("/api/reset", post(keys::api_reset))
             .fallback(not_found)
             .layer(middleware::from_fn_with_state(admin.clone(), authorize))
             .with_state(admin)

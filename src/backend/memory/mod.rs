@@ -2,6 +2,7 @@
 //! locked shards.
 
 mod check;
+mod peek;
 mod shard;
 #[cfg(test)]
 mod tests;

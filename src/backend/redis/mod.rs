@@ -26,6 +26,7 @@ mod cluster;
 mod connection;
 mod control;
 mod format;
+mod peek;
 mod router;
 mod sentinel;
 mod timed;

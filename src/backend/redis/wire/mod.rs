@@ -81,6 +81,19 @@ pub(super) const CLUSTER_LUA: &str = concat!(
     include_str!("../../../../lua/cluster.lua"),
 );
 
+/// The read-only script of a peek (`handle.peek`): the algorithms and the
+/// dispatcher, then `peek.lua` (one tier, nothing charged).
+pub(super) const PEEK_LUA: &str = concat!(
+    include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/fixed_window.lua"),
+    include_str!("../../../../lua/sliding_window_log.lua"),
+    include_str!("../../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../../lua/token_bucket.lua"),
+    include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/dispatch.lua"),
+    include_str!("../../../../lua/peek.lua"),
+);
+
 /// Tier flag: the tier is in shadow mode (its denial does not stop the
 /// others from being charged).
 pub(super) const SHADOW: u8 = 1;
