@@ -3,6 +3,7 @@
 
 local algorithms = {
   fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket,
+  concurrency,
 }
 
 -- The clock argument: "" reads Redis TIME; "d<deadline µs>" reads Redis TIME

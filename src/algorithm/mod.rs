@@ -11,12 +11,14 @@
 //! drifts however many operations a key sees. See `docs/algorithms.md` for
 //! the trade-offs and measured costs.
 
+pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
+pub use concurrency::{Concurrency, LeaseState};
 pub use fixed_window::FixedWindowState;
 pub use gcra::{Gcra, TatState};
 pub use sliding_window_counter::CounterState;
@@ -96,6 +98,8 @@ pub enum Limit {
     TokenBucket(TokenBucket),
     /// [`gcra`] (leaky bucket, police or shape).
     LeakyBucket(Gcra),
+    /// [`concurrency`]: requests in flight.
+    Concurrency(Concurrency),
 }
 
 /// The stored state of one key, per algorithm.
@@ -112,6 +116,8 @@ pub enum State {
     Bucket(BucketState),
     /// GCRA.
     Tat(TatState),
+    /// Concurrency leases.
+    Leases(LeaseState),
 }
 
 impl Limit {
@@ -123,6 +129,7 @@ impl Limit {
             }
             Limit::TokenBucket(b) => b.burst(),
             Limit::LeakyBucket(g) => g.bucket.burst(),
+            Limit::Concurrency(c) => c.limit,
         }
     }
 
@@ -137,6 +144,9 @@ impl Limit {
             (Limit::SlidingWindowCounter(w), s) => w.counter_check(counter(s), now_us, cost),
             (Limit::TokenBucket(b), s) => b.check(bucket(s), now_us, cost).0,
             (Limit::LeakyBucket(g), s) => g.check(tat(s), now_us, cost),
+            // One slot per request, whatever its cost.
+            (Limit::Concurrency(c), Some(State::Leases(l))) => c.check(Some(l), now_us),
+            (Limit::Concurrency(c), _) => c.check(None, now_us),
         }
     }
 
@@ -188,6 +198,14 @@ impl Limit {
             Limit::LeakyBucket(g) => {
                 let (s, ttl) = g.charge(tat(state.as_ref()), now_us, cost);
                 (State::Tat(s), ttl)
+            }
+            Limit::Concurrency(c) => {
+                let leases = match state {
+                    Some(State::Leases(l)) => Some(l),
+                    _ => None,
+                };
+                let (s, ttl) = c.charge(leases, now_us);
+                (State::Leases(s), ttl)
             }
         }
     }
@@ -347,6 +365,14 @@ impl Limit {
                         State::Bucket(b.state_at(missing, now_us)),
                         Some(div_ceil(missing, b.rate)),
                     )
+                }
+            }
+            // A concurrency charge is its lease: the refund releases it.
+            (Limit::Concurrency(c), Some(State::Leases(l))) => {
+                match Concurrency::release(l, c.lease, now_us) {
+                    None => Refund::Delete,
+                    Some(left) if left.len() == l.len() => Refund::Keep,
+                    Some(left) => Refund::Store(State::Leases(left), None),
                 }
             }
             (Limit::LeakyBucket(g), Some(State::Tat(s))) => {

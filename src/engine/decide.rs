@@ -91,6 +91,7 @@ pub(crate) fn decide(
             headers,
             delay: Duration::from_micros(delay_us),
             refunds,
+            leases: None,
         });
     };
     count_tier_decisions(shared, meta, ds, Some(i), None);
@@ -161,6 +162,8 @@ pub(crate) fn headers_for(
     let policy = meta.tier_name(shared, i);
     let (q, period_us, refills) = meta.quotas.get(i).copied().unwrap_or((d.limit, 0, false));
     let quota = (q, period_us.div_ceil(1_000_000));
+    // A concurrency tier's period is recorded as 0 (see `Meta::quotas`).
+    let concurrent = period_us == 0 && !meta.quotas.is_empty();
     if denied {
         let retry_after = ceil_secs(d.retry_after_us).max(1);
         RateLimitHeaders {
@@ -174,6 +177,7 @@ pub(crate) fn headers_for(
             window_in: retry_after,
             policy,
             quota,
+            concurrent,
             style: shared.header_style,
         }
     } else {
@@ -193,6 +197,7 @@ pub(crate) fn headers_for(
             )),
             policy,
             quota,
+            concurrent,
             style: shared.header_style,
         }
     }

@@ -49,6 +49,9 @@ pub(crate) struct Allow {
     pub(crate) delay: Duration,
     /// The charges to give back once the request's result is known.
     pub(crate) refunds: Option<Box<Refunds>>,
+    /// The concurrency slots it holds: released when dropped (the front
+    /// door keeps them until the response is over).
+    pub(crate) leases: Option<Box<super::lease::Leases>>,
 }
 
 impl Allow {
@@ -60,6 +63,7 @@ impl Allow {
             headers: None,
             delay: Duration::ZERO,
             refunds: None,
+            leases: None,
         }
     }
 }

@@ -72,7 +72,7 @@ pub(crate) fn outcome(
             } else {
                 None
             };
-            decide(shared, meta, &v, refunds)
+            with_leases(decide(shared, meta, &v, refunds), &shared.backend, meta, &v)
         }
         Err(e) => {
             if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {
@@ -128,6 +128,16 @@ pub(crate) fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
     }
 }
 
+/// An allowed request's concurrency slots (taken on `backend`), for the
+/// front door to hold until the response is over.
+#[inline]
+fn with_leases(mut d: Decision, backend: &Backend, meta: &Meta, v: &Verdict) -> Decision {
+    if let Decision::Allow(a) = &mut d {
+        a.leases = super::lease::Leases::of(backend, meta, v);
+    }
+    d
+}
+
 /// The failure policy's decision when the backend (or a key extractor)
 /// could not decide.
 pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Decision {
@@ -161,7 +171,9 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
                 Planned::Check(checks, mut meta) => {
                     meta.fallback = true;
                     let v = local.check(&checks, meta.shadow, false);
-                    decide(shared, &meta, &v, None)
+                    meta.sent = checks;
+                    let local = crate::backend::Backend::Memory(local.clone());
+                    with_leases(decide(shared, &meta, &v, None), &local, &meta, &v)
                 }
                 Planned::Refuse(status) => Decision::Block(Block::Denylisted(status)),
                 // An extractor failed: nothing local can decide either.

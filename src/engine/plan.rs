@@ -44,7 +44,8 @@ pub(crate) struct Meta {
     /// latency.
     pub(crate) quiet: bool,
     /// With IETF headers: each check's quota (requests), period in
-    /// microseconds, and whether its algorithm refills continuously.
+    /// microseconds (0 for a concurrency tier), and whether its algorithm
+    /// refills continuously.
     pub(crate) quotas: Vec<(u64, u64, bool)>,
     /// Held while this request probes a lapsed deny-cache key: dropped with
     /// the meta, after the answer was fed to the cache (or on an error),
@@ -279,12 +280,16 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
                 t.algorithm,
                 crate::tier::Algorithm::TokenBucket | crate::tier::Algorithm::LeakyBucket(_)
             );
-            let period_us = u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX);
+            // 0 for a concurrency tier: no window, requests in flight.
+            let period_us = match t.algorithm {
+                crate::tier::Algorithm::Concurrency { .. } => 0,
+                _ => u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX),
+            };
             meta.quotas.push((q.limit(), period_us, refills));
         }
         checks.push(TierCheck {
             key: std::mem::replace(&mut key, super::spare::key()),
-            limit: tp.limit,
+            limit: super::lease::stamp(tp.limit),
             cost: tp.cost,
         });
         // MAX_TIERS is 64, so the index fits.

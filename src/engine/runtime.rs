@@ -329,6 +329,31 @@ fn limit_for(
         })
     };
     Ok(match algorithm {
+        Algorithm::Concurrency { lease } => {
+            let lease_us = u64::try_from(lease.as_micros()).unwrap_or(u64::MAX);
+            if lease_us == 0 {
+                return Err(ConfigError::Policy(format!(
+                    "tier \"{tier}\": lease: must be at least 1 microsecond"
+                )));
+            }
+            if lease_us > MAX_PERIOD_US {
+                return Err(too_large(
+                    "lease",
+                    format!("{lease_us} µs is above {MAX_PERIOD_US} µs (2^51 µs)"),
+                ));
+            }
+            if q.limit() > Window::MAX_LIMIT {
+                return Err(too_large(
+                    "limit",
+                    format!("{} is above {}", q.limit(), Window::MAX_LIMIT),
+                ));
+            }
+            Limit::Concurrency(crate::algorithm::Concurrency {
+                limit: q.limit(),
+                lease_us,
+                lease: 0,
+            })
+        }
         Algorithm::FixedWindow => Limit::FixedWindow(capped(window()?)?),
         Algorithm::SlidingWindowLog => Limit::SlidingWindowLog(capped(window()?)?),
         Algorithm::SlidingWindowCounter => {

@@ -2,6 +2,7 @@
 //! locked shards.
 
 mod check;
+mod lease;
 mod peek;
 mod shard;
 #[cfg(test)]

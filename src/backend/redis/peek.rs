@@ -33,11 +33,7 @@ fn unknown_command(e: &RedisError) -> bool {
 impl RedisBackend {
     /// The decision `check` would get now, with nothing charged.
     pub(crate) async fn peek(&self, check: &TierCheck) -> Result<Verdict, BackendError> {
-        let key = if self.is_cluster() {
-            cluster_key(&check.key)
-        } else {
-            check.key.clone()
-        };
+        let key = self.storage_key(&check.key);
         let clock = self.clock_arg();
         let nums = wire::tier_args(check, 0);
         let build = |eval: bool, ro: bool| -> Cmd {
@@ -58,15 +54,11 @@ impl RedisBackend {
                 .arg(&nums[..]);
             cmd
         };
-        let mut target = if self.is_cluster() {
-            Target::Cluster(self.cluster_via().await?)
-        } else {
-            Target::Node(self.connection().await?)
-        };
+        let mut target = self.target().await?;
         let mut ro = !NO_RO.load(Ordering::Relaxed);
         let reply: Vec<i64> = loop {
             match self
-                .peek_call(&mut target, &key, |eval| build(eval, ro))
+                .call_on(&mut target, &key, script(), |eval| build(eval, ro))
                 .await
             {
                 Err(e) if ro && unknown_command(&e) => {
@@ -87,17 +79,18 @@ impl RedisBackend {
         }
     }
 
-    /// One call of the peek script (`build(false)` its `…SHA` form,
-    /// `build(true)` the same call with the script's text), reloading it on
-    /// `NOSCRIPT`.
-    async fn peek_call(
+    /// One call of `script` on the node of `key` (`build(false)` its
+    /// `…SHA` form, `build(true)` the same call with the script's text),
+    /// reloading it on `NOSCRIPT`.
+    pub(super) async fn call_on<T: ::redis::FromRedisValue>(
         &self,
         target: &mut Target,
         key: &str,
+        script: &Script,
         build: impl Fn(bool) -> Cmd,
-    ) -> RedisResult<Vec<i64>> {
+    ) -> RedisResult<T> {
         match target {
-            Target::Node(conn) => self.eval(&build(false), script(), conn).await,
+            Target::Node(conn) => self.eval(&build(false), script, conn).await,
             Target::Cluster(Via::Router(router)) => {
                 let reply = router.call(slot_of(key.as_bytes()), build).await?;
                 ::redis::from_redis_value(reply).map_err(Into::into)
@@ -114,27 +107,49 @@ impl RedisBackend {
     /// Deletes `key`'s state: the next request finds a fresh key. Whether
     /// there was one.
     pub(crate) async fn reset(&self, key: &str) -> Result<bool, BackendError> {
-        let deleted: i64 = if self.is_cluster() {
-            let key = cluster_key(key);
-            let via = self.cluster_via().await?;
-            cluster::command(&via, &key, ::redis::cmd("DEL").arg(&key))
-                .await
-                .map_err(|e| self.error(e))?
-        } else {
-            let mut cmd = ::redis::cmd("DEL");
-            cmd.arg(key);
-            let r = match &mut self.connection().await? {
-                Conn::Manager(m) => cmd.query_async(m).await,
-                Conn::Multiplexed(m) => cmd.query_async(m).await,
-            };
-            r.map_err(|e| self.error(e))?
-        };
+        let key = self.storage_key(key);
+        let deleted: i64 = self.command_on(&key, ::redis::cmd("DEL").arg(&key)).await?;
         Ok(deleted > 0)
+    }
+
+    /// A layer key as stored: on a cluster, the whole key as hash tag.
+    pub(super) fn storage_key(&self, key: &str) -> String {
+        if self.is_cluster() {
+            cluster_key(key)
+        } else {
+            key.to_owned()
+        }
     }
 }
 
-/// Where a peek goes: a single node's connection, or the cluster.
-enum Target {
+/// Where a call for one key goes: a single node's connection, or the
+/// cluster.
+pub(super) enum Target {
     Node(Conn),
     Cluster(Via),
+}
+
+impl RedisBackend {
+    pub(super) async fn target(&self) -> Result<Target, BackendError> {
+        Ok(if self.is_cluster() {
+            Target::Cluster(self.cluster_via().await?)
+        } else {
+            Target::Node(self.connection().await?)
+        })
+    }
+
+    /// One plain command (not a script) for `key` (as given: on a cluster,
+    /// already hash-tagged).
+    pub(super) async fn command_on<T: ::redis::FromRedisValue>(
+        &self,
+        key: &str,
+        cmd: &Cmd,
+    ) -> Result<T, BackendError> {
+        let r = match &mut self.target().await? {
+            Target::Node(Conn::Manager(m)) => cmd.query_async(m).await,
+            Target::Node(Conn::Multiplexed(m)) => cmd.query_async(m).await,
+            Target::Cluster(via) => cluster::command(via, key, cmd).await,
+        };
+        r.map_err(|e| self.error(e))
+    }
 }

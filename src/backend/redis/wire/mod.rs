@@ -11,14 +11,16 @@
 //!           starts after the deadline writes nothing and answers "late";
 //!           "<now>[:<ttl slack ms>]" = a test clock (ManualClock)
 //! per tier  seven numbers: algorithm (1 fixed window, 2 sliding window log,
-//!           3 sliding window counter, 4 token bucket, 5 leaky bucket),
+//!           3 sliding window counter, 4 token bucket, 5 leaky bucket,
+//!           6 concurrency),
 //!           p1, p2, p3, p4, cost, flags (+1 shadow, +2 undo wanted,
 //!           +4 write the compact format)
 //! refund    eight numbers per key: algorithm, p1..p4, cost, charged_at, undo
 //! ```
 //!
 //! `p1..p4`: windows `limit, window_us, 0, 0`; token bucket `capacity, rate,
-//! unit, 0`; leaky bucket `capacity, rate, unit, max_delay_us` (−1 = police).
+//! unit, 0`; leaky bucket `capacity, rate, unit, max_delay_us` (−1 = police);
+//! concurrency (algorithm 6) `limit, lease_us, lease id, 0`.
 //!
 //! # The check reply
 //!
@@ -62,6 +64,7 @@ pub(super) const CHECK_LUA: &str = concat!(
     include_str!("../../../../lua/sliding_window_counter.lua"),
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/concurrency.lua"),
     include_str!("../../../../lua/dispatch.lua"),
     include_str!("../../../../lua/check.lua"),
 );
@@ -76,6 +79,7 @@ pub(super) const CLUSTER_LUA: &str = concat!(
     include_str!("../../../../lua/sliding_window_counter.lua"),
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/concurrency.lua"),
     include_str!("../../../../lua/refund.lua"),
     include_str!("../../../../lua/dispatch.lua"),
     include_str!("../../../../lua/cluster.lua"),
@@ -90,8 +94,22 @@ pub(super) const PEEK_LUA: &str = concat!(
     include_str!("../../../../lua/sliding_window_counter.lua"),
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/concurrency.lua"),
     include_str!("../../../../lua/dispatch.lua"),
     include_str!("../../../../lua/peek.lua"),
+);
+
+/// The renewal of a concurrency lease (`lua/lease.lua`).
+pub(super) const LEASE_LUA: &str = concat!(
+    include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/fixed_window.lua"),
+    include_str!("../../../../lua/sliding_window_log.lua"),
+    include_str!("../../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../../lua/token_bucket.lua"),
+    include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/concurrency.lua"),
+    include_str!("../../../../lua/dispatch.lua"),
+    include_str!("../../../../lua/lease.lua"),
 );
 
 /// Tier flag: the tier is in shadow mode (its denial does not stop the
@@ -171,6 +189,7 @@ fn encode(limit: &Limit) -> (u8, [i64; 4]) {
                 g.max_delay_us.map_or(-1, int),
             ],
         ),
+        Limit::Concurrency(c) => (6, [int(c.limit), int(c.lease_us), int(c.lease), 0]),
     }
 }
 
