@@ -209,6 +209,59 @@ fn policy_algorithms_by_name() {
     );
 }
 
+/// `algorithm = "concurrency"`: a limit of requests in flight, no period,
+/// an optional lease; the quickstart's commented tier, uncommented, builds.
+#[test]
+fn policy_concurrency_tier() {
+    let p = Policy::from_toml_str(
+        "[[tier]]\nname='ip_inflight'\nkey='ip'\nalgorithm='concurrency'\nlimit=2\nlease='60s'\n",
+    )
+    .unwrap();
+    let layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+    let t = &layer.handle().tiers()[0];
+    assert_eq!(
+        (t.algorithm, t.quota.limit()),
+        (
+            Algorithm::Concurrency {
+                lease: Duration::from_secs(60)
+            },
+            2
+        )
+    );
+    // Without a lease: 60 s.
+    let p = Policy::from_toml_str(
+        "[[tier]]\nname='c'\nkey='global'\nalgorithm='concurrency'\nlimit=5\n",
+    )
+    .unwrap();
+    let layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+    assert_eq!(
+        layer.handle().tiers()[0].algorithm,
+        Algorithm::Concurrency {
+            lease: Duration::from_secs(60)
+        }
+    );
+    // A lease only for concurrency; a rate tier still needs its period.
+    let p = Policy::from_toml_str(
+        "[[tier]]\nname='t'\nkey='global'\nlimit=5\nperiod='1s'\nlease='5s'\n",
+    )
+    .unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "policy: tier \"t\": lease: only algorithm = \"concurrency\" uses it"
+    );
+    let p = Policy::from_toml_str("[[tier]]\nname='t'\nkey='global'\nlimit=5\n").unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "tier \"t\": period: must be at least 1 microsecond, got 0ns"
+    );
+}
+
 #[test]
 fn policy_rollout_fields() {
     let p = Policy::from_toml_str(
