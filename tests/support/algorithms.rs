@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use std::collections::HashMap;
-use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
+use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, Refund, State, TokenBucket, Window};
 use tiered_ratelimit::backend::TierCheck;
 
 /// One second in microseconds.
@@ -83,6 +83,24 @@ impl Model {
             .get(key)
             .filter(|(_, exp)| *exp > now)
             .map(|(s, _)| s)
+    }
+
+    /// Gives back a charge made at `charged_at` (as the backends' refund).
+    pub fn refund(&mut self, c: &TierCheck, now: u64, charged_at: u64, undo: u64) {
+        let Some((state, exp)) = self.keys.get(&c.key).filter(|(_, e)| *e > now).cloned() else {
+            return;
+        };
+        match c.limit.refund(Some(&state), now, charged_at, c.cost, undo) {
+            Refund::Keep => {}
+            Refund::Delete => {
+                self.keys.remove(&c.key);
+            }
+            Refund::Store(s, ttl) => {
+                self.keys
+                    .insert(c.key.clone(), (s, ttl.map_or(exp, |t| now + t)));
+            }
+            _ => unreachable!("a refund the model does not know"),
+        }
     }
 
     pub fn check(&mut self, checks: &[TierCheck], now: u64) -> Vec<Decision> {
