@@ -478,3 +478,81 @@ async fn a_cross_slot_denial_gives_the_slot_back() {
         (true, 0)
     );
 }
+
+/// A handler that panics drops its request: the slot is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_releases_its_slot() {
+    let l = layer(MemoryBackend::with_manual_clock(ManualClock::new(T0_US)), 1);
+    let h = l.handle();
+    let app = Router::new()
+        .route(
+            "/panic",
+            get(|| async {
+                if true {
+                    panic!("handler panic (expected by the test)");
+                }
+                "unreachable"
+            }),
+        )
+        .layer(l);
+    let addr = serve(app).await;
+    // The connection dies with the handler: no response.
+    assert!(client()
+        .get(format!("http://{addr}/panic"))
+        .send()
+        .await
+        .is_err());
+    until_free(&h, 1).await;
+}
+
+/// An app instance killed mid-request (its runtime shut down: no release
+/// ever runs, as after a crash) keeps its slots until their leases expire
+/// on the test clock; the other instance then admits again.
+#[test]
+fn a_killed_instance_frees_its_slots_after_the_lease() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let backend = || {
+        RedisBackend::from_url(&redis.url())
+            .unwrap()
+            .with_manual_clock(clock.clone())
+            .with_test_ttl_slack(Duration::from_secs(600))
+    };
+    let doomed = multi_thread_runtime();
+    let (probe, _open) = Probe::new();
+    let addr_b = doomed.block_on(serve(app(layer(backend(), 2), probe.clone())));
+    let rt = multi_thread_runtime();
+    rt.block_on(async {
+        let a = layer(backend(), 2);
+        let h = a.handle();
+        let addr_a = serve(app(a, probe.clone())).await;
+        // Two requests run on instance B and hold both slots.
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let url = format!("http://{addr_b}/slow");
+            held.push(tokio::spawn(async move { client().get(url).send().await }));
+        }
+        until("both requests run on B", || {
+            probe.running.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        let url_a = format!("http://{addr_a}/slow?a");
+        assert_eq!(
+            limits(&client().get(&url_a).send().await.unwrap()),
+            denied(2, 0, T0_S + 1, 1)
+        );
+        // Kill B: its tasks are dropped and no release can run.
+        doomed.shutdown_background();
+        for t in held {
+            assert!(t.await.unwrap().is_err(), "B answered after it was killed");
+        }
+        let s = h.peek("inflight", "all").await.unwrap();
+        assert!(!s.allowed, "B's slots came back without a release");
+        // One microsecond before the leases expire: still held.
+        clock.advance(Duration::from_micros(59_999_999));
+        assert!(!h.peek("inflight", "all").await.unwrap().allowed);
+        clock.advance(Duration::from_micros(1));
+        let s = h.peek("inflight", "all").await.unwrap();
+        assert_eq!((s.allowed, s.remaining), (true, 1));
+    });
+}
