@@ -3,7 +3,7 @@
 
 local algorithms = {
   fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket,
-  concurrency,
+  concurrency, penalty,
 }
 
 -- The clock argument: "" reads Redis TIME; "d<deadline µs>" reads Redis TIME
@@ -81,6 +81,7 @@ local function check_request(clock, first, n)
     if allowed == false then
       return nil, 'unknown algorithm ' .. tostring(ARGV[a])
     end
+    penalty_tier_allowed = allowed == 1 -- for a penalty box right after (penalty.lua)
     if allowed == 1 then
       out[#out + 1] = remaining
       commits[#commits + 1] = { commit, i, delay, has_flag(tonumber(ARGV[a + 6]), 2) }

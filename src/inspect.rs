@@ -53,6 +53,10 @@ pub struct KeyStatus {
     pub retry_after: Duration,
     /// The backend's clock when it was read (Redis `TIME`), Unix epoch µs.
     pub now_us: u64,
+    /// With a penalty box on the tier ([`Penalty`](crate::Penalty)): how
+    /// long the key is still blocked (`None`: not blocked). A blocked key is
+    /// denied whatever the numbers above say.
+    pub blocked_for: Option<Duration>,
 }
 
 impl KeyStatus {
@@ -64,6 +68,7 @@ impl KeyStatus {
             reset_after: Duration::from_micros(d.reset_after_us),
             retry_after: Duration::from_micros(d.retry_after_us),
             now_us,
+            blocked_for: None,
         }
     }
 }
@@ -136,18 +141,71 @@ impl RateLimitHandle {
     pub async fn peek(&self, tier: &str, key: &str) -> Result<KeyStatus, InspectError> {
         let check = self.key_check(tier, key)?;
         let timeout = self.shared().backend_timeout;
-        let verdict = tokio::time::timeout(timeout, self.shared().backend.peek(&check))
+        let peek = |check: TierCheck| async move {
+            let v = tokio::time::timeout(timeout, self.shared().backend.peek(&check))
+                .await
+                .map_err(|_| BackendError::Timeout(timeout))??;
+            match v.decisions.first() {
+                Some(d) => Ok((*d, v.now_us)),
+                None => Err(BackendError::Reply("a peek without a decision".to_owned())),
+            }
+        };
+        let penalty = self.penalty_check(tier, &check);
+        let (d, now_us) = peek(check).await?;
+        let mut status = KeyStatus::from_decision(&d, now_us);
+        if let Some(p) = penalty {
+            let (d, _) = peek(p).await?;
+            if !d.allowed {
+                status.allowed = false;
+                status.blocked_for = Some(Duration::from_micros(d.retry_after_us));
+                status.retry_after = status
+                    .retry_after
+                    .max(Duration::from_micros(d.retry_after_us));
+            }
+        }
+        Ok(status)
+    }
+
+    /// The penalty box's check of `check`'s key, when `tier` has one.
+    fn penalty_check(&self, tier: &str, check: &TierCheck) -> Option<TierCheck> {
+        let i = self.shared().tier_index(tier).ok()?;
+        let p = self.shared().tiers[i].penalty?;
+        Some(TierCheck {
+            key: format!("{}{}", check.key, crate::algorithm::penalty::KEY_SUFFIX),
+            limit: crate::algorithm::Limit::Penalty(p),
+            cost: 1,
+        })
+    }
+
+    /// Lifts `key`'s block in `tier`'s penalty box (and forgets its strikes
+    /// and offences), fleet-wide, leaving its rate state alone; this
+    /// process forgets its cached denial. Returns whether there was any
+    /// penalty state. Logged at `info`.
+    ///
+    /// # Errors
+    /// [`InspectError::UnknownTier`] (also for a tier without a penalty
+    /// box), [`InspectError::InvalidKey`], or the backend's error.
+    pub async fn lift(&self, tier: &str, key: &str) -> Result<bool, InspectError> {
+        let check = self.key_check(tier, key)?;
+        let p = self
+            .penalty_check(tier, &check)
+            .ok_or_else(|| InspectError::UnknownTier(tier.to_owned()))?;
+        let shared = self.shared();
+        let timeout = shared.backend_timeout;
+        let existed = tokio::time::timeout(timeout, shared.backend.reset(&p.key))
             .await
             .map_err(|_| BackendError::Timeout(timeout))??;
-        let d = verdict
-            .decisions
-            .first()
-            .ok_or_else(|| BackendError::Reply("a peek without a decision".to_owned()))?;
-        Ok(KeyStatus::from_decision(d, verdict.now_us))
+        shared.deny_cache.forget(&p.key, || 0);
+        if let Some(fallback) = &shared.fallback {
+            fallback.reset(&p.key);
+        }
+        tracing::info!(tier, key, existed, "rate limiter: penalty box lifted");
+        Ok(existed)
     }
 
     /// Makes `key` start fresh in `tier`: its stored state is deleted (on
-    /// Redis for the whole fleet), and this process forgets any cached
+    /// Redis for the whole fleet), its penalty box too (see
+    /// [`lift`](Self::lift)), and this process forgets any cached
     /// denial of it (see the [module docs](crate::inspect) for other
     /// instances). Returns whether the key held any state. Logged at `info`.
     ///
@@ -158,12 +216,20 @@ impl RateLimitHandle {
         let check = self.key_check(tier, key)?;
         let shared = self.shared();
         let timeout = shared.backend_timeout;
-        let existed = tokio::time::timeout(timeout, shared.backend.reset(&check.key))
+        let mut existed = tokio::time::timeout(timeout, shared.backend.reset(&check.key))
             .await
             .map_err(|_| BackendError::Timeout(timeout))??;
         shared.deny_cache.forget(&check.key, || 0);
         if let Some(fallback) = &shared.fallback {
             fallback.reset(&check.key);
+        }
+        if shared.tiers[shared
+            .tier_index(tier)
+            .map_err(|_| InspectError::UnknownTier(tier.to_owned()))?]
+        .penalty
+        .is_some()
+        {
+            existed |= self.lift(tier, key).await?;
         }
         tracing::info!(tier, key, existed, "rate limiter: key reset");
         Ok(existed)

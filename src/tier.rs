@@ -215,6 +215,7 @@ pub struct Tier {
     pub(crate) plan_fn: Option<PlanFn>,
     pub(crate) skip_failed_requests: bool,
     pub(crate) skip_successful_requests: bool,
+    pub(crate) penalty: Option<crate::Penalty>,
 }
 
 impl fmt::Debug for Tier {
@@ -231,6 +232,7 @@ impl fmt::Debug for Tier {
             .field("plans", &self.plans)
             .field("skip_failed_requests", &self.skip_failed_requests)
             .field("skip_successful_requests", &self.skip_successful_requests)
+            .field("penalty", &self.penalty)
             .finish_non_exhaustive()
     }
 }
@@ -252,7 +254,15 @@ impl Tier {
             plan_fn: None,
             skip_failed_requests: false,
             skip_successful_requests: false,
+            penalty: None,
         }
+    }
+
+    /// A penalty box on this tier (see [`Penalty`](crate::Penalty)): keys
+    /// it denies too often are blocked for a while, fleet-wide.
+    pub fn penalty(mut self, penalty: crate::Penalty) -> Self {
+        self.penalty = Some(penalty);
+        self
     }
 
     /// Gives the request's cost back **on this tier** when the response's

@@ -72,6 +72,18 @@ impl Harness {
         }
     }
 
+    /// A manual clock, and a memory backend and a Redis backend on it.
+    fn backends(&self) -> (ManualClock, Backend, Backend) {
+        let clock = ManualClock::new(T0_US + 123_457);
+        let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+        let redis: Backend = RedisBackend::from_url(&self.redis_url)
+            .unwrap()
+            .with_manual_clock(clock.clone())
+            .with_test_ttl_slack(Duration::from_secs(600))
+            .into();
+        (clock, memory, redis)
+    }
+
     /// Runs one sequence through model, memory and Redis; returns the number
     /// of denied requests.
     fn run(&self, case: u64, a: Limit, b: Limit, ops: &[(u64, u8, u64)]) -> usize {
@@ -259,22 +271,14 @@ fn every_pair_on_a_long_sequence() {
 fn concurrency_model_memory_and_redis_agree() {
     use tiered_ratelimit::algorithm::{concurrency::RETRY_ESTIMATE_US, Concurrency};
     use tiered_ratelimit::backend::{Charge, TierRefund};
-    let h = Harness::new();
-    let mut rng = Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
-    let mut next = move || rng.next();
+    let (h, mut next) = (Harness::new(), seeded());
     let c = Concurrency {
         limit: 3,
         lease_us: 4 * S,
         lease: 0,
     };
     for (case, (_, rate)) in algorithm_limits().into_iter().enumerate() {
-        let clock = ManualClock::new(T0_US + 123_457);
-        let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
-        let redis: Backend = RedisBackend::from_url(&h.redis_url)
-            .unwrap()
-            .with_manual_clock(clock.clone())
-            .with_test_ttl_slack(Duration::from_secs(600))
-            .into();
+        let (clock, memory, redis) = h.backends();
         let mut model = Model::default();
         // Held leases: (check, charged at).
         let mut held: Vec<(TierCheck, u64)> = Vec::new();
@@ -343,6 +347,71 @@ fn concurrency_model_memory_and_redis_agree() {
             "{admitted} admitted, {denied} denied"
         );
     }
+}
+
+/// The penalty box, proved like the algorithms: behind every algorithm, on
+/// random sequences (keys, clock steps past windows, blocks and the
+/// memory of offences), the model, the memory backend and the Redis
+/// scripts return identical decisions: the same strikes, the same blocks
+/// and backoffs, the same Retry-After.
+#[test]
+fn penalty_box_model_memory_and_redis_agree() {
+    use tiered_ratelimit::algorithm::penalty::{PenaltyBox, KEY_SUFFIX};
+    let (h, mut next) = (Harness::new(), seeded());
+    let p = PenaltyBox {
+        violations: 2,
+        window_us: 3 * S,
+        block_us: 2 * S,
+        backoff: 2,
+        memory_us: 10 * S,
+        max_block_us: 7 * S,
+    };
+    for (case, (name, rate)) in algorithm_limits().into_iter().enumerate() {
+        let (clock, memory, redis) = h.backends();
+        let mut model = Model::default();
+        let mut blocks = 0;
+        for op in 0..400 {
+            let step = match next() % 5 {
+                0 | 1 => 0,
+                2 => next() % 300_000,
+                3 => next() % 1_500_000,
+                _ => next() % 6_000_000,
+            };
+            clock.advance(Duration::from_micros(step));
+            let now = clock.now_us();
+            let key = format!("pb{case}:t:k{}", next() % 2);
+            let checks = vec![
+                TierCheck {
+                    key: key.clone(),
+                    limit: rate,
+                    cost: 1 + next() % 2,
+                },
+                TierCheck {
+                    key: format!("{key}{KEY_SUFFIX}"),
+                    limit: Limit::Penalty(p),
+                    cost: 1,
+                },
+            ];
+            let want = model.check(&checks, now);
+            let got_mem = h.rt.block_on(memory.check(checks.clone())).unwrap();
+            let got_red = h.rt.block_on(redis.check(checks.clone())).unwrap();
+            assert_eq!(
+                got_mem.decisions, want,
+                "{name}: memory diverged at op {op}"
+            );
+            assert_eq!(got_red.decisions, want, "{name}: redis diverged at op {op}");
+            if !want[1].allowed && want[1].retry_after_us > p.block_us {
+                blocks += 1;
+            }
+        }
+        assert!(blocks > 0, "{name}: no repeat offence was tried");
+    }
+}
+
+/// A fixed random sequence (the same every run).
+fn seeded() -> impl FnMut() -> u64 {
+    let mut rng = Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
+    move || rng.next()
 }
 
 /// The model's answer to a peek: the check, nothing charged.

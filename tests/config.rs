@@ -262,6 +262,68 @@ fn policy_concurrency_tier() {
     );
 }
 
+/// The login recipe of docs/rollout.md, as written, builds; a bad penalty
+/// box names its field.
+#[test]
+fn policy_penalty_box() {
+    let recipe = r#"
+[[tier]]
+name = "login_ip"
+key = "ip"
+limit = 5
+period = "1m"
+methods = ["POST"]
+skip_successful_requests = true
+[tier.penalty]
+violations = 3
+window = "10m"
+block = "15m"
+backoff = 2
+memory = "24h"
+max_block = "24h"
+
+[[tier]]
+name = "login_user"
+key = { header = "x-login-user" }
+limit = 10
+period = "1h"
+methods = ["POST"]
+skip_successful_requests = true
+[tier.penalty]
+violations = 5
+window = "1h"
+block = "1h"
+"#;
+    let p = Policy::from_toml_str(recipe).unwrap();
+    let _layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+    let bad = |penalty: &str| {
+        let p = Policy::from_toml_str(&format!(
+            "[[tier]]\nname='t'\nkey='ip'\nlimit=5\nperiod='1m'\n[tier.penalty]\n{penalty}\n"
+        ))
+        .map_err(|e| e.to_string())?;
+        RateLimitLayer::from_policy(&p, MemoryBackend::new())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        bad("violations=0\nwindow='1m'\nblock='1m'"),
+        Err("policy: tier \"t\": penalty.violations: must be 1-1023".to_owned())
+    );
+    assert_eq!(
+        bad("violations=2\nwindow='1m'\nblock='1h'\nmax_block='1m'"),
+        Err("policy: tier \"t\": penalty.max_block: must be at least block".to_owned())
+    );
+    assert_eq!(
+        bad("violations=2\nwindow='0s'\nblock='1h'"),
+        Err(
+            "policy: tier \"t\": penalty.window: must be between 1 µs and 2^51 µs (about 71 years)"
+                .to_owned()
+        )
+    );
+    let e = bad("violations=2\nblock='1h'").unwrap_err();
+    assert!(e.contains("window"), "{e}");
+}
+
 #[test]
 fn policy_rollout_fields() {
     let p = Policy::from_toml_str(

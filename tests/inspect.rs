@@ -127,6 +127,7 @@ async fn admin_api(addr: SocketAddr) {
         json!({
             "tier": "user", "key": "bob", "allowed": true, "limit": 3, "remaining": 1,
             "reset_after_us": 40_000_000, "retry_after_us": 0, "now_us": T0_US,
+            "blocked_for_us": null,
         })
     );
     let res = peek("a%20b").await.unwrap();

@@ -41,6 +41,7 @@ fn status_json(tier: &str, key: &str, s: &KeyStatus) -> serde_json::Value {
         "reset_after_us": u64::try_from(s.reset_after.as_micros()).unwrap_or(u64::MAX),
         "retry_after_us": u64::try_from(s.retry_after.as_micros()).unwrap_or(u64::MAX),
         "now_us": s.now_us,
+        "blocked_for_us": s.blocked_for.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
     })
 }
 
@@ -70,6 +71,15 @@ struct Reset {
 }
 
 pub(super) async fn api_reset(State(admin): State<Arc<Admin>>, req: Request) -> Response {
+    key_action(admin, req, false).await
+}
+
+pub(super) async fn api_lift(State(admin): State<Arc<Admin>>, req: Request) -> Response {
+    key_action(admin, req, true).await
+}
+
+/// A reset, or a lift of the penalty box only.
+async fn key_action(admin: Arc<Admin>, req: Request, lift: bool) -> Response {
     let body = match read_body(req).await {
         Ok(b) => b,
         Err(res) => return res,
@@ -84,7 +94,12 @@ pub(super) async fn api_reset(State(admin): State<Arc<Admin>>, req: Request) -> 
             )
         }
     };
-    match admin.handle.reset(&r.tier, &r.key).await {
+    let done = if lift {
+        admin.handle.lift(&r.tier, &r.key).await
+    } else {
+        admin.handle.reset(&r.tier, &r.key).await
+    };
+    match done {
         Ok(existed) => json_response(
             StatusCode::OK,
             &json!({ "tier": r.tier, "key": r.key, "existed": existed }),

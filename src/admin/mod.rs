@@ -42,7 +42,8 @@
 //! | `GET /api/anomalies` | the 429-rate anomaly series and their alerts |
 //! | `POST /api/mode` | `{"mode":"shadow"}` (global) or `{"tier":"ip","mode":"canary:10"}`; answers like `/api/status` |
 //! | `GET /api/peek/{tier}?key=203.0.113.7` | one key's numbers, nothing charged ([`RateLimitHandle::peek`]): `{"tier","key","allowed","limit","remaining","reset_after_us","retry_after_us","now_us"}`; `400` `invalid_key` for a key that is no stored key part, `503` `backend_failed` |
-//! | `POST /api/reset` | `{"tier":"ip","key":"203.0.113.7"}`: the key starts fresh ([`RateLimitHandle::reset`]); answers `{"tier","key","existed"}` |
+//! | `POST /api/reset` | `{"tier":"ip","key":"203.0.113.7"}`: the key starts fresh ([`RateLimitHandle::reset`]), its penalty box included; answers `{"tier","key","existed"}` |
+//! | `POST /api/lift` | `{"tier":"login","key":"203.0.113.7"}`: lifts the key's penalty-box block, its rate state untouched ([`RateLimitHandle::lift`]); `404` for a tier without a penalty box |
 //!
 //! # Authentication
 //! The router wants a bearer token of its own **in addition to** whatever
@@ -214,6 +215,7 @@ impl Admin {
             .route("/api/mode", post(api_mode))
             .route("/api/peek/{tier}", get(keys::api_peek))
             .route("/api/reset", post(keys::api_reset))
+            .route("/api/lift", post(keys::api_lift))
             .fallback(not_found)
             .layer(middleware::from_fn_with_state(admin.clone(), authorize))
             .with_state(admin)

@@ -60,6 +60,8 @@ pub(crate) fn decide(
             .iter()
             .enumerate()
             .filter(|(i, _)| shared.shadow_headers || !meta.shadow.contains(*i))
+            // A penalty box that lets a request through has no numbers.
+            .filter(|(i, _)| !is_penalty(meta, *i))
             .min_by(|(_, a), (_, b)| {
                 a.remaining
                     .cmp(&b.remaining)
@@ -99,11 +101,18 @@ pub(crate) fn decide(
         .iter()
         .enumerate()
         .filter(|(j, d)| !d.allowed && !meta.shadow.contains(*j))
+        // A tier and its penalty box are one policy.
+        .filter(|(j, _)| !(is_penalty(meta, *j) && *j > 0 && !ds[*j - 1].allowed))
         .map(|(j, _)| meta.tier_name(shared, j))
         .collect();
     let mut denial = reject(shared, meta, i, d, v.now_us, !meta.fallback, violated);
     denial.shadow_tiers = shadow_tiers;
     Decision::Block(Block::Limited(denial))
+}
+
+/// Whether check `i` is a penalty box.
+fn is_penalty(meta: &Meta, i: usize) -> bool {
+    meta.sent.get(i).is_some_and(|c| c.limit.is_penalty())
 }
 
 /// Counts every tier's decision on the request (one each) in
@@ -129,6 +138,9 @@ pub(crate) fn count_tier_decisions(
     let cells = ds.iter().enumerate().filter_map(|(i, d)| {
         let decision = match (d.allowed, meta.shadow.contains(i)) {
             _ if Some(i) == binding => return None,
+            // A penalty box that lets the request through is its tier's
+            // check counted once.
+            (true, _) if meta.sent.get(i).is_some_and(|c| c.limit.is_penalty()) => return None,
             (true, _) if d.remaining.saturating_mul(5) < d.limit => TierDecision::NearLimit,
             (true, _) => TierDecision::Allowed,
             (false, true) => TierDecision::ShadowLimited,

@@ -60,8 +60,9 @@ pub(crate) fn outcome(
     // `None` when unobserved (`begin` then read no clock).
     let backend_latency = meta.backend_started.map(|t| t.elapsed());
     let decided = match result {
-        Ok(v) => {
+        Ok(mut v) => {
             shared.breaker.success(meta.permit);
+            penalty_limits(meta, &mut v);
             feed_deny_cache(shared, meta, &v);
             if !meta.quiet {
                 observe_decisions(shared, meta, &v);
@@ -119,12 +120,26 @@ pub(crate) fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
             continue;
         };
         let part = key.get(t.key_base.len()..).unwrap_or(key);
+        let part = part
+            .strip_suffix(crate::algorithm::penalty::KEY_SUFFIX)
+            .unwrap_or(part);
         let kind = if d.allowed {
             Kind::NearLimit
         } else {
             Kind::Blocked
         };
         shared.observer.sketch(tier, kind, part, *cost, now_s);
+    }
+}
+
+/// A penalty box's decision shows its tier's limit (the check before it),
+/// everywhere from here on: headers, the deny cache.
+#[inline]
+fn penalty_limits(meta: &Meta, v: &mut Verdict) {
+    for i in 1..v.decisions.len().min(meta.sent.len()) {
+        if meta.sent[i].limit.is_penalty() {
+            v.decisions[i].limit = v.decisions[i - 1].limit;
+        }
     }
 }
 
@@ -170,8 +185,9 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
             match plan(shared, facts, Purpose::Fallback) {
                 Planned::Check(checks, mut meta) => {
                     meta.fallback = true;
-                    let v = local.check(&checks, meta.shadow, false);
+                    let mut v = local.check(&checks, meta.shadow, false);
                     meta.sent = checks;
+                    penalty_limits(&meta, &mut v);
                     let local = crate::backend::Backend::Memory(local.clone());
                     with_leases(decide(shared, &meta, &v, None), &local, &meta, &v)
                 }

@@ -200,6 +200,44 @@ pub(crate) fn plan_tier<'r>(
     }))
 }
 
+/// The penalty box of the check just planned, as a check of its own right
+/// after it: the key `<key>{pb}` (the same hash slot on a cluster), the
+/// tier's mode, plan slot and quota.
+#[cold]
+fn penalty_check(
+    checks: &mut Vec<TierCheck>,
+    meta: &mut Meta,
+    p: crate::algorithm::PenaltyBox,
+    plans: bool,
+) {
+    let Some(tier) = checks.last() else {
+        return;
+    };
+    let n = checks.len();
+    let key = format!("{}{}", tier.key, crate::algorithm::penalty::KEY_SUFFIX);
+    if meta.shadow.contains(n - 1) {
+        meta.shadow.0 |= 1 << n;
+        if let Some(o) = &mut meta.observed {
+            let h = o.key_hashes.get(n - 1).copied().unwrap_or(0);
+            o.key_hashes.push(h);
+        }
+    }
+    if plans {
+        let last = meta.plans.last().cloned().flatten();
+        meta.plans.push(last);
+    }
+    if let Some(&q) = meta.quotas.last() {
+        meta.quotas.push(q);
+    }
+    let t = meta.tiers.last().copied().unwrap_or(u8::MAX);
+    meta.tiers.push(t);
+    checks.push(TierCheck {
+        key,
+        limit: Limit::Penalty(p),
+        cost: 1,
+    });
+}
+
 /// Why a request is planned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Purpose {
@@ -294,6 +332,9 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
         });
         // MAX_TIERS is 64, so the index fits.
         meta.tiers.push(u8::try_from(i).unwrap_or(u8::MAX));
+        if let Some(p) = t.penalty {
+            penalty_check(&mut checks, &mut meta, p, !r.plans.is_empty());
+        }
     }
     super::spare::give_back_key(key);
     if checks.is_empty() {

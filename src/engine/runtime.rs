@@ -60,6 +60,8 @@ pub(crate) struct BuiltTier {
     pub(crate) cost: u64,
     /// Which results give this tier's charge back.
     pub(crate) refund_on: RefundOn,
+    /// Its penalty box, checked right after it (key `<key>{pb}`).
+    pub(crate) penalty: Option<crate::algorithm::PenaltyBox>,
 }
 
 /// Which requests a tier gives its charge back to, once their result is

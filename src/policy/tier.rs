@@ -73,6 +73,10 @@ pub struct TierPolicy {
     /// Where the plan is read (default `"extension"`).
     #[serde(default)]
     pub plan: PlanSource,
+    /// A penalty box (`[tier.penalty]`: `violations`, `window`, `block`,
+    /// optional `backoff`, `memory`, `max_block`); see [`Penalty`](crate::Penalty).
+    #[serde(default)]
+    pub penalty: Option<crate::Penalty>,
 }
 
 fn default_algorithm() -> String {
@@ -162,6 +166,9 @@ impl TierPolicy {
             .skip_successful_requests(self.skip_successful_requests);
         if let Some(methods) = &self.methods {
             tier = tier.methods(methods.iter().cloned());
+        }
+        if let Some(p) = self.penalty {
+            tier = tier.penalty(p);
         }
         if !self.plans.is_empty() {
             tier = tier.plans(self.plans.iter().map(|(name, q)| (name.clone(), *q)));

@@ -103,17 +103,33 @@ impl Model {
         }
     }
 
+    /// A penalty box (right after its tier) sees its tier's decision and
+    /// writes its strike whatever the commit; it is never charged.
     pub fn check(&mut self, checks: &[TierCheck], now: u64) -> Vec<Decision> {
-        let ds: Vec<Decision> = checks
-            .iter()
-            .map(|c| c.limit.check(self.state(&c.key, now), now, c.cost))
-            .collect();
+        let mut ds: Vec<Decision> = Vec::with_capacity(checks.len());
+        let mut strikes = Vec::new();
+        for c in checks {
+            let state = self.state(&c.key, now);
+            let tier_allowed = ds.last().is_none_or(|d| d.allowed);
+            match c.limit.penalty_check(state, now, tier_allowed) {
+                Some((d, write)) => {
+                    ds.push(d);
+                    if let Some(w) = write {
+                        strikes.push((c.key.clone(), w));
+                    }
+                }
+                None => ds.push(c.limit.check(state, now, c.cost)),
+            }
+        }
         if ds.iter().all(|d| d.allowed) {
-            for c in checks {
+            for c in checks.iter().filter(|c| !c.limit.is_penalty()) {
                 let old = self.state(&c.key, now).cloned();
                 let (s, ttl) = c.limit.charge(old, now, c.cost);
                 self.keys.insert(c.key.clone(), (s, now + ttl));
             }
+        }
+        for (key, (s, ttl)) in strikes {
+            self.keys.insert(key, (s, now + ttl));
         }
         ds
     }

@@ -4,6 +4,7 @@
 mod check;
 mod lease;
 mod peek;
+mod penalty;
 mod shard;
 #[cfg(test)]
 mod tests;

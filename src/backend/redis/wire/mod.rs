@@ -12,7 +12,7 @@
 //!           "<now>[:<ttl slack ms>]" = a test clock (ManualClock)
 //! per tier  seven numbers: algorithm (1 fixed window, 2 sliding window log,
 //!           3 sliding window counter, 4 token bucket, 5 leaky bucket,
-//!           6 concurrency),
+//!           6 concurrency, 7 penalty box),
 //!           p1, p2, p3, p4, cost, flags (+1 shadow, +2 undo wanted,
 //!           +4 write the compact format)
 //! refund    eight numbers per key: algorithm, p1..p4, cost, charged_at, undo
@@ -20,7 +20,9 @@
 //!
 //! `p1..p4`: windows `limit, window_us, 0, 0`; token bucket `capacity, rate,
 //! unit, 0`; leaky bucket `capacity, rate, unit, max_delay_us` (−1 = police);
-//! concurrency (algorithm 6) `limit, lease_us, lease id, 0`.
+//! concurrency (algorithm 6) `limit, lease_us, lease id, 0`; a penalty box
+//! (algorithm 7) `violations + 1024 × backoff + 2^20 × memory_s, window_us,
+//! block_us, max_block_us`.
 //!
 //! # The check reply
 //!
@@ -65,6 +67,7 @@ pub(super) const CHECK_LUA: &str = concat!(
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/leaky_bucket.lua"),
     include_str!("../../../../lua/concurrency.lua"),
+    include_str!("../../../../lua/penalty.lua"),
     include_str!("../../../../lua/dispatch.lua"),
     include_str!("../../../../lua/check.lua"),
 );
@@ -80,6 +83,7 @@ pub(super) const CLUSTER_LUA: &str = concat!(
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/leaky_bucket.lua"),
     include_str!("../../../../lua/concurrency.lua"),
+    include_str!("../../../../lua/penalty.lua"),
     include_str!("../../../../lua/refund.lua"),
     include_str!("../../../../lua/dispatch.lua"),
     include_str!("../../../../lua/cluster.lua"),
@@ -95,6 +99,7 @@ pub(super) const PEEK_LUA: &str = concat!(
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/leaky_bucket.lua"),
     include_str!("../../../../lua/concurrency.lua"),
+    include_str!("../../../../lua/penalty.lua"),
     include_str!("../../../../lua/dispatch.lua"),
     include_str!("../../../../lua/peek.lua"),
 );
@@ -108,6 +113,7 @@ pub(super) const LEASE_LUA: &str = concat!(
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/leaky_bucket.lua"),
     include_str!("../../../../lua/concurrency.lua"),
+    include_str!("../../../../lua/penalty.lua"),
     include_str!("../../../../lua/dispatch.lua"),
     include_str!("../../../../lua/lease.lua"),
 );
@@ -190,7 +196,23 @@ fn encode(limit: &Limit) -> (u8, [i64; 4]) {
             ],
         ),
         Limit::Concurrency(c) => (6, [int(c.limit), int(c.lease_us), int(c.lease), 0]),
+        Limit::Penalty(p) => (
+            7,
+            [
+                int(penalty_packed(&p)),
+                int(p.window_us),
+                int(p.block_us),
+                int(p.max_block_us),
+            ],
+        ),
     }
+}
+
+/// A penalty box's p1: `violations + 1024 × backoff + 2^20 × memory in
+/// whole seconds` (each part checked when the layer is built: violations
+/// and backoff below 1024, memory below 2^32 s).
+pub(crate) fn penalty_packed(p: &crate::algorithm::PenaltyBox) -> u64 {
+    p.violations + (p.backoff << 10) + ((p.memory_us / 1_000_000) << 20)
 }
 
 /// Parameters are validated far below 2^53 when the layer is built.
