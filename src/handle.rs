@@ -59,6 +59,8 @@ pub struct TierStatus {
     pub algorithm: Algorithm,
     /// Per-plan quotas.
     pub plans: Vec<(String, Quota)>,
+    /// Whether the tier has a penalty box ([`Penalty`](crate::Penalty)).
+    pub penalty: bool,
 }
 
 /// A set of changes applied together by [`RateLimitHandle::update`].
@@ -295,6 +297,7 @@ impl RateLimitHandle {
                     .under(global),
                 quota: r.quota,
                 algorithm: t.algorithm,
+                penalty: t.penalty.is_some(),
                 plans: r
                     .plans
                     .iter()

@@ -155,6 +155,33 @@ async fn admin_api(addr: SocketAddr) {
             .json(&json!({ "tier": "user", "key": "bob" }))
             .send()
     };
+    // The page: the key looked up, and its reset button.
+    let page = c
+        .get(format!("http://{addr}{BASE}?peek_tier=user&peek_key=bob"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"<table id="lookup"><tr><th>next request</th><td>allowed</td></tr><tr><th>limit</th><td class="n">3</td></tr><tr><th>remaining after it</th><td class="n">1</td></tr><tr><th>full again in</th><td class="n">40 s</td></tr><tr><th>passes in</th><td class="n">0 s</td></tr><tr><th>penalty box</th><td>no</td></tr></table>"#),
+        "{page}"
+    );
+    let res = client_builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("http://{addr}{BASE}/key"))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("action=reset&tier=user&key=bob")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    assert_eq!(as_user(addr, "bob").await, ok(3, 2, T0_S + 20));
     let v: Value = reset().await.unwrap().json().await.unwrap();
     assert_eq!(v, json!({ "tier": "user", "key": "bob", "existed": true }));
     let v: Value = reset().await.unwrap().json().await.unwrap();

@@ -36,6 +36,8 @@
 //! |---|---|
 //! | `GET /` | the HTML page |
 //! | `POST /mode` | the page's form (`application/x-www-form-urlencoded`: `mode`, optional `tier`); answers `303` back to the page |
+//! | `POST /key` | the page's buttons on a top blocked key (`action` = `reset` or `lift`, `tier`, `key`): [`RateLimitHandle::reset`] / [`RateLimitHandle::lift`]; `303` back to the page |
+//! | `GET /?peek_tier=ip&peek_key=…` | the page with that key's numbers ([`RateLimitHandle::peek`]) |
 //! | `GET /api/status` | global mode, circuit state, where mode changes apply (`mode_changes_apply_to`: `all instances` or `this instance (host:pid)`; `control_key`), counts, every tier's mode and quota, the anomaly series |
 //! | `GET /api/top/{tier}?n=10&window=1h&kind=blocked` | top-N keys of a tier (`kind=near_limit` for keys allowed with < 20 % left); `window` in humantime, rounded up to hours, at most 24 h |
 //! | `GET /api/history/{tier}` | the tier's last hour of closed buckets, and `current`: the bucket still open, `"partial": true` (`null` before the first request) |
@@ -54,7 +56,8 @@
 //!
 //! * `Authorization: Bearer <token>`: everywhere (the JSON API takes only
 //!   this).
-//! * The cookie [`COOKIE_NAME`]: only on `GET /` and the form's `POST /mode`.
+//! * The cookie [`COOKIE_NAME`]: only on `GET /` and the forms' `POST /mode`
+//!   and `POST /key`.
 //!   It is `HttpOnly; SameSite=Strict`, `Secure` unless
 //!   [`Admin::secure_cookie`] is `false`, valid for 8 hours, and its `Path`
 //!   is the page, so it goes nowhere else. A form post carrying only the
@@ -208,6 +211,7 @@ impl Admin {
         Router::new()
             .route("/", get(page))
             .route("/mode", post(form_mode))
+            .route("/key", post(page::form_key))
             .route("/api/status", get(api_status))
             .route("/api/top/{tier}", get(api_top))
             .route("/api/history/{tier}", get(api_history))
