@@ -61,7 +61,7 @@ pub(crate) fn decide(
             .enumerate()
             .filter(|(i, _)| shared.shadow_headers || !meta.shadow.contains(*i))
             // A penalty box that lets a request through has no numbers.
-            .filter(|(i, _)| !is_penalty(meta, *i))
+            .filter(|(i, _)| !shared.penalties || !is_penalty(meta, *i))
             .min_by(|(_, a), (_, b)| {
                 a.remaining
                     .cmp(&b.remaining)
@@ -140,7 +140,7 @@ pub(crate) fn count_tier_decisions(
             _ if Some(i) == binding => return None,
             // A penalty box that lets the request through is its tier's
             // check counted once.
-            (true, _) if meta.sent.get(i).is_some_and(|c| c.limit.is_penalty()) => return None,
+            (true, _) if shared.penalties && is_penalty(meta, i) => return None,
             (true, _) if d.remaining.saturating_mul(5) < d.limit => TierDecision::NearLimit,
             (true, _) => TierDecision::Allowed,
             (false, true) => TierDecision::ShadowLimited,

@@ -62,7 +62,9 @@ pub(crate) fn outcome(
     let decided = match result {
         Ok(mut v) => {
             shared.breaker.success(meta.permit);
-            penalty_limits(meta, &mut v);
+            if shared.penalties {
+                penalty_limits(meta, &mut v);
+            }
             feed_deny_cache(shared, meta, &v);
             if !meta.quiet {
                 observe_decisions(shared, meta, &v);
@@ -73,7 +75,12 @@ pub(crate) fn outcome(
             } else {
                 None
             };
-            with_leases(decide(shared, meta, &v, refunds), &shared.backend, meta, &v)
+            let d = decide(shared, meta, &v, refunds);
+            if shared.concurrency {
+                with_leases(d, &shared.backend, meta, &v)
+            } else {
+                d
+            }
         }
         Err(e) => {
             if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {

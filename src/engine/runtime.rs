@@ -111,6 +111,10 @@ pub(crate) struct Runtime {
 /// Everything the service shares between requests.
 pub(crate) struct Shared {
     pub(crate) backend: Backend,
+    /// Whether any tier has a penalty box, or is a concurrency tier: when
+    /// neither, a request pays no step for them.
+    pub(crate) penalties: bool,
+    pub(crate) concurrency: bool,
     pub(crate) tiers: Box<[BuiltTier]>,
     pub(crate) runtime: ArcSwap<Runtime>,
     pub(crate) failure_policy: FailurePolicy,

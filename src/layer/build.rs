@@ -162,8 +162,14 @@ impl RateLimitLayerBuilder {
                 Clock::Monotonic { .. } => MemoryBackend::new(),
             });
         let lists_violated = self.on_rejection.uses_violated_policies();
+        let penalties = tiers.iter().any(|t| t.penalty.is_some());
+        let concurrency = tiers
+            .iter()
+            .any(|t| matches!(t.algorithm, crate::Algorithm::Concurrency { .. }));
         let shared = Arc::new(Shared {
             backend,
+            penalties,
+            concurrency,
             tiers: tiers.into_boxed_slice(),
             runtime: ArcSwap::from_pointee(Runtime {
                 mode: self.mode,
