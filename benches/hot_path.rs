@@ -255,6 +255,7 @@ fn headers(c: &mut Criterion) {
             window_in: 1,
             policy: policy.clone(),
             quota: (300, 60),
+            concurrent: false,
             style,
         };
         // Into the headers of a response that already has a few, as on the

@@ -25,7 +25,9 @@
 //!   ([`tiered_ratelimit::admin`]) is mounted at `/admin/ratelimit` and wants
 //!   this bearer token; unset, it is not mounted at all.
 //!
-//! Routes: `GET /`, `GET /users/{id}`, `POST /login`, plus `GET /metrics`
+//! Routes: `GET /`, `GET /users/{id}`, `POST /login`, `GET /slow?ms=N`
+//! (answers after N ms, at most 10 000: try it with the built-in policy's
+//! commented concurrency tier), plus `GET /metrics`
 //! (Prometheus text format, not rate limited) and, with `ADMIN_TOKEN`, the
 //! admin page and JSON API under `/admin/ratelimit` (see
 //! `docs/observability.md`). A demo auth layer turns
@@ -36,7 +38,7 @@
 use std::{error::Error, io::IsTerminal, net::SocketAddr, process::ExitCode};
 
 use axum::{
-    extract::{Path, Request},
+    extract::{Path, RawQuery, Request},
     http::header::AUTHORIZATION,
     middleware::{self, Next},
     response::Response,
@@ -103,6 +105,16 @@ name = "endpoint"                  # per method + route template, all clients to
 key = "endpoint"
 limit = 10
 period = "10s"
+
+# Requests in flight per client IP. Uncomment, restart, and run
+# `curl localhost:3000/slow?ms=5000` in three terminals: the third gets 429
+# (Retry-After: 1) until one of the first two has its answer.
+# [[tier]]
+# name = "ip_inflight"
+# key = "ip"
+# algorithm = "concurrency"
+# limit = 2                        # at most 2 requests of one IP running at once
+# lease = "60s"                    # a crashed instance's slots come back after this
 "#;
 
 #[tokio::main]
@@ -236,6 +248,7 @@ fn app(rate_limit: RateLimitLayer) -> Router {
         .route("/", get(index))
         .route("/users/{id}", get(user))
         .route("/login", post(login))
+        .route("/slow", get(slow))
         .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "not found\n") })
         .layer(rate_limit)
         .layer(middleware::from_fn(demo_auth))
@@ -298,6 +311,21 @@ async fn user(Path(id): Path<String>, caller: Option<Extension<UserId>>) -> Json
         "id": id,
         "requested_by": caller.map(|Extension(UserId(u))| u),
     }))
+}
+
+/// `GET /slow?ms=N`: answers after N ms (default 1 000, at most 10 000), to
+/// watch a concurrency tier work with curl.
+async fn slow(RawQuery(query): RawQuery) -> String {
+    let ms = query
+        .as_deref()
+        .unwrap_or("")
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("ms="))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1_000)
+        .min(10_000);
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    format!("slept {ms} ms\n")
 }
 
 async fn login() -> Json<Value> {

@@ -2,7 +2,7 @@
 -- this order into ONE script (see src/backend/redis/wire/mod.rs):
 --   common.lua, fixed_window.lua, sliding_window_log.lua,
 --   sliding_window_counter.lua, token_bucket.lua, leaky_bucket.lua,
---   dispatch.lua, check.lua
+--   concurrency.lua, penalty.lua, dispatch.lua, check.lua
 -- (the cluster script puts refund.lua before
 -- dispatch.lua and ends with cluster.lua instead of check.lua).
 --

@@ -3,6 +3,7 @@
 
 local algorithms = {
   fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket,
+  concurrency, penalty,
 }
 
 -- The clock argument: "" reads Redis TIME; "d<deadline µs>" reads Redis TIME
@@ -116,6 +117,7 @@ local function check_request(clock, first, n)
     end
     local allowed, remaining, reset, retry, delay, write, ttl, undo =
       t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9])
+    penalty_tier_allowed = allowed == 1 -- for a penalty box right after (penalty.lua)
     if allowed == 1 then
       out[o + 1] = remaining
       local p = 5 * i

@@ -189,8 +189,15 @@ where
                     if let Some(h) = allow.headers.take() {
                         h.write(res.headers_mut());
                     }
+                    let leases = allow.leases.take();
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(res.map(|body| ResponseBody::Inner { body })));
+                    return Poll::Ready(Ok(res.map(|body| match leases {
+                        None => ResponseBody::Inner { body },
+                        Some(l) => ResponseBody::Leased {
+                            body,
+                            lease: Some(crate::response::BodyLease(l)),
+                        },
+                    })));
                 }
                 StateProj::Responding { response } => {
                     let res = response.take().unwrap_or_default();

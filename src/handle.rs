@@ -59,6 +59,8 @@ pub struct TierStatus {
     pub algorithm: Algorithm,
     /// Per-plan quotas.
     pub plans: Vec<(String, Quota)>,
+    /// Whether the tier has a penalty box ([`Penalty`](crate::Penalty)).
+    pub penalty: bool,
 }
 
 /// A set of changes applied together by [`RateLimitHandle::update`].
@@ -162,6 +164,11 @@ impl Changes<'_> {
 impl RateLimitHandle {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         Self { shared }
+    }
+
+    /// What every request of the layer reads.
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.shared
     }
 
     /// Applies several changes at once: a request sees all of them or none.
@@ -290,6 +297,7 @@ impl RateLimitHandle {
                     .under(global),
                 quota: r.quota,
                 algorithm: t.algorithm,
+                penalty: t.penalty.is_some(),
                 plans: r
                     .plans
                     .iter()

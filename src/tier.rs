@@ -16,6 +16,7 @@ use std::time::Duration;
 /// | [`SlidingWindowCounter`](Algorithm::SlidingWindowCounter) | 2 counters | approximate (interpolated) | the whole limit at once |
 /// | [`TokenBucket`](Algorithm::TokenBucket) (default) | tokens + timestamp | exact | up to `burst` |
 /// | [`LeakyBucket`](Algorithm::LeakyBucket) | 1 timestamp (GCRA) | exact | up to `burst`; `Shape` delays instead of rejecting |
+/// | [`Concurrency`](Algorithm::Concurrency) | 1 lease per request in flight | exact | — (requests **in flight**, not per period) |
 ///
 /// Window algorithms use the quota's limit and period as the window; a
 /// `burst` other than the limit is a configuration error for them.
@@ -38,7 +39,21 @@ pub enum Algorithm {
     TokenBucket,
     /// Leaky bucket as GCRA ([`algorithm::gcra`](crate::algorithm::gcra)).
     LeakyBucket(LeakyBucket),
+    /// Requests **in flight** per key: at most the quota's `limit` at once
+    /// (its period is not used); a slot is taken with the rate tiers' charge
+    /// and released when the response body has been sent or dropped
+    /// ([`algorithm::concurrency`](crate::algorithm::concurrency); see
+    /// [`Tier::concurrency`]).
+    Concurrency {
+        /// How long a slot is held without renewal: a crashed instance's
+        /// slots come back after it. Requests that run longer renew their
+        /// lease every `lease / 2`. Default 60 s.
+        lease: Duration,
+    },
 }
+
+/// The default lease of a concurrency tier: 60 s.
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// The two leaky buckets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,9 +74,9 @@ pub enum LeakyBucket {
 impl Algorithm {
     /// Every algorithm's [`name`](Algorithm::name), in the order of the
     /// table above: the values `algorithm` takes in a policy file.
-    pub const NAMES: [&'static str; 6] = {
+    pub const NAMES: [&'static str; 7] = {
         let every = Algorithm::every(Duration::ZERO);
-        let mut names = [""; 6];
+        let mut names = [""; 7];
         let mut i = 0;
         while i < names.len() {
             names[i] = every[i].name();
@@ -89,6 +104,7 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::LeakyBucket(LeakyBucket::Police) => "leaky_bucket",
             Algorithm::LeakyBucket(LeakyBucket::Shape { .. }) => "leaky_bucket_shape",
+            Algorithm::Concurrency { .. } => "concurrency",
         }
     }
 
@@ -126,7 +142,7 @@ impl Algorithm {
     }
 
     /// One of each algorithm, the shaping bucket with `max_delay`.
-    const fn every(max_delay: Duration) -> [Algorithm; 6] {
+    const fn every(max_delay: Duration) -> [Algorithm; 7] {
         [
             Algorithm::FixedWindow,
             Algorithm::SlidingWindowLog,
@@ -134,6 +150,9 @@ impl Algorithm {
             Algorithm::TokenBucket,
             Algorithm::LeakyBucket(LeakyBucket::Police),
             Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }),
+            Algorithm::Concurrency {
+                lease: DEFAULT_LEASE,
+            },
         ]
     }
 }
@@ -196,6 +215,7 @@ pub struct Tier {
     pub(crate) plan_fn: Option<PlanFn>,
     pub(crate) skip_failed_requests: bool,
     pub(crate) skip_successful_requests: bool,
+    pub(crate) penalty: Option<crate::Penalty>,
 }
 
 impl fmt::Debug for Tier {
@@ -212,6 +232,7 @@ impl fmt::Debug for Tier {
             .field("plans", &self.plans)
             .field("skip_failed_requests", &self.skip_failed_requests)
             .field("skip_successful_requests", &self.skip_successful_requests)
+            .field("penalty", &self.penalty)
             .finish_non_exhaustive()
     }
 }
@@ -233,7 +254,15 @@ impl Tier {
             plan_fn: None,
             skip_failed_requests: false,
             skip_successful_requests: false,
+            penalty: None,
         }
+    }
+
+    /// A penalty box on this tier (see [`Penalty`](crate::Penalty)): keys
+    /// it denies too often are blocked for a while, fleet-wide.
+    pub fn penalty(mut self, penalty: crate::Penalty) -> Self {
+        self.penalty = Some(penalty);
+        self
     }
 
     /// Gives the request's cost back **on this tier** when the response's
@@ -351,6 +380,25 @@ impl Tier {
         self
     }
 
+    /// A concurrency tier: at most `limit` requests of one key **in flight**
+    /// at once, each holding its slot (a lease of 60 s,
+    /// renewed while the request runs; change it with
+    /// `.algorithm(Algorithm::Concurrency { lease })`) until its response
+    /// body has been sent or dropped (client disconnect, handler panic or
+    /// timeout included). A request takes one slot whatever its cost. Its
+    /// 429 says `Retry-After: 1` (an estimate: a slot frees whenever a
+    /// running request ends; less when a lease expires sooner).
+    ///
+    /// ```
+    /// use tiered_ratelimit::{key::User, Tier};
+    /// let tier = Tier::concurrency("user_inflight", User, 5);
+    /// ```
+    pub fn concurrency<K: KeyExtractor>(name: impl Into<String>, key: K, limit: u64) -> Self {
+        Self::new(name, key, Quota::new(limit, DEFAULT_LEASE)).algorithm(Algorithm::Concurrency {
+            lease: DEFAULT_LEASE,
+        })
+    }
+
     /// The counting algorithm (default [`Algorithm::TokenBucket`]).
     pub fn algorithm(mut self, algorithm: Algorithm) -> Self {
         self.algorithm = algorithm;
@@ -403,12 +451,12 @@ mod tests {
         let mut names = Algorithm::NAMES.to_vec();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), 6);
+        assert_eq!(names.len(), 7);
         assert_eq!(
             Algorithm::from_name("gcra", None).unwrap_err().to_string(),
             "algorithm: unknown algorithm \"gcra\", expected one of fixed_window, \
              sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket, \
-             leaky_bucket_shape"
+             leaky_bucket_shape, concurrency"
         );
         assert_eq!(
             Algorithm::from_name("leaky_bucket_shape", None),

@@ -4,7 +4,9 @@
 //! identical decisions for random sequences of (time step, key, cost), with
 //! every tier pair checked all or nothing; and the model's answers must
 //! keep the invariants (Retry-After and Reset tell the truth, the sliding
-//! log never admits more than the limit in any window).
+//! log never admits more than the limit in any window). Before every check,
+//! a peek of the first tier on each backend must equal the model's check of
+//! that tier with nothing charged (and the check after it must still agree).
 
 mod support;
 
@@ -70,6 +72,18 @@ impl Harness {
         }
     }
 
+    /// A manual clock, and a memory backend and a Redis backend on it.
+    fn backends(&self) -> (ManualClock, Backend, Backend) {
+        let clock = ManualClock::new(T0_US + 123_457);
+        let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+        let redis: Backend = RedisBackend::from_url(&self.redis_url)
+            .unwrap()
+            .with_manual_clock(clock.clone())
+            .with_test_ttl_slack(Duration::from_secs(600))
+            .into();
+        (clock, memory, redis)
+    }
+
     /// Runs one sequence through model, memory and Redis; returns the number
     /// of denied requests.
     fn run(&self, case: u64, a: Limit, b: Limit, ops: &[(u64, u8, u64)]) -> usize {
@@ -109,6 +123,28 @@ impl Harness {
                 .iter()
                 .map(|c| model.state(&c.key, now).cloned())
                 .collect();
+            // A peek is one tier's check with nothing charged, on every
+            // backend (Redis: the read-only lua/peek.lua).
+            let peek = &checks[0];
+            let cost_in = peek.cost.min(peek.limit.capacity() + 1);
+            let want_peek = peek.limit.check(before[0].as_ref(), now, cost_in);
+            for (name, backend, key) in [
+                ("memory", &memory, peek.key.clone()),
+                ("redis", &redis, peek.key.clone()),
+                ("redis (compact)", &compact, format!("compact:{}", peek.key)),
+            ] {
+                let on_own = TierCheck {
+                    key,
+                    ..peek.clone()
+                };
+                let got = self.rt.block_on(backend.peek(&on_own)).unwrap();
+                assert_eq!(
+                    got.decisions,
+                    vec![want_peek],
+                    "{name} peek diverged at op {i}"
+                );
+                assert!(got.charges.is_empty());
+            }
             let want = model.check(&checks, now);
             for ((c, d), s) in checks.iter().zip(&want).zip(&before) {
                 check_invariants(&c.limit, s.as_ref(), now, c.cost, d);
@@ -223,6 +259,164 @@ fn every_pair_on_a_long_sequence() {
             );
         }
     }
+}
+
+/// The concurrency tier, proved like the others: random sequences of
+/// takes (a fresh lease id each, checked all or nothing with a rate tier
+/// on a shared key) and releases of held leases (the backends' refund, which
+/// is also a cross-slot refund's), with clock steps past lease expiries:
+/// the model, the memory backend and the Redis scripts return identical
+/// decisions, and every denial's Retry-After is between 1 µs and 1 s.
+#[test]
+fn concurrency_model_memory_and_redis_agree() {
+    use tiered_ratelimit::algorithm::{concurrency::RETRY_ESTIMATE_US, Concurrency};
+    use tiered_ratelimit::backend::{Charge, TierRefund};
+    let (h, mut next) = (Harness::new(), seeded());
+    let c = Concurrency {
+        limit: 3,
+        lease_us: 4 * S,
+        lease: 0,
+    };
+    for (case, (_, rate)) in algorithm_limits().into_iter().enumerate() {
+        let (clock, memory, redis) = h.backends();
+        let mut model = Model::default();
+        // Held leases: (check, charged at).
+        let mut held: Vec<(TierCheck, u64)> = Vec::new();
+        let (mut admitted, mut denied) = (0, 0);
+        for op in 0..400u64 {
+            let step = match next() % 4 {
+                0 => 0,
+                1 => next() % 300_000,
+                2 => next() % 1_500_000,
+                _ => next() % 5_000_000,
+            };
+            clock.advance(Duration::from_micros(step));
+            let now = clock.now_us();
+            if !held.is_empty() && next() % 3 == 0 {
+                let (check, at) = held.swap_remove((next() % held.len() as u64) as usize);
+                let refund = TierRefund {
+                    check: check.clone(),
+                    charge: Charge {
+                        at_us: at,
+                        undo: 0,
+                        next_after_us: 0,
+                    },
+                };
+                model.refund(&check, now, at, 0);
+                h.rt.block_on(memory.refund(vec![refund.clone()])).unwrap();
+                h.rt.block_on(redis.refund(vec![refund])).unwrap();
+                continue;
+            }
+            let key = next() % 2;
+            let checks = vec![
+                TierCheck {
+                    key: format!("c{case}:inflight:k{key}"),
+                    limit: Limit::Concurrency(c.with_lease(op + 1)),
+                    cost: 1,
+                },
+                TierCheck {
+                    key: format!("c{case}:rate:all"),
+                    limit: rate,
+                    cost: 1,
+                },
+            ];
+            let want = model.check(&checks, now);
+            let got_mem = h.rt.block_on(memory.check(checks.clone())).unwrap();
+            let got_red = h.rt.block_on(redis.check(checks.clone())).unwrap();
+            assert_eq!(got_mem.decisions, want, "memory diverged at op {op}");
+            assert_eq!(got_red.decisions, want, "redis diverged at op {op}");
+            let peek = h.rt.block_on(redis.peek(&checks[0])).unwrap();
+            assert_eq!(
+                peek.decisions[0],
+                model_peek(&model, &checks[0], now),
+                "redis peek diverged at op {op}"
+            );
+            let d = &want[0];
+            if !d.allowed {
+                assert!((1..=RETRY_ESTIMATE_US).contains(&d.retry_after_us), "{d:?}");
+            }
+            if want.iter().all(|d| d.allowed) {
+                admitted += 1;
+                held.push((checks[0].clone(), now));
+            } else {
+                denied += 1;
+            }
+        }
+        assert!(
+            admitted > 20 && denied > 20,
+            "{admitted} admitted, {denied} denied"
+        );
+    }
+}
+
+/// The penalty box, proved like the algorithms: behind every algorithm, on
+/// random sequences (keys, clock steps past windows, blocks and the
+/// memory of offences), the model, the memory backend and the Redis
+/// scripts return identical decisions: the same strikes, the same blocks
+/// and backoffs, the same Retry-After.
+#[test]
+fn penalty_box_model_memory_and_redis_agree() {
+    use tiered_ratelimit::algorithm::penalty::{PenaltyBox, KEY_SUFFIX};
+    let (h, mut next) = (Harness::new(), seeded());
+    let p = PenaltyBox {
+        violations: 2,
+        window_us: 3 * S,
+        block_us: 2 * S,
+        backoff: 2,
+        memory_us: 10 * S,
+        max_block_us: 7 * S,
+    };
+    for (case, (name, rate)) in algorithm_limits().into_iter().enumerate() {
+        let (clock, memory, redis) = h.backends();
+        let mut model = Model::default();
+        let mut blocks = 0;
+        for op in 0..400 {
+            let step = match next() % 5 {
+                0 | 1 => 0,
+                2 => next() % 300_000,
+                3 => next() % 1_500_000,
+                _ => next() % 6_000_000,
+            };
+            clock.advance(Duration::from_micros(step));
+            let now = clock.now_us();
+            let key = format!("pb{case}:t:k{}", next() % 2);
+            let checks = vec![
+                TierCheck {
+                    key: key.clone(),
+                    limit: rate,
+                    cost: 1 + next() % 2,
+                },
+                TierCheck {
+                    key: format!("{key}{KEY_SUFFIX}"),
+                    limit: Limit::Penalty(p),
+                    cost: 1,
+                },
+            ];
+            let want = model.check(&checks, now);
+            let got_mem = h.rt.block_on(memory.check(checks.clone())).unwrap();
+            let got_red = h.rt.block_on(redis.check(checks.clone())).unwrap();
+            assert_eq!(
+                got_mem.decisions, want,
+                "{name}: memory diverged at op {op}"
+            );
+            assert_eq!(got_red.decisions, want, "{name}: redis diverged at op {op}");
+            if !want[1].allowed && want[1].retry_after_us > p.block_us {
+                blocks += 1;
+            }
+        }
+        assert!(blocks > 0, "{name}: no repeat offence was tried");
+    }
+}
+
+/// A fixed random sequence (the same every run).
+fn seeded() -> impl FnMut() -> u64 {
+    let mut rng = Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
+    move || rng.next()
+}
+
+/// The model's answer to a peek: the check, nothing charged.
+fn model_peek(model: &Model, c: &TierCheck, now: u64) -> Decision {
+    c.limit.check(model.state(&c.key, now), now, c.cost)
 }
 
 /// The fixed window's documented boundary burst: 2 × limit within a span

@@ -209,6 +209,121 @@ fn policy_algorithms_by_name() {
     );
 }
 
+/// `algorithm = "concurrency"`: a limit of requests in flight, no period,
+/// an optional lease; the quickstart's commented tier, uncommented, builds.
+#[test]
+fn policy_concurrency_tier() {
+    let p = Policy::from_toml_str(
+        "[[tier]]\nname='ip_inflight'\nkey='ip'\nalgorithm='concurrency'\nlimit=2\nlease='60s'\n",
+    )
+    .unwrap();
+    let layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+    let t = &layer.handle().tiers()[0];
+    assert_eq!(
+        (t.algorithm, t.quota.limit()),
+        (
+            Algorithm::Concurrency {
+                lease: Duration::from_secs(60)
+            },
+            2
+        )
+    );
+    // Without a lease: 60 s.
+    let p = Policy::from_toml_str(
+        "[[tier]]\nname='c'\nkey='global'\nalgorithm='concurrency'\nlimit=5\n",
+    )
+    .unwrap();
+    let layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+    assert_eq!(
+        layer.handle().tiers()[0].algorithm,
+        Algorithm::Concurrency {
+            lease: Duration::from_secs(60)
+        }
+    );
+    // A lease only for concurrency; a rate tier still needs its period.
+    let p = Policy::from_toml_str(
+        "[[tier]]\nname='t'\nkey='global'\nlimit=5\nperiod='1s'\nlease='5s'\n",
+    )
+    .unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "policy: tier \"t\": lease: only algorithm = \"concurrency\" uses it"
+    );
+    let p = Policy::from_toml_str("[[tier]]\nname='t'\nkey='global'\nlimit=5\n").unwrap();
+    let e = RateLimitLayer::from_policy(&p, MemoryBackend::new())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        e,
+        "tier \"t\": period: must be at least 1 microsecond, got 0ns"
+    );
+}
+
+/// The login recipe of docs/rollout.md, as written, builds; a bad penalty
+/// box names its field.
+#[test]
+fn policy_penalty_box() {
+    let recipe = r#"
+[[tier]]
+name = "login_ip"
+key = "ip"
+limit = 5
+period = "1m"
+methods = ["POST"]
+skip_successful_requests = true
+[tier.penalty]
+violations = 3
+window = "10m"
+block = "15m"
+backoff = 2
+memory = "24h"
+max_block = "24h"
+
+[[tier]]
+name = "login_user"
+key = { header = "x-login-user" }
+limit = 10
+period = "1h"
+methods = ["POST"]
+skip_successful_requests = true
+[tier.penalty]
+violations = 5
+window = "1h"
+block = "1h"
+"#;
+    let p = Policy::from_toml_str(recipe).unwrap();
+    let _layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+    let bad = |penalty: &str| {
+        let p = Policy::from_toml_str(&format!(
+            "[[tier]]\nname='t'\nkey='ip'\nlimit=5\nperiod='1m'\n[tier.penalty]\n{penalty}\n"
+        ))
+        .map_err(|e| e.to_string())?;
+        RateLimitLayer::from_policy(&p, MemoryBackend::new())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        bad("violations=0\nwindow='1m'\nblock='1m'"),
+        Err("policy: tier \"t\": penalty.violations: must be 1-1023".to_owned())
+    );
+    assert_eq!(
+        bad("violations=2\nwindow='1m'\nblock='1h'\nmax_block='1m'"),
+        Err("policy: tier \"t\": penalty.max_block: must be at least block".to_owned())
+    );
+    assert_eq!(
+        bad("violations=2\nwindow='0s'\nblock='1h'"),
+        Err(
+            "policy: tier \"t\": penalty.window: must be between 1 µs and 2^51 µs (about 71 years)"
+                .to_owned()
+        )
+    );
+    let e = bad("violations=2\nblock='1h'").unwrap_err();
+    assert!(e.contains("window"), "{e}");
+}
+
 #[test]
 fn policy_rollout_fields() {
     let p = Policy::from_toml_str(

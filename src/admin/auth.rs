@@ -78,7 +78,7 @@ pub(super) async fn authorize(
 ) -> Response {
     let path = req.uri().path();
     let page = req.method() == Method::GET && (path == "/" || path.is_empty());
-    let form = req.method() == Method::POST && path == "/mode";
+    let form = req.method() == Method::POST && (path == "/mode" || path == "/key");
     let mut res = if admin.bearer_ok(req.headers()) {
         next.run(req).await
     } else if (page || form) && admin.cookie_ok(req.headers()) {

@@ -36,11 +36,16 @@
 //! |---|---|
 //! | `GET /` | the HTML page |
 //! | `POST /mode` | the page's form (`application/x-www-form-urlencoded`: `mode`, optional `tier`); answers `303` back to the page |
+//! | `POST /key` | the page's buttons on a top blocked key (`action` = `reset` or `lift`, `tier`, `key`): [`RateLimitHandle::reset`] / [`RateLimitHandle::lift`]; `303` back to the page |
+//! | `GET /?peek_tier=ip&peek_key=…` | the page with that key's numbers ([`RateLimitHandle::peek`]) |
 //! | `GET /api/status` | global mode, circuit state, where mode changes apply (`mode_changes_apply_to`: `all instances` or `this instance (host:pid)`; `control_key`), counts, every tier's mode and quota, the anomaly series |
 //! | `GET /api/top/{tier}?n=10&window=1h&kind=blocked` | top-N keys of a tier (`kind=near_limit` for keys allowed with < 20 % left); `window` in humantime, rounded up to hours, at most 24 h |
 //! | `GET /api/history/{tier}` | the tier's last hour of closed buckets, and `current`: the bucket still open, `"partial": true` (`null` before the first request) |
 //! | `GET /api/anomalies` | the 429-rate anomaly series and their alerts |
 //! | `POST /api/mode` | `{"mode":"shadow"}` (global) or `{"tier":"ip","mode":"canary:10"}`; answers like `/api/status` |
+//! | `GET /api/peek/{tier}?key=203.0.113.7` | one key's numbers, nothing charged ([`RateLimitHandle::peek`]): `{"tier","key","allowed","limit","remaining","reset_after_us","retry_after_us","now_us"}`; `400` `invalid_key` for a key that is no stored key part, `503` `backend_failed` |
+//! | `POST /api/reset` | `{"tier":"ip","key":"203.0.113.7"}`: the key starts fresh ([`RateLimitHandle::reset`]), its penalty box included; answers `{"tier","key","existed"}` |
+//! | `POST /api/lift` | `{"tier":"login","key":"203.0.113.7"}`: lifts the key's penalty-box block, its rate state untouched ([`RateLimitHandle::lift`]); `404` for a tier without a penalty box |
 //!
 //! # Authentication
 //! The router wants a bearer token of its own **in addition to** whatever
@@ -51,7 +56,8 @@
 //!
 //! * `Authorization: Bearer <token>`: everywhere (the JSON API takes only
 //!   this).
-//! * The cookie [`COOKIE_NAME`]: only on `GET /` and the form's `POST /mode`.
+//! * The cookie [`COOKIE_NAME`]: only on `GET /` and the forms' `POST /mode`
+//!   and `POST /key`.
 //!   It is `HttpOnly; SameSite=Strict`, `Secure` unless
 //!   [`Admin::secure_cookie`] is `false`, valid for 8 hours, and its `Path`
 //!   is the page, so it goes nowhere else. A form post carrying only the
@@ -77,6 +83,7 @@ mod auth;
 mod chart;
 mod form;
 mod html;
+mod keys;
 mod mode;
 mod page;
 mod reply;
@@ -204,11 +211,15 @@ impl Admin {
         Router::new()
             .route("/", get(page))
             .route("/mode", post(form_mode))
+            .route("/key", post(page::form_key))
             .route("/api/status", get(api_status))
             .route("/api/top/{tier}", get(api_top))
             .route("/api/history/{tier}", get(api_history))
             .route("/api/anomalies", get(api_anomalies))
             .route("/api/mode", post(api_mode))
+            .route("/api/peek/{tier}", get(keys::api_peek))
+            .route("/api/reset", post(keys::api_reset))
+            .route("/api/lift", post(keys::api_lift))
             .fallback(not_found)
             .layer(middleware::from_fn_with_state(admin.clone(), authorize))
             .with_state(admin)

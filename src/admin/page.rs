@@ -8,6 +8,7 @@ use super::html::Esc;
 use super::mode::{apply_mode, scope};
 use super::reply::{base_of, error, page_path, read_body, see_other};
 use super::Admin;
+use crate::inspect::{InspectError, KeyStatus};
 use crate::rollout::Mode;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -41,9 +42,27 @@ button.resume{background:#2e7d32;color:#fff;border-color:#1b5e20;font-weight:700
 .muted{color:#778}.scope{font-size:12px;opacity:.85}header .muted{color:#aab}.sw{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px;border-radius:2px}\
 svg text{font:11px system-ui,sans-serif;fill:#556}";
 
+/// A key looked up from the page: its tier, key, and what peek answered.
+type Lookup = (String, String, Result<KeyStatus, InspectError>);
+
 pub(super) async fn page(State(admin): State<Arc<Admin>>, req: Request) -> Response {
     let base = base_of(&req);
-    let html = render_page(&admin, &base);
+    let (mut tier, mut key) = (None, None);
+    for (k, v) in form_pairs(req.uri().query().unwrap_or("")) {
+        match k.as_str() {
+            "peek_tier" => tier = Some(v),
+            "peek_key" => key = Some(v),
+            _ => {}
+        }
+    }
+    let lookup = match (tier, key) {
+        (Some(t), Some(k)) if !k.is_empty() => {
+            let r = admin.handle.peek(&t, &k).await;
+            Some((t, k, r))
+        }
+        _ => None,
+    };
+    let html = render_page(&admin, &base, lookup.as_ref());
     let mut res = Response::new(Body::from(html));
     let h = res.headers_mut();
     h.insert(
@@ -95,7 +114,7 @@ fn mode_select(current: Mode) -> String {
     s
 }
 
-fn render_page(admin: &Admin, base: &str) -> String {
+fn render_page(admin: &Admin, base: &str, lookup: Option<&Lookup>) -> String {
     let h = &admin.handle;
     let mode = h.mode();
     let tiers = h.tiers();
@@ -206,8 +225,9 @@ fn render_page(admin: &Admin, base: &str) -> String {
     let hours = window_hours(admin.window);
     let _ = write!(
         s,
-        r#"<section><h2>Top blocked keys, last {hours} h</h2><table id="top-blocked"><tr><th>tier</th><th>key</th><th class="n">blocked</th><th class="n">± error</th></tr>"#
+        r#"<section><h2>Top blocked keys, last {hours} h</h2><table id="top-blocked"><tr><th>tier</th><th>key</th><th class="n">blocked</th><th class="n">± error</th><th></th></tr>"#
     );
+    let key_action = format!("{base}/key");
     let mut any = false;
     for t in &tiers {
         for k in h
@@ -215,20 +235,29 @@ fn render_page(admin: &Admin, base: &str) -> String {
             .unwrap_or_default()
         {
             any = true;
+            let lift = if t.penalty {
+                r#" <button name="action" value="lift">lift block</button>"#
+            } else {
+                ""
+            };
             let _ = write!(
                 s,
-                r#"<tr><td><code>{}</code></td><td><code>{}</code></td><td class="n">{}</td><td class="n">{}</td></tr>"#,
+                r#"<tr><td><code>{}</code></td><td><code>{}</code></td><td class="n">{}</td><td class="n">{}</td><td><form method="post" action="{}"><input type="hidden" name="tier" value="{}"><input type="hidden" name="key" value="{}"><button name="action" value="reset">reset</button>{lift}</form></td></tr>"#,
                 Esc(&t.name),
                 Esc(&k.key),
                 k.count,
-                k.error
+                k.error,
+                Esc(&key_action),
+                Esc(&t.name),
+                Esc(&k.key),
             );
         }
     }
     if !any {
-        s.push_str(r#"<tr><td colspan="4" class="muted">nothing blocked in this window</td></tr>"#);
+        s.push_str(r#"<tr><td colspan="5" class="muted">nothing blocked in this window</td></tr>"#);
     }
     s.push_str("</table></section>");
+    render_lookup(&mut s, &tiers, base, lookup);
 
     // Counts and anomalies.
     s.push_str(r#"<section><h2>Requests since start</h2><table id="counts">"#);
@@ -282,6 +311,104 @@ fn quota_text(q: &crate::Quota) -> String {
         let _ = write!(s, ", burst {}", q.burst_size());
     }
     s
+}
+
+/// "Why is this key blocked?": a key's numbers ([`crate::inspect`]).
+fn render_lookup(s: &mut String, tiers: &[crate::TierStatus], base: &str, lookup: Option<&Lookup>) {
+    let page = page_path(base);
+    let (cur_tier, cur_key) = lookup.map_or(("", ""), |(t, k, _)| (t.as_str(), k.as_str()));
+    let _ = write!(
+        s,
+        r#"<section><h2>Look up a key</h2><form method="get" action="{}"><select name="peek_tier">"#,
+        Esc(page)
+    );
+    for t in tiers {
+        let sel = if t.name == cur_tier { " selected" } else { "" };
+        let _ = write!(s, r#"<option{sel}>{}</option>"#, Esc(&t.name));
+    }
+    let _ = write!(
+        s,
+        r#"</select> <input name="peek_key" value="{}" placeholder="stored key part"> <button>peek</button></form>"#,
+        Esc(cur_key)
+    );
+    match lookup {
+        None => {}
+        Some((_, _, Ok(st))) => {
+            let blocked = st.blocked_for.map_or_else(
+                || "no".to_owned(),
+                |d| format!("for {} s", d.as_secs_f64().ceil()),
+            );
+            let _ = write!(
+                s,
+                r#"<table id="lookup"><tr><th>next request</th><td>{}</td></tr><tr><th>limit</th><td class="n">{}</td></tr><tr><th>remaining after it</th><td class="n">{}</td></tr><tr><th>full again in</th><td class="n">{} s</td></tr><tr><th>passes in</th><td class="n">{} s</td></tr><tr><th>penalty box</th><td>{}</td></tr></table>"#,
+                if st.allowed { "allowed" } else { "denied" },
+                st.limit,
+                st.remaining,
+                st.reset_after.as_secs_f64().ceil(),
+                st.retry_after.as_secs_f64().ceil(),
+                Esc(&blocked),
+            );
+        }
+        Some((_, _, Err(e))) => {
+            let _ = write!(
+                s,
+                r#"<p id="lookup" class="muted">{}</p>"#,
+                Esc(&e.to_string())
+            );
+        }
+    }
+    s.push_str("</section>");
+}
+
+/// The page's reset and lift buttons.
+pub(super) async fn form_key(State(admin): State<Arc<Admin>>, req: Request) -> Response {
+    let base = base_of(&req);
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(res) => return res,
+    };
+    let Ok(body) = std::str::from_utf8(&body) else {
+        return error(StatusCode::BAD_REQUEST, "invalid_body", "not UTF-8");
+    };
+    let (mut action, mut tier, mut key) = (None, None, None);
+    for (k, v) in form_pairs(body) {
+        match k.as_str() {
+            "action" => action = Some(v),
+            "tier" => tier = Some(v),
+            "key" => key = Some(v),
+            _ => {}
+        }
+    }
+    let (Some(action), Some(tier), Some(key)) = (action, tier, key) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "action, tier and key are required",
+        );
+    };
+    let done = match action.as_str() {
+        "reset" => admin.handle.reset(&tier, &key).await,
+        "lift" => admin.handle.lift(&tier, &key).await,
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_action",
+                "action: reset or lift",
+            )
+        }
+    };
+    match done {
+        Ok(_) => see_other(page_path(&base)),
+        Err(InspectError::UnknownTier(_)) => super::reply::unknown_tier(&tier),
+        Err(e @ InspectError::InvalidKey) => {
+            error(StatusCode::BAD_REQUEST, "invalid_key", &e.to_string())
+        }
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "backend_failed",
+            &e.to_string(),
+        ),
+    }
 }
 
 pub(super) async fn form_mode(State(admin): State<Arc<Admin>>, req: Request) -> Response {

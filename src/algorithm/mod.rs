@@ -11,14 +11,18 @@
 //! drifts however many operations a key sees. See `docs/algorithms.md` for
 //! the trade-offs and measured costs.
 
+pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
+pub mod penalty;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
+pub use concurrency::{Concurrency, LeaseState};
 pub use fixed_window::FixedWindowState;
 pub use gcra::{Gcra, TatState};
+pub use penalty::{PenaltyBox, PenaltyState};
 pub use sliding_window_counter::CounterState;
 pub use sliding_window_log::LogState;
 pub use token_bucket::{BucketState, TokenBucket};
@@ -96,6 +100,10 @@ pub enum Limit {
     TokenBucket(TokenBucket),
     /// [`gcra`] (leaky bucket, police or shape).
     LeakyBucket(Gcra),
+    /// [`concurrency`]: requests in flight.
+    Concurrency(Concurrency),
+    /// [`penalty`]: a tier's penalty box, checked right after the tier.
+    Penalty(PenaltyBox),
 }
 
 /// The stored state of one key, per algorithm.
@@ -112,6 +120,10 @@ pub enum State {
     Bucket(BucketState),
     /// GCRA.
     Tat(TatState),
+    /// Concurrency leases.
+    Leases(LeaseState),
+    /// A penalty box's strikes and block.
+    Penalty(PenaltyState),
 }
 
 impl Limit {
@@ -123,6 +135,8 @@ impl Limit {
             }
             Limit::TokenBucket(b) => b.burst(),
             Limit::LeakyBucket(g) => g.bucket.burst(),
+            Limit::Concurrency(c) => c.limit,
+            Limit::Penalty(p) => p.capacity(),
         }
     }
 
@@ -137,6 +151,12 @@ impl Limit {
             (Limit::SlidingWindowCounter(w), s) => w.counter_check(counter(s), now_us, cost),
             (Limit::TokenBucket(b), s) => b.check(bucket(s), now_us, cost).0,
             (Limit::LeakyBucket(g), s) => g.check(tat(s), now_us, cost),
+            // One slot per request, whatever its cost.
+            (Limit::Concurrency(c), Some(State::Leases(l))) => c.check(Some(l), now_us),
+            (Limit::Concurrency(c), _) => c.check(None, now_us),
+            // Alone (a peek), a penalty box only says whether it blocks.
+            (Limit::Penalty(p), Some(State::Penalty(s))) => p.check(Some(s), now_us, true).0,
+            (Limit::Penalty(p), _) => p.check(None, now_us, true).0,
         }
     }
 
@@ -189,7 +209,52 @@ impl Limit {
                 let (s, ttl) = g.charge(tat(state.as_ref()), now_us, cost);
                 (State::Tat(s), ttl)
             }
+            // A penalty box is not charged (its strikes are written by
+            // `Limit::penalty_check`, whatever the commit): what is there stays.
+            Limit::Penalty(p) => match state {
+                Some(State::Penalty(s)) => {
+                    let ttl = p.ttl(&s, now_us);
+                    (State::Penalty(s), ttl)
+                }
+                _ => (State::Penalty(PenaltyState::default()), 0),
+            },
+            Limit::Concurrency(c) => {
+                let leases = match state {
+                    Some(State::Leases(l)) => Some(l),
+                    _ => None,
+                };
+                let (s, ttl) = c.charge(leases, now_us);
+                (State::Leases(s), ttl)
+            }
         }
+    }
+}
+
+impl Limit {
+    /// Whether this is a penalty box (never charged).
+    pub fn is_penalty(&self) -> bool {
+        matches!(self, Limit::Penalty(_))
+    }
+
+    /// A penalty box's check (see [`penalty`]), given whether the check just
+    /// before it (its tier's) allowed the request: the decision and the
+    /// state to store now, whatever the commit (`None`: none). `None` for
+    /// any other limit.
+    pub fn penalty_check(
+        &self,
+        state: Option<&State>,
+        now_us: u64,
+        tier_allowed: bool,
+    ) -> Option<(Decision, Option<(State, u64)>)> {
+        let Limit::Penalty(p) = self else {
+            return None;
+        };
+        let s = match state {
+            Some(State::Penalty(s)) => Some(s),
+            _ => None,
+        };
+        let (d, write) = p.check(s, now_us, tier_allowed);
+        Some((d, write.map(|(s, ttl)| (State::Penalty(s), ttl))))
     }
 }
 
@@ -347,6 +412,14 @@ impl Limit {
                         State::Bucket(b.state_at(missing, now_us)),
                         Some(div_ceil(missing, b.rate)),
                     )
+                }
+            }
+            // A concurrency charge is its lease: the refund releases it.
+            (Limit::Concurrency(c), Some(State::Leases(l))) => {
+                match Concurrency::release(l, c.lease, now_us) {
+                    None => Refund::Delete,
+                    Some(left) if left.len() == l.len() => Refund::Keep,
+                    Some(left) => Refund::Store(State::Leases(left), None),
                 }
             }
             (Limit::LeakyBucket(g), Some(State::Tat(s))) => {

@@ -222,6 +222,42 @@ impl Backend {
         }
     }
 
+    /// The decision `check` would get now, **without charging** anything:
+    /// one tier's numbers for one key (what
+    /// [`RateLimitHandle::peek`](crate::RateLimitHandle::peek) shows). The
+    /// verdict has one decision and no charges; its `now_us` is the
+    /// backend's clock (Redis `TIME`). On Redis a read-only script call
+    /// (`EVALSHA_RO` of `lua/peek.lua`; `EVALSHA` before Redis 7.0); on a
+    /// cluster, to the key's slot.
+    ///
+    /// # Errors
+    /// A [`BackendError`] when Redis fails or answers unexpectedly.
+    pub async fn peek(&self, check: &TierCheck) -> Result<Verdict, BackendError> {
+        let mut check = check.clone();
+        check.cost = check
+            .cost
+            .clamp(1, check.limit.capacity().saturating_add(1));
+        match self {
+            Backend::Memory(m) => Ok(m.peek(&check)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.peek(&check).await,
+        }
+    }
+
+    /// Deletes `key`'s state (the full storage key, as in [`TierCheck`]):
+    /// the next request finds a fresh key. Returns whether the key held any
+    /// state.
+    ///
+    /// # Errors
+    /// A [`BackendError`] when Redis fails.
+    pub async fn reset(&self, key: &str) -> Result<bool, BackendError> {
+        match self {
+            Backend::Memory(m) => Ok(m.reset(key)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.reset(key).await,
+        }
+    }
+
     /// `"memory"` or `"redis"` (the `backend` metrics label).
     pub fn name(&self) -> &'static str {
         match self {

@@ -11,8 +11,14 @@ use crate::algorithm::Limit;
 /// the others, `remaining` only grows while a key is left alone, and stays
 /// below `cost` while the request is denied: it is constant when it is
 /// already `cost − 1` (always so for a cost of 1).
+/// A concurrency denial never does: a slot frees whenever a running request
+/// ends.
 pub(crate) fn stays_exact(limit: &Limit, cost: u64, remaining: u64) -> bool {
-    matches!(limit, Limit::FixedWindow(_)) || remaining.saturating_add(1) == cost
+    match limit {
+        Limit::FixedWindow(_) => true,
+        Limit::Concurrency(_) => false,
+        _ => remaining.saturating_add(1) == cost,
+    }
 }
 
 /// The longest `Retry-After` (µs) that a check of `cost` under `limit` at
@@ -32,5 +38,9 @@ pub(crate) fn longest_wait_us(limit: &Limit, cost: u64, now_us: u64) -> u64 {
         // From an empty bucket: the cost (or a full bucket, above it).
         Limit::TokenBucket(b) => cost.saturating_mul(b.unit).min(b.capacity).div_ceil(b.rate),
         Limit::LeakyBucket(_) => u64::MAX,
+        // The estimate's cap.
+        Limit::Concurrency(_) => crate::algorithm::concurrency::RETRY_ESTIMATE_US,
+        // The longest block.
+        Limit::Penalty(p) => p.max_block_us,
     }
 }

@@ -60,6 +60,8 @@ pub(crate) fn decide(
             .iter()
             .enumerate()
             .filter(|(i, _)| shared.shadow_headers || !meta.shadow.contains(*i))
+            // A penalty box that lets a request through has no numbers.
+            .filter(|(i, _)| !shared.penalties || !is_penalty(meta, *i))
             .min_by(|(_, a), (_, b)| {
                 a.remaining
                     .cmp(&b.remaining)
@@ -92,6 +94,7 @@ pub(crate) fn decide(
             delay: Duration::from_micros(delay_us),
             refunds,
             details: details(meta, v),
+            leases: None,
         });
     };
     count_tier_decisions(shared, meta, ds, Some(i), None);
@@ -99,12 +102,19 @@ pub(crate) fn decide(
         .iter()
         .enumerate()
         .filter(|(j, d)| !d.allowed && !meta.shadow.contains(*j))
+        // A tier and its penalty box are one policy.
+        .filter(|(j, _)| !(is_penalty(meta, *j) && *j > 0 && !ds[*j - 1].allowed))
         .map(|(j, _)| meta.tier_name(shared, j))
         .collect();
     let mut denial = reject(shared, meta, i, d, v.now_us, !meta.fallback, violated);
     denial.shadow_tiers = shadow_tiers;
     denial.details = details(meta, v);
     Decision::Block(Block::Limited(denial))
+}
+
+/// Whether check `i` is a penalty box.
+fn is_penalty(meta: &Meta, i: usize) -> bool {
+    meta.sent.get(i).is_some_and(|c| c.limit.is_penalty())
 }
 
 /// Counts every tier's decision on the request (one each) in
@@ -130,6 +140,9 @@ pub(crate) fn count_tier_decisions(
     let cells = ds.iter().enumerate().filter_map(|(i, d)| {
         let decision = match (d.allowed, meta.shadow.contains(i)) {
             _ if Some(i) == binding => return None,
+            // A penalty box that lets the request through is its tier's
+            // check counted once.
+            (true, _) if shared.penalties && is_penalty(meta, i) => return None,
             (true, _) if d.remaining.saturating_mul(5) < d.limit => TierDecision::NearLimit,
             (true, _) => TierDecision::Allowed,
             (false, true) => TierDecision::ShadowLimited,
@@ -163,6 +176,8 @@ pub(crate) fn headers_for(
     let policy = meta.tier_name(shared, i);
     let (q, period_us, refills) = meta.quotas.get(i).copied().unwrap_or((d.limit, 0, false));
     let quota = (q, period_us.div_ceil(1_000_000));
+    // A concurrency tier's period is recorded as 0 (see `Meta::quotas`).
+    let concurrent = period_us == 0 && !meta.quotas.is_empty();
     if denied {
         let retry_after = ceil_secs(d.retry_after_us).max(1);
         RateLimitHeaders {
@@ -176,6 +191,7 @@ pub(crate) fn headers_for(
             window_in: retry_after,
             policy,
             quota,
+            concurrent,
             style: shared.header_style,
         }
     } else {
@@ -195,6 +211,7 @@ pub(crate) fn headers_for(
             )),
             policy,
             quota,
+            concurrent,
             style: shared.header_style,
         }
     }

@@ -55,6 +55,9 @@ pub(crate) struct Allow {
     /// Every check's result, when the front door asked
     /// ([`Facts::DETAILS`](super::Facts::DETAILS)) and a backend decided.
     pub(crate) details: Option<Box<Details>>,
+    /// The concurrency slots it holds: released when dropped (the front
+    /// door keeps them until the response is over).
+    pub(crate) leases: Option<Box<super::lease::Leases>>,
 }
 
 /// Every check's result (for a front door that answers per check): the
@@ -75,6 +78,7 @@ impl Allow {
             delay: Duration::ZERO,
             refunds: None,
             details: None,
+            leases: None,
         }
     }
 }

@@ -24,6 +24,7 @@ pub(crate) mod decide;
 pub(crate) mod decision;
 pub(crate) mod deny;
 pub(crate) mod facts;
+pub(crate) mod lease;
 pub(crate) mod outcome;
 pub(crate) mod plan;
 pub(crate) mod runtime;

@@ -60,8 +60,11 @@ pub(crate) fn outcome(
     // `None` when unobserved (`begin` then read no clock).
     let backend_latency = meta.backend_started.map(|t| t.elapsed());
     let decided = match result {
-        Ok(v) => {
+        Ok(mut v) => {
             shared.breaker.success(meta.permit);
+            if shared.penalties {
+                penalty_limits(meta, &mut v);
+            }
             feed_deny_cache(shared, meta, &v);
             if !meta.quiet {
                 observe_decisions(shared, meta, &v);
@@ -72,7 +75,12 @@ pub(crate) fn outcome(
             } else {
                 None
             };
-            decide(shared, meta, &v, refunds)
+            let d = decide(shared, meta, &v, refunds);
+            if shared.concurrency {
+                with_leases(d, &shared.backend, meta, &v)
+            } else {
+                d
+            }
         }
         Err(e) => {
             if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {
@@ -119,6 +127,9 @@ pub(crate) fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
             continue;
         };
         let part = key.get(t.key_base.len()..).unwrap_or(key);
+        let part = part
+            .strip_suffix(crate::algorithm::penalty::KEY_SUFFIX)
+            .unwrap_or(part);
         let kind = if d.allowed {
             Kind::NearLimit
         } else {
@@ -126,6 +137,27 @@ pub(crate) fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
         };
         shared.observer.sketch(tier, kind, part, *cost, now_s);
     }
+}
+
+/// A penalty box's decision shows its tier's limit (the check before it),
+/// everywhere from here on: headers, the deny cache.
+#[inline]
+fn penalty_limits(meta: &Meta, v: &mut Verdict) {
+    for i in 1..v.decisions.len().min(meta.sent.len()) {
+        if meta.sent[i].limit.is_penalty() {
+            v.decisions[i].limit = v.decisions[i - 1].limit;
+        }
+    }
+}
+
+/// An allowed request's concurrency slots (taken on `backend`), for the
+/// front door to hold until the response is over.
+#[inline]
+fn with_leases(mut d: Decision, backend: &Backend, meta: &Meta, v: &Verdict) -> Decision {
+    if let Decision::Allow(a) = &mut d {
+        a.leases = super::lease::Leases::of(backend, meta, v);
+    }
+    d
 }
 
 /// The failure policy's decision when the backend (or a key extractor)
@@ -160,8 +192,11 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
             match plan(shared, facts, Purpose::Fallback) {
                 Planned::Check(checks, mut meta) => {
                     meta.fallback = true;
-                    let v = local.check(&checks, meta.shadow, false);
-                    decide(shared, &meta, &v, None)
+                    let mut v = local.check(&checks, meta.shadow, false);
+                    meta.sent = checks;
+                    penalty_limits(&meta, &mut v);
+                    let local = crate::backend::Backend::Memory(local.clone());
+                    with_leases(decide(shared, &meta, &v, None), &local, &meta, &v)
                 }
                 Planned::Refuse(status) => Decision::Block(Block::Denylisted(status)),
                 // An extractor failed: nothing local can decide either.

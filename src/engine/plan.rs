@@ -44,7 +44,8 @@ pub(crate) struct Meta {
     /// latency.
     pub(crate) quiet: bool,
     /// With IETF headers: each check's quota (requests), period in
-    /// microseconds, and whether its algorithm refills continuously.
+    /// microseconds (0 for a concurrency tier), and whether its algorithm
+    /// refills continuously.
     pub(crate) quotas: Vec<(u64, u64, bool)>,
     /// Held while this request probes a lapsed deny-cache key: dropped with
     /// the meta, after the answer was fed to the cache (or on an error),
@@ -202,6 +203,44 @@ pub(crate) fn plan_tier<'r>(
     }))
 }
 
+/// The penalty box of the check just planned, as a check of its own right
+/// after it: the key `<key>{pb}` (the same hash slot on a cluster), the
+/// tier's mode, plan slot and quota.
+#[cold]
+fn penalty_check(
+    checks: &mut Vec<TierCheck>,
+    meta: &mut Meta,
+    p: crate::algorithm::PenaltyBox,
+    plans: bool,
+) {
+    let Some(tier) = checks.last() else {
+        return;
+    };
+    let n = checks.len();
+    let key = format!("{}{}", tier.key, crate::algorithm::penalty::KEY_SUFFIX);
+    if meta.shadow.contains(n - 1) {
+        meta.shadow.0 |= 1 << n;
+        if let Some(o) = &mut meta.observed {
+            let h = o.key_hashes.get(n - 1).copied().unwrap_or(0);
+            o.key_hashes.push(h);
+        }
+    }
+    if plans {
+        let last = meta.plans.last().cloned().flatten();
+        meta.plans.push(last);
+    }
+    if let Some(&q) = meta.quotas.last() {
+        meta.quotas.push(q);
+    }
+    let t = meta.tiers.last().copied().unwrap_or(u8::MAX);
+    meta.tiers.push(t);
+    checks.push(TierCheck {
+        key,
+        limit: Limit::Penalty(p),
+        cost: 1,
+    });
+}
+
 /// Why a request is planned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Purpose {
@@ -290,16 +329,23 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
                 t.algorithm,
                 crate::tier::Algorithm::TokenBucket | crate::tier::Algorithm::LeakyBucket(_)
             );
-            let period_us = u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX);
+            // 0 for a concurrency tier: no window, requests in flight.
+            let period_us = match t.algorithm {
+                crate::tier::Algorithm::Concurrency { .. } => 0,
+                _ => u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX),
+            };
             meta.quotas.push((q.limit(), period_us, refills));
         }
         checks.push(TierCheck {
             key: std::mem::replace(&mut key, super::spare::key()),
-            limit: tp.limit,
+            limit: super::lease::stamp(tp.limit),
             cost: tp.cost,
         });
         // MAX_TIERS is 64, so the index fits.
         meta.tiers.push(u8::try_from(i).unwrap_or(u8::MAX));
+        if let Some(p) = t.penalty {
+            penalty_check(&mut checks, &mut meta, p, !r.plans.is_empty());
+        }
     }
     super::spare::give_back_key(key);
     if checks.is_empty() {

@@ -60,6 +60,8 @@ pub(crate) struct BuiltTier {
     pub(crate) cost: u64,
     /// Which results give this tier's charge back.
     pub(crate) refund_on: RefundOn,
+    /// Its penalty box, checked right after it (key `<key>{pb}`).
+    pub(crate) penalty: Option<crate::algorithm::PenaltyBox>,
 }
 
 /// Which requests a tier gives its charge back to, once their result is
@@ -109,6 +111,10 @@ pub(crate) struct Runtime {
 /// Everything the service shares between requests.
 pub(crate) struct Shared {
     pub(crate) backend: Backend,
+    /// Whether any tier has a penalty box, or is a concurrency tier: when
+    /// neither, a request pays no step for them.
+    pub(crate) penalties: bool,
+    pub(crate) concurrency: bool,
     pub(crate) tiers: Box<[BuiltTier]>,
     pub(crate) runtime: ArcSwap<Runtime>,
     pub(crate) failure_policy: FailurePolicy,
@@ -329,6 +335,31 @@ fn limit_for(
         })
     };
     Ok(match algorithm {
+        Algorithm::Concurrency { lease } => {
+            let lease_us = u64::try_from(lease.as_micros()).unwrap_or(u64::MAX);
+            if lease_us == 0 {
+                return Err(ConfigError::Policy(format!(
+                    "tier \"{tier}\": lease: must be at least 1 microsecond"
+                )));
+            }
+            if lease_us > MAX_PERIOD_US {
+                return Err(too_large(
+                    "lease",
+                    format!("{lease_us} µs is above {MAX_PERIOD_US} µs (2^51 µs)"),
+                ));
+            }
+            if q.limit() > Window::MAX_LIMIT {
+                return Err(too_large(
+                    "limit",
+                    format!("{} is above {}", q.limit(), Window::MAX_LIMIT),
+                ));
+            }
+            Limit::Concurrency(crate::algorithm::Concurrency {
+                limit: q.limit(),
+                lease_us,
+                lease: 0,
+            })
+        }
         Algorithm::FixedWindow => Limit::FixedWindow(capped(window()?)?),
         Algorithm::SlidingWindowLog => Limit::SlidingWindowLog(capped(window()?)?),
         Algorithm::SlidingWindowCounter => {

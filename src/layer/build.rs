@@ -49,8 +49,10 @@ impl RateLimitLayerBuilder {
             return Err(ConfigError::ZeroFallbackInstances);
         }
         let instances = self.fallback_instances;
-        if self.tiers.len() > MAX_TIERS {
-            return Err(ConfigError::TooManyTiers(self.tiers.len()));
+        // A penalty box is checked as a tier of its own.
+        let checks = self.tiers.len() + self.tiers.iter().filter(|t| t.penalty.is_some()).count();
+        if checks > MAX_TIERS {
+            return Err(ConfigError::TooManyTiers(checks));
         }
         let mut seen = HashSet::new();
         let mut tiers = Vec::with_capacity(self.tiers.len());
@@ -75,6 +77,7 @@ impl RateLimitLayerBuilder {
                 return Err(ConfigError::SkipBoth { tier: t.name });
             }
             let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
+            let penalty = t.penalty.map(|p| p.compile(&t.name)).transpose()?;
             let fallback = fallback_limit(&t.name, t.algorithm, t.quota, t.cost, instances)?;
             let mut plans = Vec::with_capacity(t.plans.len());
             for (plan, q) in &t.plans {
@@ -106,6 +109,7 @@ impl RateLimitLayerBuilder {
                 key_error_log: LogThrottle::new(Duration::from_secs(60)),
                 algorithm: t.algorithm,
                 cost: t.cost,
+                penalty,
                 // Both at once was refused above.
                 refund_on: if t.skip_failed_requests {
                     RefundOn::Failure
@@ -158,8 +162,14 @@ impl RateLimitLayerBuilder {
                 Clock::Monotonic { .. } => MemoryBackend::new(),
             });
         let lists_violated = self.on_rejection.uses_violated_policies();
+        let penalties = tiers.iter().any(|t| t.penalty.is_some());
+        let concurrency = tiers
+            .iter()
+            .any(|t| matches!(t.algorithm, crate::Algorithm::Concurrency { .. }));
         let shared = Arc::new(Shared {
             backend,
+            penalties,
+            concurrency,
             tiers: tiers.into_boxed_slice(),
             runtime: ArcSwap::from_pointee(Runtime {
                 mode: self.mode,

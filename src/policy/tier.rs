@@ -23,11 +23,16 @@ pub struct TierPolicy {
     pub name: String,
     /// What the tier keys by.
     pub key: KeySpec,
-    /// Requests per period.
+    /// Requests per period (`concurrency`: requests in flight at once).
     pub limit: u64,
-    /// The period, in humantime (`"1s"`, `"10s"`, `"1m"`, `"1h"`).
-    #[serde(with = "humantime_serde")]
+    /// The period, in humantime (`"1s"`, `"10s"`, `"1m"`, `"1h"`). Required
+    /// by every algorithm but `concurrency`, which has none.
+    #[serde(default, with = "humantime_serde")]
     pub period: Duration,
+    /// For `concurrency`: how long a slot is held without renewal
+    /// (humantime, default `"60s"`); rejected by the other algorithms.
+    #[serde(default, with = "humantime_serde")]
+    pub lease: Option<Duration>,
     /// Capacity (default: `limit`).
     #[serde(default)]
     pub burst: Option<u64>,
@@ -68,6 +73,10 @@ pub struct TierPolicy {
     /// Where the plan is read (default `"extension"`).
     #[serde(default)]
     pub plan: PlanSource,
+    /// A penalty box (`[tier.penalty]`: `violations`, `window`, `block`,
+    /// optional `backoff`, `memory`, `max_block`); see [`Penalty`](crate::Penalty).
+    #[serde(default)]
+    pub penalty: Option<crate::Penalty>,
 }
 
 fn default_algorithm() -> String {
@@ -126,12 +135,20 @@ impl TierPolicy {
     pub(crate) fn tier(&self, client_ip: &ClientIp) -> Result<Tier, ConfigError> {
         let error =
             |e: &dyn fmt::Display| ConfigError::Policy(format!("tier \"{}\": {e}", self.name));
-        let algorithm =
+        let mut algorithm =
             Algorithm::from_name(&self.algorithm, self.max_delay).map_err(|e| error(&e))?;
+        match (&mut algorithm, self.lease) {
+            (Algorithm::Concurrency { lease }, Some(l)) => *lease = l,
+            (Algorithm::Concurrency { .. }, None) => {}
+            (_, Some(_)) => return Err(error(&"lease: only algorithm = \"concurrency\" uses it")),
+            (_, None) => {}
+        }
         let mode = self.rollout_mode().map_err(|e| error(&e))?;
-        let quota = match self.burst {
-            Some(burst) => Quota::new(self.limit, self.period).burst(burst),
-            None => Quota::new(self.limit, self.period),
+        let quota = match (self.burst, algorithm) {
+            // No period: the quota's is the lease (never used to count).
+            (_, Algorithm::Concurrency { lease }) => Quota::new(self.limit, lease),
+            (Some(burst), _) => Quota::new(self.limit, self.period).burst(burst),
+            (None, _) => Quota::new(self.limit, self.period),
         };
         let name = self.name.clone();
         let tier = match &self.key {
@@ -149,6 +166,9 @@ impl TierPolicy {
             .skip_successful_requests(self.skip_successful_requests);
         if let Some(methods) = &self.methods {
             tier = tier.methods(methods.iter().cloned());
+        }
+        if let Some(p) = self.penalty {
+            tier = tier.penalty(p);
         }
         if !self.plans.is_empty() {
             tier = tier.plans(self.plans.iter().map(|(name, q)| (name.clone(), *q)));

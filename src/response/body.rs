@@ -21,6 +21,23 @@ pin_project! {
         Full {
             data: Option<Bytes>,
         },
+        /// The inner service's body, with the concurrency slots its request
+        /// holds: released when the body has ended or is dropped.
+        Leased {
+            #[pin]
+            body: B,
+            lease: Option<BodyLease>,
+        },
+    }
+}
+
+/// The concurrency slots a response holds (see
+/// [`Tier::concurrency`](crate::Tier::concurrency)): released when dropped.
+pub struct BodyLease(pub(crate) Box<crate::engine::lease::Leases>);
+
+impl std::fmt::Debug for BodyLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
     }
 }
 
@@ -45,6 +62,14 @@ where
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         match self.project() {
             BodyProj::Inner { body } => body.poll_frame(cx),
+            BodyProj::Leased { body, lease } => {
+                let frame = body.poll_frame(cx);
+                // The end of the body (or its error) ends the request.
+                if matches!(frame, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+                    lease.take();
+                }
+                frame
+            }
             BodyProj::Full { data } => {
                 Poll::Ready(data.take().map(|d| Ok(http_body::Frame::data(d))))
             }
@@ -53,14 +78,16 @@ where
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ResponseBody::Inner { body } => body.is_end_stream(),
+            ResponseBody::Inner { body } | ResponseBody::Leased { body, .. } => {
+                body.is_end_stream()
+            }
             ResponseBody::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
         match self {
-            ResponseBody::Inner { body } => body.size_hint(),
+            ResponseBody::Inner { body } | ResponseBody::Leased { body, .. } => body.size_hint(),
             ResponseBody::Full { data } => {
                 http_body::SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

@@ -53,8 +53,10 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 ///
 /// Draft-09 and draft-11 share the wire syntax (the same parameters `q`,
 /// `w`, `r`, `t`); only the meaning of `t` on allowed responses and the
-/// rule tying `Retry-After` to it changed. We send neither the optional
-/// quota unit `qu` (the default unit, `requests`, applies; §3.1.2) nor the
+/// rule tying `Retry-After` to it changed. We send the optional quota unit
+/// `qu` only for a concurrency tier (`qu="concurrent-requests"`, without
+/// `w`; for every other tier the default unit, `requests`, applies; §3.1.2),
+/// and never the
 /// optional partition key `pk` (§3.1.4, §4.1.3). A
 /// `draft-ietf-httpapi-ratelimit-headers-12` was announced in November
 /// 2026; its text was not available to us, so this crate has not been
@@ -119,6 +121,10 @@ pub struct RateLimitHeaders {
     pub policy: Arc<str>,
     /// The tier's quota (IETF `q`, requests) and window in seconds (IETF `w`).
     pub quota: (u64, u64),
+    /// The binding tier limits requests **in flight** (a concurrency tier):
+    /// the IETF policy carries the quota unit `qu="concurrent-requests"`
+    /// (draft-11 §3.1.2) and no window.
+    pub concurrent: bool,
     /// Which headers to write.
     pub style: HeaderStyle,
 }
@@ -147,7 +153,14 @@ impl RateLimitHeaders {
         if let Some(t) = t {
             // Tier names are [A-Za-z0-9_-], so they need no sf-string escaping.
             // A String becomes a HeaderValue without a copy.
-            let policy = format!("\"{}\";q={};w={}", self.policy, self.quota.0, self.quota.1);
+            let policy = if self.concurrent {
+                format!(
+                    "\"{}\";q={};qu=\"concurrent-requests\"",
+                    self.policy, self.quota.0
+                )
+            } else {
+                format!("\"{}\";q={};w={}", self.policy, self.quota.0, self.quota.1)
+            };
             let current = format!("\"{}\";r={};t={}", self.policy, self.remaining, t);
             if let Ok(v) = HeaderValue::try_from(policy) {
                 headers.insert(RATELIMIT_POLICY, v);
@@ -212,6 +225,7 @@ mod tests {
             window_in,
             policy: Arc::from("ip"),
             quota: (3, 60),
+            concurrent: false,
             style,
         };
         let mut m = HeaderMap::new();

@@ -29,7 +29,7 @@ mod body;
 mod headers;
 mod rejection;
 
-pub use body::ResponseBody;
+pub use body::{BodyLease, ResponseBody};
 pub(crate) use headers::effective_window_us;
 pub use headers::{
     HeaderStyle, RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,

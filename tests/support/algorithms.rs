@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use std::collections::HashMap;
-use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
+use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, Refund, State, TokenBucket, Window};
 use tiered_ratelimit::backend::TierCheck;
 
 /// One second in microseconds.
@@ -85,17 +85,51 @@ impl Model {
             .map(|(s, _)| s)
     }
 
+    /// Gives back a charge made at `charged_at` (as the backends' refund).
+    pub fn refund(&mut self, c: &TierCheck, now: u64, charged_at: u64, undo: u64) {
+        let Some((state, exp)) = self.keys.get(&c.key).filter(|(_, e)| *e > now).cloned() else {
+            return;
+        };
+        match c.limit.refund(Some(&state), now, charged_at, c.cost, undo) {
+            Refund::Keep => {}
+            Refund::Delete => {
+                self.keys.remove(&c.key);
+            }
+            Refund::Store(s, ttl) => {
+                self.keys
+                    .insert(c.key.clone(), (s, ttl.map_or(exp, |t| now + t)));
+            }
+            _ => unreachable!("a refund the model does not know"),
+        }
+    }
+
+    /// A penalty box (right after its tier) sees its tier's decision and
+    /// writes its strike whatever the commit; it is never charged.
     pub fn check(&mut self, checks: &[TierCheck], now: u64) -> Vec<Decision> {
-        let ds: Vec<Decision> = checks
-            .iter()
-            .map(|c| c.limit.check(self.state(&c.key, now), now, c.cost))
-            .collect();
+        let mut ds: Vec<Decision> = Vec::with_capacity(checks.len());
+        let mut strikes = Vec::new();
+        for c in checks {
+            let state = self.state(&c.key, now);
+            let tier_allowed = ds.last().is_none_or(|d| d.allowed);
+            match c.limit.penalty_check(state, now, tier_allowed) {
+                Some((d, write)) => {
+                    ds.push(d);
+                    if let Some(w) = write {
+                        strikes.push((c.key.clone(), w));
+                    }
+                }
+                None => ds.push(c.limit.check(state, now, c.cost)),
+            }
+        }
         if ds.iter().all(|d| d.allowed) {
-            for c in checks {
+            for c in checks.iter().filter(|c| !c.limit.is_penalty()) {
                 let old = self.state(&c.key, now).cloned();
                 let (s, ttl) = c.limit.charge(old, now, c.cost);
                 self.keys.insert(c.key.clone(), (s, now + ttl));
             }
+        }
+        for (key, (s, ttl)) in strikes {
+            self.keys.insert(key, (s, now + ttl));
         }
         ds
     }

@@ -146,6 +146,14 @@ impl RedisServer {
         commandstat(&info, command, "calls")
     }
 
+    /// Calls of `command` that ran without an error reply (`calls` minus
+    /// `failed_calls`): e.g. an `FCALL` answered "Function not found" before
+    /// the library was loaded does not count.
+    pub fn succeeded(&self, command: &str) -> u64 {
+        let info: String = self.cmd(&["INFO", "commandstats"]);
+        commandstat(&info, command, "calls") - commandstat(&info, command, "failed_calls")
+    }
+
     /// Script calls: `FCALL` (the check on Redis ≥ 7), `EVALSHA` (refunds,
     /// and checks where Functions are refused), plus `EVAL`.
     pub fn script_calls(&self) -> u64 {

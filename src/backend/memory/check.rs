@@ -68,6 +68,7 @@ impl MemoryBackend {
         let found = scratch(&mut found_a, &mut found_v, n);
         let (mut prepared_a, mut prepared_v) = ([const { None }; 8], Vec::new());
         let prepared: &mut [Option<(State, u64)>] = scratch(&mut prepared_a, &mut prepared_v, n);
+        let mut strikes: SmallVec<[(usize, (State, u64)); 1]> = SmallVec::new();
         for (i, (c, &h)) in checks.iter().zip(hashes.iter()).enumerate() {
             let map = &guards[guard_of(h)].map;
             let bucket = map.find_bucket_index(h, |s| s.key == c.key);
@@ -75,7 +76,18 @@ impl MemoryBackend {
                 .and_then(|b| map.get_bucket(b))
                 .filter(|s| s.entry.expires_us > now_us)
                 .map(|s| &s.entry.state);
-            let (d, charged) = c.limit.check_prepared(state, now_us, c.cost);
+            // A penalty box right after its tier: its strike is written
+            // below, whatever the commit.
+            let tier_allowed = decisions.last().is_none_or(|d: &Decision| d.allowed);
+            let (d, charged) = match c.limit.penalty_check(state, now_us, tier_allowed) {
+                Some((d, write)) => {
+                    if let Some(w) = write {
+                        strikes.push((i, w));
+                    }
+                    (d, None)
+                }
+                None => c.limit.check_prepared(state, now_us, c.cost),
+            };
             decisions.push(d);
             let repeated = hashes[..i]
                 .iter()
@@ -114,7 +126,7 @@ impl MemoryBackend {
             }
             // Then, in order, the new keys and the keys listed twice.
             for (i, c) in checks.iter().enumerate() {
-                if found[i].is_some() || !decisions[i].allowed {
+                if found[i].is_some() || !decisions[i].allowed || c.limit.is_penalty() {
                     continue;
                 }
                 let h = hashes[i];
@@ -144,6 +156,10 @@ impl MemoryBackend {
                     g.sweep(now_us, self.inner.max_per_shard);
                 }
             }
+        }
+        for (i, (state, ttl_us)) in strikes {
+            let (c, h) = (&checks[i], hashes[i]);
+            self.store(&mut guards[guard_of(h)], h, &c.key, state, now_us, ttl_us);
         }
         Verdict {
             now_us,

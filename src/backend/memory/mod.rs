@@ -2,6 +2,9 @@
 //! locked shards.
 
 mod check;
+mod lease;
+mod peek;
+mod penalty;
 mod shard;
 #[cfg(test)]
 mod tests;

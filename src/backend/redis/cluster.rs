@@ -60,7 +60,14 @@ pub(super) enum Via {
 }
 
 /// The Redis key of a layer key in a cluster: the whole key as hash tag.
+/// A penalty box's key (`<key>{pb}`) keeps its tier key's tag, so both
+/// are checked in one call: `{<key>}{pb}`.
 pub(crate) fn cluster_key(key: &str) -> String {
+    if let Some(tier) = key.strip_suffix(crate::algorithm::penalty::KEY_SUFFIX) {
+        let mut k = cluster_key(tier);
+        k.push_str(crate::algorithm::penalty::KEY_SUFFIX);
+        return k;
+    }
     let mut k = String::with_capacity(key.len() + 2);
     k.push('{');
     k.push_str(key);

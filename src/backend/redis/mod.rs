@@ -26,6 +26,8 @@ mod cluster;
 mod connection;
 mod control;
 mod format;
+mod lease;
+mod peek;
 mod router;
 mod sentinel;
 mod timed;

@@ -13,7 +13,8 @@
 //! per tier  one argument, its spec: seven integers separated by single
 //!           spaces, "<algorithm> <p1> <p2> <p3> <p4> <cost> <flags>":
 //!           algorithm (1 fixed window, 2 sliding window log, 3 sliding
-//!           window counter, 4 token bucket, 5 leaky bucket), p1..p4, cost,
+//!           window counter, 4 token bucket, 5 leaky bucket, 6 concurrency,
+//!           7 penalty box), p1..p4, cost,
 //!           flags (+1 shadow, +2 undo wanted, +4 write the compact format).
 //!           One argument rather than seven: the script keeps parsed specs
 //!           by their string (as a Redis Function, across calls), so a tier
@@ -22,7 +23,10 @@
 //! ```
 //!
 //! `p1..p4`: windows `limit, window_us, 0, 0`; token bucket `capacity, rate,
-//! unit, 0`; leaky bucket `capacity, rate, unit, max_delay_us` (−1 = police).
+//! unit, 0`; leaky bucket `capacity, rate, unit, max_delay_us` (−1 = police);
+//! concurrency (algorithm 6) `limit, lease_us, lease id, 0`; a penalty box
+//! (algorithm 7) `violations + 1024 × backoff + 2^20 × memory_s, window_us,
+//! block_us, max_block_us`.
 //!
 //! # The check reply
 //!
@@ -66,6 +70,8 @@ pub(super) const CHECK_LUA: &str = concat!(
     include_str!("../../../../lua/sliding_window_counter.lua"),
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/concurrency.lua"),
+    include_str!("../../../../lua/penalty.lua"),
     include_str!("../../../../lua/dispatch.lua"),
     include_str!("../../../../lua/check.lua"),
 );
@@ -80,6 +86,8 @@ pub(super) const CLUSTER_LUA: &str = concat!(
     include_str!("../../../../lua/sliding_window_counter.lua"),
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/concurrency.lua"),
+    include_str!("../../../../lua/penalty.lua"),
     include_str!("../../../../lua/refund.lua"),
     include_str!("../../../../lua/dispatch.lua"),
     include_str!("../../../../lua/cluster.lua"),
@@ -98,6 +106,8 @@ const LIBRARY_BODY: &str = concat!(
     include_str!("../../../../lua/sliding_window_counter.lua"),
     include_str!("../../../../lua/token_bucket.lua"),
     include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/concurrency.lua"),
+    include_str!("../../../../lua/penalty.lua"),
     include_str!("../../../../lua/dispatch.lua"),
     "local function check_main()\n",
     include_str!("../../../../lua/check.lua"),
@@ -142,6 +152,35 @@ impl Library {
         }
     }
 }
+
+/// The read-only script of a peek (`handle.peek`): the algorithms and the
+/// dispatcher, then `peek.lua` (one tier, nothing charged).
+pub(super) const PEEK_LUA: &str = concat!(
+    include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/fixed_window.lua"),
+    include_str!("../../../../lua/sliding_window_log.lua"),
+    include_str!("../../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../../lua/token_bucket.lua"),
+    include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/concurrency.lua"),
+    include_str!("../../../../lua/penalty.lua"),
+    include_str!("../../../../lua/dispatch.lua"),
+    include_str!("../../../../lua/peek.lua"),
+);
+
+/// The renewal of a concurrency lease (`lua/lease.lua`).
+pub(super) const LEASE_LUA: &str = concat!(
+    include_str!("../../../../lua/common.lua"),
+    include_str!("../../../../lua/fixed_window.lua"),
+    include_str!("../../../../lua/sliding_window_log.lua"),
+    include_str!("../../../../lua/sliding_window_counter.lua"),
+    include_str!("../../../../lua/token_bucket.lua"),
+    include_str!("../../../../lua/leaky_bucket.lua"),
+    include_str!("../../../../lua/concurrency.lua"),
+    include_str!("../../../../lua/penalty.lua"),
+    include_str!("../../../../lua/dispatch.lua"),
+    include_str!("../../../../lua/lease.lua"),
+);
 
 /// Tier flag: the tier is in shadow mode (its denial does not stop the
 /// others from being charged).
@@ -220,7 +259,24 @@ fn encode(limit: &Limit) -> (u8, [i64; 4]) {
                 g.max_delay_us.map_or(-1, int),
             ],
         ),
+        Limit::Concurrency(c) => (6, [int(c.limit), int(c.lease_us), int(c.lease), 0]),
+        Limit::Penalty(p) => (
+            7,
+            [
+                int(penalty_packed(&p)),
+                int(p.window_us),
+                int(p.block_us),
+                int(p.max_block_us),
+            ],
+        ),
     }
+}
+
+/// A penalty box's p1: `violations + 1024 × backoff + 2^20 × memory in
+/// whole seconds` (each part checked when the layer is built: violations
+/// and backoff below 1024, memory below 2^32 s).
+pub(crate) fn penalty_packed(p: &crate::algorithm::PenaltyBox) -> u64 {
+    p.violations + (p.backoff << 10) + ((p.memory_us / 1_000_000) << 20)
 }
 
 /// Parameters are validated far below 2^53 when the layer is built.

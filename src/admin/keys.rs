@@ -1,0 +1,109 @@
+//! One key's numbers and its reset: `GET /api/peek/{tier}?key=…` and
+//! `POST /api/reset` (see [`crate::inspect`]).
+
+use super::form::form_pairs;
+use super::reply::{error, json_response, read_body, unknown_tier};
+use super::Admin;
+use crate::inspect::{InspectError, KeyStatus};
+use axum::extract::{Path, Request, State};
+use axum::response::Response;
+use http::StatusCode;
+use serde_json::json;
+use std::sync::Arc;
+
+/// The key of `?key=`.
+fn key_param(req: &Request) -> Option<String> {
+    form_pairs(req.uri().query().unwrap_or(""))
+        .into_iter()
+        .find(|(k, _)| k == "key")
+        .map(|(_, v)| v)
+}
+
+fn failed(tier: &str, e: &InspectError) -> Response {
+    match e {
+        InspectError::UnknownTier(_) => unknown_tier(tier),
+        InspectError::InvalidKey => error(StatusCode::BAD_REQUEST, "invalid_key", &e.to_string()),
+        InspectError::Backend(b) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "backend_failed",
+            &b.to_string(),
+        ),
+    }
+}
+
+fn status_json(tier: &str, key: &str, s: &KeyStatus) -> serde_json::Value {
+    json!({
+        "tier": tier,
+        "key": key,
+        "allowed": s.allowed,
+        "limit": s.limit,
+        "remaining": s.remaining,
+        "reset_after_us": u64::try_from(s.reset_after.as_micros()).unwrap_or(u64::MAX),
+        "retry_after_us": u64::try_from(s.retry_after.as_micros()).unwrap_or(u64::MAX),
+        "now_us": s.now_us,
+        "blocked_for_us": s.blocked_for.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+    })
+}
+
+pub(super) async fn api_peek(
+    State(admin): State<Arc<Admin>>,
+    Path(tier): Path<String>,
+    req: Request,
+) -> Response {
+    let Some(key) = key_param(&req) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "missing_key",
+            "key: the stored key part (?key=...)",
+        );
+    };
+    match admin.handle.peek(&tier, &key).await {
+        Ok(s) => json_response(StatusCode::OK, &status_json(&tier, &key, &s)),
+        Err(e) => failed(&tier, &e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Reset {
+    tier: String,
+    key: String,
+}
+
+pub(super) async fn api_reset(State(admin): State<Arc<Admin>>, req: Request) -> Response {
+    key_action(admin, req, false).await
+}
+
+pub(super) async fn api_lift(State(admin): State<Arc<Admin>>, req: Request) -> Response {
+    key_action(admin, req, true).await
+}
+
+/// A reset, or a lift of the penalty box only.
+async fn key_action(admin: Arc<Admin>, req: Request, lift: bool) -> Response {
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(res) => return res,
+    };
+    let r: Reset = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_body",
+                &format!("{e}; expected {{\"tier\":\"ip\",\"key\":\"203.0.113.7\"}}"),
+            )
+        }
+    };
+    let done = if lift {
+        admin.handle.lift(&r.tier, &r.key).await
+    } else {
+        admin.handle.reset(&r.tier, &r.key).await
+    };
+    match done {
+        Ok(existed) => json_response(
+            StatusCode::OK,
+            &json!({ "tier": r.tier, "key": r.key, "existed": existed }),
+        ),
+        Err(e) => failed(&r.tier, &e),
+    }
+}

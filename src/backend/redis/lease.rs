@@ -1,0 +1,54 @@
+//! Concurrency leases on Redis: a request's release (`ZREM`) and the
+//! renewal of a long request's lease (`lua/lease.lua`).
+
+use super::wire::LEASE_LUA;
+use super::RedisBackend;
+use crate::algorithm::Concurrency;
+use crate::error::BackendError;
+use ::redis::{Cmd, Script};
+use std::sync::OnceLock;
+
+fn script() -> &'static Script {
+    static SCRIPT: OnceLock<Script> = OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(LEASE_LUA))
+}
+
+impl RedisBackend {
+    /// Takes lease `id` out of `key`'s sorted set.
+    pub(crate) async fn release(&self, key: &str, id: u64) -> Result<(), BackendError> {
+        let key = self.storage_key(key);
+        let mut cmd = ::redis::cmd("ZREM");
+        cmd.arg(&key).arg(id);
+        self.command_on::<i64>(&key, &cmd).await.map(|_| ())
+    }
+
+    /// Renews lease `c.lease` of `key` for `c.lease_us` from now (Redis's
+    /// clock, or the test clock); false when it is no longer held.
+    pub(crate) async fn renew(&self, key: &str, c: &Concurrency) -> Result<bool, BackendError> {
+        let key = self.storage_key(key);
+        let clock = self.clock_arg();
+        let build = |eval: bool| -> Cmd {
+            let mut cmd = if eval {
+                let mut c = ::redis::cmd("EVAL");
+                c.arg(LEASE_LUA);
+                c
+            } else {
+                let mut c = ::redis::cmd("EVALSHA");
+                c.arg(script().get_hash());
+                c
+            };
+            cmd.arg(1)
+                .arg(key.as_str())
+                .arg(clock.as_bytes())
+                .arg(c.lease)
+                .arg(c.lease_us);
+            cmd
+        };
+        let mut target = self.target().await?;
+        let r: i64 = self
+            .call_on(&mut target, &key, script(), build)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(r == 1)
+    }
+}

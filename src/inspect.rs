@@ -1,0 +1,253 @@
+//! Peek and reset: one key's numbers in one tier without consuming
+//! anything, and a fresh start for one key ([`RateLimitHandle::peek`],
+//! [`RateLimitHandle::reset`], and the admin API's `GET /api/peek/{tier}`
+//! and `POST /api/reset`).
+//!
+//! Support teams ask "why is this customer blocked?": peek answers with
+//! what the next request of the tier's cost would get, from the same
+//! backend state the layer decides on (Redis `TIME`, the key's stored value),
+//! and charges nothing. On Redis it is a read-only script call
+//! (`EVALSHA_RO` of `lua/peek.lua`); on a cluster it goes to the key's slot.
+//!
+//! # Keys
+//!
+//! `key` is the key part **as stored**: what the top-N tables and the admin
+//! page show (`203.0.113.7`, `2001:db8::/64`, `%23a` …). A raw value that
+//! needs escaping or hashing becomes its stored form through
+//! [`storage_key_part`](crate::key::storage_key_part). The storage key is
+//! `<key_prefix>:<tier>:<key>`.
+//!
+//! # Deployment caveat
+//!
+//! A peek uses the tier's default quota: a key on a plan
+//! ([`Tier::plan`](crate::Tier::plan)) has other numbers. A reset clears
+//! the backend's state and this process's deny cache for the key; other
+//! instances may answer a cached 429 for that key until the retry time they
+//! were told (Redis) — at most the wait the last denial announced.
+
+use crate::algorithm::Decision;
+use crate::backend::TierCheck;
+use crate::error::BackendError;
+use crate::RateLimitHandle;
+use std::time::Duration;
+
+/// One key's numbers in one tier, as [`RateLimitHandle::peek`] reads them:
+/// what a request of the tier's cost would be answered with now (its
+/// headers' numbers), nothing charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct KeyStatus {
+    /// Whether a request of the tier's cost would pass now.
+    pub allowed: bool,
+    /// The tier's capacity in whole requests (`X-RateLimit-Limit`).
+    pub limit: u64,
+    /// Whole requests the next request would leave (after its charge,
+    /// when it would pass; what is left now, when it would not):
+    /// `X-RateLimit-Remaining`.
+    pub remaining: u64,
+    /// Until the key would be back to its full capacity after the next
+    /// request (`X-RateLimit-Reset`, relative).
+    pub reset_after: Duration,
+    /// Until a request of the tier's cost would pass (zero when it would
+    /// pass now).
+    pub retry_after: Duration,
+    /// The backend's clock when it was read (Redis `TIME`), Unix epoch µs.
+    pub now_us: u64,
+    /// With a penalty box on the tier ([`Penalty`](crate::Penalty)): how
+    /// long the key is still blocked (`None`: not blocked). A blocked key is
+    /// denied whatever the numbers above say.
+    pub blocked_for: Option<Duration>,
+}
+
+impl KeyStatus {
+    fn from_decision(d: &Decision, now_us: u64) -> Self {
+        Self {
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            reset_after: Duration::from_micros(d.reset_after_us),
+            retry_after: Duration::from_micros(d.retry_after_us),
+            now_us,
+            blocked_for: None,
+        }
+    }
+}
+
+/// Why a peek or reset could not run.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum InspectError {
+    /// The layer has no tier of this name.
+    #[error("tier \"{0}\": no such tier")]
+    UnknownTier(String),
+    /// The key is not a stored key part: empty, over 128 bytes, or with a
+    /// byte outside printable ASCII, or `{` / `}` (see the module docs).
+    #[error("key: not a stored key part (1-128 printable ASCII bytes, no '{{' or '}}'); escape raw values with key::storage_key_part")]
+    InvalidKey,
+    /// The backend could not answer (or did not within `backend_timeout`).
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// Whether `key` can be a stored key part (what
+/// [`storage_key_part`](crate::key::storage_key_part) and the built-in
+/// extractors write).
+fn valid_key(key: &str) -> bool {
+    (1..=crate::key::MAX_KEY_PART).contains(&key.len())
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+}
+
+impl RateLimitHandle {
+    /// The storage key and the check of `key` in `tier` (its default
+    /// quota, its fixed cost).
+    fn key_check(&self, tier: &str, key: &str) -> Result<TierCheck, InspectError> {
+        let shared = self.shared();
+        let i = shared
+            .tier_index(tier)
+            .map_err(|_| InspectError::UnknownTier(tier.to_owned()))?;
+        if !valid_key(key) {
+            return Err(InspectError::InvalidKey);
+        }
+        let t = &shared.tiers[i];
+        Ok(TierCheck {
+            key: format!("{}{key}", t.key_base),
+            limit: shared.runtime.load().tiers[i].limit,
+            cost: t.cost,
+        })
+    }
+
+    /// `key`'s numbers in `tier` now, **without consuming** anything: what a
+    /// request of the tier's cost would get (see the [module docs](crate::inspect)
+    /// for the key's form). Bounded by the layer's `backend_timeout`.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tiered_ratelimit::{key::Global, Quota, RateLimitLayer, Tier};
+    /// let layer = RateLimitLayer::builder()
+    ///     .tier(Tier::new("global", Global, Quota::per_minute(10)))
+    ///     .build()
+    ///     .unwrap();
+    /// let status = layer.handle().peek("global", "all").await.unwrap();
+    /// // The next request would pass and leave 9 (nothing is charged).
+    /// assert_eq!((status.allowed, status.limit, status.remaining), (true, 10, 9));
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`InspectError::UnknownTier`], [`InspectError::InvalidKey`], or the
+    /// backend's error.
+    pub async fn peek(&self, tier: &str, key: &str) -> Result<KeyStatus, InspectError> {
+        let check = self.key_check(tier, key)?;
+        let timeout = self.shared().backend_timeout;
+        let peek = |check: TierCheck| async move {
+            let v = tokio::time::timeout(timeout, self.shared().backend.peek(&check))
+                .await
+                .map_err(|_| BackendError::Timeout(timeout))??;
+            match v.decisions.first() {
+                Some(d) => Ok((*d, v.now_us)),
+                None => Err(BackendError::Reply("a peek without a decision".to_owned())),
+            }
+        };
+        let penalty = self.penalty_check(tier, &check);
+        let (d, now_us) = peek(check).await?;
+        let mut status = KeyStatus::from_decision(&d, now_us);
+        if let Some(p) = penalty {
+            let (d, _) = peek(p).await?;
+            if !d.allowed {
+                status.allowed = false;
+                status.blocked_for = Some(Duration::from_micros(d.retry_after_us));
+                status.retry_after = status
+                    .retry_after
+                    .max(Duration::from_micros(d.retry_after_us));
+            }
+        }
+        Ok(status)
+    }
+
+    /// The penalty box's check of `check`'s key, when `tier` has one.
+    fn penalty_check(&self, tier: &str, check: &TierCheck) -> Option<TierCheck> {
+        let i = self.shared().tier_index(tier).ok()?;
+        let p = self.shared().tiers[i].penalty?;
+        Some(TierCheck {
+            key: format!("{}{}", check.key, crate::algorithm::penalty::KEY_SUFFIX),
+            limit: crate::algorithm::Limit::Penalty(p),
+            cost: 1,
+        })
+    }
+
+    /// Lifts `key`'s block in `tier`'s penalty box (and forgets its strikes
+    /// and offences), fleet-wide, leaving its rate state alone; this
+    /// process forgets its cached denial. Returns whether there was any
+    /// penalty state. Logged at `info`.
+    ///
+    /// # Errors
+    /// [`InspectError::UnknownTier`] (also for a tier without a penalty
+    /// box), [`InspectError::InvalidKey`], or the backend's error.
+    pub async fn lift(&self, tier: &str, key: &str) -> Result<bool, InspectError> {
+        let check = self.key_check(tier, key)?;
+        let p = self
+            .penalty_check(tier, &check)
+            .ok_or_else(|| InspectError::UnknownTier(tier.to_owned()))?;
+        let shared = self.shared();
+        let timeout = shared.backend_timeout;
+        let existed = tokio::time::timeout(timeout, shared.backend.reset(&p.key))
+            .await
+            .map_err(|_| BackendError::Timeout(timeout))??;
+        shared.deny_cache.forget(&p.key, || 0);
+        if let Some(fallback) = &shared.fallback {
+            fallback.reset(&p.key);
+        }
+        tracing::info!(tier, key, existed, "rate limiter: penalty box lifted");
+        Ok(existed)
+    }
+
+    /// Makes `key` start fresh in `tier`: its stored state is deleted (on
+    /// Redis for the whole fleet), its penalty box too (see
+    /// [`lift`](Self::lift)), and this process forgets any cached
+    /// denial of it (see the [module docs](crate::inspect) for other
+    /// instances). Returns whether the key held any state. Logged at `info`.
+    ///
+    /// # Errors
+    /// [`InspectError::UnknownTier`], [`InspectError::InvalidKey`], or the
+    /// backend's error.
+    pub async fn reset(&self, tier: &str, key: &str) -> Result<bool, InspectError> {
+        let check = self.key_check(tier, key)?;
+        let shared = self.shared();
+        let timeout = shared.backend_timeout;
+        let mut existed = tokio::time::timeout(timeout, shared.backend.reset(&check.key))
+            .await
+            .map_err(|_| BackendError::Timeout(timeout))??;
+        shared.deny_cache.forget(&check.key, || 0);
+        if let Some(fallback) = &shared.fallback {
+            fallback.reset(&check.key);
+        }
+        if shared.tiers[shared
+            .tier_index(tier)
+            .map_err(|_| InspectError::UnknownTier(tier.to_owned()))?]
+        .penalty
+        .is_some()
+        {
+            existed |= self.lift(tier, key).await?;
+        }
+        tracing::info!(tier, key, existed, "rate limiter: key reset");
+        Ok(existed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_key;
+
+    #[test]
+    fn stored_key_parts_only() {
+        for k in ["203.0.113.7", "2001:db8::/64", "%7Bx%7D", "GET%20/users"] {
+            assert!(valid_key(k), "{k}");
+        }
+        let long = "a".repeat(129);
+        for k in ["", "a b", "{x}", "x}", "é", long.as_str()] {
+            assert!(!valid_key(k), "{k:?}");
+        }
+    }
+}

@@ -1,0 +1,137 @@
+//! The penalty box through real HTTP, on the memory backend, a real Redis
+//! and a real Redis Cluster: the login brute-force recipe (failed logins
+//! only, through skip_successful_requests), exact headers while blocked,
+//! the backoff of a repeat offence, peek, lift and reset; on the test clock.
+
+mod support;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::{routing::post, Router};
+use std::net::SocketAddr;
+use std::time::Duration;
+use support::cluster::RedisCluster;
+use support::*;
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
+use tiered_ratelimit::key::ClientIp;
+use tiered_ratelimit::{Penalty, Quota, RateLimitLayer, Tier};
+
+async fn login(headers: HeaderMap) -> StatusCode {
+    match headers.get("x-password").and_then(|v| v.to_str().ok()) {
+        Some("right") => StatusCode::OK,
+        _ => StatusCode::UNAUTHORIZED,
+    }
+}
+
+async fn attempt(addr: SocketAddr, password: &str) -> Limits {
+    limits(
+        &client()
+            .post(format!("http://{addr}/login"))
+            .header("x-password", password)
+            .send()
+            .await
+            .unwrap(),
+    )
+}
+
+fn failed(limit: u64, remaining: u64, reset: u64) -> Limits {
+    Limits {
+        status: 401,
+        ..ok(limit, remaining, reset)
+    }
+}
+
+/// The recipe: 3 failed logins a minute per IP (a token bucket, one back
+/// every 20 s; successful logins refunded), and a penalty box: 2 more 429s
+/// within 10 minutes block the IP for 15 minutes, a repeat offence within a
+/// day for 30.
+async fn login_brute_force(backend: Backend, clock: ManualClock) {
+    let layer = RateLimitLayer::builder()
+        .backend(backend)
+        .backend_timeout(Duration::from_secs(2))
+        .tier(
+            Tier::new("login_ip", ClientIp::default(), Quota::per_minute(3))
+                .skip_successful_requests(true)
+                .penalty(
+                    Penalty::new(2, Duration::from_secs(600), Duration::from_secs(900))
+                        .backoff(2)
+                        .max_block(Duration::from_secs(3600)),
+                ),
+        )
+        .build()
+        .unwrap();
+    let h = layer.handle();
+    let addr = serve(Router::new().route("/login", post(login)).layer(layer)).await;
+
+    assert_eq!(attempt(addr, "a").await, failed(3, 2, T0_S + 20));
+    assert_eq!(attempt(addr, "b").await, failed(3, 1, T0_S + 40));
+    assert_eq!(attempt(addr, "c").await, failed(3, 0, T0_S + 60));
+    // A 429: the first strike.
+    assert_eq!(attempt(addr, "d").await, denied(3, 0, T0_S + 20, 20));
+    // The second: blocked 15 minutes; the headers show the block's end.
+    assert_eq!(attempt(addr, "e").await, denied(3, 0, T0_S + 900, 900));
+    // While blocked every request is denied, the right password too.
+    assert_eq!(attempt(addr, "right").await, denied(3, 0, T0_S + 900, 900));
+    let s = h.peek("login_ip", "127.0.0.1").await.unwrap();
+    assert_eq!(
+        (s.allowed, s.blocked_for),
+        (false, Some(Duration::from_secs(900)))
+    );
+    clock.advance(Duration::from_secs(899));
+    assert_eq!(attempt(addr, "right").await, denied(3, 0, T0_S + 900, 1));
+    clock.advance(Duration::from_secs(1));
+    // Over: the block did not touch the bucket, which is full again.
+    assert_eq!(attempt(addr, "right").await, ok(3, 2, T0_S + 920));
+    // The successful login is refunded (on Redis in a task of its own).
+    for _ in 0..5000 {
+        let s = h.peek("login_ip", "127.0.0.1").await.unwrap();
+        assert_eq!(s.blocked_for, None);
+        if s.remaining == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // A repeat offence within the day: twice as long.
+    let now = T0_S + 900;
+    assert_eq!(attempt(addr, "a").await, failed(3, 2, now + 20));
+    assert_eq!(attempt(addr, "b").await, failed(3, 1, now + 40));
+    assert_eq!(attempt(addr, "c").await, failed(3, 0, now + 60));
+    assert_eq!(attempt(addr, "d").await, denied(3, 0, now + 20, 20));
+    assert_eq!(attempt(addr, "e").await, denied(3, 0, now + 1800, 1800));
+    // Lifted (the operator): the bucket is still empty, so a 429 of the
+    // bucket, and a first strike again.
+    assert!(h.lift("login_ip", "127.0.0.1").await.unwrap());
+    assert_eq!(attempt(addr, "f").await, denied(3, 0, now + 20, 20));
+    // Reset: everything starts fresh.
+    assert!(h.reset("login_ip", "127.0.0.1").await.unwrap());
+    assert_eq!(attempt(addr, "g").await, failed(3, 2, now + 20));
+    assert!(!h.lift("login_ip", "127.0.0.1").await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_brute_force_in_memory() {
+    let clock = ManualClock::new(T0_US);
+    let b = MemoryBackend::with_manual_clock(clock.clone());
+    login_brute_force(b.into(), clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_brute_force_on_redis() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let b = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(clock.clone())
+        .with_test_ttl_slack(Duration::from_secs(7200));
+    login_brute_force(b.into(), clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn login_brute_force_on_a_cluster() {
+    let cluster = RedisCluster::start(0);
+    let clock = ManualClock::new(T0_US);
+    let b = RedisBackend::cluster(cluster.urls())
+        .unwrap()
+        .with_manual_clock(clock.clone())
+        .with_test_ttl_slack(Duration::from_secs(7200));
+    login_brute_force(b.into(), clock).await;
+}
