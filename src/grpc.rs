@@ -249,6 +249,42 @@ mod tests {
         b.body(()).unwrap().into_parts().0
     }
 
+    fn header<'r>(res: &'r Response<Bytes>, name: &str) -> Option<&'r str> {
+        res.headers().get(name).map(|v| v.to_str().unwrap())
+    }
+
+    /// The blocks without a denial: HTTP 200, their gRPC status in the
+    /// headers, no body.
+    #[test]
+    fn blocks_map_to_their_grpc_statuses() {
+        let res = respond(Block::Unavailable);
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "grpc-status"), Some("14"));
+        assert_eq!(
+            header(&res, "grpc-message"),
+            Some("rate%20limiter%20unavailable")
+        );
+        assert!(res.body().is_empty());
+        let res = respond(Block::Denylisted(DenyStatus::Forbidden));
+        assert_eq!(header(&res, "grpc-status"), Some("7"));
+        assert_eq!(header(&res, "retry-after"), None);
+        let res = respond(Block::Denylisted(DenyStatus::TooManyRequests));
+        assert_eq!(header(&res, "grpc-status"), Some("8"));
+        assert_eq!(header(&res, "retry-after"), Some("3600"));
+        assert_eq!(header(&res, "content-type"), Some("application/grpc"));
+    }
+
+    #[test]
+    fn a_grpc_error_in_the_headers_is_a_failed_call() {
+        let mut h = http::HeaderMap::new();
+        assert!(!failed(http::StatusCode::OK, &h));
+        assert!(failed(http::StatusCode::INTERNAL_SERVER_ERROR, &h));
+        h.insert("grpc-status", http::HeaderValue::from_static("0"));
+        assert!(!failed(http::StatusCode::OK, &h));
+        h.insert("grpc-status", http::HeaderValue::from_static("5"));
+        assert!(failed(http::StatusCode::OK, &h));
+    }
+
     #[test]
     fn grpc_requests_are_told_by_their_content_type() {
         for ct in [
