@@ -9,6 +9,7 @@ use support::*;
 use tiered_ratelimit::{
     backend::{Backend, ManualClock, MemoryBackend, RedisBackend},
     key::{ClientIp, Global, User},
+    rollout::Mode,
     FailurePolicy, Quota, RateLimitLayer, Tier,
 };
 
@@ -127,6 +128,41 @@ async fn two_app_servers_admit_exactly_the_limit() {
         }
         assert_eq!((ok, limited), (30, 370), "round {round}");
     }
+}
+
+/// Shadow mode never blocks: with every tier in shadow mode, a Redis outage
+/// under `FailurePolicy::Closed` passes requests (counted as failed open),
+/// while a layer with one enforced tier answers 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_mode_passes_when_redis_is_down_even_when_closed() {
+    let mut redis = RedisServer::start();
+    let timeout = Duration::from_millis(300);
+    let mk = |shadow_user: bool, shadow_global: bool| {
+        let mode = |shadow| if shadow { Mode::Shadow } else { Mode::Enforce };
+        RateLimitLayer::builder()
+            .backend(RedisBackend::from_url(&redis.url()).unwrap())
+            .tier(Tier::new("global", Global, Quota::per_hour(1000)).mode(mode(shadow_global)))
+            .tier(Tier::new("user", User, Quota::per_hour(10)).mode(mode(shadow_user)))
+            .failure_policy(FailurePolicy::Closed)
+            .backend_timeout(timeout)
+            .build()
+            .unwrap()
+    };
+    let all_shadow = mk(true, true);
+    let h = all_shadow.handle();
+    let all_shadow = serve(app(all_shadow)).await;
+    let one_enforced = serve(app(mk(true, false))).await;
+    let c = client();
+    let hit = |addr| c.get(format!("http://{addr}/")).send();
+    assert_eq!(hit(all_shadow).await.unwrap().status(), 200);
+    redis.stop();
+    for _ in 0..3 {
+        let res = hit(all_shadow).await.unwrap();
+        assert_eq!(limits(&res), NO_LIMITS, "passes without headers");
+        assert_eq!(hit(one_enforced).await.unwrap().status(), 503);
+    }
+    assert_eq!(h.counts().fail_open, 3);
+    assert_eq!(h.counts().fail_closed, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

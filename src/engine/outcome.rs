@@ -86,7 +86,15 @@ pub(crate) fn outcome(
             if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {
                 shared.breaker.failure(meta.permit);
             }
-            fail(shared, &e, facts)
+            // A request none of whose checked tiers is enforced (shadow
+            // mode, globally or per tier) is never blocked by the limiter,
+            // not even when it cannot decide.
+            let enforced = (0..meta.sent.len()).any(|i| !meta.shadow.contains(i));
+            if enforced {
+                fail(shared, &e, facts)
+            } else {
+                fail_shadow(shared, &e)
+            }
         }
     };
     if !meta.quiet {
@@ -162,6 +170,24 @@ fn with_leases(mut d: Decision, backend: &Backend, meta: &Meta, v: &Verdict) -> 
 
 /// The failure policy's decision when the backend (or a key extractor)
 /// could not decide.
+/// The backend could not decide a request whose checked tiers are all in
+/// shadow mode: it passes whatever the failure policy (shadow mode never
+/// blocks), counted as failed open, without rate-limit headers.
+fn fail_shadow(shared: &Shared, e: &BackendError) -> Decision {
+    let backend = shared.backend.name();
+    observe::count_backend_error(e.kind(), backend);
+    if let Some(suppressed) = shared.failure_log.permit() {
+        tracing::warn!(target: super::LOG_TARGET,
+            error = %e,
+            backend,
+            suppressed,
+            "rate limiter could not decide; every tier is in shadow mode: passing"
+        );
+    }
+    shared.count(RequestDecision::FailOpen);
+    Decision::Allow(Allow::bare(RequestDecision::FailOpen))
+}
+
 pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Decision {
     let backend = shared.backend.name();
     observe::count_backend_error(e.kind(), backend);
