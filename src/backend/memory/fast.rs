@@ -63,6 +63,7 @@ impl MemoryBackend {
         let guard_of = |h: u64| (shards & ((1u64 << shard_of(h)) - 1)).count_ones() as usize;
 
         decisions.clear();
+        decisions.reserve_exact(checks.len());
         let mut steps: SmallVec<[Step<'_>; 8]> = SmallVec::new();
         for (c, &h) in checks.iter().zip(hashes) {
             let slot = locked[guard_of(h)].map.find(h, |s| s.key == c.key)?;
@@ -107,14 +108,15 @@ impl MemoryBackend {
                 }
             }
         }
-        let mut charges = Vec::new();
-        if with_charges {
-            charges.extend(steps.iter().zip(checks).map(|(s, c)| {
-                s.charged.map(|new| Charge {
-                    at_us: now_us,
-                    undo: c.limit.undo_of(&s.cell.state(new), now_us),
-                    next_after_us: 0,
-                })
+        if !with_charges {
+            return Some(Vec::new());
+        }
+        let mut charges = Vec::with_capacity(steps.len());
+        for (s, c) in steps.iter().zip(checks) {
+            charges.push(s.charged.map(|new| Charge {
+                at_us: now_us,
+                undo: c.limit.undo_of(&s.cell.state(new), now_us),
+                next_after_us: 0,
             }));
         }
         Some(charges)

@@ -95,14 +95,17 @@ fn memory_stays_bounded_under_a_key_flood() {
     assert!(m.len() <= 64 * 101);
 }
 
-/// 8 threads × 100 requests against two tiers, a wide one (1 000) then a
-/// narrow one (50), on a stopped clock: exactly 50 are admitted, and once
+/// 8 threads × 2 000 requests (started together) against two tiers, a wide
+/// one (100 000) then a narrow one (5 000), on a stopped clock: exactly
+/// 5 000 are admitted, and once
 /// every thread is done the wide tier holds exactly those 50 charges (a
 /// request the narrow tier denied after its wide charge was swapped in had
 /// that charge given back). Token and leaky buckets (charged by
 /// compare-and-swap), and a fixed window (locked) in either place.
 #[test]
 fn concurrent_checks_admit_exactly_the_smaller_quota() {
+    const WIDE: u64 = 100_000;
+    const NARROW: u64 = 5_000;
     let tb = |n| Limit::TokenBucket(TokenBucket::new(n, 3_600_000_000, n).unwrap());
     let gcra = |n| {
         Limit::LeakyBucket(crate::algorithm::Gcra {
@@ -117,11 +120,11 @@ fn concurrent_checks_admit_exactly_the_smaller_quota() {
         })
     };
     let pairs = [
-        (tb(1000), tb(50)),
-        (gcra(1000), tb(50)),
-        (tb(1000), gcra(50)),
-        (fixed(1000), tb(50)),
-        (tb(1000), fixed(50)),
+        (tb(WIDE), tb(NARROW)),
+        (gcra(WIDE), tb(NARROW)),
+        (tb(WIDE), gcra(NARROW)),
+        (fixed(WIDE), tb(NARROW)),
+        (tb(WIDE), fixed(NARROW)),
     ];
     for (case, (wide, narrow)) in pairs.into_iter().enumerate() {
         let m = MemoryBackend::with_manual_clock(ManualClock::new(1_000_000_000_000));
@@ -137,11 +140,13 @@ fn concurrent_checks_admit_exactly_the_smaller_quota() {
                 cost: 1,
             },
         ];
+        let start = std::sync::Barrier::new(8);
         let admitted: usize = std::thread::scope(|s| {
             let workers: Vec<_> = (0..8)
                 .map(|_| {
                     s.spawn(|| {
-                        (0..100)
+                        start.wait();
+                        (0..2000)
                             .filter(|_| m.check(&checks, Shadow::NONE, false).allowed())
                             .count()
                     })
@@ -149,9 +154,9 @@ fn concurrent_checks_admit_exactly_the_smaller_quota() {
                 .collect();
             workers.into_iter().map(|w| w.join().unwrap()).sum()
         });
-        assert_eq!(admitted, 50, "case {case}");
+        assert_eq!(admitted, NARROW as usize, "case {case}");
         let v = m.check_all(&checks[..1]);
-        assert_eq!(v.decisions[0].remaining, 1000 - 50 - 1, "case {case}");
+        assert_eq!(v.decisions[0].remaining, WIDE - NARROW - 1, "case {case}");
         let v = m.check_all(&checks[1..]);
         assert!(!v.allowed(), "case {case}");
     }
