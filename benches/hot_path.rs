@@ -13,6 +13,8 @@
 //!   memory backend, every algorithm, in steady state at half its rate (a
 //!   `ManualClock` advanced 20 ms per check for a quota of 100 per second, so
 //!   every check is allowed and the sliding log holds 50 entries).
+//! * `backend_keys/<n>`: `Backend::check` of one token-bucket tier cycling
+//!   through `n` = 1, 10 or 10^6 existing keys (none denied, clock stopped).
 //! * `layer/...`: the whole `RateLimitLayer` (memory backend, default
 //!   settings) around a trivial `tower::service_fn`, called with a freshly
 //!   built request; `layer/baseline` is the same request through the bare
@@ -116,6 +118,43 @@ fn backend_check(c: &mut Criterion) {
                     clock.advance(Duration::from_millis(20));
                     now(backend.check(checks))
                 },
+                BatchSize::SmallInput,
+            );
+        });
+    }
+    g.finish();
+}
+
+/// `Backend::check` of one token-bucket tier per call, cycling through 1,
+/// 10 or 10^6 keys that exist (filled first, never denied: a burst of 10^9,
+/// on a stopped clock): the check per key should stay flat as keys grow.
+fn backend_keys(c: &mut Criterion) {
+    let limit = Limit::TokenBucket(TokenBucket::new(1000, S, 1_000_000_000).expect("a quota"));
+    let mut g = c.benchmark_group("backend_keys");
+    g.throughput(Throughput::Elements(1));
+    for (name, n) in [("1", 1u32), ("10", 10), ("1e6", 1_000_000)] {
+        let clock = ManualClock::new(1_700_000_000 * S);
+        let backend: Backend = MemoryBackend::with_manual_clock(clock)
+            .max_keys(4_000_000)
+            .into();
+        let checks: Vec<TierCheck> = (0..n)
+            .map(|i| TierCheck {
+                key: format!("rl:ip:{}", Ipv4Addr::from(0x0a00_0000 + i)),
+                limit,
+                cost: 1,
+            })
+            .collect();
+        for check in &checks {
+            assert!(now(backend.check(vec![check.clone()])).unwrap().allowed());
+        }
+        let mut i = 0;
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    i = (i + 1) % checks.len();
+                    vec![checks[i].clone()]
+                },
+                |checks| now(backend.check(checks)),
                 BatchSize::SmallInput,
             );
         });
@@ -300,5 +339,13 @@ fn metrics_on(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, backend_check, layer, keys, headers, metrics_on);
+criterion_group!(
+    benches,
+    backend_check,
+    backend_keys,
+    layer,
+    keys,
+    headers,
+    metrics_on
+);
 criterion_main!(benches);

@@ -8,7 +8,7 @@ use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use compact_str::CompactString;
 use smallvec::SmallVec;
 use std::hash::BuildHasher;
-use std::sync::MutexGuard;
+use std::sync::RwLockWriteGuard;
 
 impl MemoryBackend {
     /// Checks, and charges when every enforced tier allows. `with_charges`:
@@ -44,9 +44,24 @@ impl MemoryBackend {
             *h = self.hash(&c.key);
             shards |= 1 << shard_of(*h);
         }
+        if let Some(charges) = self.check_fast(
+            checks,
+            shadow,
+            with_charges,
+            &mut decisions,
+            now_us,
+            hashes,
+            shards,
+        ) {
+            return Verdict {
+                now_us,
+                decisions,
+                charges,
+            };
+        }
         // Lock in ascending shard order (the set bits, low to high): no two
         // requests can wait on each other.
-        let mut locked: SmallVec<[MutexGuard<'_, Shard>; 8]> = SmallVec::new();
+        let mut locked: SmallVec<[RwLockWriteGuard<'_, Shard>; 8]> = SmallVec::new();
         let mut rest = shards;
         while rest != 0 {
             locked.push(lock(&self.inner.shards[rest.trailing_zeros() as usize]));
@@ -74,19 +89,21 @@ impl MemoryBackend {
             let bucket = map.find_bucket_index(h, |s| s.key == c.key);
             let state = bucket
                 .and_then(|b| map.get_bucket(b))
-                .filter(|s| s.entry.expires_us > now_us)
-                .map(|s| &s.entry.state);
+                .and_then(|s| s.entry.live(now_us));
             // A penalty box right after its tier: its strike is written
             // below, whatever the commit.
             let tier_allowed = decisions.last().is_none_or(|d: &Decision| d.allowed);
-            let (d, charged) = match c.limit.penalty_check(state, now_us, tier_allowed) {
+            let (d, charged) = match c
+                .limit
+                .penalty_check(state.as_deref(), now_us, tier_allowed)
+            {
                 Some((d, write)) => {
                     if let Some(w) = write {
                         strikes.push((i, w));
                     }
                     (d, None)
                 }
-                None => c.limit.check_prepared(state, now_us, c.cost),
+                None => c.limit.check_prepared(state.as_deref(), now_us, c.cost),
             };
             decisions.push(d);
             let repeated = hashes[..i]
@@ -103,11 +120,11 @@ impl MemoryBackend {
             if with_charges {
                 charges.resize(n, None);
             }
-            let mut charge = |i: usize, c: &TierCheck, state: &State| {
+            let mut charge = |i: usize, undo: u64| {
                 if with_charges {
                     charges[i] = Some(Charge {
                         at_us: now_us,
-                        undo: c.limit.undo_of(state, now_us),
+                        undo,
                         next_after_us: 0,
                     });
                 }
@@ -121,7 +138,7 @@ impl MemoryBackend {
                 };
                 let g = &mut guards[guard_of(hashes[i])];
                 if let Some(slot) = g.map.get_bucket_mut(b) {
-                    charge(i, c, slot.entry.commit(prepared[i].take(), c, now_us));
+                    charge(i, slot.entry.commit(prepared[i].take(), c, now_us));
                 }
             }
             // Then, in order, the new keys and the keys listed twice.
@@ -132,17 +149,14 @@ impl MemoryBackend {
                 let h = hashes[i];
                 let g = &mut guards[guard_of(h)];
                 if let Some(s) = g.map.find_mut(h, |s| s.key == c.key) {
-                    charge(i, c, s.entry.commit(prepared[i].take(), c, now_us));
+                    charge(i, s.entry.commit(prepared[i].take(), c, now_us));
                     continue;
                 }
                 let (state, ttl_us) = prepared[i]
                     .take()
                     .unwrap_or_else(|| c.limit.charge(None, now_us, c.cost));
-                charge(i, c, &state);
-                let entry = Entry {
-                    state,
-                    expires_us: now_us.saturating_add(ttl_us),
-                };
+                charge(i, c.limit.undo_of(&state, now_us));
+                let entry = Entry::new(state, now_us.saturating_add(ttl_us), now_us);
                 let hasher = &self.inner.hasher;
                 g.map.insert_unique(
                     h,
@@ -181,20 +195,26 @@ impl MemoryBackend {
                 continue;
             };
             let e = &mut slot.get_mut().entry;
-            let state = (e.expires_us > now_us).then_some(&e.state);
-            match c
-                .limit
-                .refund(state, now_us, r.charge.at_us, c.cost, r.charge.undo)
-            {
+            let state = e.live(now_us);
+            let refund = c.limit.refund(
+                state.as_deref(),
+                now_us,
+                r.charge.at_us,
+                c.cost,
+                r.charge.undo,
+            );
+            drop(state);
+            match refund {
                 Refund::Keep => {}
                 Refund::Delete => {
                     slot.remove();
                 }
                 Refund::Store(state, ttl_us) => {
-                    e.state = state;
-                    if let Some(ttl_us) = ttl_us {
-                        e.expires_us = now_us.saturating_add(ttl_us);
-                    }
+                    let expires_us = match ttl_us {
+                        Some(ttl_us) => now_us.saturating_add(ttl_us),
+                        None => e.expires_us(),
+                    };
+                    e.store(state, expires_us, now_us);
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! Concurrency leases in memory: a request's release, and the renewal of
 //! a long request's lease (see [`crate::algorithm::concurrency`]).
 
-use super::shard::{lock, shard_of};
+use super::shard::{lock, shard_of, Entry};
 use super::MemoryBackend;
 use crate::algorithm::{Concurrency, State};
 
@@ -15,11 +15,21 @@ impl MemoryBackend {
         let Ok(mut slot) = g.map.find_entry(h, |s| s.key == key) else {
             return;
         };
-        let State::Leases(leases) = &slot.get().entry.state else {
+        let Entry::Locked {
+            state: State::Leases(leases),
+            expires_us,
+        } = &slot.get().entry
+        else {
             return;
         };
+        let expires_us = *expires_us;
         match Concurrency::release(leases, id, now_us) {
-            Some(left) => slot.get_mut().entry.state = State::Leases(left),
+            Some(left) => {
+                slot.get_mut().entry = Entry::Locked {
+                    state: State::Leases(left),
+                    expires_us,
+                }
+            }
             None => {
                 slot.remove();
             }
@@ -35,18 +45,24 @@ impl MemoryBackend {
         let Some(slot) = g.map.find_mut(h, |s| s.key == key) else {
             return false;
         };
-        let State::Leases(leases) = &slot.entry.state else {
+        let Entry::Locked {
+            state: State::Leases(leases),
+            expires_us,
+        } = &slot.entry
+        else {
             return false;
         };
-        if slot.entry.expires_us <= now_us {
+        if *expires_us <= now_us {
             return false;
         }
         let Some(renewed) = c.renew(leases, c.lease, now_us) else {
             return false;
         };
         let until = now_us.saturating_add(c.lease_us);
-        slot.entry.state = State::Leases(renewed);
-        slot.entry.expires_us = slot.entry.expires_us.max(until);
+        slot.entry = Entry::Locked {
+            state: State::Leases(renewed),
+            expires_us: (*expires_us).max(until),
+        };
         true
     }
 }

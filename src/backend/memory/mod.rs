@@ -1,7 +1,10 @@
 //! [`MemoryBackend`]: buckets in this process's memory, spread over 64
-//! locked shards.
+//! shards behind read-write locks; token and leaky buckets charged by
+//! compare-and-swap under the read lock.
 
+mod cell;
 mod check;
+mod fast;
 mod lease;
 mod peek;
 mod penalty;
@@ -9,7 +12,7 @@ mod shard;
 #[cfg(test)]
 mod tests;
 
-use self::shard::{lock, sweep_threshold, Shard, MIN_SWEEP};
+use self::shard::{read, sweep_threshold, Shard, MIN_SWEEP};
 use super::clock::{Clock, ManualClock};
 use hashbrown::HashTable;
 use std::fmt;
@@ -18,7 +21,7 @@ use std::fmt;
 // than SipHash on short keys.
 use foldhash::quality::RandomState;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 
 /// At most 64: a check locks its shards by the bits of a `u64`.
 const SHARDS: usize = 64;
@@ -26,9 +29,18 @@ const SHARDS: usize = 64;
 /// Buckets in this process's memory: no network, no shared state between app
 /// servers (each server enforces the full quota on its own).
 ///
-/// * **Exact and atomic**: the keys of one request's tiers are locked together
-///   (shards locked in index order, so concurrent requests cannot deadlock),
-///   so a request is charged on every tier or on none.
+/// * **Exact and atomic**: a request is charged on every tier or on none.
+///   The token and leaky buckets of keys already held keep their state (the
+///   theoretical arrival time) in one atomic integer: a check decides every
+///   tier on their values, and once every enforced tier allows, charges each
+///   by compare-and-swap, under read locks of its shards (so requests on one
+///   shard, or one key, do not wait for each other). When a swap finds the
+///   value moved the tier is decided again; if an enforced tier then denies,
+///   the charges already made are given back and the check runs locked. A
+///   concurrent request may briefly see such a charge before it is given
+///   back (and be denied for it). New keys, the window algorithms and a key
+///   listed twice are checked with the shards write-locked together (in
+///   index order, so concurrent requests cannot deadlock).
 /// * **Clock**: tokio's monotonic clock, anchored to the wall clock once at
 ///   construction for the `X-RateLimit-Reset` epoch seconds. Tests can pause it
 ///   (`#[tokio::test(start_paused = true)]`) or use a [`ManualClock`].
@@ -50,7 +62,7 @@ pub struct MemoryBackend {
 }
 
 struct Inner {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[RwLock<Shard>]>,
     hasher: RandomState,
     clock: Clock,
     max_per_shard: usize,
@@ -89,7 +101,7 @@ impl MemoryBackend {
         let max_per_shard = max_keys.div_ceil(SHARDS).max(1);
         let shards = (0..SHARDS)
             .map(|_| {
-                Mutex::new(Shard {
+                RwLock::new(Shard {
                     map: HashTable::new(),
                     sweep_at: sweep_threshold(MIN_SWEEP, max_per_shard),
                 })
@@ -114,7 +126,7 @@ impl MemoryBackend {
 
     /// Buckets currently held (expired ones not yet swept included).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).map.len()).sum()
+        self.inner.shards.iter().map(|s| read(s).map.len()).sum()
     }
 
     /// Whether no bucket is held.

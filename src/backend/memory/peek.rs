@@ -1,7 +1,7 @@
 //! Peek and reset of one key: its shard locked only while the key is read
 //! or removed.
 
-use super::shard::{lock, shard_of};
+use super::shard::{lock, read, shard_of};
 use super::MemoryBackend;
 use crate::backend::{TierCheck, Verdict};
 
@@ -11,13 +11,12 @@ impl MemoryBackend {
     pub(crate) fn peek(&self, check: &TierCheck) -> Verdict {
         let now_us = self.inner.clock.now_us();
         let h = self.hash(&check.key);
-        let g = lock(&self.inner.shards[shard_of(h)]);
+        let g = read(&self.inner.shards[shard_of(h)]);
         let state = g
             .map
             .find(h, |s| s.key == check.key)
-            .filter(|s| s.entry.expires_us > now_us)
-            .map(|s| &s.entry.state);
-        let decision = check.limit.check(state, now_us, check.cost);
+            .and_then(|s| s.entry.live(now_us));
+        let decision = check.limit.check(state.as_deref(), now_us, check.cost);
         Verdict {
             now_us,
             decisions: vec![decision],
@@ -33,7 +32,7 @@ impl MemoryBackend {
         let mut g = lock(&self.inner.shards[shard_of(h)]);
         match g.map.find_entry(h, |s| s.key == key) {
             Ok(slot) => {
-                let live = slot.get().entry.expires_us > now_us;
+                let live = slot.get().entry.expires_us() > now_us;
                 slot.remove();
                 live
             }

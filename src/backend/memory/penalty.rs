@@ -22,7 +22,7 @@ impl MemoryBackend {
     ) {
         let expires_us = now_us.saturating_add(ttl_us);
         if let Some(s) = g.map.find_mut(h, |s| s.key == key) {
-            s.entry = Entry { state, expires_us };
+            s.entry.store(state, expires_us, now_us);
             return;
         }
         let hasher = &self.inner.hasher;
@@ -30,7 +30,7 @@ impl MemoryBackend {
             h,
             Slot {
                 key: CompactString::from(key),
-                entry: Entry { state, expires_us },
+                entry: Entry::new(state, expires_us, now_us),
             },
             |s| hasher.hash_one(s.key.as_str()),
         );

@@ -94,3 +94,103 @@ fn memory_stays_bounded_under_a_key_flood() {
     }
     assert!(m.len() <= 64 * 101);
 }
+
+/// 8 threads × 2 000 requests (started together) against two tiers, a wide
+/// one (100 000) then a narrow one (5 000), on a stopped clock: exactly
+/// 5 000 are admitted, and once
+/// every thread is done the wide tier holds exactly those 50 charges (a
+/// request the narrow tier denied after its wide charge was swapped in had
+/// that charge given back). Token and leaky buckets (charged by
+/// compare-and-swap), and a fixed window (locked) in either place.
+#[test]
+fn concurrent_checks_admit_exactly_the_smaller_quota() {
+    const WIDE: u64 = 100_000;
+    const NARROW: u64 = 5_000;
+    let tb = |n| Limit::TokenBucket(TokenBucket::new(n, 3_600_000_000, n).unwrap());
+    let gcra = |n| {
+        Limit::LeakyBucket(crate::algorithm::Gcra {
+            bucket: TokenBucket::new(n, 3_600_000_000, n).unwrap(),
+            max_delay_us: None,
+        })
+    };
+    let fixed = |n| {
+        Limit::FixedWindow(crate::algorithm::Window {
+            limit: n,
+            window_us: 3_600_000_000,
+        })
+    };
+    let pairs = [
+        (tb(WIDE), tb(NARROW)),
+        (gcra(WIDE), tb(NARROW)),
+        (tb(WIDE), gcra(NARROW)),
+        (fixed(WIDE), tb(NARROW)),
+        (tb(WIDE), fixed(NARROW)),
+    ];
+    for (case, (wide, narrow)) in pairs.into_iter().enumerate() {
+        let m = MemoryBackend::with_manual_clock(ManualClock::new(1_000_000_000_000));
+        let checks = [
+            TierCheck {
+                key: format!("rl:g{case}:all"),
+                limit: wide,
+                cost: 1,
+            },
+            TierCheck {
+                key: format!("rl:u{case}:a"),
+                limit: narrow,
+                cost: 1,
+            },
+        ];
+        let start = std::sync::Barrier::new(8);
+        let admitted: usize = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        (0..2000)
+                            .filter(|_| m.check(&checks, Shadow::NONE, false).allowed())
+                            .count()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(admitted, NARROW as usize, "case {case}");
+        let v = m.check_all(&checks[..1]);
+        assert_eq!(v.decisions[0].remaining, WIDE - NARROW - 1, "case {case}");
+        let v = m.check_all(&checks[1..]);
+        assert!(!v.allowed(), "case {case}");
+    }
+}
+
+/// A charge given back after another request charged the same cell leaves
+/// exactly that other charge, and never moves the bucket past full.
+#[test]
+fn a_charge_given_back_leaves_the_others() {
+    use super::cell::TatCell;
+    let now = 1_000_000_000;
+    let tb = TokenBucket::new(7, 60_000_000, 10).unwrap();
+    let limit = Limit::TokenBucket(tb);
+    let (_, charged) = tb.check(None, now, 1);
+    let (first, _) = charged.unwrap();
+    let cell = TatCell::new(&crate::algorithm::State::Bucket(first), now).unwrap();
+    // Ours: from `seen` to `mine`; then another request's, on top.
+    let seen = cell.load();
+    let (d, mine) = cell.decide(&limit, seen, now, 2).unwrap();
+    assert_eq!(d.remaining, 7);
+    let mine = mine.unwrap();
+    cell.swap_from(seen, mine).unwrap();
+    let (d, theirs) = cell.decide(&limit, mine, now, 3).unwrap();
+    assert_eq!(d.remaining, 4);
+    cell.swap_from(mine, theirs.unwrap()).unwrap();
+    cell.give_back(seen, mine, now);
+    // 10 − 1 (first) − 3 (theirs) = 6 left.
+    let (d, _) = cell.decide(&limit, cell.load(), now, 1).unwrap();
+    assert_eq!(d.remaining, 5);
+    // Giving back more than was charged stops at a full bucket.
+    cell.give_back(0, u64::MAX / 2, now);
+    let (d, _) = cell.decide(&limit, cell.load(), now, 1).unwrap();
+    assert_eq!(d.remaining, 9);
+    // A cell of another quota cannot answer.
+    let other = Limit::TokenBucket(TokenBucket::new(7, 1_000_000, 10).unwrap());
+    assert!(cell.decide(&other, cell.load(), now, 1).is_none());
+}

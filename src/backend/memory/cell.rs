@@ -1,0 +1,188 @@
+//! A token bucket's or leaky bucket's state as one `AtomicU64`: its
+//! theoretical arrival time (TAT), which a check updates by
+//! compare-and-swap under its shard's read lock.
+
+use crate::algorithm::{div_ceil, BucketState, Decision, Limit, State, TatState};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The TAT of one bucket, `anchor_us + ticks / rate` µs, in one atomic.
+///
+/// Both algorithms keep the TAT as whole microseconds plus a remainder in
+/// units of `1 / rate` µs ([`BucketState`], [`TatState`]); here it is one
+/// integer of such units (ticks) counted from `anchor_us`, so it is exact
+/// and fits a single compare-and-swap. The anchor, the rate and (token
+/// bucket) the unit never change while the cell lives: a state they cannot
+/// express (another quota, a clock stepped back past the anchor, a TAT more
+/// than 2^64 ticks away) goes through the locked path, which stores a new
+/// cell or a [`State`].
+pub(super) struct TatCell {
+    kind: Kind,
+    rate: u64,
+    anchor_us: u64,
+    ticks: AtomicU64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A token bucket of this many units per token.
+    Bucket { unit: u64 },
+    /// A leaky bucket (GCRA).
+    Leaky,
+}
+
+impl TatCell {
+    /// A cell holding `state`, when it is a token or leaky bucket's that the
+    /// cell can express; anchored at the earlier of its TAT and `now_us`.
+    pub(super) fn new(state: &State, now_us: u64) -> Option<Self> {
+        let (kind, tat_us, frac, rate) = match *state {
+            State::Bucket(s) => (Kind::Bucket { unit: s.unit }, s.tat_us, s.frac, s.rate),
+            State::Tat(s) => (Kind::Leaky, s.tat_us, s.frac, s.rate),
+            _ => return None,
+        };
+        if rate == 0 || frac >= rate {
+            return None;
+        }
+        let anchor_us = tat_us.min(now_us);
+        let cell = Self {
+            kind,
+            rate,
+            anchor_us,
+            ticks: AtomicU64::new(0),
+        };
+        let ticks = cell.ticks_of(tat_us, frac)?;
+        cell.ticks.store(ticks, Ordering::Relaxed);
+        Some(cell)
+    }
+
+    /// The TAT `tat_us + frac / rate` in ticks from the anchor, if it fits.
+    fn ticks_of(&self, tat_us: u64, frac: u64) -> Option<u64> {
+        tat_us
+            .checked_sub(self.anchor_us)?
+            .checked_mul(self.rate)?
+            .checked_add(frac)
+    }
+
+    /// `now_us` in ticks from the anchor (0 before it, saturating past 2^64).
+    fn ticks_at(&self, now_us: u64) -> u64 {
+        now_us
+            .saturating_sub(self.anchor_us)
+            .saturating_mul(self.rate)
+    }
+
+    /// The current ticks (for a check about to decide on them).
+    pub(super) fn load(&self) -> u64 {
+        self.ticks.load(Ordering::Acquire)
+    }
+
+    /// Epoch µs after which the bucket is full (its TAT, rounded up): what
+    /// the charge's time-to-live gave the entry.
+    pub(super) fn expires_us(&self, ticks: u64) -> u64 {
+        self.anchor_us.saturating_add(div_ceil(ticks, self.rate))
+    }
+
+    /// The state at `ticks`, as the algorithm keeps it.
+    pub(super) fn state(&self, ticks: u64) -> State {
+        let (tat_us, frac) = (self.anchor_us + ticks / self.rate, ticks % self.rate);
+        match self.kind {
+            Kind::Bucket { unit } => State::Bucket(BucketState {
+                tat_us,
+                frac,
+                unit,
+                rate: self.rate,
+            }),
+            Kind::Leaky => State::Tat(TatState {
+                tat_us,
+                frac,
+                rate: self.rate,
+            }),
+        }
+    }
+
+    /// `limit`'s decision for `cost` at `now_us` on the bucket at `ticks`
+    /// (expired: as no key), and when allowed the ticks to store. `None`
+    /// when the cell cannot answer: another algorithm, unit or rate, or a
+    /// charged TAT it cannot express (the locked path then decides).
+    pub(super) fn decide(
+        &self,
+        limit: &Limit,
+        ticks: u64,
+        now_us: u64,
+        cost: u64,
+    ) -> Option<(Decision, Option<u64>)> {
+        // Not yet expired: `expires_us(ticks) > now_us`, without a division.
+        let live = now_us
+            .checked_sub(self.anchor_us)
+            .is_none_or(|d| d.checked_mul(self.rate).is_some_and(|t| ticks > t));
+        let (tat_us, frac) = (self.anchor_us + ticks / self.rate, ticks % self.rate);
+        match (limit, self.kind) {
+            (Limit::TokenBucket(b), Kind::Bucket { unit })
+                if unit == b.unit && b.rate == self.rate =>
+            {
+                let state = live.then_some(BucketState {
+                    tat_us,
+                    frac,
+                    unit,
+                    rate: self.rate,
+                });
+                match b.check(state, now_us, cost) {
+                    (d, None) => Some((d, None)),
+                    (d, Some((s, _))) => Some((d, Some(self.ticks_of(s.tat_us, s.frac)?))),
+                }
+            }
+            (Limit::LeakyBucket(g), Kind::Leaky) if g.bucket.rate == self.rate => {
+                let state = live.then_some(TatState {
+                    tat_us,
+                    frac,
+                    rate: self.rate,
+                });
+                let d = g.check(state, now_us, cost);
+                if !d.allowed {
+                    return Some((d, None));
+                }
+                let (s, _) = g.charge(state, now_us, cost);
+                Some((d, Some(self.ticks_of(s.tat_us, s.frac)?)))
+            }
+            _ => None,
+        }
+    }
+
+    /// Stores `new` if the cell still holds `old`; else returns what it holds.
+    pub(super) fn swap_from(&self, old: u64, new: u64) -> Result<(), u64> {
+        self.ticks
+            .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| ())
+    }
+
+    /// Gives back a charge this check made at `now_us` that moved the cell
+    /// from `old` to `new`: the TAT goes back by what the charge added
+    /// (`new − max(old, now)`), never before `now_us`. This is
+    /// [`Limit::refund`] at the charge's own instant (nothing refilled yet:
+    /// all of it is given back), applied to whatever other requests have
+    /// charged since.
+    pub(super) fn give_back(&self, old: u64, new: u64, now_us: u64) {
+        let floor = self.ticks_at(now_us);
+        let back = new.saturating_sub(old.max(floor));
+        let _ = self
+            .ticks
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+                Some(cur.saturating_sub(back).max(floor.min(cur)))
+            });
+    }
+
+    /// Replaces the ticks (under the shard's write lock).
+    pub(super) fn set(&mut self, ticks: u64) {
+        *self.ticks.get_mut() = ticks;
+    }
+
+    /// The ticks of `state` in this cell, if it is of this cell's kind, unit
+    /// and rate and fits.
+    pub(super) fn ticks_of_state(&self, state: &State) -> Option<u64> {
+        match (state, self.kind) {
+            (State::Bucket(s), Kind::Bucket { unit }) if s.unit == unit && s.rate == self.rate => {
+                self.ticks_of(s.tat_us, s.frac)
+            }
+            (State::Tat(s), Kind::Leaky) if s.rate == self.rate => self.ticks_of(s.tat_us, s.frac),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The check of token and leaky buckets that exist: their shards
+//! read-locked, each key charged by compare-and-swap on its [`TatCell`], a
+//! charge given back when a later tier turns out to deny.
+
+use super::cell::TatCell;
+use super::shard::{read, shard_of, Entry, Shard};
+use super::MemoryBackend;
+use crate::algorithm::{Decision, Limit};
+use crate::backend::{Charge, Shadow, TierCheck};
+use smallvec::SmallVec;
+use std::sync::RwLockReadGuard;
+
+/// One tier on the way: its cell, the ticks it was decided on, and the
+/// ticks its charge writes (`None`: not allowed, not charged).
+struct Step<'a> {
+    cell: &'a TatCell,
+    seen: u64,
+    charged: Option<u64>,
+}
+
+impl MemoryBackend {
+    /// The check when every tier is a token or leaky bucket whose key exists
+    /// (in a cell of its quota) and no key is listed twice: `None` when it
+    /// is not, or when a race turns an enforced tier to a denial after an
+    /// earlier tier was charged (those charges are given back first); the
+    /// locked check then decides.
+    ///
+    /// The shards are only read-locked (in ascending order, as the locked
+    /// check write-locks them), so requests on the same shard or the same
+    /// key run at once; each tier is decided on a load of its cell, and
+    /// charged, once every enforced tier allows, by a compare-and-swap from
+    /// the ticks it was decided on. A swap that finds the cell moved decides
+    /// again on what it holds. A concurrent request may see a charge that
+    /// is then given back, and be denied for it: one that the locked path
+    /// would have admitted a moment later.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn check_fast(
+        &self,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        with_charges: bool,
+        decisions: &mut Vec<Decision>,
+        now_us: u64,
+        hashes: &[u64],
+        shards: u64,
+    ) -> Option<Vec<Option<Charge>>> {
+        let eligible = |(i, c): (usize, &TierCheck)| {
+            matches!(c.limit, Limit::TokenBucket(_) | Limit::LeakyBucket(_))
+                && !hashes[..i]
+                    .iter()
+                    .zip(checks)
+                    .any(|(&h, o)| h == hashes[i] && o.key == c.key)
+        };
+        if !checks.iter().enumerate().all(eligible) {
+            return None;
+        }
+        let mut locked: SmallVec<[RwLockReadGuard<'_, Shard>; 8]> = SmallVec::new();
+        let mut rest = shards;
+        while rest != 0 {
+            locked.push(read(&self.inner.shards[rest.trailing_zeros() as usize]));
+            rest &= rest - 1;
+        }
+        let guard_of = |h: u64| (shards & ((1u64 << shard_of(h)) - 1)).count_ones() as usize;
+
+        decisions.clear();
+        decisions.reserve_exact(checks.len());
+        let mut steps: SmallVec<[Step<'_>; 8]> = SmallVec::new();
+        for (c, &h) in checks.iter().zip(hashes) {
+            let slot = locked[guard_of(h)].map.find(h, |s| s.key == c.key)?;
+            let Entry::Cell(cell) = &slot.entry else {
+                return None;
+            };
+            let seen = cell.load();
+            let (d, charged) = cell.decide(&c.limit, seen, now_us, c.cost)?;
+            decisions.push(d);
+            steps.push(Step {
+                cell,
+                seen,
+                charged,
+            });
+        }
+        if !shadow.commits(decisions) {
+            return Some(Vec::new());
+        }
+        for i in 0..steps.len() {
+            let c = &checks[i];
+            let step = &mut steps[i];
+            while let Some(new) = step.charged {
+                let Err(now_seen) = step.cell.swap_from(step.seen, new) else {
+                    break;
+                };
+                // Another request charged (or a weak swap failed): decide
+                // again on what the cell holds now.
+                step.seen = now_seen;
+                match step.cell.decide(&c.limit, now_seen, now_us, c.cost) {
+                    Some((d, charged)) if d.allowed || shadow.contains(i) => {
+                        decisions[i] = d;
+                        step.charged = charged;
+                    }
+                    _ => {
+                        for s in &steps[..i] {
+                            if let Some(new) = s.charged {
+                                s.cell.give_back(s.seen, new, now_us);
+                            }
+                        }
+                        return None;
+                    }
+                }
+            }
+        }
+        if !with_charges {
+            return Some(Vec::new());
+        }
+        let mut charges = Vec::with_capacity(steps.len());
+        for (s, c) in steps.iter().zip(checks) {
+            charges.push(s.charged.map(|new| Charge {
+                at_us: now_us,
+                undo: c.limit.undo_of(&s.cell.state(new), now_us),
+                next_after_us: 0,
+            }));
+        }
+        Some(charges)
+    }
+}
