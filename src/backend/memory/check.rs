@@ -78,15 +78,18 @@ impl MemoryBackend {
                 .map(|s| &s.entry.state);
             // A penalty box right after its tier: its strike is written
             // below, whatever the commit.
-            let tier_allowed = decisions.last().is_none_or(|d: &Decision| d.allowed);
-            let (d, charged) = match c.limit.penalty_check(state, now_us, tier_allowed) {
-                Some((d, write)) => {
-                    if let Some(w) = write {
+            let tier_allowed = || decisions.last().is_none_or(|d: &Decision| d.allowed);
+            let (d, charged) = if c.limit.is_penalty() {
+                match c.limit.penalty_check(state, now_us, tier_allowed()) {
+                    Some((d, Some(w))) => {
                         strikes.push((i, w));
+                        (d, None)
                     }
-                    (d, None)
+                    Some((d, None)) => (d, None),
+                    None => c.limit.check_prepared(state, now_us, c.cost),
                 }
-                None => c.limit.check_prepared(state, now_us, c.cost),
+            } else {
+                c.limit.check_prepared(state, now_us, c.cost)
             };
             decisions.push(d);
             let repeated = hashes[..i]
