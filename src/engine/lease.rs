@@ -28,14 +28,6 @@ pub(crate) fn next_id() -> u64 {
     id.max(1)
 }
 
-/// Gives a concurrency check its request's own lease id.
-pub(crate) fn stamp(limit: Limit) -> Limit {
-    match limit {
-        Limit::Concurrency(c) => Limit::Concurrency(c.with_lease(next_id())),
-        other => other,
-    }
-}
-
 /// The slots an admitted request holds on its concurrency tiers: released
 /// when dropped (memory: at once; Redis: one `ZREM` per slot, in a task of
 /// its own), renewed every half lease while held.

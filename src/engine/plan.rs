@@ -336,9 +336,13 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
             };
             meta.quotas.push((q.limit(), period_us, refills));
         }
+        let mut limit = tp.limit;
+        if let Limit::Concurrency(c) = &mut limit {
+            c.lease = super::lease::next_id();
+        }
         checks.push(TierCheck {
             key: std::mem::replace(&mut key, super::spare::key()),
-            limit: super::lease::stamp(tp.limit),
+            limit,
             cost: tp.cost,
         });
         // MAX_TIERS is 64, so the index fits.

@@ -92,18 +92,21 @@ impl MemoryBackend {
                 .and_then(|s| s.entry.live(now_us));
             // A penalty box right after its tier: its strike is written
             // below, whatever the commit.
-            let tier_allowed = decisions.last().is_none_or(|d: &Decision| d.allowed);
-            let (d, charged) = match c
-                .limit
-                .penalty_check(state.as_deref(), now_us, tier_allowed)
-            {
-                Some((d, write)) => {
-                    if let Some(w) = write {
+            let tier_allowed = || decisions.last().is_none_or(|d: &Decision| d.allowed);
+            let (d, charged) = if c.limit.is_penalty() {
+                match c
+                    .limit
+                    .penalty_check(state.as_deref(), now_us, tier_allowed())
+                {
+                    Some((d, Some(w))) => {
                         strikes.push((i, w));
+                        (d, None)
                     }
-                    (d, None)
+                    Some((d, None)) => (d, None),
+                    None => c.limit.check_prepared(state.as_deref(), now_us, c.cost),
                 }
-                None => c.limit.check_prepared(state.as_deref(), now_us, c.cost),
+            } else {
+                c.limit.check_prepared(state.as_deref(), now_us, c.cost)
             };
             decisions.push(d);
             let repeated = hashes[..i]
