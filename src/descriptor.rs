@@ -264,9 +264,11 @@ impl DescriptorLimiter {
     /// request's statuses come from the backend.
     ///
     /// # Errors
-    /// [`ConfigError::Policy`] naming the field: an empty domain, a rule
-    /// without entries or with an empty key, more than [`MAX_ENTRIES`]
-    /// entries, two rules with the same match; and whatever
+    /// [`ConfigError::Policy`] naming the field: an empty domain, no rule,
+    /// a rule name outside 1-64 characters of `[A-Za-z0-9_-]` or used
+    /// twice, more than [`MAX_TIERS`](crate::MAX_TIERS) (64) limited rules,
+    /// a rule without entries or with an empty key, more than
+    /// [`MAX_ENTRIES`] entries, two rules with the same match; and whatever
     /// [`build`](RateLimitLayerBuilder::build) refuses (rule names, quotas).
     pub fn new(
         domain: impl Into<String>,
@@ -277,6 +279,36 @@ impl DescriptorLimiter {
         let domain = domain.into();
         if domain.is_empty() {
             return Err(ConfigError::Policy("domain: must not be empty".into()));
+        }
+        if rules.is_empty() {
+            return Err(ConfigError::Policy(
+                "rule: no [[rule]]: at least one is required".into(),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        let mut limited = 0;
+        for r in &rules {
+            let bad = |what: &str| ConfigError::Policy(format!("rule \"{}\": {what}", r.name));
+            let valid = !r.name.is_empty()
+                && r.name.len() <= 64
+                && r.name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !valid {
+                return Err(bad("name: must be 1-64 characters of [A-Za-z0-9_-]"));
+            }
+            if !names.insert(r.name.as_str()) {
+                return Err(bad("name: used by another rule"));
+            }
+            if !r.unlimited {
+                limited += 1;
+                if limited > crate::MAX_TIERS {
+                    return Err(bad(&format!(
+                        "at most {} limited rules per domain (each is a tier of one atomic check)",
+                        crate::MAX_TIERS
+                    )));
+                }
+            }
         }
         let mut builder = builder.deny_cache(0);
         if shadow_mode {
@@ -767,7 +799,8 @@ impl RulesPolicy {
     ///
     /// # Errors
     /// [`ConfigError::Policy`] naming the rule and field: a limited rule
-    /// without `limit` or `period`, an unknown algorithm.
+    /// without `limit` or `period`, an unlimited one with any of `limit`,
+    /// `period`, `burst`, `algorithm`, an unknown algorithm.
     pub fn rules(&self) -> Result<Vec<Rule>, ConfigError> {
         self.rules
             .iter()
@@ -779,6 +812,16 @@ impl RulesPolicy {
                     Some(a) => Algorithm::from_name(a, None).map_err(|e| bad(&e))?,
                     None => Algorithm::default(),
                 };
+                if r.unlimited
+                    && (r.limit.is_some()
+                        || r.period.is_some()
+                        || r.burst.is_some()
+                        || r.algorithm.is_some())
+                {
+                    return Err(bad(
+                        &"unlimited = true: limit, period, burst and algorithm must not be set",
+                    ));
+                }
                 let quota = match (r.limit, r.period, r.unlimited) {
                     (Some(limit), Some(period), _) => {
                         let q = Quota::new(limit, period);
@@ -806,6 +849,11 @@ impl RulesPolicy {
     /// # Errors
     /// As [`rules`](Self::rules) and [`DescriptorLimiter::new`].
     pub fn limiter(&self, backend: impl Into<Backend>) -> Result<DescriptorLimiter, ConfigError> {
+        if self.backend_timeout_ms == 0 {
+            return Err(ConfigError::Policy(
+                "backend_timeout_ms: must be at least 1".into(),
+            ));
+        }
         let builder = RateLimitLayer::builder()
             .backend(backend)
             .key_prefix(self.key_prefix.clone())
@@ -939,6 +987,47 @@ mod tests {
             err("domain = \"d\"\n[[rule]]\nname = \"r\"\nmatch = [{ key = \"a\" }]\nunlimited = true\n\
                  [[rule]]\nname = \"s\"\nmatch = [{ key = \"a\" }]\nunlimited = true"),
             "policy: rule \"s\": match: the same as rule \"r\""
+        );
+        // Found by trying the service: mistakes that were accepted silently.
+        assert_eq!(
+            err("domain = \"d\""),
+            "policy: rule: no [[rule]]: at least one is required"
+        );
+        let unlimited = |name: &str| {
+            format!("[[rule]]\nname = \"{name}\"\nmatch = [{{ key = \"u\" }}]\nunlimited = true\n")
+        };
+        let limited = |name: &str, key: &str| {
+            format!("[[rule]]\nname = \"{name}\"\nmatch = [{{ key = \"{key}\" }}]\nlimit = 1\nperiod = \"1s\"\n")
+        };
+        assert_eq!(
+            err(&format!(
+                "domain = \"d\"\n{}{}",
+                unlimited("r"),
+                limited("r", "a")
+            )),
+            "policy: rule \"r\": name: used by another rule"
+        );
+        assert_eq!(
+            err(&format!("domain = \"d\"\n{}", unlimited("bad name"))),
+            "policy: rule \"bad name\": name: must be 1-64 characters of [A-Za-z0-9_-]"
+        );
+        assert_eq!(
+            err("domain = \"d\"\n[[rule]]\nname = \"u\"\nmatch = [{ key = \"u\" }]\nunlimited = true\nlimit = 5\nperiod = \"1s\""),
+            "policy: rule \"u\": unlimited = true: limit, period, burst and algorithm must not be set"
+        );
+        let many: String = (0..65)
+            .map(|i| limited(&format!("r{i}"), &format!("k{i}")))
+            .collect();
+        assert_eq!(
+            err(&format!("domain = \"d\"\n{many}")),
+            "policy: rule \"r64\": at most 64 limited rules per domain (each is a tier of one atomic check)"
+        );
+        assert_eq!(
+            err(&format!(
+                "domain = \"d\"\nbackend_timeout_ms = 0\n{}",
+                limited("r", "a")
+            )),
+            "policy: backend_timeout_ms: must be at least 1"
         );
     }
 }

@@ -31,7 +31,18 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // Display, not Debug: the errors name the file's field or the flag.
+            eprintln!("tiered-ratelimit-rls: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -39,7 +50,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .init();
     let args = Args::parse();
-    let policy = RulesPolicy::from_file(&args.config)?;
+    let policy = RulesPolicy::from_file(&args.config)
+        .map_err(|e| format!("{}: {e}", args.config.display()))?;
     let backend: Backend = match &policy.redis {
         Some(redis) => redis.backend()?.into(),
         None => MemoryBackend::new().into(),
@@ -50,11 +62,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None
     } else {
         let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-        let listener = tokio::net::TcpListener::bind(args.metrics.parse::<SocketAddr>()?).await?;
+        let addr: SocketAddr = args
+            .metrics
+            .parse()
+            .map_err(|e| format!("--metrics {}: {e}", args.metrics))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| format!("--metrics {addr}: {e}"))?;
         tracing::info!(addr = %listener.local_addr()?, "metrics at GET /metrics");
         Some((listener, handle))
     };
-    let grpc = tokio::net::TcpListener::bind(args.listen).await?;
+    let grpc = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
     tracing::info!(addr = %grpc.local_addr()?, domain = %policy.domain, "serving envoy.service.ratelimit.v3.RateLimitService");
     serve(rls, grpc, metrics, shutdown_signal()).await?;
     Ok(())

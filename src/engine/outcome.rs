@@ -89,7 +89,7 @@ pub(crate) fn outcome(
             // A request none of whose checked tiers is enforced (shadow
             // mode, globally or per tier) is never blocked by the limiter,
             // not even when it cannot decide.
-            let enforced = (0..meta.sent.len()).any(|i| !meta.shadow.contains(i));
+            let enforced = (0..meta.tiers.len()).any(|i| !meta.shadow.contains(i));
             if enforced {
                 fail(shared, &e, facts)
             } else {

@@ -61,37 +61,32 @@ use crate::backend::{Charge, Shadow, TierCheck, Verdict};
 use crate::error::BackendError;
 use ::redis::Cmd;
 
+/// The files of `lua/` every script starts with (the shared helpers and
+/// the seven algorithms), joined, then the named files of `lua/`, in order.
+macro_rules! lua {
+    ($($file:literal),* $(,)?) => {
+        concat!(
+            include_str!("../../../../lua/common.lua"),
+            include_str!("../../../../lua/fixed_window.lua"),
+            include_str!("../../../../lua/sliding_window_log.lua"),
+            include_str!("../../../../lua/sliding_window_counter.lua"),
+            include_str!("../../../../lua/token_bucket.lua"),
+            include_str!("../../../../lua/leaky_bucket.lua"),
+            include_str!("../../../../lua/concurrency.lua"),
+            include_str!("../../../../lua/penalty.lua"),
+            $(include_str!(concat!("../../../../lua/", $file)),)*
+        )
+    };
+}
+
 /// The script a single Redis runs per request: the algorithm files of
 /// `lua/` joined, then the shared dispatcher and `check.lua`.
-pub(super) const CHECK_LUA: &str = concat!(
-    include_str!("../../../../lua/common.lua"),
-    include_str!("../../../../lua/fixed_window.lua"),
-    include_str!("../../../../lua/sliding_window_log.lua"),
-    include_str!("../../../../lua/sliding_window_counter.lua"),
-    include_str!("../../../../lua/token_bucket.lua"),
-    include_str!("../../../../lua/leaky_bucket.lua"),
-    include_str!("../../../../lua/concurrency.lua"),
-    include_str!("../../../../lua/penalty.lua"),
-    include_str!("../../../../lua/dispatch.lua"),
-    include_str!("../../../../lua/check.lua"),
-);
+pub(super) const CHECK_LUA: &str = lua!("dispatch.lua", "check.lua");
 
 /// The cluster script: the algorithms, their refunds, and the per-slot
 /// entry point (instead of `check.lua`). A single Redis runs its `refund`
 /// mode too.
-pub(super) const CLUSTER_LUA: &str = concat!(
-    include_str!("../../../../lua/common.lua"),
-    include_str!("../../../../lua/fixed_window.lua"),
-    include_str!("../../../../lua/sliding_window_log.lua"),
-    include_str!("../../../../lua/sliding_window_counter.lua"),
-    include_str!("../../../../lua/token_bucket.lua"),
-    include_str!("../../../../lua/leaky_bucket.lua"),
-    include_str!("../../../../lua/concurrency.lua"),
-    include_str!("../../../../lua/penalty.lua"),
-    include_str!("../../../../lua/refund.lua"),
-    include_str!("../../../../lua/dispatch.lua"),
-    include_str!("../../../../lua/cluster.lua"),
-);
+pub(super) const CLUSTER_LUA: &str = lua!("refund.lua", "dispatch.lua", "cluster.lua");
 
 /// The single-Redis check as a Redis Functions library (Redis ≥ 7,
 /// `FUNCTION LOAD` then `FCALL`): the same files as [`CHECK_LUA`], loaded
@@ -100,15 +95,7 @@ pub(super) const CLUSTER_LUA: &str = concat!(
 /// and unit codes outlive a call. `{v}` in [`LIBRARY_HEAD`] and
 /// [`LIBRARY_TAIL`] is the library's version (see [`Library`]).
 const LIBRARY_BODY: &str = concat!(
-    include_str!("../../../../lua/common.lua"),
-    include_str!("../../../../lua/fixed_window.lua"),
-    include_str!("../../../../lua/sliding_window_log.lua"),
-    include_str!("../../../../lua/sliding_window_counter.lua"),
-    include_str!("../../../../lua/token_bucket.lua"),
-    include_str!("../../../../lua/leaky_bucket.lua"),
-    include_str!("../../../../lua/concurrency.lua"),
-    include_str!("../../../../lua/penalty.lua"),
-    include_str!("../../../../lua/dispatch.lua"),
+    lua!("dispatch.lua"),
     "local function check_main()\n",
     include_str!("../../../../lua/check.lua"),
     "\nend\n",
@@ -155,32 +142,10 @@ impl Library {
 
 /// The read-only script of a peek (`handle.peek`): the algorithms and the
 /// dispatcher, then `peek.lua` (one tier, nothing charged).
-pub(super) const PEEK_LUA: &str = concat!(
-    include_str!("../../../../lua/common.lua"),
-    include_str!("../../../../lua/fixed_window.lua"),
-    include_str!("../../../../lua/sliding_window_log.lua"),
-    include_str!("../../../../lua/sliding_window_counter.lua"),
-    include_str!("../../../../lua/token_bucket.lua"),
-    include_str!("../../../../lua/leaky_bucket.lua"),
-    include_str!("../../../../lua/concurrency.lua"),
-    include_str!("../../../../lua/penalty.lua"),
-    include_str!("../../../../lua/dispatch.lua"),
-    include_str!("../../../../lua/peek.lua"),
-);
+pub(super) const PEEK_LUA: &str = lua!("dispatch.lua", "peek.lua");
 
 /// The renewal of a concurrency lease (`lua/lease.lua`).
-pub(super) const LEASE_LUA: &str = concat!(
-    include_str!("../../../../lua/common.lua"),
-    include_str!("../../../../lua/fixed_window.lua"),
-    include_str!("../../../../lua/sliding_window_log.lua"),
-    include_str!("../../../../lua/sliding_window_counter.lua"),
-    include_str!("../../../../lua/token_bucket.lua"),
-    include_str!("../../../../lua/leaky_bucket.lua"),
-    include_str!("../../../../lua/concurrency.lua"),
-    include_str!("../../../../lua/penalty.lua"),
-    include_str!("../../../../lua/dispatch.lua"),
-    include_str!("../../../../lua/lease.lua"),
-);
+pub(super) const LEASE_LUA: &str = lua!("dispatch.lua", "lease.lua");
 
 /// Tier flag: the tier is in shadow mode (its denial does not stop the
 /// others from being charged).
