@@ -413,3 +413,48 @@ async fn calls_failing_with_a_grpc_status_are_refunded() {
     let s = refused(&mut c, check("", &key)).await;
     assert_eq!(s.code(), Code::ResourceExhausted);
 }
+
+/// A concurrency tier holds a streaming call's slot until the stream ends:
+/// with a limit of 1, a second `Watch` stream of the same API key is refused
+/// while the first is open (RESOURCE_EXHAUSTED, `retry-after: 1`), and
+/// admitted once the client has dropped the first.
+#[tokio::test]
+async fn a_stream_holds_its_concurrency_slot_until_it_ends() {
+    let layer = memory()
+        .tier(Tier::concurrency(
+            "in_flight",
+            ApiKey::header("x-api-key"),
+            1,
+        ))
+        .build()
+        .unwrap();
+    let mut c = connect(serve_grpc(layer).await).await;
+    let watch = || check("", &[("x-api-key", "k1")]);
+    let mut first = c.watch(watch()).await.expect("admitted").into_inner();
+    // The stream is open: its first message (SERVING) arrives.
+    assert!(first.message().await.expect("a message").is_some());
+    let s = c
+        .watch(watch())
+        .await
+        .expect_err("refused while the first runs");
+    assert_eq!(s.code(), Code::ResourceExhausted);
+    assert_eq!(
+        s.metadata().get("retry-after").map(|v| v.to_str().unwrap()),
+        Some("1")
+    );
+    // Another key has its own slot.
+    let other = check("", &[("x-api-key", "k2")]);
+    let _second_key = c.watch(other).await.expect("another key's slot");
+    // The client ends the first stream: the server drops its body and the
+    // slot is free (released when the response body is dropped).
+    drop(first);
+    let mut freed = false;
+    for _ in 0..100 {
+        if c.watch(watch()).await.is_ok() {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(freed, "the slot comes back once the stream ends");
+}

@@ -88,9 +88,12 @@ pub(crate) fn outcome(
             }
             // A request none of whose checked tiers is enforced (shadow
             // mode, globally or per tier) is never blocked by the limiter,
-            // not even when it cannot decide.
-            let enforced = (0..meta.tiers.len()).any(|i| !meta.shadow.contains(i));
-            if enforced {
+            // not even when the backend cannot decide. (A key that could not
+            // be computed leaves the plan unfinished: the policy decides.)
+            let shadow_only = !meta.tiers.is_empty()
+                && !matches!(e, BackendError::Key(_))
+                && (0..meta.tiers.len()).all(|i| meta.shadow.contains(i));
+            if !shadow_only {
                 fail(shared, &e, facts)
             } else {
                 fail_shadow(shared, &e)
