@@ -230,13 +230,6 @@ pub(crate) fn failed(status: http::StatusCode, headers: &http::HeaderMap) -> boo
             .is_some_and(|s| s.as_bytes() != b"0")
 }
 
-/// The service keeps the name tonic routes it by.
-impl<S: tonic::server::NamedService> tonic::server::NamedService
-    for crate::service::RateLimitService<S>
-{
-    const NAME: &'static str = S::NAME;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

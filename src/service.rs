@@ -103,3 +103,9 @@ impl<S: Clone> RateLimitService<S> {
         std::mem::replace(&mut self.inner, clone)
     }
 }
+
+/// The service keeps the name tonic routes it by (feature `grpc`).
+#[cfg(feature = "grpc")]
+impl<S: tonic::server::NamedService> tonic::server::NamedService for RateLimitService<S> {
+    const NAME: &'static str = S::NAME;
+}

@@ -7,26 +7,7 @@
 use super::plan::Meta;
 use crate::algorithm::{Concurrency, Limit};
 use crate::backend::{Backend, Verdict};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::Duration;
-
-/// Lease ids stay below 2^53 (the scripts' numbers are doubles).
-const ID_MASK: u64 = (1 << 53) - 1;
-
-/// A lease id no other request of this process holds, and (from a random
-/// start per process) almost surely none of another instance: ids are
-/// consecutive from a random 53-bit origin.
-pub(crate) fn next_id() -> u64 {
-    static ORIGIN: OnceLock<u64> = OnceLock::new();
-    static N: AtomicU64 = AtomicU64::new(0);
-    let origin = *ORIGIN.get_or_init(|| {
-        use std::hash::BuildHasher;
-        std::collections::hash_map::RandomState::new().hash_one(std::process::id())
-    });
-    let id = origin.wrapping_add(N.fetch_add(1, Ordering::Relaxed)) & ID_MASK;
-    id.max(1)
-}
 
 /// The slots an admitted request holds on its concurrency tiers: released
 /// when dropped (memory: at once; Redis: one `ZREM` per slot, in a task of

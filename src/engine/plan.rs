@@ -338,7 +338,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
         }
         let mut limit = tp.limit;
         if let Limit::Concurrency(c) = &mut limit {
-            c.lease = super::lease::next_id();
+            c.lease = next_lease_id();
         }
         checks.push(TierCheck {
             key: std::mem::replace(&mut key, super::spare::key()),
@@ -408,4 +408,23 @@ pub(crate) fn key_failed(shared: &Shared, t: &BuiltTier, e: &KeyError) {
             t.name,
         );
     }
+}
+
+/// Concurrency lease ids stay below 2^53 (the scripts' numbers are doubles).
+const ID_MASK: u64 = (1 << 53) - 1;
+
+/// A lease id no other request of this process holds, and (from a random
+/// start per process) almost surely none of another instance: ids are
+/// consecutive from a random 53-bit origin.
+fn next_lease_id() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::OnceLock;
+    static ORIGIN: OnceLock<u64> = OnceLock::new();
+    static N: AtomicU64 = AtomicU64::new(0);
+    let origin = *ORIGIN.get_or_init(|| {
+        use std::hash::BuildHasher;
+        std::collections::hash_map::RandomState::new().hash_one(std::process::id())
+    });
+    let id = origin.wrapping_add(N.fetch_add(1, Ordering::Relaxed)) & ID_MASK;
+    id.max(1)
 }
