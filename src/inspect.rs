@@ -20,7 +20,7 @@
 //! # Deployment caveat
 //!
 //! A peek uses the tier's default quota: a key on a plan
-//! ([`Tier::plan`](crate::Tier::plan)) has other numbers. A reset clears
+//! ([`Tier::plans`](crate::Tier::plans)) has other numbers. A reset clears
 //! the backend's state and this process's deny cache for the key; other
 //! instances may answer a cached 429 for that key until the retry time they
 //! were told (Redis) — at most the wait the last denial announced.
