@@ -260,3 +260,31 @@ async fn the_admin_api_lists_adds_and_removes_overrides() {
         assert_eq!(v["error"], code, "{body}: {v}");
     }
 }
+
+/// A policy file's `overrides = true`: the tier takes overrides, the
+/// others do not.
+#[tokio::test]
+async fn a_policy_tier_takes_overrides_with_overrides_true() {
+    let policy = tiered_ratelimit::policy::Policy::from_toml_str(
+        "[[tier]]\nname = 'ip'\nkey = 'ip'\nlimit = 3\nperiod = '1m'\noverrides = true\n\n\
+         [[tier]]\nname = 'all'\nkey = 'global'\nlimit = 100\nperiod = '1s'\n",
+    )
+    .unwrap();
+    let layer = policy
+        .builder(MemoryBackend::with_manual_clock(ManualClock::new(T0_US)))
+        .unwrap()
+        .build()
+        .unwrap();
+    let h = layer.handle();
+    h.set_override("ip", IP, Override::Unlimited, None, "test")
+        .await
+        .unwrap();
+    let e = h
+        .set_override("all", "all", Override::Unlimited, None, "test")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "tier \"all\": no such tier taking overrides (Tier::overrides(true))"
+    );
+}
