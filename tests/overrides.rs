@@ -226,6 +226,49 @@ async fn the_admin_api_lists_adds_and_removes_overrides() {
         "{log}"
     );
     assert!(log.contains("rate limiter: override removed"), "{log}");
+    // The page: the list with a remove button, and the add form.
+    let form = |body: &'static str| {
+        client_builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+            .post(format!("http://{admin}/key"))
+            .bearer_auth("t0ken")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body)
+            .send()
+    };
+    let res = form("action=override&tier=ip&key=10.0.0.9&rule=500%2F1h&ttl=2h")
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    let page = client()
+        .get(format!("http://{admin}/"))
+        .bearer_auth("t0ken")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"<tr><td><code>ip</code></td><td><code>10.0.0.9</code></td><td>500/3600000ms burst 500</td><td>2023-11-15T00:13:20Z</td><td><form method="post" action="/key"><input type="hidden" name="action" value="remove_override"><input type="hidden" name="tier" value="ip"><input type="hidden" name="key" value="10.0.0.9"><button>remove</button></form></td></tr>"#)
+            && page.contains(r#"<select name="tier"><option>ip</option></select>"#),
+        "{page}"
+    );
+    let res = form("action=remove_override&tier=ip&key=10.0.0.9")
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 303);
+    assert_eq!(h.overrides("ip").await.unwrap(), vec![]);
+    assert_eq!(
+        form("action=override&tier=ip&key=k&rule=often")
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+    assert!(buf.text().contains("by=\"admin page\""));
     // Bad input.
     for (body, status, code) in [
         (

@@ -36,7 +36,7 @@
 //! |---|---|
 //! | `GET /` | the HTML page |
 //! | `POST /mode` | the page's form (`application/x-www-form-urlencoded`: `mode`, optional `tier`); answers `303` back to the page |
-//! | `POST /key` | the page's buttons on a top blocked key (`action` = `reset` or `lift`, `tier`, `key`): [`RateLimitHandle::reset`] / [`RateLimitHandle::lift`]; `303` back to the page |
+//! | `POST /key` | the page's buttons on a top blocked key (`action` = `reset` or `lift`, `tier`, `key`): [`RateLimitHandle::reset`] / [`RateLimitHandle::lift`]; and its per-key override form (`action` = `override`, `tier`, `key`, `rule` = `unlimited` / `blocked` / `<limit>/<period>`, optional `ttl`) and remove buttons (`action` = `remove_override`), logged with `by="admin page"`; `303` back to the page |
 //! | `GET /?peek_tier=ip&peek_key=…` | the page with that key's numbers ([`RateLimitHandle::peek`]) |
 //! | `GET /api/status` | global mode, circuit state, where mode changes apply (`mode_changes_apply_to`: `all instances` or `this instance (host:pid)`; `control_key`), counts, every tier's mode and quota, the anomaly series |
 //! | `GET /api/top/{tier}?n=10&window=1h&kind=blocked` | top-N keys of a tier (`kind=near_limit` for keys allowed with < 20 % left); `window` in humantime, rounded up to hours, at most 24 h |
