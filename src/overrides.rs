@@ -398,7 +398,8 @@ impl RateLimitHandle {
         Ok(())
     }
 
-    /// Removes the override of `key` in `tier`; whether there was one.
+    /// Removes the override of `key` in `tier`; whether there was one in
+    /// force (not expired).
     /// Logged at `info` with `by`.
     ///
     /// # Errors
@@ -413,7 +414,7 @@ impl RateLimitHandle {
         let shared = self.shared();
         let index = format!("{}{KEY_SUFFIX}", shared.tiers[i].key_base);
         let timeout = shared.backend_timeout;
-        let existed = tokio::time::timeout(
+        let removed = tokio::time::timeout(
             timeout,
             shared.backend.remove_override(&ov_key, &index, key),
         )
@@ -423,6 +424,8 @@ impl RateLimitHandle {
             .deny_cache
             .forget(&format!("{}{key}", shared.tiers[i].key_base), || 0);
         let at_us = shared.local_clock.now_us();
+        // One that had expired does not count.
+        let existed = removed.is_some_and(|u| u == 0 || u > at_us);
         tracing::info!(
             tier,
             key,

@@ -11,7 +11,6 @@ use axum::{routing::get, Router};
 use std::net::SocketAddr;
 use std::time::Duration;
 use support::cluster::RedisCluster;
-use support::LogBuf;
 use support::*;
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
 use tiered_ratelimit::key::ClientIp;
@@ -148,162 +147,6 @@ async fn overrides_on_a_cluster() {
     overrides(h, addr, addr, clock).await;
 }
 
-/// The admin API: add (a quota, unlimited, blocked), list, remove; each
-/// change logged naming the admin API, with its time; bad input answered
-/// 400 naming the field; a tier taking no overrides 404.
-#[tokio::test]
-async fn the_admin_api_lists_adds_and_removes_overrides() {
-    let buf = LogBuf::default();
-    let _log = tracing::subscriber::set_default(buf.subscriber(tracing::Level::INFO));
-    let clock = ManualClock::new(T0_US);
-    let layer = RateLimitLayer::builder()
-        .backend(MemoryBackend::with_manual_clock(clock.clone()))
-        .tier(Tier::new("ip", ClientIp::default(), Quota::per_minute(3)).overrides(true))
-        .tier(Tier::new(
-            "plain",
-            ClientIp::default(),
-            Quota::per_minute(100),
-        ))
-        .build()
-        .unwrap();
-    let h = layer.handle();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    let addr = serve(app).await;
-    let admin = serve(tiered_ratelimit::admin::router(h.clone(), "t0ken")).await;
-    let post = |path: &str, body: serde_json::Value| {
-        client()
-            .post(format!("http://{admin}{path}"))
-            .bearer_auth("t0ken")
-            .json(&body)
-            .send()
-    };
-    let set = post(
-        "/api/overrides",
-        serde_json::json!({"tier": "ip", "key": IP, "rule": {"limit": 10, "period": "1m"}, "ttl": "1h"}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(set.status(), 200);
-    let listed = serde_json::json!({"tier": "ip", "overrides": [
-        {"key": IP, "rule": {"limit": 10, "period_ms": 60_000, "burst": 10},
-         "expires_at_us": T0_US + 3_600_000_000u64}]});
-    assert_eq!(set.json::<serde_json::Value>().await.unwrap(), listed);
-    let got = client()
-        .get(format!("http://{admin}/api/overrides/ip"))
-        .bearer_auth("t0ken")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(got.json::<serde_json::Value>().await.unwrap(), listed);
-    // Applied: the ip tier shows 10 (the plain tier has 99 left).
-    assert_eq!(hit(addr).await, ok(10, 9, T0_S + 6));
-    let blocked = post(
-        "/api/overrides",
-        serde_json::json!({"tier": "ip", "key": IP, "rule": "blocked"}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(blocked.status(), 200);
-    assert_eq!(hit(addr).await, denied(3, 0, T0_S + 86_400, 86_400));
-    let removed = post(
-        "/api/overrides/remove",
-        serde_json::json!({"tier": "ip", "key": IP}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        removed.json::<serde_json::Value>().await.unwrap(),
-        serde_json::json!({"tier": "ip", "key": IP, "existed": true})
-    );
-    let log = buf.text();
-    assert!(
-        log.contains("rate limiter: override set")
-            && log.contains("rule=10/60000ms burst 10")
-            && log.contains("by=\"admin API\"")
-            && log.contains(&format!("at_us={T0_US}")),
-        "{log}"
-    );
-    assert!(log.contains("rate limiter: override removed"), "{log}");
-    // The page: the list with a remove button, and the add form.
-    let form = |body: &'static str| {
-        client_builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap()
-            .post(format!("http://{admin}/key"))
-            .bearer_auth("t0ken")
-            .header("content-type", "application/x-www-form-urlencoded")
-            .body(body)
-            .send()
-    };
-    let res = form("action=override&tier=ip&key=10.0.0.9&rule=500%2F1h&ttl=2h")
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 303);
-    let page = client()
-        .get(format!("http://{admin}/"))
-        .bearer_auth("t0ken")
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        page.contains(r#"<tr><td><code>ip</code></td><td><code>10.0.0.9</code></td><td>500/3600000ms burst 500</td><td>2023-11-15T00:13:20Z</td><td><form method="post" action="/key"><input type="hidden" name="action" value="remove_override"><input type="hidden" name="tier" value="ip"><input type="hidden" name="key" value="10.0.0.9"><button>remove</button></form></td></tr>"#)
-            && page.contains(r#"<select name="tier"><option>ip</option></select>"#),
-        "{page}"
-    );
-    let res = form("action=remove_override&tier=ip&key=10.0.0.9")
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 303);
-    assert_eq!(h.overrides("ip").await.unwrap(), vec![]);
-    assert_eq!(
-        form("action=override&tier=ip&key=k&rule=often")
-            .await
-            .unwrap()
-            .status(),
-        400
-    );
-    assert!(buf.text().contains("by=\"admin page\""));
-    // Bad input.
-    for (body, status, code) in [
-        (
-            serde_json::json!({"tier": "plain", "key": IP, "rule": "blocked"}),
-            404,
-            "unknown_tier",
-        ),
-        (
-            serde_json::json!({"tier": "ip", "key": "a b", "rule": "blocked"}),
-            400,
-            "invalid_key",
-        ),
-        (
-            serde_json::json!({"tier": "ip", "key": IP, "rule": "maybe"}),
-            400,
-            "invalid_body",
-        ),
-        (
-            serde_json::json!({"tier": "ip", "key": IP, "rule": {"limit": 0, "period": "1m"}}),
-            400,
-            "invalid_quota",
-        ),
-        (
-            serde_json::json!({"tier": "ip", "key": IP, "rule": "blocked", "ttl": "soon"}),
-            400,
-            "invalid_body",
-        ),
-    ] {
-        let r = post("/api/overrides", body.clone()).await.unwrap();
-        assert_eq!(r.status(), status, "{body}");
-        let v: serde_json::Value = r.json().await.unwrap();
-        assert_eq!(v["error"], code, "{body}: {v}");
-    }
-}
-
 /// A policy file's `overrides = true`: the tier takes overrides, the
 /// others do not.
 #[tokio::test]
@@ -330,4 +173,93 @@ async fn a_policy_tier_takes_overrides_with_overrides_true() {
         e.to_string(),
         "tier \"all\": no such tier taking overrides (Tier::overrides(true))"
     );
+}
+
+/// Memory = Redis = a cluster: the same seeded sequence of override
+/// changes (quotas of each algorithm's kind, unlimited, blocked, with and
+/// without expiry, removals), requests and clock steps gets the same
+/// answers, header for header, from the three backends (the Rust check
+/// and the Lua twin of the override step).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_redis_and_a_cluster_agree_on_random_override_sequences() {
+    use tiered_ratelimit::Algorithm;
+    let redis = RedisServer::start();
+    let cluster = RedisCluster::start(0);
+    for (seed, algorithm) in [
+        (1, Algorithm::TokenBucket),
+        (2, Algorithm::FixedWindow),
+        (3, Algorithm::SlidingWindowCounter),
+        (4, Algorithm::SlidingWindowLog),
+    ] {
+        let clock = ManualClock::new(T0_US);
+        let prefix = format!("p{seed}");
+        let build = |b: Backend| {
+            let layer = RateLimitLayer::builder()
+                .backend(b)
+                .key_prefix(prefix.clone())
+                .backend_timeout(Duration::from_secs(2))
+                .tier(
+                    Tier::new("ip", ClientIp::default(), Quota::per_minute(4))
+                        .algorithm(algorithm)
+                        .overrides(true),
+                )
+                .build()
+                .unwrap();
+            let h = layer.handle();
+            let app = Router::new()
+                .route("/", get(|| async { "ok" }))
+                .layer(layer);
+            (h, app)
+        };
+        let mut apps = Vec::new();
+        for b in [
+            MemoryBackend::with_manual_clock(clock.clone()).into(),
+            redis_backend(&redis.url(), &clock),
+            RedisBackend::cluster(cluster.urls())
+                .unwrap()
+                .with_manual_clock(clock.clone())
+                .with_test_ttl_slack(Duration::from_secs(7200))
+                .into(),
+        ] {
+            let (h, app) = build(b);
+            apps.push((h, serve(app).await));
+        }
+        let mut rng = support::rng::Rng::new(seed);
+        for step in 0..120 {
+            let op = rng.below(10);
+            let ttl = [None, Some(Duration::from_secs(1 + rng.below(90)))][rng.index(2)];
+            let rule = match rng.below(4) {
+                0 => Override::Unlimited,
+                1 => Override::Blocked,
+                _ => Override::Quota(Quota::per_minute(1 + rng.below(8))),
+            };
+            let advance = Duration::from_millis(rng.below(20_000));
+            let mut answers = Vec::new();
+            for (h, addr) in &apps {
+                let answer = match op {
+                    0 => {
+                        h.set_override("ip", IP, rule, ttl, "test").await.unwrap();
+                        None
+                    }
+                    1 => Some(Limits {
+                        status: u16::from(h.remove_override("ip", IP, "test").await.unwrap()),
+                        ..NO_LIMITS
+                    }),
+                    _ => Some(hit(*addr).await),
+                };
+                answers.push(answer);
+            }
+            assert_eq!(
+                answers[0], answers[1],
+                "seed {seed} step {step}: memory vs Redis"
+            );
+            assert_eq!(
+                answers[0], answers[2],
+                "seed {seed} step {step}: memory vs cluster"
+            );
+            if op == 9 {
+                clock.advance(advance);
+            }
+        }
+    }
 }

@@ -285,13 +285,14 @@ impl Backend {
         }
     }
 
-    /// Removes a per-key override; whether it existed.
+    /// Removes a per-key override: its expiry (Unix epoch µs, 0 for none),
+    /// if there was one.
     pub(crate) async fn remove_override(
         &self,
         key: &str,
         index: &str,
         field: &str,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Option<u64>, BackendError> {
         match self {
             Backend::Memory(m) => Ok(m.remove_override(key, index, field)),
             #[cfg(feature = "redis")]

@@ -46,13 +46,14 @@ impl MemoryBackend {
             .insert(field.to_owned(), listing.to_owned());
     }
 
-    pub(crate) fn remove_override(&self, key: &str, index: &str, field: &str) -> bool {
+    /// Removes the override under `key`: its expiry (Unix epoch µs, 0 for
+    /// none), if there was one.
+    pub(crate) fn remove_override(&self, key: &str, index: &str, field: &str) -> Option<u64> {
         let mut s = self.overrides();
         if let Some(l) = s.listed.get_mut(index) {
             l.remove(field);
         }
-        let now_us = self.inner.clock.now_us();
-        s.active.remove(key).is_some_and(|a| a.live(now_us))
+        s.active.remove(key).map(|a| a.until_us)
     }
 
     pub(crate) fn list_overrides(&self, index: &str) -> Vec<(String, String)> {

@@ -38,20 +38,24 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// Deletes the override under `key` and its listing; whether it existed.
+    /// Deletes the override under `key` (`GETDEL`, Redis ≥ 6.2) and its
+    /// listing: its expiry (Unix epoch µs, 0 for none), if there was one.
     pub(crate) async fn remove_override(
         &self,
         key: &str,
         index: &str,
         field: &str,
-    ) -> Result<bool, BackendError> {
+    ) -> Result<Option<u64>, BackendError> {
         let key = self.storage_key(key);
-        let deleted: i64 = self.command_on(&key, ::redis::cmd("DEL").arg(&key)).await?;
+        let old: Option<String> = self
+            .command_on(&key, ::redis::cmd("GETDEL").arg(&key))
+            .await?;
         let index = self.storage_key(index);
         let _: i64 = self
             .command_on(&index, ::redis::cmd("HDEL").arg(&index).arg(field))
             .await?;
-        Ok(deleted > 0)
+        // The value's first number is its expiry.
+        Ok(old.and_then(|v| v.split(' ').next().and_then(|u| u.parse().ok())))
     }
 
     /// The listing hash `index`: key part → `<until µs> <rule>`.
