@@ -24,9 +24,25 @@
 //!
 //! The expiry is an instant of the setting process's clock (Unix epoch µs),
 //! compared with the backend's clock (Redis `TIME`) on every request.
-//! Caveat: an instance's deny cache may answer a cached 429 of the key
-//! until the retry time it was told (a new override does not clear other
-//! instances' caches; this process's is cleared).
+//!
+//! Caveats:
+//! - An overridden key's answers are never deny-cached, but a key denied
+//!   (and cached) under the tier's own quota before an override was set
+//!   may still be answered 429 by another instance until the retry time it
+//!   was told (this process's cache is cleared by the change).
+//! - [`RateLimitHandle::peek`] and the local fallback
+//!   ([`FailurePolicy::Fallback`](crate::FailurePolicy::Fallback)) use the
+//!   tier's own quota.
+//! - With IETF headers, `RateLimit-Policy` names the tier's configured
+//!   quota; `RateLimit` (limit, remaining) shows the override's.
+//! - A `blocked` tier's denial is a strike for the tier's penalty box, if
+//!   it has one.
+//! - The store of a quota override is the tier's: the key's stored state
+//!   is read with the override's parameters (the first request after a
+//!   change may show a partly used quota).
+//! - On the memory backend a tier taking overrides is decided by the
+//!   locked path (not the compare-and-swap fast path of token and leaky
+//!   buckets).
 
 use crate::algorithm::{Decision, Limit};
 use crate::backend::TierCheck;
