@@ -3,7 +3,7 @@
 
 local algorithms = {
   fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket,
-  concurrency, penalty,
+  concurrency, penalty, override,
 }
 
 -- The clock argument: "" reads Redis TIME; "d<deadline µs>" reads Redis TIME
@@ -12,6 +12,7 @@ local algorithms = {
 -- Also resets the TTL slack, which outlives a call in a Redis Function.
 local function read_clock(arg)
   ttl_slack_ms = 0
+  override_next = false
   local deadline
   if arg ~= '' then
     -- "d<deadline>" (100 is 'd'), else a test clock.
@@ -37,7 +38,8 @@ end
 -- A tier's spec: ONE argument, "<algorithm> <p1> <p2> <p3> <p4> <cost>
 -- <flags>" (integers separated by single spaces; algorithm 1 fixed window,
 -- 2 sliding window log, 3 sliding window counter, 4 token bucket, 5 leaky
--- bucket; flags: +1 shadow, +2 undo wanted, +4 write the compact format).
+-- bucket, 6 concurrency, 7 penalty box, 8 override read; flags: +1 shadow,
+-- +2 undo wanted, +4 write the compact format).
 -- Parsed specs are kept by their string: loaded as a Redis Function the
 -- table lives as long as the library, so a request's tiers cost one table
 -- lookup each instead of seven tonumber() calls (a deployment has a few
@@ -115,6 +117,8 @@ local function check_request(clock, first, n)
     if not t then
       return nil, 'bad tier spec ' .. tostring(ARGV[first + i - 1])
     end
+    -- A per-key override read by the check just before (override.lua).
+    if override_next then t = override_apply(t) end
     local allowed, remaining, reset, retry, delay, write, ttl, undo =
       t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9])
     penalty_tier_allowed = allowed == 1 -- for a penalty box right after (penalty.lua)

@@ -61,6 +61,9 @@ pub struct TierStatus {
     pub plans: Vec<(String, Quota)>,
     /// Whether the tier has a penalty box ([`Penalty`](crate::Penalty)).
     pub penalty: bool,
+    /// Whether the tier takes per-key overrides
+    /// ([`Tier::overrides`](crate::Tier::overrides)).
+    pub overrides: bool,
 }
 
 /// A set of changes applied together by [`RateLimitHandle::update`].
@@ -298,6 +301,7 @@ impl RateLimitHandle {
                 quota: r.quota,
                 algorithm: t.algorithm,
                 penalty: t.penalty.is_some(),
+                overrides: t.overrides,
                 plans: r
                     .plans
                     .iter()

@@ -92,7 +92,7 @@ pub enum InspectError {
 /// Whether `key` can be a stored key part (what
 /// [`storage_key_part`](crate::key::storage_key_part) and the built-in
 /// extractors write).
-fn valid_key(key: &str) -> bool {
+pub(crate) fn valid_key(key: &str) -> bool {
     (1..=crate::key::MAX_KEY_PART).contains(&key.len())
         && key
             .bytes()

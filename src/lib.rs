@@ -94,6 +94,7 @@ pub mod key;
 mod layer;
 pub mod observe;
 pub mod offline;
+pub mod overrides;
 mod penalty;
 pub mod policy;
 mod quota;

@@ -216,6 +216,7 @@ pub struct Tier {
     pub(crate) skip_failed_requests: bool,
     pub(crate) skip_successful_requests: bool,
     pub(crate) penalty: Option<crate::Penalty>,
+    pub(crate) overrides: bool,
 }
 
 impl fmt::Debug for Tier {
@@ -233,6 +234,7 @@ impl fmt::Debug for Tier {
             .field("skip_failed_requests", &self.skip_failed_requests)
             .field("skip_successful_requests", &self.skip_successful_requests)
             .field("penalty", &self.penalty)
+            .field("overrides", &self.overrides)
             .finish_non_exhaustive()
     }
 }
@@ -255,6 +257,7 @@ impl Tier {
             skip_failed_requests: false,
             skip_successful_requests: false,
             penalty: None,
+            overrides: false,
         }
     }
 
@@ -262,6 +265,18 @@ impl Tier {
     /// it denies too often are blocked for a while, fleet-wide.
     pub fn penalty(mut self, penalty: crate::Penalty) -> Self {
         self.penalty = Some(penalty);
+        self
+    }
+
+    /// Whether this tier takes per-key overrides (default `false`; see
+    /// [`crate::overrides`]): another quota, no limit, or a block for one
+    /// exact key, set at run time through
+    /// [`RateLimitHandle::set_override`](crate::RateLimitHandle::set_override)
+    /// or the admin API. Each check of the tier then reads the key's
+    /// override in the same script call (one more key of its `MGET` on
+    /// Redis). Ignored on a concurrency tier.
+    pub fn overrides(mut self, yes: bool) -> Self {
+        self.overrides = yes;
         self
     }
 

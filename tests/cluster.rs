@@ -382,6 +382,7 @@ const CLUSTER_SCRIPT: &str = concat!(
     include_str!("../lua/leaky_bucket.lua"),
     include_str!("../lua/concurrency.lua"),
     include_str!("../lua/penalty.lua"),
+    include_str!("../lua/override.lua"),
     include_str!("../lua/refund.lua"),
     include_str!("../lua/dispatch.lua"),
     include_str!("../lua/cluster.lua"),

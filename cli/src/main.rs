@@ -31,6 +31,66 @@ enum Command {
     /// Replay access logs through a policy on a virtual clock and report
     /// the requests it would reject (429), per tier and endpoint.
     Replay(ReplayArgs),
+    /// Set, remove or list per-key overrides in a fleet's Redis (the
+    /// tier must have `overrides = true` in the policy).
+    #[command(subcommand)]
+    Override(OverrideCommand),
+}
+
+#[derive(Subcommand, Debug)]
+#[command(after_help = "\
+Examples:
+  tiered-ratelimit override set -p policy.toml --redis redis://10.0.0.5 --tier ip \\
+      --key 203.0.113.7 --rule blocked --ttl 1d --by alice
+  tiered-ratelimit override set -p policy.toml --redis redis://10.0.0.5 --tier api_key \\
+      --key 48fad96717acb36850e4fb9e5b4a975f --rule 10000/1m
+  tiered-ratelimit override list -p policy.toml --redis redis://10.0.0.5 --tier ip
+  tiered-ratelimit override remove -p policy.toml --redis redis://10.0.0.5 --tier ip --key 203.0.113.7")]
+enum OverrideCommand {
+    /// Set (or replace) the override of one key.
+    Set(OverrideSetArgs),
+    /// Remove the override of one key.
+    Remove(OverrideKeyArgs),
+    /// List a tier's overrides.
+    List(OverrideTarget),
+}
+
+#[derive(Args, Debug)]
+struct OverrideTarget {
+    /// The policy (TOML): its key prefix and tiers.
+    #[arg(short, long, value_name = "FILE")]
+    policy: PathBuf,
+    /// The Redis URL; repeat it for a cluster's nodes.
+    #[arg(long = "redis", value_name = "URL", required = true)]
+    redis: Vec<String>,
+    /// The tier.
+    #[arg(long)]
+    tier: String,
+}
+
+#[derive(Args, Debug)]
+struct OverrideKeyArgs {
+    #[command(flatten)]
+    target: OverrideTarget,
+    /// The key part as stored (as the admin page shows it).
+    #[arg(long)]
+    key: String,
+    /// Who makes the change (logged).
+    #[arg(long, default_value = "cli")]
+    by: String,
+}
+
+#[derive(Args, Debug)]
+struct OverrideSetArgs {
+    #[command(flatten)]
+    key: OverrideKeyArgs,
+    /// `unlimited`, `blocked`, or a quota `<limit>/<period>` (`10000/1m`,
+    /// humantime period).
+    #[arg(long)]
+    rule: String,
+    /// How long it lasts (humantime: `30m`, `7d`); none: until removed.
+    #[arg(long)]
+    ttl: Option<humantime::Duration>,
 }
 
 #[derive(Args, Debug)]
@@ -138,7 +198,98 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Override(c) => match override_command(c) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tiered-ratelimit override: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+/// The handle of a layer built from the policy on the fleet's Redis.
+fn fleet_handle(t: &OverrideTarget) -> Result<tiered_ratelimit::RateLimitHandle, String> {
+    use tiered_ratelimit::backend::RedisBackend;
+    let policy = Policy::from_file(&t.policy).map_err(|e| e.to_string())?;
+    let backend = if t.redis.len() == 1 {
+        RedisBackend::from_url(&t.redis[0])
+    } else {
+        RedisBackend::cluster(t.redis.clone())
+    }
+    .map_err(|e| e.to_string())?;
+    let layer = policy
+        .builder(backend)
+        .and_then(|b| b.build())
+        .map_err(|e| e.to_string())?;
+    Ok(layer.handle())
+}
+
+fn parse_rule(s: &str) -> Result<tiered_ratelimit::overrides::Override, String> {
+    use tiered_ratelimit::overrides::Override;
+    match s {
+        "unlimited" => Ok(Override::Unlimited),
+        "blocked" => Ok(Override::Blocked),
+        _ => {
+            let (limit, period) = s
+                .split_once('/')
+                .ok_or_else(|| format!("--rule {s:?}: unlimited, blocked or <limit>/<period>"))?;
+            let limit: u64 = limit
+                .parse()
+                .map_err(|_| format!("--rule {s:?}: the limit is not an integer"))?;
+            let period = humantime::parse_duration(period)
+                .map_err(|e| format!("--rule {s:?}: the period: {e}"))?;
+            Ok(Override::Quota(tiered_ratelimit::Quota::new(limit, period)))
+        }
+    }
+}
+
+fn override_command(c: OverrideCommand) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        match c {
+            OverrideCommand::Set(a) => {
+                let rule = parse_rule(&a.rule)?;
+                let h = fleet_handle(&a.key.target)?;
+                h.set_override(
+                    &a.key.target.tier,
+                    &a.key.key,
+                    rule,
+                    a.ttl.map(Into::into),
+                    &a.key.by,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+                println!("set {} {}: {rule}", a.key.target.tier, a.key.key);
+            }
+            OverrideCommand::Remove(a) => {
+                let h = fleet_handle(&a.target)?;
+                let existed = h
+                    .remove_override(&a.target.tier, &a.key, &a.by)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                println!(
+                    "{} {} {}",
+                    if existed { "removed" } else { "no override of" },
+                    a.target.tier,
+                    a.key
+                );
+            }
+            OverrideCommand::List(t) => {
+                let h = fleet_handle(&t)?;
+                for e in h.overrides(&t.tier).await.map_err(|e| e.to_string())? {
+                    match e.expires_at_us {
+                        Some(u) => println!("{}\t{}\texpires_at_us={u}", e.key, e.rule),
+                        None => println!("{}\t{}", e.key, e.rule),
+                    }
+                }
+            }
+        }
+        Ok(())
+    })
 }
 
 fn replay(args: ReplayArgs) -> Result<(), String> {

@@ -36,7 +36,7 @@
 //! |---|---|
 //! | `GET /` | the HTML page |
 //! | `POST /mode` | the page's form (`application/x-www-form-urlencoded`: `mode`, optional `tier`); answers `303` back to the page |
-//! | `POST /key` | the page's buttons on a top blocked key (`action` = `reset` or `lift`, `tier`, `key`): [`RateLimitHandle::reset`] / [`RateLimitHandle::lift`]; `303` back to the page |
+//! | `POST /key` | the page's buttons on a top blocked key (`action` = `reset` or `lift`, `tier`, `key`): [`RateLimitHandle::reset`] / [`RateLimitHandle::lift`]; and its per-key override form (`action` = `override`, `tier`, `key`, `rule` = `unlimited` / `blocked` / `<limit>/<period>`, optional `ttl`) and remove buttons (`action` = `remove_override`), logged with `by="admin page"`; `303` back to the page |
 //! | `GET /?peek_tier=ip&peek_key=…` | the page with that key's numbers ([`RateLimitHandle::peek`]) |
 //! | `GET /api/status` | global mode, circuit state, where mode changes apply (`mode_changes_apply_to`: `all instances` or `this instance (host:pid)`; `control_key`), counts, every tier's mode and quota, the anomaly series |
 //! | `GET /api/top/{tier}?n=10&window=1h&kind=blocked` | top-N keys of a tier (`kind=near_limit` for keys allowed with < 20 % left); `window` in humantime, rounded up to hours, at most 24 h |
@@ -46,6 +46,9 @@
 //! | `GET /api/peek/{tier}?key=203.0.113.7` | one key's numbers, nothing charged ([`RateLimitHandle::peek`]): `{"tier","key","allowed","limit","remaining","reset_after_us","retry_after_us","now_us"}`; `400` `invalid_key` for a key that is no stored key part, `503` `backend_failed` |
 //! | `POST /api/reset` | `{"tier":"ip","key":"203.0.113.7"}`: the key starts fresh ([`RateLimitHandle::reset`]), its penalty box included; answers `{"tier","key","existed"}` |
 //! | `POST /api/lift` | `{"tier":"login","key":"203.0.113.7"}`: lifts the key's penalty-box block, its rate state untouched ([`RateLimitHandle::lift`]); `404` for a tier without a penalty box |
+//! | `GET /api/overrides/{tier}` | the tier's per-key overrides not expired ([`RateLimitHandle::overrides`]): `{"tier","overrides":[{"key","rule","expires_at_us"}]}`, `rule` `"unlimited"`, `"blocked"` or `{"limit","period_ms","burst"}`; `404` for a tier that takes no overrides |
+//! | `POST /api/overrides` | `{"tier":"ip","key":"203.0.113.7","rule":{"limit":1000,"period":"1m"},"ttl":"7d"}` (`rule` `"unlimited"`, `"blocked"` or a quota with an optional `burst`; `ttl` humantime, optional): sets the key's override ([`RateLimitHandle::set_override`], logged at `info` naming the admin API); answers like `GET /api/overrides/{tier}`; `400` `invalid_quota` for a quota the tier cannot take |
+//! | `POST /api/overrides/remove` | `{"tier":"ip","key":"203.0.113.7"}`: removes it ([`RateLimitHandle::remove_override`]); answers `{"tier","key","existed"}` |
 //!
 //! # Authentication
 //! The router wants a bearer token of its own **in addition to** whatever
@@ -85,6 +88,7 @@ mod form;
 mod html;
 mod keys;
 mod mode;
+mod overrides;
 mod page;
 mod reply;
 
@@ -220,6 +224,9 @@ impl Admin {
             .route("/api/peek/{tier}", get(keys::api_peek))
             .route("/api/reset", post(keys::api_reset))
             .route("/api/lift", post(keys::api_lift))
+            .route("/api/overrides/{tier}", get(overrides::api_list))
+            .route("/api/overrides", post(overrides::api_set))
+            .route("/api/overrides/remove", post(overrides::api_remove))
             .fallback(not_found)
             .layer(middleware::from_fn_with_state(admin.clone(), authorize))
             .with_state(admin)

@@ -62,7 +62,13 @@ pub(super) async fn page(State(admin): State<Arc<Admin>>, req: Request) -> Respo
         }
         _ => None,
     };
-    let html = render_page(&admin, &base, lookup.as_ref());
+    // Each tier taking overrides, with its list (or why it could not be read).
+    let mut overrides = Vec::new();
+    for t in admin.handle.tiers().into_iter().filter(|t| t.overrides) {
+        let list = admin.handle.overrides(&t.name).await;
+        overrides.push((t.name, list));
+    }
+    let html = render_page(&admin, &base, lookup.as_ref(), &overrides);
     let mut res = Response::new(Body::from(html));
     let h = res.headers_mut();
     h.insert(
@@ -114,7 +120,18 @@ fn mode_select(current: Mode) -> String {
     s
 }
 
-fn render_page(admin: &Admin, base: &str, lookup: Option<&Lookup>) -> String {
+/// Each tier taking overrides, and its list.
+type OverrideLists = [(
+    String,
+    Result<Vec<crate::overrides::OverrideEntry>, crate::overrides::OverrideError>,
+)];
+
+fn render_page(
+    admin: &Admin,
+    base: &str,
+    lookup: Option<&Lookup>,
+    overrides: &OverrideLists,
+) -> String {
     let h = &admin.handle;
     let mode = h.mode();
     let tiers = h.tiers();
@@ -258,6 +275,9 @@ fn render_page(admin: &Admin, base: &str, lookup: Option<&Lookup>) -> String {
     }
     s.push_str("</table></section>");
     render_lookup(&mut s, &tiers, base, lookup);
+    if !overrides.is_empty() {
+        render_overrides(&mut s, base, overrides);
+    }
 
     // Counts and anomalies.
     s.push_str(r#"<section><h2>Requests since start</h2><table id="counts">"#);
@@ -360,6 +380,139 @@ fn render_lookup(s: &mut String, tiers: &[crate::TierStatus], base: &str, lookup
     s.push_str("</section>");
 }
 
+/// Per-key overrides ([`crate::overrides`]): each tier's list with a remove
+/// button, and a form to add one (`POST /key`, `action=override`).
+fn render_overrides(s: &mut String, base: &str, lists: &OverrideLists) {
+    let action = format!("{base}/key");
+    s.push_str(r#"<section><h2>Per-key overrides</h2><table id="overrides"><tr><th>tier</th><th>key</th><th>rule</th><th>expires</th><th></th></tr>"#);
+    for (tier, list) in lists {
+        match list {
+            Err(e) => {
+                let _ = write!(
+                    s,
+                    r#"<tr><td><code>{}</code></td><td colspan="4" class="muted">{}</td></tr>"#,
+                    Esc(tier),
+                    Esc(&e.to_string())
+                );
+            }
+            Ok(list) => {
+                for o in list {
+                    let expires = o.expires_at_us.map_or_else(
+                        || "never".to_owned(),
+                        |u| {
+                            humantime::format_rfc3339_seconds(
+                                std::time::UNIX_EPOCH + std::time::Duration::from_micros(u),
+                            )
+                            .to_string()
+                        },
+                    );
+                    let _ = write!(
+                        s,
+                        r#"<tr><td><code>{t}</code></td><td><code>{k}</code></td><td>{r}</td><td>{expires}</td><td><form method="post" action="{a}"><input type="hidden" name="action" value="remove_override"><input type="hidden" name="tier" value="{t}"><input type="hidden" name="key" value="{k}"><button>remove</button></form></td></tr>"#,
+                        t = Esc(tier),
+                        k = Esc(&o.key),
+                        r = Esc(&o.rule.to_string()),
+                        a = Esc(&action),
+                    );
+                }
+            }
+        }
+    }
+    let _ = write!(
+        s,
+        r#"</table><form method="post" action="{}"><input type="hidden" name="action" value="override"><select name="tier">"#,
+        Esc(&action)
+    );
+    for (tier, _) in lists {
+        let _ = write!(s, r#"<option>{}</option>"#, Esc(tier));
+    }
+    s.push_str(r#"</select> <input name="key" placeholder="stored key part"> <input name="rule" placeholder="unlimited | blocked | 1000/1m"> <input name="ttl" placeholder="ttl (1d), empty: none"> <button>set</button></form></section>"#);
+}
+
+/// A rule as the page's form writes it: `unlimited`, `blocked`, or
+/// `<limit>/<period>` (humantime).
+fn form_rule(s: &str) -> Option<crate::overrides::Override> {
+    use crate::overrides::Override;
+    match s.trim() {
+        "unlimited" => Some(Override::Unlimited),
+        "blocked" => Some(Override::Blocked),
+        r => {
+            let (limit, period) = r.split_once('/')?;
+            let q = crate::Quota::new(
+                limit.trim().parse().ok()?,
+                humantime::parse_duration(period.trim()).ok()?,
+            );
+            Some(Override::Quota(q))
+        }
+    }
+}
+
+/// The page's override form and remove buttons (`action=override`: `tier`,
+/// `key`, `rule`, optional `ttl`; `action=remove_override`: `tier`, `key`).
+async fn form_override(
+    admin: &Admin,
+    base: &str,
+    action: &str,
+    tier: &str,
+    key: &str,
+    fields: &[(String, String)],
+) -> Response {
+    use crate::overrides::OverrideError;
+    let field = |name: &str| {
+        fields
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let done = if action == "remove_override" {
+        admin
+            .handle
+            .remove_override(tier, key, "admin page")
+            .await
+            .map(|_| ())
+    } else {
+        let Some(rule) = field("rule").and_then(form_rule) else {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_rule",
+                "rule: unlimited, blocked or <limit>/<period> (1000/1m)",
+            );
+        };
+        let ttl = match field("ttl").map(str::trim).filter(|t| !t.is_empty()) {
+            None => None,
+            Some(t) => match humantime::parse_duration(t) {
+                Ok(d) if !d.is_zero() => Some(d),
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_ttl",
+                        "ttl: a humantime duration (30m, 1d)",
+                    )
+                }
+            },
+        };
+        admin
+            .handle
+            .set_override(tier, key, rule, ttl, "admin page")
+            .await
+    };
+    match done {
+        Ok(()) => see_other(page_path(base)),
+        Err(OverrideError::UnknownTier(_)) => super::reply::unknown_tier(tier),
+        Err(e @ OverrideError::InvalidKey) => {
+            error(StatusCode::BAD_REQUEST, "invalid_key", &e.to_string())
+        }
+        Err(e @ OverrideError::Quota(_)) => {
+            error(StatusCode::BAD_REQUEST, "invalid_quota", &e.to_string())
+        }
+        Err(e) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "backend_failed",
+            &e.to_string(),
+        ),
+    }
+}
+
 /// The page's reset and lift buttons.
 pub(super) async fn form_key(State(admin): State<Arc<Admin>>, req: Request) -> Response {
     let base = base_of(&req);
@@ -371,11 +524,12 @@ pub(super) async fn form_key(State(admin): State<Arc<Admin>>, req: Request) -> R
         return error(StatusCode::BAD_REQUEST, "invalid_body", "not UTF-8");
     };
     let (mut action, mut tier, mut key) = (None, None, None);
-    for (k, v) in form_pairs(body) {
+    let pairs = form_pairs(body);
+    for (k, v) in &pairs {
         match k.as_str() {
-            "action" => action = Some(v),
-            "tier" => tier = Some(v),
-            "key" => key = Some(v),
+            "action" => action = Some(v.clone()),
+            "tier" => tier = Some(v.clone()),
+            "key" => key = Some(v.clone()),
             _ => {}
         }
     }
@@ -386,6 +540,9 @@ pub(super) async fn form_key(State(admin): State<Arc<Admin>>, req: Request) -> R
             "action, tier and key are required",
         );
     };
+    if action == "override" || action == "remove_override" {
+        return form_override(&admin, &base, &action, &tier, &key, &pairs).await;
+    }
     let done = match action.as_str() {
         "reset" => admin.handle.reset(&tier, &key).await,
         "lift" => admin.handle.lift(&tier, &key).await,

@@ -104,6 +104,9 @@ pub enum Limit {
     Concurrency(Concurrency),
     /// [`penalty`]: a tier's penalty box, checked right after the tier.
     Penalty(PenaltyBox),
+    /// A per-key override's read (see [`crate::overrides`]), checked
+    /// right before its tier: always allows, never charged.
+    Override,
 }
 
 /// The stored state of one key, per algorithm.
@@ -137,6 +140,7 @@ impl Limit {
             Limit::LeakyBucket(g) => g.bucket.burst(),
             Limit::Concurrency(c) => c.limit,
             Limit::Penalty(p) => p.capacity(),
+            Limit::Override => 0,
         }
     }
 
@@ -157,6 +161,14 @@ impl Limit {
             // Alone (a peek), a penalty box only says whether it blocks.
             (Limit::Penalty(p), Some(State::Penalty(s))) => p.check(Some(s), now_us, true).0,
             (Limit::Penalty(p), _) => p.check(None, now_us, true).0,
+            (Limit::Override, _) => Decision {
+                allowed: true,
+                limit: 0,
+                remaining: 0,
+                reset_after_us: 0,
+                retry_after_us: 0,
+                delay_us: 0,
+            },
         }
     }
 
@@ -218,6 +230,8 @@ impl Limit {
                 }
                 _ => (State::Penalty(PenaltyState::default()), 0),
             },
+            // Never charged (the memory check skips it): nothing to keep.
+            Limit::Override => (State::Penalty(PenaltyState::default()), 0),
             Limit::Concurrency(c) => {
                 let leases = match state {
                     Some(State::Leases(l)) => Some(l),
@@ -234,6 +248,11 @@ impl Limit {
     /// Whether this is a penalty box (never charged).
     pub fn is_penalty(&self) -> bool {
         matches!(self, Limit::Penalty(_))
+    }
+
+    /// Whether this is an override's read (never charged).
+    pub fn is_override(&self) -> bool {
+        matches!(self, Limit::Override)
     }
 
     /// A penalty box's check (see [`penalty`]), given whether the check just

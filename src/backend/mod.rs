@@ -11,6 +11,8 @@ mod memory;
 mod redis;
 
 #[cfg(feature = "redis")]
+pub(crate) use self::redis::redis_params;
+#[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, SentinelMaster, StateFormat};
 pub use clock::ManualClock;
 pub use memory::MemoryBackend;
@@ -255,6 +257,58 @@ impl Backend {
             Backend::Memory(m) => Ok(m.reset(key)),
             #[cfg(feature = "redis")]
             Backend::Redis(r) => r.reset(key).await,
+        }
+    }
+
+    /// Stores a per-key override under `key` (`<tier key>{ov}`) and its
+    /// listing in `index` (see [`crate::overrides`]).
+    pub(crate) async fn set_override(
+        &self,
+        key: &str,
+        active: crate::overrides::Active,
+        ttl_ms: Option<u64>,
+        index: &str,
+        field: &str,
+        listing: &str,
+    ) -> Result<(), BackendError> {
+        match self {
+            Backend::Memory(m) => {
+                let _ = ttl_ms;
+                m.set_override(key, active, index, field, listing);
+                Ok(())
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => {
+                r.set_override(key, active, ttl_ms, index, field, listing)
+                    .await
+            }
+        }
+    }
+
+    /// Removes a per-key override: its expiry (Unix epoch µs, 0 for none),
+    /// if there was one.
+    pub(crate) async fn remove_override(
+        &self,
+        key: &str,
+        index: &str,
+        field: &str,
+    ) -> Result<Option<u64>, BackendError> {
+        match self {
+            Backend::Memory(m) => Ok(m.remove_override(key, index, field)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.remove_override(key, index, field).await,
+        }
+    }
+
+    /// A tier's override listing (key part, `<until µs> <rule>`).
+    pub(crate) async fn list_overrides(
+        &self,
+        index: &str,
+    ) -> Result<Vec<(String, String)>, BackendError> {
+        match self {
+            Backend::Memory(m) => Ok(m.list_overrides(index)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.list_overrides(index).await,
         }
     }
 

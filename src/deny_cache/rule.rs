@@ -42,5 +42,7 @@ pub(crate) fn longest_wait_us(limit: &Limit, cost: u64, now_us: u64) -> u64 {
         Limit::Concurrency(_) => crate::algorithm::concurrency::RETRY_ESTIMATE_US,
         // The longest block.
         Limit::Penalty(p) => p.max_block_us,
+        // Never denies (its tier's check does).
+        Limit::Override => 0,
     }
 }

@@ -61,7 +61,7 @@ pub(crate) fn decide(
             .enumerate()
             .filter(|(i, _)| shared.shadow_headers || !meta.shadow.contains(*i))
             // A penalty box that lets a request through has no numbers.
-            .filter(|(i, _)| !shared.penalties || !is_penalty(meta, *i))
+            .filter(|(i, _)| !(shared.penalties || shared.key_overrides) || !is_penalty(meta, *i))
             .min_by(|(_, a), (_, b)| {
                 a.remaining
                     .cmp(&b.remaining)
@@ -112,9 +112,12 @@ pub(crate) fn decide(
     Decision::Block(Block::Limited(denial))
 }
 
-/// Whether check `i` is a penalty box.
+/// Whether check `i` is a penalty box or an override's read (checks of
+/// their tier's, with no numbers of their own when they allow).
 fn is_penalty(meta: &Meta, i: usize) -> bool {
-    meta.sent.get(i).is_some_and(|c| c.limit.is_penalty())
+    meta.sent
+        .get(i)
+        .is_some_and(|c| c.limit.is_penalty() || c.limit.is_override())
 }
 
 /// Counts every tier's decision on the request (one each) in
@@ -142,7 +145,9 @@ pub(crate) fn count_tier_decisions(
             _ if Some(i) == binding => return None,
             // A penalty box that lets the request through is its tier's
             // check counted once.
-            (true, _) if shared.penalties && is_penalty(meta, i) => return None,
+            (true, _) if (shared.penalties || shared.key_overrides) && is_penalty(meta, i) => {
+                return None
+            }
             (true, _) if d.remaining.saturating_mul(5) < d.limit => TierDecision::NearLimit,
             (true, _) => TierDecision::Allowed,
             (false, true) => TierDecision::ShadowLimited,

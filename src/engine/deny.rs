@@ -164,7 +164,9 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     let mut probed_room = false;
     for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
         let charged = v.charges.get(i).and_then(|c| c.as_ref());
-        if meta.shadow.contains(i) {
+        if meta.shadow.contains(i)
+            || (shared.key_overrides && crate::overrides::overridden(&meta.sent, &v.decisions, i))
+        {
             continue;
         }
         let wait_us = if d.allowed {

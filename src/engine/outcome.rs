@@ -65,6 +65,9 @@ pub(crate) fn outcome(
             if shared.penalties {
                 penalty_limits(meta, &mut v);
             }
+            if shared.key_overrides {
+                crate::overrides::apply_codes(&meta.sent, &mut v.decisions);
+            }
             feed_deny_cache(shared, meta, &v);
             if !meta.quiet {
                 observe_decisions(shared, meta, &v);

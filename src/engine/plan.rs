@@ -218,6 +218,37 @@ fn penalty_check(
     };
     let n = checks.len();
     let key = format!("{}{}", tier.key, crate::algorithm::penalty::KEY_SUFFIX);
+    duplicate_meta(n, meta, plans);
+    checks.push(TierCheck {
+        key,
+        limit: Limit::Penalty(p),
+        cost: 1,
+    });
+}
+
+/// The override read of the check just planned, as a check of its own
+/// right BEFORE it (the script applies what it reads to the check after
+/// it): the key `<key>{ov}` (the same hash slot on a cluster), the tier's
+/// meta.
+#[cold]
+fn override_check(checks: &mut Vec<TierCheck>, meta: &mut Meta, plans: bool) {
+    let Some(tier) = checks.last() else {
+        return;
+    };
+    let key = format!("{}{}", tier.key, crate::overrides::KEY_SUFFIX);
+    // Same meta as its tier: pushed after it, then the two checks swapped.
+    duplicate_meta(checks.len(), meta, plans);
+    checks.push(TierCheck {
+        key,
+        limit: Limit::Override,
+        cost: 1,
+    });
+    let n = checks.len();
+    checks.swap(n - 2, n - 1);
+}
+
+/// Meta for check `n` (about to be pushed), copied from check `n - 1`'s.
+fn duplicate_meta(n: usize, meta: &mut Meta, plans: bool) {
     if meta.shadow.contains(n - 1) {
         meta.shadow.0 |= 1 << n;
         if let Some(o) = &mut meta.observed {
@@ -234,11 +265,6 @@ fn penalty_check(
     }
     let t = meta.tiers.last().copied().unwrap_or(u8::MAX);
     meta.tiers.push(t);
-    checks.push(TierCheck {
-        key,
-        limit: Limit::Penalty(p),
-        cost: 1,
-    });
 }
 
 /// Why a request is planned.
@@ -347,6 +373,9 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
         });
         // MAX_TIERS is 64, so the index fits.
         meta.tiers.push(u8::try_from(i).unwrap_or(u8::MAX));
+        if t.overrides {
+            override_check(&mut checks, &mut meta, !r.plans.is_empty());
+        }
         if let Some(p) = t.penalty {
             penalty_check(&mut checks, &mut meta, p, !r.plans.is_empty());
         }

@@ -62,6 +62,9 @@ pub(crate) struct BuiltTier {
     pub(crate) refund_on: RefundOn,
     /// Its penalty box, checked right after it (key `<key>{pb}`).
     pub(crate) penalty: Option<crate::algorithm::PenaltyBox>,
+    /// Whether each check is preceded by a read of the key's override (key
+    /// `<key>{ov}`; see [`crate::overrides`]).
+    pub(crate) overrides: bool,
 }
 
 /// Which requests a tier gives its charge back to, once their result is
@@ -114,6 +117,8 @@ pub(crate) struct Shared {
     /// Whether any tier has a penalty box, or is a concurrency tier: when
     /// neither, a request pays no step for them.
     pub(crate) penalties: bool,
+    /// Whether any tier takes per-key overrides.
+    pub(crate) key_overrides: bool,
     pub(crate) concurrency: bool,
     pub(crate) tiers: Box<[BuiltTier]>,
     pub(crate) runtime: ArcSwap<Runtime>,

@@ -50,7 +50,10 @@ impl RateLimitLayerBuilder {
         }
         let instances = self.fallback_instances;
         // A penalty box is checked as a tier of its own.
-        let checks = self.tiers.len() + self.tiers.iter().filter(|t| t.penalty.is_some()).count();
+        // So is a per-key override's read.
+        let checks = self.tiers.len()
+            + self.tiers.iter().filter(|t| t.penalty.is_some()).count()
+            + self.tiers.iter().filter(|t| t.overrides).count();
         if checks > MAX_TIERS {
             return Err(ConfigError::TooManyTiers(checks));
         }
@@ -110,6 +113,9 @@ impl RateLimitLayerBuilder {
                 algorithm: t.algorithm,
                 cost: t.cost,
                 penalty,
+                // A concurrency tier takes none (see Tier::overrides).
+                overrides: t.overrides
+                    && !matches!(t.algorithm, crate::Algorithm::Concurrency { .. }),
                 // Both at once was refused above.
                 refund_on: if t.skip_failed_requests {
                     RefundOn::Failure
@@ -163,12 +169,14 @@ impl RateLimitLayerBuilder {
             });
         let lists_violated = self.on_rejection.uses_violated_policies();
         let penalties = tiers.iter().any(|t| t.penalty.is_some());
+        let overrides = tiers.iter().any(|t| t.overrides);
         let concurrency = tiers
             .iter()
             .any(|t| matches!(t.algorithm, crate::Algorithm::Concurrency { .. }));
         let shared = Arc::new(Shared {
             backend,
             penalties,
+            key_overrides: overrides,
             concurrency,
             tiers: tiers.into_boxed_slice(),
             runtime: ArcSwap::from_pointee(Runtime {

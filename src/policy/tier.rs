@@ -77,6 +77,10 @@ pub struct TierPolicy {
     /// optional `backoff`, `memory`, `max_block`); see [`Penalty`](crate::Penalty).
     #[serde(default)]
     pub penalty: Option<crate::Penalty>,
+    /// Whether the tier takes per-key overrides (default `false`; see
+    /// [`Tier::overrides`](crate::Tier::overrides)).
+    #[serde(default)]
+    pub overrides: bool,
 }
 
 fn default_algorithm() -> String {
@@ -170,6 +174,7 @@ impl TierPolicy {
         if let Some(p) = self.penalty {
             tier = tier.penalty(p);
         }
+        tier = tier.overrides(self.overrides);
         if !self.plans.is_empty() {
             tier = tier.plans(self.plans.iter().map(|(name, q)| (name.clone(), *q)));
         }

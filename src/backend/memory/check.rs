@@ -84,6 +84,10 @@ impl MemoryBackend {
         let (mut prepared_a, mut prepared_v) = ([const { None }; 8], Vec::new());
         let prepared: &mut [Option<(State, u64)>] = scratch(&mut prepared_a, &mut prepared_v, n);
         let mut strikes: SmallVec<[(usize, (State, u64)); 1]> = SmallVec::new();
+        // The override the check just before found (it precedes its
+        // tier's), and the checks an override leaves uncharged.
+        let mut overridden: Option<crate::overrides::Active> = None;
+        let mut uncharged = 0u64;
         for (i, (c, &h)) in checks.iter().zip(hashes.iter()).enumerate() {
             let map = &guards[guard_of(h)].map;
             let bucket = map.find_bucket_index(h, |s| s.key == c.key);
@@ -105,6 +109,19 @@ impl MemoryBackend {
                     Some((d, None)) => (d, None),
                     None => c.limit.check_prepared(state.as_deref(), now_us, c.cost),
                 }
+            } else if c.limit.is_override() {
+                overridden = self.override_of(&c.key, now_us);
+                uncharged |= 1 << i;
+                (
+                    crate::overrides::Active::code_decision(overridden.as_ref()),
+                    None,
+                )
+            } else if let Some(a) = overridden.take() {
+                let (d, charged) = a.check(c, state.as_deref(), now_us);
+                if charged.is_none() {
+                    uncharged |= 1 << i;
+                }
+                (d, charged)
             } else {
                 c.limit.check_prepared(state.as_deref(), now_us, c.cost)
             };
@@ -136,7 +153,8 @@ impl MemoryBackend {
             // first, by their bucket: inserting a key may move every bucket
             // of its table.
             for (i, c) in checks.iter().enumerate() {
-                let Some(b) = found[i].filter(|_| decisions[i].allowed) else {
+                let charged = decisions[i].allowed && uncharged & (1 << i) == 0;
+                let Some(b) = found[i].filter(|_| charged) else {
                     continue;
                 };
                 let g = &mut guards[guard_of(hashes[i])];
@@ -146,7 +164,11 @@ impl MemoryBackend {
             }
             // Then, in order, the new keys and the keys listed twice.
             for (i, c) in checks.iter().enumerate() {
-                if found[i].is_some() || !decisions[i].allowed || c.limit.is_penalty() {
+                if found[i].is_some()
+                    || !decisions[i].allowed
+                    || c.limit.is_penalty()
+                    || uncharged & (1 << i) != 0
+                {
                     continue;
                 }
                 let h = hashes[i];

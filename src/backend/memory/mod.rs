@@ -6,6 +6,7 @@ mod cell;
 mod check;
 mod fast;
 mod lease;
+mod overrides;
 mod peek;
 mod penalty;
 mod shard;
@@ -66,6 +67,9 @@ struct Inner {
     hasher: RandomState,
     clock: Clock,
     max_per_shard: usize,
+    /// Per-key overrides ([`crate::overrides`]), kept apart from the rate
+    /// state: set by an operator, few, never swept.
+    overrides: std::sync::Mutex<overrides::Store>,
 }
 
 impl fmt::Debug for MemoryBackend {
@@ -113,6 +117,7 @@ impl MemoryBackend {
                 hasher: RandomState::default(),
                 clock,
                 max_per_shard,
+                overrides: std::sync::Mutex::default(),
             }),
         }
     }

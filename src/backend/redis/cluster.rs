@@ -63,10 +63,15 @@ pub(super) enum Via {
 /// A penalty box's key (`<key>{pb}`) keeps its tier key's tag, so both
 /// are checked in one call: `{<key>}{pb}`.
 pub(crate) fn cluster_key(key: &str) -> String {
-    if let Some(tier) = key.strip_suffix(crate::algorithm::penalty::KEY_SUFFIX) {
-        let mut k = cluster_key(tier);
-        k.push_str(crate::algorithm::penalty::KEY_SUFFIX);
-        return k;
+    for suffix in [
+        crate::algorithm::penalty::KEY_SUFFIX,
+        crate::overrides::KEY_SUFFIX,
+    ] {
+        if let Some(tier) = key.strip_suffix(suffix) {
+            let mut k = cluster_key(tier);
+            k.push_str(suffix);
+            return k;
+        }
     }
     let mut k = String::with_capacity(key.len() + 2);
     k.push('{');

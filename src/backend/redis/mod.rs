@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use std::time::Instant;
 use timed::with_timeout;
+pub(crate) use wire::params as redis_params;
 use wire::{CheckReply, ClockArg};
 
 pub use sentinel::SentinelMaster;
@@ -27,6 +28,7 @@ mod connection;
 mod control;
 mod format;
 mod lease;
+mod overrides;
 mod peek;
 mod router;
 mod sentinel;

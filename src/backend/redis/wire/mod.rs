@@ -14,7 +14,7 @@
 //!           spaces, "<algorithm> <p1> <p2> <p3> <p4> <cost> <flags>":
 //!           algorithm (1 fixed window, 2 sliding window log, 3 sliding
 //!           window counter, 4 token bucket, 5 leaky bucket, 6 concurrency,
-//!           7 penalty box), p1..p4, cost,
+//!           7 penalty box, 8 a per-key override's read), p1..p4, cost,
 //!           flags (+1 shadow, +2 undo wanted, +4 write the compact format).
 //!           One argument rather than seven: the script keeps parsed specs
 //!           by their string (as a Redis Function, across calls), so a tier
@@ -26,7 +26,9 @@
 //! unit, 0`; leaky bucket `capacity, rate, unit, max_delay_us` (−1 = police);
 //! concurrency (algorithm 6) `limit, lease_us, lease id, 0`; a penalty box
 //! (algorithm 7) `violations + 1024 × backoff + 2^20 × memory_s, window_us,
-//! block_us, max_block_us`.
+//! block_us, max_block_us`; an override's read (algorithm 8) `0, 0, 0, 0`
+//! (its reply's r: 0 none, 1 unlimited, 2 blocked, 3 + a quota's capacity;
+//! see `lua/override.lua` and [`crate::overrides`]).
 //!
 //! # The check reply
 //!
@@ -62,7 +64,7 @@ use crate::error::BackendError;
 use ::redis::Cmd;
 
 /// The files of `lua/` every script starts with (the shared helpers and
-/// the seven algorithms), joined, then the named files of `lua/`, in order.
+/// the seven algorithms, the overrides' reader), joined, then the named files of `lua/`, in order.
 macro_rules! lua {
     ($($file:literal),* $(,)?) => {
         concat!(
@@ -74,6 +76,7 @@ macro_rules! lua {
             include_str!("../../../../lua/leaky_bucket.lua"),
             include_str!("../../../../lua/concurrency.lua"),
             include_str!("../../../../lua/penalty.lua"),
+            include_str!("../../../../lua/override.lua"),
             $(include_str!(concat!("../../../../lua/", $file)),)*
         )
     };
@@ -234,7 +237,14 @@ fn encode(limit: &Limit) -> (u8, [i64; 4]) {
                 int(p.max_block_us),
             ],
         ),
+        Limit::Override => (8, [0; 4]),
     }
+}
+
+/// A limit's p1..p4 as the scripts take them (an override's quota, stored
+/// in Redis: see [`crate::overrides`]).
+pub(crate) fn params(limit: &Limit) -> [i64; 4] {
+    encode(limit).1
 }
 
 /// A penalty box's p1: `violations + 1024 × backoff + 2^20 × memory in

@@ -1,0 +1,57 @@
+-- A per-key override (src/overrides.rs), read as a check of its own right
+-- BEFORE the tier it applies to, on the key "<tier key>{ov}" (same hash
+-- slot): its value comes with the other keys' in the check's one MGET.
+-- Value "<until µs> <kind> <p1> <p2> <p3> <p4> <capacity>": until 0 = no
+-- expiry; kind 0 = another quota (p1..p4 the tier algorithm's parameters,
+-- capacity its X-RateLimit-Limit), 1 = unlimited, 2 = blocked. It always allows and writes nothing; what it read
+-- is applied by check_request (dispatch.lua) to the next tier's spec
+-- (override_apply). Its remaining tells the client what applied: 0 none,
+-- 1 unlimited, 2 blocked, 3 + the quota's capacity.
+
+-- What the override check just read, for the next tier (false: none).
+local override_next = false
+
+local function override_commit() return 0 end
+
+local function override(_, now, _, _, _, _, _, v, _)
+  override_next = false
+  if not v then return 1, 0, 0, 0, 0, override_commit end
+  local u, k, p1, p2, p3, p4, cap =
+    string.match(v, '^(%d+) ([012]) (%d+) (%d+) (%d+) (-?%d+) (%d+)$')
+  if not u then return 1, 0, 0, 0, 0, override_commit end
+  u = tonumber(u)
+  if u ~= 0 and u <= now then return 1, 0, 0, 0, 0, override_commit end
+  k = tonumber(k)
+  override_next = { k, tonumber(p1), tonumber(p2), tonumber(p3), tonumber(p4), u }
+  local code = 1
+  if k == 2 then code = 2 elseif k == 0 then code = 3 + tonumber(cap) end
+  return 1, code, 0, 0, 0, override_commit
+end
+
+-- Unlimited: allowed, nothing written.
+local function override_pass()
+  return 1, 0, 0, 0, 0, override_commit
+end
+
+-- Blocked: denied until p1 (µs; its wait is p2 when there is no expiry).
+local function override_block(_, now, until_us, forever)
+  local wait = forever
+  if until_us ~= 0 then wait = until_us - now end
+  return 0, 0, wait, wait, 0, nil
+end
+
+-- The spec t of the tier after an override check, as the override read
+-- says (and the read consumed).
+local function override_apply(t)
+  local o = override_next
+  override_next = false
+  if o[1] == 0 then
+    return { t[1], o[2], o[3], o[4], o[5], t[6], t[7], t[8], t[9] }
+  elseif o[1] == 1 then
+    return { override_pass, 0, 0, 0, 0, t[6], t[7], t[8], t[9] }
+  end
+  return { override_block, o[6], 86400000000, 0, 0, t[6], t[7], t[8], t[9] }
+end
+
+-- Nothing to give back (lua/cluster.lua's refund mode).
+local function override_refund() end

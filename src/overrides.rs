@@ -1,0 +1,504 @@
+//! Per-key overrides: for one key of one tier, another quota, no limit at
+//! all, or a block, optionally until an expiry — fleet-wide on Redis
+//! ([`RateLimitHandle::set_override`], [`RateLimitHandle::remove_override`],
+//! [`RateLimitHandle::overrides`], and the admin API's `/api/overrides`).
+//!
+//! A tier takes overrides only when built with
+//! [`Tier::overrides(true)`](crate::Tier::overrides): each of its checks is
+//! then preceded by a read of the key `<tier key>{ov}` (the same hash slot
+//! on a cluster) **inside the same script call** — one more key in the
+//! check's `MGET`, no extra command, no extra round trip. A tier without
+//! the flag pays nothing.
+//!
+//! Keys are **exact**: the key part as stored (see [`crate::inspect`]), no
+//! prefix patterns.
+//!
+//! What an override does to its tier's decision:
+//! - [`Override::Quota`]: the tier decides on the override's quota (same
+//!   algorithm, same stored state); headers show its limit and remaining.
+//! - [`Override::Unlimited`]: the tier allows without charging anything;
+//!   its headers show the tier's limit as remaining.
+//! - [`Override::Blocked`]: the tier denies (429) without charging;
+//!   `Retry-After` is the time left until the override expires, or
+//!   [`BLOCKED_RETRY`] for a block without expiry.
+//!
+//! The expiry is an instant of the setting process's clock (Unix epoch µs),
+//! compared with the backend's clock (Redis `TIME`) on every request.
+//!
+//! Caveats:
+//! - An overridden key's answers are never deny-cached, but a key denied
+//!   (and cached) under the tier's own quota before an override was set
+//!   may still be answered 429 by another instance until the retry time it
+//!   was told (this process's cache is cleared by the change).
+//! - [`RateLimitHandle::peek`] and the local fallback
+//!   ([`FailurePolicy::Fallback`](crate::FailurePolicy::Fallback)) use the
+//!   tier's own quota.
+//! - With IETF headers, `RateLimit-Policy` names the tier's configured
+//!   quota; `RateLimit` (limit, remaining) shows the override's.
+//! - A `blocked` tier's denial is a strike for the tier's penalty box, if
+//!   it has one.
+//! - The store of a quota override is the tier's: the key's stored state
+//!   is read with the override's parameters (the first request after a
+//!   change may show a partly used quota).
+//! - On the memory backend a tier taking overrides is decided by the
+//!   locked path (not the compare-and-swap fast path of token and leaky
+//!   buckets).
+
+use crate::algorithm::{Decision, Limit};
+use crate::backend::TierCheck;
+use crate::error::BackendError;
+use crate::Quota;
+use crate::RateLimitHandle;
+use std::time::Duration;
+
+/// The suffix of an override's key: `<tier key>{ov}`.
+pub(crate) const KEY_SUFFIX: &str = "{ov}";
+
+/// `Retry-After` of a block without expiry: 24 hours.
+pub const BLOCKED_RETRY: Duration = Duration::from_secs(86_400);
+
+/// What an override does to one key of one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Override {
+    /// Another quota (same algorithm as the tier; checked as the tier's
+    /// own quota is, against the tier's fixed cost).
+    Quota(Quota),
+    /// No limit: allowed, nothing charged.
+    Unlimited,
+    /// Always denied, nothing charged.
+    Blocked,
+}
+
+impl std::fmt::Display for Override {
+    /// `unlimited`, `blocked`, or `<limit>/<period ms>ms burst <burst>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Override::Quota(q) => write!(
+                f,
+                "{}/{}ms burst {}",
+                q.limit(),
+                q.period().as_millis(),
+                q.burst_size()
+            ),
+            Override::Unlimited => f.write_str("unlimited"),
+            Override::Blocked => f.write_str("blocked"),
+        }
+    }
+}
+
+impl Override {
+    /// Parses what [`Display`](std::fmt::Display) writes.
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "unlimited" => return Some(Override::Unlimited),
+            "blocked" => return Some(Override::Blocked),
+            _ => {}
+        }
+        let (limit, rest) = s.split_once('/')?;
+        let (period, burst) = rest.split_once("ms burst ")?;
+        let q = Quota::new(
+            limit.parse().ok()?,
+            Duration::from_millis(period.parse().ok()?),
+        );
+        let burst: u64 = burst.parse().ok()?;
+        Some(Override::Quota(if burst == q.limit() {
+            q
+        } else {
+            q.burst(burst)
+        }))
+    }
+}
+
+/// One override as listed by [`RateLimitHandle::overrides`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OverrideEntry {
+    /// The key part as stored.
+    pub key: String,
+    /// What it does.
+    pub rule: Override,
+    /// When it ends, Unix epoch µs (`None`: never).
+    pub expires_at_us: Option<u64>,
+}
+
+impl OverrideEntry {
+    /// An entry (for comparisons in tests and tools).
+    pub fn new(key: impl Into<String>, rule: Override, expires_at_us: Option<u64>) -> Self {
+        Self {
+            key: key.into(),
+            rule,
+            expires_at_us,
+        }
+    }
+}
+
+/// Why an override could not be set, removed or listed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OverrideError {
+    /// The layer has no tier of this name, or the tier was not built with
+    /// [`Tier::overrides(true)`](crate::Tier::overrides).
+    #[error("tier \"{0}\": no such tier taking overrides (Tier::overrides(true))")]
+    UnknownTier(String),
+    /// The key is not a stored key part (see [`crate::inspect`]).
+    #[error("key: not a stored key part (1-128 printable ASCII bytes, no '{{' or '}}')")]
+    InvalidKey,
+    /// The quota is not valid for the tier (the message names the field).
+    #[error(transparent)]
+    Quota(#[from] crate::ConfigError),
+    /// The backend could not answer (or not within `backend_timeout`).
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+}
+
+/// An override as the check applies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Active {
+    pub(crate) effect: Effect,
+    /// Unix epoch µs; 0: no expiry.
+    pub(crate) until_us: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effect {
+    Limit(Limit),
+    Unlimited,
+    Blocked,
+}
+
+/// The override check's `remaining`, read by the engine
+/// ([`apply_codes`]): 0 none, 1 unlimited, 2 blocked, 3 + the quota's
+/// capacity.
+pub(crate) const CODE_UNLIMITED: u64 = 1;
+const CODE_BLOCKED: u64 = 2;
+const CODE_QUOTA: u64 = 3;
+
+impl Active {
+    /// Whether it still applies at `now_us`.
+    pub(crate) fn live(&self, now_us: u64) -> bool {
+        self.until_us == 0 || self.until_us > now_us
+    }
+
+    /// The override check's own decision: allowed, its code as remaining.
+    pub(crate) fn code_decision(this: Option<&Self>) -> Decision {
+        let code = match this.map(|a| a.effect) {
+            None => 0,
+            Some(Effect::Unlimited) => CODE_UNLIMITED,
+            Some(Effect::Blocked) => CODE_BLOCKED,
+            Some(Effect::Limit(l)) => CODE_QUOTA.saturating_add(l.capacity()),
+        };
+        Decision {
+            allowed: true,
+            limit: 0,
+            remaining: code,
+            reset_after_us: 0,
+            retry_after_us: 0,
+            delay_us: 0,
+        }
+    }
+
+    /// The decision of `c` (its tier's check) under this override, and
+    /// the state to store when it is charged (`None`: nothing to charge:
+    /// unlimited, blocked, or denied).
+    pub(crate) fn check(
+        &self,
+        c: &TierCheck,
+        state: Option<&crate::algorithm::State>,
+        now_us: u64,
+    ) -> (Decision, Option<(crate::algorithm::State, u64)>) {
+        let capacity = c.limit.capacity();
+        match self.effect {
+            Effect::Limit(l) => {
+                let (d, prepared) = l.check_prepared(state, now_us, c.cost);
+                let charged = d
+                    .allowed
+                    .then(|| prepared.unwrap_or_else(|| l.charge(state.cloned(), now_us, c.cost)));
+                (d, charged)
+            }
+            Effect::Unlimited => (
+                Decision {
+                    allowed: true,
+                    limit: capacity,
+                    remaining: capacity,
+                    reset_after_us: 0,
+                    retry_after_us: 0,
+                    delay_us: 0,
+                },
+                None,
+            ),
+            Effect::Blocked => {
+                let wait = self.block_wait_us(now_us);
+                (
+                    Decision {
+                        allowed: false,
+                        limit: capacity,
+                        remaining: 0,
+                        reset_after_us: wait,
+                        retry_after_us: wait,
+                        delay_us: 0,
+                    },
+                    None,
+                )
+            }
+        }
+    }
+
+    /// The wait of a block at `now_us`.
+    pub(crate) fn block_wait_us(&self, now_us: u64) -> u64 {
+        if self.until_us == 0 {
+            u64::try_from(BLOCKED_RETRY.as_micros()).unwrap_or(u64::MAX)
+        } else {
+            self.until_us.saturating_sub(now_us)
+        }
+    }
+
+    /// The value stored in Redis (read by `lua/override.lua`):
+    /// `<until µs> <kind> <p1> <p2> <p3> <p4> <capacity>`, kind 0 quota
+    /// (p1..p4 the tier algorithm's parameters for it), 1 unlimited, 2
+    /// blocked.
+    #[cfg(feature = "redis")]
+    pub(crate) fn redis_value(&self) -> String {
+        match self.effect {
+            Effect::Limit(l) => {
+                let p = crate::backend::redis_params(&l);
+                format!(
+                    "{} 0 {} {} {} {} {}",
+                    self.until_us,
+                    p[0],
+                    p[1],
+                    p[2],
+                    p[3],
+                    l.capacity()
+                )
+            }
+            Effect::Unlimited => format!("{} 1 0 0 0 0 0", self.until_us),
+            Effect::Blocked => format!("{} 2 0 0 0 0 0", self.until_us),
+        }
+    }
+}
+
+/// After a check: each override check's code applied to the tier check
+/// right after it (a quota's limit shown, an unlimited tier shown full),
+/// and the override check itself shown as its tier (full), with
+/// `retry_after_us` [`APPLIED`] when an override applied (an allowed
+/// decision's retry is otherwise 0): the deny cache keeps no answer of an
+/// overridden key, so a change is seen by every instance at once.
+pub(crate) fn apply_codes(sent: &[TierCheck], decisions: &mut [Decision]) {
+    for i in 0..decisions.len().min(sent.len()).saturating_sub(1) {
+        if !sent[i].limit.is_override() {
+            continue;
+        }
+        let code = decisions[i].remaining;
+        let applied = if code == 0 { 0 } else { APPLIED };
+        let d = &mut decisions[i + 1];
+        if code >= CODE_QUOTA {
+            d.limit = code - CODE_QUOTA;
+            d.remaining = d.remaining.min(d.limit);
+        } else if code == CODE_UNLIMITED && d.allowed {
+            d.remaining = d.limit;
+        }
+        let limit = d.limit;
+        decisions[i] = Decision {
+            allowed: true,
+            limit,
+            remaining: limit,
+            reset_after_us: 0,
+            retry_after_us: applied,
+            delay_us: 0,
+        };
+    }
+}
+
+/// An override check's `retry_after_us` when an override applied (see
+/// [`apply_codes`]).
+pub(crate) const APPLIED: u64 = 1;
+
+/// Whether check `i` is a tier's whose override applied (the deny cache
+/// leaves it alone).
+pub(crate) fn overridden(sent: &[TierCheck], decisions: &[Decision], i: usize) -> bool {
+    i > 0
+        && sent.get(i - 1).is_some_and(|c| c.limit.is_override())
+        && decisions
+            .get(i - 1)
+            .is_some_and(|d| d.retry_after_us == APPLIED)
+}
+
+/// The listing entry stored next to an override (the index hash's value):
+/// `<until µs> <rule>`.
+fn entry_value(until_us: u64, rule: Override) -> String {
+    format!("{until_us} {rule}")
+}
+
+/// Parses an index entry; `None` when malformed.
+pub(crate) fn parse_entry(key: String, v: &str) -> Option<OverrideEntry> {
+    let (until, rule) = v.split_once(' ')?;
+    let until: u64 = until.parse().ok()?;
+    Some(OverrideEntry {
+        key,
+        rule: Override::parse(rule)?,
+        expires_at_us: (until != 0).then_some(until),
+    })
+}
+
+impl RateLimitHandle {
+    /// The tier index and storage key of `key`'s override in `tier`.
+    fn override_key(&self, tier: &str, key: &str) -> Result<(usize, String), OverrideError> {
+        let shared = self.shared();
+        let i = shared
+            .tier_index(tier)
+            .ok()
+            .filter(|&i| shared.tiers[i].overrides)
+            .ok_or_else(|| OverrideError::UnknownTier(tier.to_owned()))?;
+        if !crate::inspect::valid_key(key) {
+            return Err(OverrideError::InvalidKey);
+        }
+        Ok((i, format!("{}{key}{KEY_SUFFIX}", shared.tiers[i].key_base)))
+    }
+
+    /// Sets (or replaces) the override of `key` (the key part as stored) in
+    /// `tier`, until `ttl` from now (`None`: until removed). On Redis every
+    /// instance applies it from its next request of the key. Logged at
+    /// `info` with `by` (who made the change, e.g. the admin token's name).
+    ///
+    /// # Errors
+    /// [`OverrideError::UnknownTier`] (also for a tier without
+    /// [`Tier::overrides`](crate::Tier::overrides)),
+    /// [`OverrideError::InvalidKey`], [`OverrideError::Quota`] for a quota
+    /// the tier's algorithm cannot take, or the backend's error.
+    pub async fn set_override(
+        &self,
+        tier: &str,
+        key: &str,
+        rule: Override,
+        ttl: Option<Duration>,
+        by: &str,
+    ) -> Result<(), OverrideError> {
+        let (i, ov_key) = self.override_key(tier, key)?;
+        let shared = self.shared();
+        let t = &shared.tiers[i];
+        let effect = match rule {
+            Override::Quota(q) => Effect::Limit(crate::engine::runtime::checked_limit(
+                tier,
+                t.algorithm,
+                q,
+                t.cost,
+            )?),
+            Override::Unlimited => Effect::Unlimited,
+            Override::Blocked => Effect::Blocked,
+        };
+        let now_us = shared.local_clock.now_us();
+        let until_us = ttl.map_or(0, |d| {
+            now_us
+                .saturating_add(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+                .max(1)
+        });
+        let active = Active { effect, until_us };
+        let index = format!("{}{KEY_SUFFIX}", t.key_base);
+        let listing = entry_value(until_us, rule);
+        let timeout = shared.backend_timeout;
+        let ttl_ms = ttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
+        tokio::time::timeout(
+            timeout,
+            shared
+                .backend
+                .set_override(&ov_key, active, ttl_ms, &index, key, &listing),
+        )
+        .await
+        .map_err(|_| BackendError::Timeout(timeout))??;
+        shared
+            .deny_cache
+            .forget(&format!("{}{key}", t.key_base), || 0);
+        tracing::info!(tier, key, rule = %rule, expires_at_us = until_us, by, at_us = now_us,
+            "rate limiter: override set");
+        Ok(())
+    }
+
+    /// Removes the override of `key` in `tier`; whether there was one in
+    /// force (not expired).
+    /// Logged at `info` with `by`.
+    ///
+    /// # Errors
+    /// As [`set_override`](Self::set_override).
+    pub async fn remove_override(
+        &self,
+        tier: &str,
+        key: &str,
+        by: &str,
+    ) -> Result<bool, OverrideError> {
+        let (i, ov_key) = self.override_key(tier, key)?;
+        let shared = self.shared();
+        let index = format!("{}{KEY_SUFFIX}", shared.tiers[i].key_base);
+        let timeout = shared.backend_timeout;
+        let removed = tokio::time::timeout(
+            timeout,
+            shared.backend.remove_override(&ov_key, &index, key),
+        )
+        .await
+        .map_err(|_| BackendError::Timeout(timeout))??;
+        shared
+            .deny_cache
+            .forget(&format!("{}{key}", shared.tiers[i].key_base), || 0);
+        let at_us = shared.local_clock.now_us();
+        // One that had expired does not count.
+        let existed = removed.is_some_and(|u| u == 0 || u > at_us);
+        tracing::info!(
+            tier,
+            key,
+            existed,
+            by,
+            at_us,
+            "rate limiter: override removed"
+        );
+        Ok(existed)
+    }
+
+    /// The overrides of `tier` that have not expired, by key.
+    ///
+    /// # Errors
+    /// [`OverrideError::UnknownTier`] or the backend's error.
+    pub async fn overrides(&self, tier: &str) -> Result<Vec<OverrideEntry>, OverrideError> {
+        let shared = self.shared();
+        let i = shared
+            .tier_index(tier)
+            .ok()
+            .filter(|&i| shared.tiers[i].overrides)
+            .ok_or_else(|| OverrideError::UnknownTier(tier.to_owned()))?;
+        let index = format!("{}{KEY_SUFFIX}", shared.tiers[i].key_base);
+        let timeout = shared.backend_timeout;
+        let raw = tokio::time::timeout(timeout, shared.backend.list_overrides(&index))
+            .await
+            .map_err(|_| BackendError::Timeout(timeout))??;
+        let now_us = shared.local_clock.now_us();
+        let mut list: Vec<OverrideEntry> = raw
+            .into_iter()
+            .filter_map(|(k, v)| parse_entry(k, &v))
+            .filter(|e| e.expires_at_us.is_none_or(|u| u > now_us))
+            .collect();
+        list.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(list)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_round_trip_through_their_listing() {
+        for r in [
+            Override::Unlimited,
+            Override::Blocked,
+            Override::Quota(Quota::per_minute(1000).burst(50)),
+        ] {
+            let e = parse_entry("k".into(), &entry_value(7, r)).unwrap();
+            assert_eq!(e.rule, r);
+            assert_eq!(e.expires_at_us, Some(7));
+        }
+        assert_eq!(
+            parse_entry("k".into(), "0 blocked").unwrap().expires_at_us,
+            None
+        );
+        assert!(parse_entry("k".into(), "x blocked").is_none());
+    }
+}
