@@ -87,12 +87,24 @@ name = "ip"                        # per client IP (TCP peer)
 key = "ip"
 limit = 60
 period = "1m"
+# A penalty box: uncomment, and an IP denied 3 times within 10 minutes is
+# blocked for 15 minutes (doubled for each repeat within 24 h); the admin
+# page (ADMIN_TOKEN) shows and lifts blocks.
+# [tier.penalty]
+# violations = 3
+# window = "10m"
+# block = "15m"
+# backoff = 2
+# memory = "24h"
+# max_block = "24h"
 
 [[tier]]
 name = "api_key"                   # per x-api-key value (stored hashed)
 key = { header = "x-api-key" }
 limit = 10000
 period = "1h"
+# overrides = true                 # per-key quotas, unlimited or blocked, set at run
+                                   # time (admin page, POST /api/overrides, the CLI)
 
 [[tier]]
 name = "user"                      # per UserId; anonymous requests skip it

@@ -613,3 +613,43 @@ fn ipv6_prefix_is_checked_by_build() {
         .build();
     assert!(clamped.is_ok());
 }
+
+/// The quickstart's built-in policy, with every commented setting
+/// uncommented (the concurrency tier, the penalty box, overrides), builds:
+/// what its comments invite a user to try works as written.
+#[test]
+fn the_quickstart_policy_uncommented_builds() {
+    let source = include_str!("../examples/quickstart.rs");
+    let start = source.find("const DEFAULT_POLICY: &str = r#\"").unwrap();
+    let body = &source[start..];
+    let body = &body[body.find('"').unwrap() + 1..body.find("\"#;").unwrap()];
+    fn setting(l: &str) -> Option<&str> {
+        l.strip_prefix("# ").filter(|rest| {
+            rest.starts_with('[')
+                || rest
+                    .split_once(" = ")
+                    .is_some_and(|(k, _)| k.chars().all(|c| c.is_ascii_lowercase() || c == '_'))
+        })
+    }
+    // The header's comments document the fields: only the tiers' are settings.
+    let tiers = body.find("[[tier]]").unwrap();
+    let uncommented: String = body[..tiers].to_owned()
+        + &body[tiers..]
+            .lines()
+            .map(|l| setting(l).unwrap_or(l))
+            .collect::<Vec<_>>()
+            .join("\n");
+    assert!(uncommented.contains("[tier.penalty]") && uncommented.contains("\noverrides = true"));
+    let p = Policy::from_toml_str(&uncommented).unwrap();
+    let layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
+    let names: Vec<String> = layer
+        .handle()
+        .tiers()
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(
+        names,
+        ["global", "ip", "api_key", "user", "endpoint", "ip_inflight"]
+    );
+}
