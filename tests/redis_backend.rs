@@ -274,15 +274,10 @@ async fn a_frozen_redis_costs_at_most_the_timeout() {
     assert_eq!(tokens / 3_600_000, 998, "{stored}");
 }
 
-/// The check runs as a Redis Function (`FCALL`); a Redis that lost it
-/// (`FUNCTION FLUSH`, a restart without persistence) gets the library again
-/// on the next check, which still answers.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn function_flush_is_reloaded_transparently() {
-    let redis = RedisServer::start();
-    let backend = RedisBackend::from_url(&redis.url()).unwrap();
-    let function = backend.function_name().to_owned();
-    assert!(function.starts_with("trl_check_"), "{function}");
+/// A layer with one `global` tier of 100 an hour on `backend`, under
+/// `FailurePolicy::Closed`, served: its client and URL, after a first
+/// request that left 99.
+async fn serve_global_100_per_hour(backend: RedisBackend) -> (reqwest::Client, String) {
     let layer = RateLimitLayer::builder()
         .backend(backend)
         .tier(Tier::new("global", Global, Quota::per_hour(100)))
@@ -296,16 +291,35 @@ async fn function_flush_is_reloaded_transparently() {
         limits(&c.get(&url).send().await.unwrap()).remaining,
         Some(99)
     );
+    (c, url)
+}
+
+/// The next two requests pass with 98 and 97 left (`why`: the assertion's
+/// message).
+async fn next_two_pass(c: &reqwest::Client, url: &str, why: &str) {
+    for want in [98, 97] {
+        let res = c.get(url).send().await.unwrap();
+        assert_eq!(limits(&res).status, 200, "{why}");
+        assert_eq!(limits(&res).remaining, Some(want));
+    }
+}
+
+/// The check runs as a Redis Function (`FCALL`); a Redis that lost it
+/// (`FUNCTION FLUSH`, a restart without persistence) gets the library again
+/// on the next check, which still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_flush_is_reloaded_transparently() {
+    let redis = RedisServer::start();
+    let backend = RedisBackend::from_url(&redis.url()).unwrap();
+    let function = backend.function_name().to_owned();
+    assert!(function.starts_with("trl_check_"), "{function}");
+    let (c, url) = serve_global_100_per_hour(backend).await;
     let library = format!("tiered_ratelimit_{}", &function["trl_check_".len()..]);
     let listed: redis::Value = redis.cmd(&["FUNCTION", "LIST", "LIBRARYNAME", &library]);
     assert!(format!("{listed:?}").contains(&function), "{listed:?}");
     redis.cmd::<()>(&["FUNCTION", "FLUSH"]);
     redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
-    for want in [98, 97] {
-        let res = c.get(&url).send().await.unwrap();
-        assert_eq!(limits(&res).status, 200, "no 503 for a missing function");
-        assert_eq!(limits(&res).remaining, Some(want));
-    }
+    next_two_pass(&c, &url, "no 503 for a missing function").await;
     // One failed FCALL, one FUNCTION LOAD, two that ran; no EVALSHA.
     assert_eq!(redis.calls("fcall"), 3);
     assert_eq!(redis.calls("function|load"), 1);
@@ -332,28 +346,12 @@ async fn without_functions_checks_use_evalsha() {
     let url = format!("redis://app:pw@127.0.0.1:{}/", redis.port());
     let backend = RedisBackend::from_url(&url).unwrap();
     let sha = backend.script_sha().to_owned();
-    let layer = RateLimitLayer::builder()
-        .backend(backend)
-        .tier(Tier::new("global", Global, Quota::per_hour(100)))
-        .failure_policy(FailurePolicy::Closed)
-        .build()
-        .unwrap();
-    let addr = serve(app(layer)).await;
-    let c = client();
-    let url = format!("http://{addr}/");
-    assert_eq!(
-        limits(&c.get(&url).send().await.unwrap()).remaining,
-        Some(99)
-    );
+    let (c, url) = serve_global_100_per_hour(backend).await;
     let exists: Vec<i64> = redis.cmd(&["SCRIPT", "EXISTS", &sha]);
     assert_eq!(exists, vec![1]);
     redis.cmd::<()>(&["SCRIPT", "FLUSH"]);
     redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
-    for want in [98, 97] {
-        let res = c.get(&url).send().await.unwrap();
-        assert_eq!(limits(&res).status, 200, "no 503 for NOSCRIPT");
-        assert_eq!(limits(&res).remaining, Some(want));
-    }
+    next_two_pass(&c, &url, "no 503 for NOSCRIPT").await;
     // Switched for good: no FCALL after the first refusal.
     assert_eq!(redis.calls("fcall"), 0);
     assert_eq!(redis.calls("evalsha"), 3);
