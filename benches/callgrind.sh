@@ -6,6 +6,7 @@
 #   benches/callgrind.sh                       # N=5000 requests per mode
 #   N=20000 MODES="bare mem4" benches/callgrind.sh
 #   KEEP=1 benches/callgrind.sh                # keep the callgrind.out files
+#   BENCH_BIN=<path> benches/callgrind.sh      # a prebuilt bench_server
 #
 # Builds bench_server in release with line tables (its own target
 # directory, `$CARGO_TARGET_DIR/prof`), starts a throwaway redis-server on a
@@ -29,11 +30,18 @@ for tool in valgrind callgrind_annotate curl redis-server redis-cli python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "$tool not found on PATH" >&2; exit 1; }
 done
 
-target="${CARGO_TARGET_DIR:-target}/prof"
-echo "[callgrind] building bench_server (release, line tables) in $target..." >&2
-CARGO_TARGET_DIR="$target" CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
-  cargo build --quiet --release -p tiered-ratelimit-tools --bin bench_server
-bin="$target/release/bench_server"
+if [[ -n "${BENCH_BIN:-}" ]]; then
+  # A prebuilt bench_server (say a build from before a change): the totals
+  # are exact; the function table needs line tables to name lines.
+  bin=$BENCH_BIN
+  echo "[callgrind] running the prebuilt $bin" >&2
+else
+  target="${CARGO_TARGET_DIR:-target}/prof"
+  echo "[callgrind] building bench_server (release, line tables) in $target..." >&2
+  CARGO_TARGET_DIR="$target" CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
+    cargo build --quiet --release -p tiered-ratelimit-tools --bin bench_server
+  bin="$target/release/bench_server"
+fi
 
 source benches/lib.sh
 bench_setup callgrind

@@ -77,7 +77,18 @@ rcli() { redis-cli -p "$rport" "$@"; }
 # build_bench_server: tools/src/bin/bench_server.rs in release; sets $bin and
 # $commit (the code measured: HEAD, "+dirty" if src/, lua/ or Cargo.toml
 # differ from it).
+#
+# BENCH_BIN=<path>: run that bench_server instead (say a copy built at the
+# commit before a change, to measure before and after side by side); the
+# report's commit is then BENCH_COMMIT (default "prebuilt").
 build_bench_server() {
+  if [[ -n "${BENCH_BIN:-}" ]]; then
+    bin=$BENCH_BIN
+    commit=${BENCH_COMMIT:-prebuilt}
+    [[ -x "$bin" ]] || { echo "no binary at $bin" >&2; exit 1; }
+    log "running the prebuilt $bin ($commit)"
+    return
+  fi
   commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua Cargo.toml 2>/dev/null || echo '+dirty')"
   log "building tools/src/bin/bench_server.rs (release)..."
   cargo build --quiet --release -p tiered-ratelimit-tools --bin bench_server

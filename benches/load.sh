@@ -211,11 +211,12 @@ fi
 # The layer's check alone, as the redis runs above call it (FCALL of its
 # Functions library, loaded by them), token bucket tiers with the
 # never-denying quota (burst 10^9, 1000/s: capacity 10^12 units, rate 1
-# unit/µs, 1000 units a token), compact format. ARGV: clock ("" = Redis
+# unit/µs, 1000 units a token), compact format, short reply (flags 4 + 8,
+# as the layer sends them). ARGV: clock ("" = Redis
 # TIME), then one spec per tier: "<algorithm> <p1..p4> <cost> <flags>".
 # benches/redis_cpu.sh compares it with the four-key floor in more rounds.
 fn=$("$bin" function-name)
-spec="4 1000000000000 1 1000 0 1 4"
+spec="4 1000000000000 1 1000 0 1 12"
 script_rows=""
 bench_script() { # label args...
   local label=$1 rate usec

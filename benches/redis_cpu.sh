@@ -13,10 +13,16 @@
 #   fcall        the layer's check as a Redis Function (FUNCTION LOAD +
 #                FCALL, what a single Redis >= 7 runs), compact format
 #   evalsha      the same code as a script (EVALSHA: Redis 6, a cluster)
+#   base         with BASE_BIN=<a bench_server built before a change>: that
+#                build's check as a Function (its library loads beside
+#                this one's: libraries are versioned by their code), so a
+#                change is measured before and after in the same run
 # with 1 and 4 token-bucket tiers (keys rl:global:all, rl:ip:127.0.0.1,
 # rl:user:alice, rl:endpoint:GET%20/), a quota that never denies (10^9
 # burst, 1000/s: every call writes). Prints a markdown table of the median
 # µs per call and the ratios to the floor of the same round.
+#
+# BENCH_BIN (benches/lib.sh) measures a prebuilt bench_server instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . benches/lib.sh
@@ -35,10 +41,18 @@ floor=$(rcli SCRIPT LOAD "$("$bin" minimal4-lua)")
 ours=$(rcli SCRIPT LOAD "$("$bin" check-lua)")
 "$bin" library-lua | rcli -x FUNCTION LOAD REPLACE >/dev/null
 fn=$("$bin" function-name)
+labels="floor fcall evalsha"
+if [[ -n "${BASE_BIN:-}" ]]; then
+  "$BASE_BIN" library-lua | rcli -x FUNCTION LOAD REPLACE >/dev/null
+  base_fn=$("$BASE_BIN" function-name)
+  labels="$labels base"
+fi
 
 # Per tier: "<algorithm> <capacity> <rate> <unit> <p4> <cost> <flags>" =
-# token bucket, 10^12 units, 1 unit/µs, 1000 units a token, compact (+4).
-spec="4 1000000000000 1 1000 0 1 4"
+# token bucket, 10^12 units, 1 unit/µs, 1000 units a token, compact (+4),
+# short reply (+8; what the layer sends a bucket; a build before the flag
+# ignores it).
+spec="4 1000000000000 1 1000 0 1 12"
 keys=(rl:global:all rl:ip:127.0.0.1 rl:user:alice rl:endpoint:GET%20/)
 # The floor's ARGV per key: emission interval and tolerance, µs.
 fl=(1000 1000000000000)
@@ -64,13 +78,16 @@ for round in $(seq 1 "$ROUNDS"); do
     run floor "$n" evalsha "$floor" "$n" "${k[@]}" "${f[@]}"
     run fcall "$n" fcall "$fn" "$n" "${k[@]}" "" "${s[@]}"
     run evalsha "$n" evalsha "$ours" "$n" "${k[@]}" "" "${s[@]}"
+    if [[ -n "${BASE_BIN:-}" ]]; then
+      run base "$n" fcall "$base_fn" "$n" "${k[@]}" "" "${s[@]}"
+    fi
   done
 done
 
 {
   run_facts
 } >"$work/facts"
-python3 - "$results" "$work/facts" <<'PY'
+python3 - "$results" "$work/facts" "$labels" <<'PY'
 import statistics, sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1])]
 facts = dict(l.strip().split("=", 1) for l in open(sys.argv[2]) if "=" in l)
@@ -83,7 +100,7 @@ print("| script | tiers | Redis µs per call (median; rounds) | × floor, same r
 print("|---|---|---|---|")
 for tiers in ("1", "4"):
     base = us[("floor", tiers)]
-    for label in ("floor", "fcall", "evalsha"):
+    for label in sys.argv[3].split():
         v = us[(label, tiers)]
         ratios = [v[r] / base[r] for r in sorted(v)]
         vs = ", ".join(f"{v[r]:.2f}" for r in sorted(v))

@@ -4,7 +4,7 @@
 -- ARGV[1]   "" to read the clock with Redis TIME (production);
 --           "d<deadline µs>": Redis TIME, and if it is past the deadline the
 --           app has already given up on this check: write nothing, return
---           { now_us, -1 } ("late");
+--           { now_us } ("late");
 --           or a test clock in Unix epoch microseconds (ManualClock; tests
 --           only), optionally followed by ":<ttl slack ms>" (see common.lua)
 -- ARGV[1 + i] the spec of tier i, one argument: "<algorithm> <p1> <p2> <p3>
@@ -15,14 +15,16 @@
 --           in shadow mode: its denial does not stop the other tiers from
 --           being charged), +2 undo (return the charge's undo value, for a
 --           refund by response status), +4 compact (write the compact
---           format; see common.lua)
+--           format; see common.lua), +8 short (a token or leaky bucket
+--           answers its state, one number, instead of three)
 -- KEYS[n+1] optional: the hourly sorted set of rejected keys (fleet-wide
 --           top-N): every tier that rejects adds its cost to its key's
 --           score; the set keeps its 10 000 heaviest keys and lives 25 h.
 -- Returns   the check reply of check_request (lua/dispatch.lua), whose layout
 --           is documented in src/backend/redis/wire/mod.rs: { now_us, then
---           r, reset_after_us, w per tier, then a trailer of i, delay_us,
---           undo per tier that needs one }, or { now_us, -1 } when late.
+--           per tier its state (short) or r, reset_after_us, w, then a
+--           trailer of i, delay_us, undo per tier that needs one }, or
+--           { now_us } when late.
 -- Writes happen only if every enforced tier allows the request; then every
 -- tier that allows it is charged (a shadow tier that would deny is not, just
 -- as an enforced denial charges nothing).

@@ -39,7 +39,8 @@ end
 -- <flags>" (integers separated by single spaces; algorithm 1 fixed window,
 -- 2 sliding window log, 3 sliding window counter, 4 token bucket, 5 leaky
 -- bucket, 6 concurrency, 7 penalty box, 8 override read; flags: +1 shadow,
--- +2 undo wanted, +4 write the compact format).
+-- +2 undo wanted, +4 write the compact format, +8 short reply: a token or
+-- leaky bucket answers one number, its state, instead of three).
 -- Parsed specs are kept by their string: loaded as a Redis Function the
 -- table lives as long as the library, so a request's tiers cost one table
 -- lookup each instead of seven tonumber() calls (a deployment has a few
@@ -47,7 +48,7 @@ end
 local specs, specs_n = {}, 0
 
 -- The parsed spec s, { algorithm function, p1, p2, p3, p4, cost, shadow,
--- undo, compact }, or false for a malformed spec or an unknown algorithm.
+-- undo, compact, short }, or false for a malformed spec or an unknown algorithm.
 local function tier_spec(s)
   local t = specs[s]
   if t ~= nil then return t end
@@ -58,7 +59,7 @@ local function tier_spec(s)
   if algorithm then
     flags = tonumber(flags)
     t = { algorithm, tonumber(p1), tonumber(p2), tonumber(p3), tonumber(p4), tonumber(cost),
-      has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 4) }
+      has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 4), has_flag(flags, 8) }
   end
   if specs_n >= 1024 then specs, specs_n = {}, 0 end
   specs[s] = t
@@ -75,7 +76,11 @@ end
 -- is not charged, just as an enforced denial charges nothing).
 --
 -- Each algorithm returns allowed (0/1), remaining, reset_after_us,
--- retry_after_us, delay_us and, when it allows, its write: a value to SET
+-- retry_after_us, delay_us and, when it allows, its write (with the short
+-- flag a token or leaky bucket returns its state at `now` as remaining,
+-- units short of full or backlog ticks, and 0 for the next three and the
+-- undo value: the client derives them from the state, exactly as the long
+-- form computes them): a value to SET
 -- with PX the next result (ms) and the undo value after it, or a function
 -- that writes and returns the undo value (the sliding window log).
 -- retry_after_us of an ALLOWED tier is the wait, once it is charged, before
@@ -86,22 +91,26 @@ end
 --
 -- Returns the check reply, whose layout is documented once, in
 -- src/backend/redis/wire/mod.rs:
---   { now_us, three per tier: r, reset_after_us, w,
---     then a trailer, three per entry: i, delay_us, undo }
---   or { now_us, -1 } when the clock's deadline has passed (nothing written);
+--   { now_us, per tier: s (short: a bucket's state) or r, reset_after_us,
+--     w (three), then a trailer, three per entry: i, delay_us, undo }
+--   or { now_us } when the clock's deadline has passed (nothing written);
 -- and the numbers of the tiers that rejected (nil when none did). For a
 -- malformed spec or an unknown algorithm: nil and the error message.
 local function check_request(clock, first, n)
   local now, deadline = read_clock(clock)
   if deadline and now > deadline then
-    return { now, -1 }
+    return { now }
   end
   -- The reply, and per allowing tier i, from pend[5i - 4]: its write, PX,
   -- undo, delay and undo flag (one table: a table per field costs more).
   -- Up to four tiers both are built at their full size at once: growing a
   -- table one slot at a time costs more than the check of a tier.
+  -- (One tier, the commonest, gets tables of its own size.)
   local out, pend
-  if n <= 4 then
+  if n == 1 then
+    out = { now, 0, 0, 0 }
+    pend = { false, 0, 0, 0, false }
+  elseif n <= 4 then
     out = { now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
     pend = { false, 0, 0, 0, false, false, 0, 0, 0, false,
       false, 0, 0, 0, false, false, 0, 0, 0, false }
@@ -113,14 +122,17 @@ local function check_request(clock, first, n)
   local all = true
   local states = read_states(n)
   for i = 1, n do
-    local t = tier_spec(ARGV[first + i - 1])
+    -- The kept spec looked up here (a call less per tier), else parsed.
+    local spec = ARGV[first + i - 1]
+    local t = specs[spec]
+    if t == nil then t = tier_spec(spec) end
     if not t then
       return nil, 'bad tier spec ' .. tostring(ARGV[first + i - 1])
     end
     -- A per-key override read by the check just before (override.lua).
     if override_next then t = override_apply(t) end
     local allowed, remaining, reset, retry, delay, write, ttl, undo =
-      t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9])
+      t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9], t[10])
     penalty_tier_allowed = allowed == 1 -- for a penalty box right after (penalty.lua)
     if allowed == 1 then
       out[o + 1] = remaining
@@ -132,9 +144,15 @@ local function check_request(clock, first, n)
       if rejected then rejected[#rejected + 1] = i else rejected = { i } end
       if not t[7] then all = false end
     end
-    out[o + 2] = reset
-    out[o + 3] = retry
-    o = o + 3
+    -- Short (a bucket's state): one number; an override applied above
+    -- builds a spec without the flag, so the tier answers three.
+    if t[10] then
+      o = o + 1
+    else
+      out[o + 2] = reset
+      out[o + 3] = retry
+      o = o + 3
+    end
   end
   -- Charge, then the trailer: every allowing tier with a delay, or with a
   -- non-zero undo value that it asked for (flag +2) when the request was

@@ -1,28 +1,54 @@
 -- Leaky bucket as GCRA (twin of src/algorithm/gcra.rs). Time in ticks of
 -- 1/rate µs; the state is the TAT, tat + frac / rate µs.
 -- Values (docs/redis.md, "Stored values"):
---   compact "<tat µs><ddd>", an integer, when rate <= 21: ddd = 500 +
+--   compact "<tat µs>", an integer, when rate = 1 (the TAT in whole µs);
+--           "<tat µs><ddd>", an integer, when 2 <= rate <= 21: ddd = 500 +
 --           rate² + frac (so the digits say the rate, exactly)
 --   both    "<tat µs>:<frac ticks>:<rate>" (legacy, and compact otherwise)
--- A value written under another rate counts as none.
+-- An integer TAT (below 10^18; or "<tat><501>", the earlier compact value
+-- of rate 1) was written under rate 1 and is read under any rate: a quota
+-- change carries the time until drained over (as GCRA does). Any other
+-- value of another rate counts as none.
 -- max_delay < 0 polices (reject excess); max_delay >= 0 shapes (delay up to
 -- max_delay µs, returned as the delay). PX = until the TAT.
 
--- The TAT (µs and remainder) of a value written under this rate, or nil.
-local function leaky_tat(v, rate)
-  local tat, code = split_code(v)
-  if tat then
-    local frac = code - 500 - rate * rate
-    if rate <= 21 and frac >= 0 and frac < rate then return tat, frac end
-    return nil
+-- The backlog in ticks at `now` of the stored value v under `rate`, or
+-- nil when v is not readable under it or its TAT is past: exact under the
+-- rate it was written with; an integer TAT of rate 1 read under another
+-- rate is at most 2^52 ticks away (the arithmetic stays exact).
+local function leaky_backlog(v, rate, now)
+  local t, f, r
+  local n = tonumber(v)
+  if n and n < 1e18 then
+    t, f, r = n, 0, 1
+  elseif n then
+    local code
+    t, code = split_code(v)
+    if not t then return nil end
+    if code == 501 then
+      f, r = 0, 1
+    else
+      f, r = code - 500 - rate * rate, rate
+      if rate > 21 or f < 0 or f >= rate then return nil end
+    end
+  else
+    local r_
+    t, f, r_ = string.match(v, '^(%d+):(%d+):(%d+)$')
+    -- A string (legacy) is read only under its own rate, as before.
+    if not t or tonumber(r_) ~= rate then return nil end
+    t, f, r = tonumber(t), tonumber(f), rate
   end
-  local t, f, r = string.match(v, '^(%d+):(%d+):(%d+)$')
-  if t and tonumber(r) == rate then return tonumber(t), tonumber(f) end
-  return nil
+  if t < now then return nil end
+  local d = t - now
+  if r == rate then return d * rate + f end
+  local most = div_floor(4503599627370496, rate)
+  if d > most then d = most end
+  return d * rate
 end
 
 -- The value of a backlog of `backlog` ticks at `now`: its TAT.
 local function leaky_value(compact, now, backlog, rate)
+  if compact and rate == 1 then return int(now + backlog) end
   local whole = div_floor(backlog, rate)
   local frac = backlog - whole * rate
   if compact and rate <= 21 then
@@ -36,13 +62,13 @@ local function leaky_write(key, compact, now, backlog, rate)
   redis.call('SET', key, leaky_value(compact, now, backlog, rate), 'PX', ttl_ms(div_ceil(backlog, rate)))
 end
 
-local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_tokens, v, compact)
+-- short (the tier flag +8, see dispatch.lua): answer only the backlog at
+-- `now` (ticks), as `remaining`; the client derives the rest
+-- (src/backend/redis/wire/mod.rs), so no division is done here.
+local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_tokens, v, compact, short)
   local cost = cost_tokens * unit
   local backlog = 0
-  if v then
-    local t, f = leaky_tat(v, rate)
-    if t and t >= now then backlog = (t - now) * rate + f end
-  end
+  if v then backlog = leaky_backlog(v, rate, now) or 0 end
   -- A cost above the capacity never passes; leaving it out of `after` keeps
   -- every value at or below 2^53 (the quota checks assume it).
   local after = backlog
@@ -52,6 +78,11 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
   local tolerance = 0
   if max_delay >= 0 then tolerance = max_delay * rate end
   if over <= tolerance and cost <= capacity then
+    if short then
+      local drained_in = after
+      if rate > 1 then drained_in = div_ceil(after, rate) end
+      return 1, backlog, 0, 0, 0, leaky_value(compact, now, after, rate), ttl_ms(drained_in), 0
+    end
     local left = capacity - after
     if left < 0 then left = 0 end
     local reset = div_ceil(after, rate)
@@ -63,6 +94,7 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
     return 1, div_floor(left, unit), reset, next_in, div_ceil(over, rate),
       leaky_value(compact, now, after, rate), ttl_ms(reset), after
   end
+  if short then return 0, backlog, 0, 0, 0, nil end
   local reset = div_ceil(backlog, rate)
   local retry = reset
   if cost <= capacity then retry = div_ceil(over - tolerance, rate) end

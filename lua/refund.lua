@@ -115,9 +115,9 @@ local function leaky_bucket_refund(key, now, charged_at, _, rate, unit, _, cost_
   if back <= 0 then return end
   local v = redis.call('GET', key)
   if not v then return end
-  local t, f = leaky_tat(v, rate)
-  if not t or t < now then return end
-  local backlog = (t - now) * rate + f - back
+  local backlog = leaky_backlog(v, rate, now)
+  if not backlog then return end
+  backlog = backlog - back
   if backlog <= 0 then
     redis.call('DEL', key)
   else

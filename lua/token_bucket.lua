@@ -5,48 +5,26 @@
 -- capacity minus that, at least 0. PX = until the TAT.
 --
 -- Values (docs/redis.md, "Stored values"):
---   compact "<tat µs><ddd>", an integer, when rate = 1 (whole µs) and unit =
---           a × 10^e with 1 <= a <= 49, e <= 9: ddd = 10a + e (unit_code);
+--   compact "<tat µs>", an integer, when rate = 1 (the TAT in whole µs);
 --           else "<tat µs>:<frac>:<rate>:<unit>"
 --   legacy  "<tokens in units>:<updated µs>:<unit>", read with its own rules
 --           (those of every earlier release, so a mixed fleet agrees)
--- A value written under another unit or rate (the quota changed) counts as
--- none.
+-- An integer TAT is read under any quota: a quota change carries the time
+-- until full over (as GCRA does), so lowering a quota never hands out a
+-- fresh bucket. An integer of 19 digits or more (>= 10^18; a TAT in µs has
+-- 16) is "<tat µs><ddd>", the earlier compact value, whose three digits
+-- named the quota: read as its TAT (the code dropped). A
+-- string of another unit or rate counts as none.
 
--- The three-digit code of a unit in the integer form, as a string ("013"
--- for 1 000), or false. Units are
--- few (one per quota), so the codes are kept: as a Redis Function
--- (FUNCTION LOAD) the table lives as long as the library, so each unit's
--- code is computed once per Redis, not on every call.
-local unit_codes, unit_codes_n = {}, 0
-
-local function unit_code(unit)
-  local code = unit_codes[unit]
-  if code ~= nil then return code end
-  local a, e = unit, 0
-  while e < 9 and a - div_floor(a, 10) * 10 == 0 do
-    a = div_floor(a, 10)
-    e = e + 1
-  end
-  code = false
-  if a <= 49 then code = string.format('%03d', a * 10 + e) end
-  if unit_codes_n >= 1024 then unit_codes, unit_codes_n = {}, 0 end
-  unit_codes[unit] = code
-  unit_codes_n = unit_codes_n + 1
-  return code
-end
-
--- The TAT (µs and remainder) of a compact value written under this unit and
+-- The TAT (µs and remainder) of a compact value read under this unit and
 -- rate, or nil.
 local function bucket_tat(v, unit, rate)
-  -- The common case first, without a pattern: this quota's integer value.
-  local code = rate == 1 and unit_code(unit)
-  if code and string.sub(v, -3) == code then
-    local tat = tonumber(string.sub(v, 1, -4))
-    if tat then return tat, 0 end
+  -- The common case first, without a pattern: an integer.
+  local n = tonumber(v)
+  if n then
+    if n < 1e18 then return n, 0 end
+    return tonumber(string.sub(v, 1, -4)), 0
   end
-  local tat = split_code(v)
-  if tat then return nil end -- an integer value of another quota
   local t, f, r, u = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
   if t and tonumber(r) == rate and tonumber(u) == unit then
     return tonumber(t), tonumber(f)
@@ -55,8 +33,9 @@ local function bucket_tat(v, unit, rate)
 end
 
 -- The units a bucket whose TAT is tat + frac / rate µs is short of full at
--- `now`: above the capacity only if the clock went back (at most 2^52, so
--- the arithmetic stays exact).
+-- `now`: above the capacity only if the clock went back or the TAT was
+-- written under another quota, further from full (at most 2^52, so the
+-- arithmetic stays exact).
 local function bucket_missing(rate, tat, frac, now)
   if tat < now then return 0 end
   local d = tat - now
@@ -72,8 +51,7 @@ local function bucket_value(compact, capacity, rate, unit, missing, updated, now
   if not compact then
     return string.format('%d:%d:%d', capacity - missing, updated, unit)
   end
-  local code = rate == 1 and unit_code(unit)
-  if code then return int(now + missing) .. code end
+  if rate == 1 then return int(now + missing) end
   local whole = div_floor(missing, rate)
   return string.format('%d:%d:%d:%d', now + whole, missing - whole * rate, rate, unit)
 end
@@ -104,22 +82,55 @@ local function bucket_write(key, compact, capacity, rate, unit, missing, updated
     'PX', ttl_ms(div_ceil(missing, rate)))
 end
 
-local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v, compact)
+-- short (the tier flag +8, see dispatch.lua): answer only the units the
+-- bucket was short of full at `now`, as `remaining`; the client derives
+-- the rest (src/backend/redis/wire/mod.rs), so no division is done here.
+local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v, compact, short)
   local cost = cost_tokens * unit
+  if short and compact and rate == 1 then
+    -- The commonest case written out (no helper calls): rate 1, a short
+    -- reply, the compact format, and no value or an integer TAT.
+    local tat = 0
+    if v then tat = tonumber(v) end
+    if tat and tat < 1e18 then
+      local missing = 0
+      if tat > now then
+        missing = tat - now
+        if missing > 4503599627370496 then missing = 4503599627370496 end
+      end
+      local tokens = capacity - missing
+      if tokens < 0 then tokens = 0 end
+      if cost > tokens then return 0, missing, 0, 0, 0, nil end
+      -- The value: full again in capacity - left µs; PX: that in whole ms,
+      -- rounded up (ttl_ms).
+      local full_in = capacity - (tokens - cost)
+      local a = full_in + 999
+      local ms = math.floor(a / 1000)
+      if ms * 1000 > a then ms = ms - 1 end
+      if ms < 1 then ms = 1 end
+      return 1, missing, 0, 0, 0, string.format('%d', now + full_in), ms + ttl_slack_ms, 0
+    end
+  end
   local missing, updated = bucket_read(v, capacity, rate, unit, now)
   local tokens = capacity - missing
   if tokens < 0 then tokens = 0 end
   if cost <= tokens then
     local left = tokens - cost
+    local value = bucket_value(compact, capacity, rate, unit, capacity - left, updated, now)
+    if short then
+      local full_in = capacity - left
+      if rate > 1 then full_in = div_ceil(full_in, rate) end
+      return 1, missing, 0, 0, 0, value, ttl_ms(full_in), 0
+    end
     local reset = div_ceil(capacity - left, rate)
     -- The wait before another request of this cost would pass (the local
     -- deny cache answers it until then; see dispatch.lua).
     local next_in = 0
     if cost > left and cost <= capacity then next_in = div_ceil(cost - left, rate) end
     -- The write (value, PX) and the undo value for a refund (lua/refund.lua).
-    return 1, div_floor(left, unit), reset, next_in, 0,
-      bucket_value(compact, capacity, rate, unit, capacity - left, updated, now), ttl_ms(reset), left
+    return 1, div_floor(left, unit), reset, next_in, 0, value, ttl_ms(reset), left
   end
+  if short then return 0, missing, 0, 0, 0, nil end
   local reset = div_ceil(missing, rate)
   local retry = reset
   if cost <= capacity then retry = div_ceil(cost + missing - capacity, rate) end

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use support::cluster::RedisCluster;
 use support::*;
-use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, StateFormat};
 use tiered_ratelimit::key::ClientIp;
 use tiered_ratelimit::overrides::{Override, OverrideEntry};
 use tiered_ratelimit::{Quota, RateLimitHandle, RateLimitLayer, Tier};
@@ -50,7 +50,8 @@ async fn app_on(backend: Backend) -> (RateLimitHandle, SocketAddr) {
 async fn overrides(h: RateLimitHandle, first: SocketAddr, other: SocketAddr, clock: ManualClock) {
     assert_eq!(hit(first).await, ok(3, 2, T0_S + 20));
     // Another quota: 60 a minute (a token bucket refilled one a second),
-    // for 5 minutes.
+    // for 5 minutes. The bucket's time until full carries over (20 s:
+    // 20 of its 60 tokens), as after any quota change.
     let q = Override::Quota(Quota::per_minute(60));
     h.set_override("ip", IP, q, Some(Duration::from_secs(300)), "ops")
         .await
@@ -59,8 +60,8 @@ async fn overrides(h: RateLimitHandle, first: SocketAddr, other: SocketAddr, clo
         h.overrides("ip").await.unwrap(),
         vec![OverrideEntry::new(IP, q, Some(T0_US + 300_000_000))]
     );
-    assert_eq!(hit(other).await, ok(60, 59, T0_S + 1));
-    assert_eq!(hit(other).await, ok(60, 58, T0_S + 2));
+    assert_eq!(hit(other).await, ok(60, 39, T0_S + 21));
+    assert_eq!(hit(other).await, ok(60, 38, T0_S + 22));
     // Unlimited: allowed, nothing charged, the tier shown full.
     h.set_override("ip", IP, Override::Unlimited, None, "ops")
         .await
@@ -105,11 +106,15 @@ async fn overrides_in_memory() {
     overrides(h, addr, addr, clock).await;
 }
 
+/// Redis writing the compact format: what a quota change does there is
+/// what the memory backend does (the time until full carries over; the
+/// legacy format starts a bucket of another unit full, docs/redis.md).
 fn redis_backend(url: &str, clock: &ManualClock) -> Backend {
     RedisBackend::from_url(url)
         .unwrap()
         .with_manual_clock(clock.clone())
         .with_test_ttl_slack(Duration::from_secs(7200))
+        .with_state_format(StateFormat::Compact)
         .into()
 }
 
@@ -142,7 +147,8 @@ async fn overrides_on_a_cluster() {
     let b = RedisBackend::cluster(cluster.urls())
         .unwrap()
         .with_manual_clock(clock.clone())
-        .with_test_ttl_slack(Duration::from_secs(7200));
+        .with_test_ttl_slack(Duration::from_secs(7200))
+        .with_state_format(StateFormat::Compact);
     let (h, addr) = app_on(b.into()).await;
     overrides(h, addr, addr, clock).await;
 }
@@ -219,6 +225,7 @@ async fn memory_redis_and_a_cluster_agree_on_random_override_sequences() {
                 .unwrap()
                 .with_manual_clock(clock.clone())
                 .with_test_ttl_slack(Duration::from_secs(7200))
+                .with_state_format(StateFormat::Compact)
                 .into(),
         ] {
             let (h, app) = build(b);

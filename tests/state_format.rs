@@ -85,13 +85,13 @@ fn the_values_each_format_writes() {
         (
             "token bucket 60/min (unit 10^6, rate 1)",
             Limit::TokenBucket(per_minute(60)),
-            "1700000001000000016",
+            "1700000001000000",
             "59000000:1700000000000000:1000000",
         ),
         (
             "token bucket 300/min (unit 2 × 10^5, rate 1)",
             Limit::TokenBucket(per_minute(300)),
-            "1700000000200000025",
+            "1700000000200000",
             "59800000:1700000000000000:200000",
         ),
         (
@@ -103,7 +103,7 @@ fn the_values_each_format_writes() {
         (
             "leaky bucket 60/min",
             police(per_minute(60)),
-            "1700000001000000501",
+            "1700000001000000",
             "1700000001000000:0:1",
         ),
         (
@@ -225,11 +225,14 @@ fn check(rt: &tokio::runtime::Runtime, b: &Backend, key: &str, limit: TokenBucke
     .decisions[0]
 }
 
-/// A quota change on a live token bucket. Another unit or rate: the bucket
-/// starts full, in every format. The same unit and rate with another burst:
-/// the compact format (the model, and the memory backend) keeps the missing
-/// tokens, the legacy format keeps the tokens (capped to the new burst), as
-/// every earlier release does.
+/// A quota change on a live token bucket. The compact format (the model,
+/// and the memory backend) keeps a TAT written under rate 1 (one integer)
+/// under any new quota: the time until full carries over, so lowering a
+/// quota never hands out a fresh bucket, and a new burst keeps the missing
+/// tokens. A state of another rate above 1 (a string) or unit starts full.
+/// The legacy format starts full under another unit, and under the same
+/// unit keeps the tokens (capped to the new burst), as every earlier
+/// release does.
 #[test]
 fn a_quota_change_on_a_token_bucket() {
     let redis = RedisServer::start();
@@ -245,10 +248,46 @@ fn a_quota_change_on_a_token_bucket() {
         ("legacy", &legacy),
     ];
     for (name, b) in all {
-        // 1/min, one request; then 10/min: a full bucket of 10.
+        let legacy = name == "legacy";
+        // 1/min, one request: full again in 60 s. Then 10/min: 60 s from
+        // full is all 10 tokens short, a token in 6 s (legacy: a fresh
+        // bucket of 10).
         assert_eq!(check(&rt, b, name, per_minute(1)).remaining, 0);
         let d = check(&rt, b, name, per_minute(10));
-        assert_eq!((d.allowed, d.remaining), (true, 9), "{name}");
+        let want = if legacy {
+            (true, 9, 0)
+        } else {
+            (false, 0, 6 * S)
+        };
+        assert_eq!((d.allowed, d.remaining, d.retry_after_us), want, "{name}");
+        // Lowered: 60/min, 30 requests (full again in 30 s); then 1/min:
+        // half its one token short, so the next request waits 30 s
+        // (legacy: a fresh bucket).
+        let key = format!("{name}:lowered");
+        for _ in 0..30 {
+            check(&rt, b, &key, per_minute(60));
+        }
+        let d = check(&rt, b, &key, per_minute(1));
+        let want = if legacy {
+            (true, 0, 0)
+        } else {
+            (false, 0, 30 * S)
+        };
+        assert_eq!((d.allowed, d.remaining, d.retry_after_us), want, "{name}");
+        // 8/min (rate 1), one request: 7.5 s from full; then 7/min (rate
+        // 7, 6 × 10^7 units a token): 7 × 7.5 × 10^6 units short, 6.125
+        // tokens left before this one (legacy, another unit: 7).
+        let key = format!("{name}:to-rate-7");
+        check(&rt, b, &key, per_minute(8));
+        let d = check(&rt, b, &key, per_minute(7));
+        let want = if legacy { 6 } else { 5 };
+        assert_eq!((d.allowed, d.remaining), (true, want), "{name}");
+        // 7/min (rate 7: a string of its rate and unit), one request; then
+        // 8/min: another rate, so a fresh bucket in every format.
+        let key = format!("{name}:from-rate-7");
+        check(&rt, b, &key, per_minute(7));
+        let d = check(&rt, b, &key, per_minute(8));
+        assert_eq!((d.allowed, d.remaining), (true, 7), "{name}");
         // 60/min with a burst of 10: 4 requests leave 6 (4 missing).
         let key = format!("{name}:burst");
         for _ in 0..4 {
@@ -330,5 +369,81 @@ fn a_clock_that_steps_back() {
                 assert_eq!((d.remaining, d.reset_after_us, d.retry_after_us), compact);
             }
         }
+    }
+}
+
+/// Values of the earlier compact format, `<TAT><ddd>` (19 digits: the TAT
+/// in µs and three digits that named the quota), are read as their TAT:
+/// nothing they hold resets. The next charge rewrites each as the plain
+/// TAT.
+#[test]
+fn earlier_compact_values_keep_their_state() {
+    let redis = RedisServer::start();
+    let rt = current_thread_runtime();
+    let clock = ManualClock::new(T0_US);
+    let b = backend(&redis, &clock, StateFormat::Compact);
+    let police = |b: TokenBucket| {
+        Limit::LeakyBucket(Gcra {
+            bucket: b,
+            max_delay_us: None,
+        })
+    };
+    let leaky = |n, burst| police(TokenBucket::new(n, 60 * S, burst).unwrap());
+    for (key, stored, limit, want, rewritten) in [
+        // 60/min (code 016), drained at T0: empty, a token in 1 s.
+        (
+            "drained",
+            "1700000060000000016",
+            Limit::TokenBucket(per_minute(60)),
+            (false, 0, S),
+            None,
+        ),
+        // 60/min, 30 s from full: 30 left, 29 after this one.
+        (
+            "half",
+            "1700000030000000016",
+            Limit::TokenBucket(per_minute(60)),
+            (true, 29, 0),
+            Some("1700000031000000"),
+        ),
+        // Written under 300/min (code 025), read under 60/min: 30 s from
+        // full carries over.
+        (
+            "another quota",
+            "1700000030000000025",
+            Limit::TokenBucket(per_minute(60)),
+            (true, 29, 0),
+            Some("1700000031000000"),
+        ),
+        // Leaky 60/min, burst 5 (code 501: rate 1): a backlog of 3 s.
+        (
+            "leaky",
+            "1700000003000000501",
+            leaky(60, 5),
+            (true, 1, 0),
+            Some("1700000004000000"),
+        ),
+        // Leaky 7/min, burst 3 (code 553 = 500 + 7² + 4): one token's
+        // backlog, exactly.
+        (
+            "leaky rate 7",
+            "1700000008571428553",
+            leaky(7, 3),
+            (true, 1, 0),
+            Some("1700000017142857550"),
+        ),
+    ] {
+        let _: () = redis.cmd(&["SET", key, stored, "PX", "600000"]);
+        let d = rt
+            .block_on(b.check(vec![TierCheck {
+                key: key.to_owned(),
+                limit,
+                cost: 1,
+            }]))
+            .unwrap()
+            .decisions[0];
+        assert_eq!((d.allowed, d.remaining, d.retry_after_us), want, "{key}");
+        let now = redis.get(key);
+        assert_eq!(now.as_deref(), rewritten.or(Some(stored)), "{key}");
     }
 }

@@ -270,6 +270,8 @@ async fn descriptors_are_all_or_nothing_under_concurrency_across_instances() {
     let rules = r#"
         domain = "edge"
         key_prefix = "rls-atomic"
+        # No call times out (and fails open) on a loaded machine.
+        backend_timeout_ms = 10000
         [[rule]]
         name = "tenant"
         match = [{ key = "tenant" }]

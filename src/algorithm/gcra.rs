@@ -19,8 +19,11 @@ use super::{div_ceil, Decision, TokenBucket};
 
 /// Stored state: the TAT as `tat_us + frac / rate` microseconds.
 ///
-/// The rate (ticks per µs) is stored too: a state written under another rate
-/// (a quota changed at run time) counts as none.
+/// The rate (ticks per µs) is stored too: a state is read under the rate it
+/// was written with, or written under rate 1 (a TAT in whole µs, which
+/// carries over to any rate: a quota change keeps the time until the
+/// backlog drains, as GCRA implementations do). A state of another rate
+/// (above 1) counts as none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TatState {
     /// Whole microseconds of the TAT (epoch).
@@ -42,20 +45,41 @@ pub struct Gcra {
 }
 
 impl Gcra {
-    /// Ticks from `now_us` to the TAT (0 when the TAT is past).
-    fn backlog(&self, state: Option<TatState>, now_us: u64) -> u64 {
-        match state {
-            Some(s) if s.tat_us >= now_us && s.rate == self.bucket.rate => {
-                (s.tat_us - now_us) * self.bucket.rate + s.frac
-            }
-            _ => 0,
+    /// Ticks from `now_us` to the TAT (0 when the TAT is past), when this
+    /// rate reads `s` (its own, or a rate-1 TAT: at most 2^52 ticks away,
+    /// so the Lua twin's arithmetic stays exact); `None` when it does not.
+    pub(crate) fn backlog_of(&self, s: &TatState, now_us: u64) -> Option<u64> {
+        let rate = self.bucket.rate;
+        if s.rate != rate && s.rate != 1 {
+            return None;
         }
+        if s.tat_us < now_us {
+            return Some(0);
+        }
+        let d = s.tat_us - now_us;
+        if s.rate == rate {
+            Some(d * rate + s.frac)
+        } else {
+            Some(d.min(TokenBucket::MAX_CAPACITY_UNITS / rate) * rate)
+        }
+    }
+
+    /// Ticks from `now_us` to the TAT (0 when the TAT is past or the state
+    /// is not read under this rate).
+    fn backlog(&self, state: Option<TatState>, now_us: u64) -> u64 {
+        state.map_or(0, |s| self.backlog_of(&s, now_us).unwrap_or(0))
     }
 
     /// GCRA decision for `cost` at `now_us`.
     pub fn check(&self, state: Option<TatState>, now_us: u64, cost: u64) -> Decision {
+        self.decide(self.backlog(state, now_us), cost)
+    }
+
+    /// The decision on a request of `cost` tokens with a backlog of
+    /// `backlog` ticks. (The Redis client derives a tier's decision from
+    /// the backlog its script answers with this.)
+    pub(crate) fn decide(&self, backlog: u64, cost: u64) -> Decision {
         let b = &self.bucket;
-        let backlog = self.backlog(state, now_us);
         let after = backlog + cost * b.unit;
         let over = after.saturating_sub(b.capacity);
         let allowed_ticks = self.max_delay_us.map_or(0, |d| d.saturating_mul(b.rate));

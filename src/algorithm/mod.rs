@@ -346,8 +346,9 @@ impl Limit {
     /// gives back what the charge still takes away, never more. Refill or a
     /// new window may already have absorbed part of it; that part is not
     /// given back, so a refund never admits more than if the request had
-    /// never been charged at all. A state of another algorithm, unit, rate
-    /// or window is left alone.
+    /// never been charged at all. A state of another algorithm or window,
+    /// or one its bucket does not read ([`TokenBucket::reads`],
+    /// [`Gcra`]'s rate), is left alone.
     pub fn refund(
         &self,
         state: Option<&State>,
@@ -419,7 +420,7 @@ impl Limit {
                     .saturating_sub(undo)
                     .saturating_sub(elapsed * b.rate)
                     .min(cost);
-                if back == 0 || s.unit != b.unit || s.rate != b.rate {
+                if back == 0 || !b.reads(s) {
                     return Refund::Keep;
                 }
                 // Refill to now exactly as the check does, then add back.
@@ -449,10 +450,13 @@ impl Limit {
                     .saturating_sub(charged_at_us)
                     .min(div_ceil(undo, rate));
                 let back = undo.saturating_sub(elapsed * rate).min(cost);
-                if back == 0 || s.rate != rate || s.tat_us < now_us {
+                if back == 0 || s.tat_us < now_us {
                     return Refund::Keep;
                 }
-                let backlog = ((s.tat_us - now_us) * rate + s.frac).saturating_sub(back);
+                let Some(backlog) = g.backlog_of(s, now_us) else {
+                    return Refund::Keep;
+                };
+                let backlog = backlog.saturating_sub(back);
                 if backlog == 0 {
                     Refund::Delete
                 } else {

@@ -31,11 +31,17 @@ use super::{div_ceil, Decision};
 /// The stored state of one bucket: its TAT, `tat_us + frac / rate` µs, the
 /// instant it is full again.
 ///
-/// The unit and rate are stored too: when a quota changes at run time (or a
-/// client changes plan) so that either differs, the old state cannot be read
-/// under the new quota and the bucket starts full, in both backends. (Under
-/// the same unit and rate, a new burst keeps the missing tokens: a bucket
-/// 2 tokens short of 10 is 2 short of 20 after the burst is raised.)
+/// The unit and rate are stored too. A state is read under a quota (see
+/// [`TokenBucket::reads`]) when it was written under the same unit and
+/// rate, or under rate 1: a TAT in whole microseconds, with no remainder,
+/// means the same under any quota, so when a quota changes at run time (or
+/// a client changes plan) the time until full carries over, as GCRA
+/// implementations do: lowering a quota never hands out a fresh bucket, and
+/// under the same rate a new burst keeps the missing tokens (a bucket 2
+/// tokens short of 10 is 2 short of 20 after the burst is raised). The
+/// Redis compact format stores exactly that TAT (rate 1: one integer). A
+/// state of another rate (above 1) or unit counts as none: the bucket
+/// starts full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketState {
     /// Whole microseconds of the TAT (Unix epoch in both backends).
@@ -113,13 +119,21 @@ impl TokenBucket {
         self.capacity / self.unit
     }
 
+    /// Whether a state written as `s` is read under this quota: written
+    /// under the same unit and rate, or under rate 1 (a TAT in whole µs,
+    /// which carries over to any quota; see [`BucketState`]).
+    pub fn reads(&self, s: &BucketState) -> bool {
+        s.rate == 1 || (s.unit == self.unit && s.rate == self.rate)
+    }
+
     /// The units the bucket in `state` is short of full at `now_us`
-    /// (`(TAT − now) × rate`; 0 for `None`). A state of another unit or rate
-    /// counts as none. Above the capacity only if the clock went back: a
-    /// bucket is as far from full as the clock is behind (at most 2^52 units,
-    /// so the Lua twin's arithmetic stays exact).
+    /// (`(TAT − now) × rate`; 0 for `None`). A state this quota does not
+    /// [read](Self::reads) counts as none. Above the capacity only if the
+    /// clock went back (a bucket is as far from full as the clock is behind)
+    /// or the state was written under a quota further from full (at most
+    /// 2^52 units, so the Lua twin's arithmetic stays exact).
     pub(crate) fn missing(&self, state: Option<BucketState>, now_us: u64) -> u64 {
-        match state.filter(|s| s.unit == self.unit && s.rate == self.rate) {
+        match state.filter(|s| self.reads(s)) {
             Some(s) if s.tat_us >= now_us => {
                 let d = (s.tat_us - now_us).min(Self::MAX_CAPACITY_UNITS / self.rate);
                 d * self.rate + s.frac
@@ -151,7 +165,21 @@ impl TokenBucket {
         now_us: u64,
         cost: u64,
     ) -> (Decision, Option<(BucketState, u64)>) {
-        let missing = self.missing(state, now_us);
+        let (decision, left) = self.decide(self.missing(state, now_us), cost);
+        let charged = left.map(|left| {
+            (
+                self.state_at(self.capacity - left, now_us),
+                decision.reset_after_us,
+            )
+        });
+        (decision, charged)
+    }
+
+    /// The decision on a request of `cost` tokens for a bucket `missing`
+    /// units short of full, and when it is allowed the units left after
+    /// its charge. (The Redis client derives a tier's decision from the
+    /// `missing` its script answers with this.)
+    pub(crate) fn decide(&self, missing: u64, cost: u64) -> (Decision, Option<u64>) {
         let tokens = self.capacity.saturating_sub(missing);
         let cost_units = cost.saturating_mul(self.unit);
         let limit = self.burst();
@@ -166,8 +194,7 @@ impl TokenBucket {
                 retry_after_us: 0,
                 delay_us: 0,
             };
-            let state = self.state_at(self.capacity - left, now_us);
-            (decision, Some((state, reset_after_us)))
+            (decision, Some(left))
         } else {
             let reset_after_us = div_ceil(missing, self.rate);
             // A cost above the capacity can never pass; the honest wait we can

@@ -204,27 +204,27 @@ impl Job {
 
     async fn check_group(&self, g: &Group) -> Result<GroupReply, BackendError> {
         let mut specs = Vec::with_capacity(g.tiers.len());
-        let mut capacities: smallvec::SmallVec<[u64; 8]> = smallvec::SmallVec::new();
+        let mut tiers = wire::ReplyTiers::new();
         // The group's shadow tiers, by their place in the group.
         let mut shadow = 0;
         for (j, &i) in g.tiers.iter().enumerate() {
             let c = &self.checks[i];
             // Always the undo values: a cross-slot denial refunds this slot.
-            let mut flags = wire::UNDO | self.backend.format_flag();
+            let mut flags = wire::UNDO | self.backend.format_flag() | wire::short_flag(&c.limit);
             if self.shadow.contains(i) {
                 flags |= wire::SHADOW;
                 // j <= i < 64.
                 shadow |= 1 << j;
             }
             specs.push(wire::TierSpec::new(c, flags));
-            capacities.push(c.limit.capacity());
+            tiers.push(wire::ReplyTier::from(c));
         }
         let keys: Vec<&str> = g.tiers.iter().map(|&i| self.keys[i].as_str()).collect();
         let reply: Vec<i64> = self
             .invoke(&keys, "check", self.clock, &specs)
             .await
             .map_err(|e| self.error(e))?;
-        match wire::parse_check(&reply, &capacities, Shadow(shadow))? {
+        match wire::parse_check(&reply, &tiers, wire::SHORT | wire::UNDO, Shadow(shadow))? {
             CheckReply::Decided(v) => Ok(v),
             CheckReply::Late => Err(BackendError::Reply(
                 "a cluster check without a deadline answered late".to_owned(),

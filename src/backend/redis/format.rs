@@ -11,11 +11,13 @@ use super::{wire, RedisBackend};
 ///   `"58200000:1700000000000000:600000"` for a token bucket. 104–120 B per
 ///   idle `rl:ip:<IPv4>` key (`MEMORY USAGE`).
 /// * [`StateFormat::Compact`]: one integer per key wherever the quota allows
-///   (a bucket's theoretical arrival time in µs followed by three digits
-///   that identify the quota, a window's start plus its count), which Redis
-///   stores in the object itself: **72 B** per idle `rl:ip:<IPv4>` key, for
-///   example a token bucket of 60 or 300 per minute. Quotas the three digits
-///   cannot identify exactly (a token bucket of 7 per minute) keep a string.
+///   (a bucket's theoretical arrival time in µs where its rate is 1 (the
+///   period in µs a multiple of the limit), a window's start plus its
+///   count), which Redis stores in the object itself: **72 B** per idle
+///   `rl:ip:<IPv4>` key, for example a token bucket of 60 or 300 per
+///   minute. Other quotas (a token bucket of 7 per minute: rate 7) keep a
+///   string. An integer TAT is read under any quota: a quota change carries
+///   the time until full over (`docs/redis.md`, "Whose value is it").
 ///
 /// An earlier release reads a compact value as **no state** (a full bucket,
 /// an empty window) and overwrites it. So a fleet that still runs one must

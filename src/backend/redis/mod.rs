@@ -413,7 +413,8 @@ impl RedisBackend {
         let format = self.format_flag();
         for (i, c) in checks.iter().enumerate() {
             let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
-            wire::write_tier(&mut cmd, c, shadow | undo | format);
+            let short = wire::short_flag(&c.limit);
+            wire::write_tier(&mut cmd, c, shadow | undo | format | short);
         }
         cmd
     }
@@ -463,43 +464,49 @@ impl RedisBackend {
         }
         let sent = self.local_us();
         let cmd = self.check_cmd(sent, checks, shadow, undo, blocked);
-        let capacities: Capacities = checks.iter().map(|c| c.limit.capacity()).collect();
+        let tiers: wire::ReplyTiers = checks.iter().map(wire::ReplyTier::from).collect();
+        let flags = wire::SHORT | if undo { wire::UNDO } else { 0 };
         Box::pin(with_timeout(
             timeout,
-            this.run_check(cmd, sent, capacities, shadow),
+            this.run_check(cmd, sent, tiers, flags, shadow),
         ))
     }
 
-    async fn run_check(
+    /// The check's call and the parse of its reply. An `async` block, not
+    /// an `async fn`: an `async fn` lays its arguments out twice in its
+    /// future (once as arguments, once as locals), and the tiers are
+    /// hundreds of bytes (`a_check_future_stays_small`).
+    #[allow(clippy::manual_async_fn)]
+    fn run_check(
         self,
         cmd: Cmd,
         sent: i64,
-        capacities: Capacities,
+        tiers: wire::ReplyTiers,
+        flags: u8,
         shadow: Shadow,
-    ) -> Result<Verdict, BackendError> {
-        let mut conn = self.connection().await?;
-        let reply: Vec<i64> = self
-            .eval(&cmd, &self.inner.script, &mut conn)
-            .await
-            .map_err(|e| self.error(e))?;
-        if self.clock.is_none() {
-            if let Some(&now) = reply.first() {
-                self.calibrate(sent, now);
+    ) -> impl std::future::Future<Output = Result<Verdict, BackendError>> + Send {
+        async move {
+            let mut conn = self.connection().await?;
+            let wire::CheckValues(reply) = self
+                .eval(&cmd, &self.inner.script, &mut conn)
+                .await
+                .map_err(|e| self.error(e))?;
+            if self.clock.is_none() {
+                if let Some(&now) = reply.first() {
+                    self.calibrate(sent, now);
+                }
             }
-        }
-        match wire::parse_check(&reply, &capacities, shadow)? {
-            CheckReply::Decided(v) => Ok(v),
-            CheckReply::Late => {
-                // Reached Redis after its deadline: nothing was written.
-                let budget = self.inner.budget_us.load(Ordering::Relaxed);
-                Err(BackendError::Timeout(Duration::from_micros(budget)))
+            match wire::parse_check(&reply, &tiers, flags, shadow)? {
+                CheckReply::Decided(v) => Ok(v),
+                CheckReply::Late => {
+                    // Reached Redis after its deadline: nothing was written.
+                    let budget = self.inner.budget_us.load(Ordering::Relaxed);
+                    Err(BackendError::Timeout(Duration::from_micros(budget)))
+                }
             }
         }
     }
 }
-
-/// Each check's capacity, for the reply's decisions (inline up to 8 tiers).
-type Capacities = smallvec::SmallVec<[u64; 8]>;
 
 impl RedisBackend {
     /// Gives back charges with the `refund` mode of the cluster script

@@ -68,7 +68,8 @@ impl RedisBackend {
                 other => break other.map_err(|e| self.error(e))?,
             }
         };
-        match wire::parse_check(&reply, &[check.limit.capacity()], Shadow::NONE)? {
+        // lua/peek.lua answers long, whatever the flags.
+        match wire::parse_check(&reply, &[wire::ReplyTier::from(check)], 0, Shadow::NONE)? {
             CheckReply::Decided(mut v) => {
                 v.charges.clear();
                 Ok(v)

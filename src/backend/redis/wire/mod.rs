@@ -15,7 +15,8 @@
 //!           algorithm (1 fixed window, 2 sliding window log, 3 sliding
 //!           window counter, 4 token bucket, 5 leaky bucket, 6 concurrency,
 //!           7 penalty box, 8 a per-key override's read), p1..p4, cost,
-//!           flags (+1 shadow, +2 undo wanted, +4 write the compact format).
+//!           flags (+1 shadow, +2 undo wanted, +4 write the compact format,
+//!           +8 short: a bucket answers its state, one number).
 //!           One argument rather than seven: the script keeps parsed specs
 //!           by their string (as a Redis Function, across calls), so a tier
 //!           costs Redis one table lookup instead of seven conversions
@@ -34,29 +35,48 @@
 //!
 //! ```text
 //! { now_us,
-//!   then three per tier: r, reset_after_us, w,
+//!   then per tier, in call order: s (one number: a bucket answering
+//!   short) or r, reset_after_us, w (three: every other tier),
 //!   then a trailer, three per entry: i, delay_us, undo }
-//! late: { now_us, -1 }
+//! late: { now_us }
 //! ```
 //!
 //! All times are microseconds; `now_us` is Unix epoch µs, the others are
-//! relative to it. `r` is the tier's remaining when it allows and
-//! `-(remaining + 1)` when it denies; `w` its retry_after_us when it denies
-//! and, when it allows, the wait before another request of the same cost
-//! would pass (0 when at once or not computed). The trailer lists, by tier
-//! number `i` (from 1), every allowing tier with a shaping delay and, when
-//! the call charged and the tier has the undo flag, a non-zero `undo`: what
-//! its charge returned, the argument of its refund. Every other delay and
-//! undo is 0.
+//! relative to it.
+//!
+//! **Short** (a token or leaky bucket sent the flag +8, [`short_flag`],
+//! with no override applied to it: see below): `s` is the bucket's state at
+//! `now_us` before this request, the units it is short of full (token
+//! bucket) or its backlog in ticks (leaky bucket), and `-(s + 1)` when the
+//! tier denies. The client derives the decision, the wait for the next
+//! request, the shaping delay and the undo value from it, the limit and
+//! the cost, with the model's own arithmetic ([`parse_check`]), so the
+//! script divides nothing and answers one number where it answered three.
+//!
+//! **Long** (every other tier): `r` is the tier's remaining when it allows
+//! and `-(remaining + 1)` when it denies; `w` its retry_after_us when it
+//! denies and, when it allows, the wait before another request of the same
+//! cost would pass (0 when at once or not computed). An override's read
+//! (algorithm 8) is long; when its `r` is not 0 (an override applied) the
+//! next tier runs under the override's spec, without the short flag, and
+//! answers long too.
+//!
+//! The trailer lists, by tier number `i` (from 1), every allowing long tier
+//! with a shaping delay and, when the call charged and the tier has the
+//! undo flag, a non-zero `undo`: what its charge returned, the argument of
+//! its refund. Every other delay and undo is 0 (or derived, for a short
+//! tier).
 //!
 //! Whether the call charged is not sent: the script charges exactly when
 //! every enforced tier allows, and the caller knows which tiers are in
 //! shadow mode, so [`parse_check`] derives it ([`Verdict::charges`] is
-//! empty when nothing was charged). Three numbers per tier rather than six:
-//! redis-rs parses each number of a reply (about 1 000 instructions apiece).
+//! empty when nothing was charged). As few numbers as possible: redis-rs
+//! parses each number of a reply (about 1 000 instructions apiece), and
+//! Redis converts each from Lua (`docs/performance.md`, "Redis CPU").
 //!
-//! "Late" cannot be confused with a check's reply: `1 + 3n + 3k` values is
-//! never 2 for `n ≥ 1` tiers.
+//! "Late" cannot be confused with a check's reply: every tier answers at
+//! least one number, so a reply of one value is late for `n ≥ 1` tiers
+//! (with no tier there is nothing to write, late or not).
 
 use crate::algorithm::{Decision, Limit};
 use crate::backend::{Charge, Shadow, TierCheck, Verdict};
@@ -157,6 +177,9 @@ pub(super) const SHADOW: u8 = 1;
 pub(super) const UNDO: u8 = 2;
 /// Tier flag: write the compact format (`StateFormat::Compact`).
 pub(super) const COMPACT: u8 = 4;
+/// Tier flag: a token or leaky bucket answers its state, one number,
+/// instead of three (see [`short_flag`] and the module docs).
+pub(super) const SHORT: u8 = 8;
 
 /// The clock argument of a script call, on the stack: at most
 /// `"<u64>:<u64>"`, 41 bytes.
@@ -351,83 +374,175 @@ pub(super) enum CheckReply {
     Decided(Verdict),
 }
 
-/// Numbers per tier in a check's reply, and per trailer entry.
+/// One tier of a check as its reply is read: the limit and the cost the
+/// call sent for it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ReplyTier {
+    /// The tier's algorithm and parameters, as sent.
+    pub(super) limit: Limit,
+    /// The cost sent (tokens).
+    pub(super) cost: u64,
+}
+
+impl From<&TierCheck> for ReplyTier {
+    fn from(c: &TierCheck) -> Self {
+        Self {
+            limit: c.limit,
+            cost: c.cost,
+        }
+    }
+}
+
+/// Each tier of a check, for its reply (inline up to 4 tiers).
+pub(super) type ReplyTiers = smallvec::SmallVec<[ReplyTier; 4]>;
+
+/// The [`SHORT`] flag for a tier of this limit: token and leaky buckets
+/// answer their state, one number, from which [`parse_check`] derives the
+/// decision.
+pub(super) fn short_flag(limit: &Limit) -> u8 {
+    if matches!(limit, Limit::TokenBucket(_) | Limit::LeakyBucket(_)) {
+        SHORT
+    } else {
+        0
+    }
+}
+
+/// The numbers of a check's reply, read from the RESP array without an
+/// intermediate `Vec` (inline up to 8: up to seven buckets answering short).
+#[derive(Debug)]
+pub(super) struct CheckValues(pub(super) smallvec::SmallVec<[i64; 8]>);
+
+impl ::redis::FromRedisValue for CheckValues {
+    fn from_redis_value_ref(v: &::redis::Value) -> Result<Self, ::redis::ParsingError> {
+        match v {
+            ::redis::Value::Array(items) => items
+                .iter()
+                .map(|item| match item {
+                    ::redis::Value::Int(n) => Ok(*n),
+                    other => Err(format!("a check reply holds a non-integer: {other:?}").into()),
+                })
+                .collect::<Result<_, _>>()
+                .map(CheckValues),
+            other => Err(format!("a check reply is not an array: {other:?}").into()),
+        }
+    }
+
+    fn from_redis_value(v: ::redis::Value) -> Result<Self, ::redis::ParsingError> {
+        Self::from_redis_value_ref(&v)
+    }
+}
+
+/// Numbers per tier in a check's long reply, and per trailer entry.
 const PER_TIER: usize = 3;
 
-/// Parses a check's reply (see the module docs) for tiers of these
-/// `capacities` (in call order) with these tiers in shadow mode.
+/// Parses a check's reply (see the module docs) for these `tiers` (in call
+/// order, with the limit and cost each was sent with), with these tiers in
+/// shadow mode. `flags`: the flags every tier was sent with, of which
+/// [`SHORT`] (the buckets were sent it: see [`short_flag`]) and [`UNDO`]
+/// (the charges' undo values were asked for) count here.
 ///
 /// # Errors
 /// [`BackendError::Reply`] when the reply does not have the layout: wrong
-/// length, a negative number where none can be, a trailer entry for a tier
-/// that does not exist or that denied.
+/// length, a negative number where none can be, a bucket's state that
+/// contradicts its allowed sign, a trailer entry for a tier that does not
+/// exist, that denied or that answered short.
 pub(super) fn parse_check(
     reply: &[i64],
-    capacities: &[u64],
+    tiers: &[ReplyTier],
+    flags: u8,
     shadow: Shadow,
 ) -> Result<CheckReply, BackendError> {
-    if reply.len() == 2 && reply[1] == -1 {
+    let n = tiers.len();
+    if n > 0 && reply.len() == 1 {
         return Ok(CheckReply::Late);
     }
-    let n = capacities.len();
-    let body = 1 + PER_TIER * n;
     let bad = |what: &str| {
         BackendError::Reply(format!(
             "unexpected reply for {n} tiers ({what}): {} values",
             reply.len()
         ))
     };
-    if reply.len() < body || !(reply.len() - body).is_multiple_of(PER_TIER) {
+    let u = |v: i64, what: &str| u64::try_from(v).map_err(|_| bad(what));
+    let now_us = u(
+        *reply.first().ok_or_else(|| bad("length"))?,
+        "negative now_us",
+    )?;
+    let short = flags & SHORT != 0;
+    let mut decisions = Vec::with_capacity(n);
+    // Per tier: the wait for the next request when allowed (see
+    // lua/dispatch.lua), its undo value, and whether it answered short.
+    let mut after: smallvec::SmallVec<[(u64, u64, bool); 8]> = smallvec::SmallVec::new();
+    let mut at = 1;
+    // The override read just before a tier applied (its r is not 0): the
+    // tier answers three numbers, whatever its flags.
+    let mut overridden = false;
+    for t in tiers {
+        let r = *reply.get(at).ok_or_else(|| bad("length"))?;
+        // r: remaining (or a bucket's state) when allowed, -(it + 1) when
+        // denied (no overflow: -(i64::MIN + 1) is i64::MAX).
+        let allowed = r >= 0;
+        let v = if allowed { r } else { -(r + 1) }.unsigned_abs();
+        if short && !overridden && short_flag(&t.limit) != 0 {
+            at += 1;
+            let (d, next_after_us, undo) = bucket_decision(&t.limit, v, t.cost);
+            if d.allowed != allowed {
+                return Err(bad("a bucket's state contradicts its decision"));
+            }
+            decisions.push(d);
+            after.push((
+                next_after_us,
+                if flags & UNDO != 0 { undo } else { 0 },
+                true,
+            ));
+        } else {
+            let rest = reply
+                .get(at + 1..at + PER_TIER)
+                .ok_or_else(|| bad("length"))?;
+            at += PER_TIER;
+            let w = u(rest[1], "negative wait")?;
+            decisions.push(Decision {
+                allowed,
+                limit: t.limit.capacity(),
+                remaining: v,
+                reset_after_us: u(rest[0], "negative reset")?,
+                // An allowed tier's w is the wait for the next request (see
+                // lua/dispatch.lua), kept in its charge below.
+                retry_after_us: if allowed { 0 } else { w },
+                delay_us: 0,
+            });
+            after.push((w, 0, false));
+        }
+        overridden = t.limit.is_override() && v != 0;
+    }
+    if !(reply.len() - at).is_multiple_of(PER_TIER) {
         return Err(bad("length"));
     }
-    let u = |v: i64, what: &str| u64::try_from(v).map_err(|_| bad(what));
-    let now_us = u(reply[0], "negative now_us")?;
-    let mut decisions = Vec::with_capacity(n);
-    for (r, &limit) in reply[1..body].chunks_exact(PER_TIER).zip(capacities) {
-        // r[0]: remaining when allowed, -(remaining + 1) when denied (no
-        // overflow: -(i64::MIN + 1) is i64::MAX).
-        let allowed = r[0] >= 0;
-        let remaining = if allowed { r[0] } else { -(r[0] + 1) };
-        let w = u(r[2], "negative wait")?;
-        decisions.push(Decision {
-            allowed,
-            limit,
-            remaining: remaining.unsigned_abs(),
-            reset_after_us: u(r[1], "negative reset")?,
-            // An allowed tier's w is the wait for the next request (see
-            // lua/dispatch.lua), kept in its charge below.
-            retry_after_us: if allowed { 0 } else { w },
-            delay_us: 0,
-        });
-    }
-    let mut undo: smallvec::SmallVec<[u64; 8]> = smallvec::smallvec![0; n];
-    for t in reply[body..].chunks_exact(PER_TIER) {
+    for t in reply[at..].chunks_exact(PER_TIER) {
         // Tier numbers count from 1.
         let i = usize::try_from(t[0])
             .ok()
             .and_then(|i| i.checked_sub(1))
             .ok_or_else(|| bad("tier number"))?;
         let d = decisions.get_mut(i).ok_or_else(|| bad("tier number"))?;
-        if !d.allowed {
-            return Err(bad("trailer entry for a denying tier"));
+        if !d.allowed || after[i].2 {
+            return Err(bad("trailer entry for a denying or short tier"));
         }
         d.delay_us = u(t[1], "negative delay")?;
-        undo[i] = u(t[2], "negative undo")?;
+        after[i].1 = u(t[2], "negative undo")?;
     }
     // Charged: every enforced tier allowed (the script's commit rule), and
     // this one did.
     let charges = if !shadow.commits(&decisions) {
         Vec::new()
     } else {
-        reply[1..body]
-            .chunks_exact(PER_TIER)
-            .zip(&undo)
-            .map(|(r, &undo)| {
-                (r[0] >= 0).then(|| Charge {
+        decisions
+            .iter()
+            .zip(&after)
+            .map(|(d, &(next_after_us, undo, _))| {
+                d.allowed.then_some(Charge {
                     at_us: now_us,
                     undo,
-                    // Checked non-negative above.
-                    next_after_us: r[2].unsigned_abs(),
+                    next_after_us,
                 })
             })
             .collect()
@@ -437,6 +552,55 @@ pub(super) fn parse_check(
         decisions,
         charges,
     }))
+}
+
+/// A bucket tier's decision from the state its script answered short
+/// (`state`: a token bucket's units short of full, a leaky bucket's
+/// backlog in ticks, both at the script's `now`), with what the long form
+/// would have answered besides: the wait before another request of the
+/// same cost would pass once this one is charged (0 when at once), and the
+/// charge's undo value (tokens left in units; backlog after the charge in
+/// ticks). The same arithmetic as `lua/token_bucket.lua` and
+/// `lua/leaky_bucket.lua` (the model's, [`TokenBucket::decide`],
+/// [`Gcra::decide`]).
+///
+/// [`TokenBucket::decide`]: crate::algorithm::TokenBucket
+/// [`Gcra::decide`]: crate::algorithm::Gcra
+fn bucket_decision(limit: &Limit, state: u64, cost: u64) -> (Decision, u64, u64) {
+    match limit {
+        Limit::TokenBucket(b) => {
+            let (d, left) = b.decide(state, cost);
+            let Some(left) = left else {
+                return (d, 0, 0);
+            };
+            let cost = cost.saturating_mul(b.unit);
+            let next = if cost > left && cost <= b.capacity {
+                (cost - left).div_ceil(b.rate)
+            } else {
+                0
+            };
+            (d, next, left)
+        }
+        Limit::LeakyBucket(g) => {
+            let d = g.decide(state, cost);
+            if !d.allowed {
+                return (d, 0, 0);
+            }
+            let b = &g.bucket;
+            let cost = cost.saturating_mul(b.unit);
+            let after = state + cost;
+            let tolerance = g.max_delay_us.map_or(0, |m| m.saturating_mul(b.rate));
+            let next_over = (after + cost).saturating_sub(b.capacity);
+            let next = if next_over > tolerance && cost <= b.capacity {
+                (next_over - tolerance).div_ceil(b.rate)
+            } else {
+                0
+            };
+            (d, next, after)
+        }
+        // Only buckets are sent the short flag (short_flag).
+        other => (other.check(None, 0, cost), 0, 0),
+    }
 }
 
 #[cfg(test)]

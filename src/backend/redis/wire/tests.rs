@@ -1,5 +1,5 @@
 use super::*;
-use crate::algorithm::{Gcra, TokenBucket, Window};
+use crate::algorithm::{Gcra, State, TokenBucket, Window};
 
 fn limits() -> Vec<Limit> {
     let w = Window {
@@ -193,6 +193,25 @@ fn tier(allowed: bool, remaining: u64, delay: u64, undo: u64) -> Tier {
     }
 }
 
+/// `n` tiers answering long: fixed windows of a `limit` of 10.
+fn long(n: usize) -> Vec<ReplyTier> {
+    long_of(n, 10)
+}
+
+fn long_of(n: usize, limit: u64) -> Vec<ReplyTier> {
+    let w = Window {
+        limit,
+        window_us: 60_000_000,
+    };
+    vec![
+        ReplyTier {
+            limit: Limit::FixedWindow(w),
+            cost: 1,
+        };
+        n
+    ]
+}
+
 fn decided(r: Result<CheckReply, BackendError>) -> Verdict {
     match r {
         Ok(CheckReply::Decided(v)) => v,
@@ -209,7 +228,7 @@ fn a_charged_reply_round_trips() {
     ];
     let reply = reply_of(1_700_000_000_000_000, &tiers, true);
     assert_eq!(reply.len(), 1 + 3 * 3 + 3 * 2);
-    let v = decided(parse_check(&reply, &[10; 3], Shadow::NONE));
+    let v = decided(parse_check(&reply, &long(3), 0, Shadow::NONE));
     assert_eq!(v.now_us, 1_700_000_000_000_000);
     let want: Vec<Decision> = tiers.iter().map(|t| t.d).collect();
     assert_eq!(v.decisions, want);
@@ -230,7 +249,7 @@ fn a_charged_reply_round_trips() {
 fn an_enforced_denial_charges_nothing() {
     let tiers = [tier(true, 4, 100, 5), tier(false, 0, 0, 0)];
     let reply = reply_of(5, &tiers, false);
-    let v = decided(parse_check(&reply, &[10; 2], Shadow::NONE));
+    let v = decided(parse_check(&reply, &long(2), 0, Shadow::NONE));
     let want: Vec<Decision> = tiers.iter().map(|t| t.d).collect();
     assert_eq!(v.decisions, want);
     assert_eq!(v.decisions[0].delay_us, 100);
@@ -241,7 +260,7 @@ fn an_enforced_denial_charges_nothing() {
 fn a_shadow_denial_charges_the_others() {
     let tiers = [tier(false, 2, 0, 0), tier(true, 1, 0, 8)];
     let reply = reply_of(5, &tiers, true);
-    let v = decided(parse_check(&reply, &[10; 2], Shadow(0b01)));
+    let v = decided(parse_check(&reply, &long(2), 0, Shadow(0b01)));
     assert_eq!(v.decisions[0].remaining, 2);
     assert!(!v.decisions[0].allowed);
     assert_eq!(v.decisions[0].retry_after_us, 500);
@@ -260,10 +279,10 @@ fn a_shadow_denial_charges_the_others() {
 
 #[test]
 fn no_tiers_and_late() {
-    let v = decided(parse_check(&[9], &[], Shadow::NONE));
+    let v = decided(parse_check(&[9], &[], 0, Shadow::NONE));
     assert_eq!((v.now_us, v.decisions.len(), v.charges.len()), (9, 0, 0));
     assert_eq!(
-        parse_check(&[9, -1], &[10], Shadow::NONE).unwrap(),
+        parse_check(&[9], &long(1), 0, Shadow::NONE).unwrap(),
         CheckReply::Late
     );
 }
@@ -275,8 +294,7 @@ fn is_reply_error(r: Result<CheckReply, BackendError>) -> bool {
 #[test]
 fn malformed_replies_are_reply_errors() {
     let ok = reply_of(5, &[tier(true, 4, 100, 5), tier(true, 1, 0, 0)], true);
-    assert!(parse_check(&ok, &[10; 2], Shadow::NONE).is_ok());
-    let caps = [10; 2];
+    assert!(parse_check(&ok, &long(2), 0, Shadow::NONE).is_ok());
     let bad: Vec<(&str, Vec<i64>)> = vec![
         ("empty", vec![]),
         ("short body", ok[..6].to_vec()),
@@ -326,15 +344,153 @@ fn malformed_replies_are_reply_errors() {
     ];
     for (what, reply) in bad {
         assert!(
-            is_reply_error(parse_check(&reply, &caps, Shadow::NONE)),
+            is_reply_error(parse_check(&reply, &long(2), 0, Shadow::NONE)),
             "{what}: {reply:?}"
         );
     }
     // Extreme values parse without overflow.
     let r = [0, i64::MIN, i64::MAX, i64::MAX];
-    let v = decided(parse_check(&r, &[1], Shadow::NONE));
+    let v = decided(parse_check(&r, &long_of(1, 1), 0, Shadow::NONE));
     assert_eq!(v.decisions[0].remaining, i64::MAX.unsigned_abs());
     let r = [0, i64::MAX, 0, 0];
-    let v = decided(parse_check(&r, &[1], Shadow::NONE));
+    let v = decided(parse_check(&r, &long_of(1, 1), 0, Shadow::NONE));
     assert_eq!(v.decisions[0].remaining, i64::MAX.unsigned_abs());
+}
+
+/// A bucket's short reply (its state) parses to exactly what the long
+/// reply of the same check says: the model's decision, the wait for the
+/// next request (the model's retry once charged) and the undo value.
+#[test]
+fn a_short_bucket_reply_equals_the_long_one() {
+    let now = 1_700_000_000_000_000u64;
+    let i = |v: u64| i64::try_from(v).unwrap();
+    let buckets = [
+        // 60/min, burst 10; 7/min, burst 3 (rate 7); a police and a
+        // shaping leaky bucket of 5 per 3 s (rate 3).
+        Limit::TokenBucket(TokenBucket::new(60, 60_000_000, 10).unwrap()),
+        Limit::TokenBucket(TokenBucket::new(7, 60_000_000, 3).unwrap()),
+        limits()[4],
+        limits()[5],
+    ];
+    for limit in buckets {
+        let (capacity, rate) = match limit {
+            Limit::TokenBucket(b) => (b.capacity, b.rate),
+            Limit::LeakyBucket(g) => (g.bucket.capacity, g.bucket.rate),
+            _ => unreachable!(),
+        };
+        for state in [
+            0,
+            1,
+            rate,
+            capacity / 2,
+            capacity - 1,
+            capacity,
+            capacity + 7 * rate,
+        ] {
+            for cost in [1, 2, limit.capacity(), limit.capacity() + 1] {
+                // The state `state` units / ticks short of full (or behind).
+                let stored = match limit {
+                    Limit::TokenBucket(b) => {
+                        (state > 0).then(|| State::Bucket(b.state_at(state, now)))
+                    }
+                    Limit::LeakyBucket(_) => (state > 0).then(|| {
+                        State::Tat(crate::algorithm::TatState {
+                            tat_us: now + state / rate,
+                            frac: state % rate,
+                            rate,
+                        })
+                    }),
+                    _ => unreachable!(),
+                };
+                let d = limit.check(stored.as_ref(), now, cost);
+                let (next, undo) = if d.allowed {
+                    let (charged, _) = limit.charge(stored.clone(), now, cost);
+                    let again = limit.check(Some(&charged), now, cost);
+                    let next = if again.allowed || cost > limit.capacity() {
+                        0
+                    } else {
+                        again.retry_after_us
+                    };
+                    (next, limit.undo_of(&charged, now))
+                } else {
+                    (0, 0)
+                };
+                let long_reply = {
+                    let mut r = vec![i(now)];
+                    if d.allowed {
+                        r.extend([i(d.remaining), i(d.reset_after_us), i(next)]);
+                        if d.delay_us > 0 || undo != 0 {
+                            r.extend([1, i(d.delay_us), i(undo)]);
+                        }
+                    } else {
+                        r.extend([
+                            -i(d.remaining) - 1,
+                            i(d.reset_after_us),
+                            i(d.retry_after_us),
+                        ]);
+                    }
+                    r
+                };
+                let short_reply = vec![i(now), if d.allowed { i(state) } else { -i(state) - 1 }];
+                let tiers = [ReplyTier { limit, cost }];
+                let long = decided(parse_check(&long_reply, &tiers, UNDO, Shadow::NONE));
+                let short = decided(parse_check(
+                    &short_reply,
+                    &tiers,
+                    SHORT | UNDO,
+                    Shadow::NONE,
+                ));
+                assert_eq!(short, long, "{limit:?} state {state} cost {cost}");
+                assert_eq!(short.decisions, vec![d]);
+                // Without the undo flag, no undo value (as the long form).
+                let short = decided(parse_check(&short_reply, &tiers, SHORT, Shadow::NONE));
+                assert!(short.charges.iter().flatten().all(|c| c.undo == 0));
+                // A sign that contradicts the state is a reply error.
+                let wrong = vec![i(now), if d.allowed { -i(state) - 1 } else { i(state) }];
+                assert!(is_reply_error(parse_check(
+                    &wrong,
+                    &tiers,
+                    SHORT,
+                    Shadow::NONE
+                )));
+            }
+        }
+    }
+}
+
+/// After an override's read that applied (its r is not 0) the next tier
+/// answers long, short flag or not; after one that did not, short.
+#[test]
+fn an_overridden_bucket_answers_long() {
+    let bucket = Limit::TokenBucket(TokenBucket::new(60, 60_000_000, 10).unwrap());
+    let tiers = [
+        ReplyTier {
+            limit: Limit::Override,
+            cost: 1,
+        },
+        ReplyTier {
+            limit: bucket,
+            cost: 1,
+        },
+    ];
+    // An override of another quota (capacity 5): the bucket's r, reset, w.
+    let v = decided(parse_check(
+        &[7, 3 + 5, 0, 0, 4, 12_000_000, 0],
+        &tiers,
+        SHORT,
+        Shadow::NONE,
+    ));
+    assert_eq!(v.decisions[1].remaining, 4);
+    assert_eq!(v.decisions[1].reset_after_us, 12_000_000);
+    // None applied: the bucket's state, 0 (full): 9 left after this one.
+    let v = decided(parse_check(&[7, 0, 0, 0, 0], &tiers, SHORT, Shadow::NONE));
+    assert_eq!(v.decisions[1].remaining, 9);
+    assert_eq!(v.decisions[1].reset_after_us, 1_000_000);
+    // The same state read long would be a length error.
+    assert!(is_reply_error(parse_check(
+        &[7, 3 + 5, 0, 0, 0],
+        &tiers,
+        SHORT,
+        Shadow::NONE
+    )));
 }
