@@ -127,6 +127,7 @@ struct Entry {
 
 /// What one request spent locally, for the merge with the backend's answer.
 pub(crate) struct Taken {
+    pool: Arc<Inner>,
     /// Checks decided locally (by index).
     mask: u64,
     spent: SmallVec<[(Arc<Entry>, u64); 4]>,
@@ -199,6 +200,7 @@ impl LeasePool {
             inner.start_sweeper(&self.inner);
             let t = taken.get_or_insert_with(|| {
                 Box::new(Taken {
+                    pool: self.inner.clone(),
                     mask: 0,
                     spent: SmallVec::new(),
                     decisions: SmallVec::new(),
@@ -206,9 +208,12 @@ impl LeasePool {
                 })
             });
             entry.note_demand(check.cost, now);
-            match entry.spend(&self.inner, check.cost, now) {
+            let expires = entry.expires_us.load(Ordering::Acquire);
+            if expires != 0 && now >= expires {
+                entry.expire(inner, now);
+            }
+            match entry.spend(check.cost, now) {
                 Some(left) => {
-                    inner.local.fetch_add(1, Ordering::Relaxed);
                     t.mask |= 1 << i;
                     t.decisions.push((i, entry.decision(left, now)));
                     t.spent.push((entry.clone(), check.cost));
@@ -516,12 +521,8 @@ impl Entry {
 
     /// Spends `cost` from the lease: the tokens left, or `None` (too few,
     /// or the lease expired).
-    fn spend(&self, inner: &Inner, cost: u64, now: u64) -> Option<u64> {
-        let expires = self.expires_us.load(Ordering::Acquire);
-        if now >= expires {
-            if expires != 0 {
-                self.expire(inner, now);
-            }
+    fn spend(&self, cost: u64, now: u64) -> Option<u64> {
+        if now >= self.expires_us.load(Ordering::Acquire) {
             return None;
         }
         let mut cur = self.tokens.load(Ordering::Acquire);
@@ -748,6 +749,7 @@ impl Taken {
 
     /// The verdict of a request decided wholly from local leases.
     pub(crate) fn verdict(&self, now_us: u64) -> Verdict {
+        self.admitted();
         let mut decisions: Vec<Decision> = Vec::with_capacity(self.decisions.len());
         decisions.extend(self.decisions.iter().map(|(_, d)| *d));
         Verdict {
@@ -810,7 +812,9 @@ impl Taken {
                 }
             }
         }
-        if !shadow.commits(&decisions) {
+        if shadow.commits(&decisions) {
+            self.admitted();
+        } else {
             self.give_back();
         }
         Ok(Verdict {
@@ -818,6 +822,12 @@ impl Taken {
             decisions,
             charges,
         })
+    }
+
+    fn admitted(&self) {
+        self.pool
+            .local
+            .fetch_add(self.count() as u64, Ordering::Relaxed);
     }
 
     fn give_back(&self) {
