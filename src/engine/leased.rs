@@ -592,17 +592,23 @@ impl Entry {
         (k >= self.lease.min && k > 0).then_some(k)
     }
 
-    /// Starts the background take of the next lease when the tokens held
-    /// are down to a quarter of the last lease (single flight).
-    fn maybe_fetch(&self, inner: &Arc<Inner>, now: u64) {
+    /// The size of the lease to take now, when the tokens held are down to
+    /// a quarter of the last lease (or expired) and none is being taken.
+    fn wants(&self, now: u64) -> Option<u64> {
         let held = self.tokens.load(Ordering::Acquire);
         let last = self.last_lease.load(Ordering::Relaxed);
         let expires = self.expires_us.load(Ordering::Acquire);
         let low = held == 0 || held.saturating_mul(4) <= last || now >= expires;
         if !low || self.fetching.load(Ordering::Acquire) {
-            return;
+            return None;
         }
-        let Some(k) = self.size(now) else { return };
+        self.size(now)
+    }
+
+    /// Starts the background take of the next lease when the tokens held
+    /// are down to a quarter of the last lease (single flight).
+    fn maybe_fetch(&self, inner: &Arc<Inner>, now: u64) {
+        let Some(k) = self.wants(now) else { return };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -641,6 +647,24 @@ impl Entry {
         d: &Decision,
         started: u64,
     ) {
+        let back = self.land(k, charge, d, started);
+        inner.taken.fetch_add(k, Ordering::Relaxed);
+        metrics::counter!(LEASE_TOKENS, "op" => "taken").increment(k);
+        if let Some((r, n)) = back {
+            inner.give_back(vec![r], n).await;
+        }
+    }
+
+    /// The local half of [`install`](Self::install): the lease's tokens join
+    /// the counter; a fixed window's leftover of an earlier window comes
+    /// back to be returned.
+    fn land(
+        &self,
+        k: u64,
+        charge: Option<Charge>,
+        d: &Decision,
+        started: u64,
+    ) -> Option<(TierRefund, u64)> {
         let lifetime = self.lease.interval_us.saturating_mul(2);
         let mut expires = started.saturating_add(lifetime);
         // A fixed window's tokens are worth nothing after their window.
@@ -667,11 +691,7 @@ impl Entry {
         self.demand.store(0, Ordering::Relaxed);
         self.expires_us.store(expires, Ordering::Release);
         self.tokens.fetch_add(k, Ordering::AcqRel);
-        inner.taken.fetch_add(k, Ordering::Relaxed);
-        metrics::counter!(LEASE_TOKENS, "op" => "taken").increment(k);
-        if let Some((r, n)) = back {
-            inner.give_back(vec![r], n).await;
-        }
+        back
     }
 
     /// The refund that hands `n` tokens of the last lease back.
@@ -850,3 +870,6 @@ pub(crate) fn take(
         .as_ref()?
         .take(checks, &meta.tiers, meta.shadow)
 }
+
+#[cfg(test)]
+mod tests;
