@@ -462,3 +462,100 @@ async fn two_instances_on_a_cluster_never_admit_over_the_quota() {
         assert_eq!(held, left, "run {run}");
     }
 }
+
+/// One instance, `global` leased under `algorithm`: five requests checked
+/// per request, then a lease of exactly 20 (min 20, max 20).
+async fn leased_algorithm(
+    redis: &RedisServer,
+    clock: &ManualClock,
+    prefix: &str,
+    algorithm: Algorithm,
+    quota: Quota,
+) -> (RateLimitHandle, String) {
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .key_prefix(prefix)
+        .deny_cache(0)
+        .tier(
+            Tier::new("global", Global, quota)
+                .algorithm(algorithm)
+                .lease(TokenLease::new().min(20).max(20)),
+        )
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+    }
+    until("the lease", || !handle.leases().is_empty()).await;
+    assert_eq!(handle.leases()[0].tokens, 20);
+    (handle, url)
+}
+
+#[tokio::test]
+async fn a_fixed_window_lease_is_never_spent_in_the_next_window() {
+    let redis = RedisServer::start();
+    // T0 is 20 s into a minute: at T0 + 30 s the window ends in 10 s.
+    let clock = ManualClock::new(T0_US + 30_000_000);
+    let (handle, url) = leased_algorithm(
+        &redis,
+        &clock,
+        "fw",
+        Algorithm::FixedWindow,
+        Quota::per_minute(100),
+    )
+    .await;
+    let c = client();
+    assert_eq!(available(&handle, "global", "all").await, 75);
+    for _ in 0..3 {
+        let r = c.get(&url).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        // A window's reset: its end, exact.
+        assert_eq!(r.headers()["x-ratelimit-reset"], (T0_S + 40).to_string());
+    }
+    assert_eq!(handle.leases()[0].tokens, 17);
+    // The lease lives 200 ms; move past it but stay in the window: the 17
+    // go back to this window's count.
+    clock.advance(Duration::from_millis(200));
+    let r = c.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // (Its demand, 4 in 200 ms, is below the lease minimum: no new lease.)
+    // The graceful return waits for the expiry's return in flight.
+    assert_eq!(handle.return_leases().await, 0);
+    assert_eq!(handle.lease_counts().returned, 17);
+    // 5 + 3 + this one counted: 91 left in this window.
+    assert_eq!(available(&handle, "global", "all").await, 91);
+    // The next window: whatever a lease held of the last one is worthless;
+    // the new window starts full.
+    clock.set(T0_US + 40_000_000);
+    let r = c.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["x-ratelimit-remaining"], "99");
+}
+
+#[tokio::test]
+async fn a_policing_leaky_bucket_leases_and_returns_exactly() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let (handle, url) = leased_algorithm(
+        &redis,
+        &clock,
+        "lb",
+        Algorithm::LeakyBucket(tiered_ratelimit::LeakyBucket::Police),
+        Quota::per_hour(100),
+    )
+    .await;
+    let c = client();
+    assert_eq!(available(&handle, "global", "all").await, 75);
+    for _ in 0..4 {
+        assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+    }
+    assert_eq!(handle.return_leases().await, 16);
+    assert_eq!(available(&handle, "global", "all").await, 91);
+}

@@ -25,7 +25,7 @@ use crate::error::BackendError;
 use crate::token_lease::{LeaseCounts, LeaseStatus, TokenLease};
 use smallvec::SmallVec;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
@@ -70,6 +70,9 @@ pub(crate) fn leasable(limit: &Limit) -> bool {
     }
 }
 
+/// One shard of the entries: storage key → entry.
+type Shard = RwLock<HashMap<Box<str>, Arc<Entry>>>;
+
 /// The tokens of every leased (tier, key) of one layer.
 pub(crate) struct LeasePool {
     inner: Arc<Inner>,
@@ -81,7 +84,7 @@ struct Inner {
     timeout: Duration,
     /// Per tier index: its lease settings, if leased.
     tiers: Box<[Option<TierLease>]>,
-    shards: Box<[RwLock<HashMap<Box<str>, Arc<Entry>>>]>,
+    shards: Box<[Shard]>,
     hasher: std::collections::hash_map::RandomState,
     len: AtomicUsize,
     sweeper: OnceLock<()>,
@@ -194,7 +197,7 @@ impl LeasePool {
                 continue;
             }
             let now = *now.get_or_insert_with(|| inner.clock.now_us());
-            let Some(entry) = inner.entry(&check.key, check.limit, *lease, now) else {
+            let Some(entry) = self.inner.entry(&check.key, check.limit, *lease, now) else {
                 continue;
             };
             inner.start_sweeper(&self.inner);
@@ -210,7 +213,7 @@ impl LeasePool {
             entry.note_demand(check.cost, now);
             let expires = entry.expires_us.load(Ordering::Acquire);
             if expires != 0 && now >= expires {
-                entry.expire(inner, now);
+                entry.expire(&self.inner, now);
             }
             match entry.spend(check.cost, now) {
                 Some(left) => {
@@ -294,10 +297,8 @@ impl Drop for LeasePool {
 }
 
 impl Inner {
-    fn shard(&self, key: &str) -> &RwLock<HashMap<Box<str>, Arc<Entry>>> {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        let i = (h.finish() as usize) % SHARDS;
+    fn shard(&self, key: &str) -> &Shard {
+        let i = (self.hasher.hash_one(key) as usize) % SHARDS;
         &self.shards[i]
     }
 
@@ -305,7 +306,7 @@ impl Inner {
     /// the map is full). An entry of another limit (the quota changed) is
     /// replaced; its tokens go back.
     fn entry(
-        self: &Inner,
+        self: &Arc<Inner>,
         key: &str,
         limit: Limit,
         lease: TierLease,
@@ -374,7 +375,7 @@ impl Inner {
     }
 
     /// Returns expired leases and drops idle entries.
-    fn sweep(&self) {
+    fn sweep(self: &Arc<Inner>) {
         let now = self.clock.now_us();
         for shard in self.shards.iter() {
             let mut map = shard
@@ -711,7 +712,7 @@ impl Entry {
     }
 
     /// The lease expired: its tokens go back (in a task).
-    fn expire(&self, inner: &Inner, now: u64) {
+    fn expire(&self, inner: &Arc<Inner>, now: u64) {
         let n = self.tokens.swap(0, Ordering::AcqRel);
         if n == 0 {
             return;
@@ -722,14 +723,17 @@ impl Entry {
             return;
         }
         let refund = self.refund(n);
-        let backend = inner.backend.clone();
         inner.returned.fetch_add(n, Ordering::Relaxed);
         metrics::counter!(LEASE_TOKENS, "op" => "returned").increment(n);
         if let (Some(r), Ok(rt)) = (refund, tokio::runtime::Handle::try_current()) {
+            // Counted as busy: a graceful return waits for it.
+            inner.busy.fetch_add(1, Ordering::AcqRel);
+            let inner = inner.clone();
             rt.spawn(async move {
-                if let Err(e) = backend.refund(vec![r]).await {
+                if let Err(e) = inner.backend.refund(vec![r]).await {
                     tracing::debug!(target: super::LOG_TARGET, error = %e, "token lease return failed");
                 }
+                inner.busy.fetch_sub(1, Ordering::AcqRel);
             });
         }
     }

@@ -256,25 +256,22 @@ async fn app(c: &Config) -> Res<Router> {
             } else {
                 &["global", "ip", "user", "endpoint"]
             };
-            let layer = ours_leased(
-                RedisBackend::from_url(&redis_url()?)?.into(),
-                4,
-                c,
-                leased,
-            )?;
+            let layer = ours_leased(RedisBackend::from_url(&redis_url()?)?.into(), 4, c, leased)?;
             let handle = layer.handle();
             router
                 .layer(layer)
                 .layer(middleware::from_fn(auth))
-                .merge(Router::new().route(
-                    "/_lease",
-                    get(move || {
-                        let n = handle.lease_counts();
-                        async move {
-                            format!("{} {} {} {}\n", n.calls, n.taken, n.returned, n.local)
-                        }
-                    }),
-                ))
+                .merge(
+                    Router::new().route(
+                        "/_lease",
+                        get(move || {
+                            let n = handle.lease_counts();
+                            async move {
+                                format!("{} {} {} {}\n", n.calls, n.taken, n.returned, n.local)
+                            }
+                        }),
+                    ),
+                )
         }
         "governor" | "governor_headers" => {
             let mut b = GovernorConfigBuilder::default();
@@ -337,12 +334,7 @@ fn ours(backend: Backend, tiers: usize, c: &Config) -> Res<RateLimitLayer> {
 }
 
 /// [`ours`] with the tiers named in `leased` in lease mode.
-fn ours_leased(
-    backend: Backend,
-    tiers: usize,
-    c: &Config,
-    leased: &[&str],
-) -> Res<RateLimitLayer> {
+fn ours_leased(backend: Backend, tiers: usize, c: &Config, leased: &[&str]) -> Res<RateLimitLayer> {
     let Quotas { ip, other, user } = Quotas::new(c);
     let tier = |t: Tier| {
         if leased.contains(&t.name()) {
