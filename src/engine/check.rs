@@ -212,7 +212,7 @@ enum Begun {
 /// (less than `backend_timeout` after a wait for a probe).
 fn begin(
     shared: &Shared,
-    checks: Vec<TierCheck>,
+    mut checks: Vec<TierCheck>,
     meta: &mut Meta,
     started: Instant,
     timeout: Duration,
@@ -248,14 +248,17 @@ fn begin(
         let blocked = shared.blocked_set();
         let check = match &leased {
             Some(t) if local > 0 => {
-                let (rest, shadow) = t.rest(&checks, meta.shadow);
-                shared.backend.start_check(
+                let (rest, shadow) = t.rest(&mut checks, meta.shadow);
+                // The command is built here: the keys come back at once.
+                let check = shared.backend.start_check(
                     &rest,
                     shadow,
                     shared.refunds(),
                     blocked.as_deref(),
                     Some(timeout),
-                )
+                );
+                t.restore(&mut checks, rest);
+                check
             }
             _ => shared.backend.start_check(
                 &checks,

@@ -751,19 +751,40 @@ impl Taken {
     }
 
     /// The checks the backend call carries (those not decided locally, in
-    /// order) and their shadow bits.
-    pub(crate) fn rest(&self, checks: &[TierCheck], shadow: Shadow) -> (Vec<TierCheck>, Shadow) {
+    /// order) and their shadow bits. Their keys are moved out of `checks`
+    /// (no copy); [`restore`](Self::restore) puts them back.
+    pub(crate) fn rest(
+        &self,
+        checks: &mut [TierCheck],
+        shadow: Shadow,
+    ) -> (Vec<TierCheck>, Shadow) {
         let mut rest = Vec::with_capacity(checks.len().saturating_sub(self.count()));
         let mut bits = 0u64;
-        for (i, c) in checks.iter().enumerate() {
+        for (i, c) in checks.iter_mut().enumerate() {
             if !self.local(i) {
                 if shadow.contains(i) && rest.len() < 64 {
                     bits |= 1 << rest.len();
                 }
-                rest.push(c.clone());
+                rest.push(TierCheck {
+                    key: std::mem::take(&mut c.key),
+                    limit: c.limit,
+                    cost: c.cost,
+                });
             }
         }
         (rest, Shadow(bits))
+    }
+
+    /// Gives `checks` back the keys [`rest`](Self::rest) moved out.
+    pub(crate) fn restore(&self, checks: &mut [TierCheck], rest: Vec<TierCheck>) {
+        let mut rest = rest.into_iter();
+        for (i, c) in checks.iter_mut().enumerate() {
+            if !self.local(i) {
+                if let Some(r) = rest.next() {
+                    c.key = r.key;
+                }
+            }
+        }
     }
 
     /// Whether check `i` was decided locally.
