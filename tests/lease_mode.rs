@@ -294,55 +294,67 @@ async fn graceful_return_puts_exactly_the_unspent_tokens_back() {
 }
 
 #[tokio::test]
-async fn an_expired_lease_goes_back_and_retry_after_is_never_early() {
+async fn retry_after_is_never_early_and_an_expired_lease_goes_back() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
-        .key_prefix("retry")
-        .deny_cache(0)
-        .tier(global(Quota::per_hour(10), TokenLease::new().max(2)))
-        .build()
-        .unwrap();
-    let handle = layer.handle();
-    let url = format!("http://{}/", serve(app(layer)).await);
+    // 5 requests checked per request, then a lease of 20 (75 left shared).
+    let (handle, url) = leased_algorithm(
+        &redis,
+        &clock,
+        "retry",
+        Algorithm::TokenBucket,
+        Quota::per_hour(QUOTA),
+    )
+    .await;
     let c = client();
-    let mut admitted = 0;
+    // The 20 leased, then the 75 shared one request at a time: no further
+    // lease (a quarter of the shared count at most, below min = 20).
+    let mut admitted = 5;
     let retry = loop {
         let r = c.get(&url).send().await.unwrap();
         if r.status() == 429 {
-            break r.headers()["retry-after"]
-                .to_str()
-                .unwrap()
-                .parse::<u64>()
-                .unwrap();
+            break r.headers()["retry-after"].to_str().unwrap().to_owned();
         }
         admitted += 1;
-        assert!(admitted <= 10);
     };
-    // Whatever a lease still holds goes back when it expires (2 × 100 ms).
+    assert_eq!(admitted, QUOTA);
+    assert_eq!(handle.lease_counts().calls, 1);
+    assert_eq!(handle.lease_counts().local, 20);
+    // One token back in the shared bucket: 36 s (100 per hour).
+    assert_eq!(retry, "36");
+    clock.advance(Duration::from_secs(36) - Duration::from_micros(1));
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 429);
+    clock.advance(Duration::from_micros(1));
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn an_expired_lease_goes_back_to_the_shared_bucket() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let (handle, url) = leased_algorithm(
+        &redis,
+        &clock,
+        "expiry",
+        Algorithm::TokenBucket,
+        Quota::per_hour(QUOTA),
+    )
+    .await;
+    let c = client();
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+    assert_eq!(handle.leases()[0].tokens, 19);
+    // The lease lives 2 × 100 ms; the next request finds it expired, hands
+    // its 19 tokens back and is checked per request (its demand since the
+    // lease, 2 in 200 ms, asks for no new lease).
     clock.advance(Duration::from_millis(200));
-    let _ = c.get(&url).send().await.unwrap();
-    until("the expiry's return", || handle.leases().is_empty()).await;
-    let returned = handle.lease_counts().returned;
-    assert!(returned <= 2);
-    let admitted_total = admitted;
-    // Retry-After is when one token is back in the shared bucket (6 min per
-    // token): never earlier than a request can pass.
-    if returned == 0 {
-        assert_eq!(admitted_total, 10);
-        assert_eq!(retry, 360);
-        clock.advance(
-            Duration::from_secs(retry) - Duration::from_millis(200) - Duration::from_micros(1),
-        );
-        assert_eq!(c.get(&url).send().await.unwrap().status(), 429);
-        clock.advance(Duration::from_micros(1));
-        assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
-    }
+    let r = c.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(handle.leases().is_empty());
+    assert_eq!(handle.return_leases().await, 0);
+    assert_eq!(handle.lease_counts().returned, 19);
+    // 100 - 5 - 1 (from the lease) - 1 (this one), refilled for 200 ms
+    // (36 s a token: none yet).
+    assert_eq!(available(&handle, "global", "all").await, 93);
 }
 
 #[tokio::test]
