@@ -571,3 +571,43 @@ async fn a_policing_leaky_bucket_leases_and_returns_exactly() {
     assert_eq!(handle.return_leases().await, 16);
     assert_eq!(available(&handle, "global", "all").await, 91);
 }
+
+#[tokio::test]
+async fn shadow_checks_are_never_leased_and_the_kill_switch_passes_everything() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .key_prefix("shadow")
+        .tier(
+            Tier::new("global", Global, Quota::per_hour(3))
+                .mode(tiered_ratelimit::rollout::Mode::Shadow)
+                .lease(TokenLease::new().min(1)),
+        )
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    // (The first call loads the Functions library.)
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+    let calls = redis.script_calls();
+    // Shadow: over the quota and still passing, every request checked per
+    // request (the shadow denial is counted), nothing leased.
+    for _ in 0..9 {
+        assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+    }
+    assert_eq!(redis.script_calls() - calls, 9);
+    assert_eq!(handle.lease_counts(), Default::default());
+    // The kill switch: no check at all.
+    handle.set_mode(tiered_ratelimit::rollout::Mode::Off);
+    for _ in 0..5 {
+        assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+    }
+    assert_eq!(redis.script_calls() - calls, 9);
+    assert!(handle.leases().is_empty());
+}
