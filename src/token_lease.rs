@@ -24,8 +24,10 @@
 //!   still holds, and at most a quarter of what the shared bucket had left
 //!   at the last answer, so that the last tokens are not stranded in one
 //!   instance while another denies. A key whose demand is below
-//!   [`min`](TokenLease::min) tokens per interval is not leased (per-key tiers: a
-//!   key with a few requests a minute keeps one call per request).
+//!   [`min`](TokenLease::min) tokens per interval (or with a single token
+//!   asked for since its measure began, at most 8 intervals ago) is not
+//!   leased (per-key tiers: a key with a few requests a minute keeps one
+//!   call per request).
 //! * A lease lives `2 × interval` (a fixed window's: at most until its
 //!   window ends). Unused tokens go back to the shared bucket when it
 //!   expires, and on [`RateLimitHandle::return_leases`](crate::RateLimitHandle::return_leases)

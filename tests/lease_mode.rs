@@ -611,3 +611,44 @@ async fn shadow_checks_are_never_leased_and_the_kill_switch_passes_everything() 
     assert_eq!(redis.script_calls() - calls, 9);
     assert!(handle.leases().is_empty());
 }
+
+#[tokio::test]
+async fn a_per_key_tier_leases_only_keys_busy_enough_to_pay_for_it() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .key_prefix("perkey")
+        .deny_cache(0)
+        .tier(Tier::new("user", User, Quota::per_hour(1_000)).lease(TokenLease::new()))
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let url = format!("http://{}/", serve(app(layer)).await);
+    let c = client();
+    let get = |user: &'static str| {
+        c.get(&url)
+            .header("authorization", format!("Bearer {user}"))
+            .send()
+    };
+    // A few requests a minute: below 2 per 100 ms interval, never leased;
+    // one script call per request.
+    for _ in 0..10 {
+        assert_eq!(get("quiet").await.unwrap().status(), 200);
+        clock.advance(Duration::from_secs(20));
+    }
+    assert_eq!(handle.lease_counts().calls, 0);
+    // A busy key (its requests in no time on the test clock) is leased.
+    for _ in 0..3 {
+        assert_eq!(get("busy").await.unwrap().status(), 200);
+    }
+    until("the busy key's lease", || !handle.leases().is_empty()).await;
+    let leases = handle.leases();
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0].key, "perkey:user:busy");
+    assert_eq!(handle.lease_counts().calls, 1);
+}

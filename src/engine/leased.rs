@@ -579,6 +579,11 @@ impl Entry {
         let elapsed = now.saturating_sub(self.since_us.load(Ordering::Relaxed));
         let window = elapsed.max(interval / 4).max(1);
         let demand = self.demand.load(Ordering::Relaxed);
+        // A lone request after a quiet spell (the measure restarts) is no
+        // burst: at least two requests' worth since the measure began.
+        if demand < 2 {
+            return None;
+        }
         let want = u64::try_from(u128::from(demand) * u128::from(interval) / u128::from(window))
             .unwrap_or(u64::MAX);
         if want < self.lease.min {
