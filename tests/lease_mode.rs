@@ -117,9 +117,10 @@ fn redis_backends(url: &str, clock: &ManualClock) -> Vec<Backend> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn four_instances_never_admit_over_the_quota_in_20_runs() {
     let redis = RedisServer::start();
-    let client = client();
     let mut worst = 0;
     for run in 0..20 {
+        // A client per run: its connections close with it (400 a run).
+        let client = client();
         let clock = ManualClock::new(T0_US);
         let prefix = format!("lease{run}");
         let f = fleet(
@@ -153,8 +154,9 @@ async fn four_instances_never_admit_over_the_quota_in_20_runs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_killed_instance_loses_its_lease_and_nothing_is_spent_twice() {
     let redis = RedisServer::start();
-    let client = client();
-    for run in 0..5 {
+    for run in 0..20 {
+        // A client per run: its connections close with it (400 a run).
+        let client = client();
         let clock = ManualClock::new(T0_US);
         let prefix = format!("kill{run}");
         let f = fleet(
@@ -450,8 +452,9 @@ fn toml_sync_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_on_a_cluster_never_admit_over_the_quota() {
     let cluster = RedisCluster::start(0);
-    let client = client();
     for run in 0..3 {
+        // A client per run: its connections close with it (400 a run).
+        let client = client();
         let clock = ManualClock::new(T0_US);
         let backends = (0..2)
             .map(|_| {

@@ -472,6 +472,20 @@ impl Inner {
             if d.allowed {
                 let charge = v.charges.first().copied().flatten();
                 entry.install(&self, k, charge, d, started).await;
+                // The entry was replaced meanwhile (the quota changed) or
+                // dropped: no request will spend these, hand them back.
+                let current = self
+                    .shard(&entry.key)
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(&*entry.key)
+                    .is_some_and(|e| Arc::ptr_eq(e, &entry));
+                if !current {
+                    entry.expires_us.store(0, Ordering::Release);
+                    let n = entry.tokens.swap(0, Ordering::AcqRel);
+                    let refund = entry.refund(n);
+                    self.give_back(refund.into_iter().collect(), n).await;
+                }
                 return;
             }
             entry.seen.store(d.remaining, Ordering::Release);
