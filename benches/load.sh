@@ -47,7 +47,11 @@ D1=${D1:-3}
 # connections. minimal4 is redis4's floor (its four keys and quotas in one
 # plain script), governor_headers tower_governor with its X-RateLimit headers
 # on (mem1 sends its headers too).
-MODES=${MODES:-"bare mem1 mem4 governor governor_headers redis1 redis4 minimal minimal4"}
+# redis4_lease (global and endpoint tiers in lease mode) and
+# redis4_lease_all (all four) are lease mode (src/token_lease.rs): each of
+# their rows also reads the server's lease counters (GET /_lease) before and
+# after the run, for the lease table of the report.
+MODES=${MODES:-"bare mem1 mem4 governor governor_headers redis1 redis4 redis4_lease redis4_lease_all minimal minimal4"}
 DENY_MODES=${DENY_MODES:-"mem1 mem4 governor governor_headers redis1 redis4 minimal minimal4"}
 OUT=${OUT:-}
 
@@ -89,13 +93,23 @@ stop_server() { stop "$server_pid"; server_pid=""; }
 #   phase round mode conns requests seconds rps non2xx p50 p99 cpu_us/req
 #   redis_cpu_us/req evalsha/req
 measure() { # phase round mode conns duration
-  local phase=$1 round=$2 mode=$3 conns=$4 dur=$5
+  local phase=$1 round=$2 mode=$3 conns=$4 dur=$5 l0="" l1
+  if [[ "$mode" == *_lease* ]]; then l0=$(curl -s "http://127.0.0.1:$server_port/_lease"); fi
   wrk_measure -t1 -c"$conns" -d"${dur}s" --latency -H 'x-user: alice' \
     ${WRK_EXTRA[@]+"${WRK_EXTRA[@]}"} "http://127.0.0.1:$server_port/"
   printf '%s\t' "$phase" "$round" "$mode" "$conns" "$req" "$secs" "$rps" "$non" "$p50" \
     "$p99" "$cpu_us" "$redis_us" >>"$results"
   printf '%s\n' "$evalsha_per" >>"$results"
   log "$(tail -n1 "$results")"
+  if [[ -n "$l0" ]]; then
+    # Lease counters over the run: calls, tokens taken, returned, admitted
+    # from leases (src/token_lease.rs LeaseCounts).
+    l1=$(curl -s "http://127.0.0.1:$server_port/_lease")
+    read -r a0 b0 c0 d0 <<<"$l0"
+    read -r a1 b1 c1 d1 <<<"$l1"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$phase" "$round" "$mode" "$conns" "$req" \
+      "$secs" "$((a1 - a0))" "$((b1 - b0))" "$((c1 - c0))" "$non" >>"$work/lease.tsv"
+  fi
 }
 
 WRK_EXTRA=()
@@ -245,13 +259,15 @@ rcli FLUSHALL >/dev/null
 printf '%s' "$memory_rows" >"$work/memory.tsv"
 printf '%s' "$script_rows" >"$work/scripts.tsv"
 
-python3 - "$results" "$work/meta.txt" "$work/memory.tsv" "$work/scripts.tsv" <<'EOF'
+touch "$work/lease.tsv"
+python3 - "$results" "$work/meta.txt" "$work/memory.tsv" "$work/scripts.tsv" "$work/lease.tsv" <<'EOF'
 import sys, statistics as st
 from collections import defaultdict
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 meta = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[2]) if "=" in l)
 mem = [l.rstrip("\n").split("\t") for l in open(sys.argv[3]) if l.strip()]
 scripts = [l.rstrip("\n").split("\t") for l in open(sys.argv[4]) if l.strip()]
+leases = [l.rstrip("\n").split("\t") for l in open(sys.argv[5]) if l.strip()]
 F = ["phase", "round", "mode", "conns", "req", "secs", "rps", "non2xx", "p50", "p99",
      "cpu", "rcpu", "evalsha"]
 rows = [dict(zip(F, r)) for r in rows]
@@ -297,7 +313,9 @@ for num, den in [("mem1", "bare"), ("mem4", "bare"), ("mem1", "governor"), ("mem
                  ("redis1", "minimal"), ("redis4", "minimal"), ("minimal", "bare"),
                  ("minimal_pool", "minimal"), ("redis4", "minimal_pool"),
                  ("redis4", "minimal4"), ("mem1", "governor_headers"),
-                 ("governor_headers", "governor"), ("minimal4", "minimal")]:
+                 ("governor_headers", "governor"), ("minimal4", "minimal"),
+                 ("redis4_lease", "redis4"), ("redis4_lease_all", "mem4"),
+                 ("redis4_lease_all", "redis4")]:
     xs = ratio(num, den)
     if xs:
         print(f"| req/s {num} / {den} | {med(xs):.3f} | {', '.join(f'{x:.3f}' for x in xs)} |")
@@ -309,6 +327,22 @@ for m in modes:
         xs = diff(m, "bare", conns, key)
         if xs:
             print(f"| {label}: {m} − bare, µs | {med(xs):+.0f} | {', '.join(f'{x:+.0f}' for x in xs)} |")
+
+for num, den in [("redis4_lease", "redis4")]:
+    xs = ratio(num, den, key="rcpu")
+    if xs:
+        print(f"| Redis CPU/req {num} / {den} | {med(xs):.3f} | {', '.join(f'{x:.3f}' for x in xs)} |")
+
+if leases:
+    # Every row's quota never denies: a 429 there is a false denial.
+    print("\n## Lease mode (every run of the rounds)\n")
+    print("| mode | conns | round | req/s | lease calls/s | lease calls/req | tokens taken/s | "
+          "tokens returned | false denials |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for ph, rd, m, c, req, secs, calls, taken, ret, non in leases:
+        req, secs = float(req), float(secs)
+        print(f"| {m} | {c} | {rd} | {req / secs:.0f} | {float(calls) / secs:.1f} | "
+              f"{float(calls) / req:.5f} | {float(taken) / secs:.0f} | {ret} | {non} |")
 
 other = [r for r in rows if r["phase"] != "rounds"]
 if other:

@@ -81,6 +81,9 @@ key = "global"
 limit = 1000
 period = "1s"
 burst = 2000
+# sync = "lease"                   # with REDIS_URL: lease mode, this hot key decided in
+                                   # process from tokens leased out of Redis, never over
+                                   # the quota (docs/redis.md, "Lease mode")
 
 [[tier]]
 name = "ip"                        # per client IP (TCP peer)

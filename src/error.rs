@@ -29,6 +29,17 @@ pub enum ConfigError {
         /// The tier's name.
         tier: String,
     },
+    /// Lease mode (`sync = "lease"`, [`Tier::lease`](crate::Tier::lease)) on
+    /// a tier it cannot run on: an algorithm other than the token bucket,
+    /// the policing leaky bucket and the fixed window, or with a penalty
+    /// box, per-key overrides or refunds by status.
+    #[error("tier \"{tier}\": sync: lease mode {reason}")]
+    LeaseUnsupported {
+        /// The tier's name.
+        tier: String,
+        /// Why.
+        reason: &'static str,
+    },
     /// `fallback_instances` is 0.
     #[error("fallback_instances: must be at least 1")]
     ZeroFallbackInstances,

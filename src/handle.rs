@@ -473,4 +473,47 @@ impl RateLimitHandle {
     pub fn counts(&self) -> DecisionCounts {
         self.shared.counts.snapshot()
     }
+
+    /// Lease mode ([`crate::token_lease`]): the keys this instance holds
+    /// unspent tokens of, sorted by key (empty without a leased tier, or on
+    /// the memory backend).
+    pub fn leases(&self) -> Vec<crate::token_lease::LeaseStatus> {
+        self.shared
+            .leases
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.status())
+    }
+
+    /// Lease mode's counters since the layer was built, in this process
+    /// (all 0 without a leased tier).
+    pub fn lease_counts(&self) -> crate::token_lease::LeaseCounts {
+        self.shared
+            .leases
+            .as_ref()
+            .map_or_else(Default::default, |p| p.counts())
+    }
+
+    /// Lease mode, graceful shutdown: waits for the leases being taken
+    /// (at most the backend timeout), then hands every unspent leased token
+    /// back to its shared bucket, through the refund of its lease's charge
+    /// (never lifting a bucket above where it would be had the lease never
+    /// been taken). Answers the tokens handed back. The layer keeps working:
+    /// later requests lease again. Dropping the layer does the same in a
+    /// task.
+    ///
+    /// A failed return is logged at `debug` and its tokens are lost (an
+    /// under-admission, as for a crashed instance).
+    pub async fn return_leases(&self) -> u64 {
+        match &self.shared.leases {
+            Some(p) => p.return_all().await,
+            None => 0,
+        }
+    }
+
+    /// Loses every lease without returning it, as a crashed instance would
+    /// (tests of the false-denial bound). Answers the tokens lost.
+    #[doc(hidden)]
+    pub fn abandon_leases(&self) -> u64 {
+        self.shared.leases.as_ref().map_or(0, |p| p.abandon())
+    }
 }

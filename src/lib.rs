@@ -103,6 +103,7 @@ pub mod rollout;
 mod service;
 mod throttle;
 mod tier;
+pub mod token_lease;
 
 pub use breaker::CircuitBreaker;
 pub use error::{BackendError, ConfigError};

@@ -217,6 +217,7 @@ pub struct Tier {
     pub(crate) skip_successful_requests: bool,
     pub(crate) penalty: Option<crate::Penalty>,
     pub(crate) overrides: bool,
+    pub(crate) lease: Option<crate::token_lease::TokenLease>,
 }
 
 impl fmt::Debug for Tier {
@@ -235,6 +236,7 @@ impl fmt::Debug for Tier {
             .field("skip_successful_requests", &self.skip_successful_requests)
             .field("penalty", &self.penalty)
             .field("overrides", &self.overrides)
+            .field("lease", &self.lease)
             .finish_non_exhaustive()
     }
 }
@@ -258,7 +260,21 @@ impl Tier {
             skip_successful_requests: false,
             penalty: None,
             overrides: false,
+            lease: None,
         }
+    }
+
+    /// Lease mode for this tier (TOML `sync = "lease"`; see
+    /// [`crate::token_lease`]): on Redis, this instance takes batches of
+    /// tokens out of a hot key's shared bucket and admits requests from them
+    /// without a Redis call, never over the quota. A no-op on the memory
+    /// backend. Token bucket, policing leaky bucket and fixed window only,
+    /// without a penalty box, per-key overrides or refunds by status
+    /// ([`ConfigError::LeaseUnsupported`](crate::ConfigError::LeaseUnsupported)
+    /// from `build()` otherwise).
+    pub fn lease(mut self, lease: crate::token_lease::TokenLease) -> Self {
+        self.lease = Some(lease);
+        self
     }
 
     /// A penalty box on this tier (see [`Penalty`](crate::Penalty)): keys

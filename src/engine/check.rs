@@ -212,12 +212,22 @@ enum Begun {
 /// (less than `backend_timeout` after a wait for a probe).
 fn begin(
     shared: &Shared,
-    checks: Vec<TierCheck>,
+    mut checks: Vec<TierCheck>,
     meta: &mut Meta,
     started: Instant,
     timeout: Duration,
 ) -> Begun {
     meta.started = Some(started);
+    // Lease mode: the checks this instance's leases cover are decided here;
+    // the call carries the others (none: no call, no breaker).
+    let leased = super::leased::take(shared, &checks, meta);
+    let local = leased.as_ref().map_or(0, |t| t.count());
+    if let Some(t) = leased.as_ref().filter(|t| t.all(checks.len())) {
+        let verdict = t.verdict(shared.local_clock.now_us());
+        meta.sent = checks;
+        meta.leased = leased;
+        return Begun::Ready(Ok(verdict));
+    }
     meta.permit = shared.breaker.permit();
     if meta.permit == Permit::Reject {
         return Begun::Ready(Err(BackendError::CircuitOpen));
@@ -236,14 +246,30 @@ fn begin(
         // For the deny cache (off on the memory backend).
         meta.sent_us = shared.local_clock.now_us();
         let blocked = shared.blocked_set();
-        let check = shared.backend.start_check(
-            &checks,
-            meta.shadow,
-            shared.refunds(),
-            blocked.as_deref(),
-            Some(timeout),
-        );
+        let check = match &leased {
+            Some(t) if local > 0 => {
+                let (rest, shadow) = t.rest(&mut checks, meta.shadow);
+                // The command is built here: the keys come back at once.
+                let check = shared.backend.start_check(
+                    &rest,
+                    shadow,
+                    shared.refunds(),
+                    blocked.as_deref(),
+                    Some(timeout),
+                );
+                t.restore(&mut checks, rest);
+                check
+            }
+            _ => shared.backend.start_check(
+                &checks,
+                meta.shadow,
+                shared.refunds(),
+                blocked.as_deref(),
+                Some(timeout),
+            ),
+        };
         meta.sent = checks;
+        meta.leased = leased;
         match check {
             Check::Ready(result) => Begun::Ready(result),
             Check::Pending(fut) => Begun::Pending(fut),

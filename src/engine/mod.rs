@@ -25,6 +25,7 @@ pub(crate) mod decision;
 pub(crate) mod deny;
 pub(crate) mod facts;
 pub(crate) mod lease;
+pub(crate) mod leased;
 pub(crate) mod outcome;
 pub(crate) mod plan;
 pub(crate) mod runtime;

@@ -21,6 +21,13 @@ pub(crate) fn outcome(
     result: Result<Verdict, BackendError>,
     facts: &impl Facts,
 ) -> Decision {
+    // Lease mode: the local decisions join the backend's answer (a denial
+    // or an error gives the local spending back).
+    let local_only = meta.leased.as_ref().is_some_and(|t| t.all(meta.sent.len()));
+    let result = match &meta.leased {
+        Some(t) if !local_only => t.merge(result, meta.sent.len(), meta.shadow),
+        _ => result,
+    };
     let backend = shared.backend.name();
     // One span per check, with every tier's result as a field (formatted
     // only when a subscriber wants the span).
@@ -61,7 +68,9 @@ pub(crate) fn outcome(
     let backend_latency = meta.backend_started.map(|t| t.elapsed());
     let decided = match result {
         Ok(mut v) => {
-            shared.breaker.success(meta.permit);
+            if !local_only {
+                shared.breaker.success(meta.permit);
+            }
             if shared.penalties {
                 penalty_limits(meta, &mut v);
             }

@@ -56,6 +56,8 @@ pub(crate) struct Meta {
     pub(crate) plans: Vec<Option<(usize, Arc<str>)>>,
     /// The decision carries every check's result ([`Facts::DETAILS`]).
     pub(crate) details: bool,
+    /// What lease mode spent locally for this request (`engine/leased.rs`).
+    pub(crate) leased: Option<Box<super::leased::Taken>>,
 }
 
 impl Drop for Meta {

@@ -156,6 +156,9 @@ pub(crate) struct Shared {
     /// With `blocked_set`: the deny cache's 429s, waiting for their
     /// pipelined flush into the same sets.
     pub(crate) fleet_blocked: Option<crate::observe::fleet::FleetBlocked>,
+    /// Lease mode's local tokens (Redis, with a leased tier; see
+    /// `engine/leased.rs`).
+    pub(crate) leases: Option<super::leased::LeasePool>,
 }
 
 impl Shared {

@@ -61,6 +61,7 @@ impl RateLimitLayerBuilder {
         let mut tiers = Vec::with_capacity(self.tiers.len());
         let mut runtime = Vec::with_capacity(self.tiers.len());
         let mut http_tiers = Vec::with_capacity(self.tiers.len());
+        let mut leases = Vec::with_capacity(self.tiers.len());
         for t in self.tiers {
             let valid_name = !t.name.is_empty()
                 && t.name.len() <= 64
@@ -80,6 +81,26 @@ impl RateLimitLayerBuilder {
                 return Err(ConfigError::SkipBoth { tier: t.name });
             }
             let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
+            if t.lease.is_some() {
+                let reason = if !crate::engine::leased::leasable(&limit) {
+                    Some("takes token_bucket, leaky_bucket (police) and fixed_window only")
+                } else if t.penalty.is_some() {
+                    Some("cannot run with a penalty box")
+                } else if t.overrides {
+                    Some("cannot run with per-key overrides")
+                } else if t.skip_failed_requests || t.skip_successful_requests {
+                    Some("cannot run with skip_failed_requests/skip_successful_requests")
+                } else {
+                    None
+                };
+                if let Some(reason) = reason {
+                    return Err(ConfigError::LeaseUnsupported {
+                        tier: t.name,
+                        reason,
+                    });
+                }
+            }
+            leases.push(t.lease);
             let penalty = t.penalty.map(|p| p.compile(&t.name)).transpose()?;
             let fallback = fallback_limit(&t.name, t.algorithm, t.quota, t.cost, instances)?;
             let mut plans = Vec::with_capacity(t.plans.len());
@@ -173,7 +194,14 @@ impl RateLimitLayerBuilder {
         let concurrency = tiers
             .iter()
             .any(|t| matches!(t.algorithm, crate::Algorithm::Concurrency { .. }));
+        let leases = crate::engine::leased::LeasePool::new(
+            &backend,
+            local_clock.clone(),
+            self.backend_timeout,
+            leases,
+        );
         let shared = Arc::new(Shared {
+            leases,
             backend,
             penalties,
             key_overrides: overrides,

@@ -81,6 +81,35 @@ pub struct TierPolicy {
     /// [`Tier::overrides`](crate::Tier::overrides)).
     #[serde(default)]
     pub overrides: bool,
+    /// How the tier's count is kept with the backend: `"request"` (the
+    /// default: one script call per request) or `"lease"` (lease mode, see
+    /// [`crate::token_lease`]).
+    #[serde(default, deserialize_with = "sync_name")]
+    pub sync: Option<String>,
+    /// With `sync = "lease"`: the demand one lease covers (humantime,
+    /// default `"100ms"`); see [`TokenLease::interval`](crate::token_lease::TokenLease::interval).
+    #[serde(default, with = "humantime_serde")]
+    pub sync_interval: Option<Duration>,
+    /// With `sync = "lease"`: the most tokens one instance holds of one key
+    /// (default the capacity ÷ 8); see [`TokenLease::max`](crate::token_lease::TokenLease::max).
+    #[serde(default)]
+    pub sync_max: Option<u64>,
+    /// With `sync = "lease"`: the least demand per interval for a key to be
+    /// leased (default 2); see [`TokenLease::min`](crate::token_lease::TokenLease::min).
+    #[serde(default)]
+    pub sync_min: Option<u64>,
+}
+
+/// A tier's `sync`.
+const SYNCS: [&str; 2] = ["request", "lease"];
+
+fn sync_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let name = String::deserialize(d)?;
+    if SYNCS.contains(&name.as_str()) {
+        Ok(Some(name))
+    } else {
+        Err(de::Error::unknown_variant(&name, &SYNCS))
+    }
 }
 
 fn default_algorithm() -> String {
@@ -175,6 +204,31 @@ impl TierPolicy {
             tier = tier.penalty(p);
         }
         tier = tier.overrides(self.overrides);
+        if self.sync.as_deref() == Some("lease") {
+            let mut lease = crate::token_lease::TokenLease::new();
+            if let Some(i) = self.sync_interval {
+                if i.is_zero() {
+                    return Err(error(&"sync_interval: must be above 0"));
+                }
+                lease = lease.interval(i);
+            }
+            if let Some(m) = self.sync_max {
+                if m == 0 {
+                    return Err(error(&"sync_max: must be at least 1"));
+                }
+                lease = lease.max(m);
+            }
+            if let Some(m) = self.sync_min {
+                lease = lease.min(m);
+            }
+            tier = tier.lease(lease);
+        } else if self.sync_interval.is_some() {
+            return Err(error(&"sync_interval: only sync = \"lease\" uses it"));
+        } else if self.sync_max.is_some() {
+            return Err(error(&"sync_max: only sync = \"lease\" uses it"));
+        } else if self.sync_min.is_some() {
+            return Err(error(&"sync_min: only sync = \"lease\" uses it"));
+        }
         if !self.plans.is_empty() {
             tier = tier.plans(self.plans.iter().map(|(name, q)| (name.clone(), *q)));
         }

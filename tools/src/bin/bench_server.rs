@@ -26,6 +26,16 @@
 //!             theoretical arrival time in µs); 429 or the response, no
 //!             rate-limit headers (the floor of redis4)
 //!
+//!   redis4_lease  redis4 with the global and endpoint tiers in lease mode
+//!             (`Tier::lease`, default settings): ip and user checked per
+//!             request, in one script call with two keys
+//!   redis4_lease_all  redis4 with all four tiers in lease mode (under wrk's
+//!             one client, a hot key on every tier)
+//!             Both lease modes answer `GET /_lease` (outside the limiter):
+//!             "<lease calls> <tokens taken> <tokens returned> <requests
+//!             admitted from leases>" since start (benches/load.sh reads it
+//!             around each run).
+//!
 //!   deny      the per-IP limit is DENY_RATE per second (default 10; burst
 //!             the same), so under load nearly every request is denied.
 //!             Without it no limiter denies during a run: burst 10^9,
@@ -68,6 +78,7 @@ use axum::Router;
 use redis::aio::MultiplexedConnection;
 use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend, StateFormat};
 use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User, UNMATCHED_ROUTE};
+use tiered_ratelimit::token_lease::TokenLease;
 use tiered_ratelimit::{key::UserId, Quota, RateLimitLayer, Tier};
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
@@ -147,8 +158,8 @@ struct Config {
 }
 
 fn usage() -> Box<dyn Error + Send + Sync> {
-    "usage: bench_server <bare|mem1|mem4|governor|governor_headers|redis1|redis4|minimal|\
-     minimal_pool|minimal4> [deny]"
+    "usage: bench_server <bare|mem1|mem4|governor|governor_headers|redis1|redis4|\
+     redis4_lease|redis4_lease_all|minimal|minimal_pool|minimal4> [deny]"
         .into()
 }
 
@@ -251,6 +262,29 @@ async fn app(c: &Config) -> Res<Router> {
         "redis4" => router
             .layer(ours(redis_backend()?.into(), 4, c)?)
             .layer(middleware::from_fn(auth)),
+        "redis4_lease" | "redis4_lease_all" => {
+            let leased: &[&str] = if c.mode == "redis4_lease" {
+                &["global", "endpoint"]
+            } else {
+                &["global", "ip", "user", "endpoint"]
+            };
+            let layer = ours_leased(RedisBackend::from_url(&redis_url()?)?.into(), 4, c, leased)?;
+            let handle = layer.handle();
+            router
+                .layer(layer)
+                .layer(middleware::from_fn(auth))
+                .merge(
+                    Router::new().route(
+                        "/_lease",
+                        get(move || {
+                            let n = handle.lease_counts();
+                            async move {
+                                format!("{} {} {} {}\n", n.calls, n.taken, n.returned, n.local)
+                            }
+                        }),
+                    ),
+                )
+        }
         "governor" | "governor_headers" => {
             let mut b = GovernorConfigBuilder::default();
             match c.deny_rate {
@@ -308,7 +342,19 @@ impl Quotas {
 
 /// Our layer: the `ip` tier alone, or `global`, `ip`, `user`, `endpoint`.
 fn ours(backend: Backend, tiers: usize, c: &Config) -> Res<RateLimitLayer> {
+    ours_leased(backend, tiers, c, &[])
+}
+
+/// [`ours`] with the tiers named in `leased` in lease mode.
+fn ours_leased(backend: Backend, tiers: usize, c: &Config, leased: &[&str]) -> Res<RateLimitLayer> {
     let Quotas { ip, other, user } = Quotas::new(c);
+    let tier = |t: Tier| {
+        if leased.contains(&t.name()) {
+            t.lease(TokenLease::new())
+        } else {
+            t
+        }
+    };
     let mut b = RateLimitLayer::builder().backend(backend);
     if let Some(n) = c.deny_cache {
         b = b.deny_cache(n);
@@ -320,10 +366,10 @@ fn ours(backend: Backend, tiers: usize, c: &Config) -> Res<RateLimitLayer> {
         b = b.tier(Tier::new("ip", ClientIp::default(), ip));
     } else {
         b = b
-            .tier(Tier::new("global", Global, other))
-            .tier(Tier::new("ip", ClientIp::default(), ip))
-            .tier(Tier::new("user", User, user))
-            .tier(Tier::new("endpoint", Endpoint, other));
+            .tier(tier(Tier::new("global", Global, other)))
+            .tier(tier(Tier::new("ip", ClientIp::default(), ip)))
+            .tier(tier(Tier::new("user", User, user)))
+            .tier(tier(Tier::new("endpoint", Endpoint, other)));
     }
     Ok(b.build()?)
 }
