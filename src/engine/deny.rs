@@ -7,7 +7,9 @@ use super::plan::Meta;
 use super::runtime::{RefundOn, Shared};
 use crate::algorithm::Decision as TierResult;
 use crate::backend::{TierCheck, Verdict};
-use crate::deny_cache::{longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role};
+use crate::deny_cache::{
+    keeps_room, longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role,
+};
 use crate::observe::topn::Kind;
 use crate::observe::RequestDecision;
 use std::sync::Arc;
@@ -66,6 +68,8 @@ pub(crate) fn deny_cached(
                 lapsed.get_or_insert(i);
                 uncached.push(i);
             }
+            // Known to pass: it neither binds nor is violated.
+            Lookup::Room => {}
             Lookup::Miss => uncached.push(i),
         }
     }
@@ -147,6 +151,12 @@ pub(crate) fn cache_blocked(
 ///   too, so the requests right after an admission that drained the bucket
 ///   are answered locally (a single Redis reports it for the token bucket,
 ///   fixed window and leaky bucket);
+/// * when the answer cached one of those, the other checks of the request
+///   that had room (token bucket, fixed window: [`keeps_room`]) get a room
+///   fact for as long: until something charges them, the backend would let
+///   them through, so they can bind no cached 429 (without it a tier that
+///   could deny with a wait as long as the cached one's, a 1 000/s bucket's
+///   1 ms, sends every request of that last stretch to the backend);
 /// * any other charge forgets the key's entry: it changed the key's state,
 ///   so an entry written before (for another cost or limit) may no longer
 ///   give the backend's answer.
@@ -157,16 +167,32 @@ pub(crate) fn cache_blocked(
 /// clock, the instant the backend decided at). Tiers that refund by response
 /// status are left out: a refund can make room before the cached instant.
 pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
+    // Counted as fed before any entry is written or forgotten for it (the
+    // room facts of answers fed meanwhile subtract its charges).
+    if let Some(f) = &meta.flight {
+        f.answered();
+    }
     if meta.sent.is_empty() || !shared.deny_cache.enabled() {
         return;
     }
     let mut now_us = None;
     let mut probed_room = false;
+    // The longest-lived entry this answer writes: (until, wait).
+    let mut written: Option<(u64, u64)> = None;
+    // Checks with room, for room facts if an entry is written.
+    let mut room: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
     for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
         let charged = v.charges.get(i).and_then(|c| c.as_ref());
-        if meta.shadow.contains(i)
-            || (shared.key_overrides && crate::overrides::overridden(&meta.sent, &v.decisions, i))
-        {
+        let overridden =
+            shared.key_overrides && crate::overrides::overridden(&meta.sent, &v.decisions, i);
+        if meta.shadow.contains(i) || overridden {
+            // Its charge (a shadow tier that allows is charged) changed
+            // the key's state all the same.
+            if charged.is_some() {
+                shared.deny_cache.forget(key, || {
+                    *now_us.get_or_insert_with(|| shared.local_clock.now_us())
+                });
+            }
             continue;
         }
         let wait_us = if d.allowed {
@@ -198,10 +224,46 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
                     Duration::from_micros(wait_us),
                 ),
             );
+            if written.is_none_or(|(u, _)| until_us > u) {
+                written = Some((until_us, wait_us));
+            }
+        } else if d.allowed
+            && d.remaining > 0
+            && keeps_room(limit)
+            // A tier with per-key overrides: an override set later
+            // changes its room.
+            && !(i > 0 && meta.sent[i - 1].limit.is_override())
+            && meta.flight.is_some()
+        {
+            room.push(i);
         } else if charged.is_some() {
             shared.deny_cache.forget(key, || {
                 *now_us.get_or_insert_with(|| shared.local_clock.now_us())
             });
+        }
+    }
+    match (written, &meta.flight) {
+        (Some((until_us, wait_us)), Some(flight)) => {
+            for &i in &room {
+                let c = &meta.sent[i];
+                shared.deny_cache.note_room(
+                    &c.key,
+                    v.decisions[i].remaining,
+                    c.limit,
+                    flight,
+                    until_us,
+                    Duration::from_micros(wait_us),
+                );
+            }
+        }
+        _ => {
+            for &i in &room {
+                if v.charges.get(i).is_some_and(|c| c.is_some()) {
+                    shared.deny_cache.forget(&meta.sent[i].key, || {
+                        *now_us.get_or_insert_with(|| shared.local_clock.now_us())
+                    });
+                }
+            }
         }
     }
     // This request probed a lapsed key and the answer wrote no entry for it
