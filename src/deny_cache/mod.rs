@@ -326,13 +326,16 @@ impl DenyCache {
     /// on `key` under `quota` (a limit whose room only grows while nothing
     /// charges it), less the charges fed while it was in flight; kept until
     /// `until_us` (+ [`LAPSED_FOR`]), `ttl` from now in real time. No room
-    /// left: the key's entry is forgotten.
+    /// left: the key's entry is forgotten. Not `charged` (another tier
+    /// denied the request): a denial cached for another cost stays.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn note_room(
         &self,
         key: &str,
         remaining: u64,
         quota: Limit,
         flight: &Flight,
+        charged: bool,
         until_us: u64,
         ttl: Duration,
     ) {
@@ -343,8 +346,11 @@ impl DenyCache {
             .fetch_max(until_us.saturating_add(LAPSED_FOR_US), Ordering::Relaxed);
         // Read in the entry's critical section: an answer fed after this
         // one is written either counts here or forgets the key after.
-        c.entry_by_ref(key)
-            .and_compute_with(|_| match remaining.checked_sub(flight.unseen()) {
+        c.entry_by_ref(key).and_compute_with(|e| {
+            if !charged && matches!(e.map(|e| e.into_value()), Some(Entry::Denied(_))) {
+                return Op::Nop;
+            }
+            match remaining.checked_sub(flight.unseen()) {
                 Some(remaining) if remaining > 0 => Op::Put(Entry::Room(Room {
                     remaining,
                     quota,
@@ -352,7 +358,8 @@ impl DenyCache {
                     ttl,
                 })),
                 _ => Op::Remove,
-            });
+            }
+        });
     }
 
     /// Drops every entry (runtime changes and the kill switch).

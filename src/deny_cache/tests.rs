@@ -139,7 +139,7 @@ fn room_facts_count_the_charges_they_cannot_see() {
     // Seen with room for 5 more, nothing else in flight.
     let a = c.start_flight(1);
     a.answered();
-    c.note_room("k", 5, l, &a, 5_000, ttl);
+    c.note_room("k", 5, l, &a, true, 5_000, ttl);
     drop(a);
     assert!(matches!(c.lookup("k", 5, &l, 4_000), Lookup::Room));
     assert!(matches!(c.lookup("k", 6, &l, 4_000), Lookup::Miss));
@@ -163,7 +163,7 @@ fn room_facts_count_the_charges_they_cannot_see() {
     d.answered();
     drop(d);
     b.answered();
-    c.note_room("j", 5, l, &b, 5_000, ttl);
+    c.note_room("j", 5, l, &b, true, 5_000, ttl);
     drop(b);
     assert!(matches!(c.lookup("j", 3, &l, 4_000), Lookup::Room));
     assert!(matches!(c.lookup("j", 4, &l, 4_000), Lookup::Miss));
@@ -172,7 +172,7 @@ fn room_facts_count_the_charges_they_cannot_see() {
     let f = c.start_flight(4);
     f.answered();
     e.answered();
-    c.note_room("i", 4, l, &e, 5_000, ttl);
+    c.note_room("i", 4, l, &e, true, 5_000, ttl);
     assert!(matches!(c.lookup("i", 1, &l, 4_000), Lookup::Miss));
     drop((e, f));
     // A check dropped unanswered: every fact written so far is void, and
@@ -181,15 +181,26 @@ fn room_facts_count_the_charges_they_cannot_see() {
     drop(c.start_flight(1));
     assert!(matches!(c.lookup("k", 1, &l, 4_000), Lookup::Miss));
     g.answered();
-    c.note_room("h", 5, l, &g, 5_000, ttl);
+    c.note_room("h", 5, l, &g, true, 5_000, ttl);
     assert!(matches!(c.lookup("h", 1, &l, 4_000), Lookup::Miss));
     drop(g);
     let h = c.start_flight(1);
     h.answered();
-    c.note_room("h", 5, l, &h, 5_000, ttl);
+    c.note_room("h", 5, l, &h, true, 5_000, ttl);
     drop(h);
     assert!(matches!(c.lookup("h", 5, &l, 4_000), Lookup::Room));
     // A charge forgets it.
     c.forget("h", || 4_000);
     assert!(matches!(c.lookup("h", 1, &l, 4_000), Lookup::Miss));
+    // Uncharged (another tier denied the request), a check leaves a denial
+    // cached for another cost; charged, it replaces it.
+    c.insert("g".into(), entry(5_000, 3, l));
+    let k = c.start_flight(1);
+    k.answered();
+    c.note_room("g", 1, l, &k, false, 5_000, ttl);
+    assert!(matches!(c.lookup("g", 3, &l, 4_000), Lookup::Denied(_)));
+    c.note_room("g", 1, l, &k, true, 5_000, ttl);
+    drop(k);
+    assert!(matches!(c.lookup("g", 3, &l, 4_000), Lookup::Miss));
+    assert!(matches!(c.lookup("g", 1, &l, 4_000), Lookup::Room));
 }

@@ -251,6 +251,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
                     v.decisions[i].remaining,
                     c.limit,
                     flight,
+                    v.charges.get(i).is_some_and(|c| c.is_some()),
                     until_us,
                     Duration::from_micros(wait_us),
                 );
