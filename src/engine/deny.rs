@@ -204,13 +204,19 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         // than the round trip) is of no use, and as a lapsed entry it would
         // only make the next requests wait a round trip for nothing.
         let until_us = meta.sent_us.saturating_add(wait_us);
-        let cache = wait_us > 0
+        let exact = wait_us > 0
             && stays_exact(limit, *cost, d.remaining)
             && meta
                 .tier(shared, i)
-                .is_some_and(|t| t.refund_on == RefundOn::Never)
-            && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
-        if !cache && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
+                .is_some_and(|t| t.refund_on == RefundOn::Never);
+        let cache = exact && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
+        // A probe's answer that writes no entry ends the single flight, but
+        // an exact denial whose instant passed within its round trip: the
+        // probe reached the backend just before the key's next pass (the
+        // local clock, standing in for the backend's, ends entries early),
+        // the key is still at its limit, and the next request probes again
+        // while the others wait for it.
+        if !cache && !(exact && !d.allowed) && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
             probed_room = true;
         }
         if cache {
@@ -268,7 +274,8 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         }
     }
     // This request probed a lapsed key and the answer wrote no entry for it
-    // (room left, or a denial the cache may not answer for): forget the
+    // (room left, an admission whose next pass came within the round trip,
+    // or a denial the cache may not answer for): forget the
     // lapsed entry, or every request that overlaps another on this key
     // would wait a round trip for nothing until the entry ages out. (When
     // the key is still at its limit, the entry stays and keeps funnelling
