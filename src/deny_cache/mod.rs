@@ -38,8 +38,26 @@
 //!   state, be denied with a wait that would make it bind instead
 //!   ([`longest_wait_us`]: a fixed window's end, a sliding log's window, a
 //!   sliding counter's next window's end, a token bucket's refill of the
-//!   cost; a leaky bucket has no such bound). Otherwise the request goes to
-//!   the backend.
+//!   cost; a leaky bucket has no such bound), or has a live *room fact*.
+//!   Otherwise the request goes to the backend.
+//! * **Room facts.** That bound alone sends the end of every retry period
+//!   to the backend: a 1 000/s token bucket next to a 100/s one could bind
+//!   with a 1 ms wait, so the last millisecond of each 10 ms token asked
+//!   Redis (issue 16: 0.12 calls per denied request in the paced flood
+//!   instead of 0.003). So an answer that writes an entry also notes, for
+//!   each other enforced check of the request that had room under a limit
+//!   whose room only grows until something charges it ([`keeps_room`]: a
+//!   token bucket refills, a fixed window's count resets), the cost that
+//!   still fits; a check of no more than that passes at the backend, so it
+//!   neither binds nor is violated. A fact counts every charge it cannot
+//!   see ([`flight`]): the checks in flight (a lookup reserves their summed
+//!   cost), the answers fed while its own check was in flight (taken off
+//!   when it is written, in the key's critical section), and checks that
+//!   end without an answer (an error, a timeout, a dropped request: the
+//!   facts from checks sent before are void, assuming one connection
+//!   delivers commands in order). Any other charge on the key forgets it,
+//!   as it does an entry. (`tests/faults.rs` counts the paced flood's
+//!   calls exactly: one per token.)
 //!
 //! Shadow tiers are never cached (nor do they bind a 429). Tiers that refund
 //! by response status (`skip_failed_requests`, `skip_successful_requests`)
@@ -56,7 +74,9 @@
 //! What it cannot know: an admission on the same key by *another* instance
 //! after the denial can push the real retry time later than the cached one;
 //! the cached answer is then the backend's answer at the denial, aged —
-//! optimistic by that much, and it never admits anything. Turn it off with
+//! optimistic by that much, and it never admits anything. Likewise another
+//! instance's charges can empty a tier a room fact says has room: the 429
+//! then names the cached tier where the backend would name that one. Turn it off with
 //! [`deny_cache(0)`](crate::RateLimitLayerBuilder::deny_cache) where that
 //! matters more than sparing the backend.
 //!
@@ -72,9 +92,13 @@
 //! probe's round trip, which without it all reach the backend. The wait
 //! counts against `backend_timeout` (a request that waited gets what is
 //! left for its own check: the layer adds at most that much to a request).
-//! An answer that leaves room, whose instant passes within its round trip,
-//! or that the cache may not answer for (above), ends the single flight: the lapsed entry is dropped, so requests
-//! on a key with room never wait for each other. A request that waited
+//! An answer that leaves room, an admission whose next pass comes within
+//! its round trip, or a denial the cache may not answer for (above), ends
+//! the single flight: the lapsed entry is dropped, so requests on a key
+//! with room never wait for each other. An exact denial whose instant
+//! passed within its round trip does not: the probe reached the backend
+//! just before the key's next pass (entries end early by the round trip),
+//! the key is still at its limit, and the next request probes alone. A request that waited
 //! keeps the plan it was made with (limits, modes), as does any request in
 //! flight during a runtime change. The probe's backend call starts when its
 //! response future is first polled (at once under axum, one task per

@@ -216,7 +216,8 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         // local clock, standing in for the backend's, ends entries early),
         // the key is still at its limit, and the next request probes again
         // while the others wait for it.
-        if !cache && !(exact && !d.allowed) && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
+        let still_at_limit = exact && !d.allowed;
+        if !cache && !still_at_limit && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
             probed_room = true;
         }
         if cache {
