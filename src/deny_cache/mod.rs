@@ -92,13 +92,14 @@
 //! probe's round trip, which without it all reach the backend. The wait
 //! counts against `backend_timeout` (a request that waited gets what is
 //! left for its own check: the layer adds at most that much to a request).
-//! An answer that leaves room, an admission whose next pass comes within
-//! its round trip, or a denial the cache may not answer for (above), ends
-//! the single flight: the lapsed entry is dropped, so requests on a key
-//! with room never wait for each other. An exact denial whose instant
-//! passed within its round trip does not: the probe reached the backend
-//! just before the key's next pass (entries end early by the round trip),
-//! the key is still at its limit, and the next request probes alone. A request that waited
+//! An answer that leaves room, or one the cache may not answer for
+//! (above), ends the single flight: the lapsed entry is dropped, so
+//! requests on a key with room never wait for each other. An exact answer
+//! whose instant passed within its round trip does not (a denial: the probe
+//! reached the backend just before the key's next pass, entries ending
+//! early by the round trip; an admission: the next pass came within the
+//! round trip): the key is still at its limit, and the next request probes
+//! while the others wait. A request that waited
 //! keeps the plan it was made with (limits, modes), as does any request in
 //! flight during a runtime change. The probe's backend call starts when its
 //! response future is first polled (at once under axum, one task per

@@ -211,13 +211,13 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
                 .is_some_and(|t| t.refund_on == RefundOn::Never);
         let cache = exact && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
         // A probe's answer that writes no entry ends the single flight, but
-        // an exact denial whose instant passed within its round trip: the
-        // probe reached the backend just before the key's next pass (the
-        // local clock, standing in for the backend's, ends entries early),
-        // the key is still at its limit, and the next request probes again
-        // while the others wait for it.
-        let still_at_limit = exact && !d.allowed;
-        if !cache && !still_at_limit && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
+        // an exact one whose instant passed within its round trip (a denial:
+        // the probe reached the backend just before the key's next pass, as
+        // the local clock, standing in for the backend's, ends entries
+        // early; an admission: the next pass came within the round trip):
+        // the key is still at its limit, so the next request probes again
+        // while the others wait for it (as before issue 14's exactness rule).
+        if !exact && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
             probed_room = true;
         }
         if cache {
@@ -275,8 +275,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         }
     }
     // This request probed a lapsed key and the answer wrote no entry for it
-    // (room left, an admission whose next pass came within the round trip,
-    // or a denial the cache may not answer for): forget the
+    // (room left, or an answer the cache may not answer for): forget the
     // lapsed entry, or every request that overlaps another on this key
     // would wait a round trip for nothing until the entry ages out. (When
     // the key is still at its limit, the entry stays and keeps funnelling
