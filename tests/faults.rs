@@ -568,3 +568,73 @@ async fn an_answer_with_room_left_ends_the_single_flight() {
     assert_eq!(b.status(), 200);
     assert_eq!(a.await.unwrap().status(), 200);
 }
+
+/// The paced flood of `benches/load.sh` (issue 16): one key floods a tier of
+/// 100 a second (a token every 10 ms) at 20 requests per token, next to
+/// three tiers that never run short (1 000 a second, a burst of 10^9). Each
+/// token is taken by the one request that finds the entry lapsed (the
+/// probe); its answer primes the entry again and says the other tiers have
+/// room, so every other request — including those in the last millisecond
+/// before the token, when an empty 1 000/s tier could have bound with a
+/// 1 ms wait — is answered 429 from the cache: one Redis call per token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_cache_answers_a_paced_flood_with_one_call_per_token() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let never = || Quota::per_second(1000).burst(1_000_000_000);
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&redis.url())
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .tier(Tier::new("global", Global, never()))
+        .tier(Tier::new("ip", Global, Quota::per_second(100)))
+        .tier(Tier::new("user", Global, never()))
+        .tier(Tier::new("endpoint", Global, never()))
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let url = format!("http://{addr}/");
+    // Load the script first, through another layer with its own keys.
+    let warm = RateLimitLayer::builder()
+        .backend(RedisBackend::from_url(&redis.url()).unwrap())
+        .key_prefix("warm")
+        .tier(Tier::new("global", Global, never()))
+        .build()
+        .unwrap();
+    let warm = serve(app(warm)).await;
+    c.get(format!("http://{warm}/")).send().await.unwrap();
+    // The burst: 100 admitted, the 100th empties `ip` (the next token at
+    // +10 ms), the 101st is denied.
+    for k in 0..101 {
+        let status = c.get(&url).send().await.unwrap().status();
+        assert_eq!(status, if k < 100 { 200 } else { 429 }, "request {k}");
+    }
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    let before = handle.counts();
+    // 10 tokens' worth of flood, a request every 0.5 ms.
+    let mut statuses = Vec::new();
+    for _ in 0..200 {
+        clock.advance(Duration::from_micros(500));
+        statuses.push(limits(&c.get(&url).send().await.unwrap()));
+    }
+    // The request on each token (every 20th) is admitted; all the others
+    // are denied for the rest of the token's 10 ms (a 1 s Retry-After).
+    for (k, l) in statuses.iter().enumerate() {
+        let want = if k % 20 == 19 { 200 } else { 429 };
+        assert_eq!(l.status, want, "request {k}: {l:?}");
+        if want == 429 {
+            assert_eq!(
+                (l.limit, l.remaining, l.retry_after),
+                (Some(100), Some(0), Some(1))
+            );
+        }
+    }
+    assert_eq!(redis.script_calls(), 10);
+    let after = handle.counts();
+    assert_eq!(after.cache_blocked - before.cache_blocked, 190);
+    assert_eq!(after.limited, before.limited);
+}

@@ -46,3 +46,12 @@ pub(crate) fn longest_wait_us(limit: &Limit, cost: u64, now_us: u64) -> u64 {
         Limit::Override => 0,
     }
 }
+
+/// Whether a key under `limit` keeps the room an answer showed on it until
+/// something charges it, so that a room fact holds: a token bucket only
+/// refills, a fixed window's count only resets, and for both `remaining`
+/// is exactly the cost that still fits. (The sliding windows and the leaky
+/// bucket would too, but are left out: their `remaining` is rounded.)
+pub(crate) fn keeps_room(limit: &Limit) -> bool {
+    matches!(limit, Limit::TokenBucket(_) | Limit::FixedWindow(_))
+}

@@ -125,3 +125,82 @@ proptest! {
         }
     }
 }
+
+/// A room fact answers for the cost that still fits, with every check in
+/// flight charging first; the charges fed while its own check was in
+/// flight are taken off; a check that ends without its answer fed (an
+/// error, a dropped request) voids the facts of checks sent before.
+#[test]
+fn room_facts_count_the_charges_they_cannot_see() {
+    let c = DenyCache::new(100);
+    let l = limit(Algorithm::TokenBucket, 10, 1000);
+    let other = limit(Algorithm::TokenBucket, 20, 1000);
+    let ttl = Duration::from_secs(60);
+    // Seen with room for 5 more, nothing else in flight.
+    let a = c.start_flight(1);
+    a.answered();
+    c.note_room("k", 5, l, &a, true, 5_000, ttl);
+    drop(a);
+    assert!(matches!(c.lookup("k", 5, &l, 4_000), Lookup::Room));
+    assert!(matches!(c.lookup("k", 6, &l, 4_000), Lookup::Miss));
+    assert!(matches!(c.lookup("k", 1, &other, 4_000), Lookup::Miss));
+    // Past its instant (time only adds room), until the entry goes.
+    assert!(matches!(
+        c.lookup("k", 5, &l, 5_000 + LAPSED_FOR_US - 1),
+        Lookup::Room
+    ));
+    assert!(matches!(
+        c.lookup("k", 5, &l, 5_000 + LAPSED_FOR_US),
+        Lookup::Miss
+    ));
+    // Two checks of cost 1 and 2 in flight: 3 of the 5 are reserved.
+    let b = c.start_flight(1);
+    let d = c.start_flight(2);
+    assert!(matches!(c.lookup("k", 2, &l, 4_000), Lookup::Room));
+    assert!(matches!(c.lookup("k", 3, &l, 4_000), Lookup::Miss));
+    // d's answer is fed first (its charge may have landed after b's on the
+    // backend): b's fact leaves d's cost out.
+    d.answered();
+    drop(d);
+    b.answered();
+    c.note_room("j", 5, l, &b, true, 5_000, ttl);
+    drop(b);
+    assert!(matches!(c.lookup("j", 3, &l, 4_000), Lookup::Room));
+    assert!(matches!(c.lookup("j", 4, &l, 4_000), Lookup::Miss));
+    // Nothing left once they are taken off: no fact.
+    let e = c.start_flight(1);
+    let f = c.start_flight(4);
+    f.answered();
+    e.answered();
+    c.note_room("i", 4, l, &e, true, 5_000, ttl);
+    assert!(matches!(c.lookup("i", 1, &l, 4_000), Lookup::Miss));
+    drop((e, f));
+    // A check dropped unanswered: every fact written so far is void, and
+    // so is one from a check sent before it ends.
+    let g = c.start_flight(1);
+    drop(c.start_flight(1));
+    assert!(matches!(c.lookup("k", 1, &l, 4_000), Lookup::Miss));
+    g.answered();
+    c.note_room("h", 5, l, &g, true, 5_000, ttl);
+    assert!(matches!(c.lookup("h", 1, &l, 4_000), Lookup::Miss));
+    drop(g);
+    let h = c.start_flight(1);
+    h.answered();
+    c.note_room("h", 5, l, &h, true, 5_000, ttl);
+    drop(h);
+    assert!(matches!(c.lookup("h", 5, &l, 4_000), Lookup::Room));
+    // A charge forgets it.
+    c.forget("h", || 4_000);
+    assert!(matches!(c.lookup("h", 1, &l, 4_000), Lookup::Miss));
+    // Uncharged (another tier denied the request), a check leaves a denial
+    // cached for another cost; charged, it replaces it.
+    c.insert("g".into(), entry(5_000, 3, l));
+    let k = c.start_flight(1);
+    k.answered();
+    c.note_room("g", 1, l, &k, false, 5_000, ttl);
+    assert!(matches!(c.lookup("g", 3, &l, 4_000), Lookup::Denied(_)));
+    c.note_room("g", 1, l, &k, true, 5_000, ttl);
+    drop(k);
+    assert!(matches!(c.lookup("g", 3, &l, 4_000), Lookup::Miss));
+    assert!(matches!(c.lookup("g", 1, &l, 4_000), Lookup::Room));
+}

@@ -245,6 +245,10 @@ fn begin(
     } else {
         // For the deny cache (off on the memory backend).
         meta.sent_us = shared.local_clock.now_us();
+        if shared.deny_cache.enabled() {
+            let cost = checks.iter().fold(0u64, |n, c| n.saturating_add(c.cost));
+            meta.flight = Some(shared.deny_cache.start_flight(cost));
+        }
         let blocked = shared.blocked_set();
         let check = match &leased {
             Some(t) if local > 0 => {

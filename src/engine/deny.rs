@@ -7,7 +7,9 @@ use super::plan::Meta;
 use super::runtime::{RefundOn, Shared};
 use crate::algorithm::Decision as TierResult;
 use crate::backend::{TierCheck, Verdict};
-use crate::deny_cache::{longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role};
+use crate::deny_cache::{
+    keeps_room, longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role,
+};
 use crate::observe::topn::Kind;
 use crate::observe::RequestDecision;
 use std::sync::Arc;
@@ -66,6 +68,8 @@ pub(crate) fn deny_cached(
                 lapsed.get_or_insert(i);
                 uncached.push(i);
             }
+            // Known to pass: it neither binds nor is violated.
+            Lookup::Room => {}
             Lookup::Miss => uncached.push(i),
         }
     }
@@ -147,6 +151,12 @@ pub(crate) fn cache_blocked(
 ///   too, so the requests right after an admission that drained the bucket
 ///   are answered locally (a single Redis reports it for the token bucket,
 ///   fixed window and leaky bucket);
+/// * when the answer cached one of those, the other checks of the request
+///   that had room (token bucket, fixed window: [`keeps_room`]) get a room
+///   fact for as long: until something charges them, the backend would let
+///   them through, so they can bind no cached 429 (without it a tier that
+///   could deny with a wait as long as the cached one's, a 1 000/s bucket's
+///   1 ms, sends every request of that last stretch to the backend);
 /// * any other charge forgets the key's entry: it changed the key's state,
 ///   so an entry written before (for another cost or limit) may no longer
 ///   give the backend's answer.
@@ -157,16 +167,32 @@ pub(crate) fn cache_blocked(
 /// clock, the instant the backend decided at). Tiers that refund by response
 /// status are left out: a refund can make room before the cached instant.
 pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
+    // Counted as fed before any entry is written or forgotten for it (the
+    // room facts of answers fed meanwhile subtract its charges).
+    if let Some(f) = &meta.flight {
+        f.answered();
+    }
     if meta.sent.is_empty() || !shared.deny_cache.enabled() {
         return;
     }
     let mut now_us = None;
     let mut probed_room = false;
+    // The longest-lived entry this answer writes: (until, wait).
+    let mut written: Option<(u64, u64)> = None;
+    // Checks with room, for room facts if an entry is written.
+    let mut room: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
     for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
         let charged = v.charges.get(i).and_then(|c| c.as_ref());
-        if meta.shadow.contains(i)
-            || (shared.key_overrides && crate::overrides::overridden(&meta.sent, &v.decisions, i))
-        {
+        let overridden =
+            shared.key_overrides && crate::overrides::overridden(&meta.sent, &v.decisions, i);
+        if meta.shadow.contains(i) || overridden {
+            // Its charge (a shadow tier that allows is charged) changed
+            // the key's state all the same.
+            if charged.is_some() {
+                shared.deny_cache.forget(key, || {
+                    *now_us.get_or_insert_with(|| shared.local_clock.now_us())
+                });
+            }
             continue;
         }
         let wait_us = if d.allowed {
@@ -178,13 +204,20 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         // than the round trip) is of no use, and as a lapsed entry it would
         // only make the next requests wait a round trip for nothing.
         let until_us = meta.sent_us.saturating_add(wait_us);
-        let cache = wait_us > 0
+        let exact = wait_us > 0
             && stays_exact(limit, *cost, d.remaining)
             && meta
                 .tier(shared, i)
-                .is_some_and(|t| t.refund_on == RefundOn::Never)
-            && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
-        if !cache && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
+                .is_some_and(|t| t.refund_on == RefundOn::Never);
+        let cache = exact && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
+        // A probe's answer that writes no entry ends the single flight, but
+        // an exact one whose instant passed within its round trip (a denial:
+        // the probe reached the backend just before the key's next pass, as
+        // the local clock, standing in for the backend's, ends entries
+        // early; an admission: the next pass came within the round trip):
+        // the key is still at its limit, so the next request probes again
+        // while the others wait for it (as before issue 14's exactness rule).
+        if !exact && meta.probe.as_ref().is_some_and(|p| p.key() == key) {
             probed_room = true;
         }
         if cache {
@@ -198,14 +231,51 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
                     Duration::from_micros(wait_us),
                 ),
             );
+            if written.is_none_or(|(u, _)| until_us > u) {
+                written = Some((until_us, wait_us));
+            }
+        } else if d.allowed
+            && d.remaining > 0
+            && keeps_room(limit)
+            // A tier with per-key overrides: an override set later
+            // changes its room.
+            && !(i > 0 && meta.sent[i - 1].limit.is_override())
+            && meta.flight.is_some()
+        {
+            room.push(i);
         } else if charged.is_some() {
             shared.deny_cache.forget(key, || {
                 *now_us.get_or_insert_with(|| shared.local_clock.now_us())
             });
         }
     }
+    match (written, &meta.flight) {
+        (Some((until_us, wait_us)), Some(flight)) => {
+            for &i in &room {
+                let c = &meta.sent[i];
+                shared.deny_cache.note_room(
+                    &c.key,
+                    v.decisions[i].remaining,
+                    c.limit,
+                    flight,
+                    v.charges.get(i).is_some_and(|c| c.is_some()),
+                    until_us,
+                    Duration::from_micros(wait_us),
+                );
+            }
+        }
+        _ => {
+            for &i in &room {
+                if v.charges.get(i).is_some_and(|c| c.is_some()) {
+                    shared.deny_cache.forget(&meta.sent[i].key, || {
+                        *now_us.get_or_insert_with(|| shared.local_clock.now_us())
+                    });
+                }
+            }
+        }
+    }
     // This request probed a lapsed key and the answer wrote no entry for it
-    // (room left, or a denial the cache may not answer for): forget the
+    // (room left, or an answer the cache may not answer for): forget the
     // lapsed entry, or every request that overlaps another on this key
     // would wait a round trip for nothing until the entry ages out. (When
     // the key is still at its limit, the entry stays and keeps funnelling

@@ -51,6 +51,10 @@ pub(crate) struct Meta {
     /// the meta, after the answer was fed to the cache (or on an error),
     /// which wakes the requests waiting for it.
     pub(crate) probe: Option<ProbeGuard>,
+    /// Held while the backend check is in flight, until the answer has
+    /// been fed to the deny cache (for its room facts: see
+    /// [`crate::deny_cache`]).
+    pub(crate) flight: Option<crate::deny_cache::Flight>,
     /// For tiers with plans: each check's plan (`None` = the tier's
     /// default), with its position among the tier's plans.
     pub(crate) plans: Vec<Option<(usize, Arc<str>)>>,
