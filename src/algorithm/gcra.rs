@@ -54,8 +54,15 @@ impl Gcra {
 
     /// GCRA decision for `cost` at `now_us`.
     pub fn check(&self, state: Option<TatState>, now_us: u64, cost: u64) -> Decision {
+        self.check_backlog(self.backlog(state, now_us), cost)
+    }
+
+    /// [`Gcra::check`] of a bucket whose TAT is `backlog` units (of
+    /// `1 / rate` µs) ahead of now. The memory backend's cells, which keep
+    /// the TAT in those units, decide with it directly (a charge then puts
+    /// the TAT at `backlog + cost × unit` units ahead).
+    pub(crate) fn check_backlog(&self, backlog: u64, cost: u64) -> Decision {
         let b = &self.bucket;
-        let backlog = self.backlog(state, now_us);
         let after = backlog + cost * b.unit;
         let over = after.saturating_sub(b.capacity);
         let allowed_ticks = self.max_delay_us.map_or(0, |d| d.saturating_mul(b.rate));
