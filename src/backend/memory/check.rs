@@ -22,7 +22,7 @@ impl MemoryBackend {
     ) -> Verdict {
         let mut verdict = Verdict {
             now_us: 0,
-            decisions: Vec::new(),
+            decisions: Vec::with_capacity(checks.len()),
             charges: Vec::new(),
         };
         self.check_reusing(checks, shadow, with_charges, &mut verdict);
