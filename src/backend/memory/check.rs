@@ -188,6 +188,9 @@ impl MemoryBackend {
         }
         if shadow.commits(decisions) {
             if with_charges {
+                if charges.capacity() < n {
+                    *charges = Vec::with_capacity(n);
+                }
                 charges.resize(n, None);
             }
             let mut charge = |i: usize, undo: u64| {

@@ -117,6 +117,10 @@ impl MemoryBackend {
             }
         }
         if with_charges {
+            if charges.capacity() < steps.len() {
+                // At its size at once (a verdict of the owned API's is new).
+                *charges = Vec::with_capacity(steps.len());
+            }
             charges.extend(steps.iter().zip(checks).map(|(s, c)| {
                 s.charged.map(|new| Charge {
                     at_us: now_us,
