@@ -14,7 +14,14 @@
 //!   `ManualClock` advanced 20 ms per check for a quota of 100 per second, so
 //!   every check is allowed and the sliding log holds 50 entries).
 //! * `backend_keys/<n>`: `Backend::check` of one token-bucket tier cycling
-//!   through `n` = 1, 10 or 10^6 existing keys (none denied, clock stopped).
+//!   through `n` = 1, 10, 10^4 or 10^6 existing keys (none denied, clock
+//!   stopped); the caller's `Vec` and key (cloned outside the timing, freed
+//!   inside) and the returned verdict's two vectors included.
+//! * `memory_check/<n>`: the same check through
+//!   `MemoryBackend::check_into` (checks borrowed, the verdict reused: no
+//!   allocation, as the layer checks), for `n` = 10, 10^4 or 10^6 keys; and
+//!   `memory_check/4_tiers`: four token-bucket tiers (a shared `global` key
+//!   and three of 10^4 keys each) in one check.
 //! * `layer/...`: the whole `RateLimitLayer` (memory backend, default
 //!   settings) around a trivial `tower::service_fn`, called with a freshly
 //!   built request; `layer/baseline` is the same request through the bare
@@ -37,7 +44,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use http::{HeaderMap, Request, Response};
 use tiered_ratelimit::algorithm::{Gcra, Limit, TokenBucket, Window};
-use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, TierCheck};
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, TierCheck, Verdict};
 use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User};
 use tiered_ratelimit::response::RateLimitHeaders;
 use tiered_ratelimit::{key::UserId, response::HeaderStyle, Quota, RateLimitLayer, Tier};
@@ -132,7 +139,7 @@ fn backend_keys(c: &mut Criterion) {
     let limit = Limit::TokenBucket(TokenBucket::new(1000, S, 1_000_000_000).expect("a quota"));
     let mut g = c.benchmark_group("backend_keys");
     g.throughput(Throughput::Elements(1));
-    for (name, n) in [("1", 1u32), ("10", 10), ("1e6", 1_000_000)] {
+    for (name, n) in [("1", 1u32), ("10", 10), ("1e4", 10_000), ("1e6", 1_000_000)] {
         let clock = ManualClock::new(1_700_000_000 * S);
         let backend: Backend = MemoryBackend::with_manual_clock(clock)
             .max_keys(4_000_000)
@@ -159,6 +166,77 @@ fn backend_keys(c: &mut Criterion) {
             );
         });
     }
+    g.finish();
+}
+
+/// `MemoryBackend::check_into` of one token-bucket tier per call, cycling
+/// through `n` existing keys (as `backend_keys`, without the allocations of
+/// the owned API), and of four tiers at once.
+fn memory_check(c: &mut Criterion) {
+    let limit = Limit::TokenBucket(TokenBucket::new(1000, S, 1_000_000_000).expect("a quota"));
+    let mut g = c.benchmark_group("memory_check");
+    g.throughput(Throughput::Elements(1));
+    let store = || {
+        MemoryBackend::with_manual_clock(ManualClock::new(1_700_000_000 * S)).max_keys(4_000_000)
+    };
+    let key = |tier: &str, i: u32| TierCheck {
+        key: format!("rl:{tier}:{}", Ipv4Addr::from(0x0a00_0000 + i)),
+        limit,
+        cost: 1,
+    };
+    for (name, n) in [("10", 10u32), ("1e4", 10_000), ("1e6", 1_000_000)] {
+        let backend = store();
+        let checks: Vec<TierCheck> = (0..n).map(|i| key("ip", i)).collect();
+        let mut verdict = Verdict::default();
+        for check in &checks {
+            backend.check_into(std::slice::from_ref(check), &mut verdict);
+            assert!(verdict.allowed());
+        }
+        let mut i = 0;
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                i += 1;
+                if i == checks.len() {
+                    i = 0;
+                }
+                backend.check_into(std::slice::from_ref(&checks[i]), &mut verdict);
+                black_box(&verdict);
+            });
+        });
+    }
+    // One request's four tiers: a shared key and three of 10^4 keys each.
+    let backend = store();
+    let n = 10_000u32;
+    let requests: Vec<[TierCheck; 4]> = (0..n)
+        .map(|i| {
+            [
+                TierCheck {
+                    key: "rl:global:all".to_owned(),
+                    limit,
+                    cost: 1,
+                },
+                key("ip", i),
+                key("user", i),
+                key("endpoint", i),
+            ]
+        })
+        .collect();
+    let mut verdict = Verdict::default();
+    for r in &requests {
+        backend.check_into(r, &mut verdict);
+        assert!(verdict.allowed());
+    }
+    let mut i = 0;
+    g.bench_function("4_tiers", |b| {
+        b.iter(|| {
+            i += 1;
+            if i == requests.len() {
+                i = 0;
+            }
+            backend.check_into(&requests[i], &mut verdict);
+            black_box(&verdict);
+        });
+    });
     g.finish();
 }
 
@@ -343,6 +421,7 @@ criterion_group!(
     benches,
     backend_check,
     backend_keys,
+    memory_check,
     layer,
     keys,
     headers,

@@ -72,13 +72,14 @@ impl Gcra {
 
     /// GCRA decision for `cost` at `now_us`.
     pub fn check(&self, state: Option<TatState>, now_us: u64, cost: u64) -> Decision {
-        self.decide(self.backlog(state, now_us), cost)
+        self.check_backlog(self.backlog(state, now_us), cost)
     }
 
-    /// The decision on a request of `cost` tokens with a backlog of
-    /// `backlog` ticks. (The Redis client derives a tier's decision from
-    /// the backlog its script answers with this.)
-    pub(crate) fn decide(&self, backlog: u64, cost: u64) -> Decision {
+    /// [`Gcra::check`] of a bucket whose TAT is `backlog` units (of
+    /// `1 / rate` µs) ahead of now. The memory backend's cells, which keep
+    /// the TAT in those units, decide with it directly (a charge then puts
+    /// the TAT at `backlog + cost × unit` units ahead).
+    pub(crate) fn check_backlog(&self, backlog: u64, cost: u64) -> Decision {
         let b = &self.bucket;
         let after = backlog + cost * b.unit;
         let over = after.saturating_sub(b.capacity);

@@ -165,21 +165,22 @@ impl TokenBucket {
         now_us: u64,
         cost: u64,
     ) -> (Decision, Option<(BucketState, u64)>) {
-        let (decision, left) = self.decide(self.missing(state, now_us), cost);
-        let charged = left.map(|left| {
-            (
-                self.state_at(self.capacity - left, now_us),
-                decision.reset_after_us,
-            )
-        });
-        (decision, charged)
+        let missing = self.missing(state, now_us);
+        match self.check_missing(missing, cost) {
+            (d, Some(used)) => {
+                let reset_after_us = d.reset_after_us;
+                (d, Some((self.state_at(used, now_us), reset_after_us)))
+            }
+            (d, None) => (d, None),
+        }
     }
 
-    /// The decision on a request of `cost` tokens for a bucket `missing`
-    /// units short of full, and when it is allowed the units left after
-    /// its charge. (The Redis client derives a tier's decision from the
-    /// `missing` its script answers with this.)
-    pub(crate) fn decide(&self, missing: u64, cost: u64) -> (Decision, Option<u64>) {
+    /// [`TokenBucket::check`] of a bucket `missing` units short of full:
+    /// the decision and, when allowed, the units it is short after the
+    /// charge (its TAT is `now + used / rate`; its time-to-live the
+    /// decision's `reset_after_us`). The memory backend's cells, which keep
+    /// the TAT in units, decide with it directly.
+    pub(crate) fn check_missing(&self, missing: u64, cost: u64) -> (Decision, Option<u64>) {
         let tokens = self.capacity.saturating_sub(missing);
         let cost_units = cost.saturating_mul(self.unit);
         let limit = self.burst();
@@ -194,7 +195,7 @@ impl TokenBucket {
                 retry_after_us: 0,
                 delay_us: 0,
             };
-            (decision, Some(left))
+            (decision, Some(self.capacity - left))
         } else {
             let reset_after_us = div_ceil(missing, self.rate);
             // A cost above the capacity can never pass; the honest wait we can

@@ -64,7 +64,10 @@ pub struct TierCheck {
 }
 
 /// The backend's answer for all tiers of one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// The default is an empty verdict (clock 0, no decisions), for
+/// [`MemoryBackend::check_into`] to fill.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Verdict {
     /// The backend's clock when it decided, in Unix epoch microseconds.
     pub now_us: u64,

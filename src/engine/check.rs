@@ -238,8 +238,10 @@ fn begin(
     }
     #[allow(irrefutable_let_patterns)] // without the `redis` feature
     if let Backend::Memory(m) = &shared.backend {
-        // Synchronous: keep the checks themselves, no copies.
-        let verdict = m.check(&checks, meta.shadow, shared.refunds());
+        // Synchronous: keep the checks themselves, no copies; the verdict's
+        // vectors are a spare's, given back once the request is decided.
+        let mut verdict = super::spare::verdict();
+        m.check_reusing(&checks, meta.shadow, shared.refunds(), &mut verdict);
         meta.sent = checks;
         Begun::Ready(Ok(verdict))
     } else {

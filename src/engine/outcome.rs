@@ -88,11 +88,16 @@ pub(crate) fn outcome(
                 None
             };
             let d = decide(shared, meta, &v, refunds);
-            if shared.concurrency {
+            let d = if shared.concurrency {
                 with_leases(d, &shared.backend, meta, &v)
             } else {
                 d
+            };
+            // The memory check's verdict came from the spares (`begin`).
+            if matches!(shared.backend, Backend::Memory(_)) {
+                super::spare::give_back_verdict(v);
             }
+            d
         }
         Err(e) => {
             if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {

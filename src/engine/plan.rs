@@ -303,7 +303,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
         Gate::Allowlisted => return Planned::Pass(RequestDecision::Allowlisted),
         Gate::Tiers(global) => global,
     };
-    let mut checks = Vec::with_capacity(shared.tiers.len());
+    let mut checks = super::spare::checks(shared.tiers.len());
     let mut meta = Meta::default();
     // A tier that does not apply leaves the buffer to the next.
     let mut key = super::spare::key();
@@ -388,6 +388,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
     }
     super::spare::give_back_key(key);
     if checks.is_empty() {
+        super::spare::give_back(&mut checks);
         Planned::Pass(RequestDecision::Skipped)
     } else {
         if purpose != Purpose::Inspect && F::OBSERVED {

@@ -1,8 +1,10 @@
-//! Storage-key buffers kept from one request to the next, per thread: a
-//! check's key is written into a buffer a finished check gave back instead
-//! of a new allocation (one per tier per request otherwise).
+//! Buffers kept from one request to the next, per thread, instead of new
+//! allocations: storage keys (a check's key is written into a buffer a
+//! finished check gave back; one allocation per tier per request
+//! otherwise), the vector of a request's checks, and the memory backend's
+//! verdict (its decisions and charges).
 
-use crate::backend::TierCheck;
+use crate::backend::{TierCheck, Verdict};
 use std::cell::RefCell;
 
 /// Buffers kept per thread, at most.
@@ -11,8 +13,15 @@ const MAX_SPARE: usize = 64;
 /// prefix) are not worth keeping.
 const MAX_CAPACITY: usize = 512;
 
+/// Check vectors and verdicts kept per thread, at most (one is in use per
+/// request being decided; a memory check gives its verdict back before the
+/// next starts).
+const MAX_SPARE_VECS: usize = 8;
+
 thread_local! {
     static KEYS: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
+    static CHECKS: RefCell<Vec<Vec<TierCheck>>> = const { RefCell::new(Vec::new()) };
+    static VERDICTS: RefCell<Vec<Verdict>> = const { RefCell::new(Vec::new()) };
 }
 
 /// An empty key buffer: a spare one when there is one.
@@ -24,8 +33,68 @@ pub(crate) fn key() -> String {
         .unwrap_or_default()
 }
 
-/// Gives the keys of finished checks back (their buffers, emptied).
+/// An empty vector for a request's checks, with room for `n`: a spare one
+/// when there is one.
+#[inline]
+pub(crate) fn checks(n: usize) -> Vec<TierCheck> {
+    let mut checks = CHECKS
+        .try_with(|c| c.try_borrow_mut().ok().and_then(|mut c| c.pop()))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    checks.reserve(n);
+    checks
+}
+
+/// A verdict to fill (its vectors empty): a spare one when there is one.
+#[inline]
+pub(crate) fn verdict() -> Verdict {
+    VERDICTS
+        .try_with(|v| v.try_borrow_mut().ok().and_then(|mut v| v.pop()))
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// Gives a verdict back once its request is decided (its vectors, emptied).
+#[inline]
+pub(crate) fn give_back_verdict(mut v: Verdict) {
+    if v.decisions.capacity() == 0 || v.decisions.capacity() > crate::MAX_TIERS {
+        return;
+    }
+    v.decisions.clear();
+    v.charges.clear();
+    let _ = VERDICTS.try_with(|spare| {
+        if let Ok(mut spare) = spare.try_borrow_mut() {
+            if spare.len() < MAX_SPARE_VECS {
+                spare.push(v);
+            }
+        }
+    });
+}
+
+/// Gives the keys of finished checks back (their buffers, emptied), and the
+/// vector that held them.
 pub(crate) fn give_back(checks: &mut Vec<TierCheck>) {
+    if checks.capacity() == 0 {
+        return;
+    }
+    give_back_keys(checks);
+    let mut checks = std::mem::take(checks);
+    checks.clear();
+    if checks.capacity() > crate::MAX_TIERS {
+        return;
+    }
+    let _ = CHECKS.try_with(|spare| {
+        if let Ok(mut spare) = spare.try_borrow_mut() {
+            if spare.len() < MAX_SPARE_VECS {
+                spare.push(checks);
+            }
+        }
+    });
+}
+
+fn give_back_keys(checks: &mut Vec<TierCheck>) {
     if checks.is_empty() {
         return;
     }

@@ -102,7 +102,59 @@ impl TatCell {
     /// (expired: as no key), and when allowed the ticks to store. `None`
     /// when the cell cannot answer: another algorithm, unit or rate, or a
     /// charged TAT it cannot express (the locked path then decides).
+    ///
+    /// In ticks the bucket is `ticks − now` short of full (0 once expired),
+    /// and a charge moves it to `now + the units it is short after`: the
+    /// algorithms decide on that number ([`TokenBucket::check_missing`],
+    /// [`Gcra::check_backlog`]), with no conversion of the TAT to µs and
+    /// back. Before the anchor, or a token bucket further from full than
+    /// its capacity (a clock stepped back), they decide on the state
+    /// itself.
+    ///
+    /// [`TokenBucket::check_missing`]: crate::algorithm::TokenBucket::check_missing
+    /// [`Gcra::check_backlog`]: crate::algorithm::Gcra::check_backlog
+    #[inline]
     pub(super) fn decide(
+        &self,
+        limit: &Limit,
+        ticks: u64,
+        now_us: u64,
+        cost: u64,
+    ) -> Option<(Decision, Option<u64>)> {
+        // `now_us` in ticks; expired (`expires_us(ticks) <= now_us`) when
+        // `ticks` is not past it.
+        let now = now_us
+            .checked_sub(self.anchor_us)
+            .and_then(|d| d.checked_mul(self.rate));
+        match (limit, self.kind, now) {
+            (Limit::TokenBucket(b), Kind::Bucket { unit }, Some(now))
+                if unit == b.unit && b.rate == self.rate =>
+            {
+                let missing = ticks.saturating_sub(now);
+                if missing > b.capacity {
+                    return self.decide_on_state(limit, ticks, now_us, cost);
+                }
+                match b.check_missing(missing, cost) {
+                    (d, None) => Some((d, None)),
+                    (d, Some(used)) => Some((d, Some(now.checked_add(used)?))),
+                }
+            }
+            (Limit::LeakyBucket(g), Kind::Leaky, Some(now)) if g.bucket.rate == self.rate => {
+                let backlog = ticks.saturating_sub(now);
+                let d = g.check_backlog(backlog, cost);
+                if !d.allowed {
+                    return Some((d, None));
+                }
+                let after = backlog.checked_add(cost.checked_mul(g.bucket.unit)?)?;
+                Some((d, Some(now.checked_add(after)?)))
+            }
+            _ => self.decide_on_state(limit, ticks, now_us, cost),
+        }
+    }
+
+    /// [`TatCell::decide`] through the state the algorithms keep.
+    #[cold]
+    fn decide_on_state(
         &self,
         limit: &Limit,
         ticks: u64,
@@ -143,6 +195,28 @@ impl TatCell {
                 Some((d, Some(self.ticks_of(s.tat_us, s.frac)?)))
             }
             _ => None,
+        }
+    }
+
+    /// [`Limit::undo_of`] the state at `ticks`, charged at `now_us`: for
+    /// both algorithms, in ticks, what the charge left (the token bucket's
+    /// units left, the leaky bucket's backlog).
+    #[inline]
+    pub(super) fn undo(&self, limit: &Limit, ticks: u64, now_us: u64) -> u64 {
+        let now = now_us
+            .checked_sub(self.anchor_us)
+            .and_then(|d| d.checked_mul(self.rate))
+            .filter(|&now| now <= ticks);
+        match (limit, self.kind, now) {
+            (Limit::TokenBucket(b), Kind::Bucket { unit }, Some(now))
+                if unit == b.unit && b.rate == self.rate && ticks - now <= b.capacity =>
+            {
+                b.capacity - (ticks - now)
+            }
+            (Limit::LeakyBucket(g), Kind::Leaky, Some(now)) if g.bucket.rate == self.rate => {
+                ticks - now
+            }
+            _ => limit.undo_of(&self.state(ticks), now_us),
         }
     }
 

@@ -20,19 +20,68 @@ impl MemoryBackend {
         shadow: Shadow,
         with_charges: bool,
     ) -> Verdict {
-        self.check_reusing(checks, shadow, with_charges, Vec::new())
+        let mut verdict = Verdict {
+            now_us: 0,
+            decisions: Vec::with_capacity(checks.len()),
+            charges: Vec::new(),
+        };
+        self.check_reusing(checks, shadow, with_charges, &mut verdict);
+        verdict
     }
 
-    /// [`MemoryBackend::check`] with the decisions written into `decisions`
-    /// (cleared first): a caller checking in a loop hands back the previous
-    /// verdict's, and allocates nothing.
+    /// What [`Backend::check`](crate::backend::Backend::check) does on this
+    /// store (every tier charged or none; each charge listed in
+    /// [`Verdict::charges`]), for a caller that checks in a loop: the checks
+    /// are borrowed and the answer is written into `verdict`, whose vectors
+    /// are cleared and reused. Once they have room for the checks, a check
+    /// of keys the store holds allocates nothing; a new key may grow its
+    /// shard's table (and stores a key longer than 24 bytes on the heap).
+    ///
+    /// A cost above a tier's capacity is clamped to the capacity + 1, as
+    /// `Backend::check` does (on a copy of the checks).
+    ///
+    /// ```
+    /// use tiered_ratelimit::algorithm::{Limit, TokenBucket};
+    /// use tiered_ratelimit::backend::{MemoryBackend, TierCheck, Verdict};
+    /// let store = MemoryBackend::new();
+    /// let checks = [TierCheck {
+    ///     key: "rl:ip:198.51.100.7".to_owned(),
+    ///     limit: Limit::TokenBucket(TokenBucket::new(10, 1_000_000, 10).unwrap()),
+    ///     cost: 1,
+    /// }];
+    /// let mut verdict = Verdict::default();
+    /// for remaining in (7..10).rev() {
+    ///     store.check_into(&checks, &mut verdict);
+    ///     assert!(verdict.allowed());
+    ///     assert_eq!(verdict.decisions[0].remaining, remaining);
+    /// }
+    /// ```
+    pub fn check_into(&self, checks: &[TierCheck], verdict: &mut Verdict) {
+        let over = |c: &TierCheck| c.cost > c.limit.capacity().saturating_add(1);
+        if checks.iter().any(over) {
+            let clamped: Vec<TierCheck> = checks
+                .iter()
+                .map(|c| TierCheck {
+                    cost: c.cost.min(c.limit.capacity().saturating_add(1)),
+                    ..c.clone()
+                })
+                .collect();
+            self.check_reusing(&clamped, Shadow::NONE, true, verdict);
+        } else {
+            self.check_reusing(checks, Shadow::NONE, true, verdict);
+        }
+    }
+
+    /// [`MemoryBackend::check`] into `out`, whose vectors are cleared and
+    /// refilled: a caller that hands back the previous verdict allocates
+    /// nothing once they have grown to its number of checks.
     pub(crate) fn check_reusing(
         &self,
         checks: &[TierCheck],
         shadow: Shadow,
         with_charges: bool,
-        mut decisions: Vec<Decision>,
-    ) -> Verdict {
+        out: &mut Verdict,
+    ) {
         let now_us = self.inner.clock.now_us();
         let n = checks.len();
         // Scratch space per check: on the stack for up to 8 tiers (indexing a
@@ -44,20 +93,22 @@ impl MemoryBackend {
             *h = self.hash(&c.key);
             shards |= 1 << shard_of(*h);
         }
-        if let Some(charges) = self.check_fast(
+        out.now_us = now_us;
+        let Verdict {
+            decisions, charges, ..
+        } = out;
+        charges.clear();
+        if self.check_fast(
             checks,
             shadow,
             with_charges,
-            &mut decisions,
+            decisions,
+            charges,
             now_us,
             hashes,
             shards,
         ) {
-            return Verdict {
-                now_us,
-                decisions,
-                charges,
-            };
+            return;
         }
         // Lock in ascending shard order (the set bits, low to high): no two
         // requests can wait on each other.
@@ -135,9 +186,11 @@ impl MemoryBackend {
                 prepared[i] = charged;
             }
         }
-        let mut charges = Vec::new();
-        if shadow.commits(&decisions) {
+        if shadow.commits(decisions) {
             if with_charges {
+                if charges.capacity() < n {
+                    *charges = Vec::with_capacity(n);
+                }
                 charges.resize(n, None);
             }
             let mut charge = |i: usize, undo: u64| {
@@ -199,11 +252,6 @@ impl MemoryBackend {
         for (i, (state, ttl_us)) in strikes {
             let (c, h) = (&checks[i], hashes[i]);
             self.store(&mut guards[guard_of(h)], h, &c.key, state, now_us, ttl_us);
-        }
-        Verdict {
-            now_us,
-            decisions,
-            charges,
         }
     }
 

@@ -20,10 +20,12 @@ struct Step<'a> {
 
 impl MemoryBackend {
     /// The check when every tier is a token or leaky bucket whose key exists
-    /// (in a cell of its quota) and no key is listed twice: `None` when it
+    /// (in a cell of its quota) and no key is listed twice: false when it
     /// is not, or when a race turns an enforced tier to a denial after an
     /// earlier tier was charged (those charges are given back first); the
-    /// locked check then decides.
+    /// locked check then decides. True when decided: `decisions` holds one
+    /// decision per check, and `charges` (left empty until then) one charge
+    /// per check when `with_charges` and the request was charged.
     ///
     /// The shards are only read-locked (in ascending order, as the locked
     /// check write-locks them), so requests on the same shard or the same
@@ -40,10 +42,11 @@ impl MemoryBackend {
         shadow: Shadow,
         with_charges: bool,
         decisions: &mut Vec<Decision>,
+        charges: &mut Vec<Option<Charge>>,
         now_us: u64,
         hashes: &[u64],
         shards: u64,
-    ) -> Option<Vec<Option<Charge>>> {
+    ) -> bool {
         let eligible = |(i, c): (usize, &TierCheck)| {
             matches!(c.limit, Limit::TokenBucket(_) | Limit::LeakyBucket(_))
                 && !hashes[..i]
@@ -52,7 +55,7 @@ impl MemoryBackend {
                     .any(|(&h, o)| h == hashes[i] && o.key == c.key)
         };
         if !checks.iter().enumerate().all(eligible) {
-            return None;
+            return false;
         }
         let mut locked: SmallVec<[RwLockReadGuard<'_, Shard>; 8]> = SmallVec::new();
         let mut rest = shards;
@@ -66,12 +69,17 @@ impl MemoryBackend {
         decisions.reserve_exact(checks.len());
         let mut steps: SmallVec<[Step<'_>; 8]> = SmallVec::new();
         for (c, &h) in checks.iter().zip(hashes) {
-            let slot = locked[guard_of(h)].map.find(h, |s| s.key == c.key)?;
-            let Entry::Cell(cell) = &slot.entry else {
-                return None;
+            let Some(Entry::Cell(cell)) = locked[guard_of(h)]
+                .map
+                .find(h, |s| s.key == c.key)
+                .map(|slot| &slot.entry)
+            else {
+                return false;
             };
             let seen = cell.load();
-            let (d, charged) = cell.decide(&c.limit, seen, now_us, c.cost)?;
+            let Some((d, charged)) = cell.decide(&c.limit, seen, now_us, c.cost) else {
+                return false;
+            };
             decisions.push(d);
             steps.push(Step {
                 cell,
@@ -80,7 +88,7 @@ impl MemoryBackend {
             });
         }
         if !shadow.commits(decisions) {
-            return Some(Vec::new());
+            return true;
         }
         for i in 0..steps.len() {
             let c = &checks[i];
@@ -103,22 +111,24 @@ impl MemoryBackend {
                                 s.cell.give_back(s.seen, new, now_us);
                             }
                         }
-                        return None;
+                        return false;
                     }
                 }
             }
         }
-        if !with_charges {
-            return Some(Vec::new());
-        }
-        let mut charges = Vec::with_capacity(steps.len());
-        for (s, c) in steps.iter().zip(checks) {
-            charges.push(s.charged.map(|new| Charge {
-                at_us: now_us,
-                undo: c.limit.undo_of(&s.cell.state(new), now_us),
-                next_after_us: 0,
+        if with_charges {
+            if charges.capacity() < steps.len() {
+                // At its size at once (a verdict of the owned API's is new).
+                *charges = Vec::with_capacity(steps.len());
+            }
+            charges.extend(steps.iter().zip(checks).map(|(s, c)| {
+                s.charged.map(|new| Charge {
+                    at_us: now_us,
+                    undo: s.cell.undo(&c.limit, new, now_us),
+                    next_after_us: 0,
+                })
             }));
         }
-        Some(charges)
+        true
     }
 }

@@ -561,18 +561,19 @@ pub(super) fn parse_check(
 /// same cost would pass once this one is charged (0 when at once), and the
 /// charge's undo value (tokens left in units; backlog after the charge in
 /// ticks). The same arithmetic as `lua/token_bucket.lua` and
-/// `lua/leaky_bucket.lua` (the model's, [`TokenBucket::decide`],
-/// [`Gcra::decide`]).
+/// `lua/leaky_bucket.lua` (the model's, [`TokenBucket::check_missing`],
+/// [`Gcra::check_backlog`]).
 ///
-/// [`TokenBucket::decide`]: crate::algorithm::TokenBucket
-/// [`Gcra::decide`]: crate::algorithm::Gcra
+/// [`TokenBucket::check_missing`]: crate::algorithm::TokenBucket
+/// [`Gcra::check_backlog`]: crate::algorithm::Gcra
 fn bucket_decision(limit: &Limit, state: u64, cost: u64) -> (Decision, u64, u64) {
     match limit {
         Limit::TokenBucket(b) => {
-            let (d, left) = b.decide(state, cost);
-            let Some(left) = left else {
+            let (d, used) = b.check_missing(state, cost);
+            let Some(used) = used else {
                 return (d, 0, 0);
             };
+            let left = b.capacity - used;
             let cost = cost.saturating_mul(b.unit);
             let next = if cost > left && cost <= b.capacity {
                 (cost - left).div_ceil(b.rate)
@@ -582,7 +583,7 @@ fn bucket_decision(limit: &Limit, state: u64, cost: u64) -> (Decision, u64, u64)
             (d, next, left)
         }
         Limit::LeakyBucket(g) => {
-            let d = g.decide(state, cost);
+            let d = g.check_backlog(state, cost);
             if !d.allowed {
                 return (d, 0, 0);
             }
