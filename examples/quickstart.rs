@@ -217,6 +217,7 @@ async fn run() -> Result<(), Box<dyn Error>> {
     println!("tiers, in check order: {}", tiers.join(", "));
 
     let handle = rate_limit.handle();
+    let leases = handle.clone();
     let admin_token = std::env::var("ADMIN_TOKEN").ok().filter(|t| !t.is_empty());
     let admin_mounted = admin_token.is_some();
     let app = app(rate_limit).merge(ops(prometheus, handle, admin_token));
@@ -242,7 +243,9 @@ async fn run() -> Result<(), Box<dyn Error>> {
     )
     .with_graceful_shutdown(shutdown)
     .await?;
-    tracing::info!("server stopped");
+    // Lease mode: the unspent tokens go back to the shared buckets.
+    let returned = leases.return_leases().await;
+    tracing::info!(leased_tokens_returned = returned, "server stopped");
     Ok(())
 }
 

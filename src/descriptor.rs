@@ -100,6 +100,9 @@ pub struct Rule {
     pub shadow: bool,
     /// Always allowed, without a backend call.
     pub unlimited: bool,
+    /// Lease mode for the rule's hot descriptors (Redis only): see
+    /// [`crate::token_lease`]. `None`: one script call per request.
+    pub lease: Option<crate::token_lease::TokenLease>,
 }
 
 impl Rule {
@@ -112,6 +115,7 @@ impl Rule {
             algorithm: Algorithm::default(),
             shadow: false,
             unlimited: false,
+            lease: None,
         }
     }
 }
@@ -338,11 +342,13 @@ impl DescriptorLimiter {
                 } else {
                     Mode::Enforce
                 };
-                builder = builder.tier(
-                    Tier::new(r.name.clone(), crate::key::Global, r.quota)
-                        .algorithm(r.algorithm)
-                        .mode(mode),
-                );
+                let mut tier = Tier::new(r.name.clone(), crate::key::Global, r.quota)
+                    .algorithm(r.algorithm)
+                    .mode(mode);
+                if let Some(lease) = r.lease {
+                    tier = tier.lease(lease);
+                }
+                builder = builder.tier(tier);
                 tier_rule.push(i);
                 Some(tier_rule.len() - 1)
             };
@@ -757,6 +763,23 @@ pub struct RulePolicy {
     /// Always allowed, without a backend call.
     #[serde(default)]
     pub unlimited: bool,
+    /// `"request"` (the default: one script call per request) or `"lease"`
+    /// (lease mode for the rule's hot descriptors, Redis only: see
+    /// [`crate::token_lease`]).
+    #[serde(default, deserialize_with = "crate::token_lease::sync_name")]
+    pub sync: Option<String>,
+    /// With `sync = "lease"`: the demand one lease covers (humantime,
+    /// default `"100ms"`).
+    #[serde(default, with = "humantime_serde")]
+    pub sync_interval: Option<Duration>,
+    /// With `sync = "lease"`: the most tokens one instance holds of one
+    /// descriptor (default the capacity ÷ 8).
+    #[serde(default)]
+    pub sync_max: Option<u64>,
+    /// With `sync = "lease"`: the least demand per interval for a
+    /// descriptor to be leased (default 2).
+    #[serde(default)]
+    pub sync_min: Option<u64>,
 }
 
 fn default_prefix() -> String {
@@ -831,7 +854,18 @@ impl RulesPolicy {
                     (None, _, false) => return Err(bad(&"limit: required (or unlimited = true)")),
                     (_, None, false) => return Err(bad(&"period: required (or unlimited = true)")),
                 };
+                let lease = crate::token_lease::from_policy(
+                    r.sync.as_deref(),
+                    r.sync_interval,
+                    r.sync_max,
+                    r.sync_min,
+                )
+                .map_err(|e| bad(&e))?;
+                if r.unlimited && lease.is_some() {
+                    return Err(bad(&"sync: an unlimited rule makes no call to lease for"));
+                }
                 Ok(Rule {
+                    lease,
                     name: r.name.clone(),
                     entries: r.entries.clone(),
                     quota,
@@ -988,6 +1022,26 @@ mod tests {
                  [[rule]]\nname = \"s\"\nmatch = [{ key = \"a\" }]\nunlimited = true"),
             "policy: rule \"s\": match: the same as rule \"r\""
         );
+        // Lease mode's settings, as a tier's.
+        let rule = "domain = \"d\"\n[[rule]]\nname = \"r\"\nmatch = [{ key = \"a\" }]\n";
+        assert_eq!(
+            err(&format!("{rule}limit = 5\nperiod = \"1s\"\nsync_max = 2")),
+            "policy: rule \"r\": sync_max: only sync = \"lease\" uses it"
+        );
+        assert_eq!(
+            err(&format!(
+                "{rule}limit = 5\nperiod = \"1s\"\nsync = \"lease\"\nsync_interval = \"0s\""
+            )),
+            "policy: rule \"r\": sync_interval: must be above 0"
+        );
+        assert_eq!(
+            err(&format!("{rule}unlimited = true\nsync = \"lease\"")),
+            "policy: rule \"r\": sync: an unlimited rule makes no call to lease for"
+        );
+        assert!(err(&format!(
+            "{rule}limit = 5\nperiod = \"1s\"\nsync = \"often\""
+        ))
+        .contains("unknown variant `often`, expected `request` or `lease`"));
         // Found by trying the service: mistakes that were accepted silently.
         assert_eq!(
             err("domain = \"d\""),

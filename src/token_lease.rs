@@ -63,7 +63,58 @@
 //! refuses it on other algorithms, with a penalty box, per-key overrides or
 //! refunds by status. Shadow and canary-observed checks are never leased.
 
+use serde::{de, Deserialize, Deserializer};
 use std::time::Duration;
+
+/// The values of a policy table's `sync` (a `[[tier]]`, an RLS `[[rule]]`).
+const SYNCS: [&str; 2] = ["request", "lease"];
+
+/// Deserializes a `sync` field: one of [`SYNCS`], else serde's
+/// unknown-variant error naming them.
+pub(crate) fn sync_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let name = String::deserialize(d)?;
+    if SYNCS.contains(&name.as_str()) {
+        Ok(Some(name))
+    } else {
+        Err(de::Error::unknown_variant(&name, &SYNCS))
+    }
+}
+
+/// A policy table's `sync`, `sync_interval`, `sync_max` and `sync_min` as
+/// lease settings (`None`: one call per request), or the field at fault
+/// and why (the caller names the table).
+pub(crate) fn from_policy(
+    sync: Option<&str>,
+    interval: Option<Duration>,
+    max: Option<u64>,
+    min: Option<u64>,
+) -> Result<Option<TokenLease>, &'static str> {
+    if sync != Some("lease") {
+        return match (interval, max, min) {
+            (Some(_), _, _) => Err("sync_interval: only sync = \"lease\" uses it"),
+            (_, Some(_), _) => Err("sync_max: only sync = \"lease\" uses it"),
+            (_, _, Some(_)) => Err("sync_min: only sync = \"lease\" uses it"),
+            _ => Ok(None),
+        };
+    }
+    let mut lease = TokenLease::new();
+    if let Some(i) = interval {
+        if i.is_zero() {
+            return Err("sync_interval: must be above 0");
+        }
+        lease = lease.interval(i);
+    }
+    if let Some(m) = max {
+        if m == 0 {
+            return Err("sync_max: must be at least 1");
+        }
+        lease = lease.max(m);
+    }
+    if let Some(m) = min {
+        lease = lease.min(m);
+    }
+    Ok(Some(lease))
+}
 
 /// A tier's lease mode settings ([`Tier::lease`](crate::Tier::lease);
 /// `sync = "lease"` in a policy file). See the [module](self) docs.

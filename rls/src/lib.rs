@@ -204,7 +204,8 @@ pub fn per_unit(q: Quota) -> (u32, Unit) {
 /// rate limit service `SERVING` until shutdown) and, given one, Prometheus'
 /// text format at `GET /metrics` on `metrics` (from the recorder `handle`
 /// installed by the caller). Returns when `shutdown` resolves and the
-/// calls in flight are answered (health turns `NOT_SERVING` first).
+/// calls in flight are answered (health turns `NOT_SERVING` first) and
+/// the token leases of rules in lease mode are returned.
 ///
 /// # Errors
 /// The gRPC server's.
@@ -214,6 +215,7 @@ pub async fn serve(
     metrics: Option<(TcpListener, metrics_exporter_prometheus::PrometheusHandle)>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    let leases = rls.limiter.handle();
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -260,7 +262,14 @@ pub async fn serve(
         .add_service(health)
         .add_service(RateLimitServiceServer::new(rls))
         .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc), shutdown)
-        .await
+        .await?;
+    // Lease mode: the tokens this instance holds go back to the shared
+    // buckets (a crashed instance's are lost until refill).
+    let returned = leases.return_leases().await;
+    if returned > 0 {
+        tracing::info!(tokens = returned, "token leases returned");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

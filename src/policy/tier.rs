@@ -84,7 +84,7 @@ pub struct TierPolicy {
     /// How the tier's count is kept with the backend: `"request"` (the
     /// default: one script call per request) or `"lease"` (lease mode, see
     /// [`crate::token_lease`]).
-    #[serde(default, deserialize_with = "sync_name")]
+    #[serde(default, deserialize_with = "crate::token_lease::sync_name")]
     pub sync: Option<String>,
     /// With `sync = "lease"`: the demand one lease covers (humantime,
     /// default `"100ms"`); see [`TokenLease::interval`](crate::token_lease::TokenLease::interval).
@@ -98,18 +98,6 @@ pub struct TierPolicy {
     /// leased (default 2); see [`TokenLease::min`](crate::token_lease::TokenLease::min).
     #[serde(default)]
     pub sync_min: Option<u64>,
-}
-
-/// A tier's `sync`.
-const SYNCS: [&str; 2] = ["request", "lease"];
-
-fn sync_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    let name = String::deserialize(d)?;
-    if SYNCS.contains(&name.as_str()) {
-        Ok(Some(name))
-    } else {
-        Err(de::Error::unknown_variant(&name, &SYNCS))
-    }
 }
 
 fn default_algorithm() -> String {
@@ -204,30 +192,15 @@ impl TierPolicy {
             tier = tier.penalty(p);
         }
         tier = tier.overrides(self.overrides);
-        if self.sync.as_deref() == Some("lease") {
-            let mut lease = crate::token_lease::TokenLease::new();
-            if let Some(i) = self.sync_interval {
-                if i.is_zero() {
-                    return Err(error(&"sync_interval: must be above 0"));
-                }
-                lease = lease.interval(i);
-            }
-            if let Some(m) = self.sync_max {
-                if m == 0 {
-                    return Err(error(&"sync_max: must be at least 1"));
-                }
-                lease = lease.max(m);
-            }
-            if let Some(m) = self.sync_min {
-                lease = lease.min(m);
-            }
+        if let Some(lease) = crate::token_lease::from_policy(
+            self.sync.as_deref(),
+            self.sync_interval,
+            self.sync_max,
+            self.sync_min,
+        )
+        .map_err(|e| error(&e))?
+        {
             tier = tier.lease(lease);
-        } else if self.sync_interval.is_some() {
-            return Err(error(&"sync_interval: only sync = \"lease\" uses it"));
-        } else if self.sync_max.is_some() {
-            return Err(error(&"sync_max: only sync = \"lease\" uses it"));
-        } else if self.sync_min.is_some() {
-            return Err(error(&"sync_min: only sync = \"lease\" uses it"));
         }
         if !self.plans.is_empty() {
             tier = tier.plans(self.plans.iter().map(|(name, q)| (name.clone(), *q)));
