@@ -44,7 +44,8 @@
 //!   locked path (not the compare-and-swap fast path of token and leaky
 //!   buckets).
 
-use crate::algorithm::{Decision, Limit};
+use crate::algorithm::Decision;
+use crate::backend::override_rule::{Active, Effect, CODE_QUOTA, CODE_UNLIMITED};
 use crate::backend::TierCheck;
 use crate::error::BackendError;
 use crate::Quota;
@@ -54,8 +55,7 @@ use std::time::Duration;
 /// The suffix of an override's key: `<tier key>{ov}`.
 pub(crate) const KEY_SUFFIX: &str = "{ov}";
 
-/// `Retry-After` of a block without expiry: 24 hours.
-pub const BLOCKED_RETRY: Duration = Duration::from_secs(86_400);
+pub use crate::backend::override_rule::BLOCKED_RETRY;
 
 /// What an override does to one key of one tier.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,132 +150,6 @@ pub enum OverrideError {
     /// The backend could not answer (or not within `backend_timeout`).
     #[error(transparent)]
     Backend(#[from] BackendError),
-}
-
-/// An override as the check applies it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Active {
-    pub(crate) effect: Effect,
-    /// Unix epoch µs; 0: no expiry.
-    pub(crate) until_us: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Effect {
-    Limit(Limit),
-    Unlimited,
-    Blocked,
-}
-
-/// The override check's `remaining`, read by the engine
-/// ([`apply_codes`]): 0 none, 1 unlimited, 2 blocked, 3 + the quota's
-/// capacity.
-pub(crate) const CODE_UNLIMITED: u64 = 1;
-const CODE_BLOCKED: u64 = 2;
-const CODE_QUOTA: u64 = 3;
-
-impl Active {
-    /// Whether it still applies at `now_us`.
-    pub(crate) fn live(&self, now_us: u64) -> bool {
-        self.until_us == 0 || self.until_us > now_us
-    }
-
-    /// The override check's own decision: allowed, its code as remaining.
-    pub(crate) fn code_decision(this: Option<&Self>) -> Decision {
-        let code = match this.map(|a| a.effect) {
-            None => 0,
-            Some(Effect::Unlimited) => CODE_UNLIMITED,
-            Some(Effect::Blocked) => CODE_BLOCKED,
-            Some(Effect::Limit(l)) => CODE_QUOTA.saturating_add(l.capacity()),
-        };
-        Decision {
-            allowed: true,
-            limit: 0,
-            remaining: code,
-            reset_after_us: 0,
-            retry_after_us: 0,
-            delay_us: 0,
-        }
-    }
-
-    /// The decision of `c` (its tier's check) under this override, and
-    /// the state to store when it is charged (`None`: nothing to charge:
-    /// unlimited, blocked, or denied).
-    pub(crate) fn check(
-        &self,
-        c: &TierCheck,
-        state: Option<&crate::algorithm::State>,
-        now_us: u64,
-    ) -> (Decision, Option<(crate::algorithm::State, u64)>) {
-        let capacity = c.limit.capacity();
-        match self.effect {
-            Effect::Limit(l) => {
-                let (d, prepared) = l.check_prepared(state, now_us, c.cost);
-                let charged = d
-                    .allowed
-                    .then(|| prepared.unwrap_or_else(|| l.charge(state.cloned(), now_us, c.cost)));
-                (d, charged)
-            }
-            Effect::Unlimited => (
-                Decision {
-                    allowed: true,
-                    limit: capacity,
-                    remaining: capacity,
-                    reset_after_us: 0,
-                    retry_after_us: 0,
-                    delay_us: 0,
-                },
-                None,
-            ),
-            Effect::Blocked => {
-                let wait = self.block_wait_us(now_us);
-                (
-                    Decision {
-                        allowed: false,
-                        limit: capacity,
-                        remaining: 0,
-                        reset_after_us: wait,
-                        retry_after_us: wait,
-                        delay_us: 0,
-                    },
-                    None,
-                )
-            }
-        }
-    }
-
-    /// The wait of a block at `now_us`.
-    pub(crate) fn block_wait_us(&self, now_us: u64) -> u64 {
-        if self.until_us == 0 {
-            u64::try_from(BLOCKED_RETRY.as_micros()).unwrap_or(u64::MAX)
-        } else {
-            self.until_us.saturating_sub(now_us)
-        }
-    }
-
-    /// The value stored in Redis (read by `lua/override.lua`):
-    /// `<until µs> <kind> <p1> <p2> <p3> <p4> <capacity>`, kind 0 quota
-    /// (p1..p4 the tier algorithm's parameters for it), 1 unlimited, 2
-    /// blocked.
-    #[cfg(feature = "redis")]
-    pub(crate) fn redis_value(&self) -> String {
-        match self.effect {
-            Effect::Limit(l) => {
-                let p = crate::backend::redis_params(&l);
-                format!(
-                    "{} 0 {} {} {} {} {}",
-                    self.until_us,
-                    p[0],
-                    p[1],
-                    p[2],
-                    p[3],
-                    l.capacity()
-                )
-            }
-            Effect::Unlimited => format!("{} 1 0 0 0 0 0", self.until_us),
-            Effect::Blocked => format!("{} 2 0 0 0 0 0", self.until_us),
-        }
-    }
 }
 
 /// After a check: each override check's code applied to the tier check

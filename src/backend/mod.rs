@@ -7,6 +7,7 @@
 
 pub(crate) mod clock;
 mod memory;
+pub(crate) mod override_rule;
 #[cfg(feature = "redis")]
 mod redis;
 
@@ -268,7 +269,7 @@ impl Backend {
     pub(crate) async fn set_override(
         &self,
         key: &str,
-        active: crate::overrides::Active,
+        active: crate::backend::override_rule::Active,
         ttl_ms: Option<u64>,
         index: &str,
         field: &str,

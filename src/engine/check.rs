@@ -220,7 +220,11 @@ fn begin(
     meta.started = Some(started);
     // Lease mode: the checks this instance's leases cover are decided here;
     // the call carries the others (none: no call, no breaker).
-    let leased = super::leased::take(shared, &checks, meta);
+    // Lease mode: what this instance's token leases answer locally.
+    let leased = shared
+        .leases
+        .as_ref()
+        .and_then(|pool| pool.take(&checks, &meta.tiers, meta.shadow));
     let local = leased.as_ref().map_or(0, |t| t.count());
     if let Some(t) = leased.as_ref().filter(|t| t.all(checks.len())) {
         let verdict = t.verdict(shared.local_clock.now_us());

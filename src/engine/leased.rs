@@ -17,7 +17,6 @@
 //! (none: no call at all); when it denies, or fails, the local spending is
 //! given back ([`Taken::merge`]): all or nothing across tiers holds.
 
-use super::runtime::Shared;
 use crate::algorithm::{Decision, Limit};
 use crate::backend::clock::Clock;
 use crate::backend::{Backend, Charge, Check, Shadow, TierCheck, TierRefund, Verdict};
@@ -899,20 +898,6 @@ impl Taken {
             e.unspend(*cost);
         }
     }
-}
-
-/// The lease step of a check (`engine/check.rs`): what was spent locally,
-/// if any tier is leased.
-#[inline]
-pub(crate) fn take(
-    shared: &Shared,
-    checks: &[TierCheck],
-    meta: &super::plan::Meta,
-) -> Option<Box<Taken>> {
-    shared
-        .leases
-        .as_ref()?
-        .take(checks, &meta.tiers, meta.shadow)
 }
 
 #[cfg(test)]

@@ -137,7 +137,7 @@ impl MemoryBackend {
         let mut strikes: SmallVec<[(usize, (State, u64)); 1]> = SmallVec::new();
         // The override the check just before found (it precedes its
         // tier's), and the checks an override leaves uncharged.
-        let mut overridden: Option<crate::overrides::Active> = None;
+        let mut overridden: Option<crate::backend::override_rule::Active> = None;
         let mut uncharged = 0u64;
         for (i, (c, &h)) in checks.iter().zip(hashes.iter()).enumerate() {
             let map = &guards[guard_of(h)].map;
@@ -164,7 +164,7 @@ impl MemoryBackend {
                 overridden = self.override_of(&c.key, now_us);
                 uncharged |= 1 << i;
                 (
-                    crate::overrides::Active::code_decision(overridden.as_ref()),
+                    crate::backend::override_rule::Active::code_decision(overridden.as_ref()),
                     None,
                 )
             } else if let Some(a) = overridden.take() {

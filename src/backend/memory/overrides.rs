@@ -2,7 +2,7 @@
 //! looked up by the override check of a tier that takes them.
 
 use super::MemoryBackend;
-use crate::overrides::Active;
+use crate::backend::override_rule::Active;
 use std::collections::HashMap;
 
 /// The overrides by their key (`<tier key>{ov}`), and each tier's listing

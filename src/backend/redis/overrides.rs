@@ -5,8 +5,8 @@
 //! on a cluster each to its key's slot.
 
 use super::RedisBackend;
+use crate::backend::override_rule::Active;
 use crate::error::BackendError;
-use crate::overrides::Active;
 
 impl RedisBackend {
     /// Stores `active` under `key` (expiring `ttl_ms` after now when set,
