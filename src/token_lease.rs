@@ -53,9 +53,11 @@
 //!   bucket let out in it plus `instances × max`.
 //!
 //! Headers of a request decided locally are approximate: `remaining` is the
-//! shared bucket's count at the instance's last lease (or last answer) minus
-//! what the instance spent since; `reset` is derived from it. A denial always
-//! comes from the shared bucket, so `Retry-After` is exact.
+//! shared bucket's count at the instance's last lease (or last answer) plus
+//! the tokens the instance still holds (the lease less what it spent since);
+//! `reset` is derived from it. A denial never comes from a lease: it is the
+//! shared bucket's answer, or the deny cache's (which answers only what the
+//! shared bucket would), so `Retry-After` is exact.
 //!
 //! Lease mode applies to the Redis backend (single and Cluster); on the
 //! memory backend it is a no-op (the buckets are already local). It takes
