@@ -36,6 +36,28 @@ async fn lease_calls_tokens_taken_and_returned_are_counted() {
         .build()
         .unwrap();
     let handle = layer.handle();
+    // Every series exists from the build on, at 0.
+    let at_build: Vec<String> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(_, _, _, v)| matches!(v, DebugValue::Counter(0)))
+        .map(|(k, _, _, _)| {
+            let labels: Vec<String> = k.key().labels().map(|l| l.value().to_owned()).collect();
+            format!("{}{:?}", k.key().name(), labels)
+        })
+        .filter(|n| n.starts_with("tiered_ratelimit_lease"))
+        .collect();
+    for series in [
+        "tiered_ratelimit_lease_calls_total[]",
+        "tiered_ratelimit_lease_tokens_total[\"taken\"]",
+        "tiered_ratelimit_lease_tokens_total[\"returned\"]",
+    ] {
+        assert!(
+            at_build.iter().any(|s| s == series),
+            "{series} in {at_build:?}"
+        );
+    }
     let url = format!("http://{}/", serve(app(layer)).await);
     let c = client();
     // Five checked per request; the fifth asks for a lease of 20.
