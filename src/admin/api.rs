@@ -2,7 +2,7 @@
 
 use super::form::form_pairs;
 use super::mode::{apply_mode, scope};
-use super::reply::{error, json_response, read_body, unknown_tier};
+use super::reply::{error, json_body, json_response, unknown_tier};
 use super::{Admin, MAX_TOP_N};
 use crate::observe::recorder::{AnomalyStatus, BucketCounts};
 use crate::observe::topn::BlockedKey;
@@ -112,19 +112,14 @@ struct ModeChange {
 }
 
 pub(super) async fn api_mode(State(admin): State<Arc<Admin>>, req: Request) -> Response {
-    let body = match read_body(req).await {
-        Ok(b) => b,
-        Err(res) => return res,
-    };
-    let change: ModeChange = match serde_json::from_slice(&body) {
+    let change: ModeChange = match json_body(
+        req,
+        r#"{"mode":"shadow"} or {"tier":"ip","mode":"canary:10"}"#,
+    )
+    .await
+    {
         Ok(c) => c,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
-                &format!("{e}; expected {{\"mode\":\"shadow\"}} or {{\"tier\":\"ip\",\"mode\":\"canary:10\"}}"),
-            )
-        }
+        Err(res) => return res,
     };
     match apply_mode(&admin.handle, change.tier.as_deref(), &change.mode, "api").await {
         Ok(()) => json_response(StatusCode::OK, &status_json(&admin.handle)),

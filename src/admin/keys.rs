@@ -2,7 +2,7 @@
 //! `POST /api/reset` (see [`crate::inspect`]).
 
 use super::form::form_pairs;
-use super::reply::{error, json_response, read_body, unknown_tier};
+use super::reply::{error, json_body, json_response, unknown_tier, TierKey, TIER_KEY};
 use super::Admin;
 use crate::inspect::{InspectError, KeyStatus};
 use axum::extract::{Path, Request, State};
@@ -63,13 +63,6 @@ pub(super) async fn api_peek(
     }
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Reset {
-    tier: String,
-    key: String,
-}
-
 pub(super) async fn api_reset(State(admin): State<Arc<Admin>>, req: Request) -> Response {
     key_action(admin, req, false).await
 }
@@ -80,19 +73,9 @@ pub(super) async fn api_lift(State(admin): State<Arc<Admin>>, req: Request) -> R
 
 /// A reset, or a lift of the penalty box only.
 async fn key_action(admin: Arc<Admin>, req: Request, lift: bool) -> Response {
-    let body = match read_body(req).await {
-        Ok(b) => b,
-        Err(res) => return res,
-    };
-    let r: Reset = match serde_json::from_slice(&body) {
+    let r: TierKey = match json_body(req, TIER_KEY).await {
         Ok(r) => r,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
-                &format!("{e}; expected {{\"tier\":\"ip\",\"key\":\"203.0.113.7\"}}"),
-            )
-        }
+        Err(res) => return res,
     };
     let done = if lift {
         admin.handle.lift(&r.tier, &r.key).await

@@ -1,7 +1,7 @@
 //! Per-key overrides (see [`crate::overrides`]): `GET /api/overrides/{tier}`,
 //! `POST /api/overrides` (set) and `POST /api/overrides/remove`.
 
-use super::reply::{error, json_response, read_body, unknown_tier};
+use super::reply::{error, json_body, json_response, unknown_tier, TierKey, TIER_KEY};
 use super::Admin;
 use crate::overrides::{Override, OverrideEntry, OverrideError};
 use crate::Quota;
@@ -82,13 +82,6 @@ struct Set {
     ttl: Option<String>,
 }
 
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Remove {
-    tier: String,
-    key: String,
-}
-
 const EXAMPLE: &str = r#"{"tier":"ip","key":"203.0.113.7","rule":{"limit":1000,"period":"1m"},"ttl":"7d"} (rule: "unlimited", "blocked" or a quota; ttl optional)"#;
 
 fn bad(what: &str) -> Response {
@@ -100,13 +93,9 @@ fn bad(what: &str) -> Response {
 }
 
 pub(super) async fn api_set(State(admin): State<Arc<Admin>>, req: Request) -> Response {
-    let body = match read_body(req).await {
-        Ok(b) => b,
-        Err(res) => return res,
-    };
-    let s: Set = match serde_json::from_slice(&body) {
+    let s: Set = match json_body(req, EXAMPLE).await {
         Ok(s) => s,
-        Err(e) => return bad(&e.to_string()),
+        Err(res) => return res,
     };
     let rule = match s.rule {
         Rule::Word(w) if w == "unlimited" => Override::Unlimited,
@@ -149,19 +138,9 @@ pub(super) async fn api_set(State(admin): State<Arc<Admin>>, req: Request) -> Re
 }
 
 pub(super) async fn api_remove(State(admin): State<Arc<Admin>>, req: Request) -> Response {
-    let body = match read_body(req).await {
-        Ok(b) => b,
-        Err(res) => return res,
-    };
-    let r: Remove = match serde_json::from_slice(&body) {
+    let r: TierKey = match json_body(req, TIER_KEY).await {
         Ok(r) => r,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
-                &format!("{e}; expected {{\"tier\":\"ip\",\"key\":\"203.0.113.7\"}}"),
-            )
-        }
+        Err(res) => return res,
     };
     match admin.handle.remove_override(&r.tier, &r.key, BY).await {
         Ok(existed) => json_response(

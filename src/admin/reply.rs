@@ -61,6 +61,34 @@ pub(super) fn see_other(location: &str) -> Response {
     res
 }
 
+/// A JSON request body as `T`: `413` past 16 KiB, `400 invalid_body` with
+/// serde's message and `expected` (an example body) when it does not parse.
+pub(super) async fn json_body<T: serde::de::DeserializeOwned>(
+    req: Request,
+    expected: &str,
+) -> Result<T, Response> {
+    let body = read_body(req).await?;
+    serde_json::from_slice(&body).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            &format!("{e}; expected {expected}"),
+        )
+    })
+}
+
+/// The body of the admin API's actions on one key (reset, lift, remove an
+/// override).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TierKey {
+    pub(super) tier: String,
+    pub(super) key: String,
+}
+
+/// An example [`TierKey`] body.
+pub(super) const TIER_KEY: &str = r#"{"tier":"ip","key":"203.0.113.7"}"#;
+
 pub(super) async fn read_body(req: Request) -> Result<Bytes, Response> {
     axum::body::to_bytes(req.into_body(), BODY_LIMIT)
         .await
