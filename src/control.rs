@@ -19,6 +19,16 @@
 //! failed poll keeps the overrides as they were. Switching any override
 //! drops the deny cache.
 //!
+//! One more field, `generation`, is the crate's own: every operator action
+//! on a key ([`RateLimitHandle::reset`](crate::RateLimitHandle::reset),
+//! [`lift`](crate::RateLimitHandle::lift),
+//! [`set_override`](crate::RateLimitHandle::set_override),
+//! [`remove_override`](crate::RateLimitHandle::remove_override), and so the
+//! admin API and the CLI) increments it (`HINCRBY`), and an instance that
+//! reads a new value drops its deny cache: the action reaches every
+//! instance's cached 429s within one poll interval (plus the poll's round
+//! trip).
+//!
 //! The watcher starts with the first request the layer sees (it needs the
 //! tokio runtime) and stops when the layer is dropped.
 //!

@@ -21,9 +21,12 @@
 //!
 //! A peek uses the tier's default quota: a key on a plan
 //! ([`Tier::plans`](crate::Tier::plans)) has other numbers. A reset clears
-//! the backend's state and this process's deny cache for the key; other
-//! instances may answer a cached 429 for that key until the retry time they
-//! were told (Redis) — at most the wait the last denial announced.
+//! the backend's state and this process's deny cache for the key. Other
+//! instances drop their deny caches within one poll interval of the
+//! [control key](crate::control) (a reset or lift increments its
+//! `generation` field); without a control key, another instance may answer
+//! a cached 429 for that key until the retry time it was told (Redis) — at
+//! most the wait the last denial announced.
 
 use crate::algorithm::Decision;
 use crate::backend::TierCheck;
@@ -180,7 +183,8 @@ impl RateLimitHandle {
     /// Lifts `key`'s block in `tier`'s penalty box (and forgets its strikes
     /// and offences), fleet-wide, leaving its rate state alone; this
     /// process forgets its cached denial. Returns whether there was any
-    /// penalty state. Logged at `info`.
+    /// penalty state. Logged at `info`. The other instances' deny caches
+    /// follow within one [control key](crate::control) poll interval.
     ///
     /// # Errors
     /// [`InspectError::UnknownTier`] (also for a tier without a penalty
@@ -199,6 +203,7 @@ impl RateLimitHandle {
         if let Some(fallback) = &shared.fallback {
             fallback.reset(&p.key);
         }
+        crate::engine::watch::announce(shared, "lift", &p.key).await;
         tracing::info!(tier, key, existed, "rate limiter: penalty box lifted");
         Ok(existed)
     }
@@ -231,6 +236,7 @@ impl RateLimitHandle {
         {
             existed |= self.lift(tier, key).await?;
         }
+        crate::engine::watch::announce(shared, "reset", &check.key).await;
         tracing::info!(tier, key, existed, "rate limiter: key reset");
         Ok(existed)
     }

@@ -280,9 +280,9 @@ impl RateLimitHandle {
         )
         .await
         .map_err(|_| BackendError::Timeout(timeout))??;
-        shared
-            .deny_cache
-            .forget(&format!("{}{key}", t.key_base), || 0);
+        let stored = format!("{}{key}", t.key_base);
+        shared.deny_cache.forget(&stored, || 0);
+        crate::engine::watch::announce(shared, "override set", &stored).await;
         tracing::info!(tier, key, rule = %rule, expires_at_us = until_us, by, at_us = now_us,
             "rate limiter: override set");
         Ok(())
@@ -310,9 +310,9 @@ impl RateLimitHandle {
         )
         .await
         .map_err(|_| BackendError::Timeout(timeout))??;
-        shared
-            .deny_cache
-            .forget(&format!("{}{key}", shared.tiers[i].key_base), || 0);
+        let stored = format!("{}{key}", shared.tiers[i].key_base);
+        shared.deny_cache.forget(&stored, || 0);
+        crate::engine::watch::announce(shared, "override removed", &stored).await;
         let at_us = shared.local_clock.now_us();
         // One that had expired does not count.
         let existed = removed.is_some_and(|u| u == 0 || u > at_us);

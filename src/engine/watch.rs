@@ -1,5 +1,8 @@
 //! The fleet-wide control key's watcher: polls the control hash and stores
-//! its modes as the engine's overrides.
+//! its modes as the engine's overrides; and the hash's `generation` field,
+//! which every operator action on keys (lift, reset, an override set or
+//! removed) increments, so every instance drops its deny cache within one
+//! poll interval ([`announce`]).
 
 use super::runtime::{Overrides, Shared};
 use crate::control::ControlError;
@@ -29,6 +32,8 @@ pub(crate) fn apply(
                     next.mode = previous.mode;
                 }
             }
+        } else if field == GENERATION {
+            // Not a mode: read by the watcher (`store`).
         } else if let Some(tier) = field.strip_prefix("tier:") {
             let Ok(i) = shared.tier_index(tier) else {
                 tracing::error!(target: super::CONTROL_LOG_TARGET, field, value, "control key: unknown tier ignored");
@@ -46,6 +51,46 @@ pub(crate) fn apply(
         }
     }
     next
+}
+
+/// The control hash's field that operator actions on keys increment
+/// (`HINCRBY <key> generation 1`): an instance that reads a new value drops
+/// its deny cache.
+pub(crate) const GENERATION: &str = "generation";
+
+/// The `generation` field's value in one read of the hash (`None`: absent).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+fn generation_of(fields: &[(String, String)]) -> Option<&str> {
+    fields
+        .iter()
+        .find(|(f, _)| f == GENERATION)
+        .map(|(_, v)| v.as_str())
+}
+
+/// Tells the other instances that `what` (an operator action on `key`)
+/// changed a key's state: increments the control hash's `generation`, so
+/// each one drops its deny cache at its next poll. Without a control key
+/// (or on the memory backend) there is nobody to tell. A failed write is
+/// logged at `warn` and otherwise ignored: the action itself is done, and
+/// the other instances' cached denials lapse at their retry time.
+pub(crate) async fn announce(shared: &Shared, what: &str, key: &str) {
+    let Some(control) = key_of(shared) else {
+        return;
+    };
+    #[cfg(feature = "redis")]
+    if let crate::backend::Backend::Redis(redis) = &shared.backend {
+        let timeout = shared.backend_timeout;
+        let bumped = tokio::time::timeout(timeout, redis.hincrby(control, GENERATION, 1)).await;
+        let error = match bumped {
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("timed out after {timeout:?}"),
+        };
+        tracing::warn!(target: super::CONTROL_LOG_TARGET, control, action = what, key, error,
+            "control key: could not tell the other instances; their cached denials of the key last until their retry time");
+    }
+    #[cfg(not(feature = "redis"))]
+    let _ = (control, what, key);
 }
 
 /// The control hash's key, when the layer polls one (a control key and a
@@ -74,16 +119,37 @@ pub(crate) async fn write(
     if let crate::backend::Backend::Redis(redis) = &shared.backend {
         redis.hset(key, field, &mode.to_string()).await?;
         let fields = redis.hgetall(key).await?;
-        store(shared, key, &fields);
+        store(shared, key, &fields, None);
         return Ok(());
     }
     let _ = (key, field, mode);
     Err(ControlError::NotConfigured)
 }
 
-/// Applies one read of the hash, if it changes anything.
+/// Applies one read of the hash, if it changes anything. `seen`: the
+/// watcher's last `generation` (`None` for a read outside the watcher): a
+/// new one drops the deny cache, since an operator action somewhere in the
+/// fleet changed a key's state; the first read only records it.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-fn store(shared: &Shared, key: &str, fields: &[(String, String)]) {
+fn store(
+    shared: &Shared,
+    key: &str,
+    fields: &[(String, String)],
+    seen: Option<&mut Option<Option<String>>>,
+) {
+    if let Some(seen) = seen {
+        let now = generation_of(fields);
+        match seen {
+            Some(before) if before.as_deref() != now => {
+                tracing::info!(target: super::CONTROL_LOG_TARGET, key, generation = now.unwrap_or("none"),
+                    "control key: an operator action changed a key's state; dropping the deny cache");
+                shared.deny_cache.clear();
+                *seen = Some(now.map(str::to_owned));
+            }
+            Some(_) => {}
+            None => *seen = Some(now.map(str::to_owned)),
+        }
+    }
     let previous = shared.overrides.load_full();
     let next = apply(shared, &previous, fields);
     if next != *previous {
@@ -122,13 +188,15 @@ pub(crate) fn start(shared: &Arc<Shared>) {
         let key = control.redis_key.clone();
         let interval = control.poll_interval;
         rt.spawn(async move {
+            // The `generation` last read (`None`: no read yet).
+            let mut seen: Option<Option<String>> = None;
             loop {
                 let Some(shared) = weak.upgrade() else {
                     return;
                 };
                 let read = tokio::time::timeout(interval.max(Duration::from_millis(100)), redis.hgetall(&key)).await;
                 match read {
-                    Ok(Ok(fields)) => store(&shared, &key, &fields),
+                    Ok(Ok(fields)) => store(&shared, &key, &fields, Some(&mut seen)),
                     Ok(Err(e)) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, error = %e, "control key: poll failed; keeping the current overrides"),
                     Err(_) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, "control key: poll timed out; keeping the current overrides"),
                 }

@@ -14,8 +14,8 @@ impl RedisBackend {
             return super::cluster::command(&via, key, &cmd).await.map_err(err);
         }
         match self.connection().await? {
-            Conn::Manager(mut m) => cmd.query_async(&mut m).await.map_err(err),
-            Conn::Multiplexed(mut m) => cmd.query_async(&mut m).await.map_err(err),
+            Conn::Manager(mut m) => cmd.query_async(&mut m).await.map_err(|e| self.error(e)),
+            Conn::Multiplexed(mut m) => cmd.query_async(&mut m).await.map_err(|e| self.error(e)),
         }
     }
 
@@ -37,8 +37,37 @@ impl RedisBackend {
                 .map_err(err);
         }
         match self.connection().await? {
-            Conn::Manager(mut m) => cmd.query_async::<i64>(&mut m).await.map(drop).map_err(err),
-            Conn::Multiplexed(mut m) => cmd.query_async::<i64>(&mut m).await.map(drop).map_err(err),
+            Conn::Manager(mut m) => cmd
+                .query_async::<i64>(&mut m)
+                .await
+                .map(drop)
+                .map_err(|e| self.error(e)),
+            Conn::Multiplexed(mut m) => cmd
+                .query_async::<i64>(&mut m)
+                .await
+                .map(drop)
+                .map_err(|e| self.error(e)),
+        }
+    }
+
+    /// `HINCRBY key field by` on the node that holds it; the new value.
+    pub(crate) async fn hincrby(
+        &self,
+        key: &str,
+        field: &str,
+        by: i64,
+    ) -> Result<i64, BackendError> {
+        let mut cmd = ::redis::cmd("HINCRBY");
+        cmd.arg(key).arg(field).arg(by);
+        if self.is_cluster() {
+            let via = self.cluster_via().await?;
+            return super::cluster::command::<i64>(&via, key, &cmd)
+                .await
+                .map_err(BackendError::connection);
+        }
+        match self.connection().await? {
+            Conn::Manager(mut m) => cmd.query_async(&mut m).await.map_err(|e| self.error(e)),
+            Conn::Multiplexed(mut m) => cmd.query_async(&mut m).await.map_err(|e| self.error(e)),
         }
     }
 }
