@@ -107,31 +107,28 @@ impl RedisBackend {
     /// A Redis call's error (single node or cluster), as the layer
     /// classifies it: a broken, refused or timed-out connection, a cluster
     /// error or a node that cannot serve yet (master down, read-only,
-    /// loading) is a connection error, anything else a script error. A
-    /// pooled connection that broke is forgotten (the next check takes a
-    /// fresh one), as is a Sentinel primary's that broke or answers
-    /// `READONLY` (the next check asks the sentinels).
+    /// loading) is a connection error, anything else a script error.
+    ///
+    /// A connection that broke, or whose node answers `READONLY` (demoted),
+    /// `MASTERDOWN` or `LOADING`, is forgotten on every single-node path:
+    /// the next call connects afresh — to whatever the URL names now (a DNS
+    /// name or a proxy that moved to the new primary), a fresh pooled
+    /// connection, or the primary the sentinels name now. A node that is
+    /// still the right one costs one reconnect.
     pub(super) fn error(&self, e: RedisError) -> BackendError {
         let broken = e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal();
-        // Behind Sentinel, a node that answers READONLY was demoted: look
-        // the primary up again.
-        let demoted = matches!(self.inner.source, Source::Sentinel(_))
-            && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly);
-        if broken || demoted {
+        let unserving = matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::MasterDown
+                    | ServerErrorKind::ReadOnly
+                    | ServerErrorKind::BusyLoading
+            )
+        );
+        if broken || unserving {
             self.forget_connection();
         }
-        if broken
-            || e.is_timeout()
-            || e.is_cluster_error()
-            || matches!(
-                e.kind(),
-                ErrorKind::Server(
-                    ServerErrorKind::MasterDown
-                        | ServerErrorKind::ReadOnly
-                        | ServerErrorKind::BusyLoading
-                )
-            )
-        {
+        if broken || unserving || e.is_timeout() || e.is_cluster_error() {
             BackendError::connection(e)
         } else {
             BackendError::script(e)
@@ -145,8 +142,8 @@ impl RedisBackend {
                 connect_timeout,
                 manager,
             } => {
-                if let Some(m) = manager.get() {
-                    return Ok(Conn::Manager(m.clone()));
+                if let Some(m) = &*manager.load() {
+                    return Ok(Conn::Manager(ConnectionManager::clone(m)));
                 }
                 // Reconnect attempts back off to at most 200 ms apart, so a
                 // Redis that comes back is found within a fraction of a second.
@@ -156,7 +153,12 @@ impl RedisBackend {
                     .set_max_delay(Duration::from_millis(200));
                 let m = ConnectionManager::new_lazy_with_config(client.clone(), config)
                     .map_err(BackendError::connection)?;
-                Ok(Conn::Manager(manager.get_or_init(|| m).clone()))
+                // Another request may have made one meanwhile: keep theirs.
+                let none: Option<std::sync::Arc<ConnectionManager>> = None;
+                let new = std::sync::Arc::new(m);
+                let prev = manager.compare_and_swap(&none, Some(new.clone()));
+                let m = prev.as_ref().map_or(new, std::sync::Arc::clone);
+                Ok(Conn::Manager(ConnectionManager::clone(&m)))
             }
             Source::Pool { pool, conn } => {
                 if let Some(c) = lock(conn).clone() {
@@ -213,7 +215,8 @@ impl RedisBackend {
             Source::Pool { conn, .. } => *lock(conn) = None,
             Source::ClusterPool { conn, .. } => *lock(conn) = None,
             Source::Sentinel(s) => s.forget(),
-            Source::Client { .. } | Source::Cluster { .. } => {}
+            Source::Client { manager, .. } => manager.store(None),
+            Source::Cluster { .. } => {}
         }
     }
 }

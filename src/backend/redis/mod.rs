@@ -13,7 +13,7 @@ use connection::Conn;
 pub use format::StateFormat;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use std::time::Instant;
 use timed::with_timeout;
@@ -47,7 +47,11 @@ mod wire;
 /// concurrent requests are pipelined on one socket), never a pool checkout
 /// per request.
 /// * [`RedisBackend::from_url`] holds a `redis::aio::ConnectionManager`,
-///   which reconnects on its own after a failure.
+///   which reconnects on its own after a failure; when the node answers
+///   `READONLY` (a primary demoted behind a DNS name or a proxy that moved,
+///   as managed Redis services do on failover), `MASTERDOWN` or `LOADING`,
+///   the connection is dropped and the next request connects afresh, so
+///   limiting follows the name to the new primary.
 /// * [`RedisBackend::from_pool`] takes one connection out of your
 ///   `deadpool-redis` pool and shares it; when it fails it is dropped and the
 ///   next request takes a fresh one from the pool (no per-request recycle
@@ -119,7 +123,11 @@ enum Source {
     Client {
         client: Client,
         connect_timeout: Duration,
-        manager: OnceLock<ConnectionManager>,
+        /// The shared connection; `None` after it was forgotten (broken,
+        /// or its node no longer a serving primary): the next call makes
+        /// another.
+        /// (An `ArcSwapOption`: every check loads it, never locks.)
+        manager: arc_swap::ArcSwapOption<ConnectionManager>,
     },
     Pool {
         pool: deadpool_redis::Pool,
@@ -166,7 +174,7 @@ impl RedisBackend {
         Ok(Self::new(Source::Client {
             client,
             connect_timeout: Duration::from_secs(1),
-            manager: OnceLock::new(),
+            manager: arc_swap::ArcSwapOption::empty(),
         }))
     }
 

@@ -20,7 +20,8 @@
 //!   node; `ASK` sends `ASKING` and the call as **one** pipeline on the
 //!   named node's connection, so nothing comes between them; `NOSCRIPT`
 //!   sends the same call as `EVAL` to the same node; `TRYAGAIN`,
-//!   `CLUSTERDOWN`, `MASTERDOWN`, `LOADING` and failed connects wait
+//!   `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY` (its connection
+//!   dropped too) and failed connects wait
 //!   [`MIN_WAIT`], doubling up to [`MAX_WAIT`], refresh the map and go
 //!   again. A redirected, refused or unconnected call did not run, so
 //!   following it charges nothing twice. A connection that breaks after the
@@ -214,6 +215,14 @@ impl Router {
                     | ServerErrorKind::MasterDown
                     | ServerErrorKind::BusyLoading,
                 ) => {
+                    self.back_off(&mut wait).await;
+                    redirect = None;
+                }
+                ErrorKind::Server(ServerErrorKind::ReadOnly) => {
+                    // A node demoted behind an address that now names a
+                    // replica: a script refused there wrote nothing. Drop
+                    // the connection, refresh the map and go again.
+                    self.drop_connection(&addr);
                     self.back_off(&mut wait).await;
                     redirect = None;
                 }
