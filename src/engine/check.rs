@@ -105,7 +105,7 @@ impl Engine {
                     Begun::Ready(result) => (result, meta),
                     Begun::Pending(check) => {
                         return Step::Pending(Pending {
-                            state: State::Checking { check, meta },
+                            state: checking(shared, check, meta),
                         });
                     }
                 }
@@ -135,6 +135,10 @@ enum State {
     Checking {
         check: CheckFuture,
         meta: Meta,
+        /// The concurrency checks' lease ids while no answer says whether
+        /// they were taken: released if the request is dropped now or the
+        /// call fails (see [`super::lease`]).
+        unanswered: Option<Box<super::lease::Leases>>,
     },
     Done,
 }
@@ -179,22 +183,41 @@ impl Pending {
                             return Poll::Ready(Decision::Block(Block::Limited(denial)))
                         }
                         Resumed::Begun(Begun::Pending(check), meta) => {
-                            self.state = State::Checking { check, meta };
+                            self.state = checking(shared, check, meta);
                         }
                         Resumed::Begun(Begun::Ready(result), meta) => {
                             return Poll::Ready(outcome(shared, &meta, result, facts));
                         }
                     }
                 }
-                State::Checking { check, meta } => {
+                State::Checking {
+                    check,
+                    meta,
+                    unanswered,
+                } => {
                     let result = ready!(check.as_mut().poll(cx));
                     let meta = std::mem::take(meta);
+                    // An answer: the slots taken are the response's now
+                    // (outcome). An error: released (dropped below).
+                    if let (Ok(_), Some(u)) = (&result, unanswered.take()) {
+                        u.disarm();
+                    }
                     self.state = State::Done;
                     return Poll::Ready(outcome(shared, &meta, result, facts));
                 }
                 State::Done => panic!("Pending polled after its decision"),
             }
         }
+    }
+}
+
+/// The state of a check whose call is in flight.
+fn checking(shared: &Shared, check: CheckFuture, meta: Meta) -> State {
+    let unanswered = super::lease::Leases::unanswered(&shared.backend, &meta.sent);
+    State::Checking {
+        check,
+        meta,
+        unanswered,
     }
 }
 

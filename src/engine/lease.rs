@@ -3,6 +3,13 @@
 //! keeps until the response is over (the HTTP front door: until its body
 //! has been sent or dropped). Dropping the guard releases every slot; while
 //! it lives, a task renews the leases every half lease.
+//!
+//! While the backend call that may take the slots is in flight, an
+//! [`Leases::unanswered`] guard (no renewal) holds every concurrency
+//! check's lease id: a request dropped then (its client gone), or whose
+//! call ends in an error (a timeout, a broken connection: the script may
+//! have run), releases them at once — a `ZREM` of an id the script never
+//! added removes nothing, and on one connection it runs after the script.
 
 use super::plan::Meta;
 use crate::algorithm::{Concurrency, Limit};
@@ -56,6 +63,35 @@ impl Leases {
         Some(leases)
     }
 
+    /// Every concurrency check of a call about to be sent (allowed or not:
+    /// nobody knows yet), released when dropped and not renewed. `None`
+    /// when the call has no concurrency check.
+    pub(crate) fn unanswered(
+        backend: &Backend,
+        sent: &[crate::backend::TierCheck],
+    ) -> Option<Box<Leases>> {
+        let held: smallvec::SmallVec<[(String, Concurrency); 1]> = sent
+            .iter()
+            .filter_map(|c| match c.limit {
+                Limit::Concurrency(limit) => Some((c.key.clone(), limit)),
+                _ => None,
+            })
+            .collect();
+        (!held.is_empty()).then(|| {
+            Box::new(Leases {
+                backend: backend.clone(),
+                held,
+                renewal: None,
+            })
+        })
+    }
+
+    /// Forgets the slots without releasing them (the call answered: the
+    /// slots it took, if any, now belong to [`Leases::of`]'s guard).
+    pub(crate) fn disarm(mut self: Box<Self>) {
+        self.held.clear();
+    }
+
     /// A task renewing every lease each half lease, while the guard lives.
     fn start_renewal(&self) -> Option<tokio::task::AbortHandle> {
         let rt = tokio::runtime::Handle::try_current().ok()?;
@@ -96,6 +132,9 @@ impl Drop for Leases {
             r.abort();
         }
         let held = std::mem::take(&mut self.held);
+        if held.is_empty() {
+            return;
+        }
         match &self.backend {
             Backend::Memory(m) => {
                 for (key, c) in &held {
