@@ -213,7 +213,7 @@ impl Pending {
 
 /// The state of a check whose call is in flight.
 fn checking(shared: &Shared, check: CheckFuture, meta: Meta) -> State {
-    let unanswered = super::lease::Leases::unanswered(&shared.backend, &meta.sent);
+    let unanswered = super::lease::Leases::unanswered(shared, &meta);
     State::Checking {
         check,
         meta,

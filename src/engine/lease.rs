@@ -12,17 +12,37 @@
 //! added removes nothing, and on one connection it runs after the script.
 
 use super::plan::Meta;
+use super::runtime::Shared;
 use crate::algorithm::{Concurrency, Limit};
 use crate::backend::{Backend, Verdict};
+use crate::throttle::LogThrottle;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use tokio::time::Instant;
+
+/// Slot leases that lapsed while their request was still running (every
+/// renewal failed until the lease ran out, or the backend no longer held
+/// it), by `tier`: the tier may have admitted one request too many.
+pub(crate) const LAPSES: &str = "tiered_ratelimit_concurrency_lapses_total";
+
+/// The first wait before a failed renewal is tried again; it doubles up to
+/// an eighth of the lease (and at most [`MAX_RETRY_WAIT`]).
+const MIN_RETRY_WAIT: Duration = Duration::from_millis(5);
+const MAX_RETRY_WAIT: Duration = Duration::from_millis(200);
+
+/// One slot a request holds: its storage key, the tier's limit (with the
+/// lease id) and the tier's name (the metric's label).
+type Held = (String, Concurrency, Arc<str>);
 
 /// The slots an admitted request holds on its concurrency tiers: released
 /// when dropped (memory: at once; Redis: one `ZREM` per slot, in a task of
 /// its own), renewed every half lease while held.
 pub(crate) struct Leases {
     backend: Backend,
-    held: smallvec::SmallVec<[(String, Concurrency); 1]>,
+    held: smallvec::SmallVec<[Held; 1]>,
     renewal: Option<tokio::task::AbortHandle>,
+    /// Bounds each renewal call (the layer's `backend_timeout`).
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for Leases {
@@ -36,7 +56,12 @@ impl std::fmt::Debug for Leases {
 impl Leases {
     /// The leases a request was charged on `backend` (none when it was not
     /// charged, or has no concurrency tier).
-    pub(crate) fn of(backend: &Backend, meta: &Meta, v: &Verdict) -> Option<Box<Leases>> {
+    pub(crate) fn of(
+        shared: &Shared,
+        backend: &Backend,
+        meta: &Meta,
+        v: &Verdict,
+    ) -> Option<Box<Leases>> {
         let mut held = smallvec::SmallVec::new();
         let mut committed = None;
         for (i, c) in meta.sent.iter().enumerate() {
@@ -48,7 +73,7 @@ impl Leases {
                 return None;
             }
             if v.decisions.get(i).is_some_and(|d| d.allowed) {
-                held.push((c.key.clone(), limit));
+                held.push((c.key.clone(), limit, tier_name(shared, meta, i)));
             }
         }
         if held.is_empty() {
@@ -58,6 +83,7 @@ impl Leases {
             backend: backend.clone(),
             held,
             renewal: None,
+            timeout: shared.backend_timeout,
         });
         leases.renewal = leases.start_renewal();
         Some(leases)
@@ -66,22 +92,24 @@ impl Leases {
     /// Every concurrency check of a call about to be sent (allowed or not:
     /// nobody knows yet), released when dropped and not renewed. `None`
     /// when the call has no concurrency check.
-    pub(crate) fn unanswered(
-        backend: &Backend,
-        sent: &[crate::backend::TierCheck],
-    ) -> Option<Box<Leases>> {
-        let held: smallvec::SmallVec<[(String, Concurrency); 1]> = sent
+    pub(crate) fn unanswered(shared: &Shared, meta: &Meta) -> Option<Box<Leases>> {
+        let held: smallvec::SmallVec<[Held; 1]> = meta
+            .sent
             .iter()
-            .filter_map(|c| match c.limit {
-                Limit::Concurrency(limit) => Some((c.key.clone(), limit)),
+            .enumerate()
+            .filter_map(|(i, c)| match c.limit {
+                Limit::Concurrency(limit) => {
+                    Some((c.key.clone(), limit, tier_name(shared, meta, i)))
+                }
                 _ => None,
             })
             .collect();
         (!held.is_empty()).then(|| {
             Box::new(Leases {
-                backend: backend.clone(),
+                backend: shared.backend.clone(),
                 held,
                 renewal: None,
+                timeout: shared.backend_timeout,
             })
         })
     }
@@ -93,18 +121,31 @@ impl Leases {
     }
 
     /// A task renewing every lease each half lease, while the guard lives.
+    /// A renewal that fails (a dropped connection, a timeout) is tried
+    /// again, backing off from 5 ms, until the lease would lapse; a lease
+    /// that lapses all the same (or that the backend no longer holds) is
+    /// counted in [`LAPSES`], logged at `warn`, and no longer renewed.
     fn start_renewal(&self) -> Option<tokio::task::AbortHandle> {
         let rt = tokio::runtime::Handle::try_current().ok()?;
-        let every = self.held.iter().map(|(_, c)| c.lease_us).min()? / 2;
-        let (backend, held) = (self.backend.clone(), self.held.clone());
+        let every = self.held.iter().map(|(_, c, _)| c.lease_us).min()? / 2;
+        let (backend, held, timeout) = (self.backend.clone(), self.held.clone(), self.timeout);
         let task = rt.spawn(async move {
+            let start = Instant::now();
+            // Until when each lease holds without another renewal (on the
+            // local clock, from when the call that took or renewed it was
+            // sent: never later than the backend's); `None` once lapsed.
+            let mut until: smallvec::SmallVec<[Option<Instant>; 1]> = held
+                .iter()
+                .map(|(_, c, _)| Some(start + Duration::from_micros(c.lease_us)))
+                .collect();
             let mut tick = tokio::time::interval(Duration::from_micros(every.max(1)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await; // the first tick is at once
             loop {
                 tick.tick().await;
-                for (key, c) in &held {
-                    renew(&backend, key, c).await;
+                for ((key, c, tier), until) in held.iter().zip(until.iter_mut()) {
+                    let Some(u) = *until else { continue };
+                    *until = renew_until_lapse(&backend, key, c, tier, u, timeout).await;
                 }
             }
         });
@@ -112,17 +153,76 @@ impl Leases {
     }
 }
 
-async fn renew(backend: &Backend, key: &str, c: &Concurrency) {
-    match backend {
-        Backend::Memory(m) => {
-            m.renew(key, c);
+/// The name of the tier of `meta`'s check `i`.
+fn tier_name(shared: &Shared, meta: &Meta, i: usize) -> Arc<str> {
+    meta.tiers
+        .get(i)
+        .and_then(|&t| shared.tiers.get(usize::from(t)))
+        .map_or_else(|| Arc::from("unknown"), |t| t.name.clone())
+}
+
+/// Renews `key`'s lease, again after a failure until `until` (when the
+/// lease lapses without a renewal); the lease's new end, or `None` when it
+/// lapsed (counted and logged).
+async fn renew_until_lapse(
+    backend: &Backend,
+    key: &str,
+    c: &Concurrency,
+    tier: &Arc<str>,
+    until: Instant,
+    timeout: Duration,
+) -> Option<Instant> {
+    let lease = Duration::from_micros(c.lease_us);
+    let most = (lease / 8).clamp(Duration::from_millis(1), MAX_RETRY_WAIT);
+    let mut wait = MIN_RETRY_WAIT.min(most);
+    loop {
+        let sent = Instant::now();
+        let left = until.saturating_duration_since(sent);
+        if left.is_zero() {
+            lapsed(tier, "every renewal failed until the lease ran out");
+            return None;
         }
-        #[cfg(feature = "redis")]
-        Backend::Redis(r) => {
-            if let Err(e) = r.renew(key, c).await {
-                tracing::debug!(target: super::LOG_TARGET, error = %e, "rate limiter: lease renewal failed");
+        let bound = left.min(timeout);
+        let error = match tokio::time::timeout(bound, renew(backend, key, c)).await {
+            Ok(Ok(true)) => return Some(sent + lease),
+            Ok(Ok(false)) => {
+                lapsed(tier, "the backend no longer held the lease");
+                return None;
             }
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("timed out after {bound:?}"),
+        };
+        tracing::debug!(target: super::LOG_TARGET, tier = &**tier, error, "rate limiter: lease renewal failed; trying again");
+        tokio::time::sleep(wait.min(until.saturating_duration_since(Instant::now()))).await;
+        wait = (wait * 2).min(most);
+    }
+}
+
+/// Counts and logs (at most once a second) a lease that lapsed while its
+/// request ran.
+fn lapsed(tier: &Arc<str>, why: &'static str) {
+    metrics::counter!(LAPSES, "tier" => tier.to_string()).increment(1);
+    static LOG: OnceLock<LogThrottle> = OnceLock::new();
+    if let Some(suppressed) = LOG
+        .get_or_init(|| LogThrottle::new(Duration::from_secs(1)))
+        .permit()
+    {
+        tracing::warn!(target: super::LOG_TARGET, tier = &**tier, why, suppressed,
+            "rate limiter: a running request's concurrency slot lapsed; the tier may admit one request too many");
+    }
+}
+
+/// One renewal: whether the backend still held the lease (and now holds it
+/// for another lease from its clock).
+async fn renew(
+    backend: &Backend,
+    key: &str,
+    c: &Concurrency,
+) -> Result<bool, crate::error::BackendError> {
+    match backend {
+        Backend::Memory(m) => Ok(m.renew(key, c)),
+        #[cfg(feature = "redis")]
+        Backend::Redis(r) => r.renew(key, c).await,
     }
 }
 
@@ -137,7 +237,7 @@ impl Drop for Leases {
         }
         match &self.backend {
             Backend::Memory(m) => {
-                for (key, c) in &held {
+                for (key, c, _) in &held {
                     m.release(key, c.lease);
                 }
             }
@@ -148,7 +248,7 @@ impl Drop for Leases {
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     let r = r.clone();
                     rt.spawn(async move {
-                        for (key, c) in &held {
+                        for (key, c, _) in &held {
                             if let Err(e) = r.release(key, c.lease).await {
                                 tracing::debug!(target: super::LOG_TARGET, error = %e, "rate limiter: lease release failed; it expires after its lease");
                             }

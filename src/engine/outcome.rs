@@ -89,7 +89,7 @@ pub(crate) fn outcome(
             };
             let d = decide(shared, meta, &v, refunds);
             let d = if shared.concurrency {
-                with_leases(d, &shared.backend, meta, &v)
+                with_leases(d, shared, &shared.backend, meta, &v)
             } else {
                 d
             };
@@ -181,9 +181,15 @@ fn penalty_limits(meta: &Meta, v: &mut Verdict) {
 /// An allowed request's concurrency slots (taken on `backend`), for the
 /// front door to hold until the response is over.
 #[inline]
-fn with_leases(mut d: Decision, backend: &Backend, meta: &Meta, v: &Verdict) -> Decision {
+fn with_leases(
+    mut d: Decision,
+    shared: &Shared,
+    backend: &Backend,
+    meta: &Meta,
+    v: &Verdict,
+) -> Decision {
     if let Decision::Allow(a) = &mut d {
-        a.leases = super::lease::Leases::of(backend, meta, v);
+        a.leases = super::lease::Leases::of(shared, backend, meta, v);
     }
     d
 }
@@ -242,7 +248,7 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
                     meta.sent = checks;
                     penalty_limits(&meta, &mut v);
                     let local = crate::backend::Backend::Memory(local.clone());
-                    with_leases(decide(shared, &meta, &v, None), &local, &meta, &v)
+                    with_leases(decide(shared, &meta, &v, None), shared, &local, &meta, &v)
                 }
                 Planned::Refuse(status) => Decision::Block(Block::Denylisted(status)),
                 // An extractor failed: nothing local can decide either.

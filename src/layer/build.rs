@@ -194,6 +194,14 @@ impl RateLimitLayerBuilder {
         let concurrency = tiers
             .iter()
             .any(|t| matches!(t.algorithm, crate::Algorithm::Concurrency { .. }));
+        // Registered at 0, so a dashboard sees the series before a lapse.
+        for t in tiers
+            .iter()
+            .filter(|t| matches!(t.algorithm, crate::Algorithm::Concurrency { .. }))
+        {
+            metrics::counter!(crate::engine::lease::LAPSES, "tier" => t.name.to_string())
+                .increment(0);
+        }
         let leases = crate::engine::leased::LeasePool::new(
             &backend,
             local_clock.clone(),
