@@ -199,7 +199,7 @@ impl Pending {
                     let meta = std::mem::take(meta);
                     // An answer: the slots taken are the response's now
                     // (outcome). An error: released (dropped below).
-                    if let (Ok(_), Some(u)) = (&result, unanswered.take()) {
+                    if let (Ok(_), Some(u)) = (&result, unanswered.as_mut()) {
                         u.disarm();
                     }
                     self.state = State::Done;

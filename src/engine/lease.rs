@@ -116,7 +116,7 @@ impl Leases {
 
     /// Forgets the slots without releasing them (the call answered: the
     /// slots it took, if any, now belong to [`Leases::of`]'s guard).
-    pub(crate) fn disarm(mut self: Box<Self>) {
+    pub(crate) fn disarm(&mut self) {
         self.held.clear();
     }
 
