@@ -17,6 +17,12 @@ use tiered_ratelimit::backend::{ManualClock, RedisBackend};
 use tiered_ratelimit::key::Global;
 use tiered_ratelimit::{FailurePolicy, Quota, RateLimitLayer, Tier};
 
+/// The node that will be demoted: as a replica it loads the primary's data
+/// in memory and writes no `dump.rdb` into the working directory.
+fn replica_to_be() -> RedisServer {
+    RedisServer::start_with(&["--repl-diskless-load", "swapdb"])
+}
+
 /// Makes `old` a replica of `new` and waits until it has synced (its data
 /// is then `new`'s: empty).
 fn demote(old: &RedisServer, new: &RedisServer) {
@@ -97,14 +103,20 @@ async fn limiting_follows_the_proxy(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_url_behind_a_proxy_follows_a_failover() {
-    let (old, new) = (RedisServer::start(), RedisServer::start());
+    let (old, new) = (
+        replica_to_be(),
+        RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]),
+    );
     let fwd = Forwarder::start(old.port()).await;
     limiting_follows_the_proxy(|f| RedisBackend::from_url(&f.url()).unwrap(), old, new, fwd).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_behind_a_proxy_follows_a_failover() {
-    let (old, new) = (RedisServer::start(), RedisServer::start());
+    let (old, new) = (
+        replica_to_be(),
+        RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]),
+    );
     let fwd = Forwarder::start(old.port()).await;
     limiting_follows_the_proxy(
         |f| {
