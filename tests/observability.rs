@@ -320,36 +320,66 @@ fn tier_decisions_per_endpoint_count_every_decision() {
 }
 
 /// A 429 answered by the deny cache (Redis, no backend call) counts
-/// `limited` for its tier and endpoint like the backend's own.
+/// `limited` for its tier and endpoint like the backend's own. A key's
+/// first 429 is `limited` in `requests_total` too, so an operator sees
+/// users refused: the first answered from an entry an admission primed (the
+/// backend denied nothing), or the backend's own denial (which writes the
+/// entry); only the later ones are `cache_blocked`.
 #[test]
 fn deny_cache_429s_count_as_limited_per_endpoint() {
     use tiered_ratelimit::{backend::ManualClock, backend::RedisBackend, RateLimitLayer};
     let redis = RedisServer::start();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
+    let clock = ManualClock::new(T0_US);
+    let (a, b) = metrics::with_local_recorder(&recorder, || {
         let rt = current_thread_runtime();
         rt.block_on(async {
             use tower::ServiceExt;
-            let layer = RateLimitLayer::builder()
-                .backend(
-                    RedisBackend::from_url(&redis.url())
-                        .unwrap()
-                        .with_manual_clock(ManualClock::new(T0_US)),
-                )
-                .tier(Tier::new("user", User, Quota::per_minute(1)))
-                .build()
-                .unwrap();
-            let app = app(layer);
-            for _ in 0..3 {
+            let layer = || {
+                RateLimitLayer::builder()
+                    .backend(
+                        RedisBackend::from_url(&redis.url())
+                            .unwrap()
+                            .with_manual_clock(clock.clone()),
+                    )
+                    .tier(Tier::new("user", User, Quota::per_minute(1)))
+                    .build()
+                    .unwrap()
+            };
+            let send = |app: axum::Router| async move {
                 let req = http::Request::get("/users/1")
                     .header("authorization", "Bearer alice")
                     .body(axum::body::Body::empty())
                     .unwrap();
-                app.clone().oneshot(req).await.unwrap();
+                app.oneshot(req).await.unwrap().status().as_u16()
+            };
+            // A: the admission that empties the bucket primes the cache;
+            // both 429s come from the cache.
+            let a = layer();
+            let app_a = app(a.clone());
+            let mut statuses = Vec::new();
+            for _ in 0..3 {
+                statuses.push(send(app_a.clone()).await);
             }
-        });
+            assert_eq!(statuses, [200, 429, 429]);
+            // B, another instance: its first 429 is the backend's denial.
+            let b = layer();
+            let app_b = app(b.clone());
+            assert_eq!([send(app_b.clone()).await, send(app_b).await], [429, 429]);
+            (a.handle().counts(), b.handle().counts())
+        })
     });
+    assert_eq!(
+        (a.allowed, a.limited, a.cache_blocked),
+        (1, 1, 1),
+        "instance A: {a:?}"
+    );
+    assert_eq!(
+        (b.allowed, b.limited, b.cache_blocked),
+        (0, 1, 1),
+        "instance B: {b:?}"
+    );
     let mut got: Vec<(String, u64)> = snapshotter
         .snapshot()
         .into_vec()
@@ -372,9 +402,10 @@ fn deny_cache_429s_count_as_limited_per_endpoint() {
     let want: Vec<(String, u64)> = [
         ("tiered_ratelimit_requests_total allowed", 1),
         ("tiered_ratelimit_requests_total cache_blocked", 2),
+        ("tiered_ratelimit_requests_total limited", 2),
         (
             "tiered_ratelimit_tier_decisions_total limited | user | default | GET /users/{id}",
-            2,
+            4,
         ),
         (
             "tiered_ratelimit_tier_decisions_total near_limit | user | default | GET /users/{id}",
