@@ -57,8 +57,9 @@ fn one_span_per_check_with_tier_results() {
 }
 
 /// Building a layer on Redis with the default `key_prefix` logs one `WARN`
-/// line (two services on one Redis would share buckets); another prefix, or
-/// the memory backend, logs none.
+/// line (two services on one Redis would share buckets), worded so that it
+/// is also true of a policy that sets `key_prefix = "rl"` (the quickstart's);
+/// another prefix, or the memory backend, logs none.
 #[test]
 fn default_key_prefix_on_redis_warns_once_per_build() {
     use tiered_ratelimit::{backend::RedisBackend, key::Global, RateLimitLayer};
@@ -67,7 +68,15 @@ fn default_key_prefix_on_redis_warns_once_per_build() {
     let warnings = || {
         let out = buf.text();
         out.lines()
-            .filter(|l| l.contains(" WARN ") && l.contains("default key_prefix"))
+            .filter(|l| {
+                l.contains(" WARN ")
+                    && l.contains(
+                        "Redis backend with key_prefix \"rl\", the one every service \
+                         gets without a key_prefix of its own: services sharing this \
+                         Redis with the same prefix share their buckets; give each \
+                         service its own key_prefix",
+                    )
+            })
             .count()
     };
     let server = RedisServer::start();

@@ -156,6 +156,7 @@ impl RequestMetrics {
                 return f(h);
             }
         }
+        describe();
         let backend = self.backend;
         let h = Arc::new(Handles {
             recorder,
@@ -256,6 +257,90 @@ impl RequestMetrics {
 }
 
 pub(crate) const TIER_DECISIONS: &str = "tiered_ratelimit_tier_decisions_total";
+
+/// The address of the recorder the metrics were last described to (0:
+/// none yet).
+static DESCRIBED_FOR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Gives every series of the crate its unit and `# HELP` text
+/// (`metrics::describe_*`), once per recorder: called when a layer is
+/// built and whenever a layer registers its handles with a recorder it has
+/// not seen (one installed after the layer was built), so a scrape carries
+/// HELP lines whatever the order. docs/observability.md has the long form.
+pub(crate) fn describe() {
+    let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
+    if DESCRIBED_FOR.swap(recorder, Ordering::Relaxed) == recorder {
+        return;
+    }
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        REQUESTS,
+        Unit::Count,
+        "Requests that reached the rate limiter, one per request, by decision; the 429s are limited + cache_blocked (a key's first 429 is limited)"
+    );
+    describe_counter!(
+        TIER_DECISIONS,
+        Unit::Count,
+        "Every tier's decision on every request it checked, by tier, plan, endpoint and decision (limited: the tier that answered the 429)"
+    );
+    describe_counter!(
+        BACKEND_ERRORS,
+        Unit::Count,
+        "Checks the backend did not answer (timeout, connection, script, key, circuit_open), each then decided by the failure policy"
+    );
+    describe_counter!(
+        "tiered_ratelimit_key_errors_total",
+        Unit::Count,
+        "Requests whose key extractor failed, by tier and reason (that tier skipped, or 503 under the closed failure policy)"
+    );
+    describe_histogram!(
+        CHECK_DURATION,
+        Unit::Seconds,
+        "Latency the rate limiter added to a checked request, in seconds: part=total (its whole work) or part=backend (the backend call)"
+    );
+    describe_gauge!(
+        CIRCUIT_STATE,
+        "The backend circuit breaker: 0 closed, 1 open (set on transitions)"
+    );
+    describe_gauge!(
+        MODE,
+        "A tier's mode in force: 0 off, 1 shadow, 2 canary, 3 enforce"
+    );
+    describe_gauge!(
+        ENFORCED_PERCENT,
+        Unit::Percent,
+        "Share of a tier's keys enforced, in percent: 100 enforce, n canary, 0 shadow or off"
+    );
+    describe_gauge!(
+        ANOMALY,
+        "1 while a (tier, endpoint) 429 rate is outside its baseline, 0 once back"
+    );
+    describe_counter!(
+        fleet::FLUSHED,
+        Unit::Count,
+        "Deny-cache 429s (cost) added to the fleet-wide hourly blocked-keys sets"
+    );
+    describe_counter!(
+        fleet::DROPPED,
+        Unit::Count,
+        "Deny-cache 429s (cost) not counted fleet-wide, by reason (overflow, error, timeout)"
+    );
+    describe_counter!(
+        "tiered_ratelimit_lease_calls_total",
+        Unit::Count,
+        "Lease mode: script calls that took, or tried to take, a token lease from a shared bucket"
+    );
+    describe_counter!(
+        "tiered_ratelimit_lease_tokens_total",
+        Unit::Count,
+        "Lease mode: tokens (requests) taken out of shared buckets by leases, and returned (op)"
+    );
+    describe_counter!(
+        "tiered_ratelimit_refund_failures_total",
+        Unit::Count,
+        "Redis Cluster: refunds of a cross-slot denial that did not land, by kind"
+    );
+}
 
 pub(crate) fn count_backend_error(kind: &'static str, backend: &'static str) {
     metrics::counter!(BACKEND_ERRORS, "kind" => kind, "backend" => backend).increment(1);
