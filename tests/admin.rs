@@ -382,7 +382,7 @@ async fn top_history_and_anomalies_json(env: Env) {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         hist["buckets"],
-        json!([{"start": T0_S - T0_S % 60, "requests": 10, "limited": 6, "shadow_limited": 0}])
+        json!([{"start": T0_S - T0_S % 60, "requests": 10, "limited": 6, "shadow_limited": 0, "fail_open": 0}])
     );
     let (status, _) = api_get(addr, "/api/history/nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -430,7 +430,7 @@ async fn open_bucket_right_after_start() {
     assert_eq!(
         hist,
         json!({"tier": "user", "buckets": [], "current":
-            {"start": start, "requests": 3, "limited": 1, "shadow_limited": 0, "partial": true}})
+            {"start": start, "requests": 3, "limited": 1, "shadow_limited": 0, "fail_open": 0, "partial": true}})
     );
     assert_eq!(h.history("user").unwrap(), []);
     let html = page_html(addr).await;
@@ -452,11 +452,11 @@ async fn open_bucket_right_after_start() {
     let (_, hist) = api_get(addr, "/api/history/user").await;
     assert_eq!(
         hist["buckets"],
-        json!([{"start": start, "requests": 3, "limited": 1, "shadow_limited": 0}])
+        json!([{"start": start, "requests": 3, "limited": 1, "shadow_limited": 0, "fail_open": 0}])
     );
     assert_eq!(
         hist["current"],
-        json!({"start": start + 60, "requests": 1, "limited": 0, "shadow_limited": 0, "partial": true})
+        json!({"start": start + 60, "requests": 1, "limited": 0, "shadow_limited": 0, "fail_open": 0, "partial": true})
     );
 }
 
