@@ -479,3 +479,110 @@ async fn fleet_wide_top_blocked_in_the_same_call() {
     let ttl: i64 = redis.cmd(&["TTL", &set]);
     assert!(ttl > 89_990 && ttl <= 90_000, "ttl {ttl}");
 }
+
+/// Every `tiered_ratelimit_*` series in a Prometheus scrape has its `# HELP`
+/// line (`metrics::describe_*`), on a setup like the quickstart's (Redis,
+/// the quickstart's tiers, a control key, a leased tier, requests allowed,
+/// refused by Redis and by the deny cache, a key error).
+#[test]
+fn every_series_in_a_scrape_has_help() {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use tiered_ratelimit::{backend::RedisBackend, policy::Policy, RateLimitLayer};
+    let redis = RedisServer::start();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let policy = Policy::from_toml_str(
+        r#"
+key_prefix = "help"
+failure_policy = "open"
+[control]
+redis_key = "help:control"
+poll_interval = "1s"
+[[tier]]
+name = "global"
+key = "global"
+limit = 1000
+period = "1s"
+sync = "lease"
+[[tier]]
+name = "ip"
+key = "ip"
+limit = 60
+period = "1m"
+[[tier]]
+name = "api_key"
+key = { header = "x-api-key" }
+limit = 10000
+period = "1h"
+[[tier]]
+name = "user"
+key = "user"
+limit = 100
+period = "1m"
+[[tier]]
+name = "endpoint"
+key = "endpoint"
+limit = 3
+period = "10s"
+"#,
+    )
+    .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        current_thread_runtime().block_on(async {
+            let layer =
+                RateLimitLayer::from_policy(&policy, RedisBackend::from_url(&redis.url()).unwrap())
+                    .unwrap();
+            let addr = serve(app(layer.clone())).await;
+            let c = client();
+            for i in 0..6 {
+                c.get(format!("http://{addr}/users/{i}"))
+                    .header("authorization", "Bearer alice")
+                    .header("x-api-key", "k1")
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            // No connect info: the ip tier's key error.
+            let addr = serve_without_connect_info(app(layer)).await;
+            c.get(format!("http://{addr}/")).send().await.unwrap();
+        });
+    });
+    let scrape = handle.render();
+    let mut series: Vec<&str> = scrape
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.starts_with("tiered_ratelimit_"))
+        .map(|l| {
+            let name = l.split(['{', ' ']).next().unwrap();
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|base| {
+                    scrape.contains(&format!("# TYPE {base} histogram"))
+                        || scrape.contains(&format!("# TYPE {base} summary"))
+                })
+                .unwrap_or(name)
+        })
+        .collect();
+    series.sort_unstable();
+    series.dedup();
+    for s in [
+        "tiered_ratelimit_requests_total",
+        "tiered_ratelimit_tier_decisions_total",
+        "tiered_ratelimit_check_duration_seconds",
+        "tiered_ratelimit_mode",
+        "tiered_ratelimit_enforced_percent",
+        "tiered_ratelimit_key_errors_total",
+        "tiered_ratelimit_lease_tokens_total",
+    ] {
+        assert!(series.contains(&s), "{s} not in the scrape:\n{scrape}");
+    }
+    for s in &series {
+        let help = scrape
+            .lines()
+            .find(|l| l.starts_with(&format!("# HELP {s} ")));
+        assert!(
+            help.is_some_and(|h| h.len() > format!("# HELP {s} ").len() + 20),
+            "no HELP for {s}:\n{scrape}"
+        );
+    }
+}

@@ -149,7 +149,7 @@ impl RateLimitLayerBuilder {
         }
         let names: Vec<Arc<str>> = tiers.iter().map(|t| t.name.clone()).collect();
         let n_tiers = names.len();
-        crate::observe::describe();
+        crate::observe::describe_all();
         for (t, r) in names.iter().zip(&runtime) {
             crate::observe::set_mode_gauge(t, r.mode.under(self.mode));
         }

@@ -272,6 +272,14 @@ pub(crate) fn describe() {
     if DESCRIBED_FOR.swap(recorder, Ordering::Relaxed) == recorder {
         return;
     }
+    describe_all();
+}
+
+/// [`describe`] whatever the recorder (a layer being built: rare, and a
+/// recorder at the address of a dropped one is still described).
+pub(crate) fn describe_all() {
+    let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
+    DESCRIBED_FOR.store(recorder, Ordering::Relaxed);
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_counter!(
         REQUESTS,
