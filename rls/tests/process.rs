@@ -225,7 +225,7 @@ sync = "lease"
     )
     .unwrap();
     let (grpc, metrics) = (free_port(), free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
         .arg("--config")
         .arg(&config)
         .args(["--listen", &format!("127.0.0.1:{grpc}")])
