@@ -6,7 +6,7 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `cache_blocked`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `fallback`, `skipped`) | exactly one per request that reached the layer (`cache_blocked` is a 429 answered by the deny cache, not also `limited`) |
+//! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `cache_blocked`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `fallback`, `skipped`) | exactly one per request that reached the layer (`limited`: the backend's 429s and each key's first from the deny cache; `cache_blocked`: the deny cache's later ones, not also `limited`) |
 //! | `tiered_ratelimit_tier_decisions_total` | counter | `tier`, `plan` (a configured plan name, or `default`), `endpoint` (`METHOD route template`, `METHOD <unmatched>`, or `<other>` past the endpoint cap), `decision` (`allowed`, `near_limit`, `limited`, `limited_not_binding`, `shadow_limited`) | every decision of every tier: one per tier a request was checked against (`limited`: the binding tier of a 429) |
 //! | `tiered_ratelimit_fleet_blocked_flushed_total` | counter | — | deny-cache 429s (cost) flushed to the fleet-wide hourly sets (see docs/redis.md, "Cached 429s in the blocked set") |
 //! | `tiered_ratelimit_fleet_blocked_dropped_total` | counter | `reason` (`overflow`, `error`, `timeout`) | deny-cache 429s (cost) not counted fleet-wide |
@@ -402,7 +402,9 @@ mod tests {
 pub struct DecisionCounts {
     /// Passed every applicable tier.
     pub allowed: u64,
-    /// Rejected with 429 by an enforced tier.
+    /// Rejected with 429 by an enforced tier: answered by the backend, or a
+    /// key's first 429 answered by the deny cache (from an entry the
+    /// admission that emptied the tier wrote).
     pub limited: u64,
     /// Passed, but a shadow (or not-enforced canary) tier would have rejected it.
     pub shadow_limited: u64,
@@ -416,7 +418,9 @@ pub struct DecisionCounts {
     pub fail_closed: u64,
     /// No tier applied (anonymous on a user tier, OPTIONS, mode off, ...).
     pub skipped: u64,
-    /// Rejected by the local deny cache, without a backend call.
+    /// Rejected by the local deny cache, without a backend call, after the
+    /// key's first 429 (counted `limited`). All 429s: `limited +
+    /// cache_blocked`.
     pub cache_blocked: u64,
     /// Decided by the local fallback limiter while the backend was down.
     pub fallback: u64,
