@@ -766,7 +766,11 @@ async fn keys_shown_as_read_and_typed_in_either_form() {
     let c = client();
     // Two requests on GET /users/{id}, the second refused by `endpoint`.
     for status in [200, 429] {
-        let res = c.get(format!("http://{addr_e}/users/7")).send().await.unwrap();
+        let res = c
+            .get(format!("http://{addr_e}/users/7"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(res.status(), status);
     }
     // Users whose ids hold markup, quotes and ampersands: 2 requests each
@@ -783,10 +787,7 @@ async fn keys_shown_as_read_and_typed_in_either_form() {
     }
     let html = page_html(addr).await + &page_html(addr_e).await;
     for (shown, stored) in [
-        (
-            "GET /users/{id}",
-            "GET%20/users/%7Bid%7D",
-        ),
+        ("GET /users/{id}", "GET%20/users/%7Bid%7D"),
         (
             "&lt;script&gt;alert(1)&lt;/script&gt;",
             "&lt;script&gt;alert(1)&lt;/script&gt;",
@@ -821,11 +822,17 @@ async fn keys_shown_as_read_and_typed_in_either_form() {
             .send()
     };
     for typed in ["GET%20%2Fusers%2F%7Bid%7D", "GET%2520/users/%257Bid%257D"] {
-        let res = api(format!("/api/peek/endpoint?key={typed}")).await.unwrap();
+        let res = api(format!("/api/peek/endpoint?key={typed}"))
+            .await
+            .unwrap();
         assert_eq!(res.status(), 200, "{typed}");
         let v: Value = res.json().await.unwrap();
         assert_eq!(
-            (v["key"].as_str(), v["allowed"].as_bool(), v["remaining"].as_u64()),
+            (
+                v["key"].as_str(),
+                v["allowed"].as_bool(),
+                v["remaining"].as_u64()
+            ),
             (Some("GET%20/users/%7Bid%7D"), Some(false), Some(0)),
             "{typed}: {v}"
         );
@@ -844,7 +851,10 @@ async fn keys_shown_as_read_and_typed_in_either_form() {
         page.contains(r#"<table id="lookup"><tr><th>next request</th><td>denied</td>"#),
         "{page}"
     );
-    assert!(page.contains(r#"value="it&#39;s &amp; &lt;b&gt;""#), "{page}");
+    assert!(
+        page.contains(r#"value="it&#39;s &amp; &lt;b&gt;""#),
+        "{page}"
+    );
     // Reset by the API with the key as shown; by the page's form with the
     // stored form its button posts.
     let res = c
@@ -860,7 +870,12 @@ async fn keys_shown_as_read_and_typed_in_either_form() {
         v,
         json!({"tier": "endpoint", "key": "GET%20/users/%7Bid%7D", "existed": true})
     );
-    assert!(he.peek("endpoint", "GET /users/{id}").await.unwrap().allowed);
+    assert!(
+        he.peek("endpoint", "GET /users/{id}")
+            .await
+            .unwrap()
+            .allowed
+    );
     assert!(h.reset("user", "it's%20&%20<b>").await.unwrap());
     assert!(h.peek("user", "it's & <b>").await.unwrap().allowed);
 }

@@ -279,8 +279,7 @@ fn the_deny_cache_never_changes_a_response() {
             let (want, off_calls, off_counts) = run(&redis, off, &off_clock, &reqs).await;
             let on_clock = ManualClock::new(start);
             let on = layer(&redis, &on_clock, &format!("c{i}on"), &tiers, true, problem);
-            let (got, on_calls, (limited, cache_blocked)) =
-                run(&redis, on, &on_clock, &reqs).await;
+            let (got, on_calls, (limited, cache_blocked)) = run(&redis, on, &on_clock, &reqs).await;
             for (k, (w, g)) in want.iter().zip(&got).enumerate() {
                 prop_assert_eq!(w, g, "request {} of {:?}", k, reqs);
             }

@@ -123,10 +123,7 @@ fn cached_denials_reach_the_hourly_sets_exactly() {
         assert_eq!(redis.script_calls(), 10);
         // (Each key's first 429 counts `limited`, the 18 others
         // `cache_blocked`.)
-        assert_eq!(
-            (h.counts().cache_blocked, h.counts().limited),
-            (18, 5)
-        );
+        assert_eq!((h.counts().cache_blocked, h.counts().limited), (18, 5));
         // One flush (the first comes one interval, 1 s, after the first
         // cached 429; sending took less): one ZINCRBY per (hour, key).
         assert!(sending < Duration::from_secs(1), "sending took {sending:?}");

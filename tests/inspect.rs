@@ -107,7 +107,11 @@ async fn scenario(builder: RateLimitLayerBuilder) -> (RateLimitHandle, SocketAdd
     ));
     // Any other text is a key, as people read it or as stored: `a b` and
     // its stored form `a%20b` are one key.
-    for (read, stored) in [("a b", "a%20b"), ("{alice}", "%7Balice%7D"), ("é", "%C3%A9")] {
+    for (read, stored) in [
+        ("a b", "a%20b"),
+        ("{alice}", "%7Balice%7D"),
+        ("é", "%C3%A9"),
+    ] {
         let s = h.peek("user", read).await.unwrap();
         assert_eq!(numbers(&s), status(true, 2, 20, 0), "{read}");
         assert_eq!(h.peek("user", stored).await.unwrap(), s, "{stored}");

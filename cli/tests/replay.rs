@@ -935,7 +935,11 @@ fn plots_render_as_svg_and_png() {
     };
     let axis = y_of("time (UTC)");
     for label in ["ip", "global", "all requests"] {
-        assert!(y_of(label) > axis, "{label} at y {} above the axis title at {axis}", y_of(label));
+        assert!(
+            y_of(label) > axis,
+            "{label} at y {} above the axis title at {axis}",
+            y_of(label)
+        );
     }
 
     run(

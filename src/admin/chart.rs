@@ -105,7 +105,10 @@ pub(super) fn chart_svg(series: &[Series]) -> String {
     // period never reads as a quiet one.
     let mut fail_open: Vec<(u64, u64)> = Vec::new();
     for ser in series {
-        for (b, _) in ser.points().filter(|(b, _)| b.fail_open > 0 && b.start >= t_min) {
+        for (b, _) in ser
+            .points()
+            .filter(|(b, _)| b.fail_open > 0 && b.start >= t_min)
+        {
             match fail_open.iter_mut().find(|(t, _)| *t == b.start) {
                 // A request counts once per tier: the most of any tier.
                 Some((_, n)) => *n = (*n).max(b.fail_open),

@@ -115,9 +115,7 @@ pub(crate) fn outcome(
             } else {
                 fail_shadow(shared, &e)
             };
-            if !meta.quiet
-                && (shadow_only || shared.failure_policy == FailurePolicy::Open)
-            {
+            if !meta.quiet && (shadow_only || shared.failure_policy == FailurePolicy::Open) {
                 observe_fail_open(shared, meta);
             }
             d

@@ -272,7 +272,11 @@ pub fn readable_key_part(stored: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        match (b[i], b.get(i + 1).and_then(|&h| hex_digit(h)), b.get(i + 2).and_then(|&l| hex_digit(l))) {
+        match (
+            b[i],
+            b.get(i + 1).and_then(|&h| hex_digit(h)),
+            b.get(i + 2).and_then(|&l| hex_digit(l)),
+        ) {
             (b'%', Some(h), Some(l)) => {
                 out.push(h << 4 | l);
                 i += 3;
@@ -305,7 +309,9 @@ pub(crate) fn typed_key_part(typed: &str) -> std::borrow::Cow<'_, str> {
 fn is_hashed(s: &str) -> bool {
     s.len() == 33
         && s.starts_with('#')
-        && s.bytes().skip(1).all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        && s.bytes()
+            .skip(1)
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// Whether `s` is exactly what [`storage_key_part`] writes for some input.
@@ -323,7 +329,10 @@ fn is_stored_form(s: &str) -> bool {
             i += 1;
             continue;
         }
-        let upper = |c: Option<&u8>| c.filter(|c| c.is_ascii_digit() || (b'A'..=b'F').contains(*c)).and_then(|&c| hex_digit(c));
+        let upper = |c: Option<&u8>| {
+            c.filter(|c| c.is_ascii_digit() || (b'A'..=b'F').contains(*c))
+                .and_then(|&c| hex_digit(c))
+        };
         match (b[i], upper(b.get(i + 1)), upper(b.get(i + 2))) {
             (b'%', Some(h), Some(l)) if !is_plain(h << 4 | l) => i += 3,
             _ => return false,
@@ -391,7 +400,10 @@ mod tests {
             assert_eq!(typed_key_part(raw), stored, "typed as read: {raw}");
             assert_eq!(typed_key_part(&stored), stored, "typed as stored: {raw}");
         }
-        assert_eq!(readable_key_part("GET%20/users/%7Bid%7D"), "GET /users/{id}");
+        assert_eq!(
+            readable_key_part("GET%20/users/%7Bid%7D"),
+            "GET /users/{id}"
+        );
         let long = "k".repeat(200);
         let hashed = storage_key_part(long.as_bytes());
         assert_eq!(typed_key_part(&long), hashed);

@@ -193,8 +193,8 @@ where
             .map_err(err)?;
     }
     for (r, row) in rows.iter().enumerate() {
-        let y = i32::try_from(u32::try_from(r).unwrap_or(0) * LEGEND_ROW + LEGEND_ROW / 2)
-            .unwrap_or(0);
+        let y =
+            i32::try_from(u32::try_from(r).unwrap_or(0) * LEGEND_ROW + LEGEND_ROW / 2).unwrap_or(0);
         for &(k, x) in row {
             let x = i32::try_from(x + LEGEND_MARGIN).unwrap_or(0);
             legend
