@@ -136,3 +136,34 @@ fn control_key_on_the_memory_backend_warns() {
         "{out}"
     );
 }
+
+/// The failure policy's log line names the policy as a policy file writes
+/// it (`policy=open`), not in Rust's `Debug` (`Open`).
+#[test]
+fn failure_log_names_the_policy_as_written() {
+    use tiered_ratelimit::{backend::RedisBackend, key::Global, FailurePolicy, RateLimitLayer};
+    let buf = LogBuf::default();
+    let dead = support::redis_server::free_port();
+    tracing::subscriber::with_default(buf.subscriber(tracing::Level::WARN), || {
+        current_thread_runtime().block_on(async {
+            let layer = RateLimitLayer::builder()
+                .backend(RedisBackend::from_url(&format!("redis://127.0.0.1:{dead}/")).unwrap())
+                .key_prefix("dead")
+                .failure_policy(FailurePolicy::Open)
+                .tier(Tier::new("g", Global, Quota::per_second(1)))
+                .build()
+                .unwrap();
+            let req = http::Request::get("/")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let res = tower::ServiceExt::oneshot(app(layer), req).await.unwrap();
+            assert_eq!(res.status(), 200);
+        });
+    });
+    let out = buf.text();
+    let line = out
+        .lines()
+        .find(|l| l.contains("applying failure policy"))
+        .unwrap_or_else(|| panic!("no failure line in {out}"));
+    assert!(line.contains(" backend=\"redis\" policy=\"open\" "), "{line}");
+}

@@ -238,7 +238,12 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
         tracing::warn!(target: super::LOG_TARGET,
             error = %e,
             backend,
-            ?policy,
+            // As a policy file writes it, not Rust's `Debug` (`Open`).
+            policy = match policy {
+                FailurePolicy::Open => "open",
+                FailurePolicy::Closed => "closed",
+                FailurePolicy::Fallback => "fallback",
+            },
             suppressed,
             "rate limiter could not decide; applying failure policy"
         );
