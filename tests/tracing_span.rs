@@ -165,5 +165,8 @@ fn failure_log_names_the_policy_as_written() {
         .lines()
         .find(|l| l.contains("applying failure policy"))
         .unwrap_or_else(|| panic!("no failure line in {out}"));
-    assert!(line.contains(" backend=\"redis\" policy=\"open\" "), "{line}");
+    assert!(
+        line.contains(" backend=\"redis\" policy=\"open\" "),
+        "{line}"
+    );
 }
