@@ -64,8 +64,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         ),
     };
     let rules = policy.rules.len();
-    let limiter = policy.limiter(backend)?;
-    let rls = Rls::new(limiter, policy.failure_status);
+    // The recorder first: what the limiter registers when it is built (the
+    // mode gauges, lease counters at 0, every series' HELP text) is then
+    // in the first scrape.
     let metrics = if args.metrics == "none" {
         None
     } else {
@@ -80,6 +81,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         tracing::info!(addr = %listener.local_addr()?, "metrics at GET /metrics");
         Some((listener, handle))
     };
+    let limiter = policy.limiter(backend)?;
+    let rls = Rls::new(limiter, policy.failure_status);
     let grpc = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("--listen {}: {e}", args.listen))?;

@@ -236,6 +236,27 @@ sync = "lease"
         .spawn()
         .expect("spawn tiered-ratelimit-rls");
     let _ch = ready(grpc).await;
+    // Before any call, the scrape already has the series the limiter
+    // registers when built (the recorder is installed first), each with
+    // its HELP line.
+    let scrape = get_metrics(metrics).await;
+    let series: Vec<&str> = scrape
+        .lines()
+        .filter(|l| l.starts_with("tiered_ratelimit_"))
+        .map(|l| l.split(['{', ' ']).next().unwrap())
+        .collect();
+    for s in [
+        "tiered_ratelimit_mode",
+        "tiered_ratelimit_lease_tokens_total",
+    ] {
+        assert!(series.contains(&s), "{s} missing:\n{scrape}");
+    }
+    for s in &series {
+        assert!(
+            scrape.contains(&format!("# HELP {s} ")),
+            "no HELP for {s}:\n{scrape}"
+        );
+    }
     let status = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
