@@ -785,6 +785,36 @@ pub struct RulePolicy {
 fn default_prefix() -> String {
     "rls".to_owned()
 }
+
+/// The `name` of the `[[rule]]` table that holds byte `at` of `text`, when
+/// the text is TOML and that table has a string `name`.
+fn rule_at(text: &str, at: usize) -> Option<String> {
+    let mut index = None;
+    let mut rules = 0;
+    let mut start = 0;
+    for line in text.split_inclusive('\n') {
+        if start > at {
+            break;
+        }
+        start += line.len();
+        let header: String = line
+            .split('#')
+            .next()
+            .unwrap_or("")
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        if header == "[[rule]]" {
+            index = Some(rules);
+            rules += 1;
+        } else if header.starts_with('[') {
+            index = None;
+        }
+    }
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let rule = table.get("rule")?.as_array()?.get(index?)?;
+    rule.get("name")?.as_str().map(str::to_owned)
+}
 fn default_timeout_ms() -> u64 {
     100
 }
@@ -799,9 +829,17 @@ impl RulesPolicy {
     /// Parses a rules file's text.
     ///
     /// # Errors
-    /// [`ConfigError::Policy`] with the parser's message (field and line).
+    /// [`ConfigError::Policy`] with the parser's message (field and line),
+    /// led by `rule "<name>": ` when the mistake is inside a named
+    /// `[[rule]]` table.
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Policy(e.to_string()))
+        toml::from_str(text).map_err(|e| {
+            let msg = e.to_string();
+            match e.span().and_then(|s| rule_at(text, s.start)) {
+                Some(name) => ConfigError::Policy(format!("rule \"{name}\": {msg}")),
+                None => ConfigError::Policy(msg),
+            }
+        })
     }
 
     /// Reads and parses a rules file.

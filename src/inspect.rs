@@ -11,11 +11,14 @@
 //!
 //! # Keys
 //!
-//! `key` is the key part **as stored**: what the top-N tables and the admin
-//! page show (`203.0.113.7`, `2001:db8::/64`, `%23a` …). A raw value that
-//! needs escaping or hashing becomes its stored form through
-//! [`storage_key_part`](crate::key::storage_key_part). The storage key is
-//! `<key_prefix>:<tier>:<key>`.
+//! `key` is the key part in either form: **as people read it** (what the
+//! admin page shows: `GET /users/{id}`, `203.0.113.7`, an API key's hash)
+//! or **as stored** (what the top-N API answers and the page's tooltips
+//! show: `GET%20/users/%7Bid%7D`). Text that is exactly a stored form (what
+//! [`storage_key_part`](crate::key::storage_key_part) writes) is taken as
+//! stored; any other text is escaped (or hashed) as the layer escapes
+//! request bytes ([`readable_key_part`](crate::key::readable_key_part) is
+//! the way back). The storage key is `<key_prefix>:<tier>:<stored key>`.
 //!
 //! # Deployment caveat
 //!
@@ -83,9 +86,9 @@ pub enum InspectError {
     /// The layer has no tier of this name.
     #[error("tier \"{0}\": no such tier")]
     UnknownTier(String),
-    /// The key is not a stored key part: empty, over 128 bytes, or with a
-    /// byte outside printable ASCII, or `{` / `}` (see the module docs).
-    #[error("key: not a stored key part (1-128 printable ASCII bytes, no '{{' or '}}'); escape raw values with key::storage_key_part")]
+    /// The key is empty (any other text is a key, as read or as stored:
+    /// see the module docs).
+    #[error("key: empty (give the key as the admin page shows it, or as stored)")]
     InvalidKey,
     /// The backend could not answer (or did not within `backend_timeout`).
     #[error(transparent)]
@@ -110,7 +113,8 @@ impl RateLimitHandle {
         let i = shared
             .tier_index(tier)
             .map_err(|_| InspectError::UnknownTier(tier.to_owned()))?;
-        if !valid_key(key) {
+        let key = crate::key::typed_key_part(key);
+        if !valid_key(&key) {
             return Err(InspectError::InvalidKey);
         }
         let t = &shared.tiers[i];

@@ -10,8 +10,8 @@
 //! check's `MGET`, no extra command, no extra round trip. A tier without
 //! the flag pays nothing.
 //!
-//! Keys are **exact**: the key part as stored (see [`crate::inspect`]), no
-//! prefix patterns.
+//! Keys are **exact**: the key part as people read it or as stored (see
+//! [`crate::inspect`]), no prefix patterns.
 //!
 //! What an override does to its tier's decision:
 //! - [`Override::Quota`]: the tier decides on the override's quota (same
@@ -114,7 +114,8 @@ impl Override {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct OverrideEntry {
-    /// The key part as stored.
+    /// The key part as stored ([`readable_key_part`](crate::key::readable_key_part)
+    /// shows it as people read it).
     pub key: String,
     /// What it does.
     pub rule: Override,
@@ -141,8 +142,8 @@ pub enum OverrideError {
     /// [`Tier::overrides(true)`](crate::Tier::overrides).
     #[error("tier \"{0}\": no such tier taking overrides (Tier::overrides(true))")]
     UnknownTier(String),
-    /// The key is not a stored key part (see [`crate::inspect`]).
-    #[error("key: not a stored key part (1-128 printable ASCII bytes, no '{{' or '}}')")]
+    /// The key is empty (any other text is a key: see [`crate::inspect`]).
+    #[error("key: empty (give the key as the admin page shows it, or as stored)")]
     InvalidKey,
     /// The quota is not valid for the tier (the message names the field).
     #[error(transparent)]
@@ -224,13 +225,14 @@ impl RateLimitHandle {
             .ok()
             .filter(|&i| shared.tiers[i].overrides)
             .ok_or_else(|| OverrideError::UnknownTier(tier.to_owned()))?;
-        if !crate::inspect::valid_key(key) {
+        let key = crate::key::typed_key_part(key);
+        if !crate::inspect::valid_key(&key) {
             return Err(OverrideError::InvalidKey);
         }
         Ok((i, format!("{}{key}{KEY_SUFFIX}", shared.tiers[i].key_base)))
     }
 
-    /// Sets (or replaces) the override of `key` (the key part as stored) in
+    /// Sets (or replaces) the override of `key` (as read or as stored: see [`crate::inspect`]) in
     /// `tier`, until `ttl` from now (`None`: until removed). On Redis every
     /// instance applies it from its next request of the key. Logged at
     /// `info` with `by` (who made the change, e.g. the admin token's name).

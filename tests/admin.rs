@@ -257,13 +257,15 @@ async fn mode_change_applies_to_next_request(env: Env) {
     assert_eq!(s["tiers"][0]["quota"]["limit"], 1);
     assert_eq!(s["tiers"][0]["quota"]["period"], "1m");
     assert_eq!(s["tiers"][0]["algorithm"], "token_bucket");
-    // Three refusals: the first right after the admission that emptied the
-    // bucket by the deny cache (primed by that admission), two by Redis.
+    // Three refusals, all `limited`: on Redis the first, right after the
+    // admission that emptied the bucket, is answered by the deny cache
+    // (primed by that admission) but is the key's first denial; the two
+    // others by Redis.
     let refused = |k: &str| s["counts"][k].as_u64().unwrap();
     assert_eq!(
         (refused("cache_blocked"), refused("limited")),
-        if redis { (1, 2) } else { (0, 3) },
-        "{s}"
+        (0, 3),
+        "redis: {redis}, {s}"
     );
 
     // Refused changes change nothing.
@@ -380,7 +382,7 @@ async fn top_history_and_anomalies_json(env: Env) {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         hist["buckets"],
-        json!([{"start": T0_S - T0_S % 60, "requests": 10, "limited": 6, "shadow_limited": 0}])
+        json!([{"start": T0_S - T0_S % 60, "requests": 10, "limited": 6, "shadow_limited": 0, "fail_open": 0}])
     );
     let (status, _) = api_get(addr, "/api/history/nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -428,7 +430,7 @@ async fn open_bucket_right_after_start() {
     assert_eq!(
         hist,
         json!({"tier": "user", "buckets": [], "current":
-            {"start": start, "requests": 3, "limited": 1, "shadow_limited": 0, "partial": true}})
+            {"start": start, "requests": 3, "limited": 1, "shadow_limited": 0, "fail_open": 0, "partial": true}})
     );
     assert_eq!(h.history("user").unwrap(), []);
     let html = page_html(addr).await;
@@ -450,11 +452,11 @@ async fn open_bucket_right_after_start() {
     let (_, hist) = api_get(addr, "/api/history/user").await;
     assert_eq!(
         hist["buckets"],
-        json!([{"start": start, "requests": 3, "limited": 1, "shadow_limited": 0}])
+        json!([{"start": start, "requests": 3, "limited": 1, "shadow_limited": 0, "fail_open": 0}])
     );
     assert_eq!(
         hist["current"],
-        json!({"start": start + 60, "requests": 1, "limited": 0, "shadow_limited": 0, "partial": true})
+        json!({"start": start + 60, "requests": 1, "limited": 0, "shadow_limited": 0, "fail_open": 0, "partial": true})
     );
 }
 
@@ -752,6 +754,188 @@ async fn page_escapes_what_clients_sent() {
     assert!(!html.contains(r#""%20onmouseover"#), "{html}");
 }
 
+/// Keys are shown as people read them (decoded), their stored form as the
+/// tooltip, both HTML-escaped: markup and quotes a client chose stay text.
+/// Peek, reset and the page's lookup take a key in either form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_shown_as_read_and_typed_in_either_form() {
+    let env = Env::redis();
+    let (h, addr) = start(env.builder().tier(user_tier(1)).build().unwrap()).await;
+    let endpoint = Tier::new("endpoint", Endpoint, Quota::per_minute(1));
+    let (he, addr_e) = start(env.builder().tier(endpoint).build().unwrap()).await;
+    let c = client();
+    // Two requests on GET /users/{id}, the second refused by `endpoint`.
+    for status in [200, 429] {
+        let res = c
+            .get(format!("http://{addr_e}/users/7"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), status);
+    }
+    // Users whose ids hold markup, quotes and ampersands: 2 requests each
+    // against 1 a minute (their second is refused).
+    let users = [
+        "<script>alert(1)</script>",
+        r#"x" onmouseover="alert(2)"#,
+        "it's & <b>",
+    ];
+    for u in users {
+        for _ in 0..2 {
+            as_user(addr, u).await;
+        }
+    }
+    let html = page_html(addr).await + &page_html(addr_e).await;
+    for (shown, stored) in [
+        ("GET /users/{id}", "GET%20/users/%7Bid%7D"),
+        (
+            "&lt;script&gt;alert(1)&lt;/script&gt;",
+            "&lt;script&gt;alert(1)&lt;/script&gt;",
+        ),
+        (
+            "x&quot; onmouseover=&quot;alert(2)",
+            "x&quot;%20onmouseover=&quot;alert(2)",
+        ),
+        ("it&#39;s &amp; &lt;b&gt;", "it&#39;s%20&amp;%20&lt;b&gt;"),
+    ] {
+        let cell = format!(r#"<code class="key" title="{stored}">{shown}</code>"#);
+        assert!(html.contains(&cell), "{cell} missing:\n{html}");
+    }
+    assert!(!html.contains("<script"), "{html}");
+    assert!(!html.contains("<b>"), "{html}");
+    assert!(!html.contains(r#"" onmouseover"#), "{html}");
+    // Three 429s on the users' page, one on the endpoint's: each key's
+    // first.
+    assert!(
+        html.contains(r#"<tr id="count-429s"><th>429s</th><th class="n">3</th></tr>"#),
+        "{html}"
+    );
+    assert!(
+        html.contains(r#"<tr id="count-429s"><th>429s</th><th class="n">1</th></tr>"#),
+        "{html}"
+    );
+
+    // Peek by the API: the key as shown, or as stored.
+    let api = |path: String| {
+        c.get(format!("http://{addr_e}{BASE}{path}"))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    for typed in ["GET%20%2Fusers%2F%7Bid%7D", "GET%2520/users/%257Bid%257D"] {
+        let res = api(format!("/api/peek/endpoint?key={typed}"))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "{typed}");
+        let v: Value = res.json().await.unwrap();
+        assert_eq!(
+            (
+                v["key"].as_str(),
+                v["allowed"].as_bool(),
+                v["remaining"].as_u64()
+            ),
+            (Some("GET%20/users/%7Bid%7D"), Some(false), Some(0)),
+            "{typed}: {v}"
+        );
+    }
+    // The page's lookup, with the key as shown.
+    let res = c
+        .get(format!(
+            "http://{addr}{BASE}?peek_tier=user&peek_key=it%27s+%26+%3Cb%3E"
+        ))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let page = res.text().await.unwrap();
+    assert!(
+        page.contains(r#"<table id="lookup"><tr><th>next request</th><td>denied</td>"#),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"value="it&#39;s &amp; &lt;b&gt;""#),
+        "{page}"
+    );
+    // Reset by the API with the key as shown; by the page's form with the
+    // stored form its button posts.
+    let res = c
+        .post(format!("http://{addr_e}{BASE}/api/reset"))
+        .bearer_auth(TOKEN)
+        .json(&json!({"tier": "endpoint", "key": "GET /users/{id}"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(
+        v,
+        json!({"tier": "endpoint", "key": "GET%20/users/%7Bid%7D", "existed": true})
+    );
+    assert!(
+        he.peek("endpoint", "GET /users/{id}")
+            .await
+            .unwrap()
+            .allowed
+    );
+    assert!(h.reset("user", "it's%20&%20<b>").await.unwrap());
+    assert!(h.peek("user", "it's & <b>").await.unwrap().allowed);
+}
+
+/// A layer on a Redis nobody listens on (failure policy open, manual
+/// clock): 3 requests in one minute, 2 in the next, all passed unchecked.
+async fn fail_open_minutes() -> SocketAddr {
+    use tiered_ratelimit::{backend::ManualClock, backend::RedisBackend, FailurePolicy};
+    let clock = ManualClock::new(T0_US);
+    let dead = support::redis_server::free_port();
+    let layer = RateLimitLayer::builder()
+        .backend(
+            RedisBackend::from_url(&format!("redis://127.0.0.1:{dead}/"))
+                .unwrap()
+                .with_manual_clock(clock.clone()),
+        )
+        .key_prefix("fail-open")
+        .failure_policy(FailurePolicy::Open)
+        .tier(user_tier(5))
+        .build()
+        .unwrap();
+    let (_h, addr) = start(layer).await;
+    for n in [3, 2] {
+        for _ in 0..n {
+            assert_eq!(as_user(addr, "alice").await.status(), 200);
+        }
+        if n == 3 {
+            clock.advance(Duration::from_secs(60));
+        }
+    }
+    addr
+}
+
+/// A young process's chart spans its own buckets (at least 4), not the
+/// whole hour: its points are not crowded against the right edge. A
+/// fail-open period is shaded, with how many requests passed unchecked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chart_spans_a_young_process_and_shades_fail_open() {
+    let addr = fail_open_minutes().await;
+    let html = page_html(addr).await;
+    // Two buckets (one closed, one open) on a 4-bucket axis: the first
+    // starts half-way across the 1036 px plot (52 + 1036 × 2/4).
+    for (x, n) in [("570.0", 3), ("829.0", 2)] {
+        let rect = format!(
+            r##"<rect class="fail-open" x="{x}" y="10" width="259.0" height="196.0" fill="#fbe0c8"><title>"##
+        );
+        assert!(html.contains(&rect), "{rect} missing:\n{html}");
+        let title =
+            format!("{n} requests passed unchecked (the backend failed; failure policy open)</title></rect>");
+        assert!(html.contains(&title), "{title} missing:\n{html}");
+    }
+    assert!(
+        html.contains("shaded: the backend failed and requests passed unchecked (fail open)"),
+        "{html}"
+    );
+    let (_, v) = api_get(addr, "/api/history/user").await;
+    assert_eq!(v["buckets"][0]["fail_open"], 3, "{v}");
+    assert_eq!(v["buckets"][0]["requests"], 0, "{v}");
+}
+
 fn hex(s: &str) -> String {
     s.bytes().map(|b| format!("{b:02x}")).collect()
 }
@@ -913,7 +1097,7 @@ async fn admin_page_in_headless_chromium() {
         "<code>ip</code>",
         "<code>user</code>",
         "<code>endpoint</code>",
-        "<code>mallory</code>",
+        r#"<code class="key" title="mallory">mallory</code>"#,
         "&lt;script&gt;alert(1)&lt;/script&gt;",
         r#"id="kill-switch""#,
         r#"id="top-blocked""#,
@@ -945,6 +1129,25 @@ async fn admin_page_in_headless_chromium() {
     );
     assert!(
         dom.contains("1 of 3 limited (33.3 %) so far (partial: bucket still open)"),
+        "{dom}"
+    );
+    // ... on a 4-bucket axis: the dot sits in the last of 4 slots (52 +
+    // 1036 × 3.5/4), not crowded against the edge of a 60-bucket hour.
+    assert!(
+        dom.contains(r#"<circle class="partial" data-tier="user" cx="958.5""#),
+        "{dom}"
+    );
+
+    // A fail-open period is shaded.
+    let addr = fail_open_minutes().await;
+    let url = format!("http://{addr}{BASE}?token={TOKEN}");
+    let dom = chromium(&bin, &url, &["--dump-dom".to_owned()]).await;
+    for x in ["570.0", "829.0"] {
+        let rect = format!(r#"<rect class="fail-open" x="{x}" y="10" width="259.0""#);
+        assert!(dom.contains(&rect), "{rect} missing:\n{dom}");
+    }
+    assert!(
+        dom.contains("3 requests passed unchecked (the backend failed; failure policy open)"),
         "{dom}"
     );
 }

@@ -97,15 +97,25 @@ async fn scenario(builder: RateLimitLayerBuilder) -> (RateLimitHandle, SocketAdd
         h.peek("nope", "alice").await,
         Err(InspectError::UnknownTier(t)) if t == "nope"
     ));
-    for bad in ["", "a b", "{alice}", "é"] {
-        assert!(matches!(
-            h.peek("user", bad).await,
-            Err(InspectError::InvalidKey)
-        ));
-        assert!(matches!(
-            h.reset("user", bad).await,
-            Err(InspectError::InvalidKey)
-        ));
+    assert!(matches!(
+        h.peek("user", "").await,
+        Err(InspectError::InvalidKey)
+    ));
+    assert!(matches!(
+        h.reset("user", "").await,
+        Err(InspectError::InvalidKey)
+    ));
+    // Any other text is a key, as people read it or as stored: `a b` and
+    // its stored form `a%20b` are one key.
+    for (read, stored) in [
+        ("a b", "a%20b"),
+        ("{alice}", "%7Balice%7D"),
+        ("é", "%C3%A9"),
+    ] {
+        let s = h.peek("user", read).await.unwrap();
+        assert_eq!(numbers(&s), status(true, 2, 20, 0), "{read}");
+        assert_eq!(h.peek("user", stored).await.unwrap(), s, "{stored}");
+        assert!(!h.reset("user", read).await.unwrap(), "{read}");
     }
     (h, addr)
 }
@@ -130,7 +140,15 @@ async fn admin_api(addr: SocketAddr) {
             "blocked_for_us": null,
         })
     );
-    let res = peek("a%20b").await.unwrap();
+    // A key as read (`a b`, once percent-encoded in the query) or as
+    // stored (`a%20b`, encoded again): one key, answered by its stored form.
+    for typed in ["a%20b", "a%2520b"] {
+        let res = peek(typed).await.unwrap();
+        assert_eq!(res.status(), 200, "{typed}");
+        let v: Value = res.json().await.unwrap();
+        assert_eq!(v["key"], "a%20b", "{typed}");
+    }
+    let res = peek("").await.unwrap();
     assert_eq!(res.status(), 400);
     let v: Value = res.json().await.unwrap();
     assert_eq!(v["error"], "invalid_key");
@@ -199,12 +217,14 @@ async fn peek_reads_without_charging_and_reset_starts_fresh(env: Env) {
         // 5 requests: one FCALL each that ran (a first one may have met
         // "Function not found" before the library was loaded) but the 429,
         // which the deny cache answered (primed by the admission that
-        // emptied the bucket); 5 peeks, all read-only; the key was written
-        // by the requests only.
+        // emptied the bucket); 5 peeks, all read-only, and 6 more of keys
+        // typed as read and as stored; the key was written by the requests
+        // only.
         assert_eq!(r.succeeded("fcall") - fcall, 4);
         // (+1: the first met NOSCRIPT, the script was loaded, and it ran again.)
-        assert_eq!(r.calls("evalsha_ro") - ro, 6);
-        assert_eq!(r.calls("del"), 3);
+        assert_eq!(r.calls("evalsha_ro") - ro, 6 + 6);
+        // 3 resets of alice, 3 of keys typed as read (nothing stored).
+        assert_eq!(r.calls("del"), 3 + 3);
         // The last reset left nothing behind.
         let keys: Vec<String> = r.cmd(&["KEYS", "*"]);
         assert!(keys.is_empty(), "{keys:?}");

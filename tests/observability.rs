@@ -320,36 +320,66 @@ fn tier_decisions_per_endpoint_count_every_decision() {
 }
 
 /// A 429 answered by the deny cache (Redis, no backend call) counts
-/// `limited` for its tier and endpoint like the backend's own.
+/// `limited` for its tier and endpoint like the backend's own. A key's
+/// first 429 is `limited` in `requests_total` too, so an operator sees
+/// users refused: the first answered from an entry an admission primed (the
+/// backend denied nothing), or the backend's own denial (which writes the
+/// entry); only the later ones are `cache_blocked`.
 #[test]
 fn deny_cache_429s_count_as_limited_per_endpoint() {
     use tiered_ratelimit::{backend::ManualClock, backend::RedisBackend, RateLimitLayer};
     let redis = RedisServer::start();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
+    let clock = ManualClock::new(T0_US);
+    let (a, b) = metrics::with_local_recorder(&recorder, || {
         let rt = current_thread_runtime();
         rt.block_on(async {
             use tower::ServiceExt;
-            let layer = RateLimitLayer::builder()
-                .backend(
-                    RedisBackend::from_url(&redis.url())
-                        .unwrap()
-                        .with_manual_clock(ManualClock::new(T0_US)),
-                )
-                .tier(Tier::new("user", User, Quota::per_minute(1)))
-                .build()
-                .unwrap();
-            let app = app(layer);
-            for _ in 0..3 {
+            let layer = || {
+                RateLimitLayer::builder()
+                    .backend(
+                        RedisBackend::from_url(&redis.url())
+                            .unwrap()
+                            .with_manual_clock(clock.clone()),
+                    )
+                    .tier(Tier::new("user", User, Quota::per_minute(1)))
+                    .build()
+                    .unwrap()
+            };
+            let send = |app: axum::Router| async move {
                 let req = http::Request::get("/users/1")
                     .header("authorization", "Bearer alice")
                     .body(axum::body::Body::empty())
                     .unwrap();
-                app.clone().oneshot(req).await.unwrap();
+                app.oneshot(req).await.unwrap().status().as_u16()
+            };
+            // A: the admission that empties the bucket primes the cache;
+            // both 429s come from the cache.
+            let a = layer();
+            let app_a = app(a.clone());
+            let mut statuses = Vec::new();
+            for _ in 0..3 {
+                statuses.push(send(app_a.clone()).await);
             }
-        });
+            assert_eq!(statuses, [200, 429, 429]);
+            // B, another instance: its first 429 is the backend's denial.
+            let b = layer();
+            let app_b = app(b.clone());
+            assert_eq!([send(app_b.clone()).await, send(app_b).await], [429, 429]);
+            (a.handle().counts(), b.handle().counts())
+        })
     });
+    assert_eq!(
+        (a.allowed, a.limited, a.cache_blocked),
+        (1, 1, 1),
+        "instance A: {a:?}"
+    );
+    assert_eq!(
+        (b.allowed, b.limited, b.cache_blocked),
+        (0, 1, 1),
+        "instance B: {b:?}"
+    );
     let mut got: Vec<(String, u64)> = snapshotter
         .snapshot()
         .into_vec()
@@ -372,9 +402,10 @@ fn deny_cache_429s_count_as_limited_per_endpoint() {
     let want: Vec<(String, u64)> = [
         ("tiered_ratelimit_requests_total allowed", 1),
         ("tiered_ratelimit_requests_total cache_blocked", 2),
+        ("tiered_ratelimit_requests_total limited", 2),
         (
             "tiered_ratelimit_tier_decisions_total limited | user | default | GET /users/{id}",
-            2,
+            4,
         ),
         (
             "tiered_ratelimit_tier_decisions_total near_limit | user | default | GET /users/{id}",
@@ -447,4 +478,111 @@ async fn fleet_wide_top_blocked_in_the_same_call() {
     let set = format!("rl:blocked:{}", T0_S / 3600);
     let ttl: i64 = redis.cmd(&["TTL", &set]);
     assert!(ttl > 89_990 && ttl <= 90_000, "ttl {ttl}");
+}
+
+/// Every `tiered_ratelimit_*` series in a Prometheus scrape has its `# HELP`
+/// line (`metrics::describe_*`), on a setup like the quickstart's (Redis,
+/// the quickstart's tiers, a control key, a leased tier, requests allowed,
+/// refused by Redis and by the deny cache, a key error).
+#[test]
+fn every_series_in_a_scrape_has_help() {
+    use metrics_exporter_prometheus::PrometheusBuilder;
+    use tiered_ratelimit::{backend::RedisBackend, policy::Policy, RateLimitLayer};
+    let redis = RedisServer::start();
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let policy = Policy::from_toml_str(
+        r#"
+key_prefix = "help"
+failure_policy = "open"
+[control]
+redis_key = "help:control"
+poll_interval = "1s"
+[[tier]]
+name = "global"
+key = "global"
+limit = 1000
+period = "1s"
+sync = "lease"
+[[tier]]
+name = "ip"
+key = "ip"
+limit = 60
+period = "1m"
+[[tier]]
+name = "api_key"
+key = { header = "x-api-key" }
+limit = 10000
+period = "1h"
+[[tier]]
+name = "user"
+key = "user"
+limit = 100
+period = "1m"
+[[tier]]
+name = "endpoint"
+key = "endpoint"
+limit = 3
+period = "10s"
+"#,
+    )
+    .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        current_thread_runtime().block_on(async {
+            let layer =
+                RateLimitLayer::from_policy(&policy, RedisBackend::from_url(&redis.url()).unwrap())
+                    .unwrap();
+            let addr = serve(app(layer.clone())).await;
+            let c = client();
+            for i in 0..6 {
+                c.get(format!("http://{addr}/users/{i}"))
+                    .header("authorization", "Bearer alice")
+                    .header("x-api-key", "k1")
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            // No connect info: the ip tier's key error.
+            let addr = serve_without_connect_info(app(layer)).await;
+            c.get(format!("http://{addr}/")).send().await.unwrap();
+        });
+    });
+    let scrape = handle.render();
+    let mut series: Vec<&str> = scrape
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.starts_with("tiered_ratelimit_"))
+        .map(|l| {
+            let name = l.split(['{', ' ']).next().unwrap();
+            ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .filter(|base| {
+                    scrape.contains(&format!("# TYPE {base} histogram"))
+                        || scrape.contains(&format!("# TYPE {base} summary"))
+                })
+                .unwrap_or(name)
+        })
+        .collect();
+    series.sort_unstable();
+    series.dedup();
+    for s in [
+        "tiered_ratelimit_requests_total",
+        "tiered_ratelimit_tier_decisions_total",
+        "tiered_ratelimit_check_duration_seconds",
+        "tiered_ratelimit_mode",
+        "tiered_ratelimit_enforced_percent",
+        "tiered_ratelimit_key_errors_total",
+        "tiered_ratelimit_lease_tokens_total",
+    ] {
+        assert!(series.contains(&s), "{s} not in the scrape:\n{scrape}");
+    }
+    for s in &series {
+        let help = scrape
+            .lines()
+            .find(|l| l.starts_with(&format!("# HELP {s} ")));
+        assert!(
+            help.is_some_and(|h| h.len() > format!("# HELP {s} ").len() + 20),
+            "no HELP for {s}:\n{scrape}"
+        );
+    }
 }

@@ -57,8 +57,9 @@ fn one_span_per_check_with_tier_results() {
 }
 
 /// Building a layer on Redis with the default `key_prefix` logs one `WARN`
-/// line (two services on one Redis would share buckets); another prefix, or
-/// the memory backend, logs none.
+/// line (two services on one Redis would share buckets), worded so that it
+/// is also true of a policy that sets `key_prefix = "rl"` (the quickstart's);
+/// another prefix, or the memory backend, logs none.
 #[test]
 fn default_key_prefix_on_redis_warns_once_per_build() {
     use tiered_ratelimit::{backend::RedisBackend, key::Global, RateLimitLayer};
@@ -67,7 +68,15 @@ fn default_key_prefix_on_redis_warns_once_per_build() {
     let warnings = || {
         let out = buf.text();
         out.lines()
-            .filter(|l| l.contains(" WARN ") && l.contains("default key_prefix"))
+            .filter(|l| {
+                l.contains(" WARN ")
+                    && l.contains(
+                        "Redis backend with key_prefix \"rl\", the one every service \
+                         gets without a key_prefix of its own: services sharing this \
+                         Redis with the same prefix share their buckets; give each \
+                         service its own key_prefix",
+                    )
+            })
             .count()
     };
     let server = RedisServer::start();
@@ -125,5 +134,39 @@ fn control_key_on_the_memory_backend_warns() {
              in Redis); mode changes apply to this instance only"
         ),
         "{out}"
+    );
+}
+
+/// The failure policy's log line names the policy as a policy file writes
+/// it (`policy=open`), not in Rust's `Debug` (`Open`).
+#[test]
+fn failure_log_names_the_policy_as_written() {
+    use tiered_ratelimit::{backend::RedisBackend, key::Global, FailurePolicy, RateLimitLayer};
+    let buf = LogBuf::default();
+    let dead = support::redis_server::free_port();
+    tracing::subscriber::with_default(buf.subscriber(tracing::Level::WARN), || {
+        current_thread_runtime().block_on(async {
+            let layer = RateLimitLayer::builder()
+                .backend(RedisBackend::from_url(&format!("redis://127.0.0.1:{dead}/")).unwrap())
+                .key_prefix("dead")
+                .failure_policy(FailurePolicy::Open)
+                .tier(Tier::new("g", Global, Quota::per_second(1)))
+                .build()
+                .unwrap();
+            let req = http::Request::get("/")
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let res = tower::ServiceExt::oneshot(app(layer), req).await.unwrap();
+            assert_eq!(res.status(), 200);
+        });
+    });
+    let out = buf.text();
+    let line = out
+        .lines()
+        .find(|l| l.contains("applying failure policy"))
+        .unwrap_or_else(|| panic!("no failure line in {out}"));
+    assert!(
+        line.contains(" backend=\"redis\" policy=\"open\" "),
+        "{line}"
     );
 }

@@ -72,7 +72,8 @@ struct OverrideTarget {
 struct OverrideKeyArgs {
     #[command(flatten)]
     target: OverrideTarget,
-    /// The key part as stored (as the admin page shows it).
+    /// The key part as the admin page shows it (`GET /users/{id}`), or as
+    /// stored (`GET%20/users/%7Bid%7D`).
     #[arg(long)]
     key: String,
     /// Who makes the change (logged).

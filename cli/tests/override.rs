@@ -68,6 +68,15 @@ fn sets_lists_and_removes_an_override_in_redis() {
         out.starts_with("198.51.100.1\tblocked\texpires_at_us="),
         "{out}"
     );
+    // A key typed as people read it (as the admin page shows it) or as
+    // stored: one key.
+    let (ok, _, err) = with("set", &["--key", "GET /users/{id}", "--rule", "blocked"]);
+    assert!(ok, "{err}");
+    assert!(redis.get("rl:ip:GET%20/users/%7Bid%7D{ov}").is_some());
+    let (ok, out, _) = with("remove", &["--key", "GET%20/users/%7Bid%7D"]);
+    assert!(ok);
+    assert_eq!(out, "removed ip GET%20/users/%7Bid%7D\n");
+    assert_eq!(redis.get("rl:ip:GET%20/users/%7Bid%7D{ov}"), None);
     // Bad input names the field.
     let (ok, _, err) = with("set", &["--key", "x", "--rule", "often"]);
     assert!(!ok);

@@ -918,6 +918,29 @@ fn plots_render_as_svg_and_png() {
         assert!(texts.contains(&label), "{label}: {texts:?}");
     }
     assert_eq!(svg.matches("<svg").count(), 1);
+    // The legend never covers the data: its entries sit in a strip below
+    // the x axis's title (itself below the plot), not in the plot area.
+    let y_of = |label: &str| -> f64 {
+        svg.split("<text")
+            .skip(1)
+            .find(|t| {
+                t.split_once('>')
+                    .and_then(|(_, r)| r.split_once("</text>"))
+                    .is_some_and(|(t, _)| t.trim() == label)
+            })
+            .and_then(|t| t.split(" y=\"").nth(1))
+            .and_then(|y| y.split('"').next())
+            .and_then(|y| y.parse().ok())
+            .unwrap_or_else(|| panic!("no y for {label}"))
+    };
+    let axis = y_of("time (UTC)");
+    for label in ["ip", "global", "all requests"] {
+        assert!(
+            y_of(label) > axis,
+            "{label} at y {} above the axis title at {axis}",
+            y_of(label)
+        );
+    }
 
     run(
         &dir.0,

@@ -266,9 +266,10 @@ pub async fn serve(
     // Lease mode: the tokens this instance holds go back to the shared
     // buckets (a crashed instance's are lost until refill).
     let returned = leases.return_leases().await;
-    if returned > 0 {
-        tracing::info!(tokens = returned, "token leases returned");
-    }
+    tracing::info!(
+        leased_tokens_returned = returned,
+        "stopped: calls in flight answered, token leases returned"
+    );
     Ok(())
 }
 

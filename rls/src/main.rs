@@ -9,6 +9,7 @@
 //! `NOT_SERVING`, the calls in flight are answered, then it exits.
 
 use clap::Parser;
+use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use tiered_ratelimit::backend::{Backend, MemoryBackend};
@@ -43,21 +44,29 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    // Logs go to stdout; colours only when it is a terminal (a file, a
+    // pipe or a log collector gets plain text).
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
+        .with_ansi(std::io::stdout().is_terminal())
         .init();
     let args = Args::parse();
     let policy = RulesPolicy::from_file(&args.config)
         .map_err(|e| format!("{}: {e}", args.config.display()))?;
-    let backend: Backend = match &policy.redis {
-        Some(redis) => redis.backend()?.into(),
-        None => MemoryBackend::new().into(),
+    let (backend, backend_text): (Backend, String) = match &policy.redis {
+        Some(redis) => (redis.backend()?.into(), redis.to_string()),
+        None => (
+            MemoryBackend::new().into(),
+            "memory (this process only)".to_owned(),
+        ),
     };
-    let limiter = policy.limiter(backend)?;
-    let rls = Rls::new(limiter, policy.failure_status);
+    let rules = policy.rules.len();
+    // The recorder first: what the limiter registers when it is built (the
+    // mode gauges, lease counters at 0, every series' HELP text) is then
+    // in the first scrape.
     let metrics = if args.metrics == "none" {
         None
     } else {
@@ -72,10 +81,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         tracing::info!(addr = %listener.local_addr()?, "metrics at GET /metrics");
         Some((listener, handle))
     };
+    let limiter = policy.limiter(backend)?;
+    let rls = Rls::new(limiter, policy.failure_status);
     let grpc = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("--listen {}: {e}", args.listen))?;
-    tracing::info!(addr = %grpc.local_addr()?, domain = %policy.domain, "serving envoy.service.ratelimit.v3.RateLimitService");
+    tracing::info!(
+        addr = %grpc.local_addr()?,
+        domain = %policy.domain,
+        backend = %backend_text,
+        rules,
+        "serving envoy.service.ratelimit.v3.RateLimitService"
+    );
     serve(rls, grpc, metrics, shutdown_signal()).await?;
     Ok(())
 }

@@ -188,3 +188,151 @@ period = "1h"
     assert!(exit.success(), "{exit:?}");
     let _ = std::fs::remove_file(&config);
 }
+
+/// What an operator reads: the start line names the backend (password
+/// redacted) and the rule count, the shutdown line the leased tokens
+/// returned, and stdout, not a terminal here, carries no ANSI colour codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_lines_name_backend_rules_and_returned_leases_without_colour() {
+    let redis = RedisServer::start();
+    let config = std::env::temp_dir().join(format!(
+        "rls-logs-{}-{}.toml",
+        std::process::id(),
+        redis.port()
+    ));
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+domain = "edge"
+key_prefix = "rls-logs"
+[redis]
+url = "redis://user:secret@127.0.0.1:{}/"
+[[rule]]
+name = "tenant"
+match = [{{ key = "tenant" }}]
+limit = 100
+period = "1h"
+[[rule]]
+name = "plan"
+match = [{{ key = "plan" }}]
+limit = 60
+period = "1h"
+sync = "lease"
+"#,
+            redis.port()
+        ),
+    )
+    .unwrap();
+    let (grpc, metrics) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", &format!("127.0.0.1:{grpc}")])
+        .args(["--metrics", &format!("127.0.0.1:{metrics}")])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn tiered-ratelimit-rls");
+    let _ch = ready(grpc).await;
+    // Before any call, the scrape already has the series the limiter
+    // registers when built (the recorder is installed first), each with
+    // its HELP line.
+    let scrape = get_metrics(metrics).await;
+    let series: Vec<&str> = scrape
+        .lines()
+        .filter(|l| l.starts_with("tiered_ratelimit_"))
+        .map(|l| l.split(['{', ' ']).next().unwrap())
+        .collect();
+    for s in [
+        "tiered_ratelimit_mode",
+        "tiered_ratelimit_lease_tokens_total",
+    ] {
+        assert!(series.contains(&s), "{s} missing:\n{scrape}");
+    }
+    for s in &series {
+        assert!(
+            scrape.contains(&format!("# HELP {s} ")),
+            "no HELP for {s}:\n{scrape}"
+        );
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(out.status.success(), "{:?}", out.status);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert!(!stdout.contains('\x1b'), "ANSI codes in {stdout:?}");
+    let start = stdout
+        .lines()
+        .find(|l| l.contains("serving envoy.service.ratelimit.v3.RateLimitService"))
+        .unwrap_or_else(|| panic!("no start line in {stdout}"));
+    assert!(
+        start.ends_with(&format!(
+            "serving envoy.service.ratelimit.v3.RateLimitService addr=127.0.0.1:{grpc} \
+             domain=edge backend=redis at redis://***@127.0.0.1:{}/ rules=2",
+            redis.port()
+        )),
+        "{start}"
+    );
+    assert!(!stdout.contains("secret"), "{stdout}");
+    let stop = stdout
+        .lines()
+        .find(|l| l.contains("stopped"))
+        .unwrap_or_else(|| panic!("no shutdown line in {stdout}"));
+    assert!(
+        stop.ends_with(
+            "stopped: calls in flight answered, token leases returned leased_tokens_returned=0"
+        ),
+        "{stop}"
+    );
+    let _ = std::fs::remove_file(&config);
+}
+
+/// A misspelled field in a `[[rule]]` table stops the start with the file,
+/// the rule's name, the line and the field (docs/envoy.md), exit code 1.
+#[test]
+fn a_misspelled_rule_field_names_the_rule() {
+    let config = std::env::temp_dir().join(format!("rls-typo-{}.toml", std::process::id()));
+    std::fs::write(
+        &config,
+        r#"domain = "edge"
+[[rule]]
+name = "tenant"
+match = [{ key = "tenant" }]
+limit = 100
+period = "1h"
+[[rule]]
+name = "plan"
+match = [{ key = "plan" }]
+limt = 60
+period = "1h"
+"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0", "--metrics", "none"])
+        .output()
+        .expect("run tiered-ratelimit-rls");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let first = stderr.lines().next().unwrap_or_default();
+    assert_eq!(
+        first,
+        format!(
+            "tiered-ratelimit-rls: {}: policy: rule \"plan\": TOML parse error at line 10, column 1",
+            config.display()
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("unknown field `limt`"), "{stderr}");
+    let _ = std::fs::remove_file(&config);
+}

@@ -203,6 +203,7 @@ fn bucket_json(b: &BucketCounts) -> Value {
         "requests": b.requests,
         "limited": b.limited,
         "shadow_limited": b.shadow_limited,
+        "fail_open": b.fail_open,
     })
 }
 

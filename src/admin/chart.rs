@@ -72,7 +72,14 @@ pub(super) fn chart_svg(series: &[Series]) -> String {
         .max(1);
     let buckets = crate::observe::recorder::HISTORY_BUCKETS as u64;
     let t_max = last + step;
-    let t_min = t_max.saturating_sub(buckets * step);
+    // The x axis spans the buckets the process has (from its first), not
+    // the whole history length: a young process's points spread over the
+    // width instead of crowding its right edge. At least 4 buckets, a
+    // multiple of 4 (the axis labels fall on bucket starts), at most the
+    // history's length.
+    let have = (t_max - sorted[0]).div_ceil(step);
+    let shown = (have.max(4).div_ceil(4) * 4).min(buckets.max(1));
+    let t_min = t_max.saturating_sub(shown * step);
     let rate = |n: u64, of: u64| if of == 0 { 0.0 } else { n as f64 / of as f64 };
     let peak = series
         .iter()
@@ -93,6 +100,32 @@ pub(super) fn chart_svg(series: &[Series]) -> String {
         s,
         r#"<svg id="rate-chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {W} {H}" width="100%" role="img" aria-label="429 rate per tier, last {span_min} minutes">"#
     );
+    // Buckets in which requests passed unchecked (the backend failed and
+    // the failure policy is open): shaded behind the lines, so a fail-open
+    // period never reads as a quiet one.
+    let mut fail_open: Vec<(u64, u64)> = Vec::new();
+    for ser in series {
+        for (b, _) in ser
+            .points()
+            .filter(|(b, _)| b.fail_open > 0 && b.start >= t_min)
+        {
+            match fail_open.iter_mut().find(|(t, _)| *t == b.start) {
+                // A request counts once per tier: the most of any tier.
+                Some((_, n)) => *n = (*n).max(b.fail_open),
+                None => fail_open.push((b.start, b.fail_open)),
+            }
+        }
+    }
+    fail_open.sort_unstable();
+    for &(t, n) in &fail_open {
+        let _ = write!(
+            s,
+            r##"<rect class="fail-open" x="{:.1}" y="{T}" width="{:.1}" height="{ph:.1}" fill="#fbe0c8"><title>{} UTC: {n} requests passed unchecked (the backend failed; failure policy open)</title></rect>"##,
+            x(t),
+            x(t + step) - x(t),
+            clock(t, step),
+        );
+    }
     // Grid and axes: five steps of y_max (1, 2, 4, 10 or 20 %).
     for i in 0..=5 {
         let r = y_max * f64::from(i) / 5.0;
@@ -212,9 +245,14 @@ pub(super) fn chart_svg(series: &[Series]) -> String {
             Esc(&ser.name)
         );
     }
+    let shaded = if fail_open.is_empty() {
+        ""
+    } else {
+        r#"; <span class="sw" style="background:#fbe0c8"></span>shaded: the backend failed and requests passed unchecked (fail open)"#
+    };
     let _ = write!(
         s,
-        r#" <span class="muted">— solid: limited / requests checked by the tier; dashed: shadow would-block; hollow dot: the bucket still open (partial, counts so far). {step} s buckets, last bucket starts {} UTC.</span></div>"#,
+        r#" <span class="muted">— solid: limited / requests checked by the tier; dashed: shadow would-block; hollow dot: the bucket still open (partial, counts so far){shaded}. {step} s buckets, last bucket starts {} UTC.</span></div>"#,
         clock(last, step)
     );
     s

@@ -1,5 +1,6 @@
 //! One key's numbers and its reset: `GET /api/peek/{tier}?key=…` and
-//! `POST /api/reset` (see [`crate::inspect`]).
+//! `POST /api/reset` (see [`crate::inspect`]). A key is typed in either
+//! form (as the page shows it, or as stored); answers name its stored form.
 
 use super::form::form_pairs;
 use super::reply::{error, json_body, json_response, unknown_tier, TierKey, TIER_KEY};
@@ -54,11 +55,14 @@ pub(super) async fn api_peek(
         return error(
             StatusCode::BAD_REQUEST,
             "missing_key",
-            "key: the stored key part (?key=...)",
+            "key: as the page shows it, or as stored (?key=...)",
         );
     };
     match admin.handle.peek(&tier, &key).await {
-        Ok(s) => json_response(StatusCode::OK, &status_json(&tier, &key, &s)),
+        Ok(s) => json_response(
+            StatusCode::OK,
+            &status_json(&tier, &crate::key::typed_key_part(&key), &s),
+        ),
         Err(e) => failed(&tier, &e),
     }
 }
@@ -85,7 +89,7 @@ async fn key_action(admin: Arc<Admin>, req: Request, lift: bool) -> Response {
     match done {
         Ok(existed) => json_response(
             StatusCode::OK,
-            &json!({ "tier": r.tier, "key": r.key, "existed": existed }),
+            &json!({ "tier": r.tier, "key": crate::key::typed_key_part(&r.key), "existed": existed }),
         ),
         Err(e) => failed(&r.tier, &e),
     }

@@ -40,10 +40,10 @@
 //! | `GET /?peek_tier=ip&peek_key=…` | the page with that key's numbers ([`RateLimitHandle::peek`]) |
 //! | `GET /api/status` | global mode, circuit state, where mode changes apply (`mode_changes_apply_to`: `all instances` or `this instance (host:pid)`; `control_key`), counts, every tier's mode and quota, the anomaly series |
 //! | `GET /api/top/{tier}?n=10&window=1h&kind=blocked` | top-N keys of a tier (`kind=near_limit` for keys allowed with < 20 % left); `window` in humantime, rounded up to hours, at most 24 h |
-//! | `GET /api/history/{tier}` | the tier's last hour of closed buckets, and `current`: the bucket still open, `"partial": true` (`null` before the first request) |
+//! | `GET /api/history/{tier}` | the tier's last hour of closed buckets (`start`, `requests`, `limited`, `shadow_limited`, `fail_open`: passed unchecked, the backend failed), and `current`: the bucket still open, `"partial": true` (`null` before the first request) |
 //! | `GET /api/anomalies` | the 429-rate anomaly series and their alerts |
 //! | `POST /api/mode` | `{"mode":"shadow"}` (global) or `{"tier":"ip","mode":"canary:10"}`; answers like `/api/status` |
-//! | `GET /api/peek/{tier}?key=203.0.113.7` | one key's numbers, nothing charged ([`RateLimitHandle::peek`]): `{"tier","key","allowed","limit","remaining","reset_after_us","retry_after_us","now_us"}`; `400` `invalid_key` for a key that is no stored key part, `503` `backend_failed` |
+//! | `GET /api/peek/{tier}?key=203.0.113.7` | one key's numbers, nothing charged ([`RateLimitHandle::peek`]): `{"tier","key","allowed","limit","remaining","reset_after_us","retry_after_us","now_us"}`; `key` as the page shows it or as stored ([`crate::inspect`]), the answer's `key` the stored form; `400` `invalid_key` for an empty key, `503` `backend_failed` |
 //! | `POST /api/reset` | `{"tier":"ip","key":"203.0.113.7"}`: the key starts fresh ([`RateLimitHandle::reset`]), its penalty box included; answers `{"tier","key","existed"}` |
 //! | `POST /api/lift` | `{"tier":"login","key":"203.0.113.7"}`: lifts the key's penalty-box block, its rate state untouched ([`RateLimitHandle::lift`]); `404` for a tier without a penalty box |
 //! | `GET /api/overrides/{tier}` | the tier's per-key overrides not expired ([`RateLimitHandle::overrides`]): `{"tier","overrides":[{"key","rule","expires_at_us"}]}`, `rule` `"unlimited"`, `"blocked"` or `{"limit","period_ms","burst"}`; `404` for a tier that takes no overrides |

@@ -145,7 +145,7 @@ pub(super) async fn api_remove(State(admin): State<Arc<Admin>>, req: Request) ->
     match admin.handle.remove_override(&r.tier, &r.key, BY).await {
         Ok(existed) => json_response(
             StatusCode::OK,
-            &json!({ "tier": r.tier, "key": r.key, "existed": existed }),
+            &json!({ "tier": r.tier, "key": crate::key::typed_key_part(&r.key), "existed": existed }),
         ),
         Err(e) => failed(&r.tier, &e),
     }

@@ -259,9 +259,9 @@ fn render_page(
             };
             let _ = write!(
                 s,
-                r#"<tr><td><code>{}</code></td><td><code>{}</code></td><td class="n">{}</td><td class="n">{}</td><td><form method="post" action="{}"><input type="hidden" name="tier" value="{}"><input type="hidden" name="key" value="{}"><button name="action" value="reset">reset</button>{lift}</form></td></tr>"#,
+                r#"<tr><td><code>{}</code></td><td>{}</td><td class="n">{}</td><td class="n">{}</td><td><form method="post" action="{}"><input type="hidden" name="tier" value="{}"><input type="hidden" name="key" value="{}"><button name="action" value="reset">reset</button>{lift}</form></td></tr>"#,
                 Esc(&t.name),
-                Esc(&k.key),
+                key_cell(&k.key),
                 k.count,
                 k.error,
                 Esc(&key_action),
@@ -280,12 +280,18 @@ fn render_page(
     }
 
     // Counts and anomalies.
-    s.push_str(r#"<section><h2>Requests since start</h2><table id="counts">"#);
+    // One figure for the 429s the limiter answered, however answered,
+    // split below it.
+    let _ = write!(
+        s,
+        r#"<section><h2>Requests since start</h2><table id="counts"><tr id="count-429s"><th>429s</th><th class="n">{}</th></tr><tr class="split"><td>&nbsp;&nbsp;limited (the backend's, and a key's first from the deny cache)</td><td class="n">{}</td></tr><tr class="split"><td>&nbsp;&nbsp;cache_blocked (the deny cache's, no backend call)</td><td class="n">{}</td></tr>"#,
+        counts.limited + counts.cache_blocked,
+        counts.limited,
+        counts.cache_blocked
+    );
     for (k, v) in [
         ("allowed", counts.allowed),
-        ("limited", counts.limited),
         ("shadow_limited", counts.shadow_limited),
-        ("cache_blocked", counts.cache_blocked),
         ("allowlisted", counts.allowlisted),
         ("denylisted", counts.denylisted),
         ("fail_open", counts.fail_open),
@@ -325,6 +331,23 @@ fn render_page(
     s
 }
 
+/// A stored key part as people read it ([`readable_key_part`]: decoded,
+/// control characters shown as U+FFFD), its stored form as the tooltip;
+/// both HTML-escaped (a key is text a client chose).
+///
+/// [`readable_key_part`]: crate::key::readable_key_part
+fn key_cell(stored: &str) -> String {
+    let shown: String = crate::key::readable_key_part(stored)
+        .chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect();
+    format!(
+        r#"<code class="key" title="{}">{}</code>"#,
+        Esc(stored),
+        Esc(&shown)
+    )
+}
+
 fn quota_text(q: &crate::Quota) -> String {
     let mut s = format!("{} / {}", q.limit(), humantime::format_duration(q.period()));
     if q.burst_size() != q.limit() {
@@ -348,7 +371,7 @@ fn render_lookup(s: &mut String, tiers: &[crate::TierStatus], base: &str, lookup
     }
     let _ = write!(
         s,
-        r#"</select> <input name="peek_key" value="{}" placeholder="stored key part"> <button>peek</button></form>"#,
+        r#"</select> <input name="peek_key" value="{}" placeholder="key (as shown, or stored)"> <button>peek</button></form>"#,
         Esc(cur_key)
     );
     match lookup {
@@ -408,7 +431,8 @@ fn render_overrides(s: &mut String, base: &str, lists: &OverrideLists) {
                     );
                     let _ = write!(
                         s,
-                        r#"<tr><td><code>{t}</code></td><td><code>{k}</code></td><td>{r}</td><td>{expires}</td><td><form method="post" action="{a}"><input type="hidden" name="action" value="remove_override"><input type="hidden" name="tier" value="{t}"><input type="hidden" name="key" value="{k}"><button>remove</button></form></td></tr>"#,
+                        r#"<tr><td><code>{t}</code></td><td>{shown}</td><td>{r}</td><td>{expires}</td><td><form method="post" action="{a}"><input type="hidden" name="action" value="remove_override"><input type="hidden" name="tier" value="{t}"><input type="hidden" name="key" value="{k}"><button>remove</button></form></td></tr>"#,
+                        shown = key_cell(&o.key),
                         t = Esc(tier),
                         k = Esc(&o.key),
                         r = Esc(&o.rule.to_string()),
@@ -426,7 +450,7 @@ fn render_overrides(s: &mut String, base: &str, lists: &OverrideLists) {
     for (tier, _) in lists {
         let _ = write!(s, r#"<option>{}</option>"#, Esc(tier));
     }
-    s.push_str(r#"</select> <input name="key" placeholder="stored key part"> <input name="rule" placeholder="unlimited | blocked | 1000/1m"> <input name="ttl" placeholder="ttl (1d), empty: none"> <button>set</button></form></section>"#);
+    s.push_str(r#"</select> <input name="key" placeholder="key (as shown, or stored)"> <input name="rule" placeholder="unlimited | blocked | 1000/1m"> <input name="ttl" placeholder="ttl (1d), empty: none"> <button>set</button></form></section>"#);
 }
 
 /// A rule as the page's form writes it: `unlimited`, `blocked`, or

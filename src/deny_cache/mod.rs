@@ -168,6 +168,10 @@ pub(crate) struct Denied {
     pub(crate) remaining: u64,
     /// How long the entry lives in real time.
     ttl: Duration,
+    /// Written by an admission that emptied the tier (not by a denial), and
+    /// no 429 answered from it yet: its first 429 is the key's first
+    /// denial, counted `limited` ([`DenyCache::first_denial`]).
+    pub(crate) primed: bool,
 }
 
 impl Denied {
@@ -184,7 +188,16 @@ impl Denied {
             quota,
             remaining,
             ttl,
+            primed: false,
         }
+    }
+
+    /// Marks an entry written by an admission (the backend denied nothing):
+    /// the first 429 answered from it is the key's first denial.
+    #[must_use]
+    pub(crate) fn primed(mut self, primed: bool) -> Self {
+        self.primed = primed;
+        self
     }
 }
 
@@ -385,6 +398,27 @@ impl DenyCache {
                 _ => Op::Remove,
             }
         });
+    }
+
+    /// Whether a 429 answered from `key`'s primed entry (one written by an
+    /// admission, [`Denied::primed`], retry instant `until_us`) is the
+    /// first: true for exactly one caller, which counts it `limited` (the
+    /// backend counted no denial for that key); the entry is then no longer
+    /// primed, and later 429s from it count `cache_blocked`.
+    pub(crate) fn first_denial(&self, key: &str, until_us: u64) -> bool {
+        let Some(c) = &self.cache else {
+            return false;
+        };
+        let mut first = false;
+        c.entry_by_ref(key)
+            .and_compute_with(|e| match e.map(|e| e.into_value()) {
+                Some(Entry::Denied(d)) if d.primed && d.until_us == until_us => {
+                    first = true;
+                    Op::Put(Entry::Denied(d.primed(false)))
+                }
+                _ => Op::Nop,
+            });
+        first
     }
 
     /// Drops every entry (runtime changes and the kill switch).

@@ -115,7 +115,15 @@ pub(crate) fn cache_blocked(
     now_us: u64,
     violated: Vec<Arc<str>>,
 ) -> Denial {
-    shared.count(RequestDecision::CacheBlocked);
+    // The first 429 of an entry an admission primed is the key's first
+    // denial: the backend counted none, so it is `limited` (an operator
+    // must see users refused); later ones are `cache_blocked`.
+    let first = d.primed && shared.deny_cache.first_denial(&checks[i].key, d.until_us);
+    shared.count(if first {
+        RequestDecision::Limited
+    } else {
+        RequestDecision::CacheBlocked
+    });
     shared.count_fleet_blocked(&checks[i].key, checks[i].cost, now_us);
     // The operator's view counts it like the backend's rejection.
     let now_s = now_us / 1_000_000;
@@ -229,7 +237,8 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
                     *limit,
                     d.remaining,
                     Duration::from_micros(wait_us),
-                ),
+                )
+                .primed(d.allowed),
             );
             if written.is_none_or(|(u, _)| until_us > u) {
                 written = Some((until_us, wait_us));

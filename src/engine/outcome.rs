@@ -110,17 +110,39 @@ pub(crate) fn outcome(
             let shadow_only = !meta.tiers.is_empty()
                 && !matches!(e, BackendError::Key(_))
                 && (0..meta.tiers.len()).all(|i| meta.shadow.contains(i));
-            if !shadow_only {
+            let d = if !shadow_only {
                 fail(shared, &e, facts)
             } else {
                 fail_shadow(shared, &e)
+            };
+            if !meta.quiet && (shadow_only || shared.failure_policy == FailurePolicy::Open) {
+                observe_fail_open(shared, meta);
             }
+            d
         }
     };
     if !meta.quiet {
         shared.metrics.latency(backend_latency, meta.started);
     }
     decided
+}
+
+/// Counts a request passed unchecked (fail open) for each tier it would
+/// have been checked against, so the page's chart shows the period.
+fn observe_fail_open(shared: &Shared, meta: &Meta) {
+    let Some(e) = &meta.endpoint else {
+        return;
+    };
+    let now_s = shared.local_clock.now_us() / 1_000_000;
+    let mut seen = 0u64;
+    for &t in &meta.tiers {
+        let t = usize::from(t);
+        let bit = 1u64 << (t % 64);
+        if seen & bit == 0 {
+            seen |= bit;
+            shared.observer.record_fail_open(e, t, now_s);
+        }
+    }
 }
 
 /// Feeds the anomaly series and the top-N sketches. Rejections by a tier
@@ -222,7 +244,12 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
         tracing::warn!(target: super::LOG_TARGET,
             error = %e,
             backend,
-            ?policy,
+            // As a policy file writes it, not Rust's `Debug` (`Open`).
+            policy = match policy {
+                FailurePolicy::Open => "open",
+                FailurePolicy::Closed => "closed",
+                FailurePolicy::Fallback => "fallback",
+            },
             suppressed,
             "rate limiter could not decide; applying failure policy"
         );

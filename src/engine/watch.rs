@@ -153,10 +153,11 @@ fn store(
     let previous = shared.overrides.load_full();
     let next = apply(shared, &previous, fields);
     if next != *previous {
+        let changed = changed_tiers(shared, &previous, &next);
         tracing::warn!(target: super::CONTROL_LOG_TARGET,
             key,
-            mode = ?next.mode,
-            tiers = ?next.tiers,
+            mode = %ModeText(next.mode),
+            tiers = %changed,
             "control key changed the rate limiter's modes"
         );
         // Store first, then drop the cached denials (decided under the
@@ -165,6 +166,46 @@ fn store(
         shared.deny_cache.clear();
         shared.refresh_mode_gauges();
     }
+}
+
+/// A control-key mode as an operator writes it (`off`, `canary:10`), or
+/// `none` when the hash sets none (the page's or the policy's mode
+/// applies).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+struct ModeText(Option<Mode>);
+
+impl std::fmt::Display for ModeText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(m) => write!(f, "{m}"),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+/// The tiers whose control-key mode changed, as `name=mode` (`none`: no
+/// longer set) joined by `,`; `none` when no tier's did.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+fn changed_tiers(shared: &Shared, previous: &Overrides, next: &Overrides) -> String {
+    let mut out = String::new();
+    for (i, t) in shared.tiers.iter().enumerate() {
+        let (a, b) = (
+            previous.tiers.get(i).copied().flatten(),
+            next.tiers.get(i).copied().flatten(),
+        );
+        if a != b {
+            if !out.is_empty() {
+                out.push(',');
+            }
+            out.push_str(&t.name);
+            out.push('=');
+            out.push_str(&ModeText(b).to_string());
+        }
+    }
+    if out.is_empty() {
+        out.push_str("none");
+    }
+    out
 }
 
 /// Starts the watcher once (needs a tokio runtime; a no-op without one).

@@ -258,6 +258,98 @@ pub(crate) fn storage_key_parts_into(out: &mut String, parts: &[&[u8]]) {
     }
 }
 
+/// A stored key part as people read it: the percent-escapes of
+/// [`storage_key_part`] decoded (`GET%20/users/%7Bid%7D` →
+/// `GET /users/{id}`; bytes that are not UTF-8 become U+FFFD), a hashed
+/// part (`#` and 32 hex digits) unchanged. The result is request-derived
+/// text: escape it for wherever it is shown (HTML, a terminal).
+#[must_use]
+pub fn readable_key_part(stored: &str) -> String {
+    if is_hashed(stored) || !stored.contains('%') {
+        return stored.to_owned();
+    }
+    let b = stored.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match (
+            b[i],
+            b.get(i + 1).and_then(|&h| hex_digit(h)),
+            b.get(i + 2).and_then(|&l| hex_digit(l)),
+        ) {
+            (b'%', Some(h), Some(l)) => {
+                out.push(h << 4 | l);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A key part typed by an operator (the admin page and API, the CLI, the
+/// handle's peek, reset, lift and overrides), in either form: a stored
+/// part exactly as [`storage_key_part`] writes it is taken as it is; any
+/// other text is a key as people read it ([`readable_key_part`]) and is
+/// stored-escaped (or hashed, past [`MAX_KEY_PART`] bytes) as the layer
+/// does it. (Text that happens to be a stored part's exact form, such as
+/// `a%20b`, is read as stored.) Empty stays empty.
+pub(crate) fn typed_key_part(typed: &str) -> std::borrow::Cow<'_, str> {
+    if typed.is_empty() || is_stored_form(typed) {
+        std::borrow::Cow::Borrowed(typed)
+    } else {
+        std::borrow::Cow::Owned(storage_key_part(typed.as_bytes()))
+    }
+}
+
+/// `#` and 32 lowercase hex digits: a hashed key part.
+fn is_hashed(s: &str) -> bool {
+    s.len() == 33
+        && s.starts_with('#')
+        && s.bytes()
+            .skip(1)
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Whether `s` is exactly what [`storage_key_part`] writes for some input.
+fn is_stored_form(s: &str) -> bool {
+    if is_hashed(s) {
+        return true;
+    }
+    if s.len() > MAX_KEY_PART {
+        return false;
+    }
+    let b = s.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        if is_plain(b[i]) {
+            i += 1;
+            continue;
+        }
+        let upper = |c: Option<&u8>| {
+            c.filter(|c| c.is_ascii_digit() || (b'A'..=b'F').contains(*c))
+                .and_then(|&c| hex_digit(c))
+        };
+        match (b[i], upper(b.get(i + 1)), upper(b.get(i + 2))) {
+            (b'%', Some(h), Some(l)) if !is_plain(h << 4 | l) => i += 3,
+            _ => return false,
+        }
+    }
+    true
+}
+
+fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
 /// Checks that `e`'s `extract_into` appends exactly what the default
 /// (`extract`, then [`storage_key_part`]) would, for each request.
 #[cfg(test)]
@@ -287,6 +379,39 @@ const HEX: &[u8; 16] = b"0123456789ABCDEF";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Keys are shown decoded and may be typed in either form: every
+    /// stored form reads back as itself, every other text is escaped as the
+    /// layer escapes request bytes.
+    #[test]
+    fn typed_keys_in_either_form() {
+        for raw in [
+            "alice",
+            "GET /users/{id}",
+            "<script>alert('x')</script>",
+            "a\"b & c",
+            "100%",
+            "a%41",
+            "é",
+            "#abc",
+        ] {
+            let stored = storage_key_part(raw.as_bytes());
+            assert_eq!(readable_key_part(&stored), raw, "{stored}");
+            assert_eq!(typed_key_part(raw), stored, "typed as read: {raw}");
+            assert_eq!(typed_key_part(&stored), stored, "typed as stored: {raw}");
+        }
+        assert_eq!(
+            readable_key_part("GET%20/users/%7Bid%7D"),
+            "GET /users/{id}"
+        );
+        let long = "k".repeat(200);
+        let hashed = storage_key_part(long.as_bytes());
+        assert_eq!(typed_key_part(&long), hashed);
+        assert_eq!(typed_key_part(&hashed), hashed);
+        assert_eq!(readable_key_part(&hashed), hashed);
+        assert_eq!(readable_key_part("%FF%41"), "\u{fffd}A");
+        assert_eq!(typed_key_part(""), "");
+    }
 
     #[test]
     fn plain_keys_stay_readable() {

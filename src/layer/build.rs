@@ -149,6 +149,7 @@ impl RateLimitLayerBuilder {
         }
         let names: Vec<Arc<str>> = tiers.iter().map(|t| t.name.clone()).collect();
         let n_tiers = names.len();
+        crate::observe::describe_all();
         for (t, r) in names.iter().zip(&runtime) {
             crate::observe::set_mode_gauge(t, r.mode.under(self.mode));
         }
@@ -160,11 +161,14 @@ impl RateLimitLayerBuilder {
         if let Backend::Redis(r) = &backend {
             r.set_deadline_budget(self.backend_timeout);
             if prefix == DEFAULT_KEY_PREFIX {
+                // Whether set or left to the default: the words hold for a
+                // policy that writes `key_prefix = "rl"` too.
                 tracing::warn!(
                     key_prefix = DEFAULT_KEY_PREFIX,
-                    "Redis backend with the default key_prefix: every service \
-                     sharing this Redis with the same prefix shares its buckets; \
-                     give each service its own key_prefix"
+                    "Redis backend with key_prefix \"rl\", the one every service \
+                     gets without a key_prefix of its own: services sharing this \
+                     Redis with the same prefix share their buckets; give each \
+                     service its own key_prefix"
                 );
             }
         }

@@ -110,9 +110,9 @@ impl RateLimitLayerBuilder {
     /// with the same prefix, a tier of the same name and key is one bucket
     /// for both, so each service's traffic spends the other's quota (and
     /// their `[control]` keys and blocked-key sets collide too). With a
-    /// Redis backend and the default prefix, [`build`](Self::build) logs a
-    /// `WARN` line saying so, once per layer built; any other prefix
-    /// silences it.
+    /// Redis backend and the prefix `rl` (the default, whether left unset
+    /// or set to it), [`build`](Self::build) logs a `WARN` line saying so,
+    /// once per layer built; any other prefix silences it.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
         self

@@ -6,7 +6,7 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `cache_blocked`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `fallback`, `skipped`) | exactly one per request that reached the layer (`cache_blocked` is a 429 answered by the deny cache, not also `limited`) |
+//! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `cache_blocked`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `fallback`, `skipped`) | exactly one per request that reached the layer (`limited`: the backend's 429s and each key's first from the deny cache; `cache_blocked`: the deny cache's later ones, not also `limited`) |
 //! | `tiered_ratelimit_tier_decisions_total` | counter | `tier`, `plan` (a configured plan name, or `default`), `endpoint` (`METHOD route template`, `METHOD <unmatched>`, or `<other>` past the endpoint cap), `decision` (`allowed`, `near_limit`, `limited`, `limited_not_binding`, `shadow_limited`) | every decision of every tier: one per tier a request was checked against (`limited`: the binding tier of a 429) |
 //! | `tiered_ratelimit_fleet_blocked_flushed_total` | counter | — | deny-cache 429s (cost) flushed to the fleet-wide hourly sets (see docs/redis.md, "Cached 429s in the blocked set") |
 //! | `tiered_ratelimit_fleet_blocked_dropped_total` | counter | `reason` (`overflow`, `error`, `timeout`) | deny-cache 429s (cost) not counted fleet-wide |
@@ -157,6 +157,7 @@ impl RequestMetrics {
                 return f(h);
             }
         }
+        describe();
         let backend = self.backend;
         let h = Arc::new(Handles {
             recorder,
@@ -258,6 +259,98 @@ impl RequestMetrics {
 
 pub(crate) const TIER_DECISIONS: &str = "tiered_ratelimit_tier_decisions_total";
 
+/// The address of the recorder the metrics were last described to (0:
+/// none yet).
+static DESCRIBED_FOR: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Gives every series of the crate its unit and `# HELP` text
+/// (`metrics::describe_*`), once per recorder: called when a layer is
+/// built and whenever a layer registers its handles with a recorder it has
+/// not seen (one installed after the layer was built), so a scrape carries
+/// HELP lines whatever the order. docs/observability.md has the long form.
+pub(crate) fn describe() {
+    let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
+    if DESCRIBED_FOR.swap(recorder, Ordering::Relaxed) == recorder {
+        return;
+    }
+    describe_all();
+}
+
+/// [`describe`] whatever the recorder (a layer being built: rare, and a
+/// recorder at the address of a dropped one is still described).
+pub(crate) fn describe_all() {
+    let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
+    DESCRIBED_FOR.store(recorder, Ordering::Relaxed);
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        REQUESTS,
+        Unit::Count,
+        "Requests that reached the rate limiter, one per request, by decision; the 429s are limited + cache_blocked (a key's first 429 is limited)"
+    );
+    describe_counter!(
+        TIER_DECISIONS,
+        Unit::Count,
+        "Every tier's decision on every request it checked, by tier, plan, endpoint and decision (limited: the tier that answered the 429)"
+    );
+    describe_counter!(
+        BACKEND_ERRORS,
+        Unit::Count,
+        "Checks the backend did not answer (timeout, connection, script, key, circuit_open), each then decided by the failure policy"
+    );
+    describe_counter!(
+        "tiered_ratelimit_key_errors_total",
+        Unit::Count,
+        "Requests whose key extractor failed, by tier and reason (that tier skipped, or 503 under the closed failure policy)"
+    );
+    describe_histogram!(
+        CHECK_DURATION,
+        Unit::Seconds,
+        "Latency the rate limiter added to a checked request, in seconds: part=total (its whole work) or part=backend (the backend call)"
+    );
+    describe_gauge!(
+        CIRCUIT_STATE,
+        "The backend circuit breaker: 0 closed, 1 open (set on transitions)"
+    );
+    describe_gauge!(
+        MODE,
+        "A tier's mode in force: 0 off, 1 shadow, 2 canary, 3 enforce"
+    );
+    describe_gauge!(
+        ENFORCED_PERCENT,
+        Unit::Percent,
+        "Share of a tier's keys enforced, in percent: 100 enforce, n canary, 0 shadow or off"
+    );
+    describe_gauge!(
+        ANOMALY,
+        "1 while a (tier, endpoint) 429 rate is outside its baseline, 0 once back"
+    );
+    describe_counter!(
+        fleet::FLUSHED,
+        Unit::Count,
+        "Deny-cache 429s (cost) added to the fleet-wide hourly blocked-keys sets"
+    );
+    describe_counter!(
+        fleet::DROPPED,
+        Unit::Count,
+        "Deny-cache 429s (cost) not counted fleet-wide, by reason (overflow, error, timeout)"
+    );
+    describe_counter!(
+        "tiered_ratelimit_lease_calls_total",
+        Unit::Count,
+        "Lease mode: script calls that took, or tried to take, a token lease from a shared bucket"
+    );
+    describe_counter!(
+        "tiered_ratelimit_lease_tokens_total",
+        Unit::Count,
+        "Lease mode: tokens (requests) taken out of shared buckets by leases, and returned (op)"
+    );
+    describe_counter!(
+        "tiered_ratelimit_refund_failures_total",
+        Unit::Count,
+        "Redis Cluster: refunds of a cross-slot denial that did not land, by kind"
+    );
+}
+
 pub(crate) fn count_backend_error(kind: &'static str, backend: &'static str) {
     metrics::counter!(BACKEND_ERRORS, "kind" => kind, "backend" => backend).increment(1);
 }
@@ -310,7 +403,9 @@ mod tests {
 pub struct DecisionCounts {
     /// Passed every applicable tier.
     pub allowed: u64,
-    /// Rejected with 429 by an enforced tier.
+    /// Rejected with 429 by an enforced tier: answered by the backend, or a
+    /// key's first 429 answered by the deny cache (from an entry the
+    /// admission that emptied the tier wrote).
     pub limited: u64,
     /// Passed, but a shadow (or not-enforced canary) tier would have rejected it.
     pub shadow_limited: u64,
@@ -324,7 +419,9 @@ pub struct DecisionCounts {
     pub fail_closed: u64,
     /// No tier applied (anonymous on a user tier, OPTIONS, mode off, ...).
     pub skipped: u64,
-    /// Rejected by the local deny cache, without a backend call.
+    /// Rejected by the local deny cache, without a backend call, after the
+    /// key's first 429 (counted `limited`). All 429s: `limited +
+    /// cache_blocked`.
     pub cache_blocked: u64,
     /// Decided by the local fallback limiter while the backend was down.
     pub fallback: u64,

@@ -22,6 +22,10 @@ pub struct BucketCounts {
     pub limited: u64,
     /// Of those, would have been rejected (shadow).
     pub shadow_limited: u64,
+    /// Requests this tier would have checked that passed unchecked: the
+    /// backend could not decide and the failure policy let them through
+    /// (fail open). Not in `requests`.
+    pub fail_open: u64,
 }
 
 /// One (tier, endpoint) series of the anomaly baseline.
@@ -46,6 +50,7 @@ struct Counters {
     requests: AtomicU64,
     limited: AtomicU64,
     shadow_limited: AtomicU64,
+    fail_open: AtomicU64,
 }
 
 struct Series {
@@ -193,6 +198,15 @@ impl Observer {
         }
     }
 
+    /// Records a request that `tier` would have checked on `endpoint`,
+    /// passed unchecked because the backend failed (fail open).
+    pub(crate) fn record_fail_open(&self, endpoint: &Endpoint, tier: usize, now_s: u64) {
+        self.maybe_roll(now_s);
+        if let Some(s) = endpoint.series.get(tier) {
+            s.counters.fail_open.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     pub(crate) fn sketch(&self, tier: usize, kind: Kind, key: &str, count: u64, now_s: u64) {
         if let Some(s) = self.sketches.get(tier) {
             s.record(kind, key, count, now_s);
@@ -231,10 +245,12 @@ impl Observer {
                 let requests = s.counters.requests.swap(0, Ordering::Relaxed);
                 let limited = s.counters.limited.swap(0, Ordering::Relaxed);
                 let shadow = s.counters.shadow_limited.swap(0, Ordering::Relaxed);
+                let fail_open = s.counters.fail_open.swap(0, Ordering::Relaxed);
                 if let Some(tot) = totals.get_mut(t) {
                     tot.requests += requests;
                     tot.limited += limited;
                     tot.shadow_limited += shadow;
+                    tot.fail_open += fail_open;
                 }
                 let mut b = s.baseline.lock().unwrap_or_else(|e| e.into_inner());
                 // Shadow rejections count: they are what enforcement would do.
@@ -316,6 +332,7 @@ impl Observer {
                 b.requests += s.counters.requests.load(Ordering::Relaxed);
                 b.limited += s.counters.limited.load(Ordering::Relaxed);
                 b.shadow_limited += s.counters.shadow_limited.load(Ordering::Relaxed);
+                b.fail_open += s.counters.fail_open.load(Ordering::Relaxed);
             }
         }
         Some(b)

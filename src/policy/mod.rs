@@ -253,6 +253,24 @@ mod tests {
         assert!(err.contains("ipp"), "{err}");
     }
 
+    /// An unknown `key` string lists the four names and the header form
+    /// (docs/rollout.md once showed `key = "api_key"`).
+    #[test]
+    fn an_unknown_key_names_the_header_form() {
+        let err = Policy::from_toml_str(
+            "[[tier]]\nname = 'api'\nkey = 'api_key'\nlimit = 1\nperiod = '1s'\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "policy: TOML parse error at line 3, column 7\n  |\n3 | key = 'api_key'\n  |       ^^^^^^^^^\n\
+             unknown key `api_key`, expected `global`, `ip`, `user`, `endpoint`, \
+             or { header = \"<name>\" } to key on a request header \
+             (an API key: { header = \"x-api-key\" })\n"
+        );
+    }
+
     #[test]
     fn trusted_proxies_accept_cidrs_and_addresses() {
         let p =

@@ -132,6 +132,29 @@ impl fmt::Debug for RedisConfig {
     }
 }
 
+/// Where the table points, in one line with passwords redacted, for a
+/// start-up log line: `redis at redis://***@10.0.0.5:6379/`, `redis
+/// cluster at …`, `redis primary of "mymaster" via sentinels …`.
+impl fmt::Display for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls = |v: &[String]| v.iter().map(|u| redact(u)).collect::<Vec<_>>().join(", ");
+        if let Some(url) = &self.url {
+            write!(f, "redis at {}", redact(url))
+        } else if !self.cluster_nodes.is_empty() {
+            write!(f, "redis cluster at {}", urls(&self.cluster_nodes))
+        } else if !self.sentinels.is_empty() {
+            write!(
+                f,
+                "redis primary of {:?} via sentinels {}",
+                self.master_name.as_deref().unwrap_or(""),
+                urls(&self.sentinels)
+            )
+        } else {
+            f.write_str("redis (no url, cluster_nodes or sentinels)")
+        }
+    }
+}
+
 /// `redis://user:secret@host/` → `redis://***@host/`.
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

@@ -293,7 +293,13 @@ impl<'de> Deserialize<'de> for KeySpec {
                 KeySpec::NAMED
                     .into_iter()
                     .find(|k| k.name() == v)
-                    .ok_or_else(|| E::unknown_variant(v, &KeySpec::NAMES))
+                    .ok_or_else(|| {
+                        E::custom(format_args!(
+                            "unknown key `{v}`, expected `global`, `ip`, `user`, `endpoint`, \
+                             or {{ header = \"<name>\" }} to key on a request header \
+                             (an API key: {{ header = \"x-api-key\" }})"
+                        ))
+                    })
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<KeySpec, A::Error> {
                 header_table(map).map(KeySpec::Header)

@@ -152,6 +152,12 @@ where
         d(x0) != d(x1.saturating_sub(1))
     };
     let ticks = time_ticks(x0, x1);
+    // The legend goes in a strip of its own below the chart, never over
+    // the data: one row of entries, more when they do not fit.
+    let names: Vec<String> = series.iter().map(|(n, _)| n.clone()).collect();
+    let rows = legend_rows(&names, SIZE.0 - 2 * LEGEND_MARGIN);
+    let legend_h = u32::try_from(rows.len()).unwrap_or(1) * LEGEND_ROW + LEGEND_MARGIN;
+    let (root, legend) = root.split_vertically(SIZE.1.saturating_sub(legend_h));
     let mut chart = ChartBuilder::on(&root)
         .caption(caption, ("sans-serif", 24))
         .margin(16)
@@ -170,7 +176,8 @@ where
         .draw()
         .map_err(err)?;
     let n = series.len();
-    for (k, (name, pts)) in series.into_iter().enumerate() {
+    let mut styles = Vec::with_capacity(n);
+    for (k, (_, pts)) in series.into_iter().enumerate() {
         let color = if k + 1 == n {
             BLACK.mix(0.6)
         } else {
@@ -178,22 +185,54 @@ where
             RGBColor(r, g, b).mix(1.0)
         };
         let style = color.stroke_width(if k + 1 == n { 1 } else { 2 });
+        styles.push(style);
         // A series of one point draws no line: mark its points.
         let marks = if pts.len() < 2 { 3 } else { 0 };
         chart
             .draw_series(LineSeries::new(pts, style).point_size(marks))
-            .map_err(err)?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
+            .map_err(err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.4))
-        .draw()
-        .map_err(err)?;
+    for (r, row) in rows.iter().enumerate() {
+        let y =
+            i32::try_from(u32::try_from(r).unwrap_or(0) * LEGEND_ROW + LEGEND_ROW / 2).unwrap_or(0);
+        for &(k, x) in row {
+            let x = i32::try_from(x + LEGEND_MARGIN).unwrap_or(0);
+            legend
+                .draw(&PathElement::new(vec![(x, y), (x + 24, y)], styles[k]))
+                .map_err(err)?;
+            legend
+                .draw(&Text::new(
+                    names[k].clone(),
+                    (x + 30, y - 8),
+                    ("sans-serif", 14),
+                ))
+                .map_err(err)?;
+        }
+    }
     root.present().map_err(err)?;
     Ok(())
+}
+
+/// Height of a legend row and the legend strip's margins, in pixels.
+const LEGEND_ROW: u32 = 24;
+const LEGEND_MARGIN: u32 = 16;
+
+/// The legend's entries laid out in rows of at most `width` pixels: per
+/// row, (series index, x offset). An entry is a 24 px line, a gap and its
+/// name (about 8 px a character at 14 px), then 24 px to the next.
+fn legend_rows(names: &[String], width: u32) -> Vec<Vec<(usize, u32)>> {
+    let mut rows: Vec<Vec<(usize, u32)>> = vec![Vec::new()];
+    let mut x = 0u32;
+    for (k, name) in names.iter().enumerate() {
+        let w = 30 + 8 * u32::try_from(name.chars().count()).unwrap_or(u32::MAX / 16) + 24;
+        if x > 0 && x + w > width {
+            rows.push(Vec::new());
+            x = 0;
+        }
+        if let Some(row) = rows.last_mut() {
+            row.push((k, x));
+        }
+        x = x.saturating_add(w);
+    }
+    rows
 }
