@@ -39,8 +39,9 @@ end
 -- <flags>" (integers separated by single spaces; algorithm 1 fixed window,
 -- 2 sliding window log, 3 sliding window counter, 4 token bucket, 5 leaky
 -- bucket, 6 concurrency, 7 penalty box, 8 override read; flags: +1 shadow,
--- +2 undo wanted, +4 write the compact format, +8 short reply: a token or
--- leaky bucket answers one number, its state, instead of three).
+-- +2 undo wanted, +8 short reply: a token or leaky bucket answers one
+-- number, its state, instead of three; +4 is unused: it once chose the
+-- stored format, of which there is now one).
 -- Parsed specs are kept by their string: loaded as a Redis Function the
 -- table lives as long as the library, so a request's tiers cost one table
 -- lookup each instead of seven tonumber() calls (a deployment has a few
@@ -48,7 +49,7 @@ end
 local specs, specs_n = {}, 0
 
 -- The parsed spec s, { algorithm function, p1, p2, p3, p4, cost, shadow,
--- undo, compact, short }, or false for a malformed spec or an unknown algorithm.
+-- undo, short }, or false for a malformed spec or an unknown algorithm.
 local function tier_spec(s)
   local t = specs[s]
   if t ~= nil then return t end
@@ -59,7 +60,7 @@ local function tier_spec(s)
   if algorithm then
     flags = tonumber(flags)
     t = { algorithm, tonumber(p1), tonumber(p2), tonumber(p3), tonumber(p4), tonumber(cost),
-      has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 4), has_flag(flags, 8) }
+      has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 8) }
   end
   if specs_n >= 1024 then specs, specs_n = {}, 0 end
   specs[s] = t
@@ -132,7 +133,7 @@ local function check_request(clock, first, n)
     -- A per-key override read by the check just before (override.lua).
     if override_next then t = override_apply(t) end
     local allowed, remaining, reset, retry, delay, write, ttl, undo =
-      t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9], t[10])
+      t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9])
     penalty_tier_allowed = allowed == 1 -- for a penalty box right after (penalty.lua)
     if allowed == 1 then
       out[o + 1] = remaining
@@ -146,7 +147,7 @@ local function check_request(clock, first, n)
     end
     -- Short (a bucket's state): one number; an override applied above
     -- builds a spec without the flag, so the tier answers three.
-    if t[10] then
+    if t[9] then
       o = o + 1
     else
       out[o + 2] = reset

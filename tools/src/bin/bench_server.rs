@@ -54,9 +54,7 @@
 //! and with it every key's TTL, stays the quota's), `PROMETHEUS=1` (install
 //! a Prometheus metrics recorder, without its HTTP listener, to count what
 //! metrics cost), `HEADERS=none` (our layer sends no rate-limit headers, as
-//! tower_governor by default: what the headers cost), `STATE_FORMAT=compact`
-//! (redis1, redis4: the scripts write the compact format,
-//! `StateFormat::Compact`; default the legacy strings).
+//! tower_governor by default: what the headers cost).
 //! Prints `listening on <addr>` once it accepts connections.
 //! `bench_server minimal-lua` prints the minimal limiter's script,
 //! `bench_server minimal4-lua` the four-key one,
@@ -76,7 +74,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use redis::aio::MultiplexedConnection;
-use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend, StateFormat};
+use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend};
 use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User, UNMATCHED_ROUTE};
 use tiered_ratelimit::token_lease::TokenLease;
 use tiered_ratelimit::{key::UserId, Quota, RateLimitLayer, Tier};
@@ -153,8 +151,6 @@ struct Config {
     user_burst: Option<u64>,
     /// Send no rate-limit headers.
     no_headers: bool,
-    /// The format redis1 and redis4 write their state in.
-    format: StateFormat,
 }
 
 fn usage() -> Box<dyn Error + Send + Sync> {
@@ -220,11 +216,6 @@ async fn main() -> Res<()> {
         user_per_minute: env_u64("USER_QUOTA_PER_MINUTE")?,
         user_burst: env_u64("USER_BURST")?,
         no_headers: std::env::var("HEADERS").as_deref() == Ok("none"),
-        format: match std::env::var("STATE_FORMAT").as_deref() {
-            Ok("compact") => StateFormat::Compact,
-            Ok("legacy") | Err(_) => StateFormat::Legacy,
-            Ok(other) => return Err(format!("STATE_FORMAT={other}: compact or legacy").into()),
-        },
     };
     if std::env::var("PROMETHEUS").as_deref() == Ok("1") {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
@@ -250,7 +241,7 @@ async fn app(c: &Config) -> Res<Router> {
             .ok_or_else(|| format!("mode {} needs REDIS_URL", c.mode))
     };
     let redis_backend = || -> Res<RedisBackend> {
-        Ok(RedisBackend::from_url(&redis_url()?)?.with_state_format(c.format))
+        Ok(RedisBackend::from_url(&redis_url()?)?)
     };
     Ok(match c.mode.as_str() {
         "bare" => router,
