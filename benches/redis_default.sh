@@ -5,13 +5,15 @@
 # plain GCRA floor script, over HTTP, same run; and the size of an idle
 # `ip` key of a 100/hour token bucket.
 #
-#   benches/redis_default.sh      # ~2 min; ROUNDS (3), N (20000 requests a run)
+#   benches/redis_default.sh      # ~4 min; ROUNDS (3), N (20000 requests a
+#                                 # run), CONNS (8 connections at once)
 #
 # One redis-server of its own. Per round, in this order, each bench_server
 # mode is started with REDIS_URL only (a quota that never denies: burst
 # 10^9, 1000/s), given 500 warm-up requests, then `INFO commandstats` is
-# reset and N requests go through curl (one keep-alive connection,
-# `x-user: alice`), and `usec_per_call` of the script call is read:
+# reset and N requests go through curl (`--parallel`, CONNS keep-alive
+# connections, so Redis is kept busy as under real traffic; `x-user:
+# alice`), and `usec_per_call` of the script call is read:
 #   minimal1  the GCRA floor on the ip key (`bench_server minimal4-lua`:
 #             Redis TIME, MGET, one integer TAT, SET … PX) via EVALSHA
 #   redis1    the layer, 1 tier (ip), FCALL
@@ -31,6 +33,7 @@ cd "$(dirname "$0")/.."
 . benches/lib.sh
 ROUNDS=${ROUNDS:-3}
 N=${N:-20000}
+CONNS=${CONNS:-8}
 for tool in redis-server redis-cli curl python3; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
@@ -54,9 +57,10 @@ serve() {
   url="http://127.0.0.1:$port/"
 }
 
-# load COUNT: COUNT requests on one connection; prints the count of 200s.
+# load COUNT: COUNT requests on CONNS connections; prints the count of 200s.
 load() {
-  curl -s -o /dev/null -w '%{http_code}\n' -H 'x-user: alice' "$url?[1-$1]" | grep -c '^200$'
+  curl -s -Z --parallel-max "$CONNS" -o /dev/null -w '%{http_code}\n' \
+    -H 'x-user: alice' "$url?[1-$1]" | grep -c '^200$'
 }
 
 results="$work/results.tsv"
@@ -91,6 +95,7 @@ server_pid=""
   echo "cpu=$(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo) x $(nproc)"
   echo "load=$load_start -> $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "commit=$commit"
+  echo "conns=$CONNS"
   echo "idle=$idle"
 } >"$work/facts"
 python3 - "$results" "$work/facts" <<'PY'
@@ -100,7 +105,8 @@ facts = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[2]) if "=" in l
 us = {}
 for rnd, mode, u in rows:
     us.setdefault(mode, {})[rnd] = float(u)
-print(f"Redis {facts['redis']}, {facts['cpu']}, load {facts['load']}, code {facts['commit']}\n")
+print(f"Redis {facts['redis']}, {facts['cpu']}, load {facts['load']}, code {facts['commit']}, "
+      f"{facts['conns']} connections\n")
 print("| check, over HTTP | Redis µs per call (median; rounds) | × floor, same round (median; rounds) |")
 print("|---|---|---|")
 for floor, ours, what in (("minimal1", "redis1", "1 tier"), ("minimal4", "redis4", "4 tiers")):

@@ -106,9 +106,8 @@ async fn overrides_in_memory() {
     overrides(h, addr, addr, clock).await;
 }
 
-/// Redis writing the compact format: what a quota change does there is
-/// what the memory backend does (the time until full carries over; the
-/// legacy format starts a bucket of another unit full, docs/redis.md).
+/// Redis on the manual clock: what a quota change does there is what the
+/// memory backend does (the time until full carries over, docs/redis.md).
 fn redis_backend(url: &str, clock: &ManualClock) -> Backend {
     RedisBackend::from_url(url)
         .unwrap()
