@@ -59,7 +59,7 @@ serve() {
 
 # load COUNT: COUNT requests on CONNS connections; prints the count of 200s.
 load() {
-  curl -s -Z --parallel-max "$CONNS" -o /dev/null -w '%{http_code}\n' \
+  curl -s --no-progress-meter -Z --parallel-max "$CONNS" -o /dev/null -w '%{http_code}\n' \
     -H 'x-user: alice' "$url?[1-$1]" | grep -c '^200$'
 }
 

@@ -16,9 +16,7 @@ use support::algorithms::{algorithm_limits, clock_step, Model, S};
 use support::rng::Rng;
 use support::*;
 use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
-use tiered_ratelimit::backend::{
-    Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck,
-};
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck};
 
 /// Checks the invariants of one denied or allowed decision against the model
 /// state it was made from.

@@ -129,10 +129,7 @@ async fn burst_then_deny_then_refill(s: Scn<'_>) {
     assert_eq!(get(&c, &url).await, ok(3, 2, now + 20));
     // One key, hash-tagged, on the node that owns its slot.
     let key = s.key("ip:127.0.0.1");
-    assert_eq!(
-        s.cluster.get(&key).as_deref(),
-        Some("1700003640000000")
-    );
+    assert_eq!(s.cluster.get(&key).as_deref(), Some("1700003640000000"));
 }
 
 // ---------------------------------------------------------------------------
@@ -176,14 +173,8 @@ async fn denial_on_one_slot_leaves_the_others_untouched() {
     }
     // The denied requests took nothing from the global tier: 100 - 2.
     assert_eq!(get(&c, &url).await, ok(100, 97, T0_S + 2));
-    assert_eq!(
-        cluster.get(&global).as_deref(),
-        Some("1700000001800000")
-    );
-    assert_eq!(
-        cluster.get(&user_key).as_deref(),
-        Some("1700000060000000")
-    );
+    assert_eq!(cluster.get(&global).as_deref(), Some("1700000001800000"));
+    assert_eq!(cluster.get(&user_key).as_deref(), Some("1700000060000000"));
 
     // The other way round: the global tier denies, a user's key is never
     // created (charged, then deleted by the refund: a full bucket is no key).
@@ -292,10 +283,7 @@ async fn a_shadow_denial_on_one_slot_charges_the_others() {
         assert_eq!(get_as(&c, &url, &alice).await.status, 200);
     }
     // 4 charged on the enforced tier; the shadow tier admitted one.
-    assert_eq!(
-        cluster.get(&global).as_deref(),
-        Some("1700000002400000")
-    );
+    assert_eq!(cluster.get(&global).as_deref(), Some("1700000002400000"));
     assert_eq!(
         cluster.get(&s.key(&format!("user:{alice}"))).as_deref(),
         Some("1700000060000000")

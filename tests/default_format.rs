@@ -23,7 +23,10 @@ const ODD: &str = "rl:ip7:127.0.0.1";
 
 /// One request through `layer` at T0, then what Redis holds: per key its
 /// value, encoding, `MEMORY USAGE … SAMPLES 0` and `PTTL`.
-async fn one_request(layer: RateLimitLayer, redis: &RedisServer) -> Vec<(String, String, i64, i64)> {
+async fn one_request(
+    layer: RateLimitLayer,
+    redis: &RedisServer,
+) -> Vec<(String, String, i64, i64)> {
     let addr = serve(app(layer)).await;
     let res = client()
         .get(format!("http://{addr}/"))

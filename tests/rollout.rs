@@ -98,10 +98,7 @@ async fn shadow_tier_does_not_weaken_enforced_tiers(env: Env) {
     );
     if let Some(r) = &env.redis {
         // The user bucket was charged once, as an enforced tier would be.
-        assert_eq!(
-            r.get("rl:user:alice").as_deref(),
-            Some("1700000060000000")
-        );
+        assert_eq!(r.get("rl:user:alice").as_deref(), Some("1700000060000000"));
     }
 }
 

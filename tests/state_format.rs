@@ -214,7 +214,16 @@ fn integer_forms_agree_with_the_model() {
             if let Some(v) = redis.get(&format!("{i}:k{k}")) {
                 let integer = v.parse::<u64>().is_ok();
                 assert_eq!(integer, rate <= 44, "rate {rate}: {v}");
-                assert_eq!(v.len(), if rate == 1 { 16 } else if rate <= 44 { 19 } else { v.len() });
+                assert_eq!(
+                    v.len(),
+                    if rate == 1 {
+                        16
+                    } else if rate <= 44 {
+                        19
+                    } else {
+                        v.len()
+                    }
+                );
             }
         }
     }
@@ -330,10 +339,7 @@ fn a_clock_that_steps_back() {
             cost,
         };
         let drain = limit.burst();
-        for (name, b) in [
-            ("memory", memory),
-            ("redis", backend(&redis, &clock)),
-        ] {
+        for (name, b) in [("memory", memory), ("redis", backend(&redis, &clock))] {
             clock.set(t);
             let key = format!("{name}:{key}");
             let check = |cost| {
@@ -409,7 +415,12 @@ fn values_it_never_writes_read_as_no_state() {
             Limit::TokenBucket(per_minute(47)),
             "1700000001276595:35:47",
         ),
-        ("garbage", "x:y", Limit::TokenBucket(per_minute(60)), "1700000001000000"),
+        (
+            "garbage",
+            "x:y",
+            Limit::TokenBucket(per_minute(60)),
+            "1700000001000000",
+        ),
     ] {
         let _: () = redis.cmd(&["SET", key, stored, "PX", "600000"]);
         let d = rt

@@ -247,9 +247,7 @@ async fn app(c: &Config) -> Res<Router> {
             .clone()
             .ok_or_else(|| format!("mode {} needs REDIS_URL", c.mode))
     };
-    let redis_backend = || -> Res<RedisBackend> {
-        Ok(RedisBackend::from_url(&redis_url()?)?)
-    };
+    let redis_backend = || -> Res<RedisBackend> { Ok(RedisBackend::from_url(&redis_url()?)?) };
     Ok(match c.mode.as_str() {
         "bare" => router,
         "mem1" => router.layer(ours(MemoryBackend::new().into(), 1, c)?),
