@@ -14,9 +14,8 @@
 --           parameters, see each file), cost, flags: +1 shadow (the tier is
 --           in shadow mode: its denial does not stop the other tiers from
 --           being charged), +2 undo (return the charge's undo value, for a
---           refund by response status), +4 compact (write the compact
---           format; see common.lua), +8 short (a token or leaky bucket
---           answers its state, one number, instead of three)
+--           refund by response status), +8 short (a token or leaky
+--           bucket answers its state, one number, instead of three)
 -- KEYS[n+1] optional: the hourly sorted set of rejected keys (fleet-wide
 --           top-N): every tier that rejects adds its cost to its key's
 --           score; the set keeps its 10 000 heaviest keys and lives 25 h.

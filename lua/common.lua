@@ -50,15 +50,13 @@ local function has_flag(flags, bit)
   return flags % (bit + bit) >= bit
 end
 
--- Stored values come in two formats (docs/redis.md, "Stored values"):
--- "legacy", the colon-separated strings of every release before the compact
--- format, and "compact", integers wherever the quota allows. Every script
--- reads both; a tier's flag +4 says which one its writes use (a fleet keeps
--- writing legacy until no instance of an older release is left, since those
--- read a compact value as no state). A refund writes the format it read.
+-- Stored values have one format (docs/redis.md, "Stored values"): one
+-- integer per key wherever the quota allows, which Redis keeps inside the
+-- object (OBJECT ENCODING int), else a short string of the same meaning.
 --
--- "<n><ddd>": an integer n followed by exactly three digits, the form of the
--- bucket TATs (n = the TAT in µs) and of the log's members (n = the time).
+-- "<n><ddd>": an integer n followed by exactly three digits, the form of a
+-- bucket's TAT of rate 2..44 (n = the TAT in µs, ddd its rate and
+-- remainder: tat_value below) and of the log's members (n = the time).
 local function with_code(n, code)
   return string.format('%d%03d', n, code)
 end
@@ -68,6 +66,43 @@ local function split_code(v)
   local n, code = string.match(v, '^(%d+)(%d%d%d)$')
   if not n then return nil end
   return tonumber(n), tonumber(code)
+end
+
+-- A bucket's TAT, tat + frac / rate µs (0 <= frac < rate; the token bucket
+-- and the leaky bucket both keep it), as ONE value:
+--   rate 1        "<tat>", an integer (the TAT in µs: GET reads as a time)
+--   rate 2..44    "<tat><ddd>", an integer of 19 digits: ddd = (rate - 1) ×
+--                 rate / 2 - 1 + frac (0..988), which names the rate and
+--                 the remainder (rate 2: 000-001, rate 3: 002-004, ...,
+--                 rate 44: 945-988); below 2^63 until the year 2262
+--   rate above 44 "<tat>:<frac>:<rate>", a string (its three numbers
+--                 cannot share the 19 digits of a 64-bit integer)
+local function tat_value(tat, frac, rate)
+  if rate == 1 then return string.format('%d', tat) end
+  if rate <= 44 then return string.format('%d%03d', tat, (rate - 1) * rate / 2 - 1 + frac) end
+  return string.format('%d:%d:%d', tat, frac, rate)
+end
+
+-- The (tat, frac, rate) of a value of tat_value, or nil for any other.
+local function tat_read(v)
+  local n = tonumber(v)
+  if n then
+    -- A TAT in µs has 16 digits (until 2286), a coded one 19.
+    if n < 1e18 then return n, 0, 1 end
+    local t, code = split_code(v)
+    if not t then return nil end
+    -- The rate: the largest r with (r - 1) r / 2 - 1 <= code.
+    local r = math.floor((1 + math.sqrt(8 * code + 9)) / 2)
+    while (r - 1) * r / 2 - 1 > code do r = r - 1 end
+    while r * (r + 1) / 2 - 1 <= code do r = r + 1 end
+    if r > 44 then return nil end
+    return t, code + 1 - (r - 1) * r / 2, r
+  end
+  local t, f, r = string.match(v, '^(%d+):(%d+):(%d+)$')
+  if not t then return nil end
+  t, f, r = tonumber(t), tonumber(f), tonumber(r)
+  if r < 1 or f >= r then return nil end
+  return t, f, r
 end
 
 -- The integer square root, exact for n <= 2^53.

@@ -39,8 +39,9 @@ end
 -- <flags>" (integers separated by single spaces; algorithm 1 fixed window,
 -- 2 sliding window log, 3 sliding window counter, 4 token bucket, 5 leaky
 -- bucket, 6 concurrency, 7 penalty box, 8 override read; flags: +1 shadow,
--- +2 undo wanted, +4 write the compact format, +8 short reply: a token or
--- leaky bucket answers one number, its state, instead of three).
+-- +2 undo wanted, +8 short reply: a token or leaky bucket answers one
+-- number, its state, instead of three; +4 is unused: it once chose the
+-- stored format, of which there is now one).
 -- Parsed specs are kept by their string: loaded as a Redis Function the
 -- table lives as long as the library, so a request's tiers cost one table
 -- lookup each instead of seven tonumber() calls (a deployment has a few
@@ -48,7 +49,9 @@ end
 local specs, specs_n = {}, 0
 
 -- The parsed spec s, { algorithm function, p1, p2, p3, p4, cost, shadow,
--- undo, compact, short }, or false for a malformed spec or an unknown algorithm.
+-- undo, short, plain }, or false for a malformed spec or an unknown
+-- algorithm. plain: an enforced token bucket of rate 1 with the short
+-- reply, which check_plain decides without calling token_bucket.
 local function tier_spec(s)
   local t = specs[s]
   if t ~= nil then return t end
@@ -59,12 +62,68 @@ local function tier_spec(s)
   if algorithm then
     flags = tonumber(flags)
     t = { algorithm, tonumber(p1), tonumber(p2), tonumber(p3), tonumber(p4), tonumber(cost),
-      has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 4), has_flag(flags, 8) }
+      has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 8) }
+    t[10] = algorithm == token_bucket and t[3] == 1 and t[9] and not t[7]
   end
   if specs_n >= 1024 then specs, specs_n = {}, 0 end
   specs[s] = t
   specs_n = specs_n + 1
   return t
+end
+
+-- The check of a request whose tiers are all plain buckets (see tier_spec:
+-- enforced token buckets of rate 1 with the short reply, so neither an
+-- override nor a penalty box is among them): token_bucket's written-out
+-- case inline, with no algorithm call and no table of pending writes; the
+-- same reply, writes and rejected tiers as the general loop. nil (before
+-- anything is written) as soon as a tier is not plain: the general loop
+-- then decides.
+local function check_plain(now, first, n, states)
+  local out = { now }
+  local full = {}
+  local rejected
+  for i = 1, n do
+    local spec = ARGV[first + i - 1]
+    local t = specs[spec]
+    if t == nil then t = tier_spec(spec) end
+    if not t or not t[10] then return nil end
+    local capacity = t[2]
+    local cost = t[6] * t[4]
+    local missing = 0
+    local v = states[i]
+    if v then
+      local tat = tonumber(v)
+      if tat and tat < 1e18 then
+        if tat > now then
+          missing = tat - now
+          if missing > 4503599627370496 then missing = 4503599627370496 end
+        end
+      else
+        missing = bucket_read(v, 1, now) or 0
+      end
+    end
+    local tokens = capacity - missing
+    if tokens < 0 then tokens = 0 end
+    if cost > tokens then
+      out[i + 1] = -missing - 1
+      if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+    else
+      out[i + 1] = missing
+      full[i] = capacity - tokens + cost
+    end
+  end
+  if not rejected then
+    for i = 1, n do
+      -- Full again in full[i] µs; PX: that in whole ms, rounded up.
+      local f = full[i]
+      local a = f + 999
+      local ms = math.floor(a / 1000)
+      if ms * 1000 > a then ms = ms - 1 end
+      if ms < 1 then ms = 1 end
+      redis.call('SET', KEYS[i], string.format('%d', now + f), 'PX', ms + ttl_slack_ms)
+    end
+  end
+  return out, rejected
 end
 
 -- One request's check of tiers 1..n, the body of both entry points (a
@@ -121,6 +180,8 @@ local function check_request(clock, first, n)
   local rejected
   local all = true
   local states = read_states(n)
+  local plain, plain_rejected = check_plain(now, first, n, states)
+  if plain then return plain, plain_rejected end
   for i = 1, n do
     -- The kept spec looked up here (a call less per tier), else parsed.
     local spec = ARGV[first + i - 1]
@@ -132,7 +193,7 @@ local function check_request(clock, first, n)
     -- A per-key override read by the check just before (override.lua).
     if override_next then t = override_apply(t) end
     local allowed, remaining, reset, retry, delay, write, ttl, undo =
-      t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9], t[10])
+      t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9])
     penalty_tier_allowed = allowed == 1 -- for a penalty box right after (penalty.lua)
     if allowed == 1 then
       out[o + 1] = remaining
@@ -146,7 +207,7 @@ local function check_request(clock, first, n)
     end
     -- Short (a bucket's state): one number; an override applied above
     -- builds a spec without the flag, so the tier answers three.
-    if t[10] then
+    if t[9] then
       o = o + 1
     else
       out[o + 2] = reset

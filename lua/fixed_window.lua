@@ -1,9 +1,8 @@
 -- Fixed window (twin of src/algorithm/fixed_window.rs). PX = until the
 -- window ends. Values (docs/redis.md, "Stored values"):
---   compact "<window start µs + count>", an integer, when limit < window
---           (the start is a multiple of the window, so the count is what
---           lies above it); else as legacy
---   legacy  "<window start µs>:<count>"
+--   "<window start µs + count>", an integer, when limit < window (the start
+--   is a multiple of the window, so the count is what lies above it);
+--   else "<window start µs>:<count>"
 
 -- The count of a value in the window starting at `start`, 0 for another.
 local function window_count(v, start, window)
@@ -17,12 +16,12 @@ local function window_count(v, start, window)
   return 0
 end
 
-local function window_value(compact, limit, window, start, count)
-  if compact and limit < window then return int(start + count) end
+local function window_value(limit, window, start, count)
+  if limit < window then return int(start + count) end
   return string.format('%d:%d', start, count)
 end
 
-local function fixed_window(key, now, limit, window, _, _, cost, v, compact)
+local function fixed_window(key, now, limit, window, _, _, cost, v, _)
   local start = div_floor(now, window) * window
   local count = 0
   if v then count = window_count(v, start, window) end
@@ -33,7 +32,7 @@ local function fixed_window(key, now, limit, window, _, _, cost, v, compact)
     local next_in = 0
     if after + cost > limit and cost <= limit then next_in = end_in end
     return 1, limit - after, end_in, next_in, 0,
-      window_value(compact, limit, window, start, after), ttl_ms(end_in), 0
+      window_value(limit, window, start, after), ttl_ms(end_in), 0
   end
   local reset = end_in
   if count == 0 then reset = 0 end

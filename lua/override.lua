@@ -46,11 +46,11 @@ local function override_apply(t)
   local o = override_next
   override_next = false
   if o[1] == 0 then
-    return { t[1], o[2], o[3], o[4], o[5], t[6], t[7], t[8], t[9] }
+    return { t[1], o[2], o[3], o[4], o[5], t[6], t[7], t[8] }
   elseif o[1] == 1 then
-    return { override_pass, 0, 0, 0, 0, t[6], t[7], t[8], t[9] }
+    return { override_pass, 0, 0, 0, 0, t[6], t[7], t[8] }
   end
-  return { override_block, o[6], 86400000000, 0, 0, t[6], t[7], t[8], t[9] }
+  return { override_block, o[6], 86400000000, 0, 0, t[6], t[7], t[8] }
 end
 
 -- Nothing to give back (lua/cluster.lua's refund mode).

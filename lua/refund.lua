@@ -19,8 +19,7 @@
 -- been full, or the window is over, even without the charge); that part is
 -- not given back, so a refund can never admit more than the request had
 -- never been charged at all. A value of another quota or another window is
--- left alone. A value is written back in the format it was read in (legacy
--- or compact; see common.lua). When a refund leaves the "nothing stored"
+-- left alone. When a refund leaves the "nothing stored"
 -- state (full bucket, empty window), the key is deleted, exactly as if the
 -- charge had never happened.
 
@@ -34,8 +33,7 @@ local function fixed_window_refund(key, _, charged_at, limit, window, _, _, cost
   if count <= 0 then
     redis.call('DEL', key)
   else
-    local compact = not string.find(v, ':', 1, true)
-    redis.call('SET', key, window_value(compact, limit, window, start, count), 'KEEPTTL')
+    redis.call('SET', key, window_value(limit, window, start, count), 'KEEPTTL')
   end
 end
 
@@ -69,8 +67,7 @@ local function sliding_window_counter_refund(key, _, charged_at, limit, window, 
   if c == 0 and p == 0 then
     redis.call('DEL', key)
   else
-    local compact = not string.find(v, ':', 1, true)
-    redis.call('SET', key, counter_value(compact, limit, window, s, c, p), 'KEEPTTL')
+    redis.call('SET', key, counter_value(limit, window, s, c, p), 'KEEPTTL')
   end
 end
 
@@ -87,18 +84,14 @@ local function token_bucket_refund(key, now, charged_at, capacity, rate, unit, _
   if back <= 0 then return end
   local v = redis.call('GET', key)
   if not v then return end
-  local compact = bucket_tat(v, unit, rate) ~= nil
-  if not compact then
-    local t, _, un = string.match(v, '^(%d+):(%d+):(%d+)$')
-    if not t or tonumber(un) ~= unit then return end
-  end
   -- Refill to now exactly as token_bucket() does, then add back.
-  local missing, updated = bucket_read(v, capacity, rate, unit, now)
+  local missing = bucket_read(v, rate, now)
+  if not missing then return end
   missing = missing - back
   if missing <= 0 then
     redis.call('DEL', key)
   else
-    bucket_write(key, compact, capacity, rate, unit, missing, updated, now)
+    bucket_write(key, rate, missing, now)
   end
 end
 
@@ -121,6 +114,6 @@ local function leaky_bucket_refund(key, now, charged_at, _, rate, unit, _, cost_
   if backlog <= 0 then
     redis.call('DEL', key)
   else
-    leaky_write(key, not string.find(v, ':', 1, true), now, backlog, rate)
+    leaky_write(key, now, backlog, rate)
   end
 end

@@ -2,10 +2,9 @@
 -- PX = until both counters are back to zero. Everything is multiplied by the
 -- window length, so the interpolation is exact in integers.
 -- Values (docs/redis.md, "Stored values"), with b = isqrt(window):
---   compact "<current window start µs + previous × b + current>", an
---           integer, when limit < b (both counts are below b, and the sum
---           below the window); else as legacy
---   legacy  "<current window start µs>:<current>:<previous>"
+--   "<current window start µs + previous × b + current>", an integer, when
+--   limit < b (both counts are below b, and the sum below the window);
+--   else "<current window start µs>:<current>:<previous>"
 
 -- The (start, current, previous) of a value, or nil.
 local function counter_read(v, window)
@@ -20,9 +19,9 @@ local function counter_read(v, window)
   return s, packed - prev * b, prev
 end
 
-local function counter_value(compact, limit, window, s, cur, prev)
+local function counter_value(limit, window, s, cur, prev)
   local b = isqrt(window)
-  if compact and limit < b then return int(s + prev * b + cur) end
+  if limit < b then return int(s + prev * b + cur) end
   return string.format('%d:%d:%d', s, cur, prev)
 end
 
@@ -32,7 +31,7 @@ local function counter_reset(start, window, prev, cur, now)
   return 0
 end
 
-local function sliding_window_counter(key, now, limit, window, _, _, cost, v, compact)
+local function sliding_window_counter(key, now, limit, window, _, _, cost, v, _)
   local start = div_floor(now, window) * window
   local prev, cur = 0, 0
   if v then
@@ -50,7 +49,7 @@ local function sliding_window_counter(key, now, limit, window, _, _, cost, v, co
     local after = est + cost * window
     local reset = counter_reset(start, window, prev, cur + cost, now)
     return 1, div_floor(cap - after, window), reset, 0, 0,
-      counter_value(compact, limit, window, start, cur + cost, prev), ttl_ms(reset), 0
+      counter_value(limit, window, start, cur + cost, prev), ttl_ms(reset), 0
   end
   local reset = counter_reset(start, window, prev, cur, now)
   local retry

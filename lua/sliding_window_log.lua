@@ -1,21 +1,20 @@
 -- Sliding window log (twin of src/algorithm/sliding_window_log.rs).
 -- A sorted set: score = admission time (µs), one member per admission:
---   compact "<time><seq, three digits>", an integer, for a cost of 1 and a
---           seq below 1000; else as legacy
---   legacy  "<time>:<seq>:<cost>"
--- (a member without ':' costs 1, which is also how every earlier release
--- reads it). An entry counts while now < time + window. PX = one window
+--   "<time><seq, three digits>", an integer, for a cost of 1 and a seq
+--   below 1000; else "<time>:<seq>:<cost>"
+-- (a member without ':' costs 1). An entry counts while now < time + window. PX = one window
 -- after the newest entry. Denied requests are not logged.
 
--- The member names an admission at `time` can have: the compact one (when
--- it has one), then the legacy one.
+-- The member names an admission at `time` can have: the integer one (when
+-- it has one), then the string one (which only a cost above 1 or a seq of
+-- 1000 or more uses; a refund removes both names).
 local function log_members(time, seq, cost)
-  local legacy = int(time) .. ':' .. seq .. ':' .. int(cost)
-  if cost == 1 and seq < 1000 then return with_code(time, seq), legacy end
-  return nil, legacy
+  local long = int(time) .. ':' .. seq .. ':' .. int(cost)
+  if cost == 1 and seq < 1000 then return with_code(time, seq), long end
+  return nil, long
 end
 
-local function sliding_window_log(key, now, limit, window, _, _, cost, _, compact)
+local function sliding_window_log(key, now, limit, window, _, _, cost, _, _)
   local cutoff = now - window
   -- A key of another type (the algorithm changed) is no state; the commit
   -- deletes it before logging.
@@ -46,8 +45,7 @@ local function sliding_window_log(key, now, limit, window, _, _, cost, _, compac
         end
         seq = seq + 1
       end
-      local member = long
-      if compact and short then member = short end
+      local member = short or long
       redis.call('ZADD', key, int(now), member)
       redis.call('PEXPIRE', key, ttl_ms(window))
       return seq -- for a refund (lua/refund.lua): log_members(now, seq, cost)

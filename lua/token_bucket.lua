@@ -4,33 +4,12 @@
 -- it is full again; it is missing (TAT − now) × rate units, and holds
 -- capacity minus that, at least 0. PX = until the TAT.
 --
--- Values (docs/redis.md, "Stored values"):
---   compact "<tat µs>", an integer, when rate = 1 (the TAT in whole µs);
---           else "<tat µs>:<frac>:<rate>:<unit>"
---   legacy  "<tokens in units>:<updated µs>:<unit>", read with its own rules
---           (those of every earlier release, so a mixed fleet agrees)
--- An integer TAT is read under any quota: a quota change carries the time
--- until full over (as GCRA does), so lowering a quota never hands out a
--- fresh bucket. An integer of 19 digits or more (>= 10^18; a TAT in µs has
--- 16) is "<tat µs><ddd>", the earlier compact value, whose three digits
--- named the quota: read as its TAT (the code dropped). A
--- string of another unit or rate counts as none.
-
--- The TAT (µs and remainder) of a compact value read under this unit and
--- rate, or nil.
-local function bucket_tat(v, unit, rate)
-  -- The common case first, without a pattern: an integer.
-  local n = tonumber(v)
-  if n then
-    if n < 1e18 then return n, 0 end
-    return tonumber(string.sub(v, 1, -4)), 0
-  end
-  local t, f, r, u = string.match(v, '^(%d+):(%d+):(%d+):(%d+)$')
-  if t and tonumber(r) == rate and tonumber(u) == unit then
-    return tonumber(t), tonumber(f)
-  end
-  return nil
-end
+-- The value is the TAT (tat_value in common.lua): one integer for a rate up
+-- to 44, a string above. A TAT of rate 1 (whole µs) is read under any
+-- quota, and one of rate r under every quota of rate r: a quota change
+-- carries the time until full over (as GCRA does), so lowering a quota
+-- never hands out a fresh bucket. A TAT of another rate above 1, or a
+-- value of another form, counts as none (a full bucket).
 
 -- The units a bucket whose TAT is tat + frac / rate µs is short of full at
 -- `now`: above the capacity only if the clock went back or the TAT was
@@ -45,51 +24,34 @@ local function bucket_missing(rate, tat, frac, now)
   return d * rate + frac
 end
 
--- The value of a bucket `missing` units short of full at `now`: compact,
--- or legacy with `updated`.
-local function bucket_value(compact, capacity, rate, unit, missing, updated, now)
-  if not compact then
-    return string.format('%d:%d:%d', capacity - missing, updated, unit)
-  end
+-- The units short of full at `now` of the stored value v under `rate`, or
+-- nil when v is not read under it (another rate above 1, another form).
+local function bucket_read(v, rate, now)
+  local tat, frac, r = tat_read(v)
+  if not tat or (r ~= rate and r ~= 1) then return nil end
+  return bucket_missing(rate, tat, frac, now)
+end
+
+-- The value of a bucket `missing` units short of full at `now`.
+local function bucket_value(rate, missing, now)
   if rate == 1 then return int(now + missing) end
   local whole = div_floor(missing, rate)
-  return string.format('%d:%d:%d:%d', now + whole, missing - whole * rate, rate, unit)
+  return tat_value(now + whole, missing - whole * rate, rate)
 end
 
--- The units short of full at `now` (and the legacy value's `updated`, for
--- a legacy write) of the stored value v, by its format; 0 for none.
-local function bucket_read(v, capacity, rate, unit, now)
-  if not v then return 0, now end
-  local tat, frac = bucket_tat(v, unit, rate)
-  if tat then return bucket_missing(rate, tat, frac, now), now end
-  local t, u, un = string.match(v, '^(%d+):(%d+):(%d+)$')
-  if not t or tonumber(un) ~= unit then return 0, now end
-  t, u = tonumber(t), tonumber(u)
-  local elapsed = now - u
-  if elapsed < 0 then elapsed = 0 end
-  local full_in = div_ceil(capacity - t, rate)
-  if elapsed > full_in then elapsed = full_in end
-  local tokens = t + elapsed * rate
-  if tokens > capacity then tokens = capacity end
-  if u > now then return capacity - tokens, u end
-  return capacity - tokens, now
-end
-
--- Writes a bucket `missing` units short of full at `now`: compact, or
--- legacy with `updated`; PX = until full.
-local function bucket_write(key, compact, capacity, rate, unit, missing, updated, now)
-  redis.call('SET', key, bucket_value(compact, capacity, rate, unit, missing, updated, now),
-    'PX', ttl_ms(div_ceil(missing, rate)))
+-- Writes a bucket `missing` units short of full at `now`; PX = until full.
+local function bucket_write(key, rate, missing, now)
+  redis.call('SET', key, bucket_value(rate, missing, now), 'PX', ttl_ms(div_ceil(missing, rate)))
 end
 
 -- short (the tier flag +8, see dispatch.lua): answer only the units the
 -- bucket was short of full at `now`, as `remaining`; the client derives
 -- the rest (src/backend/redis/wire/mod.rs), so no division is done here.
-local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v, compact, short)
+local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v, short)
   local cost = cost_tokens * unit
-  if short and compact and rate == 1 then
+  if short and rate == 1 then
     -- The commonest case written out (no helper calls): rate 1, a short
-    -- reply, the compact format, and no value or an integer TAT.
+    -- reply, and no value or an integer TAT.
     local tat = 0
     if v then tat = tonumber(v) end
     if tat and tat < 1e18 then
@@ -111,12 +73,13 @@ local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v, c
       return 1, missing, 0, 0, 0, string.format('%d', now + full_in), ms + ttl_slack_ms, 0
     end
   end
-  local missing, updated = bucket_read(v, capacity, rate, unit, now)
+  local missing = 0
+  if v then missing = bucket_read(v, rate, now) or 0 end
   local tokens = capacity - missing
   if tokens < 0 then tokens = 0 end
   if cost <= tokens then
     local left = tokens - cost
-    local value = bucket_value(compact, capacity, rate, unit, capacity - left, updated, now)
+    local value = bucket_value(rate, capacity - left, now)
     if short then
       local full_in = capacity - left
       if rate > 1 then full_in = div_ceil(full_in, rate) end

@@ -24,6 +24,21 @@ use std::time::Duration;
 /// `{ limit = 1000, period = "1s", burst = 2000 }`: `period` in humantime,
 /// `burst` optional.
 ///
+/// # One integer per key in Redis
+/// The Redis backend stores each key's state as one integer (Redis keeps it
+/// inside the object: 72 B for an idle `rl:ip:<IPv4>` key) wherever exact
+/// arithmetic allows it, and a short string otherwise (104 B for such a
+/// key); `docs/redis.md`, "Stored values". With `rate` = limit / gcd(limit,
+/// period in µs):
+///
+/// | algorithm | one integer when | otherwise (a string) |
+/// |---|---|---|
+/// | token bucket, leaky bucket | rate ≤ 44: the period in µs a multiple of the limit (rate 1: 100/hour, 60/minute, 1000/second), or a limit whose factors the period lacks multiply to at most 44 (7/minute: rate 7; 3/second: 3; 128/second: 2) | rate > 44, e.g. 47/minute or 99/second: the theoretical arrival time, its remainder in `1 / rate` µs and the rate do not fit the 19 digits of a 64-bit integer |
+/// | fixed window | limit < period in µs | a limit of a million or more per second |
+/// | sliding window counter | limit < ⌊√(period in µs)⌋ (7 745 for a minute) | a larger limit |
+/// | sliding window log | a member per request: one integer for a cost of 1 | a member of a larger cost |
+/// | concurrency, penalty box | never (a sorted set; a string of strikes) | always |
+///
 /// # Exact bounds
 /// The Redis scripts count in Lua doubles, exact for every integer up to
 /// 2^53, so `build()` (and `RateLimitLayer::from_policy`) rejects any quota

@@ -81,11 +81,19 @@ async fn deny_cache_spares_redis_under_a_single_key_flood() {
     // 429 after each of the two primings counted `limited`).
     let n = handle.counts();
     assert_eq!((n.cache_blocked, n.limited), (90, 2));
-    // A runtime change drops cached denials.
+    // A runtime change drops cached denials: the next request is Redis's
+    // to answer, under the new quota. The bucket's time until full carries
+    // over (docs/redis.md, "Whose value is it"): 60 s from full is all of
+    // 1000/min, so it waits one token, 60 ms (Retry-After and Reset round
+    // up to whole seconds).
     handle
         .set_tier_quota("global", Quota::per_minute(1000))
         .unwrap();
-    assert_eq!(limits(&c.get(&url).send().await.unwrap()).status, 200);
+    assert_eq!(
+        limits(&c.get(&url).send().await.unwrap()),
+        denied(1000, 0, T0_S + 7, 1)
+    );
+    assert_eq!(redis.script_calls(), 12);
 }
 
 /// An admission that leaves less than another request of its cost primes

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use support::cluster::RedisCluster;
 use support::*;
-use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, StateFormat};
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
 use tiered_ratelimit::key::ClientIp;
 use tiered_ratelimit::overrides::{Override, OverrideEntry};
 use tiered_ratelimit::{Quota, RateLimitHandle, RateLimitLayer, Tier};
@@ -106,15 +106,13 @@ async fn overrides_in_memory() {
     overrides(h, addr, addr, clock).await;
 }
 
-/// Redis writing the compact format: what a quota change does there is
-/// what the memory backend does (the time until full carries over; the
-/// legacy format starts a bucket of another unit full, docs/redis.md).
+/// Redis on the manual clock: what a quota change does there is what the
+/// memory backend does (the time until full carries over, docs/redis.md).
 fn redis_backend(url: &str, clock: &ManualClock) -> Backend {
     RedisBackend::from_url(url)
         .unwrap()
         .with_manual_clock(clock.clone())
         .with_test_ttl_slack(Duration::from_secs(7200))
-        .with_state_format(StateFormat::Compact)
         .into()
 }
 
@@ -147,8 +145,7 @@ async fn overrides_on_a_cluster() {
     let b = RedisBackend::cluster(cluster.urls())
         .unwrap()
         .with_manual_clock(clock.clone())
-        .with_test_ttl_slack(Duration::from_secs(7200))
-        .with_state_format(StateFormat::Compact);
+        .with_test_ttl_slack(Duration::from_secs(7200));
     let (h, addr) = app_on(b.into()).await;
     overrides(h, addr, addr, clock).await;
 }
@@ -225,7 +222,6 @@ async fn memory_redis_and_a_cluster_agree_on_random_override_sequences() {
                 .unwrap()
                 .with_manual_clock(clock.clone())
                 .with_test_ttl_slack(Duration::from_secs(7200))
-                .with_state_format(StateFormat::Compact)
                 .into(),
         ] {
             let (h, app) = build(b);

@@ -269,9 +269,15 @@ async fn a_frozen_redis_costs_at_most_the_timeout() {
     let l = limits(&c.get(&url).send().await.unwrap());
     assert_eq!(l.remaining, Some(998));
     let stored: String = redis.get("rl:global:all").unwrap();
-    // (tokens in units of 1/3 600 000 token; refill since then adds a fraction)
-    let tokens: u64 = stored.split(':').next().unwrap().parse().unwrap();
-    assert_eq!(tokens / 3_600_000, 998, "{stored}");
+    // The TAT in µs: two tokens (3.6 s each) short of full at the second
+    // charge, less the refill since the first, which is under a token.
+    let tat: u64 = stored.parse().unwrap();
+    let time: Vec<String> = redis.cmd(&["TIME"]);
+    let now = time[0].parse::<u64>().unwrap() * 1_000_000 + time[1].parse::<u64>().unwrap();
+    assert!(
+        (3_600_000..=7_200_000).contains(&(tat - now)),
+        "{stored} at {now}"
+    );
 }
 
 /// A layer with one `global` tier of 100 an hour on `backend`, under
@@ -391,7 +397,9 @@ async fn deadpool_pool_backend() {
 
 /// Changing a tier's algorithm (or two layers sharing a prefix) leaves keys
 /// of another Redis type behind: they read as no state, never as a script
-/// error that would fail open.
+/// error that would fail open. (A string of another algorithm is read by
+/// this one's rules, docs/redis.md: the sliding counter reads the fixed
+/// window's integer, start + 1 in the same window, as its own one request.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_of_another_algorithm_is_replaced_not_an_error() {
     use tiered_ratelimit::Algorithm;
@@ -422,10 +430,15 @@ async fn a_key_of_another_algorithm_is_replaced_not_an_error() {
             200,
             "{algorithm:?} after a {expected_type} key"
         );
+        let want = if algorithm == Algorithm::SlidingWindowCounter {
+            98
+        } else {
+            99
+        };
         assert_eq!(
             limits(&res).remaining,
-            Some(99),
-            "{algorithm:?}: a fresh bucket"
+            Some(want),
+            "{algorithm:?} after a {expected_type} key"
         );
         let t: String = redis.cmd(&["TYPE", "rl:global:all"]);
         assert_eq!(t, redis_type);

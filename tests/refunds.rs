@@ -12,7 +12,7 @@ use support::algorithms::{algorithm_limits_without, clock_step};
 use support::*;
 use tiered_ratelimit::algorithm::Limit;
 use tiered_ratelimit::backend::{
-    Backend, ManualClock, MemoryBackend, RedisBackend, StateFormat, TierCheck, TierRefund,
+    Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck, TierRefund,
 };
 use tiered_ratelimit::{
     key::{ClientIp, Global},
@@ -278,57 +278,53 @@ fn rust_refunds_equal_lua_refunds() {
         .run(&(0usize..6, twin_ops()), |(which, ops)| {
             let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let limit = twin_limits()[which];
-            // The same sequence with each state format the scripts write.
-            for format in [StateFormat::Legacy, StateFormat::Compact] {
-                let clock = ManualClock::new(T0_US + 123_457);
-                let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
-                let redis: Backend = RedisBackend::from_url(&server.url())
-                    .unwrap()
-                    .with_manual_clock(clock.clone())
-                    .with_test_ttl_slack(Duration::from_secs(600))
-                    .with_state_format(format)
-                    .into();
-                let mut charged: Vec<(TierRefund, TierRefund)> = Vec::new();
-                for (i, &(step, key, cost, refund)) in ops.iter().enumerate() {
-                    clock.advance(Duration::from_micros(step));
-                    let check = TierCheck {
-                        key: format!("t{case}:{format:?}:k{key}"),
-                        limit,
-                        cost,
+            let clock = ManualClock::new(T0_US + 123_457);
+            let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+            let redis: Backend = RedisBackend::from_url(&server.url())
+                .unwrap()
+                .with_manual_clock(clock.clone())
+                .with_test_ttl_slack(Duration::from_secs(600))
+                .into();
+            let mut charged: Vec<(TierRefund, TierRefund)> = Vec::new();
+            for (i, &(step, key, cost, refund)) in ops.iter().enumerate() {
+                clock.advance(Duration::from_micros(step));
+                let check = TierCheck {
+                    key: format!("t{case}:k{key}"),
+                    limit,
+                    cost,
+                };
+                let m = rt.block_on(memory.check(vec![check.clone()])).unwrap();
+                let r = rt.block_on(redis.check(vec![check.clone()])).unwrap();
+                prop_assert_eq!(&m.decisions, &r.decisions, "check diverged at op {}", i);
+                if m.decisions[0].allowed {
+                    let charge = |v: &tiered_ratelimit::backend::Verdict| TierRefund {
+                        check: check.clone(),
+                        charge: v.charges[0].expect("a charge"),
                     };
-                    let m = rt.block_on(memory.check(vec![check.clone()])).unwrap();
-                    let r = rt.block_on(redis.check(vec![check.clone()])).unwrap();
-                    prop_assert_eq!(&m.decisions, &r.decisions, "check diverged at op {}", i);
-                    if m.decisions[0].allowed {
-                        let charge = |v: &tiered_ratelimit::backend::Verdict| TierRefund {
-                            check: check.clone(),
-                            charge: v.charges[0].expect("a charge"),
-                        };
-                        charged.push((charge(&m), charge(&r)));
-                    }
-                    if let (Some(k), false) = (refund, charged.is_empty()) {
-                        // Each charge is refunded at most once, as the layer does.
-                        let (rm, rr) = charged.remove(k % charged.len());
-                        rt.block_on(memory.refund(vec![rm])).unwrap();
-                        rt.block_on(redis.refund(vec![rr])).unwrap();
-                        // The state after the refund, read on both without
-                        // charging: a cost above the capacity is always denied
-                        // and its decision shows remaining and reset.
-                        for key in 0..2u8 {
-                            let probe = vec![TierCheck {
-                                key: format!("t{case}:{format:?}:k{key}"),
-                                limit,
-                                cost: limit.capacity() + 1,
-                            }];
-                            let m = rt.block_on(memory.check(probe.clone())).unwrap();
-                            let r = rt.block_on(redis.check(probe)).unwrap();
-                            prop_assert_eq!(
-                                &m.decisions,
-                                &r.decisions,
-                                "state after refund diverged at op {}",
-                                i
-                            );
-                        }
+                    charged.push((charge(&m), charge(&r)));
+                }
+                if let (Some(k), false) = (refund, charged.is_empty()) {
+                    // Each charge is refunded at most once, as the layer does.
+                    let (rm, rr) = charged.remove(k % charged.len());
+                    rt.block_on(memory.refund(vec![rm])).unwrap();
+                    rt.block_on(redis.refund(vec![rr])).unwrap();
+                    // The state after the refund, read on both without
+                    // charging: a cost above the capacity is always denied
+                    // and its decision shows remaining and reset.
+                    for key in 0..2u8 {
+                        let probe = vec![TierCheck {
+                            key: format!("t{case}:k{key}"),
+                            limit,
+                            cost: limit.capacity() + 1,
+                        }];
+                        let m = rt.block_on(memory.check(probe.clone())).unwrap();
+                        let r = rt.block_on(redis.check(probe)).unwrap();
+                        prop_assert_eq!(
+                            &m.decisions,
+                            &r.decisions,
+                            "state after refund diverged at op {}",
+                            i
+                        );
                     }
                 }
             }

@@ -1,7 +1,8 @@
-//! The two state formats on a real Redis (`StateFormat`, docs/redis.md,
-//! "Stored values"): the exact value each algorithm writes in each, what an
-//! idle key costs (`MEMORY USAGE … SAMPLES 0`), the integer forms against
-//! the model, and what a quota change does to a token bucket in each.
+//! The state format on a real Redis (docs/redis.md, "Stored values"): the
+//! exact value each algorithm writes, what an idle key costs (`MEMORY USAGE
+//! … SAMPLES 0`), the integer forms against the model, what a quota change
+//! does to a token bucket, and what a value the scripts never write reads
+//! as.
 
 mod support;
 
@@ -10,9 +11,7 @@ use support::algorithms::{Model, S};
 use support::rng::Rng;
 use support::*;
 use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, TokenBucket, Window};
-use tiered_ratelimit::backend::{
-    Backend, ManualClock, MemoryBackend, RedisBackend, StateFormat, TierCheck,
-};
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck};
 
 /// A typical per-client key: `rl:ip:<IPv4>` (17 characters).
 const KEY: &str = "rl:ip:203.0.113.7";
@@ -28,25 +27,20 @@ fn window(limit: u64) -> Window {
     }
 }
 
-fn backend(redis: &RedisServer, clock: &ManualClock, format: StateFormat) -> Backend {
+fn backend(redis: &RedisServer, clock: &ManualClock) -> Backend {
     RedisBackend::from_url(&redis.url())
         .unwrap()
         .with_manual_clock(clock.clone())
         .with_test_ttl_slack(Duration::from_secs(600))
-        .with_state_format(format)
         .into()
 }
 
 /// What one request at T0 leaves under `KEY`: the value (a string's, or the
 /// log's one member), its object encoding and `MEMORY USAGE … SAMPLES 0`.
-fn after_one_request(
-    redis: &RedisServer,
-    limit: Limit,
-    format: StateFormat,
-) -> (String, String, i64) {
+fn after_one_request(redis: &RedisServer, limit: Limit) -> (String, String, i64) {
     let _: () = redis.cmd(&["FLUSHALL"]);
     let clock = ManualClock::new(T0_US);
-    let b = backend(redis, &clock, format);
+    let b = backend(redis, &clock);
     let rt = current_thread_runtime();
     let d = rt
         .block_on(b.check(vec![TierCheck {
@@ -69,10 +63,10 @@ fn after_one_request(
     (value, encoding, bytes)
 }
 
-/// Every algorithm's value after one request, in both formats, at T0
-/// (1 700 000 000 s). The figures are printed for docs/performance.md.
+/// Every algorithm's value after one request at T0 (1 700 000 000 s). The
+/// figures are printed for docs/performance.md.
 #[test]
-fn the_values_each_format_writes() {
+fn the_values_each_algorithm_writes() {
     let redis = RedisServer::start();
     let police = |b: TokenBucket| {
         Limit::LeakyBucket(Gcra {
@@ -86,74 +80,87 @@ fn the_values_each_format_writes() {
             "token bucket 60/min (unit 10^6, rate 1)",
             Limit::TokenBucket(per_minute(60)),
             "1700000001000000",
-            "59000000:1700000000000000:1000000",
         ),
         (
             "token bucket 300/min (unit 2 × 10^5, rate 1)",
             Limit::TokenBucket(per_minute(300)),
             "1700000000200000",
-            "59800000:1700000000000000:200000",
         ),
+        (
+            "token bucket 100/h (unit 3.6 × 10^7, rate 1)",
+            Limit::TokenBucket(TokenBucket::new(100, 3_600 * S, 100).unwrap()),
+            "1700000036000000",
+        ),
+        // A token every 7 812.5 µs: TAT T0 + 7 812 µs and 1 tick of 1/2 µs,
+        // code 000 + 1 (rate 2 has codes 000-001).
+        (
+            "token bucket 128/s (unit 15 625, rate 2)",
+            Limit::TokenBucket(TokenBucket::new(128, S, 128).unwrap()),
+            "1700000000007812001",
+        ),
+        // A token every 8 571 428 4/7 µs: code 020 + 4 (rate 7: 020-026).
         (
             "token bucket 7/min (unit 6 × 10^7, rate 7)",
             Limit::TokenBucket(per_minute(7)),
-            "1700000008571428:4:7:60000000",
-            "360000000:1700000000000000:60000000",
+            "1700000008571428024",
+        ),
+        // A token every 1 395 348 36/43 µs: code 902 + 36 (rate 43: 902-944).
+        (
+            "token bucket 43/min (rate 43)",
+            Limit::TokenBucket(per_minute(43)),
+            "1700000001395348938",
+        ),
+        // Rate 47: above 44, a string.
+        (
+            "token bucket 47/min (rate 47)",
+            Limit::TokenBucket(per_minute(47)),
+            "1700000001276595:35:47",
         ),
         (
             "leaky bucket 60/min",
             police(per_minute(60)),
             "1700000001000000",
-            "1700000001000000:0:1",
         ),
         (
             "leaky bucket 7/min",
             police(per_minute(7)),
-            "1700000008571428553",
-            "1700000008571428:4:7",
+            "1700000008571428024",
         ),
         (
             "fixed window 100/min",
             Limit::FixedWindow(window(100)),
             "1699999980000001",
-            "1699999980000000:1",
         ),
         (
             "sliding window counter 100/min",
             Limit::SlidingWindowCounter(window(100)),
             "1699999980000001",
-            "1699999980000000:1:0",
         ),
         (
             "sliding window log 100/min (its member)",
             Limit::SlidingWindowLog(window(100)),
             "1700000000000000000",
-            "1700000000000000:0:1",
         ),
     ];
-    for (name, limit, compact, legacy) in cases {
-        let (c, c_enc, c_bytes) = after_one_request(&redis, limit, StateFormat::Compact);
-        let (l, l_enc, l_bytes) = after_one_request(&redis, limit, StateFormat::Legacy);
-        eprintln!("{name}: legacy {l} ({l_enc}, {l_bytes} B), compact {c} ({c_enc}, {c_bytes} B)");
-        assert_eq!((c.as_str(), l.as_str()), (compact, legacy), "{name}");
-        if !c.contains(':') && !matches!(limit, Limit::SlidingWindowLog(_)) {
-            assert_eq!(c_enc, "int", "{name}");
+    for (name, limit, want) in cases {
+        let (v, enc, bytes) = after_one_request(&redis, limit);
+        eprintln!("{name}: {v} ({enc}, {bytes} B)");
+        assert_eq!(v, want, "{name}");
+        if matches!(limit, Limit::SlidingWindowLog(_)) {
+            continue;
         }
-    }
-    // The goal: an idle IPv4 token-bucket key in at most 72 bytes.
-    for n in [60, 300] {
-        let (_, _, bytes) = after_one_request(
-            &redis,
-            Limit::TokenBucket(per_minute(n)),
-            StateFormat::Compact,
-        );
-        assert!(bytes <= 72, "{n}/min: {bytes} B");
+        if v.contains(':') {
+            assert_eq!((enc.as_str(), bytes), ("embstr", 104), "{name}");
+        } else {
+            assert_eq!((enc.as_str(), bytes), ("int", 72), "{name}");
+        }
     }
 }
 
-/// The integer forms the shared algorithm table does not reach (a token
-/// bucket with rate 1, whose TAT is one integer), against the model and
-/// the memory backend, with the legacy format alongside.
+/// The integer forms (rate 1: the TAT; rates 2..44: the TAT and a code)
+/// and the string of a rate above 44, against the model and the memory
+/// backend, on random sequences; every value stored is read back as the
+/// form its rate says.
 #[test]
 fn integer_forms_agree_with_the_model() {
     let redis = RedisServer::start();
@@ -161,25 +168,23 @@ fn integer_forms_agree_with_the_model() {
     let limits = [
         Limit::TokenBucket(TokenBucket::new(2, S, 3).unwrap()),
         Limit::TokenBucket(TokenBucket::new(60, 60 * S, 5).unwrap()),
+        Limit::TokenBucket(TokenBucket::new(128, S, 4).unwrap()),
+        Limit::TokenBucket(TokenBucket::new(43, 60 * S, 5).unwrap()),
+        Limit::TokenBucket(TokenBucket::new(47, 60 * S, 5).unwrap()),
         Limit::LeakyBucket(Gcra {
             bucket: TokenBucket::new(60, 60 * S, 5).unwrap(),
             max_delay_us: Some(2 * S),
+        }),
+        Limit::LeakyBucket(Gcra {
+            bucket: TokenBucket::new(44, 7 * S, 5).unwrap(),
+            max_delay_us: Some(S),
         }),
     ];
     let mut rng = Rng::new(0x0C0F_FEE0_0000_0001);
     for (i, limit) in limits.iter().enumerate() {
         let clock = ManualClock::new(T0_US + 99);
         let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
-        let slack = Duration::from_secs(600);
-        let backends = [StateFormat::Legacy, StateFormat::Compact].map(|f| {
-            let b: Backend = RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone())
-                .with_test_ttl_slack(slack)
-                .with_state_format(f)
-                .into();
-            (f, b)
-        });
+        let red = backend(&redis, &clock);
         let mut model = Model::default();
         for op in 0..400 {
             let step = match rng.next() % 4 {
@@ -197,18 +202,28 @@ fn integer_forms_agree_with_the_model() {
             let want = model.check(std::slice::from_ref(&check), now);
             let got = rt.block_on(memory.check(vec![check.clone()])).unwrap();
             assert_eq!(got.decisions, want, "memory, limit {i} op {op}");
-            for (f, b) in &backends {
-                let c = TierCheck {
-                    key: format!("{f:?}:{}", check.key),
-                    ..check.clone()
-                };
-                let got = rt.block_on(b.check(vec![c])).unwrap();
-                assert_eq!(got.decisions, want, "{f:?}, limit {i} op {op}");
-            }
+            let got = rt.block_on(red.check(vec![check])).unwrap();
+            assert_eq!(got.decisions, want, "redis, limit {i} op {op}");
         }
+        let rate = match limit {
+            Limit::TokenBucket(b) => b.rate,
+            Limit::LeakyBucket(g) => g.bucket.rate,
+            _ => unreachable!(),
+        };
         for k in 0..2 {
-            if let Some(v) = redis.get(&format!("Compact:{i}:k{k}")) {
-                assert!(v.parse::<u64>().is_ok(), "{v}");
+            if let Some(v) = redis.get(&format!("{i}:k{k}")) {
+                let integer = v.parse::<u64>().is_ok();
+                assert_eq!(integer, rate <= 44, "rate {rate}: {v}");
+                assert_eq!(
+                    v.len(),
+                    if rate == 1 {
+                        16
+                    } else if rate <= 44 {
+                        19
+                    } else {
+                        v.len()
+                    }
+                );
             }
         }
     }
@@ -225,69 +240,63 @@ fn check(rt: &tokio::runtime::Runtime, b: &Backend, key: &str, limit: TokenBucke
     .decisions[0]
 }
 
-/// A quota change on a live token bucket. The compact format (the model,
-/// and the memory backend) keeps a TAT written under rate 1 (one integer)
-/// under any new quota: the time until full carries over, so lowering a
-/// quota never hands out a fresh bucket, and a new burst keeps the missing
-/// tokens. A state of another rate above 1 (a string) or unit starts full.
-/// The legacy format starts full under another unit, and under the same
-/// unit keeps the tokens (capped to the new burst), as every earlier
-/// release does.
+/// A quota change on a live token bucket. Redis (as the model and the
+/// memory backend) keeps a TAT written under rate 1 under any new quota,
+/// and one of rate r under any quota of rate r: the time until full carries
+/// over, so lowering a quota never hands out a fresh bucket, and a new
+/// burst keeps the missing tokens. A state of another rate above 1 starts
+/// full.
 #[test]
 fn a_quota_change_on_a_token_bucket() {
     let redis = RedisServer::start();
     let rt = current_thread_runtime();
     let clock = ManualClock::new(T0_US);
     let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
-    let compact = backend(&redis, &clock, StateFormat::Compact);
-    let legacy = backend(&redis, &clock, StateFormat::Legacy);
+    let red = backend(&redis, &clock);
     let burst = |n| TokenBucket::new(60, 60 * S, n).unwrap();
-    let all = [
-        ("memory", &memory),
-        ("compact", &compact),
-        ("legacy", &legacy),
-    ];
-    for (name, b) in all {
-        let legacy = name == "legacy";
+    for (name, b) in [("memory", &memory), ("redis", &red)] {
         // 1/min, one request: full again in 60 s. Then 10/min: 60 s from
-        // full is all 10 tokens short, a token in 6 s (legacy: a fresh
-        // bucket of 10).
+        // full is all 10 tokens short, a token in 6 s.
         assert_eq!(check(&rt, b, name, per_minute(1)).remaining, 0);
         let d = check(&rt, b, name, per_minute(10));
-        let want = if legacy {
-            (true, 9, 0)
-        } else {
-            (false, 0, 6 * S)
-        };
-        assert_eq!((d.allowed, d.remaining, d.retry_after_us), want, "{name}");
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_us),
+            (false, 0, 6 * S),
+            "{name}"
+        );
         // Lowered: 60/min, 30 requests (full again in 30 s); then 1/min:
-        // half its one token short, so the next request waits 30 s
-        // (legacy: a fresh bucket).
+        // half its one token short, so the next request waits 30 s.
         let key = format!("{name}:lowered");
         for _ in 0..30 {
             check(&rt, b, &key, per_minute(60));
         }
         let d = check(&rt, b, &key, per_minute(1));
-        let want = if legacy {
-            (true, 0, 0)
-        } else {
-            (false, 0, 30 * S)
-        };
-        assert_eq!((d.allowed, d.remaining, d.retry_after_us), want, "{name}");
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_us),
+            (false, 0, 30 * S),
+            "{name}"
+        );
         // 8/min (rate 1), one request: 7.5 s from full; then 7/min (rate
         // 7, 6 × 10^7 units a token): 7 × 7.5 × 10^6 units short, 6.125
-        // tokens left before this one (legacy, another unit: 7).
+        // tokens left before this one.
         let key = format!("{name}:to-rate-7");
         check(&rt, b, &key, per_minute(8));
         let d = check(&rt, b, &key, per_minute(7));
-        let want = if legacy { 6 } else { 5 };
-        assert_eq!((d.allowed, d.remaining), (true, want), "{name}");
-        // 7/min (rate 7: a string of its rate and unit), one request; then
-        // 8/min: another rate, so a fresh bucket in every format.
+        assert_eq!((d.allowed, d.remaining), (true, 5), "{name}");
+        // 7/min (rate 7), one request; then 8/min: another rate, so a
+        // fresh bucket.
         let key = format!("{name}:from-rate-7");
         check(&rt, b, &key, per_minute(7));
         let d = check(&rt, b, &key, per_minute(8));
         assert_eq!((d.allowed, d.remaining), (true, 7), "{name}");
+        // 7/min (rate 7), two requests: 17 142 857 1/7 µs from full; then
+        // 7 per 2 min (rate 7 too, 1.2 × 10^8 units a token): the same
+        // time, one token short of 7, so 5 left after this one.
+        let key = format!("{name}:same-rate");
+        check(&rt, b, &key, per_minute(7));
+        check(&rt, b, &key, per_minute(7));
+        let d = check(&rt, b, &key, TokenBucket::new(7, 120 * S, 7).unwrap());
+        assert_eq!((d.allowed, d.remaining), (true, 5), "{name}");
         // 60/min with a burst of 10: 4 requests leave 6 (4 missing).
         let key = format!("{name}:burst");
         for _ in 0..4 {
@@ -295,16 +304,14 @@ fn a_quota_change_on_a_token_bucket() {
         }
         // The burst raised to 20.
         let d = check(&rt, b, &key, burst(20));
-        let want = if name == "legacy" { 5 } else { 15 };
-        assert_eq!((d.allowed, d.remaining), (true, want), "{name}");
+        assert_eq!((d.allowed, d.remaining), (true, 15), "{name}");
     }
 }
 
 /// A clock that steps back (Redis `TIME` after a failover to a node whose
-/// clock is behind): the compact format (the model, the memory backend)
-/// keeps the TAT, so the bucket is as far from full as the clock is behind;
-/// the legacy format freezes the bucket until the clock is back, as every
-/// earlier release does. Neither ever fills it.
+/// clock is behind): Redis (as the model and the memory backend) keeps the
+/// TAT, so the bucket is as far from full as the clock is behind; it never
+/// fills.
 #[test]
 fn a_clock_that_steps_back() {
     let redis = RedisServer::start();
@@ -313,16 +320,11 @@ fn a_clock_that_steps_back() {
     let slow = TokenBucket::new(1, S, 2).unwrap();
     // 2^20 units per µs: a clock 2 h behind is past the 2^52-unit bound.
     let fast = TokenBucket::new(1 << 20, 1, 1 << 10).unwrap();
-    for (i, (limit, back, compact, legacy)) in [
+    for (i, (limit, back, want)) in [
         // (remaining, reset, retry) of a 1-cost check after the step back.
-        (slow, S / 2, (0, 5 * S / 2, 3 * S / 2), (0, 2 * S, S)),
-        (slow, 4 * S, (0, 6 * S, 5 * S), (0, 2 * S, S)),
-        (
-            fast,
-            7_200 * S,
-            (0, (1 << 32) + 1, (1 << 32) + 1),
-            (0, 1, 1),
-        ),
+        (slow, S / 2, (0, 5 * S / 2, 3 * S / 2)),
+        (slow, 4 * S, (0, 6 * S, 5 * S)),
+        (fast, 7_200 * S, (0, (1 << 32) + 1, (1 << 32) + 1)),
     ]
     .into_iter()
     .enumerate()
@@ -337,11 +339,7 @@ fn a_clock_that_steps_back() {
             cost,
         };
         let drain = limit.burst();
-        for (name, b) in [
-            ("memory", memory),
-            ("compact", backend(&redis, &clock, StateFormat::Compact)),
-            ("legacy", backend(&redis, &clock, StateFormat::Legacy)),
-        ] {
+        for (name, b) in [("memory", memory), ("redis", backend(&redis, &clock))] {
             clock.set(t);
             let key = format!("{name}:{key}");
             let check = |cost| {
@@ -357,7 +355,6 @@ fn a_clock_that_steps_back() {
             assert!(check(drain).0, "{name}");
             clock.set(t - back);
             let (allowed, remaining, reset, retry) = check(1);
-            let want = if name == "legacy" { legacy } else { compact };
             assert_eq!(
                 (allowed, (remaining, reset, retry)),
                 (false, want),
@@ -366,71 +363,63 @@ fn a_clock_that_steps_back() {
             if name == "memory" {
                 assert!(model.check(&[tier(drain)], t)[0].allowed);
                 let d = model.check(&[tier(1)], t - back)[0];
-                assert_eq!((d.remaining, d.reset_after_us, d.retry_after_us), compact);
+                assert_eq!((d.remaining, d.reset_after_us, d.retry_after_us), want);
             }
         }
     }
 }
 
-/// Values of the earlier compact format, `<TAT><ddd>` (19 digits: the TAT
-/// in µs and three digits that named the quota), are read as their TAT:
-/// nothing they hold resets. The next charge rewrites each as the plain
-/// TAT.
+/// Values the scripts never write (the strings of the format that was the
+/// default before issue 25, the three-digit codes 989-999, which name no
+/// rate, a value of another rate, garbage) read as no state: a full bucket,
+/// never an error (which would fail open), and the next charge replaces
+/// them with the bucket's TAT.
 #[test]
-fn earlier_compact_values_keep_their_state() {
+fn values_it_never_writes_read_as_no_state() {
     let redis = RedisServer::start();
     let rt = current_thread_runtime();
     let clock = ManualClock::new(T0_US);
-    let b = backend(&redis, &clock, StateFormat::Compact);
+    let b = backend(&redis, &clock);
     let police = |b: TokenBucket| {
         Limit::LeakyBucket(Gcra {
             bucket: b,
             max_delay_us: None,
         })
     };
-    let leaky = |n, burst| police(TokenBucket::new(n, 60 * S, burst).unwrap());
-    for (key, stored, limit, want, rewritten) in [
-        // 60/min (code 016), drained at T0: empty, a token in 1 s.
+    for (key, stored, limit, rewritten) in [
+        // The old token bucket string of a drained 60/min bucket.
         (
-            "drained",
-            "1700000060000000016",
+            "old token string",
+            "0:1700000000000000:1000000",
             Limit::TokenBucket(per_minute(60)),
-            (false, 0, S),
-            None,
+            "1700000001000000",
         ),
-        // 60/min, 30 s from full: 30 left, 29 after this one.
+        // A leaky bucket 7/min TAT coded as rate 8 (code 027): another rate.
         (
-            "half",
-            "1700000030000000016",
+            "another rate",
+            "1700000060000000027",
+            police(per_minute(7)),
+            "1700000008571428024",
+        ),
+        // Code 990: no rate.
+        (
+            "no rate",
+            "1700000060000000990",
+            Limit::TokenBucket(per_minute(7)),
+            "1700000008571428024",
+        ),
+        // A string whose remainder is not below its rate.
+        (
+            "bad remainder",
+            "1700000060000000:47:47",
+            Limit::TokenBucket(per_minute(47)),
+            "1700000001276595:35:47",
+        ),
+        (
+            "garbage",
+            "x:y",
             Limit::TokenBucket(per_minute(60)),
-            (true, 29, 0),
-            Some("1700000031000000"),
-        ),
-        // Written under 300/min (code 025), read under 60/min: 30 s from
-        // full carries over.
-        (
-            "another quota",
-            "1700000030000000025",
-            Limit::TokenBucket(per_minute(60)),
-            (true, 29, 0),
-            Some("1700000031000000"),
-        ),
-        // Leaky 60/min, burst 5 (code 501: rate 1): a backlog of 3 s.
-        (
-            "leaky",
-            "1700000003000000501",
-            leaky(60, 5),
-            (true, 1, 0),
-            Some("1700000004000000"),
-        ),
-        // Leaky 7/min, burst 3 (code 553 = 500 + 7² + 4): one token's
-        // backlog, exactly.
-        (
-            "leaky rate 7",
-            "1700000008571428553",
-            leaky(7, 3),
-            (true, 1, 0),
-            Some("1700000017142857550"),
+            "1700000001000000",
         ),
     ] {
         let _: () = redis.cmd(&["SET", key, stored, "PX", "600000"]);
@@ -442,8 +431,8 @@ fn earlier_compact_values_keep_their_state() {
             }]))
             .unwrap()
             .decisions[0];
-        assert_eq!((d.allowed, d.remaining, d.retry_after_us), want, "{key}");
-        let now = redis.get(key);
-        assert_eq!(now.as_deref(), rewritten.or(Some(stored)), "{key}");
+        let full = limit.capacity() - 1;
+        assert_eq!((d.allowed, d.remaining), (true, full), "{key}");
+        assert_eq!(redis.get(key).as_deref(), Some(rewritten), "{key}");
     }
 }

@@ -31,17 +31,18 @@ use super::{div_ceil, Decision};
 /// The stored state of one bucket: its TAT, `tat_us + frac / rate` µs, the
 /// instant it is full again.
 ///
-/// The unit and rate are stored too. A state is read under a quota (see
-/// [`TokenBucket::reads`]) when it was written under the same unit and
-/// rate, or under rate 1: a TAT in whole microseconds, with no remainder,
-/// means the same under any quota, so when a quota changes at run time (or
-/// a client changes plan) the time until full carries over, as GCRA
-/// implementations do: lowering a quota never hands out a fresh bucket, and
-/// under the same rate a new burst keeps the missing tokens (a bucket 2
-/// tokens short of 10 is 2 short of 20 after the burst is raised). The
-/// Redis compact format stores exactly that TAT (rate 1: one integer). A
-/// state of another rate (above 1) or unit counts as none: the bucket
-/// starts full.
+/// The rate is stored too (and the unit, which reading ignores). A state is
+/// read under a quota (see [`TokenBucket::reads`]) when it was written
+/// under the same rate, or under rate 1: a TAT in whole microseconds, with
+/// no remainder, means the same under any quota, and one with a remainder
+/// in `1 / rate` µs under any quota of that rate. So when a quota changes at
+/// run time (or a client changes plan) the time until full carries over, as
+/// GCRA implementations do: lowering a quota never hands out a fresh bucket,
+/// and a new burst keeps the missing tokens (a bucket 2 tokens short of 10
+/// is 2 short of 20 after the burst is raised). The Redis backend stores
+/// exactly that TAT and its rate, as one integer for a rate up to 44
+/// (`docs/redis.md`, "Stored values"). A state of another rate (above 1)
+/// counts as none: the bucket starts full.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketState {
     /// Whole microseconds of the TAT (Unix epoch in both backends).
@@ -120,10 +121,11 @@ impl TokenBucket {
     }
 
     /// Whether a state written as `s` is read under this quota: written
-    /// under the same unit and rate, or under rate 1 (a TAT in whole µs,
-    /// which carries over to any quota; see [`BucketState`]).
+    /// under the same rate (whatever its unit: the TAT is a time), or under
+    /// rate 1 (a TAT in whole µs, which carries over to any quota; see
+    /// [`BucketState`]).
     pub fn reads(&self, s: &BucketState) -> bool {
-        s.rate == 1 || (s.unit == self.unit && s.rate == self.rate)
+        s.rate == 1 || s.rate == self.rate
     }
 
     /// The units the bucket in `state` is short of full at `now_us`
@@ -286,9 +288,14 @@ mod tests {
         assert_eq!(ttl, 8_571_429);
         assert_eq!(tb.missing(Some(s), now), tb.unit);
         assert_eq!(tb.missing(Some(s), now + 8_571_429), 0);
-        // Another unit or rate: no state.
-        let other = TokenBucket::new(7, S, 3).unwrap();
+        // Another rate: no state.
+        let other = TokenBucket::new(11, 60 * S, 3).unwrap();
         assert_eq!(other.missing(Some(s), now), 0);
+        // The same rate under another unit (7 per 2 minutes): the time
+        // until full carries over, 8 571 428 4/7 µs = half a token.
+        let slower = TokenBucket::new(7, 120 * S, 3).unwrap();
+        assert_eq!(slower.missing(Some(s), now), tb.unit);
+        assert_eq!(slower.unit, 2 * tb.unit);
     }
 
     #[test]

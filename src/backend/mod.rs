@@ -14,7 +14,7 @@ mod redis;
 #[cfg(feature = "redis")]
 pub(crate) use self::redis::redis_params;
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisBackend, SentinelMaster, StateFormat};
+pub use self::redis::{RedisBackend, SentinelMaster};
 pub use clock::ManualClock;
 pub use memory::MemoryBackend;
 

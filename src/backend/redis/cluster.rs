@@ -210,7 +210,7 @@ impl Job {
         for (j, &i) in g.tiers.iter().enumerate() {
             let c = &self.checks[i];
             // Always the undo values: a cross-slot denial refunds this slot.
-            let mut flags = wire::UNDO | self.backend.format_flag() | wire::short_flag(&c.limit);
+            let mut flags = wire::UNDO | wire::short_flag(&c.limit);
             if self.shadow.contains(i) {
                 flags |= wire::SHADOW;
                 // j <= i < 64.

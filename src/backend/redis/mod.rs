@@ -10,7 +10,6 @@ use ::redis::aio::{ConnectionManager, MultiplexedConnection};
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, Cmd, RedisError, Script};
 use connection::Conn;
-pub use format::StateFormat;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,7 +25,6 @@ mod blocked;
 mod cluster;
 mod connection;
 mod control;
-mod format;
 mod lease;
 mod overrides;
 mod peek;
@@ -89,8 +87,6 @@ pub struct RedisBackend {
     inner: Arc<Inner>,
     clock: Option<ManualClock>,
     ttl_slack_ms: u64,
-    /// What the scripts write (they read both formats).
-    format: StateFormat,
 }
 
 struct Inner {
@@ -260,7 +256,6 @@ impl RedisBackend {
             }),
             clock: None,
             ttl_slack_ms: 0,
-            format: StateFormat::default(),
         }
     }
 
@@ -418,11 +413,10 @@ impl RedisBackend {
         }
         cmd.arg(self.check_clock_arg(sent).as_bytes());
         let undo = if undo { wire::UNDO } else { 0 };
-        let format = self.format_flag();
         for (i, c) in checks.iter().enumerate() {
             let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
             let short = wire::short_flag(&c.limit);
-            wire::write_tier(&mut cmd, c, shadow | undo | format | short);
+            wire::write_tier(&mut cmd, c, shadow | undo | short);
         }
         cmd
     }

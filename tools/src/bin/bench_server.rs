@@ -25,6 +25,8 @@
 //!             one MGET, one SET … PX per key, one integer per key (a GCRA
 //!             theoretical arrival time in µs); 429 or the response, no
 //!             rate-limit headers (the floor of redis4)
+//!   minimal1  the same script on redis1's one key, `rl:ip:<ip>` (the
+//!             floor of redis1)
 //!
 //!   redis4_lease  redis4 with the global and endpoint tiers in lease mode
 //!             (`Tier::lease`, default settings): ip and user checked per
@@ -54,9 +56,9 @@
 //! and with it every key's TTL, stays the quota's), `PROMETHEUS=1` (install
 //! a Prometheus metrics recorder, without its HTTP listener, to count what
 //! metrics cost), `HEADERS=none` (our layer sends no rate-limit headers, as
-//! tower_governor by default: what the headers cost), `STATE_FORMAT=compact`
-//! (redis1, redis4: the scripts write the compact format,
-//! `StateFormat::Compact`; default the legacy strings).
+//! tower_governor by default: what the headers cost), `IP_PER_HOUR=N` (the
+//! `ip` tier is `Quota::per_hour(N)`: benches/redis_default.sh measures an
+//! idle key of 100/hour).
 //! Prints `listening on <addr>` once it accepts connections.
 //! `bench_server minimal-lua` prints the minimal limiter's script,
 //! `bench_server minimal4-lua` the four-key one,
@@ -76,7 +78,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use redis::aio::MultiplexedConnection;
-use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend, StateFormat};
+use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend};
 use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User, UNMATCHED_ROUTE};
 use tiered_ratelimit::token_lease::TokenLease;
 use tiered_ratelimit::{key::UserId, Quota, RateLimitLayer, Tier};
@@ -153,13 +155,13 @@ struct Config {
     user_burst: Option<u64>,
     /// Send no rate-limit headers.
     no_headers: bool,
-    /// The format redis1 and redis4 write their state in.
-    format: StateFormat,
+    /// The `ip` tier's limit per hour (default: never denying, or `deny_rate`).
+    ip_per_hour: Option<u64>,
 }
 
 fn usage() -> Box<dyn Error + Send + Sync> {
     "usage: bench_server <bare|mem1|mem4|governor|governor_headers|redis1|redis4|\
-     redis4_lease|redis4_lease_all|minimal|minimal_pool|minimal4> [deny]"
+     redis4_lease|redis4_lease_all|minimal|minimal_pool|minimal1|minimal4> [deny]"
         .into()
 }
 
@@ -220,11 +222,7 @@ async fn main() -> Res<()> {
         user_per_minute: env_u64("USER_QUOTA_PER_MINUTE")?,
         user_burst: env_u64("USER_BURST")?,
         no_headers: std::env::var("HEADERS").as_deref() == Ok("none"),
-        format: match std::env::var("STATE_FORMAT").as_deref() {
-            Ok("compact") => StateFormat::Compact,
-            Ok("legacy") | Err(_) => StateFormat::Legacy,
-            Ok(other) => return Err(format!("STATE_FORMAT={other}: compact or legacy").into()),
-        },
+        ip_per_hour: env_u64("IP_PER_HOUR")?,
     };
     if std::env::var("PROMETHEUS").as_deref() == Ok("1") {
         let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
@@ -249,9 +247,7 @@ async fn app(c: &Config) -> Res<Router> {
             .clone()
             .ok_or_else(|| format!("mode {} needs REDIS_URL", c.mode))
     };
-    let redis_backend = || -> Res<RedisBackend> {
-        Ok(RedisBackend::from_url(&redis_url()?)?.with_state_format(c.format))
-    };
+    let redis_backend = || -> Res<RedisBackend> { Ok(RedisBackend::from_url(&redis_url()?)?) };
     Ok(match c.mode.as_str() {
         "bare" => router,
         "mem1" => router.layer(ours(MemoryBackend::new().into(), 1, c)?),
@@ -308,8 +304,8 @@ async fn app(c: &Config) -> Res<Router> {
             let state = Minimal::connect(&redis_url()?, c.deny_rate, pooled).await?;
             router.layer(middleware::from_fn_with_state(state, minimal))
         }
-        "minimal4" => {
-            let state = Minimal4::connect(&redis_url()?, c).await?;
+        "minimal1" | "minimal4" => {
+            let state = Minimal4::connect(&redis_url()?, c, c.mode == "minimal1").await?;
             router.layer(middleware::from_fn_with_state(state, minimal4))
         }
         _ => return Err(usage()),
@@ -326,9 +322,10 @@ struct Quotas {
 
 impl Quotas {
     fn new(c: &Config) -> Self {
-        let ip = match c.deny_rate {
-            Some(rate) => Quota::per_second(rate),
-            None => huge(),
+        let ip = match (c.ip_per_hour, c.deny_rate) {
+            (Some(n), _) => Quota::per_hour(n),
+            (None, Some(rate)) => Quota::per_second(rate),
+            (None, None) => huge(),
         };
         let other = c.other_rate.map_or_else(huge, Quota::per_second);
         let user = match (c.user_per_minute, c.user_burst) {
@@ -474,13 +471,15 @@ async fn minimal(
     }
 }
 
-/// The four-key minimal limiter's state (`minimal4`): one multiplexed
-/// connection, the script's SHA1, and per tier (global, ip, user, endpoint)
-/// the GCRA emission interval and tolerance in µs.
+/// The four-key minimal limiter's state (`minimal4`, and `minimal1`: the
+/// ip key alone): one multiplexed connection, the script's SHA1, and per
+/// tier (global, ip, user, endpoint) the GCRA emission interval and
+/// tolerance in µs.
 #[derive(Clone)]
 struct Minimal4 {
     conn: MultiplexedConnection,
     sha: Arc<str>,
+    ip_only: bool,
     global: [u64; 2],
     ip: [u64; 2],
     user: [u64; 2],
@@ -497,7 +496,7 @@ fn gcra(q: Quota) -> [u64; 2] {
 }
 
 impl Minimal4 {
-    async fn connect(url: &str, c: &Config) -> Res<Self> {
+    async fn connect(url: &str, c: &Config, ip_only: bool) -> Res<Self> {
         let mut conn = redis::Client::open(url)?
             .get_multiplexed_async_connection()
             .await?;
@@ -510,6 +509,7 @@ impl Minimal4 {
         Ok(Self {
             conn,
             sha: sha.into(),
+            ip_only,
             global: gcra(q.other),
             ip: gcra(q.ip),
             user: gcra(q.user),
@@ -535,6 +535,14 @@ async fn minimal4(
         .map_or(UNMATCHED_ROUTE, |p| p.as_str());
     let endpoint = storage_key_part(format!("{} {route}", req.method()).as_bytes());
     let mut cmd = redis::cmd("EVALSHA");
+    if m.ip_only {
+        cmd.arg(&*m.sha).arg(1).arg(format!("rl:ip:{}", peer.ip()));
+        cmd.arg(&m.ip[..]);
+        return match cmd.query_async::<i64>(&mut m.conn).await {
+            Ok(0) => StatusCode::TOO_MANY_REQUESTS.into_response(),
+            _ => next.run(req).await,
+        };
+    }
     cmd.arg(&*m.sha).arg(3 + usize::from(user.is_some()));
     cmd.arg("rl:global:all").arg(format!("rl:ip:{}", peer.ip()));
     if let Some(u) = user {

@@ -15,8 +15,8 @@
 //!           algorithm (1 fixed window, 2 sliding window log, 3 sliding
 //!           window counter, 4 token bucket, 5 leaky bucket, 6 concurrency,
 //!           7 penalty box, 8 a per-key override's read), p1..p4, cost,
-//!           flags (+1 shadow, +2 undo wanted, +4 write the compact format,
-//!           +8 short: a bucket answers its state, one number).
+//!           flags (+1 shadow, +2 undo wanted, +8 short: a bucket answers
+//!           its state, one number; +4 is unused).
 //!           One argument rather than seven: the script keeps parsed specs
 //!           by their string (as a Redis Function, across calls), so a tier
 //!           costs Redis one table lookup instead of seven conversions
@@ -175,8 +175,6 @@ pub(super) const LEASE_LUA: &str = lua!("dispatch.lua", "lease.lua");
 pub(super) const SHADOW: u8 = 1;
 /// Tier flag: return the charge's undo value (for a refund).
 pub(super) const UNDO: u8 = 2;
-/// Tier flag: write the compact format (`StateFormat::Compact`).
-pub(super) const COMPACT: u8 = 4;
 /// Tier flag: a token or leaky bucket answers its state, one number,
 /// instead of three (see [`short_flag`] and the module docs).
 pub(super) const SHORT: u8 = 8;
@@ -283,7 +281,7 @@ fn int(v: u64) -> i64 {
 }
 
 /// The seven numbers of one tier of a check: algorithm, p1..p4, cost, flags
-/// ([`SHADOW`], [`UNDO`], [`COMPACT`]).
+/// ([`SHADOW`], [`UNDO`], [`SHORT`]).
 pub(super) fn tier_args(check: &TierCheck, flags: u8) -> [i64; 7] {
     let (algorithm, p) = encode(&check.limit);
     [
