@@ -119,6 +119,7 @@ impl RateLimitLayerBuilder {
                 fallback,
                 plans,
             });
+            let no_key_cause = t.key.no_key_cause();
             http_tiers.push(HttpTier {
                 key: t.key,
                 cost: t.cost,
@@ -126,9 +127,15 @@ impl RateLimitLayerBuilder {
                 methods: t.methods.map(Vec::into_boxed_slice),
                 plan_fn: t.plan_fn,
             });
+            let name = Arc::<str>::from(t.name.as_str());
+            crate::engine::no_key::register(&name);
             tiers.push(BuiltTier {
+                no_key: crate::engine::no_key::NoKeyWatch::new(
+                    self.no_key_warn_after,
+                    no_key_cause,
+                ),
                 key_base: format!("{prefix}:{}:", t.name),
-                name: Arc::from(t.name),
+                name,
                 key_type: t.key_type,
                 key_error_log: LogThrottle::new(Duration::from_secs(60)),
                 algorithm: t.algorithm,
