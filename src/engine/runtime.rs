@@ -67,6 +67,8 @@ pub(crate) struct BuiltTier {
     pub(crate) overrides: bool,
     /// Its first requests without a key (see `engine/no_key.rs`).
     pub(crate) no_key: super::no_key::NoKeyWatch,
+    /// Whether a request whose cost exceeds its capacity was logged.
+    pub(crate) cost_exceeded_logged: std::sync::atomic::AtomicBool,
 }
 
 /// Which requests a tier gives its charge back to, once their result is

@@ -129,11 +129,14 @@ impl RateLimitLayerBuilder {
             });
             let name = Arc::<str>::from(t.name.as_str());
             crate::engine::no_key::register(&name);
+            metrics::counter!(crate::engine::decide::COST_EXCEEDS_CAPACITY, "tier" => name.clone())
+                .increment(0);
             tiers.push(BuiltTier {
                 no_key: crate::engine::no_key::NoKeyWatch::new(
                     self.no_key_warn_after,
                     no_key_cause,
                 ),
+                cost_exceeded_logged: std::sync::atomic::AtomicBool::new(false),
                 key_base: format!("{prefix}:{}:", t.name),
                 name,
                 key_type: t.key_type,
