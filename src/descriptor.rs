@@ -515,7 +515,7 @@ impl DescriptorLimiter {
                             unlimited: false,
                             remaining: 0,
                             until_reset: Duration::ZERO,
-                    exceeds_capacity: false,
+                            exceeds_capacity: false,
                         })
                         .collect(),
                     headers: None,

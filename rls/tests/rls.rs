@@ -530,7 +530,11 @@ async fn cost_above_capacity_is_never_told_to_retry(addr: SocketAddr) {
         );
     }
     // Nothing was charged: a request of cost 1 sees the full bucket.
-    let r = call(&mut c, req("edge", vec![d(&[("remote_address", "192.0.2.9")])])).await;
+    let r = call(
+        &mut c,
+        req("edge", vec![d(&[("remote_address", "192.0.2.9")])]),
+    )
+    .await;
     assert_eq!(r.statuses, vec![limited(Code::Ok, "per_ip", 2, 1, 30)]);
     assert!(r.raw_body.is_empty());
 }

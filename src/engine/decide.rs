@@ -50,7 +50,9 @@ pub(crate) fn decide(
             continue;
         }
         let never = never_fits(meta, i, d);
-        if binding.is_none_or(|(_, b, b_never)| (never, d.retry_after_us) > (b_never, b.retry_after_us)) {
+        if binding
+            .is_none_or(|(_, b, b_never)| (never, d.retry_after_us) > (b_never, b.retry_after_us))
+        {
             binding = Some((i, d, never));
         }
     }
@@ -140,7 +142,9 @@ fn count_never_fits(t: Option<&super::runtime::BuiltTier>, tier: &Arc<str>, limi
     let Some(t) = t else {
         return;
     };
-    if t.cost_exceeded_logged.swap(true, std::sync::atomic::Ordering::Relaxed) {
+    if t.cost_exceeded_logged
+        .swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
         return;
     }
     tracing::warn!(target: super::LOG_TARGET,
