@@ -234,15 +234,27 @@ mod tempfile_path {
 #[tokio::test]
 async fn unreachable_redis_at_start_up_is_said_at_start_up() {
     let rules = unreachable_rules("closed");
-    let out = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
         .arg("--config")
         .arg(&rules.0)
         .args(["--listen", &format!("127.0.0.1:{}", free_port())])
         .args(["--metrics", "none"])
         .env("RUST_LOG", "warn")
         .env("NO_COLOR", "1")
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run tiered-ratelimit-rls");
+    // It must exit by itself (a service that starts would serve for ever).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("started instead of refusing to start");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let stderr = strip_ansi(&String::from_utf8(out.stderr).unwrap());
     let text = std::fs::read_to_string(&rules.0).unwrap();
