@@ -211,7 +211,9 @@ async fn run() -> Result<(), Box<dyn Error>> {
 
     // The metrics recorder before the layer: it sets gauges when built.
     let prometheus = prometheus()?;
-    let rate_limit = policy.builder(backend)?.build()?;
+    // build_checked: one PING first, so an unreachable Redis is said now
+    // (one WARN under failure_policy = "open"; an error under "closed").
+    let rate_limit = policy.builder(backend)?.build_checked().await?;
     // Same thing: RateLimitLayer::from_policy(&policy, backend)?
     let tiers: Vec<&str> = rate_limit.tier_names().collect();
     println!("tiers, in check order: {}", tiers.join(", "));

@@ -4,7 +4,7 @@
 -- when the request is denied: a denial by its tier is a strike, and the
 -- strike that completes `violations` within `window` starts a block of
 -- block × backoff^(offences − 1) (at most max_block; an offence within
--- `memory` of the last block repeats). While blocked it denies every
+-- `memory` after the END of the last block repeats). While blocked it denies every
 -- request, Retry-After = the block's end, and counts no strike.
 --
 -- p1 = violations + 1024 × backoff + 2^20 × memory (whole seconds),
@@ -47,7 +47,7 @@ local function penalty(key, now, packed, window, block, max_block, _, v, _)
   end
   kept[#kept + 1] = now
   local memory_left = 0
-  if offences > 0 and last_block + memory > now then memory_left = last_block + memory - now end
+  if offences > 0 and blocked + memory > now then memory_left = blocked + memory - now end
   if #kept < violations then
     local ttl = kept[1] + window - now
     if ttl < memory_left then ttl = memory_left end
@@ -57,7 +57,7 @@ local function penalty(key, now, packed, window, block, max_block, _, v, _)
     return 1, violations, 0, 0, 0, penalty_commit
   end
   -- The block.
-  if offences > 0 and last_block + memory > now then
+  if offences > 0 and blocked + memory > now then
     offences = offences + 1
   else
     offences = 1
@@ -68,8 +68,7 @@ local function penalty(key, now, packed, window, block, max_block, _, v, _)
     if len >= max_block then break end
   end
   if len > max_block then len = max_block end
-  local ttl = len
-  if ttl < memory then ttl = memory end
+  local ttl = len + memory
   redis.call('SET', key, int(now + len) .. ':' .. int(offences) .. ':' .. int(now) .. ':', 'PX', ttl_ms(ttl))
   return 0, 0, len, len, 0, nil
 end

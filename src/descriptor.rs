@@ -175,8 +175,15 @@ pub struct DescriptorStatus {
     /// denied, what is left without it), 0 without a rule.
     pub remaining: u64,
     /// When allowed: until its rule is back to full capacity; when over
-    /// the limit: until the request would pass on it (exact, µs precision).
+    /// the limit: until the request would pass on it (exact, µs precision);
+    /// when [`exceeds_capacity`](Self::exceeds_capacity), until the rule is
+    /// full (the request does not pass then either).
     pub until_reset: Duration,
+    /// Over the limit because its cost (`hits_addend`) exceeds the rule's
+    /// capacity: it can never pass, whatever the wait. The Envoy service
+    /// sends no `duration_until_reset` and no `Retry-After` for it, and
+    /// counts it in `tiered_ratelimit_cost_exceeds_capacity_total`.
+    pub exceeds_capacity: bool,
 }
 
 /// The answer to one request.
@@ -508,6 +515,7 @@ impl DescriptorLimiter {
                             unlimited: false,
                             remaining: 0,
                             until_reset: Duration::ZERO,
+                            exceeds_capacity: false,
                         })
                         .collect(),
                     headers: None,
@@ -526,6 +534,7 @@ impl DescriptorLimiter {
                     unlimited: false,
                     remaining: 0,
                     until_reset: Duration::ZERO,
+                    exceeds_capacity: false,
                 },
                 Some((rule, usize::MAX)) => DescriptorStatus {
                     code: Code::Ok,
@@ -533,6 +542,7 @@ impl DescriptorLimiter {
                     unlimited: true,
                     remaining: 0,
                     until_reset: Duration::ZERO,
+                    exceeds_capacity: false,
                     ..self.status_of(rule)
                 },
                 Some((rule, n)) => {
@@ -542,12 +552,14 @@ impl DescriptorLimiter {
                     let d = details.as_ref().and_then(|ds| {
                         ds.checks
                             .iter()
-                            .filter(|(t, _)| *t == tier)
+                            .enumerate()
+                            .filter(|(_, (t, _))| *t == tier)
                             .nth(n)
-                            .map(|(_, d)| *d)
+                            .map(|(j, (_, d))| (*d, j < 64 && ds.never_fits & (1 << j) != 0))
                     });
                     let mut s = self.status_of(rule);
-                    if let Some(d) = d {
+                    if let Some((d, never_fits)) = d {
+                        s.exceeds_capacity = never_fits;
                         let enforced_denial = !d.allowed && shadow_tiers & (1 << tier) == 0;
                         s.code = if enforced_denial {
                             Code::OverLimit
@@ -592,6 +604,7 @@ impl DescriptorLimiter {
             unlimited: false,
             remaining: 0,
             until_reset: Duration::ZERO,
+            exceeds_capacity: false,
         }
     }
 }

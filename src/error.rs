@@ -106,6 +106,11 @@ pub enum ConfigError {
     /// The Redis URL does not parse.
     #[error("redis url: {0}")]
     InvalidRedisUrl(String),
+    /// [`build_checked`](crate::RateLimitLayerBuilder::build_checked) under
+    /// `FailurePolicy::Closed`: the backend did not answer at start-up, so
+    /// every request would get 503.
+    #[error("failure_policy = \"closed\" and {0}: refusing to start")]
+    BackendUnreachable(#[source] PingError),
     /// `client_ip.ipv6_prefix` is above 128.
     #[error("client_ip.ipv6_prefix: {0} is not a prefix length (0-128)")]
     InvalidIpv6Prefix(u8),
@@ -163,6 +168,19 @@ pub enum BackendError {
     /// policies only that tier is skipped (see [`KeyError`](crate::key::KeyError)).
     #[error("key extraction failed: {0}")]
     Key(#[from] crate::key::KeyError),
+}
+
+/// The backend did not answer [`Backend::ping`](crate::backend::Backend::ping):
+/// which backend (a Redis address, never its password) and why.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("backend {backend} unreachable: {source}")]
+#[non_exhaustive]
+pub struct PingError {
+    /// The backend as an operator finds it: `redis at 127.0.0.1:6379`,
+    /// `redis cluster at ...`, `redis primary of "mymaster" via sentinels`.
+    pub backend: String,
+    /// What the ping got instead of `PONG`.
+    pub source: BackendError,
 }
 
 impl BackendError {

@@ -194,8 +194,32 @@ const DENYLIST_RETRY_S: u64 = 3600;
 
 /// `RESOURCE_EXHAUSTED` for a denial: the message, `RetryInfo` with the
 /// `Retry-After` seconds, one `QuotaFailure` violation per denying tier, and
-/// the docs URL as a `Help` link.
+/// the docs URL as a `Help` link. A request whose cost exceeds the tier's
+/// capacity ([`RejectionReason::CostExceedsCapacity`](crate::response::RejectionReason))
+/// gets no `RetryInfo` (no wait lets it pass), and its message and
+/// violation say so.
 fn exhausted(r: &Rejection) -> Status {
+    if r.reason == crate::response::RejectionReason::CostExceedsCapacity {
+        let mut details = ErrorDetails::new();
+        details.add_quota_failure_violation(
+            &*r.tier,
+            format!(
+                "cost_exceeds_capacity: the request costs more than the capacity of {} of tier \"{}\"",
+                r.limit, r.tier
+            ),
+        );
+        if let Some(url) = &r.docs_url {
+            details.add_help_link("rate limits", &**url);
+        }
+        return Status::with_error_details(
+            Code::ResourceExhausted,
+            format!(
+                "request cost exceeds the capacity of {} of tier \"{}\": it can never pass",
+                r.limit, r.tier
+            ),
+            details,
+        );
+    }
     let mut details = ErrorDetails::with_retry_info(Some(Duration::from_secs(r.retry_after)));
     let violated = if r.violated_policies.is_empty() {
         std::slice::from_ref(&r.tier)

@@ -127,7 +127,10 @@ impl RateLimitHandle {
 
     /// `key`'s numbers in `tier` now, **without consuming** anything: what a
     /// request of the tier's cost would get (see the [module docs](crate::inspect)
-    /// for the key's form). Bounded by the layer's `backend_timeout`.
+    /// for the key's form), under the key's per-key override when it has
+    /// one ([`set_override`](Self::set_override): another quota's numbers,
+    /// unlimited shown full, blocked denied with the time left). Each
+    /// backend call bounded by the layer's `backend_timeout`.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -158,7 +161,29 @@ impl RateLimitHandle {
             }
         };
         let penalty = self.penalty_check(tier, &check);
-        let (d, now_us) = peek(check).await?;
+        // Under an override, what the next request would see: its quota's
+        // numbers on the key's state, or unlimited, or blocked.
+        let i = self
+            .shared()
+            .tier_index(tier)
+            .map_err(|_| InspectError::UnknownTier(tier.to_owned()))?;
+        let active = self.key_override(i, key).await?;
+        let overridden = match active.map(|a| a.effect) {
+            Some(crate::backend::override_rule::Effect::Limit(l)) => TierCheck {
+                limit: l,
+                ..check.clone()
+            },
+            _ => check.clone(),
+        };
+        let (mut d, now_us) = peek(overridden).await?;
+        match active.filter(|a| a.live(now_us)) {
+            Some(a) if !matches!(a.effect, crate::backend::override_rule::Effect::Limit(_)) => {
+                d = a.check(&check, None, now_us).0;
+            }
+            // Expired meanwhile: the tier's own quota.
+            None if active.is_some() => d = peek(check).await?.0,
+            _ => {}
+        }
         let mut status = KeyStatus::from_decision(&d, now_us);
         if let Some(p) = penalty {
             let (d, _) = peek(p).await?;

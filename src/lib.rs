@@ -106,7 +106,7 @@ mod tier;
 pub mod token_lease;
 
 pub use breaker::CircuitBreaker;
-pub use error::{BackendError, ConfigError};
+pub use error::{BackendError, ConfigError, PingError};
 pub use future::ResponseFuture;
 pub use handle::{Changes, RateLimitHandle, TierStatus};
 pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder, MAX_TIERS};

@@ -329,6 +329,48 @@ impl RateLimitHandle {
         Ok(existed)
     }
 
+    /// The override of `key` in tier `i` as a check applies it (the
+    /// effect, compiled for the tier's algorithm, and its expiry), expired
+    /// or not; `None` when it has none (or does not take overrides). For
+    /// [`peek`](Self::peek): one read of the tier's listing.
+    pub(crate) async fn key_override(
+        &self,
+        i: usize,
+        key: &str,
+    ) -> Result<Option<Active>, BackendError> {
+        let shared = self.shared();
+        let Some(t) = shared.tiers.get(i).filter(|t| t.overrides) else {
+            return Ok(None);
+        };
+        let index = format!("{}{KEY_SUFFIX}", t.key_base);
+        let timeout = shared.backend_timeout;
+        let raw = tokio::time::timeout(timeout, shared.backend.list_overrides(&index))
+            .await
+            .map_err(|_| BackendError::Timeout(timeout))??;
+        let Some(e) = raw
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(k, v)| parse_entry(k, &v))
+        else {
+            return Ok(None);
+        };
+        let effect = match e.rule {
+            Override::Quota(q) => {
+                match crate::engine::runtime::checked_limit(&t.name, t.algorithm, q, t.cost) {
+                    Ok(l) => Effect::Limit(l),
+                    // Set through set_override, so it compiled then.
+                    Err(_) => return Ok(None),
+                }
+            }
+            Override::Unlimited => Effect::Unlimited,
+            Override::Blocked => Effect::Blocked,
+        };
+        Ok(Some(Active {
+            effect,
+            until_us: e.expires_at_us.unwrap_or(0),
+        }))
+    }
+
     /// The overrides of `tier` that have not expired, by key.
     ///
     /// # Errors

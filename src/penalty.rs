@@ -6,8 +6,8 @@ use std::time::Duration;
 
 /// A tier's penalty box ([`Tier::penalty`](crate::Tier::penalty)): after
 /// `violations` denials of one key by the tier within `window`, the key is
-/// blocked for `block`; each repeat offence within `memory` of the previous
-/// block multiplies the block by `backoff`, up to `max_block`. While
+/// blocked for `block`; each repeat offence within `memory` after the end
+/// of the previous block multiplies the block by `backoff`, up to `max_block`. While
 /// blocked, every request of the key is denied (429) without touching the
 /// tier's rate state, and `Retry-After` / `X-RateLimit-Reset` say when the
 /// block ends. Blocks are fleet-wide on Redis (the same script call as the
@@ -76,7 +76,8 @@ impl Penalty {
         self
     }
 
-    /// How long after a block a new one is a repeat offence.
+    /// How long after a block's **end** a new one is a repeat offence
+    /// (whole seconds; a part of a second counts as one).
     #[must_use]
     pub fn memory(mut self, memory: Duration) -> Self {
         self.memory = memory;

@@ -458,3 +458,51 @@ async fn a_stream_holds_its_concurrency_slot_until_it_ends() {
     }
     assert!(freed, "the slot comes back once the stream ends");
 }
+
+/// A call whose cost (here from `x-cost` metadata) exceeds the tier's
+/// capacity can never pass: RESOURCE_EXHAUSTED without `RetryInfo` or
+/// `retry-after`, a message and a `QuotaFailure` violation that say so;
+/// nothing charged.
+#[tokio::test]
+async fn a_call_above_the_capacity_gets_no_retry_info() {
+    let layer = memory()
+        .tier(
+            Tier::new("api_key", ApiKey::header("x-api-key"), Quota::per_minute(2)).cost_fn(
+                |p: &http::request::Parts| {
+                    p.headers
+                        .get("x-cost")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(1)
+                },
+            ),
+        )
+        .docs_url("https://example.com/limits")
+        .build()
+        .unwrap();
+    let mut c = connect(serve_grpc(layer).await).await;
+    let s = refused(&mut c, check("", &[("x-api-key", "k1"), ("x-cost", "3")])).await;
+    assert_eq!(s.code(), Code::ResourceExhausted);
+    assert_eq!(
+        s.message(),
+        r#"request cost exceeds the capacity of 2 of tier "api_key": it can never pass"#
+    );
+    assert_eq!(numbers(s.metadata()), [Some(2), Some(2), Some(T0_S), None]);
+    let details = s.get_error_details();
+    assert!(details.retry_info().is_none());
+    let quota = details.quota_failure().expect("QuotaFailure");
+    assert_eq!(quota.violations.len(), 1);
+    assert_eq!(quota.violations[0].subject, "api_key");
+    assert_eq!(
+        quota.violations[0].description,
+        r#"cost_exceeds_capacity: the request costs more than the capacity of 2 of tier "api_key""#
+    );
+    assert_eq!(
+        details.help().expect("Help").links[0].url,
+        "https://example.com/limits"
+    );
+    // Nothing was charged.
+    assert_eq!(
+        allowed(&mut c, check("", &[("x-api-key", "k1")])).await,
+        [Some(2), Some(1), Some(T0_S + 30), None]
+    );
+}

@@ -266,3 +266,87 @@ async fn memory_redis_and_a_cluster_agree_on_random_override_sequences() {
         }
     }
 }
+
+/// Removing an override, or its expiry, never hands the key a fresh
+/// bucket: the key stays where its state was (its TAT carried over, as any
+/// quota change does), so a key the override denied is still denied by
+/// the tier's quota until its time; and `peek` answers what the next
+/// request would see: under an override, the override's numbers.
+async fn removal_keeps_state_and_peek_shows_the_override(backend: Backend, clock: ManualClock) {
+    let (h, addr) = app_on(backend).await;
+    let hour = Override::Quota(Quota::per_hour(1));
+    h.set_override("ip", IP, hour, None, "ops").await.unwrap();
+    assert_eq!(hit(addr).await, ok(1, 0, T0_S + 3600));
+    assert_eq!(hit(addr).await, denied(1, 0, T0_S + 3600, 3600));
+    let s = h.peek("ip", IP).await.unwrap();
+    assert_eq!(
+        (s.allowed, s.limit, s.remaining, s.retry_after),
+        (false, 1, 0, Duration::from_secs(3600))
+    );
+    // Removed: the tier's 3 a minute on the same state (an hour until
+    // full): still denied, until 40 s before that hour is over (a 3-token
+    // bucket has a token then), not a fresh bucket.
+    assert!(h.remove_override("ip", IP, "ops").await.unwrap());
+    let s = h.peek("ip", IP).await.unwrap();
+    assert_eq!(
+        (s.allowed, s.limit, s.remaining, s.retry_after),
+        (false, 3, 0, Duration::from_secs(3560))
+    );
+    assert_eq!(hit(addr).await, denied(3, 0, T0_S + 3560, 3560));
+    // An override that expires: the same. Full again an hour later; then
+    // 1 an hour for a minute, spent and denied.
+    clock.advance(Duration::from_secs(3600));
+    let now = T0_S + 3600;
+    h.set_override("ip", IP, hour, Some(Duration::from_secs(60)), "ops")
+        .await
+        .unwrap();
+    assert_eq!(hit(addr).await, ok(1, 0, now + 3600));
+    assert_eq!(hit(addr).await, denied(1, 0, now + 3600, 3600));
+    clock.advance(Duration::from_secs(60));
+    let now = now + 60;
+    let s = h.peek("ip", IP).await.unwrap();
+    assert_eq!(
+        (s.allowed, s.limit, s.remaining, s.retry_after),
+        (false, 3, 0, Duration::from_secs(3500))
+    );
+    assert_eq!(hit(addr).await, denied(3, 0, now + 3500, 3500));
+    // Blocked and unlimited, peeked: what the next request would get.
+    h.set_override(
+        "ip",
+        IP,
+        Override::Blocked,
+        Some(Duration::from_secs(120)),
+        "ops",
+    )
+    .await
+    .unwrap();
+    let s = h.peek("ip", IP).await.unwrap();
+    assert_eq!(
+        (s.allowed, s.limit, s.remaining, s.retry_after),
+        (false, 3, 0, Duration::from_secs(120))
+    );
+    assert_eq!(hit(addr).await, denied(3, 0, now + 120, 120));
+    h.set_override("ip", IP, Override::Unlimited, None, "ops")
+        .await
+        .unwrap();
+    let s = h.peek("ip", IP).await.unwrap();
+    assert_eq!((s.allowed, s.limit, s.remaining), (true, 3, 3));
+    assert_eq!(hit(addr).await, ok(3, 3, now));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removal_keeps_state_in_memory() {
+    let clock = ManualClock::new(T0_US);
+    let b = MemoryBackend::with_manual_clock(clock.clone()).into();
+    removal_keeps_state_and_peek_shows_the_override(b, clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removal_keeps_state_on_redis() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    // The compact format, as the other Redis tests of this file (the
+    // legacy strings start a bucket of another unit full: docs/redis.md).
+    let b = redis_backend(&redis.url(), &clock);
+    removal_keeps_state_and_peek_shows_the_override(b, clock).await;
+}

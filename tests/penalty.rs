@@ -135,3 +135,55 @@ async fn login_brute_force_on_a_cluster() {
         .with_test_ttl_slack(Duration::from_secs(7200));
     login_brute_force(b.into(), clock).await;
 }
+
+/// `memory` counts from the END of the previous block: with a block as
+/// long as `memory` (10 minutes), an offence one second after the block
+/// ends is a repeat, blocked twice as long. (Counted from the block's
+/// start, as before, such a block never escalated.)
+async fn memory_counts_from_the_block_end(backend: Backend, clock: ManualClock) {
+    let layer = RateLimitLayer::builder()
+        .backend(backend)
+        .backend_timeout(Duration::from_secs(2))
+        .tier(
+            Tier::new("login_ip", ClientIp::default(), Quota::per_minute(1)).penalty(
+                Penalty::new(1, Duration::from_secs(60), Duration::from_secs(600))
+                    .memory(Duration::from_secs(600))
+                    .max_block(Duration::from_secs(3600)),
+            ),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(Router::new().route("/login", post(login)).layer(layer)).await;
+    assert_eq!(attempt(addr, "a").await, failed(1, 0, T0_S + 60));
+    // The first offence: 10 minutes.
+    assert_eq!(attempt(addr, "b").await, denied(1, 0, T0_S + 600, 600));
+    // One second after the block's end (601 s after its start).
+    clock.advance(Duration::from_secs(601));
+    let now = T0_S + 601;
+    assert_eq!(attempt(addr, "c").await, failed(1, 0, now + 60));
+    // A repeat offence: 20 minutes.
+    assert_eq!(attempt(addr, "d").await, denied(1, 0, now + 1200, 1200));
+    // `memory` after that block's end: forgotten, 10 minutes again.
+    clock.advance(Duration::from_secs(1200 + 600));
+    let now = now + 1800;
+    assert_eq!(attempt(addr, "e").await, failed(1, 0, now + 60));
+    assert_eq!(attempt(addr, "f").await, denied(1, 0, now + 600, 600));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_counts_from_the_block_end_in_memory() {
+    let clock = ManualClock::new(T0_US);
+    let b = MemoryBackend::with_manual_clock(clock.clone());
+    memory_counts_from_the_block_end(b.into(), clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_counts_from_the_block_end_on_redis() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let b = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(clock.clone())
+        .with_test_ttl_slack(Duration::from_secs(7200));
+    memory_counts_from_the_block_end(b.into(), clock).await;
+}

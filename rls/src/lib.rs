@@ -134,7 +134,12 @@ fn response(a: &Answer) -> RateLimitResponse {
             } else {
                 u32::try_from(s.remaining).unwrap_or(u32::MAX)
             },
-            duration_until_reset: s.limit.as_ref().map(|_| proto_duration(s.until_reset)),
+            // A cost above the rule's capacity never passes: no reset to wait for.
+            duration_until_reset: s
+                .limit
+                .as_ref()
+                .filter(|_| !s.exceeds_capacity)
+                .map(|_| proto_duration(s.until_reset)),
             quota: None,
         })
         .collect();
@@ -142,8 +147,26 @@ fn response(a: &Answer) -> RateLimitResponse {
     if let Some(h) = &a.headers {
         h.write(&mut headers);
     }
+    // A descriptor whose cost exceeds its rule's capacity never passes:
+    // the 429's body says so (Envoy sends `raw_body` as the local reply).
+    let raw_body = a
+        .statuses
+        .iter()
+        .find(|s| s.exceeds_capacity)
+        .and_then(|s| s.limit.as_ref())
+        .map(|l| {
+            format!(
+                // Rule names are `[A-Za-z0-9_-]` (checked when built): no escaping.
+                "{{\"error\":\"cost_exceeds_capacity\",\"rule\":\"{}\",\"limit\":{}}}",
+                l.name,
+                l.quota.burst_size()
+            )
+            .into_bytes()
+        })
+        .unwrap_or_default();
     RateLimitResponse {
         overall_code: code(a.overall).into(),
+        raw_body,
         statuses,
         response_headers_to_add: headers
             .iter()

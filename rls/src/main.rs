@@ -14,6 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use tiered_ratelimit::backend::{Backend, MemoryBackend};
 use tiered_ratelimit::descriptor::RulesPolicy;
+use tiered_ratelimit::FailurePolicy;
 use tiered_ratelimit_rls::{serve, Rls};
 
 /// The Envoy rate limit service (envoy.service.ratelimit.v3) on tiered-ratelimit.
@@ -63,6 +64,26 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             "memory (this process only)".to_owned(),
         ),
     };
+    // Said at start-up, not on the first call: a backend that does not
+    // answer refuses the start under `closed` (every call would fail), and
+    // is one WARN line otherwise.
+    let timeout = std::time::Duration::from_millis(policy.backend_timeout_ms)
+        .max(std::time::Duration::from_secs(1));
+    if let Err(e) = backend.ping(timeout).await {
+        match policy.failure_policy {
+            FailurePolicy::Closed => {
+                return Err(
+                    format!("failure_policy = \"closed\" and {e}: refusing to start").into(),
+                )
+            }
+            FailurePolicy::Fallback => tracing::warn!(
+                "{e}: calls are decided by the local fallback limiter until it answers"
+            ),
+            _ => tracing::warn!(
+                "{e}: calls are answered OK (failure_policy = \"open\") until it answers"
+            ),
+        }
+    }
     let rules = policy.rules.len();
     // The recorder first: what the limiter registers when it is built (the
     // mode gauges, lease counters at 0, every series' HELP text) is then

@@ -336,3 +336,168 @@ period = "1h"
     assert!(stderr.contains("unknown field `limt`"), "{stderr}");
     let _ = std::fs::remove_file(&config);
 }
+
+/// A rules file whose `[redis]` URL points where nothing listens.
+fn unreachable_rules(failure_policy: &str) -> tempfile_path::Path {
+    let port = free_port();
+    tempfile_path::write(&format!(
+        r#"
+domain = "edge"
+failure_policy = "{failure_policy}"
+[redis]
+url = "redis://127.0.0.1:{port}/"
+[[rule]]
+name = "per_ip"
+match = [{{ key = "remote_address" }}]
+limit = 2
+period = "1m"
+"#
+    ))
+}
+
+/// Temporary rules files, removed on drop.
+mod tempfile_path {
+    pub struct Path(pub std::path::PathBuf);
+    impl Drop for Path {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    pub fn write(text: &str) -> Path {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "rls-unreachable-{}-{}.toml",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&p, text).unwrap();
+        Path(p)
+    }
+}
+
+/// An unreachable Redis at start-up: under `closed` the service refuses
+/// to start (exit 1, one line naming the address); under `open` it starts,
+/// says so in one WARN line naming the address, and serves.
+#[tokio::test]
+async fn unreachable_redis_at_start_up_is_said_at_start_up() {
+    let rules = unreachable_rules("closed");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+        .arg("--config")
+        .arg(&rules.0)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .args(["--metrics", "none"])
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tiered-ratelimit-rls");
+    // It must exit by itself (a service that starts would serve for ever).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            panic!("started instead of refusing to start");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = strip_ansi(&String::from_utf8(out.stderr).unwrap());
+    let text = std::fs::read_to_string(&rules.0).unwrap();
+    let port = text
+        .split("127.0.0.1:")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    // The client retries a refused connect until the ping's 1 s is over.
+    assert_eq!(
+        lines[0],
+        format!(
+            "tiered-ratelimit-rls: failure_policy = \"closed\" and backend redis at \
+             127.0.0.1:{port} unreachable: backend timed out after 1s: refusing to start"
+        ),
+    );
+
+    let rules = unreachable_rules("open");
+    let (grpc, metrics) = (free_port(), free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+        .arg("--config")
+        .arg(&rules.0)
+        .args(["--listen", &format!("127.0.0.1:{grpc}")])
+        .args(["--metrics", &format!("127.0.0.1:{metrics}")])
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn tiered-ratelimit-rls");
+    let ch = ready(grpc).await;
+    // Open: a call of a limited rule is answered OK, without limits.
+    let r = RateLimitServiceClient::new(ch)
+        .should_rate_limit(RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "remote_address".into(),
+                    value: "192.0.2.1".into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses.len(), 1);
+    assert_eq!(r.statuses[0].current_limit, None);
+    child.kill().unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let text = std::fs::read_to_string(&rules.0).unwrap();
+    let port = text
+        .split("127.0.0.1:")
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap();
+    let all = strip_ansi(&format!("{stdout}{stderr}"));
+    let warned: Vec<&str> = all
+        .lines()
+        .filter(|l| l.contains(" WARN ") && l.contains("unreachable"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{all}");
+    assert!(
+        warned[0].ends_with(&format!(
+            "backend redis at 127.0.0.1:{port} unreachable: backend timed out after 1s: calls \
+             are answered OK (failure_policy = \"open\") until it answers"
+        )),
+        "{all}"
+    );
+}
+
+/// `text` without ANSI colour sequences (`ESC [ ... m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

@@ -498,3 +498,58 @@ async fn a_leased_rule_saves_calls_never_exceeds_its_quota_and_returns_its_token
     }
     assert_eq!(allowed + after, 100, "{allowed} admitted, then {after}");
 }
+
+/// A descriptor whose cost (`hits_addend` 3) exceeds its rule's capacity
+/// (2) can never pass: over the limit with no `duration_until_reset`, no
+/// `retry-after` header, and a 429 body that says why; the rule's bucket
+/// is untouched.
+async fn cost_above_capacity_is_never_told_to_retry(addr: SocketAddr) {
+    let mut c = connect(addr).await;
+    let mut big = req("edge", vec![d(&[("remote_address", "192.0.2.9")])]);
+    big.hits_addend = 3;
+    for _ in 0..2 {
+        let r = call(&mut c, big.clone()).await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32);
+        assert_eq!(
+            r.statuses,
+            vec![DescriptorStatus {
+                duration_until_reset: None,
+                ..limited(Code::OverLimit, "per_ip", 2, 2, 0)
+            }]
+        );
+        assert_eq!(
+            r.response_headers_to_add,
+            vec![
+                header("ratelimit-policy", r#""per_ip";q=2;w=60"#),
+                header("ratelimit", r#""per_ip";r=2;t=0"#),
+            ]
+        );
+        assert_eq!(
+            String::from_utf8(r.raw_body).unwrap(),
+            r#"{"error":"cost_exceeds_capacity","rule":"per_ip","limit":2}"#
+        );
+    }
+    // Nothing was charged: a request of cost 1 sees the full bucket.
+    let r = call(
+        &mut c,
+        req("edge", vec![d(&[("remote_address", "192.0.2.9")])]),
+    )
+    .await;
+    assert_eq!(r.statuses, vec![limited(Code::Ok, "per_ip", 2, 1, 30)]);
+    assert!(r.raw_body.is_empty());
+}
+
+#[tokio::test]
+async fn cost_above_capacity_in_memory() {
+    let backend = MemoryBackend::with_manual_clock(ManualClock::new(T0_US));
+    cost_above_capacity_is_never_told_to_retry(start(RULES, backend).await).await;
+}
+
+#[tokio::test]
+async fn cost_above_capacity_on_redis() {
+    let redis = RedisServer::start();
+    let backend = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(ManualClock::new(T0_US));
+    cost_above_capacity_is_never_told_to_retry(start(RULES, backend).await).await;
+}

@@ -1,6 +1,6 @@
 //! The penalty box of a tier: after `violations` denials of one key by the
 //! tier within `window`, the key is **blocked** for `block`; each repeat
-//! offence within `memory` of the previous block multiplies the block by
+//! offence within `memory` after the END of the previous block multiplies the block by
 //! `backoff` (capped at `max_block`). While blocked, every request of the
 //! key is denied, whatever the tier's rate state (which is not touched:
 //! nothing is charged), and `Retry-After` is the block's end.
@@ -34,7 +34,7 @@ pub struct PenaltyBox {
     pub block_us: u64,
     /// The factor a repeat offence multiplies the block by (1..1024).
     pub backoff: u64,
-    /// How long after a block a new one counts as a repeat offence, µs.
+    /// How long after a block's end a new one counts as a repeat offence, µs.
     pub memory_us: u64,
     /// The longest block, µs.
     pub max_block_us: u64,
@@ -102,14 +102,15 @@ impl PenaltyBox {
             let ttl = ttl.max(self.memory_left(&s, now_us));
             return (allowed(self), Some((s, ttl)));
         }
-        // The block.
-        let repeat = s.offences > 0 && s.last_block_us + self.memory_us > now_us;
+        // The block: a repeat offence when within `memory` of the END of
+        // the previous block.
+        let repeat = s.offences > 0 && s.blocked_until_us + self.memory_us > now_us;
         s.offences = if repeat { s.offences + 1 } else { 1 };
         let len = self.block_for(s.offences);
         s.strikes.clear();
         s.blocked_until_us = now_us + len;
         s.last_block_us = now_us;
-        let ttl = len.max(self.memory_us);
+        let ttl = len.saturating_add(self.memory_us);
         (denied(self, len), Some((s, ttl)))
     }
 
@@ -126,12 +127,13 @@ impl PenaltyBox {
             .max(self.memory_left(s, now_us))
     }
 
-    /// Until the last block is forgotten (0 when none).
+    /// Until the last block is forgotten, `memory` after its end (0 when
+    /// none).
     fn memory_left(&self, s: &PenaltyState, now_us: u64) -> u64 {
         if s.offences == 0 {
             return 0;
         }
-        (s.last_block_us + self.memory_us).saturating_sub(now_us)
+        (s.blocked_until_us.saturating_add(self.memory_us)).saturating_sub(now_us)
     }
 }
 
@@ -206,5 +208,38 @@ mod tests {
         }
         assert_eq!(strike(&mut state, 3_002 * S).retry_after_us, 3_000 * S);
         assert_eq!(P.block_for(10), 3_000 * S);
+    }
+
+    /// `memory` counts from the END of the previous block: with a block as
+    /// long as `memory`, an offence right after the block ends is a repeat
+    /// (counted from the block's start, as before, it never was).
+    #[test]
+    fn memory_counts_from_the_end_of_the_previous_block() {
+        let p = PenaltyBox {
+            violations: 1,
+            window_us: 60 * S,
+            block_us: 600 * S,
+            backoff: 2,
+            memory_us: 600 * S,
+            max_block_us: 86_400 * S,
+        };
+        let (d, s) = p.check(None, 0, false);
+        assert_eq!(d.retry_after_us, 600 * S);
+        let (s, ttl) = s.unwrap();
+        // Kept until the memory after the block's end is over.
+        assert_eq!(ttl, 1_200 * S);
+        assert_eq!(p.ttl(&s, 0), 1_200 * S);
+        // 1 s after the block ended: a repeat offence, 20 minutes.
+        let (d, s2) = p.check(Some(&s), 601 * S, false);
+        assert_eq!(d.retry_after_us, 1_200 * S);
+        let (s2, ttl) = s2.unwrap();
+        assert_eq!((s2.offences, ttl), (2, 1_800 * S));
+        // `memory` after the block's end (1 200 s from its start): forgotten.
+        let (d, s3) = p.check(Some(&s), 1_200 * S, false);
+        assert_eq!(d.retry_after_us, 600 * S);
+        assert_eq!(s3.unwrap().0.offences, 1);
+        // Within it, one microsecond earlier: still a repeat.
+        let (d, _) = p.check(Some(&s), 1_200 * S - 1, false);
+        assert_eq!(d.retry_after_us, 1_200 * S);
     }
 }

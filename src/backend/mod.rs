@@ -316,6 +316,44 @@ impl Backend {
         }
     }
 
+    /// Connects (if not yet connected) and sends one `PING`, within
+    /// `timeout`: whether the backend answers now. Nothing else depends on
+    /// it (a backend connects on first use, and requests follow the
+    /// failure policy while it is down); call it at start-up to say so
+    /// then, rather than on the first request (or use
+    /// [`RateLimitLayerBuilder::build_checked`](crate::RateLimitLayerBuilder::build_checked)).
+    /// The memory backend always answers. Returns the round trip.
+    ///
+    /// # Errors
+    /// A [`PingError`](crate::PingError) naming the backend (a Redis
+    /// address without credentials) and the cause: no connection, a
+    /// timeout, an error reply.
+    pub async fn ping(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<std::time::Duration, crate::PingError> {
+        let started = std::time::Instant::now();
+        match self {
+            Backend::Memory(_) => {
+                let _ = timeout;
+                Ok(started.elapsed())
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => {
+                let answer = match tokio::time::timeout(timeout, r.ping()).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(BackendError::Timeout(timeout)),
+                };
+                answer
+                    .map(|()| started.elapsed())
+                    .map_err(|source| crate::PingError {
+                        backend: r.describe(),
+                        source,
+                    })
+            }
+        }
+    }
+
     /// `"memory"` or `"redis"` (the `backend` metrics label).
     pub fn name(&self) -> &'static str {
         match self {

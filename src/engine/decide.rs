@@ -7,7 +7,7 @@ use crate::algorithm::Decision as TierResult;
 use crate::backend::Verdict;
 use crate::observe::RequestDecision;
 use crate::observe::{TierCount, TierDecision};
-use crate::response::{HeaderStyle, RateLimitHeaders, Rejection};
+use crate::response::{HeaderStyle, RateLimitHeaders, Rejection, RejectionReason};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,17 +42,21 @@ pub(crate) fn decide(
             }
         }
     }
-    // Binding tier: the enforced denying tier with the longest wait (first on a tie).
-    let mut binding: Option<(usize, &TierResult)> = None;
+    // Binding tier: the enforced denying tier with the longest wait (first
+    // on a tie); one whose cost exceeds its capacity waits for ever.
+    let mut binding: Option<(usize, &TierResult, bool)> = None;
     for (i, d) in ds.iter().enumerate() {
         if d.allowed || meta.shadow.contains(i) {
             continue;
         }
-        if binding.is_none_or(|(_, b)| d.retry_after_us > b.retry_after_us) {
-            binding = Some((i, d));
+        let never = never_fits(meta, i, d);
+        if binding
+            .is_none_or(|(_, b, b_never)| (never, d.retry_after_us) > (b_never, b.retry_after_us))
+        {
+            binding = Some((i, d, never));
         }
     }
-    let Some((i, d)) = binding else {
+    let Some((i, d, _)) = binding else {
         // Headers describe the tier with the least remaining (on a tie, the one
         // that takes longest to refill), among enforced tiers and, when asked
         // for, observing ones.
@@ -110,6 +114,48 @@ pub(crate) fn decide(
     denial.shadow_tiers = shadow_tiers;
     denial.details = details(meta, v);
     Decision::Block(Block::Limited(denial))
+}
+
+/// Whether check `i`'s result `d` is a denial that no wait can lift: its
+/// cost is above the capacity of its limit (and of the limit the backend
+/// applied, which an override may have raised).
+pub(crate) fn never_fits(meta: &Meta, i: usize, d: &TierResult) -> bool {
+    !d.allowed
+        && meta.sent.get(i).is_some_and(|c| {
+            !c.limit.is_penalty()
+                && !c.limit.is_override()
+                && c.cost > c.limit.capacity()
+                && c.cost > d.limit
+        })
+}
+
+/// The counter of requests denied because their cost exceeds the binding
+/// tier's capacity (label `tier`).
+pub(crate) const COST_EXCEEDS_CAPACITY: &str = "tiered_ratelimit_cost_exceeds_capacity_total";
+
+/// Counts a request whose cost exceeds tier `t`'s capacity, and logs it
+/// once per tier (a likely misconfiguration).
+#[cold]
+#[inline(never)]
+fn count_never_fits(t: Option<&super::runtime::BuiltTier>, tier: &Arc<str>, limit: u64) {
+    metrics::counter!(COST_EXCEEDS_CAPACITY, "tier" => tier.clone()).increment(1);
+    let Some(t) = t else {
+        return;
+    };
+    if t.cost_exceeded_logged
+        .swap(true, std::sync::atomic::Ordering::Relaxed)
+    {
+        return;
+    }
+    tracing::warn!(target: super::LOG_TARGET,
+        tier = %tier,
+        capacity = limit,
+        "rate limiter: tier \"{tier}\" denied a request whose cost exceeds its capacity of \
+         {limit}: it can never pass, answered 429 without Retry-After (counted in \
+         {COST_EXCEEDS_CAPACITY}); likely a misconfiguration: a burst below the largest cost \
+         a client may send, or a cost function returning more than the burst \
+         (logged once per tier)",
+    );
 }
 
 /// Whether check `i` is a penalty box or an override's read (checks of
@@ -236,8 +282,24 @@ pub(crate) fn reject(
     violated: Vec<Arc<str>>,
 ) -> Denial {
     let tier = meta.tier_name(shared, i);
-    let headers = headers_for(shared, meta, i, d, now_us, true);
-    let retry_after = headers.retry_after.unwrap_or(1);
+    let mut headers = headers_for(shared, meta, i, d, now_us, true);
+    let reason = if never_fits(meta, i, d) {
+        count_never_fits(meta.tier(shared, i), &tier, d.limit);
+        // No wait lets it pass: no Retry-After to retry for ever on; the
+        // reset fields say when the tier is full again (which is all a
+        // smaller request needs).
+        headers.retry_after = None;
+        headers.reset_in = ceil_secs(d.reset_after_us);
+        headers.window_in = headers.reset_in;
+        headers.reset = ceil_secs(now_us.saturating_add(d.reset_after_us));
+        RejectionReason::CostExceedsCapacity
+    } else {
+        RejectionReason::QuotaExceeded
+    };
+    let retry_after = match reason {
+        RejectionReason::CostExceedsCapacity => 0,
+        _ => headers.retry_after.unwrap_or(1),
+    };
     if count_limited {
         shared.count(RequestDecision::Limited);
     }
@@ -261,6 +323,7 @@ pub(crate) fn reject(
         reset: headers.reset,
         retry_after,
         docs_url: shared.docs_url.clone(),
+        reason,
     };
     Denial {
         check: i,
@@ -281,6 +344,13 @@ fn details(meta: &Meta, v: &Verdict) -> Option<Box<Details>> {
                 .zip(&v.decisions)
                 .map(|(&t, d)| (usize::from(t), *d))
                 .collect(),
+            never_fits: v
+                .decisions
+                .iter()
+                .enumerate()
+                .take(64)
+                .filter(|(i, d)| never_fits(meta, *i, d))
+                .fold(0, |m, (i, _)| m | 1 << i),
         })
     })
 }

@@ -66,6 +66,9 @@ pub(crate) struct Allow {
 pub(crate) struct Details {
     /// Per check: its tier index, and the tier's decision.
     pub(crate) checks: Vec<(usize, crate::algorithm::Decision)>,
+    /// Bit per check: a denial whose cost exceeds the tier's capacity
+    /// (see `decide::never_fits`).
+    pub(crate) never_fits: u64,
 }
 
 impl Allow {

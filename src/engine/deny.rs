@@ -212,7 +212,10 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         // than the round trip) is of no use, and as a lapsed entry it would
         // only make the next requests wait a round trip for nothing.
         let until_us = meta.sent_us.saturating_add(wait_us);
+        // A cost above the capacity is never cached: its 429 says it can
+        // never pass (decide::never_fits), which a cached entry cannot.
         let exact = wait_us > 0
+            && *cost <= limit.capacity()
             && stays_exact(limit, *cost, d.remaining)
             && meta
                 .tier(shared, i)

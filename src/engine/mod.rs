@@ -26,6 +26,7 @@ pub(crate) mod deny;
 pub(crate) mod facts;
 pub(crate) mod lease;
 pub(crate) mod leased;
+pub(crate) mod no_key;
 pub(crate) mod outcome;
 pub(crate) mod plan;
 pub(crate) mod runtime;

@@ -154,10 +154,21 @@ pub(crate) struct TierPlan<'r> {
     pub(crate) plan: Option<&'r PlanRuntime>,
 }
 
+/// What [`plan_tier`] found for one tier.
+pub(crate) enum TierStep<'r> {
+    /// Check it so.
+    Check(TierPlan<'r>),
+    /// It does not apply to this request (mode, method, cost).
+    Skip,
+    /// It would, but its extractor found no key.
+    NoKey,
+}
+
 /// Whether tier `i` (`t`, `r`) checks the request of `facts`, and how. `key` is set to the
-/// storage key (`<prefix>:<tier>:<part>`). `None`: the tier does not apply
-/// (its mode is off, it does not count the method, the cost is 0, or the
-/// extractor found no key). `fallback`: the local fallback's limits.
+/// storage key (`<prefix>:<tier>:<part>`). [`TierStep::Skip`]: the tier does
+/// not apply (its mode is off, it does not count the method, the cost is
+/// 0); [`TierStep::NoKey`]: the extractor found no key. `fallback`: the
+/// local fallback's limits.
 ///
 /// # Errors
 /// The extractor could not run.
@@ -170,14 +181,14 @@ pub(crate) fn plan_tier<'r>(
     facts: &impl Facts,
     fallback: bool,
     key: &mut String,
-) -> Result<Option<TierPlan<'r>>, KeyError> {
+) -> Result<TierStep<'r>, KeyError> {
     let tier_mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);
     let mode = tier_mode.under(global);
     if mode == Mode::Off {
-        return Ok(None);
+        return Ok(TierStep::Skip);
     }
     let cost = match facts.cost_at(i, n) {
-        None | Some(0) => return Ok(None),
+        None | Some(0) => return Ok(TierStep::Skip),
         Some(cost) => cost,
     };
     key.clear();
@@ -186,7 +197,7 @@ pub(crate) fn plan_tier<'r>(
     key.reserve(t.key_base.len() + 40);
     key.push_str(&t.key_base);
     if !facts.key_at(i, n, &mut crate::key::KeyWriter::new(key))? {
-        return Ok(None);
+        return Ok(TierStep::NoKey);
     }
     let plan = if r.plans.is_empty() {
         None
@@ -201,7 +212,7 @@ pub(crate) fn plan_tier<'r>(
         (None, false) => r.limit,
         (None, true) => r.fallback,
     };
-    Ok(Some(TierPlan {
+    Ok(TierStep::Check(TierPlan {
         limit,
         cost: cost.min(limit.capacity().saturating_add(1)),
         enforced: mode.enforces(&t.name, &key[t.key_base.len()..]),
@@ -317,8 +328,19 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
             break;
         }
         let tp = match plan_tier((i, t, r), n, &ov, global, facts, fallback, &mut key) {
-            Ok(Some(tp)) => tp,
-            Ok(None) => continue,
+            Ok(TierStep::Check(tp)) => {
+                if purpose == Purpose::Check {
+                    t.no_key.keyed();
+                }
+                tp
+            }
+            Ok(TierStep::Skip) => continue,
+            Ok(TierStep::NoKey) => {
+                if purpose == Purpose::Check {
+                    super::no_key::no_key(t);
+                }
+                continue;
+            }
             Err(e) => {
                 // The tier cannot be computed for this request: the failure
                 // policy decides it alone (see `KeyError`). The fallback's

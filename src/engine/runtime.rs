@@ -65,6 +65,10 @@ pub(crate) struct BuiltTier {
     /// Whether each check is preceded by a read of the key's override (key
     /// `<key>{ov}`; see [`crate::overrides`]).
     pub(crate) overrides: bool,
+    /// Its first requests without a key (see `engine/no_key.rs`).
+    pub(crate) no_key: super::no_key::NoKeyWatch,
+    /// Whether a request whose cost exceeds its capacity was logged.
+    pub(crate) cost_exceeded_logged: std::sync::atomic::AtomicBool,
 }
 
 /// Which requests a tier gives its charge back to, once their result is

@@ -72,4 +72,12 @@ impl KeyExtractor for ApiKey {
         super::push_hex128(out.trusted(), xxhash_rust::xxh3::xxh3_128(v));
         Ok(true)
     }
+
+    fn no_key_cause(&self) -> Option<String> {
+        Some(format!(
+            "no request carried a non-empty `{}` header: check the header's name, and that \
+             no proxy in front of the app strips it",
+            self.header
+        ))
+    }
 }

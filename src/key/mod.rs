@@ -155,6 +155,15 @@ pub trait KeyExtractor: Send + Sync + 'static {
             None => false,
         })
     }
+
+    /// The likely cause, for the one `WARN` line of a tier that found no
+    /// key on every one of its first requests
+    /// ([`no_key_warning_after`](crate::RateLimitLayerBuilder::no_key_warning_after)):
+    /// what to check, in a sentence. Asked once, when the layer is built.
+    /// The default (`None`) logs a generic cause.
+    fn no_key_cause(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Where a [`KeyExtractor`] writes a request's key part: the storage key

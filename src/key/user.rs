@@ -84,6 +84,15 @@ impl KeyExtractor for User {
             None => false,
         })
     }
+
+    fn no_key_cause(&self) -> Option<String> {
+        Some(
+            "no request carried a `UserId`: the auth middleware that inserts it must run \
+             BEFORE the limiter, so it must wrap it (with axum, add the auth layer after the \
+             limiter's: `.layer(limiter).layer(auth)`); placed inside the limiter it runs too late"
+                .to_owned(),
+        )
+    }
 }
 
 /// The request's [`UserId`].

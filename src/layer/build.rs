@@ -32,6 +32,62 @@ impl RateLimitLayerBuilder {
     /// quota too large to count exactly, an invalid key prefix, a
     /// [`client_ip`](Self::client_ip) with an IPv6 prefix above 128.
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        self.build_inner()
+    }
+
+    /// [`build`](Self::build), then one [`Backend::ping`] (within the
+    /// backend timeout, at least 1 s for the first connection): a backend
+    /// that does not answer at start-up is said at start-up, not on the
+    /// first request. Under [`FailurePolicy::Closed`](crate::FailurePolicy::Closed)
+    /// it is an error (every request would get 503); under the other
+    /// policies one `WARN` line naming the backend and what the requests
+    /// will get, and the layer (the backend connects when it can).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// use tiered_ratelimit::{key::Global, FailurePolicy, Quota, RateLimitLayer, Tier};
+    /// use tiered_ratelimit::backend::RedisBackend;
+    ///
+    /// // Nothing listens on port 1.
+    /// let redis = RedisBackend::from_url("redis://127.0.0.1:1/").unwrap();
+    /// let err = RateLimitLayer::builder()
+    ///     .backend(redis)
+    ///     .failure_policy(FailurePolicy::Closed)
+    ///     .tier(Tier::new("global", Global, Quota::per_second(10)))
+    ///     .build_checked()
+    ///     .await
+    ///     .unwrap_err();
+    /// assert!(err.to_string().contains("redis at 127.0.0.1:1"));
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// Any of [`build`](Self::build)'s, and
+    /// [`ConfigError::BackendUnreachable`] under `Closed`.
+    pub async fn build_checked(self) -> Result<RateLimitLayer, ConfigError> {
+        let timeout = self.backend_timeout.max(Duration::from_secs(1));
+        let policy = self.failure_policy;
+        let layer = self.build_inner()?;
+        if let Err(e) = layer.shared.backend.ping(timeout).await {
+            if policy == crate::FailurePolicy::Closed {
+                return Err(ConfigError::BackendUnreachable(e));
+            }
+            let then = match policy {
+                crate::FailurePolicy::Fallback => {
+                    "requests are decided by the local fallback limiter until it answers"
+                }
+                _ => "requests pass unlimited (failure_policy = \"open\") until it answers",
+            };
+            tracing::warn!(target: "tiered_ratelimit::layer::build",
+                backend = %e.backend,
+                "rate limiter backend unreachable at start-up: {e}; {then}",
+            );
+        }
+        Ok(layer)
+    }
+
+    fn build_inner(self) -> Result<RateLimitLayer, ConfigError> {
         self.client_ip.check()?;
         let prefix = self.key_prefix;
         if prefix.is_empty()
@@ -119,6 +175,7 @@ impl RateLimitLayerBuilder {
                 fallback,
                 plans,
             });
+            let no_key_cause = t.key.no_key_cause();
             http_tiers.push(HttpTier {
                 key: t.key,
                 cost: t.cost,
@@ -126,9 +183,18 @@ impl RateLimitLayerBuilder {
                 methods: t.methods.map(Vec::into_boxed_slice),
                 plan_fn: t.plan_fn,
             });
+            let name = Arc::<str>::from(t.name.as_str());
+            crate::engine::no_key::register(&name);
+            metrics::counter!(crate::engine::decide::COST_EXCEEDS_CAPACITY, "tier" => name.clone())
+                .increment(0);
             tiers.push(BuiltTier {
+                no_key: crate::engine::no_key::NoKeyWatch::new(
+                    self.no_key_warn_after,
+                    no_key_cause,
+                ),
+                cost_exceeded_logged: std::sync::atomic::AtomicBool::new(false),
                 key_base: format!("{prefix}:{}:", t.name),
-                name: Arc::from(t.name),
+                name,
                 key_type: t.key_type,
                 key_error_log: LogThrottle::new(Duration::from_secs(60)),
                 algorithm: t.algorithm,

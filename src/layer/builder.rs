@@ -44,6 +44,7 @@ pub struct RateLimitLayerBuilder {
     pub(super) fleet_top_n: bool,
     pub(super) fleet_flush_interval: Duration,
     pub(super) fleet_pending_keys: usize,
+    pub(super) no_key_warn_after: u64,
     #[cfg(feature = "grpc")]
     pub(super) protocol: crate::grpc::Protocol,
 }
@@ -76,6 +77,7 @@ impl Default for RateLimitLayerBuilder {
             fleet_top_n: true,
             fleet_flush_interval: Duration::from_secs(1),
             fleet_pending_keys: 10_000,
+            no_key_warn_after: crate::engine::no_key::DEFAULT_WARN_AFTER,
             #[cfg(feature = "grpc")]
             protocol: crate::grpc::Protocol::Auto,
         }
@@ -277,6 +279,20 @@ impl RateLimitLayerBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
     pub fn protocol(mut self, protocol: crate::grpc::Protocol) -> Self {
         self.protocol = protocol;
+        self
+    }
+
+    /// After how many requests in a row from the start on which a tier had
+    /// no key (its extractor returned none, so the tier never applied) the
+    /// layer logs one `WARN` naming the tier and the likely cause (for a
+    /// [`User`](crate::key::User) tier: the auth middleware placed inside
+    /// the limiter instead of outside it; for an
+    /// [`ApiKey`](crate::key::ApiKey) tier: a header no client sends).
+    /// Default 1000 requests; 0 never warns. Every keyless request is
+    /// counted in `tiered_ratelimit_tier_no_key_total{tier}` whatever this
+    /// says. Policy file: `no_key_warn_after`.
+    pub fn no_key_warning_after(mut self, requests: u64) -> Self {
+        self.no_key_warn_after = requests;
         self
     }
 

@@ -8,6 +8,7 @@
 //!     key_prefix = "rl"
 //!     failure_policy = "open"              # "open" | "closed"
 //!     backend_timeout_ms = 100
+//!     no_key_warn_after = 1000             # WARN once when a tier had no key on its first 1000 requests (0: never)
 //!     docs_url = "https://example.com/docs/rate-limits"
 //!
 //!     [client_ip]
@@ -111,6 +112,11 @@ pub struct Policy {
     /// `[client_ip]` table, whose fields [`ClientIp`] documents.
     #[serde(default)]
     pub client_ip: ClientIp,
+    /// After how many requests in a row from the start without a key a
+    /// tier logs one `WARN` (default 1000; 0 never): see
+    /// [`RateLimitLayerBuilder::no_key_warning_after`].
+    #[serde(default = "default_no_key_warn_after")]
+    pub no_key_warn_after: u64,
     /// The tiers, in check order (`[[tier]]` tables).
     #[serde(default, rename = "tier")]
     pub tiers: Vec<TierPolicy>,
@@ -145,6 +151,10 @@ pub struct Policy {
     /// argument, so this table is for the program that reads the policy.
     #[serde(default)]
     pub redis: Option<RedisConfig>,
+}
+
+fn default_no_key_warn_after() -> u64 {
+    crate::engine::no_key::DEFAULT_WARN_AFTER
 }
 
 fn default_prefix() -> String {
@@ -203,6 +213,7 @@ impl Policy {
             .headers(self.headers)
             .on_rejection(self.body)
             .fallback_instances(self.fallback_instances)
+            .no_key_warning_after(self.no_key_warn_after)
             .circuit_breaker(self.circuit_breaker)
             .client_ip(self.client_ip.clone())
             .allowlist(self.allowlist.clone())

@@ -36,4 +36,6 @@ pub use headers::{
     X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
 };
 pub(crate) use rejection::{json_response, unavailable};
-pub use rejection::{JsonRejection, OnRejection, ProblemRejection, Rejection, RejectionBody};
+pub use rejection::{
+    JsonRejection, OnRejection, ProblemRejection, Rejection, RejectionBody, RejectionReason,
+};

@@ -23,10 +23,43 @@ pub struct Rejection {
     /// Unix epoch seconds, rounded up, at which the request would pass
     /// (`now` + the exact wait; at most `now + retry_after`).
     pub reset: u64,
-    /// Seconds until the request would pass, rounded up, at least 1.
+    /// Seconds until the request would pass, rounded up, at least 1; 0
+    /// when it never will ([`RejectionReason::CostExceedsCapacity`]: no
+    /// `Retry-After` header is sent).
     pub retry_after: u64,
     /// The configured documentation URL.
     pub docs_url: Option<Arc<str>>,
+    /// Why: over the quota for now, or a cost no wait can satisfy.
+    pub reason: RejectionReason,
+}
+
+/// Why a request was denied ([`Rejection::reason`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RejectionReason {
+    /// The tier's quota is spent for now: the request passes after
+    /// `Retry-After`.
+    #[default]
+    QuotaExceeded,
+    /// The request costs more than the binding tier's capacity (its burst,
+    /// or its limit per window): it can **never** pass, however long the
+    /// client waits. Answered 429 without `Retry-After`, with
+    /// `"error":"cost_exceeds_capacity"` in the JSON body (`"reason"` in a
+    /// problem body), counted in
+    /// `tiered_ratelimit_cost_exceeds_capacity_total{tier}` and logged once
+    /// per tier as a likely misconfiguration.
+    CostExceedsCapacity,
+}
+
+impl RejectionReason {
+    /// The body's word for it: `rate_limit_exceeded` or
+    /// `cost_exceeds_capacity`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::QuotaExceeded => "rate_limit_exceeded",
+            Self::CostExceedsCapacity => "cost_exceeds_capacity",
+        }
+    }
 }
 
 /// Builds the response for a denied request. The layer then adds the
@@ -76,14 +109,20 @@ where
 }
 
 /// The default rejection: `429` with
-/// `{"error":"rate_limit_exceeded","retry_after":N,"docs":"URL"}`.
+/// `{"error":"rate_limit_exceeded","retry_after":N,"docs":"URL"}`; for a
+/// request whose cost exceeds the tier's capacity (it can never pass),
+/// `{"error":"cost_exceeds_capacity","limit":N,"docs":"URL"}` (no
+/// `retry_after`, and no `Retry-After` header).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct JsonRejection;
 
 #[derive(serde::Serialize)]
 struct JsonBody<'a> {
     error: &'static str,
-    retry_after: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limit: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     docs: Option<&'a str>,
 }
@@ -96,10 +135,19 @@ impl OnRejection for JsonRejection {
     fn response(&self, r: &Rejection) -> Response<Bytes> {
         json_response(
             StatusCode::TOO_MANY_REQUESTS,
-            &JsonBody {
-                error: "rate_limit_exceeded",
-                retry_after: r.retry_after,
-                docs: r.docs_url.as_deref(),
+            &match r.reason {
+                RejectionReason::CostExceedsCapacity => JsonBody {
+                    error: r.reason.as_str(),
+                    retry_after: None,
+                    limit: Some(r.limit),
+                    docs: r.docs_url.as_deref(),
+                },
+                _ => JsonBody {
+                    error: r.reason.as_str(),
+                    retry_after: Some(r.retry_after),
+                    limit: None,
+                    docs: r.docs_url.as_deref(),
+                },
             },
         )
     }
@@ -133,7 +181,10 @@ struct ProblemBody<'a> {
     detail: String,
     #[serde(rename = "violated-policies")]
     violated_policies: Vec<&'a str>,
-    retry_after: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     docs: Option<&'a str>,
 }
@@ -146,13 +197,23 @@ impl OnRejection for ProblemRejection {
                 kind: "https://iana.org/assignments/http-problem-types#quota-exceeded",
                 title: "Request cannot be satisfied as assigned quota has been exceeded",
                 status: 429,
-                detail: format!("Retry in {} seconds.", r.retry_after),
+                detail: match r.reason {
+                    RejectionReason::CostExceedsCapacity => format!(
+                        "This request costs more than the capacity of {} of \"{}\": it can never \
+                         pass. Send a smaller request.",
+                        r.limit, r.tier
+                    ),
+                    _ => format!("Retry in {} seconds.", r.retry_after),
+                },
                 violated_policies: if r.violated_policies.is_empty() {
                     vec![&*r.tier]
                 } else {
                     r.violated_policies.iter().map(|p| &**p).collect()
                 },
-                retry_after: r.retry_after,
+                reason: (r.reason == RejectionReason::CostExceedsCapacity)
+                    .then_some(r.reason.as_str()),
+                retry_after: (r.reason != RejectionReason::CostExceedsCapacity)
+                    .then_some(r.retry_after),
                 docs: r.docs_url.as_deref(),
             },
         );
@@ -248,6 +309,7 @@ mod tests {
             reset: 1_700_000_060,
             retry_after: 60,
             docs_url: None,
+            reason: RejectionReason::QuotaExceeded,
         };
         let res = ProblemRejection.response(&r);
         assert_eq!(res.status(), 429);

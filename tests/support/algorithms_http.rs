@@ -142,8 +142,15 @@ pub async fn weighted_and_oversized_costs(builder: RateLimitLayerBuilder) {
     assert_eq!(send(req(3)).await, ok(5, 2, T0_S + 6));
     // Cost 3 with 2 left: denied, shows the 2 left, waits for one token.
     assert_eq!(send(req(3)).await, denied(5, 2, T0_S + 2, 2));
-    // A cost above the capacity never passes: 429 at once, wait = until full.
-    assert_eq!(send(req(6)).await, denied(5, 2, T0_S + 6, 6));
+    // A cost above the capacity never passes: 429 at once, no Retry-After
+    // (no wait lets it pass); the reset is when the bucket is full.
+    assert_eq!(
+        send(req(6)).await,
+        Limits {
+            retry_after: None,
+            ..denied(5, 2, T0_S + 6, 6)
+        }
+    );
     // Cost 0 from the cost function: the tier does not apply.
     assert_eq!(send(req(0)).await, NO_LIMITS);
     assert_eq!(send(req(2)).await, ok(5, 0, T0_S + 10));

@@ -141,6 +141,36 @@ enum Source {
     Sentinel(Arc<sentinel::Sentinel>),
 }
 
+impl RedisBackend {
+    /// The backend as an operator finds it, without credentials:
+    /// `redis at 127.0.0.1:6379`, `redis cluster`, `redis primary of
+    /// "mymaster" via sentinels`, `redis (deadpool pool)`.
+    pub fn describe(&self) -> String {
+        match &self.inner.source {
+            Source::Client { client, .. } => {
+                format!("redis at {}", client.get_connection_info().addr())
+            }
+            Source::Pool { .. } => "redis (deadpool pool)".to_owned(),
+            Source::Cluster { .. } => "redis cluster".to_owned(),
+            Source::ClusterPool { .. } => "redis cluster (deadpool pool)".to_owned(),
+            Source::Sentinel(s) => {
+                format!("redis primary of {:?} via sentinels", s.master_name())
+            }
+        }
+    }
+
+    /// Connects if needed and sends one `PING` (on a cluster, to the node
+    /// of one slot). See [`Backend::ping`](crate::backend::Backend::ping).
+    pub(crate) async fn ping(&self) -> Result<(), BackendError> {
+        let pong: String = self.command_on("ping", &::redis::cmd("PING")).await?;
+        if pong == "PONG" {
+            Ok(())
+        } else {
+            Err(BackendError::Reply(format!("PING answered {pong:?}")))
+        }
+    }
+}
+
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.inner.source {
