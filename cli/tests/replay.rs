@@ -1125,3 +1125,72 @@ fn unwritable_plot_and_unreadable_inputs_fail_the_run() {
     // The report still says why.
     assert!(String::from_utf8_lossy(&out.stdout).contains("missing.log"));
 }
+
+// ---------------------------------------------------------------------------
+// The sample docs/replay.md ships and the one command it gives to replay it.
+
+/// The replay command's arguments (after `replay`) as docs/replay.md gives
+/// them for the shipped sample: the first line of a code block that names
+/// `docs/samples/access.log`.
+fn documented_sample_command(replay_md: &str) -> Vec<String> {
+    let line = replay_md
+        .lines()
+        .find(|l| l.contains("replay") && l.contains("docs/samples/access.log"))
+        .expect("docs/replay.md gives a command that replays docs/samples/access.log");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let at = words
+        .iter()
+        .position(|w| *w == "replay")
+        .expect("`replay` in the command");
+    words[at + 1..].iter().map(|w| (*w).to_owned()).collect()
+}
+
+#[test]
+fn the_shipped_sample_replays_as_documented() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/replay.md")).unwrap();
+    let args = documented_sample_command(&doc);
+    assert_eq!(
+        args,
+        [
+            "-p",
+            "docs/samples/policy.toml",
+            "--routes-file",
+            "docs/samples/routes.txt",
+            "docs/samples/access.log"
+        ]
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+
+    // The text report, as the command prints it from the repository's root.
+    let text = run(&root, &args, None);
+    assert!(
+        text.contains("Would be rejected (429): 174 (36.55%)"),
+        "{text}"
+    );
+
+    // The same run's numbers, exactly (five minutes, 476 lines: an address
+    // hammering POST /login, bob's script over the user tier).
+    let mut with_json = args.clone();
+    with_json.extend(["--json", "-q"]);
+    let report = json(&root, &with_json);
+    assert_eq!(report["input"]["lines"], 476);
+    assert_eq!(report["input"]["replayed"], 476);
+    assert_eq!(report["input"]["malformed"], 0);
+    assert_eq!(report["input"]["unreplayable"], 0);
+    assert_eq!(report["totals"]["allowed"], 302);
+    assert_eq!(report["totals"]["rejected"], 174);
+    for (name, requests, rejected, top) in [
+        ("ip", 476, 97, "203.0.113.7"),
+        ("user", 126, 22, "bob"),
+        ("login", 198, 55, "POST /login"),
+    ] {
+        let t = tier(&report, name);
+        assert_eq!(t["requests"], requests, "{name}");
+        assert_eq!(t["rejected"], rejected, "{name}");
+        assert_eq!(t["distinct_keys_blocked"], 1, "{name}");
+        assert_eq!(t["top_blocked_keys"][0]["key"], top, "{name}");
+    }
+    assert_eq!(report["peak_minute"]["minute"], "2024-03-04T14:02Z");
+    assert_eq!(report["peak_minute"]["rejected"], 90);
+}
