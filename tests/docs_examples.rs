@@ -78,7 +78,12 @@ fn blocks_of(name: &str, markdown: &str) -> Vec<Block> {
         let indent = line.len() - trimmed.len();
         match &open {
             None => {
-                if let Some(info) = trimmed.strip_prefix("```") {
+                // CommonMark: a backtick fence's info string holds no
+                // backtick (so a line that starts with inline code is no fence).
+                let fence = trimmed
+                    .strip_prefix("```")
+                    .filter(|info| !info.contains('`'));
+                if let Some(info) = fence {
                     open = Some((i + 1, indent, info.trim().to_owned()));
                     text.clear();
                 }
@@ -504,7 +509,7 @@ async fn every_admin_body_the_docs_show_is_accepted() {
 #[test]
 fn the_extractor_reads_indented_fences_and_info_strings() {
     let md =
-        "text\n\n1. step\n\n   ```toml,ignore\n   a = 1\n     b = 2\n   ```\n\n```json\n{}\n```\n";
+        "text\n\n1. step\n\n   ```toml,ignore\n   a = 1\n     b = 2\n   ```\n\n```` ```toml ```` is inline code\n```json\n{}\n```\n";
     let blocks = blocks_of("x.md", md);
     assert_eq!(blocks.len(), 2);
     assert_eq!(blocks[0].place, "x.md:5");
