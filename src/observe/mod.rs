@@ -345,6 +345,21 @@ pub(crate) fn describe_all() {
         "Lease mode: tokens (requests) taken out of shared buckets by leases, and returned (op)"
     );
     describe_counter!(
+        "tiered_ratelimit_tier_no_key_total",
+        Unit::Count,
+        "Requests on which a tier found no key and so did not apply, by tier (auth middleware inside the limiter, a missing header)"
+    );
+    describe_counter!(
+        "tiered_ratelimit_cost_exceeds_capacity_total",
+        Unit::Count,
+        "429s whose cost exceeds the binding tier's capacity: they can never pass (no Retry-After), by tier; a likely misconfiguration"
+    );
+    describe_counter!(
+        "tiered_ratelimit_concurrency_lapses_total",
+        Unit::Count,
+        "Concurrency slots whose lease lapsed while their request still ran (renewals failed until the lease expired), by tier"
+    );
+    describe_counter!(
         "tiered_ratelimit_refund_failures_total",
         Unit::Count,
         "Redis Cluster: refunds of a cross-slot denial that did not land, by kind"
