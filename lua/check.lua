@@ -1,6 +1,15 @@
--- Every tier of one request, all or nothing, in one script call.
+-- The check of a single Redis: every tier of one request, all or nothing,
+-- in one call. Joined last, after dispatch.lua (common.lua gives the order),
+-- and run either as a script (EVALSHA of CHECK_LUA: Redis 6, or where
+-- Functions are not used) or, on Redis >= 7, as the body of the function
+-- trl_check_<v> of the library tiered_ratelimit_<v> (FCALL; KEYS and ARGV
+-- are then the library's locals, set on every call). Either way it runs
+-- check_request (dispatch.lua), which decides a request whose tiers are all
+-- enforced rate-1 token buckets with the short reply in check_plain,
+-- written out.
 --
--- KEYS[i]   the key of tier i: "<prefix>:<tier>:<key part>"
+-- KEYS[i]   the key of tier i: "<prefix>:<tier>:<key part>" (a penalty box
+--           "<tier key>{pb}", an override's read "<tier key>{ov}")
 -- ARGV[1]   "" to read the clock with Redis TIME (production);
 --           "d<deadline µs>": Redis TIME, and if it is past the deadline the
 --           app has already given up on this check: write nothing, return
@@ -10,12 +19,14 @@
 -- ARGV[1 + i] the spec of tier i, one argument: "<algorithm> <p1> <p2> <p3>
 --           <p4> <cost> <flags>" (see tier_spec in dispatch.lua): algorithm
 --           (1 fixed_window, 2 sliding_window_log, 3 sliding_window_counter,
---           4 token_bucket, 5 leaky_bucket), p1..p4 (the algorithm's
---           parameters, see each file), cost, flags: +1 shadow (the tier is
---           in shadow mode: its denial does not stop the other tiers from
---           being charged), +2 undo (return the charge's undo value, for a
---           refund by response status), +8 short (a token or leaky
---           bucket answers its state, one number, instead of three)
+--           4 token_bucket, 5 leaky_bucket, 6 concurrency, 7 penalty box,
+--           8 a per-key override's read, which applies to the tier after it:
+--           override.lua), p1..p4 (the algorithm's parameters, see each
+--           file), cost, flags: +1 shadow (the tier is in shadow mode: its
+--           denial does not stop the other tiers from being charged), +2
+--           undo (return the charge's undo value, for a refund by response
+--           status), +8 short (a token or leaky bucket answers its state,
+--           one number, instead of three); +4 is unused
 -- KEYS[n+1] optional: the hourly sorted set of rejected keys (fleet-wide
 --           top-N): every tier that rejects adds its cost to its key's
 --           score; the set keeps its 10 000 heaviest keys and lives 25 h.
@@ -24,9 +35,14 @@
 --           per tier its state (short) or r, reset_after_us, w, then a
 --           trailer of i, delay_us, undo per tier that needs one }, or
 --           { now_us } when late.
+-- Stored values have one format (docs/redis.md, "Stored values"): a
+-- bucket's TAT as tat_value writes it (common.lua), each other algorithm's
+-- as its file says.
 -- Writes happen only if every enforced tier allows the request; then every
 -- tier that allows it is charged (a shadow tier that would deny is not, just
--- as an enforced denial charges nothing).
+-- as an enforced denial charges nothing). The writes a denial makes: the
+-- rejected-keys set above, and a penalty box's strike or block when its
+-- tier denied (penalty.lua).
 
 local tiers = #ARGV - 1
 local out, rejected = check_request(ARGV[1], 2, tiers)

@@ -1,7 +1,8 @@
 -- The Redis Cluster entry point (src/backend/redis/cluster.rs): the tiers of
 -- one request that share a hash slot, in one script call; or the refund of
--- a charge made by such a call. Joined after the algorithm files and
--- refund.lua, instead of check.lua.
+-- a charge made by such a call (a single Redis runs this script for its
+-- refunds too). Joined after the shared files, refund.lua and dispatch.lua
+-- (CLUSTER_LUA; the order: common.lua), instead of check.lua.
 --
 -- ARGV[1]   'check' or 'refund'
 -- ARGV[2]   the clock, as ARGV[1] of check.lua: "" = Redis TIME, or a test
@@ -9,7 +10,7 @@
 --           honoured too; the cluster client sends none)
 --
 -- check:    KEYS and one spec per tier from ARGV[3] on, exactly as in
---           check.lua (algorithm, p1, p2, p3, p4, cost, flags), with the
+--           check.lua (algorithm 1..8, p1, p2, p3, p4, cost, flags), with the
 --           same commit rule among these tiers.
 --   returns the same reply as check.lua (check_request in dispatch.lua; the
 --           layout is documented in src/backend/redis/wire/mod.rs). The client

@@ -1,14 +1,27 @@
--- Shared helpers for the algorithm scripts. The files of lua/ are joined in
--- this order into ONE script (see src/backend/redis/wire/mod.rs):
+-- Shared helpers for the algorithm scripts. The files of lua/ are joined
+-- into ONE script (the lua! macro in src/backend/redis/wire/mod.rs), so a
+-- file may use any local of a file joined before it. Every script starts
+-- with
 --   common.lua, fixed_window.lua, sliding_window_log.lua,
 --   sliding_window_counter.lua, token_bucket.lua, leaky_bucket.lua,
---   concurrency.lua, penalty.lua, dispatch.lua, check.lua
--- (the cluster script puts refund.lua before
--- dispatch.lua and ends with cluster.lua instead of check.lua).
+--   concurrency.lua, penalty.lua, override.lua
+-- and ends, by script, with
+--   the check (CHECK_LUA, EVALSHA)      dispatch.lua, check.lua
+--   the check as a Redis Function       dispatch.lua, then check.lua as the
+--     (Redis >= 7, FCALL; LIBRARY_BODY) body of check_main, between the
+--                                       library's head and its
+--                                       register_function line
+--   the cluster script (CLUSTER_LUA;    refund.lua, dispatch.lua, cluster.lua
+--     a single Redis runs its refunds)
+--   a peek (PEEK_LUA)                   dispatch.lua, peek.lua
+--   a lease renewal (LEASE_LUA)         dispatch.lua, lease.lua
 --
--- Lua numbers are doubles: every value these scripts handle is an integer
--- below 2^53 (the limits are checked when a quota is built), so all
--- arithmetic is exact once division is corrected to integer division.
+-- Lua numbers are doubles: every number these scripts compute with is an
+-- integer below 2^53 (the limits are checked when a quota is built), so all
+-- arithmetic is exact once division is corrected to integer division. The
+-- one stored number above 2^53, a bucket's coded TAT of rate 2..44 (19
+-- digits: tat_value below), is split as a string (tat_read), never computed
+-- with as one number.
 -- ARGV values are strings: always tonumber() them.
 
 -- floor(a / b) for integers a, b > 0 below 2^53. The double quotient a / b
@@ -119,5 +132,5 @@ end
 -- for a key of another type, so a key written by another algorithm (the
 -- tier's algorithm changed, or two layers share a prefix) is read as no
 -- state, never as a script error that would fail open; the commit's SET
--- replaces it. Values are written with string.format('%d'): Redis's Lua
--- formats %d as a C long (64 bits), exact for every integer below 2^53.
+-- replaces it. The numbers in a value are written with '%d' (see int above):
+-- Redis's Lua formats %d as a C long (64 bits), exact below 2^53.

@@ -1,5 +1,13 @@
--- Shared by the two entry points, check.lua (a single Redis) and cluster.lua
--- (one hash slot of a cluster); joined right before either of them.
+-- The dispatcher, shared by every entry point: check.lua (a single Redis,
+-- as a script or as the Function's body), cluster.lua (one hash slot of a
+-- cluster), peek.lua and lease.lua. Joined after the algorithm files (and
+-- refund.lua in the cluster script), right before the entry point (the
+-- order: common.lua). It holds the algorithms by id (a spec's first number,
+-- 1..8, listed at tier_spec), the clock argument (read_clock), the one MGET
+-- (read_states), the spec cache (tier_spec), check_plain (the written-out
+-- check of a request whose tiers are all enforced rate-1 token buckets
+-- with the short reply) and check_request (the check of any request; it
+-- tries check_plain first).
 
 local algorithms = {
   fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket,
@@ -141,7 +149,9 @@ end
 -- undo value: the client derives them from the state, exactly as the long
 -- form computes them): a value to SET
 -- with PX the next result (ms) and the undo value after it, or a function
--- that writes and returns the undo value (the sliding window log).
+-- that writes and returns the undo value (the sliding window log and
+-- concurrency, which add to a sorted set; the penalty box and an override's
+-- read, whose function writes nothing).
 -- retry_after_us of an ALLOWED tier is the wait, once it is charged, before
 -- another request of the same cost would pass (0: at once, or not computed:
 -- the sliding window algorithms return 0). The client reads it only when

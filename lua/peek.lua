@@ -1,8 +1,11 @@
 -- Peek: one tier's numbers for one key, without charging anything (the
 -- twin of Limit::check in src/algorithm/mod.rs). Joined after dispatch.lua
 -- instead of check.lua, and run with EVALSHA_RO where Redis has it (7.0+):
--- the algorithms only read until their commit function runs, and this
--- script never runs one.
+-- an algorithm only returns its write (a value to SET, or a function), and
+-- this script applies none; the one algorithm that writes while deciding,
+-- the penalty box, does so only after its tier denied in the same call,
+-- which a peek of one tier never has. The algorithm is called without the
+-- short flag: a bucket answers the long form.
 --
 -- KEYS[1]   the key (on a cluster, "{<key>}", as the check writes it)
 -- ARGV[1]   the clock, as ARGV[1] of check.lua ("" = Redis TIME, or a test

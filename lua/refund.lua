@@ -6,13 +6,17 @@
 -- (see docs/redis.md, "Redis Cluster"). On both, a tier with
 -- skip_failed_requests / skip_successful_requests runs them once the
 -- response's status is known. Twins: Limit::refund in src/algorithm/mod.rs.
+-- Joined in the cluster script only (CLUSTER_LUA: after the algorithm files,
+-- before dispatch.lua); the refunds of concurrency (the lease released),
+-- the penalty box and an override's read (nothing to give back) are in
+-- their own files, and cluster.lua lists all eight by algorithm id.
 --
 -- Each takes the key, the refund's clock `now`, the charge's clock
 -- `charged_at` (µs, the `now` the charging script ran at), the algorithm's
 -- parameters p1..p4 and cost as in check.lua, and `undo`: what the charge
 -- returned (token bucket: tokens left in units; leaky bucket: backlog after
--- the charge in ticks; sliding log: the member's sequence number; window
--- algorithms: nothing).
+-- the charge in ticks; sliding log: the member's sequence number; fixed
+-- window and sliding window counter: nothing).
 --
 -- Rule: give back what this charge still takes away, never more. Refill or
 -- a new window may already have absorbed part of it (the bucket would have

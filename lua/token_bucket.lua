@@ -10,6 +10,8 @@
 -- carries the time until full over (as GCRA does), so lowering a quota
 -- never hands out a fresh bucket. A TAT of another rate above 1, or a
 -- value of another form, counts as none (a full bucket).
+-- dispatch.lua's check_plain repeats the rate-1 short case below, inline,
+-- for a request whose tiers are all such buckets: keep the two in step.
 
 -- The units a bucket whose TAT is tat + frac / rate µs is short of full at
 -- `now`: above the capacity only if the clock went back or the TAT was
