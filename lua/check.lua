@@ -11,7 +11,7 @@
 -- KEYS[i]   the key of tier i: "<prefix>:<tier>:<key part>" (a penalty box
 --           "<tier key>{pb}", an override's read "<tier key>{ov}")
 -- ARGV[1]   "" to read the clock with Redis TIME (production);
---           "d<deadline µs>": Redis TIME, and if it is past the deadline the
+--           "-<deadline µs>": Redis TIME, and if it is past the deadline the
 --           app has already given up on this check: write nothing, return
 --           { now_us } ("late");
 --           or a test clock in Unix epoch microseconds (ManualClock; tests

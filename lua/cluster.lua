@@ -6,7 +6,7 @@
 --
 -- ARGV[1]   'check' or 'refund'
 -- ARGV[2]   the clock, as ARGV[1] of check.lua: "" = Redis TIME, or a test
---           clock "<now µs>[:<ttl slack ms>]" (a "d<deadline µs>" would be
+--           clock "<now µs>[:<ttl slack ms>]" (a "-<deadline µs>" would be
 --           honoured too; the cluster client sends none)
 --
 -- check:    KEYS and one spec per tier from ARGV[3] on, exactly as in

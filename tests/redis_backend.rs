@@ -471,3 +471,32 @@ fn a_check_built_outside_a_runtime_runs_inside_one() {
     assert_eq!(res.status(), 200);
     assert_eq!(handle.counts().fail_open, 1);
 }
+
+/// The deadline the layer sends with every production check (the clock
+/// argument `"-<deadline µs>"`, Redis's clock): a script that starts after
+/// it writes nothing and answers `{ now }` alone ("late"); one that starts
+/// before it checks and writes as with `""`. Driven through the library's
+/// own Function, as the backend calls it.
+#[test]
+fn a_check_that_starts_after_its_deadline_writes_nothing() {
+    let redis = RedisServer::start();
+    let backend = RedisBackend::from_url(&redis.url()).unwrap();
+    let library = backend.function_library().to_owned();
+    let function = backend.function_name().to_owned();
+    redis.cmd::<()>(&["FUNCTION", "LOAD", &library]);
+    // A token bucket of 10^12 units, 1 unit/µs, 1 000 units a token, cost
+    // 1, short reply (flag 8).
+    let spec = "4 1000000000000 1 1000 0 1 8";
+    let key = "rl:ip:203.0.113.7";
+    let late: Vec<i64> = redis.cmd(&["FCALL", &function, "1", key, "-1", spec]);
+    assert_eq!(late.len(), 1, "{late:?}");
+    assert!(late[0] > 1_700_000_000_000_000, "now in µs: {late:?}");
+    assert_eq!(redis.cmd::<i64>(&["EXISTS", key]), 0);
+    let far = format!("-{}", i64::MAX);
+    let checked: Vec<i64> = redis.cmd(&["FCALL", &function, "1", key, &far, spec]);
+    assert_eq!(checked.len(), 2, "{checked:?}");
+    assert_eq!(redis.cmd::<i64>(&["EXISTS", key]), 1);
+    // The same answer shape as without a deadline.
+    let plain: Vec<i64> = redis.cmd(&["FCALL", &function, "1", key, "", spec]);
+    assert_eq!(plain.len(), 2, "{plain:?}");
+}

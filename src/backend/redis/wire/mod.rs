@@ -7,7 +7,7 @@
 //! # Arguments
 //!
 //! ```text
-//! clock     "" = Redis TIME; "d<deadline>" = Redis TIME, and a script that
+//! clock     "" = Redis TIME; "-<deadline>" = Redis TIME, and a script that
 //!           starts after the deadline writes nothing and answers "late";
 //!           "<now>[:<ttl slack ms>]" = a test clock (ManualClock)
 //! per tier  one argument, its spec: seven integers separated by single
@@ -196,12 +196,13 @@ impl ClockArg {
         }
     }
 
-    /// `"d<deadline µs>"` (Redis's clock): Redis `TIME`, and nothing is
+    /// `"-<deadline µs>"` (Redis's clock): Redis `TIME`, and nothing is
     /// written if the script starts after `deadline_us`.
     pub(super) fn deadline(deadline_us: i64) -> Self {
         let mut a = Self::redis();
-        a.push(b"d");
-        a.push(itoa::Buffer::new().format(deadline_us).as_bytes());
+        a.push(b"-");
+        // At least 1: "-0" would read as a test clock of 0.
+        a.push(itoa::Buffer::new().format(deadline_us.max(1)).as_bytes());
         a
     }
 

@@ -131,11 +131,11 @@ fn clock_args() {
     assert_eq!(ClockArg::redis().as_bytes(), b"");
     assert_eq!(
         ClockArg::deadline(1_700_000_000_000_000).as_bytes(),
-        b"d1700000000000000"
+        b"-1700000000000000"
     );
     assert_eq!(
         ClockArg::deadline(i64::MAX).as_bytes(),
-        b"d9223372036854775807"
+        b"-9223372036854775807"
     );
     assert_eq!(ClockArg::manual(42, 0).as_bytes(), b"42");
     assert_eq!(ClockArg::manual(42, 600_000).as_bytes(), b"42:600000");
