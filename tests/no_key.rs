@@ -108,7 +108,9 @@ fn auth_inside_the_limiter_is_counted_and_warned_once() {
              never applied (each is counted in tiered_ratelimit_tier_no_key_total); no request \
              carried a `UserId`: the auth middleware that inserts it must run BEFORE the \
              limiter, so it must wrap it (with axum, add the auth layer after the limiter's: \
-             `.layer(limiter).layer(auth)`); placed inside the limiter it runs too late"
+             `.layer(limiter).layer(auth)`); placed inside the limiter it runs too late (if \
+             the requests so far were all anonymous, this is expected: raise or turn off the \
+             warning with `no_key_warning_after`)"
         ),
         "{line}"
     );

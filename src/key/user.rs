@@ -89,7 +89,9 @@ impl KeyExtractor for User {
         Some(
             "no request carried a `UserId`: the auth middleware that inserts it must run \
              BEFORE the limiter, so it must wrap it (with axum, add the auth layer after the \
-             limiter's: `.layer(limiter).layer(auth)`); placed inside the limiter it runs too late"
+             limiter's: `.layer(limiter).layer(auth)`); placed inside the limiter it runs too late \
+             (if the requests so far were all anonymous, this is expected: raise or turn off \
+             the warning with `no_key_warning_after`)"
                 .to_owned(),
         )
     }
