@@ -83,15 +83,10 @@ mod deny_cache;
 pub mod descriptor;
 mod engine;
 mod error;
-mod front;
-mod future;
-#[cfg(feature = "grpc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
-pub mod grpc;
 mod handle;
+mod http;
 pub mod inspect;
 pub mod key;
-mod layer;
 pub mod observe;
 pub mod offline;
 pub mod overrides;
@@ -100,20 +95,23 @@ pub mod policy;
 mod quota;
 pub mod response;
 pub mod rollout;
-mod service;
 mod throttle;
-mod tier;
 pub mod token_lease;
+
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub use http::grpc;
 
 pub use breaker::CircuitBreaker;
 pub use error::{BackendError, ConfigError, PingError};
-pub use future::ResponseFuture;
 pub use handle::{Changes, RateLimitHandle, TierStatus};
-pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder, MAX_TIERS};
+pub use http::body::{BodyLease, ResponseBody};
+pub use http::future::ResponseFuture;
+pub use http::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder, MAX_TIERS};
+pub use http::service::RateLimitService;
+pub use http::tier::{Algorithm, AlgorithmNameError, LeakyBucket, Tier};
 pub use penalty::Penalty;
 pub use quota::Quota;
-pub use service::RateLimitService;
-pub use tier::{Algorithm, AlgorithmNameError, LeakyBucket, Tier};
 
 /// The README's Rust code, compiled (and, unless `no_run`, run) by
 /// `cargo test --doc`.

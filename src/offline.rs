@@ -40,7 +40,7 @@ use crate::backend::{Backend, TierCheck};
 use crate::engine::plan::{plan, Planned, Purpose};
 use crate::engine::Facts;
 use crate::engine::{Block, Decision as EngineDecision, Step};
-use crate::front::{Front, HttpFacts};
+use crate::http::front::{Front, HttpFacts};
 use crate::key::{KeyError, KeyWriter};
 use crate::observe::RequestDecision;
 use crate::rollout::AccessList;

@@ -381,11 +381,12 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
             let q = tp.plan.map_or(r.quota, |p| p.quota);
             let refills = matches!(
                 t.algorithm,
-                crate::tier::Algorithm::TokenBucket | crate::tier::Algorithm::LeakyBucket(_)
+                crate::http::tier::Algorithm::TokenBucket
+                    | crate::http::tier::Algorithm::LeakyBucket(_)
             );
             // 0 for a concurrency tier: no window, requests in flight.
             let period_us = match t.algorithm {
-                crate::tier::Algorithm::Concurrency { .. } => 0,
+                crate::http::tier::Algorithm::Concurrency { .. } => 0,
                 _ => u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX),
             };
             meta.quotas.push((q.limit(), period_us, refills));

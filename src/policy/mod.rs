@@ -73,8 +73,8 @@ pub use tier::{KeySpec, PlanSource, TierPolicy};
 
 use crate::backend::Backend;
 use crate::error::ConfigError;
+use crate::http::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 use crate::key::ClientIp;
-use crate::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 use crate::response::{HeaderStyle, RejectionBody};
 use crate::rollout::{AccessList, Mode};
 use crate::{control::ControlKey, CircuitBreaker};

@@ -6,8 +6,8 @@ mod builder;
 pub use self::builder::RateLimitLayerBuilder;
 pub use crate::engine::runtime::FailurePolicy;
 use crate::engine::runtime::Shared;
-use crate::front::Front;
-use crate::service::RateLimitService;
+use crate::http::front::Front;
+use crate::http::service::RateLimitService;
 use std::fmt;
 use std::sync::Arc;
 

@@ -15,7 +15,7 @@ use crate::engine::runtime::{
 };
 use crate::engine::Engine;
 use crate::error::ConfigError;
-use crate::front::{Front, HttpTier};
+use crate::http::front::{Front, HttpTier};
 use crate::observe::recorder::Observer;
 use crate::throttle::LogThrottle;
 use arc_swap::ArcSwap;
