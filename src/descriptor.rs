@@ -101,8 +101,8 @@ pub struct Rule {
     /// Always allowed, without a backend call.
     pub unlimited: bool,
     /// Lease mode for the rule's hot descriptors (Redis only): see
-    /// [`crate::token_lease`]. `None`: one script call per request.
-    pub lease: Option<crate::token_lease::TokenLease>,
+    /// [`crate::engine::token_lease`]. `None`: one script call per request.
+    pub lease: Option<crate::engine::token_lease::TokenLease>,
 }
 
 impl Rule {
@@ -778,8 +778,8 @@ pub struct RulePolicy {
     pub unlimited: bool,
     /// `"request"` (the default: one script call per request) or `"lease"`
     /// (lease mode for the rule's hot descriptors, Redis only: see
-    /// [`crate::token_lease`]).
-    #[serde(default, deserialize_with = "crate::token_lease::sync_name")]
+    /// [`crate::engine::token_lease`]).
+    #[serde(default, deserialize_with = "crate::engine::token_lease::sync_name")]
     pub sync: Option<String>,
     /// With `sync = "lease"`: the demand one lease covers (humantime,
     /// default `"100ms"`).
@@ -905,7 +905,7 @@ impl RulesPolicy {
                     (None, _, false) => return Err(bad(&"limit: required (or unlimited = true)")),
                     (_, None, false) => return Err(bad(&"period: required (or unlimited = true)")),
                 };
-                let lease = crate::token_lease::from_policy(
+                let lease = crate::engine::token_lease::from_policy(
                     r.sync.as_deref(),
                     r.sync_interval,
                     r.sync_max,

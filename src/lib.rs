@@ -76,41 +76,36 @@
 pub mod admin;
 pub mod algorithm;
 pub mod backend;
-mod breaker;
-pub mod control;
-mod de;
-mod deny_cache;
 pub mod descriptor;
 mod engine;
 mod error;
 mod handle;
 mod http;
-pub mod inspect;
 pub mod key;
 pub mod observe;
 pub mod offline;
-pub mod overrides;
-mod penalty;
 pub mod policy;
 mod quota;
 pub mod response;
 pub mod rollout;
-mod throttle;
-pub mod token_lease;
+mod util;
 
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use http::grpc;
 
-pub use breaker::CircuitBreaker;
+pub use algorithm::kind::{Algorithm, AlgorithmNameError, LeakyBucket};
+pub use algorithm::penalty::Penalty;
+pub use engine::breaker::CircuitBreaker;
+pub use engine::token_lease;
 pub use error::{BackendError, ConfigError, PingError};
+pub use handle::{control, inspect, overrides};
 pub use handle::{Changes, RateLimitHandle, TierStatus};
 pub use http::body::{BodyLease, ResponseBody};
 pub use http::future::ResponseFuture;
 pub use http::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder, MAX_TIERS};
 pub use http::service::RateLimitService;
-pub use http::tier::{Algorithm, AlgorithmNameError, LeakyBucket, Tier};
-pub use penalty::Penalty;
+pub use http::tier::Tier;
 pub use quota::Quota;
 
 /// The README's Rust code, compiled (and, unless `no_run`, run) by

@@ -265,7 +265,7 @@ impl Backend {
     }
 
     /// Stores a per-key override under `key` (`<tier key>{ov}`) and its
-    /// listing in `index` (see [`crate::overrides`]).
+    /// listing in `index` (see [`crate::handle::overrides`]).
     pub(crate) async fn set_override(
         &self,
         key: &str,

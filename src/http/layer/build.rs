@@ -6,8 +6,8 @@ use super::DEFAULT_KEY_PREFIX;
 use super::{RateLimitLayer, RateLimitLayerBuilder, MAX_TIERS};
 use crate::backend::clock::Clock;
 use crate::backend::{Backend, MemoryBackend};
-use crate::breaker::Breaker;
-use crate::deny_cache::DenyCache;
+use crate::engine::breaker::Breaker;
+use crate::engine::deny_cache::DenyCache;
 use crate::engine::runtime::Overrides;
 use crate::engine::runtime::{
     checked_limit, fallback_limit, BuiltTier, FailurePolicy, PlanRuntime, RefundOn, Runtime,
@@ -17,7 +17,7 @@ use crate::engine::Engine;
 use crate::error::ConfigError;
 use crate::http::front::{Front, HttpTier};
 use crate::observe::recorder::Observer;
-use crate::throttle::LogThrottle;
+use crate::util::throttle::LogThrottle;
 use arc_swap::ArcSwap;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -138,7 +138,7 @@ impl RateLimitLayerBuilder {
             }
             let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
             if t.lease.is_some() {
-                let reason = if !crate::engine::leased::leasable(&limit) {
+                let reason = if !crate::engine::token_lease::pool::leasable(&limit) {
                     Some("takes token_bucket, leaky_bucket (police) and fixed_window only")
                 } else if t.penalty.is_some() {
                     Some("cannot run with a penalty box")
@@ -269,10 +269,10 @@ impl RateLimitLayerBuilder {
             .iter()
             .filter(|t| matches!(t.algorithm, crate::Algorithm::Concurrency { .. }))
         {
-            metrics::counter!(crate::engine::lease::LAPSES, "tier" => t.name.to_string())
+            metrics::counter!(crate::engine::slots::LAPSES, "tier" => t.name.to_string())
                 .increment(0);
         }
-        let leases = crate::engine::leased::LeasePool::new(
+        let leases = crate::engine::token_lease::pool::LeasePool::new(
             &backend,
             local_clock.clone(),
             self.backend_timeout,

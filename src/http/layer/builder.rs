@@ -3,9 +3,9 @@
 
 use super::DEFAULT_KEY_PREFIX;
 use crate::backend::Backend;
-use crate::breaker::CircuitBreaker;
-use crate::control::ControlKey;
+use crate::engine::breaker::CircuitBreaker;
 use crate::engine::runtime::FailurePolicy;
+use crate::handle::control::ControlKey;
 use crate::key::ClientIp;
 use crate::observe::anomaly::AnomalyConfig;
 use crate::response::{HeaderStyle, JsonRejection, OnRejection};
@@ -239,7 +239,7 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Polls a fleet-wide control hash in Redis (see [`crate::control`]);
+    /// Polls a fleet-wide control hash in Redis (see [`crate::handle::control`]);
     /// Redis backends only (ignored by the memory backend).
     pub fn control_key(mut self, control: ControlKey) -> Self {
         self.control = Some(control);

@@ -1,7 +1,7 @@
 //! `ClientIp`: keys by the client's IP address. The type, its settings and
 //! its key format live here; which address is the client's in `resolve.rs`,
 //! the forwarding headers in `header.rs`, entry parsing in `parse.rs`, the
-//! misconfiguration warning's throttle is `crate::throttle::Throttle`.
+//! misconfiguration warning's throttle is `crate::util::throttle::Throttle`.
 
 mod header;
 mod parse;
@@ -12,8 +12,8 @@ mod tests;
 pub use header::{ForwardedHeader, UnknownForwardedHeader};
 
 use super::{KeyError, KeyExtractor, KeyWriter};
-use crate::de::{FieldIn, Nets};
-use crate::throttle::Throttle;
+use crate::util::de::{FieldIn, Nets};
+use crate::util::throttle::Throttle;
 use http::request::Parts;
 use ipnet::{IpNet, Ipv6Net};
 use parse::canonical_net;

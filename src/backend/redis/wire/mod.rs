@@ -29,7 +29,7 @@
 //! (algorithm 7) `violations + 1024 × backoff + 2^20 × memory_s, window_us,
 //! block_us, max_block_us`; an override's read (algorithm 8) `0, 0, 0, 0`
 //! (its reply's r: 0 none, 1 unlimited, 2 blocked, 3 + a quota's capacity;
-//! see `lua/override.lua` and [`crate::overrides`]).
+//! see `lua/override.lua` and [`crate::handle::overrides`]).
 //!
 //! # The check reply
 //!
@@ -263,7 +263,7 @@ fn encode(limit: &Limit) -> (u8, [i64; 4]) {
 }
 
 /// A limit's p1..p4 as the scripts take them (an override's quota, stored
-/// in Redis: see [`crate::overrides`]).
+/// in Redis: see [`crate::handle::overrides`]).
 pub(crate) fn params(limit: &Limit) -> [i64; 4] {
     encode(limit).1
 }
