@@ -92,7 +92,7 @@ mod overrides;
 mod page;
 mod reply;
 
-use crate::RateLimitHandle;
+use crate::handle::RateLimitHandle;
 use api::{api_anomalies, api_history, api_mode, api_status, api_top};
 use auth::authorize;
 use axum::middleware;

@@ -2,7 +2,7 @@
 //! control key or this process), and the log line each leaves.
 
 use super::reply::{error, unknown_tier};
-use crate::{rollout::Mode, RateLimitHandle};
+use crate::{handle::RateLimitHandle, rollout::Mode};
 use axum::response::Response;
 use http::StatusCode;
 

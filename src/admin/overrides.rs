@@ -4,7 +4,7 @@
 use super::reply::{error, json_body, json_response, unknown_tier, TierKey, TIER_KEY};
 use super::Admin;
 use crate::handle::overrides::{Override, OverrideEntry, OverrideError};
-use crate::Quota;
+use crate::quota::Quota;
 use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use http::StatusCode;

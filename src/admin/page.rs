@@ -348,7 +348,7 @@ fn key_cell(stored: &str) -> String {
     )
 }
 
-fn quota_text(q: &crate::Quota) -> String {
+fn quota_text(q: &crate::quota::Quota) -> String {
     let mut s = format!("{} / {}", q.limit(), humantime::format_duration(q.period()));
     if q.burst_size() != q.limit() {
         let _ = write!(s, ", burst {}", q.burst_size());
@@ -357,7 +357,12 @@ fn quota_text(q: &crate::Quota) -> String {
 }
 
 /// "Why is this key blocked?": a key's numbers ([`crate::handle::inspect`]).
-fn render_lookup(s: &mut String, tiers: &[crate::TierStatus], base: &str, lookup: Option<&Lookup>) {
+fn render_lookup(
+    s: &mut String,
+    tiers: &[crate::handle::TierStatus],
+    base: &str,
+    lookup: Option<&Lookup>,
+) {
     let page = page_path(base);
     let (cur_tier, cur_key) = lookup.map_or(("", ""), |(t, k, _)| (t.as_str(), k.as_str()));
     let _ = write!(
@@ -462,7 +467,7 @@ fn form_rule(s: &str) -> Option<crate::handle::overrides::Override> {
         "blocked" => Some(Override::Blocked),
         r => {
             let (limit, period) = r.split_once('/')?;
-            let q = crate::Quota::new(
+            let q = crate::quota::Quota::new(
                 limit.trim().parse().ok()?,
                 humantime::parse_duration(period.trim()).ok()?,
             );

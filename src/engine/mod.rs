@@ -46,6 +46,9 @@ pub(crate) const LOG_TARGET: &str = "tiered_ratelimit::service";
 /// The same for the control key's watcher (formerly `control.rs`).
 pub(crate) const CONTROL_LOG_TARGET: &str = "tiered_ratelimit::control";
 
+/// The most tiers one layer may have.
+pub const MAX_TIERS: usize = 64;
+
 pub(crate) use check::{Engine, Pending, Step};
 pub(crate) use decision::{Allow, Block, Decision};
 pub(crate) use facts::Facts;

@@ -324,7 +324,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
     // checks (the shadow bitmask's width).
     let planned = tiers.flat_map(|(i, tr)| (0..facts.occurrences(i)).map(move |n| (i, tr, n)));
     for (i, (t, r), n) in planned {
-        if checks.len() == crate::MAX_TIERS {
+        if checks.len() == crate::engine::MAX_TIERS {
             break;
         }
         let tp = match plan_tier((i, t, r), n, &ov, global, facts, fallback, &mut key) {

@@ -13,7 +13,7 @@ use crate::observe::recorder::Observer;
 use crate::response::HeaderStyle;
 use crate::rollout::{AccessList, DenyStatus, Mode};
 use crate::util::throttle::LogThrottle;
-use crate::{Algorithm, Quota};
+use crate::{algorithm::kind::Algorithm, quota::Quota};
 use arc_swap::ArcSwap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -271,7 +271,7 @@ pub(crate) fn fallback_limit(
 fn limit_for(
     tier: &str,
     algorithm: Algorithm,
-    q: crate::Quota,
+    q: crate::quota::Quota,
     period_us: u64,
 ) -> Result<Limit, ConfigError> {
     let too_large = |field: &'static str, detail: String| ConfigError::QuotaTooLarge {

@@ -34,7 +34,7 @@
 use crate::algorithm::Decision;
 use crate::backend::TierCheck;
 use crate::error::BackendError;
-use crate::RateLimitHandle;
+use crate::handle::RateLimitHandle;
 use std::time::Duration;
 
 /// One key's numbers in one tier, as [`RateLimitHandle::peek`] reads them:

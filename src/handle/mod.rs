@@ -9,7 +9,7 @@ use crate::observe::recorder::{AnomalyStatus, BucketCounts};
 use crate::observe::topn::{BlockedKey, Kind};
 use crate::observe::DecisionCounts;
 use crate::rollout::{AccessList, Mode};
-use crate::{Algorithm, ConfigError, Quota};
+use crate::{algorithm::kind::Algorithm, error::ConfigError, quota::Quota};
 use std::fmt;
 use std::sync::Arc;
 
@@ -377,8 +377,8 @@ impl RateLimitHandle {
         tier: &str,
         n: usize,
         window: std::time::Duration,
-    ) -> Result<Vec<BlockedKey>, crate::BackendError> {
-        let no = |why: &str| crate::BackendError::Unsupported(why.to_owned());
+    ) -> Result<Vec<BlockedKey>, crate::error::BackendError> {
+        let no = |why: &str| crate::error::BackendError::Unsupported(why.to_owned());
         let i = self
             .shared
             .tier_index(tier)

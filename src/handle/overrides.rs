@@ -48,8 +48,8 @@ use crate::algorithm::Decision;
 use crate::backend::override_rule::{Active, Effect, CODE_QUOTA, CODE_UNLIMITED};
 use crate::backend::TierCheck;
 use crate::error::BackendError;
-use crate::Quota;
-use crate::RateLimitHandle;
+use crate::handle::RateLimitHandle;
+use crate::quota::Quota;
 use std::time::Duration;
 
 /// The suffix of an override's key: `<tier key>{ov}`.
@@ -147,7 +147,7 @@ pub enum OverrideError {
     InvalidKey,
     /// The quota is not valid for the tier (the message names the field).
     #[error(transparent)]
-    Quota(#[from] crate::ConfigError),
+    Quota(#[from] crate::error::ConfigError),
     /// The backend could not answer (or not within `backend_timeout`).
     #[error(transparent)]
     Backend(#[from] BackendError),

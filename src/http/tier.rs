@@ -2,7 +2,7 @@
 
 use crate::algorithm::kind::{Algorithm, DEFAULT_LEASE};
 use crate::key::KeyExtractor;
-use crate::{rollout::Mode, Quota};
+use crate::{quota::Quota, rollout::Mode};
 use std::fmt;
 use std::sync::Arc;
 
@@ -42,7 +42,7 @@ pub struct Tier {
     pub(crate) plan_fn: Option<PlanFn>,
     pub(crate) skip_failed_requests: bool,
     pub(crate) skip_successful_requests: bool,
-    pub(crate) penalty: Option<crate::Penalty>,
+    pub(crate) penalty: Option<crate::algorithm::penalty::Penalty>,
     pub(crate) overrides: bool,
     pub(crate) lease: Option<crate::engine::token_lease::TokenLease>,
 }
@@ -106,7 +106,7 @@ impl Tier {
 
     /// A penalty box on this tier (see [`Penalty`](crate::Penalty)): keys
     /// it denies too often are blocked for a while, fleet-wide.
-    pub fn penalty(mut self, penalty: crate::Penalty) -> Self {
+    pub fn penalty(mut self, penalty: crate::algorithm::penalty::Penalty) -> Self {
         self.penalty = Some(penalty);
         self
     }

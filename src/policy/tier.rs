@@ -4,7 +4,7 @@
 use crate::error::ConfigError;
 use crate::key::{ApiKey, ClientIp, Endpoint, Global, User};
 use crate::util::de::{FieldIn, Header};
-use crate::{rollout::Mode, Algorithm, Quota, Tier};
+use crate::{algorithm::kind::Algorithm, http::tier::Tier, quota::Quota, rollout::Mode};
 use http::HeaderName;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -76,7 +76,7 @@ pub struct TierPolicy {
     /// A penalty box (`[tier.penalty]`: `violations`, `window`, `block`,
     /// optional `backoff`, `memory`, `max_block`); see [`Penalty`](crate::Penalty).
     #[serde(default)]
-    pub penalty: Option<crate::Penalty>,
+    pub penalty: Option<crate::algorithm::penalty::Penalty>,
     /// Whether the tier takes per-key overrides (default `false`; see
     /// [`Tier::overrides`](crate::Tier::overrides)).
     #[serde(default)]

@@ -15,7 +15,7 @@ use super::entry::Entry;
 use super::pool::TierLease;
 use crate::algorithm::Decision;
 use crate::engine::runtime::checked_limit;
-use crate::{Algorithm, Quota};
+use crate::{algorithm::kind::Algorithm, quota::Quota};
 use std::sync::atomic::Ordering;
 
 /// xorshift64*: seeded, reproducible.

@@ -183,9 +183,11 @@ impl ClientIp {
     /// What [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build)
     /// refuses: an `ipv6_prefix` above 128, which only a policy file can
     /// give (the setter clamps).
-    pub(crate) fn check(&self) -> Result<(), crate::ConfigError> {
+    pub(crate) fn check(&self) -> Result<(), crate::error::ConfigError> {
         if self.ipv6_prefix > 128 {
-            return Err(crate::ConfigError::InvalidIpv6Prefix(self.ipv6_prefix));
+            return Err(crate::error::ConfigError::InvalidIpv6Prefix(
+                self.ipv6_prefix,
+            ));
         }
         Ok(())
     }
