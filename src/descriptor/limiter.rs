@@ -65,9 +65,9 @@ pub struct Answer {
     pub statuses: Vec<DescriptorStatus>,
     /// The binding rule's numbers (the denying rule with the longest wait,
     /// or the rule with the least remaining), written as the configured
-    /// [`HeaderStyle`] with [`RateLimitHeaders::write`].
+    /// [`HeaderStyle`](crate::response::HeaderStyle) with [`RateLimitHeaders::write`].
     pub headers: Option<RateLimitHeaders>,
-    /// The backend could not decide and [`FailurePolicy::Open`] let the
+    /// The backend could not decide and [`FailurePolicy::Open`](crate::FailurePolicy::Open) let the
     /// request through (its statuses carry no limits).
     pub fail_open: bool,
 }
@@ -94,13 +94,13 @@ pub enum RequestError {
         entries: usize,
     },
     /// The backend could not decide and the failure policy is
-    /// [`FailurePolicy::Closed`].
+    /// [`FailurePolicy::Closed`](crate::FailurePolicy::Closed).
     #[error("rate limiter unavailable")]
     Unavailable,
 }
 
-/// A rule as compiled: its engine tier (none when unlimited).
-
+/// The engine deciding descriptors (see the [module docs](super)). Cloning
+/// is cheap.
 #[derive(Debug, Clone)]
 pub struct DescriptorLimiter {
     pub(super) layer: RateLimitLayer,
@@ -245,7 +245,7 @@ impl DescriptorLimiter {
     /// # Errors
     /// A [`RequestError`] for a request that cannot be decided (empty or
     /// unknown domain, too many descriptors, a descriptor without entries),
-    /// or [`RequestError::Unavailable`] under [`FailurePolicy::Closed`].
+    /// or [`RequestError::Unavailable`] under [`FailurePolicy::Closed`](crate::FailurePolicy::Closed).
     pub async fn check(
         &self,
         domain: &str,
@@ -436,7 +436,6 @@ impl DescriptorLimiter {
 }
 
 /// A request's descriptors as the engine's facts: tier `t` is asked once
-
 /// per group of its descriptors with the same values.
 pub(super) struct DescriptorFacts<'a> {
     pub(super) descriptors: &'a [Descriptor<'a>],

@@ -6,6 +6,7 @@ use super::rules::EntryMatch;
 use crate::quota::Quota;
 use std::sync::Arc;
 
+/// A descriptor of a request: its entries, and optionally its own cost
 /// (Envoy's per-descriptor `hits_addend`).
 #[derive(Debug, Clone, Default)]
 pub struct Descriptor<'a> {
@@ -25,6 +26,7 @@ impl<'a> Descriptor<'a> {
     }
 }
 
+/// A rule as compiled: its engine tier (none when unlimited).
 #[derive(Debug)]
 pub(super) struct Compiled {
     pub(super) name: Arc<str>,
@@ -48,9 +50,6 @@ impl Compiled {
         self.entries.iter().map(|e| e.value.is_some())
     }
 }
-
-/// The engine deciding descriptors (see the [module docs](self)). Cloning
-/// is cheap.
 
 impl DescriptorLimiter {
     /// The rule a descriptor matches (the most specific).

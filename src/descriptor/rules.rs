@@ -76,8 +76,6 @@ pub struct RuleLimit {
     pub quota: Quota,
 }
 
-/// A descriptor of a request: its entries, and optionally its own cost
-
 /// What a failed backend makes the service answer under
 /// [`FailurePolicy::Closed`] (Envoy's server: `failure_status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
