@@ -84,7 +84,7 @@ pub enum ConfigError {
         /// The tier's name.
         tier: String,
         /// The tier's algorithm.
-        algorithm: crate::Algorithm,
+        algorithm: crate::algorithm::kind::Algorithm,
     },
     /// A quota value the Redis script could not compute exactly: it counts in
     /// Lua doubles, and every value it handles must stay at or below 2^53.

@@ -76,44 +76,38 @@
 pub mod admin;
 pub mod algorithm;
 pub mod backend;
-mod breaker;
-pub mod control;
-mod de;
-mod deny_cache;
 pub mod descriptor;
 mod engine;
 mod error;
-mod front;
-mod future;
-#[cfg(feature = "grpc")]
-#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
-pub mod grpc;
 mod handle;
-pub mod inspect;
+mod http;
 pub mod key;
-mod layer;
 pub mod observe;
 pub mod offline;
-pub mod overrides;
-mod penalty;
 pub mod policy;
 mod quota;
 pub mod response;
 pub mod rollout;
-mod service;
-mod throttle;
-mod tier;
-pub mod token_lease;
+mod util;
 
-pub use breaker::CircuitBreaker;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub use http::grpc;
+
+pub use algorithm::kind::{Algorithm, AlgorithmNameError, LeakyBucket};
+pub use algorithm::penalty::Penalty;
+pub use engine::breaker::CircuitBreaker;
+pub use engine::token_lease;
+pub use engine::MAX_TIERS;
 pub use error::{BackendError, ConfigError, PingError};
-pub use future::ResponseFuture;
+pub use handle::{control, inspect, overrides};
 pub use handle::{Changes, RateLimitHandle, TierStatus};
-pub use layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder, MAX_TIERS};
-pub use penalty::Penalty;
+pub use http::body::{BodyLease, ResponseBody};
+pub use http::future::ResponseFuture;
+pub use http::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
+pub use http::service::RateLimitService;
+pub use http::tier::Tier;
 pub use quota::Quota;
-pub use service::RateLimitService;
-pub use tier::{Algorithm, AlgorithmNameError, LeakyBucket, Tier};
 
 /// The README's Rust code, compiled (and, unless `no_run`, run) by
 /// `cargo test --doc`.

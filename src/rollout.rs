@@ -24,8 +24,8 @@
 //! first, so a client on both lists is refused. The global `Mode::Off` (the
 //! kill switch) turns everything off, the denylist included.
 
-use crate::de::{FieldIn, Header, Nets};
 use crate::key::ClientIp;
+use crate::util::de::{FieldIn, Header, Nets};
 use http::request::Parts;
 use http::StatusCode;
 use ipnet::IpNet;
@@ -397,9 +397,11 @@ fn no_peer_address() {
         "reason" => "missing_connect_info"
     )
     .increment(1);
-    static LOG: std::sync::OnceLock<crate::throttle::LogThrottle> = std::sync::OnceLock::new();
-    let log =
-        LOG.get_or_init(|| crate::throttle::LogThrottle::new(std::time::Duration::from_secs(60)));
+    static LOG: std::sync::OnceLock<crate::util::throttle::LogThrottle> =
+        std::sync::OnceLock::new();
+    let log = LOG.get_or_init(|| {
+        crate::util::throttle::LogThrottle::new(std::time::Duration::from_secs(60))
+    });
     if let Some(suppressed) = log.permit() {
         tracing::error!(
             reason = "missing_connect_info",

@@ -393,7 +393,7 @@ async fn burst<S>(svc: &mut S, n: usize) -> Vec<(u16, Option<String>)>
 where
     S: tower::Service<
         http::Request<axum::body::Body>,
-        Response = http::Response<tiered_ratelimit::response::ResponseBody<axum::body::Body>>,
+        Response = http::Response<tiered_ratelimit::ResponseBody<axum::body::Body>>,
     >,
     S::Error: std::fmt::Debug,
 {

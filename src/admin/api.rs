@@ -6,7 +6,10 @@ use super::reply::{error, json_body, json_response, unknown_tier};
 use super::{Admin, MAX_TOP_N};
 use crate::observe::recorder::{AnomalyStatus, BucketCounts};
 use crate::observe::topn::BlockedKey;
-use crate::{observe::DecisionCounts, Algorithm, LeakyBucket, RateLimitHandle, TierStatus};
+use crate::{
+    algorithm::kind::Algorithm, algorithm::kind::LeakyBucket, handle::RateLimitHandle,
+    handle::TierStatus, observe::DecisionCounts,
+};
 use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use http::StatusCode;
@@ -155,7 +158,7 @@ fn counts_json(c: &DecisionCounts) -> Value {
     })
 }
 
-fn quota_json(q: &crate::Quota) -> Value {
+fn quota_json(q: &crate::quota::Quota) -> Value {
     json!({
         "limit": q.limit(),
         "period": humantime::format_duration(q.period()).to_string(),

@@ -126,11 +126,11 @@ mod tests {
 
     #[test]
     fn empty_token_matches_nothing() {
-        let layer = crate::RateLimitLayer::builder()
-            .tier(crate::Tier::new(
+        let layer = crate::http::layer::RateLimitLayer::builder()
+            .tier(crate::http::tier::Tier::new(
                 "g",
                 crate::key::Global,
-                crate::Quota::per_second(1),
+                crate::quota::Quota::per_second(1),
             ))
             .build()
             .unwrap();

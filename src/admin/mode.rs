@@ -2,7 +2,7 @@
 //! control key or this process), and the log line each leaves.
 
 use super::reply::{error, unknown_tier};
-use crate::{rollout::Mode, RateLimitHandle};
+use crate::{handle::RateLimitHandle, rollout::Mode};
 use axum::response::Response;
 use http::StatusCode;
 
@@ -11,7 +11,7 @@ pub(super) enum ModeError {
     Invalid(String),
     UnknownTier(String),
     /// The control key could not be written: nothing changed.
-    Control(crate::control::ControlError),
+    Control(crate::handle::control::ControlError),
 }
 
 impl ModeError {

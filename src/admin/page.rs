@@ -8,7 +8,7 @@ use super::html::Esc;
 use super::mode::{apply_mode, scope};
 use super::reply::{base_of, error, page_path, read_body, see_other};
 use super::Admin;
-use crate::inspect::{InspectError, KeyStatus};
+use crate::handle::inspect::{InspectError, KeyStatus};
 use crate::rollout::Mode;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -123,7 +123,7 @@ fn mode_select(current: Mode) -> String {
 /// Each tier taking overrides, and its list.
 type OverrideLists = [(
     String,
-    Result<Vec<crate::overrides::OverrideEntry>, crate::overrides::OverrideError>,
+    Result<Vec<crate::handle::overrides::OverrideEntry>, crate::handle::overrides::OverrideError>,
 )];
 
 fn render_page(
@@ -348,7 +348,7 @@ fn key_cell(stored: &str) -> String {
     )
 }
 
-fn quota_text(q: &crate::Quota) -> String {
+fn quota_text(q: &crate::quota::Quota) -> String {
     let mut s = format!("{} / {}", q.limit(), humantime::format_duration(q.period()));
     if q.burst_size() != q.limit() {
         let _ = write!(s, ", burst {}", q.burst_size());
@@ -356,8 +356,13 @@ fn quota_text(q: &crate::Quota) -> String {
     s
 }
 
-/// "Why is this key blocked?": a key's numbers ([`crate::inspect`]).
-fn render_lookup(s: &mut String, tiers: &[crate::TierStatus], base: &str, lookup: Option<&Lookup>) {
+/// "Why is this key blocked?": a key's numbers ([`crate::handle::inspect`]).
+fn render_lookup(
+    s: &mut String,
+    tiers: &[crate::handle::TierStatus],
+    base: &str,
+    lookup: Option<&Lookup>,
+) {
     let page = page_path(base);
     let (cur_tier, cur_key) = lookup.map_or(("", ""), |(t, k, _)| (t.as_str(), k.as_str()));
     let _ = write!(
@@ -403,7 +408,7 @@ fn render_lookup(s: &mut String, tiers: &[crate::TierStatus], base: &str, lookup
     s.push_str("</section>");
 }
 
-/// Per-key overrides ([`crate::overrides`]): each tier's list with a remove
+/// Per-key overrides ([`crate::handle::overrides`]): each tier's list with a remove
 /// button, and a form to add one (`POST /key`, `action=override`).
 fn render_overrides(s: &mut String, base: &str, lists: &OverrideLists) {
     let action = format!("{base}/key");
@@ -455,14 +460,14 @@ fn render_overrides(s: &mut String, base: &str, lists: &OverrideLists) {
 
 /// A rule as the page's form writes it: `unlimited`, `blocked`, or
 /// `<limit>/<period>` (humantime).
-fn form_rule(s: &str) -> Option<crate::overrides::Override> {
-    use crate::overrides::Override;
+fn form_rule(s: &str) -> Option<crate::handle::overrides::Override> {
+    use crate::handle::overrides::Override;
     match s.trim() {
         "unlimited" => Some(Override::Unlimited),
         "blocked" => Some(Override::Blocked),
         r => {
             let (limit, period) = r.split_once('/')?;
-            let q = crate::Quota::new(
+            let q = crate::quota::Quota::new(
                 limit.trim().parse().ok()?,
                 humantime::parse_duration(period.trim()).ok()?,
             );
@@ -481,7 +486,7 @@ async fn form_override(
     key: &str,
     fields: &[(String, String)],
 ) -> Response {
-    use crate::overrides::OverrideError;
+    use crate::handle::overrides::OverrideError;
     let field = |name: &str| {
         fields
             .iter()

@@ -14,6 +14,7 @@
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
+pub(crate) mod kind;
 pub mod penalty;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
@@ -104,7 +105,7 @@ pub enum Limit {
     Concurrency(Concurrency),
     /// [`penalty`]: a tier's penalty box, checked right after the tier.
     Penalty(PenaltyBox),
-    /// A per-key override's read (see [`crate::overrides`]), checked
+    /// A per-key override's read (see [`crate::handle::overrides`]), checked
     /// right before its tier: always allows, never charged.
     Override,
 }

@@ -265,7 +265,7 @@ impl Backend {
     }
 
     /// Stores a per-key override under `key` (`<tier key>{ov}`) and its
-    /// listing in `index` (see [`crate::overrides`]).
+    /// listing in `index` (see [`crate::handle::overrides`]).
     pub(crate) async fn set_override(
         &self,
         key: &str,
@@ -331,7 +331,7 @@ impl Backend {
     pub async fn ping(
         &self,
         timeout: std::time::Duration,
-    ) -> Result<std::time::Duration, crate::PingError> {
+    ) -> Result<std::time::Duration, crate::error::PingError> {
         let started = std::time::Instant::now();
         match self {
             Backend::Memory(_) => {
@@ -346,7 +346,7 @@ impl Backend {
                 };
                 answer
                     .map(|()| started.elapsed())
-                    .map_err(|source| crate::PingError {
+                    .map_err(|source| crate::error::PingError {
                         backend: r.describe(),
                         source,
                     })

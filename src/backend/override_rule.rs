@@ -1,5 +1,5 @@
 //! A per-key override as a check applies it ([`Active`]): the data the
-//! backends store and read, below the public API of [`crate::overrides`]
+//! backends store and read, below the public API of [`crate::handle::overrides`]
 //! (which sets, removes and lists them through the backends).
 
 use crate::algorithm::{Decision, Limit};
@@ -25,7 +25,7 @@ pub(crate) enum Effect {
 }
 
 /// The override check's `remaining`, read by the engine
-/// ([`apply_codes`](crate::overrides::apply_codes)): 0 none, 1 unlimited, 2 blocked, 3 + the quota's
+/// ([`apply_codes`](crate::handle::overrides::apply_codes)): 0 none, 1 unlimited, 2 blocked, 3 + the quota's
 /// capacity.
 pub(crate) const CODE_UNLIMITED: u64 = 1;
 const CODE_BLOCKED: u64 = 2;

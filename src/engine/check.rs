@@ -21,7 +21,7 @@ use super::outcome::outcome;
 use super::plan::{plan, Meta, Planned, Purpose};
 use super::runtime::Shared;
 use crate::backend::{Backend, Check, CheckFuture, TierCheck, Verdict};
-use crate::breaker::Permit;
+use crate::engine::breaker::Permit;
 use crate::error::BackendError;
 use std::fmt;
 use std::future::Future;
@@ -137,8 +137,8 @@ enum State {
         meta: Meta,
         /// The concurrency checks' lease ids while no answer says whether
         /// they were taken: released if the request is dropped now or the
-        /// call fails (see [`super::lease`]).
-        unanswered: Option<Box<super::lease::Leases>>,
+        /// call fails (see [`super::slots`]).
+        unanswered: Option<Box<super::slots::Slots>>,
     },
     Done,
 }
@@ -213,7 +213,7 @@ impl Pending {
 
 /// The state of a check whose call is in flight.
 fn checking(shared: &Shared, check: CheckFuture, meta: Meta) -> State {
-    let unanswered = super::lease::Leases::unanswered(shared, &meta);
+    let unanswered = super::slots::Slots::unanswered(shared, &meta);
     State::Checking {
         check,
         meta,

@@ -57,7 +57,7 @@ pub(crate) struct Allow {
     pub(crate) details: Option<Box<Details>>,
     /// The concurrency slots it holds: released when dropped (the front
     /// door keeps them until the response is over).
-    pub(crate) leases: Option<Box<super::lease::Leases>>,
+    pub(crate) leases: Option<Box<super::slots::Slots>>,
 }
 
 /// Every check's result (for a front door that answers per check): the
@@ -194,8 +194,9 @@ pub(crate) fn refund_failed(e: &BackendError) {
         "kind" => e.kind()
     )
     .increment(1);
-    static LOG: std::sync::OnceLock<crate::throttle::LogThrottle> = std::sync::OnceLock::new();
-    let log = LOG.get_or_init(|| crate::throttle::LogThrottle::new(Duration::from_secs(1)));
+    static LOG: std::sync::OnceLock<crate::util::throttle::LogThrottle> =
+        std::sync::OnceLock::new();
+    let log = LOG.get_or_init(|| crate::util::throttle::LogThrottle::new(Duration::from_secs(1)));
     if let Some(suppressed) = log.permit() {
         tracing::warn!(target: super::LOG_TARGET,
             error = %e,

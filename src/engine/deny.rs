@@ -7,7 +7,7 @@ use super::plan::Meta;
 use super::runtime::{RefundOn, Shared};
 use crate::algorithm::Decision as TierResult;
 use crate::backend::{TierCheck, Verdict};
-use crate::deny_cache::{
+use crate::engine::deny_cache::{
     keeps_room, longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role,
 };
 use crate::observe::topn::Kind;
@@ -28,7 +28,7 @@ pub(crate) enum Cached {
 
 /// Looks the enforced checks up in the deny cache. It answers 429 only
 /// when it knows the whole answer the backend would give (see
-/// [`crate::deny_cache`]): the binding tier — the enforced denying tier with
+/// [`crate::engine::deny_cache`]): the binding tier — the enforced denying tier with
 /// the longest wait, the first on a tie, as [`decide`] picks it — must be one
 /// with a live entry, which holds when every other enforced check either
 /// has a live entry with a shorter wait (or an equal one, after it) or
@@ -197,8 +197,8 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     let mut room: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
     for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
         let charged = v.charges.get(i).and_then(|c| c.as_ref());
-        let overridden =
-            shared.key_overrides && crate::overrides::overridden(&meta.sent, &v.decisions, i);
+        let overridden = shared.key_overrides
+            && crate::handle::overrides::overridden(&meta.sent, &v.decisions, i);
         if meta.shadow.contains(i) || overridden {
             // Its charge (a shadow tier that allows is charged) changed
             // the key's state all the same.

@@ -19,18 +19,20 @@
 //! [`runtime`] holds the state all of them read ([`runtime::Shared`]);
 //! [`watch`] keeps the control key's overrides in it up to date.
 
+pub(crate) mod breaker;
 pub(crate) mod check;
 pub(crate) mod decide;
 pub(crate) mod decision;
 pub(crate) mod deny;
+pub(crate) mod deny_cache;
 pub(crate) mod facts;
-pub(crate) mod lease;
-pub(crate) mod leased;
 pub(crate) mod no_key;
 pub(crate) mod outcome;
 pub(crate) mod plan;
 pub(crate) mod runtime;
+pub(crate) mod slots;
 pub(crate) mod spare;
+pub mod token_lease;
 pub(crate) mod watch;
 
 #[cfg(test)]
@@ -43,6 +45,9 @@ pub(crate) const LOG_TARGET: &str = "tiered_ratelimit::service";
 
 /// The same for the control key's watcher (formerly `control.rs`).
 pub(crate) const CONTROL_LOG_TARGET: &str = "tiered_ratelimit::control";
+
+/// The most tiers one layer may have.
+pub const MAX_TIERS: usize = 64;
 
 pub(crate) use check::{Engine, Pending, Step};
 pub(crate) use decision::{Allow, Block, Decision};

@@ -75,7 +75,7 @@ pub(crate) fn outcome(
                 penalty_limits(meta, &mut v);
             }
             if shared.key_overrides {
-                crate::overrides::apply_codes(&meta.sent, &mut v.decisions);
+                crate::handle::overrides::apply_codes(&meta.sent, &mut v.decisions);
             }
             feed_deny_cache(shared, meta, &v);
             if !meta.quiet {
@@ -211,7 +211,7 @@ fn with_leases(
     v: &Verdict,
 ) -> Decision {
     if let Decision::Allow(a) = &mut d {
-        a.leases = super::lease::Leases::of(shared, backend, meta, v);
+        a.leases = super::slots::Slots::of(shared, backend, meta, v);
     }
     d
 }

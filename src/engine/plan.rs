@@ -7,8 +7,8 @@ use super::runtime::{
 };
 use crate::algorithm::Limit;
 use crate::backend::{Shadow, TierCheck};
-use crate::breaker::Permit;
-use crate::deny_cache::ProbeGuard;
+use crate::engine::breaker::Permit;
+use crate::engine::deny_cache::ProbeGuard;
 use crate::error::BackendError;
 use crate::key::KeyError;
 use crate::observe::RequestDecision;
@@ -53,15 +53,15 @@ pub(crate) struct Meta {
     pub(crate) probe: Option<ProbeGuard>,
     /// Held while the backend check is in flight, until the answer has
     /// been fed to the deny cache (for its room facts: see
-    /// [`crate::deny_cache`]).
-    pub(crate) flight: Option<crate::deny_cache::Flight>,
+    /// [`crate::engine::deny_cache`]).
+    pub(crate) flight: Option<crate::engine::deny_cache::Flight>,
     /// For tiers with plans: each check's plan (`None` = the tier's
     /// default), with its position among the tier's plans.
     pub(crate) plans: Vec<Option<(usize, Arc<str>)>>,
     /// The decision carries every check's result ([`Facts::DETAILS`]).
     pub(crate) details: bool,
     /// What lease mode spent locally for this request (`engine/leased.rs`).
-    pub(crate) leased: Option<Box<super::leased::Taken>>,
+    pub(crate) leased: Option<Box<super::token_lease::taken::Taken>>,
 }
 
 impl Drop for Meta {
@@ -252,7 +252,7 @@ fn override_check(checks: &mut Vec<TierCheck>, meta: &mut Meta, plans: bool) {
     let Some(tier) = checks.last() else {
         return;
     };
-    let key = format!("{}{}", tier.key, crate::overrides::KEY_SUFFIX);
+    let key = format!("{}{}", tier.key, crate::handle::overrides::KEY_SUFFIX);
     // Same meta as its tier: pushed after it, then the two checks swapped.
     duplicate_meta(checks.len(), meta, plans);
     checks.push(TierCheck {
@@ -324,7 +324,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
     // checks (the shadow bitmask's width).
     let planned = tiers.flat_map(|(i, tr)| (0..facts.occurrences(i)).map(move |n| (i, tr, n)));
     for (i, (t, r), n) in planned {
-        if checks.len() == crate::MAX_TIERS {
+        if checks.len() == crate::engine::MAX_TIERS {
             break;
         }
         let tp = match plan_tier((i, t, r), n, &ov, global, facts, fallback, &mut key) {
@@ -381,11 +381,12 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
             let q = tp.plan.map_or(r.quota, |p| p.quota);
             let refills = matches!(
                 t.algorithm,
-                crate::tier::Algorithm::TokenBucket | crate::tier::Algorithm::LeakyBucket(_)
+                crate::algorithm::kind::Algorithm::TokenBucket
+                    | crate::algorithm::kind::Algorithm::LeakyBucket(_)
             );
             // 0 for a concurrency tier: no window, requests in flight.
             let period_us = match t.algorithm {
-                crate::tier::Algorithm::Concurrency { .. } => 0,
+                crate::algorithm::kind::Algorithm::Concurrency { .. } => 0,
                 _ => u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX),
             };
             meta.quotas.push((q.limit(), period_us, refills));

@@ -1,19 +1,19 @@
 //! The engine's runtime state: the built tiers, the settings a handle can
 //! swap, the control key's overrides, and the limits compiled from quotas.
 
+use crate::algorithm::kind::LeakyBucket;
 use crate::algorithm::{Gcra, Limit, TokenBucket, Window, MAX_PERIOD_US};
 use crate::backend::clock::Clock;
 use crate::backend::{Backend, MemoryBackend};
-use crate::breaker::Breaker;
-use crate::control::ControlKey;
-use crate::deny_cache::DenyCache;
+use crate::engine::breaker::Breaker;
+use crate::engine::deny_cache::DenyCache;
 use crate::error::ConfigError;
+use crate::handle::control::ControlKey;
 use crate::observe::recorder::Observer;
 use crate::response::HeaderStyle;
 use crate::rollout::{AccessList, DenyStatus, Mode};
-use crate::throttle::LogThrottle;
-use crate::tier::LeakyBucket;
-use crate::{Algorithm, Quota};
+use crate::util::throttle::LogThrottle;
+use crate::{algorithm::kind::Algorithm, quota::Quota};
 use arc_swap::ArcSwap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,7 +63,7 @@ pub(crate) struct BuiltTier {
     /// Its penalty box, checked right after it (key `<key>{pb}`).
     pub(crate) penalty: Option<crate::algorithm::PenaltyBox>,
     /// Whether each check is preceded by a read of the key's override (key
-    /// `<key>{ov}`; see [`crate::overrides`]).
+    /// `<key>{ov}`; see [`crate::handle::overrides`]).
     pub(crate) overrides: bool,
     /// Its first requests without a key (see `engine/no_key.rs`).
     pub(crate) no_key: super::no_key::NoKeyWatch,
@@ -162,7 +162,7 @@ pub(crate) struct Shared {
     pub(crate) fleet_blocked: Option<crate::observe::fleet::FleetBlocked>,
     /// Lease mode's local tokens (Redis, with a leased tier; see
     /// `engine/leased.rs`).
-    pub(crate) leases: Option<super::leased::LeasePool>,
+    pub(crate) leases: Option<super::token_lease::pool::LeasePool>,
 }
 
 impl Shared {
@@ -271,7 +271,7 @@ pub(crate) fn fallback_limit(
 fn limit_for(
     tier: &str,
     algorithm: Algorithm,
-    q: crate::Quota,
+    q: crate::quota::Quota,
     period_us: u64,
 ) -> Result<Limit, ConfigError> {
     let too_large = |field: &'static str, detail: String| ConfigError::QuotaTooLarge {

@@ -59,7 +59,7 @@ pub(crate) fn verdict() -> Verdict {
 /// Gives a verdict back once its request is decided (its vectors, emptied).
 #[inline]
 pub(crate) fn give_back_verdict(mut v: Verdict) {
-    if v.decisions.capacity() == 0 || v.decisions.capacity() > crate::MAX_TIERS {
+    if v.decisions.capacity() == 0 || v.decisions.capacity() > crate::engine::MAX_TIERS {
         return;
     }
     v.decisions.clear();
@@ -82,7 +82,7 @@ pub(crate) fn give_back(checks: &mut Vec<TierCheck>) {
     give_back_keys(checks);
     let mut checks = std::mem::take(checks);
     checks.clear();
-    if checks.capacity() > crate::MAX_TIERS {
+    if checks.capacity() > crate::engine::MAX_TIERS {
         return;
     }
     let _ = CHECKS.try_with(|spare| {

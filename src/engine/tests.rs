@@ -13,7 +13,7 @@ use crate::error::BackendError;
 use crate::key::{Global, KeyError, KeyWriter};
 use crate::observe::RequestDecision;
 use crate::rollout::{AccessList, Mode};
-use crate::{Quota, RateLimitLayer, Tier};
+use crate::{http::layer::RateLimitLayer, http::tier::Tier, quota::Quota};
 use std::borrow::Cow;
 use std::sync::Arc;
 

@@ -5,7 +5,7 @@
 //! poll interval ([`announce`]).
 
 use super::runtime::{Overrides, Shared};
-use crate::control::ControlError;
+use crate::handle::control::ControlError;
 use crate::rollout::Mode;
 use std::sync::Arc;
 #[cfg(feature = "redis")]

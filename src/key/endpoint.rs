@@ -79,7 +79,7 @@ pub(crate) fn route_of(parts: &Parts) -> (&'static str, &str) {
 fn route(parts: &Parts) -> Option<&str> {
     let route = matched_route(parts);
     #[cfg(feature = "grpc")]
-    let route = route.or_else(|| crate::grpc::method_path(parts));
+    let route = route.or_else(|| crate::http::grpc::method_path(parts));
     route
 }
 

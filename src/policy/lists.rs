@@ -1,8 +1,8 @@
 //! `[denylist]`: an [`AccessList`] and the status its clients get.
 //! (`[allowlist]` is an [`AccessList`] alone.)
 
-use crate::de::FieldIn;
 use crate::rollout::{AccessList, DenyStatus};
+use crate::util::de::FieldIn;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;

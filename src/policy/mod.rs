@@ -73,11 +73,11 @@ pub use tier::{KeySpec, PlanSource, TierPolicy};
 
 use crate::backend::Backend;
 use crate::error::ConfigError;
+use crate::http::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 use crate::key::ClientIp;
-use crate::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
 use crate::response::{HeaderStyle, RejectionBody};
 use crate::rollout::{AccessList, Mode};
-use crate::{control::ControlKey, CircuitBreaker};
+use crate::{engine::breaker::CircuitBreaker, handle::control::ControlKey};
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Duration;
@@ -313,7 +313,7 @@ mod tests {
     #[test]
     fn tables_are_the_builder_types() {
         use crate::key::ForwardedHeader;
-        use crate::{rollout::DenyStatus, Quota};
+        use crate::{quota::Quota, rollout::DenyStatus};
         let p = Policy::from_toml_str(
             r#"
 mode = "canary:5"
@@ -389,9 +389,11 @@ pro = { limit = 100, period = "1m", burst = 200 }
         let tier = &layer.handle().tiers()[0];
         assert_eq!(
             tier.algorithm,
-            crate::Algorithm::LeakyBucket(crate::LeakyBucket::Shape {
-                max_delay: Duration::from_millis(1500)
-            })
+            crate::algorithm::kind::Algorithm::LeakyBucket(
+                crate::algorithm::kind::LeakyBucket::Shape {
+                    max_delay: Duration::from_millis(1500)
+                }
+            )
         );
         assert_eq!(layer.handle().mode(), Mode::Canary { percent: 5 });
     }
@@ -399,7 +401,7 @@ pro = { limit = 100, period = "1m", burst = 200 }
     /// Every name of the one table is a valid `algorithm`.
     #[test]
     fn every_algorithm_name_is_accepted() {
-        for name in crate::Algorithm::NAMES {
+        for name in crate::algorithm::kind::Algorithm::NAMES {
             let max_delay = if name == "leaky_bucket_shape" {
                 "max_delay = '1s'"
             } else {

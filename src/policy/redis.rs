@@ -74,9 +74,9 @@ impl RedisConfig {
     /// `master_name`, or `master_name`, `db`, `username` or `password` come
     /// without `sentinels`; otherwise the constructor's error
     /// ([`ConfigError::InvalidRedisUrl`](crate::ConfigError::InvalidRedisUrl)).
-    pub fn backend(&self) -> Result<crate::backend::RedisBackend, crate::ConfigError> {
+    pub fn backend(&self) -> Result<crate::backend::RedisBackend, crate::error::ConfigError> {
         use crate::backend::{RedisBackend, SentinelMaster};
-        use crate::ConfigError;
+        use crate::error::ConfigError;
         let bad = |what: &str| ConfigError::Policy(format!("redis: {what}"));
         let kinds = [
             self.url.is_some(),

@@ -1,10 +1,10 @@
 //! `[[tier]]`: [`TierPolicy`], its `key` ([`KeySpec`]) and `plan`
 //! ([`PlanSource`]), and how it becomes a [`Tier`].
 
-use crate::de::{FieldIn, Header};
 use crate::error::ConfigError;
 use crate::key::{ApiKey, ClientIp, Endpoint, Global, User};
-use crate::{rollout::Mode, Algorithm, Quota, Tier};
+use crate::util::de::{FieldIn, Header};
+use crate::{algorithm::kind::Algorithm, http::tier::Tier, quota::Quota, rollout::Mode};
 use http::HeaderName;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -76,26 +76,26 @@ pub struct TierPolicy {
     /// A penalty box (`[tier.penalty]`: `violations`, `window`, `block`,
     /// optional `backoff`, `memory`, `max_block`); see [`Penalty`](crate::Penalty).
     #[serde(default)]
-    pub penalty: Option<crate::Penalty>,
+    pub penalty: Option<crate::algorithm::penalty::Penalty>,
     /// Whether the tier takes per-key overrides (default `false`; see
     /// [`Tier::overrides`](crate::Tier::overrides)).
     #[serde(default)]
     pub overrides: bool,
     /// How the tier's count is kept with the backend: `"request"` (the
     /// default: one script call per request) or `"lease"` (lease mode, see
-    /// [`crate::token_lease`]).
-    #[serde(default, deserialize_with = "crate::token_lease::sync_name")]
+    /// [`crate::engine::token_lease`]).
+    #[serde(default, deserialize_with = "crate::engine::token_lease::sync_name")]
     pub sync: Option<String>,
     /// With `sync = "lease"`: the demand one lease covers (humantime,
-    /// default `"100ms"`); see [`TokenLease::interval`](crate::token_lease::TokenLease::interval).
+    /// default `"100ms"`); see [`TokenLease::interval`](crate::engine::token_lease::TokenLease::interval).
     #[serde(default, with = "humantime_serde")]
     pub sync_interval: Option<Duration>,
     /// With `sync = "lease"`: the most tokens one instance holds of one key
-    /// (default the capacity ÷ 8); see [`TokenLease::max`](crate::token_lease::TokenLease::max).
+    /// (default the capacity ÷ 8); see [`TokenLease::max`](crate::engine::token_lease::TokenLease::max).
     #[serde(default)]
     pub sync_max: Option<u64>,
     /// With `sync = "lease"`: the least demand per interval for a key to be
-    /// leased (default 2); see [`TokenLease::min`](crate::token_lease::TokenLease::min).
+    /// leased (default 2); see [`TokenLease::min`](crate::engine::token_lease::TokenLease::min).
     #[serde(default)]
     pub sync_min: Option<u64>,
 }
@@ -192,7 +192,7 @@ impl TierPolicy {
             tier = tier.penalty(p);
         }
         tier = tier.overrides(self.overrides);
-        if let Some(lease) = crate::token_lease::from_policy(
+        if let Some(lease) = crate::engine::token_lease::from_policy(
             self.sync.as_deref(),
             self.sync_interval,
             self.sync_max,

@@ -25,11 +25,9 @@
 //! are never lost. The [`Rejection`] is also put in the response extensions
 //! for outer layers.
 
-mod body;
 mod headers;
 mod rejection;
 
-pub use body::{BodyLease, ResponseBody};
 pub(crate) use headers::effective_window_us;
 pub use headers::{
     HeaderStyle, RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,

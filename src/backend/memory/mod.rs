@@ -67,7 +67,7 @@ struct Inner {
     hasher: RandomState,
     clock: Clock,
     max_per_shard: usize,
-    /// Per-key overrides ([`crate::overrides`]), kept apart from the rate
+    /// Per-key overrides ([`crate::handle::overrides`]), kept apart from the rate
     /// state: set by an operator, few, never swept.
     overrides: std::sync::Mutex<overrides::Store>,
 }

@@ -1,4 +1,4 @@
-//! Per-key overrides in memory ([`crate::overrides`]): this process's own,
+//! Per-key overrides in memory ([`crate::handle::overrides`]): this process's own,
 //! looked up by the override check of a tier that takes them.
 
 use super::MemoryBackend;

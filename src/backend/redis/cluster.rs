@@ -38,7 +38,7 @@ use super::RedisBackend;
 use crate::algorithm::Decision;
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::error::BackendError;
-use crate::throttle::LogThrottle;
+use crate::util::throttle::LogThrottle;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::cluster_routing::Slot;
 use ::redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind};
@@ -65,7 +65,7 @@ pub(super) enum Via {
 pub(crate) fn cluster_key(key: &str) -> String {
     for suffix in [
         crate::algorithm::penalty::KEY_SUFFIX,
-        crate::overrides::KEY_SUFFIX,
+        crate::handle::overrides::KEY_SUFFIX,
     ] {
         if let Some(tier) = key.strip_suffix(suffix) {
             let mut k = cluster_key(tier);

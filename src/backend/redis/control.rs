@@ -1,4 +1,4 @@
-//! Reading and writing the fleet-wide control hash (see `crate::control`).
+//! Reading and writing the fleet-wide control hash (see `crate::handle::control`).
 
 use super::{Conn, RedisBackend};
 use crate::error::BackendError;

@@ -1,7 +1,7 @@
 //! `ClientIp`: keys by the client's IP address. The type, its settings and
 //! its key format live here; which address is the client's in `resolve.rs`,
 //! the forwarding headers in `header.rs`, entry parsing in `parse.rs`, the
-//! misconfiguration warning's throttle is `crate::throttle::Throttle`.
+//! misconfiguration warning's throttle is `crate::util::throttle::Throttle`.
 
 mod header;
 mod parse;
@@ -12,8 +12,8 @@ mod tests;
 pub use header::{ForwardedHeader, UnknownForwardedHeader};
 
 use super::{KeyError, KeyExtractor, KeyWriter};
-use crate::de::{FieldIn, Nets};
-use crate::throttle::Throttle;
+use crate::util::de::{FieldIn, Nets};
+use crate::util::throttle::Throttle;
 use http::request::Parts;
 use ipnet::{IpNet, Ipv6Net};
 use parse::canonical_net;
@@ -183,9 +183,11 @@ impl ClientIp {
     /// What [`RateLimitLayerBuilder::build`](crate::RateLimitLayerBuilder::build)
     /// refuses: an `ipv6_prefix` above 128, which only a policy file can
     /// give (the setter clamps).
-    pub(crate) fn check(&self) -> Result<(), crate::ConfigError> {
+    pub(crate) fn check(&self) -> Result<(), crate::error::ConfigError> {
         if self.ipv6_prefix > 128 {
-            return Err(crate::ConfigError::InvalidIpv6Prefix(self.ipv6_prefix));
+            return Err(crate::error::ConfigError::InvalidIpv6Prefix(
+                self.ipv6_prefix,
+            ));
         }
         Ok(())
     }

@@ -1,5 +1,8 @@
 use super::*;
+use crate::algorithm::{Decision, Limit};
 use crate::algorithm::{Gcra, State, TokenBucket, Window};
+use crate::backend::{Charge, Shadow, TierCheck, Verdict};
+use crate::error::BackendError;
 
 fn limits() -> Vec<Limit> {
     let w = Window {

@@ -11,7 +11,7 @@
 //! the flag pays nothing.
 //!
 //! Keys are **exact**: the key part as people read it or as stored (see
-//! [`crate::inspect`]), no prefix patterns.
+//! [`crate::handle::inspect`]), no prefix patterns.
 //!
 //! What an override does to its tier's decision:
 //! - [`Override::Quota`]: the tier decides on the override's quota (same
@@ -48,8 +48,8 @@ use crate::algorithm::Decision;
 use crate::backend::override_rule::{Active, Effect, CODE_QUOTA, CODE_UNLIMITED};
 use crate::backend::TierCheck;
 use crate::error::BackendError;
-use crate::Quota;
-use crate::RateLimitHandle;
+use crate::handle::RateLimitHandle;
+use crate::quota::Quota;
 use std::time::Duration;
 
 /// The suffix of an override's key: `<tier key>{ov}`.
@@ -142,12 +142,12 @@ pub enum OverrideError {
     /// [`Tier::overrides(true)`](crate::Tier::overrides).
     #[error("tier \"{0}\": no such tier taking overrides (Tier::overrides(true))")]
     UnknownTier(String),
-    /// The key is empty (any other text is a key: see [`crate::inspect`]).
+    /// The key is empty (any other text is a key: see [`crate::handle::inspect`]).
     #[error("key: empty (give the key as the admin page shows it, or as stored)")]
     InvalidKey,
     /// The quota is not valid for the tier (the message names the field).
     #[error(transparent)]
-    Quota(#[from] crate::ConfigError),
+    Quota(#[from] crate::error::ConfigError),
     /// The backend could not answer (or not within `backend_timeout`).
     #[error(transparent)]
     Backend(#[from] BackendError),
@@ -226,13 +226,13 @@ impl RateLimitHandle {
             .filter(|&i| shared.tiers[i].overrides)
             .ok_or_else(|| OverrideError::UnknownTier(tier.to_owned()))?;
         let key = crate::key::typed_key_part(key);
-        if !crate::inspect::valid_key(&key) {
+        if !crate::handle::inspect::valid_key(&key) {
             return Err(OverrideError::InvalidKey);
         }
         Ok((i, format!("{}{key}{KEY_SUFFIX}", shared.tiers[i].key_base)))
     }
 
-    /// Sets (or replaces) the override of `key` (as read or as stored: see [`crate::inspect`]) in
+    /// Sets (or replaces) the override of `key` (as read or as stored: see [`crate::handle::inspect`]) in
     /// `tier`, until `ttl` from now (`None`: until removed). On Redis every
     /// instance applies it from its next request of the key. Logged at
     /// `info` with `by` (who made the change, e.g. the admin token's name).

@@ -26,7 +26,7 @@
 //! ([`Tier::plans`](crate::Tier::plans)) has other numbers. A reset clears
 //! the backend's state and this process's deny cache for the key. Other
 //! instances drop their deny caches within one poll interval of the
-//! [control key](crate::control) (a reset or lift increments its
+//! [control key](crate::handle::control) (a reset or lift increments its
 //! `generation` field); without a control key, another instance may answer
 //! a cached 429 for that key until the retry time it was told (Redis) — at
 //! most the wait the last denial announced.
@@ -34,7 +34,7 @@
 use crate::algorithm::Decision;
 use crate::backend::TierCheck;
 use crate::error::BackendError;
-use crate::RateLimitHandle;
+use crate::handle::RateLimitHandle;
 use std::time::Duration;
 
 /// One key's numbers in one tier, as [`RateLimitHandle::peek`] reads them:
@@ -126,7 +126,7 @@ impl RateLimitHandle {
     }
 
     /// `key`'s numbers in `tier` now, **without consuming** anything: what a
-    /// request of the tier's cost would get (see the [module docs](crate::inspect)
+    /// request of the tier's cost would get (see the [module docs](crate::handle::inspect)
     /// for the key's form), under the key's per-key override when it has
     /// one ([`set_override`](Self::set_override): another quota's numbers,
     /// unlimited shown full, blocked denied with the time left). Each
@@ -213,7 +213,7 @@ impl RateLimitHandle {
     /// and offences), fleet-wide, leaving its rate state alone; this
     /// process forgets its cached denial. Returns whether there was any
     /// penalty state. Logged at `info`. The other instances' deny caches
-    /// follow within one [control key](crate::control) poll interval.
+    /// follow within one [control key](crate::handle::control) poll interval.
     ///
     /// # Errors
     /// [`InspectError::UnknownTier`] (also for a tier without a penalty
@@ -240,7 +240,7 @@ impl RateLimitHandle {
     /// Makes `key` start fresh in `tier`: its stored state is deleted (on
     /// Redis for the whole fleet), its penalty box too (see
     /// [`lift`](Self::lift)), and this process forgets any cached
-    /// denial of it (see the [module docs](crate::inspect) for other
+    /// denial of it (see the [module docs](crate::handle::inspect) for other
     /// instances). Returns whether the key held any state. Logged at `info`.
     ///
     /// # Errors

@@ -16,7 +16,10 @@
 //! `violations − 1` are kept), the end of the current block, the number of
 //! consecutive offences and when the last block started.
 
+mod config;
+
 use super::Decision;
+pub use config::Penalty;
 
 /// What a tier's key becomes for its penalty box: `<tier key>{pb}`. Key
 /// parts never hold `{` or `}`, so no tier's key can end so; on a cluster

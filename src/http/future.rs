@@ -2,8 +2,8 @@
 //! backend), then the inner service, then the headers.
 
 use crate::engine::{Allow, Decision, Pending};
-use crate::front::Front;
-use crate::response::ResponseBody;
+use crate::http::body::ResponseBody;
+use crate::http::front::Front;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
@@ -15,7 +15,7 @@ use std::task::{ready, Context, Poll};
 use tower_service::Service;
 
 pin_project! {
-    /// The response future of [`RateLimitService`](crate::service::RateLimitService).
+    /// The response future of [`RateLimitService`](crate::http::service::RateLimitService).
     pub struct ResponseFuture<S, ReqBody>
     where
         S: Service<Request<ReqBody>>,
@@ -195,7 +195,7 @@ where
                         None => ResponseBody::Inner { body },
                         Some(l) => ResponseBody::Leased {
                             body,
-                            lease: Some(crate::response::BodyLease(l)),
+                            lease: Some(crate::http::body::BodyLease(l)),
                         },
                     })));
                 }
@@ -215,7 +215,7 @@ where
 /// headers.
 fn failed<B>(res: &Response<B>) -> bool {
     #[cfg(feature = "grpc")]
-    return crate::grpc::failed(res.status(), res.headers());
+    return crate::http::grpc::failed(res.status(), res.headers());
     #[cfg(not(feature = "grpc"))]
     return res.status().as_u16() >= 400;
 }

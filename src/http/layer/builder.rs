@@ -3,14 +3,14 @@
 
 use super::DEFAULT_KEY_PREFIX;
 use crate::backend::Backend;
-use crate::breaker::CircuitBreaker;
-use crate::control::ControlKey;
+use crate::engine::breaker::CircuitBreaker;
 use crate::engine::runtime::FailurePolicy;
+use crate::handle::control::ControlKey;
+use crate::http::tier::Tier;
 use crate::key::ClientIp;
 use crate::observe::anomaly::AnomalyConfig;
 use crate::response::{HeaderStyle, JsonRejection, OnRejection};
 use crate::rollout::{AccessList, DenyStatus, Mode};
-use crate::Tier;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,7 +46,7 @@ pub struct RateLimitLayerBuilder {
     pub(super) fleet_pending_keys: usize,
     pub(super) no_key_warn_after: u64,
     #[cfg(feature = "grpc")]
-    pub(super) protocol: crate::grpc::Protocol,
+    pub(super) protocol: crate::http::grpc::Protocol,
 }
 
 impl Default for RateLimitLayerBuilder {
@@ -79,7 +79,7 @@ impl Default for RateLimitLayerBuilder {
             fleet_pending_keys: 10_000,
             no_key_warn_after: crate::engine::no_key::DEFAULT_WARN_AFTER,
             #[cfg(feature = "grpc")]
-            protocol: crate::grpc::Protocol::Auto,
+            protocol: crate::http::grpc::Protocol::Auto,
         }
     }
 }
@@ -239,7 +239,7 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Polls a fleet-wide control hash in Redis (see [`crate::control`]);
+    /// Polls a fleet-wide control hash in Redis (see [`crate::handle::control`]);
     /// Redis backends only (ignored by the memory backend).
     pub fn control_key(mut self, control: ControlKey) -> Self {
         self.control = Some(control);
@@ -272,12 +272,12 @@ impl RateLimitLayerBuilder {
     }
 
     /// Which protocol blocked requests are answered in (feature `grpc`;
-    /// default [`Protocol::Auto`](crate::grpc::Protocol::Auto): gRPC for
+    /// default [`Protocol::Auto`](crate::http::grpc::Protocol::Auto): gRPC for
     /// `application/grpc` requests, HTTP for the others). See
-    /// [`crate::grpc`].
+    /// [`crate::http::grpc`].
     #[cfg(feature = "grpc")]
     #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
-    pub fn protocol(mut self, protocol: crate::grpc::Protocol) -> Self {
+    pub fn protocol(mut self, protocol: crate::http::grpc::Protocol) -> Self {
         self.protocol = protocol;
         self
     }

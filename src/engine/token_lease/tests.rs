@@ -11,10 +11,11 @@
 //! * every denial happens with at most `instances × max` tokens held or in
 //!   flight fleet-wide (the documented false-denial bound).
 
-use super::{Entry, TierLease};
+use super::entry::Entry;
+use super::pool::TierLease;
 use crate::algorithm::Decision;
 use crate::engine::runtime::checked_limit;
-use crate::{Algorithm, Quota};
+use crate::{algorithm::kind::Algorithm, quota::Quota};
 use std::sync::atomic::Ordering;
 
 /// xorshift64*: seeded, reproducible.

@@ -33,7 +33,7 @@ pin_project! {
 
 /// The concurrency slots a response holds (see
 /// [`Tier::concurrency`](crate::Tier::concurrency)): released when dropped.
-pub struct BodyLease(pub(crate) Box<crate::engine::lease::Leases>);
+pub struct BodyLease(pub(crate) Box<crate::engine::slots::Slots>);
 
 impl std::fmt::Debug for BodyLease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -6,8 +6,8 @@ mod builder;
 pub use self::builder::RateLimitLayerBuilder;
 pub use crate::engine::runtime::FailurePolicy;
 use crate::engine::runtime::Shared;
-use crate::front::Front;
-use crate::service::RateLimitService;
+use crate::http::front::Front;
+use crate::http::service::RateLimitService;
 use std::fmt;
 use std::sync::Arc;
 
@@ -68,8 +68,8 @@ impl RateLimitLayer {
     /// A handle to change modes, quotas and lists at run time, without
     /// rebuilding the router. Every clone of the layer (and every service
     /// it made) sees the changes from the next request on.
-    pub fn handle(&self) -> crate::RateLimitHandle {
-        crate::RateLimitHandle::new(self.shared.clone())
+    pub fn handle(&self) -> crate::handle::RateLimitHandle {
+        crate::handle::RateLimitHandle::new(self.shared.clone())
     }
 }
 
@@ -80,9 +80,6 @@ impl<S> tower_layer::Layer<S> for RateLimitLayer {
         RateLimitService::new(inner, self.front.clone())
     }
 }
-
-/// The most tiers one layer may have.
-pub const MAX_TIERS: usize = 64;
 
 /// The storage key prefix when none is set.
 const DEFAULT_KEY_PREFIX: &str = "rl";

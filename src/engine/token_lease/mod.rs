@@ -65,6 +65,13 @@
 //! refuses it on other algorithms, with a penalty box, per-key overrides or
 //! refunds by status. Shadow and canary-observed checks are never leased.
 
+mod entry;
+mod fetch;
+pub(crate) mod pool;
+pub(crate) mod taken;
+#[cfg(test)]
+mod tests;
+
 use serde::{de, Deserialize, Deserializer};
 use std::time::Duration;
 

@@ -3,14 +3,14 @@
 //! cost and plan functions and methods), and turning the engine's
 //! decision into a response ([`Front::respond`]).
 //!
-//! The tower service ([`crate::service`]) and replay both decide through
+//! The tower service ([`crate::http::service`]) and replay both decide through
 //! this module, so both read a request the same way.
 
 use crate::engine::{Block, Engine, Facts};
+use crate::http::tier::{CostFn, PlanFn};
 use crate::key::{route_of, ClientIp, KeyError, KeyExtractor, KeyWriter};
 use crate::response::{json_response, unavailable, OnRejection};
 use crate::rollout::{AccessList, DenyStatus, Plan};
-use crate::tier::{CostFn, PlanFn};
 use bytes::Bytes;
 use http::request::Parts;
 use http::Response;
@@ -48,7 +48,7 @@ pub(crate) struct Front {
     pub(crate) on_rejection: Arc<dyn OnRejection>,
     /// How blocked requests are answered: HTTP, gRPC, or by content type.
     #[cfg(feature = "grpc")]
-    pub(crate) protocol: crate::grpc::Protocol,
+    pub(crate) protocol: crate::http::grpc::Protocol,
 }
 
 impl fmt::Debug for Front {
@@ -70,11 +70,11 @@ impl Front {
     /// `parts`) with: the rejection (429, its body from [`OnRejection`], the
     /// headers added after, the [`Rejection`](crate::response::Rejection) in
     /// the extensions), the denylist's 403 or 429, or the 503; or their gRPC
-    /// forms ([`crate::grpc`]) for a gRPC request.
+    /// forms ([`crate::http::grpc`]) for a gRPC request.
     pub(crate) fn respond(&self, block: Block, parts: &Parts) -> Response<Bytes> {
         #[cfg(feature = "grpc")]
         if self.protocol.grpc(parts) {
-            return crate::grpc::respond(block);
+            return crate::http::grpc::respond(block);
         }
         #[cfg(not(feature = "grpc"))]
         let _ = parts;

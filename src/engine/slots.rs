@@ -1,11 +1,11 @@
 //! Concurrency leases of one admitted request: a fresh lease id for every
-//! check of a concurrency tier, and [`Leases`], the guard a front door
+//! check of a concurrency tier, and [`Slots`], the guard a front door
 //! keeps until the response is over (the HTTP front door: until its body
 //! has been sent or dropped). Dropping the guard releases every slot; while
 //! it lives, a task renews the leases every half lease.
 //!
 //! While the backend call that may take the slots is in flight, an
-//! [`Leases::unanswered`] guard (no renewal) holds every concurrency
+//! [`Slots::unanswered`] guard (no renewal) holds every concurrency
 //! check's lease id: a request dropped then (its client gone), or whose
 //! call ends in an error (a timeout, a broken connection: the script may
 //! have run), releases them at once — a `ZREM` of an id the script never
@@ -15,7 +15,7 @@ use super::plan::Meta;
 use super::runtime::Shared;
 use crate::algorithm::{Concurrency, Limit};
 use crate::backend::{Backend, Verdict};
-use crate::throttle::LogThrottle;
+use crate::util::throttle::LogThrottle;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -37,7 +37,7 @@ type Held = (String, Concurrency, Arc<str>);
 /// The slots an admitted request holds on its concurrency tiers: released
 /// when dropped (memory: at once; Redis: one `ZREM` per slot, in a task of
 /// its own), renewed every half lease while held.
-pub(crate) struct Leases {
+pub(crate) struct Slots {
     backend: Backend,
     held: smallvec::SmallVec<[Held; 1]>,
     renewal: Option<tokio::task::AbortHandle>,
@@ -45,15 +45,15 @@ pub(crate) struct Leases {
     timeout: Duration,
 }
 
-impl std::fmt::Debug for Leases {
+impl std::fmt::Debug for Slots {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leases")
+        f.debug_struct("Slots")
             .field("held", &self.held.len())
             .finish_non_exhaustive()
     }
 }
 
-impl Leases {
+impl Slots {
     /// The leases a request was charged on `backend` (none when it was not
     /// charged, or has no concurrency tier).
     pub(crate) fn of(
@@ -61,7 +61,7 @@ impl Leases {
         backend: &Backend,
         meta: &Meta,
         v: &Verdict,
-    ) -> Option<Box<Leases>> {
+    ) -> Option<Box<Slots>> {
         let mut held = smallvec::SmallVec::new();
         let mut committed = None;
         for (i, c) in meta.sent.iter().enumerate() {
@@ -79,7 +79,7 @@ impl Leases {
         if held.is_empty() {
             return None;
         }
-        let mut leases = Box::new(Leases {
+        let mut leases = Box::new(Slots {
             backend: backend.clone(),
             held,
             renewal: None,
@@ -92,7 +92,7 @@ impl Leases {
     /// Every concurrency check of a call about to be sent (allowed or not:
     /// nobody knows yet), released when dropped and not renewed. `None`
     /// when the call has no concurrency check.
-    pub(crate) fn unanswered(shared: &Shared, meta: &Meta) -> Option<Box<Leases>> {
+    pub(crate) fn unanswered(shared: &Shared, meta: &Meta) -> Option<Box<Slots>> {
         let held: smallvec::SmallVec<[Held; 1]> = meta
             .sent
             .iter()
@@ -105,7 +105,7 @@ impl Leases {
             })
             .collect();
         (!held.is_empty()).then(|| {
-            Box::new(Leases {
+            Box::new(Slots {
                 backend: shared.backend.clone(),
                 held,
                 renewal: None,
@@ -115,7 +115,7 @@ impl Leases {
     }
 
     /// Forgets the slots without releasing them (the call answered: the
-    /// slots it took, if any, now belong to [`Leases::of`]'s guard).
+    /// slots it took, if any, now belong to [`Slots::of`]'s guard).
     pub(crate) fn disarm(&mut self) {
         self.held.clear();
     }
@@ -226,7 +226,7 @@ async fn renew(
     }
 }
 
-impl Drop for Leases {
+impl Drop for Slots {
     fn drop(&mut self) {
         if let Some(r) = self.renewal.take() {
             r.abort();

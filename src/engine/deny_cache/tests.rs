@@ -1,7 +1,7 @@
 use super::*;
 use crate::algorithm::State;
 use crate::engine::runtime::checked_limit;
-use crate::{Algorithm, Quota};
+use crate::{algorithm::kind::Algorithm, quota::Quota};
 use proptest::prelude::*;
 
 fn limit(algorithm: Algorithm, n: u64, period_ms: u64) -> Limit {

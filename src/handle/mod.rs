@@ -1,11 +1,15 @@
 //! [`RateLimitHandle`]: change modes, quotas and lists at run time.
 
+pub mod control;
+pub mod inspect;
+pub mod overrides;
+
 use crate::engine::runtime::{checked_limit, fallback_limit, PlanRuntime, Runtime, Shared};
 use crate::observe::recorder::{AnomalyStatus, BucketCounts};
 use crate::observe::topn::{BlockedKey, Kind};
 use crate::observe::DecisionCounts;
 use crate::rollout::{AccessList, Mode};
-use crate::{Algorithm, ConfigError, Quota};
+use crate::{algorithm::kind::Algorithm, error::ConfigError, quota::Quota};
 use std::fmt;
 use std::sync::Arc;
 
@@ -218,7 +222,7 @@ impl RateLimitHandle {
     }
 
     /// The global mode in force: the control key's override if it sets one
-    /// (see [`crate::control`]), else [`mode`](Self::mode).
+    /// (see [`crate::handle::control`]), else [`mode`](Self::mode).
     pub fn effective_mode(&self) -> Mode {
         self.shared
             .overrides
@@ -373,8 +377,8 @@ impl RateLimitHandle {
         tier: &str,
         n: usize,
         window: std::time::Duration,
-    ) -> Result<Vec<BlockedKey>, crate::BackendError> {
-        let no = |why: &str| crate::BackendError::Unsupported(why.to_owned());
+    ) -> Result<Vec<BlockedKey>, crate::error::BackendError> {
+        let no = |why: &str| crate::error::BackendError::Unsupported(why.to_owned());
         let i = self
             .shared
             .tier_index(tier)
@@ -426,7 +430,7 @@ impl RateLimitHandle {
     }
 
     /// The fleet-wide control hash's Redis key, when the layer polls one (a
-    /// [`ControlKey`](crate::control::ControlKey) and a Redis backend): where
+    /// [`ControlKey`](crate::handle::control::ControlKey) and a Redis backend): where
     /// [`set_fleet_mode`](Self::set_fleet_mode) writes.
     pub fn fleet_control_key(&self) -> Option<&str> {
         crate::engine::watch::key_of(&self.shared)
@@ -435,18 +439,18 @@ impl RateLimitHandle {
     /// Sets the mode of every instance: writes the control hash's `mode`
     /// field (`tier` `None`) or `tier:<name>`, then applies the hash here
     /// at once; the other instances follow within their poll interval (see
-    /// [`crate::control`]). Undo with `HDEL` (or set `enforce`).
+    /// [`crate::handle::control`]). Undo with `HDEL` (or set `enforce`).
     pub async fn set_fleet_mode(
         &self,
         tier: Option<&str>,
         mode: Mode,
-    ) -> Result<(), crate::control::ControlError> {
+    ) -> Result<(), crate::handle::control::ControlError> {
         let field = match tier {
             None => "mode".to_owned(),
             Some(t) => {
                 self.shared
                     .tier_index(t)
-                    .map_err(|_| crate::control::ControlError::UnknownTier(t.to_owned()))?;
+                    .map_err(|_| crate::handle::control::ControlError::UnknownTier(t.to_owned()))?;
                 format!("tier:{t}")
             }
         };
@@ -474,10 +478,10 @@ impl RateLimitHandle {
         self.shared.counts.snapshot()
     }
 
-    /// Lease mode ([`crate::token_lease`]): the keys this instance holds
+    /// Lease mode ([`crate::engine::token_lease`]): the keys this instance holds
     /// unspent tokens of, sorted by key (empty without a leased tier, or on
     /// the memory backend).
-    pub fn leases(&self) -> Vec<crate::token_lease::LeaseStatus> {
+    pub fn leases(&self) -> Vec<crate::engine::token_lease::LeaseStatus> {
         self.shared
             .leases
             .as_ref()
@@ -486,7 +490,7 @@ impl RateLimitHandle {
 
     /// Lease mode's counters since the layer was built, in this process
     /// (all 0 without a leased tier).
-    pub fn lease_counts(&self) -> crate::token_lease::LeaseCounts {
+    pub fn lease_counts(&self) -> crate::engine::token_lease::LeaseCounts {
         self.shared
             .leases
             .as_ref()

@@ -1,8 +1,8 @@
 //! [`RateLimitService`]: the tower service the layer wraps around yours.
 
 use crate::engine::{Decision, Step};
-use crate::front::Front;
-use crate::future::ResponseFuture;
+use crate::http::front::Front;
+use crate::http::future::ResponseFuture;
 use http::{Request, Response};
 use std::fmt;
 use std::sync::Arc;
@@ -63,7 +63,7 @@ where
     S::Future: Send,
     ReqBody: Send + 'static,
 {
-    type Response = Response<crate::response::ResponseBody<ResBody>>;
+    type Response = Response<crate::http::body::ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody>;
 

@@ -3,21 +3,22 @@
 
 #[cfg(feature = "redis")]
 use super::DEFAULT_KEY_PREFIX;
-use super::{RateLimitLayer, RateLimitLayerBuilder, MAX_TIERS};
+use super::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::backend::clock::Clock;
 use crate::backend::{Backend, MemoryBackend};
-use crate::breaker::Breaker;
-use crate::deny_cache::DenyCache;
+use crate::engine::breaker::Breaker;
+use crate::engine::deny_cache::DenyCache;
 use crate::engine::runtime::Overrides;
 use crate::engine::runtime::{
     checked_limit, fallback_limit, BuiltTier, FailurePolicy, PlanRuntime, RefundOn, Runtime,
     Shared, TierRuntime,
 };
 use crate::engine::Engine;
+use crate::engine::MAX_TIERS;
 use crate::error::ConfigError;
-use crate::front::{Front, HttpTier};
+use crate::http::front::{Front, HttpTier};
 use crate::observe::recorder::Observer;
-use crate::throttle::LogThrottle;
+use crate::util::throttle::LogThrottle;
 use arc_swap::ArcSwap;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -70,11 +71,11 @@ impl RateLimitLayerBuilder {
         let policy = self.failure_policy;
         let layer = self.build_inner()?;
         if let Err(e) = layer.shared.backend.ping(timeout).await {
-            if policy == crate::FailurePolicy::Closed {
+            if policy == crate::engine::runtime::FailurePolicy::Closed {
                 return Err(ConfigError::BackendUnreachable(e));
             }
             let then = match policy {
-                crate::FailurePolicy::Fallback => {
+                crate::engine::runtime::FailurePolicy::Fallback => {
                     "requests are decided by the local fallback limiter until it answers"
                 }
                 _ => "requests pass unlimited (failure_policy = \"open\") until it answers",
@@ -138,7 +139,7 @@ impl RateLimitLayerBuilder {
             }
             let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
             if t.lease.is_some() {
-                let reason = if !crate::engine::leased::leasable(&limit) {
+                let reason = if !crate::engine::token_lease::pool::leasable(&limit) {
                     Some("takes token_bucket, leaky_bucket (police) and fixed_window only")
                 } else if t.penalty.is_some() {
                     Some("cannot run with a penalty box")
@@ -202,7 +203,10 @@ impl RateLimitLayerBuilder {
                 penalty,
                 // A concurrency tier takes none (see Tier::overrides).
                 overrides: t.overrides
-                    && !matches!(t.algorithm, crate::Algorithm::Concurrency { .. }),
+                    && !matches!(
+                        t.algorithm,
+                        crate::algorithm::kind::Algorithm::Concurrency { .. }
+                    ),
                 // Both at once was refused above.
                 refund_on: if t.skip_failed_requests {
                     RefundOn::Failure
@@ -261,18 +265,23 @@ impl RateLimitLayerBuilder {
         let lists_violated = self.on_rejection.uses_violated_policies();
         let penalties = tiers.iter().any(|t| t.penalty.is_some());
         let overrides = tiers.iter().any(|t| t.overrides);
-        let concurrency = tiers
-            .iter()
-            .any(|t| matches!(t.algorithm, crate::Algorithm::Concurrency { .. }));
+        let concurrency = tiers.iter().any(|t| {
+            matches!(
+                t.algorithm,
+                crate::algorithm::kind::Algorithm::Concurrency { .. }
+            )
+        });
         // Registered at 0, so a dashboard sees the series before a lapse.
-        for t in tiers
-            .iter()
-            .filter(|t| matches!(t.algorithm, crate::Algorithm::Concurrency { .. }))
-        {
-            metrics::counter!(crate::engine::lease::LAPSES, "tier" => t.name.to_string())
+        for t in tiers.iter().filter(|t| {
+            matches!(
+                t.algorithm,
+                crate::algorithm::kind::Algorithm::Concurrency { .. }
+            )
+        }) {
+            metrics::counter!(crate::engine::slots::LAPSES, "tier" => t.name.to_string())
                 .increment(0);
         }
-        let leases = crate::engine::leased::LeasePool::new(
+        let leases = crate::engine::token_lease::pool::LeasePool::new(
             &backend,
             local_clock.clone(),
             self.backend_timeout,

@@ -1,0 +1,199 @@
+//! The scripts' arguments: tier flags, the clock argument, each tier's
+//! parameters as integers, and a refund's arguments.
+
+use crate::algorithm::Limit;
+use crate::backend::{Charge, TierCheck};
+use ::redis::Cmd;
+
+/// Tier flag: the tier is in shadow mode (its denial does not stop the
+/// others from being charged).
+pub(in crate::backend::redis) const SHADOW: u8 = 1;
+/// Tier flag: return the charge's undo value (for a refund).
+pub(in crate::backend::redis) const UNDO: u8 = 2;
+/// Tier flag: a token or leaky bucket answers its state, one number,
+/// instead of three (see [`short_flag`] and the module docs).
+pub(in crate::backend::redis) const SHORT: u8 = 8;
+
+/// The clock argument of a script call, on the stack: at most
+/// `"<u64>:<u64>"`, 41 bytes.
+#[derive(Clone, Copy)]
+pub(in crate::backend::redis) struct ClockArg {
+    buf: [u8; 41],
+    len: u8,
+}
+
+impl ClockArg {
+    /// `""`: the script reads Redis `TIME`.
+    pub(in crate::backend::redis) const fn redis() -> Self {
+        Self {
+            buf: [0; 41],
+            len: 0,
+        }
+    }
+
+    /// `"-<deadline µs>"` (Redis's clock): Redis `TIME`, and nothing is
+    /// written if the script starts after `deadline_us`.
+    pub(in crate::backend::redis) fn deadline(deadline_us: i64) -> Self {
+        let mut a = Self::redis();
+        a.push(b"-");
+        // At least 1: "-0" would read as a test clock of 0.
+        a.push(itoa::Buffer::new().format(deadline_us.max(1)).as_bytes());
+        a
+    }
+
+    /// `"<now µs>"`, or `"<now µs>:<ttl slack ms>"` when the slack is not 0:
+    /// a test clock.
+    pub(in crate::backend::redis) fn manual(now_us: u64, ttl_slack_ms: u64) -> Self {
+        let mut a = Self::redis();
+        a.push(itoa::Buffer::new().format(now_us).as_bytes());
+        if ttl_slack_ms > 0 {
+            a.push(b":");
+            a.push(itoa::Buffer::new().format(ttl_slack_ms).as_bytes());
+        }
+        a
+    }
+
+    /// Appends `bytes`; the constructors never exceed the buffer (20 digits
+    /// of a u64 or i64 with its sign, twice, and one separator).
+    fn push(&mut self, bytes: &[u8]) {
+        let at = usize::from(self.len);
+        let end = (at + bytes.len()).min(self.buf.len());
+        self.buf[at..end].copy_from_slice(&bytes[..end - at]);
+        self.len = u8::try_from(end).unwrap_or(u8::MAX);
+    }
+
+    /// The argument's bytes.
+    pub(in crate::backend::redis) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+}
+
+/// A limit as the scripts take it: the algorithm's number and p1..p4.
+pub(in crate::backend::redis) fn encode(limit: &Limit) -> (u8, [i64; 4]) {
+    match *limit {
+        Limit::FixedWindow(w) => (1, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::SlidingWindowLog(w) => (2, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::SlidingWindowCounter(w) => (3, [int(w.limit), int(w.window_us), 0, 0]),
+        Limit::TokenBucket(b) => (4, [int(b.capacity), int(b.rate), int(b.unit), 0]),
+        Limit::LeakyBucket(g) => (
+            5,
+            [
+                int(g.bucket.capacity),
+                int(g.bucket.rate),
+                int(g.bucket.unit),
+                g.max_delay_us.map_or(-1, int),
+            ],
+        ),
+        Limit::Concurrency(c) => (6, [int(c.limit), int(c.lease_us), int(c.lease), 0]),
+        Limit::Penalty(p) => (
+            7,
+            [
+                int(penalty_packed(&p)),
+                int(p.window_us),
+                int(p.block_us),
+                int(p.max_block_us),
+            ],
+        ),
+        Limit::Override => (8, [0; 4]),
+    }
+}
+
+/// A limit's p1..p4 as the scripts take them (an override's quota, stored
+/// in Redis: see [`crate::handle::overrides`]).
+pub(crate) fn params(limit: &Limit) -> [i64; 4] {
+    encode(limit).1
+}
+
+/// A penalty box's p1: `violations + 1024 × backoff + 2^20 × memory in
+/// whole seconds` (each part checked when the layer is built: violations
+/// and backoff below 1024, memory below 2^32 s).
+pub(crate) fn penalty_packed(p: &crate::algorithm::PenaltyBox) -> u64 {
+    p.violations + (p.backoff << 10) + ((p.memory_us / 1_000_000) << 20)
+}
+
+/// Parameters are validated far below 2^53 when the layer is built.
+pub(in crate::backend::redis) fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// The seven numbers of one tier of a check: algorithm, p1..p4, cost, flags
+/// ([`SHADOW`], [`UNDO`], [`SHORT`]).
+pub(in crate::backend::redis) fn tier_args(check: &TierCheck, flags: u8) -> [i64; 7] {
+    let (algorithm, p) = encode(&check.limit);
+    [
+        i64::from(algorithm),
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        int(check.cost),
+        i64::from(flags),
+    ]
+}
+
+/// One tier's spec argument ([`tier_args`] separated by single spaces), on
+/// the stack: at most seven 20-character numbers and six spaces.
+#[derive(Clone, Copy)]
+pub(in crate::backend::redis) struct TierSpec {
+    buf: [u8; 146],
+    len: u8,
+}
+
+impl TierSpec {
+    /// The spec of `check` with these flags.
+    pub(in crate::backend::redis) fn new(check: &TierCheck, flags: u8) -> Self {
+        let mut spec = Self {
+            buf: [0; 146],
+            len: 0,
+        };
+        let mut at = 0;
+        for (i, n) in tier_args(check, flags).into_iter().enumerate() {
+            if i > 0 {
+                spec.buf[at] = b' ';
+                at += 1;
+            }
+            let mut b = itoa::Buffer::new();
+            let digits = b.format(n).as_bytes();
+            spec.buf[at..at + digits.len()].copy_from_slice(digits);
+            at += digits.len();
+        }
+        // At most 7 × 20 + 6 = 146.
+        spec.len = u8::try_from(at).unwrap_or(u8::MAX);
+        spec
+    }
+
+    /// The argument's bytes.
+    pub(in crate::backend::redis) fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+}
+
+impl ::redis::ToRedisArgs for TierSpec {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + ::redis::RedisWrite,
+    {
+        out.write_arg(self.as_bytes());
+    }
+}
+
+/// Writes one tier's spec argument ([`TierSpec`]) into `cmd`'s buffer.
+pub(in crate::backend::redis) fn write_tier(cmd: &mut Cmd, check: &TierCheck, flags: u8) {
+    cmd.arg(TierSpec::new(check, flags).as_bytes());
+}
+
+/// The eight `ARGV` of one key in the cluster script's `refund` mode:
+/// algorithm, p1..p4, cost, charged_at (µs), undo.
+pub(in crate::backend::redis) fn refund_args(check: &TierCheck, charge: &Charge) -> [i64; 8] {
+    let (algorithm, p) = encode(&check.limit);
+    [
+        i64::from(algorithm),
+        p[0],
+        p[1],
+        p[2],
+        p[3],
+        int(check.cost),
+        int(charge.at_us),
+        int(charge.undo),
+    ]
+}

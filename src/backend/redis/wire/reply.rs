@@ -1,0 +1,254 @@
+//! The scripts' reply: read into [`CheckValues`] and parsed by
+//! [`parse_check`] (a bucket's one-number state to a decision with the
+//! model's arithmetic).
+
+use super::*;
+use crate::algorithm::{Decision, Limit};
+use crate::backend::{Charge, Shadow, TierCheck, Verdict};
+use crate::error::BackendError;
+
+/// A check reply, parsed.
+#[derive(Debug, PartialEq, Eq)]
+pub(in crate::backend::redis) enum CheckReply {
+    /// The script started after the call's deadline and wrote nothing.
+    Late,
+    /// The decisions; [`Verdict::charges`] is empty when nothing was
+    /// charged, else one entry per tier (`None` for a tier that denied).
+    Decided(Verdict),
+}
+
+/// One tier of a check as its reply is read: the limit and the cost the
+/// call sent for it.
+#[derive(Debug, Clone, Copy)]
+pub(in crate::backend::redis) struct ReplyTier {
+    /// The tier's algorithm and parameters, as sent.
+    pub(in crate::backend::redis) limit: Limit,
+    /// The cost sent (tokens).
+    pub(in crate::backend::redis) cost: u64,
+}
+
+impl From<&TierCheck> for ReplyTier {
+    fn from(c: &TierCheck) -> Self {
+        Self {
+            limit: c.limit,
+            cost: c.cost,
+        }
+    }
+}
+
+/// Each tier of a check, for its reply (inline up to 4 tiers).
+pub(in crate::backend::redis) type ReplyTiers = smallvec::SmallVec<[ReplyTier; 4]>;
+
+/// The [`SHORT`] flag for a tier of this limit: token and leaky buckets
+/// answer their state, one number, from which [`parse_check`] derives the
+/// decision.
+pub(in crate::backend::redis) fn short_flag(limit: &Limit) -> u8 {
+    if matches!(limit, Limit::TokenBucket(_) | Limit::LeakyBucket(_)) {
+        SHORT
+    } else {
+        0
+    }
+}
+
+/// The numbers of a check's reply, read from the RESP array without an
+/// intermediate `Vec` (inline up to 8: up to seven buckets answering short).
+#[derive(Debug)]
+pub(in crate::backend::redis) struct CheckValues(
+    pub(in crate::backend::redis) smallvec::SmallVec<[i64; 8]>,
+);
+
+impl ::redis::FromRedisValue for CheckValues {
+    fn from_redis_value_ref(v: &::redis::Value) -> Result<Self, ::redis::ParsingError> {
+        match v {
+            ::redis::Value::Array(items) => items
+                .iter()
+                .map(|item| match item {
+                    ::redis::Value::Int(n) => Ok(*n),
+                    other => Err(format!("a check reply holds a non-integer: {other:?}").into()),
+                })
+                .collect::<Result<_, _>>()
+                .map(CheckValues),
+            other => Err(format!("a check reply is not an array: {other:?}").into()),
+        }
+    }
+
+    fn from_redis_value(v: ::redis::Value) -> Result<Self, ::redis::ParsingError> {
+        Self::from_redis_value_ref(&v)
+    }
+}
+
+/// Numbers per tier in a check's long reply, and per trailer entry.
+pub(in crate::backend::redis) const PER_TIER: usize = 3;
+
+/// Parses a check's reply (see the module docs) for these `tiers` (in call
+/// order, with the limit and cost each was sent with), with these tiers in
+/// shadow mode. `flags`: the flags every tier was sent with, of which
+/// [`SHORT`] (the buckets were sent it: see [`short_flag`]) and [`UNDO`]
+/// (the charges' undo values were asked for) count here.
+///
+/// # Errors
+/// [`BackendError::Reply`] when the reply does not have the layout: wrong
+/// length, a negative number where none can be, a bucket's state that
+/// contradicts its allowed sign, a trailer entry for a tier that does not
+/// exist, that denied or that answered short.
+pub(in crate::backend::redis) fn parse_check(
+    reply: &[i64],
+    tiers: &[ReplyTier],
+    flags: u8,
+    shadow: Shadow,
+) -> Result<CheckReply, BackendError> {
+    let n = tiers.len();
+    if n > 0 && reply.len() == 1 {
+        return Ok(CheckReply::Late);
+    }
+    let bad = |what: &str| {
+        BackendError::Reply(format!(
+            "unexpected reply for {n} tiers ({what}): {} values",
+            reply.len()
+        ))
+    };
+    let u = |v: i64, what: &str| u64::try_from(v).map_err(|_| bad(what));
+    let now_us = u(
+        *reply.first().ok_or_else(|| bad("length"))?,
+        "negative now_us",
+    )?;
+    let short = flags & SHORT != 0;
+    let mut decisions = Vec::with_capacity(n);
+    // Per tier: the wait for the next request when allowed (see
+    // lua/dispatch.lua), its undo value, and whether it answered short.
+    let mut after: smallvec::SmallVec<[(u64, u64, bool); 8]> = smallvec::SmallVec::new();
+    let mut at = 1;
+    // The override read just before a tier applied (its r is not 0): the
+    // tier answers three numbers, whatever its flags.
+    let mut overridden = false;
+    for t in tiers {
+        let r = *reply.get(at).ok_or_else(|| bad("length"))?;
+        // r: remaining (or a bucket's state) when allowed, -(it + 1) when
+        // denied (no overflow: -(i64::MIN + 1) is i64::MAX).
+        let allowed = r >= 0;
+        let v = if allowed { r } else { -(r + 1) }.unsigned_abs();
+        if short && !overridden && short_flag(&t.limit) != 0 {
+            at += 1;
+            let (d, next_after_us, undo) = bucket_decision(&t.limit, v, t.cost);
+            if d.allowed != allowed {
+                return Err(bad("a bucket's state contradicts its decision"));
+            }
+            decisions.push(d);
+            after.push((
+                next_after_us,
+                if flags & UNDO != 0 { undo } else { 0 },
+                true,
+            ));
+        } else {
+            let rest = reply
+                .get(at + 1..at + PER_TIER)
+                .ok_or_else(|| bad("length"))?;
+            at += PER_TIER;
+            let w = u(rest[1], "negative wait")?;
+            decisions.push(Decision {
+                allowed,
+                limit: t.limit.capacity(),
+                remaining: v,
+                reset_after_us: u(rest[0], "negative reset")?,
+                // An allowed tier's w is the wait for the next request (see
+                // lua/dispatch.lua), kept in its charge below.
+                retry_after_us: if allowed { 0 } else { w },
+                delay_us: 0,
+            });
+            after.push((w, 0, false));
+        }
+        overridden = t.limit.is_override() && v != 0;
+    }
+    if !(reply.len() - at).is_multiple_of(PER_TIER) {
+        return Err(bad("length"));
+    }
+    for t in reply[at..].chunks_exact(PER_TIER) {
+        // Tier numbers count from 1.
+        let i = usize::try_from(t[0])
+            .ok()
+            .and_then(|i| i.checked_sub(1))
+            .ok_or_else(|| bad("tier number"))?;
+        let d = decisions.get_mut(i).ok_or_else(|| bad("tier number"))?;
+        if !d.allowed || after[i].2 {
+            return Err(bad("trailer entry for a denying or short tier"));
+        }
+        d.delay_us = u(t[1], "negative delay")?;
+        after[i].1 = u(t[2], "negative undo")?;
+    }
+    // Charged: every enforced tier allowed (the script's commit rule), and
+    // this one did.
+    let charges = if !shadow.commits(&decisions) {
+        Vec::new()
+    } else {
+        decisions
+            .iter()
+            .zip(&after)
+            .map(|(d, &(next_after_us, undo, _))| {
+                d.allowed.then_some(Charge {
+                    at_us: now_us,
+                    undo,
+                    next_after_us,
+                })
+            })
+            .collect()
+    };
+    Ok(CheckReply::Decided(Verdict {
+        now_us,
+        decisions,
+        charges,
+    }))
+}
+
+/// A bucket tier's decision from the state its script answered short
+/// (`state`: a token bucket's units short of full, a leaky bucket's
+/// backlog in ticks, both at the script's `now`), with what the long form
+/// would have answered besides: the wait before another request of the
+/// same cost would pass once this one is charged (0 when at once), and the
+/// charge's undo value (tokens left in units; backlog after the charge in
+/// ticks). The same arithmetic as `lua/token_bucket.lua` and
+/// `lua/leaky_bucket.lua` (the model's, [`TokenBucket::check_missing`],
+/// [`Gcra::check_backlog`]).
+///
+/// [`TokenBucket::check_missing`]: crate::algorithm::TokenBucket
+/// [`Gcra::check_backlog`]: crate::algorithm::Gcra
+pub(in crate::backend::redis) fn bucket_decision(
+    limit: &Limit,
+    state: u64,
+    cost: u64,
+) -> (Decision, u64, u64) {
+    match limit {
+        Limit::TokenBucket(b) => {
+            let (d, used) = b.check_missing(state, cost);
+            let Some(used) = used else {
+                return (d, 0, 0);
+            };
+            let left = b.capacity - used;
+            let cost = cost.saturating_mul(b.unit);
+            let next = if cost > left && cost <= b.capacity {
+                (cost - left).div_ceil(b.rate)
+            } else {
+                0
+            };
+            (d, next, left)
+        }
+        Limit::LeakyBucket(g) => {
+            let d = g.check_backlog(state, cost);
+            if !d.allowed {
+                return (d, 0, 0);
+            }
+            let b = &g.bucket;
+            let cost = cost.saturating_mul(b.unit);
+            let after = state + cost;
+            let tolerance = g.max_delay_us.map_or(0, |m| m.saturating_mul(b.rate));
+            let next_over = (after + cost).saturating_sub(b.capacity);
+            let next = if next_over > tolerance && cost <= b.capacity {
+                (next_over - tolerance).div_ceil(b.rate)
+            } else {
+                0
+            };
+            (d, next, after)
+        }
+        // Only buckets are sent the short flag (short_flag).
+        other => (other.check(None, 0, cost), 0, 0),
+    }
+}

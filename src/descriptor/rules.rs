@@ -1,0 +1,363 @@
+//! The rules a descriptor limiter enforces ([`Rule`], [`EntryMatch`],
+//! [`RuleLimit`]) and their TOML form ([`RulesPolicy`], [`RulePolicy`],
+//! [`FailureStatus`]).
+
+use super::limiter::DescriptorLimiter;
+use crate::backend::Backend;
+use crate::error::ConfigError;
+use crate::policy::RedisConfig;
+use crate::response::HeaderStyle;
+use crate::{
+    algorithm::kind::Algorithm, engine::breaker::CircuitBreaker, engine::runtime::FailurePolicy,
+    http::layer::RateLimitLayer, quota::Quota,
+};
+use serde::Deserialize;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One entry of a rule's match: a descriptor entry's key and, optionally,
+/// its value.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EntryMatch {
+    /// The entry's key (`remote_address`, `generic_key`, a header's
+    /// `descriptor_key`, …).
+    pub key: String,
+    /// The value it must have; any value when absent.
+    #[serde(default)]
+    pub value: Option<String>,
+}
+
+/// A rule: descriptors it matches, and its limit.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Rule {
+    /// The rule's name: the engine tier's (1-64 of `[A-Za-z0-9_-]`), the
+    /// `name` of Envoy's `current_limit`, the IETF policy name.
+    pub name: String,
+    /// The entries, in order.
+    pub entries: Vec<EntryMatch>,
+    /// The quota (ignored when `unlimited`).
+    pub quota: Quota,
+    /// The counting algorithm.
+    pub algorithm: Algorithm,
+    /// Decided and counted, never enforced.
+    pub shadow: bool,
+    /// Always allowed, without a backend call.
+    pub unlimited: bool,
+    /// Lease mode for the rule's hot descriptors (Redis only): see
+    /// [`crate::engine::token_lease`]. `None`: one script call per request.
+    pub lease: Option<crate::engine::token_lease::TokenLease>,
+}
+
+impl Rule {
+    /// A rule matching `entries` with `quota`, token bucket, enforced.
+    pub fn new(name: impl Into<String>, entries: Vec<EntryMatch>, quota: Quota) -> Self {
+        Self {
+            name: name.into(),
+            entries,
+            quota,
+            algorithm: Algorithm::default(),
+            shadow: false,
+            unlimited: false,
+            lease: None,
+        }
+    }
+}
+
+/// A rule's limit as the answer names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RuleLimit {
+    /// The rule's name.
+    pub name: Arc<str>,
+    /// Its quota.
+    pub quota: Quota,
+}
+
+/// What a failed backend makes the service answer under
+/// [`FailurePolicy::Closed`] (Envoy's server: `failure_status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum FailureStatus {
+    /// `OVER_LIMIT` for every request (the default).
+    #[default]
+    OverLimit,
+    /// A gRPC `UNAVAILABLE` error: Envoy then applies its filter's
+    /// `failure_mode_deny`.
+    Unavailable,
+}
+
+/// A descriptor rules file (TOML), in the style of a [`Policy`](crate::policy::Policy):
+///
+/// ```toml
+/// domain = "edge"
+/// key_prefix = "rls"              # default "rls"
+/// failure_policy = "open"         # "open" | "closed" | "fallback"
+/// failure_status = "over_limit"   # under "closed": "over_limit" | "unavailable"
+/// backend_timeout_ms = 100
+/// shadow_mode = false             # every rule in shadow
+/// headers = "ietf-draft-11"       # response_headers_to_add: any HeaderStyle
+///
+/// [redis]                         # absent: in memory
+/// url = "redis://127.0.0.1:6379/"
+///
+/// [[rule]]
+/// name = "per_ip"
+/// match = [{ key = "remote_address" }]
+/// limit = 100
+/// period = "1m"
+///
+/// [[rule]]
+/// name = "office"
+/// match = [{ key = "remote_address", value = "10.0.0.1" }]
+/// unlimited = true
+/// ```
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RulesPolicy {
+    /// The domain served.
+    pub domain: String,
+    /// Storage key prefix (default `rls`).
+    #[serde(default = "default_prefix")]
+    pub key_prefix: String,
+    /// `"open"` (default), `"closed"` or `"fallback"`.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    /// Under `"closed"`: `"over_limit"` (default) or `"unavailable"`.
+    #[serde(default)]
+    pub failure_status: FailureStatus,
+    /// Backend timeout in milliseconds (default 100).
+    #[serde(default = "default_timeout_ms")]
+    pub backend_timeout_ms: u64,
+    /// With `failure_policy = "fallback"`: the instance count the local
+    /// fallback divides quotas by (default 1).
+    #[serde(default = "default_instances")]
+    pub fallback_instances: u32,
+    /// `{ failures = 5, probe_interval = "500ms" }` (the defaults).
+    #[serde(default)]
+    pub circuit_breaker: CircuitBreaker,
+    /// Every rule in shadow mode.
+    #[serde(default)]
+    pub shadow_mode: bool,
+    /// The fields of `response_headers_to_add` (default `"ietf-draft-11"`).
+    #[serde(default = "default_headers")]
+    pub headers: HeaderStyle,
+    /// The `[redis]` table; absent: the in-memory backend.
+    #[serde(default)]
+    pub redis: Option<RedisConfig>,
+    /// The rules (`[[rule]]` tables).
+    #[serde(default, rename = "rule")]
+    pub rules: Vec<RulePolicy>,
+}
+
+/// One `[[rule]]` table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RulePolicy {
+    /// Rule name.
+    pub name: String,
+    /// The entries it matches, in order.
+    #[serde(rename = "match")]
+    pub entries: Vec<EntryMatch>,
+    /// Requests per period (required unless `unlimited`).
+    #[serde(default)]
+    pub limit: Option<u64>,
+    /// The period, humantime (required unless `unlimited`).
+    #[serde(default, with = "humantime_serde")]
+    pub period: Option<Duration>,
+    /// Capacity (default `limit`).
+    #[serde(default)]
+    pub burst: Option<u64>,
+    /// One of [`Algorithm::NAMES`] (default `token_bucket`).
+    #[serde(default)]
+    pub algorithm: Option<String>,
+    /// Decided and counted, never enforced.
+    #[serde(default)]
+    pub shadow_mode: bool,
+    /// Always allowed, without a backend call.
+    #[serde(default)]
+    pub unlimited: bool,
+    /// `"request"` (the default: one script call per request) or `"lease"`
+    /// (lease mode for the rule's hot descriptors, Redis only: see
+    /// [`crate::engine::token_lease`]).
+    #[serde(default, deserialize_with = "crate::engine::token_lease::sync_name")]
+    pub sync: Option<String>,
+    /// With `sync = "lease"`: the demand one lease covers (humantime,
+    /// default `"100ms"`).
+    #[serde(default, with = "humantime_serde")]
+    pub sync_interval: Option<Duration>,
+    /// With `sync = "lease"`: the most tokens one instance holds of one
+    /// descriptor (default the capacity ÷ 8).
+    #[serde(default)]
+    pub sync_max: Option<u64>,
+    /// With `sync = "lease"`: the least demand per interval for a
+    /// descriptor to be leased (default 2).
+    #[serde(default)]
+    pub sync_min: Option<u64>,
+}
+
+pub(super) fn default_prefix() -> String {
+    "rls".to_owned()
+}
+
+/// The `name` of the `[[rule]]` table that holds byte `at` of `text`, when
+/// the text is TOML and that table has a string `name`.
+pub(super) fn rule_at(text: &str, at: usize) -> Option<String> {
+    let mut index = None;
+    let mut rules = 0;
+    let mut start = 0;
+    for line in text.split_inclusive('\n') {
+        if start > at {
+            break;
+        }
+        start += line.len();
+        let header: String = line
+            .split('#')
+            .next()
+            .unwrap_or("")
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        if header == "[[rule]]" {
+            index = Some(rules);
+            rules += 1;
+        } else if header.starts_with('[') {
+            index = None;
+        }
+    }
+    let table: toml::Table = toml::from_str(text).ok()?;
+    let rule = table.get("rule")?.as_array()?.get(index?)?;
+    rule.get("name")?.as_str().map(str::to_owned)
+}
+pub(super) fn default_timeout_ms() -> u64 {
+    100
+}
+pub(super) fn default_instances() -> u32 {
+    1
+}
+pub(super) fn default_headers() -> HeaderStyle {
+    HeaderStyle::IetfDraft11
+}
+
+impl RulesPolicy {
+    /// Parses a rules file's text.
+    ///
+    /// # Errors
+    /// [`ConfigError::Policy`] with the parser's message (field and line),
+    /// led by `rule "<name>": ` when the mistake is inside a named
+    /// `[[rule]]` table.
+    pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| {
+            let msg = e.to_string();
+            match e.span().and_then(|s| rule_at(text, s.start)) {
+                Some(name) => ConfigError::Policy(format!("rule \"{name}\": {msg}")),
+                None => ConfigError::Policy(msg),
+            }
+        })
+    }
+
+    /// Reads and parses a rules file.
+    ///
+    /// # Errors
+    /// [`ConfigError::PolicyFile`] when it cannot be read, otherwise as
+    /// [`from_toml_str`](Self::from_toml_str).
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::PolicyFile {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_toml_str(&text)
+    }
+
+    /// The rules as [`Rule`]s.
+    ///
+    /// # Errors
+    /// [`ConfigError::Policy`] naming the rule and field: a limited rule
+    /// without `limit` or `period`, an unlimited one with any of `limit`,
+    /// `period`, `burst`, `algorithm`, an unknown algorithm.
+    pub fn rules(&self) -> Result<Vec<Rule>, ConfigError> {
+        self.rules
+            .iter()
+            .map(|r| {
+                let bad = |what: &dyn std::fmt::Display| {
+                    ConfigError::Policy(format!("rule \"{}\": {what}", r.name))
+                };
+                let algorithm = match &r.algorithm {
+                    Some(a) => Algorithm::from_name(a, None).map_err(|e| bad(&e))?,
+                    None => Algorithm::default(),
+                };
+                if r.unlimited
+                    && (r.limit.is_some()
+                        || r.period.is_some()
+                        || r.burst.is_some()
+                        || r.algorithm.is_some())
+                {
+                    return Err(bad(
+                        &"unlimited = true: limit, period, burst and algorithm must not be set",
+                    ));
+                }
+                let quota = match (r.limit, r.period, r.unlimited) {
+                    (Some(limit), Some(period), _) => {
+                        let q = Quota::new(limit, period);
+                        r.burst.map_or(q, |b| q.burst(b))
+                    }
+                    (_, _, true) => Quota::per_second(1),
+                    (None, _, false) => return Err(bad(&"limit: required (or unlimited = true)")),
+                    (_, None, false) => return Err(bad(&"period: required (or unlimited = true)")),
+                };
+                let lease = crate::engine::token_lease::from_policy(
+                    r.sync.as_deref(),
+                    r.sync_interval,
+                    r.sync_max,
+                    r.sync_min,
+                )
+                .map_err(|e| bad(&e))?;
+                if r.unlimited && lease.is_some() {
+                    return Err(bad(&"sync: an unlimited rule makes no call to lease for"));
+                }
+                Ok(Rule {
+                    lease,
+                    name: r.name.clone(),
+                    entries: r.entries.clone(),
+                    quota,
+                    algorithm,
+                    shadow: r.shadow_mode,
+                    unlimited: r.unlimited,
+                })
+            })
+            .collect()
+    }
+
+    /// The limiter on `backend` (the program chooses it, from
+    /// [`redis`](Self::redis) or not).
+    ///
+    /// # Errors
+    /// As [`rules`](Self::rules) and [`DescriptorLimiter::new`].
+    pub fn limiter(&self, backend: impl Into<Backend>) -> Result<DescriptorLimiter, ConfigError> {
+        if self.backend_timeout_ms == 0 {
+            return Err(ConfigError::Policy(
+                "backend_timeout_ms: must be at least 1".into(),
+            ));
+        }
+        let builder = RateLimitLayer::builder()
+            .backend(backend)
+            .key_prefix(self.key_prefix.clone())
+            .failure_policy(self.failure_policy)
+            .backend_timeout(Duration::from_millis(self.backend_timeout_ms))
+            .fallback_instances(self.fallback_instances)
+            .circuit_breaker(self.circuit_breaker)
+            .headers(self.headers);
+        DescriptorLimiter::new(
+            self.domain.clone(),
+            self.rules()?,
+            self.shadow_mode,
+            builder,
+        )
+    }
+}
