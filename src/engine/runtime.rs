@@ -123,6 +123,7 @@ pub(crate) struct Shared {
     pub(crate) penalties: bool,
     /// Whether any tier takes per-key overrides.
     pub(crate) key_overrides: bool,
+    /// Whether any tier is a concurrency tier (slots to guard and release).
     pub(crate) concurrency: bool,
     pub(crate) tiers: Box<[BuiltTier]>,
     pub(crate) runtime: ArcSwap<Runtime>,

@@ -93,6 +93,10 @@ impl Slots {
     /// nobody knows yet), released when dropped and not renewed. `None`
     /// when the call has no concurrency check.
     pub(crate) fn unanswered(shared: &Shared, meta: &Meta) -> Option<Box<Slots>> {
+        // A layer without a concurrency tier pays no scan of its checks.
+        if !shared.concurrency {
+            return None;
+        }
         let held: smallvec::SmallVec<[Held; 1]> = meta
             .sent
             .iter()
