@@ -7,7 +7,7 @@
 //! the tier and the likely cause
 //! ([`KeyExtractor::no_key_cause`](crate::key::KeyExtractor::no_key_cause)).
 
-use super::runtime::BuiltTier;
+use super::runtime::{BuiltTier, Shared};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The counter of requests on which a tier had no key (label `tier`).
@@ -72,8 +72,8 @@ impl NoKeyWatch {
 /// it is the Nth keyless one from the start.
 #[cold]
 #[inline(never)]
-pub(crate) fn no_key(t: &BuiltTier) {
-    metrics::counter!(NO_KEY, "tier" => t.name.clone()).increment(1);
+pub(crate) fn no_key(shared: &Shared, tier: usize, t: &BuiltTier) {
+    shared.metrics.count_no_key(NO_KEY, tier, &t.name);
     if !t.no_key.missing() {
         return;
     }

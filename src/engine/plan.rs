@@ -337,7 +337,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
             Ok(TierStep::Skip) => continue,
             Ok(TierStep::NoKey) => {
                 if purpose == Purpose::Check {
-                    super::no_key::no_key(t);
+                    super::no_key::no_key(shared, i, t);
                 }
                 continue;
             }

@@ -137,6 +137,10 @@ struct Handles {
     /// Per endpoint id: its cells, (tier × plan slot × decision), made on
     /// the endpoint's first use, each registered on its first use.
     endpoints: Box<[std::sync::OnceLock<Box<[Cell]>>]>,
+    /// Per tier: `tiered_ratelimit_tier_no_key_total{tier}`, registered on
+    /// its first use (anonymous traffic on a `user` tier counts here on
+    /// most requests: no registry lookup or label vector each time).
+    no_key: Box<[std::sync::OnceLock<metrics::Counter>]>,
 }
 
 impl RequestMetrics {
@@ -168,9 +172,23 @@ impl RequestMetrics {
             endpoints: (0..self.endpoints)
                 .map(|_| std::sync::OnceLock::new())
                 .collect(),
+            no_key: (0..self.tiers)
+                .map(|_| std::sync::OnceLock::new())
+                .collect(),
         });
         self.cached.store(Some(h.clone()));
         f(&h)
+    }
+
+    /// Counts one request on which tier `tier` (named `name`) had no key,
+    /// under `metric` (`tiered_ratelimit_tier_no_key_total`).
+    pub(crate) fn count_no_key(&self, metric: &'static str, tier: usize, name: &Arc<str>) {
+        self.with(|h| match h.no_key.get(tier) {
+            Some(c) => c
+                .get_or_init(|| metrics::counter!(metric, "tier" => name.clone()))
+                .increment(1),
+            None => metrics::counter!(metric, "tier" => name.clone()).increment(1),
+        });
     }
 
     /// Counts one request under `decision` (a [`DECISIONS`] word).
