@@ -82,12 +82,6 @@ pub(crate) fn deny_cached(
         let known = (!lists || uncached.is_empty())
             && uncached.iter().all(|&j| {
                 let c = &checks[j];
-                // A cost above the capacity binds whatever the wait (its
-                // 429 says it can never pass: decide::never_fits), so only
-                // the backend knows that answer.
-                if c.cost > c.limit.capacity() && !c.limit.is_penalty() && !c.limit.is_override() {
-                    return false;
-                }
                 let longest = longest_wait_us(&c.limit, c.cost, now_us);
                 if j < i {
                     longest < wait

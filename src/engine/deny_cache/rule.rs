@@ -26,8 +26,13 @@ pub(crate) fn stays_exact(limit: &Limit, cost: u64, remaining: u64) -> bool {
 /// the cache knows nothing about cannot bind a request's 429 when this is
 /// shorter than a cached tier's wait. `u64::MAX` when there is no such
 /// bound: a leaky bucket's backlog may have been built under another limit
-/// of the same rate (a plan, a quota changed at run time).
+/// of the same rate (a plan, a quota changed at run time); or a cost above
+/// the capacity, whose 429 binds whatever the wait (it can never pass:
+/// `decide::never_fits`), which only the backend's answer says.
 pub(crate) fn longest_wait_us(limit: &Limit, cost: u64, now_us: u64) -> u64 {
+    if cost > limit.capacity() && !limit.is_penalty() && !limit.is_override() {
+        return u64::MAX;
+    }
     match *limit {
         // The window's end (or its reset, the same instant).
         Limit::FixedWindow(w) => w.window_us - now_us % w.window_us,
