@@ -6,6 +6,10 @@ use crate::algorithm::{Decision, Limit};
 use crate::backend::TierCheck;
 use std::time::Duration;
 
+/// The suffix of an override's key: `<tier key>{ov}` (the same hash slot
+/// as the tier's key on a cluster).
+pub(crate) const KEY_SUFFIX: &str = "{ov}";
+
 /// `Retry-After` of a block without expiry: 24 hours.
 pub const BLOCKED_RETRY: Duration = Duration::from_secs(86_400);
 

@@ -164,7 +164,7 @@ fn override_check(checks: &mut Vec<TierCheck>, meta: &mut Meta, plans: bool) {
     let Some(tier) = checks.last() else {
         return;
     };
-    let key = format!("{}{}", tier.key, crate::handle::overrides::KEY_SUFFIX);
+    let key = format!("{}{}", tier.key, crate::backend::override_rule::KEY_SUFFIX);
     // Same meta as its tier: pushed after it, then the two checks swapped.
     duplicate_meta(checks.len(), meta, plans);
     checks.push(TierCheck {

@@ -52,8 +52,7 @@ use crate::handle::RateLimitHandle;
 use crate::quota::Quota;
 use std::time::Duration;
 
-/// The suffix of an override's key: `<tier key>{ov}`.
-pub(crate) const KEY_SUFFIX: &str = "{ov}";
+use crate::backend::override_rule::KEY_SUFFIX;
 
 pub use crate::backend::override_rule::BLOCKED_RETRY;
 

@@ -120,39 +120,9 @@ impl Protocol {
     }
 }
 
-/// Whether the request says it is gRPC: `content-type: application/grpc`,
-/// alone or followed by `+`, `-` or `;` (`application/grpc+proto`,
-/// `application/grpc-web`).
-pub(crate) fn is_grpc(parts: &Parts) -> bool {
-    let Some(ct) = parts.headers.get(http::header::CONTENT_TYPE) else {
-        return false;
-    };
-    let ct = ct.as_bytes();
-    let prefix = b"application/grpc";
-    ct.len() >= prefix.len()
-        && ct[..prefix.len()].eq_ignore_ascii_case(prefix)
-        && matches!(ct.get(prefix.len()), None | Some(b'+' | b'-' | b';'))
-}
-
 /// The longest gRPC method path, in bytes, that is an endpoint of its own.
-pub const MAX_METHOD_PATH: usize = 256;
-
-/// The request's gRPC method path (`/package.Service/Method`) when it is a
-/// gRPC request with a well-formed one (see the module docs).
-pub(crate) fn method_path(parts: &Parts) -> Option<&str> {
-    if parts.method != http::Method::POST || !is_grpc(parts) {
-        return None;
-    }
-    let path = parts.uri.path();
-    let rest = path.strip_prefix('/')?;
-    let (service, method) = rest.split_once('/')?;
-    let name = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
-    };
-    (path.len() <= MAX_METHOD_PATH && name(service) && name(method)).then_some(path)
-}
+pub const MAX_METHOD_PATH: usize = crate::key::MAX_METHOD_PATH;
+pub(crate) use crate::key::is_grpc;
 
 /// The gRPC answer to a blocked request (see the module docs): a
 /// trailers-only response, its status in the headers, the rate-limit
@@ -257,6 +227,7 @@ pub(crate) fn failed(status: http::StatusCode, headers: &http::HeaderMap) -> boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::method_path;
 
     fn parts(method: &str, path: &str, ct: Option<&str>) -> Parts {
         let mut b = http::Request::builder().method(method).uri(path);

@@ -79,7 +79,7 @@ pub(crate) fn route_of(parts: &Parts) -> (&'static str, &str) {
 fn route(parts: &Parts) -> Option<&str> {
     let route = matched_route(parts);
     #[cfg(feature = "grpc")]
-    let route = route.or_else(|| crate::http::grpc::method_path(parts));
+    let route = route.or_else(|| method_path(parts));
     route
 }
 
@@ -140,6 +140,43 @@ impl KeyExtractor for Endpoint {
         });
         Ok(true)
     }
+}
+
+/// Whether the request says it is gRPC: `content-type: application/grpc`,
+/// alone or followed by `+`, `-` or `;` (`application/grpc+proto`,
+/// `application/grpc-web`).
+#[cfg(feature = "grpc")]
+pub(crate) fn is_grpc(parts: &Parts) -> bool {
+    let Some(ct) = parts.headers.get(http::header::CONTENT_TYPE) else {
+        return false;
+    };
+    let ct = ct.as_bytes();
+    let prefix = b"application/grpc";
+    ct.len() >= prefix.len()
+        && ct[..prefix.len()].eq_ignore_ascii_case(prefix)
+        && matches!(ct.get(prefix.len()), None | Some(b'+' | b'-' | b';'))
+}
+
+/// The longest gRPC method path, in bytes, that is an endpoint of its own.
+#[cfg(feature = "grpc")]
+pub(crate) const MAX_METHOD_PATH: usize = 256;
+
+/// The request's gRPC method path (`/package.Service/Method`) when it is a
+/// gRPC request with a well-formed one (see [`crate::grpc`]).
+#[cfg(feature = "grpc")]
+pub(crate) fn method_path(parts: &Parts) -> Option<&str> {
+    if parts.method != http::Method::POST || !is_grpc(parts) {
+        return None;
+    }
+    let path = parts.uri.path();
+    let rest = path.strip_prefix('/')?;
+    let (service, method) = rest.split_once('/')?;
+    let name = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    };
+    (path.len() <= MAX_METHOD_PATH && name(service) && name(method)).then_some(path)
 }
 
 #[cfg(test)]

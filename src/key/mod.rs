@@ -36,7 +36,11 @@ mod header;
 mod user;
 
 pub use client_ip::{ClientIp, ForwardedHeader, UnknownForwardedHeader, MAX_FORWARDED_HOPS};
+#[cfg(all(feature = "grpc", test))]
+pub(crate) use endpoint::method_path;
 pub(crate) use endpoint::route_of;
+#[cfg(feature = "grpc")]
+pub(crate) use endpoint::{is_grpc, MAX_METHOD_PATH};
 pub use endpoint::{Endpoint, UNMATCHED_ROUTE};
 pub use global::Global;
 pub use header::ApiKey;

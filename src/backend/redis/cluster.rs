@@ -65,7 +65,7 @@ pub(super) enum Via {
 pub(crate) fn cluster_key(key: &str) -> String {
     for suffix in [
         crate::algorithm::penalty::KEY_SUFFIX,
-        crate::handle::overrides::KEY_SUFFIX,
+        crate::backend::override_rule::KEY_SUFFIX,
     ] {
         if let Some(tier) = key.strip_suffix(suffix) {
             let mut k = cluster_key(tier);
