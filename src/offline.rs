@@ -181,7 +181,13 @@ impl RateLimitLayer {
         if !matches!(self.shared.backend, Backend::Memory(_)) {
             return None;
         }
-        let bases = self.shared.tiers.iter().map(|t| t.key_base.len()).collect();
+        let bases = self
+            .shared
+            .config
+            .tiers
+            .iter()
+            .map(|t| t.key_base.len())
+            .collect();
         Some(Offline {
             front: self.front.clone(),
             bases,

@@ -29,7 +29,7 @@ pub(crate) enum Effect {
 }
 
 /// The override check's `remaining`, read by the engine
-/// ([`apply_codes`](crate::handle::overrides::apply_codes)): 0 none, 1 unlimited, 2 blocked, 3 + the quota's
+/// ([`apply_codes`](apply_codes)): 0 none, 1 unlimited, 2 blocked, 3 + the quota's
 /// capacity.
 pub(crate) const CODE_UNLIMITED: u64 = 1;
 const CODE_BLOCKED: u64 = 2;
@@ -137,4 +137,50 @@ impl Active {
             Effect::Blocked => format!("{} 2 0 0 0 0 0", self.until_us),
         }
     }
+}
+
+/// After a check: each override check's code applied to the tier check
+/// right after it (a quota's limit shown, an unlimited tier shown full),
+/// and the override check itself shown as its tier (full), with
+/// `retry_after_us` [`APPLIED`] when an override applied (an allowed
+/// decision's retry is otherwise 0): the deny cache keeps no answer of an
+/// overridden key, so a change is seen by every instance at once.
+pub(crate) fn apply_codes(sent: &[TierCheck], decisions: &mut [Decision]) {
+    for i in 0..decisions.len().min(sent.len()).saturating_sub(1) {
+        if !sent[i].limit.is_override() {
+            continue;
+        }
+        let code = decisions[i].remaining;
+        let applied = if code == 0 { 0 } else { APPLIED };
+        let d = &mut decisions[i + 1];
+        if code >= CODE_QUOTA {
+            d.limit = code - CODE_QUOTA;
+            d.remaining = d.remaining.min(d.limit);
+        } else if code == CODE_UNLIMITED && d.allowed {
+            d.remaining = d.limit;
+        }
+        let limit = d.limit;
+        decisions[i] = Decision {
+            allowed: true,
+            limit,
+            remaining: limit,
+            reset_after_us: 0,
+            retry_after_us: applied,
+            delay_us: 0,
+        };
+    }
+}
+
+/// An override check's `retry_after_us` when an override applied (see
+/// [`apply_codes`]).
+pub(crate) const APPLIED: u64 = 1;
+
+/// Whether check `i` is a tier's whose override applied (the deny cache
+/// leaves it alone).
+pub(crate) fn overridden(sent: &[TierCheck], decisions: &[Decision], i: usize) -> bool {
+    i > 0
+        && sent.get(i - 1).is_some_and(|c| c.limit.is_override())
+        && decisions
+            .get(i - 1)
+            .is_some_and(|d| d.retry_after_us == APPLIED)
 }

@@ -9,11 +9,12 @@ use crate::backend::{Backend, MemoryBackend};
 use crate::engine::breaker::Breaker;
 use crate::engine::check::Engine;
 use crate::engine::deny_cache::DenyCache;
+use crate::engine::limits::{checked_limit, fallback_limit};
 use crate::engine::no_key::NoKeyWatch;
 use crate::engine::runtime::{
-    checked_limit, fallback_limit, BuiltTier, FailurePolicy, Overrides, PlanRuntime, RefundOn,
-    Runtime, Shared, TierRuntime,
+    BuiltTier, FailurePolicy, Overrides, PlanRuntime, RefundOn, Runtime, TierRuntime,
 };
+use crate::engine::state::{Config, Guards, Live, Shared, Telemetry};
 use crate::engine::MAX_TIERS;
 use crate::error::ConfigError;
 use crate::observe::recorder::Observer;
@@ -128,52 +129,65 @@ impl EngineBuilder {
             leases,
         );
         let shared = Arc::new(Shared {
-            leases,
             backend,
-            penalties,
-            key_overrides: overrides,
-            concurrency,
-            tiers: tiers.into_boxed_slice(),
-            runtime: ArcSwap::from_pointee(Runtime {
-                mode: self.mode,
-                tiers: runtime.into_boxed_slice(),
-            }),
-            failure_policy: self.failure_policy,
-            backend_timeout: self.backend_timeout,
-            docs_url: self.docs_url.map(Arc::from),
-            lists_violated: self.lists_violated,
-            failure_log: LogThrottle::new(Duration::from_secs(1)),
-            shadow_headers: self.shadow_headers,
-            shadow_log_level: self.shadow_log_level,
-            counts: crate::observe::Counts::default(),
-            metrics: crate::observe::RequestMetrics::new(
-                backend_name,
-                n_tiers,
-                self.max_endpoints.max(1) + 1,
-            ),
-            breaker: Breaker::new(self.circuit_breaker),
-            deny_cache: DenyCache::new(if is_memory { 0 } else { self.deny_cache }),
             local_clock,
-            fallback,
-            fallback_instances: instances,
-            header_style: self.header_style,
-            observer: Observer::new(names, self.anomaly, self.top_n_capacity, self.max_endpoints),
-            control: self.control,
-            control_started: std::sync::OnceLock::new(),
-            overrides: ArcSwap::from_pointee(Overrides {
-                mode: None,
-                tiers: vec![None; n_tiers],
-            }),
-            blocked_set: (self.fleet_top_n && single_redis)
-                .then(|| ArcSwap::from_pointee((u64::MAX, Arc::from("")))),
-            fleet_blocked: (self.fleet_top_n && single_redis).then(|| {
-                crate::observe::fleet::FleetBlocked::new(
-                    Arc::from(prefix.as_str()),
-                    self.fleet_flush_interval,
-                    self.fleet_pending_keys,
-                )
-            }),
-            key_prefix: Arc::from(prefix.as_str()),
+            config: Config {
+                tiers: tiers.into_boxed_slice(),
+                penalties,
+                key_overrides: overrides,
+                concurrency,
+                failure_policy: self.failure_policy,
+                backend_timeout: self.backend_timeout,
+                fallback_instances: instances,
+                key_prefix: Arc::from(prefix.as_str()),
+                docs_url: self.docs_url.map(Arc::from),
+                lists_violated: self.lists_violated,
+                shadow_headers: self.shadow_headers,
+                shadow_log_level: self.shadow_log_level,
+                header_style: self.header_style,
+                control: self.control,
+            },
+            live: Live {
+                runtime: ArcSwap::from_pointee(Runtime {
+                    mode: self.mode,
+                    tiers: runtime.into_boxed_slice(),
+                }),
+                overrides: ArcSwap::from_pointee(Overrides {
+                    mode: None,
+                    tiers: vec![None; n_tiers],
+                }),
+                control_started: std::sync::OnceLock::new(),
+            },
+            guards: Guards {
+                breaker: Breaker::new(self.circuit_breaker),
+                deny_cache: DenyCache::new(if is_memory { 0 } else { self.deny_cache }),
+                leases,
+                fallback,
+            },
+            telemetry: Telemetry {
+                counts: crate::observe::Counts::default(),
+                metrics: crate::observe::RequestMetrics::new(
+                    backend_name,
+                    n_tiers,
+                    self.max_endpoints.max(1) + 1,
+                ),
+                observer: Observer::new(
+                    names,
+                    self.anomaly,
+                    self.top_n_capacity,
+                    self.max_endpoints,
+                ),
+                failure_log: LogThrottle::new(Duration::from_secs(1)),
+                blocked_set: (self.fleet_top_n && single_redis)
+                    .then(|| ArcSwap::from_pointee((u64::MAX, Arc::from("")))),
+                fleet_blocked: (self.fleet_top_n && single_redis).then(|| {
+                    crate::observe::fleet::FleetBlocked::new(
+                        Arc::from(prefix.as_str()),
+                        self.fleet_flush_interval,
+                        self.fleet_pending_keys,
+                    )
+                }),
+            },
         });
         // Background work starts with the engine when there is a runtime to
         // run it (a layer built before its runtime starts it with its first

@@ -13,7 +13,7 @@ use super::spec::TierSpec;
 use crate::backend::Backend;
 use crate::engine::breaker::CircuitBreaker;
 use crate::engine::runtime::FailurePolicy;
-use crate::handle::control::ControlKey;
+use crate::engine::watch::ControlKey;
 use crate::observe::anomaly::AnomalyConfig;
 use crate::response::HeaderStyle;
 use crate::rollout::Mode;

@@ -19,7 +19,7 @@ use super::deny::{deny_cached, Cached};
 use super::facts::Facts;
 use super::outcome::outcome;
 use super::plan::{plan, Meta, Planned, Purpose};
-use super::runtime::Shared;
+use super::state::Shared;
 use crate::backend::{Backend, Check, CheckFuture, TierCheck, Verdict};
 use crate::engine::breaker::Permit;
 use crate::error::BackendError;
@@ -42,7 +42,7 @@ impl fmt::Debug for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Engine")
             .field("backend", &self.shared.backend.name())
-            .field("tiers", &self.shared.tiers.len())
+            .field("tiers", &self.shared.config.tiers.len())
             .finish_non_exhaustive()
     }
 }
@@ -82,7 +82,7 @@ impl Engine {
         inspect: impl FnOnce(&[TierCheck], &Meta),
     ) -> Step {
         let shared = &*self.shared;
-        if shared.control.is_some() && shared.control_started.get().is_none() {
+        if shared.config.control.is_some() && shared.live.control_started.get().is_none() {
             super::watch::start(&self.shared);
         }
         let (result, meta) = match plan(shared, facts, Purpose::Check) {
@@ -103,7 +103,7 @@ impl Engine {
                     Cached::Wait(probe) => {
                         return Step::Pending(Pending {
                             state: State::Waiting {
-                                wait: Box::pin(probe.wait(shared.backend_timeout)),
+                                wait: Box::pin(probe.wait(shared.config.backend_timeout)),
                                 waiter: Box::new((checks, meta)),
                                 started,
                             },
@@ -111,7 +111,13 @@ impl Engine {
                     }
                     Cached::Check(probe) => meta.probe = probe,
                 }
-                match begin(shared, checks, &mut meta, started, shared.backend_timeout) {
+                match begin(
+                    shared,
+                    checks,
+                    &mut meta,
+                    started,
+                    shared.config.backend_timeout,
+                ) {
                     Begun::Ready(result) => (result, meta),
                     Begun::Pending(check) => {
                         return Step::Pending(Pending {
@@ -255,6 +261,7 @@ fn begin(
     // the call carries the others (none: no call, no breaker).
     // Lease mode: what this instance's token leases answer locally.
     let leased = shared
+        .guards
         .leases
         .as_ref()
         .and_then(|pool| pool.take(&checks, &meta.tiers, meta.shadow));
@@ -265,7 +272,7 @@ fn begin(
         meta.leased = leased;
         return Begun::Ready(Ok(verdict));
     }
-    meta.permit = shared.breaker.permit();
+    meta.permit = shared.guards.breaker.permit();
     if meta.permit == Permit::Reject {
         return Begun::Ready(Err(BackendError::CircuitOpen));
     }
@@ -278,15 +285,15 @@ fn begin(
         // Synchronous: keep the checks themselves, no copies; the verdict's
         // vectors are a spare's, given back once the request is decided.
         let mut verdict = super::spare::verdict();
-        m.check_reusing(&checks, meta.shadow, shared.refunds(), &mut verdict);
+        m.check_reusing(&checks, meta.shadow, shared.config.refunds(), &mut verdict);
         meta.sent = checks;
         Begun::Ready(Ok(verdict))
     } else {
         // For the deny cache (off on the memory backend).
         meta.sent_us = shared.local_clock.now_us();
-        if shared.deny_cache.enabled() {
+        if shared.guards.deny_cache.enabled() {
             let cost = checks.iter().fold(0u64, |n, c| n.saturating_add(c.cost));
-            meta.flight = Some(shared.deny_cache.start_flight(cost));
+            meta.flight = Some(shared.guards.deny_cache.start_flight(cost));
         }
         let blocked = shared.blocked_set();
         let check = match &leased {
@@ -296,7 +303,7 @@ fn begin(
                 let check = shared.backend.start_check(
                     &rest,
                     shadow,
-                    shared.refunds(),
+                    shared.config.refunds(),
                     blocked.as_deref(),
                     Some(timeout),
                 );
@@ -306,7 +313,7 @@ fn begin(
             _ => shared.backend.start_check(
                 &checks,
                 meta.shadow,
-                shared.refunds(),
+                shared.config.refunds(),
                 blocked.as_deref(),
                 Some(timeout),
             ),
@@ -332,14 +339,17 @@ enum Resumed {
 fn resume(shared: &Shared, checks: Vec<TierCheck>, mut meta: Meta, started: Instant) -> Resumed {
     // The wait counts against `backend_timeout`, the most the layer may add
     // to a request: the check gets what is left (none: the failure policy).
-    let timeout = shared.backend_timeout.saturating_sub(started.elapsed());
+    let timeout = shared
+        .config
+        .backend_timeout
+        .saturating_sub(started.elapsed());
     match deny_cached(shared, &checks, &meta, false) {
         Cached::Deny(denial) => Resumed::Deny(denial),
         // Nothing left: a timeout, without sending a check that could
         // charge after the request gave up on it.
         _ if timeout.is_zero() => {
             meta.started = Some(started);
-            let timed_out = Err(BackendError::Timeout(shared.backend_timeout));
+            let timed_out = Err(BackendError::Timeout(shared.config.backend_timeout));
             Resumed::Begun(Begun::Ready(timed_out), meta)
         }
         Cached::Wait(_) => {

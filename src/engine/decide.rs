@@ -2,7 +2,7 @@
 
 use super::decision::{Allow, Block, Decision, Denial, Details, Refunds};
 use super::plan::Meta;
-use super::runtime::Shared;
+use super::state::Shared;
 use crate::algorithm::Decision as TierResult;
 use crate::backend::Verdict;
 use crate::observe::RequestDecision;
@@ -33,7 +33,7 @@ pub(crate) fn decide(
             if let Some(o) = &meta.observed {
                 let key_hash = o.key_hashes.get(i).copied().unwrap_or(0);
                 log_shadow(
-                    shared.shadow_log_level,
+                    shared.config.shadow_log_level,
                     &tier,
                     key_hash,
                     &o.endpoint,
@@ -63,9 +63,11 @@ pub(crate) fn decide(
         let shown = ds
             .iter()
             .enumerate()
-            .filter(|(i, _)| shared.shadow_headers || !meta.shadow.contains(*i))
+            .filter(|(i, _)| shared.config.shadow_headers || !meta.shadow.contains(*i))
             // A penalty box that lets a request through has no numbers.
-            .filter(|(i, _)| !(shared.penalties || shared.key_overrides) || !is_penalty(meta, *i))
+            .filter(|(i, _)| {
+                !(shared.config.penalties || shared.config.key_overrides) || !is_penalty(meta, *i)
+            })
             .min_by(|(_, a), (_, b)| {
                 a.remaining
                     .cmp(&b.remaining)
@@ -87,7 +89,7 @@ pub(crate) fn decide(
             .map(|d| d.delay_us)
             .max()
             .unwrap_or(0);
-        let headers = match shared.header_style {
+        let headers = match shared.config.header_style {
             HeaderStyle::None => None,
             _ => shown.map(|(i, d)| headers_for(shared, meta, i, d, v.now_us, false)),
         };
@@ -178,11 +180,11 @@ pub(crate) fn count_tier_decisions(
     request: Option<RequestDecision>,
 ) {
     if let Some(d) = request {
-        shared.counts.add(d);
+        shared.telemetry.counts.add(d);
     }
     let Some(e) = &meta.endpoint else {
         if let Some(d) = request {
-            shared.metrics.count(d);
+            shared.telemetry.metrics.count(d);
         }
         return;
     };
@@ -191,7 +193,10 @@ pub(crate) fn count_tier_decisions(
             _ if Some(i) == binding => return None,
             // A penalty box that lets the request through is its tier's
             // check counted once.
-            (true, _) if (shared.penalties || shared.key_overrides) && is_penalty(meta, i) => {
+            (true, _)
+                if (shared.config.penalties || shared.config.key_overrides)
+                    && is_penalty(meta, i) =>
+            {
                 return None
             }
             (true, _) if d.remaining.saturating_mul(5) < d.limit => TierDecision::NearLimit,
@@ -206,12 +211,15 @@ pub(crate) fn count_tier_decisions(
             decision,
         })
     });
-    shared.metrics.count_tiers(request, e, cells, |i| {
-        (
-            meta.tier(shared, i).map_or("unknown", |t| &*t.name),
-            meta.plan_slot(i).1,
-        )
-    });
+    shared
+        .telemetry
+        .metrics
+        .count_tiers(request, e, cells, |i| {
+            (
+                meta.tier(shared, i).map_or("unknown", |t| &*t.name),
+                meta.plan_slot(i).1,
+            )
+        });
 }
 
 /// The headers describing check `i`'s decision.
@@ -243,7 +251,7 @@ pub(crate) fn headers_for(
             policy,
             quota,
             concurrent,
-            style: shared.header_style,
+            style: shared.config.header_style,
         }
     } else {
         let reset = ceil_secs(now_us.saturating_add(d.reset_after_us));
@@ -263,7 +271,7 @@ pub(crate) fn headers_for(
             policy,
             quota,
             concurrent,
-            style: shared.header_style,
+            style: shared.config.header_style,
         }
     }
 }
@@ -311,6 +319,7 @@ pub(crate) fn reject(
             decision: TierDecision::Limited,
         };
         shared
+            .telemetry
             .metrics
             .count_tiers(None, e, [c], |_| (&*tier, meta.plan_slot(i).1));
     }
@@ -322,7 +331,7 @@ pub(crate) fn reject(
         remaining: headers.remaining,
         reset: headers.reset,
         retry_after,
-        docs_url: shared.docs_url.clone(),
+        docs_url: shared.config.docs_url.clone(),
         reason,
     };
     Denial {

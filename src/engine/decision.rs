@@ -3,7 +3,8 @@
 //! service's response with headers, a 429, a 403, a 503).
 
 use super::plan::Meta;
-use super::runtime::{RefundOn, Shared};
+use super::runtime::RefundOn;
+use super::state::Shared;
 use crate::backend::{Backend, TierRefund, Verdict};
 #[cfg(feature = "redis")]
 use crate::error::BackendError;
@@ -120,7 +121,7 @@ impl std::fmt::Debug for Refunds {
 impl Refunds {
     /// The refunds of a charged request, if any of its tiers asks for them.
     pub(crate) fn of(shared: &Shared, meta: &Meta, v: &Verdict) -> Option<Box<Refunds>> {
-        if !shared.refunds() {
+        if !shared.config.refunds() {
             return None;
         }
         let mut r = Refunds {

@@ -4,7 +4,8 @@
 use super::decide::reject;
 use super::decision::Denial;
 use super::plan::Meta;
-use super::runtime::{RefundOn, Shared};
+use super::runtime::RefundOn;
+use super::state::Shared;
 use crate::algorithm::Decision as TierResult;
 use crate::backend::{TierCheck, Verdict};
 use crate::engine::deny_cache::{
@@ -42,7 +43,7 @@ pub(crate) fn deny_cached(
     meta: &Meta,
     may_wait: bool,
 ) -> Cached {
-    if !shared.deny_cache.enabled() {
+    if !shared.guards.deny_cache.enabled() {
         return Cached::Check(None);
     }
     let now_us = shared.local_clock.now_us();
@@ -56,7 +57,11 @@ pub(crate) fn deny_cached(
         if meta.shadow.contains(i) {
             continue;
         }
-        match shared.deny_cache.lookup(&c.key, c.cost, &c.limit, now_us) {
+        match shared
+            .guards
+            .deny_cache
+            .lookup(&c.key, c.cost, &c.limit, now_us)
+        {
             Lookup::Denied(d) => {
                 cached.push(i);
                 let wait = d.until_us.saturating_sub(now_us);
@@ -78,7 +83,7 @@ pub(crate) fn deny_cached(
         // longer wait (or an equal one, before the cached check). When the
         // 429 lists every violated tier, any check without an entry may be
         // one more of them: only a fully cached request is known.
-        let lists = shared.lists_violated;
+        let lists = shared.config.lists_violated;
         let known = (!lists || uncached.is_empty())
             && uncached.iter().all(|&j| {
                 let c = &checks[j];
@@ -98,7 +103,7 @@ pub(crate) fn deny_cached(
     let Some(i) = lapsed else {
         return Cached::Check(None);
     };
-    match shared.deny_cache.join(&checks[i].key) {
+    match shared.guards.deny_cache.join(&checks[i].key) {
         Role::Lead(guard) => Cached::Check(Some(guard)),
         Role::Follow(probe) if may_wait => Cached::Wait(probe),
         Role::Follow(_) => Cached::Check(None),
@@ -118,7 +123,11 @@ pub(crate) fn cache_blocked(
     // The first 429 of an entry an admission primed is the key's first
     // denial: the backend counted none, so it is `limited` (an operator
     // must see users refused); later ones are `cache_blocked`.
-    let first = d.primed && shared.deny_cache.first_denial(&checks[i].key, d.until_us);
+    let first = d.primed
+        && shared
+            .guards
+            .deny_cache
+            .first_denial(&checks[i].key, d.until_us);
     shared.count(if first {
         RequestDecision::Limited
     } else {
@@ -129,12 +138,16 @@ pub(crate) fn cache_blocked(
     let now_s = now_us / 1_000_000;
     if let Some(tier) = meta.tiers.get(i).map(|&t| usize::from(t)) {
         if let Some(e) = &meta.endpoint {
-            shared.observer.record(e, tier, true, false, now_s);
+            shared
+                .telemetry
+                .observer
+                .record(e, tier, true, false, now_s);
         }
-        if let Some(t) = shared.tiers.get(tier) {
+        if let Some(t) = shared.config.tiers.get(tier) {
             let key = &checks[i].key;
             let part = key.get(t.key_base.len()..).unwrap_or(key);
             shared
+                .telemetry
                 .observer
                 .sketch(tier, Kind::Blocked, part, checks[i].cost, now_s);
         }
@@ -180,7 +193,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     if let Some(f) = &meta.flight {
         f.answered();
     }
-    if meta.sent.is_empty() || !shared.deny_cache.enabled() {
+    if meta.sent.is_empty() || !shared.guards.deny_cache.enabled() {
         return;
     }
     let mut now_us = None;
@@ -191,13 +204,13 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     let mut room: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
     for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
         let charged = v.charges.get(i).and_then(|c| c.as_ref());
-        let overridden = shared.key_overrides
-            && crate::handle::overrides::overridden(&meta.sent, &v.decisions, i);
+        let overridden = shared.config.key_overrides
+            && crate::backend::override_rule::overridden(&meta.sent, &v.decisions, i);
         if meta.shadow.contains(i) || overridden {
             // Its charge (a shadow tier that allows is charged) changed
             // the key's state all the same.
             if charged.is_some() {
-                shared.deny_cache.forget(key, || {
+                shared.guards.deny_cache.forget(key, || {
                     *now_us.get_or_insert_with(|| shared.local_clock.now_us())
                 });
             }
@@ -232,7 +245,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
             probed_room = true;
         }
         if cache {
-            shared.deny_cache.insert(
+            shared.guards.deny_cache.insert(
                 key.clone(),
                 Denied::new(
                     until_us,
@@ -256,7 +269,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         {
             room.push(i);
         } else if charged.is_some() {
-            shared.deny_cache.forget(key, || {
+            shared.guards.deny_cache.forget(key, || {
                 *now_us.get_or_insert_with(|| shared.local_clock.now_us())
             });
         }
@@ -265,7 +278,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         (Some((until_us, wait_us)), Some(flight)) => {
             for &i in &room {
                 let c = &meta.sent[i];
-                shared.deny_cache.note_room(
+                shared.guards.deny_cache.note_room(
                     &c.key,
                     v.decisions[i].remaining,
                     c.limit,
@@ -279,7 +292,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
         _ => {
             for &i in &room {
                 if v.charges.get(i).is_some_and(|c| c.is_some()) {
-                    shared.deny_cache.forget(&meta.sent[i].key, || {
+                    shared.guards.deny_cache.forget(&meta.sent[i].key, || {
                         *now_us.get_or_insert_with(|| shared.local_clock.now_us())
                     });
                 }
@@ -294,6 +307,6 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     // requests behind one probe at a time.)
     if let Some(p) = meta.probe.as_ref().filter(|_| probed_room) {
         let now_us = now_us.unwrap_or_else(|| shared.local_clock.now_us());
-        shared.deny_cache.remove_lapsed(p.key(), now_us);
+        shared.guards.deny_cache.remove_lapsed(p.key(), now_us);
     }
 }

@@ -3,7 +3,8 @@
 //! which only observe, what the breaker allowed, what was sent, the probe
 //! and flight guards, lease mode's local spend).
 
-use super::runtime::{BuiltTier, Shared};
+use super::runtime::BuiltTier;
+use super::state::Shared;
 use crate::backend::{Shadow, TierCheck};
 use crate::engine::breaker::Permit;
 use crate::engine::deny_cache::ProbeGuard;
@@ -76,7 +77,7 @@ impl Meta {
     pub(crate) fn tier<'s>(&self, shared: &'s Shared, i: usize) -> Option<&'s BuiltTier> {
         self.tiers
             .get(i)
-            .and_then(|&t| shared.tiers.get(usize::from(t)))
+            .and_then(|&t| shared.config.tiers.get(usize::from(t)))
     }
 
     /// The name of the tier check `i` belongs to.

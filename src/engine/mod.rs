@@ -28,6 +28,7 @@ pub(crate) mod decision;
 pub(crate) mod deny;
 pub(crate) mod deny_cache;
 pub(crate) mod facts;
+pub(crate) mod limits;
 pub(crate) mod meta;
 pub(crate) mod no_key;
 pub(crate) mod outcome;
@@ -36,6 +37,7 @@ pub(crate) mod runtime;
 pub(crate) mod slots;
 pub(crate) mod spare;
 pub(crate) mod spec;
+pub(crate) mod state;
 pub mod token_lease;
 pub(crate) mod watch;
 

@@ -7,8 +7,9 @@
 //! the tier and the likely cause
 //! ([`KeyExtractor::no_key_cause`](crate::key::KeyExtractor::no_key_cause)).
 
-use super::runtime::{BuiltTier, Shared};
+use crate::observe::RequestMetrics;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// The counter of requests on which a tier had no key (label `tier`).
 pub(crate) const NO_KEY: &str = "tiered_ratelimit_tier_no_key_total";
@@ -68,33 +69,45 @@ impl NoKeyWatch {
     }
 }
 
-/// Counts a request on which tier `t` had no key, and logs the warning when
-/// it is the Nth keyless one from the start.
-#[cold]
-#[inline(never)]
-pub(crate) fn no_key(shared: &Shared, tier: usize, t: &BuiltTier) {
-    shared.metrics.count_no_key(NO_KEY, tier, &t.name);
-    if !t.no_key.missing() {
-        return;
+impl NoKeyWatch {
+    /// Counts a request on which tier number `tier`, named `name`, whose
+    /// keys come from `key_type`, had no key, and logs the warning when it
+    /// is the Nth keyless one from the start.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn record(
+        &self,
+        metrics: &RequestMetrics,
+        tier: usize,
+        name: &Arc<str>,
+        key_type: &str,
+    ) {
+        metrics.count_no_key(NO_KEY, tier, name);
+        if !self.missing() {
+            return;
+        }
+        self.warn(name, key_type);
     }
-    let n = t.no_key.after;
-    let cause = t.no_key.cause.as_deref().unwrap_or(
-        "its key extractor returned no key for any of them: check that what it reads \
+
+    fn warn(&self, name: &str, key_type: &str) {
+        let n = self.after;
+        let cause = self.cause.as_deref().unwrap_or(
+            "its key extractor returned no key for any of them: check that what it reads \
          reaches the limiter",
-    );
-    tracing::warn!(target: super::LOG_TARGET,
-        tier = %t.name,
-        extractor = t.key_type,
-        requests = n,
-        "rate limiter: tier \"{}\" had no key on every one of its first {n} requests, so it \
-         never applied (each is counted in {NO_KEY}); {cause}",
-        t.name,
-    );
+        );
+        tracing::warn!(target: super::LOG_TARGET,
+            tier = %name,
+            extractor = key_type,
+            requests = n,
+            "rate limiter: tier \"{name}\" had no key on every one of its first {n} requests, so it \
+             never applied (each is counted in {NO_KEY}); {cause}",
+        );
+    }
 }
 
 /// Registers tier `name`'s series at 0 (a dashboard sees it before the
 /// first keyless request).
-pub(crate) fn register(name: &std::sync::Arc<str>) {
+pub(crate) fn register(name: &Arc<str>) {
     metrics::counter!(NO_KEY, "tier" => name.clone()).increment(0);
 }
 

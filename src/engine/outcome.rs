@@ -6,7 +6,8 @@ use super::decision::{Allow, Block, Decision, Refunds};
 use super::deny::feed_deny_cache;
 use super::facts::Facts;
 use super::plan::{plan, Meta, Planned, Purpose};
-use super::runtime::{FailurePolicy, Shared};
+use super::runtime::FailurePolicy;
+use super::state::Shared;
 use crate::backend::{Backend, TierCheck, Verdict};
 use crate::error::BackendError;
 use crate::observe;
@@ -69,26 +70,26 @@ pub(crate) fn outcome(
     let decided = match result {
         Ok(mut v) => {
             if !local_only {
-                shared.breaker.success(meta.permit);
+                shared.guards.breaker.success(meta.permit);
             }
-            if shared.penalties {
+            if shared.config.penalties {
                 penalty_limits(meta, &mut v);
             }
-            if shared.key_overrides {
-                crate::handle::overrides::apply_codes(&meta.sent, &mut v.decisions);
+            if shared.config.key_overrides {
+                crate::backend::override_rule::apply_codes(&meta.sent, &mut v.decisions);
             }
             feed_deny_cache(shared, meta, &v);
             if !meta.quiet {
                 observe_decisions(shared, meta, &v);
             }
             // Only charged tiers have refunds: none for a denied request.
-            let refunds = if shared.refunds() {
+            let refunds = if shared.config.refunds() {
                 Refunds::of(shared, meta, &v)
             } else {
                 None
             };
             let d = decide(shared, meta, &v, refunds);
-            let d = if shared.concurrency {
+            let d = if shared.config.concurrency {
                 with_leases(d, shared, &shared.backend, meta, &v)
             } else {
                 d
@@ -101,7 +102,7 @@ pub(crate) fn outcome(
         }
         Err(e) => {
             if !matches!(e, BackendError::CircuitOpen | BackendError::Key(_)) {
-                shared.breaker.failure(meta.permit);
+                shared.guards.breaker.failure(meta.permit);
             }
             // A request none of whose checked tiers is enforced (shadow
             // mode, globally or per tier) is never blocked by the limiter,
@@ -115,14 +116,17 @@ pub(crate) fn outcome(
             } else {
                 fail_shadow(shared, &e)
             };
-            if !meta.quiet && (shadow_only || shared.failure_policy == FailurePolicy::Open) {
+            if !meta.quiet && (shadow_only || shared.config.failure_policy == FailurePolicy::Open) {
                 observe_fail_open(shared, meta);
             }
             d
         }
     };
     if !meta.quiet {
-        shared.metrics.latency(backend_latency, meta.started);
+        shared
+            .telemetry
+            .metrics
+            .latency(backend_latency, meta.started);
     }
     decided
 }
@@ -140,7 +144,7 @@ fn observe_fail_open(shared: &Shared, meta: &Meta) {
         let bit = 1u64 << (t % 64);
         if seen & bit == 0 {
             seen |= bit;
-            shared.observer.record_fail_open(e, t, now_s);
+            shared.telemetry.observer.record_fail_open(e, t, now_s);
         }
     }
 }
@@ -163,16 +167,20 @@ pub(crate) fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
         };
         let shadow = meta.shadow.contains(i);
         if let Some(e) = &meta.endpoint {
-            shared
-                .observer
-                .record(e, tier, !d.allowed && !shadow, !d.allowed && shadow, now_s);
+            shared.telemetry.observer.record(
+                e,
+                tier,
+                !d.allowed && !shadow,
+                !d.allowed && shadow,
+                now_s,
+            );
         }
         let near = d.allowed && d.remaining.saturating_mul(5) < d.limit;
         if d.allowed && !near {
             continue;
         }
         let (Some(TierCheck { key, cost, .. }), Some(t)) =
-            (meta.sent.get(i), shared.tiers.get(tier))
+            (meta.sent.get(i), shared.config.tiers.get(tier))
         else {
             continue;
         };
@@ -185,7 +193,10 @@ pub(crate) fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
         } else {
             Kind::Blocked
         };
-        shared.observer.sketch(tier, kind, part, *cost, now_s);
+        shared
+            .telemetry
+            .observer
+            .sketch(tier, kind, part, *cost, now_s);
     }
 }
 
@@ -224,7 +235,7 @@ fn with_leases(
 fn fail_shadow(shared: &Shared, e: &BackendError) -> Decision {
     let backend = shared.backend.name();
     observe::count_backend_error(e.kind(), backend);
-    if let Some(suppressed) = shared.failure_log.permit() {
+    if let Some(suppressed) = shared.telemetry.failure_log.permit() {
         tracing::warn!(target: super::LOG_TARGET,
             error = %e,
             backend,
@@ -239,8 +250,8 @@ fn fail_shadow(shared: &Shared, e: &BackendError) -> Decision {
 pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Decision {
     let backend = shared.backend.name();
     observe::count_backend_error(e.kind(), backend);
-    let policy = shared.failure_policy;
-    if let Some(suppressed) = shared.failure_log.permit() {
+    let policy = shared.config.failure_policy;
+    if let Some(suppressed) = shared.telemetry.failure_log.permit() {
         tracing::warn!(target: super::LOG_TARGET,
             error = %e,
             backend,
@@ -265,7 +276,7 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
         }
         FailurePolicy::Fallback => {
             shared.count(RequestDecision::Fallback);
-            let Some(local) = &shared.fallback else {
+            let Some(local) = &shared.guards.fallback else {
                 return Decision::Allow(Allow::bare(RequestDecision::Fallback));
             };
             match plan(shared, facts, Purpose::Fallback) {

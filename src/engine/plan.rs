@@ -3,9 +3,8 @@
 
 use super::facts::Facts;
 pub(crate) use super::meta::{Meta, Observed};
-use super::runtime::{
-    BuiltTier, FailurePolicy, Overrides, PlanRuntime, Runtime, Shared, TierRuntime,
-};
+use super::runtime::{BuiltTier, FailurePolicy, Overrides, PlanRuntime, Runtime, TierRuntime};
+use super::state::Shared;
 use crate::algorithm::Limit;
 use crate::backend::TierCheck;
 use crate::error::BackendError;
@@ -212,8 +211,8 @@ pub(crate) enum Purpose {
 /// tier whose mode is not off, whose methods include the request's, whose
 /// cost is not 0 and whose extractor returns a key.
 pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Planned {
-    let rt = shared.runtime.load();
-    let ov = shared.overrides.load();
+    let rt = shared.live.runtime.load();
+    let ov = shared.live.overrides.load();
     let fallback = purpose == Purpose::Fallback;
     let global = match gate(&rt, &ov, facts) {
         Gate::Off => return Planned::Pass(RequestDecision::Skipped),
@@ -226,11 +225,11 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
         Gate::Allowlisted => return Planned::Pass(RequestDecision::Allowlisted),
         Gate::Tiers(global) => global,
     };
-    let mut checks = super::spare::checks(shared.tiers.len());
+    let mut checks = super::spare::checks(shared.config.tiers.len());
     let mut meta = Meta::default();
     // A tier that does not apply leaves the buffer to the next.
     let mut key = super::spare::key();
-    let tiers = shared.tiers.iter().zip(rt.tiers.iter()).enumerate();
+    let tiers = shared.config.tiers.iter().zip(rt.tiers.iter()).enumerate();
     // One check per tier (the HTTP layer), or per occurrence (a front door
     // whose request names a tier more than once); never more than MAX_TIERS
     // checks (the shadow bitmask's width).
@@ -249,7 +248,8 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
             Ok(TierStep::Skip) => continue,
             Ok(TierStep::NoKey) => {
                 if purpose == Purpose::Check {
-                    super::no_key::no_key(shared, i, t);
+                    t.no_key
+                        .record(&shared.telemetry.metrics, i, &t.name, t.key_type);
                 }
                 continue;
             }
@@ -260,7 +260,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
                 if purpose == Purpose::Check {
                     key_failed(shared, t, &e);
                 }
-                if shared.failure_policy == FailurePolicy::Closed {
+                if shared.config.failure_policy == FailurePolicy::Closed {
                     return Planned::Failed(e.into());
                 }
                 continue;
@@ -289,7 +289,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
                 .key_hashes
                 .push(xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
         }
-        if shared.header_style.ietf() {
+        if shared.config.header_style.ietf() {
             let q = tp.plan.map_or(r.quota, |p| p.quota);
             let refills = matches!(
                 t.algorithm,
@@ -328,7 +328,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
     } else {
         if purpose != Purpose::Inspect && F::OBSERVED {
             let (method, route) = facts.endpoint();
-            meta.endpoint = Some(shared.observer.endpoint(method, route));
+            meta.endpoint = Some(shared.telemetry.observer.endpoint(method, route));
         }
         meta.quiet = !F::OBSERVED;
         meta.details = F::DETAILS;
@@ -354,7 +354,7 @@ pub(crate) fn key_failed(shared: &Shared, t: &BuiltTier, e: &KeyError) {
     let Some(suppressed) = t.key_error_log.permit() else {
         return;
     };
-    let policy = shared.failure_policy;
+    let policy = shared.config.failure_policy;
     let consequence = if policy == FailurePolicy::Closed {
         "answering 503 (failure policy Closed)"
     } else {

@@ -12,7 +12,7 @@
 //! added removes nothing, and on one connection it runs after the script.
 
 use super::plan::Meta;
-use super::runtime::Shared;
+use super::state::Shared;
 use crate::algorithm::{Concurrency, Limit};
 use crate::backend::{Backend, Verdict};
 use crate::util::throttle::LogThrottle;
@@ -83,7 +83,7 @@ impl Slots {
             backend: backend.clone(),
             held,
             renewal: None,
-            timeout: shared.backend_timeout,
+            timeout: shared.config.backend_timeout,
         });
         leases.renewal = leases.start_renewal();
         Some(leases)
@@ -94,7 +94,7 @@ impl Slots {
     /// when the call has no concurrency check.
     pub(crate) fn unanswered(shared: &Shared, meta: &Meta) -> Option<Box<Slots>> {
         // A layer without a concurrency tier pays no scan of its checks.
-        if !shared.concurrency {
+        if !shared.config.concurrency {
             return None;
         }
         let held: smallvec::SmallVec<[Held; 1]> = meta
@@ -113,7 +113,7 @@ impl Slots {
                 backend: shared.backend.clone(),
                 held,
                 renewal: None,
-                timeout: shared.backend_timeout,
+                timeout: shared.config.backend_timeout,
             })
         })
     }
@@ -161,7 +161,7 @@ impl Slots {
 fn tier_name(shared: &Shared, meta: &Meta, i: usize) -> Arc<str> {
     meta.tiers
         .get(i)
-        .and_then(|&t| shared.tiers.get(usize::from(t)))
+        .and_then(|&t| shared.config.tiers.get(usize::from(t)))
         .map_or_else(|| Arc::from("unknown"), |t| t.name.clone())
 }
 

@@ -6,7 +6,8 @@ use super::decision::{Block, Decision};
 use super::facts::Facts;
 use super::outcome::outcome;
 use super::plan::{plan, Meta, Planned, Purpose};
-use super::runtime::{FailurePolicy, Shared};
+use super::runtime::FailurePolicy;
+use super::state::Shared;
 use crate::algorithm::Decision as TierResult;
 use crate::backend::Verdict;
 use crate::error::BackendError;
@@ -171,14 +172,14 @@ fn a_backend_error_follows_the_failure_policy() {
     };
     assert_eq!(a.kind, RequestDecision::FailOpen);
     assert!(a.headers.is_none() && a.refunds.is_none());
-    assert_eq!(shared.counts.snapshot().fail_open, 1);
+    assert_eq!(shared.telemetry.counts.snapshot().fail_open, 1);
 
     let (shared, meta) = setup(1, &[], FailurePolicy::Closed);
     assert!(matches!(
         outcome(&shared, &meta, err(), &TestFacts),
         Decision::Block(Block::Unavailable)
     ));
-    assert_eq!(shared.counts.snapshot().fail_closed, 1);
+    assert_eq!(shared.telemetry.counts.snapshot().fail_closed, 1);
 
     // The fallback plans the same facts against its local limiter: 10 per
     // minute for one instance, so the 11th is denied by t0.
@@ -191,7 +192,7 @@ fn a_backend_error_follows_the_failure_policy() {
         panic!("the local fallback denies the 11th");
     };
     assert_eq!(&*d.rejection.tier, "t0");
-    assert_eq!(shared.counts.snapshot().fallback, 11);
+    assert_eq!(shared.telemetry.counts.snapshot().fallback, 11);
 }
 
 #[test]
@@ -202,8 +203,8 @@ fn an_answer_is_decided_and_closes_nothing_open() {
         panic!("allowed");
     };
     assert_eq!(a.kind, RequestDecision::Allowed);
-    assert_eq!(shared.counts.snapshot().allowed, 1);
-    assert_eq!(shared.breaker.state().label(), "closed");
+    assert_eq!(shared.telemetry.counts.snapshot().allowed, 1);
+    assert_eq!(shared.guards.breaker.state().label(), "closed");
     // Nothing refunds by status here.
     assert!(a.refunds.is_none());
 }

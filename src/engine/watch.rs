@@ -4,11 +4,10 @@
 //! removed) increments, so every instance drops its deny cache within one
 //! poll interval ([`announce`]).
 
-use super::runtime::{Overrides, Shared};
-use crate::handle::control::ControlError;
+use super::runtime::Overrides;
+use super::state::Shared;
 use crate::rollout::Mode;
 use std::sync::Arc;
-#[cfg(feature = "redis")]
 use std::time::Duration;
 
 /// Applies one read of the hash to `previous`; returns the new overrides.
@@ -20,7 +19,7 @@ pub(crate) fn apply(
 ) -> Overrides {
     let mut next = Overrides {
         mode: None,
-        tiers: vec![None; shared.tiers.len()],
+        tiers: vec![None; shared.config.tiers.len()],
     };
     for (field, value) in fields {
         let parsed = value.parse::<Mode>();
@@ -35,7 +34,7 @@ pub(crate) fn apply(
         } else if field == GENERATION {
             // Not a mode: read by the watcher (`store`).
         } else if let Some(tier) = field.strip_prefix("tier:") {
-            let Ok(i) = shared.tier_index(tier) else {
+            let Ok(i) = shared.config.tier_index(tier) else {
                 tracing::error!(target: super::CONTROL_LOG_TARGET, field, value, "control key: unknown tier ignored");
                 continue;
             };
@@ -79,7 +78,7 @@ pub(crate) async fn announce(shared: &Shared, what: &str, key: &str) {
     };
     #[cfg(feature = "redis")]
     if let crate::backend::Backend::Redis(redis) = &shared.backend {
-        let timeout = shared.backend_timeout;
+        let timeout = shared.config.backend_timeout;
         let bumped = tokio::time::timeout(timeout, redis.hincrby(control, GENERATION, 1)).await;
         let error = match bumped {
             Ok(Ok(_)) => return,
@@ -96,7 +95,7 @@ pub(crate) async fn announce(shared: &Shared, what: &str, key: &str) {
 /// The control hash's key, when the layer polls one (a control key and a
 /// Redis backend).
 pub(crate) fn key_of(shared: &Shared) -> Option<&str> {
-    let control = shared.control.as_ref()?;
+    let control = shared.config.control.as_ref()?;
     #[cfg(feature = "redis")]
     if matches!(shared.backend, crate::backend::Backend::Redis(_)) {
         return Some(&control.redis_key);
@@ -143,14 +142,14 @@ fn store(
             Some(before) if before.as_deref() != now => {
                 tracing::info!(target: super::CONTROL_LOG_TARGET, key, generation = now.unwrap_or("none"),
                     "control key: an operator action changed a key's state; dropping the deny cache");
-                shared.deny_cache.clear();
+                shared.guards.deny_cache.clear();
                 *seen = Some(now.map(str::to_owned));
             }
             Some(_) => {}
             None => *seen = Some(now.map(str::to_owned)),
         }
     }
-    let previous = shared.overrides.load_full();
+    let previous = shared.live.overrides.load_full();
     let next = apply(shared, &previous, fields);
     if next != *previous {
         let changed = changed_tiers(shared, &previous, &next);
@@ -162,8 +161,8 @@ fn store(
         );
         // Store first, then drop the cached denials (decided under the
         // old modes).
-        shared.overrides.store(Arc::new(next));
-        shared.deny_cache.clear();
+        shared.live.overrides.store(Arc::new(next));
+        shared.guards.deny_cache.clear();
         shared.refresh_mode_gauges();
     }
 }
@@ -188,7 +187,7 @@ impl std::fmt::Display for ModeText {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 fn changed_tiers(shared: &Shared, previous: &Overrides, next: &Overrides) -> String {
     let mut out = String::new();
-    for (i, t) in shared.tiers.iter().enumerate() {
+    for (i, t) in shared.config.tiers.iter().enumerate() {
         let (a, b) = (
             previous.tiers.get(i).copied().flatten(),
             next.tiers.get(i).copied().flatten(),
@@ -210,7 +209,7 @@ fn changed_tiers(shared: &Shared, previous: &Overrides, next: &Overrides) -> Str
 
 /// Starts the watcher once (needs a tokio runtime; a no-op without one).
 pub(crate) fn start(shared: &Arc<Shared>) {
-    let Some(control) = shared.control.as_ref() else {
+    let Some(control) = shared.config.control.as_ref() else {
         return;
     };
     #[cfg(feature = "redis")]
@@ -218,7 +217,7 @@ pub(crate) fn start(shared: &Arc<Shared>) {
         let crate::backend::Backend::Redis(redis) = &shared.backend else {
             return;
         };
-        if shared.control_started.set(()).is_err() {
+        if shared.live.control_started.set(()).is_err() {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -248,4 +247,55 @@ pub(crate) fn start(shared: &Arc<Shared>) {
     }
     #[cfg(not(feature = "redis"))]
     let _ = control;
+}
+
+/// Where the control hash is and how often to read it.
+///
+/// In a policy file, the `[control]` table: `redis_key` (required) and
+/// `poll_interval` (humantime, default `"5s"`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlKey {
+    /// The Redis key of the hash, e.g. `rl:control`.
+    pub redis_key: String,
+    /// How often every instance reads it (default 5 s).
+    #[serde(default = "default_poll_interval", with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+/// How often the control hash is read unless told otherwise.
+fn default_poll_interval() -> Duration {
+    Duration::from_secs(5)
+}
+
+impl ControlKey {
+    /// The hash at `redis_key`, polled every 5 s.
+    pub fn new(redis_key: impl Into<String>) -> Self {
+        Self {
+            redis_key: redis_key.into(),
+            poll_interval: default_poll_interval(),
+        }
+    }
+
+    /// Polls every `interval`.
+    #[must_use]
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+}
+
+/// Why a write to the control hash failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// The layer has no control key, or its backend is not Redis.
+    #[error("no fleet control key: the layer has none configured, or its backend is not Redis")]
+    NotConfigured,
+    /// No tier of that name.
+    #[error("unknown tier: {0}")]
+    UnknownTier(String),
+    /// The Redis call failed; nothing was changed.
+    #[error("control key: {0}")]
+    Backend(#[from] crate::error::BackendError),
 }

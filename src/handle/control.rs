@@ -29,63 +29,13 @@
 //! instance's cached 429s within one poll interval (plus the poll's round
 //! trip).
 //!
-//! The watcher starts with the first request the layer sees (it needs the
-//! tokio runtime) and stops when the layer is dropped.
+//! The watcher starts when the layer is built inside a Tokio runtime (else
+//! with the first request the layer sees) and stops when the layer is
+//! dropped.
 //!
 //! [`RateLimitHandle::set_fleet_mode`](crate::RateLimitHandle::set_fleet_mode)
 //! writes the hash (what the admin page's buttons do when a control key is
 //! configured), then reads it back and applies it to its own process at
 //! once; the other instances follow within one poll interval.
 
-use std::time::Duration;
-
-/// Where the control hash is and how often to read it.
-///
-/// In a policy file, the `[control]` table: `redis_key` (required) and
-/// `poll_interval` (humantime, default `"5s"`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ControlKey {
-    /// The Redis key of the hash, e.g. `rl:control`.
-    pub redis_key: String,
-    /// How often every instance reads it (default 5 s).
-    #[serde(default = "default_poll_interval", with = "humantime_serde")]
-    pub poll_interval: Duration,
-}
-
-/// How often the control hash is read unless told otherwise.
-fn default_poll_interval() -> Duration {
-    Duration::from_secs(5)
-}
-
-impl ControlKey {
-    /// The hash at `redis_key`, polled every 5 s.
-    pub fn new(redis_key: impl Into<String>) -> Self {
-        Self {
-            redis_key: redis_key.into(),
-            poll_interval: default_poll_interval(),
-        }
-    }
-
-    /// Polls every `interval`.
-    #[must_use]
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
-        self
-    }
-}
-
-/// Why a write to the control hash failed.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ControlError {
-    /// The layer has no control key, or its backend is not Redis.
-    #[error("no fleet control key: the layer has none configured, or its backend is not Redis")]
-    NotConfigured,
-    /// No tier of that name.
-    #[error("unknown tier: {0}")]
-    UnknownTier(String),
-    /// The Redis call failed; nothing was changed.
-    #[error("control key: {0}")]
-    Backend(#[from] crate::error::BackendError),
-}
+pub use crate::engine::watch::{ControlError, ControlKey};

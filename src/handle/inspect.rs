@@ -111,16 +111,17 @@ impl RateLimitHandle {
     fn key_check(&self, tier: &str, key: &str) -> Result<TierCheck, InspectError> {
         let shared = self.shared();
         let i = shared
+            .config
             .tier_index(tier)
             .map_err(|_| InspectError::UnknownTier(tier.to_owned()))?;
         let key = crate::key::typed_key_part(key);
         if !valid_key(&key) {
             return Err(InspectError::InvalidKey);
         }
-        let t = &shared.tiers[i];
+        let t = &shared.config.tiers[i];
         Ok(TierCheck {
             key: format!("{}{key}", t.key_base),
-            limit: shared.runtime.load().tiers[i].limit,
+            limit: shared.live.runtime.load().tiers[i].limit,
             cost: t.cost,
         })
     }
@@ -150,7 +151,7 @@ impl RateLimitHandle {
     /// backend's error.
     pub async fn peek(&self, tier: &str, key: &str) -> Result<KeyStatus, InspectError> {
         let check = self.key_check(tier, key)?;
-        let timeout = self.shared().backend_timeout;
+        let timeout = self.shared().config.backend_timeout;
         let peek = |check: TierCheck| async move {
             let v = tokio::time::timeout(timeout, self.shared().backend.peek(&check))
                 .await
@@ -165,6 +166,7 @@ impl RateLimitHandle {
         // numbers on the key's state, or unlimited, or blocked.
         let i = self
             .shared()
+            .config
             .tier_index(tier)
             .map_err(|_| InspectError::UnknownTier(tier.to_owned()))?;
         let active = self.key_override(i, key).await?;
@@ -200,8 +202,8 @@ impl RateLimitHandle {
 
     /// The penalty box's check of `check`'s key, when `tier` has one.
     fn penalty_check(&self, tier: &str, check: &TierCheck) -> Option<TierCheck> {
-        let i = self.shared().tier_index(tier).ok()?;
-        let p = self.shared().tiers[i].penalty?;
+        let i = self.shared().config.tier_index(tier).ok()?;
+        let p = self.shared().config.tiers[i].penalty?;
         Some(TierCheck {
             key: format!("{}{}", check.key, crate::algorithm::penalty::KEY_SUFFIX),
             limit: crate::algorithm::Limit::Penalty(p),
@@ -224,12 +226,12 @@ impl RateLimitHandle {
             .penalty_check(tier, &check)
             .ok_or_else(|| InspectError::UnknownTier(tier.to_owned()))?;
         let shared = self.shared();
-        let timeout = shared.backend_timeout;
+        let timeout = shared.config.backend_timeout;
         let existed = tokio::time::timeout(timeout, shared.backend.reset(&p.key))
             .await
             .map_err(|_| BackendError::Timeout(timeout))??;
-        shared.deny_cache.forget(&p.key, || 0);
-        if let Some(fallback) = &shared.fallback {
+        shared.guards.deny_cache.forget(&p.key, || 0);
+        if let Some(fallback) = &shared.guards.fallback {
             fallback.reset(&p.key);
         }
         crate::engine::watch::announce(shared, "lift", &p.key).await;
@@ -249,15 +251,16 @@ impl RateLimitHandle {
     pub async fn reset(&self, tier: &str, key: &str) -> Result<bool, InspectError> {
         let check = self.key_check(tier, key)?;
         let shared = self.shared();
-        let timeout = shared.backend_timeout;
+        let timeout = shared.config.backend_timeout;
         let mut existed = tokio::time::timeout(timeout, shared.backend.reset(&check.key))
             .await
             .map_err(|_| BackendError::Timeout(timeout))??;
-        shared.deny_cache.forget(&check.key, || 0);
-        if let Some(fallback) = &shared.fallback {
+        shared.guards.deny_cache.forget(&check.key, || 0);
+        if let Some(fallback) = &shared.guards.fallback {
             fallback.reset(&check.key);
         }
-        if shared.tiers[shared
+        if shared.config.tiers[shared
+            .config
             .tier_index(tier)
             .map_err(|_| InspectError::UnknownTier(tier.to_owned()))?]
         .penalty

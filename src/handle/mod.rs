@@ -4,7 +4,9 @@ pub mod control;
 pub mod inspect;
 pub mod overrides;
 
-use crate::engine::runtime::{checked_limit, fallback_limit, PlanRuntime, Runtime, Shared};
+use crate::engine::limits::{checked_limit, fallback_limit};
+use crate::engine::runtime::{PlanRuntime, Runtime};
+use crate::engine::state::Shared;
 use crate::observe::recorder::{AnomalyStatus, BucketCounts};
 use crate::observe::topn::{BlockedKey, Kind};
 use crate::observe::DecisionCounts;
@@ -105,7 +107,7 @@ impl Changes<'_> {
     /// # Errors
     /// [`ConfigError::UnknownTier`].
     pub fn tier_mode(&mut self, tier: &str, mode: Mode) -> Result<&mut Self, ConfigError> {
-        let i = self.shared.tier_index(tier)?;
+        let i = self.shared.config.tier_index(tier)?;
         self.runtime.tiers[i].mode = mode;
         Ok(self)
     }
@@ -115,15 +117,15 @@ impl Changes<'_> {
     /// # Errors
     /// [`ConfigError::UnknownTier`] or any quota error.
     pub fn tier_quota(&mut self, tier: &str, quota: Quota) -> Result<&mut Self, ConfigError> {
-        let i = self.shared.tier_index(tier)?;
-        let t = &self.shared.tiers[i];
+        let i = self.shared.config.tier_index(tier)?;
+        let t = &self.shared.config.tiers[i];
         let limit = checked_limit(tier, t.algorithm, quota, t.cost)?;
         let fallback = fallback_limit(
             tier,
             t.algorithm,
             quota,
             t.cost,
-            self.shared.fallback_instances,
+            self.shared.config.fallback_instances,
         )?;
         let rt = &mut self.runtime.tiers[i];
         rt.quota = quota;
@@ -142,8 +144,8 @@ impl Changes<'_> {
         plan: &str,
         quota: Quota,
     ) -> Result<&mut Self, ConfigError> {
-        let i = self.shared.tier_index(tier)?;
-        let t = &self.shared.tiers[i];
+        let i = self.shared.config.tier_index(tier)?;
+        let t = &self.shared.config.tiers[i];
         let entry = PlanRuntime {
             name: Arc::from(plan),
             quota,
@@ -153,7 +155,7 @@ impl Changes<'_> {
                 t.algorithm,
                 quota,
                 t.cost,
-                self.shared.fallback_instances,
+                self.shared.config.fallback_instances,
             )?,
         };
         let plans = &mut self.runtime.tiers[i].plans;
@@ -206,7 +208,7 @@ impl RateLimitHandle {
         let _serial = UPDATES
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut runtime = Runtime::clone(&self.shared.runtime.load());
+        let mut runtime = Runtime::clone(&self.shared.live.runtime.load());
         let mut lists = self.lists.as_ref().map(|l| Lists::clone(&l.load()));
         f(&mut Changes {
             runtime: &mut runtime,
@@ -216,22 +218,23 @@ impl RateLimitHandle {
         if let (Some(cell), Some(lists)) = (&self.lists, lists) {
             cell.store(lists);
         }
-        self.shared.runtime.store(Arc::new(runtime));
+        self.shared.live.runtime.store(Arc::new(runtime));
         // Cached denials were decided under the old settings.
-        self.shared.deny_cache.clear();
+        self.shared.guards.deny_cache.clear();
         self.shared.refresh_mode_gauges();
         Ok(())
     }
 
     /// The global mode set in code (builder or [`set_mode`](Self::set_mode)).
     pub fn mode(&self) -> Mode {
-        self.shared.runtime.load().mode
+        self.shared.live.runtime.load().mode
     }
 
     /// The global mode in force: the control key's override if it sets one
     /// (see [`crate::handle::control`]), else [`mode`](Self::mode).
     pub fn effective_mode(&self) -> Mode {
         self.shared
+            .live
             .overrides
             .load()
             .mode
@@ -291,10 +294,11 @@ impl RateLimitHandle {
 
     /// Every tier's current settings, in check order.
     pub fn tiers(&self) -> Vec<TierStatus> {
-        let rt = self.shared.runtime.load();
-        let ov = self.shared.overrides.load();
+        let rt = self.shared.live.runtime.load();
+        let ov = self.shared.live.overrides.load();
         let global = ov.mode.unwrap_or(rt.mode);
         self.shared
+            .config
             .tiers
             .iter()
             .zip(rt.tiers.iter())
@@ -325,7 +329,7 @@ impl RateLimitHandle {
     /// The circuit breaker: `closed`, `open` (the backend is not called) or
     /// `half_open` (the next request probes it).
     pub fn circuit_state(&self) -> &'static str {
-        self.shared.breaker.state().label()
+        self.shared.guards.breaker.state().label()
     }
 
     /// The `n` keys of `tier` most blocked (429 by that tier, shadow
@@ -358,10 +362,10 @@ impl RateLimitHandle {
         n: usize,
         window: std::time::Duration,
     ) -> Option<Vec<BlockedKey>> {
-        let i = self.shared.tier_index(tier).ok()?;
+        let i = self.shared.config.tier_index(tier).ok()?;
         let hours = window.as_secs().div_ceil(3600).max(1);
         let now_s = self.shared.local_clock.now_us() / 1_000_000;
-        Some(self.shared.observer.top(i, kind, n, hours, now_s))
+        Some(self.shared.telemetry.observer.top(i, kind, n, hours, now_s))
     }
 
     /// The `n` keys of `tier` most rejected across the whole fleet over the
@@ -388,9 +392,10 @@ impl RateLimitHandle {
         let no = |why: &str| crate::error::BackendError::Unsupported(why.to_owned());
         let i = self
             .shared
+            .config
             .tier_index(tier)
             .map_err(|e| no(&e.to_string()))?;
-        if self.shared.blocked_set.is_none() {
+        if self.shared.telemetry.blocked_set.is_none() {
             return Err(no(
                 "fleet-wide top-N needs a single Redis backend with fleet_top_n on",
             ));
@@ -403,12 +408,12 @@ impl RateLimitHandle {
                 .map(|h| {
                     format!(
                         "{}:blocked:{}",
-                        self.shared.key_prefix,
+                        self.shared.config.key_prefix,
                         hour.saturating_sub(h)
                     )
                 })
                 .collect();
-            let base = &self.shared.tiers[i].key_base;
+            let base = &self.shared.config.tiers[i].key_base;
             let top = r.top_blocked(&sets, base, n).await?;
             return Ok(top
                 .into_iter()
@@ -426,14 +431,14 @@ impl RateLimitHandle {
 
     /// Every (tier, endpoint) series of the 429-rate baseline, with its alert.
     pub fn anomalies(&self) -> Vec<AnomalyStatus> {
-        self.shared.observer.anomalies()
+        self.shared.telemetry.observer.anomalies()
     }
 
     /// The last hour of a tier's counts, one bucket per anomaly bucket (a
     /// minute by default), oldest first. `None` for an unknown tier.
     pub fn history(&self, tier: &str) -> Option<Vec<BucketCounts>> {
-        let i = self.shared.tier_index(tier).ok()?;
-        Some(self.shared.observer.history(i))
+        let i = self.shared.config.tier_index(tier).ok()?;
+        Some(self.shared.telemetry.observer.history(i))
     }
 
     /// The fleet-wide control hash's Redis key, when the layer polls one (a
@@ -456,6 +461,7 @@ impl RateLimitHandle {
             None => "mode".to_owned(),
             Some(t) => {
                 self.shared
+                    .config
                     .tier_index(t)
                     .map_err(|_| crate::handle::control::ControlError::UnknownTier(t.to_owned()))?;
                 format!("tier:{t}")
@@ -469,8 +475,8 @@ impl RateLimitHandle {
     /// after its end closes it into [`history`](Self::history)). `None` for
     /// an unknown tier, and before the layer's first checked request.
     pub fn open_bucket(&self, tier: &str) -> Option<BucketCounts> {
-        let i = self.shared.tier_index(tier).ok()?;
-        self.shared.observer.open_bucket(i)
+        let i = self.shared.config.tier_index(tier).ok()?;
+        self.shared.telemetry.observer.open_bucket(i)
     }
 
     /// The layer's clock (the one its buckets use), Unix epoch seconds
@@ -482,7 +488,7 @@ impl RateLimitHandle {
 
     /// Requests by decision since the layer was built, in this process.
     pub fn counts(&self) -> DecisionCounts {
-        self.shared.counts.snapshot()
+        self.shared.telemetry.counts.snapshot()
     }
 
     /// Lease mode ([`crate::engine::token_lease`]): the keys this instance holds
@@ -490,6 +496,7 @@ impl RateLimitHandle {
     /// the memory backend).
     pub fn leases(&self) -> Vec<crate::engine::token_lease::LeaseStatus> {
         self.shared
+            .guards
             .leases
             .as_ref()
             .map_or_else(Vec::new, |p| p.status())
@@ -499,6 +506,7 @@ impl RateLimitHandle {
     /// (all 0 without a leased tier).
     pub fn lease_counts(&self) -> crate::engine::token_lease::LeaseCounts {
         self.shared
+            .guards
             .leases
             .as_ref()
             .map_or_else(Default::default, |p| p.counts())
@@ -515,7 +523,7 @@ impl RateLimitHandle {
     /// A failed return is logged at `debug` and its tokens are lost (an
     /// under-admission, as for a crashed instance).
     pub async fn return_leases(&self) -> u64 {
-        match &self.shared.leases {
+        match &self.shared.guards.leases {
             Some(p) => p.return_all().await,
             None => 0,
         }
@@ -525,6 +533,10 @@ impl RateLimitHandle {
     /// (tests of the false-denial bound). Answers the tokens lost.
     #[doc(hidden)]
     pub fn abandon_leases(&self) -> u64 {
-        self.shared.leases.as_ref().map_or(0, |p| p.abandon())
+        self.shared
+            .guards
+            .leases
+            .as_ref()
+            .map_or(0, |p| p.abandon())
     }
 }

@@ -44,9 +44,7 @@
 //!   locked path (not the compare-and-swap fast path of token and leaky
 //!   buckets).
 
-use crate::algorithm::Decision;
-use crate::backend::override_rule::{Active, Effect, CODE_QUOTA, CODE_UNLIMITED};
-use crate::backend::TierCheck;
+use crate::backend::override_rule::{Active, Effect};
 use crate::error::BackendError;
 use crate::handle::RateLimitHandle;
 use crate::quota::Quota;
@@ -152,52 +150,6 @@ pub enum OverrideError {
     Backend(#[from] BackendError),
 }
 
-/// After a check: each override check's code applied to the tier check
-/// right after it (a quota's limit shown, an unlimited tier shown full),
-/// and the override check itself shown as its tier (full), with
-/// `retry_after_us` [`APPLIED`] when an override applied (an allowed
-/// decision's retry is otherwise 0): the deny cache keeps no answer of an
-/// overridden key, so a change is seen by every instance at once.
-pub(crate) fn apply_codes(sent: &[TierCheck], decisions: &mut [Decision]) {
-    for i in 0..decisions.len().min(sent.len()).saturating_sub(1) {
-        if !sent[i].limit.is_override() {
-            continue;
-        }
-        let code = decisions[i].remaining;
-        let applied = if code == 0 { 0 } else { APPLIED };
-        let d = &mut decisions[i + 1];
-        if code >= CODE_QUOTA {
-            d.limit = code - CODE_QUOTA;
-            d.remaining = d.remaining.min(d.limit);
-        } else if code == CODE_UNLIMITED && d.allowed {
-            d.remaining = d.limit;
-        }
-        let limit = d.limit;
-        decisions[i] = Decision {
-            allowed: true,
-            limit,
-            remaining: limit,
-            reset_after_us: 0,
-            retry_after_us: applied,
-            delay_us: 0,
-        };
-    }
-}
-
-/// An override check's `retry_after_us` when an override applied (see
-/// [`apply_codes`]).
-pub(crate) const APPLIED: u64 = 1;
-
-/// Whether check `i` is a tier's whose override applied (the deny cache
-/// leaves it alone).
-pub(crate) fn overridden(sent: &[TierCheck], decisions: &[Decision], i: usize) -> bool {
-    i > 0
-        && sent.get(i - 1).is_some_and(|c| c.limit.is_override())
-        && decisions
-            .get(i - 1)
-            .is_some_and(|d| d.retry_after_us == APPLIED)
-}
-
 /// The listing entry stored next to an override (the index hash's value):
 /// `<until µs> <rule>`.
 fn entry_value(until_us: u64, rule: Override) -> String {
@@ -220,15 +172,19 @@ impl RateLimitHandle {
     fn override_key(&self, tier: &str, key: &str) -> Result<(usize, String), OverrideError> {
         let shared = self.shared();
         let i = shared
+            .config
             .tier_index(tier)
             .ok()
-            .filter(|&i| shared.tiers[i].overrides)
+            .filter(|&i| shared.config.tiers[i].overrides)
             .ok_or_else(|| OverrideError::UnknownTier(tier.to_owned()))?;
         let key = crate::key::typed_key_part(key);
         if !crate::handle::inspect::valid_key(&key) {
             return Err(OverrideError::InvalidKey);
         }
-        Ok((i, format!("{}{key}{KEY_SUFFIX}", shared.tiers[i].key_base)))
+        Ok((
+            i,
+            format!("{}{key}{KEY_SUFFIX}", shared.config.tiers[i].key_base),
+        ))
     }
 
     /// Sets (or replaces) the override of `key` (as read or as stored: see [`crate::handle::inspect`]) in
@@ -251,9 +207,9 @@ impl RateLimitHandle {
     ) -> Result<(), OverrideError> {
         let (i, ov_key) = self.override_key(tier, key)?;
         let shared = self.shared();
-        let t = &shared.tiers[i];
+        let t = &shared.config.tiers[i];
         let effect = match rule {
-            Override::Quota(q) => Effect::Limit(crate::engine::runtime::checked_limit(
+            Override::Quota(q) => Effect::Limit(crate::engine::limits::checked_limit(
                 tier,
                 t.algorithm,
                 q,
@@ -271,7 +227,7 @@ impl RateLimitHandle {
         let active = Active { effect, until_us };
         let index = format!("{}{KEY_SUFFIX}", t.key_base);
         let listing = entry_value(until_us, rule);
-        let timeout = shared.backend_timeout;
+        let timeout = shared.config.backend_timeout;
         let ttl_ms = ttl.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1));
         tokio::time::timeout(
             timeout,
@@ -282,7 +238,7 @@ impl RateLimitHandle {
         .await
         .map_err(|_| BackendError::Timeout(timeout))??;
         let stored = format!("{}{key}", t.key_base);
-        shared.deny_cache.forget(&stored, || 0);
+        shared.guards.deny_cache.forget(&stored, || 0);
         crate::engine::watch::announce(shared, "override set", &stored).await;
         tracing::info!(tier, key, rule = %rule, expires_at_us = until_us, by, at_us = now_us,
             "rate limiter: override set");
@@ -303,16 +259,16 @@ impl RateLimitHandle {
     ) -> Result<bool, OverrideError> {
         let (i, ov_key) = self.override_key(tier, key)?;
         let shared = self.shared();
-        let index = format!("{}{KEY_SUFFIX}", shared.tiers[i].key_base);
-        let timeout = shared.backend_timeout;
+        let index = format!("{}{KEY_SUFFIX}", shared.config.tiers[i].key_base);
+        let timeout = shared.config.backend_timeout;
         let removed = tokio::time::timeout(
             timeout,
             shared.backend.remove_override(&ov_key, &index, key),
         )
         .await
         .map_err(|_| BackendError::Timeout(timeout))??;
-        let stored = format!("{}{key}", shared.tiers[i].key_base);
-        shared.deny_cache.forget(&stored, || 0);
+        let stored = format!("{}{key}", shared.config.tiers[i].key_base);
+        shared.guards.deny_cache.forget(&stored, || 0);
         crate::engine::watch::announce(shared, "override removed", &stored).await;
         let at_us = shared.local_clock.now_us();
         // One that had expired does not count.
@@ -338,11 +294,11 @@ impl RateLimitHandle {
         key: &str,
     ) -> Result<Option<Active>, BackendError> {
         let shared = self.shared();
-        let Some(t) = shared.tiers.get(i).filter(|t| t.overrides) else {
+        let Some(t) = shared.config.tiers.get(i).filter(|t| t.overrides) else {
             return Ok(None);
         };
         let index = format!("{}{KEY_SUFFIX}", t.key_base);
-        let timeout = shared.backend_timeout;
+        let timeout = shared.config.backend_timeout;
         let raw = tokio::time::timeout(timeout, shared.backend.list_overrides(&index))
             .await
             .map_err(|_| BackendError::Timeout(timeout))??;
@@ -355,7 +311,7 @@ impl RateLimitHandle {
         };
         let effect = match e.rule {
             Override::Quota(q) => {
-                match crate::engine::runtime::checked_limit(&t.name, t.algorithm, q, t.cost) {
+                match crate::engine::limits::checked_limit(&t.name, t.algorithm, q, t.cost) {
                     Ok(l) => Effect::Limit(l),
                     // Set through set_override, so it compiled then.
                     Err(_) => return Ok(None),
@@ -377,12 +333,13 @@ impl RateLimitHandle {
     pub async fn overrides(&self, tier: &str) -> Result<Vec<OverrideEntry>, OverrideError> {
         let shared = self.shared();
         let i = shared
+            .config
             .tier_index(tier)
             .ok()
-            .filter(|&i| shared.tiers[i].overrides)
+            .filter(|&i| shared.config.tiers[i].overrides)
             .ok_or_else(|| OverrideError::UnknownTier(tier.to_owned()))?;
-        let index = format!("{}{KEY_SUFFIX}", shared.tiers[i].key_base);
-        let timeout = shared.backend_timeout;
+        let index = format!("{}{KEY_SUFFIX}", shared.config.tiers[i].key_base);
+        let timeout = shared.config.backend_timeout;
         let raw = tokio::time::timeout(timeout, shared.backend.list_overrides(&index))
             .await
             .map_err(|_| BackendError::Timeout(timeout))??;

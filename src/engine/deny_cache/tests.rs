@@ -1,6 +1,6 @@
 use super::*;
 use crate::algorithm::State;
-use crate::engine::runtime::checked_limit;
+use crate::engine::limits::checked_limit;
 use crate::{algorithm::kind::Algorithm, quota::Quota};
 use proptest::prelude::*;
 

@@ -14,7 +14,7 @@
 use super::entry::Entry;
 use super::pool::TierLease;
 use crate::algorithm::Decision;
-use crate::engine::runtime::checked_limit;
+use crate::engine::limits::checked_limit;
 use crate::{algorithm::kind::Algorithm, quota::Quota};
 use std::sync::atomic::Ordering;
 

@@ -5,7 +5,7 @@ mod builder;
 
 pub use self::builder::RateLimitLayerBuilder;
 pub use crate::engine::runtime::FailurePolicy;
-use crate::engine::runtime::Shared;
+use crate::engine::state::Shared;
 use crate::http::front::Front;
 use crate::http::service::RateLimitService;
 use std::fmt;
@@ -43,12 +43,12 @@ pub struct RateLimitLayer {
 
 impl fmt::Debug for RateLimitLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let tiers: Vec<&str> = self.shared.tiers.iter().map(|t| &*t.name).collect();
+        let tiers: Vec<&str> = self.shared.config.tiers.iter().map(|t| &*t.name).collect();
         f.debug_struct("RateLimitLayer")
             .field("backend", &self.shared.backend.name())
             .field("tiers", &tiers)
-            .field("failure_policy", &self.shared.failure_policy)
-            .field("backend_timeout", &self.shared.backend_timeout)
+            .field("failure_policy", &self.shared.config.failure_policy)
+            .field("backend_timeout", &self.shared.config.backend_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -62,7 +62,7 @@ impl RateLimitLayer {
 
     /// The tier names, in check order.
     pub fn tier_names(&self) -> impl Iterator<Item = &str> {
-        self.shared.tiers.iter().map(|t| &*t.name)
+        self.shared.config.tiers.iter().map(|t| &*t.name)
     }
 
     /// A handle to change modes, quotas and lists at run time, without
