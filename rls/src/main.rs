@@ -13,7 +13,8 @@ use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use tiered_ratelimit::backend::{Backend, MemoryBackend};
-use tiered_ratelimit::descriptor::RulesPolicy;
+use tiered_ratelimit::descriptor::FailureStatus;
+use tiered_ratelimit::descriptor::{ReferenceConfig, RulesPolicy};
 use tiered_ratelimit::FailurePolicy;
 use tiered_ratelimit_rls::{serve, Rls};
 
@@ -21,7 +22,9 @@ use tiered_ratelimit_rls::{serve, Rls};
 #[derive(Debug, Parser)]
 #[command(name = "tiered-ratelimit-rls", version)]
 struct Args {
-    /// The rules file (TOML: domain, [[rule]] tables, [redis]).
+    /// The rules file (TOML: domain, [[rule]] tables, [redis]), or the
+    /// reference service's YAML: a `.yaml`/`.yml` file or a directory of
+    /// them (one domain per file).
     #[arg(long)]
     config: PathBuf,
     /// Where the gRPC service listens.
@@ -55,6 +58,35 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .with_ansi(std::io::stdout().is_terminal())
         .init();
     let args = Args::parse();
+    let yaml = std::fs::metadata(&args.config).is_ok_and(|m| m.is_dir())
+        || args
+            .config
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
+    if yaml {
+        let config = ReferenceConfig::from_path(&args.config, true)?;
+        let metrics = metrics_server(&args.metrics).await?;
+        let backend: Backend = MemoryBackend::new().into();
+        let domains: Vec<String> = config.domains.iter().map(|d| d.domain.clone()).collect();
+        let rules: usize = config.domains.iter().map(|d| d.rules.len()).sum();
+        let limiters = config.limiters(&backend, "rls", false, || {
+            tiered_ratelimit::RateLimitLayer::builder()
+                .headers(tiered_ratelimit::response::HeaderStyle::None)
+        })?;
+        let rls = Rls::domains(limiters, FailureStatus::OverLimit);
+        let grpc = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+        tracing::info!(
+            addr = %grpc.local_addr()?,
+            domains = %domains.join(","),
+            backend = "memory (this process only)",
+            rules,
+            "serving envoy.service.ratelimit.v3.RateLimitService"
+        );
+        serve(rls, grpc, metrics, shutdown_signal()).await?;
+        return Ok(());
+    }
     let policy = RulesPolicy::from_file(&args.config)
         .map_err(|e| format!("{}: {e}", args.config.display()))?;
     let (backend, backend_text): (Backend, String) = match &policy.redis {
@@ -88,20 +120,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // The recorder first: what the limiter registers when it is built (the
     // mode gauges, lease counters at 0, every series' HELP text) is then
     // in the first scrape.
-    let metrics = if args.metrics == "none" {
-        None
-    } else {
-        let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-        let addr: SocketAddr = args
-            .metrics
-            .parse()
-            .map_err(|e| format!("--metrics {}: {e}", args.metrics))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("--metrics {addr}: {e}"))?;
-        tracing::info!(addr = %listener.local_addr()?, "metrics at GET /metrics");
-        Some((listener, handle))
-    };
+    let metrics = metrics_server(&args.metrics).await?;
     let limiter = policy.limiter(backend)?;
     let rls = Rls::new(limiter, policy.failure_status);
     let grpc = tokio::net::TcpListener::bind(args.listen)
@@ -116,6 +135,28 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     serve(rls, grpc, metrics, shutdown_signal()).await?;
     Ok(())
+}
+
+/// The recorder and the listener of `GET /metrics` (`none`: neither).
+async fn metrics_server(
+    addr: &str,
+) -> Result<
+    Option<(
+        tokio::net::TcpListener,
+        metrics_exporter_prometheus::PrometheusHandle,
+    )>,
+    Box<dyn std::error::Error>,
+> {
+    if addr == "none" {
+        return Ok(None);
+    }
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let addr: SocketAddr = addr.parse().map_err(|e| format!("--metrics {addr}: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("--metrics {addr}: {e}"))?;
+    tracing::info!(addr = %listener.local_addr()?, "metrics at GET /metrics");
+    Ok(Some((listener, handle)))
 }
 
 /// Ctrl-C, or SIGTERM on Unix.

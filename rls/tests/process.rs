@@ -115,6 +115,8 @@ async fn two_processes_share_redis_all_or_nothing_then_shut_down_cleanly() {
             r#"
 domain = "edge"
 key_prefix = "rls-proc"
+# No call times out (and fails open) on a loaded machine.
+backend_timeout_ms = 10000
 [redis]
 url = "{}"
 [[rule]]

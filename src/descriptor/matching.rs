@@ -2,9 +2,7 @@
 //! most specific match.
 
 use super::limiter::DescriptorLimiter;
-use super::rules::EntryMatch;
-use crate::quota::Quota;
-use std::sync::Arc;
+use super::rules::{EntryMatch, RuleLimit};
 
 /// A descriptor of a request: its entries, and optionally its own cost
 /// (Envoy's per-descriptor `hits_addend`).
@@ -29,10 +27,13 @@ impl<'a> Descriptor<'a> {
 /// A rule as compiled: its engine tier (none when unlimited).
 #[derive(Debug)]
 pub(super) struct Compiled {
-    pub(super) name: Arc<str>,
+    /// Its names and numbers as the answer has them.
+    pub(super) limit: RuleLimit,
     pub(super) entries: Vec<EntryMatch>,
-    pub(super) quota: Quota,
     pub(super) tier: Option<usize>,
+    pub(super) shadow: bool,
+    pub(super) blocked: bool,
+    pub(super) replaces: Vec<String>,
 }
 
 impl Compiled {

@@ -1,0 +1,144 @@
+//! The engine's decision as the answer to a request: one status per
+//! descriptor ([`DescriptorLimiter::answer`]).
+
+use super::limiter::{Answer, Code, DescriptorLimiter, DescriptorStatus, RequestError};
+use crate::engine::{Block, Decision};
+use crate::observe::RequestDecision;
+use std::time::Duration;
+
+impl DescriptorLimiter {
+    /// The engine's decision as per-descriptor statuses.
+    pub(super) fn answer(
+        &self,
+        decision: Decision,
+        matched: &[Option<(usize, usize)>],
+    ) -> Result<Answer, RequestError> {
+        let (details, shadow_tiers, headers, fail_open) = match decision {
+            Decision::Allow(a) => {
+                let fail_open = a.kind == RequestDecision::FailOpen;
+                (a.details, a.shadow_tiers, a.headers, fail_open)
+            }
+            Decision::Block(Block::Limited(d)) => {
+                (d.details, d.shadow_tiers, Some(d.headers), false)
+            }
+            // No lists are configured, so no request is denylisted; were
+            // one, it is over the limit.
+            Decision::Block(Block::Denylisted(_)) => {
+                return Ok(Answer {
+                    overall: Code::OverLimit,
+                    statuses: matched
+                        .iter()
+                        .map(|_| DescriptorStatus {
+                            code: Code::OverLimit,
+                            limit: None,
+                            unlimited: false,
+                            remaining: 0,
+                            until_reset: Duration::ZERO,
+                            exceeds_capacity: false,
+                        })
+                        .collect(),
+                    headers: None,
+                    fail_open: false,
+                })
+            }
+            Decision::Block(Block::Unavailable) => return Err(RequestError::Unavailable),
+        };
+        let mut overall = Code::Ok;
+        let mut statuses = Vec::with_capacity(matched.len());
+        for m in matched {
+            let status = match *m {
+                None => DescriptorStatus {
+                    code: Code::Ok,
+                    limit: None,
+                    unlimited: false,
+                    remaining: 0,
+                    until_reset: Duration::ZERO,
+                    exceeds_capacity: false,
+                },
+                Some((rule, usize::MAX)) => DescriptorStatus {
+                    code: Code::Ok,
+                    limit: None,
+                    unlimited: true,
+                    remaining: 0,
+                    until_reset: Duration::ZERO,
+                    exceeds_capacity: false,
+                    ..self.status_of(rule)
+                },
+                Some((rule, n)) => {
+                    let tier = self.rules[rule].tier.unwrap_or(usize::MAX);
+                    // Check of occurrence n of this tier: the (n+1)-th check
+                    // of the tier, in planned order.
+                    let d = details.as_ref().and_then(|ds| {
+                        ds.checks
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, (t, _))| *t == tier)
+                            .nth(n)
+                            .map(|(j, (_, d))| (*d, j < 64 && ds.never_fits & (1 << j) != 0))
+                    });
+                    let mut s = self.status_of(rule);
+                    let r = &self.rules[rule];
+                    if let Some((d, never_fits)) = d {
+                        // A rule in shadow reports OK; under the global
+                        // shadow mode the descriptor says OVER_LIMIT and the
+                        // request is OK (as the reference service answers).
+                        let shadowed =
+                            r.shadow || (!self.global_shadow && shadow_tiers & (1 << tier) != 0);
+                        s.code = if !d.allowed && !shadowed {
+                            Code::OverLimit
+                        } else {
+                            Code::Ok
+                        };
+                        // Over the limit: nothing left (shadow rules too).
+                        s.remaining = if d.allowed { d.remaining } else { 0 };
+                        if r.blocked {
+                            // `requests_per_unit: 0`: until the unit's
+                            // window ends, as the reference says.
+                            let unit = r.limit.unit.seconds();
+                            let now = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map_or(0, |d| d.as_secs());
+                            s.until_reset = Duration::from_secs(unit - now % unit);
+                        } else {
+                            s.exceeds_capacity = never_fits;
+                            s.until_reset = Duration::from_micros(if d.allowed {
+                                d.reset_after_us
+                            } else {
+                                d.retry_after_us
+                            });
+                        }
+                    } else {
+                        // Decided without the backend (fail-open, a
+                        // switched-off rule): no numbers.
+                        s.limit = None;
+                    }
+                    s
+                }
+            };
+            if status.code == Code::OverLimit {
+                overall = Code::OverLimit;
+            }
+            statuses.push(status);
+        }
+        if self.global_shadow {
+            overall = Code::Ok;
+        }
+        Ok(Answer {
+            overall,
+            statuses,
+            headers,
+            fail_open,
+        })
+    }
+
+    pub(super) fn status_of(&self, rule: usize) -> DescriptorStatus {
+        DescriptorStatus {
+            code: Code::Ok,
+            limit: Some(self.rules[rule].limit.clone()),
+            unlimited: false,
+            remaining: 0,
+            until_reset: Duration::ZERO,
+            exceeds_capacity: false,
+        }
+    }
+}
