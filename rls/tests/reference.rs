@@ -454,6 +454,37 @@ async fn replaces_blocking_shadow_and_hits() {
         one(&mut c, "misc", &[("user", "c")]).await,
         m(Code::OverLimit, "per_user", 5, 0)
     );
+    // A descriptor's explicit hits_addend 0 charges nothing: it reads.
+    let zero = || {
+        let mut z = d(&[("user", "z")]);
+        z.hits_addend = Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 });
+        req("misc", vec![z])
+    };
+    assert_eq!(
+        one(&mut c, "misc", &[("user", "z")]).await,
+        m(Code::Ok, "per_user", 5, 4)
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            call(&mut c, zero()).await.statuses,
+            vec![m(Code::Ok, "per_user", 5, 4)]
+        );
+    }
+    assert_eq!(
+        one(&mut c, "misc", &[("user", "z")]).await,
+        m(Code::Ok, "per_user", 5, 3)
+    );
+    // ... and on an exhausted counter it is OK with nothing left.
+    assert_eq!(
+        call(&mut c, {
+            let mut r = zero();
+            r.descriptors[0].entries[0].value = "c".into();
+            r
+        })
+        .await
+        .statuses,
+        vec![m(Code::Ok, "per_user", 5, 0)]
+    );
     // No descriptors: an error, as the reference's.
     let s = c.should_rate_limit(req("misc", vec![])).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);

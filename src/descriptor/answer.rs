@@ -141,4 +141,29 @@ impl DescriptorLimiter {
             exceeds_capacity: false,
         }
     }
+
+    /// A descriptor of `hits_addend` 0 on `rule`: its numbers read without
+    /// a charge (`key`: its storage key part). Never over the limit (a
+    /// counter holds at most the limit); no numbers when the backend does
+    /// not answer.
+    pub(super) async fn uncharged(&self, rule: usize, key: &str) -> DescriptorStatus {
+        let r = &self.rules[rule];
+        let mut s = self.status_of(rule);
+        if r.blocked {
+            return s;
+        }
+        match self.layer.handle().peek(&r.limit.rule, key).await {
+            Ok(k) => {
+                // The peek charges the tier's cost (1) in its numbers.
+                s.remaining = if k.allowed {
+                    k.remaining.saturating_add(1).min(k.limit)
+                } else {
+                    k.remaining
+                };
+                s.until_reset = k.reset_after;
+            }
+            Err(_) => s.limit = None,
+        }
+        s
+    }
 }

@@ -33,6 +33,32 @@ pub(super) fn same_values<'a>(
         && (0..n).all(|e| value(descriptors, shared, a, e) == value(descriptors, shared, b, e))
 }
 
+/// Descriptor `index`'s storage key part before escaping. The rule fixes
+/// the keys, so the values identify the descriptor: one value as it is;
+/// several, each after its length (`5:alice|4:/api`), so that no two lists
+/// of values share a key.
+pub(super) fn raw_key<'a>(
+    descriptors: &'a [Descriptor<'a>],
+    shared: &'a [Vec<(usize, &'a str)>],
+    index: usize,
+) -> Vec<u8> {
+    let n = descriptors[index].entries.len();
+    if n == 1 {
+        return value(descriptors, shared, index, 0).as_bytes().to_vec();
+    }
+    let mut raw = Vec::new();
+    for e in 0..n {
+        if e > 0 {
+            raw.push(b'|');
+        }
+        let v = value(descriptors, shared, index, e);
+        raw.extend_from_slice(itoa::Buffer::new().format(v.len()).as_bytes());
+        raw.push(b':');
+        raw.extend_from_slice(v.as_bytes());
+    }
+    raw
+}
+
 pub(super) struct DescriptorFacts<'a> {
     pub(super) descriptors: &'a [Descriptor<'a>],
     /// Per descriptor: `(entry, pattern value)` of its shared entries.
@@ -67,24 +93,10 @@ impl Facts for DescriptorFacts<'_> {
         let Some(d) = self.descriptors.get(first) else {
             return Ok(false);
         };
-        let v = |e: usize| value(self.descriptors, self.shared, first, e);
-        // The rule fixes the keys, so the values identify the descriptor:
-        // one value as it is; several, each after its length (`5:alice|4:/api`),
-        // so that no two lists of values share a key.
         if d.entries.len() == 1 {
-            key.part(v(0).as_bytes());
+            key.part(value(self.descriptors, self.shared, first, 0).as_bytes());
         } else {
-            let mut raw = Vec::new();
-            for e in 0..d.entries.len() {
-                if e > 0 {
-                    raw.push(b'|');
-                }
-                let value = v(e);
-                raw.extend_from_slice(itoa::Buffer::new().format(value.len()).as_bytes());
-                raw.push(b':');
-                raw.extend_from_slice(value.as_bytes());
-            }
-            key.part(&raw);
+            key.part(&raw_key(self.descriptors, self.shared, first));
         }
         Ok(true)
     }

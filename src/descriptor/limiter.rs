@@ -2,7 +2,7 @@
 //! answer ([`Answer`], [`DescriptorStatus`], [`Code`]), and the engine's
 //! [`Facts`] over descriptors.
 
-use super::facts::{same_values, DescriptorFacts};
+use super::facts::{raw_key, same_values, DescriptorFacts};
 use super::matching::{Compiled, Descriptor};
 use super::rules::{Rule, RuleLimit};
 use super::tree::Tree;
@@ -334,6 +334,7 @@ impl DescriptorLimiter {
         let mut matched: Vec<Option<(usize, usize)>> = Vec::with_capacity(descriptors.len());
         // Per engine tier: its groups (first descriptor, summed cost).
         let mut groups: Vec<Vec<(usize, u64)>> = vec![Vec::new(); self.tier_rule.len()];
+        let mut zero = Vec::new();
         for (index, (d, rule)) in descriptors.iter().zip(&found).enumerate() {
             let Some(rule) = *rule else {
                 matched.push(None);
@@ -347,8 +348,15 @@ impl DescriptorLimiter {
             let cost = if self.rules[rule].blocked {
                 2
             } else {
-                d.hits_addend.map_or(hits, |h| h.max(1))
+                d.hits_addend.unwrap_or(hits)
             };
+            if cost == 0 {
+                // An explicit `hits_addend: 0` charges nothing: read after
+                // the decision.
+                zero.push((index, rule));
+                matched.push(None);
+                continue;
+            }
             let g = &mut groups[tier];
             let same = g
                 .iter()
@@ -377,7 +385,12 @@ impl DescriptorLimiter {
                 std::future::poll_fn(|cx| pending.poll_decide(cx, &self.engine, &facts)).await
             }
         };
-        self.answer(decision, &matched)
+        let mut answer = self.answer(decision, &matched)?;
+        for (index, rule) in zero {
+            let key = tiered_key(&raw_key(descriptors, &shared, index));
+            answer.statuses[index] = self.uncharged(rule, &key).await;
+        }
+        Ok(answer)
     }
 
     /// The reference's `replaces`: a descriptor whose rule's limit name is
@@ -401,4 +414,8 @@ impl DescriptorLimiter {
             }
         }
     }
+}
+
+fn tiered_key(raw: &[u8]) -> String {
+    crate::key::storage_key_part(raw)
 }

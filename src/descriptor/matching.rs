@@ -11,6 +11,9 @@ pub struct Descriptor<'a> {
     /// `(key, value)`, in order.
     pub entries: Vec<(&'a str, &'a str)>,
     /// Replaces the request's cost for this descriptor.
+    /// `Some(0)` charges nothing: the descriptor's numbers are read
+    /// without a charge (an extra backend read), and it is never over the
+    /// limit.
     pub hits_addend: Option<u64>,
 }
 
