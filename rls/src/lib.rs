@@ -31,12 +31,30 @@ use tonic::{Request, Response, Status};
 
 pub use envoy_types;
 
+pub mod env;
+
+/// The reference service's three response headers
+/// (`LIMIT_RESPONSE_HEADERS_ENABLED`): the descriptor closest to its limit
+/// (an `OVER_LIMIT` one first) as its `requests_per_unit`, its
+/// `limit_remaining` and its `duration_until_reset` in whole seconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitHeaders {
+    /// Default `RateLimit-Limit` (`LIMIT_LIMIT_HEADER`).
+    pub limit: http::HeaderName,
+    /// Default `RateLimit-Remaining` (`LIMIT_REMAINING_HEADER`).
+    pub remaining: http::HeaderName,
+    /// Default `RateLimit-Reset` (`LIMIT_RESET_HEADER`).
+    pub reset: http::HeaderName,
+}
+
 /// The `ShouldRateLimit` service over [`DomainLimiters`] (one
 /// [`DescriptorLimiter`] per domain).
 #[derive(Debug, Clone)]
 pub struct Rls {
     limiter: DomainLimiters,
     failure_status: FailureStatus,
+    limit_headers: Option<LimitHeaders>,
+    engine_headers: bool,
 }
 
 impl Rls {
@@ -58,7 +76,26 @@ impl Rls {
         Self {
             limiter: limiters,
             failure_status,
+            limit_headers: None,
+            engine_headers: true,
         }
+    }
+
+    /// Whether the engine's own fields (the limiter's header style, and
+    /// `Retry-After` when over) go to `response_headers_to_add` (default
+    /// true; the reference service sends none).
+    #[must_use]
+    pub fn engine_headers(mut self, on: bool) -> Self {
+        self.engine_headers = on;
+        self
+    }
+
+    /// Adds the reference's three response headers to every answer with a
+    /// limit ([`LimitHeaders`]).
+    #[must_use]
+    pub fn limit_headers(mut self, headers: LimitHeaders) -> Self {
+        self.limit_headers = Some(headers);
+        self
     }
 
     /// Decides one request (what the gRPC method runs).
@@ -85,7 +122,16 @@ impl Rls {
             .check(&req.domain, &descriptors, u64::from(req.hits_addend))
             .await
         {
-            Ok(answer) => Ok(response(&answer)),
+            Ok(answer) => {
+                let mut r = response(&answer);
+                if !self.engine_headers {
+                    r.response_headers_to_add.clear();
+                }
+                if let Some(h) = &self.limit_headers {
+                    add_limit_headers(&mut r, h);
+                }
+                Ok(r)
+            }
             Err(RequestError::Unavailable) => match self.failure_status {
                 FailureStatus::Unavailable => Err(Status::unavailable("rate limiter unavailable")),
                 _ => Ok(RateLimitResponse {
@@ -189,6 +235,40 @@ fn response(a: &Answer) -> RateLimitResponse {
             })
             .collect(),
         ..Default::default()
+    }
+}
+
+/// The reference's choice: the least `limit_remaining` among statuses with
+/// a limit, and any `OVER_LIMIT` one over it (the last).
+fn add_limit_headers(r: &mut RateLimitResponse, names: &LimitHeaders) {
+    let mut chosen: Option<&DescriptorStatus> = None;
+    for s in &r.statuses {
+        if s.current_limit.is_none() {
+            continue;
+        }
+        let over = s.code == EnvoyCode::OverLimit as i32;
+        let chosen_over = chosen.is_some_and(|c| c.code == EnvoyCode::OverLimit as i32);
+        if over || (!chosen_over && chosen.is_none_or(|c| s.limit_remaining < c.limit_remaining)) {
+            chosen = Some(s);
+        }
+    }
+    let Some(s) = chosen else { return };
+    let reset = s
+        .duration_until_reset
+        .as_ref()
+        .map_or(0, |d| d.seconds.saturating_add(i64::from(d.nanos > 0)));
+    let per_unit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
+    let headers = [
+        (&names.limit, per_unit.to_string()),
+        (&names.remaining, s.limit_remaining.to_string()),
+        (&names.reset, reset.to_string()),
+    ];
+    for (k, v) in headers {
+        r.response_headers_to_add.push(HeaderValue {
+            key: k.as_str().to_owned(),
+            value: v,
+            ..Default::default()
+        });
     }
 }
 

@@ -12,10 +12,12 @@ use clap::Parser;
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 use tiered_ratelimit::backend::{Backend, MemoryBackend};
 use tiered_ratelimit::descriptor::FailureStatus;
 use tiered_ratelimit::descriptor::{ReferenceConfig, RulesPolicy};
 use tiered_ratelimit::FailurePolicy;
+use tiered_ratelimit_rls::env::ReferenceEnv;
 use tiered_ratelimit_rls::{serve, Rls};
 
 /// The Envoy rate limit service (envoy.service.ratelimit.v3) on tiered-ratelimit.
@@ -25,14 +27,18 @@ struct Args {
     /// The rules file (TOML: domain, [[rule]] tables, [redis]), or the
     /// reference service's YAML: a `.yaml`/`.yml` file or a directory of
     /// them (one domain per file).
+    /// Default: the reference's `RUNTIME_ROOT`/`RUNTIME_SUBDIRECTORY`/`config`.
     #[arg(long)]
-    config: PathBuf,
-    /// Where the gRPC service listens.
-    #[arg(long, default_value = "0.0.0.0:8081")]
-    listen: SocketAddr,
-    /// Where `GET /metrics` listens; `none` for no metrics server.
-    #[arg(long, default_value = "0.0.0.0:9090")]
-    metrics: String,
+    config: Option<PathBuf>,
+    /// Where the gRPC service listens (default: the reference's
+    /// `GRPC_HOST`:`GRPC_PORT`, else 0.0.0.0:8081).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Where `GET /metrics` listens; `none` for no metrics server
+    /// (default: `PROMETHEUS_ADDR` under `USE_PROMETHEUS=true`, else
+    /// 0.0.0.0:9090).
+    #[arg(long)]
+    metrics: Option<String>,
 }
 
 #[tokio::main]
@@ -48,47 +54,49 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    // The reference service's variables first: one that cannot be honoured
+    // stops the start, by name (docs/envoy.md).
+    let env = ReferenceEnv::from_vars(std::env::vars())?;
     // Logs go to stdout; colours only when it is a terminal (a file, a
-    // pipe or a log collector gets plain text).
+    // pipe or a log collector gets plain text). RUST_LOG, else LOG_LEVEL.
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(env.log_level.as_deref().unwrap_or("info"))
+            }),
         )
         .with_ansi(std::io::stdout().is_terminal())
         .init();
+    if !env.no_effect.is_empty() {
+        tracing::info!(
+            variables = %env.no_effect.join(","),
+            "the reference service's tuning variables have no counterpart here"
+        );
+    }
     let args = Args::parse();
-    let yaml = std::fs::metadata(&args.config).is_ok_and(|m| m.is_dir())
-        || args
-            .config
+    let config_path = args
+        .config
+        .clone()
+        .or_else(|| env.config_dir.clone())
+        .ok_or("--config: required (or the reference's RUNTIME_ROOT)")?;
+    let listen = args
+        .listen
+        .or(env.grpc)
+        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 8081)));
+    let metrics_addr = args
+        .metrics
+        .clone()
+        .or_else(|| env.metrics.map(|a| a.to_string()))
+        .unwrap_or_else(|| "0.0.0.0:9090".to_owned());
+    let yaml = std::fs::metadata(&config_path).is_ok_and(|m| m.is_dir())
+        || config_path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
     if yaml {
-        let config = ReferenceConfig::from_path(&args.config, true)?;
-        let metrics = metrics_server(&args.metrics).await?;
-        let backend: Backend = MemoryBackend::new().into();
-        let domains: Vec<String> = config.domains.iter().map(|d| d.domain.clone()).collect();
-        let rules: usize = config.domains.iter().map(|d| d.rules.len()).sum();
-        let limiters = config.limiters(&backend, "rls", false, || {
-            tiered_ratelimit::RateLimitLayer::builder()
-                .headers(tiered_ratelimit::response::HeaderStyle::None)
-        })?;
-        let rls = Rls::domains(limiters, FailureStatus::OverLimit);
-        let grpc = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .map_err(|e| format!("--listen {}: {e}", args.listen))?;
-        tracing::info!(
-            addr = %grpc.local_addr()?,
-            domains = %domains.join(","),
-            backend = "memory (this process only)",
-            rules,
-            "serving envoy.service.ratelimit.v3.RateLimitService"
-        );
-        serve(rls, grpc, metrics, shutdown_signal()).await?;
-        return Ok(());
+        return serve_reference(&config_path, listen, &metrics_addr, env).await;
     }
-    let policy = RulesPolicy::from_file(&args.config)
-        .map_err(|e| format!("{}: {e}", args.config.display()))?;
+    let policy = RulesPolicy::from_file(&config_path)
+        .map_err(|e| format!("{}: {e}", config_path.display()))?;
     let (backend, backend_text): (Backend, String) = match &policy.redis {
         Some(redis) => (redis.backend()?.into(), redis.to_string()),
         None => (
@@ -120,17 +128,66 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // The recorder first: what the limiter registers when it is built (the
     // mode gauges, lease counters at 0, every series' HELP text) is then
     // in the first scrape.
-    let metrics = metrics_server(&args.metrics).await?;
+    let metrics = metrics_server(&metrics_addr).await?;
     let limiter = policy.limiter(backend)?;
     let rls = Rls::new(limiter, policy.failure_status);
-    let grpc = tokio::net::TcpListener::bind(args.listen)
+    let grpc = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+        .map_err(|e| format!("--listen {listen}: {e}"))?;
     tracing::info!(
         addr = %grpc.local_addr()?,
         domain = %policy.domain,
         backend = %backend_text,
         rules,
+        "serving envoy.service.ratelimit.v3.RateLimitService"
+    );
+    serve(rls, grpc, metrics, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Serves the reference service's YAML (a file or a directory) with its
+/// environment: `REDIS_URL` & co. (else in memory), `CACHE_KEY_PREFIX`,
+/// `REDIS_TIMEOUT`, `SHADOW_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED`.
+async fn serve_reference(
+    path: &std::path::Path,
+    listen: SocketAddr,
+    metrics_addr: &str,
+    env: ReferenceEnv,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let config = ReferenceConfig::from_path(path, env.ignore_dotfiles)?;
+    let (backend, backend_text): (Backend, String) = match &env.redis {
+        Some(redis) => (redis.backend()?.into(), redis.to_string()),
+        None => (
+            MemoryBackend::new().into(),
+            "memory (this process only; REDIS_URL unset)".to_owned(),
+        ),
+    };
+    let timeout = env.backend_timeout.unwrap_or(Duration::from_millis(100));
+    if let Err(e) = backend.ping(timeout.max(Duration::from_secs(1))).await {
+        tracing::warn!("{e}: calls are answered OK (failure_policy = \"open\") until it answers");
+    }
+    let metrics = metrics_server(metrics_addr).await?;
+    let domains: Vec<String> = config.domains.iter().map(|d| d.domain.clone()).collect();
+    let rules: usize = config.domains.iter().map(|d| d.rules.len()).sum();
+    let prefix = env.key_prefix.clone().unwrap_or_else(|| "rls".to_owned());
+    let limiters = config.limiters(&backend, &prefix, env.shadow_mode, || {
+        tiered_ratelimit::RateLimitLayer::builder()
+            .headers(tiered_ratelimit::response::HeaderStyle::None)
+            .backend_timeout(timeout)
+    })?;
+    let mut rls = Rls::domains(limiters, FailureStatus::OverLimit).engine_headers(false);
+    if let Some(h) = env.response_headers {
+        rls = rls.limit_headers(h);
+    }
+    let grpc = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("--listen {listen}: {e}"))?;
+    tracing::info!(
+        addr = %grpc.local_addr()?,
+        domains = %domains.join(","),
+        backend = %backend_text,
+        rules,
+        shadow_mode = env.shadow_mode,
         "serving envoy.service.ratelimit.v3.RateLimitService"
     );
     serve(rls, grpc, metrics, shutdown_signal()).await?;
