@@ -434,7 +434,15 @@ async fn replaces_blocking_shadow_and_hits() {
     )
     .await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
-    assert_eq!(r.statuses[1], blocked);
+    // user=b passed and, the request denied, was charged nothing: all 5 left.
+    assert_eq!(
+        r.statuses,
+        vec![m(Code::Ok, "per_user", 5, 5), blocked.clone()]
+    );
+    assert_eq!(
+        one(&mut c, "misc", &[("user", "b")]).await,
+        m(Code::Ok, "per_user", 5, 4)
+    );
     // A limit in shadow mode: OK on its descriptor and overall, remaining 0.
     assert_eq!(
         one(&mut c, "misc", &[("trial", "t")]).await,

@@ -188,7 +188,9 @@ async fn exact_statuses(addr: SocketAddr) {
     let r = call(&mut c, req("edge", vec![ip(), alice()])).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     assert_eq!(r.statuses[0], limited(Code::OverLimit, "per_ip", 2, 0, 30));
-    assert_eq!(r.statuses[1].code, Code::Ok as i32);
+    // per_user_path passed and was charged nothing: its uncharged count,
+    // full again in 40 s (two requests of 20 s each).
+    assert_eq!(r.statuses[1], limited(Code::Ok, "per_user_path", 3, 1, 40));
     assert_eq!(
         r.response_headers_to_add,
         vec![

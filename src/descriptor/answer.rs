@@ -8,11 +8,16 @@ use std::time::Duration;
 
 impl DescriptorLimiter {
     /// The engine's decision as per-descriptor statuses.
+    /// `groups`: per engine tier, its checks' (first descriptor, cost).
     pub(super) fn answer(
         &self,
         decision: Decision,
         matched: &[Option<(usize, usize)>],
+        groups: &[Vec<(usize, u64)>],
     ) -> Result<Answer, RequestError> {
+        // A denied request charged nothing: a check that allowed shows its
+        // count without this request's cost.
+        let denied = matches!(decision, Decision::Block(Block::Limited(_)));
         let (details, shadow_tiers, headers, fail_open) = match decision {
             Decision::Allow(a) => {
                 let fail_open = a.kind == RequestDecision::FailOpen;
@@ -91,6 +96,21 @@ impl DescriptorLimiter {
                         };
                         // Over the limit: nothing left (shadow rules too).
                         s.remaining = if d.allowed { d.remaining } else { 0 };
+                        let mut reset_after_us = d.reset_after_us;
+                        if d.allowed && denied {
+                            let cost = groups
+                                .get(tier)
+                                .and_then(|g| g.get(n))
+                                .map_or(0, |&(_, c)| c);
+                            s.remaining = d.remaining.saturating_add(cost).min(d.limit);
+                            if r.steady_refill {
+                                let q = r.limit.quota;
+                                let back = u128::from(cost) * q.period().as_micros()
+                                    / u128::from(q.limit().max(1));
+                                reset_after_us = reset_after_us
+                                    .saturating_sub(u64::try_from(back).unwrap_or(u64::MAX));
+                            }
+                        }
                         if r.blocked {
                             // `requests_per_unit: 0`: until the unit's
                             // window ends, as the reference says.
@@ -102,7 +122,7 @@ impl DescriptorLimiter {
                         } else {
                             s.exceeds_capacity = never_fits;
                             s.until_reset = Duration::from_micros(if d.allowed {
-                                d.reset_after_us
+                                reset_after_us
                             } else {
                                 d.retry_after_us
                             });

@@ -39,8 +39,10 @@ pub struct DescriptorStatus {
     pub limit: Option<RuleLimit>,
     /// Whether it matched an [`unlimited`](Rule::unlimited) rule.
     pub unlimited: bool,
-    /// Requests left on its rule after this request (when allowed; when
-    /// denied, what is left without it), 0 without a rule.
+    /// Requests left on its rule after this request when the request is
+    /// allowed; 0 when this descriptor is over the limit; when another
+    /// descriptor denied the request (nothing charged), its count without
+    /// this request. 0 without a rule.
     pub remaining: u64,
     /// When allowed: until its rule is back to full capacity; when over
     /// the limit: until the request would pass on it (exact, µs precision);
@@ -241,6 +243,11 @@ impl DescriptorLimiter {
                 tier,
                 shadow: r.shadow,
                 blocked: r.blocked,
+                steady_refill: matches!(
+                    r.algorithm,
+                    crate::algorithm::kind::Algorithm::TokenBucket
+                        | crate::algorithm::kind::Algorithm::LeakyBucket(_)
+                ),
                 replaces: r.replaces,
             });
         }
@@ -385,7 +392,7 @@ impl DescriptorLimiter {
                 std::future::poll_fn(|cx| pending.poll_decide(cx, &self.engine, &facts)).await
             }
         };
-        let mut answer = self.answer(decision, &matched)?;
+        let mut answer = self.answer(decision, &matched, &groups)?;
         for (index, rule) in zero {
             let key = tiered_key(&raw_key(descriptors, &shared, index));
             answer.statuses[index] = self.uncharged(rule, &key).await;

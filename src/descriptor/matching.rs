@@ -36,6 +36,9 @@ pub(super) struct Compiled {
     pub(super) tier: Option<usize>,
     pub(super) shadow: bool,
     pub(super) blocked: bool,
+    /// Refills at a steady rate (token and leaky buckets): a cost of `c`
+    /// takes `c × period ÷ limit` to come back.
+    pub(super) steady_refill: bool,
     pub(super) replaces: Vec<String>,
 }
 
