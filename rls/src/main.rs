@@ -171,7 +171,7 @@ async fn serve_reference(
     let rules: usize = config.domains.iter().map(|d| d.rules.len()).sum();
     let prefix = env.key_prefix.clone().unwrap_or_else(|| "rls".to_owned());
     let limiters = config.limiters(&backend, &prefix, env.shadow_mode, || {
-        tiered_ratelimit::RateLimitLayer::builder()
+        tiered_ratelimit::EngineBuilder::default()
             .headers(tiered_ratelimit::response::HeaderStyle::None)
             .backend_timeout(timeout)
     })?;

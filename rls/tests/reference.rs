@@ -32,7 +32,7 @@ use redis_server::RedisServer;
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
 use tiered_ratelimit::descriptor::{FailureStatus, ReferenceConfig};
 use tiered_ratelimit::response::HeaderStyle;
-use tiered_ratelimit::RateLimitLayer;
+use tiered_ratelimit::EngineBuilder;
 use tiered_ratelimit_rls::{serve, Rls};
 use tonic::transport::Channel;
 
@@ -165,7 +165,7 @@ fn config(files: &[(&str, &str)]) -> ReferenceConfig {
 async fn start(config: ReferenceConfig, backend: impl Into<Backend>, shadow: bool) -> SocketAddr {
     let limiters = config
         .limiters(&backend.into(), "rls-ref", shadow, || {
-            RateLimitLayer::builder().headers(HeaderStyle::None)
+            EngineBuilder::default().headers(HeaderStyle::None)
         })
         .expect("limiters");
     let rls = Rls::domains(limiters, FailureStatus::OverLimit);

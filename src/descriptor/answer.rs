@@ -172,7 +172,7 @@ impl DescriptorLimiter {
         if r.blocked {
             return s;
         }
-        match self.layer.handle().peek(&r.limit.rule, key).await {
+        match self.handle().peek(&r.limit.rule, key).await {
             Ok(k) => {
                 // The peek charges the tier's cost (1) in its numbers.
                 s.remaining = if k.allowed {

@@ -114,7 +114,7 @@ impl super::ReferenceConfig {
         backend: &crate::backend::Backend,
         key_prefix: &str,
         shadow_mode: bool,
-        builder: impl Fn() -> crate::http::layer::RateLimitLayerBuilder,
+        builder: impl Fn() -> crate::EngineBuilder,
     ) -> Result<DomainLimiters, ConfigError> {
         let mut limiters = Vec::with_capacity(self.domains.len());
         for d in self.domains {

@@ -4,7 +4,6 @@
 use super::matching::Descriptor;
 use crate::engine::Facts;
 use crate::key::{KeyError, KeyWriter};
-use crate::rollout::AccessList;
 use std::borrow::Cow;
 
 /// Descriptor `index`'s values as its storage key has them: its own, but
@@ -71,9 +70,6 @@ pub(super) struct DescriptorFacts<'a> {
 impl Facts for DescriptorFacts<'_> {
     const DETAILS: bool = true;
 
-    fn listed(&self, _: &AccessList) -> bool {
-        false
-    }
     fn cost(&self, tier: usize) -> Option<u64> {
         self.cost_at(tier, 0)
     }

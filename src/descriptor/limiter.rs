@@ -4,17 +4,17 @@
 
 use super::facts::{raw_key, same_values, DescriptorFacts};
 use super::matching::{Compiled, Descriptor};
-use super::rules::{Rule, RuleLimit};
+use super::rules::{Rule, RuleLimit, RulesPolicy};
 use super::tree::Tree;
 use super::{per_unit, MAX_DESCRIPTORS, MAX_ENTRIES};
+use crate::backend::Backend;
+use crate::engine::builder::EngineBuilder;
+use crate::engine::spec::TierSpec;
 use crate::engine::{Engine, Step};
 use crate::error::ConfigError;
+use crate::handle::RateLimitHandle;
 use crate::response::RateLimitHeaders;
 use crate::rollout::Mode;
-use crate::{
-    handle::RateLimitHandle, http::layer::RateLimitLayer, http::layer::RateLimitLayerBuilder,
-    http::tier::Tier, quota::Quota,
-};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,7 +107,6 @@ pub enum RequestError {
 /// is cheap.
 #[derive(Debug, Clone)]
 pub struct DescriptorLimiter {
-    pub(super) layer: RateLimitLayer,
     pub(super) engine: Engine,
     pub(super) domain: Arc<str>,
     pub(super) rules: Arc<[Compiled]>,
@@ -123,6 +122,18 @@ pub struct DescriptorLimiter {
     pub(super) replacing: bool,
 }
 
+impl RulesPolicy {
+    /// The limiter on `backend` (the program chooses it, from
+    /// [`redis`](Self::redis) or not).
+    ///
+    /// # Errors
+    /// As [`rules`](Self::rules) and [`DescriptorLimiter::new`].
+    pub fn limiter(&self, backend: impl Into<Backend>) -> Result<DescriptorLimiter, ConfigError> {
+        let engine = self.engine(backend)?;
+        DescriptorLimiter::new(self.domain.clone(), self.rules()?, self.shadow_mode, engine)
+    }
+}
+
 impl DescriptorLimiter {
     /// The limiter for `domain` with `rules`, on the engine `builder`
     /// builds (its backend, key prefix, failure policy, timeout, header
@@ -136,12 +147,12 @@ impl DescriptorLimiter {
     /// twice, more than [`MAX_TIERS`](crate::MAX_TIERS) (64) limited rules,
     /// a rule without entries or with an empty key, more than
     /// [`MAX_ENTRIES`] entries, two rules with the same match; and whatever
-    /// [`build`](RateLimitLayerBuilder::build) refuses (rule names, quotas).
+    /// the engine refuses (quotas, options).
     pub fn new(
         domain: impl Into<String>,
         rules: Vec<Rule>,
         shadow_mode: bool,
-        builder: RateLimitLayerBuilder,
+        builder: EngineBuilder,
     ) -> Result<Self, ConfigError> {
         Self::build(domain.into(), rules, None, shadow_mode, builder)
     }
@@ -151,7 +162,7 @@ impl DescriptorLimiter {
         rules: Vec<Rule>,
         tree: Option<Tree>,
         shadow_mode: bool,
-        builder: RateLimitLayerBuilder,
+        builder: EngineBuilder,
     ) -> Result<Self, ConfigError> {
         if domain.is_empty() {
             return Err(ConfigError::Policy("domain: must not be empty".into()));
@@ -219,12 +230,11 @@ impl DescriptorLimiter {
                 } else {
                     Mode::Enforce
                 };
-                let mut tier = Tier::new(r.name.clone(), crate::key::Global, r.quota)
-                    .algorithm(r.algorithm)
-                    .mode(mode);
-                if let Some(lease) = r.lease {
-                    tier = tier.lease(lease);
-                }
+                let mut tier = TierSpec::new(r.name.clone(), r.quota);
+                tier.algorithm = r.algorithm;
+                tier.mode = mode;
+                tier.lease = r.lease;
+                tier.key_type = "Descriptor";
                 builder = builder.tier(tier);
                 tier_rule.push(i);
                 Some(tier_rule.len() - 1)
@@ -251,18 +261,11 @@ impl DescriptorLimiter {
                 replaces: r.replaces,
             });
         }
-        if tier_rule.is_empty() {
-            // Every rule unlimited (or none): the engine still needs a tier,
-            // which no descriptor ever names.
-            builder = builder.tier(
-                Tier::new("unused", crate::key::Global, Quota::per_second(1)).mode(Mode::Off),
-            );
-        }
-        let layer = builder.build()?;
-        let engine = layer.front.engine.clone();
+        // Every rule unlimited: an engine without tiers, which passes every
+        // request it is asked about (none is: no descriptor names a tier).
+        let engine = builder.build()?;
         let replacing = compiled.iter().any(|c| !c.replaces.is_empty());
         Ok(Self {
-            layer,
             engine,
             domain: Arc::from(domain),
             rules: compiled.into(),
@@ -280,7 +283,7 @@ impl DescriptorLimiter {
 
     /// A handle on the engine (modes, quotas, counts), as a layer's.
     pub fn handle(&self) -> RateLimitHandle {
-        self.layer.handle()
+        RateLimitHandle::new(self.engine.shared.clone(), None)
     }
 
     /// Decides a request: its `domain`, its `descriptors`, and its cost
@@ -331,7 +334,7 @@ impl DescriptorLimiter {
                     }
                     found.push(landing.rule);
                 }
-                None => found.push(self.rule_of(d)),
+                None => found.push(super::matching::rule_of(&self.rules, d)),
             }
         }
         if self.replacing {
