@@ -19,6 +19,9 @@ pub struct ReferenceEnv {
     /// `RUNTIME_ROOT`/`RUNTIME_SUBDIRECTORY`/`RUNTIME_APPDIRECTORY`
     /// (`config` by default): the directory of YAML files.
     pub config_dir: Option<PathBuf>,
+    /// `RUNTIME_ROOT`: what a reload watches under `RUNTIME_WATCH_ROOT`
+    /// (a symlink swap of the whole runtime directory is seen).
+    pub runtime_root: Option<PathBuf>,
     /// `RUNTIME_IGNOREDOTFILES`: skip files whose name starts with `.`.
     pub ignore_dotfiles: bool,
     /// `RUNTIME_WATCH_ROOT` (default true): what a reload watches (the
@@ -226,6 +229,7 @@ impl ReferenceEnv {
             }
             dir.push(get("RUNTIME_APPDIRECTORY").unwrap_or("config"));
             env.config_dir = Some(dir);
+            env.runtime_root = Some(PathBuf::from(root));
         }
         if let Some(v) = get("RUNTIME_IGNOREDOTFILES") {
             env.ignore_dotfiles = boolean("RUNTIME_IGNOREDOTFILES", v)?;

@@ -32,6 +32,7 @@ use tonic::{Request, Response, Status};
 pub use envoy_types;
 
 pub mod env;
+pub mod reload;
 
 /// The reference service's three response headers
 /// (`LIMIT_RESPONSE_HEADERS_ENABLED`): the descriptor closest to its limit
@@ -51,7 +52,7 @@ pub struct LimitHeaders {
 /// [`DescriptorLimiter`] per domain).
 #[derive(Debug, Clone)]
 pub struct Rls {
-    limiter: DomainLimiters,
+    limiter: std::sync::Arc<arc_swap::ArcSwap<DomainLimiters>>,
     failure_status: FailureStatus,
     limit_headers: Option<LimitHeaders>,
     engine_headers: bool,
@@ -74,11 +75,18 @@ impl Rls {
     /// `OK` without limits).
     pub fn domains(limiters: DomainLimiters, failure_status: FailureStatus) -> Self {
         Self {
-            limiter: limiters,
+            limiter: std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(limiters)),
             failure_status,
             limit_headers: None,
             engine_headers: true,
         }
+    }
+
+    /// The limiters in service, to swap a new configuration in
+    /// ([`reload::watch`]): a call in flight finishes on the ones it started
+    /// with.
+    pub fn limiters(&self) -> std::sync::Arc<arc_swap::ArcSwap<DomainLimiters>> {
+        self.limiter.clone()
     }
 
     /// Whether the engine's own fields (the limiter's header style, and
@@ -117,8 +125,8 @@ impl Rls {
             )));
         }
         let descriptors: Vec<Descriptor<'_>> = req.descriptors.iter().map(descriptor).collect();
-        match self
-            .limiter
+        let limiters = self.limiter.load_full();
+        match limiters
             .check(&req.domain, &descriptors, u64::from(req.hits_addend))
             .await
         {
@@ -315,7 +323,7 @@ pub async fn serve(
     metrics: Option<(TcpListener, metrics_exporter_prometheus::PrometheusHandle)>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let leases = rls.limiter.handles();
+    let limiters = rls.limiter.clone();
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -366,7 +374,7 @@ pub async fn serve(
     // Lease mode: the tokens this instance holds go back to the shared
     // buckets (a crashed instance's are lost until refill).
     let mut returned = 0;
-    for handle in &leases {
+    for handle in &limiters.load().handles() {
         returned += handle.return_leases().await;
     }
     tracing::info!(

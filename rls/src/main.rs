@@ -170,15 +170,37 @@ async fn serve_reference(
     let domains: Vec<String> = config.domains.iter().map(|d| d.domain.clone()).collect();
     let rules: usize = config.domains.iter().map(|d| d.rules.len()).sum();
     let prefix = env.key_prefix.clone().unwrap_or_else(|| "rls".to_owned());
-    let limiters = config.limiters(&backend, &prefix, env.shadow_mode, || {
+    let builder = move || {
         tiered_ratelimit::EngineBuilder::default()
             .headers(tiered_ratelimit::response::HeaderStyle::None)
             .backend_timeout(timeout)
-    })?;
+    };
+    let limiters = config.limiters(&backend, &prefix, env.shadow_mode, builder)?;
     let mut rls = Rls::domains(limiters, FailureStatus::OverLimit).engine_headers(false);
-    if let Some(h) = env.response_headers {
+    if let Some(h) = env.response_headers.clone() {
         rls = rls.limit_headers(h);
     }
+    // Reload: RUNTIME_ROOT under RUNTIME_WATCH_ROOT (the reference's
+    // default), else the config directory (or a file's directory).
+    let watched = match (&env.runtime_root, env.watch_root) {
+        (Some(root), true) => root.clone(),
+        _ if path.is_dir() => path.to_owned(),
+        _ => path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf),
+    };
+    let load = {
+        let (path, backend) = (path.to_owned(), backend.clone());
+        let (ignore, shadow) = (env.ignore_dotfiles, env.shadow_mode);
+        move || {
+            ReferenceConfig::from_path(&path, ignore)
+                .and_then(|c| c.limiters(&backend, &prefix, shadow, builder))
+                .map_err(|e| e.to_string())
+        }
+    };
+    let _watch = tiered_ratelimit_rls::reload::watch(watched.clone(), rls.limiters(), load)
+        .map_err(|e| format!("{}: cannot watch for changes: {e}", watched.display()))?;
     let grpc = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("--listen {listen}: {e}"))?;

@@ -165,7 +165,10 @@ fn config(files: &[(&str, &str)]) -> ReferenceConfig {
 async fn start(config: ReferenceConfig, backend: impl Into<Backend>, shadow: bool) -> SocketAddr {
     let limiters = config
         .limiters(&backend.into(), "rls-ref", shadow, || {
-            EngineBuilder::default().headers(HeaderStyle::None)
+            // Generous: on a loaded machine the 100 ms default fails open.
+            EngineBuilder::default()
+                .headers(HeaderStyle::None)
+                .backend_timeout(std::time::Duration::from_secs(10))
         })
         .expect("limiters");
     let rls = Rls::domains(limiters, FailureStatus::OverLimit);

@@ -164,3 +164,136 @@ fn a_reference_variable_that_cannot_be_honoured_stops_the_start() {
         "tiered-ratelimit-rls: USE_STATSD=true: statsd is not exported; metrics are Prometheus (USE_PROMETHEUS)\n"
     );
 }
+
+/// A descriptor on `tenant` with hits_addend 0: reads without charging.
+fn peek_tenant() -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "tenant".into(),
+                value: "t1".into(),
+            }],
+            hits_addend: Some(envoy_types::pb::google::protobuf::UInt64Value { value: 0 }),
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
+}
+
+async fn scrape(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+/// Reload without a restart: a valid change is served by the next calls
+/// (the counters kept), an invalid one is counted and the previous
+/// configuration keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_config_is_swapped_in_and_a_broken_one_refused() {
+    let root = std::env::temp_dir().join(format!("rls-reload-{}", std::process::id()));
+    let config = root.join("config");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&config).unwrap();
+    let yaml = |n: u32| {
+        format!("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: hour\n      requests_per_unit: {n}\n")
+    };
+    std::fs::write(config.join("edge.yaml"), yaml(2)).unwrap();
+    let (grpc, metrics) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+        .env_clear()
+        .env("RUNTIME_ROOT", &root)
+        .env("GRPC_HOST", "127.0.0.1")
+        .env("GRPC_PORT", grpc.to_string())
+        .env("USE_PROMETHEUS", "true")
+        .env("PROMETHEUS_ADDR", format!("127.0.0.1:{metrics}"))
+        .env("LOG_LEVEL", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let _child = Killed(child);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let channel = loop {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc}")).unwrap();
+        if let Ok(ch) = endpoint.connect().await {
+            break ch;
+        }
+        assert!(Instant::now() < deadline, "never listened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut c = RateLimitServiceClient::new(channel);
+    let mut charge = peek_tenant();
+    charge.descriptors[0].hits_addend = None;
+    let s = c
+        .should_rate_limit(charge.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.statuses[0].limit_remaining, 1);
+    // A valid change: 5 an hour, the one request already counted.
+    std::fs::write(config.join("edge.yaml"), yaml(5)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = c
+            .should_rate_limit(peek_tenant())
+            .await
+            .unwrap()
+            .into_inner();
+        let limit = s.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit;
+        if limit == 5 {
+            assert_eq!(s.statuses[0].limit_remaining, 4);
+            break;
+        }
+        assert_eq!(limit, 2);
+        assert!(Instant::now() < deadline, "the change was never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // An invalid change: refused, counted, the 5-an-hour config still serves.
+    std::fs::write(
+        config.join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: fortnight\n",
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !scrape(metrics)
+        .await
+        .contains("tiered_ratelimit_rls_config_loads_total{result=\"error\"} 1")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the broken change was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let s = c.should_rate_limit(charge).await.unwrap().into_inner();
+    assert_eq!(s.overall_code, Code::Ok as i32);
+    assert_eq!(
+        s.statuses[0]
+            .current_limit
+            .as_ref()
+            .unwrap()
+            .requests_per_unit,
+        5
+    );
+    assert_eq!(s.statuses[0].limit_remaining, 3);
+    let body = scrape(metrics).await;
+    assert!(
+        body.contains("tiered_ratelimit_rls_config_loads_total{result=\"success\"} 1"),
+        "{body}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}
