@@ -61,10 +61,8 @@ pub struct Rls {
 impl Rls {
     /// The service deciding one domain with `limiter`; `failure_status` is
     /// the answer when the backend fails under `FailurePolicy::Closed`.
-    ///
-    /// # Panics
-    /// Never: one limiter is one domain.
     pub fn new(limiter: DescriptorLimiter, failure_status: FailureStatus) -> Self {
+        // One limiter is one domain: `new` cannot refuse it.
         Self::domains(
             DomainLimiters::new([limiter]).unwrap_or_default(),
             failure_status,
