@@ -23,36 +23,92 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use std::future::Future;
 use std::time::Duration;
 use tiered_ratelimit::descriptor::{
-    Answer, Code, Descriptor, DescriptorLimiter, FailureStatus, RequestError, MAX_DESCRIPTORS,
+    Answer, Code, Descriptor, DescriptorLimiter, DomainLimiters, FailureStatus, RequestError,
+    MAX_DESCRIPTORS,
 };
-use tiered_ratelimit::Quota;
 use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 pub use envoy_types;
 
-/// The `ShouldRateLimit` service over a [`DescriptorLimiter`].
+pub mod env;
+pub mod reload;
+
+/// The reference service's three response headers
+/// (`LIMIT_RESPONSE_HEADERS_ENABLED`): the descriptor closest to its limit
+/// (an `OVER_LIMIT` one first) as its `requests_per_unit`, its
+/// `limit_remaining` and its `duration_until_reset` in whole seconds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitHeaders {
+    /// Default `RateLimit-Limit` (`LIMIT_LIMIT_HEADER`).
+    pub limit: http::HeaderName,
+    /// Default `RateLimit-Remaining` (`LIMIT_REMAINING_HEADER`).
+    pub remaining: http::HeaderName,
+    /// Default `RateLimit-Reset` (`LIMIT_RESET_HEADER`).
+    pub reset: http::HeaderName,
+}
+
+/// The `ShouldRateLimit` service over [`DomainLimiters`] (one
+/// [`DescriptorLimiter`] per domain).
 #[derive(Debug, Clone)]
 pub struct Rls {
-    limiter: DescriptorLimiter,
+    limiter: std::sync::Arc<arc_swap::ArcSwap<DomainLimiters>>,
     failure_status: FailureStatus,
+    limit_headers: Option<LimitHeaders>,
+    engine_headers: bool,
 }
 
 impl Rls {
-    /// The service deciding with `limiter`; `failure_status` is the answer
-    /// when the backend fails under `FailurePolicy::Closed`.
+    /// The service deciding one domain with `limiter`; `failure_status` is
+    /// the answer when the backend fails under `FailurePolicy::Closed`.
     pub fn new(limiter: DescriptorLimiter, failure_status: FailureStatus) -> Self {
-        Self {
-            limiter,
+        // One limiter is one domain: `new` cannot refuse it.
+        Self::domains(
+            DomainLimiters::new([limiter]).unwrap_or_default(),
             failure_status,
+        )
+    }
+
+    /// The service deciding every domain of `limiters` (another domain:
+    /// `OK` without limits).
+    pub fn domains(limiters: DomainLimiters, failure_status: FailureStatus) -> Self {
+        Self {
+            limiter: std::sync::Arc::new(arc_swap::ArcSwap::from_pointee(limiters)),
+            failure_status,
+            limit_headers: None,
+            engine_headers: true,
         }
+    }
+
+    /// The limiters in service, to swap a new configuration in
+    /// ([`reload::watch`]): a call in flight finishes on the ones it started
+    /// with.
+    pub fn limiters(&self) -> std::sync::Arc<arc_swap::ArcSwap<DomainLimiters>> {
+        self.limiter.clone()
+    }
+
+    /// Whether the engine's own fields (the limiter's header style, and
+    /// `Retry-After` when over) go to `response_headers_to_add` (default
+    /// true; the reference service sends none).
+    #[must_use]
+    pub fn engine_headers(mut self, on: bool) -> Self {
+        self.engine_headers = on;
+        self
+    }
+
+    /// Adds the reference's three response headers to every answer with a
+    /// limit ([`LimitHeaders`]).
+    #[must_use]
+    pub fn limit_headers(mut self, headers: LimitHeaders) -> Self {
+        self.limit_headers = Some(headers);
+        self
     }
 
     /// Decides one request (what the gRPC method runs).
     ///
     /// # Errors
-    /// `INVALID_ARGUMENT` for a request that cannot be decided (empty or
-    /// unknown domain, more than [`MAX_DESCRIPTORS`] descriptors, a
+    /// `INVALID_ARGUMENT` for a request that cannot be decided (an empty
+    /// domain, no descriptors or more than [`MAX_DESCRIPTORS`], a
     /// descriptor without entries or with `is_negative_hits`), with the
     /// reason; `UNAVAILABLE` when the backend failed under `Closed` with
     /// `failure_status = "unavailable"`.
@@ -67,12 +123,21 @@ impl Rls {
             )));
         }
         let descriptors: Vec<Descriptor<'_>> = req.descriptors.iter().map(descriptor).collect();
-        match self
-            .limiter
+        let limiters = self.limiter.load_full();
+        match limiters
             .check(&req.domain, &descriptors, u64::from(req.hits_addend))
             .await
         {
-            Ok(answer) => Ok(response(&answer)),
+            Ok(answer) => {
+                let mut r = response(&answer);
+                if !self.engine_headers {
+                    r.response_headers_to_add.clear();
+                }
+                if let Some(h) = &self.limit_headers {
+                    add_limit_headers(&mut r, h);
+                }
+                Ok(r)
+            }
             Err(RequestError::Unavailable) => match self.failure_status {
                 FailureStatus::Unavailable => Err(Status::unavailable("rate limiter unavailable")),
                 _ => Ok(RateLimitResponse {
@@ -121,13 +186,10 @@ fn response(a: &Answer) -> RateLimitResponse {
         .iter()
         .map(|s| DescriptorStatus {
             code: code(s.code).into(),
-            current_limit: s.limit.as_ref().map(|l| {
-                let (requests_per_unit, unit) = per_unit(l.quota);
-                RateLimit {
-                    name: l.name.to_string(),
-                    requests_per_unit,
-                    unit: unit.into(),
-                }
+            current_limit: s.limit.as_ref().map(|l| RateLimit {
+                name: l.name.to_string(),
+                requests_per_unit: l.requests_per_unit,
+                unit: unit(l.unit).into(),
             }),
             limit_remaining: if s.unlimited {
                 u32::MAX
@@ -158,7 +220,7 @@ fn response(a: &Answer) -> RateLimitResponse {
             format!(
                 // Rule names are `[A-Za-z0-9_-]` (checked when built): no escaping.
                 "{{\"error\":\"cost_exceeds_capacity\",\"rule\":\"{}\",\"limit\":{}}}",
-                l.name,
+                l.rule,
                 l.quota.burst_size()
             )
             .into_bytes()
@@ -182,6 +244,40 @@ fn response(a: &Answer) -> RateLimitResponse {
     }
 }
 
+/// The reference's choice: the least `limit_remaining` among statuses with
+/// a limit, and any `OVER_LIMIT` one over it (the last).
+fn add_limit_headers(r: &mut RateLimitResponse, names: &LimitHeaders) {
+    let mut chosen: Option<&DescriptorStatus> = None;
+    for s in &r.statuses {
+        if s.current_limit.is_none() {
+            continue;
+        }
+        let over = s.code == EnvoyCode::OverLimit as i32;
+        let chosen_over = chosen.is_some_and(|c| c.code == EnvoyCode::OverLimit as i32);
+        if over || (!chosen_over && chosen.is_none_or(|c| s.limit_remaining < c.limit_remaining)) {
+            chosen = Some(s);
+        }
+    }
+    let Some(s) = chosen else { return };
+    let reset = s
+        .duration_until_reset
+        .as_ref()
+        .map_or(0, |d| d.seconds.saturating_add(i64::from(d.nanos > 0)));
+    let per_unit = s.current_limit.as_ref().map_or(0, |l| l.requests_per_unit);
+    let headers = [
+        (&names.limit, per_unit.to_string()),
+        (&names.remaining, s.limit_remaining.to_string()),
+        (&names.reset, reset.to_string()),
+    ];
+    for (k, v) in headers {
+        r.response_headers_to_add.push(HeaderValue {
+            key: k.as_str().to_owned(),
+            value: v,
+            ..Default::default()
+        });
+    }
+}
+
 fn code(c: Code) -> EnvoyCode {
     match c {
         Code::Ok => EnvoyCode::Ok,
@@ -196,31 +292,18 @@ fn proto_duration(d: Duration) -> ProtoDuration {
     }
 }
 
-/// A quota as Envoy's `requests_per_unit` and `unit`: the smallest of
-/// second, minute, hour, day, week that holds a
-/// whole number of requests (10 per 10 s → 1 per second; 7 per 10 s → 42
-/// per minute); else requests per week, rounded down.
-pub fn per_unit(q: Quota) -> (u32, Unit) {
-    const UNITS: [(u128, Unit); 5] = [
-        (1, Unit::Second),
-        (60, Unit::Minute),
-        (3_600, Unit::Hour),
-        (86_400, Unit::Day),
-        (604_800, Unit::Week),
-    ];
-    let period_us = q.period().as_micros().max(1);
-    let limit = u128::from(q.limit());
-    for (secs, unit) in UNITS {
-        let unit_us = secs * 1_000_000;
-        if (limit * unit_us) % period_us == 0 {
-            return (
-                u32::try_from(limit * unit_us / period_us).unwrap_or(u32::MAX),
-                unit,
-            );
-        }
+fn unit(u: tiered_ratelimit::descriptor::Unit) -> Unit {
+    use tiered_ratelimit::descriptor::Unit as U;
+    match u {
+        U::Second => Unit::Second,
+        U::Minute => Unit::Minute,
+        U::Hour => Unit::Hour,
+        U::Day => Unit::Day,
+        U::Week => Unit::Week,
+        U::Month => Unit::Month,
+        U::Year => Unit::Year,
+        _ => Unit::Unknown,
     }
-    let n = limit * 604_800_000_000 / period_us;
-    (u32::try_from(n).unwrap_or(u32::MAX), Unit::Week)
 }
 
 /// Serves `rls` on `grpc` (with `grpc.health.v1` health: `""` and the
@@ -238,7 +321,7 @@ pub async fn serve(
     metrics: Option<(TcpListener, metrics_exporter_prometheus::PrometheusHandle)>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let leases = rls.limiter.handle();
+    let limiters = rls.limiter.clone();
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -288,34 +371,13 @@ pub async fn serve(
         .await?;
     // Lease mode: the tokens this instance holds go back to the shared
     // buckets (a crashed instance's are lost until refill).
-    let returned = leases.return_leases().await;
+    let mut returned = 0;
+    for handle in &limiters.load().handles() {
+        returned += handle.return_leases().await;
+    }
     tracing::info!(
         leased_tokens_returned = returned,
         "stopped: calls in flight answered, token leases returned"
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn quotas_become_requests_per_unit() {
-        assert_eq!(per_unit(Quota::per_second(10)), (10, Unit::Second));
-        assert_eq!(per_unit(Quota::per_minute(100)), (100, Unit::Minute));
-        assert_eq!(
-            per_unit(Quota::new(10, Duration::from_secs(10))),
-            (1, Unit::Second)
-        );
-        assert_eq!(
-            per_unit(Quota::new(7, Duration::from_secs(10))),
-            (42, Unit::Minute)
-        );
-        assert_eq!(per_unit(Quota::per_hour(5)), (5, Unit::Hour));
-        assert_eq!(
-            per_unit(Quota::new(1, Duration::from_secs(7 * 86_400))),
-            (1, Unit::Week)
-        );
-    }
 }

@@ -12,24 +12,33 @@ use clap::Parser;
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 use tiered_ratelimit::backend::{Backend, MemoryBackend};
-use tiered_ratelimit::descriptor::RulesPolicy;
+use tiered_ratelimit::descriptor::FailureStatus;
+use tiered_ratelimit::descriptor::{ReferenceConfig, RulesPolicy};
 use tiered_ratelimit::FailurePolicy;
+use tiered_ratelimit_rls::env::ReferenceEnv;
 use tiered_ratelimit_rls::{serve, Rls};
 
 /// The Envoy rate limit service (envoy.service.ratelimit.v3) on tiered-ratelimit.
 #[derive(Debug, Parser)]
 #[command(name = "tiered-ratelimit-rls", version)]
 struct Args {
-    /// The rules file (TOML: domain, [[rule]] tables, [redis]).
+    /// The rules file (TOML: domain, [[rule]] tables, [redis]), or the
+    /// reference service's YAML: a `.yaml`/`.yml` file or a directory of
+    /// them (one domain per file).
+    /// Default: the reference's `RUNTIME_ROOT`/`RUNTIME_SUBDIRECTORY`/`config`.
     #[arg(long)]
-    config: PathBuf,
-    /// Where the gRPC service listens.
-    #[arg(long, default_value = "0.0.0.0:8081")]
-    listen: SocketAddr,
-    /// Where `GET /metrics` listens; `none` for no metrics server.
-    #[arg(long, default_value = "0.0.0.0:9090")]
-    metrics: String,
+    config: Option<PathBuf>,
+    /// Where the gRPC service listens (default: the reference's
+    /// `GRPC_HOST`:`GRPC_PORT`, else 0.0.0.0:8081).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Where `GET /metrics` listens; `none` for no metrics server
+    /// (default: `PROMETHEUS_ADDR` under `USE_PROMETHEUS=true`, else
+    /// 0.0.0.0:9090).
+    #[arg(long)]
+    metrics: Option<String>,
 }
 
 #[tokio::main]
@@ -45,18 +54,49 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    // The reference service's variables first: one that cannot be honoured
+    // stops the start, by name (docs/envoy.md).
+    let env = ReferenceEnv::from_vars(std::env::vars())?;
     // Logs go to stdout; colours only when it is a terminal (a file, a
-    // pipe or a log collector gets plain text).
+    // pipe or a log collector gets plain text). RUST_LOG, else LOG_LEVEL.
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new(env.log_level.as_deref().unwrap_or("info"))
+            }),
         )
         .with_ansi(std::io::stdout().is_terminal())
         .init();
+    if !env.no_effect.is_empty() {
+        tracing::info!(
+            variables = %env.no_effect.join(","),
+            "the reference service's tuning variables have no counterpart here"
+        );
+    }
     let args = Args::parse();
-    let policy = RulesPolicy::from_file(&args.config)
-        .map_err(|e| format!("{}: {e}", args.config.display()))?;
+    let config_path = args
+        .config
+        .clone()
+        .or_else(|| env.config_dir.clone())
+        .ok_or("--config: required (or the reference's RUNTIME_ROOT)")?;
+    let listen = args
+        .listen
+        .or(env.grpc)
+        .unwrap_or(SocketAddr::from(([0, 0, 0, 0], 8081)));
+    let metrics_addr = args
+        .metrics
+        .clone()
+        .or_else(|| env.metrics.map(|a| a.to_string()))
+        .unwrap_or_else(|| "0.0.0.0:9090".to_owned());
+    let yaml = std::fs::metadata(&config_path).is_ok_and(|m| m.is_dir())
+        || config_path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
+    if yaml {
+        return serve_reference(&config_path, listen, &metrics_addr, env).await;
+    }
+    let policy = RulesPolicy::from_file(&config_path)
+        .map_err(|e| format!("{}: {e}", config_path.display()))?;
     let (backend, backend_text): (Backend, String) = match &policy.redis {
         Some(redis) => (redis.backend()?.into(), redis.to_string()),
         None => (
@@ -88,25 +128,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // The recorder first: what the limiter registers when it is built (the
     // mode gauges, lease counters at 0, every series' HELP text) is then
     // in the first scrape.
-    let metrics = if args.metrics == "none" {
-        None
-    } else {
-        let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
-        let addr: SocketAddr = args
-            .metrics
-            .parse()
-            .map_err(|e| format!("--metrics {}: {e}", args.metrics))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| format!("--metrics {addr}: {e}"))?;
-        tracing::info!(addr = %listener.local_addr()?, "metrics at GET /metrics");
-        Some((listener, handle))
-    };
+    let metrics = metrics_server(&metrics_addr).await?;
     let limiter = policy.limiter(backend)?;
     let rls = Rls::new(limiter, policy.failure_status);
-    let grpc = tokio::net::TcpListener::bind(args.listen)
+    let grpc = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| format!("--listen {}: {e}", args.listen))?;
+        .map_err(|e| format!("--listen {listen}: {e}"))?;
     tracing::info!(
         addr = %grpc.local_addr()?,
         domain = %policy.domain,
@@ -116,6 +143,99 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     serve(rls, grpc, metrics, shutdown_signal()).await?;
     Ok(())
+}
+
+/// Serves the reference service's YAML (a file or a directory) with its
+/// environment: `REDIS_URL` & co. (else in memory), `CACHE_KEY_PREFIX`,
+/// `REDIS_TIMEOUT`, `SHADOW_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED`.
+async fn serve_reference(
+    path: &std::path::Path,
+    listen: SocketAddr,
+    metrics_addr: &str,
+    env: ReferenceEnv,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let config = ReferenceConfig::from_path(path, env.ignore_dotfiles)?;
+    let (backend, backend_text): (Backend, String) = match &env.redis {
+        Some(redis) => (redis.backend()?.into(), redis.to_string()),
+        None => (
+            MemoryBackend::new().into(),
+            "memory (this process only; REDIS_URL unset)".to_owned(),
+        ),
+    };
+    let timeout = env.backend_timeout.unwrap_or(Duration::from_millis(100));
+    if let Err(e) = backend.ping(timeout.max(Duration::from_secs(1))).await {
+        tracing::warn!("{e}: calls are answered OK (failure_policy = \"open\") until it answers");
+    }
+    let metrics = metrics_server(metrics_addr).await?;
+    let domains: Vec<String> = config.domains.iter().map(|d| d.domain.clone()).collect();
+    let rules: usize = config.domains.iter().map(|d| d.rules.len()).sum();
+    let prefix = env.key_prefix.clone().unwrap_or_else(|| "rls".to_owned());
+    let builder = move || {
+        tiered_ratelimit::EngineBuilder::default()
+            .headers(tiered_ratelimit::response::HeaderStyle::None)
+            .backend_timeout(timeout)
+    };
+    let limiters = config.limiters(&backend, &prefix, env.shadow_mode, builder)?;
+    let mut rls = Rls::domains(limiters, FailureStatus::OverLimit).engine_headers(false);
+    if let Some(h) = env.response_headers.clone() {
+        rls = rls.limit_headers(h);
+    }
+    // Reload: RUNTIME_ROOT under RUNTIME_WATCH_ROOT (the reference's
+    // default), else the config directory (or a file's directory).
+    let watched = match (&env.runtime_root, env.watch_root) {
+        (Some(root), true) => root.clone(),
+        _ if path.is_dir() => path.to_owned(),
+        _ => path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf),
+    };
+    let load = {
+        let (path, backend) = (path.to_owned(), backend.clone());
+        let (ignore, shadow) = (env.ignore_dotfiles, env.shadow_mode);
+        move || {
+            ReferenceConfig::from_path(&path, ignore)
+                .and_then(|c| c.limiters(&backend, &prefix, shadow, builder))
+                .map_err(|e| e.to_string())
+        }
+    };
+    let _watch = tiered_ratelimit_rls::reload::watch(watched.clone(), rls.limiters(), load)
+        .map_err(|e| format!("{}: cannot watch for changes: {e}", watched.display()))?;
+    let grpc = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| format!("--listen {listen}: {e}"))?;
+    tracing::info!(
+        addr = %grpc.local_addr()?,
+        domains = %domains.join(","),
+        backend = %backend_text,
+        rules,
+        shadow_mode = env.shadow_mode,
+        "serving envoy.service.ratelimit.v3.RateLimitService"
+    );
+    serve(rls, grpc, metrics, shutdown_signal()).await?;
+    Ok(())
+}
+
+/// The recorder and the listener of `GET /metrics` (`none`: neither).
+async fn metrics_server(
+    addr: &str,
+) -> Result<
+    Option<(
+        tokio::net::TcpListener,
+        metrics_exporter_prometheus::PrometheusHandle,
+    )>,
+    Box<dyn std::error::Error>,
+> {
+    if addr == "none" {
+        return Ok(None);
+    }
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let addr: SocketAddr = addr.parse().map_err(|e| format!("--metrics {addr}: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("--metrics {addr}: {e}"))?;
+    tracing::info!(addr = %listener.local_addr()?, "metrics at GET /metrics");
+    Ok(Some((listener, handle)))
 }
 
 /// Ctrl-C, or SIGTERM on Unix.

@@ -2,20 +2,19 @@
 //! answer ([`Answer`], [`DescriptorStatus`], [`Code`]), and the engine's
 //! [`Facts`] over descriptors.
 
+use super::facts::{raw_key, same_values, DescriptorFacts};
 use super::matching::{Compiled, Descriptor};
 use super::rules::{Rule, RuleLimit, RulesPolicy};
-use super::{MAX_DESCRIPTORS, MAX_ENTRIES};
+use super::tree::Tree;
+use super::{per_unit, MAX_DESCRIPTORS, MAX_ENTRIES};
 use crate::backend::Backend;
 use crate::engine::builder::EngineBuilder;
 use crate::engine::spec::TierSpec;
-use crate::engine::{Block, Decision, Engine, Facts, Step};
+use crate::engine::{Engine, Step};
 use crate::error::ConfigError;
 use crate::handle::RateLimitHandle;
-use crate::key::{KeyError, KeyWriter};
-use crate::observe::RequestDecision;
 use crate::response::RateLimitHeaders;
 use crate::rollout::Mode;
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,8 +39,10 @@ pub struct DescriptorStatus {
     pub limit: Option<RuleLimit>,
     /// Whether it matched an [`unlimited`](Rule::unlimited) rule.
     pub unlimited: bool,
-    /// Requests left on its rule after this request (when allowed; when
-    /// denied, what is left without it), 0 without a rule.
+    /// Requests left on its rule after this request when the request is
+    /// allowed; 0 when this descriptor is over the limit; when another
+    /// descriptor denied the request (nothing charged), its count without
+    /// this request. 0 without a rule.
     pub remaining: u64,
     /// When allowed: until its rule is back to full capacity; when over
     /// the limit: until the request would pass on it (exact, µs precision);
@@ -82,6 +83,9 @@ pub enum RequestError {
     /// The domain is not this limiter's.
     #[error("domain: \"{0}\" is not served here")]
     UnknownDomain(String),
+    /// A request without descriptors.
+    #[error("descriptors: the list must not be empty")]
+    NoDescriptors,
     /// More than [`MAX_DESCRIPTORS`].
     #[error("descriptors: {0}, at most {MAX_DESCRIPTORS} are accepted")]
     TooManyDescriptors(usize),
@@ -108,6 +112,14 @@ pub struct DescriptorLimiter {
     pub(super) rules: Arc<[Compiled]>,
     /// Engine tier → rule.
     pub(super) tier_rule: Arc<[usize]>,
+    /// The reference's descriptor tree, for a configuration read from its
+    /// YAML; `None`: the most specific rule (the TOML rules file).
+    pub(super) tree: Option<Arc<Tree>>,
+    /// Global shadow mode: every denial reported on its descriptor, the
+    /// request answered OK.
+    pub(super) global_shadow: bool,
+    /// Whether any rule `replaces` another.
+    pub(super) replacing: bool,
 }
 
 impl RulesPolicy {
@@ -123,9 +135,9 @@ impl RulesPolicy {
 }
 
 impl DescriptorLimiter {
-    /// The limiter for `domain` with `rules`, on an engine with the
-    /// settings of `builder` (its backend, key prefix, failure policy,
-    /// timeout, header style, …) and one tier per limited rule. `shadow_mode` runs every
+    /// The limiter for `domain` with `rules`, on the engine `builder`
+    /// builds (its backend, key prefix, failure policy, timeout, header
+    /// style, …) with one tier per limited rule. `shadow_mode` runs every
     /// rule in shadow. The builder's deny cache is turned off: every
     /// request's statuses come from the backend.
     ///
@@ -142,11 +154,20 @@ impl DescriptorLimiter {
         shadow_mode: bool,
         builder: EngineBuilder,
     ) -> Result<Self, ConfigError> {
-        let domain = domain.into();
+        Self::build(domain.into(), rules, None, shadow_mode, builder)
+    }
+
+    pub(super) fn build(
+        domain: String,
+        rules: Vec<Rule>,
+        tree: Option<Tree>,
+        shadow_mode: bool,
+        builder: EngineBuilder,
+    ) -> Result<Self, ConfigError> {
         if domain.is_empty() {
             return Err(ConfigError::Policy("domain: must not be empty".into()));
         }
-        if rules.is_empty() {
+        if rules.is_empty() && tree.is_none() {
             return Err(ConfigError::Policy(
                 "rule: no [[rule]]: at least one is required".into(),
             ));
@@ -194,7 +215,12 @@ impl DescriptorLimiter {
                 return Err(bad("match: an entry's key is empty".into()));
             }
             if let Some(other) = compiled.iter().find(|c: &&Compiled| c.entries == r.entries) {
-                return Err(bad(format!("match: the same as rule \"{}\"", other.name)));
+                if tree.is_none() {
+                    return Err(bad(format!(
+                        "match: the same as rule \"{}\"",
+                        other.limit.rule
+                    )));
+                }
             }
             let tier = if r.unlimited {
                 None
@@ -213,21 +239,40 @@ impl DescriptorLimiter {
                 tier_rule.push(i);
                 Some(tier_rule.len() - 1)
             };
+            let (requests_per_unit, unit) = r.per_unit.unwrap_or_else(|| per_unit(r.quota));
+            let rule: Arc<str> = Arc::from(r.name);
             compiled.push(Compiled {
-                name: Arc::from(r.name),
+                limit: RuleLimit {
+                    name: r.limit_name.map_or_else(|| rule.clone(), Arc::from),
+                    rule,
+                    quota: r.quota,
+                    requests_per_unit,
+                    unit,
+                },
                 entries: r.entries,
-                quota: r.quota,
                 tier,
+                shadow: r.shadow,
+                blocked: r.blocked,
+                steady_refill: matches!(
+                    r.algorithm,
+                    crate::algorithm::kind::Algorithm::TokenBucket
+                        | crate::algorithm::kind::Algorithm::LeakyBucket(_)
+                ),
+                replaces: r.replaces,
             });
         }
         // Every rule unlimited: an engine without tiers, which passes every
         // request it is asked about (none is: no descriptor names a tier).
         let engine = builder.build()?;
+        let replacing = compiled.iter().any(|c| !c.replaces.is_empty());
         Ok(Self {
             engine,
             domain: Arc::from(domain),
             rules: compiled.into(),
             tier_rule: tier_rule.into(),
+            tree: tree.map(Arc::new),
+            global_shadow: shadow_mode,
+            replacing,
         })
     }
 
@@ -263,14 +308,16 @@ impl DescriptorLimiter {
                 domain.chars().take(128).collect(),
             ));
         }
+        if descriptors.is_empty() {
+            return Err(RequestError::NoDescriptors);
+        }
         if descriptors.len() > MAX_DESCRIPTORS {
             return Err(RequestError::TooManyDescriptors(descriptors.len()));
         }
         let hits = hits_addend.max(1);
-        // Descriptor → (rule, its group among the rule's checks).
-        let mut matched: Vec<Option<(usize, usize)>> = Vec::with_capacity(descriptors.len());
-        // Per engine tier: its groups (first descriptor, summed cost).
-        let mut groups: Vec<Vec<(usize, u64)>> = vec![Vec::new(); self.tier_rule.len()];
+        // Descriptor → its rule, and the entries a shared pattern stands for.
+        let mut found: Vec<Option<usize>> = Vec::with_capacity(descriptors.len());
+        let mut shared: Vec<Vec<(usize, &str)>> = Vec::new();
         for (index, d) in descriptors.iter().enumerate() {
             if d.entries.is_empty() || d.entries.len() > MAX_ENTRIES {
                 return Err(RequestError::BadDescriptor {
@@ -278,7 +325,28 @@ impl DescriptorLimiter {
                     entries: d.entries.len(),
                 });
             }
-            let Some(rule) = super::matching::rule_of(&self.rules, d) else {
+            match &self.tree {
+                Some(tree) => {
+                    let landing = tree.descend(&d.entries);
+                    if !landing.shared.is_empty() {
+                        shared.resize_with(descriptors.len(), Vec::new);
+                        shared[index] = landing.shared;
+                    }
+                    found.push(landing.rule);
+                }
+                None => found.push(super::matching::rule_of(&self.rules, d)),
+            }
+        }
+        if self.replacing {
+            self.drop_replaced(&mut found);
+        }
+        // Descriptor → (rule, its group among the rule's checks).
+        let mut matched: Vec<Option<(usize, usize)>> = Vec::with_capacity(descriptors.len());
+        // Per engine tier: its groups (first descriptor, summed cost).
+        let mut groups: Vec<Vec<(usize, u64)>> = vec![Vec::new(); self.tier_rule.len()];
+        let mut zero = Vec::new();
+        for (index, (d, rule)) in descriptors.iter().zip(&found).enumerate() {
+            let Some(rule) = *rule else {
                 matched.push(None);
                 continue;
             };
@@ -286,11 +354,23 @@ impl DescriptorLimiter {
                 matched.push(Some((rule, usize::MAX)));
                 continue;
             };
-            let cost = d.hits_addend.map_or(hits, |h| h.max(1));
+            // A blocking rule's check overflows its capacity of 1.
+            let cost = if self.rules[rule].blocked {
+                2
+            } else {
+                d.hits_addend.unwrap_or(hits)
+            };
+            if cost == 0 {
+                // An explicit `hits_addend: 0` charges nothing: read after
+                // the decision.
+                zero.push((index, rule));
+                matched.push(None);
+                continue;
+            }
             let g = &mut groups[tier];
             let same = g
                 .iter()
-                .position(|&(first, _)| descriptors[first].entries == d.entries);
+                .position(|&(first, _)| same_values(descriptors, &shared, first, index));
             let n = match same {
                 Some(n) => {
                     g[n].1 = g[n].1.saturating_add(cost);
@@ -305,6 +385,7 @@ impl DescriptorLimiter {
         }
         let facts = DescriptorFacts {
             descriptors,
+            shared: &shared,
             groups: &groups,
             domain: &self.domain,
         };
@@ -314,184 +395,37 @@ impl DescriptorLimiter {
                 std::future::poll_fn(|cx| pending.poll_decide(cx, &self.engine, &facts)).await
             }
         };
-        self.answer(decision, &matched)
-    }
-
-    /// The engine's decision as per-descriptor statuses.
-    pub(super) fn answer(
-        &self,
-        decision: Decision,
-        matched: &[Option<(usize, usize)>],
-    ) -> Result<Answer, RequestError> {
-        let (details, shadow_tiers, headers, fail_open) = match decision {
-            Decision::Allow(a) => {
-                let fail_open = a.kind == RequestDecision::FailOpen;
-                (a.details, a.shadow_tiers, a.headers, fail_open)
-            }
-            Decision::Block(Block::Limited(d)) => {
-                (d.details, d.shadow_tiers, Some(d.headers), false)
-            }
-            // No lists are configured, so no request is denylisted; were
-            // one, it is over the limit.
-            Decision::Block(Block::Denylisted(_)) => {
-                return Ok(Answer {
-                    overall: Code::OverLimit,
-                    statuses: matched
-                        .iter()
-                        .map(|_| DescriptorStatus {
-                            code: Code::OverLimit,
-                            limit: None,
-                            unlimited: false,
-                            remaining: 0,
-                            until_reset: Duration::ZERO,
-                            exceeds_capacity: false,
-                        })
-                        .collect(),
-                    headers: None,
-                    fail_open: false,
-                })
-            }
-            Decision::Block(Block::Unavailable) => return Err(RequestError::Unavailable),
-        };
-        let mut overall = Code::Ok;
-        let mut statuses = Vec::with_capacity(matched.len());
-        for m in matched {
-            let status = match *m {
-                None => DescriptorStatus {
-                    code: Code::Ok,
-                    limit: None,
-                    unlimited: false,
-                    remaining: 0,
-                    until_reset: Duration::ZERO,
-                    exceeds_capacity: false,
-                },
-                Some((rule, usize::MAX)) => DescriptorStatus {
-                    code: Code::Ok,
-                    limit: None,
-                    unlimited: true,
-                    remaining: 0,
-                    until_reset: Duration::ZERO,
-                    exceeds_capacity: false,
-                    ..self.status_of(rule)
-                },
-                Some((rule, n)) => {
-                    let tier = self.rules[rule].tier.unwrap_or(usize::MAX);
-                    // Check of occurrence n of this tier: the (n+1)-th check
-                    // of the tier, in planned order.
-                    let d = details.as_ref().and_then(|ds| {
-                        ds.checks
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, (t, _))| *t == tier)
-                            .nth(n)
-                            .map(|(j, (_, d))| (*d, j < 64 && ds.never_fits & (1 << j) != 0))
-                    });
-                    let mut s = self.status_of(rule);
-                    if let Some((d, never_fits)) = d {
-                        s.exceeds_capacity = never_fits;
-                        let enforced_denial = !d.allowed && shadow_tiers & (1 << tier) == 0;
-                        s.code = if enforced_denial {
-                            Code::OverLimit
-                        } else {
-                            Code::Ok
-                        };
-                        s.remaining = d.remaining;
-                        s.until_reset = Duration::from_micros(if d.allowed {
-                            d.reset_after_us
-                        } else {
-                            d.retry_after_us
-                        });
-                    } else {
-                        // Decided without the backend (fail-open, a
-                        // switched-off rule): no numbers.
-                        s.limit = None;
-                    }
-                    s
-                }
-            };
-            if status.code == Code::OverLimit {
-                overall = Code::OverLimit;
-            }
-            statuses.push(status);
+        let mut answer = self.answer(decision, &matched, &groups)?;
+        for (index, rule) in zero {
+            let key = tiered_key(&raw_key(descriptors, &shared, index));
+            answer.statuses[index] = self.uncharged(rule, &key).await;
         }
-        Ok(Answer {
-            overall,
-            statuses,
-            headers,
-            fail_open,
-        })
+        Ok(answer)
     }
 
-    pub(super) fn status_of(&self, rule: usize) -> DescriptorStatus {
-        let r = &self.rules[rule];
-        DescriptorStatus {
-            code: Code::Ok,
-            limit: Some(RuleLimit {
-                name: r.name.clone(),
-                quota: r.quota,
-            }),
-            unlimited: false,
-            remaining: 0,
-            until_reset: Duration::ZERO,
-            exceeds_capacity: false,
+    /// The reference's `replaces`: a descriptor whose rule's limit name is
+    /// listed by the rule of any descriptor of the request (unlimited ones
+    /// included) has no limit in this request.
+    fn drop_replaced(&self, found: &mut [Option<usize>]) {
+        let replaced: Vec<&str> = found
+            .iter()
+            .flatten()
+            .flat_map(|&r| self.rules[r].replaces.iter().map(String::as_str))
+            .collect();
+        if replaced.is_empty() {
+            return;
+        }
+        for f in found.iter_mut() {
+            if let Some(r) = *f {
+                let name = &*self.rules[r].limit.name;
+                if !name.is_empty() && replaced.contains(&name) {
+                    *f = None;
+                }
+            }
         }
     }
 }
 
-/// A request's descriptors as the engine's facts: tier `t` is asked once
-/// per group of its descriptors with the same values.
-pub(super) struct DescriptorFacts<'a> {
-    pub(super) descriptors: &'a [Descriptor<'a>],
-    pub(super) groups: &'a [Vec<(usize, u64)>],
-    pub(super) domain: &'a str,
-}
-
-impl Facts for DescriptorFacts<'_> {
-    const DETAILS: bool = true;
-
-    fn cost(&self, tier: usize) -> Option<u64> {
-        self.cost_at(tier, 0)
-    }
-    fn key(&self, tier: usize, key: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
-        self.key_at(tier, 0, key)
-    }
-    fn occurrences(&self, tier: usize) -> usize {
-        self.groups.get(tier).map_or(0, Vec::len)
-    }
-    fn cost_at(&self, tier: usize, n: usize) -> Option<u64> {
-        self.groups.get(tier)?.get(n).map(|&(_, cost)| cost)
-    }
-    fn key_at(&self, tier: usize, n: usize, key: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
-        let Some(&(first, _)) = self.groups.get(tier).and_then(|g| g.get(n)) else {
-            return Ok(false);
-        };
-        let Some(d) = self.descriptors.get(first) else {
-            return Ok(false);
-        };
-        // The rule fixes the keys, so the values identify the descriptor:
-        // one value as it is; several, each after its length (`5:alice|4:/api`),
-        // so that no two lists of values share a key.
-        match d.entries.as_slice() {
-            [(_, v)] => key.part(v.as_bytes()),
-            entries => {
-                let mut raw = Vec::new();
-                for (i, (_, v)) in entries.iter().enumerate() {
-                    if i > 0 {
-                        raw.push(b'|');
-                    }
-                    raw.extend_from_slice(itoa::Buffer::new().format(v.len()).as_bytes());
-                    raw.push(b':');
-                    raw.extend_from_slice(v.as_bytes());
-                }
-                key.part(&raw);
-            }
-        }
-        Ok(true)
-    }
-    fn plan(&self, _: usize) -> Option<Cow<'_, str>> {
-        None
-    }
-    fn endpoint(&self) -> (&str, &str) {
-        ("RLS", self.domain)
-    }
+fn tiered_key(raw: &[u8]) -> String {
+    crate::key::storage_key_part(raw)
 }

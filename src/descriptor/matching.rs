@@ -1,9 +1,7 @@
 //! From a descriptor to its rule: a rule compiled for matching, and the
 //! most specific match.
 
-use super::rules::EntryMatch;
-use crate::quota::Quota;
-use std::sync::Arc;
+use super::rules::{EntryMatch, RuleLimit};
 
 /// A descriptor of a request: its entries, and optionally its own cost
 /// (Envoy's per-descriptor `hits_addend`).
@@ -12,6 +10,9 @@ pub struct Descriptor<'a> {
     /// `(key, value)`, in order.
     pub entries: Vec<(&'a str, &'a str)>,
     /// Replaces the request's cost for this descriptor.
+    /// `Some(0)` charges nothing: the descriptor's numbers are read
+    /// without a charge (an extra backend read), and it is never over the
+    /// limit.
     pub hits_addend: Option<u64>,
 }
 
@@ -28,10 +29,16 @@ impl<'a> Descriptor<'a> {
 /// A rule as compiled: its engine tier (none when unlimited).
 #[derive(Debug)]
 pub(super) struct Compiled {
-    pub(super) name: Arc<str>,
+    /// Its names and numbers as the answer has them.
+    pub(super) limit: RuleLimit,
     pub(super) entries: Vec<EntryMatch>,
-    pub(super) quota: Quota,
     pub(super) tier: Option<usize>,
+    pub(super) shadow: bool,
+    pub(super) blocked: bool,
+    /// Refills at a steady rate (token and leaky buckets): a cost of `c`
+    /// takes `c × period ÷ limit` to come back.
+    pub(super) steady_refill: bool,
+    pub(super) replaces: Vec<String>,
 }
 
 impl Compiled {

@@ -46,15 +46,26 @@
 //! # }
 //! ```
 
+mod answer;
+mod domains;
+mod facts;
 mod limiter;
 mod matching;
+#[cfg(feature = "envoy-yaml")]
+mod reference;
 mod rules;
 #[cfg(test)]
 mod tests;
+mod tree;
+mod unit;
 
+pub use domains::DomainLimiters;
 pub use limiter::{Answer, Code, DescriptorLimiter, DescriptorStatus, RequestError};
 pub use matching::Descriptor;
+#[cfg(feature = "envoy-yaml")]
+pub use reference::{ReferenceConfig, ReferenceDomain, MAX_FILES, MAX_FILE_BYTES};
 pub use rules::{EntryMatch, FailureStatus, Rule, RuleLimit, RulePolicy, RulesPolicy};
+pub use unit::{per_unit, Unit};
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = crate::engine::MAX_TIERS;

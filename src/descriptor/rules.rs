@@ -48,6 +48,19 @@ pub struct Rule {
     /// Lease mode for the rule's hot descriptors (Redis only): see
     /// [`crate::engine::token_lease`]. `None`: one script call per request.
     pub lease: Option<crate::engine::token_lease::TokenLease>,
+    /// Every request over the limit (the reference's `requests_per_unit:
+    /// 0`): a tier of 1 per period that every check overflows, so the
+    /// request's other rules are charged nothing.
+    pub blocked: bool,
+    /// `current_limit` as configured (`requests_per_unit`, unit); `None`:
+    /// from the quota, by [`per_unit`](super::per_unit).
+    pub per_unit: Option<(u32, super::Unit)>,
+    /// `current_limit.name` when it differs from the rule's (tier) name:
+    /// the reference's `rate_limit.name`, possibly empty.
+    pub limit_name: Option<String>,
+    /// The reference's `replaces`: a request with a descriptor on this
+    /// rule drops its descriptors on rules whose `limit_name` is listed.
+    pub replaces: Vec<String>,
 }
 
 impl Rule {
@@ -61,6 +74,10 @@ impl Rule {
             shadow: false,
             unlimited: false,
             lease: None,
+            blocked: false,
+            per_unit: None,
+            limit_name: None,
+            replaces: Vec::new(),
         }
     }
 }
@@ -69,10 +86,17 @@ impl Rule {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RuleLimit {
-    /// The rule's name.
+    /// The name `current_limit` carries: the rule's, or its
+    /// [`limit_name`](Rule::limit_name).
     pub name: Arc<str>,
+    /// The rule's (engine tier's) name, `[A-Za-z0-9_-]`.
+    pub rule: Arc<str>,
     /// Its quota.
     pub quota: Quota,
+    /// `current_limit`'s `requests_per_unit` (0 for a blocking rule).
+    pub requests_per_unit: u32,
+    /// `current_limit`'s unit.
+    pub unit: super::Unit,
 }
 
 /// What a failed backend makes the service answer under
@@ -320,15 +344,12 @@ impl RulesPolicy {
                 if r.unlimited && lease.is_some() {
                     return Err(bad(&"sync: an unlimited rule makes no call to lease for"));
                 }
-                Ok(Rule {
-                    lease,
-                    name: r.name.clone(),
-                    entries: r.entries.clone(),
-                    quota,
-                    algorithm,
-                    shadow: r.shadow_mode,
-                    unlimited: r.unlimited,
-                })
+                let mut rule = Rule::new(r.name.clone(), r.entries.clone(), quota);
+                rule.lease = lease;
+                rule.algorithm = algorithm;
+                rule.shadow = r.shadow_mode;
+                rule.unlimited = r.unlimited;
+                Ok(rule)
             })
             .collect()
     }

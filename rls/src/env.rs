@@ -1,0 +1,520 @@
+//! The environment variables of Envoy's reference rate limit service
+//! (envoyproxy/ratelimit) as [`ReferenceEnv`]: each one that means
+//! something here is honoured, each one that would change what the service
+//! does and cannot be honoured is refused at start with its name
+//! ([`EnvError`]), and the few that only tune the reference's own
+//! machinery (pool sizes, pipelining, stats flushing) are accepted and
+//! listed once in the start-up log ([`ReferenceEnv::no_effect`]).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tiered_ratelimit::policy::RedisConfig;
+
+/// What the environment asks for. `None`: not set (the command line or
+/// the default decides).
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct ReferenceEnv {
+    /// `RUNTIME_ROOT`/`RUNTIME_SUBDIRECTORY`/`RUNTIME_APPDIRECTORY`
+    /// (`config` by default): the directory of YAML files.
+    pub config_dir: Option<PathBuf>,
+    /// `RUNTIME_ROOT`: what a reload watches under `RUNTIME_WATCH_ROOT`
+    /// (a symlink swap of the whole runtime directory is seen).
+    pub runtime_root: Option<PathBuf>,
+    /// `RUNTIME_IGNOREDOTFILES`: skip files whose name starts with `.`.
+    pub ignore_dotfiles: bool,
+    /// `RUNTIME_WATCH_ROOT` (default true): what a reload watches (the
+    /// runtime root, or the config directory).
+    pub watch_root: bool,
+    /// `GRPC_HOST`:`GRPC_PORT` (defaults 0.0.0.0 and 8081).
+    pub grpc: Option<SocketAddr>,
+    /// `USE_PROMETHEUS=true` and `PROMETHEUS_ADDR` (default `:9090`):
+    /// where `GET /metrics` listens.
+    pub metrics: Option<SocketAddr>,
+    /// `REDIS_URL` with `REDIS_TYPE`, `REDIS_SOCKET_TYPE`, `REDIS_AUTH`.
+    pub redis: Option<RedisConfig>,
+    /// `REDIS_TIMEOUT`: the backend timeout.
+    pub backend_timeout: Option<Duration>,
+    /// `CACHE_KEY_PREFIX`: the storage keys' prefix.
+    pub key_prefix: Option<String>,
+    /// `SHADOW_MODE`: every limit decided and reported, never enforced.
+    pub shadow_mode: bool,
+    /// `LOG_LEVEL` as a tracing filter (`warn`, `debug`, …).
+    pub log_level: Option<String>,
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED=true`: the three header names
+    /// (`LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
+    pub response_headers: Option<crate::LimitHeaders>,
+    /// The variables set that only tune the reference's machinery.
+    pub no_effect: Vec<String>,
+}
+
+/// A variable refused at start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvError {
+    /// Set to a value this service cannot honour.
+    #[error("{name}={value}: {why}")]
+    Unsupported {
+        /// The variable.
+        name: String,
+        /// Its value.
+        value: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// Not a valid value.
+    #[error("{name}={value}: {why}")]
+    Invalid {
+        /// The variable.
+        name: String,
+        /// Its value.
+        value: String,
+        /// What is expected.
+        why: String,
+    },
+}
+
+/// Variables that only tune the reference's own machinery.
+const NO_EFFECT: &[&str] = &[
+    "REDIS_POOL_SIZE",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+    "REDIS_STARTUP_INITIAL_INTERVAL",
+    "REDIS_STARTUP_MAX_INTERVAL",
+    "REDIS_STARTUP_MAX_ELAPSED_TIME",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "NEAR_LIMIT_RATIO",
+    "STATS_FLUSH_INTERVAL",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+];
+
+/// Variables refused when set to anything but their "off" values.
+const REFUSED: &[(&str, &[&str], &str)] = &[
+    (
+        "BACKEND_TYPE",
+        &["redis"],
+        "only Redis (or memory without REDIS_URL) is supported",
+    ),
+    (
+        "CONFIG_TYPE",
+        &["FILE"],
+        "only file configuration is supported (no xDS)",
+    ),
+    (
+        "MERGE_DOMAIN_CONFIG",
+        &["false"],
+        "several files with one domain are not merged",
+    ),
+    ("QUOTA_MODE", &["false"], "quota mode is not supported"),
+    (
+        "RESPONSE_DYNAMIC_METADATA",
+        &["false"],
+        "dynamic metadata is not sent",
+    ),
+    (
+        "REDIS_PERSECOND",
+        &["false"],
+        "a second Redis for per-second limits is not supported",
+    ),
+    ("REDIS_TLS", &["false"], "TLS to Redis is not supported"),
+    (
+        "REDIS_SENTINEL_AUTH",
+        &[""],
+        "put the password in the sentinel address instead",
+    ),
+    (
+        "GRPC_SERVER_USE_TLS",
+        &["false"],
+        "serve TLS from a sidecar or Envoy",
+    ),
+    ("GRPC_UDS", &[""], "a Unix socket listener is not supported"),
+    (
+        "USE_STATSD",
+        &["false"],
+        "statsd is not exported; metrics are Prometheus (USE_PROMETHEUS)",
+    ),
+    ("USE_DOG_STATSD", &["false"], "DogStatsD is not exported"),
+    (
+        "TRACING_ENABLED",
+        &["false"],
+        "OpenTelemetry tracing is not exported",
+    ),
+    ("LOG_FORMAT", &["text"], "logs are text"),
+    (
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        &["0"],
+        "the engine's own deny cache replaces it",
+    ),
+    (
+        "PROMETHEUS_PATH",
+        &["/metrics"],
+        "metrics are served at /metrics",
+    ),
+    ("PROMETHEUS_MAPPER_YAML", &[""], "stat names are fixed"),
+    (
+        "HOST",
+        &[],
+        "the HTTP endpoints (/json, /healthcheck) are not served yet",
+    ),
+    (
+        "PORT",
+        &[],
+        "the HTTP endpoints (/json, /healthcheck) are not served yet",
+    ),
+    ("MEMCACHE_HOST_PORT", &[""], "memcached is not supported"),
+    ("MEMCACHE_SRV", &[""], "memcached is not supported"),
+];
+
+fn boolean(name: &str, value: &str) -> Result<bool, EnvError> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" | "" => Ok(false),
+        _ => Err(EnvError::Invalid {
+            name: name.into(),
+            value: value.into(),
+            why: "expected true or false".into(),
+        }),
+    }
+}
+
+impl ReferenceEnv {
+    /// The reference's variables among `vars` (the others are not looked
+    /// at).
+    ///
+    /// # Errors
+    /// [`EnvError`] naming the first variable refused or invalid.
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, EnvError> {
+        let vars: std::collections::BTreeMap<String, String> = vars.into_iter().collect();
+        let get = |n: &str| vars.get(n).map(String::as_str);
+        let invalid = |name: &str, value: &str, why: &str| EnvError::Invalid {
+            name: name.into(),
+            value: value.into(),
+            why: why.into(),
+        };
+        for (name, off, why) in REFUSED {
+            if let Some(v) = get(name) {
+                if !off.iter().any(|o| o.eq_ignore_ascii_case(v.trim())) {
+                    return Err(EnvError::Unsupported {
+                        name: (*name).into(),
+                        value: v.into(),
+                        why,
+                    });
+                }
+            }
+        }
+        let mut env = Self {
+            watch_root: true,
+            ..Self::default()
+        };
+        env.no_effect = NO_EFFECT
+            .iter()
+            .filter(|n| get(n).is_some())
+            .map(|n| (*n).to_owned())
+            .collect();
+        if let Some(root) = get("RUNTIME_ROOT") {
+            let mut dir = PathBuf::from(root);
+            if let Some(sub) = get("RUNTIME_SUBDIRECTORY").filter(|s| !s.is_empty()) {
+                dir.push(sub);
+            }
+            dir.push(get("RUNTIME_APPDIRECTORY").unwrap_or("config"));
+            env.config_dir = Some(dir);
+            env.runtime_root = Some(PathBuf::from(root));
+        }
+        if let Some(v) = get("RUNTIME_IGNOREDOTFILES") {
+            env.ignore_dotfiles = boolean("RUNTIME_IGNOREDOTFILES", v)?;
+        }
+        if let Some(v) = get("RUNTIME_WATCH_ROOT") {
+            env.watch_root = boolean("RUNTIME_WATCH_ROOT", v)?;
+        }
+        if get("GRPC_HOST").is_some() || get("GRPC_PORT").is_some() {
+            let host = get("GRPC_HOST").unwrap_or("0.0.0.0");
+            let port = get("GRPC_PORT").unwrap_or("8081");
+            let addr = format!("{host}:{port}");
+            env.grpc = Some(addr.parse().map_err(|_| {
+                invalid(
+                    "GRPC_HOST/GRPC_PORT",
+                    &addr,
+                    "expected an IP address and a port",
+                )
+            })?);
+        }
+        if let Some(v) = get("USE_PROMETHEUS") {
+            if boolean("USE_PROMETHEUS", v)? {
+                let addr = get("PROMETHEUS_ADDR").unwrap_or(":9090");
+                let full = match addr.strip_prefix(':') {
+                    Some(port) => format!("0.0.0.0:{port}"),
+                    None => addr.to_owned(),
+                };
+                env.metrics = Some(
+                    full.parse()
+                        .map_err(|_| invalid("PROMETHEUS_ADDR", addr, "expected [host]:port"))?,
+                );
+            }
+        }
+        if let Some(url) = get("REDIS_URL").filter(|u| !u.is_empty()) {
+            env.redis = Some(redis(
+                url,
+                get("REDIS_TYPE"),
+                get("REDIS_SOCKET_TYPE"),
+                get("REDIS_AUTH"),
+            )?);
+        }
+        if let Some(v) = get("REDIS_TIMEOUT") {
+            env.backend_timeout = Some(
+                humantime::parse_duration(v)
+                    .map_err(|e| invalid("REDIS_TIMEOUT", v, &e.to_string()))?,
+            );
+        }
+        env.key_prefix = get("CACHE_KEY_PREFIX")
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned);
+        if let Some(v) = get("SHADOW_MODE") {
+            env.shadow_mode = boolean("SHADOW_MODE", v)?;
+        }
+        if let Some(v) = get("LOG_LEVEL") {
+            let level = match v.to_ascii_lowercase().as_str() {
+                "trace" => "trace",
+                "debug" => "debug",
+                "info" => "info",
+                "warn" | "warning" => "warn",
+                "error" | "fatal" | "panic" => "error",
+                _ => {
+                    return Err(invalid(
+                        "LOG_LEVEL",
+                        v,
+                        "expected debug, info, warn or error",
+                    ))
+                }
+            };
+            env.log_level = Some(level.to_owned());
+        }
+        if let Some(v) = get("LIMIT_RESPONSE_HEADERS_ENABLED") {
+            if boolean("LIMIT_RESPONSE_HEADERS_ENABLED", v)? {
+                let name = |var: &str, default: &str| -> Result<http::HeaderName, EnvError> {
+                    let v = get(var).unwrap_or(default);
+                    http::HeaderName::try_from(v)
+                        .map_err(|_| invalid(var, v, "expected a header name"))
+                };
+                env.response_headers = Some(crate::LimitHeaders {
+                    limit: name("LIMIT_LIMIT_HEADER", "RateLimit-Limit")?,
+                    remaining: name("LIMIT_REMAINING_HEADER", "RateLimit-Remaining")?,
+                    reset: name("LIMIT_RESET_HEADER", "RateLimit-Reset")?,
+                });
+            }
+        }
+        Ok(env)
+    }
+}
+
+/// The reference's Redis address forms: `host:port` (or a socket path
+/// under `REDIS_SOCKET_TYPE=unix`, its default), `host:port,host:port` for
+/// a cluster, `master,host:port,…` for Sentinel; `REDIS_AUTH` is
+/// `password` or `user:password`.
+fn redis(
+    url: &str,
+    kind: Option<&str>,
+    socket: Option<&str>,
+    auth: Option<&str>,
+) -> Result<RedisConfig, EnvError> {
+    let invalid = |name: &str, value: &str, why: &str| EnvError::Invalid {
+        name: name.into(),
+        value: value.into(),
+        why: why.into(),
+    };
+    let userinfo = match auth.filter(|a| !a.is_empty()) {
+        None => String::new(),
+        Some(a) if a.contains(':') => format!("{a}@"),
+        Some(a) => format!(":{a}@"),
+    };
+    let unix = match socket.unwrap_or("unix").to_ascii_lowercase().as_str() {
+        "unix" => true,
+        "tcp" => false,
+        other => return Err(invalid("REDIS_SOCKET_TYPE", other, "expected tcp or unix")),
+    };
+    let tcp = |hostport: &str| format!("redis://{userinfo}{}/", hostport.trim());
+    let mut config = RedisConfig::default();
+    match kind.unwrap_or("single").to_ascii_lowercase().as_str() {
+        "single" => {
+            config.url = Some(if unix {
+                if !userinfo.is_empty() {
+                    return Err(invalid(
+                        "REDIS_AUTH",
+                        "***",
+                        "not supported over a Unix socket",
+                    ));
+                }
+                format!("redis+unix://{url}")
+            } else {
+                tcp(url)
+            });
+        }
+        "cluster" if !unix => config.cluster_nodes = url.split(',').map(tcp).collect(),
+        "sentinel" if !unix => {
+            let mut parts = url.split(',');
+            let master = parts.next().unwrap_or_default().trim();
+            let sentinels: Vec<String> = parts.map(|s| format!("redis://{}/", s.trim())).collect();
+            if master.is_empty() || sentinels.is_empty() {
+                return Err(invalid(
+                    "REDIS_URL",
+                    url,
+                    "expected master,host:port[,host:port…]",
+                ));
+            }
+            config.master_name = Some(master.to_owned());
+            config.sentinels = sentinels;
+            if let Some(a) = auth.filter(|a| !a.is_empty()) {
+                match a.split_once(':') {
+                    Some((user, pass)) => {
+                        config.username = Some(user.to_owned());
+                        config.password = Some(pass.to_owned());
+                    }
+                    None => config.password = Some(a.to_owned()),
+                }
+            }
+        }
+        "cluster" | "sentinel" => {
+            return Err(invalid(
+                "REDIS_SOCKET_TYPE",
+                "unix",
+                "a cluster or Sentinel is reached over tcp",
+            ))
+        }
+        other => {
+            return Err(invalid(
+                "REDIS_TYPE",
+                other,
+                "expected single, cluster or sentinel",
+            ))
+        }
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> Result<ReferenceEnv, EnvError> {
+        ReferenceEnv::from_vars(vars.iter().map(|(k, v)| ((*k).into(), (*v).into())))
+    }
+
+    #[test]
+    fn the_reference_variables_are_honoured() {
+        let e = env(&[
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("RUNTIME_IGNOREDOTFILES", "true"),
+            ("RUNTIME_WATCH_ROOT", "false"),
+            ("GRPC_PORT", "9001"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "redis.local:6380"),
+            ("REDIS_AUTH", "secret"),
+            ("SHADOW_MODE", "true"),
+            ("LOG_LEVEL", "DEBUG"),
+            ("USE_STATSD", "false"),
+            ("REDIS_POOL_SIZE", "20"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+            ("LIMIT_RESET_HEADER", "X-Reset"),
+        ])
+        .unwrap();
+        assert_eq!(e.config_dir, Some(PathBuf::from("/data/ratelimit/config")));
+        assert!(e.ignore_dotfiles);
+        assert!(!e.watch_root);
+        assert_eq!(e.grpc, Some("0.0.0.0:9001".parse().unwrap()));
+        assert_eq!(
+            e.redis.unwrap().url.as_deref(),
+            Some("redis://:secret@redis.local:6380/")
+        );
+        assert!(e.shadow_mode);
+        assert_eq!(e.log_level.as_deref(), Some("debug"));
+        assert_eq!(e.no_effect, ["REDIS_POOL_SIZE"]);
+        let h = e.response_headers.unwrap();
+        assert_eq!(
+            [h.limit.as_str(), h.remaining.as_str(), h.reset.as_str()],
+            ["ratelimit-limit", "ratelimit-remaining", "x-reset"]
+        );
+        let c = env(&[
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "a:1,b:2"),
+        ])
+        .unwrap()
+        .redis
+        .unwrap();
+        assert_eq!(c.cluster_nodes, ["redis://a:1/", "redis://b:2/"]);
+        let s = env(&[
+            ("REDIS_TYPE", "SENTINEL"),
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+        ])
+        .unwrap()
+        .redis
+        .unwrap();
+        assert_eq!(s.master_name.as_deref(), Some("mymaster"));
+        assert_eq!(s.sentinels, ["redis://s1:26379/", "redis://s2:26379/"]);
+        let u = env(&[("REDIS_URL", "/var/run/redis.sock")])
+            .unwrap()
+            .redis
+            .unwrap();
+        assert_eq!(u.url.as_deref(), Some("redis+unix:///var/run/redis.sock"));
+        let m = env(&[("USE_PROMETHEUS", "true")]).unwrap();
+        assert_eq!(m.metrics, Some("0.0.0.0:9090".parse().unwrap()));
+    }
+
+    #[test]
+    fn a_variable_that_cannot_be_honoured_is_refused_by_name() {
+        let rows = [
+            (
+                ("USE_STATSD", "true"),
+                "USE_STATSD=true: statsd is not exported; metrics are Prometheus (USE_PROMETHEUS)",
+            ),
+            (
+                ("BACKEND_TYPE", "memcache"),
+                "BACKEND_TYPE=memcache: only Redis (or memory without REDIS_URL) is supported",
+            ),
+            (
+                ("MERGE_DOMAIN_CONFIG", "true"),
+                "MERGE_DOMAIN_CONFIG=true: several files with one domain are not merged",
+            ),
+            (
+                ("REDIS_TLS", "true"),
+                "REDIS_TLS=true: TLS to Redis is not supported",
+            ),
+            (
+                ("PORT", "8080"),
+                "PORT=8080: the HTTP endpoints (/json, /healthcheck) are not served yet",
+            ),
+            (
+                ("SHADOW_MODE", "maybe"),
+                "SHADOW_MODE=maybe: expected true or false",
+            ),
+            (
+                ("REDIS_TYPE", "ring"),
+                "REDIS_TYPE=ring: expected single, cluster or sentinel",
+            ),
+            (
+                ("LOG_LEVEL", "loud"),
+                "LOG_LEVEL=loud: expected debug, info, warn or error",
+            ),
+        ];
+        for ((k, v), expected) in rows {
+            let vars: &[(&str, &str)] = if k == "REDIS_TYPE" {
+                &[(k, v), ("REDIS_URL", "x:1"), ("REDIS_SOCKET_TYPE", "tcp")]
+            } else {
+                &[(k, v)]
+            };
+            assert_eq!(env(vars).unwrap_err().to_string(), expected);
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! Reload without a restart: the configuration's files are watched
+//! (`notify`), and after a change settles (200 ms without another event)
+//! the configuration is read again. A valid one is swapped in atomically
+//! (`arc-swap`: a call in flight finishes on the limiters it started with,
+//! the next one sees the new ones); an invalid one is logged at `ERROR`
+//! with its message and counted, and the old configuration keeps serving.
+//! Counted in `tiered_ratelimit_rls_config_loads_total{result="success"|"error"}`
+//! (the reference service's `config_load_success` / `config_load_error`).
+
+use arc_swap::ArcSwap;
+use notify::{RecursiveMode, Watcher};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tiered_ratelimit::descriptor::DomainLimiters;
+
+/// How long the files must be quiet before a reload: editors and
+/// `kubectl` ConfigMap swaps write in several steps.
+pub const SETTLE: Duration = Duration::from_millis(200);
+
+/// The metric counting reloads by `result`.
+pub const CONFIG_LOADS: &str = "tiered_ratelimit_rls_config_loads_total";
+
+/// A running watch; dropping it stops watching.
+#[derive(Debug)]
+pub struct Watch {
+    _watcher: notify::RecommendedWatcher,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Watches `path` (recursively) and, after each settled change, stores
+/// what `load` builds in `target`, or logs and counts its error. Must be
+/// called inside a Tokio runtime (the reload runs there, so the engines it
+/// builds start their tasks).
+///
+/// # Errors
+/// The watcher's, when `path` cannot be watched.
+pub fn watch<F>(
+    path: PathBuf,
+    target: Arc<ArcSwap<DomainLimiters>>,
+    load: F,
+) -> Result<Watch, notify::Error>
+where
+    F: Fn() -> Result<DomainLimiters, String> + Send + 'static,
+{
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if event.is_ok_and(|e| !e.kind.is_access()) {
+            // Full: a reload is already due.
+            let _ = tx.try_send(());
+        }
+    })?;
+    watcher.watch(&path, RecursiveMode::Recursive)?;
+    metrics::describe_counter!(
+        CONFIG_LOADS,
+        "Configuration reloads after a change of its files, by result (success, error)"
+    );
+    let task = tokio::spawn(async move {
+        while rx.recv().await.is_some() {
+            // Settle: wait until SETTLE passes without another event.
+            loop {
+                match tokio::time::timeout(SETTLE, rx.recv()).await {
+                    Ok(Some(())) => continue,
+                    Ok(None) => return,
+                    Err(_) => break,
+                }
+            }
+            match load() {
+                Ok(limiters) => {
+                    let domains = limiters.domains().join(",");
+                    target.store(Arc::new(limiters));
+                    metrics::counter!(CONFIG_LOADS, "result" => "success").increment(1);
+                    tracing::info!(%domains, "configuration reloaded");
+                }
+                Err(e) => {
+                    metrics::counter!(CONFIG_LOADS, "result" => "error").increment(1);
+                    tracing::error!(
+                        error = %e,
+                        "configuration change refused; the previous configuration keeps serving"
+                    );
+                }
+            }
+        }
+    });
+    Ok(Watch {
+        _watcher: watcher,
+        task,
+    })
+}
