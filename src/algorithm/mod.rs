@@ -11,6 +11,7 @@
 //! drifts however many operations a key sees. See `docs/algorithms.md` for
 //! the trade-offs and measured costs.
 
+pub mod calendar;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
