@@ -393,20 +393,55 @@ pub struct CalendarWindow {
 
 impl CalendarWindow {
     /// The window `[start, end)` (epoch µs) that `now_us` (the backend's
-    /// clock) falls in: `[b0, b1)` before `b1`, `[b1, b2)` before `b2`. A
-    /// backend clock before `b0` counts in `[b0, b1)`, one at or after `b2`
-    /// in `[b2, 2 × b2 − b1)`: an application clock more than half a window
-    /// away from the backend's (a misconfigured host), where the window can
-    /// only be guessed.
+    /// clock) falls in: `[b0, b1)` before `b1`, `[b1, b2)` before `b2`.
+    /// Outside `[b0, b2)` (an application clock more than half a window
+    /// away from the backend's: a misconfigured host) the window can only
+    /// be guessed: windows as long as the nearest one, repeated from `b0`
+    /// backward or from `b2` forward.
     pub fn window(&self, now_us: u64) -> (u64, u64) {
         let [b0, b1, b2] = self.bounds;
-        if now_us < b1 {
+        if now_us < b0 {
+            let len = (b1 - b0).max(1);
+            let start = b0.saturating_sub((b0 - now_us).div_ceil(len) * len);
+            (start, start + len)
+        } else if now_us < b1 {
             (b0, b1)
         } else if now_us < b2 {
             (b1, b2)
         } else {
-            (b2, b2 + (b2 - b1))
+            let len = (b2 - b1).max(1);
+            let start = b2 + (now_us - b2) / len * len;
+            (start, start + len)
         }
+    }
+}
+
+impl CalendarWindow {
+    /// A key's time-to-live past its window's end, µs (one minute): only
+    /// garbage collection; the stored window start, not the expiry, says
+    /// which window a count belongs to.
+    pub const TTL_MARGIN_US: u64 = 60_000_000;
+
+    /// The decision for `cost` at `now_us` (the backend's clock).
+    pub fn check(
+        &self,
+        state: Option<super::FixedWindowState>,
+        now_us: u64,
+        cost: u64,
+    ) -> super::Decision {
+        super::fixed_window::decide_in(self.limit, self.window(now_us), state, now_us, cost)
+    }
+
+    /// The state after admitting `cost` at `now_us`, and its time-to-live
+    /// (µs): the window's end plus [`TTL_MARGIN_US`](Self::TTL_MARGIN_US).
+    pub fn charge(
+        &self,
+        state: Option<super::FixedWindowState>,
+        now_us: u64,
+        cost: u64,
+    ) -> (super::FixedWindowState, u64) {
+        let (s, ttl) = super::fixed_window::charge_in(self.window(now_us), state, now_us, cost);
+        (s, ttl + Self::TTL_MARGIN_US)
     }
 }
 

@@ -45,6 +45,7 @@ pub struct Tier {
     pub(crate) penalty: Option<crate::algorithm::penalty::Penalty>,
     pub(crate) overrides: bool,
     pub(crate) lease: Option<crate::engine::token_lease::TokenLease>,
+    pub(crate) calendar: Option<crate::algorithm::calendar::Calendar>,
 }
 
 impl fmt::Debug for Tier {
@@ -64,6 +65,7 @@ impl fmt::Debug for Tier {
             .field("penalty", &self.penalty)
             .field("overrides", &self.overrides)
             .field("lease", &self.lease)
+            .field("calendar", &self.calendar)
             .finish_non_exhaustive()
     }
 }
@@ -88,7 +90,38 @@ impl Tier {
             penalty: None,
             overrides: false,
             lease: None,
+            calendar: None,
         }
+    }
+
+    /// A calendar quota: the quota's `limit` per calendar window (a local
+    /// day, week, month or year of [`Calendar`](crate::algorithm::Calendar),
+    /// in its time zone, from its anchor), counted as a fixed window over
+    /// those boundaries; the quota's own period is replaced by the
+    /// calendar's, and so are those of the tier's plans and per-key
+    /// overrides (their `limit` counts per calendar window). The algorithm
+    /// becomes [`Algorithm::FixedWindow`]; another one set later is
+    /// refused by `build()` with
+    /// [`ConfigError::CalendarAlgorithm`](crate::ConfigError::CalendarAlgorithm).
+    /// Lease mode is refused too. The window a request falls in is
+    /// decided by the backend's clock (Redis `TIME`); see
+    /// [`algorithm::calendar`](crate::algorithm::calendar).
+    ///
+    /// ```
+    /// use tiered_ratelimit::{algorithm::Calendar, key::ApiKey, Quota, RateLimitLayer, Tier};
+    /// // 10 000 calls a month, renewed on the 15th at midnight in New York.
+    /// let month = Calendar::month().time_zone("America/New_York")?.anchor("15")?;
+    /// let tier = Tier::new("monthly", ApiKey::header("x-api-key"), Quota::per_hour(10_000))
+    ///     .calendar(month);
+    /// assert!(RateLimitLayer::builder().tier(tier).build().is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn calendar(mut self, calendar: crate::algorithm::calendar::Calendar) -> Self {
+        let nominal = std::time::Duration::from_micros(calendar.longest_us());
+        self.quota = Quota::new(self.quota.limit(), nominal);
+        self.algorithm = Algorithm::FixedWindow;
+        self.calendar = Some(calendar);
+        self
     }
 
     /// Lease mode for this tier (TOML `sync = "lease"`; see

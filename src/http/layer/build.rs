@@ -137,6 +137,21 @@ impl RateLimitLayerBuilder {
             if t.skip_failed_requests && t.skip_successful_requests {
                 return Err(ConfigError::SkipBoth { tier: t.name });
             }
+            if let Some(c) = &t.calendar {
+                if t.algorithm != crate::algorithm::kind::Algorithm::FixedWindow {
+                    return Err(ConfigError::CalendarAlgorithm {
+                        tier: t.name,
+                        period: c.period().name(),
+                        algorithm: t.algorithm.name(),
+                    });
+                }
+                if t.lease.is_some() {
+                    return Err(ConfigError::LeaseUnsupported {
+                        tier: t.name,
+                        reason: "cannot run a calendar quota",
+                    });
+                }
+            }
             let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
             if t.lease.is_some() {
                 let reason = if !crate::engine::token_lease::pool::leasable(&limit) {
@@ -162,6 +177,11 @@ impl RateLimitLayerBuilder {
             let fallback = fallback_limit(&t.name, t.algorithm, t.quota, t.cost, instances)?;
             let mut plans = Vec::with_capacity(t.plans.len());
             for (plan, q) in &t.plans {
+                // A calendar tier's plans count per its calendar window.
+                let q = &match &t.calendar {
+                    Some(_) => crate::Quota::new(q.limit(), t.quota.period()),
+                    None => *q,
+                };
                 plans.push(PlanRuntime {
                     name: Arc::<str>::from(plan.as_str()),
                     quota: *q,
@@ -194,6 +214,7 @@ impl RateLimitLayerBuilder {
                     no_key_cause,
                 ),
                 cost_exceeded_logged: std::sync::atomic::AtomicBool::new(false),
+                calendar: t.calendar.map(crate::engine::runtime::CalendarBounds::new),
                 key_base: format!("{prefix}:{}:", t.name),
                 name,
                 key_type: t.key_type,

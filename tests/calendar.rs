@@ -1,0 +1,99 @@
+//! Calendar quotas (issue 28) beyond the HTTP scenario of
+//! tests/algorithms_http.rs: two application instances whose clocks
+//! disagree by seconds agree on the window Redis's clock picks, and a
+//! calendar tier with another algorithm is refused naming the field.
+
+mod support;
+
+use support::redis_server::RedisServer;
+use tiered_ratelimit::algorithm::{Calendar, CalendarWindow, Limit};
+use tiered_ratelimit::backend::{Backend, ManualClock, RedisBackend, TierCheck};
+use tiered_ratelimit::{key::Global, Algorithm, Quota, RateLimitLayer, Tier};
+
+/// 2024-10-27T00:00 in Berlin (2024-10-26T22:00Z), before a 25-hour day.
+const BERLIN_MIDNIGHT_US: u64 = 1_729_980_000_000_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_clocks_seconds_apart_agree_on_the_window() {
+    let server = RedisServer::start();
+    // The manual clock stands for Redis TIME: the scripts read it, the
+    // instances do not.
+    let redis_clock = ManualClock::new(BERLIN_MIDNIGHT_US - 1);
+    let backend: Backend = RedisBackend::from_url(&server.url())
+        .unwrap()
+        .with_manual_clock(redis_clock.clone())
+        .into();
+    let day = Calendar::day().time_zone("Europe/Berlin").unwrap();
+    // Instance A's clock is 7 s behind Redis's, B's 4 s ahead (already in
+    // the next day by its own clock).
+    let check = |app_now_us: u64| TierCheck {
+        key: "cal:day:k".to_owned(),
+        limit: Limit::Calendar(CalendarWindow {
+            limit: 3,
+            bounds: day.bounds_around(app_now_us).unwrap(),
+        }),
+        cost: 1,
+    };
+    let (a, b) = (
+        check(BERLIN_MIDNIGHT_US - 7_000_000),
+        check(BERLIN_MIDNIGHT_US + 4_000_000),
+    );
+    let remaining = |v: tiered_ratelimit::backend::Verdict| {
+        let d = v.decisions[0];
+        (d.allowed, d.remaining, d.reset_after_us)
+    };
+    // 1 µs before Berlin's midnight (by Redis): both count in the old day.
+    let va = backend.check(vec![a.clone()]).await.unwrap();
+    assert_eq!(remaining(va), (true, 2, 1));
+    let vb = backend.check(vec![b.clone()]).await.unwrap();
+    assert_eq!(remaining(vb), (true, 1, 1));
+    // At midnight: both in the new day (25 hours long), one count.
+    redis_clock.set(BERLIN_MIDNIGHT_US);
+    let day25 = 25 * 3_600_000_000;
+    let vb = backend.check(vec![b]).await.unwrap();
+    assert_eq!(remaining(vb), (true, 2, day25));
+    let va = backend.check(vec![a]).await.unwrap();
+    assert_eq!(remaining(va), (true, 1, day25));
+    // Stored as one integer, the window start plus the count; it expires
+    // with the window, plus a minute.
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let v: String = redis::cmd("GET")
+        .arg("cal:day:k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(v, (BERLIN_MIDNIGHT_US + 2).to_string());
+    let pttl: u64 = redis::cmd("PTTL")
+        .arg("cal:day:k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // (PTTL counts down in Redis's real time since the SET.)
+    let want = day25 / 1000 + 60_000;
+    assert!(
+        pttl <= want && pttl + 5_000 > want,
+        "PTTL {pttl}, want {want}"
+    );
+}
+
+#[test]
+fn another_algorithm_or_lease_mode_is_refused_naming_the_field() {
+    let month = Calendar::month().anchor("31").unwrap();
+    let err = RateLimitLayer::builder()
+        .tier(
+            Tier::new("monthly", Global, Quota::per_hour(10))
+                .calendar(month)
+                .algorithm(Algorithm::TokenBucket),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tier \"monthly\": algorithm: a calendar period (period = \"month\") counts with \
+         fixed_window only, not token_bucket"
+    );
+}
