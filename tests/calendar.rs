@@ -97,3 +97,68 @@ fn another_algorithm_or_lease_mode_is_refused_naming_the_field() {
          fixed_window only, not token_bucket"
     );
 }
+
+/// A policy file's calendar tier: `period = "month"`, `anchor = 31`,
+/// `time_zone = "Europe/Berlin"`, through a real server. In 2024 the
+/// period anchored on the 31st renews on 29 February (Berlin midnight,
+/// 2024-02-28T23:00Z), then on 31 March (2024-03-30T23:00Z: the clocks
+/// change at 02:00 that day).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_file_month_anchored_on_the_31st() {
+    use support::{app, client, denied, limits, ok, serve};
+    use tiered_ratelimit::{backend::MemoryBackend, policy::Policy};
+    const FEB29_S: u64 = 1_709_161_200;
+    const MAR31_S: u64 = 1_711_839_600;
+    let policy = Policy::from_toml_str(
+        "[[tier]]\nname = 'monthly'\nkey = 'global'\nlimit = 1\nperiod = 'month'\n\
+         anchor = 31\ntime_zone = 'Europe/Berlin'\n",
+    )
+    .unwrap();
+    let clock = ManualClock::new(FEB29_S * 1_000_000 - 1);
+    let layer =
+        RateLimitLayer::from_policy(&policy, MemoryBackend::with_manual_clock(clock.clone()))
+            .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let send = || async { limits(&c.get(format!("http://{addr}/")).send().await.unwrap()) };
+    assert_eq!(send().await, ok(1, 0, FEB29_S));
+    assert_eq!(send().await, denied(1, 0, FEB29_S, 1));
+    clock.set(FEB29_S * 1_000_000);
+    assert_eq!(send().await, ok(1, 0, MAR31_S));
+    assert_eq!(send().await, denied(1, 0, MAR31_S, MAR31_S - FEB29_S));
+}
+
+#[test]
+fn policy_misconfiguration_names_the_field() {
+    use tiered_ratelimit::{backend::MemoryBackend, policy::Policy};
+    let err = |extra: &str| {
+        let text = format!("[[tier]]\nname = 't'\nkey = 'global'\nlimit = 1\n{extra}\n");
+        match Policy::from_toml_str(&text) {
+            Err(e) => e.to_string(),
+            Ok(p) => RateLimitLayer::from_policy(&p, MemoryBackend::new())
+                .unwrap_err()
+                .to_string(),
+        }
+    };
+    assert_eq!(
+        err("period = 'month'\nalgorithm = 'token_bucket'"),
+        "tier \"t\": algorithm: a calendar period (period = \"month\") counts with \
+         fixed_window only, not token_bucket"
+    );
+    assert_eq!(
+        err("period = 'day'\ntime_zone = 'Mars/Olympus'"),
+        "policy: tier \"t\": time_zone: \"Mars/Olympus\" is not an IANA time zone name (e.g. \
+         \"Europe/Berlin\")"
+    );
+    assert_eq!(
+        err("period = '1h'\ntime_zone = 'UTC'"),
+        "policy: tier \"t\": time_zone: only a calendar period (period = \"day\", \"week\", \
+         \"month\" or \"year\") uses it"
+    );
+    assert_eq!(
+        err("period = 'week'\nanchor = 'someday'"),
+        "policy: tier \"t\": anchor: \"someday\" is not an anchor of period = \"week\" (a weekday, \
+         \"monday\" to \"sunday\")"
+    );
+    assert!(err("period = 'fortnight'").contains("invalid period \"fortnight\""));
+}
