@@ -162,3 +162,101 @@ fn policy_misconfiguration_names_the_field() {
     );
     assert!(err("period = 'fortnight'").contains("invalid period \"fortnight\""));
 }
+
+/// `exhausted_status = 403`: a spent calendar quota answers 403 with the
+/// draft's quota-exceeded problem body, Retry-After to the renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_calendar_quota_may_answer_403() {
+    use support::{app, client, serve};
+    use tiered_ratelimit::{backend::MemoryBackend, policy::Policy};
+    // 2024-06-15T12:00Z: the UTC day renews in 12 hours.
+    const NOON_S: u64 = 1_718_452_800;
+    let policy = Policy::from_toml_str(
+        "body = 'problem'\n[[tier]]\nname = 'daily'\nkey = 'global'\nlimit = 1\n\
+         period = 'day'\nexhausted_status = 403\n",
+    )
+    .unwrap();
+    let clock = ManualClock::new(NOON_S * 1_000_000);
+    let layer =
+        RateLimitLayer::from_policy(&policy, MemoryBackend::with_manual_clock(clock)).unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    assert_eq!(
+        c.get(format!("http://{addr}/"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let res = c.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), 403);
+    let h = |n: &str| res.headers()[n].to_str().unwrap().to_owned();
+    assert_eq!(h("content-type"), "application/problem+json");
+    assert_eq!(h("retry-after"), "43200");
+    assert_eq!(h("x-ratelimit-reset"), (NOON_S + 43_200).to_string());
+    assert_eq!(
+        res.text().await.unwrap(),
+        r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":403,"detail":"Retry in 43200 seconds.","violated-policies":["daily"],"retry_after":43200}"#
+    );
+    // Only a calendar quota takes it, and only 403 or 429.
+    let err = |extra: &str| {
+        let text = format!("[[tier]]\nname = 't'\nkey = 'global'\nlimit = 1\n{extra}\n");
+        let p = Policy::from_toml_str(&text).unwrap();
+        RateLimitLayer::from_policy(&p, MemoryBackend::new())
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err("period = '1h'\nexhausted_status = 403"),
+        "policy: tier \"t\": exhausted_status: 403 is for a calendar quota (period = \"day\", \
+         \"week\", \"month\" or \"year\"); a rate answers 429"
+    );
+    assert_eq!(
+        err("period = 'day'\nexhausted_status = 402"),
+        "policy: tier \"t\": exhausted_status: 402 is neither 429 nor 403"
+    );
+}
+
+/// Peek on a calendar tier: the renewal (what the admin page shows as
+/// "quota renews" and `/api/peek` as `renews_at_us`), under the tier's
+/// quota and under a per-key override's limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peek_shows_when_the_quota_renews() {
+    use tiered_ratelimit::backend::MemoryBackend;
+    // 2024-02-15T12:00Z; the week from Monday renews 2024-02-19T00:00 in
+    // Tokyo (2024-02-18T15:00Z).
+    const NOW_US: u64 = 1_707_998_400_000_000;
+    const RENEW_US: u64 = 1_708_268_400_000_000;
+    let clock = ManualClock::new(NOW_US);
+    let week = Calendar::week().time_zone("Asia/Tokyo").unwrap();
+    let layer = RateLimitLayer::builder()
+        .backend(MemoryBackend::with_manual_clock(clock))
+        .tier(
+            Tier::new("weekly", Global, Quota::per_hour(7))
+                .calendar(week)
+                .overrides(true),
+        )
+        .build()
+        .unwrap();
+    let s = layer.handle().peek("weekly", "all").await.unwrap();
+    assert_eq!(s.renews_at_us, Some(RENEW_US));
+    assert_eq!((s.allowed, s.limit, s.remaining), (true, 7, 6));
+    assert_eq!(s.reset_after.as_micros() as u64, RENEW_US - NOW_US);
+    layer
+        .handle()
+        .set_override(
+            "weekly",
+            "all",
+            tiered_ratelimit::overrides::Override::Quota(Quota::per_hour(70)),
+            None,
+            "test",
+        )
+        .await
+        .unwrap();
+    let s = layer.handle().peek("weekly", "all").await.unwrap();
+    assert_eq!(
+        (s.limit, s.remaining, s.renews_at_us),
+        (70, 69, Some(RENEW_US))
+    );
+}

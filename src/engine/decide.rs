@@ -323,6 +323,10 @@ pub(crate) fn reject(
         reset: headers.reset,
         retry_after,
         docs_url: shared.docs_url.clone(),
+        status: match (reason, meta.tier(shared, i)) {
+            (RejectionReason::QuotaExceeded, Some(t)) => t.exhausted_status,
+            _ => 429,
+        },
         reason,
     };
     Denial {

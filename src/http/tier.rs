@@ -46,6 +46,7 @@ pub struct Tier {
     pub(crate) overrides: bool,
     pub(crate) lease: Option<crate::engine::token_lease::TokenLease>,
     pub(crate) calendar: Option<crate::algorithm::calendar::Calendar>,
+    pub(crate) exhausted_status: Option<u16>,
 }
 
 impl fmt::Debug for Tier {
@@ -91,6 +92,7 @@ impl Tier {
             overrides: false,
             lease: None,
             calendar: None,
+            exhausted_status: None,
         }
     }
 
@@ -121,6 +123,20 @@ impl Tier {
         self.quota = Quota::new(self.quota.limit(), nominal);
         self.algorithm = Algorithm::FixedWindow;
         self.calendar = Some(calendar);
+        self
+    }
+
+    /// The HTTP status of this tier's denials: 429 (the default) or, for a
+    /// calendar quota ([`calendar`](Self::calendar)), 403: "come back next
+    /// month" is not a rate problem. The built-in bodies say it (the
+    /// problem body keeps the draft's `quota-exceeded` type) and the layer
+    /// sets it on a custom [`OnRejection`](crate::response::OnRejection)'s
+    /// response; `Retry-After` and the reset fields are sent as on a 429.
+    /// Another status, or 403 on a tier that is not a calendar quota, is
+    /// refused by `build()` naming `exhausted_status`. (A gRPC request is
+    /// still answered `RESOURCE_EXHAUSTED`.)
+    pub fn exhausted_status(mut self, status: u16) -> Self {
+        self.exhausted_status = Some(status);
         self
     }
 

@@ -43,6 +43,10 @@ pub struct TierPolicy {
     /// Rejected with a duration and with `"day"`.
     #[serde(default, deserialize_with = "anchor")]
     pub anchor: Option<String>,
+    /// The status of the tier's denials: 429 (default) or, for a calendar
+    /// period, 403; see [`Tier::exhausted_status`].
+    #[serde(default)]
+    pub exhausted_status: Option<u16>,
     /// For `concurrency`: how long a slot is held without renewal
     /// (humantime, default `"60s"`); rejected by the other algorithms.
     #[serde(default, with = "humantime_serde")]
@@ -256,6 +260,9 @@ impl TierPolicy {
         }
         if let Some(p) = self.penalty {
             tier = tier.penalty(p);
+        }
+        if let Some(s) = self.exhausted_status {
+            tier = tier.exhausted_status(s);
         }
         tier = tier.overrides(self.overrides);
         if let Some(lease) = crate::engine::token_lease::from_policy(
