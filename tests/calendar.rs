@@ -260,3 +260,32 @@ async fn peek_shows_when_the_quota_renews() {
         (70, 69, Some(RENEW_US))
     );
 }
+
+/// A calendar tier's plans: a plan gives a limit per calendar window (its
+/// `period` may be left out), renewed at the same boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_of_a_calendar_tier_count_per_its_window() {
+    use support::{app, client, denied, limits, ok, serve};
+    use tiered_ratelimit::{backend::MemoryBackend, policy::Policy};
+    // 2024-06-15T12:00Z; the UTC year from 04-06 renews 2025-04-06T00:00Z.
+    const NOON_S: u64 = 1_718_452_800;
+    const RENEW_S: u64 = 1_743_897_600;
+    let policy = Policy::from_toml_str(
+        "[[tier]]\nname = 'yearly'\nkey = 'global'\nlimit = 1\nperiod = 'year'\n\
+         anchor = '04-06'\nplan = { header = 'x-plan' }\n\
+         [tier.plans]\npro = { limit = 2 }\n",
+    )
+    .unwrap();
+    let clock = ManualClock::new(NOON_S * 1_000_000);
+    let layer =
+        RateLimitLayer::from_policy(&policy, MemoryBackend::with_manual_clock(clock)).unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let pro = || async {
+        let r = c.get(format!("http://{addr}/")).header("x-plan", "pro");
+        limits(&r.send().await.unwrap())
+    };
+    assert_eq!(pro().await, ok(2, 1, RENEW_S));
+    assert_eq!(pro().await, ok(2, 0, RENEW_S));
+    assert_eq!(pro().await, denied(2, 0, RENEW_S, RENEW_S - NOON_S));
+}
