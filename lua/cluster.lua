@@ -24,7 +24,7 @@
 local refunds = {
   fixed_window_refund, sliding_window_log_refund, sliding_window_counter_refund,
   token_bucket_refund, leaky_bucket_refund, concurrency_refund, penalty_refund,
-  override_refund,
+  override_refund, calendar_refund,
 }
 
 if ARGV[1] == 'refund' then

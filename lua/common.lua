@@ -2,7 +2,7 @@
 -- into ONE script (the lua! macro in src/backend/redis/wire/mod.rs), so a
 -- file may use any local of a file joined before it. Every script starts
 -- with
---   common.lua, fixed_window.lua, sliding_window_log.lua,
+--   common.lua, fixed_window.lua, calendar.lua, sliding_window_log.lua,
 --   sliding_window_counter.lua, token_bucket.lua, leaky_bucket.lua,
 --   concurrency.lua, penalty.lua, override.lua
 -- and ends, by script, with

@@ -3,7 +3,7 @@
 -- cluster), peek.lua and lease.lua. Joined after the algorithm files (and
 -- refund.lua in the cluster script), right before the entry point (the
 -- order: common.lua). It holds the algorithms by id (a spec's first number,
--- 1..8, listed at tier_spec), the clock argument (read_clock), the one MGET
+-- 1..9, listed at tier_spec), the clock argument (read_clock), the one MGET
 -- (read_states), the spec cache (tier_spec), check_plain (the written-out
 -- check of a request whose tiers are all enforced rate-1 token buckets
 -- with the short reply) and check_request (the check of any request; it
@@ -11,7 +11,7 @@
 
 local algorithms = {
   fixed_window, sliding_window_log, sliding_window_counter, token_bucket, leaky_bucket,
-  concurrency, penalty, override,
+  concurrency, penalty, override, calendar,
 }
 
 -- The clock argument: "" reads Redis TIME; "-<deadline µs>" (a negative
@@ -48,7 +48,8 @@ end
 -- A tier's spec: ONE argument, "<algorithm> <p1> <p2> <p3> <p4> <cost>
 -- <flags>" (integers separated by single spaces; algorithm 1 fixed window,
 -- 2 sliding window log, 3 sliding window counter, 4 token bucket, 5 leaky
--- bucket, 6 concurrency, 7 penalty box, 8 override read; flags: +1 shadow,
+-- bucket, 6 concurrency, 7 penalty box, 8 override read, 9 calendar
+-- window; flags: +1 shadow,
 -- +2 undo wanted, +8 short reply: a token or leaky bucket answers one
 -- number, its state, instead of three; +4 is unused: it once chose the
 -- stored format, of which there is now one).

@@ -21,8 +21,10 @@ local function window_value(limit, window, start, count)
   return string.format('%d:%d', start, count)
 end
 
-local function fixed_window(key, now, limit, window, _, _, cost, v, _)
-  local start = div_floor(now, window) * window
+-- The decision in the window [start, start + window) for cost at now, and
+-- the value to store (PX: until the window ends, plus margin µs). Shared
+-- with the calendar window (calendar.lua).
+local function window_decide(now, limit, start, window, cost, v, margin)
   local count = 0
   if v then count = window_count(v, start, window) end
   local end_in = start + window - now
@@ -32,7 +34,7 @@ local function fixed_window(key, now, limit, window, _, _, cost, v, _)
     local next_in = 0
     if after + cost > limit and cost <= limit then next_in = end_in end
     return 1, limit - after, end_in, next_in, 0,
-      window_value(limit, window, start, after), ttl_ms(end_in), 0
+      window_value(limit, window, start, after), ttl_ms(end_in + margin), 0
   end
   local reset = end_in
   if count == 0 then reset = 0 end
@@ -41,4 +43,8 @@ local function fixed_window(key, now, limit, window, _, _, cost, v, _)
   local retry = end_in
   if cost > limit then retry = reset end
   return 0, remaining, reset, retry, 0, nil
+end
+
+local function fixed_window(key, now, limit, window, _, _, cost, v, _)
+  return window_decide(now, limit, div_floor(now, window) * window, window, cost, v, 0)
 end

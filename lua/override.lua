@@ -45,7 +45,11 @@ end
 local function override_apply(t)
   local o = override_next
   override_next = false
-  if o[1] == 0 then
+  if o[1] == 0 and t[1] == calendar then
+    -- A calendar tier keeps its boundaries: the override (a fixed window
+    -- of the tier's nominal length) gives its limit.
+    return { t[1], o[2], t[3], t[4], t[5], t[6], t[7], t[8] }
+  elseif o[1] == 0 then
     return { t[1], o[2], o[3], o[4], o[5], t[6], t[7], t[8] }
   elseif o[1] == 1 then
     return { override_pass, 0, 0, 0, 0, t[6], t[7], t[8] }

@@ -27,8 +27,8 @@
 -- state (full bucket, empty window), the key is deleted, exactly as if the
 -- charge had never happened.
 
-local function fixed_window_refund(key, _, charged_at, limit, window, _, _, cost, _)
-  local start = div_floor(charged_at, window) * window
+-- A window's charge given back (fixed and calendar windows).
+local function window_refund(key, start, window, limit, cost)
   local v = redis.call('GET', key)
   if not v then return end
   local count = window_count(v, start, window)
@@ -39,6 +39,15 @@ local function fixed_window_refund(key, _, charged_at, limit, window, _, _, cost
   else
     redis.call('SET', key, window_value(limit, window, start, count), 'KEEPTTL')
   end
+end
+
+local function fixed_window_refund(key, _, charged_at, limit, window, _, _, cost, _)
+  window_refund(key, div_floor(charged_at, window) * window, window, limit, cost)
+end
+
+local function calendar_refund(key, _, charged_at, limit, b0, b1, b2, cost, _)
+  local start, window = calendar_window(charged_at, b0, b1, b2)
+  window_refund(key, start, window, limit, cost)
 end
 
 local function sliding_window_log_refund(key, _, charged_at, _, _, _, _, cost, seq)

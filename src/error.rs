@@ -40,6 +40,18 @@ pub enum ConfigError {
         /// Why.
         reason: &'static str,
     },
+    /// A calendar tier ([`Tier::calendar`](crate::Tier::calendar)) with
+    /// another algorithm than the fixed window: a calendar period is a
+    /// quota, not a rate.
+    #[error("tier \"{tier}\": algorithm: a calendar period (period = {period:?}) counts with fixed_window only, not {algorithm}")]
+    CalendarAlgorithm {
+        /// The tier's name.
+        tier: String,
+        /// The calendar period's name.
+        period: &'static str,
+        /// The algorithm's name.
+        algorithm: &'static str,
+    },
     /// `fallback_instances` is 0.
     #[error("fallback_instances: must be at least 1")]
     ZeroFallbackInstances,

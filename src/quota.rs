@@ -80,7 +80,10 @@ use std::time::Duration;
 #[must_use]
 pub struct Quota {
     limit: u64,
-    #[serde(with = "humantime_serde")]
+    // Optional in a file only for a calendar tier's plans (which count per
+    // the tier's calendar window); elsewhere a missing period is zero,
+    // refused by build() naming it.
+    #[serde(default, with = "humantime_serde")]
     period: Duration,
     #[serde(default)]
     burst: Option<u64>,

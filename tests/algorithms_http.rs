@@ -15,7 +15,12 @@ both_backends!(
     leaky_bucket_police,
     leaky_bucket_shape_delays_then_rejects,
     weighted_and_oversized_costs,
+    calendar_day,
 );
+
+async fn calendar_day(env: Env) {
+    scenario::calendar_day(env.builder(), &env.clock).await;
+}
 
 async fn fixed_window(env: Env) {
     scenario::fixed_window(env.builder(), &env.clock).await;

@@ -91,6 +91,8 @@ async fn exact_headers_on_a_cluster() {
     // The scenarios of tests/algorithms_http.rs, each on its own prefix.
     let s = Scn::new(&cluster, "fixed");
     scenario::fixed_window(s.builder(), &s.clock).await;
+    let s = Scn::new(&cluster, "calendar");
+    scenario::calendar_day(s.builder(), &s.clock).await;
     let s = Scn::new(&cluster, "log");
     scenario::sliding_window_log(s.builder(), &s.clock).await;
     let s = Scn::new(&cluster, "counter");
@@ -364,6 +366,7 @@ async fn cross_slot_checks_agree_with_the_model() {
 const CLUSTER_SCRIPT: &str = concat!(
     include_str!("../lua/common.lua"),
     include_str!("../lua/fixed_window.lua"),
+    include_str!("../lua/calendar.lua"),
     include_str!("../lua/sliding_window_log.lua"),
     include_str!("../lua/sliding_window_counter.lua"),
     include_str!("../lua/token_bucket.lua"),

@@ -33,7 +33,7 @@ fn failed(tier: &str, e: &InspectError) -> Response {
 }
 
 fn status_json(tier: &str, key: &str, s: &KeyStatus) -> serde_json::Value {
-    json!({
+    let mut v = json!({
         "tier": tier,
         "key": key,
         "allowed": s.allowed,
@@ -43,7 +43,12 @@ fn status_json(tier: &str, key: &str, s: &KeyStatus) -> serde_json::Value {
         "retry_after_us": u64::try_from(s.retry_after.as_micros()).unwrap_or(u64::MAX),
         "now_us": s.now_us,
         "blocked_for_us": s.blocked_for.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
-    })
+    });
+    // A calendar quota's renewal (Unix epoch µs), only for such a tier.
+    if let (Some(at), Some(o)) = (s.renews_at_us, v.as_object_mut()) {
+        o.insert("renews_at_us".to_owned(), at.into());
+    }
+    v
 }
 
 pub(super) async fn api_peek(

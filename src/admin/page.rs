@@ -388,13 +388,14 @@ fn render_lookup(
             );
             let _ = write!(
                 s,
-                r#"<table id="lookup"><tr><th>next request</th><td>{}</td></tr><tr><th>limit</th><td class="n">{}</td></tr><tr><th>remaining after it</th><td class="n">{}</td></tr><tr><th>full again in</th><td class="n">{} s</td></tr><tr><th>passes in</th><td class="n">{} s</td></tr><tr><th>penalty box</th><td>{}</td></tr></table>"#,
+                r#"<table id="lookup"><tr><th>next request</th><td>{}</td></tr><tr><th>limit</th><td class="n">{}</td></tr><tr><th>remaining after it</th><td class="n">{}</td></tr><tr><th>full again in</th><td class="n">{} s</td></tr><tr><th>passes in</th><td class="n">{} s</td></tr><tr><th>penalty box</th><td>{}</td></tr>{}</table>"#,
                 if st.allowed { "allowed" } else { "denied" },
                 st.limit,
                 st.remaining,
                 st.reset_after.as_secs_f64().ceil(),
                 st.retry_after.as_secs_f64().ceil(),
                 Esc(&blocked),
+                renews_row(st.renews_at_us),
             );
         }
         Some((_, _, Err(e))) => {
@@ -621,6 +622,14 @@ pub(super) async fn form_mode(State(admin): State<Arc<Admin>>, req: Request) -> 
         Ok(()) => see_other(page_path(&base)),
         Err(e) => e.response(),
     }
+}
+
+/// A calendar quota's renewal (RFC 3339, UTC) as a row of the lookup table.
+fn renews_row(at_us: Option<u64>) -> String {
+    let at = at_us.and_then(|us| jiff::Timestamp::from_microsecond(i64::try_from(us).ok()?).ok());
+    at.map_or_else(String::new, |t| {
+        format!("<tr><th>quota renews</th><td>{t}</td></tr>")
+    })
 }
 
 #[cfg(test)]

@@ -24,35 +24,13 @@ impl Window {
     /// Fixed-window decision for `cost` at `now_us`.
     pub fn fixed_check(&self, state: Option<FixedWindowState>, now_us: u64, cost: u64) -> Decision {
         let start = self.window_start(now_us);
-        let count = state.filter(|s| s.start_us == start).map_or(0, |s| s.count);
-        let end_in = start + self.window_us - now_us;
-        if count + cost <= self.limit {
-            let after = count + cost;
-            Decision {
-                allowed: true,
-                limit: self.limit,
-                remaining: self.limit - after,
-                reset_after_us: end_in,
-                retry_after_us: 0,
-                delay_us: 0,
-            }
-        } else {
-            let reset_after_us = if count == 0 { 0 } else { end_in };
-            Decision {
-                allowed: false,
-                limit: self.limit,
-                remaining: self.limit - count.min(self.limit),
-                reset_after_us,
-                // The next window starts empty; a cost above the limit never
-                // fits, and the wait we report for it is the reset.
-                retry_after_us: if cost > self.limit {
-                    reset_after_us
-                } else {
-                    end_in
-                },
-                delay_us: 0,
-            }
-        }
+        decide_in(
+            self.limit,
+            (start, start + self.window_us),
+            state,
+            now_us,
+            cost,
+        )
     }
 
     /// The state after admitting `cost` at `now_us`, and its time-to-live (µs).
@@ -63,13 +41,61 @@ impl Window {
         cost: u64,
     ) -> (FixedWindowState, u64) {
         let start = self.window_start(now_us);
-        let count = state.filter(|s| s.start_us == start).map_or(0, |s| s.count);
-        (
-            FixedWindowState {
-                start_us: start,
-                count: count + cost,
-            },
-            start + self.window_us - now_us,
-        )
+        charge_in((start, start + self.window_us), state, now_us, cost)
     }
+}
+
+/// The decision for `cost` at `now_us` in the window `[start, end)` (epoch
+/// µs) of `limit`: what a fixed window and a calendar window
+/// ([`super::calendar::CalendarWindow`]) share.
+pub(crate) fn decide_in(
+    limit: u64,
+    (start, end): (u64, u64),
+    state: Option<FixedWindowState>,
+    now_us: u64,
+    cost: u64,
+) -> Decision {
+    let count = state.filter(|s| s.start_us == start).map_or(0, |s| s.count);
+    let end_in = end.saturating_sub(now_us);
+    if count + cost <= limit {
+        let after = count + cost;
+        Decision {
+            allowed: true,
+            limit,
+            remaining: limit - after,
+            reset_after_us: end_in,
+            retry_after_us: 0,
+            delay_us: 0,
+        }
+    } else {
+        let reset_after_us = if count == 0 { 0 } else { end_in };
+        Decision {
+            allowed: false,
+            limit,
+            remaining: limit - count.min(limit),
+            reset_after_us,
+            // The next window starts empty; a cost above the limit never
+            // fits, and the wait we report for it is the reset.
+            retry_after_us: if cost > limit { reset_after_us } else { end_in },
+            delay_us: 0,
+        }
+    }
+}
+
+/// The state after admitting `cost` at `now_us` in the window `[start,
+/// end)`, and its time-to-live (µs): until the window ends.
+pub(crate) fn charge_in(
+    (start, end): (u64, u64),
+    state: Option<FixedWindowState>,
+    now_us: u64,
+    cost: u64,
+) -> (FixedWindowState, u64) {
+    let count = state.filter(|s| s.start_us == start).map_or(0, |s| s.count);
+    (
+        FixedWindowState {
+            start_us: start,
+            count: count + cost,
+        },
+        end.saturating_sub(now_us),
+    )
 }

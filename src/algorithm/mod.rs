@@ -11,6 +11,7 @@
 //! drifts however many operations a key sees. See `docs/algorithms.md` for
 //! the trade-offs and measured costs.
 
+pub mod calendar;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -20,6 +21,7 @@ pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
+pub use calendar::{Calendar, CalendarError, CalendarPeriod, CalendarWindow};
 pub use concurrency::{Concurrency, LeaseState};
 pub use fixed_window::FixedWindowState;
 pub use gcra::{Gcra, TatState};
@@ -93,6 +95,8 @@ pub const MAX_PERIOD_US: u64 = 1 << 51;
 pub enum Limit {
     /// [`fixed_window`].
     FixedWindow(Window),
+    /// A fixed window over calendar boundaries ([`calendar`]).
+    Calendar(CalendarWindow),
     /// [`sliding_window_log`].
     SlidingWindowLog(Window),
     /// [`sliding_window_counter`].
@@ -137,6 +141,7 @@ impl Limit {
             Limit::FixedWindow(w) | Limit::SlidingWindowLog(w) | Limit::SlidingWindowCounter(w) => {
                 w.limit
             }
+            Limit::Calendar(c) => c.limit,
             Limit::TokenBucket(b) => b.burst(),
             Limit::LeakyBucket(g) => g.bucket.burst(),
             Limit::Concurrency(c) => c.limit,
@@ -151,6 +156,7 @@ impl Limit {
     pub fn check(&self, state: Option<&State>, now_us: u64, cost: u64) -> Decision {
         match (self, state) {
             (Limit::FixedWindow(w), s) => w.fixed_check(fixed(s), now_us, cost),
+            (Limit::Calendar(c), s) => c.check(fixed(s), now_us, cost),
             (Limit::SlidingWindowLog(w), Some(State::Log(l))) => w.log_check(Some(l), now_us, cost),
             (Limit::SlidingWindowLog(w), _) => w.log_check(None, now_us, cost),
             (Limit::SlidingWindowCounter(w), s) => w.counter_check(counter(s), now_us, cost),
@@ -199,6 +205,10 @@ impl Limit {
         match self {
             Limit::FixedWindow(w) => {
                 let (s, ttl) = w.fixed_charge(fixed(state.as_ref()), now_us, cost);
+                (State::FixedWindow(s), ttl)
+            }
+            Limit::Calendar(c) => {
+                let (s, ttl) = c.charge(fixed(state.as_ref()), now_us, cost);
                 (State::FixedWindow(s), ttl)
             }
             Limit::SlidingWindowLog(w) => {
@@ -360,8 +370,12 @@ impl Limit {
     ) -> Refund {
         match (self, state) {
             (_, None) => Refund::Keep,
-            (Limit::FixedWindow(w), Some(State::FixedWindow(s))) => {
-                let start = charged_at_us - charged_at_us % w.window_us;
+            (Limit::FixedWindow(_) | Limit::Calendar(_), Some(State::FixedWindow(s))) => {
+                let start = match self {
+                    Limit::FixedWindow(w) => charged_at_us - charged_at_us % w.window_us,
+                    Limit::Calendar(c) => c.window(charged_at_us).0,
+                    _ => return Refund::Keep,
+                };
                 if s.start_us != start {
                     return Refund::Keep;
                 }

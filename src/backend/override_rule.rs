@@ -71,6 +71,18 @@ impl Active {
         let capacity = c.limit.capacity();
         match self.effect {
             Effect::Limit(l) => {
+                // A calendar tier keeps its boundaries; the override (a
+                // fixed window of the tier's nominal length) gives its limit
+                // (as lua/override.lua does).
+                let l = match (l, c.limit) {
+                    (Limit::FixedWindow(w), Limit::Calendar(cal)) => {
+                        Limit::Calendar(crate::algorithm::CalendarWindow {
+                            limit: w.limit,
+                            ..cal
+                        })
+                    }
+                    (l, _) => l,
+                };
                 let (d, prepared) = l.check_prepared(state, now_us, c.cost);
                 let charged = d
                     .allowed

@@ -232,6 +232,36 @@ fn compile_tier(
     if t.skip_failed && t.skip_successful {
         return Err(ConfigError::SkipBoth { tier: t.name });
     }
+    if let Some(c) = &t.calendar {
+        if t.algorithm != Algorithm::FixedWindow {
+            return Err(ConfigError::CalendarAlgorithm {
+                tier: t.name,
+                period: c.period().name(),
+                algorithm: t.algorithm.name(),
+            });
+        }
+        if t.lease.is_some() {
+            return Err(ConfigError::LeaseUnsupported {
+                tier: t.name,
+                reason: "cannot run a calendar quota",
+            });
+        }
+    }
+    match (t.exhausted_status, &t.calendar) {
+        (None | Some(429), _) | (Some(403), Some(_)) => {}
+        (Some(403), None) => {
+            return Err(ConfigError::Policy(format!(
+                "tier \"{}\": exhausted_status: 403 is for a calendar quota (period = \"day\", \"week\", \"month\" or \"year\"); a rate answers 429",
+                t.name
+            )))
+        }
+        (Some(s), _) => {
+            return Err(ConfigError::Policy(format!(
+                "tier \"{}\": exhausted_status: {s} is neither 429 nor 403",
+                t.name
+            )))
+        }
+    }
     let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
     if t.lease.is_some() {
         let reason = if !crate::engine::token_lease::pool::leasable(&limit) {
@@ -256,6 +286,11 @@ fn compile_tier(
     let fallback = fallback_limit(&t.name, t.algorithm, t.quota, t.cost, instances)?;
     let mut plans = Vec::with_capacity(t.plans.len());
     for (plan, q) in &t.plans {
+        // A calendar tier's plans count per its calendar window.
+        let q = &match &t.calendar {
+            Some(_) => crate::Quota::new(q.limit(), t.quota.period()),
+            None => *q,
+        };
         plans.push(PlanRuntime {
             name: Arc::<str>::from(plan.as_str()),
             quota: *q,
@@ -277,6 +312,8 @@ fn compile_tier(
     let built = BuiltTier {
         no_key: NoKeyWatch::new(no_key_warn_after, t.no_key_cause),
         cost_exceeded_logged: std::sync::atomic::AtomicBool::new(false),
+        calendar: t.calendar.map(crate::engine::runtime::CalendarBounds::new),
+        exhausted_status: t.exhausted_status.unwrap_or(429),
         key_base: format!("{prefix}:{}:", t.name),
         name,
         key_type: t.key_type,

@@ -332,6 +332,10 @@ pub(crate) fn reject(
         reset: headers.reset,
         retry_after,
         docs_url: shared.config.docs_url.clone(),
+        status: match (reason, meta.tier(shared, i)) {
+            (RejectionReason::QuotaExceeded, Some(t)) => t.exhausted_status,
+            _ => 429,
+        },
         reason,
     };
     Denial {

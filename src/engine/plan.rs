@@ -289,6 +289,10 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
                 .key_hashes
                 .push(xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
         }
+        let mut limit = match &t.calendar {
+            Some(c) => c.limit(tp.limit, shared.local_clock.now_us()),
+            None => tp.limit,
+        };
         if shared.config.header_style.ietf() {
             let q = tp.plan.map_or(r.quota, |p| p.quota);
             let refills = matches!(
@@ -297,13 +301,17 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
                     | crate::algorithm::kind::Algorithm::LeakyBucket(_)
             );
             // 0 for a concurrency tier: no window, requests in flight.
-            let period_us = match t.algorithm {
-                crate::algorithm::kind::Algorithm::Concurrency { .. } => 0,
+            let period_us = match (t.algorithm, limit) {
+                (crate::algorithm::kind::Algorithm::Concurrency { .. }, _) => 0,
+                // The current calendar window's length (by this clock).
+                (_, Limit::Calendar(c)) => {
+                    let (start, end) = c.window(shared.local_clock.now_us());
+                    end - start
+                }
                 _ => u64::try_from(q.period().as_micros()).unwrap_or(u64::MAX),
             };
             meta.quotas.push((q.limit(), period_us, refills));
         }
-        let mut limit = tp.limit;
         if let Limit::Concurrency(c) = &mut limit {
             c.lease = next_lease_id();
         }

@@ -6,6 +6,7 @@ use crate::algorithm::Limit;
 use crate::rollout::Mode;
 use crate::util::throttle::LogThrottle;
 use crate::{algorithm::kind::Algorithm, quota::Quota};
+use arc_swap::ArcSwap;
 use std::sync::Arc;
 
 /// What the layer does when the backend cannot decide (error, timeout, or a
@@ -59,6 +60,60 @@ pub(crate) struct BuiltTier {
     pub(crate) no_key: super::no_key::NoKeyWatch,
     /// Whether a request whose cost exceeds its capacity was logged.
     pub(crate) cost_exceeded_logged: std::sync::atomic::AtomicBool,
+    /// A calendar tier's calendar and its boundaries around this
+    /// instance's clock (see [`CalendarBounds`]).
+    pub(crate) calendar: Option<CalendarBounds>,
+    /// The status of this tier's denials (429, or 403 for a calendar quota
+    /// that asks for it).
+    pub(crate) exhausted_status: u16,
+}
+
+/// A calendar tier's [`Calendar`](crate::algorithm::Calendar) and the last
+/// boundaries computed from it: recomputed (with the time-zone rules) only
+/// when the local clock leaves the span they serve, about twice a window.
+pub(crate) struct CalendarBounds {
+    pub(crate) calendar: crate::algorithm::Calendar,
+    last: ArcSwap<[u64; 3]>,
+}
+
+impl CalendarBounds {
+    pub(crate) fn new(calendar: crate::algorithm::Calendar) -> Self {
+        Self {
+            calendar,
+            last: ArcSwap::from_pointee([0; 3]),
+        }
+    }
+
+    /// [`Calendar::bounds_around`](crate::algorithm::Calendar::bounds_around)
+    /// `now_us`: the cached ones while `now_us` is at least half a window
+    /// from both ends (they are then exactly what it would compute).
+    pub(crate) fn around(&self, now_us: u64) -> Option<[u64; 3]> {
+        let b = **self.last.load();
+        let from = b[0] + (b[1] - b[0]).div_ceil(2);
+        let to = b[1] + (b[2] - b[1]).div_ceil(2);
+        if from <= now_us && now_us < to && b[0] < b[1] {
+            return Some(b);
+        }
+        let b = self.calendar.bounds_around(now_us)?;
+        self.last.store(Arc::new(b));
+        Some(b)
+    }
+
+    /// `limit` (the tier's, a plan's or an override's, compiled as a fixed
+    /// window of the calendar's nominal length) over the windows around
+    /// `now_us`; unchanged in the one case the boundaries cannot be
+    /// computed (a clock past the year 2262).
+    pub(crate) fn limit(&self, limit: Limit, now_us: u64) -> Limit {
+        match (limit, self.around(now_us)) {
+            (Limit::FixedWindow(w), Some(bounds)) => {
+                Limit::Calendar(crate::algorithm::CalendarWindow {
+                    limit: w.limit,
+                    bounds,
+                })
+            }
+            (l, _) => l,
+        }
+    }
 }
 
 /// Which requests a tier gives its charge back to, once their result is

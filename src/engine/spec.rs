@@ -28,6 +28,11 @@ pub(crate) struct TierSpec {
     /// Whether the tier takes per-key overrides.
     pub(crate) overrides: bool,
     pub(crate) lease: Option<TokenLease>,
+    /// A calendar quota's calendar (the quota's limit per calendar window;
+    /// see [`Tier::calendar`](crate::Tier::calendar)).
+    pub(crate) calendar: Option<crate::algorithm::calendar::Calendar>,
+    /// The status of the tier's denials, when not 429 (a calendar quota's 403).
+    pub(crate) exhausted_status: Option<u16>,
     /// Give the charge back when the result is a failure.
     pub(crate) skip_failed: bool,
     /// Give the charge back when the result is a success.
@@ -53,6 +58,8 @@ impl TierSpec {
             penalty: None,
             overrides: false,
             lease: None,
+            calendar: None,
+            exhausted_status: None,
             skip_failed: false,
             skip_successful: false,
             key_type: "",

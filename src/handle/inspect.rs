@@ -31,7 +31,7 @@
 //! a cached 429 for that key until the retry time it was told (Redis) — at
 //! most the wait the last denial announced.
 
-use crate::algorithm::Decision;
+use crate::algorithm::{Decision, Limit};
 use crate::backend::TierCheck;
 use crate::error::BackendError;
 use crate::handle::RateLimitHandle;
@@ -63,6 +63,10 @@ pub struct KeyStatus {
     /// long the key is still blocked (`None`: not blocked). A blocked key is
     /// denied whatever the numbers above say.
     pub blocked_for: Option<Duration>,
+    /// For a calendar quota ([`Tier::calendar`](crate::Tier::calendar)):
+    /// when the key's quota renews, the end of the current calendar window
+    /// by the backend's clock, Unix epoch µs.
+    pub renews_at_us: Option<u64>,
 }
 
 impl KeyStatus {
@@ -75,6 +79,7 @@ impl KeyStatus {
             retry_after: Duration::from_micros(d.retry_after_us),
             now_us,
             blocked_for: None,
+            renews_at_us: None,
         }
     }
 }
@@ -119,9 +124,14 @@ impl RateLimitHandle {
             return Err(InspectError::InvalidKey);
         }
         let t = &shared.config.tiers[i];
+        let limit = shared.live.runtime.load().tiers[i].limit;
         Ok(TierCheck {
             key: format!("{}{key}", t.key_base),
-            limit: shared.live.runtime.load().tiers[i].limit,
+            // A calendar tier's windows around this instance's clock.
+            limit: match &t.calendar {
+                Some(c) => c.limit(limit, shared.local_clock.now_us()),
+                None => limit,
+            },
             cost: t.cost,
         })
     }
@@ -151,6 +161,10 @@ impl RateLimitHandle {
     /// backend's error.
     pub async fn peek(&self, tier: &str, key: &str) -> Result<KeyStatus, InspectError> {
         let check = self.key_check(tier, key)?;
+        let calendar = match check.limit {
+            Limit::Calendar(c) => Some(c),
+            _ => None,
+        };
         let timeout = self.shared().config.backend_timeout;
         let peek = |check: TierCheck| async move {
             let v = tokio::time::timeout(timeout, self.shared().backend.peek(&check))
@@ -172,7 +186,16 @@ impl RateLimitHandle {
         let active = self.key_override(i, key).await?;
         let overridden = match active.map(|a| a.effect) {
             Some(crate::backend::override_rule::Effect::Limit(l)) => TierCheck {
-                limit: l,
+                // On a calendar tier the override gives the limit only.
+                limit: match (l, check.limit) {
+                    (Limit::FixedWindow(w), Limit::Calendar(c)) => {
+                        Limit::Calendar(crate::algorithm::CalendarWindow {
+                            limit: w.limit,
+                            ..c
+                        })
+                    }
+                    (l, _) => l,
+                },
                 ..check.clone()
             },
             _ => check.clone(),
@@ -187,6 +210,7 @@ impl RateLimitHandle {
             _ => {}
         }
         let mut status = KeyStatus::from_decision(&d, now_us);
+        status.renews_at_us = calendar.map(|c| c.window(now_us).1);
         if let Some(p) = penalty {
             let (d, _) = peek(p).await?;
             if !d.allowed {

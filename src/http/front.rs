@@ -83,6 +83,9 @@ impl Front {
         match block {
             Block::Limited(d) => {
                 let mut res = self.on_rejection.response(&d.rejection);
+                if d.rejection.status != 429 {
+                    *res.status_mut() = d.rejection.http_status();
+                }
                 d.headers.write(res.headers_mut());
                 res.extensions_mut().insert(d.rejection);
                 res

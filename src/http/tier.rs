@@ -45,6 +45,8 @@ pub struct Tier {
     pub(crate) penalty: Option<crate::algorithm::penalty::Penalty>,
     pub(crate) overrides: bool,
     pub(crate) lease: Option<crate::engine::token_lease::TokenLease>,
+    pub(crate) calendar: Option<crate::algorithm::calendar::Calendar>,
+    pub(crate) exhausted_status: Option<u16>,
 }
 
 impl fmt::Debug for Tier {
@@ -64,6 +66,7 @@ impl fmt::Debug for Tier {
             .field("penalty", &self.penalty)
             .field("overrides", &self.overrides)
             .field("lease", &self.lease)
+            .field("calendar", &self.calendar)
             .finish_non_exhaustive()
     }
 }
@@ -88,7 +91,53 @@ impl Tier {
             penalty: None,
             overrides: false,
             lease: None,
+            calendar: None,
+            exhausted_status: None,
         }
+    }
+
+    /// A calendar quota: the quota's `limit` per calendar window (a local
+    /// day, week, month or year of [`Calendar`](crate::algorithm::Calendar),
+    /// in its time zone, from its anchor), counted as a fixed window over
+    /// those boundaries; the quota's own period is replaced by the
+    /// calendar's, and so are those of the tier's plans and per-key
+    /// overrides (their `limit` counts per calendar window). The algorithm
+    /// becomes [`Algorithm::FixedWindow`]; another one set later is
+    /// refused by `build()` with
+    /// [`ConfigError::CalendarAlgorithm`](crate::ConfigError::CalendarAlgorithm).
+    /// Lease mode is refused too. The window a request falls in is
+    /// decided by the backend's clock (Redis `TIME`); see
+    /// [`algorithm::calendar`](crate::algorithm::calendar).
+    ///
+    /// ```
+    /// use tiered_ratelimit::{algorithm::Calendar, key::ApiKey, Quota, RateLimitLayer, Tier};
+    /// // 10 000 calls a month, renewed on the 15th at midnight in New York.
+    /// let month = Calendar::month().time_zone("America/New_York")?.anchor("15")?;
+    /// let tier = Tier::new("monthly", ApiKey::header("x-api-key"), Quota::per_hour(10_000))
+    ///     .calendar(month);
+    /// assert!(RateLimitLayer::builder().tier(tier).build().is_ok());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn calendar(mut self, calendar: crate::algorithm::calendar::Calendar) -> Self {
+        let nominal = std::time::Duration::from_micros(calendar.longest_us());
+        self.quota = Quota::new(self.quota.limit(), nominal);
+        self.algorithm = Algorithm::FixedWindow;
+        self.calendar = Some(calendar);
+        self
+    }
+
+    /// The HTTP status of this tier's denials: 429 (the default) or, for a
+    /// calendar quota ([`calendar`](Self::calendar)), 403: "come back next
+    /// month" is not a rate problem. The built-in bodies say it (the
+    /// problem body keeps the draft's `quota-exceeded` type) and the layer
+    /// sets it on a custom [`OnRejection`](crate::response::OnRejection)'s
+    /// response; `Retry-After` and the reset fields are sent as on a 429.
+    /// Another status, or 403 on a tier that is not a calendar quota, is
+    /// refused by `build()` naming `exhausted_status`. (A gRPC request is
+    /// still answered `RESOURCE_EXHAUSTED`.)
+    pub fn exhausted_status(mut self, status: u16) -> Self {
+        self.exhausted_status = Some(status);
+        self
     }
 
     /// Lease mode for this tier (TOML `sync = "lease"`; see

@@ -69,7 +69,7 @@ mod tier;
 
 pub use lists::DenylistPolicy;
 pub use redis::RedisConfig;
-pub use tier::{KeySpec, PlanSource, TierPolicy};
+pub use tier::{KeySpec, PlanSource, PolicyPeriod, TierPolicy};
 
 use crate::backend::Backend;
 use crate::error::ConfigError;
@@ -375,7 +375,7 @@ pro = { limit = 100, period = "1m", burst = 200 }
             KeySpec::Header(http::HeaderName::from_static("x-api-key"))
         );
         assert_eq!(t.key.to_string(), "header:x-api-key");
-        assert_eq!(t.algorithm, "leaky_bucket_shape");
+        assert_eq!(t.algorithm.as_deref(), Some("leaky_bucket_shape"));
         assert_eq!(
             t.methods,
             Some(vec![http::Method::GET, "PURGE".parse().unwrap()])

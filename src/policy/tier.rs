@@ -1,6 +1,7 @@
 //! `[[tier]]`: [`TierPolicy`], its `key` ([`KeySpec`]) and `plan`
 //! ([`PlanSource`]), and how it becomes a [`Tier`].
 
+use crate::algorithm::calendar::{Calendar, CalendarPeriod};
 use crate::error::ConfigError;
 use crate::key::{ApiKey, ClientIp, Endpoint, Global, User};
 use crate::util::de::{FieldIn, Header};
@@ -25,10 +26,27 @@ pub struct TierPolicy {
     pub key: KeySpec,
     /// Requests per period (`concurrency`: requests in flight at once).
     pub limit: u64,
-    /// The period, in humantime (`"1s"`, `"10s"`, `"1m"`, `"1h"`). Required
-    /// by every algorithm but `concurrency`, which has none.
-    #[serde(default, with = "humantime_serde")]
-    pub period: Duration,
+    /// The period: a duration in humantime (`"1s"`, `"10s"`, `"1m"`,
+    /// `"1h"`), or a calendar period, `"day"`, `"week"`, `"month"` or
+    /// `"year"` (a quota renewed at local midnight, see
+    /// [`Calendar`](crate::algorithm::Calendar) and `time_zone`, `anchor`).
+    /// Required by every algorithm but `concurrency`, which has none.
+    #[serde(default, deserialize_with = "period")]
+    pub period: PolicyPeriod,
+    /// A calendar period's IANA time zone (default `"UTC"`); rejected with
+    /// a duration.
+    #[serde(default)]
+    pub time_zone: Option<String>,
+    /// A calendar period's first day: a weekday for `"week"` (`"monday"`
+    /// …), a day of the month for `"month"` (`15` or `"15"`; past a month's
+    /// end, its last day), `"MM-DD"` for `"year"`; default the first.
+    /// Rejected with a duration and with `"day"`.
+    #[serde(default, deserialize_with = "anchor")]
+    pub anchor: Option<String>,
+    /// The status of the tier's denials: 429 (default) or, for a calendar
+    /// period, 403; see [`Tier::exhausted_status`].
+    #[serde(default)]
+    pub exhausted_status: Option<u16>,
     /// For `concurrency`: how long a slot is held without renewal
     /// (humantime, default `"60s"`); rejected by the other algorithms.
     #[serde(default, with = "humantime_serde")]
@@ -37,9 +55,10 @@ pub struct TierPolicy {
     #[serde(default)]
     pub burst: Option<u64>,
     /// Counting algorithm: one of [`Algorithm::NAMES`] (default
-    /// `token_bucket`), checked when the file is read.
-    #[serde(default = "default_algorithm", deserialize_with = "algorithm_name")]
-    pub algorithm: String,
+    /// `token_bucket`; `fixed_window`, the only one it takes, for a calendar
+    /// period), checked when the file is read.
+    #[serde(default, deserialize_with = "algorithm_name")]
+    pub algorithm: Option<String>,
     /// For `leaky_bucket_shape`: the longest a request may be delayed
     /// (humantime, e.g. `"2s"`). Required by that algorithm, rejected by the others.
     #[serde(default, with = "humantime_serde")]
@@ -100,8 +119,47 @@ pub struct TierPolicy {
     pub sync_min: Option<u64>,
 }
 
-fn default_algorithm() -> String {
-    Algorithm::default().name().to_owned()
+/// A `[[tier]]`'s `period`: a duration or a calendar period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PolicyPeriod {
+    /// A fixed length (humantime in the file).
+    Duration(Duration),
+    /// `"day"`, `"week"`, `"month"` or `"year"`.
+    Calendar(CalendarPeriod),
+}
+
+impl Default for PolicyPeriod {
+    fn default() -> Self {
+        PolicyPeriod::Duration(Duration::ZERO)
+    }
+}
+
+fn period<'de, D: Deserializer<'de>>(d: D) -> Result<PolicyPeriod, D::Error> {
+    let s = String::deserialize(d)?;
+    if let Some(p) = CalendarPeriod::from_name(&s) {
+        return Ok(PolicyPeriod::Calendar(p));
+    }
+    humantime::parse_duration(&s)
+        .map(PolicyPeriod::Duration)
+        .map_err(|e| {
+            de::Error::custom(format!(
+                "invalid period {s:?}: {e}; expected a duration (\"1m\") or one of day, week, month, year"
+            ))
+        })
+}
+
+fn anchor<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Anchor {
+        Day(u64),
+        Name(String),
+    }
+    Ok(Some(match Anchor::deserialize(d)? {
+        Anchor::Day(n) => n.to_string(),
+        Anchor::Name(s) => s,
+    }))
 }
 fn default_mode() -> String {
     Mode::default().label().to_owned()
@@ -118,10 +176,10 @@ const MODES: [&str; 4] = [
     Mode::Off.label(),
 ];
 
-fn algorithm_name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+fn algorithm_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     let name = String::deserialize(d)?;
     if Algorithm::NAMES.contains(&name.as_str()) {
-        Ok(name)
+        Ok(Some(name))
     } else {
         Err(de::Error::unknown_variant(&name, &Algorithm::NAMES))
     }
@@ -156,8 +214,14 @@ impl TierPolicy {
     pub(crate) fn tier(&self, client_ip: &ClientIp) -> Result<Tier, ConfigError> {
         let error =
             |e: &dyn fmt::Display| ConfigError::Policy(format!("tier \"{}\": {e}", self.name));
+        let calendar = self.calendar().map_err(|e| error(&e))?;
+        let algorithm = match (&self.algorithm, &calendar) {
+            (Some(a), _) => a.as_str(),
+            (None, Some(_)) => Algorithm::FixedWindow.name(),
+            (None, None) => Algorithm::default().name(),
+        };
         let mut algorithm =
-            Algorithm::from_name(&self.algorithm, self.max_delay).map_err(|e| error(&e))?;
+            Algorithm::from_name(algorithm, self.max_delay).map_err(|e| error(&e))?;
         match (&mut algorithm, self.lease) {
             (Algorithm::Concurrency { lease }, Some(l)) => *lease = l,
             (Algorithm::Concurrency { .. }, None) => {}
@@ -168,8 +232,8 @@ impl TierPolicy {
         let quota = match (self.burst, algorithm) {
             // No period: the quota's is the lease (never used to count).
             (_, Algorithm::Concurrency { lease }) => Quota::new(self.limit, lease),
-            (Some(burst), _) => Quota::new(self.limit, self.period).burst(burst),
-            (None, _) => Quota::new(self.limit, self.period),
+            (Some(burst), _) => Quota::new(self.limit, self.duration()).burst(burst),
+            (None, _) => Quota::new(self.limit, self.duration()),
         };
         let name = self.name.clone();
         let tier = match &self.key {
@@ -178,6 +242,12 @@ impl TierPolicy {
             KeySpec::User => Tier::new(name, User, quota),
             KeySpec::Endpoint => Tier::new(name, Endpoint, quota),
             KeySpec::Header(h) => Tier::new(name, ApiKey::from_name(h.clone()), quota),
+        };
+        // The calendar first: an algorithm given with it is then refused by
+        // build() (ConfigError::CalendarAlgorithm), not replaced.
+        let tier = match calendar {
+            Some(c) => tier.calendar(c),
+            None => tier,
         };
         let mut tier = tier
             .cost(self.cost)
@@ -190,6 +260,9 @@ impl TierPolicy {
         }
         if let Some(p) = self.penalty {
             tier = tier.penalty(p);
+        }
+        if let Some(s) = self.exhausted_status {
+            tier = tier.exhausted_status(s);
         }
         tier = tier.overrides(self.overrides);
         if let Some(lease) = crate::engine::token_lease::from_policy(
@@ -215,6 +288,34 @@ impl TierPolicy {
             });
         }
         Ok(tier)
+    }
+
+    /// The period's length (a calendar period's is set by its calendar).
+    fn duration(&self) -> Duration {
+        match self.period {
+            PolicyPeriod::Duration(d) => d,
+            PolicyPeriod::Calendar(_) => Duration::ZERO,
+        }
+    }
+
+    /// The calendar of a calendar `period`, with `time_zone` and `anchor`.
+    fn calendar(&self) -> Result<Option<Calendar>, String> {
+        let PolicyPeriod::Calendar(p) = self.period else {
+            let only = "only a calendar period (period = \"day\", \"week\", \"month\" or \"year\") uses it";
+            return match (&self.time_zone, &self.anchor) {
+                (Some(_), _) => Err(format!("time_zone: {only}")),
+                (_, Some(_)) => Err(format!("anchor: {only}")),
+                _ => Ok(None),
+            };
+        };
+        let mut c = Calendar::new(p);
+        if let Some(tz) = &self.time_zone {
+            c = c.time_zone(tz).map_err(|e| e.to_string())?;
+        }
+        if let Some(a) = &self.anchor {
+            c = c.anchor(a).map_err(|e| e.to_string())?;
+        }
+        Ok(Some(c))
     }
 
     /// `mode` with `canary_percent`.

@@ -31,6 +31,11 @@ pub struct Rejection {
     pub docs_url: Option<Arc<str>>,
     /// Why: over the quota for now, or a cost no wait can satisfy.
     pub reason: RejectionReason,
+    /// The HTTP status to answer: 429, or 403 for a calendar quota whose
+    /// tier sets [`Tier::exhausted_status`](crate::Tier::exhausted_status)
+    /// ("come back next month" is not a rate problem). The built-in bodies
+    /// use it, and the layer sets it on any [`OnRejection`]'s response.
+    pub status: u16,
 }
 
 /// Why a request was denied ([`Rejection::reason`]).
@@ -49,6 +54,14 @@ pub enum RejectionReason {
     /// `tiered_ratelimit_cost_exceeds_capacity_total{tier}` and logged once
     /// per tier as a likely misconfiguration.
     CostExceedsCapacity,
+}
+
+impl Rejection {
+    /// [`status`](Self::status) as a status code (429 for any value that is
+    /// not one).
+    pub fn http_status(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS)
+    }
 }
 
 impl RejectionReason {
@@ -134,7 +147,7 @@ impl OnRejection for JsonRejection {
 
     fn response(&self, r: &Rejection) -> Response<Bytes> {
         json_response(
-            StatusCode::TOO_MANY_REQUESTS,
+            r.http_status(),
             &match r.reason {
                 RejectionReason::CostExceedsCapacity => JsonBody {
                     error: r.reason.as_str(),
@@ -192,11 +205,11 @@ struct ProblemBody<'a> {
 impl OnRejection for ProblemRejection {
     fn response(&self, r: &Rejection) -> Response<Bytes> {
         let mut res = json_response(
-            StatusCode::TOO_MANY_REQUESTS,
+            r.http_status(),
             &ProblemBody {
                 kind: "https://iana.org/assignments/http-problem-types#quota-exceeded",
                 title: "Request cannot be satisfied as assigned quota has been exceeded",
-                status: 429,
+                status: r.http_status().as_u16(),
                 detail: match r.reason {
                     RejectionReason::CostExceedsCapacity => format!(
                         "This request costs more than the capacity of {} of \"{}\": it can never \
@@ -302,6 +315,7 @@ mod tests {
     #[test]
     fn problem_body_lists_every_violated_policy() {
         let r = Rejection {
+            status: 429,
             tier: Arc::from("b"),
             violated_policies: vec![Arc::from("a"), Arc::from("b")],
             limit: 1,

@@ -4,7 +4,9 @@
 
 use proptest::prelude::*;
 use std::collections::HashMap;
-use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, Refund, State, TokenBucket, Window};
+use tiered_ratelimit::algorithm::{
+    CalendarWindow, Decision, Gcra, Limit, Refund, State, TokenBucket, Window,
+};
 use tiered_ratelimit::backend::TierCheck;
 
 /// One second in microseconds.
@@ -28,6 +30,19 @@ pub fn algorithm_limits() -> Vec<(&'static str, Limit)> {
             Limit::FixedWindow(Window {
                 limit: 4,
                 window_us: 1_700_001,
+            }),
+        ),
+        (
+            // Calendar windows of unequal length around T0 (1.3 s, 2.3 s),
+            // and the guessed ones outside them.
+            "calendar",
+            Limit::Calendar(CalendarWindow {
+                limit: 4,
+                bounds: [
+                    super::T0_US - 1_300_000,
+                    super::T0_US,
+                    super::T0_US + 2_300_000,
+                ],
             }),
         ),
         (
@@ -169,6 +184,13 @@ pub fn script_args(limit: &Limit) -> [i64; 5] {
             i(g.bucket.rate),
             i(g.bucket.unit),
             g.max_delay_us.map_or(-1, i),
+        ],
+        Limit::Calendar(c) => [
+            9,
+            i(c.limit),
+            i(c.bounds[0]),
+            i(c.bounds[1]),
+            i(c.bounds[2]),
         ],
         _ => unreachable!("a limit the scripts do not know"),
     }

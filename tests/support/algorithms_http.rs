@@ -155,3 +155,43 @@ pub async fn weighted_and_oversized_costs(builder: RateLimitLayerBuilder) {
     assert_eq!(send(req(0)).await, NO_LIMITS);
     assert_eq!(send(req(2)).await, ok(5, 0, T0_S + 10));
 }
+
+/// 2024-03-11T00:00 in New York (04:00Z): the end of a 23-hour day.
+pub const NY_MIDNIGHT_S: u64 = 1_710_129_600;
+
+/// A calendar day in America/New_York (limit 2) across the midnight that
+/// ends the 23-hour 10 March 2024: 1 µs before it counts in the old day, at
+/// it in the new one; Reset, Retry-After and the IETF `w` exact. Sets the
+/// caller's clock (the backend's and the app's) itself.
+pub async fn calendar_day(builder: RateLimitLayerBuilder, clock: &ManualClock) {
+    use tiered_ratelimit::{algorithm::Calendar, response::HeaderStyle};
+    let b = NY_MIDNIGHT_S * 1_000_000;
+    clock.set(b - 2_000_000);
+    let day = Calendar::day().time_zone("America/New_York").unwrap();
+    let layer = builder
+        .headers(HeaderStyle::Both)
+        .tier(Tier::new("t", Global, Quota::per_hour(2)).calendar(day))
+        .build()
+        .unwrap();
+    let addr = serve(super::app(layer)).await;
+    let c = client();
+    let send = || async {
+        let res = c.get(format!("http://{addr}/")).send().await.unwrap();
+        let policy = res
+            .headers()
+            .get("ratelimit-policy")
+            .map(|v| v.to_str().unwrap().to_owned());
+        (limits(&res), policy)
+    };
+    let day23 = Some("\"t\";q=2;w=82800".to_owned());
+    let day24 = Some("\"t\";q=2;w=86400".to_owned());
+    assert_eq!(send().await, (ok(2, 1, NY_MIDNIGHT_S), day23.clone()));
+    clock.set(b - 1);
+    assert_eq!(send().await, (ok(2, 0, NY_MIDNIGHT_S), day23.clone()));
+    assert_eq!(send().await, (denied(2, 0, NY_MIDNIGHT_S, 1), day23));
+    clock.set(b);
+    let next = NY_MIDNIGHT_S + 86_400;
+    assert_eq!(send().await, (ok(2, 1, next), day24.clone()));
+    assert_eq!(send().await, (ok(2, 0, next), day24.clone()));
+    assert_eq!(send().await, (denied(2, 0, next, 86_400), day24));
+}

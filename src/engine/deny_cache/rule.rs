@@ -15,7 +15,7 @@ use crate::algorithm::Limit;
 /// ends.
 pub(crate) fn stays_exact(limit: &Limit, cost: u64, remaining: u64) -> bool {
     match limit {
-        Limit::FixedWindow(_) => true,
+        Limit::FixedWindow(_) | Limit::Calendar(_) => true,
         Limit::Concurrency(_) => false,
         _ => remaining.saturating_add(1) == cost,
     }
@@ -36,6 +36,7 @@ pub(crate) fn longest_wait_us(limit: &Limit, cost: u64, now_us: u64) -> u64 {
     match *limit {
         // The window's end (or its reset, the same instant).
         Limit::FixedWindow(w) => w.window_us - now_us % w.window_us,
+        Limit::Calendar(c) => c.window(now_us).1.saturating_sub(now_us),
         // The newest entry was logged at or before now.
         Limit::SlidingWindowLog(w) => w.window_us,
         // At most the end of the next window.
@@ -58,5 +59,8 @@ pub(crate) fn longest_wait_us(limit: &Limit, cost: u64, now_us: u64) -> u64 {
 /// is exactly the cost that still fits. (The sliding windows and the leaky
 /// bucket would too, but are left out: their `remaining` is rounded.)
 pub(crate) fn keeps_room(limit: &Limit) -> bool {
-    matches!(limit, Limit::TokenBucket(_) | Limit::FixedWindow(_))
+    matches!(
+        limit,
+        Limit::TokenBucket(_) | Limit::FixedWindow(_) | Limit::Calendar(_)
+    )
 }

@@ -120,6 +120,8 @@ fn split(t: Tier) -> (TierSpec, HttpTier) {
         penalty: t.penalty,
         overrides: t.overrides,
         lease: t.lease,
+        calendar: t.calendar,
+        exhausted_status: t.exhausted_status,
         skip_failed: t.skip_failed_requests,
         skip_successful: t.skip_successful_requests,
         key_type: t.key_type,

@@ -95,6 +95,15 @@ pub(in crate::backend::redis) fn encode(limit: &Limit) -> (u8, [i64; 4]) {
             ],
         ),
         Limit::Override => (8, [0; 4]),
+        Limit::Calendar(c) => (
+            9,
+            [
+                int(c.limit),
+                int(c.bounds[0]),
+                int(c.bounds[1]),
+                int(c.bounds[2]),
+            ],
+        ),
     }
 }
 

@@ -85,6 +85,7 @@ macro_rules! lua {
         concat!(
             include_str!("../../../../lua/common.lua"),
             include_str!("../../../../lua/fixed_window.lua"),
+            include_str!("../../../../lua/calendar.lua"),
             include_str!("../../../../lua/sliding_window_log.lua"),
             include_str!("../../../../lua/sliding_window_counter.lua"),
             include_str!("../../../../lua/token_bucket.lua"),

@@ -1,0 +1,291 @@
+//! Calendar quotas (issue 28) beyond the HTTP scenario of
+//! tests/algorithms_http.rs: two application instances whose clocks
+//! disagree by seconds agree on the window Redis's clock picks, and a
+//! calendar tier with another algorithm is refused naming the field.
+
+mod support;
+
+use support::redis_server::RedisServer;
+use tiered_ratelimit::algorithm::{Calendar, CalendarWindow, Limit};
+use tiered_ratelimit::backend::{Backend, ManualClock, RedisBackend, TierCheck};
+use tiered_ratelimit::{key::Global, Algorithm, Quota, RateLimitLayer, Tier};
+
+/// 2024-10-27T00:00 in Berlin (2024-10-26T22:00Z), before a 25-hour day.
+const BERLIN_MIDNIGHT_US: u64 = 1_729_980_000_000_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_clocks_seconds_apart_agree_on_the_window() {
+    let server = RedisServer::start();
+    // The manual clock stands for Redis TIME: the scripts read it, the
+    // instances do not.
+    let redis_clock = ManualClock::new(BERLIN_MIDNIGHT_US - 1);
+    let backend: Backend = RedisBackend::from_url(&server.url())
+        .unwrap()
+        .with_manual_clock(redis_clock.clone())
+        .into();
+    let day = Calendar::day().time_zone("Europe/Berlin").unwrap();
+    // Instance A's clock is 7 s behind Redis's, B's 4 s ahead (already in
+    // the next day by its own clock).
+    let check = |app_now_us: u64| TierCheck {
+        key: "cal:day:k".to_owned(),
+        limit: Limit::Calendar(CalendarWindow {
+            limit: 3,
+            bounds: day.bounds_around(app_now_us).unwrap(),
+        }),
+        cost: 1,
+    };
+    let (a, b) = (
+        check(BERLIN_MIDNIGHT_US - 7_000_000),
+        check(BERLIN_MIDNIGHT_US + 4_000_000),
+    );
+    let remaining = |v: tiered_ratelimit::backend::Verdict| {
+        let d = v.decisions[0];
+        (d.allowed, d.remaining, d.reset_after_us)
+    };
+    // 1 µs before Berlin's midnight (by Redis): both count in the old day.
+    let va = backend.check(vec![a.clone()]).await.unwrap();
+    assert_eq!(remaining(va), (true, 2, 1));
+    let vb = backend.check(vec![b.clone()]).await.unwrap();
+    assert_eq!(remaining(vb), (true, 1, 1));
+    // At midnight: both in the new day (25 hours long), one count.
+    redis_clock.set(BERLIN_MIDNIGHT_US);
+    let day25 = 25 * 3_600_000_000;
+    let vb = backend.check(vec![b]).await.unwrap();
+    assert_eq!(remaining(vb), (true, 2, day25));
+    let va = backend.check(vec![a]).await.unwrap();
+    assert_eq!(remaining(va), (true, 1, day25));
+    // Stored as one integer, the window start plus the count; it expires
+    // with the window, plus a minute.
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let v: String = redis::cmd("GET")
+        .arg("cal:day:k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(v, (BERLIN_MIDNIGHT_US + 2).to_string());
+    let pttl: u64 = redis::cmd("PTTL")
+        .arg("cal:day:k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // (PTTL counts down in Redis's real time since the SET.)
+    let want = day25 / 1000 + 60_000;
+    assert!(
+        pttl <= want && pttl + 5_000 > want,
+        "PTTL {pttl}, want {want}"
+    );
+}
+
+#[test]
+fn another_algorithm_or_lease_mode_is_refused_naming_the_field() {
+    let month = Calendar::month().anchor("31").unwrap();
+    let err = RateLimitLayer::builder()
+        .tier(
+            Tier::new("monthly", Global, Quota::per_hour(10))
+                .calendar(month)
+                .algorithm(Algorithm::TokenBucket),
+        )
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tier \"monthly\": algorithm: a calendar period (period = \"month\") counts with \
+         fixed_window only, not token_bucket"
+    );
+}
+
+/// A policy file's calendar tier: `period = "month"`, `anchor = 31`,
+/// `time_zone = "Europe/Berlin"`, through a real server. In 2024 the
+/// period anchored on the 31st renews on 29 February (Berlin midnight,
+/// 2024-02-28T23:00Z), then on 31 March (2024-03-30T23:00Z: the clocks
+/// change at 02:00 that day).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_file_month_anchored_on_the_31st() {
+    use support::{app, client, denied, limits, ok, serve};
+    use tiered_ratelimit::{backend::MemoryBackend, policy::Policy};
+    const FEB29_S: u64 = 1_709_161_200;
+    const MAR31_S: u64 = 1_711_839_600;
+    let policy = Policy::from_toml_str(
+        "[[tier]]\nname = 'monthly'\nkey = 'global'\nlimit = 1\nperiod = 'month'\n\
+         anchor = 31\ntime_zone = 'Europe/Berlin'\n",
+    )
+    .unwrap();
+    let clock = ManualClock::new(FEB29_S * 1_000_000 - 1);
+    let layer =
+        RateLimitLayer::from_policy(&policy, MemoryBackend::with_manual_clock(clock.clone()))
+            .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let send = || async { limits(&c.get(format!("http://{addr}/")).send().await.unwrap()) };
+    assert_eq!(send().await, ok(1, 0, FEB29_S));
+    assert_eq!(send().await, denied(1, 0, FEB29_S, 1));
+    clock.set(FEB29_S * 1_000_000);
+    assert_eq!(send().await, ok(1, 0, MAR31_S));
+    assert_eq!(send().await, denied(1, 0, MAR31_S, MAR31_S - FEB29_S));
+}
+
+#[test]
+fn policy_misconfiguration_names_the_field() {
+    use tiered_ratelimit::{backend::MemoryBackend, policy::Policy};
+    let err = |extra: &str| {
+        let text = format!("[[tier]]\nname = 't'\nkey = 'global'\nlimit = 1\n{extra}\n");
+        match Policy::from_toml_str(&text) {
+            Err(e) => e.to_string(),
+            Ok(p) => RateLimitLayer::from_policy(&p, MemoryBackend::new())
+                .unwrap_err()
+                .to_string(),
+        }
+    };
+    assert_eq!(
+        err("period = 'month'\nalgorithm = 'token_bucket'"),
+        "tier \"t\": algorithm: a calendar period (period = \"month\") counts with \
+         fixed_window only, not token_bucket"
+    );
+    assert_eq!(
+        err("period = 'day'\ntime_zone = 'Mars/Olympus'"),
+        "policy: tier \"t\": time_zone: \"Mars/Olympus\" is not an IANA time zone name (e.g. \
+         \"Europe/Berlin\")"
+    );
+    assert_eq!(
+        err("period = '1h'\ntime_zone = 'UTC'"),
+        "policy: tier \"t\": time_zone: only a calendar period (period = \"day\", \"week\", \
+         \"month\" or \"year\") uses it"
+    );
+    assert_eq!(
+        err("period = 'week'\nanchor = 'someday'"),
+        "policy: tier \"t\": anchor: \"someday\" is not an anchor of period = \"week\" (a weekday, \
+         \"monday\" to \"sunday\")"
+    );
+    assert!(err("period = 'fortnight'").contains("invalid period \"fortnight\""));
+}
+
+/// `exhausted_status = 403`: a spent calendar quota answers 403 with the
+/// draft's quota-exceeded problem body, Retry-After to the renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_calendar_quota_may_answer_403() {
+    use support::{app, client, serve};
+    use tiered_ratelimit::{backend::MemoryBackend, policy::Policy};
+    // 2024-06-15T12:00Z: the UTC day renews in 12 hours.
+    const NOON_S: u64 = 1_718_452_800;
+    let policy = Policy::from_toml_str(
+        "body = 'problem'\n[[tier]]\nname = 'daily'\nkey = 'global'\nlimit = 1\n\
+         period = 'day'\nexhausted_status = 403\n",
+    )
+    .unwrap();
+    let clock = ManualClock::new(NOON_S * 1_000_000);
+    let layer =
+        RateLimitLayer::from_policy(&policy, MemoryBackend::with_manual_clock(clock)).unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    assert_eq!(
+        c.get(format!("http://{addr}/"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let res = c.get(format!("http://{addr}/")).send().await.unwrap();
+    assert_eq!(res.status(), 403);
+    let h = |n: &str| res.headers()[n].to_str().unwrap().to_owned();
+    assert_eq!(h("content-type"), "application/problem+json");
+    assert_eq!(h("retry-after"), "43200");
+    assert_eq!(h("x-ratelimit-reset"), (NOON_S + 43_200).to_string());
+    assert_eq!(
+        res.text().await.unwrap(),
+        r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":403,"detail":"Retry in 43200 seconds.","violated-policies":["daily"],"retry_after":43200}"#
+    );
+    // Only a calendar quota takes it, and only 403 or 429.
+    let err = |extra: &str| {
+        let text = format!("[[tier]]\nname = 't'\nkey = 'global'\nlimit = 1\n{extra}\n");
+        let p = Policy::from_toml_str(&text).unwrap();
+        RateLimitLayer::from_policy(&p, MemoryBackend::new())
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err("period = '1h'\nexhausted_status = 403"),
+        "policy: tier \"t\": exhausted_status: 403 is for a calendar quota (period = \"day\", \
+         \"week\", \"month\" or \"year\"); a rate answers 429"
+    );
+    assert_eq!(
+        err("period = 'day'\nexhausted_status = 402"),
+        "policy: tier \"t\": exhausted_status: 402 is neither 429 nor 403"
+    );
+}
+
+/// Peek on a calendar tier: the renewal (what the admin page shows as
+/// "quota renews" and `/api/peek` as `renews_at_us`), under the tier's
+/// quota and under a per-key override's limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peek_shows_when_the_quota_renews() {
+    use tiered_ratelimit::backend::MemoryBackend;
+    // 2024-02-15T12:00Z; the week from Monday renews 2024-02-19T00:00 in
+    // Tokyo (2024-02-18T15:00Z).
+    const NOW_US: u64 = 1_707_998_400_000_000;
+    const RENEW_US: u64 = 1_708_268_400_000_000;
+    let clock = ManualClock::new(NOW_US);
+    let week = Calendar::week().time_zone("Asia/Tokyo").unwrap();
+    let layer = RateLimitLayer::builder()
+        .backend(MemoryBackend::with_manual_clock(clock))
+        .tier(
+            Tier::new("weekly", Global, Quota::per_hour(7))
+                .calendar(week)
+                .overrides(true),
+        )
+        .build()
+        .unwrap();
+    let s = layer.handle().peek("weekly", "all").await.unwrap();
+    assert_eq!(s.renews_at_us, Some(RENEW_US));
+    assert_eq!((s.allowed, s.limit, s.remaining), (true, 7, 6));
+    assert_eq!(s.reset_after.as_micros() as u64, RENEW_US - NOW_US);
+    layer
+        .handle()
+        .set_override(
+            "weekly",
+            "all",
+            tiered_ratelimit::overrides::Override::Quota(Quota::per_hour(70)),
+            None,
+            "test",
+        )
+        .await
+        .unwrap();
+    let s = layer.handle().peek("weekly", "all").await.unwrap();
+    assert_eq!(
+        (s.limit, s.remaining, s.renews_at_us),
+        (70, 69, Some(RENEW_US))
+    );
+}
+
+/// A calendar tier's plans: a plan gives a limit per calendar window (its
+/// `period` may be left out), renewed at the same boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_of_a_calendar_tier_count_per_its_window() {
+    use support::{app, client, denied, limits, ok, serve};
+    use tiered_ratelimit::{backend::MemoryBackend, policy::Policy};
+    // 2024-06-15T12:00Z; the UTC year from 04-06 renews 2025-04-06T00:00Z.
+    const NOON_S: u64 = 1_718_452_800;
+    const RENEW_S: u64 = 1_743_897_600;
+    let policy = Policy::from_toml_str(
+        "[[tier]]\nname = 'yearly'\nkey = 'global'\nlimit = 1\nperiod = 'year'\n\
+         anchor = '04-06'\nplan = { header = 'x-plan' }\n\
+         [tier.plans]\npro = { limit = 2 }\n",
+    )
+    .unwrap();
+    let clock = ManualClock::new(NOON_S * 1_000_000);
+    let layer =
+        RateLimitLayer::from_policy(&policy, MemoryBackend::with_manual_clock(clock)).unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let pro = || async {
+        let r = c.get(format!("http://{addr}/")).header("x-plan", "pro");
+        limits(&r.send().await.unwrap())
+    };
+    assert_eq!(pro().await, ok(2, 1, RENEW_S));
+    assert_eq!(pro().await, ok(2, 0, RENEW_S));
+    assert_eq!(pro().await, denied(2, 0, RENEW_S, RENEW_S - NOON_S));
+}
