@@ -65,7 +65,10 @@ impl<T> std::ops::Deref for Padded<T> {
 ///   whenever a shard doubles in size, and at most
 ///   [`max_keys`](MemoryBackend::max_keys) buckets are kept (default
 ///   1 000 000): past that, the buckets closest to full are evicted first,
-///   which hands those keys a full bucket a little early.
+///   which hands those keys a full bucket a little early. A bucket takes
+///   one 64-byte slot (its key inline up to 24 bytes) in tables that grow
+///   by doubling: 136 MB of resident memory for 10^6 keys, measured
+///   (docs/performance.md).
 ///
 /// ```
 /// use tiered_ratelimit::backend::MemoryBackend;
