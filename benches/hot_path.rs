@@ -21,7 +21,12 @@
 //!   `MemoryBackend::check_into` (checks borrowed, the verdict reused: no
 //!   allocation, as the layer checks), for `n` = 10, 10^4 or 10^6 keys; and
 //!   `memory_check/4_tiers`: four token-bucket tiers (a shared `global` key
-//!   and three of 10^4 keys each) in one check.
+//!   and three of 10^4 keys each) in one check. In the same group and run,
+//!   on the same keys: `memory_check/governor/<n>` (governor's keyed
+//!   limiter, its default DashMap store, on its fake clock) and
+//!   `memory_check/pingora_rate/<n>` (pingora-limits' `Rate`, an estimator);
+//!   and `memory_check/threads/<t>`: `t` = 1 or 2 threads, each cycling
+//!   through its own 10^4 keys of one store (elements/s: the aggregate).
 //! * `layer/...`: the whole `RateLimitLayer` (memory backend, default
 //!   settings) around a trivial `tower::service_fn`, called with a freshly
 //!   built request; `layer/baseline` is the same request through the bare
@@ -36,6 +41,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::hint::black_box;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::num::NonZeroU32;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -171,7 +177,9 @@ fn backend_keys(c: &mut Criterion) {
 
 /// `MemoryBackend::check_into` of one token-bucket tier per call, cycling
 /// through `n` existing keys (as `backend_keys`, without the allocations of
-/// the owned API), and of four tiers at once.
+/// the owned API), beside governor's keyed limiter (its default DashMap
+/// store) and pingora-limits' `Rate` on the same keys in the same run; two
+/// threads on distinct keys against one; and four tiers at once.
 fn memory_check(c: &mut Criterion) {
     let limit = Limit::TokenBucket(TokenBucket::new(1000, S, 1_000_000_000).expect("a quota"));
     let mut g = c.benchmark_group("memory_check");
@@ -185,25 +193,117 @@ fn memory_check(c: &mut Criterion) {
         cost: 1,
     };
     for (name, n) in [("10", 10u32), ("1e4", 10_000), ("1e6", 1_000_000)] {
-        let backend = store();
         let checks: Vec<TierCheck> = (0..n).map(|i| key("ip", i)).collect();
+        {
+            let backend = store();
+            let mut verdict = Verdict::default();
+            for check in &checks {
+                backend.check_into(std::slice::from_ref(check), &mut verdict);
+                assert!(verdict.allowed());
+            }
+            let mut i = 0;
+            g.bench_function(name, |b| {
+                b.iter(|| {
+                    i += 1;
+                    if i == checks.len() {
+                        i = 0;
+                    }
+                    backend.check_into(std::slice::from_ref(&checks[i]), &mut verdict);
+                    black_box(&verdict);
+                });
+            });
+        }
+        {
+            // governor's keyed limiter on its default store (DashMap), keyed
+            // by the same strings; on its fake clock, as ours is on a manual
+            // one (neither reads the system clock per check).
+            let quota = governor::Quota::per_second(NonZeroU32::new(1000).expect("nonzero"))
+                .allow_burst(NonZeroU32::new(1_000_000_000).expect("nonzero"));
+            let limiter = governor::RateLimiter::dashmap_with_clock(
+                quota,
+                governor::clock::FakeRelativeClock::default(),
+            );
+            for check in &checks {
+                assert!(limiter.check_key(&check.key).is_ok());
+            }
+            let mut i = 0;
+            g.bench_function(format!("governor/{name}"), |b| {
+                b.iter(|| {
+                    i += 1;
+                    if i == checks.len() {
+                        i = 0;
+                    }
+                    black_box(limiter.check_key(&checks[i].key).is_ok())
+                });
+            });
+        }
+        {
+            // pingora-limits' `Rate`: an estimator (count-min sketch of
+            // fixed size), not a limiter; observing a key is its whole work.
+            let rate = pingora_limits::rate::Rate::new(Duration::from_secs(1));
+            for check in &checks {
+                rate.observe(&check.key, 1);
+            }
+            let mut i = 0;
+            g.bench_function(format!("pingora_rate/{name}"), |b| {
+                b.iter(|| {
+                    i += 1;
+                    if i == checks.len() {
+                        i = 0;
+                    }
+                    black_box(rate.observe(&checks[i].key, 1))
+                });
+            });
+        }
+    }
+    // One thread, then two, each checking its own 10^4 keys of one store:
+    // criterion's elements/s is the aggregate checks per second.
+    for threads in [1u32, 2] {
+        let backend = store();
         let mut verdict = Verdict::default();
-        for check in &checks {
+        let sets: Vec<Vec<TierCheck>> = (0..threads)
+            .map(|t| (0..10_000).map(|i| key("ip", t * 10_000 + i)).collect())
+            .collect();
+        for check in sets.iter().flatten() {
             backend.check_into(std::slice::from_ref(check), &mut verdict);
             assert!(verdict.allowed());
         }
-        let mut i = 0;
-        g.bench_function(name, |b| {
-            b.iter(|| {
-                i += 1;
-                if i == checks.len() {
-                    i = 0;
-                }
-                backend.check_into(std::slice::from_ref(&checks[i]), &mut verdict);
-                black_box(&verdict);
+        g.throughput(Throughput::Elements(u64::from(threads)));
+        g.bench_function(format!("threads/{threads}"), |b| {
+            b.iter_custom(|iters| {
+                let start = std::sync::Barrier::new(sets.len());
+                std::thread::scope(|scope| {
+                    let runs: Vec<_> = sets
+                        .iter()
+                        .map(|checks| {
+                            let (backend, start) = (&backend, &start);
+                            scope.spawn(move || {
+                                let mut verdict = Verdict::default();
+                                start.wait();
+                                let t0 = std::time::Instant::now();
+                                let mut i = 0;
+                                for _ in 0..iters {
+                                    i += 1;
+                                    if i == checks.len() {
+                                        i = 0;
+                                    }
+                                    backend
+                                        .check_into(std::slice::from_ref(&checks[i]), &mut verdict);
+                                    black_box(&verdict);
+                                }
+                                t0.elapsed()
+                            })
+                        })
+                        .collect();
+                    runs.into_iter()
+                        .map(|r| r.join().expect("a bench thread"))
+                        .max()
+                        .unwrap_or_default()
+                })
             });
         });
     }
+    g.throughput(Throughput::Elements(1));
     // One request's four tiers: a shared key and three of 10^4 keys each.
     let backend = store();
     let n = 10_000u32;

@@ -146,9 +146,12 @@ impl RateLimitHeaders {
                 + usize::from(self.retry_after.is_some()),
         );
         if legacy {
-            headers.insert(X_RATELIMIT_LIMIT, int_value(self.limit));
-            headers.insert(X_RATELIMIT_REMAINING, int_value(self.remaining));
-            headers.insert(X_RATELIMIT_RESET, int_value(self.reset));
+            headers.insert(X_RATELIMIT_LIMIT, int_value(Field::Limit, self.limit));
+            headers.insert(
+                X_RATELIMIT_REMAINING,
+                int_value(Field::Remaining, self.remaining),
+            );
+            headers.insert(X_RATELIMIT_RESET, int_value(Field::Reset, self.reset));
         }
         if let Some(t) = t {
             // Tier names are [A-Za-z0-9_-], so they need no sf-string escaping.
@@ -175,7 +178,7 @@ impl RateLimitHeaders {
                 HeaderStyle::IetfDraft11 | HeaderStyle::Both => s.max(self.window_in),
                 _ => s,
             };
-            headers.insert(RETRY_AFTER, int_value(s));
+            headers.insert(RETRY_AFTER, int_value(Field::RetryAfter, s));
         }
     }
 }
@@ -203,12 +206,125 @@ pub(crate) fn effective_window_us(
     }
 }
 
-/// A number as a header value: its digits formatted on the stack, then one
-/// copy (`HeaderValue::from(u64)` makes two allocations).
-fn int_value(n: u64) -> HeaderValue {
-    let mut digits = itoa::Buffer::new();
-    HeaderValue::from_bytes(digits.format(n).as_bytes())
-        .unwrap_or_else(|_| HeaderValue::from_static("0"))
+/// Which header a number is for: each keeps its own last value per thread
+/// ([`int_value`]).
+#[derive(Clone, Copy)]
+enum Field {
+    Limit,
+    Remaining,
+    Reset,
+    RetryAfter,
+}
+
+/// The digits of 0, 1, …, 9 999 in a row (38 890 bytes): a number below
+/// 10^4 becomes a header value borrowing its digits, with no allocation.
+static SMALL: [u8; SMALL_LEN] = small_digits();
+const SMALL_MAX: u64 = 9_999;
+const SMALL_LEN: usize = 10 + 90 * 2 + 900 * 3 + 9_000 * 4;
+
+const fn small_digits() -> [u8; SMALL_LEN] {
+    let mut out = [0u8; SMALL_LEN];
+    let (mut n, mut at) = (0u64, 0usize);
+    while n <= SMALL_MAX {
+        let width = small_width(n);
+        let mut i = width;
+        let mut rest = n;
+        while i > 0 {
+            i -= 1;
+            out[at + i] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+        }
+        at += width;
+        n += 1;
+    }
+    out
+}
+
+const fn small_width(n: u64) -> usize {
+    match n {
+        0..=9 => 1,
+        10..=99 => 2,
+        100..=999 => 3,
+        _ => 4,
+    }
+}
+
+/// Where `n`'s digits start in [`SMALL`] (`n` ≤ [`SMALL_MAX`]).
+fn small_offset(n: u64) -> usize {
+    // Below 10^w every number before it has at most w digits: the offset is
+    // the widths of the shorter numbers plus w per number of n's width.
+    let n = n as usize;
+    match n {
+        0..=9 => n,
+        10..=99 => 10 + 2 * (n - 10),
+        100..=999 => 190 + 3 * (n - 100),
+        _ => 2_890 + 4 * (n - 1_000),
+    }
+}
+
+/// A number's digits, the owner of a shared header value's bytes (one
+/// allocation, which clones share).
+struct Digits {
+    buf: [u8; 20],
+    len: u8,
+}
+
+impl AsRef<[u8]> for Digits {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+}
+
+thread_local! {
+    /// Per header, the last value this thread wrote that was not in
+    /// [`SMALL`], shared by the responses that repeat it: a tier's limit
+    /// (the same on every response) and the reset instant (the same for a
+    /// second) cost a reference count, not an allocation.
+    static LAST: std::cell::RefCell<[Option<(u64, HeaderValue)>; 4]> =
+        const { std::cell::RefCell::new([const { None }; 4]) };
+}
+
+/// A number as a header value, with no allocation when it is below 10^4
+/// (its digits borrowed from [`SMALL`]) or the value this thread last wrote
+/// for the same header (shared); else one allocation (the digits,
+/// formatted with `itoa`, in a shared owner: `HeaderValue::from(u64)`
+/// makes two).
+fn int_value(field: Field, n: u64) -> HeaderValue {
+    if n <= SMALL_MAX {
+        let at = small_offset(n);
+        let digits = &SMALL[at..at + small_width(n)];
+        return HeaderValue::from_maybe_shared(bytes::Bytes::from_static(digits))
+            .unwrap_or_else(|_| HeaderValue::from_static("0"));
+    }
+    let fresh = || {
+        let mut formatted = itoa::Buffer::new();
+        let text = formatted.format(n).as_bytes();
+        let mut digits = Digits {
+            buf: [0; 20],
+            len: 0,
+        };
+        // A u64 has at most 20 digits.
+        let len = text.len().min(digits.buf.len());
+        digits.buf[..len].copy_from_slice(&text[..len]);
+        digits.len = len as u8;
+        HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(digits))
+            .unwrap_or_else(|_| HeaderValue::from_static("0"))
+    };
+    LAST.try_with(|last| {
+        let Ok(mut last) = last.try_borrow_mut() else {
+            return fresh();
+        };
+        let slot = &mut last[field as usize];
+        match slot {
+            Some((m, v)) if *m == n => v.clone(),
+            _ => {
+                let v = fresh();
+                *slot = Some((n, v.clone()));
+                v
+            }
+        }
+    })
+    .unwrap_or_else(|_| fresh())
 }
 
 #[cfg(test)]
@@ -291,5 +407,49 @@ mod tests {
         // Full, or a window algorithm: the time until full.
         assert_eq!(effective_window_us(3, 3, 0, Some((3, 60_000_000))), 0);
         assert_eq!(effective_window_us(3, 1, 40_000_000, None), 40_000_000);
+    }
+
+    #[test]
+    fn int_values_are_the_numbers_digits_shared_or_not() {
+        let numbers = [
+            0,
+            7,
+            9,
+            10,
+            42,
+            99,
+            100,
+            999,
+            1_000,
+            4_321,
+            9_999,
+            10_000,
+            1_700_000_060,
+            u64::MAX,
+        ];
+        for field in [
+            Field::Limit,
+            Field::Remaining,
+            Field::Reset,
+            Field::RetryAfter,
+        ] {
+            for n in numbers {
+                // Twice: written, then shared from the thread's last value.
+                for _ in 0..2 {
+                    assert_eq!(int_value(field, n).to_str().unwrap(), n.to_string());
+                }
+            }
+        }
+        // Every number of the borrowed table.
+        for n in 0..=SMALL_MAX {
+            assert_eq!(
+                int_value(Field::Remaining, n).to_str().unwrap(),
+                n.to_string()
+            );
+        }
+        // A field's last value does not leak into another field.
+        assert_eq!(int_value(Field::Limit, 50_000).to_str().unwrap(), "50000");
+        assert_eq!(int_value(Field::Reset, 60_000).to_str().unwrap(), "60000");
+        assert_eq!(int_value(Field::Limit, 50_000).to_str().unwrap(), "50000");
     }
 }

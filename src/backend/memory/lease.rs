@@ -15,19 +15,16 @@ impl MemoryBackend {
         let Ok(mut slot) = g.map.find_entry(h, |s| s.key == key) else {
             return;
         };
-        let Entry::Locked {
-            state: State::Leases(leases),
-            expires_us,
-        } = &slot.get().entry
-        else {
+        let Entry::Locked(l) = &slot.get().entry else {
             return;
         };
-        let expires_us = *expires_us;
+        let State::Leases(leases) = &l.state else {
+            return;
+        };
         match Concurrency::release(leases, id, now_us) {
             Some(left) => {
-                slot.get_mut().entry = Entry::Locked {
-                    state: State::Leases(left),
-                    expires_us,
+                if let Entry::Locked(l) = &mut slot.get_mut().entry {
+                    l.state = State::Leases(left);
                 }
             }
             None => {
@@ -45,24 +42,21 @@ impl MemoryBackend {
         let Some(slot) = g.map.find_mut(h, |s| s.key == key) else {
             return false;
         };
-        let Entry::Locked {
-            state: State::Leases(leases),
-            expires_us,
-        } = &slot.entry
-        else {
+        let Entry::Locked(l) = &mut slot.entry else {
             return false;
         };
-        if *expires_us <= now_us {
+        let State::Leases(leases) = &l.state else {
+            return false;
+        };
+        if l.expires_us <= now_us {
             return false;
         }
         let Some(renewed) = c.renew(leases, c.lease, now_us) else {
             return false;
         };
         let until = now_us.saturating_add(c.lease_us);
-        slot.entry = Entry::Locked {
-            state: State::Leases(renewed),
-            expires_us: (*expires_us).max(until),
-        };
+        l.state = State::Leases(renewed);
+        l.expires_us = l.expires_us.max(until);
         true
     }
 }

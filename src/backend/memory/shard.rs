@@ -20,11 +20,26 @@ pub(super) struct Shard {
     pub(super) sweep_at: usize,
 }
 
+/// One key's bucket: 64 bytes, aligned to a cache line, so a lookup at
+/// 10^6 keys (tables far larger than the cache) misses one line, not two:
+/// the key compared and the cell charged are on the line the probe reads.
+#[repr(align(64))]
 pub(super) struct Slot {
     /// Inline up to 24 bytes (most IP and user keys): a lookup compares it
     /// without following a pointer, and a new key allocates nothing more.
     pub(super) key: CompactString,
     pub(super) entry: Entry,
+}
+
+/// A state only the locked path reads and writes, with its expiry: boxed so
+/// that every [`Slot`] stays one cache line (the window algorithms' and the
+/// leases' states are larger than a cell). Replaced in place, so a check of
+/// a held key allocates nothing.
+pub(super) struct Locked {
+    pub(super) state: State,
+    /// Epoch microseconds after which the bucket is full (or its window
+    /// empty) and the entry is meaningless.
+    pub(super) expires_us: u64,
 }
 
 /// A bucket's state: in a [`TatCell`] (token and leaky buckets, charged by
@@ -33,12 +48,7 @@ pub(super) struct Slot {
 /// express), written under the shard's write lock only.
 pub(super) enum Entry {
     Cell(TatCell),
-    Locked {
-        state: State,
-        /// Epoch microseconds after which the bucket is full (or its window
-        /// empty) and the entry is meaningless.
-        expires_us: u64,
-    },
+    Locked(Box<Locked>),
 }
 
 impl Entry {
@@ -48,14 +58,14 @@ impl Entry {
     pub(super) fn new(state: State, expires_us: u64, now_us: u64) -> Self {
         match TatCell::new(&state, now_us) {
             Some(cell) if cell.expires_us(cell.load()) == expires_us => Entry::Cell(cell),
-            _ => Entry::Locked { state, expires_us },
+            _ => Entry::Locked(Box::new(Locked { state, expires_us })),
         }
     }
 
     pub(super) fn expires_us(&self) -> u64 {
         match self {
             Entry::Cell(cell) => cell.expires_us(cell.load()),
-            Entry::Locked { expires_us, .. } => *expires_us,
+            Entry::Locked(l) => l.expires_us,
         }
     }
 
@@ -66,20 +76,32 @@ impl Entry {
                 let ticks = cell.load();
                 (cell.expires_us(ticks) > now_us).then(|| Cow::Owned(cell.state(ticks)))
             }
-            Entry::Locked { state, expires_us } => {
-                (*expires_us > now_us).then_some(Cow::Borrowed(state))
-            }
+            Entry::Locked(l) => (l.expires_us > now_us).then_some(Cow::Borrowed(&l.state)),
         }
     }
 
     /// Stores `state`, expiring at `expires_us` (under the write lock).
     pub(super) fn store(&mut self, state: State, expires_us: u64, now_us: u64) {
-        if let Entry::Cell(cell) = self {
-            if let Some(ticks) = cell.ticks_of_state(&state) {
-                if cell.expires_us(ticks) == expires_us {
-                    cell.set(ticks);
-                    return;
+        match self {
+            Entry::Cell(cell) => {
+                if let Some(ticks) = cell.ticks_of_state(&state) {
+                    if cell.expires_us(ticks) == expires_us {
+                        cell.set(ticks);
+                        return;
+                    }
                 }
+            }
+            // A bucket's state a cell can hold goes back to a cell; any
+            // other (every window algorithm's) is written into its box: no
+            // allocation.
+            Entry::Locked(l) => {
+                match TatCell::new(&state, now_us) {
+                    Some(cell) if cell.expires_us(cell.load()) == expires_us => {
+                        *self = Entry::Cell(cell);
+                    }
+                    _ => **l = Locked { state, expires_us },
+                }
+                return;
             }
         }
         *self = Entry::new(state, expires_us, now_us);
@@ -99,8 +121,8 @@ impl Entry {
             None => {
                 let old = match self {
                     // Taken, not cloned: a sliding log may be long.
-                    Entry::Locked { state, expires_us } if *expires_us > now_us => {
-                        Some(std::mem::replace(state, PLACEHOLDER))
+                    Entry::Locked(l) if l.expires_us > now_us => {
+                        Some(std::mem::replace(&mut l.state, PLACEHOLDER))
                     }
                     _ => self.live(now_us).map(Cow::into_owned),
                 };

@@ -194,3 +194,10 @@ fn a_charge_given_back_leaves_the_others() {
     let other = Limit::TokenBucket(TokenBucket::new(7, 1_000_000, 10).unwrap());
     assert!(cell.decide(&other, cell.load(), now, 1).is_none());
 }
+
+#[test]
+fn a_slot_is_one_cache_line() {
+    // The key compared and the cell charged on the one line a probe reads.
+    assert_eq!(std::mem::size_of::<shard::Slot>(), 64);
+    assert_eq!(std::mem::align_of::<shard::Slot>(), 64);
+}

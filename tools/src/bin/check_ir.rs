@@ -1,0 +1,102 @@
+//! `check_ir <ours|governor|pingora_rate> <keys> <checks>`: stores `keys`
+//! live keys `rl:ip:<IPv4>` (one token-bucket tier: 1000/s, a burst of
+//! 10^9, on a stopped clock) and makes `checks` checks cycling through
+//! them, as `memory_check/<n>` of `benches/hot_path.rs` does. Run under
+//! callgrind twice with different `checks` by `benches/check_ir.sh`: the
+//! difference of the totals divided by the difference of the checks is the
+//! instructions of one check, setup excluded. `ours` prints the process's
+//! resident memory once its keys are stored (stderr, KiB).
+
+use std::hint::black_box;
+use std::net::Ipv4Addr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use tiered_ratelimit::algorithm::{Limit, TokenBucket};
+use tiered_ratelimit::backend::{ManualClock, MemoryBackend, TierCheck, Verdict};
+
+const S: u64 = 1_000_000;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: check_ir <ours|governor|pingora_rate> <keys> <checks>";
+    let (Some(which), Some(keys), Some(checks)) = (args.get(1), args.get(2), args.get(3)) else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let (Ok(keys), Ok(checks)) = (keys.parse::<u32>(), checks.parse::<u64>()) else {
+        eprintln!("{usage}");
+        std::process::exit(2);
+    };
+    let limit = Limit::TokenBucket(TokenBucket::new(1000, S, 1_000_000_000).expect("a quota"));
+    let n = keys.max(1) as usize;
+    let mut cycle = {
+        let mut i = 0usize;
+        move || {
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+            i
+        }
+    };
+    let keys_of: Vec<TierCheck> = (0..keys.max(1))
+        .map(|i| TierCheck {
+            key: format!("rl:ip:{}", Ipv4Addr::from(0x0a00_0000 + i)),
+            limit,
+            cost: 1,
+        })
+        .collect();
+    match which.as_str() {
+        "ours" => {
+            let store = MemoryBackend::with_manual_clock(ManualClock::new(1_700_000_000 * S))
+                .max_keys(4_000_000);
+            let mut verdict = Verdict::default();
+            for c in &keys_of {
+                store.check_into(std::slice::from_ref(c), &mut verdict);
+            }
+            eprintln!("resident after filling {keys} keys: {} KiB", resident_kib());
+            for _ in 0..checks {
+                let c = &keys_of[cycle()];
+                store.check_into(std::slice::from_ref(c), &mut verdict);
+                black_box(&verdict);
+            }
+        }
+        "governor" => {
+            let quota = governor::Quota::per_second(NonZeroU32::new(1000).expect("nonzero"))
+                .allow_burst(NonZeroU32::new(1_000_000_000).expect("nonzero"));
+            let limiter = governor::RateLimiter::dashmap_with_clock(
+                quota,
+                governor::clock::FakeRelativeClock::default(),
+            );
+            for c in &keys_of {
+                let _ = limiter.check_key(&c.key);
+            }
+            for _ in 0..checks {
+                black_box(limiter.check_key(&keys_of[cycle()].key).is_ok());
+            }
+        }
+        "pingora_rate" => {
+            let rate = pingora_limits::rate::Rate::new(Duration::from_secs(1));
+            for c in &keys_of {
+                rate.observe(&c.key, 1);
+            }
+            for _ in 0..checks {
+                black_box(rate.observe(&keys_of[cycle()].key, 1));
+            }
+        }
+        _ => {
+            eprintln!("{usage}");
+            std::process::exit(2);
+        }
+    }
+}
+
+/// This process's resident set, KiB (`/proc/self/statm`, 4 KiB pages; 0
+/// where there is none).
+fn resident_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4)
+}
