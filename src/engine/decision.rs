@@ -140,6 +140,7 @@ impl Refunds {
             let refund = || TierRefund {
                 check: check.clone(),
                 charge: *charge,
+                debt: false,
             };
             match t.refund_on {
                 RefundOn::Failure => r.on_failure.push(refund()),

@@ -559,7 +559,7 @@ impl RedisBackend {
         }
         cmd.arg("refund").arg(self.clock_arg().as_bytes());
         for r in refunds {
-            cmd.arg(&wire::refund_args(&r.check, &r.charge)[..]);
+            cmd.arg(&wire::refund_args(&r.check, &r.charge, r.debt)[..]);
         }
         let mut conn = self.connection().await?;
         self.eval::<i64>(&cmd, &self.inner.refund_script, &mut conn)
