@@ -30,6 +30,7 @@ pub(crate) mod no_key;
 pub(crate) mod outcome;
 pub(crate) mod plan;
 pub(crate) mod runtime;
+pub(crate) mod settle;
 pub(crate) mod slots;
 pub(crate) mod spare;
 pub mod token_lease;

@@ -60,6 +60,9 @@ pub(crate) struct BuiltTier {
     pub(crate) cost: u64,
     /// Which results give this tier's charge back.
     pub(crate) refund_on: RefundOn,
+    /// Priced by its response (`Tier::priced`): its charge is a reservation
+    /// at the estimate, settled when the response ends (`engine/settle.rs`).
+    pub(crate) priced: bool,
     /// Its penalty box, checked right after it (key `<key>{pb}`).
     pub(crate) penalty: Option<crate::algorithm::PenaltyBox>,
     /// Whether each check is preceded by a read of the key's override (key
@@ -191,7 +194,14 @@ impl Shared {
     /// Whether any tier refunds by response status (so checks must report
     /// their charges).
     pub(crate) fn refunds(&self) -> bool {
-        self.tiers.iter().any(|t| t.refund_on != RefundOn::Never)
+        self.tiers
+            .iter()
+            .any(|t| t.refund_on != RefundOn::Never || t.priced)
+    }
+
+    /// Whether any tier is priced by its response.
+    pub(crate) fn priced(&self) -> bool {
+        self.tiers.iter().any(|t| t.priced)
     }
 
     pub(crate) fn tier_index(&self, name: &str) -> Result<usize, ConfigError> {

@@ -119,7 +119,8 @@ impl RateLimitLayerBuilder {
         let mut runtime = Vec::with_capacity(self.tiers.len());
         let mut http_tiers = Vec::with_capacity(self.tiers.len());
         let mut leases = Vec::with_capacity(self.tiers.len());
-        for t in self.tiers {
+        let mut actual_headers = Vec::with_capacity(self.tiers.len());
+        for mut t in self.tiers {
             let valid_name = !t.name.is_empty()
                 && t.name.len() <= 64
                 && t.name
@@ -138,6 +139,7 @@ impl RateLimitLayerBuilder {
                 return Err(ConfigError::SkipBoth { tier: t.name });
             }
             let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
+            let priced = crate::http::priced::compile(&mut t, &limit)?;
             if t.lease.is_some() {
                 let reason = if !crate::engine::token_lease::pool::leasable(&limit) {
                     Some("takes token_bucket, leaky_bucket (police) and fixed_window only")
@@ -177,6 +179,7 @@ impl RateLimitLayerBuilder {
                 plans,
             });
             let no_key_cause = t.key.no_key_cause();
+            actual_headers.push(priced.clone().flatten());
             http_tiers.push(HttpTier {
                 key: t.key,
                 cost: t.cost,
@@ -207,6 +210,7 @@ impl RateLimitLayerBuilder {
                         t.algorithm,
                         crate::algorithm::kind::Algorithm::Concurrency { .. }
                     ),
+                priced: priced.is_some(),
                 // Both at once was refused above.
                 refund_on: if t.skip_failed_requests {
                     RefundOn::Failure
@@ -345,6 +349,7 @@ impl RateLimitLayerBuilder {
             tiers: http_tiers.into_boxed_slice(),
             client_ip: self.client_ip,
             on_rejection: self.on_rejection,
+            actual_headers: actual_headers.into(),
             #[cfg(feature = "grpc")]
             protocol: self.protocol,
         });

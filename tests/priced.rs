@@ -1,0 +1,348 @@
+//! Requests priced by their response (issue 29) through real HTTP on both
+//! backends (a real `redis-server`), on a manual clock: the estimate
+//! reserved at admission, the settle from a response header before the
+//! head goes out, from a trailer or the `Usage` handle when a stream ends,
+//! a disconnect mid-stream settling at the estimate, debt with an exact
+//! Retry-After, and a request denied by another tier reserving nothing.
+
+mod support;
+
+use axum::body::Body;
+use axum::extract::Query;
+use axum::response::Response;
+use axum::{routing::get, Extension, Router};
+use bytes::Bytes;
+use http_body::Frame;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use support::*;
+use tiered_ratelimit::priced::{Actual, Estimate, Usage};
+use tiered_ratelimit::{key::Global, Quota, RateLimitLayer, Tier};
+use tokio::sync::{mpsc, oneshot};
+
+both_backends!(
+    actual_in_a_header_settles_before_the_head,
+    a_stream_settles_from_its_trailer_when_it_ends,
+    a_disconnect_mid_stream_settles_at_the_estimate,
+    a_request_denied_by_another_tier_reserves_nothing,
+    the_handler_reports_through_the_usage_handle,
+);
+
+/// 1 000 tokens per minute (one every 60 ms), burst 1 000; the estimate
+/// from `x-max-tokens` (100 by default, at most 500), the actual from
+/// `x-usage-tokens`.
+fn tokens() -> Tier {
+    Tier::new("tokens", Global, Quota::per_minute(1000)).priced(
+        Estimate::header("x-max-tokens", 100, 500),
+        Actual::header("x-usage-tokens"),
+    )
+}
+
+/// A streamed response the test drives: frames sent through `frames`; the
+/// body's drop signalled on `dropped`.
+struct Stream {
+    frames: mpsc::UnboundedSender<Frame<Bytes>>,
+    dropped: oneshot::Receiver<()>,
+    usage: Option<Usage>,
+}
+
+struct ChanBody {
+    rx: mpsc::UnboundedReceiver<Frame<Bytes>>,
+    _dropped: oneshot::Sender<()>,
+}
+
+impl http_body::Body for ChanBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        self.rx.poll_recv(cx).map(|f| f.map(Ok))
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Llm {
+    tokens: u64,
+}
+
+/// `GET /llm?tokens=N` answers `x-usage-tokens: N`; `GET /stream` hands
+/// the test a [`Stream`]; `GET /report?tokens=N` reports N through the
+/// `Usage` handle and answers without the header.
+fn llm_app(layer: RateLimitLayer, streams: mpsc::UnboundedSender<Stream>) -> Router {
+    Router::new()
+        .route(
+            "/llm",
+            get(|Query(q): Query<Llm>| async move {
+                Response::builder()
+                    .header("x-usage-tokens", q.tokens)
+                    .body(Body::from("ok"))
+                    .unwrap()
+            }),
+        )
+        .route(
+            "/report",
+            get(
+                |Query(q): Query<Llm>, Extension(u): Extension<Usage>| async move {
+                    u.report(q.tokens);
+                    "ok"
+                },
+            ),
+        )
+        .route(
+            "/stream",
+            get(move |usage: Option<Extension<Usage>>| {
+                let streams = streams.clone();
+                async move {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    let (dtx, drx) = oneshot::channel();
+                    streams
+                        .send(Stream {
+                            frames: tx,
+                            dropped: drx,
+                            usage: usage.map(|Extension(u)| u),
+                        })
+                        .unwrap();
+                    Response::new(Body::new(ChanBody { rx, _dropped: dtx }))
+                }
+            }),
+        )
+        .layer(layer)
+}
+
+async fn start(
+    env: &Env,
+    tiers: Vec<Tier>,
+) -> (String, RateLimitLayer, mpsc::UnboundedReceiver<Stream>) {
+    let mut b = env.builder();
+    for t in tiers {
+        b = b.tier(t);
+    }
+    let layer = b.build().unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let addr = serve(llm_app(layer.clone(), tx)).await;
+    (format!("http://{addr}"), layer, rx)
+}
+
+async fn get_with(url: impl reqwest::IntoUrl, max_tokens: Option<u64>) -> reqwest::Response {
+    let mut r = client().get(url);
+    if let Some(m) = max_tokens {
+        r = r.header("x-max-tokens", m);
+    }
+    r.send().await.unwrap()
+}
+
+/// What the tier holds now: tokens left (a peek of cost 1 shows what one
+/// more token would leave).
+async fn left(layer: &RateLimitLayer) -> (bool, u64) {
+    let s = layer.handle().peek("tokens", "all").await.unwrap();
+    (s.allowed, s.remaining + u64::from(s.allowed))
+}
+
+/// Waits (at most 2 s) until the tier holds `want`: at the end of a stream
+/// the settle is sent to Redis in a task of its own.
+async fn until_left(layer: &RateLimitLayer, want: (bool, u64)) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let got = left(layer).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tier never held {want:?}; holds {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn actual_in_a_header_settles_before_the_head(env: Env) {
+    let (base, _layer, _streams) = start(&env, vec![tokens()]).await;
+    // Reserve 200, use 50: the head shows the tier after the settle.
+    let r = get_with(&format!("{base}/llm?tokens=50"), Some(200)).await;
+    let l = limits(&r);
+    assert_eq!(
+        (l.status, l.limit, l.remaining),
+        (200, Some(1000), Some(950))
+    );
+    // Reserve 200, use 400: 950 − 400.
+    let r = get_with(&format!("{base}/llm?tokens=400"), Some(200)).await;
+    assert_eq!(limits(&r).remaining, Some(550));
+    // An estimate above the cap reserves the cap (500); use 600: 50 in
+    // debt, shown as 0.
+    let r = get_with(&format!("{base}/llm?tokens=600"), Some(9000)).await;
+    let l = limits(&r);
+    assert_eq!((l.status, l.remaining), (200, Some(0)));
+    // In debt: denied; one token fits after 51 × 60 ms = 3.06 s.
+    let r = get_with(&format!("{base}/llm?tokens=1"), Some(1)).await;
+    let l = limits(&r);
+    assert_eq!(
+        (l.status, l.remaining, l.retry_after),
+        (429, Some(0), Some(4))
+    );
+    env.clock.advance(Duration::from_micros(3_060_000 - 1));
+    let r = get_with(&format!("{base}/llm?tokens=1"), Some(1)).await;
+    assert_eq!(r.status(), 429);
+    env.clock.advance(Duration::from_micros(1));
+    let r = get_with(&format!("{base}/llm?tokens=1"), Some(1)).await;
+    let l = limits(&r);
+    assert_eq!((l.status, l.remaining), (200, Some(0)));
+}
+
+async fn a_stream_settles_from_its_trailer_when_it_ends(env: Env) {
+    let (base, layer, mut streams) = start(&env, vec![tokens()]).await;
+    let req = tokio::spawn(get_with(format!("{base}/stream"), Some(300)));
+    let s = streams.recv().await.unwrap();
+    s.frames.send(Frame::data(Bytes::from("a"))).unwrap();
+    let r = req.await.unwrap();
+    // A stream's head shows the reservation.
+    assert_eq!(limits(&r).remaining, Some(700));
+    assert_eq!(left(&layer).await, (true, 700));
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("x-usage-tokens", 120.into());
+    s.frames.send(Frame::trailers(trailers)).unwrap();
+    drop(s.frames);
+    assert_eq!(r.bytes().await.unwrap(), "a");
+    // Settled at 120: 180 given back.
+    until_left(&layer, (true, 880)).await;
+}
+
+async fn a_disconnect_mid_stream_settles_at_the_estimate(env: Env) {
+    let (base, layer, mut streams) = start(&env, vec![tokens()]).await;
+    let req = tokio::spawn(get_with(format!("{base}/stream"), Some(300)));
+    let s = streams.recv().await.unwrap();
+    s.frames.send(Frame::data(Bytes::from("a"))).unwrap();
+    let r = req.await.unwrap();
+    assert_eq!(limits(&r).remaining, Some(700));
+    // The handler had reported a usage; the client goes away mid-stream.
+    s.usage.as_ref().unwrap().report(10);
+    drop(r);
+    // The server drops the body once it sees the connection closed.
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.dropped)
+        .await
+        .expect("the body was dropped");
+    // Settled at the estimate: the 300 stay charged.
+    assert_eq!(left(&layer).await, (true, 700));
+    let r = get_with(&format!("{base}/llm?tokens=1"), Some(1)).await;
+    assert_eq!(limits(&r).remaining, Some(699));
+}
+
+async fn a_request_denied_by_another_tier_reserves_nothing(env: Env) {
+    let requests = Tier::new("requests", Global, Quota::per_minute(2));
+    let (base, layer, _streams) = start(&env, vec![requests, tokens()]).await;
+    for _ in 0..2 {
+        let r = get_with(&format!("{base}/llm?tokens=50"), Some(400)).await;
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(left(&layer).await, (true, 900));
+    // Denied by `requests`: `tokens` (which would allow 400) is untouched.
+    let r = get_with(&format!("{base}/llm?tokens=50"), Some(400)).await;
+    assert_eq!(r.status(), 429);
+    assert_eq!(left(&layer).await, (true, 900));
+}
+
+async fn the_handler_reports_through_the_usage_handle(env: Env) {
+    let tier = Tier::new("tokens", Global, Quota::per_minute(1000))
+        .priced(Estimate::fixed(100), Actual::reported());
+    let (base, layer, mut streams) = start(&env, vec![tier]).await;
+    // Reported before the head: settled before it, shown in it.
+    let r = get_with(&format!("{base}/report?tokens=30"), None).await;
+    assert_eq!(limits(&r).remaining, Some(970));
+    // A stream reporting while it runs: settled when it ends.
+    let req = tokio::spawn(get_with(format!("{base}/stream"), None));
+    let s = streams.recv().await.unwrap();
+    s.frames.send(Frame::data(Bytes::from("a"))).unwrap();
+    let r = req.await.unwrap();
+    assert_eq!(limits(&r).remaining, Some(870));
+    s.usage.as_ref().unwrap().report(250);
+    drop(s.frames);
+    assert_eq!(r.bytes().await.unwrap(), "a");
+    until_left(&layer, (true, 720)).await;
+}
+
+#[test]
+fn misconfigured_priced_tiers_fail_at_build_naming_the_field() {
+    let build = |t: Tier| {
+        RateLimitLayer::builder()
+            .tier(t)
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    let q = Quota::per_minute(1000);
+    assert_eq!(
+        build(
+            Tier::new("t", Global, q)
+                .algorithm(tiered_ratelimit::Algorithm::SlidingWindowLog)
+                .priced(Estimate::fixed(1), Actual::reported())
+        ),
+        "tier \"t\": algorithm: a priced tier takes token_bucket or fixed_window only"
+    );
+    assert_eq!(
+        build(
+            Tier::new("t", Global, q).priced(Estimate::header("x max", 1, 2), Actual::reported())
+        ),
+        "tier \"t\": priced.estimate.header: \"x max\" is not a valid header name"
+    );
+    assert_eq!(
+        build(
+            Tier::new("t", Global, q)
+                .priced(Estimate::header("x-max-tokens", 3, 2), Actual::reported())
+        ),
+        "tier \"t\": priced.estimate.default: default 3 must be at most max 2, and max above 0"
+    );
+    assert_eq!(
+        build(Tier::new("t", Global, q).priced(Estimate::fixed(1), Actual::header("x usage"))),
+        "tier \"t\": priced.actual.header: \"x usage\" is not a valid header name"
+    );
+    assert_eq!(
+        build(
+            Tier::new("t", Global, q)
+                .skip_failed_requests(true)
+                .priced(Estimate::fixed(1), Actual::reported())
+        ),
+        "tier \"t\": skip_failed_requests: a priced tier settles by its actual cost, not by status"
+    );
+}
+
+/// The same scenarios on a Redis Cluster (three primaries): a settle is a
+/// refund-mode call to the key's slot.
+mod cluster {
+    use super::support::cluster::RedisCluster;
+    use super::support::{Env, T0_US};
+    use std::time::Duration;
+    use tiered_ratelimit::backend::{ManualClock, RedisBackend};
+
+    fn env(cluster: &RedisCluster) -> Env {
+        let clock = ManualClock::new(T0_US);
+        let backend = RedisBackend::cluster(cluster.urls())
+            .expect("cluster urls")
+            .with_manual_clock(clock.clone())
+            .with_test_ttl_slack(Duration::from_secs(600));
+        Env {
+            clock,
+            backend: backend.into(),
+            redis: None,
+        }
+    }
+
+    fn flush(cluster: &RedisCluster) {
+        for p in cluster.primaries() {
+            super::support::cluster::node_cmd::<()>(p, &["FLUSHALL"]).unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reserve_settle_debt_and_streams() {
+        let cluster = RedisCluster::start(0);
+        super::actual_in_a_header_settles_before_the_head(env(&cluster)).await;
+        flush(&cluster);
+        super::a_stream_settles_from_its_trailer_when_it_ends(env(&cluster)).await;
+        flush(&cluster);
+        super::a_request_denied_by_another_tier_reserves_nothing(env(&cluster)).await;
+        flush(&cluster);
+        super::a_disconnect_mid_stream_settles_at_the_estimate(env(&cluster)).await;
+    }
+}
