@@ -182,12 +182,14 @@ pub(crate) fn settle_of(
     })
 }
 
-/// A settle's first attempt, bounded by `timeout`; a failure (or a
+/// A settle's first attempt (in the instance's next batched call:
+/// `backend/redis/settle.rs`, at most one call per 10 ms whatever the number
+/// of settles), bounded by `timeout`; a failure (or a
 /// timeout, which may have landed: a retry could then settle twice, so a
 /// timed-out attempt is not retried) goes on in the background.
 #[cfg(feature = "redis")]
 async fn land(r: crate::backend::RedisBackend, settles: Vec<TierRefund>, timeout: Duration) {
-    let first = match tokio::time::timeout(timeout, r.refund(&settles)).await {
+    let first = match tokio::time::timeout(timeout, r.settle_batched(settles.clone())).await {
         Ok(Ok(())) => return,
         Ok(Err(e)) => e,
         Err(_) => return settle_failed(&BackendError::Timeout(timeout)),
@@ -199,7 +201,7 @@ async fn land(r: crate::backend::RedisBackend, settles: Vec<TierRefund>, timeout
         let mut last = first;
         for wait in RETRY_WAITS {
             tokio::time::sleep(wait).await;
-            match r.refund(&settles).await {
+            match r.settle_batched(settles.clone()).await {
                 Ok(()) => return,
                 // Sent but unanswered: it may have landed.
                 Err(e @ BackendError::Timeout(_)) => return settle_failed(&e),

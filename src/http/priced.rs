@@ -21,10 +21,12 @@
 //! estimate**: the reservation stands, no call. An actual that is not a
 //! whole number counts as unknown (the estimate stands).
 //!
-//! In memory the settle is applied at once. On Redis it is one call (none
-//! when the actual equals the estimate): awaited before the head goes out
-//! when the actual was known at the head (at most the backend timeout),
-//! in a task of its own at the end of a stream. A call Redis refused
+//! In memory the settle is applied at once. On Redis (none when the actual
+//! equals the estimate) it joins the instance's next batched call, at most
+//! one call per 10 ms carrying every settle that arrived meanwhile:
+//! awaited before the head goes out when the actual was known at the head
+//! (bounded by the backend timeout), in a task of its own at the end of a
+//! stream. A call Redis refused
 //! (connection down) is retried three times over about 2 s in the
 //! background; one that timed out is not (it may have landed); either
 //! way a settle that did not land is counted in
