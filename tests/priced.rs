@@ -22,6 +22,7 @@ both_backends!(
     a_disconnect_mid_stream_settles_at_the_estimate,
     a_request_denied_by_another_tier_reserves_nothing,
     the_handler_reports_through_the_usage_handle,
+    a_policy_file_prices_a_tier,
 );
 
 async fn start(
@@ -164,6 +165,73 @@ async fn the_handler_reports_through_the_usage_handle(env: Env) {
     drop(s.frames);
     assert_eq!(r.bytes().await.unwrap(), "a");
     until_left(&layer, (true, 720)).await;
+}
+
+/// The issue's TOML, exactly as written.
+const POLICY: &str = r#"
+[[tier]]
+name = "tokens"
+key = "global"
+limit = 1000
+period = "1m"
+
+[tier.priced]
+estimate = { header = "x-max-tokens", default = 1000, max = 32000 }
+actual = { header = "x-usage-tokens" }
+"#;
+
+async fn a_policy_file_prices_a_tier(env: Env) {
+    let policy = tiered_ratelimit::policy::Policy::from_toml_str(POLICY).unwrap();
+    let layer = policy
+        .builder(env.backend.clone())
+        .unwrap()
+        .build()
+        .unwrap();
+    let (tx, _streams) = mpsc::unbounded_channel();
+    let base = format!("http://{}", serve(llm_app(layer, tx)).await);
+    // The default estimate (1000) fits the 1000; 40 used.
+    let r = get_with(format!("{base}/llm?tokens=40"), None).await;
+    assert_eq!(limits(&r).remaining, Some(960));
+    // 961 reserved (more than left) is denied and reserves nothing.
+    let r = get_with(format!("{base}/llm?tokens=1"), Some(961)).await;
+    let l = limits(&r);
+    assert_eq!((l.status, l.remaining), (429, Some(960)));
+    let r = get_with(format!("{base}/llm?tokens=1"), Some(960)).await;
+    assert_eq!(limits(&r).remaining, Some(959));
+}
+
+#[test]
+fn priced_policies_fail_naming_the_field() {
+    use tiered_ratelimit::policy::Policy;
+    let build = |priced: &str| {
+        let text = format!(
+            "[[tier]]\nname = \"t\"\nkey = \"global\"\nlimit = 10\nperiod = \"1m\"\n[tier.priced]\n{priced}\n"
+        );
+        match Policy::from_toml_str(&text) {
+            Err(e) => e.to_string(),
+            Ok(p) => p
+                .builder(tiered_ratelimit::backend::MemoryBackend::new())
+                .and_then(|b| b.build())
+                .unwrap_err()
+                .to_string(),
+        }
+    };
+    assert_eq!(
+        build(r#"estimate = { header = "x-max-tokens", max = 5 }"#),
+        "tier \"t\": priced.estimate.default: required with priced.estimate.header"
+    );
+    assert_eq!(
+        build(r#"estimate = { header = "x-max-tokens", default = 1, max = 5, fixed = 2 }"#),
+        "tier \"t\": priced.estimate: either header (with default and max) or fixed, not both"
+    );
+    assert_eq!(
+        build(
+            r#"estimate = { fixed = 2 }
+actual = { header = "x usage" }"#
+        ),
+        "tier \"t\": priced.actual.header: \"x usage\" is not a valid header name"
+    );
+    assert!(build(r#"estimate = { fixed = 2, guess = 1 }"#).contains("unknown field `guess`"));
 }
 
 #[test]
