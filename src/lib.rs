@@ -98,6 +98,7 @@ pub use http::priced;
 pub use algorithm::kind::{Algorithm, AlgorithmNameError, LeakyBucket};
 pub use algorithm::penalty::Penalty;
 pub use engine::breaker::CircuitBreaker;
+pub use engine::builder::EngineBuilder;
 pub use engine::token_lease;
 pub use engine::MAX_TIERS;
 pub use error::{BackendError, ConfigError, PingError};

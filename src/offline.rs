@@ -37,14 +37,12 @@
 //! ```
 
 use crate::backend::{Backend, TierCheck};
-use crate::engine::plan::{plan, Planned, Purpose};
 use crate::engine::Facts;
 use crate::engine::{Block, Decision as EngineDecision, Step};
 use crate::http::front::{Front, HttpFacts};
 use crate::http::layer::RateLimitLayer;
 use crate::key::{KeyError, KeyWriter};
 use crate::observe::RequestDecision;
-use crate::rollout::AccessList;
 use http::request::Parts;
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -251,14 +249,12 @@ impl Offline {
     /// the same request).
     pub fn plan(&self, parts: &Parts, checks: &mut Checks) {
         let front = &*self.front;
-        match plan(
-            &front.engine.shared,
-            &Unobserved(front.facts(parts)),
-            Purpose::Inspect,
-        ) {
-            Planned::Check(planned, meta) => checks.record(&self.bases, &planned, &meta.tiers),
-            _ => checks.n = 0,
-        }
+        checks.n = 0;
+        front
+            .engine
+            .plan_only(&Unobserved(front.facts(parts)), |planned, meta| {
+                checks.record(&self.bases, planned, &meta.tiers);
+            });
     }
 
     /// The key tier `tier`'s extractor returns for `parts`, before storage
@@ -281,8 +277,8 @@ struct Unobserved<'a>(HttpFacts<'a>);
 impl Facts for Unobserved<'_> {
     const OBSERVED: bool = false;
 
-    fn listed(&self, list: &AccessList) -> bool {
-        self.0.listed(list)
+    fn standing(&self) -> crate::rollout::Standing {
+        self.0.standing()
     }
     fn cost(&self, tier: usize) -> Option<u64> {
         self.0.cost(tier)

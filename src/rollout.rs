@@ -445,3 +445,81 @@ fn normalize_net(net: IpNet) -> IpNet {
         IpNet::V4(v4) => IpNet::V4(v4.trunc()),
     }
 }
+
+/// The allowlist and the denylist of one HTTP front door, with the
+/// denylist's status: the front door answers the engine's "is this request
+/// listed?" from them, and a [`RateLimitHandle`](crate::RateLimitHandle)
+/// replaces them at run time (swapped whole, so a request reads one
+/// version).
+pub(crate) struct AccessLists {
+    current: arc_swap::ArcSwap<Lists>,
+    /// Whether either list has an entry: a request of a layer without lists
+    /// (the common case) reads this flag only.
+    any: std::sync::atomic::AtomicBool,
+}
+
+/// One version of [`AccessLists`].
+#[derive(Debug, Clone)]
+pub(crate) struct Lists {
+    pub(crate) allow: Arc<AccessList>,
+    pub(crate) deny: Arc<AccessList>,
+    pub(crate) deny_status: DenyStatus,
+}
+
+impl AccessLists {
+    pub(crate) fn new(lists: Lists) -> Self {
+        let any = !lists.allow.is_empty() || !lists.deny.is_empty();
+        Self {
+            current: arc_swap::ArcSwap::from_pointee(lists),
+            any: std::sync::atomic::AtomicBool::new(any),
+        }
+    }
+
+    /// The lists in force.
+    pub(crate) fn load(&self) -> Arc<Lists> {
+        self.current.load_full()
+    }
+
+    /// Replaces both lists.
+    pub(crate) fn store(&self, lists: Lists) {
+        let any = !lists.allow.is_empty() || !lists.deny.is_empty();
+        self.current.store(Arc::new(lists));
+        self.any.store(any, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The request's standing: the denylist first, then the allowlist.
+    #[inline]
+    pub(crate) fn standing(&self, parts: &Parts, client_ip: &ClientIp) -> Standing {
+        if !self.any.load(std::sync::atomic::Ordering::Acquire) {
+            return Standing::Unlisted;
+        }
+        let lists = self.current.load();
+        if lists.deny.matches(parts, client_ip) {
+            Standing::Denied(lists.deny_status)
+        } else if lists.allow.matches(parts, client_ip) {
+            Standing::Allowed
+        } else {
+            Standing::Unlisted
+        }
+    }
+}
+
+impl fmt::Debug for AccessLists {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AccessLists")
+            .field("current", &self.current.load())
+            .finish()
+    }
+}
+
+/// A request's standing on the lists, as the engine's gate asks it
+/// (see [`crate::rollout`]): the denylist is checked first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// On neither list: the tiers decide.
+    Unlisted,
+    /// On the allowlist: not limited.
+    Allowed,
+    /// On the denylist: refused with this status before any tier.
+    Denied(DenyStatus),
+}

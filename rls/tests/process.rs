@@ -115,6 +115,9 @@ async fn two_processes_share_redis_all_or_nothing_then_shut_down_cleanly() {
             r#"
 domain = "edge"
 key_prefix = "rls-proc"
+# Generous: under a loaded machine the 100 ms default fails open, and
+# this test counts exact admissions, not timeouts.
+backend_timeout_ms = 5000
 [redis]
 url = "{}"
 [[rule]]

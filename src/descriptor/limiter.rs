@@ -3,18 +3,18 @@
 //! [`Facts`] over descriptors.
 
 use super::matching::{Compiled, Descriptor};
-use super::rules::{Rule, RuleLimit};
+use super::rules::{Rule, RuleLimit, RulesPolicy};
 use super::{MAX_DESCRIPTORS, MAX_ENTRIES};
+use crate::backend::Backend;
+use crate::engine::builder::EngineBuilder;
+use crate::engine::spec::TierSpec;
 use crate::engine::{Block, Decision, Engine, Facts, Step};
 use crate::error::ConfigError;
+use crate::handle::RateLimitHandle;
 use crate::key::{KeyError, KeyWriter};
 use crate::observe::RequestDecision;
 use crate::response::RateLimitHeaders;
-use crate::rollout::{AccessList, Mode};
-use crate::{
-    handle::RateLimitHandle, http::layer::RateLimitLayer, http::layer::RateLimitLayerBuilder,
-    http::tier::Tier, quota::Quota,
-};
+use crate::rollout::Mode;
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,7 +103,6 @@ pub enum RequestError {
 /// is cheap.
 #[derive(Debug, Clone)]
 pub struct DescriptorLimiter {
-    pub(super) layer: RateLimitLayer,
     pub(super) engine: Engine,
     pub(super) domain: Arc<str>,
     pub(super) rules: Arc<[Compiled]>,
@@ -111,10 +110,22 @@ pub struct DescriptorLimiter {
     pub(super) tier_rule: Arc<[usize]>,
 }
 
+impl RulesPolicy {
+    /// The limiter on `backend` (the program chooses it, from
+    /// [`redis`](Self::redis) or not).
+    ///
+    /// # Errors
+    /// As [`rules`](Self::rules) and [`DescriptorLimiter::new`].
+    pub fn limiter(&self, backend: impl Into<Backend>) -> Result<DescriptorLimiter, ConfigError> {
+        let engine = self.engine(backend)?;
+        DescriptorLimiter::new(self.domain.clone(), self.rules()?, self.shadow_mode, engine)
+    }
+}
+
 impl DescriptorLimiter {
-    /// The limiter for `domain` with `rules`, on the engine `builder`
-    /// builds (its backend, key prefix, failure policy, timeout, header
-    /// style, …) with one tier per limited rule. `shadow_mode` runs every
+    /// The limiter for `domain` with `rules`, on an engine with the
+    /// settings of `builder` (its backend, key prefix, failure policy,
+    /// timeout, header style, …) and one tier per limited rule. `shadow_mode` runs every
     /// rule in shadow. The builder's deny cache is turned off: every
     /// request's statuses come from the backend.
     ///
@@ -124,12 +135,12 @@ impl DescriptorLimiter {
     /// twice, more than [`MAX_TIERS`](crate::MAX_TIERS) (64) limited rules,
     /// a rule without entries or with an empty key, more than
     /// [`MAX_ENTRIES`] entries, two rules with the same match; and whatever
-    /// [`build`](RateLimitLayerBuilder::build) refuses (rule names, quotas).
+    /// the engine refuses (quotas, options).
     pub fn new(
         domain: impl Into<String>,
         rules: Vec<Rule>,
         shadow_mode: bool,
-        builder: RateLimitLayerBuilder,
+        builder: EngineBuilder,
     ) -> Result<Self, ConfigError> {
         let domain = domain.into();
         if domain.is_empty() {
@@ -193,12 +204,11 @@ impl DescriptorLimiter {
                 } else {
                     Mode::Enforce
                 };
-                let mut tier = Tier::new(r.name.clone(), crate::key::Global, r.quota)
-                    .algorithm(r.algorithm)
-                    .mode(mode);
-                if let Some(lease) = r.lease {
-                    tier = tier.lease(lease);
-                }
+                let mut tier = TierSpec::new(r.name.clone(), r.quota);
+                tier.algorithm = r.algorithm;
+                tier.mode = mode;
+                tier.lease = r.lease;
+                tier.key_type = "Descriptor";
                 builder = builder.tier(tier);
                 tier_rule.push(i);
                 Some(tier_rule.len() - 1)
@@ -210,17 +220,10 @@ impl DescriptorLimiter {
                 tier,
             });
         }
-        if tier_rule.is_empty() {
-            // Every rule unlimited (or none): the engine still needs a tier,
-            // which no descriptor ever names.
-            builder = builder.tier(
-                Tier::new("unused", crate::key::Global, Quota::per_second(1)).mode(Mode::Off),
-            );
-        }
-        let layer = builder.build()?;
-        let engine = layer.front.engine.clone();
+        // Every rule unlimited: an engine without tiers, which passes every
+        // request it is asked about (none is: no descriptor names a tier).
+        let engine = builder.build()?;
         Ok(Self {
-            layer,
             engine,
             domain: Arc::from(domain),
             rules: compiled.into(),
@@ -235,7 +238,7 @@ impl DescriptorLimiter {
 
     /// A handle on the engine (modes, quotas, counts), as a layer's.
     pub fn handle(&self) -> RateLimitHandle {
-        self.layer.handle()
+        RateLimitHandle::new(self.engine.shared.clone(), None)
     }
 
     /// Decides a request: its `domain`, its `descriptors`, and its cost
@@ -275,7 +278,7 @@ impl DescriptorLimiter {
                     entries: d.entries.len(),
                 });
             }
-            let Some(rule) = self.rule_of(d) else {
+            let Some(rule) = super::matching::rule_of(&self.rules, d) else {
                 matched.push(None);
                 continue;
             };
@@ -446,9 +449,6 @@ pub(super) struct DescriptorFacts<'a> {
 impl Facts for DescriptorFacts<'_> {
     const DETAILS: bool = true;
 
-    fn listed(&self, _: &AccessList) -> bool {
-        false
-    }
     fn cost(&self, tier: usize) -> Option<u64> {
         self.cost_at(tier, 0)
     }

@@ -1,7 +1,6 @@
 //! From a descriptor to its rule: a rule compiled for matching, and the
 //! most specific match.
 
-use super::limiter::DescriptorLimiter;
 use super::rules::EntryMatch;
 use crate::quota::Quota;
 use std::sync::Arc;
@@ -51,22 +50,20 @@ impl Compiled {
     }
 }
 
-impl DescriptorLimiter {
-    /// The rule a descriptor matches (the most specific).
-    pub(super) fn rule_of(&self, d: &Descriptor<'_>) -> Option<usize> {
-        let mut best: Option<usize> = None;
-        for (i, r) in self.rules.iter().enumerate() {
-            if !r.matches(d) {
-                continue;
-            }
-            let better = match best {
-                None => true,
-                Some(b) => r.specificity().gt(self.rules[b].specificity()),
-            };
-            if better {
-                best = Some(i);
-            }
+/// The rule of `rules` a descriptor matches (the most specific).
+pub(super) fn rule_of(rules: &[Compiled], d: &Descriptor<'_>) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    for (i, r) in rules.iter().enumerate() {
+        if !r.matches(d) {
+            continue;
         }
-        best
+        let better = match best {
+            None => true,
+            Some(b) => r.specificity().gt(rules[b].specificity()),
+        };
+        if better {
+            best = Some(i);
+        }
     }
+    best
 }

@@ -2,14 +2,13 @@
 //! [`RuleLimit`]) and their TOML form ([`RulesPolicy`], [`RulePolicy`],
 //! [`FailureStatus`]).
 
-use super::limiter::DescriptorLimiter;
 use crate::backend::Backend;
 use crate::error::ConfigError;
 use crate::policy::RedisConfig;
 use crate::response::HeaderStyle;
 use crate::{
-    algorithm::kind::Algorithm, engine::breaker::CircuitBreaker, engine::runtime::FailurePolicy,
-    http::layer::RateLimitLayer, quota::Quota,
+    algorithm::kind::Algorithm, engine::breaker::CircuitBreaker, engine::builder::EngineBuilder,
+    engine::runtime::FailurePolicy, quota::Quota,
 };
 use serde::Deserialize;
 use std::path::Path;
@@ -334,30 +333,21 @@ impl RulesPolicy {
             .collect()
     }
 
-    /// The limiter on `backend` (the program chooses it, from
-    /// [`redis`](Self::redis) or not).
-    ///
-    /// # Errors
-    /// As [`rules`](Self::rules) and [`DescriptorLimiter::new`].
-    pub fn limiter(&self, backend: impl Into<Backend>) -> Result<DescriptorLimiter, ConfigError> {
+    /// The engine settings of this file on `backend`, for
+    /// [`limiter`](Self::limiter).
+    pub(super) fn engine(&self, backend: impl Into<Backend>) -> Result<EngineBuilder, ConfigError> {
         if self.backend_timeout_ms == 0 {
             return Err(ConfigError::Policy(
                 "backend_timeout_ms: must be at least 1".into(),
             ));
         }
-        let builder = RateLimitLayer::builder()
+        Ok(EngineBuilder::default()
             .backend(backend)
             .key_prefix(self.key_prefix.clone())
             .failure_policy(self.failure_policy)
             .backend_timeout(Duration::from_millis(self.backend_timeout_ms))
             .fallback_instances(self.fallback_instances)
             .circuit_breaker(self.circuit_breaker)
-            .headers(self.headers);
-        DescriptorLimiter::new(
-            self.domain.clone(),
-            self.rules()?,
-            self.shadow_mode,
-            builder,
-        )
+            .headers(self.headers))
     }
 }

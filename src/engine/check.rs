@@ -63,6 +63,16 @@ impl Engine {
         self.start_inspected(facts, started, |_, _| {})
     }
 
+    /// Plans the request of `facts` as [`start`](Self::start) would and
+    /// shows its checks to `inspect`, without deciding, charging or
+    /// counting it (replay's "which tiers, which keys"). Nothing is shown
+    /// when no check is planned (passed, refused or failed before any).
+    pub(crate) fn plan_only(&self, facts: &impl Facts, inspect: impl FnOnce(&[TierCheck], &Meta)) {
+        if let Planned::Check(checks, meta) = plan(&self.shared, facts, Purpose::Inspect) {
+            inspect(&checks, &meta);
+        }
+    }
+
     /// [`start`](Self::start), showing the planned checks and the tier index
     /// of each to `inspect` before they go further (replay's report).
     pub(crate) fn start_inspected(

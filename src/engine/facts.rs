@@ -7,7 +7,7 @@
 //! extraction.
 
 use crate::key::{KeyError, KeyWriter};
-use crate::rollout::AccessList;
+use crate::rollout::Standing;
 use std::borrow::Cow;
 
 /// The facts of one request, as a front door reads them. Tier numbers are
@@ -49,8 +49,11 @@ pub(crate) trait Facts {
         self.key(tier, key)
     }
 
-    /// Whether `list` (the allow- or denylist) names this request's client.
-    fn listed(&self, list: &AccessList) -> bool;
+    /// The request's standing on the front door's allow- and denylists
+    /// (default: unlisted, for a front door without lists).
+    fn standing(&self) -> Standing {
+        Standing::Unlisted
+    }
 
     /// Tier `tier`'s cost for this request (in the tier's units), or `None`
     /// when the tier does not count it (its methods exclude the request's).

@@ -20,12 +20,15 @@
 //! [`watch`] keeps the control key's overrides in it up to date.
 
 pub(crate) mod breaker;
+mod build;
+pub(crate) mod builder;
 pub(crate) mod check;
 pub(crate) mod decide;
 pub(crate) mod decision;
 pub(crate) mod deny;
 pub(crate) mod deny_cache;
 pub(crate) mod facts;
+pub(crate) mod meta;
 pub(crate) mod no_key;
 pub(crate) mod outcome;
 pub(crate) mod plan;
@@ -33,6 +36,7 @@ pub(crate) mod runtime;
 pub(crate) mod settle;
 pub(crate) mod slots;
 pub(crate) mod spare;
+pub(crate) mod spec;
 pub mod token_lease;
 pub(crate) mod watch;
 

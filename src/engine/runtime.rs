@@ -11,7 +11,7 @@ use crate::error::ConfigError;
 use crate::handle::control::ControlKey;
 use crate::observe::recorder::Observer;
 use crate::response::HeaderStyle;
-use crate::rollout::{AccessList, DenyStatus, Mode};
+use crate::rollout::Mode;
 use crate::util::throttle::LogThrottle;
 use crate::{algorithm::kind::Algorithm, quota::Quota};
 use arc_swap::ArcSwap;
@@ -114,8 +114,6 @@ pub(crate) struct PlanRuntime {
 pub(crate) struct Runtime {
     pub(crate) mode: Mode,
     pub(crate) tiers: Box<[TierRuntime]>,
-    pub(crate) allow: Arc<AccessList>,
-    pub(crate) deny: Arc<AccessList>,
 }
 
 /// Everything the service shares between requests.
@@ -137,7 +135,6 @@ pub(crate) struct Shared {
     /// answers only fully cached requests).
     pub(crate) lists_violated: bool,
     pub(crate) failure_log: LogThrottle,
-    pub(crate) deny_status: DenyStatus,
     pub(crate) shadow_headers: bool,
     pub(crate) shadow_log_level: tracing::Level,
     pub(crate) counts: crate::observe::Counts,

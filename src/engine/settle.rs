@@ -40,6 +40,39 @@ const RETRY_WAITS: [Duration; 3] = [
     Duration::from_millis(1600),
 ];
 
+/// Whether a priced tier can run as configured: an algorithm that can
+/// settle ([`Limit::settles`](crate::algorithm::Limit::settles)), not in
+/// lease mode, without refunds by status.
+///
+/// # Errors
+/// [`ConfigError::Priced`](crate::ConfigError::Priced), naming the field.
+pub(crate) fn check_priced(
+    t: &super::spec::TierSpec,
+    limit: &crate::algorithm::Limit,
+) -> Result<(), crate::ConfigError> {
+    let refuse = |field, reason: &str| crate::ConfigError::Priced {
+        tier: t.name.clone(),
+        field,
+        reason: reason.to_owned(),
+    };
+    if !limit.settles() {
+        return Err(refuse(
+            "algorithm",
+            "a priced tier takes token_bucket or fixed_window only",
+        ));
+    }
+    if t.lease.is_some() {
+        return Err(refuse("sync", "a priced tier cannot run in lease mode"));
+    }
+    if t.skip_failed || t.skip_successful {
+        return Err(refuse(
+            "skip_failed_requests",
+            "a priced tier settles by its actual cost, not by status",
+        ));
+    }
+    Ok(())
+}
+
 /// An admitted request's charges on its priced tiers, at their estimates.
 pub(crate) struct Reservation {
     backend: Backend,

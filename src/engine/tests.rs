@@ -12,7 +12,7 @@ use crate::backend::Verdict;
 use crate::error::BackendError;
 use crate::key::{Global, KeyError, KeyWriter};
 use crate::observe::RequestDecision;
-use crate::rollout::{AccessList, Mode};
+use crate::rollout::Mode;
 use crate::{http::layer::RateLimitLayer, http::tier::Tier, quota::Quota};
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -21,9 +21,6 @@ use std::sync::Arc;
 struct TestFacts;
 
 impl Facts for TestFacts {
-    fn listed(&self, _: &AccessList) -> bool {
-        false
-    }
     fn cost(&self, _: usize) -> Option<u64> {
         Some(1)
     }

@@ -8,7 +8,7 @@ use crate::engine::runtime::{checked_limit, fallback_limit, PlanRuntime, Runtime
 use crate::observe::recorder::{AnomalyStatus, BucketCounts};
 use crate::observe::topn::{BlockedKey, Kind};
 use crate::observe::DecisionCounts;
-use crate::rollout::{AccessList, Mode};
+use crate::rollout::{AccessList, AccessLists, Lists, Mode};
 use crate::{algorithm::kind::Algorithm, error::ConfigError, quota::Quota};
 use std::fmt;
 use std::sync::Arc;
@@ -37,7 +37,15 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct RateLimitHandle {
     shared: Arc<Shared>,
+    /// The front door's allow- and denylists (`None`: it has none, as the
+    /// descriptor front door).
+    lists: Option<Arc<AccessLists>>,
 }
+
+/// Serializes [`RateLimitHandle::update`]s: the engine's settings and the
+/// front door's lists are two cells, written together under it. Updates are
+/// rare operator actions; requests never take it.
+static UPDATES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl fmt::Debug for RateLimitHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -73,6 +81,7 @@ pub struct TierStatus {
 /// A set of changes applied together by [`RateLimitHandle::update`].
 pub struct Changes<'a> {
     runtime: &'a mut Runtime,
+    lists: Option<&'a mut Lists>,
     shared: &'a Shared,
 }
 
@@ -155,22 +164,27 @@ impl Changes<'_> {
         Ok(self)
     }
 
-    /// Replaces the allowlist.
+    /// Replaces the allowlist (a no-op on a front door without lists).
     pub fn allowlist(&mut self, list: AccessList) -> &mut Self {
-        self.runtime.allow = Arc::new(list);
+        if let Some(lists) = self.lists.as_deref_mut() {
+            lists.allow = Arc::new(list);
+        }
         self
     }
 
-    /// Replaces the denylist (its status stays as built).
+    /// Replaces the denylist (its status stays as built; a no-op on a
+    /// front door without lists).
     pub fn denylist(&mut self, list: AccessList) -> &mut Self {
-        self.runtime.deny = Arc::new(list);
+        if let Some(lists) = self.lists.as_deref_mut() {
+            lists.deny = Arc::new(list);
+        }
         self
     }
 }
 
 impl RateLimitHandle {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
-        Self { shared }
+    pub(crate) fn new(shared: Arc<Shared>, lists: Option<Arc<AccessLists>>) -> Self {
+        Self { shared, lists }
     }
 
     /// What every request of the layer reads.
@@ -187,33 +201,26 @@ impl RateLimitHandle {
     where
         F: Fn(&mut Changes<'_>) -> Result<(), ConfigError>,
     {
-        let current = self.shared.runtime.load_full();
-        let mut next = Runtime::clone(&current);
+        // A poisoned lock only means another update panicked in `f`; the
+        // cells it guards were not written then.
+        let _serial = UPDATES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut runtime = Runtime::clone(&self.shared.runtime.load());
+        let mut lists = self.lists.as_ref().map(|l| Lists::clone(&l.load()));
         f(&mut Changes {
-            runtime: &mut next,
+            runtime: &mut runtime,
+            lists: lists.as_mut(),
             shared: &self.shared,
         })?;
-        // A concurrent update between load and store would be lost; updates
-        // are rare operator actions, so compare-and-swap and retry.
-        let mut expected = current;
-        loop {
-            let prev = self
-                .shared
-                .runtime
-                .compare_and_swap(&expected, Arc::new(next.clone()));
-            if Arc::ptr_eq(&prev, &expected) {
-                // Cached denials were decided under the old settings.
-                self.shared.deny_cache.clear();
-                self.shared.refresh_mode_gauges();
-                return Ok(());
-            }
-            expected = arc_swap::Guard::into_inner(prev);
-            next = Runtime::clone(&expected);
-            f(&mut Changes {
-                runtime: &mut next,
-                shared: &self.shared,
-            })?;
+        if let (Some(cell), Some(lists)) = (&self.lists, lists) {
+            cell.store(lists);
         }
+        self.shared.runtime.store(Arc::new(runtime));
+        // Cached denials were decided under the old settings.
+        self.shared.deny_cache.clear();
+        self.shared.refresh_mode_gauges();
+        Ok(())
     }
 
     /// The global mode set in code (builder or [`set_mode`](Self::set_mode)).

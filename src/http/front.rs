@@ -10,7 +10,7 @@ use crate::engine::{Block, Engine, Facts};
 use crate::http::tier::{CostFn, PlanFn};
 use crate::key::{route_of, ClientIp, KeyError, KeyExtractor, KeyWriter};
 use crate::response::{json_response, unavailable, OnRejection};
-use crate::rollout::{AccessList, DenyStatus, Plan};
+use crate::rollout::{AccessLists, DenyStatus, Plan, Standing};
 use bytes::Bytes;
 use http::request::Parts;
 use http::Response;
@@ -45,6 +45,8 @@ pub(crate) struct Front {
     /// One per engine tier, in the same order.
     pub(crate) tiers: Box<[HttpTier]>,
     pub(crate) client_ip: ClientIp,
+    /// The allow- and denylists (shared with the layer's handles).
+    pub(crate) lists: Arc<AccessLists>,
     pub(crate) on_rejection: Arc<dyn OnRejection>,
     /// Per tier: the header (or trailer) of a priced tier's actual cost
     /// (`None`: not priced, or reported through `Usage` only).
@@ -117,8 +119,9 @@ pub(crate) struct HttpFacts<'a> {
 }
 
 impl Facts for HttpFacts<'_> {
-    fn listed(&self, list: &AccessList) -> bool {
-        list.matches(self.parts, &self.front.client_ip)
+    #[inline]
+    fn standing(&self) -> Standing {
+        self.front.lists.standing(self.parts, &self.front.client_ip)
     }
 
     #[inline]

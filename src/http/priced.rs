@@ -330,36 +330,16 @@ pub(crate) enum AtHead {
     Later(Box<Pricing>),
 }
 
-/// Checks a priced tier and compiles it: its estimate becomes the tier's
+/// Compiles a priced tier's HTTP half: its estimate becomes the tier's
 /// cost function; the result is the actual's header (`None`: reported
-/// only). Not priced: `Ok(None)`.
+/// only). Not priced: `Ok(None)`. (The engine checks the rest:
+/// `engine::settle::check_priced`.)
 pub(crate) fn compile(
     t: &mut crate::Tier,
-    limit: &crate::algorithm::Limit,
 ) -> Result<Option<Option<HeaderName>>, crate::ConfigError> {
     let Some((estimate, actual)) = t.priced.take() else {
         return Ok(None);
     };
-    let refuse = |field, reason: &str| crate::ConfigError::Priced {
-        tier: t.name.clone(),
-        field,
-        reason: reason.to_owned(),
-    };
-    if !limit.settles() {
-        return Err(refuse(
-            "algorithm",
-            "a priced tier takes token_bucket or fixed_window only",
-        ));
-    }
-    if t.lease.is_some() {
-        return Err(refuse("sync", "a priced tier cannot run in lease mode"));
-    }
-    if t.skip_failed_requests || t.skip_successful_requests {
-        return Err(refuse(
-            "skip_failed_requests",
-            "a priced tier settles by its actual cost, not by status",
-        ));
-    }
     t.cost_fn = Some(estimate.into_cost_fn(&t.name)?);
     let header = actual
         .header

@@ -1,9 +1,9 @@
 //! [`RateLimitLayerBuilder`]: its settings, their defaults and setters
 //! (checked and assembled by `build`, in `build.rs`).
 
-use super::DEFAULT_KEY_PREFIX;
 use crate::backend::Backend;
 use crate::engine::breaker::CircuitBreaker;
+use crate::engine::builder::EngineBuilder;
 use crate::engine::runtime::FailurePolicy;
 use crate::handle::control::ControlKey;
 use crate::http::tier::Tier;
@@ -19,32 +19,15 @@ use std::time::Duration;
 /// checked in [`build`](Self::build).
 #[must_use]
 pub struct RateLimitLayerBuilder {
-    pub(super) backend: Option<Backend>,
-    pub(super) key_prefix: String,
+    /// The engine's settings (every setter below but `tier`, `on_rejection`,
+    /// `client_ip`, `allowlist`, `denylist` and `protocol` sets one of them).
+    pub(super) engine: EngineBuilder,
     pub(super) tiers: Vec<Tier>,
-    pub(super) failure_policy: FailurePolicy,
-    pub(super) backend_timeout: Duration,
-    pub(super) docs_url: Option<String>,
     pub(super) on_rejection: Arc<dyn OnRejection>,
-    pub(super) mode: Mode,
     pub(super) client_ip: ClientIp,
     pub(super) allow: AccessList,
     pub(super) deny: AccessList,
     pub(super) deny_status: DenyStatus,
-    pub(super) shadow_headers: bool,
-    pub(super) shadow_log_level: tracing::Level,
-    pub(super) circuit_breaker: CircuitBreaker,
-    pub(super) fallback_instances: u32,
-    pub(super) deny_cache: u64,
-    pub(super) header_style: HeaderStyle,
-    pub(super) anomaly: AnomalyConfig,
-    pub(super) top_n_capacity: usize,
-    pub(super) max_endpoints: usize,
-    pub(super) control: Option<ControlKey>,
-    pub(super) fleet_top_n: bool,
-    pub(super) fleet_flush_interval: Duration,
-    pub(super) fleet_pending_keys: usize,
-    pub(super) no_key_warn_after: u64,
     #[cfg(feature = "grpc")]
     pub(super) protocol: crate::http::grpc::Protocol,
 }
@@ -52,32 +35,13 @@ pub struct RateLimitLayerBuilder {
 impl Default for RateLimitLayerBuilder {
     fn default() -> Self {
         Self {
-            backend: None,
-            key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
+            engine: EngineBuilder::default(),
             tiers: Vec::new(),
-            failure_policy: FailurePolicy::Open,
-            backend_timeout: Duration::from_millis(100),
-            docs_url: None,
             on_rejection: Arc::new(JsonRejection),
-            mode: Mode::Enforce,
             client_ip: ClientIp::default(),
             allow: AccessList::new(),
             deny: AccessList::new(),
             deny_status: DenyStatus::Forbidden,
-            shadow_headers: false,
-            shadow_log_level: tracing::Level::INFO,
-            circuit_breaker: CircuitBreaker::default(),
-            fallback_instances: 1,
-            deny_cache: 100_000,
-            header_style: HeaderStyle::Legacy,
-            anomaly: AnomalyConfig::default(),
-            top_n_capacity: 256,
-            max_endpoints: crate::observe::recorder::DEFAULT_MAX_ENDPOINTS,
-            control: None,
-            fleet_top_n: true,
-            fleet_flush_interval: Duration::from_secs(1),
-            fleet_pending_keys: 10_000,
-            no_key_warn_after: crate::engine::no_key::DEFAULT_WARN_AFTER,
             #[cfg(feature = "grpc")]
             protocol: crate::http::grpc::Protocol::Auto,
         }
@@ -87,12 +51,8 @@ impl Default for RateLimitLayerBuilder {
 impl fmt::Debug for RateLimitLayerBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayerBuilder")
-            .field("backend", &self.backend)
-            .field("key_prefix", &self.key_prefix)
+            .field("engine", &self.engine)
             .field("tiers", &self.tiers)
-            .field("failure_policy", &self.failure_policy)
-            .field("backend_timeout", &self.backend_timeout)
-            .field("docs_url", &self.docs_url)
             .finish_non_exhaustive()
     }
 }
@@ -100,23 +60,19 @@ impl fmt::Debug for RateLimitLayerBuilder {
 impl RateLimitLayerBuilder {
     /// Where buckets live: a [`MemoryBackend`](crate::backend::MemoryBackend)
     /// (the default) or a [`RedisBackend`](crate::backend::RedisBackend).
+    ///
+    /// See [`EngineBuilder::backend`].
     pub fn backend(mut self, backend: impl Into<Backend>) -> Self {
-        self.backend = Some(backend.into());
+        self.engine = self.engine.backend(backend);
         self
     }
 
     /// Prefix of every storage key (`<prefix>:<tier>:<key>`); default `rl`.
     /// 1-64 printable ASCII characters without `{` or `}`.
     ///
-    /// **Two services that share one Redis must use different prefixes**:
-    /// with the same prefix, a tier of the same name and key is one bucket
-    /// for both, so each service's traffic spends the other's quota (and
-    /// their `[control]` keys and blocked-key sets collide too). With a
-    /// Redis backend and the prefix `rl` (the default, whether left unset
-    /// or set to it), [`build`](Self::build) logs a `WARN` line saying so,
-    /// once per layer built; any other prefix silences it.
+    /// See [`EngineBuilder::key_prefix`].
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.key_prefix = prefix.into();
+        self.engine = self.engine.key_prefix(prefix);
         self
     }
 
@@ -127,21 +83,27 @@ impl RateLimitLayerBuilder {
     }
 
     /// What to do when the backend cannot decide (default [`FailurePolicy::Open`]).
+    ///
+    /// See [`EngineBuilder::failure_policy`].
     pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
-        self.failure_policy = policy;
+        self.engine = self.engine.failure_policy(policy);
         self
     }
 
     /// The longest a backend check may add to a request (default 100 ms);
     /// past it the failure policy applies.
+    ///
+    /// See [`EngineBuilder::backend_timeout`].
     pub fn backend_timeout(mut self, timeout: Duration) -> Self {
-        self.backend_timeout = timeout;
+        self.engine = self.engine.backend_timeout(timeout);
         self
     }
 
     /// A URL explaining your limits, sent as `docs` in the 429 body.
+    ///
+    /// See [`EngineBuilder::docs_url`].
     pub fn docs_url(mut self, url: impl Into<String>) -> Self {
-        self.docs_url = Some(url.into());
+        self.engine = self.engine.docs_url(url);
         self
     }
 
@@ -153,8 +115,10 @@ impl RateLimitLayerBuilder {
 
     /// The global mode (default [`Mode::Enforce`]): each tier runs in the
     /// weaker of its own mode and this one (see [`crate::rollout`]).
+    ///
+    /// See [`EngineBuilder::mode`].
     pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
+        self.engine = self.engine.mode(mode);
         self
     }
 
@@ -180,50 +144,64 @@ impl RateLimitLayerBuilder {
 
     /// Whether requests decided by shadow tiers carry `X-RateLimit-*` headers
     /// (default `false`: clients see nothing while you observe).
+    ///
+    /// See [`EngineBuilder::shadow_headers`].
     pub fn shadow_headers(mut self, send: bool) -> Self {
-        self.shadow_headers = send;
+        self.engine = self.engine.shadow_headers(send);
         self
     }
 
     /// The level of the log line for a request a shadow tier would have
     /// rejected (default `INFO`).
+    ///
+    /// See [`EngineBuilder::shadow_log_level`].
     pub fn shadow_log_level(mut self, level: tracing::Level) -> Self {
-        self.shadow_log_level = level;
+        self.engine = self.engine.shadow_log_level(level);
         self
     }
 
     /// The circuit breaker in front of the backend (default: open after 5
     /// consecutive failures, probe every 500 ms; `failures: 0` disables it).
+    ///
+    /// See [`EngineBuilder::circuit_breaker`].
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
-        self.circuit_breaker = breaker;
+        self.engine = self.engine.circuit_breaker(breaker);
         self
     }
 
     /// For [`FailurePolicy::Fallback`]: how many app instances share the
     /// quota, so each local fallback admits `quota / instances` (default 1;
     /// a burst or limit below 1 becomes 1).
+    ///
+    /// See [`EngineBuilder::fallback_instances`].
     pub fn fallback_instances(mut self, instances: u32) -> Self {
-        self.fallback_instances = instances;
+        self.engine = self.engine.fallback_instances(instances);
         self
     }
 
     /// The local deny cache's size in keys (default 100 000; 0 disables it).
     /// Used with the Redis backend only: the memory backend is local anyway.
+    ///
+    /// See [`EngineBuilder::deny_cache`].
     pub fn deny_cache(mut self, capacity: u64) -> Self {
-        self.deny_cache = capacity;
+        self.engine = self.engine.deny_cache(capacity);
         self
     }
 
     /// The 429-rate baseline and its alert (see [`crate::observe::anomaly`]).
+    ///
+    /// See [`EngineBuilder::anomaly`].
     pub fn anomaly(mut self, config: AnomalyConfig) -> Self {
-        self.anomaly = config;
+        self.engine = self.engine.anomaly(config);
         self
     }
 
     /// Counters per tier in the top-N blocked and near-limit sketches
     /// (default 256; the error of a count is at most the smallest counter).
+    ///
+    /// See [`EngineBuilder::top_n_capacity`].
     pub fn top_n_capacity(mut self, capacity: usize) -> Self {
-        self.top_n_capacity = capacity;
+        self.engine = self.engine.top_n_capacity(capacity);
         self
     }
 
@@ -234,15 +212,19 @@ impl RateLimitLayerBuilder {
     /// share the label `<other>`. Bounds the tier-decision series at
     /// (`max_endpoints` + 1) × tiers × plans × 5 decisions, of which only
     /// the combinations that occur exist.
+    ///
+    /// See [`EngineBuilder::max_endpoints`].
     pub fn max_endpoints(mut self, endpoints: usize) -> Self {
-        self.max_endpoints = endpoints.max(1);
+        self.engine = self.engine.max_endpoints(endpoints);
         self
     }
 
     /// Polls a fleet-wide control hash in Redis (see [`crate::handle::control`]);
     /// Redis backends only (ignored by the memory backend).
+    ///
+    /// See [`EngineBuilder::control_key`].
     pub fn control_key(mut self, control: ControlKey) -> Self {
-        self.control = Some(control);
+        self.engine = self.engine.control_key(control);
         self
     }
 
@@ -254,8 +236,10 @@ impl RateLimitLayerBuilder {
     /// pipelined call per [`fleet_top_n_flush`](Self::fleet_top_n_flush)
     /// interval. Read with
     /// [`RateLimitHandle::top_blocked_fleet`](crate::RateLimitHandle::top_blocked_fleet).
+    ///
+    /// See [`EngineBuilder::fleet_top_n`].
     pub fn fleet_top_n(mut self, on: bool) -> Self {
-        self.fleet_top_n = on;
+        self.engine = self.engine.fleet_top_n(on);
         self
     }
 
@@ -266,8 +250,7 @@ impl RateLimitLayerBuilder {
     /// `tiered_ratelimit_fleet_blocked_dropped_total{reason="overflow"}`. A
     /// crash loses at most one interval; so does a flush Redis fails.
     pub fn fleet_top_n_flush(mut self, interval: Duration, max_keys: usize) -> Self {
-        self.fleet_flush_interval = interval;
-        self.fleet_pending_keys = max_keys;
+        self.engine = self.engine.fleet_top_n_flush(interval, max_keys);
         self
     }
 
@@ -291,14 +274,18 @@ impl RateLimitLayerBuilder {
     /// Default 1000 requests; 0 never warns. Every keyless request is
     /// counted in `tiered_ratelimit_tier_no_key_total{tier}` whatever this
     /// says. Policy file: `no_key_warn_after`.
+    ///
+    /// See [`EngineBuilder::no_key_warning_after`].
     pub fn no_key_warning_after(mut self, requests: u64) -> Self {
-        self.no_key_warn_after = requests;
+        self.engine = self.engine.no_key_warning_after(requests);
         self
     }
 
     /// Which rate-limit headers to send (default [`HeaderStyle::Legacy`]).
+    ///
+    /// See [`EngineBuilder::headers`].
     pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.header_style = style;
+        self.engine = self.engine.headers(style);
         self
     }
 }

@@ -69,7 +69,7 @@ impl RateLimitLayer {
     /// rebuilding the router. Every clone of the layer (and every service
     /// it made) sees the changes from the next request on.
     pub fn handle(&self) -> crate::handle::RateLimitHandle {
-        crate::handle::RateLimitHandle::new(self.shared.clone())
+        crate::handle::RateLimitHandle::new(self.shared.clone(), Some(self.front.lists.clone()))
     }
 }
 
@@ -80,6 +80,3 @@ impl<S> tower_layer::Layer<S> for RateLimitLayer {
         RateLimitService::new(inner, self.front.clone())
     }
 }
-
-/// The storage key prefix when none is set.
-const DEFAULT_KEY_PREFIX: &str = "rl";
