@@ -27,7 +27,10 @@
 //!
 //! Routes: `GET /`, `GET /users/{id}`, `POST /login`, `GET /slow?ms=N`
 //! (answers after N ms, at most 10 000: try it with the built-in policy's
-//! commented concurrency tier), plus `GET /metrics`
+//! commented concurrency tier), `GET /llm?tokens=N` (answers with
+//! `x-usage-tokens: N`) and `GET /llm?tokens=N&stream_ms=M` (streams for M
+//! ms, at most 10 000, and reports N in an `x-usage-tokens` trailer): try
+//! them with the commented priced tier; plus `GET /metrics`
 //! (Prometheus text format, not rate limited) and, with `ADMIN_TOKEN`, the
 //! admin page and JSON API under `/admin/ratelimit` (see
 //! `docs/observability.md`). A demo auth layer turns
@@ -130,6 +133,21 @@ period = "10s"
 # algorithm = "concurrency"
 # limit = 2                        # at most 2 requests of one IP running at once
 # lease = "60s"                    # a crashed instance's slots come back after this
+
+# Tokens per minute per API key, priced by the response (an LLM API): each
+# request reserves its estimate (x-max-tokens) and is settled with what it
+# used (x-usage-tokens) when its response ends. Uncomment, restart, and run
+# `curl -i -H 'x-api-key: k' -H 'x-max-tokens: 500' 'localhost:3000/llm?tokens=120'`
+# (500 reserved, 120 charged: X-RateLimit-Remaining is after the settle), or
+# add `&stream_ms=3000` to stream for 3 s with the usage in a trailer.
+# [[tier]]
+# name = "tokens"
+# key = { header = "x-api-key" }
+# limit = 10000
+# period = "1m"
+# [tier.priced]
+# estimate = { header = "x-max-tokens", default = 1000, max = 8000 }
+# actual = { header = "x-usage-tokens" }
 "#;
 
 #[tokio::main]
@@ -269,6 +287,7 @@ fn app(rate_limit: RateLimitLayer) -> Router {
         .route("/users/{id}", get(user))
         .route("/login", post(login))
         .route("/slow", get(slow))
+        .route("/llm", get(llm))
         .fallback(|| async { (axum::http::StatusCode::NOT_FOUND, "not found\n") })
         .layer(rate_limit)
         .layer(middleware::from_fn(demo_auth))
@@ -346,6 +365,56 @@ async fn slow(RawQuery(query): RawQuery) -> String {
         .min(10_000);
     tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
     format!("slept {ms} ms\n")
+}
+
+/// `GET /llm?tokens=N[&stream_ms=M]`: an LLM-like answer that used N
+/// tokens: with `x-usage-tokens: N`, or streamed for M ms (at most
+/// 10 000), a chunk every 100 ms, with N in an `x-usage-tokens` trailer.
+async fn llm(RawQuery(query): RawQuery) -> Response {
+    let q = query.unwrap_or_default();
+    let arg = |name: &str| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    let tokens = arg("tokens").unwrap_or(0);
+    let Some(ms) = arg("stream_ms").map(|m| m.min(10_000)) else {
+        return Response::builder()
+            .header("x-usage-tokens", tokens)
+            .body(axum::body::Body::from(format!("used {tokens} tokens\n")))
+            .unwrap_or_default();
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let start = tokio::time::Instant::now();
+        let mut n = 0u64;
+        while start.elapsed().as_millis() < u128::from(ms) {
+            n += 1;
+            let chunk = http_body::Frame::data(bytes::Bytes::from(format!("chunk {n}\n")));
+            if tx.send(chunk).await.is_err() {
+                return; // the client went away
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        let mut trailers = axum::http::HeaderMap::new();
+        trailers.insert("x-usage-tokens", tokens.into());
+        let _ = tx.send(http_body::Frame::trailers(trailers)).await;
+    });
+    Response::new(axum::body::Body::new(Frames(rx)))
+}
+
+/// A body of the frames a task sends.
+struct Frames(tokio::sync::mpsc::Receiver<http_body::Frame<bytes::Bytes>>);
+
+impl http_body::Body for Frames {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|f| f.map(Ok))
+    }
 }
 
 async fn login() -> Json<Value> {

@@ -18,7 +18,9 @@
 --           another slot denied is refunded with those values.
 -- refund:   KEYS = the keys to refund (tiers this script charged), eight
 --           ARGV per key from ARGV[3] on: algorithm, p1, p2, p3, p4, cost,
---           charged_at (the now_us the check returned), undo.
+--           charged_at (the now_us the check returned), undo. A negative
+--           cost is a priced request's debt (-cost charged whatever the
+--           state: token_bucket_debt, fixed_window_debt in refund.lua).
 --   returns the number of keys refunded.
 
 local refunds = {
@@ -27,17 +29,29 @@ local refunds = {
   override_refund, calendar_refund,
 }
 
+local debts = { [1] = fixed_window_debt, [4] = token_bucket_debt }
+
 if ARGV[1] == 'refund' then
   local now = read_clock(ARGV[2])
   for i = 1, #KEYS do
     local a = 3 + (i - 1) * 8
-    local refund = refunds[tonumber(ARGV[a])]
-    if not refund then
-      return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a]))
+    local cost = tonumber(ARGV[a + 5])
+    if cost < 0 then
+      local debt = debts[tonumber(ARGV[a])]
+      if not debt then
+        return redis.error_reply('no debt for algorithm ' .. tostring(ARGV[a]))
+      end
+      debt(KEYS[i], now, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
+        tonumber(ARGV[a + 3]), -cost)
+    else
+      local refund = refunds[tonumber(ARGV[a])]
+      if not refund then
+        return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a]))
+      end
+      refund(KEYS[i], now, tonumber(ARGV[a + 6]),
+        tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
+        tonumber(ARGV[a + 4]), cost, tonumber(ARGV[a + 7]))
     end
-    refund(KEYS[i], now, tonumber(ARGV[a + 6]),
-      tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-      tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 7]))
   end
   return #KEYS
 end

@@ -130,3 +130,39 @@ local function leaky_bucket_refund(key, now, charged_at, _, rate, unit, _, cost_
     leaky_write(key, now, backlog, rate)
   end
 end
+
+-- Debts (twins: Limit::debt in src/algorithm/settle.rs): a priced request's
+-- actual cost above its estimate, charged once its response ended, whatever
+-- the state. The 'refund' mode of lua/cluster.lua runs one for a negative
+-- cost (-extra). The tier may go below zero: a token bucket more than its
+-- capacity short of full (at most 2^52 units; every request denied, with
+-- the exact wait, until refill repays it), a fixed window counting above
+-- its limit until the window ends. The client clamps `extra` so that every
+-- value stays exact (below 2^53).
+
+local function fixed_window_debt(key, now, limit, window, _, extra)
+  local start = div_floor(now, window) * window
+  local count = 0
+  local v = redis.call('GET', key)
+  if v then count = window_count(v, start, window) end
+  count = count + extra
+  if count > 4503599627370496 then count = 4503599627370496 end
+  local value
+  if limit < window and count < window then
+    value = int(start + count)
+  else
+    -- A debt may count past the window's length: the long form.
+    value = string.format('%d:%d', start, count)
+  end
+  redis.call('SET', key, value, 'PX', ttl_ms(start + window - now))
+end
+
+local function token_bucket_debt(key, now, _, rate, unit, extra)
+  local missing = 0
+  local v = redis.call('GET', key)
+  if v then missing = bucket_read(v, rate, now) or 0 end
+  missing = missing + extra * unit
+  if missing > 4503599627370496 then missing = 4503599627370496 end
+  if missing <= 0 then return end
+  bucket_write(key, rate, missing, now)
+end

@@ -52,6 +52,21 @@ pub enum ConfigError {
         /// The algorithm's name.
         algorithm: &'static str,
     },
+    /// A priced tier ([`Tier::priced`](crate::Tier::priced)) configured
+    /// wrongly: an invalid header name, an estimate's `default` above its
+    /// `max`, an algorithm that cannot settle (only the token bucket and
+    /// the fixed window can), or with lease mode or refunds by status.
+    #[error("tier \"{tier}\": {field}: {reason}")]
+    Priced {
+        /// The tier's name.
+        tier: String,
+        /// The field (`priced.estimate.header`, `priced.actual.header`,
+        /// `priced.estimate.default`, `algorithm`, `sync`,
+        /// `skip_failed_requests`).
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
     /// `fallback_instances` is 0.
     #[error("fallback_instances: must be at least 1")]
     ZeroFallbackInstances,

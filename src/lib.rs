@@ -93,6 +93,7 @@ mod util;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub use http::grpc;
+pub use http::priced;
 
 pub use algorithm::kind::{Algorithm, AlgorithmNameError, LeakyBucket};
 pub use algorithm::penalty::Penalty;

@@ -278,6 +278,7 @@ fn concurrency_model_memory_and_redis_agree() {
                         undo: 0,
                         next_after_us: 0,
                     },
+                    debt: false,
                 };
                 model.refund(&check, now, at, 0);
                 h.rt.block_on(memory.refund(vec![refund.clone()])).unwrap();

@@ -640,6 +640,7 @@ fn the_quickstart_policy_uncommented_builds() {
             .collect::<Vec<_>>()
             .join("\n");
     assert!(uncommented.contains("[tier.penalty]") && uncommented.contains("\noverrides = true"));
+    assert!(uncommented.contains("[tier.priced]"));
     let p = Policy::from_toml_str(&uncommented).unwrap();
     let layer = RateLimitLayer::from_policy(&p, MemoryBackend::new()).unwrap();
     let names: Vec<String> = layer
@@ -650,6 +651,14 @@ fn the_quickstart_policy_uncommented_builds() {
         .collect();
     assert_eq!(
         names,
-        ["global", "ip", "api_key", "user", "endpoint", "ip_inflight"]
+        [
+            "global",
+            "ip",
+            "api_key",
+            "user",
+            "endpoint",
+            "ip_inflight",
+            "tokens"
+        ]
     );
 }

@@ -300,6 +300,7 @@ fn rust_refunds_equal_lua_refunds() {
                     let charge = |v: &tiered_ratelimit::backend::Verdict| TierRefund {
                         check: check.clone(),
                         charge: v.charges[0].expect("a charge"),
+                        debt: false,
                     };
                     charged.push((charge(&m), charge(&r)));
                 }

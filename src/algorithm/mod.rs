@@ -17,6 +17,7 @@ pub mod fixed_window;
 pub mod gcra;
 pub(crate) mod kind;
 pub mod penalty;
+mod settle;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;

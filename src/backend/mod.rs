@@ -97,14 +97,19 @@ pub struct Charge {
     pub next_after_us: u64,
 }
 
-/// A refund of one tier's charge: the check it was, and its [`Charge`].
+/// A refund of one tier's charge: the check it was, and its [`Charge`]; or,
+/// with `debt`, a priced request's cost above its estimate, charged
+/// whatever the state ([`Limit::debt`](crate::algorithm::Limit::debt)).
 #[doc(hidden)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TierRefund {
-    /// The check that was charged (same key, limit and cost).
+    /// The check that was charged (same key and limit; the cost to give
+    /// back, or with `debt` the cost to charge).
     pub check: TierCheck,
     /// What the charge returned.
     pub charge: Charge,
+    /// Charge `check.cost` as debt instead of giving it back.
+    pub debt: bool,
 }
 
 impl Verdict {

@@ -263,6 +263,9 @@ fn compile_tier(
         }
     }
     let limit = checked_limit(&t.name, t.algorithm, t.quota, t.cost)?;
+    if t.priced {
+        super::settle::check_priced(&t, &limit)?;
+    }
     if t.lease.is_some() {
         let reason = if !crate::engine::token_lease::pool::leasable(&limit) {
             Some("takes token_bucket, leaky_bucket (police) and fixed_window only")
@@ -323,6 +326,7 @@ fn compile_tier(
         penalty,
         // A concurrency tier takes none (see Tier::overrides).
         overrides: t.overrides && !matches!(t.algorithm, Algorithm::Concurrency { .. }),
+        priced: t.priced,
         // Both at once was refused above.
         refund_on: if t.skip_failed {
             RefundOn::Failure

@@ -101,6 +101,7 @@ pub(crate) fn decide(
             refunds,
             details: details(meta, v),
             leases: None,
+            reservation: None,
         });
     };
     count_tier_decisions(shared, meta, ds, Some(i), None);

@@ -59,6 +59,9 @@ pub(crate) struct Allow {
     /// The concurrency slots it holds: released when dropped (the front
     /// door keeps them until the response is over).
     pub(crate) leases: Option<Box<super::slots::Slots>>,
+    /// Its reservations on priced tiers, settled by the front door when the
+    /// response ends (`None`: no priced tier charged it).
+    pub(crate) reservation: Option<Box<super::settle::Reservation>>,
 }
 
 /// Every check's result (for a front door that answers per check): the
@@ -83,6 +86,7 @@ impl Allow {
             refunds: None,
             details: None,
             leases: None,
+            reservation: None,
         }
     }
 }
@@ -141,6 +145,7 @@ impl Refunds {
             let refund = || TierRefund {
                 check: check.clone(),
                 charge: *charge,
+                debt: false,
             };
             match t.refund_on {
                 RefundOn::Failure => r.on_failure.push(refund()),

@@ -232,7 +232,9 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
             && stays_exact(limit, *cost, d.remaining)
             && meta
                 .tier(shared, i)
-                .is_some_and(|t| t.refund_on == RefundOn::Never);
+                .is_some_and(|t| t.refund_on == RefundOn::Never && !t.priced);
+        // A priced tier's settle can change its room at any time.
+        let priced = meta.tier(shared, i).is_some_and(|t| t.priced);
         let cache = exact && until_us > *now_us.get_or_insert_with(|| shared.local_clock.now_us());
         // A probe's answer that writes no entry ends the single flight, but
         // an exact one whose instant passed within its round trip (a denial:
@@ -260,6 +262,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
                 written = Some((until_us, wait_us));
             }
         } else if d.allowed
+            && !priced
             && d.remaining > 0
             && keeps_room(limit)
             // A tier with per-key overrides: an override set later

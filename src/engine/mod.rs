@@ -16,7 +16,7 @@
 //!    failure policy when the backend failed;
 //! 5. [`decide`]: the binding tier, its headers, the denial.
 //!
-//! [`runtime`] holds the state all of them read ([`runtime::Shared`]);
+//! [`state`] holds what all of them read ([`state::Shared`], in four bags);
 //! [`watch`] keeps the control key's overrides in it up to date.
 
 pub(crate) mod breaker;
@@ -34,6 +34,7 @@ pub(crate) mod no_key;
 pub(crate) mod outcome;
 pub(crate) mod plan;
 pub(crate) mod runtime;
+pub(crate) mod settle;
 pub(crate) mod slots;
 pub(crate) mod spare;
 pub(crate) mod spec;

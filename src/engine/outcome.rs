@@ -88,7 +88,10 @@ pub(crate) fn outcome(
             } else {
                 None
             };
-            let d = decide(shared, meta, &v, refunds);
+            let mut d = decide(shared, meta, &v, refunds);
+            if let Decision::Allow(a) = &mut d {
+                a.reservation = super::settle::Reservation::of(shared, meta, &v);
+            }
             let d = if shared.config.concurrency {
                 with_leases(d, shared, &shared.backend, meta, &v)
             } else {

@@ -51,6 +51,9 @@ pub(crate) struct BuiltTier {
     pub(crate) cost: u64,
     /// Which results give this tier's charge back.
     pub(crate) refund_on: RefundOn,
+    /// Priced by its response (`Tier::priced`): its charge is a reservation
+    /// at the estimate, settled when the response ends (`engine/settle.rs`).
+    pub(crate) priced: bool,
     /// Its penalty box, checked right after it (key `<key>{pb}`).
     pub(crate) penalty: Option<crate::algorithm::PenaltyBox>,
     /// Whether each check is preceded by a read of the key's override (key

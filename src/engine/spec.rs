@@ -42,6 +42,9 @@ pub(crate) struct TierSpec {
     /// What to say when the tier never finds a key (see
     /// [`NoKeyWatch`](super::no_key::NoKeyWatch)).
     pub(crate) no_key_cause: Option<String>,
+    /// Priced by its response: its charge is a reservation at the
+    /// estimate, settled by the front door (`engine/settle.rs`).
+    pub(crate) priced: bool,
 }
 
 impl TierSpec {
@@ -64,6 +67,7 @@ impl TierSpec {
             skip_successful: false,
             key_type: "",
             no_key_cause: None,
+            priced: false,
         }
     }
 }

@@ -142,7 +142,14 @@ impl Config {
     /// Whether any tier refunds by response status (so checks must report
     /// their charges).
     pub(crate) fn refunds(&self) -> bool {
-        self.tiers.iter().any(|t| t.refund_on != RefundOn::Never)
+        self.tiers
+            .iter()
+            .any(|t| t.refund_on != RefundOn::Never || t.priced)
+    }
+
+    /// Whether any tier is priced by its response.
+    pub(crate) fn priced(&self) -> bool {
+        self.tiers.iter().any(|t| t.priced)
     }
 
     /// The index of the tier named `name`.

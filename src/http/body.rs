@@ -22,7 +22,9 @@ pin_project! {
             data: Option<Bytes>,
         },
         /// The inner service's body, with the concurrency slots its request
-        /// holds: released when the body has ended or is dropped.
+        /// holds (released when the body has ended or is dropped) and its
+        /// reservation on priced tiers (settled when the body ends; at the
+        /// estimate when it errors or is dropped first).
         Leased {
             #[pin]
             body: B,
@@ -31,13 +33,25 @@ pin_project! {
     }
 }
 
-/// The concurrency slots a response holds (see
-/// [`Tier::concurrency`](crate::Tier::concurrency)): released when dropped.
-pub struct BodyLease(pub(crate) Box<crate::engine::slots::Slots>);
+/// What a response body holds until it ends: the concurrency slots of its
+/// request (see [`Tier::concurrency`](crate::Tier::concurrency)), released
+/// when dropped; and its reservation on priced tiers (see
+/// [`Tier::priced`](crate::Tier::priced)), settled when the body ends (read
+/// to its end: with the actual reported or in a trailer) and left at the
+/// estimate when it is dropped first.
+#[derive(Debug)]
+pub struct BodyLease {
+    pub(crate) slots: Option<Box<crate::engine::slots::Slots>>,
+    pub(crate) pricing: Option<Box<crate::http::priced::Pricing>>,
+}
 
-impl std::fmt::Debug for BodyLease {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
+impl BodyLease {
+    /// The body ended: settle, then release the slots.
+    fn end(&mut self) {
+        if let Some(p) = self.pricing.take() {
+            p.settle();
+        }
+        self.slots.take();
     }
 }
 
@@ -62,11 +76,37 @@ where
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         match self.project() {
             BodyProj::Inner { body } => body.poll_frame(cx),
-            BodyProj::Leased { body, lease } => {
-                let frame = body.poll_frame(cx);
-                // The end of the body (or its error) ends the request.
-                if matches!(frame, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-                    lease.take();
+            BodyProj::Leased { mut body, lease } => {
+                let frame = body.as_mut().poll_frame(cx);
+                match &frame {
+                    // The end of the body ends the request: settle, release.
+                    Poll::Ready(None) => {
+                        if let Some(l) = lease.as_mut() {
+                            l.end();
+                        }
+                        lease.take();
+                    }
+                    // An error too, the reservation left at its estimate.
+                    Poll::Ready(Some(Err(_))) => {
+                        lease.take();
+                    }
+                    Poll::Ready(Some(Ok(f))) => {
+                        if let (Some(t), Some(p)) = (
+                            f.trailers_ref(),
+                            lease.as_mut().and_then(|l| l.pricing.as_mut()),
+                        ) {
+                            p.trailers(t);
+                        }
+                        // Trailers are a body's last frame (hyper polls no
+                        // further), and a server may stop polling a body
+                        // that says it has ended: either is its end.
+                        if f.is_trailers() || body.is_end_stream() {
+                            if let Some(l) = lease.as_mut() {
+                                l.end();
+                            }
+                        }
+                    }
+                    Poll::Pending => {}
                 }
                 frame
             }

@@ -48,6 +48,9 @@ pub(crate) struct Front {
     /// The allow- and denylists (shared with the layer's handles).
     pub(crate) lists: Arc<AccessLists>,
     pub(crate) on_rejection: Arc<dyn OnRejection>,
+    /// Per tier: the header (or trailer) of a priced tier's actual cost
+    /// (`None`: not priced, or reported through `Usage` only).
+    pub(crate) actual_headers: Arc<[Option<http::HeaderName>]>,
     /// How blocked requests are answered: HTTP, gRPC, or by content type.
     #[cfg(feature = "grpc")]
     pub(crate) protocol: crate::http::grpc::Protocol,
@@ -66,6 +69,22 @@ impl Front {
     /// The facts of a request with head `parts`.
     pub(crate) fn facts<'a>(&'a self, parts: &'a Parts) -> HttpFacts<'a> {
         HttpFacts { front: self, parts }
+    }
+
+    /// The pricing of an allowed request with a reservation on priced tiers
+    /// (its [`Usage`](crate::priced::Usage) handle put in the request's
+    /// extensions), if it has one.
+    pub(crate) fn pricing<B>(
+        &self,
+        allow: &mut crate::engine::Allow,
+        request: &mut http::Request<B>,
+    ) -> Option<Box<crate::http::priced::Pricing>> {
+        let r = allow.reservation.take()?;
+        Some(crate::http::priced::Pricing::start(
+            r,
+            self.actual_headers.clone(),
+            request.extensions_mut(),
+        ))
     }
 
     /// The response the layer answers a blocked request (with head

@@ -4,6 +4,7 @@
 use crate::engine::{Allow, Decision, Pending};
 use crate::http::body::ResponseBody;
 use crate::http::front::Front;
+use crate::http::priced::{AtHead, Pricing};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response};
@@ -48,6 +49,7 @@ pin_project! {
             service: S,
             request: Request<ReqBody>,
             allow: Allow,
+            pricing: Option<Box<Pricing>>,
         },
         /// The inner service runs; its response gets the allowed request's
         /// headers, and its status settles the refunds (issued as soon as
@@ -56,6 +58,16 @@ pin_project! {
         Calling {
             #[pin]
             future: S::Future,
+            allow: Allow,
+            // Its reservation on priced tiers, settled at the head or when
+            // the body ends.
+            pricing: Option<Box<Pricing>>,
+        },
+        /// The actual was in the response head: its settle lands on Redis
+        /// (at most the backend timeout) before the head goes out.
+        Settling {
+            landing: crate::engine::settle::Landing,
+            response: Option<S::Response>,
             allow: Allow,
         },
         /// The layer answers by itself (429, 403 or 503).
@@ -70,9 +82,13 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn call(future: S::Future, allow: Allow) -> Self {
+    pub(crate) fn call(future: S::Future, allow: Allow, pricing: Option<Box<Pricing>>) -> Self {
         Self {
-            state: State::Calling { future, allow },
+            state: State::Calling {
+                future,
+                allow,
+                pricing,
+            },
         }
     }
 
@@ -84,13 +100,19 @@ where
         }
     }
 
-    pub(crate) fn delay(allow: Allow, service: S, request: Request<ReqBody>) -> Self {
+    pub(crate) fn delay(
+        allow: Allow,
+        service: S,
+        request: Request<ReqBody>,
+        pricing: Option<Box<Pricing>>,
+    ) -> Self {
         Self {
             state: State::Delaying {
                 sleep: tokio::time::sleep(allow.delay),
                 service,
                 request,
                 allow,
+                pricing,
             },
         }
     }
@@ -148,18 +170,26 @@ where
                         });
                         continue;
                     }
-                    let request = Request::from_parts(parts, body);
+                    let mut request = Request::from_parts(parts, body);
                     let next = match decision {
-                        Decision::Allow(allow) if allow.delay.is_zero() => State::Calling {
-                            future: service.call(request),
-                            allow,
-                        },
-                        Decision::Allow(allow) => State::Delaying {
-                            sleep: tokio::time::sleep(allow.delay),
-                            service,
-                            request,
-                            allow,
-                        },
+                        Decision::Allow(mut allow) => {
+                            let pricing = front.pricing(&mut allow, &mut request);
+                            if allow.delay.is_zero() {
+                                State::Calling {
+                                    future: service.call(request),
+                                    allow,
+                                    pricing,
+                                }
+                            } else {
+                                State::Delaying {
+                                    sleep: tokio::time::sleep(allow.delay),
+                                    service,
+                                    request,
+                                    allow,
+                                    pricing,
+                                }
+                            }
+                        }
                         Decision::Block(_) => unreachable!("answered above"),
                     };
                     this.state.set(next);
@@ -170,6 +200,7 @@ where
                         mut service,
                         request,
                         allow,
+                        pricing,
                         ..
                     } = this.state.as_mut().project_replace(State::Done)
                     else {
@@ -178,26 +209,56 @@ where
                     this.state.set(State::Calling {
                         future: service.call(request),
                         allow,
+                        pricing,
                     });
                 }
-                StateProj::Calling { future, allow } => {
-                    // An inner error has no status: nothing is refunded.
-                    let mut res = ready!(future.poll(cx))?;
+                StateProj::Calling {
+                    future,
+                    allow,
+                    pricing,
+                } => {
+                    // An inner error has no status: nothing is refunded (and
+                    // a reservation stays at its estimate).
+                    let res = ready!(future.poll(cx))?;
                     if let Some(r) = allow.refunds.take() {
                         r.settle(failed(&res));
                     }
-                    if let Some(h) = allow.headers.take() {
-                        h.write(res.headers_mut());
-                    }
-                    let leases = allow.leases.take();
+                    // With the actual known now, settled before the head
+                    // goes out (and the headers show the tier after it).
+                    let pricing = match pricing
+                        .take()
+                        .map(|p| p.at_head(res.headers(), allow.headers.as_mut()))
+                    {
+                        Some(AtHead::Later(p)) => Some(p),
+                        Some(AtHead::Settled(Some(landing))) => {
+                            let StateOwned::Calling { allow, .. } =
+                                this.state.as_mut().project_replace(State::Done)
+                            else {
+                                unreachable!("state was Calling");
+                            };
+                            this.state.set(State::Settling {
+                                landing,
+                                response: Some(res),
+                                allow,
+                            });
+                            continue;
+                        }
+                        Some(AtHead::Settled(None)) | None => None,
+                    };
+                    let res = finish(res, allow, pricing);
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(res.map(|body| match leases {
-                        None => ResponseBody::Inner { body },
-                        Some(l) => ResponseBody::Leased {
-                            body,
-                            lease: Some(crate::http::body::BodyLease(l)),
-                        },
-                    })));
+                    return Poll::Ready(Ok(res));
+                }
+                StateProj::Settling {
+                    landing,
+                    response,
+                    allow,
+                } => {
+                    ready!(landing.as_mut().poll(cx));
+                    let res = response.take().expect("Settling holds the response");
+                    let res = finish(res, allow, None);
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(res));
                 }
                 StateProj::Responding { response } => {
                     let res = response.take().unwrap_or_default();
@@ -208,6 +269,29 @@ where
             }
         }
     }
+}
+
+/// The allowed request's response: its headers written, and its body
+/// holding the request's concurrency slots and its reservation on priced
+/// tiers still to settle (if any) until it ends.
+fn finish<B>(
+    mut res: Response<B>,
+    allow: &mut Allow,
+    pricing: Option<Box<Pricing>>,
+) -> Response<ResponseBody<B>> {
+    if let Some(h) = allow.headers.take() {
+        h.write(res.headers_mut());
+    }
+    let slots = allow.leases.take();
+    res.map(|body| {
+        if slots.is_none() && pricing.is_none() {
+            return ResponseBody::Inner { body };
+        }
+        ResponseBody::Leased {
+            body,
+            lease: Some(crate::http::body::BodyLease { slots, pricing }),
+        }
+    })
 }
 
 /// Whether the inner service's response counts as failed for refunds by

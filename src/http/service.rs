@@ -76,13 +76,14 @@ where
         let (parts, body) = req.into_parts();
         let front = &*self.front;
         match front.engine.start(&front.facts(&parts), started) {
-            Step::Done(Decision::Allow(allow)) if allow.delay.is_zero() => {
-                let req = Request::from_parts(parts, body);
-                ResponseFuture::call(self.inner.call(req), allow)
-            }
-            Step::Done(Decision::Allow(allow)) => {
-                let req = Request::from_parts(parts, body);
-                ResponseFuture::delay(allow, self.take_ready_inner(), req)
+            Step::Done(Decision::Allow(mut allow)) => {
+                let mut req = Request::from_parts(parts, body);
+                let pricing = front.pricing(&mut allow, &mut req);
+                if allow.delay.is_zero() {
+                    ResponseFuture::call(self.inner.call(req), allow, pricing)
+                } else {
+                    ResponseFuture::delay(allow, self.take_ready_inner(), req, pricing)
+                }
             }
             Step::Done(Decision::Block(block)) => {
                 ResponseFuture::respond(front.respond(block, &parts))

@@ -47,6 +47,7 @@ pub struct Tier {
     pub(crate) lease: Option<crate::engine::token_lease::TokenLease>,
     pub(crate) calendar: Option<crate::algorithm::calendar::Calendar>,
     pub(crate) exhausted_status: Option<u16>,
+    pub(crate) priced: Option<(crate::http::priced::Estimate, crate::http::priced::Actual)>,
 }
 
 impl fmt::Debug for Tier {
@@ -67,6 +68,7 @@ impl fmt::Debug for Tier {
             .field("overrides", &self.overrides)
             .field("lease", &self.lease)
             .field("calendar", &self.calendar)
+            .field("priced", &self.priced)
             .finish_non_exhaustive()
     }
 }
@@ -93,6 +95,7 @@ impl Tier {
             lease: None,
             calendar: None,
             exhausted_status: None,
+            priced: None,
         }
     }
 
@@ -284,6 +287,45 @@ impl Tier {
         F: Fn(&http::request::Parts) -> u64 + Send + Sync + 'static,
     {
         self.cost_fn = Some(Arc::new(f));
+        self
+    }
+
+    /// Prices the tier by the response (AI APIs' tokens per minute): at
+    /// admission the request **reserves** its `estimate` (this tier's cost,
+    /// replacing [`cost`](Self::cost) and [`cost_fn`](Self::cost_fn)), all
+    /// or nothing with the other tiers in the one backend call; when the
+    /// response ends the layer **settles** `actual − estimate`: a refund
+    /// when negative, an extra charge when positive, which may put the key
+    /// in **debt** (denied until refill repays it; `Remaining` 0;
+    /// `Retry-After` the exact wait). The actual comes from the
+    /// [`Usage`](crate::priced::Usage) handle in the request's extensions, a
+    /// response header or a trailer ([`Actual`](crate::priced::Actual));
+    /// see [`crate::priced`] for when the settle runs and what a dropped
+    /// body does.
+    ///
+    /// The bound: when every estimate covers its actual, the tier never
+    /// admits more than its quota; when some do not, it overshoots by at
+    /// most Σ (actual − estimate) of the requests whose settle has not
+    /// landed, and the excess is carried as debt (`docs/algorithms.md`,
+    /// "Priced requests"). Token bucket and fixed window only; not with
+    /// lease mode or refunds by status (`build()` refuses them, naming the
+    /// field).
+    ///
+    /// ```
+    /// use tiered_ratelimit::priced::{Actual, Estimate};
+    /// use tiered_ratelimit::{key::ApiKey, Quota, Tier};
+    /// let tokens = Tier::new("tokens", ApiKey::header("x-api-key"), Quota::per_minute(100_000))
+    ///     .priced(
+    ///         Estimate::header("x-max-tokens", 1_000, 32_000),
+    ///         Actual::header("x-usage-tokens"),
+    ///     );
+    /// ```
+    pub fn priced(
+        mut self,
+        estimate: crate::http::priced::Estimate,
+        actual: crate::http::priced::Actual,
+    ) -> Self {
+        self.priced = Some((estimate, actual));
         self
     }
 

@@ -27,6 +27,7 @@ use recorder::Endpoint;
 
 pub(crate) const REQUESTS: &str = "tiered_ratelimit_requests_total";
 pub(crate) const BACKEND_ERRORS: &str = "tiered_ratelimit_backend_errors_total";
+pub(crate) const SETTLE_FAILURES: &str = "tiered_ratelimit_settle_failures_total";
 
 /// The `decision` label values of [`REQUESTS`], in [`Counts`]' order.
 const DECISIONS: [&str; 10] = [
@@ -381,6 +382,11 @@ pub(crate) fn describe_all() {
         "tiered_ratelimit_refund_failures_total",
         Unit::Count,
         "Redis Cluster: refunds of a cross-slot denial that did not land, by kind"
+    );
+    describe_counter!(
+        SETTLE_FAILURES,
+        Unit::Count,
+        "Settles of priced requests that did not land after their retries (the request stays charged at its estimate), by kind"
     );
 }
 

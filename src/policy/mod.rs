@@ -64,10 +64,12 @@
 //! extensions).
 
 mod lists;
+mod priced;
 mod redis;
 mod tier;
 
 pub use lists::DenylistPolicy;
+pub use priced::{ActualPolicy, EstimatePolicy, PricedPolicy};
 pub use redis::RedisConfig;
 pub use tier::{KeySpec, PlanSource, PolicyPeriod, TierPolicy};
 

@@ -100,6 +100,11 @@ pub struct TierPolicy {
     /// [`Tier::overrides`](crate::Tier::overrides)).
     #[serde(default)]
     pub overrides: bool,
+    /// Priced by the response (`[tier.priced]`; see
+    /// [`PricedPolicy`](crate::policy::PricedPolicy) and
+    /// [`Tier::priced`](crate::Tier::priced)).
+    #[serde(default)]
+    pub priced: Option<super::priced::PricedPolicy>,
     /// How the tier's count is kept with the backend: `"request"` (the
     /// default: one script call per request) or `"lease"` (lease mode, see
     /// [`crate::engine::token_lease`]).
@@ -265,6 +270,10 @@ impl TierPolicy {
             tier = tier.exhausted_status(s);
         }
         tier = tier.overrides(self.overrides);
+        if let Some(p) = &self.priced {
+            let (estimate, actual) = p.compile(&self.name)?;
+            tier = tier.priced(estimate, actual);
+        }
         if let Some(lease) = crate::engine::token_lease::from_policy(
             self.sync.as_deref(),
             self.sync_interval,

@@ -9,6 +9,7 @@ pub mod algorithms;
 pub mod algorithms_http;
 pub mod cluster;
 pub mod forward;
+pub mod priced;
 pub mod redis_server;
 pub mod rng;
 pub mod sentinel;

@@ -264,6 +264,18 @@ impl MemoryBackend {
             let c = &r.check;
             let h = self.hash(&c.key);
             let mut g = lock(&self.inner.shards[shard_of(h)]);
+            if r.debt {
+                // A priced request's cost above its estimate: charged
+                // whatever the state (Limit::debt).
+                let state = g
+                    .map
+                    .find(h, |s| s.key == c.key)
+                    .and_then(|s| s.entry.live(now_us).map(std::borrow::Cow::into_owned));
+                if let Some((state, ttl_us)) = c.limit.debt(state.as_ref(), now_us, c.cost) {
+                    self.store(&mut g, h, &c.key, state, now_us, ttl_us);
+                }
+                continue;
+            }
             let Ok(mut slot) = g.map.find_entry(h, |s| s.key == c.key) else {
                 continue;
             };

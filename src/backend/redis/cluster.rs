@@ -239,7 +239,7 @@ impl Job {
             // A shadow tier that denied was not charged.
             if let Some(charge) = c {
                 keys.push(self.keys[i].as_str());
-                nums.extend(wire::refund_args(&self.checks[i], charge));
+                nums.extend(wire::refund_args(&self.checks[i], charge, false));
             }
         }
         if keys.is_empty() {
@@ -282,7 +282,7 @@ pub(super) async fn refund(
         .iter()
         .map(|r| {
             let key = cluster_key(&r.check.key);
-            let nums = wire::refund_args(&r.check, &r.charge);
+            let nums = wire::refund_args(&r.check, &r.charge, r.debt);
             let (via, clock) = (&via, &clock);
             async move {
                 invoke::<i64, i64>(backend, via, &[key.as_str()], "refund", clock, &nums)

@@ -30,6 +30,7 @@ mod overrides;
 mod peek;
 mod router;
 mod sentinel;
+mod settle;
 mod timed;
 mod wire;
 
@@ -113,6 +114,8 @@ struct Inner {
     /// The layer's backend timeout in µs (0 = no deadline): a script that
     /// reaches Redis later than this after it was sent writes nothing.
     budget_us: AtomicU64,
+    /// The queue of batched settles of priced requests (`settle.rs`).
+    settle_queue: std::sync::OnceLock<settle::Queue>,
 }
 
 enum Source {
@@ -283,6 +286,7 @@ impl RedisBackend {
                 offset_us: AtomicI64::new(i64::MIN),
                 origin: Instant::now(),
                 budget_us: AtomicU64::new(0),
+                settle_queue: std::sync::OnceLock::new(),
             }),
             clock: None,
             ttl_slack_ms: 0,
@@ -559,7 +563,7 @@ impl RedisBackend {
         }
         cmd.arg("refund").arg(self.clock_arg().as_bytes());
         for r in refunds {
-            cmd.arg(&wire::refund_args(&r.check, &r.charge)[..]);
+            cmd.arg(&wire::refund_args(&r.check, &r.charge, r.debt)[..]);
         }
         let mut conn = self.connection().await?;
         self.eval::<i64>(&cmd, &self.inner.refund_script, &mut conn)

@@ -271,6 +271,7 @@ impl Entry {
                 cost: n,
             },
             charge,
+            debt: false,
         })
     }
 

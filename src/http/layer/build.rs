@@ -82,8 +82,14 @@ impl RateLimitLayerBuilder {
         let mut engine = self.engine;
         engine.lists_violated = self.on_rejection.uses_violated_policies();
         let mut http_tiers = Vec::with_capacity(self.tiers.len());
-        for t in self.tiers {
-            let (spec, http) = split(t);
+        let mut actual_headers = Vec::with_capacity(self.tiers.len());
+        for mut t in self.tiers {
+            // A priced tier's estimate becomes its cost function; the
+            // engine checks that its algorithm can settle.
+            let priced = crate::http::priced::compile(&mut t)?;
+            actual_headers.push(priced.clone().flatten());
+            let (mut spec, http) = split(t);
+            spec.priced = priced.is_some();
             engine = engine.tier(spec);
             http_tiers.push(http);
         }
@@ -99,6 +105,7 @@ impl RateLimitLayerBuilder {
                 deny_status: self.deny_status,
             })),
             on_rejection: self.on_rejection,
+            actual_headers: actual_headers.into(),
             #[cfg(feature = "grpc")]
             protocol: self.protocol,
         });
@@ -125,6 +132,7 @@ fn split(t: Tier) -> (TierSpec, HttpTier) {
         skip_failed: t.skip_failed_requests,
         skip_successful: t.skip_successful_requests,
         key_type: t.key_type,
+        priced: false,
     };
     let http = HttpTier {
         key: t.key,

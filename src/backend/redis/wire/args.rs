@@ -193,15 +193,26 @@ pub(in crate::backend::redis) fn write_tier(cmd: &mut Cmd, check: &TierCheck, fl
 
 /// The eight `ARGV` of one key in the cluster script's `refund` mode:
 /// algorithm, p1..p4, cost, charged_at (µs), undo.
-pub(in crate::backend::redis) fn refund_args(check: &TierCheck, charge: &Charge) -> [i64; 8] {
+/// A `debt` (a priced request's cost above its estimate) is sent as a
+/// negative cost.
+pub(in crate::backend::redis) fn refund_args(
+    check: &TierCheck,
+    charge: &Charge,
+    debt: bool,
+) -> [i64; 8] {
     let (algorithm, p) = encode(&check.limit);
+    let cost = if debt {
+        -int(check.cost)
+    } else {
+        int(check.cost)
+    };
     [
         i64::from(algorithm),
         p[0],
         p[1],
         p[2],
         p[3],
-        int(check.cost),
+        cost,
         int(charge.at_us),
         int(charge.undo),
     ]

@@ -125,8 +125,8 @@ fn refund_args_carry_the_charge() {
     // algorithm, p1..p4, cost, charged_at, undo (the next-pass wait is
     // not sent).
     let want = [4, 5_000_000, 3, 1_000_000, 0, 2, 1_700_000_000_000_123];
-    assert_eq!(refund_args(&check, &charge)[..7], want);
-    assert_eq!(refund_args(&check, &charge)[7], 3_000_000);
+    assert_eq!(refund_args(&check, &charge, false)[..7], want);
+    assert_eq!(refund_args(&check, &charge, false)[7], 3_000_000);
 }
 
 #[test]

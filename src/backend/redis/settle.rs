@@ -1,0 +1,106 @@
+//! Batched settles of priced requests (issue 29): every settle an instance
+//! sends to one Redis goes through one queue, drained by one task into one
+//! `refund`-mode call of the cluster script (`lua/cluster.lua`, many keys
+//! in one `EVALSHA`) at a time, at most one call per [`INTERVAL`]: under
+//! load one call carries every settle that arrived meanwhile, whatever
+//! their number; an idle queue sends the first settle at once. A Redis
+//! Cluster gets one call per key of the batch (`cluster::refund`), all at
+//! once.
+
+use super::RedisBackend;
+use crate::backend::TierRefund;
+use crate::error::BackendError;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+/// The shortest time between two batched calls of one instance.
+pub(crate) const INTERVAL: Duration = Duration::from_millis(10);
+
+/// At most this many keys in one call (a larger batch is split).
+const MAX_KEYS: usize = 1000;
+
+type Item = (Vec<TierRefund>, oneshot::Sender<Result<(), BackendError>>);
+
+/// The queue of one backend's settles (made, with its task, on first use).
+pub(super) struct Queue(mpsc::UnboundedSender<Item>);
+
+impl RedisBackend {
+    /// Sends `settles` in the instance's next batched call and waits for
+    /// its result (the batch's: one error fails every settle in it).
+    ///
+    /// # Errors
+    /// The batch's [`BackendError`], or [`BackendError::NoRuntime`].
+    pub(crate) async fn settle_batched(
+        &self,
+        settles: Vec<TierRefund>,
+    ) -> Result<(), BackendError> {
+        let queue = match self.inner.settle_queue.get() {
+            Some(q) => q,
+            None => {
+                let rt =
+                    tokio::runtime::Handle::try_current().map_err(|_| BackendError::NoRuntime)?;
+                self.inner.settle_queue.get_or_init(|| {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    // The task holds the backend weakly: it ends once the
+                    // backend (and so the queue's sender) is dropped.
+                    let weak = Weak {
+                        inner: std::sync::Arc::downgrade(&self.inner),
+                        clock: self.clock.clone(),
+                        ttl_slack_ms: self.ttl_slack_ms,
+                    };
+                    rt.spawn(drain(weak, rx));
+                    Queue(tx)
+                })
+            }
+        };
+        let (tx, rx) = oneshot::channel();
+        queue
+            .0
+            .send((settles, tx))
+            .map_err(|_| BackendError::NoRuntime)?;
+        rx.await.unwrap_or(Err(BackendError::NoRuntime))
+    }
+}
+
+/// The backend, as the queue's task holds it.
+struct Weak {
+    inner: std::sync::Weak<super::Inner>,
+    clock: Option<crate::backend::ManualClock>,
+    ttl_slack_ms: u64,
+}
+
+/// The queue's task: one call at a time, at most one per [`INTERVAL`].
+async fn drain(weak: Weak, mut rx: mpsc::UnboundedReceiver<Item>) {
+    while let Some(first) = rx.recv().await {
+        let Some(inner) = weak.inner.upgrade() else {
+            return;
+        };
+        let backend = RedisBackend {
+            inner,
+            clock: weak.clock.clone(),
+            ttl_slack_ms: weak.ttl_slack_ms,
+        };
+        let started = tokio::time::Instant::now();
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+        }
+        let mut settles = Vec::new();
+        let mut waiters = Vec::with_capacity(batch.len());
+        for (s, w) in batch {
+            settles.extend(s);
+            waiters.push(w);
+        }
+        let mut result = Ok(());
+        for chunk in settles.chunks(MAX_KEYS) {
+            if let Err(e) = backend.refund(chunk).await {
+                result = Err(e);
+            }
+        }
+        for w in waiters {
+            let _ = w.send(result.clone());
+        }
+        drop(backend);
+        tokio::time::sleep_until(started + INTERVAL).await;
+    }
+}

@@ -1,0 +1,350 @@
+//! Requests priced by their response, the HTTP side ([`Tier::priced`](crate::Tier::priced)):
+//! where the estimate comes from ([`Estimate`]), where the actual cost is
+//! read ([`Actual`], [`Usage`]), and when the engine's reservation is
+//! settled.
+//!
+//! At admission a priced tier charges the request's estimate (its cost),
+//! all or nothing with the other tiers, in the one backend call. The
+//! actual cost is, first found first:
+//!
+//! 1. what the handler reported through the [`Usage`] handle in the
+//!    request's extensions ([`Usage::report`]);
+//! 2. the response header named by [`Actual::header`];
+//! 3. an HTTP trailer of that name (a stream: read when the body ends).
+//!
+//! When it is known as the response head comes back (1 or 2), the settle
+//! is issued **before** the head goes out, and `X-RateLimit-Remaining` of a
+//! priced binding tier shows the tier after it (the admission's number plus
+//! `estimate − actual`, at least 0). Otherwise (a stream) the head shows the
+//! reservation, and the settle is issued when the body ends. A body that is
+//! dropped before its end (client disconnect) or errors **settles at the
+//! estimate**: the reservation stands, no call. An actual that is not a
+//! whole number counts as unknown (the estimate stands).
+//!
+//! In memory the settle is applied at once. On Redis (none when the actual
+//! equals the estimate) it joins the instance's next batched call, at most
+//! one call per 10 ms carrying every settle that arrived meanwhile:
+//! awaited before the head goes out when the actual was known at the head
+//! (bounded by the backend timeout), in a task of its own at the end of a
+//! stream. A call Redis refused
+//! (connection down) is retried three times over about 2 s in the
+//! background; one that timed out is not (it may have landed); either
+//! way a settle that did not land is counted in
+//! `tiered_ratelimit_settle_failures_total` and the request stays charged
+//! at its estimate. An instance killed before its settles leaves its
+//! reservations charged at their estimates; nothing is held for ever.
+
+use crate::engine::settle::Reservation;
+use crate::response::RateLimitHeaders;
+use http::{HeaderMap, HeaderName};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Where a priced tier's **estimate** (the cost reserved at admission)
+/// comes from. Its unit is the tier's: a priced tier's quota counts tokens
+/// (say 100 000 per minute), and the estimate is the request's tokens.
+#[derive(Clone)]
+pub struct Estimate {
+    pub(crate) kind: EstimateKind,
+}
+
+#[derive(Clone)]
+pub(crate) enum EstimateKind {
+    Fixed(u64),
+    Header {
+        name: String,
+        default: u64,
+        max: u64,
+    },
+    Fn(crate::http::tier::CostFn),
+}
+
+impl std::fmt::Debug for Estimate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            EstimateKind::Fixed(n) => f.debug_tuple("Estimate::fixed").field(n).finish(),
+            EstimateKind::Header { name, default, max } => f
+                .debug_struct("Estimate::header")
+                .field("name", name)
+                .field("default", default)
+                .field("max", max)
+                .finish(),
+            EstimateKind::Fn(_) => f.write_str("Estimate::from_fn(..)"),
+        }
+    }
+}
+
+impl Estimate {
+    /// The same estimate for every request (in the tier's units).
+    #[must_use]
+    pub fn fixed(cost: u64) -> Self {
+        Self {
+            kind: EstimateKind::Fixed(cost),
+        }
+    }
+
+    /// A request header holding a whole number (OpenAI-style
+    /// `x-max-tokens`): `default` when it is missing or not a number, and
+    /// never more than `max` (a client cannot reserve more than that; 0 is
+    /// read as 0, and a request of cost 0 is not checked by the tier).
+    /// `build()` refuses an invalid header name, `max` 0 or `default` above
+    /// `max`, naming the field.
+    #[must_use]
+    pub fn header(name: impl Into<String>, default: u64, max: u64) -> Self {
+        Self {
+            kind: EstimateKind::Header {
+                name: name.into(),
+                default,
+                max,
+            },
+        }
+    }
+
+    /// A function of the request head.
+    #[must_use]
+    pub fn from_fn<F>(f: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> u64 + Send + Sync + 'static,
+    {
+        Self {
+            kind: EstimateKind::Fn(Arc::new(f)),
+        }
+    }
+
+    /// The cost function the tier runs (checked by `build()` first).
+    pub(crate) fn into_cost_fn(
+        self,
+        tier: &str,
+    ) -> Result<crate::http::tier::CostFn, crate::ConfigError> {
+        Ok(match self.kind {
+            EstimateKind::Fixed(n) => Arc::new(move |_: &http::request::Parts| n),
+            EstimateKind::Fn(f) => f,
+            EstimateKind::Header { name, default, max } => {
+                let name = header_name(tier, "priced.estimate.header", &name)?;
+                if max == 0 || default > max {
+                    return Err(crate::ConfigError::Priced {
+                        tier: tier.to_owned(),
+                        field: "priced.estimate.default",
+                        reason: format!(
+                            "default {default} must be at most max {max}, and max above 0"
+                        ),
+                    });
+                }
+                Arc::new(move |p: &http::request::Parts| {
+                    whole(p.headers.get(&name)).map_or(default, |n| n.min(max))
+                })
+            }
+        })
+    }
+}
+
+/// Where a priced tier's **actual** cost is read once the response is
+/// there. The [`Usage`] handle a handler reports through is always read
+/// first.
+#[derive(Debug, Clone, Default)]
+pub struct Actual {
+    pub(crate) header: Option<String>,
+}
+
+impl Actual {
+    /// A response header holding a whole number (`x-usage-tokens`), or, for
+    /// a stream, an HTTP trailer of that name.
+    #[must_use]
+    pub fn header(name: impl Into<String>) -> Self {
+        Self {
+            header: Some(name.into()),
+        }
+    }
+
+    /// Only what the handler reports through the [`Usage`] handle.
+    #[must_use]
+    pub fn reported() -> Self {
+        Self { header: None }
+    }
+}
+
+/// The handle a handler reports a priced request's actual cost through:
+/// the layer puts one in the extensions of every request it admitted with
+/// a reservation on a priced tier (axum: `Extension<Usage>`). What was last
+/// reported when the response head comes back (or, for a stream, when its
+/// body ends) is the actual cost of every priced tier of the request.
+#[derive(Debug, Clone)]
+pub struct Usage(Arc<AtomicU64>);
+
+const UNREPORTED: u64 = u64::MAX;
+
+impl Usage {
+    fn new() -> Self {
+        Self(Arc::new(AtomicU64::new(UNREPORTED)))
+    }
+
+    /// Reports the request's actual cost (in its tiers' units); a later
+    /// report replaces an earlier one.
+    pub fn report(&self, cost: u64) {
+        self.0.store(cost.min(UNREPORTED - 1), Ordering::Relaxed);
+    }
+
+    /// What was reported, if anything.
+    #[must_use]
+    pub fn reported(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|&n| n != UNREPORTED)
+    }
+}
+
+/// A header name a priced tier reads, checked by `build()`.
+pub(crate) fn header_name(
+    tier: &str,
+    field: &'static str,
+    name: &str,
+) -> Result<HeaderName, crate::ConfigError> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|_| crate::ConfigError::Priced {
+        tier: tier.to_owned(),
+        field,
+        reason: format!("{name:?} is not a valid header name"),
+    })
+}
+
+/// A header value as a whole number.
+fn whole(v: Option<&http::HeaderValue>) -> Option<u64> {
+    v?.to_str().ok()?.trim().parse().ok()
+}
+
+/// An admitted request's reservation on its way to its settle: the
+/// reservation, the request's [`Usage`] handle, and each tier's actual
+/// header (by tier index; `None`: not priced, or reported only).
+pub(crate) struct Pricing {
+    reservation: Box<Reservation>,
+    usage: Usage,
+    headers: Arc<[Option<HeaderName>]>,
+    /// Actuals found so far, per reserved tier (in the reservation's order).
+    found: smallvec::SmallVec<[Option<u64>; 2]>,
+}
+
+impl std::fmt::Debug for Pricing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pricing")
+            .field("reservation", &self.reservation)
+            .field("usage", &self.usage.reported())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pricing {
+    /// The pricing of a request admitted with `reservation`: its [`Usage`]
+    /// handle goes into the request's extensions.
+    pub(crate) fn start(
+        reservation: Box<Reservation>,
+        headers: Arc<[Option<HeaderName>]>,
+        extensions: &mut http::Extensions,
+    ) -> Box<Self> {
+        let usage = Usage::new();
+        extensions.insert(usage.clone());
+        let found = reservation.tiers().iter().map(|_| None).collect();
+        Box::new(Self {
+            reservation,
+            usage,
+            headers,
+            found,
+        })
+    }
+
+    /// Reads actuals from `map` (the response's headers, or its trailers)
+    /// for the tiers still unknown. Returns whether every tier is known.
+    fn read(&mut self, map: &HeaderMap) -> bool {
+        let reported = self.usage.reported();
+        let mut all = true;
+        for (r, found) in self.reservation.tiers().iter().zip(&mut self.found) {
+            if found.is_none() {
+                *found = reported.or_else(|| {
+                    let name = self.headers.get(r.tier)?.as_ref()?;
+                    whole(map.get(name))
+                });
+            }
+            all &= found.is_some();
+        }
+        all
+    }
+
+    /// The response head is here: when every actual is known (reported, or
+    /// in a header), settles now and corrects the shown headers
+    /// ([`AtHead::Settled`], with the Redis call to await before the head
+    /// goes out); otherwise the pricing to settle when the body ends.
+    pub(crate) fn at_head(
+        mut self: Box<Self>,
+        head: &HeaderMap,
+        shown: Option<&mut RateLimitHeaders>,
+    ) -> AtHead {
+        if !self.read(head) {
+            return AtHead::Later(self);
+        }
+        if let Some(h) = shown {
+            for (r, a) in self.reservation.tiers().iter().zip(&self.found) {
+                if let (Some(a), true) = (a, *h.policy == *r.name) {
+                    // After this request's settle: the admission's number
+                    // plus what the settle gives back (or less what it
+                    // charges), between 0 and the limit.
+                    let back = i128::from(r.estimate) - i128::from(*a);
+                    let after = (i128::from(h.remaining) + back).clamp(0, i128::from(h.limit));
+                    h.remaining = u64::try_from(after).unwrap_or(0);
+                }
+            }
+        }
+        let (reservation, found) = (*self).into_parts();
+        AtHead::Settled(reservation.settle_awaitable(found))
+    }
+
+    /// The body sent trailers: actuals still unknown may be in them.
+    pub(crate) fn trailers(&mut self, trailers: &HeaderMap) {
+        self.read(trailers);
+    }
+
+    /// The body ended: settles with what is known (a tier whose actual is
+    /// still unknown settles at its estimate).
+    pub(crate) fn settle(mut self) {
+        self.read(&HeaderMap::new());
+        let (reservation, found) = self.into_parts();
+        reservation.settle(found);
+    }
+
+    /// The reservation, and each tier's actual by tier index.
+    fn into_parts(self) -> (Reservation, impl Fn(usize) -> Option<u64>) {
+        let Pricing {
+            reservation, found, ..
+        } = self;
+        let tiers: smallvec::SmallVec<[usize; 2]> =
+            reservation.tiers().iter().map(|r| r.tier).collect();
+        let actual = move |tier| {
+            let at = tiers.iter().position(|&t| t == tier)?;
+            found.get(at).copied().flatten()
+        };
+        (*reservation, actual)
+    }
+}
+
+/// What [`Pricing::at_head`] did.
+pub(crate) enum AtHead {
+    /// Settled (in memory, or nothing to settle): `None`; or the Redis call
+    /// to await before the head goes out.
+    Settled(Option<crate::engine::settle::Landing>),
+    /// An actual is still unknown: settle when the body ends.
+    Later(Box<Pricing>),
+}
+
+/// Compiles a priced tier's HTTP half: its estimate becomes the tier's
+/// cost function; the result is the actual's header (`None`: reported
+/// only). Not priced: `Ok(None)`. (The engine checks the rest:
+/// `engine::settle::check_priced`.)
+pub(crate) fn compile(
+    t: &mut crate::Tier,
+) -> Result<Option<Option<HeaderName>>, crate::ConfigError> {
+    let Some((estimate, actual)) = t.priced.take() else {
+        return Ok(None);
+    };
+    t.cost_fn = Some(estimate.into_cost_fn(&t.name)?);
+    let header = actual
+        .header
+        .map(|h| header_name(&t.name, "priced.actual.header", &h))
+        .transpose()?;
+    t.priced = None;
+    Ok(Some(header))
+}

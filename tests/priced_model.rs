@@ -1,0 +1,264 @@
+//! Requests priced by their response (issue 29), the model: random
+//! sequences of reservations (a check at the estimate) and settles (the
+//! refund of `estimate − actual`, or the debt of `actual − estimate`) give
+//! the same decisions on the pure model (`Limit::check/charge/refund/debt`),
+//! the memory backend and a real Redis (`lua/refund.lua` through the
+//! cluster script's refund mode); and on a clock that does not move, the
+//! ledger is exact: after every settle the tier holds its capacity less
+//! Σ actual, in debt when that is negative.
+
+mod support;
+
+use proptest::prelude::*;
+use std::time::Duration;
+use support::*;
+use tiered_ratelimit::algorithm::{Limit, Refund, State, TokenBucket, Window};
+use tiered_ratelimit::backend::{
+    Backend, Charge, ManualClock, MemoryBackend, RedisBackend, TierCheck, TierRefund,
+};
+
+const S: u64 = 1_000_000;
+
+/// The limits a priced tier may have.
+fn priced_limits() -> Vec<Limit> {
+    vec![
+        // 10 tokens per second, burst 10.
+        Limit::TokenBucket(TokenBucket::new(10, S, 10).unwrap()),
+        // 7 per minute, burst 3: units that do not divide.
+        Limit::TokenBucket(TokenBucket::new(7, 60 * S, 3).unwrap()),
+        // 100 tokens per minute, burst 100.
+        Limit::TokenBucket(TokenBucket::new(100, 60 * S, 100).unwrap()),
+        // 12 per second, fixed.
+        Limit::FixedWindow(Window {
+            limit: 12,
+            window_us: S,
+        }),
+    ]
+}
+
+/// The pure model of one key: its state and expiry.
+#[derive(Default)]
+struct Model {
+    state: Option<(State, u64)>,
+}
+
+impl Model {
+    fn live(&self, now: u64) -> Option<&State> {
+        self.state
+            .as_ref()
+            .filter(|(_, exp)| *exp > now)
+            .map(|(s, _)| s)
+    }
+
+    /// A reservation: check at the estimate, charge when allowed; the
+    /// charge's undo value.
+    fn reserve(
+        &mut self,
+        limit: &Limit,
+        now: u64,
+        cost: u64,
+    ) -> (tiered_ratelimit::algorithm::Decision, Option<u64>) {
+        let state = self.live(now).cloned();
+        let d = limit.check(state.as_ref(), now, cost);
+        if !d.allowed {
+            return (d, None);
+        }
+        let (s, ttl) = limit.charge(state, now, cost);
+        let undo = limit.undo_of(&s, now);
+        self.state = Some((s, now + ttl));
+        (d, Some(undo))
+    }
+
+    fn settle(&mut self, limit: &Limit, now: u64, at: u64, undo: u64, estimate: u64, actual: u64) {
+        let state = self.live(now).cloned();
+        if actual > estimate {
+            if let Some((s, ttl)) = limit.debt(state.as_ref(), now, actual - estimate) {
+                self.state = Some((s, now + ttl));
+            }
+        } else if actual < estimate {
+            match limit.refund(state.as_ref(), now, at, estimate - actual, undo) {
+                Refund::Keep => {}
+                Refund::Delete => self.state = None,
+                Refund::Store(s, ttl) => {
+                    let exp = match ttl {
+                        Some(t) => now + t,
+                        None => self.state.as_ref().map_or(0, |(_, e)| *e),
+                    };
+                    self.state = Some((s, exp));
+                }
+                _ => unreachable!("no other refund"),
+            }
+        }
+    }
+}
+
+/// The settle the layer sends for one reservation (as `engine/settle.rs`).
+fn settle_of(check: &TierCheck, charge: Charge, estimate: u64, actual: u64) -> Option<TierRefund> {
+    if actual == estimate {
+        return None;
+    }
+    let mut check = check.clone();
+    check.cost = estimate.abs_diff(actual);
+    Some(TierRefund {
+        check,
+        charge,
+        debt: actual > estimate,
+    })
+}
+
+/// One op: advance the clock (µs), reserve `estimate` (its actual cost
+/// `actual`), and maybe settle an earlier reservation (by index modulo
+/// those open).
+type Op = (u64, u64, u64, Option<usize>);
+
+/// An open reservation: the check, the memory and Redis charges, the
+/// model's (at, undo), the estimate and the actual.
+type Open = (TierCheck, Charge, Charge, (u64, u64), u64, u64);
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        (
+            prop_oneof![4 => Just(0u64), 2 => 1u64..200_000, 1 => 1u64..5 * S],
+            1u64..=6,
+            0u64..=12,
+            prop::option::weighted(0.6, 0usize..1000),
+        ),
+        1..60,
+    )
+}
+
+#[test]
+fn model_memory_and_redis_agree_on_reserve_and_settle() {
+    let server = RedisServer::start();
+    let rt = current_thread_runtime();
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 128,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let cases = std::sync::atomic::AtomicU64::new(0);
+    runner
+        .run(&(0usize..4, ops()), |(which, ops)| {
+            let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let limit = priced_limits()[which];
+            let clock = ManualClock::new(T0_US + 123_457);
+            let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+            let redis: Backend = RedisBackend::from_url(&server.url())
+                .unwrap()
+                .with_manual_clock(clock.clone())
+                .with_test_ttl_slack(Duration::from_secs(600))
+                .into();
+            let mut model = Model::default();
+            let check = |cost| TierCheck {
+                key: format!("p{case}"),
+                limit,
+                cost,
+            };
+            // Open reservations: the check, the memory and Redis charges,
+            // the model's (at, undo), the estimate and the actual.
+            let mut open: Vec<Open> = Vec::new();
+            for (i, &(step, estimate, actual, settle)) in ops.iter().enumerate() {
+                clock.advance(Duration::from_micros(step));
+                let now = clock.now_us();
+                let c = check(estimate);
+                let m = rt.block_on(memory.check(vec![c.clone()])).unwrap();
+                let r = rt.block_on(redis.check(vec![c.clone()])).unwrap();
+                let (d, undo) = model.reserve(&limit, now, estimate);
+                prop_assert_eq!(
+                    &m.decisions,
+                    &r.decisions,
+                    "reserve: memory vs Redis at op {}",
+                    i
+                );
+                prop_assert_eq!(m.decisions[0], d, "reserve: memory vs model at op {}", i);
+                if let Some(undo) = undo {
+                    let (mc, rc) = (m.charges[0].unwrap(), r.charges[0].unwrap());
+                    open.push((c, mc, rc, (now, undo), estimate, actual));
+                }
+                if let (Some(k), false) = (settle, open.is_empty()) {
+                    let (c, mc, rc, (at, undo), estimate, actual) = open.remove(k % open.len());
+                    if let Some(s) = settle_of(&c, mc, estimate, actual) {
+                        rt.block_on(memory.refund(vec![s])).unwrap();
+                    }
+                    if let Some(s) = settle_of(&c, rc, estimate, actual) {
+                        rt.block_on(redis.refund(vec![s])).unwrap();
+                    }
+                    model.settle(&limit, now, at, undo, estimate, actual);
+                    // The state after the settle, read without charging (a
+                    // cost above the capacity is always denied and shows
+                    // remaining, reset and, in debt, the wait).
+                    for cost in [1, limit.capacity() + 1] {
+                        let probe = check(cost);
+                        let m = rt.block_on(memory.peek(&probe)).unwrap();
+                        let r = rt.block_on(redis.peek(&probe)).unwrap();
+                        let d = limit.check(model.live(now), now, cost);
+                        prop_assert_eq!(
+                            &m.decisions,
+                            &r.decisions,
+                            "settle: memory vs Redis at op {}",
+                            i
+                        );
+                        prop_assert_eq!(m.decisions[0], d, "settle: memory vs model at op {}", i);
+                    }
+                }
+            }
+            Ok(())
+        })
+        .unwrap();
+}
+
+/// On a clock that does not move, every settle landed: a token bucket of
+/// capacity C holds C − Σ actual (admitted requests), shown as `remaining`
+/// when positive; in debt, `remaining` is 0 and the wait for one token is
+/// exactly (Σ actual − C + 1) / rate.
+#[test]
+fn settled_ledger_is_exact_on_a_still_clock() {
+    let server = RedisServer::start();
+    let rt = current_thread_runtime();
+    let limit = Limit::TokenBucket(TokenBucket::new(100, S, 100).unwrap());
+    let clock = ManualClock::new(T0_US);
+    for backend in [
+        Backend::from(MemoryBackend::with_manual_clock(clock.clone())),
+        RedisBackend::from_url(&server.url())
+            .unwrap()
+            .with_manual_clock(clock.clone())
+            .into(),
+    ] {
+        let key = |cost| TierCheck {
+            key: "ledger".into(),
+            limit,
+            cost,
+        };
+        // Reserve 30 + 30 + 30 (90 of 100), then a 20 is denied.
+        let mut charges = Vec::new();
+        for _ in 0..3 {
+            let v = rt.block_on(backend.check(vec![key(30)])).unwrap();
+            assert!(v.decisions[0].allowed);
+            charges.push(v.charges[0].unwrap());
+        }
+        let v = rt.block_on(backend.check(vec![key(20)])).unwrap();
+        assert!(!v.decisions[0].allowed, "a denied request reserves nothing");
+        // Actuals 10, 30 and 75: Σ = 115, 15 over the capacity.
+        for (charge, actual) in charges.iter().zip([10, 30, 75]) {
+            if let Some(s) = settle_of(&key(30), *charge, 30, actual) {
+                rt.block_on(backend.refund(vec![s])).unwrap();
+            }
+        }
+        let d = rt.block_on(backend.peek(&key(1))).unwrap().decisions[0];
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_us, d.reset_after_us),
+            // 16 tokens to refill before one fits: 160 ms; full in 1.15 s.
+            (false, 0, 160_000, 1_150_000),
+            "{}",
+            backend.name()
+        );
+        // 160 ms later exactly one token fits.
+        clock.advance(Duration::from_micros(160_000));
+        let d = rt.block_on(backend.peek(&key(1))).unwrap().decisions[0];
+        assert_eq!((d.allowed, d.remaining), (true, 0), "{}", backend.name());
+        clock.advance(Duration::from_micros(990_000));
+        let d = rt.block_on(backend.peek(&key(1))).unwrap().decisions[0];
+        assert_eq!((d.allowed, d.remaining), (true, 99), "{}", backend.name());
+        clock.set(T0_US);
+    }
+}
