@@ -109,15 +109,41 @@ impl RedisCluster {
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
-        let out = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .map_err(|e| format!("redis-cli: {e}"))?;
-        if !out.status.success() {
+        // `redis-cli --cluster create` sends each node one CLUSTER MEET and
+        // then waits, with no deadline, until every node knows every other.
+        // On a loaded machine a handshake can time out (a node forgets a
+        // peer it was meeting) and the wait never ends: after ten seconds,
+        // every node meets every other again, which completes the join.
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = create.try_wait().map_err(|e| format!("redis-cli: {e}"))? {
+                break status;
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                let _ = create.kill();
+                return Err("redis-cli --cluster create: no join within 120 s".into());
+            }
+            // Well after its own MEETs (it sends them within a second or
+            // two): ours must not precede its slot and epoch set-up.
+            if started.elapsed() > Duration::from_secs(10) {
+                cluster.meet_all();
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let out = create
+            .wait_with_output()
+            .map_err(|e| format!("redis-cli: {e}"))?;
+        if !status.success() {
             return Err(format!(
                 "redis-cli --cluster create: {}{}",
                 String::from_utf8_lossy(&out.stdout),
@@ -126,6 +152,24 @@ impl RedisCluster {
         }
         cluster.wait_healthy(Duration::from_secs(30))?;
         Ok(cluster)
+    }
+
+    /// Every node meets every other (`CLUSTER MEET ip port bus-port`); a
+    /// node that does not answer is skipped.
+    fn meet_all(&self) {
+        for a in &self.nodes {
+            let Ok(mut c) = connect(a.port) else { continue };
+            for b in self.nodes.iter().filter(|b| b.port != a.port) {
+                let _: redis::RedisResult<()> = command(&[
+                    "CLUSTER",
+                    "MEET",
+                    "127.0.0.1",
+                    &b.port.to_string(),
+                    &b.bus.to_string(),
+                ])
+                .query(&mut c);
+            }
+        }
     }
 
     fn wait_pings(&mut self) -> Result<(), String> {
