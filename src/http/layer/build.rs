@@ -22,7 +22,7 @@ impl RateLimitLayerBuilder {
         self.build_inner()
     }
 
-    /// [`build`](Self::build), then one [`Backend::ping`] (within the
+    /// [`build`](Self::build), then one [`Backend::ping`](crate::backend::Backend::ping) (within the
     /// backend timeout, at least 1 s for the first connection): a backend
     /// that does not answer at start-up is said at start-up, not on the
     /// first request. Under [`FailurePolicy::Closed`](crate::FailurePolicy::Closed)
