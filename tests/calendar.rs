@@ -289,3 +289,76 @@ async fn plans_of_a_calendar_tier_count_per_its_window() {
     assert_eq!(pro().await, ok(2, 0, RENEW_S));
     assert_eq!(pro().await, denied(2, 0, RENEW_S, RENEW_S - NOON_S));
 }
+
+/// The penalty box on a calendar tier: 2 denials within 10 minutes box
+/// the key for exactly 15 minutes, across the UTC midnight the day renews
+/// at; the box holds past midnight (the headers show its end, the new day
+/// is not charged), and when it ends the new day has its whole quota.
+/// (A box shorter than the rest of the day shows the renewal instead:
+/// the request cannot pass before it.)
+async fn penalty_box_on_a_calendar_day(backend: Backend, clock: ManualClock) {
+    use std::time::Duration;
+    use support::{app, client, denied, limits, ok, serve};
+    use tiered_ratelimit::Penalty;
+    // The clock starts at 2024-06-15T23:50Z, ten minutes before the UTC
+    // day renews.
+    const MID_S: u64 = 1_718_496_000;
+    let layer = RateLimitLayer::builder()
+        .backend(backend)
+        .backend_timeout(Duration::from_secs(2))
+        .tier(
+            Tier::new("daily", Global, Quota::per_hour(2))
+                .calendar(Calendar::day())
+                .penalty(Penalty::new(
+                    2,
+                    Duration::from_secs(600),
+                    Duration::from_secs(900),
+                )),
+        )
+        .build()
+        .unwrap();
+    let h = layer.handle();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let send = || async { limits(&c.get(format!("http://{addr}/")).send().await.unwrap()) };
+    assert_eq!(send().await, ok(2, 1, MID_S));
+    assert_eq!(send().await, ok(2, 0, MID_S));
+    // The first strike: denied by the spent day, until midnight.
+    assert_eq!(send().await, denied(2, 0, MID_S, 600));
+    // The second: boxed 15 minutes, to 00:05; the headers show its end.
+    assert_eq!(send().await, denied(2, 0, MID_S + 300, 900));
+    let s = h.peek("daily", "all").await.unwrap();
+    assert_eq!(
+        (s.allowed, s.blocked_for),
+        (false, Some(Duration::from_secs(900)))
+    );
+    // At midnight the day renews, but the box holds to 00:05.
+    clock.set(MID_S * 1_000_000);
+    assert_eq!(send().await, denied(2, 0, MID_S + 300, 300));
+    clock.advance(Duration::from_secs(299));
+    assert_eq!(send().await, denied(2, 0, MID_S + 300, 1));
+    // The box is over: the new day was not charged while it held.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(send().await, ok(2, 1, MID_S + 86_400));
+    assert_eq!(send().await, ok(2, 0, MID_S + 86_400));
+    assert_eq!(send().await, denied(2, 0, MID_S + 86_400, 86_100));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalty_box_on_a_calendar_day_in_memory() {
+    use tiered_ratelimit::backend::MemoryBackend;
+    let clock = ManualClock::new(1_718_495_400_000_000);
+    let b = MemoryBackend::with_manual_clock(clock.clone());
+    penalty_box_on_a_calendar_day(b.into(), clock).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn penalty_box_on_a_calendar_day_on_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(1_718_495_400_000_000);
+    let b = RedisBackend::from_url(&server.url())
+        .unwrap()
+        .with_manual_clock(clock.clone())
+        .with_test_ttl_slack(std::time::Duration::from_secs(7200));
+    penalty_box_on_a_calendar_day(b.into(), clock).await;
+}

@@ -560,3 +560,35 @@ async fn cost_above_capacity_on_redis() {
         .with_manual_clock(ManualClock::new(T0_US));
     cost_above_capacity_is_never_told_to_retry(start(RULES, backend).await).await;
 }
+
+/// A calendar rule over gRPC (issue 28): a month anchored on the 31st in
+/// Berlin. 1 µs before the boundary (Berlin's 29 February 2024, 00:00)
+/// the old month has 1 µs left; at it the new month runs to Berlin's
+/// 31 March (2 678 400 s), `current_limit` per MONTH.
+#[tokio::test]
+async fn a_calendar_month_rule_answers_the_time_to_its_boundary() {
+    const FEB29_US: u64 = 1_709_161_200_000_000;
+    let rules = "domain = 'edge'\n[[rule]]\nname = 'monthly'\n\
+                 match = [{ key = 'api_key' }]\nlimit = 2\nperiod = 'month'\n\
+                 anchor = 31\ntime_zone = 'Europe/Berlin'\n";
+    let clock = ManualClock::new(FEB29_US - 1);
+    let addr = start(rules, MemoryBackend::with_manual_clock(clock.clone())).await;
+    let mut c = connect(addr).await;
+    let status = |remaining: u32, seconds: i64, nanos: i32| DescriptorStatus {
+        code: Code::Ok.into(),
+        current_limit: Some(RateLimit {
+            name: "monthly".to_owned(),
+            requests_per_unit: 2,
+            unit: Unit::Month.into(),
+        }),
+        limit_remaining: remaining,
+        duration_until_reset: Some(ProtoDuration { seconds, nanos }),
+        quota: None,
+    };
+    let r = || req("edge", vec![d(&[("api_key", "k1")])]);
+    let got = call(&mut c, r()).await;
+    assert_eq!(got.statuses, [status(1, 0, 1_000)]);
+    clock.set(FEB29_US);
+    let got = call(&mut c, r()).await;
+    assert_eq!(got.statuses, [status(1, 2_678_400, 0)]);
+}

@@ -2,9 +2,10 @@
 //! [`RuleLimit`]) and their TOML form ([`RulesPolicy`], [`RulePolicy`],
 //! [`FailureStatus`]).
 
+use crate::algorithm::calendar::{Calendar, CalendarPeriod};
 use crate::backend::Backend;
 use crate::error::ConfigError;
-use crate::policy::RedisConfig;
+use crate::policy::{PolicyPeriod, RedisConfig};
 use crate::response::HeaderStyle;
 use crate::{
     algorithm::kind::Algorithm, engine::breaker::CircuitBreaker, engine::builder::EngineBuilder,
@@ -61,6 +62,9 @@ pub struct Rule {
     /// The reference's `replaces`: a request with a descriptor on this
     /// rule drops its descriptors on rules whose `limit_name` is listed.
     pub replaces: Vec<String>,
+    /// A calendar quota's calendar (the quota's limit per calendar window,
+    /// a fixed window; see [`Tier::calendar`](crate::Tier::calendar)).
+    pub calendar: Option<Calendar>,
 }
 
 impl Rule {
@@ -78,6 +82,7 @@ impl Rule {
             per_unit: None,
             limit_name: None,
             replaces: Vec::new(),
+            calendar: None,
         }
     }
 }
@@ -190,9 +195,21 @@ pub struct RulePolicy {
     /// Requests per period (required unless `unlimited`).
     #[serde(default)]
     pub limit: Option<u64>,
-    /// The period, humantime (required unless `unlimited`).
-    #[serde(default, with = "humantime_serde")]
-    pub period: Option<Duration>,
+    /// The period (required unless `unlimited`): a duration, humantime
+    /// (`"1m"`), or a calendar period, `"day"`, `"week"`, `"month"` or
+    /// `"year"`, as a `[[tier]]`'s `period` (a fixed window over local
+    /// midnights; `current_limit` then says DAY, WEEK, MONTH or YEAR and
+    /// `duration_until_reset` the time to the next boundary).
+    #[serde(default, deserialize_with = "crate::policy::optional_period")]
+    pub period: Option<PolicyPeriod>,
+    /// A calendar period's IANA time zone (default `"UTC"`), as a
+    /// `[[tier]]`'s.
+    #[serde(default)]
+    pub time_zone: Option<String>,
+    /// A calendar period's first day, as a `[[tier]]`'s `anchor`: a
+    /// weekday for `"week"`, 1-31 for `"month"`, `"MM-DD"` for `"year"`.
+    #[serde(default, deserialize_with = "crate::policy::anchor")]
+    pub anchor: Option<String>,
     /// Capacity (default `limit`).
     #[serde(default)]
     pub burst: Option<u64>,
@@ -311,9 +328,17 @@ impl RulesPolicy {
                 let bad = |what: &dyn std::fmt::Display| {
                     ConfigError::Policy(format!("rule \"{}\": {what}", r.name))
                 };
-                let algorithm = match &r.algorithm {
-                    Some(a) => Algorithm::from_name(a, None).map_err(|e| bad(&e))?,
-                    None => Algorithm::default(),
+                let calendar = match r.period {
+                    Some(p) => {
+                        crate::policy::calendar_of(p, r.time_zone.as_deref(), r.anchor.as_deref())
+                            .map_err(|e| bad(&e))?
+                    }
+                    None => None,
+                };
+                let algorithm = match (&r.algorithm, &calendar) {
+                    (Some(a), _) => Algorithm::from_name(a, None).map_err(|e| bad(&e))?,
+                    (None, Some(_)) => Algorithm::FixedWindow,
+                    (None, None) => Algorithm::default(),
                 };
                 if r.unlimited
                     && (r.limit.is_some()
@@ -325,7 +350,12 @@ impl RulesPolicy {
                         &"unlimited = true: limit, period, burst and algorithm must not be set",
                     ));
                 }
-                let quota = match (r.limit, r.period, r.unlimited) {
+                let period = match (r.period, &calendar) {
+                    (_, Some(c)) => Some(Duration::from_micros(c.longest_us())),
+                    (Some(PolicyPeriod::Duration(d)), None) => Some(d),
+                    _ => None,
+                };
+                let quota = match (r.limit, period, r.unlimited) {
                     (Some(limit), Some(period), _) => {
                         let q = Quota::new(limit, period);
                         r.burst.map_or(q, |b| q.burst(b))
@@ -349,6 +379,16 @@ impl RulesPolicy {
                 rule.algorithm = algorithm;
                 rule.shadow = r.shadow_mode;
                 rule.unlimited = r.unlimited;
+                if let (Some(c), Some(limit)) = (calendar, r.limit) {
+                    let unit = match c.period() {
+                        CalendarPeriod::Day => super::Unit::Day,
+                        CalendarPeriod::Week => super::Unit::Week,
+                        CalendarPeriod::Month => super::Unit::Month,
+                        CalendarPeriod::Year => super::Unit::Year,
+                    };
+                    rule.per_unit = Some((u32::try_from(limit).unwrap_or(u32::MAX), unit));
+                    rule.calendar = Some(c);
+                }
                 Ok(rule)
             })
             .collect()

@@ -71,6 +71,7 @@ mod tier;
 pub use lists::DenylistPolicy;
 pub use priced::{ActualPolicy, EstimatePolicy, PricedPolicy};
 pub use redis::RedisConfig;
+pub(crate) use tier::{anchor, calendar_of, optional_period};
 pub use tier::{KeySpec, PlanSource, PolicyPeriod, TierPolicy};
 
 use crate::backend::Backend;

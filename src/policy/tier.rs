@@ -154,7 +154,7 @@ fn period<'de, D: Deserializer<'de>>(d: D) -> Result<PolicyPeriod, D::Error> {
         })
 }
 
-fn anchor<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+pub(crate) fn anchor<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Anchor {
@@ -166,6 +166,40 @@ fn anchor<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
         Anchor::Name(s) => s,
     }))
 }
+/// A `period` that may be absent (a descriptor rule's), as [`period`].
+pub(crate) fn optional_period<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<PolicyPeriod>, D::Error> {
+    period(d).map(Some)
+}
+
+/// The calendar of a calendar `period` with its `time_zone` and `anchor`
+/// (a `[[tier]]`'s or a descriptor `[[rule]]`'s); `None` for a duration,
+/// which takes neither. The error names the field.
+pub(crate) fn calendar_of(
+    period: PolicyPeriod,
+    time_zone: Option<&str>,
+    anchor: Option<&str>,
+) -> Result<Option<Calendar>, String> {
+    let PolicyPeriod::Calendar(p) = period else {
+        let only =
+            "only a calendar period (period = \"day\", \"week\", \"month\" or \"year\") uses it";
+        return match (time_zone, anchor) {
+            (Some(_), _) => Err(format!("time_zone: {only}")),
+            (_, Some(_)) => Err(format!("anchor: {only}")),
+            _ => Ok(None),
+        };
+    };
+    let mut c = Calendar::new(p);
+    if let Some(tz) = time_zone {
+        c = c.time_zone(tz).map_err(|e| e.to_string())?;
+    }
+    if let Some(a) = anchor {
+        c = c.anchor(a).map_err(|e| e.to_string())?;
+    }
+    Ok(Some(c))
+}
+
 fn default_mode() -> String {
     Mode::default().label().to_owned()
 }
@@ -309,22 +343,11 @@ impl TierPolicy {
 
     /// The calendar of a calendar `period`, with `time_zone` and `anchor`.
     fn calendar(&self) -> Result<Option<Calendar>, String> {
-        let PolicyPeriod::Calendar(p) = self.period else {
-            let only = "only a calendar period (period = \"day\", \"week\", \"month\" or \"year\") uses it";
-            return match (&self.time_zone, &self.anchor) {
-                (Some(_), _) => Err(format!("time_zone: {only}")),
-                (_, Some(_)) => Err(format!("anchor: {only}")),
-                _ => Ok(None),
-            };
-        };
-        let mut c = Calendar::new(p);
-        if let Some(tz) = &self.time_zone {
-            c = c.time_zone(tz).map_err(|e| e.to_string())?;
-        }
-        if let Some(a) = &self.anchor {
-            c = c.anchor(a).map_err(|e| e.to_string())?;
-        }
-        Ok(Some(c))
+        calendar_of(
+            self.period,
+            self.time_zone.as_deref(),
+            self.anchor.as_deref(),
+        )
     }
 
     /// `mode` with `canary_percent`.
