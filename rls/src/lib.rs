@@ -34,6 +34,7 @@ pub use envoy_types;
 pub mod endpoints;
 pub mod env;
 pub mod reload;
+pub mod stats;
 
 /// The reference service's three response headers
 /// (`LIMIT_RESPONSE_HEADERS_ENABLED`): the descriptor closest to its limit
@@ -130,6 +131,7 @@ impl Rls {
             .await
         {
             Ok(answer) => {
+                stats::record(req, &answer);
                 let mut r = response(&answer);
                 if !self.engine_headers {
                     r.response_headers_to_add.clear();

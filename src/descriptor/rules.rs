@@ -61,6 +61,9 @@ pub struct Rule {
     /// The reference's `replaces`: a request with a descriptor on this
     /// rule drops its descriptors on rules whose `limit_name` is listed.
     pub replaces: Vec<String>,
+    /// The reference service's stat key path (its YAML's rules only):
+    /// the Envoy service exports `ratelimit.service.rate_limit.*` under it.
+    pub stat: Option<super::StatPath>,
 }
 
 impl Rule {
@@ -78,6 +81,7 @@ impl Rule {
             per_unit: None,
             limit_name: None,
             replaces: Vec::new(),
+            stat: None,
         }
     }
 }
