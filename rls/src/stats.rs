@@ -20,7 +20,9 @@ pub const NEAR_LIMIT_RATIO: f64 = 0.8;
 /// rule in shadow) when it was over.
 pub fn record(req: &RateLimitRequest, answer: &Answer) {
     let request_hits = u64::from(req.hits_addend.max(1));
-    let denied = answer.statuses.iter().any(|s| s.code == Code::OverLimit);
+    // Denied: nothing was charged (under the global shadow mode a status
+    // says OVER_LIMIT, the request is OK and was charged).
+    let denied = answer.overall == Code::OverLimit;
     for (d, s) in req.descriptors.iter().zip(&answer.statuses) {
         let Some(stat) = &s.stat else { continue };
         let entries: Vec<(&str, &str)> = d

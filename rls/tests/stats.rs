@@ -40,19 +40,31 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 10}
 ";
 
+/// Under the global `SHADOW_MODE`: 2 per minute on one key.
+const SHADOWED: &str = "
+domain: sh
+descriptors:
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 2}
+";
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).into(),
+                value: (*v).into(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
 fn req(entries: &[(&str, &str)], hits: u32) -> RateLimitRequest {
     RateLimitRequest {
         domain: "edge".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: entries
-                .iter()
-                .map(|(k, v)| Entry {
-                    key: (*k).into(),
-                    value: (*v).into(),
-                })
-                .collect(),
-            ..Default::default()
-        }],
+        descriptors: vec![descriptor(entries)],
         hits_addend: hits,
     }
 }
@@ -62,19 +74,36 @@ async fn the_reference_stat_names_count_a_known_sequence() {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .expect("recorder");
-    let mut config = ReferenceConfig::default();
-    config
-        .add(Path::new("edge.yaml"), EDGE)
-        .expect("valid YAML");
-    let backend = MemoryBackend::with_manual_clock(ManualClock::new(T0_US));
-    let limiters = config
-        .limiters(&backend.into(), "rls-stats", false, || {
-            EngineBuilder::default()
-                .headers(HeaderStyle::None)
-                .backend_timeout(std::time::Duration::from_secs(10))
-        })
-        .expect("limiters");
-    let rls = Rls::domains(limiters, FailureStatus::OverLimit);
+    let backend: tiered_ratelimit::backend::Backend =
+        MemoryBackend::with_manual_clock(ManualClock::new(T0_US)).into();
+    let rls = |name: &str, yaml: &str, shadow: bool| {
+        let mut config = ReferenceConfig::default();
+        config.add(Path::new(name), yaml).expect("valid YAML");
+        let limiters = config
+            .limiters(&backend, "rls-stats", shadow, || {
+                EngineBuilder::default()
+                    .headers(HeaderStyle::None)
+                    .backend_timeout(std::time::Duration::from_secs(10))
+            })
+            .expect("limiters");
+        Rls::domains(limiters, FailureStatus::OverLimit)
+    };
+    // The global shadow mode: a request with a descriptor over its limit
+    // is OK and charged its other descriptors (counted as charged).
+    let shadowed = rls("sh.yaml", SHADOWED, true);
+    let sh = |values: &[&str]| RateLimitRequest {
+        domain: "sh".into(),
+        descriptors: values.iter().map(|v| descriptor(&[("k", v)])).collect(),
+        hits_addend: 0,
+    };
+    let mut sh_codes = Vec::new();
+    for r in [sh(&["a"]), sh(&["a"]), sh(&["a", "b"])] {
+        let a = shadowed.decide(&r).await.unwrap();
+        let codes: Vec<i32> = a.statuses.iter().map(|s| s.code).collect();
+        sh_codes.push((a.overall_code, codes));
+    }
+    assert_eq!(sh_codes, [(1, vec![1]), (1, vec![1]), (1, vec![2, 1])]);
+    let rls = rls("edge.yaml", EDGE, false);
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (grpc_addr, metrics_addr) = (grpc.local_addr().unwrap(), metrics.local_addr().unwrap());
@@ -127,18 +156,22 @@ async fn the_reference_stat_names_count_a_known_sequence() {
             r#"ratelimit_service_rate_limit_near_limit{domain="edge",key1="path_/files/*"} 1"#,
             r#"ratelimit_service_rate_limit_near_limit{domain="edge",key1="route_api",key2="user_bob"} 1"#,
             r#"ratelimit_service_rate_limit_near_limit{domain="edge",key1="tenant"} 1"#,
+            r#"ratelimit_service_rate_limit_near_limit{domain="sh",key1="k"} 1"#,
             r#"ratelimit_service_rate_limit_over_limit{domain="edge",key1="path_/files/*"} 1"#,
             r#"ratelimit_service_rate_limit_over_limit{domain="edge",key1="route_api",key2="user_bob"} 1"#,
             r#"ratelimit_service_rate_limit_over_limit{domain="edge",key1="tenant"} 1"#,
+            r#"ratelimit_service_rate_limit_over_limit{domain="sh",key1="k"} 1"#,
             r#"ratelimit_service_rate_limit_shadow_mode{domain="edge",key1="path_/files/*"} 1"#,
             r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="client_c1"} 3"#,
             r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="path_/files/*"} 2"#,
             r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="route_api",key2="user_bob"} 3"#,
             r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="tenant"} 6"#,
+            r#"ratelimit_service_rate_limit_total_hits{domain="sh",key1="k"} 4"#,
             r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="client_c1"} 3"#,
             r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="path_/files/*"} 1"#,
             r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="route_api",key2="user_bob"} 2"#,
             r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="tenant"} 5"#,
+            r#"ratelimit_service_rate_limit_within_limit{domain="sh",key1="k"} 3"#,
         ]
     );
 }
