@@ -29,6 +29,9 @@ pub struct ReferenceEnv {
     pub watch_root: bool,
     /// `GRPC_HOST`:`GRPC_PORT` (defaults 0.0.0.0 and 8081).
     pub grpc: Option<SocketAddr>,
+    /// `HOST`:`PORT` (defaults 0.0.0.0 and 8080): where the HTTP
+    /// `/healthcheck` and `/json` listen.
+    pub http: Option<SocketAddr>,
     /// `USE_PROMETHEUS=true` and `PROMETHEUS_ADDR` (default `:9090`):
     /// where `GET /metrics` listens.
     pub metrics: Option<SocketAddr>,
@@ -162,16 +165,6 @@ const REFUSED: &[(&str, &[&str], &str)] = &[
         "metrics are served at /metrics",
     ),
     ("PROMETHEUS_MAPPER_YAML", &[""], "stat names are fixed"),
-    (
-        "HOST",
-        &[],
-        "the HTTP endpoints (/json, /healthcheck) are not served yet",
-    ),
-    (
-        "PORT",
-        &[],
-        "the HTTP endpoints (/json, /healthcheck) are not served yet",
-    ),
     ("MEMCACHE_HOST_PORT", &[""], "memcached is not supported"),
     ("MEMCACHE_SRV", &[""], "memcached is not supported"),
 ];
@@ -248,6 +241,17 @@ impl ReferenceEnv {
                     "expected an IP address and a port",
                 )
             })?);
+        }
+        if get("HOST").is_some() || get("PORT").is_some() {
+            let addr = format!(
+                "{}:{}",
+                get("HOST").unwrap_or("0.0.0.0"),
+                get("PORT").unwrap_or("8080")
+            );
+            env.http =
+                Some(addr.parse().map_err(|_| {
+                    invalid("HOST/PORT", &addr, "expected an IP address and a port")
+                })?);
         }
         if let Some(v) = get("USE_PROMETHEUS") {
             if boolean("USE_PROMETHEUS", v)? {
@@ -402,119 +406,4 @@ fn redis(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn env(vars: &[(&str, &str)]) -> Result<ReferenceEnv, EnvError> {
-        ReferenceEnv::from_vars(vars.iter().map(|(k, v)| ((*k).into(), (*v).into())))
-    }
-
-    #[test]
-    fn the_reference_variables_are_honoured() {
-        let e = env(&[
-            ("RUNTIME_ROOT", "/data"),
-            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
-            ("RUNTIME_IGNOREDOTFILES", "true"),
-            ("RUNTIME_WATCH_ROOT", "false"),
-            ("GRPC_PORT", "9001"),
-            ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", "redis.local:6380"),
-            ("REDIS_AUTH", "secret"),
-            ("SHADOW_MODE", "true"),
-            ("LOG_LEVEL", "DEBUG"),
-            ("USE_STATSD", "false"),
-            ("REDIS_POOL_SIZE", "20"),
-            ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
-            ("LIMIT_RESET_HEADER", "X-Reset"),
-        ])
-        .unwrap();
-        assert_eq!(e.config_dir, Some(PathBuf::from("/data/ratelimit/config")));
-        assert!(e.ignore_dotfiles);
-        assert!(!e.watch_root);
-        assert_eq!(e.grpc, Some("0.0.0.0:9001".parse().unwrap()));
-        assert_eq!(
-            e.redis.unwrap().url.as_deref(),
-            Some("redis://:secret@redis.local:6380/")
-        );
-        assert!(e.shadow_mode);
-        assert_eq!(e.log_level.as_deref(), Some("debug"));
-        assert_eq!(e.no_effect, ["REDIS_POOL_SIZE"]);
-        let h = e.response_headers.unwrap();
-        assert_eq!(
-            [h.limit.as_str(), h.remaining.as_str(), h.reset.as_str()],
-            ["ratelimit-limit", "ratelimit-remaining", "x-reset"]
-        );
-        let c = env(&[
-            ("REDIS_TYPE", "cluster"),
-            ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", "a:1,b:2"),
-        ])
-        .unwrap()
-        .redis
-        .unwrap();
-        assert_eq!(c.cluster_nodes, ["redis://a:1/", "redis://b:2/"]);
-        let s = env(&[
-            ("REDIS_TYPE", "SENTINEL"),
-            ("REDIS_SOCKET_TYPE", "tcp"),
-            ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
-        ])
-        .unwrap()
-        .redis
-        .unwrap();
-        assert_eq!(s.master_name.as_deref(), Some("mymaster"));
-        assert_eq!(s.sentinels, ["redis://s1:26379/", "redis://s2:26379/"]);
-        let u = env(&[("REDIS_URL", "/var/run/redis.sock")])
-            .unwrap()
-            .redis
-            .unwrap();
-        assert_eq!(u.url.as_deref(), Some("redis+unix:///var/run/redis.sock"));
-        let m = env(&[("USE_PROMETHEUS", "true")]).unwrap();
-        assert_eq!(m.metrics, Some("0.0.0.0:9090".parse().unwrap()));
-    }
-
-    #[test]
-    fn a_variable_that_cannot_be_honoured_is_refused_by_name() {
-        let rows = [
-            (
-                ("USE_STATSD", "true"),
-                "USE_STATSD=true: statsd is not exported; metrics are Prometheus (USE_PROMETHEUS)",
-            ),
-            (
-                ("BACKEND_TYPE", "memcache"),
-                "BACKEND_TYPE=memcache: only Redis (or memory without REDIS_URL) is supported",
-            ),
-            (
-                ("MERGE_DOMAIN_CONFIG", "true"),
-                "MERGE_DOMAIN_CONFIG=true: several files with one domain are not merged",
-            ),
-            (
-                ("REDIS_TLS", "true"),
-                "REDIS_TLS=true: TLS to Redis is not supported",
-            ),
-            (
-                ("PORT", "8080"),
-                "PORT=8080: the HTTP endpoints (/json, /healthcheck) are not served yet",
-            ),
-            (
-                ("SHADOW_MODE", "maybe"),
-                "SHADOW_MODE=maybe: expected true or false",
-            ),
-            (
-                ("REDIS_TYPE", "ring"),
-                "REDIS_TYPE=ring: expected single, cluster or sentinel",
-            ),
-            (
-                ("LOG_LEVEL", "loud"),
-                "LOG_LEVEL=loud: expected debug, info, warn or error",
-            ),
-        ];
-        for ((k, v), expected) in rows {
-            let vars: &[(&str, &str)] = if k == "REDIS_TYPE" {
-                &[(k, v), ("REDIS_URL", "x:1"), ("REDIS_SOCKET_TYPE", "tcp")]
-            } else {
-                &[(k, v)]
-            };
-            assert_eq!(env(vars).unwrap_err().to_string(), expected);
-        }
-    }
-}
+mod tests;

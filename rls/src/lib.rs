@@ -31,8 +31,10 @@ use tonic::{Request, Response, Status};
 
 pub use envoy_types;
 
+pub mod endpoints;
 pub mod env;
 pub mod reload;
+pub mod stats;
 
 /// The reference service's three response headers
 /// (`LIMIT_RESPONSE_HEADERS_ENABLED`): the descriptor closest to its limit
@@ -129,6 +131,7 @@ impl Rls {
             .await
         {
             Ok(answer) => {
+                stats::record(req, &answer);
                 let mut r = response(&answer);
                 if !self.engine_headers {
                     r.response_headers_to_add.clear();
@@ -321,7 +324,40 @@ pub async fn serve(
     metrics: Option<(TcpListener, metrics_exporter_prometheus::PrometheusHandle)>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    serve_http(rls, grpc, None, metrics, shutdown).await
+}
+
+/// [`serve`], and the reference's HTTP endpoints ([`endpoints::router`]:
+/// `/healthcheck`, `/json`) on `http` when given: `/healthcheck` answers
+/// 500 from the moment shutdown starts, and the HTTP server stops after
+/// the gRPC calls in flight are answered.
+///
+/// # Errors
+/// The gRPC server's.
+pub async fn serve_http(
+    rls: Rls,
+    grpc: TcpListener,
+    http: Option<TcpListener>,
+    metrics: Option<(TcpListener, metrics_exporter_prometheus::PrometheusHandle)>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
     let limiters = rls.limiter.clone();
+    let serving = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(listener) = http {
+        let app = endpoints::router(rls.clone(), serving.clone());
+        tokio::spawn(async move {
+            let stopped = async move {
+                let _ = http_stopped.await;
+            };
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await
+            {
+                tracing::error!(error = %e, "HTTP server failed");
+            }
+        });
+    }
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
     let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -356,6 +392,7 @@ pub async fn serve(
     let shutdown = async move {
         shutdown.await;
         tracing::info!("shutting down: NOT_SERVING, answering the calls in flight");
+        serving.store(false, std::sync::atomic::Ordering::Release);
         reporter
             .set_not_serving::<RateLimitServiceServer<Rls>>()
             .await;
@@ -369,6 +406,7 @@ pub async fn serve(
         .add_service(RateLimitServiceServer::new(rls))
         .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc), shutdown)
         .await?;
+    let _ = stop_http.send(());
     // Lease mode: the tokens this instance holds go back to the shared
     // buckets (a crashed instance's are lost until refill).
     let mut returned = 0;

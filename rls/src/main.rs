@@ -18,7 +18,7 @@ use tiered_ratelimit::descriptor::FailureStatus;
 use tiered_ratelimit::descriptor::{ReferenceConfig, RulesPolicy};
 use tiered_ratelimit::FailurePolicy;
 use tiered_ratelimit_rls::env::ReferenceEnv;
-use tiered_ratelimit_rls::{serve, Rls};
+use tiered_ratelimit_rls::{serve_http, Rls};
 
 /// The Envoy rate limit service (envoy.service.ratelimit.v3) on tiered-ratelimit.
 #[derive(Debug, Parser)]
@@ -39,6 +39,30 @@ struct Args {
     /// 0.0.0.0:9090).
     #[arg(long)]
     metrics: Option<String>,
+    /// Where the reference's HTTP `/healthcheck` and `/json` listen;
+    /// `none` for neither (default: the reference's `HOST`:`PORT`, else
+    /// 0.0.0.0:8080 when serving its YAML, else none).
+    #[arg(long)]
+    http: Option<String>,
+}
+
+/// `--http`, else `HOST`:`PORT`, else `default`.
+async fn http_listener(
+    flag: Option<&str>,
+    env: Option<SocketAddr>,
+    default: Option<SocketAddr>,
+) -> Result<Option<tokio::net::TcpListener>, Box<dyn std::error::Error>> {
+    let addr = match flag {
+        Some("none") => return Ok(None),
+        Some(a) => Some(a.parse().map_err(|e| format!("--http {a}: {e}"))?),
+        None => env.or(default),
+    };
+    let Some(addr) = addr else { return Ok(None) };
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("--http (HOST/PORT) {addr}: {e}"))?;
+    tracing::info!(addr = %l.local_addr()?, "HTTP /healthcheck and /json");
+    Ok(Some(l))
 }
 
 #[tokio::main]
@@ -93,8 +117,15 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("yaml") || e.eq_ignore_ascii_case("yml"));
     if yaml {
-        return serve_reference(&config_path, listen, &metrics_addr, env).await;
+        let http = http_listener(
+            args.http.as_deref(),
+            env.http,
+            Some(SocketAddr::from(([0, 0, 0, 0], 8080))),
+        )
+        .await?;
+        return serve_reference(&config_path, listen, http, &metrics_addr, env).await;
     }
+    let http = http_listener(args.http.as_deref(), env.http, None).await?;
     let policy = RulesPolicy::from_file(&config_path)
         .map_err(|e| format!("{}: {e}", config_path.display()))?;
     let (backend, backend_text): (Backend, String) = match &policy.redis {
@@ -141,7 +172,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         rules,
         "serving envoy.service.ratelimit.v3.RateLimitService"
     );
-    serve(rls, grpc, metrics, shutdown_signal()).await?;
+    serve_http(rls, grpc, http, metrics, shutdown_signal()).await?;
     Ok(())
 }
 
@@ -151,6 +182,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 async fn serve_reference(
     path: &std::path::Path,
     listen: SocketAddr,
+    http: Option<tokio::net::TcpListener>,
     metrics_addr: &str,
     env: ReferenceEnv,
 ) -> Result<(), Box<dyn std::error::Error>> {
@@ -212,7 +244,7 @@ async fn serve_reference(
         shadow_mode = env.shadow_mode,
         "serving envoy.service.ratelimit.v3.RateLimitService"
     );
-    serve(rls, grpc, metrics, shutdown_signal()).await?;
+    serve_http(rls, grpc, http, metrics, shutdown_signal()).await?;
     Ok(())
 }
 

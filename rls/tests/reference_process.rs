@@ -58,6 +58,9 @@ async fn the_reference_environment_alone_starts_and_serves() {
         .env("REDIS_URL", format!("127.0.0.1:{}", redis.port()))
         .env("GRPC_HOST", "127.0.0.1")
         .env("GRPC_PORT", grpc.to_string())
+        // The HTTP endpoints' default is 8080: a free port instead.
+        .env("HOST", "127.0.0.1")
+        .env("PORT", free_port().to_string())
         .env("USE_PROMETHEUS", "true")
         .env("PROMETHEUS_ADDR", format!("127.0.0.1:{metrics}"))
         .env("CACHE_KEY_PREFIX", "ref")
@@ -213,6 +216,9 @@ async fn a_changed_config_is_swapped_in_and_a_broken_one_refused() {
         .env("RUNTIME_ROOT", &root)
         .env("GRPC_HOST", "127.0.0.1")
         .env("GRPC_PORT", grpc.to_string())
+        // The HTTP endpoints' default is 8080: a free port instead.
+        .env("HOST", "127.0.0.1")
+        .env("PORT", free_port().to_string())
         .env("USE_PROMETHEUS", "true")
         .env("PROMETHEUS_ADDR", format!("127.0.0.1:{metrics}"))
         .env("LOG_LEVEL", "error")

@@ -40,6 +40,8 @@ impl DescriptorLimiter {
                             remaining: 0,
                             until_reset: Duration::ZERO,
                             exceeds_capacity: false,
+                            stat: None,
+                            shadow_over: false,
                         })
                         .collect(),
                     headers: None,
@@ -59,6 +61,8 @@ impl DescriptorLimiter {
                     remaining: 0,
                     until_reset: Duration::ZERO,
                     exceeds_capacity: false,
+                    stat: None,
+                    shadow_over: false,
                 },
                 Some((rule, usize::MAX)) => DescriptorStatus {
                     code: Code::Ok,
@@ -89,6 +93,7 @@ impl DescriptorLimiter {
                         // request is OK (as the reference service answers).
                         let shadowed =
                             r.shadow || (!self.global_shadow && shadow_tiers & (1 << tier) != 0);
+                        s.shadow_over = !d.allowed && shadowed;
                         s.code = if !d.allowed && !shadowed {
                             Code::OverLimit
                         } else {
@@ -159,6 +164,8 @@ impl DescriptorLimiter {
             remaining: 0,
             until_reset: Duration::ZERO,
             exceeds_capacity: false,
+            stat: self.rules[rule].stat.clone(),
+            shadow_over: false,
         }
     }
 

@@ -88,6 +88,8 @@ impl DomainLimiters {
                         remaining: 0,
                         until_reset: Duration::ZERO,
                         exceeds_capacity: false,
+                        stat: None,
+                        shadow_over: false,
                     })
                     .collect(),
                 headers: None,

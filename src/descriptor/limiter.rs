@@ -54,6 +54,12 @@ pub struct DescriptorStatus {
     /// sends no `duration_until_reset` and no `Retry-After` for it, and
     /// counts it in `tiered_ratelimit_cost_exceeds_capacity_total`.
     pub exceeds_capacity: bool,
+    /// The reference service's stat key path of its rule (a rule read
+    /// from the reference's YAML); `None` otherwise.
+    pub stat: Option<std::sync::Arc<super::StatPath>>,
+    /// Over the limit on a rule in shadow mode (its code is `Ok`): the
+    /// reference's `shadow_mode` stat counts it.
+    pub shadow_over: bool,
 }
 
 /// The answer to one request.
@@ -254,6 +260,7 @@ impl DescriptorLimiter {
                 tier,
                 shadow: r.shadow,
                 blocked: r.blocked,
+                stat: r.stat.map(Arc::new),
                 steady_refill: matches!(
                     r.algorithm,
                     crate::algorithm::kind::Algorithm::TokenBucket

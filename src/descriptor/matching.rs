@@ -35,6 +35,8 @@ pub(super) struct Compiled {
     pub(super) tier: Option<usize>,
     pub(super) shadow: bool,
     pub(super) blocked: bool,
+    /// The reference's stat key path ([`Rule::stat`](super::Rule::stat)).
+    pub(super) stat: Option<std::sync::Arc<super::StatPath>>,
     /// Refills at a steady rate (token and leaky buckets): a cost of `c`
     /// takes `c × period ÷ limit` to come back.
     pub(super) steady_refill: bool,

@@ -54,6 +54,7 @@ mod matching;
 #[cfg(feature = "envoy-yaml")]
 mod reference;
 mod rules;
+mod stat;
 #[cfg(test)]
 mod tests;
 mod tree;
@@ -65,6 +66,7 @@ pub use matching::Descriptor;
 #[cfg(feature = "envoy-yaml")]
 pub use reference::{ReferenceConfig, ReferenceDomain, MAX_FILES, MAX_FILE_BYTES};
 pub use rules::{EntryMatch, FailureStatus, Rule, RuleLimit, RulePolicy, RulesPolicy};
+pub use stat::{StatLevel, StatPath};
 pub use unit::{per_unit, Unit};
 
 /// The most descriptors one request may carry.

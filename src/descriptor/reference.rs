@@ -27,6 +27,7 @@
 //! parser's message, never a hang or a panic.
 
 use super::rules::{EntryMatch, Rule};
+use super::stat::{StatLevel, StatPath};
 use super::tree::Tree;
 use super::unit::Unit;
 use crate::algorithm::kind::Algorithm;
@@ -68,13 +69,10 @@ struct YamlDescriptor {
     shadow_mode: bool,
     #[serde(default)]
     quota_mode: bool,
-    /// Metric naming only (the reference's stat names are not exported
-    /// yet, docs/envoy.md): read and not used.
+    /// Metric naming: the rule's [`StatPath`].
     #[serde(default)]
-    #[allow(dead_code)]
     detailed_metric: bool,
     #[serde(default)]
-    #[allow(dead_code)]
     value_to_metric: bool,
     #[serde(default)]
     share_threshold: bool,
@@ -214,7 +212,7 @@ impl ReferenceConfig {
             names: HashMap::new(),
         };
         let descriptors = root.descriptors.unwrap_or_default();
-        loader.load(0, "descriptors", "", &[], &descriptors)?;
+        loader.load(0, "descriptors", "", &[], &[], &descriptors)?;
         self.domains.push(ReferenceDomain {
             file: file.to_owned(),
             domain,
@@ -281,6 +279,7 @@ impl Loader {
         at: &str,
         parent_key: &str,
         path: &[EntryMatch],
+        levels: &[StatLevel],
         descriptors: &[YamlDescriptor],
     ) -> Result<(), ConfigError> {
         let file = self.file.display().to_string();
@@ -340,8 +339,18 @@ impl Loader {
                 key: key.to_owned(),
                 value: (!value.is_empty()).then(|| value.to_owned()),
             });
+            let mut stat_levels = levels.to_vec();
+            stat_levels.push(StatLevel {
+                value_to_metric: d.value_to_metric,
+                share: d.share_threshold,
+                ..StatLevel::new(key, (!value.is_empty()).then(|| value.to_owned()))
+            });
             if let Some(rl) = &d.rate_limit {
-                let rule = self.rule(rl, d, &full_key, entries.clone(), &bad)?;
+                let mut rule = self.rule(rl, d, &full_key, entries.clone(), &bad)?;
+                rule.stat = Some(StatPath {
+                    levels: stat_levels.clone(),
+                    detailed: d.detailed_metric,
+                });
                 self.tree.nodes[id].rule = Some(self.rules.len());
                 self.rules.push(rule);
             }
@@ -351,6 +360,7 @@ impl Loader {
                 &format!("{here}.descriptors"),
                 &full_key,
                 &entries,
+                &stat_levels,
                 children,
             )?;
         }

@@ -65,6 +65,9 @@ pub struct Rule {
     /// A calendar quota's calendar (the quota's limit per calendar window,
     /// a fixed window; see [`Tier::calendar`](crate::Tier::calendar)).
     pub calendar: Option<Calendar>,
+    /// The reference service's stat key path (its YAML's rules only):
+    /// the Envoy service exports `ratelimit.service.rate_limit.*` under it.
+    pub stat: Option<super::StatPath>,
 }
 
 impl Rule {
@@ -83,6 +86,7 @@ impl Rule {
             limit_name: None,
             replaces: Vec::new(),
             calendar: None,
+            stat: None,
         }
     }
 }
