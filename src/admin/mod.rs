@@ -81,6 +81,7 @@
 //! HTML-escaped: tier names, keys (storage key parts, already escaped for
 //! storage but otherwise as clients sent them), endpoints.
 
+mod actions;
 mod api;
 mod auth;
 mod chart;
@@ -93,12 +94,13 @@ mod page;
 mod reply;
 
 use crate::handle::RateLimitHandle;
+use actions::form_mode;
 use api::{api_anomalies, api_history, api_mode, api_status, api_top};
 use auth::authorize;
 use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
-use page::{form_mode, page};
+use page::page;
 use reply::not_found;
 use std::fmt;
 use std::sync::Arc;
@@ -215,7 +217,7 @@ impl Admin {
         Router::new()
             .route("/", get(page))
             .route("/mode", post(form_mode))
-            .route("/key", post(page::form_key))
+            .route("/key", post(actions::form_key))
             .route("/api/status", get(api_status))
             .route("/api/top/{tier}", get(api_top))
             .route("/api/history/{tier}", get(api_history))
