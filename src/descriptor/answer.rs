@@ -33,16 +33,7 @@ impl DescriptorLimiter {
                     overall: Code::OverLimit,
                     statuses: matched
                         .iter()
-                        .map(|_| DescriptorStatus {
-                            code: Code::OverLimit,
-                            limit: None,
-                            unlimited: false,
-                            remaining: 0,
-                            until_reset: Duration::ZERO,
-                            exceeds_capacity: false,
-                            stat: None,
-                            shadow_over: false,
-                        })
+                        .map(|_| DescriptorStatus::bare(Code::OverLimit))
                         .collect(),
                     headers: None,
                     fail_open: false,
@@ -54,16 +45,7 @@ impl DescriptorLimiter {
         let mut statuses = Vec::with_capacity(matched.len());
         for m in matched {
             let status = match *m {
-                None => DescriptorStatus {
-                    code: Code::Ok,
-                    limit: None,
-                    unlimited: false,
-                    remaining: 0,
-                    until_reset: Duration::ZERO,
-                    exceeds_capacity: false,
-                    stat: None,
-                    shadow_over: false,
-                },
+                None => DescriptorStatus::bare(Code::Ok),
                 Some((rule, usize::MAX)) => DescriptorStatus {
                     code: Code::Ok,
                     limit: None,

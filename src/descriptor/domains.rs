@@ -8,7 +8,6 @@ use crate::error::ConfigError;
 use crate::handle::RateLimitHandle;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// One limiter per domain. Cloning is cheap.
 #[derive(Debug, Clone, Default)]
@@ -81,16 +80,7 @@ impl DomainLimiters {
                 overall: Code::Ok,
                 statuses: descriptors
                     .iter()
-                    .map(|_| DescriptorStatus {
-                        code: Code::Ok,
-                        limit: None,
-                        unlimited: false,
-                        remaining: 0,
-                        until_reset: Duration::ZERO,
-                        exceeds_capacity: false,
-                        stat: None,
-                        shadow_over: false,
-                    })
+                    .map(|_| DescriptorStatus::bare(Code::Ok))
                     .collect(),
                 headers: None,
                 fail_open: false,

@@ -62,6 +62,24 @@ pub struct DescriptorStatus {
     pub shadow_over: bool,
 }
 
+impl DescriptorStatus {
+    /// A status with `code` and nothing else: no limit, nothing remaining
+    /// or to wait for (a descriptor no rule matches, an unknown domain, a
+    /// denylisted request).
+    pub(crate) fn bare(code: Code) -> Self {
+        Self {
+            code,
+            limit: None,
+            unlimited: false,
+            remaining: 0,
+            until_reset: Duration::ZERO,
+            exceeds_capacity: false,
+            stat: None,
+            shadow_over: false,
+        }
+    }
+}
+
 /// The answer to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
