@@ -97,16 +97,14 @@ pub use http::priced;
 
 pub use algorithm::kind::{Algorithm, AlgorithmNameError, LeakyBucket};
 pub use algorithm::penalty::Penalty;
-pub use engine::breaker::CircuitBreaker;
-pub use engine::builder::EngineBuilder;
 pub use engine::token_lease;
-pub use engine::MAX_TIERS;
+pub use engine::{CircuitBreaker, EngineBuilder, FailurePolicy, MAX_TIERS};
 pub use error::{BackendError, ConfigError, PingError};
 pub use handle::{control, inspect, overrides};
 pub use handle::{Changes, RateLimitHandle, TierStatus};
 pub use http::body::{BodyLease, ResponseBody};
 pub use http::future::ResponseFuture;
-pub use http::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
+pub use http::layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use http::service::RateLimitService;
 pub use http::tier::Tier;
 pub use quota::Quota;

@@ -11,7 +11,7 @@ pub(super) enum ModeError {
     Invalid(String),
     UnknownTier(String),
     /// The control key could not be written: nothing changed.
-    Control(crate::handle::control::ControlError),
+    Control(crate::engine::ControlError),
 }
 
 impl ModeError {

@@ -106,7 +106,7 @@ impl super::ReferenceConfig {
         backend: &crate::backend::Backend,
         key_prefix: &str,
         shadow_mode: bool,
-        builder: impl Fn() -> crate::EngineBuilder,
+        builder: impl Fn() -> crate::engine::EngineBuilder,
     ) -> Result<DomainLimiters, ConfigError> {
         let mut limiters = Vec::with_capacity(self.domains.len());
         for d in self.domains {

@@ -8,8 +8,8 @@ use crate::error::ConfigError;
 use crate::policy::{PolicyPeriod, RedisConfig};
 use crate::response::HeaderStyle;
 use crate::{
-    algorithm::kind::Algorithm, engine::breaker::CircuitBreaker, engine::builder::EngineBuilder,
-    engine::runtime::FailurePolicy, quota::Quota,
+    algorithm::kind::Algorithm, engine::CircuitBreaker, engine::EngineBuilder,
+    engine::FailurePolicy, quota::Quota,
 };
 use serde::Deserialize;
 use std::path::Path;
@@ -48,7 +48,7 @@ pub struct Rule {
     pub unlimited: bool,
     /// Lease mode for the rule's hot descriptors (Redis only): see
     /// [`crate::engine::token_lease`]. `None`: one script call per request.
-    pub lease: Option<crate::engine::token_lease::TokenLease>,
+    pub lease: Option<crate::engine::TokenLease>,
     /// Every request over the limit (the reference's `requests_per_unit:
     /// 0`): a tier of 1 per period that every check overflows, so the
     /// request's other rules are charged nothing.
@@ -229,7 +229,7 @@ pub struct RulePolicy {
     /// `"request"` (the default: one script call per request) or `"lease"`
     /// (lease mode for the rule's hot descriptors, Redis only: see
     /// [`crate::engine::token_lease`]).
-    #[serde(default, deserialize_with = "crate::engine::token_lease::sync_name")]
+    #[serde(default, deserialize_with = "crate::engine::deserialize_sync")]
     pub sync: Option<String>,
     /// With `sync = "lease"`: the demand one lease covers (humantime,
     /// default `"100ms"`).
@@ -368,7 +368,7 @@ impl RulesPolicy {
                     (None, _, false) => return Err(bad(&"limit: required (or unlimited = true)")),
                     (_, None, false) => return Err(bad(&"period: required (or unlimited = true)")),
                 };
-                let lease = crate::engine::token_lease::from_policy(
+                let lease = crate::engine::lease_from_policy(
                     r.sync.as_deref(),
                     r.sync_interval,
                     r.sync_max,

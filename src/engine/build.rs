@@ -291,7 +291,7 @@ fn compile_tier(
     for (plan, q) in &t.plans {
         // A calendar tier's plans count per its calendar window.
         let q = &match &t.calendar {
-            Some(_) => crate::Quota::new(q.limit(), t.quota.period()),
+            Some(_) => crate::quota::Quota::new(q.limit(), t.quota.period()),
             None => *q,
         };
         plans.push(PlanRuntime {

@@ -98,7 +98,7 @@ impl Default for EngineBuilder {
             fleet_top_n: true,
             fleet_flush_interval: Duration::from_secs(1),
             fleet_pending_keys: 10_000,
-            no_key_warn_after: super::no_key::DEFAULT_WARN_AFTER,
+            no_key_warn_after: super::no_key::DEFAULT_NO_KEY_WARN_AFTER,
             lists_violated: false,
         }
     }

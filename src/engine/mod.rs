@@ -19,28 +19,32 @@
 //! [`state`] holds what all of them read ([`state::Shared`], in four bags);
 //! [`watch`] keeps the control key's overrides in it up to date.
 
-pub(crate) mod breaker;
+mod breaker;
 mod build;
-pub(crate) mod builder;
-pub(crate) mod check;
-pub(crate) mod decide;
-pub(crate) mod decision;
-pub(crate) mod deny;
-pub(crate) mod deny_cache;
-pub(crate) mod facts;
-pub(crate) mod limits;
-pub(crate) mod meta;
-pub(crate) mod no_key;
-pub(crate) mod outcome;
-pub(crate) mod plan;
-pub(crate) mod runtime;
-pub(crate) mod settle;
-pub(crate) mod slots;
-pub(crate) mod spare;
-pub(crate) mod spec;
-pub(crate) mod state;
+mod builder;
+mod check;
+mod decide;
+mod decision;
+mod deny;
+mod deny_cache;
+mod facts;
+mod limits;
+mod meta;
+mod no_key;
+mod outcome;
+mod plan;
+mod runtime;
+mod settle;
+mod slots;
+mod spare;
+mod spec;
+mod state;
+// The one public submodule: lease mode's contract (its settings, its
+// guarantees and their proofs) is documented on the module, which users read
+// as `tiered_ratelimit::token_lease` (lib.rs re-exports it); its public types
+// have that path only.
 pub mod token_lease;
-pub(crate) mod watch;
+mod watch;
 
 #[cfg(test)]
 mod tests;
@@ -56,6 +60,25 @@ pub(crate) const CONTROL_LOG_TARGET: &str = "tiered_ratelimit::control";
 /// The most tiers one layer may have.
 pub const MAX_TIERS: usize = 64;
 
+// The engine's one face: everything the front doors, the handle, the admin
+// page and the policy files use is named here (`crate::engine::Name`); none
+// of them reaches into a step's module.
+pub use breaker::CircuitBreaker;
+pub use builder::EngineBuilder;
+pub use runtime::FailurePolicy;
+pub use watch::{ControlError, ControlKey};
+
 pub(crate) use check::{Engine, Pending, Step};
 pub(crate) use decision::{Allow, Block, Decision};
 pub(crate) use facts::Facts;
+pub(crate) use limits::{checked_limit, fallback_limit};
+pub(crate) use no_key::DEFAULT_NO_KEY_WARN_AFTER;
+pub(crate) use runtime::{PlanRuntime, Runtime};
+pub(crate) use settle::{Landing, Reservation};
+pub(crate) use slots::Slots;
+pub(crate) use spec::TierSpec;
+pub(crate) use state::Shared;
+pub(crate) use token_lease::{
+    deserialize_sync, lease_from_policy, LeaseCounts, LeaseStatus, TokenLease,
+};
+pub(crate) use watch::{announce_change, control_hash_key, write_mode};

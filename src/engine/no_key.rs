@@ -16,7 +16,7 @@ pub(crate) const NO_KEY: &str = "tiered_ratelimit_tier_no_key_total";
 
 /// The default N of [`NoKeyWatch`]: the requests a tier may see without a
 /// key before the warning.
-pub(crate) const DEFAULT_WARN_AFTER: u64 = 1000;
+pub(crate) const DEFAULT_NO_KEY_WARN_AFTER: u64 = 1000;
 
 /// Watches one tier's first requests: how many in a row had no key, until
 /// one has a key (then nothing more is watched: one relaxed load a request)

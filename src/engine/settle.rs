@@ -45,12 +45,12 @@ const RETRY_WAITS: [Duration; 3] = [
 /// lease mode, without refunds by status.
 ///
 /// # Errors
-/// [`ConfigError::Priced`](crate::ConfigError::Priced), naming the field.
+/// [`ConfigError::Priced`](crate::error::ConfigError::Priced), naming the field.
 pub(crate) fn check_priced(
     t: &super::spec::TierSpec,
     limit: &crate::algorithm::Limit,
-) -> Result<(), crate::ConfigError> {
-    let refuse = |field, reason: &str| crate::ConfigError::Priced {
+) -> Result<(), crate::error::ConfigError> {
+    let refuse = |field, reason: &str| crate::error::ConfigError::Priced {
         tier: t.name.clone(),
         field,
         reason: reason.to_owned(),

@@ -2,7 +2,7 @@
 //! its modes as the engine's overrides; and the hash's `generation` field,
 //! which every operator action on keys (lift, reset, an override set or
 //! removed) increments, so every instance drops its deny cache within one
-//! poll interval ([`announce`]).
+//! poll interval ([`announce_change`]).
 
 use super::runtime::Overrides;
 use super::state::Shared;
@@ -72,8 +72,8 @@ fn generation_of(fields: &[(String, String)]) -> Option<&str> {
 /// (or on the memory backend) there is nobody to tell. A failed write is
 /// logged at `warn` and otherwise ignored: the action itself is done, and
 /// the other instances' cached denials lapse at their retry time.
-pub(crate) async fn announce(shared: &Shared, what: &str, key: &str) {
-    let Some(control) = key_of(shared) else {
+pub(crate) async fn announce_change(shared: &Shared, what: &str, key: &str) {
+    let Some(control) = control_hash_key(shared) else {
         return;
     };
     #[cfg(feature = "redis")]
@@ -94,7 +94,7 @@ pub(crate) async fn announce(shared: &Shared, what: &str, key: &str) {
 
 /// The control hash's key, when the layer polls one (a control key and a
 /// Redis backend).
-pub(crate) fn key_of(shared: &Shared) -> Option<&str> {
+pub(crate) fn control_hash_key(shared: &Shared) -> Option<&str> {
     let control = shared.config.control.as_ref()?;
     #[cfg(feature = "redis")]
     if matches!(shared.backend, crate::backend::Backend::Redis(_)) {
@@ -106,12 +106,12 @@ pub(crate) fn key_of(shared: &Shared) -> Option<&str> {
 
 /// Sets `field` of the control hash to `mode`, then reads the hash back
 /// and applies it here at once (the watcher would within a poll interval).
-pub(crate) async fn write(
+pub(crate) async fn write_mode(
     shared: &Arc<Shared>,
     field: &str,
     mode: Mode,
 ) -> Result<(), ControlError> {
-    let Some(key) = key_of(shared) else {
+    let Some(key) = control_hash_key(shared) else {
         return Err(ControlError::NotConfigured);
     };
     #[cfg(feature = "redis")]

@@ -38,4 +38,4 @@
 //! configured), then reads it back and applies it to its own process at
 //! once; the other instances follow within one poll interval.
 
-pub use crate::engine::watch::{ControlError, ControlKey};
+pub use crate::engine::{ControlError, ControlKey};

@@ -258,7 +258,7 @@ impl RateLimitHandle {
         if let Some(fallback) = &shared.guards.fallback {
             fallback.reset(&p.key);
         }
-        crate::engine::watch::announce(shared, "lift", &p.key).await;
+        crate::engine::announce_change(shared, "lift", &p.key).await;
         tracing::info!(tier, key, existed, "rate limiter: penalty box lifted");
         Ok(existed)
     }
@@ -292,7 +292,7 @@ impl RateLimitHandle {
         {
             existed |= self.lift(tier, key).await?;
         }
-        crate::engine::watch::announce(shared, "reset", &check.key).await;
+        crate::engine::announce_change(shared, "reset", &check.key).await;
         tracing::info!(tier, key, existed, "rate limiter: key reset");
         Ok(existed)
     }

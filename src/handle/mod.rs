@@ -4,9 +4,9 @@ pub mod control;
 pub mod inspect;
 pub mod overrides;
 
-use crate::engine::limits::{checked_limit, fallback_limit};
-use crate::engine::runtime::{PlanRuntime, Runtime};
-use crate::engine::state::Shared;
+use crate::engine::Shared;
+use crate::engine::{checked_limit, fallback_limit};
+use crate::engine::{PlanRuntime, Runtime};
 use crate::observe::recorder::{AnomalyStatus, BucketCounts};
 use crate::observe::topn::{BlockedKey, Kind};
 use crate::observe::DecisionCounts;
@@ -445,7 +445,7 @@ impl RateLimitHandle {
     /// [`ControlKey`](crate::handle::control::ControlKey) and a Redis backend): where
     /// [`set_fleet_mode`](Self::set_fleet_mode) writes.
     pub fn fleet_control_key(&self) -> Option<&str> {
-        crate::engine::watch::key_of(&self.shared)
+        crate::engine::control_hash_key(&self.shared)
     }
 
     /// Sets the mode of every instance: writes the control hash's `mode`
@@ -456,18 +456,18 @@ impl RateLimitHandle {
         &self,
         tier: Option<&str>,
         mode: Mode,
-    ) -> Result<(), crate::handle::control::ControlError> {
+    ) -> Result<(), crate::engine::ControlError> {
         let field = match tier {
             None => "mode".to_owned(),
             Some(t) => {
                 self.shared
                     .config
                     .tier_index(t)
-                    .map_err(|_| crate::handle::control::ControlError::UnknownTier(t.to_owned()))?;
+                    .map_err(|_| crate::engine::ControlError::UnknownTier(t.to_owned()))?;
                 format!("tier:{t}")
             }
         };
-        crate::engine::watch::write(&self.shared, &field, mode).await
+        crate::engine::write_mode(&self.shared, &field, mode).await
     }
 
     /// A tier's counts so far in the bucket not closed yet (partial: the
@@ -494,7 +494,7 @@ impl RateLimitHandle {
     /// Lease mode ([`crate::engine::token_lease`]): the keys this instance holds
     /// unspent tokens of, sorted by key (empty without a leased tier, or on
     /// the memory backend).
-    pub fn leases(&self) -> Vec<crate::engine::token_lease::LeaseStatus> {
+    pub fn leases(&self) -> Vec<crate::engine::LeaseStatus> {
         self.shared
             .guards
             .leases
@@ -504,7 +504,7 @@ impl RateLimitHandle {
 
     /// Lease mode's counters since the layer was built, in this process
     /// (all 0 without a leased tier).
-    pub fn lease_counts(&self) -> crate::engine::token_lease::LeaseCounts {
+    pub fn lease_counts(&self) -> crate::engine::LeaseCounts {
         self.shared
             .guards
             .leases

@@ -209,12 +209,9 @@ impl RateLimitHandle {
         let shared = self.shared();
         let t = &shared.config.tiers[i];
         let effect = match rule {
-            Override::Quota(q) => Effect::Limit(crate::engine::limits::checked_limit(
-                tier,
-                t.algorithm,
-                q,
-                t.cost,
-            )?),
+            Override::Quota(q) => {
+                Effect::Limit(crate::engine::checked_limit(tier, t.algorithm, q, t.cost)?)
+            }
             Override::Unlimited => Effect::Unlimited,
             Override::Blocked => Effect::Blocked,
         };
@@ -239,7 +236,7 @@ impl RateLimitHandle {
         .map_err(|_| BackendError::Timeout(timeout))??;
         let stored = format!("{}{key}", t.key_base);
         shared.guards.deny_cache.forget(&stored, || 0);
-        crate::engine::watch::announce(shared, "override set", &stored).await;
+        crate::engine::announce_change(shared, "override set", &stored).await;
         tracing::info!(tier, key, rule = %rule, expires_at_us = until_us, by, at_us = now_us,
             "rate limiter: override set");
         Ok(())
@@ -269,7 +266,7 @@ impl RateLimitHandle {
         .map_err(|_| BackendError::Timeout(timeout))??;
         let stored = format!("{}{key}", shared.config.tiers[i].key_base);
         shared.guards.deny_cache.forget(&stored, || 0);
-        crate::engine::watch::announce(shared, "override removed", &stored).await;
+        crate::engine::announce_change(shared, "override removed", &stored).await;
         let at_us = shared.local_clock.now_us();
         // One that had expired does not count.
         let existed = removed.is_some_and(|u| u == 0 || u > at_us);
@@ -311,7 +308,7 @@ impl RateLimitHandle {
         };
         let effect = match e.rule {
             Override::Quota(q) => {
-                match crate::engine::limits::checked_limit(&t.name, t.algorithm, q, t.cost) {
+                match crate::engine::checked_limit(&t.name, t.algorithm, q, t.cost) {
                     Ok(l) => Effect::Limit(l),
                     // Set through set_override, so it compiled then.
                     Err(_) => return Ok(None),

@@ -41,7 +41,7 @@ pin_project! {
 /// estimate when it is dropped first.
 #[derive(Debug)]
 pub struct BodyLease {
-    pub(crate) slots: Option<Box<crate::engine::slots::Slots>>,
+    pub(crate) slots: Option<Box<crate::engine::Slots>>,
     pub(crate) pricing: Option<Box<crate::http::priced::Pricing>>,
 }
 

@@ -66,7 +66,7 @@ pin_project! {
         /// The actual was in the response head: its settle lands on Redis
         /// (at most the backend timeout) before the head goes out.
         Settling {
-            landing: crate::engine::settle::Landing,
+            landing: crate::engine::Landing,
             response: Option<S::Response>,
             allow: Allow,
         },

@@ -1,6 +1,6 @@
 //! The HTTP front door: the tower [`Layer`](tower_layer::Layer) and its
 //! builder (`layer/`), the service and its response future, the request's
-//! [`Facts`](crate::engine::facts::Facts) (`front.rs`), the HTTP [`Tier`](tier::Tier),
+//! [`Facts`](crate::engine::Facts) (`front.rs`), the HTTP [`Tier`](tier::Tier),
 //! the response body that carries a request's concurrency slots and priced
 //! reservations (`priced.rs`: [`Tier::priced`](tier::Tier::priced)), and the
 //! gRPC form of a rejection (feature `grpc`).

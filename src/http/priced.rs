@@ -34,7 +34,7 @@
 //! at its estimate. An instance killed before its settles leaves its
 //! reservations charged at their estimates; nothing is held for ever.
 
-use crate::engine::settle::Reservation;
+use crate::engine::Reservation;
 use crate::response::RateLimitHeaders;
 use http::{HeaderMap, HeaderName};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -115,14 +115,14 @@ impl Estimate {
     pub(crate) fn into_cost_fn(
         self,
         tier: &str,
-    ) -> Result<crate::http::tier::CostFn, crate::ConfigError> {
+    ) -> Result<crate::http::tier::CostFn, crate::error::ConfigError> {
         Ok(match self.kind {
             EstimateKind::Fixed(n) => Arc::new(move |_: &http::request::Parts| n),
             EstimateKind::Fn(f) => f,
             EstimateKind::Header { name, default, max } => {
                 let name = header_name(tier, "priced.estimate.header", &name)?;
                 if max == 0 || default > max {
-                    return Err(crate::ConfigError::Priced {
+                    return Err(crate::error::ConfigError::Priced {
                         tier: tier.to_owned(),
                         field: "priced.estimate.default",
                         reason: format!(
@@ -196,8 +196,8 @@ pub(crate) fn header_name(
     tier: &str,
     field: &'static str,
     name: &str,
-) -> Result<HeaderName, crate::ConfigError> {
-    HeaderName::from_bytes(name.as_bytes()).map_err(|_| crate::ConfigError::Priced {
+) -> Result<HeaderName, crate::error::ConfigError> {
+    HeaderName::from_bytes(name.as_bytes()).map_err(|_| crate::error::ConfigError::Priced {
         tier: tier.to_owned(),
         field,
         reason: format!("{name:?} is not a valid header name"),
@@ -325,7 +325,7 @@ impl Pricing {
 pub(crate) enum AtHead {
     /// Settled (in memory, or nothing to settle): `None`; or the Redis call
     /// to await before the head goes out.
-    Settled(Option<crate::engine::settle::Landing>),
+    Settled(Option<crate::engine::Landing>),
     /// An actual is still unknown: settle when the body ends.
     Later(Box<Pricing>),
 }
@@ -333,10 +333,10 @@ pub(crate) enum AtHead {
 /// Compiles a priced tier's HTTP half: its estimate becomes the tier's
 /// cost function; the result is the actual's header (`None`: reported
 /// only). Not priced: `Ok(None)`. (The engine checks the rest:
-/// `engine::settle::check_priced`.)
+/// `engine::check_priced`.)
 pub(crate) fn compile(
-    t: &mut crate::Tier,
-) -> Result<Option<Option<HeaderName>>, crate::ConfigError> {
+    t: &mut crate::http::tier::Tier,
+) -> Result<Option<Option<HeaderName>>, crate::error::ConfigError> {
     let Some((estimate, actual)) = t.priced.take() else {
         return Ok(None);
     };

@@ -44,7 +44,7 @@ pub struct Tier {
     pub(crate) skip_successful_requests: bool,
     pub(crate) penalty: Option<crate::algorithm::penalty::Penalty>,
     pub(crate) overrides: bool,
-    pub(crate) lease: Option<crate::engine::token_lease::TokenLease>,
+    pub(crate) lease: Option<crate::engine::TokenLease>,
     pub(crate) calendar: Option<crate::algorithm::calendar::Calendar>,
     pub(crate) exhausted_status: Option<u16>,
     pub(crate) priced: Option<(crate::http::priced::Estimate, crate::http::priced::Actual)>,
@@ -151,7 +151,7 @@ impl Tier {
     /// without a penalty box, per-key overrides or refunds by status
     /// ([`ConfigError::LeaseUnsupported`](crate::ConfigError::LeaseUnsupported)
     /// from `build()` otherwise).
-    pub fn lease(mut self, lease: crate::engine::token_lease::TokenLease) -> Self {
+    pub fn lease(mut self, lease: crate::engine::TokenLease) -> Self {
         self.lease = Some(lease);
         self
     }

@@ -75,12 +75,13 @@ pub(crate) use tier::{anchor, calendar_of, optional_period};
 pub use tier::{KeySpec, PlanSource, PolicyPeriod, TierPolicy};
 
 use crate::backend::Backend;
+use crate::engine::FailurePolicy;
+use crate::engine::{CircuitBreaker, ControlKey};
 use crate::error::ConfigError;
-use crate::http::layer::{FailurePolicy, RateLimitLayer, RateLimitLayerBuilder};
+use crate::http::layer::{RateLimitLayer, RateLimitLayerBuilder};
 use crate::key::ClientIp;
 use crate::response::{HeaderStyle, RejectionBody};
 use crate::rollout::{AccessList, Mode};
-use crate::{engine::breaker::CircuitBreaker, handle::control::ControlKey};
 use serde::Deserialize;
 use std::path::Path;
 use std::time::Duration;
@@ -157,7 +158,7 @@ pub struct Policy {
 }
 
 fn default_no_key_warn_after() -> u64 {
-    crate::engine::no_key::DEFAULT_WARN_AFTER
+    crate::engine::DEFAULT_NO_KEY_WARN_AFTER
 }
 
 fn default_prefix() -> String {

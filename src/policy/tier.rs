@@ -108,18 +108,18 @@ pub struct TierPolicy {
     /// How the tier's count is kept with the backend: `"request"` (the
     /// default: one script call per request) or `"lease"` (lease mode, see
     /// [`crate::engine::token_lease`]).
-    #[serde(default, deserialize_with = "crate::engine::token_lease::sync_name")]
+    #[serde(default, deserialize_with = "crate::engine::deserialize_sync")]
     pub sync: Option<String>,
     /// With `sync = "lease"`: the demand one lease covers (humantime,
-    /// default `"100ms"`); see [`TokenLease::interval`](crate::engine::token_lease::TokenLease::interval).
+    /// default `"100ms"`); see [`TokenLease::interval`](crate::engine::TokenLease::interval).
     #[serde(default, with = "humantime_serde")]
     pub sync_interval: Option<Duration>,
     /// With `sync = "lease"`: the most tokens one instance holds of one key
-    /// (default the capacity ÷ 8); see [`TokenLease::max`](crate::engine::token_lease::TokenLease::max).
+    /// (default the capacity ÷ 8); see [`TokenLease::max`](crate::engine::TokenLease::max).
     #[serde(default)]
     pub sync_max: Option<u64>,
     /// With `sync = "lease"`: the least demand per interval for a key to be
-    /// leased (default 2); see [`TokenLease::min`](crate::engine::token_lease::TokenLease::min).
+    /// leased (default 2); see [`TokenLease::min`](crate::engine::TokenLease::min).
     #[serde(default)]
     pub sync_min: Option<u64>,
 }
@@ -308,7 +308,7 @@ impl TierPolicy {
             let (estimate, actual) = p.compile(&self.name)?;
             tier = tier.priced(estimate, actual);
         }
-        if let Some(lease) = crate::engine::token_lease::from_policy(
+        if let Some(lease) = crate::engine::lease_from_policy(
             self.sync.as_deref(),
             self.sync_interval,
             self.sync_max,

@@ -80,7 +80,9 @@ const SYNCS: [&str; 2] = ["request", "lease"];
 
 /// Deserializes a `sync` field: one of [`SYNCS`], else serde's
 /// unknown-variant error naming them.
-pub(crate) fn sync_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+pub(crate) fn deserialize_sync<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<String>, D::Error> {
     let name = String::deserialize(d)?;
     if SYNCS.contains(&name.as_str()) {
         Ok(Some(name))
@@ -92,7 +94,7 @@ pub(crate) fn sync_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String
 /// A policy table's `sync`, `sync_interval`, `sync_max` and `sync_min` as
 /// lease settings (`None`: one call per request), or the field at fault
 /// and why (the caller names the table).
-pub(crate) fn from_policy(
+pub(crate) fn lease_from_policy(
     sync: Option<&str>,
     interval: Option<Duration>,
     max: Option<u64>,

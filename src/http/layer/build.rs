@@ -2,7 +2,7 @@
 //! each tier's engine half, the HTTP front door from the rest.
 
 use super::{RateLimitLayer, RateLimitLayerBuilder};
-use crate::engine::spec::TierSpec;
+use crate::engine::TierSpec;
 use crate::error::ConfigError;
 use crate::http::front::{Front, HttpTier};
 use crate::http::tier::Tier;
@@ -57,11 +57,11 @@ impl RateLimitLayerBuilder {
         let policy = self.engine.failure_policy;
         let layer = self.build_inner()?;
         if let Err(e) = layer.shared.backend.ping(timeout).await {
-            if policy == crate::engine::runtime::FailurePolicy::Closed {
+            if policy == crate::engine::FailurePolicy::Closed {
                 return Err(ConfigError::BackendUnreachable(e));
             }
             let then = match policy {
-                crate::engine::runtime::FailurePolicy::Fallback => {
+                crate::engine::FailurePolicy::Fallback => {
                     "requests are decided by the local fallback limiter until it answers"
                 }
                 _ => "requests pass unlimited (failure_policy = \"open\") until it answers",

@@ -2,10 +2,10 @@
 //! (checked and assembled by `build`, in `build.rs`).
 
 use crate::backend::Backend;
-use crate::engine::breaker::CircuitBreaker;
-use crate::engine::builder::EngineBuilder;
-use crate::engine::runtime::FailurePolicy;
-use crate::handle::control::ControlKey;
+use crate::engine::CircuitBreaker;
+use crate::engine::ControlKey;
+use crate::engine::EngineBuilder;
+use crate::engine::FailurePolicy;
 use crate::http::tier::Tier;
 use crate::key::ClientIp;
 use crate::observe::anomaly::AnomalyConfig;

@@ -4,8 +4,7 @@ mod build;
 mod builder;
 
 pub use self::builder::RateLimitLayerBuilder;
-pub use crate::engine::runtime::FailurePolicy;
-use crate::engine::state::Shared;
+use crate::engine::Shared;
 use crate::http::front::Front;
 use crate::http::service::RateLimitService;
 use std::fmt;
