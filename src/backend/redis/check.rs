@@ -1,0 +1,218 @@
+//! A request's check and refund on a single Redis or a Sentinel primary
+//! (a cluster's go through `cluster.rs`): the script call built in one
+//! buffer, its clock argument (Redis `TIME`, the deadline in Redis's clock,
+//! or a test's manual clock), the calibration of Redis's clock from each
+//! reply, and the refund mode of the cluster script.
+
+use super::timed::with_timeout;
+use super::{cluster, wire, RedisBackend};
+use crate::backend::{CheckFuture, Shadow, TierCheck, TierRefund, Verdict};
+use crate::error::BackendError;
+use ::redis::Cmd;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use wire::{CheckReply, ClockArg};
+
+impl RedisBackend {
+    /// The clock argument of a script call without a deadline: `""` for
+    /// Redis `TIME`, or the manual clock (with the TTL slack, if any).
+    pub(super) fn clock_arg(&self) -> ClockArg {
+        match &self.clock {
+            Some(c) => ClockArg::manual(c.now_us(), self.ttl_slack_ms),
+            None => ClockArg::redis(),
+        }
+    }
+
+    /// Sets the deadline budget: the layer's backend timeout. A check sent at
+    /// local time `t` carries the deadline `t + budget` in Redis's clock (as
+    /// calibrated by the previous reply); a script that starts after it
+    /// (Redis was frozen, or the queue was long) writes nothing and answers
+    /// "late", so a stall leaves no pile-up of charges for requests the app
+    /// already answered by its failure policy.
+    pub(crate) fn set_deadline_budget(&self, budget: Duration) {
+        let us = u64::try_from(budget.as_micros()).unwrap_or(u64::MAX);
+        self.inner.budget_us.store(us, Ordering::Relaxed);
+    }
+
+    fn local_us(&self) -> i64 {
+        i64::try_from(self.inner.origin.elapsed().as_micros()).unwrap_or(i64::MAX)
+    }
+
+    /// The check's `FCALL` (or `EVALSHA` where Redis has no Functions),
+    /// built in one buffer: the function's name (the script's SHA1), the
+    /// keys (each tier's, then the blocked-keys set if any), the clock
+    /// ([`Self::check_clock_arg`]) and one spec per tier
+    /// ([`wire::TierSpec`]). `undo`: ask for the charges' undo values (for
+    /// refunds by status).
+    fn check_cmd(
+        &self,
+        sent: i64,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        undo: bool,
+        blocked: Option<&str>,
+    ) -> Cmd {
+        let mut cmd = if self.inner.functions.load(Ordering::Relaxed) {
+            let mut cmd = ::redis::cmd("FCALL");
+            cmd.arg(&self.inner.library.function);
+            cmd
+        } else {
+            let mut cmd = ::redis::cmd("EVALSHA");
+            cmd.arg(self.inner.script.get_hash());
+            cmd
+        };
+        cmd.arg(checks.len() + usize::from(blocked.is_some()));
+        for c in checks {
+            cmd.arg(c.key.as_str());
+        }
+        if let Some(b) = blocked {
+            cmd.arg(b);
+        }
+        cmd.arg(self.check_clock_arg(sent).as_bytes());
+        let undo = if undo { wire::UNDO } else { 0 };
+        for (i, c) in checks.iter().enumerate() {
+            let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
+            let short = wire::short_flag(&c.limit);
+            wire::write_tier(&mut cmd, c, shadow | undo | short);
+        }
+        cmd
+    }
+
+    /// The clock argument of a standalone check sent at local µs `sent`:
+    /// the test clock, or the deadline in Redis's clock, or Redis `TIME`
+    /// alone before calibration or without a budget.
+    fn check_clock_arg(&self, sent: i64) -> ClockArg {
+        if self.clock.is_some() {
+            return self.clock_arg();
+        }
+        let budget = self.inner.budget_us.load(Ordering::Relaxed);
+        let offset = self.inner.offset_us.load(Ordering::Relaxed);
+        if budget == 0 || offset == i64::MIN {
+            return ClockArg::redis();
+        }
+        ClockArg::deadline(
+            sent.saturating_add(offset)
+                .saturating_add(i64::try_from(budget).unwrap_or(i64::MAX)),
+        )
+    }
+
+    /// Records Redis's clock from a reply to a check sent at local `sent`.
+    fn calibrate(&self, sent: i64, redis_now: i64) {
+        let mid = sent + (self.local_us() - sent) / 2;
+        self.inner
+            .offset_us
+            .store(redis_now - mid, Ordering::Relaxed);
+    }
+
+    /// A check of every tier in one script call, bounded by `timeout`; the
+    /// command is built now, so `checks` are only borrowed.
+    pub(crate) fn start_check(
+        &self,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        undo: bool,
+        blocked: Option<&str>,
+        timeout: Option<Duration>,
+    ) -> CheckFuture {
+        let this = self.clone();
+        if self.is_cluster() {
+            // The blocked-keys set lives in its own slot: on a cluster the
+            // in-process sketch is the top-N source.
+            let checks = checks.to_vec();
+            return Box::pin(with_timeout(timeout, cluster::check(this, checks, shadow)));
+        }
+        let sent = self.local_us();
+        let cmd = self.check_cmd(sent, checks, shadow, undo, blocked);
+        let tiers: wire::ReplyTiers = checks.iter().map(wire::ReplyTier::from).collect();
+        let flags = wire::SHORT | if undo { wire::UNDO } else { 0 };
+        Box::pin(with_timeout(
+            timeout,
+            this.run_check(cmd, sent, tiers, flags, shadow),
+        ))
+    }
+
+    /// The check's call and the parse of its reply. An `async` block, not
+    /// an `async fn`: an `async fn` lays its arguments out twice in its
+    /// future (once as arguments, once as locals), and the tiers are
+    /// hundreds of bytes (`a_check_future_stays_small`).
+    #[allow(clippy::manual_async_fn)]
+    fn run_check(
+        self,
+        cmd: Cmd,
+        sent: i64,
+        tiers: wire::ReplyTiers,
+        flags: u8,
+        shadow: Shadow,
+    ) -> impl std::future::Future<Output = Result<Verdict, BackendError>> + Send {
+        async move {
+            let mut conn = self.connection().await?;
+            let wire::CheckValues(reply) = self
+                .eval(&cmd, &self.inner.script, &mut conn)
+                .await
+                .map_err(|e| self.error(e))?;
+            if self.clock.is_none() {
+                if let Some(&now) = reply.first() {
+                    self.calibrate(sent, now);
+                }
+            }
+            match wire::parse_check(&reply, &tiers, flags, shadow)? {
+                CheckReply::Decided(v) => Ok(v),
+                CheckReply::Late => {
+                    // Reached Redis after its deadline: nothing was written.
+                    let budget = self.inner.budget_us.load(Ordering::Relaxed);
+                    Err(BackendError::Timeout(Duration::from_micros(budget)))
+                }
+            }
+        }
+    }
+}
+
+impl RedisBackend {
+    /// Gives back charges with the `refund` mode of the cluster script
+    /// (`lua/refund.lua`), reading the clock now: refill since the charge
+    /// counts. On a single Redis one call; on a cluster one call per key.
+    pub(crate) async fn refund(&self, refunds: &[TierRefund]) -> Result<(), BackendError> {
+        if refunds.is_empty() {
+            return Ok(());
+        }
+        if self.is_cluster() {
+            return cluster::refund(self, refunds).await;
+        }
+        let mut cmd = ::redis::cmd("EVALSHA");
+        cmd.arg(self.inner.refund_script.get_hash())
+            .arg(refunds.len());
+        for r in refunds {
+            cmd.arg(r.check.key.as_str());
+        }
+        cmd.arg("refund").arg(self.clock_arg().as_bytes());
+        for r in refunds {
+            cmd.arg(&wire::refund_args(&r.check, &r.charge, r.debt)[..]);
+        }
+        let mut conn = self.connection().await?;
+        self.eval::<i64>(&cmd, &self.inner.refund_script, &mut conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.error(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A check's future is built and boxed per request: it must stay small
+    /// (a deadpool checkout future inside it once made it 14.8 KB, moved and
+    /// copied on every request).
+    #[tokio::test]
+    async fn a_check_future_stays_small() {
+        let b = super::super::RedisBackend::from_url("redis://127.0.0.1:1/").unwrap();
+        let fut = b.start_check(
+            &[],
+            crate::backend::Shadow::NONE,
+            true,
+            None,
+            Some(std::time::Duration::from_secs(1)),
+        );
+        let size = std::mem::size_of_val(&*fut);
+        assert!(size <= 1024, "{size} bytes");
+        eprintln!("a check's future: {size} bytes");
+    }
+}

@@ -1,0 +1,279 @@
+//! The policy file's unit tests: field names in errors, the tables as the
+//! builder types, values checked with their line.
+
+use super::*;
+
+#[test]
+fn unknown_fields_are_named() {
+    let err = Policy::from_toml_str("key_prefx = \"rl\"")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("key_prefx"), "{err}");
+    let err =
+        Policy::from_toml_str("[[tier]]\nname='a'\nkey='global'\nlimit=1\nperiod='1s'\nburts=3\n")
+            .unwrap_err()
+            .to_string();
+    assert!(err.contains("burts"), "{err}");
+    let err = Policy::from_toml_str("[[tier]]\nname='a'\nkey='ipp'\nlimit=1\nperiod='1s'\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("ipp"), "{err}");
+}
+
+/// An unknown `key` string lists the four names and the header form
+/// (docs/rollout.md once showed `key = "api_key"`).
+#[test]
+fn an_unknown_key_names_the_header_form() {
+    let err = Policy::from_toml_str(
+        "[[tier]]\nname = 'api'\nkey = 'api_key'\nlimit = 1\nperiod = '1s'\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        err,
+        "policy: TOML parse error at line 3, column 7\n  |\n3 | key = 'api_key'\n  |       ^^^^^^^^^\n\
+         unknown key `api_key`, expected `global`, `ip`, `user`, `endpoint`, \
+         or { header = \"<name>\" } to key on a request header \
+         (an API key: { header = \"x-api-key\" })\n"
+    );
+}
+
+#[test]
+fn trusted_proxies_accept_cidrs_and_addresses() {
+    let p = Policy::from_toml_str("[client_ip]\ntrusted_proxies=['10.0.0.0/8','192.0.2.1','::1']")
+        .unwrap();
+    assert_eq!(p.client_ip.trusted().len(), 3);
+    let err = Policy::from_toml_str("[client_ip]\ntrusted_proxies=['nope']")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("nope") && err.contains("trusted_proxies"),
+        "{err}"
+    );
+}
+
+#[test]
+fn invalid_tiers_fail_at_build_naming_the_field() {
+    let p = Policy::from_toml_str("[[tier]]\nname='ip'\nkey='ip'\nlimit=0\nperiod='1s'\n").unwrap();
+    let err = RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new()).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tier \"ip\": limit: must be greater than 0"
+    );
+}
+
+/// Every table reads straight into the type the builder takes.
+#[test]
+fn tables_are_the_builder_types() {
+    use crate::key::ForwardedHeader;
+    use crate::{quota::Quota, rollout::DenyStatus};
+    let p = Policy::from_toml_str(
+        r#"
+mode = "canary:5"
+headers = "ietf"
+body = "problem"
+circuit_breaker = { failures = 7 }
+[client_ip]
+trusted_proxies = ["10.0.0.0/8", "::ffff:192.0.2.0/120"]
+forwarded_headers = ["Forwarded", "x-real-ip", "forwarded"]
+ipv6_prefix = 56
+[allowlist]
+users = ["ops-bot"]
+[denylist]
+api_keys = ["sk_bad"]
+status = 429
+[control]
+redis_key = "svc:control"
+[[tier]]
+name = "t"
+key = { header = "X-Api-Key" }
+limit = 10
+period = "1m"
+algorithm = "leaky_bucket_shape"
+max_delay = "1500ms"
+methods = ["GET", "PURGE"]
+plan = { header = "X-Plan" }
+[tier.plans]
+pro = { limit = 100, period = "1m", burst = 200 }
+"#,
+    )
+    .unwrap();
+    assert_eq!(p.mode, Mode::Canary { percent: 5 });
+    assert_eq!(p.headers, HeaderStyle::IetfDraft11);
+    assert_eq!(p.body, RejectionBody::Problem);
+    assert_eq!(
+        p.circuit_breaker,
+        CircuitBreaker {
+            failures: 7,
+            probe_interval: Duration::from_millis(500),
+        }
+    );
+    assert_eq!(
+        p.client_ip.trusted(),
+        [
+            "10.0.0.0/8".parse().unwrap(),
+            "192.0.2.0/24".parse().unwrap()
+        ]
+    );
+    assert_eq!(
+        p.client_ip.headers(),
+        [ForwardedHeader::Forwarded, ForwardedHeader::XRealIp]
+    );
+    assert_eq!(p.denylist.status, DenyStatus::TooManyRequests);
+    assert!(!p.denylist.list.is_empty() && !p.allowlist.is_empty());
+    assert_eq!(p.control, Some(ControlKey::new("svc:control")));
+    let t = &p.tiers[0];
+    assert_eq!(
+        t.key,
+        KeySpec::Header(http::HeaderName::from_static("x-api-key"))
+    );
+    assert_eq!(t.key.to_string(), "header:x-api-key");
+    assert_eq!(t.algorithm.as_deref(), Some("leaky_bucket_shape"));
+    assert_eq!(
+        t.methods,
+        Some(vec![http::Method::GET, "PURGE".parse().unwrap()])
+    );
+    assert_eq!(
+        t.plan,
+        PlanSource::Header(http::HeaderName::from_static("x-plan"))
+    );
+    assert_eq!(t.plans["pro"], Quota::per_minute(100).burst(200));
+    let layer = RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new()).unwrap();
+    let tier = &layer.handle().tiers()[0];
+    assert_eq!(
+        tier.algorithm,
+        crate::algorithm::kind::Algorithm::LeakyBucket(
+            crate::algorithm::kind::LeakyBucket::Shape {
+                max_delay: Duration::from_millis(1500)
+            }
+        )
+    );
+    assert_eq!(layer.handle().mode(), Mode::Canary { percent: 5 });
+}
+
+/// Every name of the one table is a valid `algorithm`.
+#[test]
+fn every_algorithm_name_is_accepted() {
+    for name in crate::algorithm::kind::Algorithm::NAMES {
+        let max_delay = if name == "leaky_bucket_shape" {
+            "max_delay = '1s'"
+        } else {
+            ""
+        };
+        let p = Policy::from_toml_str(&format!(
+                "[[tier]]\nname='t'\nkey='global'\nlimit=1\nperiod='1s'\nalgorithm='{name}'\n{max_delay}"
+            ))
+            .unwrap();
+        let layer = RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new()).unwrap();
+        assert_eq!(layer.handle().tiers()[0].algorithm.name(), name);
+    }
+}
+
+/// What the file alone can get wrong is an error when it is read,
+/// naming the field or value and the line.
+#[test]
+fn values_are_checked_when_read_with_their_line() {
+    let tier = "[[tier]]\nname='t'\nkey='global'\nlimit=1\nperiod='1s'\n";
+    for (text, line, what) in [
+        (
+            format!("{tier}[denylist]\nstatus = 418\n"),
+            7,
+            "denylist.status: 418 is not 403 or 429",
+        ),
+        (
+            format!("[allowlist]\napi_key_header = 'a b'\n{tier}"),
+            2,
+            "\"a b\", expected a header name",
+        ),
+        (
+            format!("[allowlist]\nusers = []\nipz = []\n{tier}"),
+            3,
+            "unknown field `ipz`",
+        ),
+        (
+            format!("[denylist]\nips = ['10.0.0.0/33']\n{tier}"),
+            2,
+            "10.0.0.0/33",
+        ),
+        (
+            format!("[client_ip]\nipv6_prefix = 64\nproxies = []\n{tier}"),
+            3,
+            "unknown field `proxies`",
+        ),
+        (
+            format!("{tier}methods = ['GET', 'G E T']\n"),
+            6,
+            "\"G E T\", expected an HTTP method",
+        ),
+        (
+            format!("{tier}mode = 'sometimes'\n"),
+            6,
+            "unknown variant `sometimes`, expected one of `enforce`, `shadow`, `canary`, `off`",
+        ),
+        (
+            format!("mode = 'canary'\n{tier}"),
+            1,
+            "unknown mode \"canary\"",
+        ),
+        (
+            format!("{tier}plan = {{ header = 'x plan' }}\n"),
+            6,
+            "\"x plan\", expected a header name",
+        ),
+        (
+            tier.replace("key='global'", "key={ header = 'a b' }"),
+            3,
+            "\"a b\", expected a header name",
+        ),
+        (
+            tier.replace("key='global'", "key={ heder = 'x' }"),
+            3,
+            "unknown field `heder`, expected `header`",
+        ),
+    ] {
+        let e = Policy::from_toml_str(&text).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("at line {line},")) && e.contains(what),
+            "{text}\n{e}"
+        );
+    }
+}
+
+/// The pairs a file spells as two fields are checked together when the
+/// builder is made, naming the tier and the field.
+#[test]
+fn paired_fields_are_checked_by_the_builder() {
+    let tier = "[[tier]]\nname='t'\nkey='global'\nlimit=1\nperiod='1s'\n";
+    for (extra, message) in [
+        (
+            "algorithm='leaky_bucket_shape'",
+            "max_delay: required by algorithm = \"leaky_bucket_shape\"",
+        ),
+        (
+            "max_delay='1s'",
+            "max_delay: only algorithm = \"leaky_bucket_shape\" delays requests",
+        ),
+        (
+            "mode='canary'",
+            "canary_percent: required by mode = \"canary\"",
+        ),
+        (
+            "mode='canary'\ncanary_percent=101",
+            "canary_percent: 101 is above 100",
+        ),
+        (
+            "mode='shadow'\ncanary_percent=1",
+            "canary_percent: only mode = \"canary\" uses it",
+        ),
+    ] {
+        let p = Policy::from_toml_str(&format!("{tier}{extra}\n")).unwrap();
+        let e = p.builder(crate::backend::MemoryBackend::new()).unwrap_err();
+        assert_eq!(e.to_string(), format!("policy: tier \"t\": {message}"));
+    }
+    let p = Policy::from_toml_str(&format!("{tier}mode='canary'\ncanary_percent=100\n")).unwrap();
+    let layer = RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new()).unwrap();
+    assert_eq!(
+        layer.handle().tiers()[0].mode,
+        Mode::Canary { percent: 100 }
+    );
+}
