@@ -55,6 +55,28 @@
 //! * `redis` (default): [`backend::RedisBackend`].
 //! * `axum` (default): `ConnectInfo<SocketAddr>` for [`key::ClientIp`] and
 //!   `MatchedPath` for [`key::Endpoint`].
+//! * `testing`: the test-only items (see below); `cargo test` turns it on.
+//!
+//! # One path per type
+//! Every public type has one path, the module that defines it, except these
+//! documented re-exports:
+//! * the crate root re-exports what a layer is built from: the layer, its
+//!   builder, service, future and body ([`RateLimitLayer`], …), [`Tier`],
+//!   [`Quota`], [`Algorithm`], [`Penalty`] (also
+//!   [`algorithm::penalty::Penalty`], beside the penalty box's model),
+//!   [`FailurePolicy`], [`CircuitBreaker`], the [`EngineBuilder`] and the
+//!   errors; and [`RateLimitHandle`], which [`RateLimitLayer::handle`]
+//!   returns (its module, [`handle`], is the control plane: peek, reset and
+//!   lift in [`handle::inspect`], per-key quotas in [`handle::overrides`],
+//!   the fleet-wide control key in [`handle::control`]);
+//! * [`algorithm`] re-exports each algorithm's types from its module (the
+//!   module is the documented model: `algorithm::TokenBucket` is
+//!   `algorithm::token_bucket::TokenBucket`);
+//! * [`token_lease`] is lease mode's contract (its settings and guarantees).
+//!
+//! Items that exist only for this crate's tests (a TTL slack for Redis on a
+//! manual clock, raw refunds of a backend's charges, abandoning leases) are
+//! behind the `testing` feature; applications never need it.
 //!
 //! # Deployment caveats
 //! * [`key::ClientIp`] trusts no forwarding header until you list your proxies;
@@ -79,7 +101,7 @@ pub mod backend;
 pub mod descriptor;
 mod engine;
 mod error;
-mod handle;
+pub mod handle;
 mod http;
 pub mod key;
 pub mod observe;
@@ -100,8 +122,7 @@ pub use algorithm::penalty::Penalty;
 pub use engine::token_lease;
 pub use engine::{CircuitBreaker, EngineBuilder, FailurePolicy, MAX_TIERS};
 pub use error::{BackendError, ConfigError, PingError};
-pub use handle::{control, inspect, overrides};
-pub use handle::{Changes, RateLimitHandle, TierStatus};
+pub use handle::RateLimitHandle;
 pub use http::body::{BodyLease, ResponseBody};
 pub use http::future::ResponseFuture;
 pub use http::layer::{RateLimitLayer, RateLimitLayerBuilder};

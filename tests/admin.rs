@@ -515,7 +515,7 @@ async fn page_without_control_key_names_this_instance() {
 /// control hash, apply it here at once, and say "all instances".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_with_control_key_switches_all_instances() {
-    use tiered_ratelimit::control::ControlKey;
+    use tiered_ratelimit::handle::control::ControlKey;
     let env = Env::redis();
     let redis = env.redis.as_ref().unwrap();
     let layer = env

@@ -248,7 +248,7 @@ async fn peek_shows_when_the_quota_renews() {
         .set_override(
             "weekly",
             "all",
-            tiered_ratelimit::overrides::Override::Quota(Quota::per_hour(70)),
+            tiered_ratelimit::handle::overrides::Override::Quota(Quota::per_hour(70)),
             None,
             "test",
         )

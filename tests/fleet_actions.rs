@@ -12,9 +12,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use support::*;
 use tiered_ratelimit::backend::{ManualClock, RedisBackend};
-use tiered_ratelimit::control::ControlKey;
+use tiered_ratelimit::handle::control::ControlKey;
+use tiered_ratelimit::handle::overrides::Override;
 use tiered_ratelimit::key::ClientIp;
-use tiered_ratelimit::overrides::Override;
 use tiered_ratelimit::{Penalty, Quota, RateLimitHandle, RateLimitLayer, Tier};
 
 /// The control key's poll interval in these tests.

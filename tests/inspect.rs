@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use support::cluster::{calls as node_calls, RedisCluster};
 use support::*;
-use tiered_ratelimit::inspect::{InspectError, KeyStatus};
+use tiered_ratelimit::handle::inspect::{InspectError, KeyStatus};
 use tiered_ratelimit::key::User;
 use tiered_ratelimit::{admin, Quota, RateLimitHandle, RateLimitLayerBuilder, Tier};
 

@@ -13,8 +13,8 @@ use std::time::Duration;
 use support::cluster::RedisCluster;
 use support::*;
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
+use tiered_ratelimit::handle::overrides::{Override, OverrideEntry};
 use tiered_ratelimit::key::ClientIp;
-use tiered_ratelimit::overrides::{Override, OverrideEntry};
 use tiered_ratelimit::{Quota, RateLimitHandle, RateLimitLayer, Tier};
 
 const IP: &str = "127.0.0.1";

@@ -113,7 +113,7 @@ fn default_key_prefix_on_redis_warns_once_per_build() {
 /// and runs in memory without `REDIS_URL`).
 #[test]
 fn control_key_on_the_memory_backend_warns() {
-    use tiered_ratelimit::{control::ControlKey, key::Global, RateLimitLayer};
+    use tiered_ratelimit::{handle::control::ControlKey, key::Global, RateLimitLayer};
     let buf = LogBuf::default();
     let subscriber = buf.subscriber(tracing::Level::WARN);
     tracing::subscriber::with_default(subscriber, || {

@@ -5,6 +5,7 @@
 //! in [`crate::algorithm`]; the Redis backend runs their Lua twins from `lua/`
 //! in one script call per request, covering every tier.
 
+mod charge;
 pub(crate) mod clock;
 mod memory;
 pub(crate) mod override_rule;
@@ -15,6 +16,11 @@ mod redis;
 pub(crate) use self::redis::redis_params;
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisBackend, SentinelMaster};
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub use charge::{Charge, TierRefund};
+#[cfg(not(feature = "testing"))]
+pub(crate) use charge::{Charge, TierRefund};
 pub use clock::ManualClock;
 pub use memory::MemoryBackend;
 
@@ -79,37 +85,6 @@ pub struct Verdict {
     /// Used by the layer's refunds by response status.
     #[doc(hidden)]
     pub charges: Vec<Option<Charge>>,
-}
-
-/// What one tier's charge returned, for its refund.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Charge {
-    /// The backend clock the charge ran at (Unix epoch µs).
-    pub at_us: u64,
-    /// The algorithm's undo value (see `lua/refund.lua` and
-    /// [`Limit::undo_of`](crate::algorithm::Limit::undo_of)).
-    pub undo: u64,
-    /// Microseconds after `at_us` before another request of the same cost
-    /// would pass this tier (0: at once, or unknown). A single Redis reports
-    /// it for the token bucket, fixed window and leaky bucket; the layer
-    /// primes its deny cache with it. 0 from the memory backend and a cluster.
-    pub next_after_us: u64,
-}
-
-/// A refund of one tier's charge: the check it was, and its [`Charge`]; or,
-/// with `debt`, a priced request's cost above its estimate, charged
-/// whatever the state ([`Limit::debt`](crate::algorithm::Limit::debt)).
-#[doc(hidden)]
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TierRefund {
-    /// The check that was charged (same key and limit; the cost to give
-    /// back, or with `debt` the cost to charge).
-    pub check: TierCheck,
-    /// What the charge returned.
-    pub charge: Charge,
-    /// Charge `check.cost` as debt instead of giving it back.
-    pub debt: bool,
 }
 
 impl Verdict {
@@ -221,8 +196,10 @@ impl Backend {
     ///
     /// # Errors
     /// A [`BackendError`] when Redis fails.
-    #[doc(hidden)]
-    pub async fn refund(&self, refunds: Vec<TierRefund>) -> Result<(), BackendError> {
+    pub(crate) async fn refund_charges(
+        &self,
+        refunds: Vec<TierRefund>,
+    ) -> Result<(), BackendError> {
         match self {
             Backend::Memory(m) => {
                 m.refund(&refunds);
@@ -231,6 +208,17 @@ impl Backend {
             #[cfg(feature = "redis")]
             Backend::Redis(r) => r.refund(&refunds).await,
         }
+    }
+
+    /// Gives back charges (as the layer does) for the tests that prove model = memory =
+    /// Redis on refunds (the `testing` feature; the layer refunds itself).
+    ///
+    /// # Errors
+    /// A [`BackendError`] when Redis fails.
+    #[cfg(feature = "testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+    pub async fn refund(&self, refunds: Vec<TierRefund>) -> Result<(), BackendError> {
+        self.refund_charges(refunds).await
     }
 
     /// The decision `check` would get now, **without charging** anything:

@@ -233,7 +233,7 @@ impl EngineBuilder {
         self
     }
 
-    /// Polls a fleet-wide control hash in Redis (see [`crate::control`]);
+    /// Polls a fleet-wide control hash in Redis (see [`crate::handle::control`]);
     /// Redis backends only (ignored by the memory backend). The watcher
     /// starts when the engine is built inside a Tokio runtime, else with
     /// its first request.

@@ -1,4 +1,14 @@
-//! [`RateLimitHandle`]: change modes, quotas and lists at run time.
+//! The control plane: [`RateLimitHandle`] (change modes, quotas and lists
+//! at run time, read the layer's counts and sketches) and everything an
+//! operator does through it, one concept a module:
+//!
+//! * [`inspect`]: peek, reset and lift one key of one tier;
+//! * [`overrides`]: per-key quotas (a quota, unlimited, blocked);
+//! * [`control`]: the fleet-wide control key ([`ControlKey`](control::ControlKey))
+//!   that switches every instance's modes.
+//!
+//! [`RateLimitHandle`] is also re-exported at the crate root, beside the
+//! layer whose [`handle`](crate::RateLimitLayer::handle) returns it.
 
 mod changes;
 pub mod control;
@@ -391,8 +401,10 @@ impl RateLimitHandle {
     }
 
     /// Loses every lease without returning it, as a crashed instance would
-    /// (tests of the false-denial bound). Answers the tokens lost.
-    #[doc(hidden)]
+    /// (tests of the false-denial bound; the `testing` feature). Answers the
+    /// tokens lost.
+    #[cfg(feature = "testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
     pub fn abandon_leases(&self) -> u64 {
         self.shared
             .guards

@@ -15,7 +15,7 @@
 //!
 //! # Allowlist and denylist
 //! An [`AccessList`] matches a request by client IP / CIDR (resolved with the
-//! layer's [`ClientIp`] rules, so a forged
+//! layer's [`ClientIp`](crate::key::ClientIp) rules, so a forged
 //! `X-Forwarded-For` from an untrusted peer never matches), API key, user id
 //! or a predicate. An **allowlisted** request skips limiting entirely: no
 //! backend call, no headers, never rejected in any mode, counted as

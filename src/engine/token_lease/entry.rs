@@ -294,7 +294,7 @@ impl Entry {
             inner.busy.fetch_add(1, Ordering::AcqRel);
             let inner = inner.clone();
             rt.spawn(async move {
-                if let Err(e) = inner.backend.refund(vec![r]).await {
+                if let Err(e) = inner.backend.refund_charges(vec![r]).await {
                     tracing::debug!(target: crate::engine::LOG_TARGET, error = %e, "token lease return failed");
                 }
                 inner.busy.fetch_sub(1, Ordering::AcqRel);

@@ -48,7 +48,7 @@ impl Inner {
         if refunds.is_empty() {
             return;
         }
-        if let Err(e) = self.backend.refund(refunds).await {
+        if let Err(e) = self.backend.refund_charges(refunds).await {
             tracing::debug!(target: crate::engine::LOG_TARGET, error = %e, "token lease return failed");
         }
     }

@@ -54,7 +54,7 @@ impl fmt::Debug for RateLimitLayer {
 
 impl RateLimitLayer {
     /// A builder with the defaults: in-memory backend, key prefix `rl`,
-    /// [`FailurePolicy::Open`], 100 ms backend timeout, no docs URL.
+    /// [`FailurePolicy::Open`](crate::FailurePolicy::Open), 100 ms backend timeout, no docs URL.
     pub fn builder() -> RateLimitLayerBuilder {
         RateLimitLayerBuilder::default()
     }
