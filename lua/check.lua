@@ -21,7 +21,8 @@
 --           (1 fixed_window, 2 sliding_window_log, 3 sliding_window_counter,
 --           4 token_bucket, 5 leaky_bucket, 6 concurrency, 7 penalty box,
 --           8 a per-key override's read, which applies to the tier after it:
---           override.lua), p1..p4 (the algorithm's parameters, see each
+--           override.lua, 9 calendar window: calendar.lua; the table
+--           `algorithms` in dispatch.lua), p1..p4 (the algorithm's parameters, see each
 --           file), cost, flags: +1 shadow (the tier is in shadow mode: its
 --           denial does not stop the other tiers from being charged), +2
 --           undo (return the charge's undo value, for a refund by response

@@ -10,7 +10,7 @@
 --           honoured too; the cluster client sends none)
 --
 -- check:    KEYS and one spec per tier from ARGV[3] on, exactly as in
---           check.lua (algorithm 1..8, p1, p2, p3, p4, cost, flags), with the
+--           check.lua (algorithm 1..9, p1, p2, p3, p4, cost, flags), with the
 --           same commit rule among these tiers.
 --   returns the same reply as check.lua (check_request in dispatch.lua; the
 --           layout is documented in src/backend/redis/wire/mod.rs). The client

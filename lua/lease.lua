@@ -1,4 +1,4 @@
--- Renews one concurrency lease (src/engine/lease.rs): a request still
+-- Renews one concurrency lease (src/engine/slots.rs): a request still
 -- running after half its lease moves its expiry to now + lease_us, if the
 -- lease is still held (not released, not expired). Joined after
 -- dispatch.lua (for read_clock), instead of check.lua.

@@ -1,4 +1,5 @@
--- A per-key override (src/overrides.rs), read as a check of its own right
+-- A per-key override (src/handle/overrides.rs; the rule a check applies:
+-- src/backend/override_rule.rs), read as a check of its own right
 -- BEFORE the tier it applies to, on the key "<tier key>{ov}" (same hash
 -- slot): its value comes with the other keys' in the check's one MGET.
 -- Value "<until µs> <kind> <p1> <p2> <p3> <p4> <capacity>": until 0 = no

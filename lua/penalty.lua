@@ -1,4 +1,4 @@
--- A tier's penalty box (twin of src/algorithm/penalty.rs), checked as a
+-- A tier's penalty box (twin of src/algorithm/penalty/mod.rs), checked as a
 -- tier of its own right after the tier it guards, on the key
 -- "<tier key>{pb}" (same hash slot). Unlike the rate algorithms it WRITES
 -- when the request is denied: a denial by its tier is a strike, and the

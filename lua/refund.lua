@@ -9,7 +9,8 @@
 -- Joined in the cluster script only (CLUSTER_LUA: after the algorithm files,
 -- before dispatch.lua); the refunds of concurrency (the lease released),
 -- the penalty box and an override's read (nothing to give back) are in
--- their own files, and cluster.lua lists all eight by algorithm id.
+-- their own files, and cluster.lua lists all nine by algorithm id (calendar_refund gives a
+-- calendar window's charge back through the fixed window's window_refund).
 --
 -- Each takes the key, the refund's clock `now`, the charge's clock
 -- `charged_at` (µs, the `now` the charging script ran at), the algorithm's
