@@ -7,7 +7,7 @@ mod support;
 
 use support::redis_server::RedisServer;
 use tiered_ratelimit::algorithm::{Calendar, CalendarWindow, Limit};
-use tiered_ratelimit::backend::{Backend, ManualClock, RedisBackend, TierCheck};
+use tiered_ratelimit::backend::{Backend, ManualClock, TierCheck};
 use tiered_ratelimit::{key::Global, Algorithm, Quota, RateLimitLayer, Tier};
 
 /// 2024-10-27T00:00 in Berlin (2024-10-26T22:00Z), before a 25-hour day.
@@ -19,10 +19,7 @@ async fn instances_with_clocks_seconds_apart_agree_on_the_window() {
     // The manual clock stands for Redis TIME: the scripts read it, the
     // instances do not.
     let redis_clock = ManualClock::new(BERLIN_MIDNIGHT_US - 1);
-    let backend: Backend = RedisBackend::from_url(&server.url())
-        .unwrap()
-        .with_manual_clock(redis_clock.clone())
-        .into();
+    let backend: Backend = server.backend_on(&redis_clock).into();
     let day = Calendar::day().time_zone("Europe/Berlin").unwrap();
     // Instance A's clock is 7 s behind Redis's, B's 4 s ahead (already in
     // the next day by its own clock).
@@ -356,9 +353,8 @@ async fn penalty_box_on_a_calendar_day_in_memory() {
 async fn penalty_box_on_a_calendar_day_on_redis() {
     let server = RedisServer::start();
     let clock = ManualClock::new(1_718_495_400_000_000);
-    let b = RedisBackend::from_url(&server.url())
-        .unwrap()
-        .with_manual_clock(clock.clone())
+    let b = server
+        .backend_on(&clock)
         .with_test_ttl_slack(std::time::Duration::from_secs(7200));
     penalty_box_on_a_calendar_day(b.into(), clock).await;
 }

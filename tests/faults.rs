@@ -15,12 +15,7 @@ use tiered_ratelimit::{
 async fn deny_cache_spares_redis_under_a_single_key_flood() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
+    let layer = redis_layer(&redis, &clock)
         .tier(Tier::new("global", Global, Quota::per_minute(10)))
         .build()
         .unwrap();
@@ -110,12 +105,7 @@ async fn deny_cache_is_primed_by_the_admission_that_empties_a_tier() {
     let mut prefix = 0;
     let mut run = |tier: Tier| {
         prefix += 1;
-        let layer = RateLimitLayer::builder()
-            .backend(
-                RedisBackend::from_url(&redis.url())
-                    .unwrap()
-                    .with_manual_clock(clock.clone()),
-            )
+        let layer = redis_layer(&redis, &clock)
             .key_prefix(format!("p{prefix}"))
             .tier(tier)
             .build()
@@ -199,12 +189,7 @@ async fn deny_cache_answers_only_under_the_limit_it_saw() {
 async fn deny_cache_answers_only_the_cost_it_saw() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
+    let layer = redis_layer(&redis, &clock)
         .tier(
             Tier::new("global", Global, Quota::new(5, Duration::from_secs(5)))
                 .cost_fn(cost_from_header("x-cost")),
@@ -238,12 +223,7 @@ async fn deny_cache_answers_with_the_longest_wait() {
     use tiered_ratelimit::Algorithm;
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
+    let layer = redis_layer(&redis, &clock)
         .tier(Tier::new("minute", Global, Quota::per_minute(1)))
         .tier(Tier::new("hour", Global, Quota::per_hour(1)).algorithm(Algorithm::FixedWindow))
         .build()
@@ -336,12 +316,7 @@ async fn circuit_breaker_stops_paying_the_timeout() {
 async fn fallback_limits_locally_with_the_divided_quota() {
     let mut redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
+    let layer = redis_layer(&redis, &clock)
         .tier(Tier::new("global", Global, Quota::per_minute(10)))
         .failure_policy(FailurePolicy::Fallback)
         .fallback_instances(2)
@@ -430,9 +405,8 @@ fn single_flight_layer(
 ) -> RateLimitLayer {
     RateLimitLayer::builder()
         .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone())
+            redis
+                .backend_on(clock)
                 .with_test_ttl_slack(Duration::from_secs(60)),
         )
         .tier(Tier::new("global", Global, quota))
@@ -602,12 +576,7 @@ async fn deny_cache_answers_a_paced_flood_with_one_call_per_token() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
     let never = || Quota::per_second(1000).burst(1_000_000_000);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
+    let layer = redis_layer(&redis, &clock)
         .tier(Tier::new("global", Global, never()))
         .tier(Tier::new("ip", Global, Quota::per_second(100)))
         .tier(Tier::new("user", Global, never()))

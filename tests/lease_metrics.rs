@@ -8,10 +8,10 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::collections::HashMap;
 use std::time::Duration;
 use support::*;
-use tiered_ratelimit::backend::{ManualClock, RedisBackend};
+use tiered_ratelimit::backend::ManualClock;
 use tiered_ratelimit::key::Global;
 use tiered_ratelimit::token_lease::TokenLease;
-use tiered_ratelimit::{Quota, RateLimitLayer, Tier};
+use tiered_ratelimit::{Quota, Tier};
 
 #[tokio::test]
 async fn lease_calls_tokens_taken_and_returned_are_counted() {
@@ -22,12 +22,7 @@ async fn lease_calls_tokens_taken_and_returned_are_counted() {
         .expect("the only recorder of this test binary");
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
+    let layer = redis_layer(&redis, &clock)
         .key_prefix("metrics")
         .tier(
             Tier::new("global", Global, Quota::per_hour(100))

@@ -103,14 +103,9 @@ async fn fleet(backends: Vec<Backend>, prefix: &str, quota: Quota) -> Fleet {
     Fleet { handles, addrs }
 }
 
-fn redis_backends(url: &str, clock: &ManualClock) -> Vec<Backend> {
+fn redis_backends(redis: &RedisServer, clock: &ManualClock) -> Vec<Backend> {
     (0..INSTANCES)
-        .map(|_| {
-            RedisBackend::from_url(url)
-                .unwrap()
-                .with_manual_clock(clock.clone())
-                .into()
-        })
+        .map(|_| redis.backend_on(clock).into())
         .collect()
 }
 
@@ -124,7 +119,7 @@ async fn four_instances_never_admit_over_the_quota_in_20_runs() {
         let clock = ManualClock::new(T0_US);
         let prefix = format!("lease{run}");
         let f = fleet(
-            redis_backends(&redis.url(), &clock),
+            redis_backends(&redis, &clock),
             &prefix,
             Quota::per_hour(QUOTA),
         )
@@ -160,7 +155,7 @@ async fn a_killed_instance_loses_its_lease_and_nothing_is_spent_twice() {
         let clock = ManualClock::new(T0_US);
         let prefix = format!("kill{run}");
         let f = fleet(
-            redis_backends(&redis.url(), &clock),
+            redis_backends(&redis, &clock),
             &prefix,
             Quota::per_hour(QUOTA),
         )
@@ -192,12 +187,7 @@ async fn one_instance(
     clock: &ManualClock,
     prefix: &str,
 ) -> (RateLimitHandle, String) {
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
+    let layer = redis_layer(redis, clock)
         .key_prefix(prefix)
         // So that the denial below reaches Redis (and the local step).
         .deny_cache(0)
@@ -487,12 +477,7 @@ async fn leased_algorithm(
     algorithm: Algorithm,
     quota: Quota,
 ) -> (RateLimitHandle, String) {
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
+    let layer = redis_layer(redis, clock)
         .key_prefix(prefix)
         .deny_cache(0)
         .tier(
@@ -579,12 +564,7 @@ async fn a_policing_leaky_bucket_leases_and_returns_exactly() {
 async fn shadow_checks_are_never_leased_and_the_kill_switch_passes_everything() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
+    let layer = redis_layer(&redis, &clock)
         .key_prefix("shadow")
         .tier(
             Tier::new("global", Global, Quota::per_hour(3))
@@ -619,12 +599,7 @@ async fn shadow_checks_are_never_leased_and_the_kill_switch_passes_everything() 
 async fn a_per_key_tier_leases_only_keys_busy_enough_to_pay_for_it() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let layer = RateLimitLayer::builder()
-        .backend(
-            RedisBackend::from_url(&redis.url())
-                .unwrap()
-                .with_manual_clock(clock.clone()),
-        )
+    let layer = redis_layer(&redis, &clock)
         .key_prefix("perkey")
         .deny_cache(0)
         .tier(Tier::new("user", User, Quota::per_hour(1_000)).lease(TokenLease::new()))

@@ -14,7 +14,7 @@ use std::time::Duration;
 use support::*;
 use tiered_ratelimit::algorithm::{Limit, Refund, State, TokenBucket, Window};
 use tiered_ratelimit::backend::{
-    Backend, Charge, ManualClock, MemoryBackend, RedisBackend, TierCheck, TierRefund,
+    Backend, Charge, ManualClock, MemoryBackend, TierCheck, TierRefund,
 };
 
 const S: u64 = 1_000_000;
@@ -143,9 +143,8 @@ fn model_memory_and_redis_agree_on_reserve_and_settle() {
             let limit = priced_limits()[which];
             let clock = ManualClock::new(T0_US + 123_457);
             let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
-            let redis: Backend = RedisBackend::from_url(&server.url())
-                .unwrap()
-                .with_manual_clock(clock.clone())
+            let redis: Backend = server
+                .backend_on(&clock)
                 .with_test_ttl_slack(Duration::from_secs(600))
                 .into();
             let mut model = Model::default();
@@ -219,10 +218,7 @@ fn settled_ledger_is_exact_on_a_still_clock() {
     let clock = ManualClock::new(T0_US);
     for backend in [
         Backend::from(MemoryBackend::with_manual_clock(clock.clone())),
-        RedisBackend::from_url(&server.url())
-            .unwrap()
-            .with_manual_clock(clock.clone())
-            .into(),
+        server.backend_on(&clock).into(),
     ] {
         let key = |cost| TierCheck {
             key: "ledger".into(),

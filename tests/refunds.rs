@@ -11,9 +11,7 @@ use std::time::{Duration, Instant};
 use support::algorithms::{algorithm_limits_without, clock_step};
 use support::*;
 use tiered_ratelimit::algorithm::Limit;
-use tiered_ratelimit::backend::{
-    Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck, TierRefund,
-};
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, TierCheck, TierRefund};
 use tiered_ratelimit::{
     key::{ClientIp, Global},
     Quota, RateLimitLayer, Tier,
@@ -280,9 +278,8 @@ fn rust_refunds_equal_lua_refunds() {
             let limit = twin_limits()[which];
             let clock = ManualClock::new(T0_US + 123_457);
             let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
-            let redis: Backend = RedisBackend::from_url(&server.url())
-                .unwrap()
-                .with_manual_clock(clock.clone())
+            let redis: Backend = server
+                .backend_on(&clock)
                 .with_test_ttl_slack(Duration::from_secs(600))
                 .into();
             let mut charged: Vec<(TierRefund, TierRefund)> = Vec::new();

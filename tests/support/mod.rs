@@ -26,7 +26,7 @@ use axum::{
 };
 use std::net::SocketAddr;
 use std::time::Duration;
-use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend};
 use tiered_ratelimit::{key::UserId, RateLimitLayer};
 
 /// 2023-11-14T22:13:20Z: a whole second, so test clocks give exact headers.
@@ -208,6 +208,15 @@ pub const NO_LIMITS: Limits = Limits {
     retry_after: None,
 };
 
+/// A layer on a real Redis (`redis`, a server of the test's own) whose
+/// scripts read the manual `clock`: add tiers and settings, then build.
+pub fn redis_layer(
+    redis: &RedisServer,
+    clock: &ManualClock,
+) -> tiered_ratelimit::RateLimitLayerBuilder {
+    RateLimitLayer::builder().backend(redis.backend_on(clock))
+}
+
 /// A backend on a manual clock, plus the Redis server behind it (if any).
 pub struct Env {
     pub clock: ManualClock,
@@ -228,9 +237,7 @@ impl Env {
     pub fn redis() -> Self {
         let clock = ManualClock::new(T0_US);
         let server = RedisServer::start();
-        let backend = RedisBackend::from_url(&server.url())
-            .expect("url")
-            .with_manual_clock(clock.clone());
+        let backend = server.backend_on(&clock);
         Env {
             clock,
             backend: backend.into(),

@@ -71,6 +71,19 @@ pub(crate) fn free_port() -> u16 {
 }
 
 impl RedisServer {
+    /// A backend on this server whose scripts read `clock` instead of Redis
+    /// `TIME`: the manual clock every exact test of a real Redis drives.
+    pub fn backend_on(
+        &self,
+        clock: &tiered_ratelimit::backend::ManualClock,
+    ) -> tiered_ratelimit::backend::RedisBackend {
+        tiered_ratelimit::backend::RedisBackend::from_url(&self.url())
+            .unwrap()
+            .with_manual_clock(clock.clone())
+    }
+}
+
+impl RedisServer {
     pub fn start() -> Self {
         Self::start_with(&[])
     }
