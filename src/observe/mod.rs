@@ -397,6 +397,32 @@ pub(crate) fn count_backend_error(kind: &'static str, backend: &'static str) {
     metrics::counter!(BACKEND_ERRORS, "kind" => kind, "backend" => backend).increment(1);
 }
 
+pub(crate) const CIRCUIT_STATE: &str = "tiered_ratelimit_circuit_state";
+
+/// The circuit breaker gauge: 0 closed, 1 open, 2 half-open.
+pub(crate) fn set_circuit_state(state: u8) {
+    metrics::gauge!(CIRCUIT_STATE).set(f64::from(state));
+}
+
+pub(crate) const ANOMALY: &str = "tiered_ratelimit_anomaly";
+pub(crate) const CHECK_DURATION: &str = "tiered_ratelimit_check_duration_seconds";
+pub(crate) const MODE: &str = "tiered_ratelimit_mode";
+
+/// The mode gauge of a tier: 0 off, 1 shadow, 2 canary, 3 enforce; and the
+/// canary percent gauge.
+pub(crate) fn set_mode_gauge(tier: &Arc<str>, mode: crate::rollout::Mode) {
+    let (v, percent) = match mode {
+        crate::rollout::Mode::Off => (0.0, 0.0),
+        crate::rollout::Mode::Shadow => (1.0, 0.0),
+        crate::rollout::Mode::Canary { percent } => (2.0, f64::from(percent.min(100))),
+        crate::rollout::Mode::Enforce => (3.0, 100.0),
+    };
+    metrics::gauge!(MODE, "tier" => tier.to_string()).set(v);
+    metrics::gauge!(ENFORCED_PERCENT, "tier" => tier.to_string()).set(percent);
+}
+
+pub(crate) const ENFORCED_PERCENT: &str = "tiered_ratelimit_enforced_percent";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -437,29 +463,3 @@ mod tests {
         assert_eq!(allowed(&b), vec![1]);
     }
 }
-
-pub(crate) const CIRCUIT_STATE: &str = "tiered_ratelimit_circuit_state";
-
-/// The circuit breaker gauge: 0 closed, 1 open, 2 half-open.
-pub(crate) fn set_circuit_state(state: u8) {
-    metrics::gauge!(CIRCUIT_STATE).set(f64::from(state));
-}
-
-pub(crate) const ANOMALY: &str = "tiered_ratelimit_anomaly";
-pub(crate) const CHECK_DURATION: &str = "tiered_ratelimit_check_duration_seconds";
-pub(crate) const MODE: &str = "tiered_ratelimit_mode";
-
-/// The mode gauge of a tier: 0 off, 1 shadow, 2 canary, 3 enforce; and the
-/// canary percent gauge.
-pub(crate) fn set_mode_gauge(tier: &Arc<str>, mode: crate::rollout::Mode) {
-    let (v, percent) = match mode {
-        crate::rollout::Mode::Off => (0.0, 0.0),
-        crate::rollout::Mode::Shadow => (1.0, 0.0),
-        crate::rollout::Mode::Canary { percent } => (2.0, f64::from(percent.min(100))),
-        crate::rollout::Mode::Enforce => (3.0, 100.0),
-    };
-    metrics::gauge!(MODE, "tier" => tier.to_string()).set(v);
-    metrics::gauge!(ENFORCED_PERCENT, "tier" => tier.to_string()).set(percent);
-}
-
-pub(crate) const ENFORCED_PERCENT: &str = "tiered_ratelimit_enforced_percent";
