@@ -578,3 +578,65 @@ async fn redis_type_sentinel() {
     let exists: i64 = set.primary.cmd(&["EXISTS", "rls:edge:tenant:t1"]);
     assert_eq!(exists, 1);
 }
+
+/// Hostile YAML stops the binary's start with an error naming the file,
+/// fast: an alias bomb, a tree nested past the parser's budget, a
+/// duplicate key and a file over 4 MiB (never a hang or a panic).
+#[test]
+fn hostile_yaml_stops_the_start_naming_the_file() {
+    // Under `metadata`, which is read (and ignored): the aliases expand.
+    let mut bomb = String::from("domain: d\ndescriptors:\n  - key: k\n    metadata:\n");
+    bomb.push_str(
+        "      a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+    );
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+    for w in names.windows(2) {
+        let (prev, name) = (w[0], w[1]);
+        let refs = vec![format!("*{prev}"); 9].join(",");
+        bomb.push_str(&format!("      {name}: &{name} [{refs}]\n"));
+    }
+    let files = [
+        bomb,
+        format!(
+            "domain: d\ndescriptors: {}{}\n",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        ),
+        "domain: d\ndomain: e\n".to_owned(),
+        format!("domain: d\n# {}\n", "x".repeat(5 << 20)),
+    ];
+    for (n, text) in files.iter().enumerate() {
+        let (root, file) = runtime_root("hostile", text);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+            .env_clear()
+            .env("RUNTIME_ROOT", &root)
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", free_port().to_string())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", free_port().to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("file {n}: still starting after 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(1), "file {n}: {stderr}");
+        let expected = format!("tiered-ratelimit-rls: policy: {}: ", file.display());
+        assert!(stderr.starts_with(&expected), "file {n}: {stderr}");
+        if n == 0 {
+            assert!(stderr.contains("alias replay limit exceeded"), "{stderr}");
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
