@@ -48,6 +48,10 @@ pub struct ReferenceEnv {
     /// `LIMIT_RESPONSE_HEADERS_ENABLED=true`: the three header names
     /// (`LIMIT_LIMIT_HEADER`, `LIMIT_REMAINING_HEADER`, `LIMIT_RESET_HEADER`).
     pub response_headers: Option<crate::LimitHeaders>,
+    /// `NEAR_LIMIT_RATIO` (0 to 1; the reference's default 0.8 when
+    /// unset): the share of a limit past which passing hits also count
+    /// in the `near_limit` stat ([`crate::stats`]).
+    pub near_limit_ratio: Option<f32>,
     /// The variables set that only tune the reference's machinery.
     pub no_effect: Vec<String>,
 }
@@ -90,7 +94,6 @@ const NO_EFFECT: &[&str] = &[
     "REDIS_STARTUP_MAX_INTERVAL",
     "REDIS_STARTUP_MAX_ELAPSED_TIME",
     "EXPIRATION_JITTER_MAX_SECONDS",
-    "NEAR_LIMIT_RATIO",
     "STATS_FLUSH_INTERVAL",
     "DEBUG_HOST",
     "DEBUG_PORT",
@@ -302,6 +305,15 @@ impl ReferenceEnv {
                 }
             };
             env.log_level = Some(level.to_owned());
+        }
+        if let Some(v) = get("NEAR_LIMIT_RATIO") {
+            let ratio = v
+                .trim()
+                .parse::<f32>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| invalid("NEAR_LIMIT_RATIO", v, "expected a number from 0 to 1"))?;
+            env.near_limit_ratio = Some(ratio);
         }
         if let Some(v) = get("LIMIT_RESPONSE_HEADERS_ENABLED") {
             if boolean("LIMIT_RESPONSE_HEADERS_ENABLED", v)? {

@@ -58,6 +58,7 @@ pub struct Rls {
     failure_status: FailureStatus,
     limit_headers: Option<LimitHeaders>,
     engine_headers: bool,
+    near_limit_ratio: f32,
 }
 
 impl Rls {
@@ -79,6 +80,7 @@ impl Rls {
             failure_status,
             limit_headers: None,
             engine_headers: true,
+            near_limit_ratio: stats::NEAR_LIMIT_RATIO,
         }
     }
 
@@ -95,6 +97,21 @@ impl Rls {
     #[must_use]
     pub fn engine_headers(mut self, on: bool) -> Self {
         self.engine_headers = on;
+        self
+    }
+
+    /// The reference's `NEAR_LIMIT_RATIO`: the share of a limit (0 to 1,
+    /// default 0.8, [`stats::NEAR_LIMIT_RATIO`]) past which passing hits
+    /// also count in the `near_limit` stat ([`stats::record`]). A value
+    /// outside 0 to 1 (or not a number) is clamped into it; the binary
+    /// refuses it at start, naming the variable.
+    #[must_use]
+    pub fn near_limit_ratio(mut self, ratio: f32) -> Self {
+        self.near_limit_ratio = if ratio.is_nan() {
+            stats::NEAR_LIMIT_RATIO
+        } else {
+            ratio.clamp(0.0, 1.0)
+        };
         self
     }
 
@@ -131,7 +148,7 @@ impl Rls {
             .await
         {
             Ok(answer) => {
-                stats::record(req, &answer);
+                stats::record(req, &answer, self.near_limit_ratio);
                 let mut r = response(&answer);
                 if !self.engine_headers {
                     r.response_headers_to_add.clear();

@@ -14,10 +14,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use tiered_ratelimit::backend::{Backend, MemoryBackend};
-use tiered_ratelimit::descriptor::FailureStatus;
+use tiered_ratelimit::descriptor::{DomainLimiters, FailureStatus};
 use tiered_ratelimit::descriptor::{ReferenceConfig, RulesPolicy};
 use tiered_ratelimit::FailurePolicy;
 use tiered_ratelimit_rls::env::ReferenceEnv;
+use tiered_ratelimit_rls::reload::RecursiveMode;
 use tiered_ratelimit_rls::{serve_http, Rls};
 
 /// The Envoy rate limit service (envoy.service.ratelimit.v3) on tiered-ratelimit.
@@ -160,8 +161,22 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // mode gauges, lease counters at 0, every series' HELP text) is then
     // in the first scrape.
     let metrics = metrics_server(&metrics_addr).await?;
-    let limiter = policy.limiter(backend)?;
+    let limiter = policy.limiter(backend.clone())?;
     let rls = Rls::new(limiter, policy.failure_status);
+    // Reload: the file's directory (not recursively), the file read again.
+    let load = {
+        let path = config_path.clone();
+        let (redis, failure_status) = (policy.redis.clone(), policy.failure_status);
+        move || reload_rules(&path, &backend, redis.as_ref(), failure_status)
+    };
+    let watched = parent_dir(&config_path);
+    let _watch = tiered_ratelimit_rls::reload::watch(
+        watched.clone(),
+        RecursiveMode::NonRecursive,
+        rls.limiters(),
+        load,
+    )
+    .map_err(|e| format!("{}: cannot watch for changes: {e}", watched.display()))?;
     let grpc = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("--listen {listen}: {e}"))?;
@@ -208,7 +223,12 @@ async fn serve_reference(
             .backend_timeout(timeout)
     };
     let limiters = config.limiters(&backend, &prefix, env.shadow_mode, builder)?;
-    let mut rls = Rls::domains(limiters, FailureStatus::OverLimit).engine_headers(false);
+    let mut rls = Rls::domains(limiters, FailureStatus::OverLimit)
+        .engine_headers(false)
+        .near_limit_ratio(
+            env.near_limit_ratio
+                .unwrap_or(tiered_ratelimit_rls::stats::NEAR_LIMIT_RATIO),
+        );
     if let Some(h) = env.response_headers.clone() {
         rls = rls.limit_headers(h);
     }
@@ -217,10 +237,7 @@ async fn serve_reference(
     let watched = match (&env.runtime_root, env.watch_root) {
         (Some(root), true) => root.clone(),
         _ if path.is_dir() => path.to_owned(),
-        _ => path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf),
+        _ => parent_dir(path),
     };
     let load = {
         let (path, backend) = (path.to_owned(), backend.clone());
@@ -231,8 +248,13 @@ async fn serve_reference(
                 .map_err(|e| e.to_string())
         }
     };
-    let _watch = tiered_ratelimit_rls::reload::watch(watched.clone(), rls.limiters(), load)
-        .map_err(|e| format!("{}: cannot watch for changes: {e}", watched.display()))?;
+    let _watch = tiered_ratelimit_rls::reload::watch(
+        watched.clone(),
+        RecursiveMode::Recursive,
+        rls.limiters(),
+        load,
+    )
+    .map_err(|e| format!("{}: cannot watch for changes: {e}", watched.display()))?;
     let grpc = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| format!("--listen {listen}: {e}"))?;
@@ -246,6 +268,38 @@ async fn serve_reference(
     );
     serve_http(rls, grpc, http, metrics, shutdown_signal()).await?;
     Ok(())
+}
+
+/// The directory holding `file` (`.` for a bare file name).
+fn parent_dir(file: &std::path::Path) -> PathBuf {
+    file.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf)
+}
+
+/// The TOML rules file read again for a reload, on the backend chosen at
+/// start: a change of `[redis]` or `failure_status` is refused (they are
+/// read at start only), so is any error the start would refuse.
+fn reload_rules(
+    path: &std::path::Path,
+    backend: &Backend,
+    redis: Option<&tiered_ratelimit::policy::RedisConfig>,
+    failure_status: FailureStatus,
+) -> Result<DomainLimiters, String> {
+    let refuse = |e: &dyn std::fmt::Display| format!("{}: {e}", path.display());
+    let policy = RulesPolicy::from_file(path).map_err(|e| refuse(&e))?;
+    if policy.redis.as_ref() != redis {
+        return Err(refuse(
+            &"[redis]: changed; the backend is read at start only (restart to change it)",
+        ));
+    }
+    if policy.failure_status != failure_status {
+        return Err(refuse(
+            &"failure_status: changed; it is read at start only (restart to change it)",
+        ));
+    }
+    let limiter = policy.limiter(backend.clone()).map_err(|e| refuse(&e))?;
+    DomainLimiters::new([limiter]).map_err(|e| refuse(&e))
 }
 
 /// The recorder and the listener of `GET /metrics` (`none`: neither).

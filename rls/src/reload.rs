@@ -6,9 +6,15 @@
 //! with its message and counted, and the old configuration keeps serving.
 //! Counted in `tiered_ratelimit_rls_config_loads_total{result="success"|"error"}`
 //! (the reference service's `config_load_success` / `config_load_error`).
+//!
+//! The binary watches the reference's YAML (its runtime root or config
+//! directory, recursively) and our TOML rules file (its directory, not
+//! recursively: an editor's rename-over and a Kubernetes ConfigMap's
+//! `..data` symlink swap both happen there).
 
 use arc_swap::ArcSwap;
-use notify::{RecursiveMode, Watcher};
+pub use notify::RecursiveMode;
+use notify::Watcher;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,8 +40,9 @@ impl Drop for Watch {
     }
 }
 
-/// Watches `path` (recursively) and, after each settled change, stores
-/// what `load` builds in `target`, or logs and counts its error. Must be
+/// Watches `path` (`mode`: recursively or not) and, after each settled
+/// change, stores what `load` builds in `target`, or logs and counts its
+/// error. Must be
 /// called inside a Tokio runtime (the reload runs there, so the engines it
 /// builds start their tasks).
 ///
@@ -43,6 +50,7 @@ impl Drop for Watch {
 /// The watcher's, when `path` cannot be watched.
 pub fn watch<F>(
     path: PathBuf,
+    mode: RecursiveMode,
     target: Arc<ArcSwap<DomainLimiters>>,
     load: F,
 ) -> Result<Watch, notify::Error>
@@ -56,7 +64,7 @@ where
             let _ = tx.try_send(());
         }
     })?;
-    watcher.watch(&path, RecursiveMode::Recursive)?;
+    watcher.watch(&path, mode)?;
     metrics::describe_counter!(
         CONFIG_LOADS,
         "Configuration reloads after a change of its files, by result (success, error)"

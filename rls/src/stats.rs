@@ -11,14 +11,31 @@ use tiered_ratelimit::descriptor::{Answer, Code};
 
 /// The reference's `NEAR_LIMIT_RATIO` default: a hit past 80 % of the
 /// limit is `near_limit`.
-pub const NEAR_LIMIT_RATIO: f64 = 0.8;
+pub const NEAR_LIMIT_RATIO: f32 = 0.8;
+
+/// The count past which passing hits are `near_limit`: `floor(limit ×
+/// ratio)`, computed as the reference computes it (the product in 32-bit
+/// floating point, so `NEAR_LIMIT_RATIO=0.7` on a limit of 90 gives 63, as
+/// there, not the 62 of 64 bits).
+#[must_use]
+pub fn near_limit_threshold(requests_per_unit: u32, ratio: f32) -> u64 {
+    // The reference: uint64(math.Floor(float64(float32(limit) * ratio))).
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let near = f64::from(requests_per_unit as f32 * ratio).floor() as u64;
+    near
+}
 
 /// Counts one answered request: per descriptor whose rule came from the
 /// reference's YAML, `total_hits` += its hits; then, with a limit,
 /// `within_limit` (and the part past the near-limit threshold in
 /// `near_limit`) when it passed, or `over_limit` (and `shadow_mode` for a
-/// rule in shadow) when it was over.
-pub fn record(req: &RateLimitRequest, answer: &Answer) {
+/// rule in shadow) when it was over. `near_limit_ratio` is the reference's
+/// `NEAR_LIMIT_RATIO` ([`near_limit_threshold`]).
+pub fn record(req: &RateLimitRequest, answer: &Answer, near_limit_ratio: f32) {
     let request_hits = u64::from(req.hits_addend.max(1));
     // Denied: nothing was charged (under the global shadow mode a status
     // says OVER_LIMIT, the request is OK and was charged).
@@ -61,8 +78,7 @@ pub fn record(req: &RateLimitRequest, answer: &Answer) {
             let after = per_unit.saturating_sub(s.remaining);
             (after.saturating_sub(hits), after)
         };
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let near = (per_unit as f64 * NEAR_LIMIT_RATIO).floor() as u64;
+        let near = near_limit_threshold(limit.requests_per_unit, near_limit_ratio);
         if after > near {
             count(
                 "ratelimit_service_rate_limit_near_limit",

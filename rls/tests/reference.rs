@@ -6,7 +6,8 @@
 //! shadow mode per limit and global, `hits_addend`, several domains, an
 //! unknown domain answered OK; and start-up errors naming file, tree path
 //! and field, hostile YAML included. The scenarios are the reference's
-//! config and integration tests', written as our own tables.
+//! config and integration tests', written as our own tables; every
+//! scenario that decides runs on the three backends.
 
 #[allow(dead_code)]
 #[path = "../../tests/support/cluster.rs"]
@@ -408,12 +409,19 @@ async fn wildcards_on_redis() {
     wildcards(start(config(&[("files.yaml", FILES)]), backend, false).await).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wildcards_on_a_cluster() {
+    let cluster = RedisCluster::start(0);
+    let backend = RedisBackend::cluster(cluster.urls())
+        .unwrap()
+        .with_manual_clock(ManualClock::new(T0_US));
+    wildcards(start(config(&[("files.yaml", FILES)]), backend, false).await).await;
+}
+
 /// `replaces`, `requests_per_unit: 0`, per-limit shadow mode, hits_addend,
 /// an empty descriptor list.
-#[tokio::test]
-async fn replaces_blocking_shadow_and_hits() {
-    let backend = MemoryBackend::with_manual_clock(ManualClock::new(T0_US));
-    let mut c = connect(start(config(&[("misc.yaml", MISC)]), backend, false).await).await;
+async fn replaces_blocking_shadow_and_hits(addr: SocketAddr) {
+    let mut c = connect(addr).await;
     let m = |code, name, n, rem| limited(code, name, n, Unit::Minute, rem, 40);
     // vip replaces per_user in a request carrying both.
     let r = call(
@@ -508,11 +516,43 @@ async fn replaces_blocking_shadow_and_hits() {
     assert_eq!(s.message(), "domain: empty");
 }
 
-/// SHADOW_MODE: the descriptor says OVER_LIMIT, the request is OK.
 #[tokio::test]
-async fn global_shadow_mode_reports_over_limit_and_answers_ok() {
+async fn replaces_blocking_shadow_and_hits_in_memory() {
     let backend = MemoryBackend::with_manual_clock(ManualClock::new(T0_US));
-    let mut c = connect(start(config(&[("misc.yaml", MISC)]), backend, true).await).await;
+    replaces_blocking_shadow_and_hits(start(config(&[("misc.yaml", MISC)]), backend, false).await)
+        .await;
+}
+
+#[tokio::test]
+async fn replaces_blocking_shadow_and_hits_on_redis() {
+    let redis = RedisServer::start();
+    let backend = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(ManualClock::new(T0_US));
+    replaces_blocking_shadow_and_hits(start(config(&[("misc.yaml", MISC)]), backend, false).await)
+        .await;
+}
+
+/// Both scenarios on one cluster (the requests of one never touch the
+/// other's keys: different values).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaces_and_global_shadow_on_a_cluster() {
+    let cluster = RedisCluster::start(0);
+    let backend = || {
+        RedisBackend::cluster(cluster.urls())
+            .unwrap()
+            .with_manual_clock(ManualClock::new(T0_US))
+    };
+    replaces_blocking_shadow_and_hits(
+        start(config(&[("misc.yaml", MISC)]), backend(), false).await,
+    )
+    .await;
+    global_shadow_mode(start(config(&[("misc.yaml", MISC)]), backend(), true).await).await;
+}
+
+/// SHADOW_MODE: the descriptor says OVER_LIMIT, the request is OK.
+async fn global_shadow_mode(addr: SocketAddr) {
+    let mut c = connect(addr).await;
     for left in (0..5).rev() {
         let r = call(&mut c, req("misc", vec![d(&[("user", "g")])])).await;
         assert_eq!(
@@ -526,6 +566,21 @@ async fn global_shadow_mode_reports_over_limit_and_answers_ok() {
         r.statuses,
         vec![limited(Code::OverLimit, "per_user", 5, Unit::Minute, 0, 40)]
     );
+}
+
+#[tokio::test]
+async fn global_shadow_mode_reports_over_limit_and_answers_ok() {
+    let backend = MemoryBackend::with_manual_clock(ManualClock::new(T0_US));
+    global_shadow_mode(start(config(&[("misc.yaml", MISC)]), backend, true).await).await;
+}
+
+#[tokio::test]
+async fn global_shadow_mode_on_redis() {
+    let redis = RedisServer::start();
+    let backend = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(ManualClock::new(T0_US));
+    global_shadow_mode(start(config(&[("misc.yaml", MISC)]), backend, true).await).await;
 }
 
 /// A directory of files, one domain each, served by one process; dotfiles

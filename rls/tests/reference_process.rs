@@ -2,12 +2,20 @@
 //! flags, its environment variables only (RUNTIME_ROOT and
 //! RUNTIME_SUBDIRECTORY with a `config/` directory of YAML files, REDIS_URL
 //! as `host:port` over tcp, GRPC_HOST/GRPC_PORT, USE_PROMETHEUS,
-//! CACHE_KEY_PREFIX, LIMIT_RESPONSE_HEADERS_ENABLED with a renamed header);
-//! and a variable it cannot honour refused at start by name.
+//! CACHE_KEY_PREFIX, LIMIT_RESPONSE_HEADERS_ENABLED with a renamed header,
+//! NEAR_LIMIT_RATIO); a variable it cannot honour refused at start by name;
+//! and reload without a restart, of the reference's YAML and of our TOML
+//! rules file.
 
+#[allow(dead_code)]
+#[path = "../../tests/support/cluster.rs"]
+mod cluster;
 #[allow(dead_code)]
 #[path = "../../tests/support/redis_server.rs"]
 mod redis_server;
+#[allow(dead_code)]
+#[path = "../../tests/support/sentinel.rs"]
+mod sentinel;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -16,6 +24,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use redis_server::{free_port, RedisServer};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,6 +33,20 @@ impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+    }
+}
+
+/// A client of the binary's gRPC port, once it listens (10 s at most).
+async fn connect(grpc: u16) -> RateLimitServiceClient<tonic::transport::Channel> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc}")).unwrap();
+        if let Ok(ch) = endpoint.connect().await {
+            return RateLimitServiceClient::new(ch);
+        }
+        assert!(Instant::now() < deadline, "never listened on {grpc}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -197,23 +220,32 @@ async fn scrape(port: u16) -> String {
     body
 }
 
-/// Reload without a restart: a valid change is served by the next calls
-/// (the counters kept), an invalid one is counted and the previous
-/// configuration keeps serving.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_changed_config_is_swapped_in_and_a_broken_one_refused() {
-    let root = std::env::temp_dir().join(format!("rls-reload-{}", std::process::id()));
+/// `n` an hour on `tenant`, in the reference's YAML.
+fn tenant_yaml(n: u32) -> String {
+    format!("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: hour\n      requests_per_unit: {n}\n")
+}
+
+/// A fresh runtime root under the temporary directory, named `name` and a
+/// free port, whose `config/edge.yaml` holds `yaml`: the root and the file.
+fn runtime_root(name: &str, yaml: &str) -> (PathBuf, PathBuf) {
+    let root =
+        std::env::temp_dir().join(format!("rls-{name}-{}-{}", std::process::id(), free_port()));
     let config = root.join("config");
     let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&config).unwrap();
-    let yaml = |n: u32| {
-        format!("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: hour\n      requests_per_unit: {n}\n")
-    };
-    std::fs::write(config.join("edge.yaml"), yaml(2)).unwrap();
+    let file = config.join("edge.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    (root, file)
+}
+
+/// The binary on the reference's variables alone: `RUNTIME_ROOT=root`,
+/// gRPC, HTTP and Prometheus on free loopback ports, and `vars`. The
+/// child (killed on drop), its gRPC port and its metrics port.
+fn spawn_reference(root: &Path, vars: &[(&str, String)]) -> (Killed, u16, u16) {
     let (grpc, metrics) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
-        .env_clear()
-        .env("RUNTIME_ROOT", &root)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"));
+    cmd.env_clear()
+        .env("RUNTIME_ROOT", root)
         .env("GRPC_HOST", "127.0.0.1")
         .env("GRPC_PORT", grpc.to_string())
         // The HTTP endpoints' default is 8080: a free port instead.
@@ -223,21 +255,21 @@ async fn a_changed_config_is_swapped_in_and_a_broken_one_refused() {
         .env("PROMETHEUS_ADDR", format!("127.0.0.1:{metrics}"))
         .env("LOG_LEVEL", "error")
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn");
-    let _child = Killed(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let channel = loop {
-        let endpoint =
-            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc}")).unwrap();
-        if let Ok(ch) = endpoint.connect().await {
-            break ch;
-        }
-        assert!(Instant::now() < deadline, "never listened");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let mut c = RateLimitServiceClient::new(channel);
+        .stderr(Stdio::null());
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    (Killed(cmd.spawn().expect("spawn")), grpc, metrics)
+}
+
+/// Reload without a restart: a valid change is served by the next calls
+/// (the counters kept), an invalid one is counted and the previous
+/// configuration keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_config_is_swapped_in_and_a_broken_one_refused() {
+    let (root, file) = runtime_root("reload", &tenant_yaml(2));
+    let (_child, grpc, metrics) = spawn_reference(&root, &[]);
+    let mut c = connect(grpc).await;
     let mut charge = peek_tenant();
     charge.descriptors[0].hits_addend = None;
     let s = c
@@ -247,7 +279,7 @@ async fn a_changed_config_is_swapped_in_and_a_broken_one_refused() {
         .into_inner();
     assert_eq!(s.statuses[0].limit_remaining, 1);
     // A valid change: 5 an hour, the one request already counted.
-    std::fs::write(config.join("edge.yaml"), yaml(5)).unwrap();
+    std::fs::write(&file, tenant_yaml(5)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let s = c
@@ -270,7 +302,7 @@ async fn a_changed_config_is_swapped_in_and_a_broken_one_refused() {
     }
     // An invalid change: refused, counted, the 5-an-hour config still serves.
     std::fs::write(
-        config.join("edge.yaml"),
+        &file,
         "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: fortnight\n",
     )
     .unwrap();
@@ -302,4 +334,309 @@ async fn a_changed_config_is_swapped_in_and_a_broken_one_refused() {
         "{body}"
     );
     std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// One descriptor `tenant=t1` with `hits` (`None`: the request's 1).
+fn tenant(hits: Option<u64>) -> RateLimitRequest {
+    let mut r = peek_tenant();
+    r.descriptors[0].hits_addend =
+        hits.map(|value| envoy_types::pb::google::protobuf::UInt64Value { value });
+    r
+}
+
+/// `NEAR_LIMIT_RATIO=0.7` on a limit of 10: the near-limit threshold is
+/// 7 (8 under the default 0.8), and `near_limit` counts the hits past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_limit_ratio_moves_the_near_limit_threshold() {
+    let (root, _) = runtime_root("near", &tenant_yaml(10));
+    let (_child, grpc, metrics) = spawn_reference(&root, &[("NEAR_LIMIT_RATIO", "0.7".to_owned())]);
+    let mut c = connect(grpc).await;
+    let mut codes = Vec::new();
+    // 8 single hits (counts 1..8: the 8th is past 7), then 3 more (11 >
+    // 10: over, nothing charged), then 2 (8 → 10: both past 7).
+    let hits = [None; 8].into_iter().chain([Some(3), Some(2)]);
+    for h in hits {
+        let a = c.should_rate_limit(tenant(h)).await.unwrap().into_inner();
+        codes.push(a.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(codes, [ok, ok, ok, ok, ok, ok, ok, ok, over, ok]);
+    let body = scrape(metrics).await;
+    let mut series: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_"))
+        .collect();
+    series.sort_unstable();
+    assert_eq!(
+        series,
+        [
+            r#"ratelimit_service_rate_limit_near_limit{domain="edge",key1="tenant"} 3"#,
+            r#"ratelimit_service_rate_limit_over_limit{domain="edge",key1="tenant"} 3"#,
+            r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="tenant"} 13"#,
+            r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="tenant"} 10"#,
+        ]
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Our TOML rules file reloads as the reference's YAML does: a valid
+/// change (a higher limit, a new rule) is served by the next calls with
+/// the counters kept; an invalid one (an unknown field; a changed
+/// `[redis]`, which is read at start only) is logged and counted, and the
+/// previous rules keep serving. On a real Redis, over TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_toml_rules_file_is_swapped_in_and_a_broken_one_refused() {
+    let redis = RedisServer::start();
+    let dir = std::env::temp_dir().join(format!("rls-toml-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rls.toml");
+    let toml = |limit: u32, extra: &str| {
+        format!(
+            "domain = \"edge\"\n[redis]\nurl = \"{}\"\n[[rule]]\nname = \"per_tenant\"\nmatch = [{{ key = \"tenant\" }}]\nlimit = {limit}\nperiod = \"1h\"\nalgorithm = \"fixed_window\"\n{extra}",
+            redis.url()
+        )
+    };
+    std::fs::write(&file, toml(2, "")).unwrap();
+    let (grpc, metrics) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+        .env_clear()
+        .arg("--config")
+        .arg(&file)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{grpc}"))
+        .arg("--metrics")
+        .arg(format!("127.0.0.1:{metrics}"))
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let _child = Killed(child);
+    let mut c = connect(grpc).await;
+    let s = c
+        .should_rate_limit(tenant(None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.statuses[0].limit_remaining, 1);
+    let limit_of = |s: &envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse| {
+        s.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| (l.name.clone(), l.requests_per_unit))
+    };
+    assert_eq!(limit_of(&s), Some(("per_tenant".to_owned(), 2)));
+    // A valid change: 5 an hour (the one request already counted), and a
+    // new rule on `user`.
+    let user_rule =
+        "[[rule]]\nname = \"per_user\"\nmatch = [{ key = \"user\" }]\nlimit = 1\nperiod = \"1h\"\n";
+    std::fs::write(&file, toml(5, user_rule)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = c
+            .should_rate_limit(tenant(Some(0)))
+            .await
+            .unwrap()
+            .into_inner();
+        if limit_of(&s) == Some(("per_tenant".to_owned(), 5)) {
+            assert_eq!(s.statuses[0].limit_remaining, 4);
+            break;
+        }
+        assert_eq!(limit_of(&s), Some(("per_tenant".to_owned(), 2)));
+        assert!(Instant::now() < deadline, "the change was never served");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut user = tenant(None);
+    user.descriptors[0].entries[0].key = "user".into();
+    let codes: Vec<i32> = [
+        c.should_rate_limit(user.clone())
+            .await
+            .unwrap()
+            .into_inner(),
+        c.should_rate_limit(user.clone())
+            .await
+            .unwrap()
+            .into_inner(),
+    ]
+    .iter()
+    .map(|a| a.overall_code)
+    .collect();
+    assert_eq!(codes, [Code::Ok as i32, Code::OverLimit as i32]);
+    // Two invalid changes, each refused and counted: an unknown field,
+    // then another Redis.
+    let broken = [
+        toml(7, "limt = 3\n"),
+        toml(7, "").replace(&redis.url(), "redis://127.0.0.1:1/"),
+    ];
+    for (n, text) in broken.iter().enumerate() {
+        std::fs::write(&file, text).unwrap();
+        let counted = format!(
+            "tiered_ratelimit_rls_config_loads_total{{result=\"error\"}} {}",
+            n + 1
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !scrape(metrics).await.contains(&counted) {
+            assert!(Instant::now() < deadline, "change {n} was never counted");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // The 5-an-hour rules still serve, on the same counters.
+    let s = c
+        .should_rate_limit(tenant(None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.overall_code, Code::Ok as i32);
+    assert_eq!(limit_of(&s), Some(("per_tenant".to_owned(), 5)));
+    assert_eq!(s.statuses[0].limit_remaining, 3);
+    let body = scrape(metrics).await;
+    assert!(
+        body.contains("tiered_ratelimit_rls_config_loads_total{result=\"success\"} 1"),
+        "{body}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The binary on the reference's YAML (2 an hour on `tenant`) and its
+/// Redis variables `vars`: three calls answer OK, OK, OVER_LIMIT with 1,
+/// 0, 0 left, on the Redis those variables name.
+async fn two_an_hour_on(vars: &[(&str, String)]) {
+    let (root, _) = runtime_root("redis-forms", &tenant_yaml(2));
+    let mut vars = vars.to_vec();
+    // A cluster's first call may wait for its slots: not a fail-open.
+    vars.push(("REDIS_TIMEOUT", "5s".to_owned()));
+    let (_child, grpc, _) = spawn_reference(&root, &vars);
+    let mut c = connect(grpc).await;
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        let a = c
+            .should_rate_limit(tenant(None))
+            .await
+            .unwrap()
+            .into_inner();
+        seen.push((a.overall_code, a.statuses[0].limit_remaining));
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(seen, [(ok, 1), (ok, 0), (over, 0)], "{vars:?}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// `REDIS_SOCKET_TYPE`'s default, `unix`: `REDIS_URL` is a socket path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_url_as_a_unix_socket() {
+    let socket = std::env::temp_dir().join(format!("rls-redis-{}.sock", std::process::id()));
+    let socket_arg = socket.display().to_string();
+    let redis = RedisServer::start_with(&["--unixsocket", &socket_arg, "--unixsocketperm", "700"]);
+    two_an_hour_on(&[("REDIS_URL", socket_arg.clone())]).await;
+    let exists: i64 = redis.cmd(&["EXISTS", "rls:edge:tenant:t1"]);
+    assert_eq!(exists, 1);
+}
+
+/// `REDIS_TYPE=cluster`: `REDIS_URL` is the nodes, `host:port,host:port`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_type_cluster() {
+    let cluster = cluster::RedisCluster::start(0);
+    let nodes: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| {
+            u.trim_start_matches("redis://")
+                .trim_end_matches('/')
+                .to_owned()
+        })
+        .collect();
+    two_an_hour_on(&[
+        ("REDIS_TYPE", "cluster".to_owned()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", nodes.join(",")),
+    ])
+    .await;
+    // On a cluster a key is its own hash tag (its checks go by slot).
+    assert_eq!(cluster.keys(), ["{rls:edge:tenant:t1}"]);
+}
+
+/// `REDIS_TYPE=sentinel`: `REDIS_URL` is `master,host:port,…` of the
+/// sentinels; the counter lives on the primary they name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_type_sentinel() {
+    let set = sentinel::SentinelSet::start();
+    let sentinels: Vec<String> = set
+        .sentinel_ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    two_an_hour_on(&[
+        ("REDIS_TYPE", "sentinel".to_owned()),
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        (
+            "REDIS_URL",
+            format!("{},{}", sentinel::MASTER, sentinels.join(",")),
+        ),
+    ])
+    .await;
+    let exists: i64 = set.primary.cmd(&["EXISTS", "rls:edge:tenant:t1"]);
+    assert_eq!(exists, 1);
+}
+
+/// Hostile YAML stops the binary's start with an error naming the file,
+/// fast: an alias bomb, a tree nested past the parser's budget, a
+/// duplicate key and a file over 4 MiB (never a hang or a panic).
+#[test]
+fn hostile_yaml_stops_the_start_naming_the_file() {
+    // Under `metadata`, which is read (and ignored): the aliases expand.
+    let mut bomb = String::from("domain: d\ndescriptors:\n  - key: k\n    metadata:\n");
+    bomb.push_str(
+        "      a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+    );
+    let names = ["a", "b", "c", "d", "e", "f", "g", "h", "i"];
+    for w in names.windows(2) {
+        let (prev, name) = (w[0], w[1]);
+        let refs = vec![format!("*{prev}"); 9].join(",");
+        bomb.push_str(&format!("      {name}: &{name} [{refs}]\n"));
+    }
+    let files = [
+        bomb,
+        format!(
+            "domain: d\ndescriptors: {}{}\n",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        ),
+        "domain: d\ndomain: e\n".to_owned(),
+        format!("domain: d\n# {}\n", "x".repeat(5 << 20)),
+    ];
+    for (n, text) in files.iter().enumerate() {
+        let (root, file) = runtime_root("hostile", text);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+            .env_clear()
+            .env("RUNTIME_ROOT", &root)
+            .env("GRPC_HOST", "127.0.0.1")
+            .env("GRPC_PORT", free_port().to_string())
+            .env("HOST", "127.0.0.1")
+            .env("PORT", free_port().to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("file {n}: still starting after 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(1), "file {n}: {stderr}");
+        let expected = format!("tiered-ratelimit-rls: policy: {}: ", file.display());
+        assert!(stderr.starts_with(&expected), "file {n}: {stderr}");
+        if n == 0 {
+            assert!(stderr.contains("alias replay limit exceeded"), "{stderr}");
+        }
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

@@ -69,6 +69,23 @@ fn the_reference_variables_are_honoured() {
     assert_eq!(u.url.as_deref(), Some("redis+unix:///var/run/redis.sock"));
     let m = env(&[("USE_PROMETHEUS", "true")]).unwrap();
     assert_eq!(m.metrics, Some("0.0.0.0:9090".parse().unwrap()));
+    assert_eq!(m.near_limit_ratio, None);
+    let n = env(&[("NEAR_LIMIT_RATIO", "0.7")]).unwrap();
+    assert_eq!(n.near_limit_ratio, Some(0.7));
+    assert!(n.no_effect.is_empty());
+}
+
+#[test]
+fn the_near_limit_threshold_is_the_reference_s_float32_product() {
+    use crate::stats::{near_limit_threshold, NEAR_LIMIT_RATIO};
+    assert_eq!(near_limit_threshold(5, NEAR_LIMIT_RATIO), 4);
+    assert_eq!(near_limit_threshold(10, NEAR_LIMIT_RATIO), 8);
+    assert_eq!(near_limit_threshold(10, 0.7), 7);
+    // In 32 bits 90 × 0.7 rounds to 63; in 64 bits it is 62.999999…
+    assert_eq!(near_limit_threshold(90, 0.7), 63);
+    assert_eq!(near_limit_threshold(10, 0.0), 0);
+    assert_eq!(near_limit_threshold(10, 1.0), 10);
+    assert_eq!(near_limit_threshold(u32::MAX, 1.0), 4_294_967_296);
 }
 
 #[test]
@@ -105,6 +122,14 @@ fn a_variable_that_cannot_be_honoured_is_refused_by_name() {
         (
             ("LOG_LEVEL", "loud"),
             "LOG_LEVEL=loud: expected debug, info, warn or error",
+        ),
+        (
+            ("NEAR_LIMIT_RATIO", "1.5"),
+            "NEAR_LIMIT_RATIO=1.5: expected a number from 0 to 1",
+        ),
+        (
+            ("NEAR_LIMIT_RATIO", "most"),
+            "NEAR_LIMIT_RATIO=most: expected a number from 0 to 1",
         ),
     ];
     for ((k, v), expected) in rows {
