@@ -60,7 +60,8 @@ pub enum ConfigError {
     Priced {
         /// The tier's name.
         tier: String,
-        /// The field (`priced.estimate.header`, `priced.actual.header`,
+        /// The field (`priced.estimate.header`, `priced.estimate.json`,
+        /// `priced.estimate.max_body_bytes`, `priced.actual.header`,
         /// `priced.estimate.default`, `algorithm`, `sync`,
         /// `skip_failed_requests`).
         field: &'static str,

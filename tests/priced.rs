@@ -181,12 +181,7 @@ actual = { header = "x-usage-tokens" }
 "#;
 
 async fn a_policy_file_prices_a_tier(env: Env) {
-    let policy = tiered_ratelimit::policy::Policy::from_toml_str(POLICY).unwrap();
-    let layer = policy
-        .builder(env.backend.clone())
-        .unwrap()
-        .build()
-        .unwrap();
+    let layer = policy_layer(POLICY, env.backend.clone());
     let (tx, _streams) = mpsc::unbounded_channel();
     let base = format!("http://{}", serve(llm_app(layer, tx)).await);
     // The default estimate (1000) fits the 1000; 40 used.

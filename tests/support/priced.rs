@@ -105,3 +105,13 @@ pub async fn get_with(url: impl reqwest::IntoUrl, max_tokens: Option<u64>) -> re
     }
     r.send().await.unwrap()
 }
+
+/// The layer of a policy file's text, on `backend`.
+pub fn policy_layer(toml: &str, backend: tiered_ratelimit::backend::Backend) -> RateLimitLayer {
+    tiered_ratelimit::policy::Policy::from_toml_str(toml)
+        .unwrap()
+        .builder(backend)
+        .unwrap()
+        .build()
+        .unwrap()
+}
