@@ -31,8 +31,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A settle sent to Redis that failed is tried again this many times, after
-/// these waits (then counted in `tiered_ratelimit_settle_failures_total` and
-/// dropped: the request stays charged at its estimate).
+/// these waits, each attempt bounded by the backend timeout (then counted
+/// in `tiered_ratelimit_settle_failures_total` and dropped: the request
+/// stays charged at its estimate). So a settle is done with at most
+/// 2.1 s + 4 × the backend timeout after its response ended.
 #[cfg(feature = "redis")]
 const RETRY_WAITS: [Duration; 3] = [
     Duration::from_millis(100),
@@ -222,11 +224,12 @@ pub(crate) fn settle_of(
 /// timed-out attempt is not retried) goes on in the background.
 #[cfg(feature = "redis")]
 async fn land(r: crate::backend::RedisBackend, settles: Vec<TierRefund>, timeout: Duration) {
-    let first = match tokio::time::timeout(timeout, r.settle_batched(settles.clone())).await {
-        Ok(Ok(())) => return,
-        Ok(Err(e)) => e,
-        Err(_) => return settle_failed(&BackendError::Timeout(timeout)),
-    };
+    let first =
+        match tokio::time::timeout(timeout, r.settle_batched(settles.clone(), timeout)).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => return settle_failed(&BackendError::Timeout(timeout)),
+        };
     if matches!(first, BackendError::Timeout(_)) {
         return settle_failed(&first);
     }
@@ -234,11 +237,15 @@ async fn land(r: crate::backend::RedisBackend, settles: Vec<TierRefund>, timeout
         let mut last = first;
         for wait in RETRY_WAITS {
             tokio::time::sleep(wait).await;
-            match r.settle_batched(settles.clone()).await {
-                Ok(()) => return,
+            // Each attempt bounded as the first: a Redis that is down may
+            // take longer than that to refuse (reconnecting), and the
+            // retries must end.
+            match tokio::time::timeout(timeout, r.settle_batched(settles.clone(), timeout)).await {
+                Ok(Ok(())) => return,
                 // Sent but unanswered: it may have landed.
-                Err(e @ BackendError::Timeout(_)) => return settle_failed(&e),
-                Err(e) => last = e,
+                Ok(Err(e @ BackendError::Timeout(_))) => return settle_failed(&e),
+                Err(_) => return settle_failed(&BackendError::Timeout(timeout)),
+                Ok(Err(e)) => last = e,
             }
         }
         settle_failed(&last);

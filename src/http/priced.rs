@@ -28,7 +28,8 @@
 //! (bounded by the backend timeout), in a task of its own at the end of a
 //! stream. A call Redis refused
 //! (connection down) is retried three times over about 2 s in the
-//! background; one that timed out is not (it may have landed); either
+//! background, each attempt bounded by the backend timeout; one that timed
+//! out is not (it may have landed); either
 //! way a settle that did not land is counted in
 //! `tiered_ratelimit_settle_failures_total` and the request stays charged
 //! at its estimate. An instance killed before its settles leaves its
