@@ -44,7 +44,7 @@ const RETRY_WAITS: [Duration; 3] = [
 
 /// Whether a priced tier can run as configured: an algorithm that can
 /// settle ([`Limit::settles`](crate::algorithm::Limit::settles)), not in
-/// lease mode, without refunds by status.
+/// lease mode, without per-key overrides or refunds by status.
 ///
 /// # Errors
 /// [`ConfigError::Priced`](crate::ConfigError::Priced), naming the field.
@@ -65,6 +65,15 @@ pub(crate) fn check_priced(
     }
     if t.lease.is_some() {
         return Err(refuse("sync", "a priced tier cannot run in lease mode"));
+    }
+    if t.overrides {
+        // On Redis a reservation's settle (and the admission's headers) is
+        // computed with the tier's own quota, not the key's override:
+        // tests/priced_combos.rs showed a refund that never landed.
+        return Err(refuse(
+            "overrides",
+            "a priced tier takes no per-key overrides (its settle would use the tier's own quota)",
+        ));
     }
     if t.skip_failed || t.skip_successful {
         return Err(refuse(
