@@ -62,7 +62,7 @@ pub enum ConfigError {
         tier: String,
         /// The field (`priced.estimate.header`, `priced.estimate.json`,
         /// `priced.estimate.max_body_bytes`, `priced.actual.header`,
-        /// `priced.estimate.default`, `algorithm`, `sync`,
+        /// `priced.estimate.default`, `algorithm`, `sync`, `overrides`,
         /// `skip_failed_requests`).
         field: &'static str,
         /// Why.
