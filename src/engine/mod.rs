@@ -30,6 +30,7 @@ pub(crate) mod deny_cache;
 pub(crate) mod facts;
 pub(crate) mod limits;
 pub(crate) mod meta;
+mod meters;
 pub(crate) mod no_key;
 pub(crate) mod outcome;
 pub(crate) mod plan;

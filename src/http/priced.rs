@@ -384,13 +384,21 @@ impl Pricing {
         }
         if let Some(h) = shown {
             for (r, a) in self.reservation.tiers().iter().zip(&self.found) {
-                if let (Some(a), true) = (a, *h.policy == *r.name) {
-                    // After this request's settle: the admission's number
-                    // plus what the settle gives back (or less what it
-                    // charges), between 0 and the limit.
-                    let back = i128::from(r.estimate) - i128::from(*a);
-                    let after = (i128::from(h.remaining) + back).clamp(0, i128::from(h.limit));
-                    h.remaining = u64::try_from(after).unwrap_or(0);
+                let Some(a) = *a else { continue };
+                // After this request's settle: the admission's number plus
+                // what the settle gives back (or less what it charges),
+                // between 0 and the limit.
+                let after = |remaining: u64, limit: u64| {
+                    let back = i128::from(r.estimate) - i128::from(a);
+                    let after = (i128::from(remaining) + back).clamp(0, i128::from(limit));
+                    u64::try_from(after).unwrap_or(0)
+                };
+                if *h.policy == *r.name {
+                    h.remaining = after(h.remaining, h.limit);
+                }
+                let tokens = h.meters.as_mut().and_then(|m| m.tokens.as_mut());
+                if let Some(m) = tokens.filter(|m| *m.policy == *r.name) {
+                    m.remaining = after(m.remaining, m.limit);
                 }
             }
         }

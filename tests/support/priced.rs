@@ -115,3 +115,16 @@ pub fn policy_layer(toml: &str, backend: tiered_ratelimit::backend::Backend) -> 
         .build()
         .unwrap()
 }
+
+/// The issue's TOML, exactly as written.
+pub const TOKENS_POLICY: &str = r#"
+[[tier]]
+name = "tokens"
+key = "global"
+limit = 1000
+period = "1m"
+
+[tier.priced]
+estimate = { header = "x-max-tokens", default = 1000, max = 32000 }
+actual = { header = "x-usage-tokens" }
+"#;
