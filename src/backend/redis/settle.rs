@@ -4,8 +4,8 @@
 //! in one `EVALSHA`) at a time, at most one call per [`INTERVAL`]: under
 //! load one call carries every settle that arrived meanwhile, whatever
 //! their number; an idle queue sends the first settle at once. A Redis
-//! Cluster gets one call per key of the batch (`cluster::refund`), all at
-//! once.
+//! Cluster gets one call per hash slot of the batch (`cluster::refund`:
+//! every settle of one key in one call), all at once.
 
 use super::RedisBackend;
 use crate::backend::TierRefund;
