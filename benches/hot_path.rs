@@ -474,6 +474,7 @@ fn headers(c: &mut Criterion) {
             quota: (300, 60),
             concurrent: false,
             style,
+            meters: None,
         };
         // Into the headers of a response that already has a few, as on the
         // way out of a handler.

@@ -60,8 +60,9 @@ pub enum ConfigError {
     Priced {
         /// The tier's name.
         tier: String,
-        /// The field (`priced.estimate.header`, `priced.actual.header`,
-        /// `priced.estimate.default`, `algorithm`, `sync`,
+        /// The field (`priced.estimate.header`, `priced.estimate.json`,
+        /// `priced.estimate.max_body_bytes`, `priced.actual.header`,
+        /// `priced.estimate.default`, `algorithm`, `sync`, `overrides`,
         /// `skip_failed_requests`).
         field: &'static str,
         /// Why.

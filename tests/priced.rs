@@ -167,26 +167,8 @@ async fn the_handler_reports_through_the_usage_handle(env: Env) {
     until_left(&layer, (true, 720)).await;
 }
 
-/// The issue's TOML, exactly as written.
-const POLICY: &str = r#"
-[[tier]]
-name = "tokens"
-key = "global"
-limit = 1000
-period = "1m"
-
-[tier.priced]
-estimate = { header = "x-max-tokens", default = 1000, max = 32000 }
-actual = { header = "x-usage-tokens" }
-"#;
-
 async fn a_policy_file_prices_a_tier(env: Env) {
-    let policy = tiered_ratelimit::policy::Policy::from_toml_str(POLICY).unwrap();
-    let layer = policy
-        .builder(env.backend.clone())
-        .unwrap()
-        .build()
-        .unwrap();
+    let layer = policy_layer(TOKENS_POLICY, env.backend.clone());
     let (tx, _streams) = mpsc::unbounded_channel();
     let base = format!("http://{}", serve(llm_app(layer, tx)).await);
     // The default estimate (1000) fits the 1000; 40 used.

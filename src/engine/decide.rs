@@ -91,7 +91,11 @@ pub(crate) fn decide(
             .unwrap_or(0);
         let headers = match shared.config.header_style {
             HeaderStyle::None => None,
-            _ => shown.map(|(i, d)| headers_for(shared, meta, i, d, v.now_us, false)),
+            _ => shown.map(|(i, d)| {
+                let mut h = headers_for(shared, meta, i, d, v.now_us, false);
+                super::meters::attach(shared, meta, ds, false, &mut h);
+                h
+            }),
         };
         return Decision::Allow(Allow {
             kind,
@@ -114,6 +118,7 @@ pub(crate) fn decide(
         .map(|(j, _)| meta.tier_name(shared, j))
         .collect();
     let mut denial = reject(shared, meta, i, d, v.now_us, !meta.fallback, violated);
+    super::meters::attach(shared, meta, ds, true, &mut denial.headers);
     denial.shadow_tiers = shadow_tiers;
     denial.details = details(meta, v);
     Decision::Block(Block::Limited(denial))
@@ -163,7 +168,7 @@ fn count_never_fits(t: Option<&super::runtime::BuiltTier>, tier: &Arc<str>, limi
 
 /// Whether check `i` is a penalty box or an override's read (checks of
 /// their tier's, with no numbers of their own when they allow).
-fn is_penalty(meta: &Meta, i: usize) -> bool {
+pub(super) fn is_penalty(meta: &Meta, i: usize) -> bool {
     meta.sent
         .get(i)
         .is_some_and(|c| c.limit.is_penalty() || c.limit.is_override())
@@ -253,6 +258,7 @@ pub(crate) fn headers_for(
             quota,
             concurrent,
             style: shared.config.header_style,
+            meters: None,
         }
     } else {
         let reset = ceil_secs(now_us.saturating_add(d.reset_after_us));
@@ -273,6 +279,7 @@ pub(crate) fn headers_for(
             quota,
             concurrent,
             style: shared.config.header_style,
+            meters: None,
         }
     }
 }

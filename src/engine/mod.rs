@@ -30,6 +30,7 @@ mod deny_cache;
 mod facts;
 mod limits;
 mod meta;
+mod meters;
 mod no_key;
 mod outcome;
 mod plan;

@@ -293,7 +293,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
             Some(c) => c.limit(tp.limit, shared.local_clock.now_us()),
             None => tp.limit,
         };
-        if shared.config.header_style.ietf() {
+        if shared.config.header_style.needs_quotas() {
             let q = tp.plan.map_or(r.quota, |p| p.quota);
             let refills = matches!(
                 t.algorithm,

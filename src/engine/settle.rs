@@ -31,8 +31,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A settle sent to Redis that failed is tried again this many times, after
-/// these waits (then counted in `tiered_ratelimit_settle_failures_total` and
-/// dropped: the request stays charged at its estimate).
+/// these waits, each attempt bounded by the backend timeout (then counted
+/// in `tiered_ratelimit_settle_failures_total` and dropped: the request
+/// stays charged at its estimate). So a settle is done with at most
+/// 2.1 s + 4 × the backend timeout after its response ended.
 #[cfg(feature = "redis")]
 const RETRY_WAITS: [Duration; 3] = [
     Duration::from_millis(100),
@@ -42,7 +44,7 @@ const RETRY_WAITS: [Duration; 3] = [
 
 /// Whether a priced tier can run as configured: an algorithm that can
 /// settle ([`Limit::settles`](crate::algorithm::Limit::settles)), not in
-/// lease mode, without refunds by status.
+/// lease mode, without per-key overrides or refunds by status.
 ///
 /// # Errors
 /// [`ConfigError::Priced`](crate::error::ConfigError::Priced), naming the field.
@@ -63,6 +65,15 @@ pub(crate) fn check_priced(
     }
     if t.lease.is_some() {
         return Err(refuse("sync", "a priced tier cannot run in lease mode"));
+    }
+    if t.overrides {
+        // On Redis a reservation's settle (and the admission's headers) is
+        // computed with the tier's own quota, not the key's override:
+        // tests/priced_combos.rs showed a refund that never landed.
+        return Err(refuse(
+            "overrides",
+            "a priced tier takes no per-key overrides (its settle would use the tier's own quota)",
+        ));
     }
     if t.skip_failed || t.skip_successful {
         return Err(refuse(
@@ -222,11 +233,12 @@ pub(crate) fn settle_of(
 /// timed-out attempt is not retried) goes on in the background.
 #[cfg(feature = "redis")]
 async fn land(r: crate::backend::RedisBackend, settles: Vec<TierRefund>, timeout: Duration) {
-    let first = match tokio::time::timeout(timeout, r.settle_batched(settles.clone())).await {
-        Ok(Ok(())) => return,
-        Ok(Err(e)) => e,
-        Err(_) => return settle_failed(&BackendError::Timeout(timeout)),
-    };
+    let first =
+        match tokio::time::timeout(timeout, r.settle_batched(settles.clone(), timeout)).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e,
+            Err(_) => return settle_failed(&BackendError::Timeout(timeout)),
+        };
     if matches!(first, BackendError::Timeout(_)) {
         return settle_failed(&first);
     }
@@ -234,11 +246,15 @@ async fn land(r: crate::backend::RedisBackend, settles: Vec<TierRefund>, timeout
         let mut last = first;
         for wait in RETRY_WAITS {
             tokio::time::sleep(wait).await;
-            match r.settle_batched(settles.clone()).await {
-                Ok(()) => return,
+            // Each attempt bounded as the first: a Redis that is down may
+            // take longer than that to refuse (reconnecting), and the
+            // retries must end.
+            match tokio::time::timeout(timeout, r.settle_batched(settles.clone(), timeout)).await {
+                Ok(Ok(())) => return,
                 // Sent but unanswered: it may have landed.
-                Err(e @ BackendError::Timeout(_)) => return settle_failed(&e),
-                Err(e) => last = e,
+                Ok(Err(e @ BackendError::Timeout(_))) => return settle_failed(&e),
+                Err(_) => return settle_failed(&BackendError::Timeout(timeout)),
+                Ok(Err(e)) => last = e,
             }
         }
         settle_failed(&last);

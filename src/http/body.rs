@@ -63,6 +63,14 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// A complete body (the companion [`JsonBodyLayer`](crate::priced::JsonBodyLayer)'s
+/// own answers, `413` and `400`).
+impl<B> From<Bytes> for ResponseBody<B> {
+    fn from(data: Bytes) -> Self {
+        ResponseBody::full(data)
+    }
+}
+
 impl<B> http_body::Body for ResponseBody<B>
 where
     B: http_body::Body<Data = Bytes>,

@@ -51,6 +51,8 @@ pub(crate) struct Front {
     /// Per tier: the header (or trailer) of a priced tier's actual cost
     /// (`None`: not priced, or reported through `Usage` only).
     pub(crate) actual_headers: Arc<[Option<http::HeaderName>]>,
+    /// The request body fields priced tiers estimate from (`None`: none).
+    pub(crate) json_body: Option<Arc<crate::http::json_body::JsonSpec>>,
     /// How blocked requests are answered: HTTP, gRPC, or by content type.
     #[cfg(feature = "grpc")]
     pub(crate) protocol: crate::http::grpc::Protocol,

@@ -11,6 +11,7 @@ pub(crate) mod future;
 #[cfg(feature = "grpc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
 pub mod grpc;
+pub(crate) mod json_body;
 pub(crate) mod layer;
 pub mod priced;
 pub(crate) mod service;

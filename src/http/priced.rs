@@ -28,11 +28,14 @@
 //! (bounded by the backend timeout), in a task of its own at the end of a
 //! stream. A call Redis refused
 //! (connection down) is retried three times over about 2 s in the
-//! background; one that timed out is not (it may have landed); either
+//! background, each attempt bounded by the backend timeout; one that timed
+//! out is not (it may have landed); either
 //! way a settle that did not land is counted in
 //! `tiered_ratelimit_settle_failures_total` and the request stays charged
 //! at its estimate. An instance killed before its settles leaves its
 //! reservations charged at their estimates; nothing is held for ever.
+
+pub use crate::http::json_body::{JsonBody, JsonBodyFuture, JsonBodyLayer};
 
 use crate::engine::Reservation;
 use crate::response::RateLimitHeaders;
@@ -46,6 +49,8 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct Estimate {
     pub(crate) kind: EstimateKind,
+    /// [`Estimate::max_body_bytes`], if set.
+    body_limit: Option<usize>,
 }
 
 #[derive(Clone)]
@@ -57,6 +62,11 @@ pub(crate) enum EstimateKind {
         max: u64,
     },
     Fn(crate::http::tier::CostFn),
+    Json {
+        field: String,
+        default: u64,
+        max: u64,
+    },
 }
 
 impl std::fmt::Debug for Estimate {
@@ -70,6 +80,17 @@ impl std::fmt::Debug for Estimate {
                 .field("max", max)
                 .finish(),
             EstimateKind::Fn(_) => f.write_str("Estimate::from_fn(..)"),
+            EstimateKind::Json {
+                field,
+                default,
+                max,
+            } => f
+                .debug_struct("Estimate::json")
+                .field("field", field)
+                .field("default", default)
+                .field("max", max)
+                .field("max_body_bytes", &self.body_limit)
+                .finish(),
         }
     }
 }
@@ -80,6 +101,7 @@ impl Estimate {
     pub fn fixed(cost: u64) -> Self {
         Self {
             kind: EstimateKind::Fixed(cost),
+            body_limit: None,
         }
     }
 
@@ -97,7 +119,50 @@ impl Estimate {
                 default,
                 max,
             },
+            body_limit: None,
         }
+    }
+
+    /// A whole-number field of the request's JSON body (OpenAI-style
+    /// `max_tokens`), at the top level of a JSON object: `default` when the
+    /// body is not a JSON object, the field is missing, or it is not a whole
+    /// number (`500.0`, `-1`, `"500"`), and never more than `max`, as
+    /// [`Estimate::header`].
+    ///
+    /// The body is read by the layer's companion
+    /// [`JsonBodyLayer`](crate::priced::JsonBodyLayer)
+    /// ([`RateLimitLayer::json_body`](crate::RateLimitLayer::json_body)),
+    /// stacked outside the rate-limit layer: it reads the body up to
+    /// [`max_body_bytes`](Estimate::max_body_bytes) (default 2 MiB,
+    /// axum's default body limit), answers `413 Payload Too Large` above it,
+    /// and hands the handler the body byte for byte as it came. Without the
+    /// companion layer in front the body is never read: every request
+    /// reserves `max` (never less than it could use), and a `WARN` line
+    /// (at most one a second) says the layer is missing.
+    ///
+    /// `build()` refuses an empty field, `max` 0 or `default` above `max`,
+    /// naming the field.
+    #[must_use]
+    pub fn json(field: impl Into<String>, default: u64, max: u64) -> Self {
+        Self {
+            kind: EstimateKind::Json {
+                field: field.into(),
+                default,
+                max,
+            },
+            body_limit: None,
+        }
+    }
+
+    /// With [`Estimate::json`]: the largest request body read to find the
+    /// field, in bytes (default [`DEFAULT_MAX_BODY_BYTES`], 2 MiB); a larger
+    /// body is answered `413 Payload Too Large`. `build()` refuses 0, or a
+    /// bound on an estimate that reads no body, naming
+    /// `priced.estimate.max_body_bytes`.
+    #[must_use]
+    pub fn max_body_bytes(mut self, bytes: usize) -> Self {
+        self.body_limit = Some(bytes);
+        self
     }
 
     /// A function of the request head.
@@ -108,6 +173,36 @@ impl Estimate {
     {
         Self {
             kind: EstimateKind::Fn(Arc::new(f)),
+            body_limit: None,
+        }
+    }
+
+    /// The JSON field this estimate reads and the body bound, if it reads
+    /// the body (checked by `build()`).
+    fn json_field(&self, tier: &str) -> Result<Option<(Box<str>, usize)>, crate::error::ConfigError> {
+        let refuse = |field, reason: &str| crate::error::ConfigError::Priced {
+            tier: tier.to_owned(),
+            field,
+            reason: reason.to_owned(),
+        };
+        match (&self.kind, self.body_limit) {
+            (_, Some(0)) => Err(refuse(
+                "priced.estimate.max_body_bytes",
+                "must be above 0 bytes",
+            )),
+            (EstimateKind::Json { field, .. }, _) if field.is_empty() => Err(refuse(
+                "priced.estimate.json",
+                "names no field (an empty name)",
+            )),
+            (EstimateKind::Json { field, .. }, limit) => Ok(Some((
+                field.as_str().into(),
+                limit.unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            ))),
+            (_, Some(_)) => Err(refuse(
+                "priced.estimate.max_body_bytes",
+                "goes with a json estimate only (no other estimate reads the body)",
+            )),
+            (_, None) => Ok(None),
         }
     }
 
@@ -116,23 +211,33 @@ impl Estimate {
         self,
         tier: &str,
     ) -> Result<crate::http::tier::CostFn, crate::error::ConfigError> {
+        let bounds = |default: u64, max: u64| {
+            if max == 0 || default > max {
+                return Err(crate::error::ConfigError::Priced {
+                    tier: tier.to_owned(),
+                    field: "priced.estimate.default",
+                    reason: format!("default {default} must be at most max {max}, and max above 0"),
+                });
+            }
+            Ok(())
+        };
         Ok(match self.kind {
             EstimateKind::Fixed(n) => Arc::new(move |_: &http::request::Parts| n),
             EstimateKind::Fn(f) => f,
             EstimateKind::Header { name, default, max } => {
                 let name = header_name(tier, "priced.estimate.header", &name)?;
-                if max == 0 || default > max {
-                    return Err(crate::error::ConfigError::Priced {
-                        tier: tier.to_owned(),
-                        field: "priced.estimate.default",
-                        reason: format!(
-                            "default {default} must be at most max {max}, and max above 0"
-                        ),
-                    });
-                }
+                bounds(default, max)?;
                 Arc::new(move |p: &http::request::Parts| {
                     whole(p.headers.get(&name)).map_or(default, |n| n.min(max))
                 })
+            }
+            EstimateKind::Json {
+                field,
+                default,
+                max,
+            } => {
+                bounds(default, max)?;
+                crate::http::json_body::cost_fn(field.into(), default, max)
             }
         })
     }
@@ -279,13 +384,21 @@ impl Pricing {
         }
         if let Some(h) = shown {
             for (r, a) in self.reservation.tiers().iter().zip(&self.found) {
-                if let (Some(a), true) = (a, *h.policy == *r.name) {
-                    // After this request's settle: the admission's number
-                    // plus what the settle gives back (or less what it
-                    // charges), between 0 and the limit.
-                    let back = i128::from(r.estimate) - i128::from(*a);
-                    let after = (i128::from(h.remaining) + back).clamp(0, i128::from(h.limit));
-                    h.remaining = u64::try_from(after).unwrap_or(0);
+                let Some(a) = *a else { continue };
+                // After this request's settle: the admission's number plus
+                // what the settle gives back (or less what it charges),
+                // between 0 and the limit.
+                let after = |remaining: u64, limit: u64| {
+                    let back = i128::from(r.estimate) - i128::from(a);
+                    let after = (i128::from(remaining) + back).clamp(0, i128::from(limit));
+                    u64::try_from(after).unwrap_or(0)
+                };
+                if *h.policy == *r.name {
+                    h.remaining = after(h.remaining, h.limit);
+                }
+                let tokens = h.meters.as_mut().and_then(|m| m.tokens.as_mut());
+                if let Some(m) = tokens.filter(|m| *m.policy == *r.name) {
+                    m.remaining = after(m.remaining, m.limit);
                 }
             }
         }
@@ -330,21 +443,32 @@ pub(crate) enum AtHead {
     Later(Box<Pricing>),
 }
 
+/// The default of [`Estimate::max_body_bytes`]: 2 MiB, axum's default
+/// request body limit.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// A priced tier's HTTP half, compiled.
+pub(crate) struct Compiled {
+    /// The actual's header (`None`: reported only).
+    pub(crate) actual: Option<HeaderName>,
+    /// The JSON body field of its estimate and the body bound, if any.
+    pub(crate) json: Option<(Box<str>, usize)>,
+}
+
 /// Compiles a priced tier's HTTP half: its estimate becomes the tier's
-/// cost function; the result is the actual's header (`None`: reported
-/// only). Not priced: `Ok(None)`. (The engine checks the rest:
+/// cost function. Not priced: `Ok(None)`. (The engine checks the rest:
 /// `engine::check_priced`.)
 pub(crate) fn compile(
     t: &mut crate::http::tier::Tier,
-) -> Result<Option<Option<HeaderName>>, crate::error::ConfigError> {
+) -> Result<Option<Compiled>, crate::error::ConfigError> {
     let Some((estimate, actual)) = t.priced.take() else {
         return Ok(None);
     };
+    let json = estimate.json_field(&t.name)?;
     t.cost_fn = Some(estimate.into_cost_fn(&t.name)?);
-    let header = actual
+    let actual = actual
         .header
         .map(|h| header_name(&t.name, "priced.actual.header", &h))
         .transpose()?;
-    t.priced = None;
-    Ok(Some(header))
+    Ok(Some(Compiled { actual, json }))
 }

@@ -49,6 +49,13 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 ///   to full capacity (on a 429: until the request would pass, so `t`
 ///   equals `Retry-After`, as draft-09 §6 asks).
 /// * `Both`: `Legacy` and `IetfDraft11`.
+/// * `PerMeter`: OpenAI's per-meter headers, `x-ratelimit-limit-requests`,
+///   `x-ratelimit-remaining-requests`, `x-ratelimit-reset-requests` and the
+///   same three `-tokens`: the priced tiers ([`Tier::priced`](crate::Tier::priced))
+///   are the tokens meter, the others the requests meter, each showing its
+///   tier closest to exhaustion; the reset as OpenAI writes it (`6m0s`).
+///   See [`Meters`](super::Meters). HTTP and gRPC front doors (a 429 the deny
+///   cache answers, and the descriptor front door, carry `Retry-After` only).
 /// * `None`: no rate-limit headers (`Retry-After` only).
 ///
 /// Draft-09 and draft-11 share the wire syntax (the same parameters `q`,
@@ -63,7 +70,8 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// checked against it.
 ///
 /// A policy file's `headers` names them `"legacy"`, `"ietf-draft-11"`,
-/// `"ietf-draft-09"`, `"both"` and `"none"`; `"ietf"` is the current draft.
+/// `"ietf-draft-09"`, `"both"`, `"per-meter"` (or `"openai"`) and `"none"`;
+/// `"ietf"` is the current draft.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HeaderStyle {
@@ -78,6 +86,9 @@ pub enum HeaderStyle {
     IetfDraft09,
     /// `X-RateLimit-*` and the draft-11 fields.
     Both,
+    /// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`.
+    #[serde(rename = "per-meter", alias = "openai")]
+    PerMeter,
     /// Neither.
     None,
 }
@@ -90,6 +101,12 @@ impl HeaderStyle {
     #[deprecated(note = "name the draft: HeaderStyle::IetfDraft11 or HeaderStyle::IetfDraft09")]
     #[allow(non_upper_case_globals)]
     pub const Ietf: HeaderStyle = HeaderStyle::IetfDraft11;
+
+    /// Whether the headers need each tier's quota (its window, and whether
+    /// it refills continuously): the IETF fields, and the per-meter resets.
+    pub(crate) fn needs_quotas(self) -> bool {
+        self.ietf() || self == HeaderStyle::PerMeter
+    }
 
     /// Whether the IETF fields are sent (any draft).
     pub(crate) fn ietf(self) -> bool {
@@ -127,6 +144,8 @@ pub struct RateLimitHeaders {
     pub concurrent: bool,
     /// Which headers to write.
     pub style: HeaderStyle,
+    /// With [`HeaderStyle::PerMeter`]: the two meters' numbers.
+    pub meters: Option<Box<super::Meters>>,
 }
 
 impl RateLimitHeaders {
@@ -137,8 +156,15 @@ impl RateLimitHeaders {
         let t = match self.style {
             HeaderStyle::IetfDraft11 | HeaderStyle::Both => Some(self.window_in),
             HeaderStyle::IetfDraft09 => Some(self.reset_in),
-            HeaderStyle::Legacy | HeaderStyle::None => None,
+            HeaderStyle::Legacy | HeaderStyle::PerMeter | HeaderStyle::None => None,
         };
+        if let Some(m) = self
+            .meters
+            .as_deref()
+            .filter(|_| self.style == HeaderStyle::PerMeter)
+        {
+            m.write(headers);
+        }
         // Grow the map once, not header by header.
         headers.reserve(
             3 * usize::from(legacy)
@@ -343,6 +369,7 @@ mod tests {
             quota: (3, 60),
             concurrent: false,
             style,
+            meters: None,
         };
         let mut m = HeaderMap::new();
         h.write(&mut m);

@@ -26,12 +26,18 @@
 //! for outer layers.
 
 mod headers;
+mod meters;
 mod rejection;
 
 pub(crate) use headers::effective_window_us;
 pub use headers::{
     HeaderStyle, RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
     X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+};
+pub use meters::{
+    go_duration, Meter, Meters, X_RATELIMIT_LIMIT_REQUESTS, X_RATELIMIT_LIMIT_TOKENS,
+    X_RATELIMIT_REMAINING_REQUESTS, X_RATELIMIT_REMAINING_TOKENS, X_RATELIMIT_RESET_REQUESTS,
+    X_RATELIMIT_RESET_TOKENS,
 };
 pub(crate) use rejection::{json_response, unavailable};
 pub use rejection::{

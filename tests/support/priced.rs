@@ -105,3 +105,26 @@ pub async fn get_with(url: impl reqwest::IntoUrl, max_tokens: Option<u64>) -> re
     }
     r.send().await.unwrap()
 }
+
+/// The layer of a policy file's text, on `backend`.
+pub fn policy_layer(toml: &str, backend: tiered_ratelimit::backend::Backend) -> RateLimitLayer {
+    tiered_ratelimit::policy::Policy::from_toml_str(toml)
+        .unwrap()
+        .builder(backend)
+        .unwrap()
+        .build()
+        .unwrap()
+}
+
+/// The issue's TOML, exactly as written.
+pub const TOKENS_POLICY: &str = r#"
+[[tier]]
+name = "tokens"
+key = "global"
+limit = 1000
+period = "1m"
+
+[tier.priced]
+estimate = { header = "x-max-tokens", default = 1000, max = 32000 }
+actual = { header = "x-usage-tokens" }
+"#;

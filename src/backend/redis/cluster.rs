@@ -270,22 +270,36 @@ impl Job {
     }
 }
 
-/// Refunds by response status: one `refund` call per key (each key is its
-/// own slot), all at once.
+/// Refunds (by response status, or a priced request's settles): one
+/// `refund` call per hash slot, all at once. Each tier key is its own slot,
+/// so a slot's call carries every refund of its key in the batch: a hot key
+/// whose settles the instance batched (`settle.rs`) costs one call.
 pub(super) async fn refund(
     backend: &RedisBackend,
     refunds: &[TierRefund],
 ) -> Result<(), BackendError> {
     let via = backend.cluster_via().await?;
     let clock = backend.clock_arg();
-    let calls = refunds
+    let mut slots: Vec<(u16, Vec<String>, Vec<i64>)> = Vec::new();
+    for r in refunds {
+        let key = cluster_key(&r.check.key);
+        let slot = super::router::slot_of(key.as_bytes());
+        let nums = wire::refund_args(&r.check, &r.charge, r.debt);
+        match slots.iter_mut().find(|s| s.0 == slot) {
+            Some((_, keys, args)) => {
+                keys.push(key);
+                args.extend(nums);
+            }
+            None => slots.push((slot, vec![key], nums.into_iter().collect())),
+        }
+    }
+    let calls = slots
         .iter()
-        .map(|r| {
-            let key = cluster_key(&r.check.key);
-            let nums = wire::refund_args(&r.check, &r.charge, r.debt);
+        .map(|(_, keys, nums)| {
+            let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
             let (via, clock) = (&via, &clock);
             async move {
-                invoke::<i64, i64>(backend, via, &[key.as_str()], "refund", clock, &nums)
+                invoke::<i64, i64>(backend, via, &keys, "refund", clock, nums)
                     .await
                     .map(|_| ())
                     .map_err(|e| backend.error(e))

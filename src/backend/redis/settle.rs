@@ -4,8 +4,8 @@
 //! in one `EVALSHA`) at a time, at most one call per [`INTERVAL`]: under
 //! load one call carries every settle that arrived meanwhile, whatever
 //! their number; an idle queue sends the first settle at once. A Redis
-//! Cluster gets one call per key of the batch (`cluster::refund`), all at
-//! once.
+//! Cluster gets one call per hash slot of the batch (`cluster::refund`:
+//! every settle of one key in one call), all at once.
 
 use super::RedisBackend;
 use crate::backend::TierRefund;
@@ -19,20 +19,29 @@ pub(crate) const INTERVAL: Duration = Duration::from_millis(10);
 /// At most this many keys in one call (a larger batch is split).
 const MAX_KEYS: usize = 1000;
 
-type Item = (Vec<TierRefund>, oneshot::Sender<Result<(), BackendError>>);
+/// Settles, the instant their call must have been answered by, and who
+/// waits for its result.
+type Item = (
+    Vec<TierRefund>,
+    tokio::time::Instant,
+    oneshot::Sender<Result<(), BackendError>>,
+);
 
 /// The queue of one backend's settles (made, with its task, on first use).
 pub(super) struct Queue(mpsc::UnboundedSender<Item>);
 
 impl RedisBackend {
     /// Sends `settles` in the instance's next batched call and waits for
-    /// its result (the batch's: one error fails every settle in it).
+    /// its result (the batch's: one error fails every settle in it). The
+    /// call is given up `timeout` from now (the batch's earliest such
+    /// instant), so a settle whose caller stopped waiting is not sent later.
     ///
     /// # Errors
     /// The batch's [`BackendError`], or [`BackendError::NoRuntime`].
     pub(crate) async fn settle_batched(
         &self,
         settles: Vec<TierRefund>,
+        timeout: Duration,
     ) -> Result<(), BackendError> {
         let queue = match self.inner.settle_queue.get() {
             Some(q) => q,
@@ -56,7 +65,7 @@ impl RedisBackend {
         let (tx, rx) = oneshot::channel();
         queue
             .0
-            .send((settles, tx))
+            .send((settles, tokio::time::Instant::now() + timeout, tx))
             .map_err(|_| BackendError::NoRuntime)?;
         rx.await.unwrap_or(Err(BackendError::NoRuntime))
     }
@@ -87,16 +96,27 @@ async fn drain(weak: Weak, mut rx: mpsc::UnboundedReceiver<Item>) {
         }
         let mut settles = Vec::new();
         let mut waiters = Vec::with_capacity(batch.len());
-        for (s, w) in batch {
+        let mut deadline = started + Duration::from_secs(3600);
+        for (s, by, w) in batch {
             settles.extend(s);
+            deadline = deadline.min(by);
             waiters.push(w);
         }
-        let mut result = Ok(());
-        for chunk in settles.chunks(MAX_KEYS) {
-            if let Err(e) = backend.refund(chunk).await {
-                result = Err(e);
+        let calls = async {
+            let mut result = Ok(());
+            for chunk in settles.chunks(MAX_KEYS) {
+                if let Err(e) = backend.refund(chunk).await {
+                    result = Err(e);
+                }
             }
-        }
+            result
+        };
+        // Given up at the deadline: a Redis that is down (reconnecting)
+        // must not deliver the call once it is back, after its waiters
+        // counted it as failed.
+        let result = tokio::time::timeout_at(deadline, calls)
+            .await
+            .unwrap_or_else(|_| Err(BackendError::Timeout(deadline - started)));
         for w in waiters {
             let _ = w.send(result.clone());
         }

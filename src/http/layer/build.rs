@@ -83,11 +83,18 @@ impl RateLimitLayerBuilder {
         engine.lists_violated = self.on_rejection.uses_violated_policies();
         let mut http_tiers = Vec::with_capacity(self.tiers.len());
         let mut actual_headers = Vec::with_capacity(self.tiers.len());
+        let mut json = crate::http::json_body::JsonSpec::default();
         for mut t in self.tiers {
             // A priced tier's estimate becomes its cost function; the
             // engine checks that its algorithm can settle.
             let priced = crate::http::priced::compile(&mut t)?;
-            actual_headers.push(priced.clone().flatten());
+            let (actual, field) = priced
+                .as_ref()
+                .map_or((None, None), |c| (c.actual.clone(), c.json.clone()));
+            actual_headers.push(actual);
+            if let Some((field, limit)) = field {
+                json.add(field, limit);
+            }
             let (mut spec, http) = split(t);
             spec.priced = priced.is_some();
             engine = engine.tier(spec);
@@ -106,6 +113,7 @@ impl RateLimitLayerBuilder {
             })),
             on_rejection: self.on_rejection,
             actual_headers: actual_headers.into(),
+            json_body: json.finish(),
             #[cfg(feature = "grpc")]
             protocol: self.protocol,
         });

@@ -70,6 +70,32 @@ impl RateLimitLayer {
     pub fn handle(&self) -> crate::handle::RateLimitHandle {
         crate::handle::RateLimitHandle::new(self.shared.clone(), Some(self.front.lists.clone()))
     }
+
+    /// The companion layer that reads the request body for the priced tiers
+    /// estimating from a JSON field ([`Estimate::json`](crate::priced::Estimate::json)),
+    /// to stack **outside** this one (in axum: the later `.layer`). Without
+    /// such tiers it passes every request on untouched, its body unread.
+    ///
+    /// ```
+    /// use axum::{routing::post, Router};
+    /// use tiered_ratelimit::priced::{Actual, Estimate};
+    /// use tiered_ratelimit::{key::Global, Quota, RateLimitLayer, Tier};
+    ///
+    /// let limit = RateLimitLayer::builder()
+    ///     .tier(Tier::new("tokens", Global, Quota::per_minute(100_000)).priced(
+    ///         Estimate::json("max_tokens", 1000, 32_000).max_body_bytes(1 << 20),
+    ///         Actual::header("x-usage-tokens"),
+    ///     ))
+    ///     .build()
+    ///     .expect("valid rate-limit configuration");
+    /// let app: Router = Router::new()
+    ///     .route("/v1/chat/completions", post(|body: String| async move { body }))
+    ///     .layer(limit.clone())
+    ///     .layer(limit.json_body());
+    /// ```
+    pub fn json_body(&self) -> crate::priced::JsonBodyLayer {
+        crate::priced::JsonBodyLayer::new(self.front.json_body.clone())
+    }
 }
 
 impl<S> tower_layer::Layer<S> for RateLimitLayer {
