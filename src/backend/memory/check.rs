@@ -57,7 +57,9 @@ impl MemoryBackend {
     /// }
     /// ```
     pub fn check_into(&self, checks: &[TierCheck], verdict: &mut Verdict) {
-        let over = |c: &TierCheck| c.cost > c.limit.capacity().saturating_add(1);
+        // A cost of 1 never exceeds a capacity + 1: no division for the
+        // token bucket's burst on the common check.
+        let over = |c: &TierCheck| c.cost > 1 && c.cost > c.limit.capacity().saturating_add(1);
         if checks.iter().any(over) {
             let clamped: Vec<TierCheck> = checks
                 .iter()
@@ -98,7 +100,18 @@ impl MemoryBackend {
             decisions, charges, ..
         } = out;
         charges.clear();
-        if self.check_fast(
+        if n == 1 {
+            if self.check_one_fast(
+                &checks[0],
+                shadow,
+                with_charges,
+                (decisions, charges),
+                now_us,
+                hashes[0],
+            ) {
+                return;
+            }
+        } else if self.check_fast(
             checks,
             shadow,
             with_charges,

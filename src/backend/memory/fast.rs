@@ -19,6 +19,72 @@ struct Step<'a> {
 }
 
 impl MemoryBackend {
+    /// [`check_fast`](Self::check_fast) for a request of one tier (the
+    /// layer's default): one shard's read lock, one lookup, one
+    /// compare-and-swap, with none of the bookkeeping of several tiers
+    /// (the guards and steps of each, the charges to give back). The same
+    /// answer as the general path: false when the locked check must decide
+    /// (another algorithm, a new key, a state the cell cannot express).
+    #[inline]
+    pub(super) fn check_one_fast(
+        &self,
+        c: &TierCheck,
+        shadow: Shadow,
+        with_charges: bool,
+        out: (&mut Vec<Decision>, &mut Vec<Option<Charge>>),
+        now_us: u64,
+        hash: u64,
+    ) -> bool {
+        if !matches!(c.limit, Limit::TokenBucket(_) | Limit::LeakyBucket(_)) {
+            return false;
+        }
+        let (decisions, charges) = out;
+        let shard = read(&self.inner.shards[shard_of(hash)]);
+        let Some(Entry::Cell(cell)) = shard
+            .map
+            .find(hash, |s| s.key == c.key)
+            .map(|slot| &slot.entry)
+        else {
+            return false;
+        };
+        let mut seen = cell.load();
+        loop {
+            let Some((d, charged)) = cell.decide(&c.limit, seen, now_us, c.cost) else {
+                return false;
+            };
+            decisions.clear();
+            decisions.push(d);
+            if !(d.allowed || shadow.contains(0)) {
+                // Denied: nothing charged, no charge listed.
+                return true;
+            }
+            let Some(new) = charged else {
+                // A shadow tier that would deny charges nothing.
+                if with_charges {
+                    charges.push(None);
+                }
+                return true;
+            };
+            match cell.swap_from(seen, new) {
+                Ok(()) => {
+                    if with_charges {
+                        charges.push(Some(Charge {
+                            at_us: now_us,
+                            undo: cell.undo(&c.limit, new, now_us),
+                            next_after_us: 0,
+                        }));
+                    }
+                    return true;
+                }
+                // Another request charged (or a weak swap failed): decide
+                // again on what the cell holds now. Nothing of this request
+                // is charged yet, so its denial is final, as on the locked
+                // path.
+                Err(now_seen) => seen = now_seen,
+            }
+        }
+    }
+
     /// The check when every tier is a token or leaky bucket whose key exists
     /// (in a cell of its quota) and no key is listed twice: false when it
     /// is not, or when a race turns an enforced tier to a denial after an

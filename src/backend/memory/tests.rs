@@ -162,6 +162,83 @@ fn concurrent_checks_admit_exactly_the_smaller_quota() {
     }
 }
 
+/// 8 threads × 2 000 requests (started together) of one tier on one key
+/// (the single-tier fast path), on a stopped clock: exactly the burst of
+/// 5 000 is admitted, each admission's `remaining` is distinct (every
+/// charge seen exactly once), and the bucket is then empty; token and
+/// leaky buckets, shadow mode charging the same.
+#[test]
+fn concurrent_single_tier_checks_admit_exactly_the_burst() {
+    const BURST: u64 = 5_000;
+    let tb = Limit::TokenBucket(TokenBucket::new(BURST, 3_600_000_000, BURST).unwrap());
+    let gcra = Limit::LeakyBucket(crate::algorithm::Gcra {
+        bucket: TokenBucket::new(BURST, 3_600_000_000, BURST).unwrap(),
+        max_delay_us: None,
+    });
+    for (case, limit) in [tb, gcra].into_iter().enumerate() {
+        let m = MemoryBackend::with_manual_clock(ManualClock::new(1_000_000_000_000));
+        let checks = [TierCheck {
+            key: format!("rl:ip{case}:198.51.100.7"),
+            limit,
+            cost: 1,
+        }];
+        // The key exists first: the other 4 999 charges are compare-and-swaps.
+        assert!(m.check_all(&checks).allowed());
+        let start = std::sync::Barrier::new(8);
+        let mut remaining: Vec<u64> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| {
+                        start.wait();
+                        (0..2000)
+                            .map(|_| m.check(&checks, Shadow::NONE, true))
+                            .filter(|v| v.allowed())
+                            .map(|v| {
+                                assert_eq!(v.charges.len(), 1);
+                                v.decisions[0].remaining
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap())
+                .collect()
+        });
+        remaining.sort_unstable();
+        let expected: Vec<u64> = (0..BURST - 1).collect();
+        assert_eq!(remaining, expected, "case {case}");
+        let v = m.check_all(&checks);
+        assert!(!v.allowed(), "case {case}");
+        assert_eq!(v.decisions[0].remaining, 0, "case {case}");
+        assert!(v.charges.is_empty(), "case {case}");
+    }
+}
+
+/// A shadow tier that would deny is decided but not charged; one that
+/// allows is charged, as when enforced (the single-tier fast path).
+#[test]
+fn a_single_shadow_tier_is_charged_only_when_it_allows() {
+    let m = MemoryBackend::with_manual_clock(ManualClock::new(1_000_000_000_000));
+    let checks = [check(
+        "rl:ip:198.51.100.7",
+        TokenBucket::new(2, 60_000_000, 2).unwrap(),
+    )];
+    let shadow = Shadow(1);
+    for left in [1, 0] {
+        let v = m.check(&checks, shadow, true);
+        assert!(v.decisions[0].allowed);
+        assert_eq!(v.decisions[0].remaining, left);
+        assert!(v.charges[0].is_some());
+    }
+    let v = m.check(&checks, shadow, true);
+    assert!(!v.decisions[0].allowed);
+    assert_eq!(v.decisions[0].remaining, 0);
+    assert_eq!(v.decisions[0].retry_after_us, 30_000_000);
+    assert_eq!(v.charges, vec![None]);
+}
+
 /// A charge given back after another request charged the same cell leaves
 /// exactly that other charge, and never moves the bucket past full.
 #[test]

@@ -1,4 +1,4 @@
-//! `check_ir <ours|governor|pingora_rate> <keys> <checks>`: stores `keys`
+//! `check_ir <ours|ours_2_threads|governor|pingora_rate> <keys> <checks>`: stores `keys`
 //! live keys `rl:ip:<IPv4>` (one token-bucket tier: 1000/s, a burst of
 //! 10^9, on a stopped clock) and makes `checks` checks cycling through
 //! them, as `memory_check/<n>` of `benches/hot_path.rs` does. Run under
@@ -19,7 +19,7 @@ const S: u64 = 1_000_000;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: check_ir <ours|governor|pingora_rate> <keys> <checks>";
+    let usage = "usage: check_ir <ours|ours_2_threads|governor|pingora_rate> <keys> <checks>";
     let (Some(which), Some(keys), Some(checks)) = (args.get(1), args.get(2), args.get(3)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -40,13 +40,17 @@ fn main() {
             i
         }
     };
-    let keys_of: Vec<TierCheck> = (0..keys.max(1))
-        .map(|i| TierCheck {
-            key: format!("rl:ip:{}", Ipv4Addr::from(0x0a00_0000 + i)),
-            limit,
-            cost: 1,
-        })
-        .collect();
+    // `keys` keys `rl:ip:<IPv4>` from the address `first` on.
+    let keys_from = |first: u32| -> Vec<TierCheck> {
+        (0..keys.max(1))
+            .map(|i| TierCheck {
+                key: format!("rl:ip:{}", Ipv4Addr::from(first + i)),
+                limit,
+                cost: 1,
+            })
+            .collect()
+    };
+    let keys_of = keys_from(0x0a00_0000);
     match which.as_str() {
         "ours" => {
             let store = MemoryBackend::with_manual_clock(ManualClock::new(1_700_000_000 * S))
@@ -61,6 +65,39 @@ fn main() {
                 store.check_into(std::slice::from_ref(c), &mut verdict);
                 black_box(&verdict);
             }
+        }
+        "ours_2_threads" => {
+            // Two threads, each cycling through its own `keys` keys of one
+            // store (`checks` checks each): `perf stat -e task-clock` over
+            // two runs gives the CPU time per check with the other thread
+            // running, against `ours` alone (the contention, apart from
+            // whether this host gives the second thread a core).
+            let store = MemoryBackend::with_manual_clock(ManualClock::new(1_700_000_000 * S))
+                .max_keys(4_000_000);
+            let other = keys_from(0x0b00_0000);
+            let mut verdict = Verdict::default();
+            for c in keys_of.iter().chain(&other) {
+                store.check_into(std::slice::from_ref(c), &mut verdict);
+            }
+            let start = std::sync::Barrier::new(2);
+            std::thread::scope(|scope| {
+                for set in [&keys_of, &other] {
+                    let (store, start) = (&store, &start);
+                    scope.spawn(move || {
+                        let mut verdict = Verdict::default();
+                        start.wait();
+                        let mut i = 0;
+                        for _ in 0..checks {
+                            i += 1;
+                            if i == set.len() {
+                                i = 0;
+                            }
+                            store.check_into(std::slice::from_ref(&set[i]), &mut verdict);
+                            black_box(&verdict);
+                        }
+                    });
+                }
+            });
         }
         "governor" => {
             let quota = governor::Quota::per_second(NonZeroU32::new(1000).expect("nonzero"))
