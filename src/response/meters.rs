@@ -50,7 +50,8 @@ pub struct Meter {
     pub reset_ms: u64,
 }
 
-/// The two meters of a response (see the [module docs](self)).
+/// The two meters of a response, as the per-meter header style writes them:
+/// the requests meter (tiers that are not priced) and the tokens meter.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Meters {
     /// The requests meter: the tiers that are not priced.

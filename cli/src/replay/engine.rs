@@ -20,7 +20,7 @@ use axum::routing::any;
 use http::request::Parts;
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
-use tiered_ratelimit::offline::{Checks, Decision, Offline, Outcome};
+use tiered_ratelimit::offline::{Checks, Offline, Outcome, Verdict};
 use tiered_ratelimit::response::Rejection;
 use tiered_ratelimit::{observe::DecisionCounts, RateLimitHandle, RateLimitLayer};
 use tower::Service;
@@ -99,36 +99,36 @@ impl Layer {
         let shadow_limited = delta(|c| c.shadow_limited);
         let decision = match polled {
             // A shaping tier holds the request: it was allowed and charged.
-            Poll::Pending => Decision::Allowed {
+            Poll::Pending => Verdict::Allowed {
                 delayed: true,
                 shadow_limited,
             },
             Poll::Ready(Err(e)) => match e {},
             Poll::Ready(Ok(res)) => {
                 if let Some(r) = res.extensions().get::<Rejection>() {
-                    Decision::Rejected {
+                    Verdict::Rejected {
                         tier: r.tier.clone(),
                     }
                 } else if delta(|c| c.denylisted) {
-                    Decision::Denylisted
+                    Verdict::Denylisted
                 } else if delta(|c| c.fail_closed) {
-                    Decision::FailClosed
+                    Verdict::FailClosed
                 } else if delta(|c| c.fail_open) {
-                    Decision::FailOpen
+                    Verdict::FailOpen
                 } else if delta(|c| c.allowlisted) {
-                    Decision::Allowlisted
+                    Verdict::Allowlisted
                 } else if delta(|c| c.allowed) || shadow_limited {
-                    Decision::Allowed {
+                    Verdict::Allowed {
                         delayed: false,
                         shadow_limited,
                     }
                 } else {
-                    Decision::Skipped
+                    Verdict::Skipped
                 }
             }
         };
         let binding_check = match &decision {
-            Decision::Rejected { tier } => self
+            Verdict::Rejected { tier } => self
                 .tier_names
                 .iter()
                 .position(|t| **t == **tier)
