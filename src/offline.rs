@@ -14,7 +14,7 @@
 //! `http` crate (axum re-exports it as `axum::http`).
 //!
 //! ```
-//! use tiered_ratelimit::offline::{Checks, Verdict};
+//! use tiered_ratelimit::offline::{Checks, Admission};
 //! use tiered_ratelimit::{key::Global, Quota, RateLimitLayer, Tier};
 //!
 //! let layer = RateLimitLayer::builder()
@@ -26,10 +26,10 @@
 //! let mut checks = Checks::default();
 //! for _ in 0..2 {
 //!     let d = offline.decide(&parts, &mut checks);
-//!     assert!(matches!(d.decision, Verdict::Allowed { .. }));
+//!     assert!(matches!(d.decision, Admission::Allowed { .. }));
 //! }
 //! let d = offline.decide(&parts, &mut checks);
-//! assert!(matches!(d.decision, Verdict::Rejected { ref tier } if &**tier == "global"));
+//! assert!(matches!(d.decision, Admission::Rejected { ref tier } if &**tier == "global"));
 //! assert_eq!(d.binding_check, Some(0));
 //! assert_eq!(checks.len(), 1);
 //! assert_eq!(checks.tier(0), 0);
@@ -50,7 +50,7 @@ use std::sync::Arc;
 /// What the layer decided for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Verdict {
+pub enum Admission {
     /// Passed every applicable tier.
     Allowed {
         /// Held by a `leaky_bucket_shape` tier before being passed.
@@ -80,7 +80,7 @@ pub enum Verdict {
 #[non_exhaustive]
 pub struct Outcome {
     /// The decision.
-    pub decision: Verdict,
+    pub decision: Admission,
     /// When rejected: the check (index into the [`Checks`]) of the binding
     /// tier.
     pub binding_check: Option<usize>,
@@ -91,7 +91,7 @@ pub struct Outcome {
 
 impl Outcome {
     /// An outcome read elsewhere (a real router's response, say).
-    pub fn new(decision: Verdict, binding_check: Option<usize>, shadow_tiers: u64) -> Self {
+    pub fn new(decision: Admission, binding_check: Option<usize>, shadow_tiers: u64) -> Self {
         Self {
             decision,
             binding_check,
@@ -213,7 +213,7 @@ impl Offline {
             // (`offline` refuses any other): nothing waits.
             Step::Pending(_) => {
                 return Outcome {
-                    decision: Verdict::FailOpen,
+                    decision: Admission::FailOpen,
                     binding_check: None,
                     shadow_tiers: 0,
                 }
@@ -222,10 +222,10 @@ impl Offline {
         let (decision, binding_check, shadow_tiers) = match decision {
             EngineDecision::Allow(a) => {
                 let d = match a.kind {
-                    RequestDecision::Skipped => Verdict::Skipped,
-                    RequestDecision::Allowlisted => Verdict::Allowlisted,
-                    RequestDecision::FailOpen | RequestDecision::Fallback => Verdict::FailOpen,
-                    _ => Verdict::Allowed {
+                    RequestDecision::Skipped => Admission::Skipped,
+                    RequestDecision::Allowlisted => Admission::Allowlisted,
+                    RequestDecision::FailOpen | RequestDecision::Fallback => Admission::FailOpen,
+                    _ => Admission::Allowed {
                         delayed: !a.delay.is_zero(),
                         shadow_limited: a.shadow_tiers != 0,
                     },
@@ -233,14 +233,14 @@ impl Offline {
                 (d, None, a.shadow_tiers)
             }
             EngineDecision::Block(Block::Limited(d)) => (
-                Verdict::Rejected {
+                Admission::Rejected {
                     tier: d.rejection.tier,
                 },
                 Some(d.check),
                 d.shadow_tiers,
             ),
-            EngineDecision::Block(Block::Denylisted(_)) => (Verdict::Denylisted, None, 0),
-            EngineDecision::Block(Block::Unavailable) => (Verdict::FailClosed, None, 0),
+            EngineDecision::Block(Block::Denylisted(_)) => (Admission::Denylisted, None, 0),
+            EngineDecision::Block(Block::Unavailable) => (Admission::FailClosed, None, 0),
         };
         Outcome {
             decision,

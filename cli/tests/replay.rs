@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use tiered_ratelimit::policy::Policy;
 use tiered_ratelimit_cli::replay::{
-    Engine, Input, LineOutcome, Modes, ReplayOptions, Replayer, Target, Verdict,
+    Admission, Engine, Input, LineOutcome, Modes, ReplayOptions, Replayer, Target,
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_tiered-ratelimit");
@@ -716,7 +716,7 @@ fn agree(name: &str, policy: &str, modes: Modes, lines: &[String]) {
     let mut rejected = 0;
     for (i, (d, l)) in direct.iter().zip(&layer).enumerate() {
         assert_eq!(d, l, "{name}: line {} ({})", i + 1, lines[i]);
-        if matches!(d, LineOutcome::Replayed(Verdict::Rejected { .. })) {
+        if matches!(d, LineOutcome::Replayed(Admission::Rejected { .. })) {
             rejected += 1;
         }
     }
@@ -792,7 +792,7 @@ fn direct_engine_decides_as_the_layer_for_every_algorithm() {
     let direct = replay_all(shape, Engine::Direct, Modes::Enforce, &lines);
     assert!(direct.iter().any(|o| matches!(
         o,
-        LineOutcome::Replayed(Verdict::Allowed { delayed: true, .. })
+        LineOutcome::Replayed(Admission::Allowed { delayed: true, .. })
     )));
 }
 
@@ -852,18 +852,18 @@ fn direct_engine_decides_as_the_layer_with_lists_plans_methods_costs_and_modes()
     agree("enforce", policy, Modes::Enforce, &lines);
     agree("as-configured", policy, Modes::AsConfigured, &lines);
     let outcomes = replay_all(policy, Engine::Direct, Modes::AsConfigured, &lines);
-    let count = |f: &dyn Fn(&Verdict) -> bool| {
+    let count = |f: &dyn Fn(&Admission) -> bool| {
         outcomes
             .iter()
             .filter(|o| matches!(o, LineOutcome::Replayed(d) if f(d)))
             .count()
     };
-    assert!(count(&|d| matches!(d, Verdict::Allowlisted)) > 0);
-    assert!(count(&|d| matches!(d, Verdict::Denylisted)) > 0);
+    assert!(count(&|d| matches!(d, Admission::Allowlisted)) > 0);
+    assert!(count(&|d| matches!(d, Admission::Denylisted)) > 0);
     assert!(
         count(&|d| matches!(
             d,
-            Verdict::Allowed {
+            Admission::Allowed {
                 shadow_limited: true,
                 ..
             }
@@ -872,7 +872,7 @@ fn direct_engine_decides_as_the_layer_with_lists_plans_methods_costs_and_modes()
     // The `off` tier never rejects, even with every tier enforced.
     let enforced = replay_all(policy, Engine::Direct, Modes::Enforce, &lines);
     assert!(!enforced.iter().any(
-        |o| matches!(o, LineOutcome::Replayed(Verdict::Rejected { tier }) if &**tier == "off")
+        |o| matches!(o, LineOutcome::Replayed(Admission::Rejected { tier }) if &**tier == "off")
     ));
 }
 

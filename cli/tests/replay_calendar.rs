@@ -5,7 +5,7 @@
 //! boundary in the new.
 
 use tiered_ratelimit::policy::Policy;
-use tiered_ratelimit_cli::replay::{Engine, LineOutcome, ReplayOptions, Replayer, Verdict};
+use tiered_ratelimit_cli::replay::{Admission, Engine, LineOutcome, ReplayOptions, Replayer};
 
 /// A day of 2 per IP in Berlin. Berlin's midnight of 2024-10-27 (before a
 /// 25-hour day) is 2024-10-26T22:00Z; the log's times carry +0200 and
@@ -26,8 +26,8 @@ fn replay(engine: Engine, lines: &[String]) -> Vec<bool> {
     lines
         .iter()
         .map(|l| match r.replay_line(l.as_bytes()).unwrap() {
-            LineOutcome::Replayed(Verdict::Allowed { .. }) => true,
-            LineOutcome::Replayed(Verdict::Rejected { tier }) => {
+            LineOutcome::Replayed(Admission::Allowed { .. }) => true,
+            LineOutcome::Replayed(Admission::Rejected { tier }) => {
                 assert_eq!(&*tier, "daily");
                 false
             }

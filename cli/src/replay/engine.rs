@@ -20,7 +20,7 @@ use axum::routing::any;
 use http::request::Parts;
 use std::future::Future;
 use std::task::{Context, Poll, Waker};
-use tiered_ratelimit::offline::{Checks, Offline, Outcome, Verdict};
+use tiered_ratelimit::offline::{Admission, Checks, Offline, Outcome};
 use tiered_ratelimit::response::Rejection;
 use tiered_ratelimit::{observe::DecisionCounts, RateLimitHandle, RateLimitLayer};
 use tower::Service;
@@ -99,36 +99,36 @@ impl Layer {
         let shadow_limited = delta(|c| c.shadow_limited);
         let decision = match polled {
             // A shaping tier holds the request: it was allowed and charged.
-            Poll::Pending => Verdict::Allowed {
+            Poll::Pending => Admission::Allowed {
                 delayed: true,
                 shadow_limited,
             },
             Poll::Ready(Err(e)) => match e {},
             Poll::Ready(Ok(res)) => {
                 if let Some(r) = res.extensions().get::<Rejection>() {
-                    Verdict::Rejected {
+                    Admission::Rejected {
                         tier: r.tier.clone(),
                     }
                 } else if delta(|c| c.denylisted) {
-                    Verdict::Denylisted
+                    Admission::Denylisted
                 } else if delta(|c| c.fail_closed) {
-                    Verdict::FailClosed
+                    Admission::FailClosed
                 } else if delta(|c| c.fail_open) {
-                    Verdict::FailOpen
+                    Admission::FailOpen
                 } else if delta(|c| c.allowlisted) {
-                    Verdict::Allowlisted
+                    Admission::Allowlisted
                 } else if delta(|c| c.allowed) || shadow_limited {
-                    Verdict::Allowed {
+                    Admission::Allowed {
                         delayed: false,
                         shadow_limited,
                     }
                 } else {
-                    Verdict::Skipped
+                    Admission::Skipped
                 }
             }
         };
         let binding_check = match &decision {
-            Verdict::Rejected { tier } => self
+            Admission::Rejected { tier } => self
                 .tier_names
                 .iter()
                 .position(|t| **t == **tier)

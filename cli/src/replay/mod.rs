@@ -57,7 +57,7 @@ pub use report::{
     BlockedKey, EndpointReport, InputSummary, LineIssue, PeakMinute, Report, TierCount, TierReport,
     TierSummary, Timeline, TimelinePoint, Totals,
 };
-pub use tiered_ratelimit::offline::Verdict;
+pub use tiered_ratelimit::offline::Admission;
 pub use time::TimeFormat;
 
 use engine::{Direct, Layer};
@@ -105,7 +105,7 @@ pub enum LineOutcome {
     /// Read, but not an HTTP request the server would have passed on.
     Unreplayable(&'static str),
     /// Replayed, with the layer's decision.
-    Replayed(Verdict),
+    Replayed(Admission),
 }
 
 /// How a tier's keys are shown in the report.

@@ -9,7 +9,7 @@ use super::{
 };
 use crate::replay::time::{format_utc_minute, format_utc_seconds};
 use std::collections::BTreeMap;
-use tiered_ratelimit::offline::{Checks, Verdict};
+use tiered_ratelimit::offline::{Admission, Checks};
 
 struct KeyAcc {
     display: String,
@@ -164,7 +164,7 @@ impl Collector {
         now_us: u64,
         endpoint: usize,
         planned: &Checks,
-        decision: &Verdict,
+        decision: &Admission,
         blocked: Option<(usize, &dyn Fn() -> String)>,
         shadow_tiers: u64,
     ) {
@@ -186,7 +186,7 @@ impl Collector {
         let e = &mut self.endpoints[endpoint];
         e.requests += 1;
         match decision {
-            Verdict::Allowed {
+            Admission::Allowed {
                 delayed,
                 shadow_limited,
             } => {
@@ -194,7 +194,7 @@ impl Collector {
                 t.delayed += u64::from(*delayed);
                 t.shadow_limited += u64::from(*shadow_limited);
             }
-            Verdict::Rejected { .. } => {
+            Admission::Rejected { .. } => {
                 t.rejected += 1;
                 e.rejected += 1;
                 self.cur.rejected += 1;
@@ -224,11 +224,11 @@ impl Collector {
                     }
                 }
             }
-            Verdict::Allowlisted => t.allowlisted += 1,
-            Verdict::Denylisted => t.denylisted += 1,
-            Verdict::Skipped => t.skipped += 1,
-            Verdict::FailOpen => t.fail_open += 1,
-            Verdict::FailClosed => t.fail_closed += 1,
+            Admission::Allowlisted => t.allowlisted += 1,
+            Admission::Denylisted => t.denylisted += 1,
+            Admission::Skipped => t.skipped += 1,
+            Admission::FailOpen => t.fail_open += 1,
+            Admission::FailClosed => t.fail_closed += 1,
             // A decision this version of the report does not know.
             _ => {}
         }
