@@ -400,7 +400,12 @@ async fn llm(RawQuery(query): RawQuery) -> Response {
         trailers.insert("x-usage-tokens", tokens.into());
         let _ = tx.send(http_body::Frame::trailers(trailers)).await;
     });
-    Response::new(axum::body::Body::new(Frames(rx)))
+    // HTTP/1.1 sends a trailer only when the head announces it (RFC 9112
+    // §7.1.2, and hyper does so); HTTP/2 sends it either way.
+    Response::builder()
+        .header(axum::http::header::TRAILER, "x-usage-tokens")
+        .body(axum::body::Body::new(Frames(rx)))
+        .unwrap_or_default()
 }
 
 /// A body of the frames a task sends.
