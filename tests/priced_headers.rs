@@ -14,7 +14,8 @@ use tokio::sync::mpsc;
 
 both_backends!(
     meters_on_allowed_and_denied_requests,
-    a_policy_file_picks_the_style
+    a_policy_file_picks_the_style,
+    the_reset_is_after_the_settle_in_the_head
 );
 
 const NAMES: [&str; 7] = [
@@ -59,12 +60,13 @@ async fn meters_on_allowed_and_denied_requests(env: Env) {
         .build()
         .unwrap();
     let base = start(&layer).await;
-    // Reserve 300, use 100: 900 tokens left after the settle; the reset is
-    // the reservation's (300 tokens at 60 ms each); 1 request at 1 s each.
+    // Reserve 300, use 100: 900 tokens left after the settle, and full
+    // again once the 100 used are back (100 tokens at 60 ms each); 1
+    // request at 1 s each.
     let r = get_with(format!("{base}/llm?tokens=100"), Some(300)).await;
     assert_eq!(
         meters(&r),
-        want(200, ["60", "59", "1s", "1000", "900", "18s", "-"])
+        want(200, ["60", "59", "1s", "1000", "900", "6s", "-"])
     );
     // Reserve 500 (the cap), use 500: 400 left, 600 tokens short of full.
     let r = get_with(format!("{base}/llm?tokens=500"), Some(9000)).await;
@@ -101,10 +103,28 @@ async fn a_policy_file_picks_the_style(env: Env) {
     let r = get_with(format!("{base}/llm?tokens=40"), None).await;
     assert_eq!(
         meters(&r),
-        want(200, ["60", "59", "1s", "1000", "960", "1m0s", "-"])
+        want(200, ["60", "59", "1s", "1000", "960", "2.4s", "-"])
     );
     let layer = policy_layer(&policy("openai"), env.backend.clone());
     let r = get_with(format!("{}/llm?tokens=1", start(&layer).await), Some(1)).await;
     assert_eq!(meters(&r).0, 200);
     assert_eq!(meters(&r).1[3], "1000");
+}
+
+/// The single-tier headers after a settle in the head: `X-RateLimit-Reset`
+/// moves with what the settle gave back or charged, as `Remaining` does.
+async fn the_reset_is_after_the_settle_in_the_head(env: Env) {
+    let layer = env.builder().tier(tokens()).build().unwrap();
+    let base = start(&layer).await;
+    let now = env.clock.now_us() / 1_000_000;
+    let head = |r: &reqwest::Response| {
+        ["x-ratelimit-remaining", "x-ratelimit-reset"]
+            .map(|n| r.headers()[n].to_str().unwrap().parse::<u64>().unwrap())
+    };
+    // Reserve 500, use 100: 900 left, full again in 100 × 60 ms = 6 s.
+    let r = get_with(format!("{base}/llm?tokens=100"), Some(500)).await;
+    assert_eq!(head(&r), [900, now + 6]);
+    // Reserve 100, use 300: 200 more charged, 600 left, full in 24 s.
+    let r = get_with(format!("{base}/llm?tokens=300"), Some(100)).await;
+    assert_eq!(head(&r), [600, now + 24]);
 }

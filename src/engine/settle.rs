@@ -112,6 +112,24 @@ pub(crate) struct Reserved {
     charge: Charge,
 }
 
+impl Reserved {
+    /// Microseconds this tier takes to refill `units` of cost, for the
+    /// algorithms whose reset moves with what is charged (token bucket,
+    /// leaky bucket: `units × unit ÷ rate`, rounded up); `None` for the
+    /// windows, whose reset is the window's end whatever the charge.
+    pub(crate) fn refill_us(&self, units: u64) -> Option<u64> {
+        use crate::algorithm::Limit;
+        let b = match &self.check.limit {
+            Limit::TokenBucket(b) => b,
+            Limit::LeakyBucket(g) => &g.bucket,
+            _ => return None,
+        };
+        let units = u128::from(units) * u128::from(b.unit);
+        let us = units.div_ceil(u128::from(b.rate.max(1)));
+        Some(u64::try_from(us).unwrap_or(u64::MAX))
+    }
+}
+
 impl std::fmt::Debug for Reservation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list()

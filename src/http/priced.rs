@@ -396,12 +396,32 @@ impl Pricing {
                     let after = (i128::from(remaining) + back).clamp(0, i128::from(limit));
                     u64::try_from(after).unwrap_or(0)
                 };
+                // A bucket's reset moves by the refill time of what the
+                // settle charges (later) or gives back (sooner); a window's
+                // stays at the window's end.
+                let moved = |reset_us: u64| -> u64 {
+                    let Some(us) = r.refill_us(a.abs_diff(r.estimate)) else {
+                        return reset_us;
+                    };
+                    if a >= r.estimate {
+                        reset_us.saturating_add(us)
+                    } else {
+                        reset_us.saturating_sub(us)
+                    }
+                };
                 if *h.policy == *r.name {
                     h.remaining = after(h.remaining, h.limit);
+                    let reset_in = moved(h.reset_in.saturating_mul(1_000_000)).div_ceil(1_000_000);
+                    if h.window_in == h.reset_in {
+                        h.window_in = reset_in;
+                    }
+                    h.reset = (h.reset + reset_in).saturating_sub(h.reset_in);
+                    h.reset_in = reset_in;
                 }
                 let tokens = h.meters.as_mut().and_then(|m| m.tokens.as_mut());
                 if let Some(m) = tokens.filter(|m| *m.policy == *r.name) {
                     m.remaining = after(m.remaining, m.limit);
+                    m.reset_ms = moved(m.reset_ms.saturating_mul(1_000)).div_ceil(1_000);
                 }
             }
         }
