@@ -1,6 +1,7 @@
 //! A priced tier beside the engine's other features (issue 29), through
-//! real HTTP on both backends, on a manual clock: a concurrency tier and
-//! shadow mode; lease mode and per-key overrides, refused at build.
+//! real HTTP on both backends, on a manual clock: a concurrency tier,
+//! shadow mode and per-key overrides (the settle under the key's override,
+//! as its admission); lease mode, refused at build.
 
 mod support;
 
@@ -9,11 +10,18 @@ use http_body::Frame;
 use std::time::{Duration, Instant};
 use support::priced::*;
 use support::*;
+use tiered_ratelimit::handle::overrides::Override;
+use tiered_ratelimit::priced::{Actual, Estimate};
 use tiered_ratelimit::rollout::Mode;
-use tiered_ratelimit::{key::Global, RateLimitLayer, Tier};
+use tiered_ratelimit::{key::Global, Quota, RateLimitLayer, Tier};
 use tokio::sync::mpsc;
 
-both_backends!(with_a_concurrency_tier, in_shadow_mode,);
+both_backends!(
+    with_a_concurrency_tier,
+    in_shadow_mode,
+    under_an_override,
+    under_an_unlimited_override,
+);
 
 async fn start(
     env: &Env,
@@ -107,8 +115,124 @@ async fn in_shadow_mode(env: Env) {
     assert_eq!(left(&layer).await, (true, 200));
 }
 
+/// The priced tier of [`tokens`] (1 000 a minute, estimate at most 500),
+/// keyed by the `x-user` header, taking per-key overrides.
+fn tokens_per_user() -> Tier {
+    let user = |p: &http::request::Parts| {
+        p.headers
+            .get("x-user")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    Tier::new("tokens", user, Quota::per_minute(1000))
+        .priced(
+            Estimate::header("x-max-tokens", 100, 500),
+            Actual::header("x-usage-tokens"),
+        )
+        .overrides(true)
+}
+
+/// `GET /llm?tokens=<actual>` as `user`, reserving `estimate`: its status
+/// and `X-RateLimit-Limit`/`-Remaining` (after the settle: the actual is in
+/// the response head).
+async fn llm_as(base: &str, user: &str, actual: u64, estimate: u64) -> (u16, u64, u64) {
+    let r = client()
+        .get(format!("{base}/llm?tokens={actual}"))
+        .header("x-user", user)
+        .header("x-max-tokens", estimate)
+        .send()
+        .await
+        .unwrap();
+    let l = limits(&r);
+    (l.status, l.limit.unwrap(), l.remaining.unwrap())
+}
+
+/// A 2 000 override of the 1 000 tier: the refund and the extra charge are
+/// settled on the override's quota, as the admission was; another key of
+/// the same tier keeps the tier's own.
+async fn under_an_override(env: Env) {
+    let (base, layer, _streams) = start(&env, vec![tokens_per_user()]).await;
+    let q = Override::Quota(Quota::per_minute(2000));
+    layer
+        .handle()
+        .set_override("tokens", "alice", q, None, "test")
+        .await
+        .unwrap();
+    // Reserved 500, used 300: 200 back, 1 700 left.
+    assert_eq!(llm_as(&base, "alice", 300, 500).await, (200, 2000, 1700));
+    // Reserved 400 (1 300 left), used 700: 300 more, 1 000 left.
+    assert_eq!(llm_as(&base, "alice", 700, 400).await, (200, 2000, 1000));
+    // The next admission sees the settled 1 000: 100 reserved and used.
+    assert_eq!(llm_as(&base, "alice", 100, 100).await, (200, 2000, 900));
+    // Another key keeps the tier's 1 000: 500 reserved, 200 back.
+    assert_eq!(llm_as(&base, "bob", 300, 500).await, (200, 1000, 700));
+    assert_eq!(llm_as(&base, "bob", 700, 500).await, (200, 1000, 0));
+    // bob: 0 left, denied.
+    assert_eq!(llm_as(&base, "bob", 1, 1).await.0, 429);
+    // alice: 900 left, 400 reserved, 1 400 used: 500 of debt.
+    assert_eq!(llm_as(&base, "alice", 1400, 400).await, (200, 2000, 0));
+    let r = client()
+        .get(format!("{base}/llm?tokens=1"))
+        .header("x-user", "alice")
+        .header("x-max-tokens", 1)
+        .send()
+        .await
+        .unwrap();
+    // 500 of debt and a cost of 1 on 2 000 a minute (one every 30 ms):
+    // 501 × 30 ms = 15.03 s, rounded up.
+    assert_eq!(limits(&r), denied(2000, 0, T0_S + 16, 16));
+}
+
+/// An unlimited override charges nothing: nothing reserved, nothing
+/// settled (not even an actual above the estimate); once it is removed the
+/// key has the tier's whole quota.
+async fn under_an_unlimited_override(env: Env) {
+    let (base, layer, _streams) = start(&env, vec![tokens_per_user()]).await;
+    let h = layer.handle();
+    h.set_override("tokens", "alice", Override::Unlimited, None, "test")
+        .await
+        .unwrap();
+    assert_eq!(llm_as(&base, "alice", 800, 500).await, (200, 1000, 1000));
+    assert_eq!(llm_as(&base, "alice", 100, 500).await, (200, 1000, 1000));
+    h.remove_override("tokens", "alice", "test").await.unwrap();
+    assert_eq!(llm_as(&base, "alice", 100, 100).await, (200, 1000, 900));
+}
+
+/// The override scenarios on a Redis Cluster (three primaries): the
+/// override's read and the settle go in one refund-mode call to the key's
+/// slot.
+mod cluster {
+    use super::support::cluster::RedisCluster;
+    use super::support::{Env, T0_US};
+    use std::time::Duration;
+    use tiered_ratelimit::backend::{ManualClock, RedisBackend};
+
+    fn env(cluster: &RedisCluster) -> Env {
+        let clock = ManualClock::new(T0_US);
+        let backend = RedisBackend::cluster(cluster.urls())
+            .expect("cluster urls")
+            .with_manual_clock(clock.clone())
+            .with_test_ttl_slack(Duration::from_secs(600));
+        Env {
+            clock,
+            backend: backend.into(),
+            redis: None,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn overrides() {
+        let cluster = RedisCluster::start(0);
+        super::under_an_override(env(&cluster)).await;
+        for p in cluster.primaries() {
+            super::support::cluster::node_cmd::<()>(p, &["FLUSHALL"]).unwrap();
+        }
+        super::under_an_unlimited_override(env(&cluster)).await;
+    }
+}
+
 #[test]
-fn lease_mode_and_overrides_are_refused_naming_the_field() {
+fn lease_mode_is_refused_naming_the_field() {
     let build = |t: Tier| {
         RateLimitLayer::builder()
             .tier(t)
@@ -119,10 +243,5 @@ fn lease_mode_and_overrides_are_refused_naming_the_field() {
     assert_eq!(
         build(tokens().lease(tiered_ratelimit::token_lease::TokenLease::new())),
         "tier \"tokens\": sync: a priced tier cannot run in lease mode"
-    );
-    assert_eq!(
-        build(tokens().overrides(true)),
-        "tier \"tokens\": overrides: a priced tier takes no per-key overrides \
-         (its settle would use the tier's own quota)"
     );
 }

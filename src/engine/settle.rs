@@ -44,7 +44,7 @@ const RETRY_WAITS: [Duration; 3] = [
 
 /// Whether a priced tier can run as configured: an algorithm that can
 /// settle ([`Limit::settles`](crate::algorithm::Limit::settles)), not in
-/// lease mode, without per-key overrides or refunds by status.
+/// lease mode, without refunds by status.
 ///
 /// # Errors
 /// [`ConfigError::Priced`](crate::error::ConfigError::Priced), naming the field.
@@ -65,15 +65,6 @@ pub(crate) fn check_priced(
     }
     if t.lease.is_some() {
         return Err(refuse("sync", "a priced tier cannot run in lease mode"));
-    }
-    if t.overrides {
-        // On Redis a reservation's settle (and the admission's headers) is
-        // computed with the tier's own quota, not the key's override:
-        // tests/priced_combos.rs showed a refund that never landed.
-        return Err(refuse(
-            "overrides",
-            "a priced tier takes no per-key overrides (its settle would use the tier's own quota)",
-        ));
     }
     if t.skip_failed || t.skip_successful {
         return Err(refuse(
@@ -110,6 +101,10 @@ pub(crate) struct Reserved {
     pub(crate) estimate: u64,
     check: TierCheck,
     charge: Charge,
+    /// The tier's override read (a tier taking per-key overrides): sent
+    /// just before the settle, so that the settle runs under the key's
+    /// override as the admission did.
+    override_read: Option<TierCheck>,
 }
 
 impl std::fmt::Debug for Reservation {
@@ -133,15 +128,25 @@ impl Reservation {
             else {
                 continue;
             };
+            // An override's read (just before its tier's check, of the
+            // same tier) is no reservation: its tier's carries it.
+            if check.limit.is_override() {
+                continue;
+            }
             let Some(built) = shared.config.tiers.get(usize::from(t)).filter(|b| b.priced) else {
                 continue;
             };
+            let override_read = i
+                .checked_sub(1)
+                .and_then(|j| meta.sent.get(j))
+                .filter(|o| o.limit.is_override() && meta.tiers.get(i - 1) == Some(&t));
             tiers.push(Reserved {
                 tier: usize::from(t),
                 name: built.name.clone(),
                 estimate: check.cost,
                 check: check.clone(),
                 charge: *charge,
+                override_read: override_read.cloned(),
             });
         }
         (!tiers.is_empty()).then(|| {
@@ -187,6 +192,15 @@ impl Reservation {
                 continue;
             };
             if let Some(s) = settle_of(r.check, r.charge, r.estimate, a) {
+                if let Some(read) = r.override_read {
+                    // Read by the backend before the settle, which it
+                    // then runs under the key's override.
+                    settles.push(TierRefund {
+                        check: read,
+                        charge: r.charge,
+                        debt: false,
+                    });
+                }
                 settles.push(s);
             }
         }

@@ -179,7 +179,10 @@ impl Estimate {
 
     /// The JSON field this estimate reads and the body bound, if it reads
     /// the body (checked by `build()`).
-    fn json_field(&self, tier: &str) -> Result<Option<(Box<str>, usize)>, crate::error::ConfigError> {
+    fn json_field(
+        &self,
+        tier: &str,
+    ) -> Result<Option<(Box<str>, usize)>, crate::error::ConfigError> {
         let refuse = |field, reason: &str| crate::error::ConfigError::Priced {
             tier: tier.to_owned(),
             field,
