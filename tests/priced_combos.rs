@@ -1,7 +1,8 @@
 //! A priced tier beside the engine's other features (issue 29), through
 //! real HTTP on both backends, on a manual clock: a concurrency tier,
 //! shadow mode and per-key overrides (the settle under the key's override,
-//! as its admission); lease mode, refused at build.
+//! as its admission); lease mode on Redis (the estimate spent from the
+//! instance's lease, a refund back to it, a debt on the shared bucket).
 
 mod support;
 
@@ -13,6 +14,7 @@ use support::*;
 use tiered_ratelimit::handle::overrides::Override;
 use tiered_ratelimit::priced::{Actual, Estimate};
 use tiered_ratelimit::rollout::Mode;
+use tiered_ratelimit::token_lease::TokenLease;
 use tiered_ratelimit::{key::Global, Quota, RateLimitLayer, Tier};
 use tokio::sync::mpsc;
 
@@ -231,17 +233,55 @@ mod cluster {
     }
 }
 
-#[test]
-fn lease_mode_is_refused_naming_the_field() {
-    let build = |t: Tier| {
-        RateLimitLayer::builder()
-            .tier(t)
-            .build()
-            .unwrap_err()
-            .to_string()
+/// Lease mode on a real Redis: 10 000 tokens a minute, leases of 500. A
+/// reservation spent from the lease settles a refund into the lease (no
+/// call) and a debt on the shared bucket; once the lease is returned the
+/// shared bucket holds exactly 10 000 − Σ actual (a clock that stands
+/// still). (The headers of a request decided from a lease are lease mode's
+/// approximation: the shared count at the last answer, whichever of the
+/// lease and a concurrent check landed last, plus the tokens held.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_lease_mode() {
+    let env = Env::redis();
+    let tier = Tier::new("tokens", Global, Quota::per_minute(10_000))
+        .priced(
+            Estimate::header("x-max-tokens", 100, 500),
+            Actual::header("x-usage-tokens"),
+        )
+        .lease(TokenLease::new().min(500).max(500));
+    let (base, layer, _streams) = start(&env, vec![tier]).await;
+    let h = layer.handle();
+    let redis = env.redis.as_ref().unwrap();
+    let shared = || async {
+        let s = h.peek("tokens", "all").await.unwrap();
+        s.remaining + u64::from(s.allowed)
     };
-    assert_eq!(
-        build(tokens().lease(tiered_ratelimit::token_lease::TokenLease::new())),
-        "tier \"tokens\": sync: a priced tier cannot run in lease mode"
-    );
+    // Two requests checked on Redis (100 reserved, 100 used): a demand of
+    // 200 in no time (800 per 100 ms interval), so the second asks for a
+    // lease of 500 (the most), taken in the background.
+    for _ in 0..2 {
+        let r = get_with(format!("{base}/llm?tokens=100"), Some(100)).await;
+        assert_eq!(r.status(), 200);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.leases().first().map(|l| l.tokens) != Some(500) {
+        assert!(Instant::now() < deadline, "no lease: {:?}", h.leases());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(shared().await, 10_000 - 200 - 500);
+    let calls = redis.script_calls();
+    // Reserved 100 from the lease, used 40: 60 back to the lease, no call.
+    let r = get_with(format!("{base}/llm?tokens=40"), Some(100)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h.leases()[0].tokens, 460);
+    assert_eq!(redis.script_calls(), calls);
+    // Reserved 100 from the lease, used 250: 150 of debt on the shared
+    // bucket (one settle call, before the head), the lease keeps 360.
+    let r = get_with(format!("{base}/llm?tokens=250"), Some(100)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(h.leases()[0].tokens, 360);
+    assert_eq!(shared().await, 9300 - 150);
+    // The lease's 360 back: 10 000 − (2 × 100 + 40 + 250).
+    assert_eq!(h.return_leases().await, 360);
+    assert_eq!(shared().await, 10_000 - 490);
 }
