@@ -136,14 +136,6 @@ impl Reservation {
         }
         let mut tiers = smallvec::SmallVec::new();
         for (i, (check, &t)) in meta.sent.iter().zip(&meta.tiers).enumerate() {
-            // Charged on the backend, or spent from a lease (no charge).
-            let held = match v.charges.get(i).copied().flatten() {
-                Some(c) => Held::Backend(c),
-                None => match meta.leased.as_ref().and_then(|l| l.spend_of(i)) {
-                    Some(l) => Held::Lease(l),
-                    None => continue,
-                },
-            };
             // An override's read (just before its tier's check, of the
             // same tier) is no reservation: its tier's carries it.
             if check.limit.is_override() {
@@ -151,6 +143,14 @@ impl Reservation {
             }
             let Some(built) = shared.config.tiers.get(usize::from(t)).filter(|b| b.priced) else {
                 continue;
+            };
+            // Charged on the backend, or spent from a lease (no charge).
+            let held = match v.charges.get(i).copied().flatten() {
+                Some(c) => Held::Backend(c),
+                None => match meta.leased.as_ref().and_then(|l| l.spend_of(i)) {
+                    Some(l) => Held::Lease(l),
+                    None => continue,
+                },
             };
             let override_read = i
                 .checked_sub(1)
