@@ -233,6 +233,38 @@ mod cluster {
     }
 }
 
+/// A priced tier of 10 000 tokens a minute in lease mode (leases of 500)
+/// on `env`'s Redis, once its first lease is held: two requests checked on
+/// Redis (100 reserved, 100 used) make a demand of 200 in no time (800 per
+/// 100 ms interval), so the second asks for a lease of 500 (the most),
+/// taken in the background. The shared bucket then holds 9 300.
+async fn leased(env: &Env) -> (String, RateLimitLayer, mpsc::UnboundedReceiver<Stream>) {
+    let tier = Tier::new("tokens", Global, Quota::per_minute(10_000))
+        .priced(
+            Estimate::header("x-max-tokens", 100, 500),
+            Actual::header("x-usage-tokens"),
+        )
+        .lease(TokenLease::new().min(500).max(500));
+    let (base, layer, streams) = start(env, vec![tier]).await;
+    for _ in 0..2 {
+        let r = get_with(format!("{base}/llm?tokens=100"), Some(100)).await;
+        assert_eq!(r.status(), 200);
+    }
+    let h = layer.handle();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.leases().first().map(|l| l.tokens) != Some(500) {
+        assert!(Instant::now() < deadline, "no lease: {:?}", h.leases());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(shared(&layer).await, 10_000 - 200 - 500);
+    (base, layer, streams)
+}
+
+/// Tokens the shared bucket of `tokens` holds now.
+async fn shared(layer: &RateLimitLayer) -> u64 {
+    left(layer).await.1
+}
+
 /// Lease mode on a real Redis: 10 000 tokens a minute, leases of 500. A
 /// reservation spent from the lease settles a refund into the lease (no
 /// call) and a debt on the shared bucket; once the lease is returned the
@@ -243,32 +275,10 @@ mod cluster {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_lease_mode() {
     let env = Env::redis();
-    let tier = Tier::new("tokens", Global, Quota::per_minute(10_000))
-        .priced(
-            Estimate::header("x-max-tokens", 100, 500),
-            Actual::header("x-usage-tokens"),
-        )
-        .lease(TokenLease::new().min(500).max(500));
-    let (base, layer, _streams) = start(&env, vec![tier]).await;
+    let (base, layer, _streams) = leased(&env).await;
     let h = layer.handle();
     let redis = env.redis.as_ref().unwrap();
-    let shared = || async {
-        let s = h.peek("tokens", "all").await.unwrap();
-        s.remaining + u64::from(s.allowed)
-    };
-    // Two requests checked on Redis (100 reserved, 100 used): a demand of
-    // 200 in no time (800 per 100 ms interval), so the second asks for a
-    // lease of 500 (the most), taken in the background.
-    for _ in 0..2 {
-        let r = get_with(format!("{base}/llm?tokens=100"), Some(100)).await;
-        assert_eq!(r.status(), 200);
-    }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while h.leases().first().map(|l| l.tokens) != Some(500) {
-        assert!(Instant::now() < deadline, "no lease: {:?}", h.leases());
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    assert_eq!(shared().await, 10_000 - 200 - 500);
+    let shared = || shared(&layer);
     let calls = redis.script_calls();
     // Reserved 100 from the lease, used 40: 60 back to the lease, no call.
     let r = get_with(format!("{base}/llm?tokens=40"), Some(100)).await;
@@ -284,4 +294,35 @@ async fn in_lease_mode() {
     // The lease's 360 back: 10 000 − (2 × 100 + 40 + 250).
     assert_eq!(h.return_leases().await, 360);
     assert_eq!(shared().await, 10_000 - 490);
+}
+
+/// A refund that finds its lease expired is dropped (the shared bucket
+/// under-admits it until refill, as a lost lease), never added to tokens
+/// that went back already.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_lease_mode_a_refund_after_the_lease_expired_is_dropped() {
+    let env = Env::redis();
+    let (base, layer, mut streams) = leased(&env).await;
+    let h = layer.handle();
+    let shared = || shared(&layer);
+    // A stream reserves 100 from the lease (400 left).
+    let (s, r) = open(&base, 100, &mut streams).await;
+    assert_eq!(h.leases()[0].tokens, 400);
+    // The lease lives 2 × 100 ms: it has expired when the stream ends
+    // having used 40, so the 60 are dropped.
+    env.clock.advance(Duration::from_millis(200));
+    end(s, r, 40).await;
+    h.return_leases().await;
+    // 9 300 at the lease, + 33.3 refilled in 200 ms (one token per 6 ms),
+    // + the lease's 400 returned; not the 60.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let got = shared().await;
+        if got == 9300 + 33 + 400 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "shared bucket at {got}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(h.lease_counts().returned, 400);
 }
