@@ -20,7 +20,10 @@
 --           ARGV per key from ARGV[3] on: algorithm, p1, p2, p3, p4, cost,
 --           charged_at (the now_us the check returned), undo. A negative
 --           cost is a priced request's debt (-cost charged whatever the
---           state: token_bucket_debt, fixed_window_debt in refund.lua).
+--           state: token_bucket_debt, fixed_window_debt in refund.lua). An
+--           override's read (algorithm 8) makes the next key's refund or
+--           debt run under the override it reads (lua/override.lua), as in
+--           a check.
 --   returns the number of keys refunded.
 
 local refunds = {
@@ -35,22 +38,27 @@ if ARGV[1] == 'refund' then
   local now = read_clock(ARGV[2])
   for i = 1, #KEYS do
     local a = 3 + (i - 1) * 8
+    local alg = tonumber(ARGV[a])
     local cost = tonumber(ARGV[a + 5])
-    if cost < 0 then
-      local debt = debts[tonumber(ARGV[a])]
+    -- An override's read (algorithm 8) before its tier's refund: the
+    -- refund runs under the key's override, as the check did.
+    local p1, p2, p3, p4 = override_params(alg, tonumber(ARGV[a + 1]),
+      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
+    if alg == 8 then
+      override_read(KEYS[i], now)
+    elseif cost < 0 then
+      local debt = debts[alg]
       if not debt then
         return redis.error_reply('no debt for algorithm ' .. tostring(ARGV[a]))
       end
-      debt(KEYS[i], now, tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]),
-        tonumber(ARGV[a + 3]), -cost)
+      debt(KEYS[i], now, p1, p2, p3, -cost)
     else
-      local refund = refunds[tonumber(ARGV[a])]
+      local refund = refunds[alg]
       if not refund then
         return redis.error_reply('unknown algorithm ' .. tostring(ARGV[a]))
       end
-      refund(KEYS[i], now, tonumber(ARGV[a + 6]),
-        tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]),
-        tonumber(ARGV[a + 4]), cost, tonumber(ARGV[a + 7]))
+      refund(KEYS[i], now, tonumber(ARGV[a + 6]), p1, p2, p3, p4, cost,
+        tonumber(ARGV[a + 7]))
     end
   end
   return #KEYS

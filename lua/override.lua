@@ -60,3 +60,22 @@ end
 
 -- Nothing to give back (lua/cluster.lua's refund mode).
 local function override_refund() end
+
+-- lua/cluster.lua's refund mode: the override's read (its key's value,
+-- read now) before a refund or a debt of its tier, as in a check.
+local function override_read(key, now)
+  override(nil, now, 0, 0, 0, 0, 0, redis.call('GET', key), 0)
+end
+
+-- The parameters p1..p4 of a refund or debt of algorithm `alg` after an
+-- override's read (which it consumes): another quota's (a calendar tier,
+-- algorithm 9, keeps its boundaries and takes the override's limit), as
+-- override_apply; the tier's own under unlimited or blocked, and without
+-- an override. Twin: Active::limit_of in src/backend/override_rule.rs.
+local function override_params(alg, p1, p2, p3, p4)
+  local o = override_next
+  override_next = false
+  if not o or o[1] ~= 0 then return p1, p2, p3, p4 end
+  if alg == 9 then return o[2], p2, p3, p4 end
+  return o[2], o[3], o[4], o[5]
+end

@@ -5,17 +5,21 @@
 //! the memory backend and a real Redis (`lua/refund.lua` through the
 //! cluster script's refund mode); and on a clock that does not move, the
 //! ledger is exact: after every settle the tier holds its capacity less
-//! Σ actual, in debt when that is negative.
+//! Σ actual, in debt when that is negative. The same under a per-key
+//! override of another quota (the settle after the override's read).
 
 mod support;
 
 use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
 use std::time::Duration;
 use support::*;
-use tiered_ratelimit::algorithm::{Limit, Refund, State, TokenBucket, Window};
+use tiered_ratelimit::algorithm::{Decision, Limit, Refund, State, TokenBucket, Window};
 use tiered_ratelimit::backend::{
-    Backend, Charge, ManualClock, MemoryBackend, TierCheck, TierRefund,
+    Backend, Charge, ManualClock, MemoryBackend, TierCheck, TierRefund, Verdict,
 };
+use tiered_ratelimit::handle::overrides::Override;
+use tiered_ratelimit::{key::Global, Algorithm, Quota, RateLimitLayer, Tier};
 
 const S: u64 = 1_000_000;
 
@@ -127,83 +131,231 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
     )
 }
 
+/// A property runner of `cases` cases, nothing persisted.
+fn runner(cases: u32) -> proptest::test_runner::TestRunner {
+    proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })
+}
+
 #[test]
 fn model_memory_and_redis_agree_on_reserve_and_settle() {
     let server = RedisServer::start();
     let rt = current_thread_runtime();
-    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        cases: 128,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    });
+    let mut runner = runner(128);
     let cases = std::sync::atomic::AtomicU64::new(0);
     runner
         .run(&(0usize..4, ops()), |(which, ops)| {
             let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let limit = priced_limits()[which];
             let clock = ManualClock::new(T0_US + 123_457);
+            let twins = Twins {
+                memory: MemoryBackend::with_manual_clock(clock.clone()).into(),
+                redis: server
+                    .backend_on(&clock)
+                    .with_test_ttl_slack(Duration::from_secs(600))
+                    .into(),
+                clock,
+                key: format!("p{case}"),
+                tier: limit,
+                read: None,
+            };
+            twins.run(&rt, limit, &ops)
+        })
+        .unwrap();
+}
+
+/// The same under a per-key override of another quota: each check is the
+/// override's read and its tier's (as the engine plans them), each settle
+/// the read and its refund or debt (as `engine/settle.rs` sends them), and
+/// the model runs on the override's limit throughout.
+#[test]
+fn under_an_override_model_memory_and_redis_agree() {
+    let server = RedisServer::start();
+    let rt = current_thread_runtime();
+    let mut runner = runner(64);
+    let cases = std::sync::atomic::AtomicU64::new(0);
+    // The tier (10 a second, burst 10, or a fixed window of 12 a second)
+    // and its override (25 a second, burst 25; a fixed window of 20).
+    let pairs = [
+        (
+            Algorithm::TokenBucket,
+            Quota::per_second(10),
+            Quota::per_second(25),
+            Limit::TokenBucket(TokenBucket::new(25, S, 25).unwrap()),
+        ),
+        (
+            Algorithm::FixedWindow,
+            Quota::per_second(12),
+            Quota::per_second(20),
+            Limit::FixedWindow(Window {
+                limit: 20,
+                window_us: S,
+            }),
+        ),
+    ];
+    runner
+        .run(&(0usize..2, ops()), |(which, ops)| {
+            let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (algorithm, quota, over, model_limit) = pairs[which];
+            let tier = [priced_limits()[0], priced_limits()[3]][which];
+            let clock = ManualClock::new(T0_US + 123_457);
             let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
             let redis: Backend = server
                 .backend_on(&clock)
                 .with_test_ttl_slack(Duration::from_secs(600))
                 .into();
-            let mut model = Model::default();
-            let check = |cost| TierCheck {
-                key: format!("p{case}"),
-                limit,
-                cost,
-            };
-            // Open reservations: the check, the memory and Redis charges,
-            // the model's (at, undo), the estimate and the actual.
-            let mut open: Vec<Open> = Vec::new();
-            for (i, &(step, estimate, actual, settle)) in ops.iter().enumerate() {
-                clock.advance(Duration::from_micros(step));
-                let now = clock.now_us();
-                let c = check(estimate);
-                let m = rt.block_on(memory.check(vec![c.clone()])).unwrap();
-                let r = rt.block_on(redis.check(vec![c.clone()])).unwrap();
-                let (d, undo) = model.reserve(&limit, now, estimate);
-                prop_assert_eq!(
-                    &m.decisions,
-                    &r.decisions,
-                    "reserve: memory vs Redis at op {}",
-                    i
-                );
-                prop_assert_eq!(m.decisions[0], d, "reserve: memory vs model at op {}", i);
-                if let Some(undo) = undo {
-                    let (mc, rc) = (m.charges[0].unwrap(), r.charges[0].unwrap());
-                    open.push((c, mc, rc, (now, undo), estimate, actual));
-                }
-                if let (Some(k), false) = (settle, open.is_empty()) {
-                    let (c, mc, rc, (at, undo), estimate, actual) = open.remove(k % open.len());
-                    if let Some(s) = settle_of(&c, mc, estimate, actual) {
-                        rt.block_on(memory.refund(vec![s])).unwrap();
-                    }
-                    if let Some(s) = settle_of(&c, rc, estimate, actual) {
-                        rt.block_on(redis.refund(vec![s])).unwrap();
-                    }
-                    model.settle(&limit, now, at, undo, estimate, actual);
-                    // The state after the settle, read without charging (a
-                    // cost above the capacity is always denied and shows
-                    // remaining, reset and, in debt, the wait).
-                    for cost in [1, limit.capacity() + 1] {
-                        let probe = check(cost);
-                        let m = rt.block_on(memory.peek(&probe)).unwrap();
-                        let r = rt.block_on(redis.peek(&probe)).unwrap();
-                        let d = limit.check(model.live(now), now, cost);
-                        prop_assert_eq!(
-                            &m.decisions,
-                            &r.decisions,
-                            "settle: memory vs Redis at op {}",
-                            i
-                        );
-                        prop_assert_eq!(m.decisions[0], d, "settle: memory vs model at op {}", i);
-                    }
-                }
+            let name = format!("o{case}");
+            for b in [&memory, &redis] {
+                let layer = RateLimitLayer::builder()
+                    .backend(b.clone())
+                    .tier(
+                        Tier::new(name.clone(), Global, quota)
+                            .algorithm(algorithm)
+                            .overrides(true),
+                    )
+                    .build()
+                    .unwrap();
+                rt.block_on(layer.handle().set_override(
+                    &name,
+                    "all",
+                    Override::Quota(over),
+                    None,
+                    "test",
+                ))
+                .unwrap();
             }
-            Ok(())
+            let key = format!("rl:{name}:all");
+            let twins = Twins {
+                memory,
+                redis,
+                clock,
+                read: Some(TierCheck {
+                    key: format!("{key}{{ov}}"),
+                    limit: Limit::Override,
+                    cost: 1,
+                }),
+                key,
+                tier,
+            };
+            twins.run(&rt, model_limit, &ops)
         })
         .unwrap();
+}
+
+/// One key on both backends: checked with the tier's limit, after the
+/// override's read `read` if any.
+struct Twins {
+    memory: Backend,
+    redis: Backend,
+    clock: ManualClock,
+    key: String,
+    tier: Limit,
+    read: Option<TierCheck>,
+}
+
+impl Twins {
+    /// `read` then the tier's check of `cost`.
+    fn checks(&self, cost: u64) -> Vec<TierCheck> {
+        let tier = TierCheck {
+            key: self.key.clone(),
+            limit: self.tier,
+            cost,
+        };
+        self.read.iter().cloned().chain([tier]).collect()
+    }
+
+    /// The tier's decision and charge in a verdict (its limit as `limit`:
+    /// the backends report the tier's own, the engine shows the override's).
+    fn tier_of(&self, v: &Verdict, limit: &Limit) -> (Decision, Option<Charge>) {
+        let i = usize::from(self.read.is_some());
+        let mut d = v.decisions[i];
+        d.limit = limit.capacity();
+        (d, v.charges.get(i).copied().flatten())
+    }
+
+    /// The settle, after the override's read if any.
+    fn settles(
+        &self,
+        c: &TierCheck,
+        charge: Charge,
+        estimate: u64,
+        actual: u64,
+    ) -> Vec<TierRefund> {
+        let Some(s) = settle_of(c, charge, estimate, actual) else {
+            return Vec::new();
+        };
+        let read = self.read.iter().map(|r| TierRefund {
+            check: r.clone(),
+            charge,
+            debt: false,
+        });
+        read.chain([s]).collect()
+    }
+
+    /// Runs `ops` on both backends and on the model of `limit` (the tier's,
+    /// or its override's).
+    fn run(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        limit: Limit,
+        ops: &[Op],
+    ) -> Result<(), TestCaseError> {
+        let (memory, redis, clock) = (&self.memory, &self.redis, &self.clock);
+        let mut model = Model::default();
+        let mut open: Vec<Open> = Vec::new();
+        for (i, &(step, estimate, actual, settle)) in ops.iter().enumerate() {
+            clock.advance(Duration::from_micros(step));
+            let now = clock.now_us();
+            let checks = self.checks(estimate);
+            let m = rt.block_on(memory.check(checks.clone())).unwrap();
+            let r = rt.block_on(redis.check(checks.clone())).unwrap();
+            let (m, r) = (self.tier_of(&m, &limit), self.tier_of(&r, &limit));
+            let (d, undo) = model.reserve(&limit, now, estimate);
+            prop_assert_eq!(m.0, r.0, "reserve: memory vs Redis at op {}", i);
+            prop_assert_eq!(m.0, d, "reserve: memory vs model at op {}", i);
+            if let Some(undo) = undo {
+                let c = checks.last().unwrap().clone();
+                open.push((c, m.1.unwrap(), r.1.unwrap(), (now, undo), estimate, actual));
+            }
+            if let (Some(k), false) = (settle, open.is_empty()) {
+                let (c, mc, rc, (at, undo), estimate, actual) = open.remove(k % open.len());
+                let ms = self.settles(&c, mc, estimate, actual);
+                if !ms.is_empty() {
+                    rt.block_on(memory.refund(ms)).unwrap();
+                }
+                let rs = self.settles(&c, rc, estimate, actual);
+                if !rs.is_empty() {
+                    rt.block_on(redis.refund(rs)).unwrap();
+                }
+                model.settle(&limit, now, at, undo, estimate, actual);
+                // The state after the settle, read without charging (a
+                // cost above the capacity is always denied and shows
+                // remaining, reset and, in debt, the wait), as the key's
+                // check reads it: with `limit`.
+                for cost in [1, limit.capacity() + 1] {
+                    let probe = TierCheck {
+                        key: self.key.clone(),
+                        limit,
+                        cost,
+                    };
+                    let m = rt.block_on(memory.peek(&probe)).unwrap();
+                    let r = rt.block_on(redis.peek(&probe)).unwrap();
+                    let d = limit.check(model.live(now), now, cost);
+                    prop_assert_eq!(
+                        &m.decisions,
+                        &r.decisions,
+                        "settle: memory vs Redis at op {}",
+                        i
+                    );
+                    prop_assert_eq!(m.decisions[0], d, "settle: memory vs model at op {}", i);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// On a clock that does not move, every settle landed: a token bucket of

@@ -70,19 +70,8 @@ impl Active {
     ) -> (Decision, Option<(crate::algorithm::State, u64)>) {
         let capacity = c.limit.capacity();
         match self.effect {
-            Effect::Limit(l) => {
-                // A calendar tier keeps its boundaries; the override (a
-                // fixed window of the tier's nominal length) gives its limit
-                // (as lua/override.lua does).
-                let l = match (l, c.limit) {
-                    (Limit::FixedWindow(w), Limit::Calendar(cal)) => {
-                        Limit::Calendar(crate::algorithm::CalendarWindow {
-                            limit: w.limit,
-                            ..cal
-                        })
-                    }
-                    (l, _) => l,
-                };
+            Effect::Limit(_) => {
+                let l = self.limit_of(c.limit);
                 let (d, prepared) = l.check_prepared(state, now_us, c.cost);
                 let charged = d
                     .allowed
@@ -114,6 +103,25 @@ impl Active {
                     None,
                 )
             }
+        }
+    }
+
+    /// The limit a tier of limit `tier` is checked, refunded and settled
+    /// with under this override: another quota's (a calendar tier keeps its
+    /// boundaries, the override, a fixed window of the tier's nominal
+    /// length, giving its limit, as `lua/override.lua`'s `override_apply`
+    /// does); the tier's own when unlimited or blocked (its counter is left
+    /// as the tier's quota reads it).
+    pub(crate) fn limit_of(&self, tier: Limit) -> Limit {
+        match (self.effect, tier) {
+            (Effect::Limit(Limit::FixedWindow(w)), Limit::Calendar(cal)) => {
+                Limit::Calendar(crate::algorithm::CalendarWindow {
+                    limit: w.limit,
+                    ..cal
+                })
+            }
+            (Effect::Limit(l), _) => l,
+            (Effect::Unlimited | Effect::Blocked, _) => tier,
         }
     }
 

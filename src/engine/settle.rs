@@ -13,6 +13,12 @@
 //! `Remaining` 0, `Retry-After` the exact wait. An actual equal to the
 //! estimate (or unknown: a body dropped or failed) costs no call.
 //!
+//! Under a per-key override the settle is sent after the override's read,
+//! and the backend runs it under the override it reads, as the check did.
+//! In lease mode an estimate spent from the instance's lease settles there:
+//! a refund goes back into the lease while it lives (no call), a debt is
+//! charged on the shared bucket.
+//!
 //! The bound (`docs/algorithms.md`, "Priced requests"): when every estimate
 //! covers its actual, a tier never admits more than its quota; otherwise
 //! it admits at most the quota plus Σ (actual − estimate) of the requests
@@ -23,6 +29,7 @@
 
 use super::plan::Meta;
 use super::state::Shared;
+use super::token_lease::taken::LocalSpend;
 use crate::backend::{Backend, Charge, TierCheck, TierRefund, Verdict};
 #[cfg(feature = "redis")]
 use crate::error::BackendError;
@@ -43,8 +50,8 @@ const RETRY_WAITS: [Duration; 3] = [
 ];
 
 /// Whether a priced tier can run as configured: an algorithm that can
-/// settle ([`Limit::settles`](crate::algorithm::Limit::settles)), not in
-/// lease mode, without per-key overrides or refunds by status.
+/// settle ([`Limit::settles`](crate::algorithm::Limit::settles)), without
+/// refunds by status.
 ///
 /// # Errors
 /// [`ConfigError::Priced`](crate::error::ConfigError::Priced), naming the field.
@@ -61,18 +68,6 @@ pub(crate) fn check_priced(
         return Err(refuse(
             "algorithm",
             "a priced tier takes token_bucket or fixed_window only",
-        ));
-    }
-    if t.lease.is_some() {
-        return Err(refuse("sync", "a priced tier cannot run in lease mode"));
-    }
-    if t.overrides {
-        // On Redis a reservation's settle (and the admission's headers) is
-        // computed with the tier's own quota, not the key's override:
-        // tests/priced_combos.rs showed a refund that never landed.
-        return Err(refuse(
-            "overrides",
-            "a priced tier takes no per-key overrides (its settle would use the tier's own quota)",
         ));
     }
     if t.skip_failed || t.skip_successful {
@@ -109,7 +104,20 @@ pub(crate) struct Reserved {
     /// The estimate charged, in the tier's cost units.
     pub(crate) estimate: u64,
     check: TierCheck,
-    charge: Charge,
+    held: Held,
+    /// The tier's override read (a tier taking per-key overrides): sent
+    /// just before the settle, so that the settle runs under the key's
+    /// override as the admission did.
+    override_read: Option<TierCheck>,
+}
+
+/// Where a reservation's estimate was charged.
+enum Held {
+    /// On the backend, by the request's check.
+    Backend(Charge),
+    /// From this instance's token lease of the key (lease mode): a refund
+    /// goes back to the lease; a debt is charged on the shared bucket.
+    Lease(LocalSpend),
 }
 
 impl Reserved {
@@ -145,21 +153,34 @@ impl Reservation {
             return None;
         }
         let mut tiers = smallvec::SmallVec::new();
-        for (i, charge) in v.charges.iter().enumerate() {
-            let (Some(charge), Some(check), Some(&t)) =
-                (charge, meta.sent.get(i), meta.tiers.get(i))
-            else {
+        for (i, (check, &t)) in meta.sent.iter().zip(&meta.tiers).enumerate() {
+            // An override's read (just before its tier's check, of the
+            // same tier) is no reservation: its tier's carries it.
+            if check.limit.is_override() {
                 continue;
-            };
+            }
             let Some(built) = shared.config.tiers.get(usize::from(t)).filter(|b| b.priced) else {
                 continue;
             };
+            // Charged on the backend, or spent from a lease (no charge).
+            let held = match v.charges.get(i).copied().flatten() {
+                Some(c) => Held::Backend(c),
+                None => match meta.leased.as_ref().and_then(|l| l.spend_of(i)) {
+                    Some(l) => Held::Lease(l),
+                    None => continue,
+                },
+            };
+            let override_read = i
+                .checked_sub(1)
+                .and_then(|j| meta.sent.get(j))
+                .filter(|o| o.limit.is_override() && meta.tiers.get(i - 1) == Some(&t));
             tiers.push(Reserved {
                 tier: usize::from(t),
                 name: built.name.clone(),
                 estimate: check.cost,
                 check: check.clone(),
-                charge: *charge,
+                held,
+                override_read: override_read.cloned(),
             });
         }
         (!tiers.is_empty()).then(|| {
@@ -204,7 +225,30 @@ impl Reservation {
             let Some(a) = actual(r.tier) else {
                 continue;
             };
-            if let Some(s) = settle_of(r.check, r.charge, r.estimate, a) {
+            let charge = match r.held {
+                Held::Backend(c) => c,
+                Held::Lease(l) if a < r.estimate => {
+                    // Back to the lease: no call.
+                    l.give_back(r.estimate - a);
+                    continue;
+                }
+                // A debt, on the shared bucket (it reads no charge).
+                Held::Lease(_) => Charge {
+                    at_us: 0,
+                    undo: 0,
+                    next_after_us: 0,
+                },
+            };
+            if let Some(s) = settle_of(r.check, charge, r.estimate, a) {
+                if let Some(read) = r.override_read {
+                    // Read by the backend before the settle, which it
+                    // then runs under the key's override.
+                    settles.push(TierRefund {
+                        check: read,
+                        charge,
+                        debt: false,
+                    });
+                }
                 settles.push(s);
             }
         }

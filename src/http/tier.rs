@@ -308,8 +308,10 @@ impl Tier {
     /// most Σ (actual − estimate) of the requests whose settle has not
     /// landed, and the excess is carried as debt (`docs/algorithms.md`,
     /// "Priced requests"). Token bucket and fixed window only; not with
-    /// lease mode or refunds by status (`build()` refuses them, naming the
-    /// field).
+    /// refunds by status (`build()` refuses them, naming the field). With
+    /// per-key overrides a key's settle runs under its override; in lease
+    /// mode an estimate spent from the lease settles there (`docs/http.md`,
+    /// "Priced requests").
     ///
     /// ```
     /// use tiered_ratelimit::priced::{Actual, Estimate};

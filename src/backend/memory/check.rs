@@ -273,7 +273,18 @@ impl MemoryBackend {
     /// rewritten.
     pub(crate) fn refund(&self, refunds: &[TierRefund]) {
         let now_us = self.inner.clock.now_us();
+        // An override's read just before a refund (a priced request's
+        // settle): the refund runs under the key's override, as its check
+        // did (lua/cluster.lua's refund mode does the same).
+        let mut overridden: Option<crate::backend::override_rule::Active> = None;
         for r in refunds {
+            if r.check.limit.is_override() {
+                overridden = self.override_of(&r.check.key, now_us);
+                continue;
+            }
+            let limit = overridden
+                .take()
+                .map_or(r.check.limit, |a| a.limit_of(r.check.limit));
             let c = &r.check;
             let h = self.hash(&c.key);
             let mut g = lock(&self.inner.shards[shard_of(h)]);
@@ -284,7 +295,7 @@ impl MemoryBackend {
                     .map
                     .find(h, |s| s.key == c.key)
                     .and_then(|s| s.entry.live(now_us).map(std::borrow::Cow::into_owned));
-                if let Some((state, ttl_us)) = c.limit.debt(state.as_ref(), now_us, c.cost) {
+                if let Some((state, ttl_us)) = limit.debt(state.as_ref(), now_us, c.cost) {
                     self.store(&mut g, h, &c.key, state, now_us, ttl_us);
                 }
                 continue;
@@ -294,7 +305,7 @@ impl MemoryBackend {
             };
             let e = &mut slot.get_mut().entry;
             let state = e.live(now_us);
-            let refund = c.limit.refund(
+            let refund = limit.refund(
                 state.as_deref(),
                 now_us,
                 r.charge.at_us,

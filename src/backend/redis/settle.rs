@@ -104,7 +104,10 @@ async fn drain(weak: Weak, mut rx: mpsc::UnboundedReceiver<Item>) {
         }
         let calls = async {
             let mut result = Ok(());
-            for chunk in settles.chunks(MAX_KEYS) {
+            let mut rest = &settles[..];
+            while !rest.is_empty() {
+                let (chunk, after) = rest.split_at(chunk_len(rest, MAX_KEYS));
+                rest = after;
                 if let Err(e) = backend.refund(chunk).await {
                     result = Err(e);
                 }
@@ -122,5 +125,49 @@ async fn drain(weak: Weak, mut rx: mpsc::UnboundedReceiver<Item>) {
         }
         drop(backend);
         tokio::time::sleep_until(started + INTERVAL).await;
+    }
+}
+
+/// The length of the next call's share of `settles`, at most `max` (≥ 2):
+/// an override's read stays in the call of the settle it precedes.
+fn chunk_len(settles: &[TierRefund], max: usize) -> usize {
+    let n = settles.len().min(max);
+    if n < settles.len() && settles[n - 1].check.limit.is_override() {
+        n - 1
+    } else {
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_len;
+    use crate::algorithm::{Limit, TokenBucket};
+    use crate::backend::{Charge, TierCheck, TierRefund};
+
+    fn settle(limit: Limit) -> TierRefund {
+        TierRefund {
+            check: TierCheck {
+                key: "k".into(),
+                limit,
+                cost: 1,
+            },
+            charge: Charge {
+                at_us: 0,
+                undo: 0,
+                next_after_us: 0,
+            },
+            debt: false,
+        }
+    }
+
+    #[test]
+    fn an_override_read_stays_with_its_settle() {
+        let tier = Limit::TokenBucket(TokenBucket::new(60, 60_000_000, 10).unwrap());
+        let s = [tier, Limit::Override, tier, tier].map(settle);
+        assert_eq!(chunk_len(&s, 3), 3);
+        assert_eq!(chunk_len(&s, 2), 1);
+        assert_eq!(chunk_len(&s[1..], 2), 2);
+        assert_eq!(chunk_len(&s[3..], 2), 1);
     }
 }

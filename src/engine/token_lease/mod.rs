@@ -64,6 +64,9 @@
 //! token buckets, policing leaky buckets and fixed windows; `build()`
 //! refuses it on other algorithms, with a penalty box, per-key overrides or
 //! refunds by status. Shadow and canary-observed checks are never leased.
+//! A priced tier (`Tier::priced`) reserves its estimate from the lease like
+//! any cost; its settle gives a refund back to the lease while it lives and
+//! charges a debt on the shared bucket (`engine/settle.rs`).
 
 mod entry;
 mod fetch;

@@ -1,6 +1,7 @@
 //! What one request spent locally ([`Taken`]), and its merge with the
 //! backend's answer for the other checks: a denial or an error gives the
-//! local spending back (all or nothing across tiers).
+//! local spending back (all or nothing across tiers). A priced tier's
+//! estimate spent locally is settled through its [`LocalSpend`].
 
 use super::entry::Entry;
 use super::pool::Inner;
@@ -158,6 +159,19 @@ impl Taken {
         })
     }
 
+    /// The lease check `i` was spent from, if it was decided locally (a
+    /// priced tier's reservation: `engine/settle.rs`).
+    pub(crate) fn spend_of(&self, i: usize) -> Option<LocalSpend> {
+        if !self.local(i) {
+            return None;
+        }
+        let k = self.decisions.iter().position(|(j, _)| *j == i)?;
+        self.spent.get(k).map(|(e, _)| LocalSpend {
+            pool: self.pool.clone(),
+            entry: e.clone(),
+        })
+    }
+
     pub(super) fn admitted(&self) {
         self.pool
             .local
@@ -168,5 +182,28 @@ impl Taken {
         for (e, cost) in &self.spent {
             e.unspend(*cost);
         }
+    }
+}
+
+/// A priced request's estimate spent from a lease, for its settle: a
+/// refund goes back to the lease while it lives (its tokens left the
+/// shared bucket already); a debt is charged on the shared bucket, sent as
+/// any settle.
+pub(crate) struct LocalSpend {
+    pool: Arc<Inner>,
+    entry: Arc<Entry>,
+}
+
+impl LocalSpend {
+    /// Gives `n` unused tokens back to the lease, unless it has expired
+    /// (then they are dropped: the shared bucket under-admits them until
+    /// refill, as a lost lease). Whether they went back.
+    pub(crate) fn give_back(&self, n: u64) -> bool {
+        let now = self.pool.clock.now_us();
+        if now >= self.entry.expires_us.load(Ordering::Acquire) {
+            return false;
+        }
+        self.entry.unspend(n);
+        true
     }
 }

@@ -20,7 +20,9 @@
 //!           One argument rather than seven: the script keeps parsed specs
 //!           by their string (as a Redis Function, across calls), so a tier
 //!           costs Redis one table lookup instead of seven conversions
-//! refund    eight numbers per key: algorithm, p1..p4, cost, charged_at, undo
+//! refund    eight numbers per key: algorithm, p1..p4, cost, charged_at, undo;
+//!           an override's read (algorithm 8) just before a key makes that
+//!           key's refund or debt run under the override it reads
 //! ```
 //!
 //! `p1..p4`: windows `limit, window_us, 0, 0`; token bucket `capacity, rate,
@@ -70,7 +72,8 @@
 //! Whether the call charged is not sent: the script charges exactly when
 //! every enforced tier allows, and the caller knows which tiers are in
 //! shadow mode, so [`parse_check`] derives it ([`Verdict::charges`] is
-//! empty when nothing was charged). As few numbers as possible: redis-rs
+//! empty when nothing was charged; a tier an unlimited override let through
+//! has no charge, as in the memory backend). As few numbers as possible: redis-rs
 //! parses each number of a reply (about 1 000 instructions apiece), and
 //! Redis converts each from Lua (`docs/performance.md`, "Redis CPU").
 //!

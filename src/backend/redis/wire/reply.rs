@@ -121,7 +121,10 @@ pub(in crate::backend::redis) fn parse_check(
     // The override read just before a tier applied (its r is not 0): the
     // tier answers three numbers, whatever its flags.
     let mut overridden = false;
-    for t in tiers {
+    // Bit per tier: a tier an unlimited override let through (charged
+    // nothing, as in the memory backend: no charge, so no refund or settle).
+    let mut unlimited = 0u64;
+    for (i, t) in tiers.iter().enumerate() {
         let r = *reply.get(at).ok_or_else(|| bad("length"))?;
         // r: remaining (or a bucket's state) when allowed, -(it + 1) when
         // denied (no overflow: -(i64::MIN + 1) is i64::MAX).
@@ -158,6 +161,11 @@ pub(in crate::backend::redis) fn parse_check(
             after.push((w, 0, false));
         }
         overridden = t.limit.is_override() && v != 0;
+        if t.limit.is_override() && v == crate::backend::override_rule::CODE_UNLIMITED {
+            unlimited |= 1u64
+                .checked_shl(u32::try_from(i + 1).unwrap_or(64))
+                .unwrap_or(0);
+        }
     }
     if !(reply.len() - at).is_multiple_of(PER_TIER) {
         return Err(bad("length"));
@@ -183,8 +191,10 @@ pub(in crate::backend::redis) fn parse_check(
         decisions
             .iter()
             .zip(&after)
-            .map(|(d, &(next_after_us, undo, _))| {
-                d.allowed.then_some(Charge {
+            .enumerate()
+            .map(|(i, (d, &(next_after_us, undo, _)))| {
+                let uncharged = i < 64 && unlimited & (1 << i) != 0;
+                (d.allowed && !uncharged).then_some(Charge {
                     at_us: now_us,
                     undo,
                     next_after_us,
