@@ -22,6 +22,7 @@ both_backends!(
     failed_requests_never_consume,
     a_failure_is_refunded_between_successes,
     only_the_tier_with_the_option_is_refunded,
+    a_failure_under_an_override_is_refunded_on_its_quota,
 );
 
 /// A login endpoint: 401 with `x-fail: 1`, 200 otherwise.
@@ -329,4 +330,55 @@ fn rust_refunds_equal_lua_refunds() {
             Ok(())
         })
         .unwrap();
+}
+
+/// A per-key override of 6 a minute on a 3-a-minute tier: a failed request
+/// is refunded on the override's quota, as it was charged, on both backends.
+async fn a_failure_under_an_override_is_refunded_on_its_quota(env: Env) {
+    let layer = env
+        .builder()
+        .tier(
+            Tier::new("login", Global, Quota::per_minute(3))
+                .skip_failed_requests(true)
+                .overrides(true),
+        )
+        .build()
+        .unwrap();
+    let h = layer.handle();
+    let six = tiered_ratelimit::handle::overrides::Override::Quota(Quota::per_minute(6));
+    h.set_override("login", "all", six, None, "test")
+        .await
+        .unwrap();
+    let addr = serve(login_app(layer)).await;
+    let c = client();
+    let login = |fail: bool| {
+        let r = c.post(format!("http://{addr}/login"));
+        if fail {
+            r.header("x-fail", "1").send()
+        } else {
+            r.send()
+        }
+    };
+    // One token every 10 s.
+    assert_eq!(limits(&login(false).await.unwrap()), ok(6, 5, T0_S + 10));
+    assert_eq!(
+        limits(&login(true).await.unwrap()),
+        with_status(401, ok(6, 4, T0_S + 20))
+    );
+    // The refund (on Redis, in a task after the response) gives the token
+    // back: the bucket's TAT (µs) one token (10 s) past the start, as after
+    // the one success.
+    if let Some(redis) = &env.redis {
+        let want = ((T0_S + 10) * 1_000_000).to_string();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while redis.get("rl:login:all").as_deref() != Some(want.as_str()) {
+            assert!(
+                Instant::now() < deadline,
+                "never refunded: {:?}",
+                redis.get("rl:login:all")
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    assert_eq!(limits(&login(false).await.unwrap()), ok(6, 4, T0_S + 20));
 }

@@ -139,19 +139,38 @@ impl Refunds {
             let (Some(charge), Some(check)) = (charge, meta.sent.get(i)) else {
                 continue;
             };
+            // An override's read is no refund of its own: its tier's
+            // refund carries it (below).
+            if check.limit.is_override() {
+                continue;
+            }
             let Some(t) = meta.tier(shared, i) else {
                 continue;
             };
-            let refund = || TierRefund {
+            let list = match t.refund_on {
+                RefundOn::Failure => &mut r.on_failure,
+                RefundOn::Success => &mut r.on_success,
+                RefundOn::Never => continue,
+            };
+            // Under a per-key override the backend reads it first and
+            // refunds under it, as the check was charged (the same order
+            // as a priced tier's settle, engine/settle.rs).
+            let read = i
+                .checked_sub(1)
+                .and_then(|j| meta.sent.get(j))
+                .filter(|o| o.limit.is_override() && meta.tiers.get(i - 1) == meta.tiers.get(i));
+            if let Some(read) = read {
+                list.push(TierRefund {
+                    check: read.clone(),
+                    charge: *charge,
+                    debt: false,
+                });
+            }
+            list.push(TierRefund {
                 check: check.clone(),
                 charge: *charge,
                 debt: false,
-            };
-            match t.refund_on {
-                RefundOn::Failure => r.on_failure.push(refund()),
-                RefundOn::Success => r.on_success.push(refund()),
-                RefundOn::Never => {}
-            }
+            });
         }
         if r.on_failure.is_empty() && r.on_success.is_empty() {
             None
