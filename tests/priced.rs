@@ -9,7 +9,7 @@ mod support;
 
 use bytes::Bytes;
 use http_body::Frame;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use support::priced::*;
 use support::*;
 use tiered_ratelimit::priced::{Actual, Estimate};
@@ -24,44 +24,6 @@ both_backends!(
     the_handler_reports_through_the_usage_handle,
     a_policy_file_prices_a_tier,
 );
-
-async fn start(
-    env: &Env,
-    tiers: Vec<Tier>,
-) -> (String, RateLimitLayer, mpsc::UnboundedReceiver<Stream>) {
-    let mut b = env.builder();
-    for t in tiers {
-        b = b.tier(t);
-    }
-    let layer = b.build().unwrap();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let addr = serve(llm_app(layer.clone(), tx)).await;
-    (format!("http://{addr}"), layer, rx)
-}
-
-/// What the tier holds now: tokens left (a peek of cost 1 shows what one
-/// more token would leave).
-async fn left(layer: &RateLimitLayer) -> (bool, u64) {
-    let s = layer.handle().peek("tokens", "all").await.unwrap();
-    (s.allowed, s.remaining + u64::from(s.allowed))
-}
-
-/// Waits (at most 2 s) until the tier holds `want`: at the end of a stream
-/// the settle is sent to Redis in a task of its own.
-async fn until_left(layer: &RateLimitLayer, want: (bool, u64)) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let got = left(layer).await;
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "tier never held {want:?}; holds {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 async fn actual_in_a_header_settles_before_the_head(env: Env) {
     let (base, _layer, _streams) = start(&env, vec![tokens()]).await;

@@ -25,38 +25,6 @@ both_backends!(
     under_an_unlimited_override,
 );
 
-async fn start(
-    env: &Env,
-    tiers: Vec<Tier>,
-) -> (String, RateLimitLayer, mpsc::UnboundedReceiver<Stream>) {
-    let mut b = env.builder();
-    for t in tiers {
-        b = b.tier(t);
-    }
-    let layer = b.build().unwrap();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let addr = serve(llm_app(layer.clone(), tx)).await;
-    (format!("http://{addr}"), layer, rx)
-}
-
-async fn left(layer: &RateLimitLayer) -> (bool, u64) {
-    let s = layer.handle().peek("tokens", "all").await.unwrap();
-    (s.allowed, s.remaining + u64::from(s.allowed))
-}
-
-/// Waits (at most 2 s) for a settle sent in a task of its own.
-async fn until_left(layer: &RateLimitLayer, want: (bool, u64)) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let got = left(layer).await;
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never {want:?}; got {got:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 /// A stream reserving `estimate`, its head back (status 200).
 async fn open(
     base: &str,

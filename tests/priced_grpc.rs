@@ -15,8 +15,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
-use support::priced::tokens;
+use support::priced::{left, tokens, until_left};
 use support::Env;
 use tiered_ratelimit::RateLimitLayer;
 use tonic::transport::server::TcpIncoming;
@@ -147,24 +146,6 @@ fn call(max: u64, at: &str, usage: u64) -> tonic::Request<HealthCheckRequest> {
 fn remaining(md: &tonic::metadata::MetadataMap) -> Option<u64> {
     md.get("x-ratelimit-remaining")
         .map(|v| v.to_str().unwrap().parse().unwrap())
-}
-
-async fn left(layer: &RateLimitLayer) -> (bool, u64) {
-    let s = layer.handle().peek("tokens", "all").await.unwrap();
-    (s.allowed, s.remaining + u64::from(s.allowed))
-}
-
-/// Waits (at most 2 s) for a settle sent in a task of its own.
-async fn until_left(layer: &RateLimitLayer, want: (bool, u64)) {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let got = left(layer).await;
-        if got == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never {want:?}; got {got:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 async fn usage_in_metadata_settles_before_the_head(env: Env) {

@@ -128,3 +128,43 @@ period = "1m"
 estimate = { header = "x-max-tokens", default = 1000, max = 32000 }
 actual = { header = "x-usage-tokens" }
 "#;
+
+/// A layer of `tiers` on `env`'s backend in front of [`llm_app`], served:
+/// its base URL, the layer, and the streams `/stream` hands over.
+pub async fn start(
+    env: &super::Env,
+    tiers: Vec<Tier>,
+) -> (String, RateLimitLayer, mpsc::UnboundedReceiver<Stream>) {
+    let mut b = env.builder();
+    for t in tiers {
+        b = b.tier(t);
+    }
+    let layer = b.build().unwrap();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let addr = super::serve(llm_app(layer.clone(), tx)).await;
+    (format!("http://{addr}"), layer, rx)
+}
+
+/// What the tier holds now: tokens left (a peek of cost 1 shows what one
+/// more token would leave).
+pub async fn left(layer: &RateLimitLayer) -> (bool, u64) {
+    let s = layer.handle().peek("tokens", "all").await.unwrap();
+    (s.allowed, s.remaining + u64::from(s.allowed))
+}
+
+/// Waits (at most 2 s) until the tier holds `want`: at the end of a stream
+/// the settle is sent to Redis in a task of its own.
+pub async fn until_left(layer: &RateLimitLayer, want: (bool, u64)) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let got = left(layer).await;
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "tier never held {want:?}; holds {got:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
