@@ -155,11 +155,7 @@ impl Refunds {
             // Under a per-key override the backend reads it first and
             // refunds under it, as the check was charged (the same order
             // as a priced tier's settle, engine/settle.rs).
-            let read = i
-                .checked_sub(1)
-                .and_then(|j| meta.sent.get(j))
-                .filter(|o| o.limit.is_override() && meta.tiers.get(i - 1) == meta.tiers.get(i));
-            if let Some(read) = read {
+            if let Some(read) = meta.override_read(i) {
                 list.push(TierRefund {
                     check: read.clone(),
                     charge: *charge,

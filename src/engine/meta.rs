@@ -80,6 +80,16 @@ impl Meta {
             .and_then(|&t| shared.config.tiers.get(usize::from(t)))
     }
 
+    /// The per-key override's read sent just before check `i`, of the same
+    /// tier, if its tier takes overrides: a refund or settle of check `i`
+    /// carries it so the backend runs it under the override, as the check.
+    pub(crate) fn override_read(&self, i: usize) -> Option<&TierCheck> {
+        let j = i.checked_sub(1)?;
+        self.sent
+            .get(j)
+            .filter(|o| o.limit.is_override() && self.tiers.get(j) == self.tiers.get(i))
+    }
+
     /// The name of the tier check `i` belongs to.
     pub(crate) fn tier_name(&self, shared: &Shared, i: usize) -> Arc<str> {
         self.tier(shared, i)

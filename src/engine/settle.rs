@@ -170,10 +170,7 @@ impl Reservation {
                     None => continue,
                 },
             };
-            let override_read = i
-                .checked_sub(1)
-                .and_then(|j| meta.sent.get(j))
-                .filter(|o| o.limit.is_override() && meta.tiers.get(i - 1) == Some(&t));
+            let override_read = meta.override_read(i);
             tiers.push(Reserved {
                 tier: usize::from(t),
                 name: built.name.clone(),
