@@ -227,22 +227,7 @@ fn misconfigured_priced_tiers_fail_at_build_naming_the_field() {
 /// refund-mode call to the key's slot.
 mod cluster {
     use super::support::cluster::RedisCluster;
-    use super::support::{Env, T0_US};
-    use std::time::Duration;
-    use tiered_ratelimit::backend::{ManualClock, RedisBackend};
-
-    fn env(cluster: &RedisCluster) -> Env {
-        let clock = ManualClock::new(T0_US);
-        let backend = RedisBackend::cluster(cluster.urls())
-            .expect("cluster urls")
-            .with_manual_clock(clock.clone())
-            .with_test_ttl_slack(Duration::from_secs(600));
-        Env {
-            clock,
-            backend: backend.into(),
-            redis: None,
-        }
-    }
+    use super::support::Env;
 
     fn flush(cluster: &RedisCluster) {
         for p in cluster.primaries() {
@@ -253,12 +238,12 @@ mod cluster {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reserve_settle_debt_and_streams() {
         let cluster = RedisCluster::start(0);
-        super::actual_in_a_header_settles_before_the_head(env(&cluster)).await;
+        super::actual_in_a_header_settles_before_the_head(Env::cluster(&cluster)).await;
         flush(&cluster);
-        super::a_stream_settles_from_its_trailer_when_it_ends(env(&cluster)).await;
+        super::a_stream_settles_from_its_trailer_when_it_ends(Env::cluster(&cluster)).await;
         flush(&cluster);
-        super::a_request_denied_by_another_tier_reserves_nothing(env(&cluster)).await;
+        super::a_request_denied_by_another_tier_reserves_nothing(Env::cluster(&cluster)).await;
         flush(&cluster);
-        super::a_disconnect_mid_stream_settles_at_the_estimate(env(&cluster)).await;
+        super::a_disconnect_mid_stream_settles_at_the_estimate(Env::cluster(&cluster)).await;
     }
 }

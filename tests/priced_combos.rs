@@ -173,31 +173,16 @@ async fn under_an_unlimited_override(env: Env) {
 /// slot.
 mod cluster {
     use super::support::cluster::RedisCluster;
-    use super::support::{Env, T0_US};
-    use std::time::Duration;
-    use tiered_ratelimit::backend::{ManualClock, RedisBackend};
-
-    fn env(cluster: &RedisCluster) -> Env {
-        let clock = ManualClock::new(T0_US);
-        let backend = RedisBackend::cluster(cluster.urls())
-            .expect("cluster urls")
-            .with_manual_clock(clock.clone())
-            .with_test_ttl_slack(Duration::from_secs(600));
-        Env {
-            clock,
-            backend: backend.into(),
-            redis: None,
-        }
-    }
+    use super::support::Env;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn overrides() {
         let cluster = RedisCluster::start(0);
-        super::under_an_override(env(&cluster)).await;
+        super::under_an_override(Env::cluster(&cluster)).await;
         for p in cluster.primaries() {
             super::support::cluster::node_cmd::<()>(p, &["FLUSHALL"]).unwrap();
         }
-        super::under_an_unlimited_override(env(&cluster)).await;
+        super::under_an_unlimited_override(Env::cluster(&cluster)).await;
     }
 }
 

@@ -245,6 +245,20 @@ impl Env {
         }
     }
 
+    /// On `cluster` (a Redis Cluster of the test's own), on a manual clock.
+    pub fn cluster(cluster: &cluster::RedisCluster) -> Self {
+        let clock = ManualClock::new(T0_US);
+        let backend = tiered_ratelimit::backend::RedisBackend::cluster(cluster.urls())
+            .expect("cluster urls")
+            .with_manual_clock(clock.clone())
+            .with_test_ttl_slack(Duration::from_secs(600));
+        Env {
+            clock,
+            backend: backend.into(),
+            redis: None,
+        }
+    }
+
     pub fn builder(&self) -> tiered_ratelimit::RateLimitLayerBuilder {
         RateLimitLayer::builder()
             .backend(self.backend.clone())
