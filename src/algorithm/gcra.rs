@@ -79,6 +79,7 @@ impl Gcra {
     /// `1 / rate` µs) ahead of now. The memory backend's cells, which keep
     /// the TAT in those units, decide with it directly (a charge then puts
     /// the TAT at `backlog + cost × unit` units ahead).
+    #[inline(always)]
     pub(crate) fn check_backlog(&self, backlog: u64, cost: u64) -> Decision {
         let b = &self.bucket;
         let after = backlog + cost * b.unit;

@@ -182,6 +182,7 @@ impl TokenBucket {
     /// charge (its TAT is `now + used / rate`; its time-to-live the
     /// decision's `reset_after_us`). The memory backend's cells, which keep
     /// the TAT in units, decide with it directly.
+    #[inline(always)]
     pub(crate) fn check_missing(&self, missing: u64, cost: u64) -> (Decision, Option<u64>) {
         let tokens = self.capacity.saturating_sub(missing);
         let cost_units = cost.saturating_mul(self.unit);

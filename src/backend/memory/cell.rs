@@ -5,6 +5,15 @@
 use crate::algorithm::{div_ceil, BucketState, Decision, Limit, State, TatState};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// What an allowed check writes: the cell's new ticks, and the charge's
+/// undo value ([`Limit::undo_of`]), which the check computes on the way
+/// (what [`TatCell::undo`] of those ticks would compute again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Charged {
+    pub(super) ticks: u64,
+    pub(super) undo: u64,
+}
+
 /// The TAT of one bucket, `anchor_us + ticks / rate` µs, in one atomic.
 ///
 /// Both algorithms keep the TAT as whole microseconds plus a remainder in
@@ -99,7 +108,8 @@ impl TatCell {
     }
 
     /// `limit`'s decision for `cost` at `now_us` on the bucket at `ticks`
-    /// (expired: as no key), and when allowed the ticks to store. `None`
+    /// (expired: as no key), and when allowed the ticks to store and the
+    /// charge's undo value. `None`
     /// when the cell cannot answer: another algorithm, unit or rate, or a
     /// charged TAT it cannot express (the locked path then decides).
     ///
@@ -113,14 +123,14 @@ impl TatCell {
     ///
     /// [`TokenBucket::check_missing`]: crate::algorithm::TokenBucket::check_missing
     /// [`Gcra::check_backlog`]: crate::algorithm::Gcra::check_backlog
-    #[inline]
+    #[inline(always)]
     pub(super) fn decide(
         &self,
         limit: &Limit,
         ticks: u64,
         now_us: u64,
         cost: u64,
-    ) -> Option<(Decision, Option<u64>)> {
+    ) -> Option<(Decision, Option<Charged>)> {
         // `now_us` in ticks; expired (`expires_us(ticks) <= now_us`) when
         // `ticks` is not past it.
         let now = now_us
@@ -136,7 +146,14 @@ impl TatCell {
                 }
                 match b.check_missing(missing, cost) {
                     (d, None) => Some((d, None)),
-                    (d, Some(used)) => Some((d, Some(now.checked_add(used)?))),
+                    (d, Some(used)) => Some((
+                        d,
+                        Some(Charged {
+                            ticks: now.checked_add(used)?,
+                            // The units the charge left (`Limit::undo_of`).
+                            undo: b.capacity - used,
+                        }),
+                    )),
                 }
             }
             (Limit::LeakyBucket(g), Kind::Leaky, Some(now)) if g.bucket.rate == self.rate => {
@@ -146,7 +163,14 @@ impl TatCell {
                     return Some((d, None));
                 }
                 let after = backlog.checked_add(cost.checked_mul(g.bucket.unit)?)?;
-                Some((d, Some(now.checked_add(after)?)))
+                Some((
+                    d,
+                    Some(Charged {
+                        ticks: now.checked_add(after)?,
+                        // The backlog the charge left (`Limit::undo_of`).
+                        undo: after,
+                    }),
+                ))
             }
             _ => self.decide_on_state(limit, ticks, now_us, cost),
         }
@@ -160,7 +184,7 @@ impl TatCell {
         ticks: u64,
         now_us: u64,
         cost: u64,
-    ) -> Option<(Decision, Option<u64>)> {
+    ) -> Option<(Decision, Option<Charged>)> {
         // Not yet expired: `expires_us(ticks) > now_us`, without a division.
         let live = now_us
             .checked_sub(self.anchor_us)
@@ -178,7 +202,9 @@ impl TatCell {
                 });
                 match b.check(state, now_us, cost) {
                     (d, None) => Some((d, None)),
-                    (d, Some((s, _))) => Some((d, Some(self.ticks_of(s.tat_us, s.frac)?))),
+                    (d, Some((s, _))) => {
+                        Some((d, Some(self.charged(limit, s.tat_us, s.frac, now_us)?)))
+                    }
                 }
             }
             (Limit::LeakyBucket(g), Kind::Leaky) if g.bucket.rate == self.rate => {
@@ -192,10 +218,19 @@ impl TatCell {
                     return Some((d, None));
                 }
                 let (s, _) = g.charge(state, now_us, cost);
-                Some((d, Some(self.ticks_of(s.tat_us, s.frac)?)))
+                Some((d, Some(self.charged(limit, s.tat_us, s.frac, now_us)?)))
             }
             _ => None,
         }
+    }
+
+    /// The charge to the TAT `tat_us + frac / rate`, if the cell can hold it.
+    fn charged(&self, limit: &Limit, tat_us: u64, frac: u64, now_us: u64) -> Option<Charged> {
+        let ticks = self.ticks_of(tat_us, frac)?;
+        Some(Charged {
+            ticks,
+            undo: self.undo(limit, ticks, now_us),
+        })
     }
 
     /// [`Limit::undo_of`] the state at `ticks`, charged at `now_us`: for

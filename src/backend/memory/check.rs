@@ -86,6 +86,17 @@ impl MemoryBackend {
     ) {
         let now_us = self.inner.clock.now_us();
         let n = checks.len();
+        if let [c] = checks {
+            // One tier (the layer's default): one hash, and none of the
+            // several tiers' scratch space, before the fast path.
+            out.now_us = now_us;
+            out.charges.clear();
+            let hash = self.hash(&c.key);
+            let out_pair = (&mut out.decisions, &mut out.charges);
+            if self.check_one_fast(c, shadow, with_charges, out_pair, now_us, hash) {
+                return;
+            }
+        }
         // Scratch space per check: on the stack for up to 8 tiers (indexing a
         // SmallVec checks where its data lives on every access).
         let (mut hashes_a, mut hashes_v) = ([0u64; 8], Vec::new());
@@ -100,27 +111,18 @@ impl MemoryBackend {
             decisions, charges, ..
         } = out;
         charges.clear();
-        if n == 1 {
-            if self.check_one_fast(
-                &checks[0],
+        if n > 1
+            && self.check_fast(
+                checks,
                 shadow,
                 with_charges,
-                (decisions, charges),
+                decisions,
+                charges,
                 now_us,
-                hashes[0],
-            ) {
-                return;
-            }
-        } else if self.check_fast(
-            checks,
-            shadow,
-            with_charges,
-            decisions,
-            charges,
-            now_us,
-            hashes,
-            shards,
-        ) {
+                hashes,
+                shards,
+            )
+        {
             return;
         }
         // Lock in ascending shard order (the set bits, low to high): no two

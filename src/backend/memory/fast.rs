@@ -2,7 +2,7 @@
 //! read-locked, each key charged by compare-and-swap on its [`TatCell`], a
 //! charge given back when a later tier turns out to deny.
 
-use super::cell::TatCell;
+use super::cell::{Charged, TatCell};
 use super::shard::{read, shard_of, Entry, Shard};
 use super::MemoryBackend;
 use crate::algorithm::{Decision, Limit};
@@ -15,7 +15,7 @@ use std::sync::RwLockReadGuard;
 struct Step<'a> {
     cell: &'a TatCell,
     seen: u64,
-    charged: Option<u64>,
+    charged: Option<Charged>,
 }
 
 impl MemoryBackend {
@@ -65,12 +65,12 @@ impl MemoryBackend {
                 }
                 return true;
             };
-            match cell.swap_from(seen, new) {
+            match cell.swap_from(seen, new.ticks) {
                 Ok(()) => {
                     if with_charges {
                         charges.push(Some(Charge {
                             at_us: now_us,
-                            undo: cell.undo(&c.limit, new, now_us),
+                            undo: new.undo,
                             next_after_us: 0,
                         }));
                     }
@@ -160,7 +160,7 @@ impl MemoryBackend {
             let c = &checks[i];
             let step = &mut steps[i];
             while let Some(new) = step.charged {
-                let Err(now_seen) = step.cell.swap_from(step.seen, new) else {
+                let Err(now_seen) = step.cell.swap_from(step.seen, new.ticks) else {
                     break;
                 };
                 // Another request charged (or a weak swap failed): decide
@@ -174,7 +174,7 @@ impl MemoryBackend {
                     _ => {
                         for s in &steps[..i] {
                             if let Some(new) = s.charged {
-                                s.cell.give_back(s.seen, new, now_us);
+                                s.cell.give_back(s.seen, new.ticks, now_us);
                             }
                         }
                         return false;
@@ -187,10 +187,10 @@ impl MemoryBackend {
                 // At its size at once (a verdict of the owned API's is new).
                 *charges = Vec::with_capacity(steps.len());
             }
-            charges.extend(steps.iter().zip(checks).map(|(s, c)| {
+            charges.extend(steps.iter().map(|s| {
                 s.charged.map(|new| Charge {
                     at_us: now_us,
-                    undo: s.cell.undo(&c.limit, new, now_us),
+                    undo: new.undo,
                     next_after_us: 0,
                 })
             }));

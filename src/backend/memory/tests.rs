@@ -255,10 +255,15 @@ fn a_charge_given_back_leaves_the_others() {
     let (d, mine) = cell.decide(&limit, seen, now, 2).unwrap();
     assert_eq!(d.remaining, 7);
     let mine = mine.unwrap();
+    // The undo value a check computes is what `undo` computes again.
+    assert_eq!(mine.undo, cell.undo(&limit, mine.ticks, now));
+    let mine = mine.ticks;
     cell.swap_from(seen, mine).unwrap();
     let (d, theirs) = cell.decide(&limit, mine, now, 3).unwrap();
     assert_eq!(d.remaining, 4);
-    cell.swap_from(mine, theirs.unwrap()).unwrap();
+    let theirs = theirs.unwrap();
+    assert_eq!(theirs.undo, cell.undo(&limit, theirs.ticks, now));
+    cell.swap_from(mine, theirs.ticks).unwrap();
     cell.give_back(seen, mine, now);
     // 10 − 1 (first) − 3 (theirs) = 6 left.
     let (d, _) = cell.decide(&limit, cell.load(), now, 1).unwrap();
