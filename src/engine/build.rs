@@ -132,6 +132,8 @@ impl EngineBuilder {
             backend,
             local_clock,
             config: Config {
+                any_refunds: Config::refunds_of(&tiers),
+                any_priced: tiers.iter().any(|t| t.priced),
                 tiers: tiers.into_boxed_slice(),
                 penalties,
                 key_overrides: overrides,

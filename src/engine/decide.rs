@@ -356,6 +356,7 @@ pub(crate) fn reject(
 }
 
 /// Every check's result, when the front door asked for them.
+#[inline]
 fn details(meta: &Meta, v: &Verdict) -> Option<Box<Details>> {
     meta.details.then(|| {
         Box::new(Details {

@@ -15,6 +15,7 @@ use crate::response::{HeaderStyle, Meter, Meters, RateLimitHeaders};
 /// it shows what it holds: its result less the request's cost (its
 /// remaining plus the cost, and for a tier that refills continuously the
 /// cost's refill time off its reset).
+#[inline]
 pub(super) fn attach(
     shared: &Shared,
     meta: &Meta,
@@ -22,9 +23,19 @@ pub(super) fn attach(
     denied: bool,
     headers: &mut RateLimitHeaders,
 ) {
-    if shared.config.header_style != HeaderStyle::PerMeter {
-        return;
+    if shared.config.header_style == HeaderStyle::PerMeter {
+        attach_meters(shared, meta, ds, denied, headers);
     }
+}
+
+/// [`attach`] with the per-meter style.
+fn attach_meters(
+    shared: &Shared,
+    meta: &Meta,
+    ds: &[TierResult],
+    denied: bool,
+    headers: &mut RateLimitHeaders,
+) {
     let mut meters = Meters::default();
     for (i, d) in ds.iter().enumerate() {
         if (meta.shadow.contains(i) && !shared.config.shadow_headers)

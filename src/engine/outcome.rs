@@ -31,13 +31,23 @@ pub(crate) fn outcome(
     };
     let backend = shared.backend.name();
     // One span per check, with every tier's result as a field (formatted
-    // only when a subscriber wants the span).
-    let span = tracing::debug_span!(target: super::LOG_TARGET,
-        "rate_limit_check",
-        backend,
-        tiers = tracing::field::Empty,
-        error = tracing::field::Empty
-    );
+    // only when a subscriber wants the span). Not even made while no
+    // subscriber takes debug spans: a disabled span still costs its
+    // callsite's checks, and with tracing's `log` feature a record of its
+    // fields and of each enter and exit.
+    let debug = tracing::Level::DEBUG;
+    let span = if debug <= tracing::level_filters::STATIC_MAX_LEVEL
+        && debug <= tracing::level_filters::LevelFilter::current()
+    {
+        tracing::debug_span!(target: super::LOG_TARGET,
+            "rate_limit_check",
+            backend,
+            tiers = tracing::field::Empty,
+            error = tracing::field::Empty
+        )
+    } else {
+        tracing::Span::none()
+    };
     if !span.is_disabled() {
         match &result {
             Ok(v) => {
@@ -64,7 +74,7 @@ pub(crate) fn outcome(
             }
         }
     }
-    let _entered = span.enter();
+    let _entered = (!span.is_none()).then(|| span.enter());
     // `None` when unobserved (`begin` then read no clock).
     let backend_latency = meta.backend_started.map(|t| t.elapsed());
     let decided = match result {

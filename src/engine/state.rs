@@ -46,6 +46,11 @@ pub(crate) struct Config {
     pub(crate) key_overrides: bool,
     /// Whether any tier is a concurrency tier (slots to guard and release).
     pub(crate) concurrency: bool,
+    /// Whether any tier refunds by result or is priced ([`Config::refunds`]),
+    /// and whether any is priced ([`Config::priced`]): asked on every
+    /// request, so found once.
+    pub(crate) any_refunds: bool,
+    pub(crate) any_priced: bool,
     pub(crate) failure_policy: FailurePolicy,
     pub(crate) backend_timeout: Duration,
     pub(crate) fallback_instances: u32,
@@ -141,15 +146,22 @@ impl Shared {
 impl Config {
     /// Whether any tier refunds by response status (so checks must report
     /// their charges).
+    #[inline]
     pub(crate) fn refunds(&self) -> bool {
-        self.tiers
-            .iter()
-            .any(|t| t.refund_on != RefundOn::Never || t.priced)
+        self.any_refunds
     }
 
     /// Whether any tier is priced by its response.
+    #[inline]
     pub(crate) fn priced(&self) -> bool {
-        self.tiers.iter().any(|t| t.priced)
+        self.any_priced
+    }
+
+    /// [`Config::any_refunds`] of `tiers`.
+    pub(crate) fn refunds_of(tiers: &[BuiltTier]) -> bool {
+        tiers
+            .iter()
+            .any(|t| t.refund_on != RefundOn::Never || t.priced)
     }
 
     /// The index of the tier named `name`.

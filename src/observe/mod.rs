@@ -80,6 +80,31 @@ pub(crate) struct RequestMetrics {
     tiers: usize,
     endpoints: usize,
     cached: arc_swap::ArcSwapOption<Handles>,
+    /// Unique in this process, for [`THREAD_HANDLES`].
+    id: u64,
+    /// Bumped after each store into `cached`: a thread's copy of the
+    /// handles is used while it is still of the current generation.
+    generation: std::sync::atomic::AtomicU64,
+}
+
+/// Distinct ids of [`RequestMetrics`], for [`THREAD_HANDLES`] (an address
+/// could be reused by a later layer).
+static NEXT_METRICS_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// A thread's copy of one layer's current handles: which layer
+/// ([`RequestMetrics`]'s id), of which generation.
+struct ThreadHandles {
+    metrics: u64,
+    generation: u64,
+    handles: Arc<Handles>,
+}
+
+thread_local! {
+    /// The handles this thread used last. A request looks its layer's
+    /// handles up twice (its tier decisions, then its latency): here that is
+    /// a thread-local read, not an `arc_swap` load and its guard each.
+    static THREAD_HANDLES: std::cell::RefCell<Option<ThreadHandles>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// How long registered handles are used before they are registered again.
@@ -134,7 +159,8 @@ type Cell = std::sync::OnceLock<(Arc<str>, metrics::Counter)>;
 struct Handles {
     /// Address of the recorder these were registered with.
     recorder: usize,
-    registered: Instant,
+    /// When these are to be registered again ([`REFRESH`] after they were).
+    stale_at: Instant,
     requests: [metrics::Counter; 10],
     backend_latency: metrics::Histogram,
     total_latency: metrics::Histogram,
@@ -154,22 +180,53 @@ impl RequestMetrics {
             tiers,
             endpoints,
             cached: arc_swap::ArcSwapOption::empty(),
+            id: NEXT_METRICS_ID.fetch_add(1, Ordering::Relaxed),
+            generation: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// Stores the current handles (or none: registered again on next use),
+    /// then moves to the next generation.
+    fn store(&self, handles: Option<Arc<Handles>>) {
+        self.cached.store(handles);
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     fn with<R>(&self, f: impl FnOnce(&Handles) -> R) -> R {
         let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
-        let cached = self.cached.load();
-        if let Some(h) = cached.as_deref() {
-            if h.recorder == recorder {
-                return f(h);
-            }
+        // Read before `cached`: a copy made from a later store is then at
+        // worst of an older generation, and refreshed at its next use.
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut f = Some(f);
+        let done = THREAD_HANDLES
+            .try_with(|t| {
+                let t = t.try_borrow().ok()?;
+                let t = t.as_ref().filter(|t| {
+                    t.metrics == self.id
+                        && t.generation == generation
+                        && t.handles.recorder == recorder
+                })?;
+                let f = f.take()?;
+                Some(f(&t.handles))
+            })
+            .ok()
+            .flatten();
+        if let Some(r) = done {
+            return r;
+        }
+        let Some(f) = f.take() else {
+            unreachable!("the closure runs only when it returns its result");
+        };
+        let cached = self.cached.load_full();
+        if let Some(h) = cached.filter(|h| h.recorder == recorder) {
+            self.keep_on_thread(generation, &h);
+            return f(&h);
         }
         describe();
         let backend = self.backend;
         let h = Arc::new(Handles {
             recorder,
-            registered: Instant::now(),
+            stale_at: Instant::now() + REFRESH,
             requests: DECISIONS.map(|d| metrics::counter!(REQUESTS, "decision" => d)),
             backend_latency: metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => "backend"),
             total_latency: metrics::histogram!(CHECK_DURATION, "backend" => backend, "part" => "total"),
@@ -180,8 +237,21 @@ impl RequestMetrics {
                 .map(|_| std::sync::OnceLock::new())
                 .collect(),
         });
-        self.cached.store(Some(h.clone()));
+        self.store(Some(h.clone()));
         f(&h)
+    }
+
+    /// Makes `handles` this thread's copy, as of `generation`.
+    fn keep_on_thread(&self, generation: u64, handles: &Arc<Handles>) {
+        let _ = THREAD_HANDLES.try_with(|t| {
+            if let Ok(mut t) = t.try_borrow_mut() {
+                *t = Some(ThreadHandles {
+                    metrics: self.id,
+                    generation,
+                    handles: handles.clone(),
+                });
+            }
+        });
     }
 
     /// Counts one request on which tier `tier` (named `name`) had no key,
@@ -271,10 +341,10 @@ impl RequestMetrics {
                 h.total_latency
                     .record(now.saturating_duration_since(t).as_secs_f64());
             }
-            now.saturating_duration_since(h.registered) >= REFRESH
+            now >= h.stale_at
         });
         if stale {
-            self.cached.store(None);
+            self.store(None);
         }
     }
 }

@@ -74,9 +74,28 @@ impl std::fmt::Debug for Endpoint {
 
 thread_local! {
     static LABEL: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    /// The endpoint this thread looked up last: its observer's id, method,
+    /// route and series. Most requests a thread serves in a row share their
+    /// route, so this answers them without building the label or hashing it.
+    static LAST_ENDPOINT: std::cell::RefCell<Option<LastEndpoint>> =
+        const { std::cell::RefCell::new(None) };
 }
 
+/// [`LAST_ENDPOINT`]'s entry.
+struct LastEndpoint {
+    observer: u64,
+    method: String,
+    route: String,
+    endpoint: Arc<Endpoint>,
+}
+
+/// Distinct ids of observers, for [`LAST_ENDPOINT`] (an address could be
+/// reused by a later observer).
+static NEXT_OBSERVER_ID: AtomicU64 = AtomicU64::new(1);
+
 pub(crate) struct Observer {
+    /// Unique in this process.
+    id: u64,
     tiers: Box<[Arc<str>]>,
     config: AnomalyConfig,
     /// endpoint → one series per tier. Read by every request without a
@@ -111,6 +130,7 @@ impl Observer {
     ) -> Self {
         let n = tiers.len();
         Self {
+            id: NEXT_OBSERVER_ID.fetch_add(1, Ordering::Relaxed),
             sketches: (0..n).map(|_| TierSketch::new(sketch_capacity)).collect(),
             history: Mutex::new(vec![VecDeque::new(); n]),
             tiers: tiers.into_boxed_slice(),
@@ -124,15 +144,48 @@ impl Observer {
     }
 
     /// The series of `METHOD route`, without allocating when it exists.
+    /// A label's series never changes once looked up (the map only grows,
+    /// and a label past the cap stays `<other>`), so the thread's last
+    /// answer is reused while the method and route repeat.
     pub(crate) fn endpoint(&self, method: &str, route: &str) -> Arc<Endpoint> {
-        LABEL.with(|buf| {
+        let cached = LAST_ENDPOINT.try_with(|last| {
+            let last = last.try_borrow().ok()?;
+            let l = last.as_ref()?;
+            (l.observer == self.id && l.method == method && l.route == route)
+                .then(|| l.endpoint.clone())
+        });
+        if let Ok(Some(e)) = cached {
+            return e;
+        }
+        let e = LABEL.with(|buf| {
             let mut label = buf.borrow_mut();
             label.clear();
             label.push_str(method);
             label.push(' ');
             label.push_str(route);
             self.endpoint_named(&label)
-        })
+        });
+        let _ = LAST_ENDPOINT.try_with(|last| {
+            let Ok(mut last) = last.try_borrow_mut() else {
+                return;
+            };
+            // The strings' buffers are kept from one entry to the next.
+            let (mut m, mut r) = match last.take() {
+                Some(l) => (l.method, l.route),
+                None => (String::new(), String::new()),
+            };
+            m.clear();
+            m.push_str(method);
+            r.clear();
+            r.push_str(route);
+            *last = Some(LastEndpoint {
+                observer: self.id,
+                method: m,
+                route: r,
+                endpoint: e.clone(),
+            });
+        });
+        e
     }
 
     fn endpoint_named(&self, label: &str) -> Arc<Endpoint> {
@@ -357,5 +410,57 @@ impl Observer {
             .get(tier)
             .map(|s| s.top(kind, n, hours, now_s))
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn observer(max_endpoints: usize) -> Observer {
+        Observer::new(
+            vec![Arc::from("ip")],
+            AnomalyConfig::default(),
+            16,
+            max_endpoints,
+        )
+    }
+
+    /// The thread's last lookup answers a repeat only for the same
+    /// observer, method and route: each label keeps its own series, and
+    /// each observer its own.
+    #[test]
+    fn a_repeated_endpoint_is_the_same_series_and_only_its_own() {
+        let a = observer(8);
+        let b = observer(8);
+        let get = a.endpoint("GET", "/users/{id}");
+        assert_eq!(&*get.name, "GET /users/{id}");
+        assert!(Arc::ptr_eq(&get, &a.endpoint("GET", "/users/{id}")));
+        let post = a.endpoint("POST", "/users/{id}");
+        assert_eq!(&*post.name, "POST /users/{id}");
+        assert!(!Arc::ptr_eq(&get, &post));
+        let other_route = a.endpoint("GET", "/users");
+        assert_eq!(&*other_route.name, "GET /users");
+        // Another observer's series, though this thread just looked the
+        // same label up in `a`.
+        let in_b = b.endpoint("GET", "/users");
+        assert!(!Arc::ptr_eq(&other_route, &in_b));
+        assert_eq!((in_b.id, &*in_b.name), (0, "GET /users"));
+        assert!(Arc::ptr_eq(&get, &a.endpoint("GET", "/users/{id}")));
+        assert_eq!(a.series.load().len(), 3);
+    }
+
+    /// Past the cap a new label shares `<other>`, and still does when it
+    /// repeats (answered from the thread's last lookup).
+    #[test]
+    fn a_label_past_the_cap_stays_other_when_repeated() {
+        let o = observer(1);
+        let first = o.endpoint("GET", "/a");
+        assert_eq!(&*first.name, "GET /a");
+        for _ in 0..2 {
+            assert_eq!(&*o.endpoint("GET", "/b").name, OTHER_ENDPOINT);
+        }
+        assert!(Arc::ptr_eq(&first, &o.endpoint("GET", "/a")));
+        assert_eq!(&*o.endpoint("GET", "/b").name, OTHER_ENDPOINT);
     }
 }

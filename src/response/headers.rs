@@ -288,19 +288,6 @@ fn small_offset(n: u64) -> usize {
     }
 }
 
-/// A number's digits, the owner of a shared header value's bytes (one
-/// allocation, which clones share).
-struct Digits {
-    buf: [u8; 20],
-    len: u8,
-}
-
-impl AsRef<[u8]> for Digits {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf[..usize::from(self.len)]
-    }
-}
-
 thread_local! {
     /// Per header, the last value this thread wrote that was not in
     /// [`SMALL`], shared by the responses that repeat it: a tier's limit
@@ -308,13 +295,44 @@ thread_local! {
     /// second) cost a reference count, not an allocation.
     static LAST: std::cell::RefCell<[Option<(u64, HeaderValue)>; 4]> =
         const { std::cell::RefCell::new([const { None }; 4]) };
+    /// The digits of the numbers this thread formatted, one after the other
+    /// in one buffer: each header value is a shared slice of it, so a new
+    /// number (the remaining count of a busy key, on every response) costs
+    /// a reference count, not an allocation of its own. A full buffer is
+    /// left to the values still using it and a new one started.
+    static DIGITS: std::cell::RefCell<bytes::BytesMut> =
+        std::cell::RefCell::new(bytes::BytesMut::new());
+}
+
+/// Bytes of each [`DIGITS`] buffer: 20-digit numbers for ~200 values.
+const DIGITS_CHUNK: usize = 4096;
+
+/// `n`'s digits as a header value: a slice of this thread's [`DIGITS`]
+/// buffer (formatted with `itoa`).
+fn fresh_value(n: u64) -> HeaderValue {
+    let mut formatted = itoa::Buffer::new();
+    let text = formatted.format(n).as_bytes();
+    let shared = DIGITS.try_with(|digits| {
+        let mut digits = digits.try_borrow_mut().ok()?;
+        if digits.capacity() - digits.len() < text.len() {
+            *digits = bytes::BytesMut::with_capacity(DIGITS_CHUNK);
+        }
+        digits.extend_from_slice(text);
+        Some(digits.split().freeze())
+    });
+    let bytes = match shared {
+        Ok(Some(b)) => b,
+        // During thread teardown: a copy of its own.
+        _ => bytes::Bytes::copy_from_slice(text),
+    };
+    HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
 /// A number as a header value, with no allocation when it is below 10^4
 /// (its digits borrowed from [`SMALL`]) or the value this thread last wrote
-/// for the same header (shared); else one allocation (the digits,
-/// formatted with `itoa`, in a shared owner: `HeaderValue::from(u64)`
-/// makes two).
+/// for the same header (shared); else a slice of this thread's digit buffer
+/// ([`fresh_value`]: an allocation every ~200 new values, where
+/// `HeaderValue::from(u64)` makes two per value).
 fn int_value(field: Field, n: u64) -> HeaderValue {
     if n <= SMALL_MAX {
         let at = small_offset(n);
@@ -322,35 +340,21 @@ fn int_value(field: Field, n: u64) -> HeaderValue {
         return HeaderValue::from_maybe_shared(bytes::Bytes::from_static(digits))
             .unwrap_or_else(|_| HeaderValue::from_static("0"));
     }
-    let fresh = || {
-        let mut formatted = itoa::Buffer::new();
-        let text = formatted.format(n).as_bytes();
-        let mut digits = Digits {
-            buf: [0; 20],
-            len: 0,
-        };
-        // A u64 has at most 20 digits.
-        let len = text.len().min(digits.buf.len());
-        digits.buf[..len].copy_from_slice(&text[..len]);
-        digits.len = len as u8;
-        HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(digits))
-            .unwrap_or_else(|_| HeaderValue::from_static("0"))
-    };
     LAST.try_with(|last| {
         let Ok(mut last) = last.try_borrow_mut() else {
-            return fresh();
+            return fresh_value(n);
         };
         let slot = &mut last[field as usize];
         match slot {
             Some((m, v)) if *m == n => v.clone(),
             _ => {
-                let v = fresh();
+                let v = fresh_value(n);
                 *slot = Some((n, v.clone()));
                 v
             }
         }
     })
-    .unwrap_or_else(|_| fresh())
+    .unwrap_or_else(|_| fresh_value(n))
 }
 
 #[cfg(test)]
@@ -473,6 +477,17 @@ mod tests {
                 int_value(Field::Remaining, n).to_str().unwrap(),
                 n.to_string()
             );
+        }
+        // Many new numbers in a row: the digit buffer fills and is
+        // replaced, and every value keeps its own digits.
+        let values: Vec<(u64, HeaderValue)> = (0..1_000u64)
+            .map(|i| {
+                let n = 1_000_000_000 - i * 7;
+                (n, int_value(Field::Remaining, n))
+            })
+            .collect();
+        for (n, v) in &values {
+            assert_eq!(v.to_str().unwrap(), n.to_string());
         }
         // A field's last value does not leak into another field.
         assert_eq!(int_value(Field::Limit, 50_000).to_str().unwrap(), "50000");
