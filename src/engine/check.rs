@@ -276,12 +276,12 @@ fn begin(
     if meta.permit == Permit::Reject {
         return Begun::Ready(Err(BackendError::CircuitOpen));
     }
-    // Only for the latency histogram, which an unobserved check skips.
-    if !meta.quiet {
-        meta.backend_started = Some(Instant::now());
-    }
     #[allow(irrefutable_let_patterns)] // without the `redis` feature
     if let Backend::Memory(m) = &shared.backend {
+        // Only for the latency histogram, which an unobserved check skips.
+        if !meta.quiet {
+            meta.backend_started = Some(Instant::now());
+        }
         // Synchronous: keep the checks themselves, no copies; the verdict's
         // vectors are a spare's, given back once the request is decided.
         let mut verdict = super::spare::verdict();
@@ -289,13 +289,21 @@ fn begin(
         meta.sent = checks;
         Begun::Ready(Ok(verdict))
     } else {
+        // One reading of the clock for the call: the latency histogram's
+        // start, the deny cache's send time, the hour of the blocked-keys
+        // set and the script's deadline (a read costs ~60 ns in a VM;
+        // docs/performance.md, "Redis mode's app-side cost").
+        let sent = Instant::now();
+        if !meta.quiet {
+            meta.backend_started = Some(sent);
+        }
         // For the deny cache (off on the memory backend).
-        meta.sent_us = shared.local_clock.now_us();
+        meta.sent_us = shared.local_clock.at(sent);
         if shared.guards.deny_cache.enabled() {
             let cost = checks.iter().fold(0u64, |n, c| n.saturating_add(c.cost));
             meta.flight = Some(shared.guards.deny_cache.start_flight(cost));
         }
-        let blocked = shared.blocked_set();
+        let blocked = shared.blocked_set(meta.sent_us);
         let check = match &leased {
             Some(t) if local > 0 => {
                 let (rest, shadow) = t.rest(&mut checks, meta.shadow);
@@ -306,6 +314,7 @@ fn begin(
                     shared.config.refunds(),
                     blocked.as_deref(),
                     Some(timeout),
+                    sent,
                 );
                 t.restore(&mut checks, rest);
                 check
@@ -316,6 +325,7 @@ fn begin(
                 shared.config.refunds(),
                 blocked.as_deref(),
                 Some(timeout),
+                sent,
             ),
         };
         meta.sent = checks;

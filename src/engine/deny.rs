@@ -187,7 +187,14 @@ pub(crate) fn cache_blocked(
 /// instant). Both are measured from when the check was sent (on a manual
 /// clock, the instant the backend decided at). Tiers that refund by response
 /// status are left out: a refund can make room before the cached instant.
-pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
+/// `answered`: the clock read after the answer came, if the caller read it
+/// (else it is read here, when needed).
+pub(crate) fn feed_deny_cache(
+    shared: &Shared,
+    meta: &Meta,
+    v: &Verdict,
+    answered: Option<std::time::Instant>,
+) {
     // Counted as fed before any entry is written or forgotten for it (the
     // room facts of answers fed meanwhile subtract its charges).
     if let Some(f) = &meta.flight {
@@ -196,7 +203,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     if meta.sent.is_empty() || !shared.guards.deny_cache.enabled() {
         return;
     }
-    let mut now_us = None;
+    let mut now_us = answered.map(|t| shared.local_clock.at(t));
     let mut probed_room = false;
     // The longest-lived entry this answer writes: (until, wait).
     let mut written: Option<(u64, u64)> = None;
