@@ -36,17 +36,21 @@ pub(crate) enum Cached {
 /// could not, whatever its stored state, deny with a wait that would make
 /// it bind instead. Otherwise, for the first lapsed check, the probe to join
 /// (`may_wait`: wait for another's; a request that already waited does not
-/// wait again).
+/// wait again). `now`: the clock as the caller just read it (else read
+/// here).
 pub(crate) fn deny_cached(
     shared: &Shared,
     checks: &[TierCheck],
     meta: &Meta,
     may_wait: bool,
+    now: Option<std::time::Instant>,
 ) -> Cached {
     if !shared.guards.deny_cache.enabled() {
         return Cached::Check(None);
     }
-    let now_us = shared.local_clock.now_us();
+    let now_us = shared
+        .local_clock
+        .at(now.unwrap_or_else(std::time::Instant::now));
     let mut lapsed = None;
     // The binding cached denial so far: (check, entry, wait).
     let mut binding: Option<(usize, Denied, u64)> = None;
