@@ -137,9 +137,14 @@ impl Backend {
         for c in &mut checks {
             c.cost = c.cost.min(c.limit.capacity().saturating_add(1));
         }
-        match self.start_check(&checks, Shadow::NONE, true, None, None) {
-            Check::Ready(r) => r,
-            Check::Pending(f) => f.await,
+        match self {
+            Backend::Memory(m) => Ok(m.check(&checks, Shadow::NONE, true)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => {
+                let sent = std::time::Instant::now();
+                r.start_check(&checks, Shadow::NONE, true, None, None, sent)
+                    .await
+            }
         }
     }
 
@@ -150,7 +155,9 @@ impl Backend {
     /// (what refunds by status need; the charge itself is always listed).
     /// `blocked`: on a single Redis, the hourly sorted set that counts
     /// rejected keys fleet-wide, written by the same script call. `timeout`
-    /// bounds a remote check ([`BackendError::Timeout`] after it).
+    /// bounds a remote check ([`BackendError::Timeout`] after it); `sent` is
+    /// the caller's reading of the clock, now: a Redis check's deadline in
+    /// Redis's clock counts from it (the memory backend ignores both).
     ///
     /// The checks are only borrowed: a Redis check's command is built here,
     /// so the caller keeps them (for the deny cache and the top-N sketches)
@@ -162,15 +169,16 @@ impl Backend {
         charges: bool,
         blocked: Option<&str>,
         timeout: Option<std::time::Duration>,
+        sent: std::time::Instant,
     ) -> Check {
         match self {
             Backend::Memory(m) => {
-                let _ = (blocked, timeout);
+                let _ = (blocked, timeout, sent);
                 Check::Ready(Ok(m.check(checks, shadow, charges)))
             }
             #[cfg(feature = "redis")]
             Backend::Redis(r) => {
-                Check::Pending(r.start_check(checks, shadow, charges, blocked, timeout))
+                Check::Pending(r.start_check(checks, shadow, charges, blocked, timeout, sent))
             }
         }
     }

@@ -96,7 +96,11 @@ impl Engine {
             Planned::Failed(e) => (Err(e), Meta::default()),
             Planned::Check(checks, mut meta) => {
                 inspect(&checks, &meta);
-                match deny_cached(shared, &checks, &meta, true) {
+                // One reading of the clock for the deny-cache lookup and
+                // the call that follows at once (the cache is off on the
+                // memory backend, which reads no clock for it).
+                let now = shared.guards.deny_cache.enabled().then(Instant::now);
+                match deny_cached(shared, &checks, &meta, true, now) {
                     Cached::Deny(denial) => {
                         return Step::Done(Decision::Block(Block::Limited(denial)))
                     }
@@ -117,6 +121,7 @@ impl Engine {
                     &mut meta,
                     started,
                     shared.config.backend_timeout,
+                    now,
                 ) {
                     Begun::Ready(result) => (result, meta),
                     Begun::Pending(check) => {
@@ -248,13 +253,15 @@ enum Begun {
 
 /// Starts the backend call for `checks` (past the deny cache). `started`:
 /// when the request reached the front door; `timeout`: the call's bound
-/// (less than `backend_timeout` after a wait for a probe).
+/// (less than `backend_timeout` after a wait for a probe); `now`: the clock
+/// as the caller read it a moment ago, if it did.
 fn begin(
     shared: &Shared,
     mut checks: Vec<TierCheck>,
     meta: &mut Meta,
     started: Instant,
     timeout: Duration,
+    now: Option<Instant>,
 ) -> Begun {
     meta.started = Some(started);
     // Lease mode: the checks this instance's leases cover are decided here;
@@ -276,12 +283,12 @@ fn begin(
     if meta.permit == Permit::Reject {
         return Begun::Ready(Err(BackendError::CircuitOpen));
     }
-    // Only for the latency histogram, which an unobserved check skips.
-    if !meta.quiet {
-        meta.backend_started = Some(Instant::now());
-    }
     #[allow(irrefutable_let_patterns)] // without the `redis` feature
     if let Backend::Memory(m) = &shared.backend {
+        // Only for the latency histogram, which an unobserved check skips.
+        if !meta.quiet {
+            meta.backend_started = Some(Instant::now());
+        }
         // Synchronous: keep the checks themselves, no copies; the verdict's
         // vectors are a spare's, given back once the request is decided.
         let mut verdict = super::spare::verdict();
@@ -289,13 +296,21 @@ fn begin(
         meta.sent = checks;
         Begun::Ready(Ok(verdict))
     } else {
+        // One reading of the clock for the call: the latency histogram's
+        // start, the deny cache's send time, the hour of the blocked-keys
+        // set and the script's deadline (a read costs ~60 ns in a VM;
+        // docs/performance.md, "Redis mode's app-side cost").
+        let sent = now.unwrap_or_else(Instant::now);
+        if !meta.quiet {
+            meta.backend_started = Some(sent);
+        }
         // For the deny cache (off on the memory backend).
-        meta.sent_us = shared.local_clock.now_us();
+        meta.sent_us = shared.local_clock.at(sent);
         if shared.guards.deny_cache.enabled() {
             let cost = checks.iter().fold(0u64, |n, c| n.saturating_add(c.cost));
             meta.flight = Some(shared.guards.deny_cache.start_flight(cost));
         }
-        let blocked = shared.blocked_set();
+        let blocked = shared.blocked_set(meta.sent_us);
         let check = match &leased {
             Some(t) if local > 0 => {
                 let (rest, shadow) = t.rest(&mut checks, meta.shadow);
@@ -306,6 +321,7 @@ fn begin(
                     shared.config.refunds(),
                     blocked.as_deref(),
                     Some(timeout),
+                    sent,
                 );
                 t.restore(&mut checks, rest);
                 check
@@ -316,6 +332,7 @@ fn begin(
                 shared.config.refunds(),
                 blocked.as_deref(),
                 Some(timeout),
+                sent,
             ),
         };
         meta.sent = checks;
@@ -339,11 +356,12 @@ enum Resumed {
 fn resume(shared: &Shared, checks: Vec<TierCheck>, mut meta: Meta, started: Instant) -> Resumed {
     // The wait counts against `backend_timeout`, the most the layer may add
     // to a request: the check gets what is left (none: the failure policy).
+    let now = Instant::now();
     let timeout = shared
         .config
         .backend_timeout
-        .saturating_sub(started.elapsed());
-    match deny_cached(shared, &checks, &meta, false) {
+        .saturating_sub(now.saturating_duration_since(started));
+    match deny_cached(shared, &checks, &meta, false, Some(now)) {
         Cached::Deny(denial) => Resumed::Deny(denial),
         // Nothing left: a timeout, without sending a check that could
         // charge after the request gave up on it.
@@ -353,12 +371,12 @@ fn resume(shared: &Shared, checks: Vec<TierCheck>, mut meta: Meta, started: Inst
             Resumed::Begun(Begun::Ready(timed_out), meta)
         }
         Cached::Wait(_) => {
-            let begun = begin(shared, checks, &mut meta, started, timeout);
+            let begun = begin(shared, checks, &mut meta, started, timeout, Some(now));
             Resumed::Begun(begun, meta)
         }
         Cached::Check(probe) => {
             meta.probe = probe;
-            let begun = begin(shared, checks, &mut meta, started, timeout);
+            let begun = begin(shared, checks, &mut meta, started, timeout, Some(now));
             Resumed::Begun(begun, meta)
         }
     }

@@ -36,17 +36,21 @@ pub(crate) enum Cached {
 /// could not, whatever its stored state, deny with a wait that would make
 /// it bind instead. Otherwise, for the first lapsed check, the probe to join
 /// (`may_wait`: wait for another's; a request that already waited does not
-/// wait again).
+/// wait again). `now`: the clock as the caller just read it (else read
+/// here).
 pub(crate) fn deny_cached(
     shared: &Shared,
     checks: &[TierCheck],
     meta: &Meta,
     may_wait: bool,
+    now: Option<std::time::Instant>,
 ) -> Cached {
     if !shared.guards.deny_cache.enabled() {
         return Cached::Check(None);
     }
-    let now_us = shared.local_clock.now_us();
+    let now_us = shared
+        .local_clock
+        .at(now.unwrap_or_else(std::time::Instant::now));
     let mut lapsed = None;
     // The binding cached denial so far: (check, entry, wait).
     let mut binding: Option<(usize, Denied, u64)> = None;
@@ -187,7 +191,14 @@ pub(crate) fn cache_blocked(
 /// instant). Both are measured from when the check was sent (on a manual
 /// clock, the instant the backend decided at). Tiers that refund by response
 /// status are left out: a refund can make room before the cached instant.
-pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
+/// `answered`: the clock read after the answer came, if the caller read it
+/// (else it is read here, when needed).
+pub(crate) fn feed_deny_cache(
+    shared: &Shared,
+    meta: &Meta,
+    v: &Verdict,
+    answered: Option<std::time::Instant>,
+) {
     // Counted as fed before any entry is written or forgotten for it (the
     // room facts of answers fed meanwhile subtract its charges).
     if let Some(f) = &meta.flight {
@@ -196,7 +207,7 @@ pub(crate) fn feed_deny_cache(shared: &Shared, meta: &Meta, v: &Verdict) {
     if meta.sent.is_empty() || !shared.guards.deny_cache.enabled() {
         return;
     }
-    let mut now_us = None;
+    let mut now_us = answered.map(|t| shared.local_clock.at(t));
     let mut probed_room = false;
     // The longest-lived entry this answer writes: (until, wait).
     let mut written: Option<(u64, u64)> = None;

@@ -75,8 +75,14 @@ pub(crate) fn outcome(
         }
     }
     let _entered = (!span.is_none()).then(|| span.enter());
-    // `None` when unobserved (`begin` then read no clock).
-    let backend_latency = meta.backend_started.map(|t| t.elapsed());
+    // `None` when unobserved (`begin` then read no clock): one reading for
+    // the backend's latency, the deny cache and the observation of the
+    // answer.
+    let answered = (!meta.quiet).then(std::time::Instant::now);
+    let backend_latency = meta
+        .backend_started
+        .zip(answered)
+        .map(|(t, now)| now.saturating_duration_since(t));
     let decided = match result {
         Ok(mut v) => {
             if !local_only {
@@ -88,9 +94,9 @@ pub(crate) fn outcome(
             if shared.config.key_overrides {
                 crate::backend::override_rule::apply_codes(&meta.sent, &mut v.decisions);
             }
-            feed_deny_cache(shared, meta, &v);
-            if !meta.quiet {
-                observe_decisions(shared, meta, &v);
+            feed_deny_cache(shared, meta, &v, answered);
+            if let Some(now) = answered {
+                observe_decisions(shared, meta, &v, now);
             }
             // Only charged tiers have refunds: none for a denied request.
             let refunds = if shared.config.refunds() {
@@ -166,12 +172,18 @@ fn observe_fail_open(shared: &Shared, meta: &Meta) {
 /// (enforced or shadow) count as blocked for that tier's sketch; allowed
 /// requests with less than 20 % of a tier's capacity left as near-limit.
 #[inline]
-pub(crate) fn observe_decisions(shared: &Shared, meta: &Meta, v: &Verdict) {
-    // The memory backend decided on this same clock a moment ago.
+pub(crate) fn observe_decisions(
+    shared: &Shared,
+    meta: &Meta,
+    v: &Verdict,
+    answered: std::time::Instant,
+) {
+    // The memory backend decided on this same clock a moment ago; a Redis
+    // answer is observed when it came (`answered`, read for its latency).
     let now_us = match shared.backend {
         Backend::Memory(_) => v.now_us,
         #[cfg(feature = "redis")]
-        Backend::Redis(_) => shared.local_clock.now_us(),
+        Backend::Redis(_) => shared.local_clock.at(answered),
     };
     let now_s = now_us / 1_000_000;
     for (i, d) in v.decisions.iter().enumerate() {

@@ -103,10 +103,11 @@ pub(crate) struct Telemetry {
 }
 
 impl Shared {
-    /// The blocked-keys set to pass with this request's check, if any.
-    pub(crate) fn blocked_set(&self) -> Option<Arc<str>> {
+    /// The blocked-keys set to pass with this request's check, if any, at
+    /// `now_us` on the local clock.
+    pub(crate) fn blocked_set(&self, now_us: u64) -> Option<Arc<str>> {
         let cell = self.telemetry.blocked_set.as_ref()?;
-        let hour = self.local_clock.now_us() / 3_600_000_000;
+        let hour = now_us / 3_600_000_000;
         let cur = cell.load();
         if cur.0 == hour {
             return Some(cur.1.clone());

@@ -1,7 +1,7 @@
 //! Adding the deny cache's 429s to the fleet-wide blocked-keys sets (see
 //! `crate::observe::fleet`).
 
-use super::{Conn, RedisBackend};
+use super::RedisBackend;
 use crate::error::BackendError;
 
 /// Members `lua/check.lua` keeps in an hourly set (its heaviest).
@@ -32,10 +32,8 @@ impl RedisBackend {
                 .ignore();
             pipe.cmd("EXPIRE").arg(set).arg(TTL_S).ignore();
         }
-        let r: Result<(), ::redis::RedisError> = match self.connection().await? {
-            Conn::Manager(mut m) => pipe.query_async(&mut m).await,
-            Conn::Multiplexed(mut m) => pipe.query_async(&mut m).await,
-        };
+        let r: Result<(), ::redis::RedisError> =
+            pipe.query_async(&mut self.connection().await?).await;
         r.map_err(|e| self.error(e))
     }
 }

@@ -10,7 +10,7 @@ use crate::backend::{CheckFuture, Shadow, TierCheck, TierRefund, Verdict};
 use crate::error::BackendError;
 use ::redis::Cmd;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use wire::{CheckReply, ClockArg};
 
 impl RedisBackend {
@@ -35,7 +35,13 @@ impl RedisBackend {
     }
 
     fn local_us(&self) -> i64 {
-        i64::try_from(self.inner.origin.elapsed().as_micros()).unwrap_or(i64::MAX)
+        self.local_us_at(Instant::now())
+    }
+
+    /// [`Self::local_us`] at `at`, an instant already read.
+    fn local_us_at(&self, at: Instant) -> i64 {
+        i64::try_from(at.saturating_duration_since(self.inner.origin).as_micros())
+            .unwrap_or(i64::MAX)
     }
 
     /// The check's `FCALL` (or `EVALSHA` where Redis has no Functions),
@@ -104,8 +110,10 @@ impl RedisBackend {
             .store(redis_now - mid, Ordering::Relaxed);
     }
 
-    /// A check of every tier in one script call, bounded by `timeout`; the
-    /// command is built now, so `checks` are only borrowed.
+    /// A check of every tier in one script call, bounded by `timeout`
+    /// (locally from its first poll; in Redis's clock from `sent`, the
+    /// caller's reading of the clock, now); the command is built now, so
+    /// `checks` are only borrowed.
     pub(crate) fn start_check(
         &self,
         checks: &[TierCheck],
@@ -113,6 +121,7 @@ impl RedisBackend {
         undo: bool,
         blocked: Option<&str>,
         timeout: Option<Duration>,
+        sent: Instant,
     ) -> CheckFuture {
         let this = self.clone();
         if self.is_cluster() {
@@ -121,13 +130,13 @@ impl RedisBackend {
             let checks = checks.to_vec();
             return Box::pin(with_timeout(timeout, cluster::check(this, checks, shadow)));
         }
-        let sent = self.local_us();
-        let cmd = self.check_cmd(sent, checks, shadow, undo, blocked);
+        let sent_us = self.local_us_at(sent);
+        let cmd = self.check_cmd(sent_us, checks, shadow, undo, blocked);
         let tiers: wire::ReplyTiers = checks.iter().map(wire::ReplyTier::from).collect();
         let flags = wire::SHORT | if undo { wire::UNDO } else { 0 };
         Box::pin(with_timeout(
             timeout,
-            this.run_check(cmd, sent, tiers, flags, shadow),
+            this.run_check(cmd, sent_us, tiers, flags, shadow),
         ))
     }
 
@@ -210,6 +219,7 @@ mod tests {
             true,
             None,
             Some(std::time::Duration::from_secs(1)),
+            std::time::Instant::now(),
         );
         let size = std::mem::size_of_val(&*fut);
         assert!(size <= 1024, "{size} bytes");

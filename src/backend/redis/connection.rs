@@ -1,11 +1,11 @@
-//! Connections: the single-node connection (a `ConnectionManager`, one
-//! shared connection out of a deadpool pool, or the primary that Redis
-//! Sentinel names), the cluster routes, running an
+//! Connections: the single-node connection (the URL's, shared as
+//! `shared.rs` keeps it, one shared connection out of a deadpool pool, or
+//! the primary that Redis Sentinel names), the cluster routes, running an
 //! `EVALSHA` with its `NOSCRIPT` reload, and how a Redis error is classified.
 
 use super::{cluster, RedisBackend, Source};
 use crate::error::BackendError;
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use ::redis::aio::MultiplexedConnection;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Cmd, ErrorKind, RedisError, Script, ServerErrorKind};
 use std::sync::atomic::Ordering;
@@ -13,10 +13,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 /// A single node's connection, shared by every request.
-pub(super) enum Conn {
-    Manager(ConnectionManager),
-    Multiplexed(MultiplexedConnection),
-}
+pub(super) type Conn = MultiplexedConnection;
 
 impl RedisBackend {
     /// Runs `cmd`, an `EVALSHA` of `script` or an `FCALL` of the library's
@@ -140,29 +137,21 @@ impl RedisBackend {
             Source::Client {
                 client,
                 connect_timeout,
-                manager,
+                conn,
             } => {
-                if let Some(m) = &*manager.load() {
-                    return Ok(Conn::Manager(ConnectionManager::clone(m)));
-                }
-                // Reconnect attempts back off to at most 200 ms apart, so a
-                // Redis that comes back is found within a fraction of a second.
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(*connect_timeout))
-                    .set_response_timeout(None)
-                    .set_max_delay(Duration::from_millis(200));
-                let m = ConnectionManager::new_lazy_with_config(client.clone(), config)
-                    .map_err(BackendError::connection)?;
-                // Another request may have made one meanwhile: keep theirs.
-                let none: Option<std::sync::Arc<ConnectionManager>> = None;
-                let new = std::sync::Arc::new(m);
-                let prev = manager.compare_and_swap(&none, Some(new.clone()));
-                let m = prev.as_ref().map_or(new, std::sync::Arc::clone);
-                Ok(Conn::Manager(ConnectionManager::clone(&m)))
+                conn.get(|| {
+                    // The layer's backend_timeout bounds every call.
+                    let config = ::redis::AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(*connect_timeout))
+                        .set_response_timeout(None);
+                    let client = client.clone();
+                    async move { connect(&client, &config).await }
+                })
+                .await
             }
             Source::Pool { pool, conn } => {
                 if let Some(c) = lock(conn).clone() {
-                    return Ok(Conn::Multiplexed(c));
+                    return Ok(c);
                 }
                 // Boxed: deadpool's checkout future is kilobytes, and every
                 // check's future would otherwise carry (and move) its room.
@@ -171,9 +160,9 @@ impl RedisBackend {
                     .map_err(BackendError::connection)?;
                 let c = deadpool_redis::Connection::take(obj);
                 *lock(conn) = Some(c.clone());
-                Ok(Conn::Multiplexed(c))
+                Ok(c)
             }
-            Source::Sentinel(s) => s.connection().await.map(Conn::Multiplexed),
+            Source::Sentinel(s) => s.connection().await,
             Source::Cluster { .. } | Source::ClusterPool { .. } => Err(BackendError::Unsupported(
                 "a cluster backend has no single-node connection".to_owned(),
             )),
@@ -215,10 +204,38 @@ impl RedisBackend {
             Source::Pool { conn, .. } => *lock(conn) = None,
             Source::ClusterPool { conn, .. } => *lock(conn) = None,
             Source::Sentinel(s) => s.forget(),
-            Source::Client { manager, .. } => manager.store(None),
+            Source::Client { conn, .. } => conn.forget(),
             Source::Cluster { .. } => {}
         }
     }
+}
+
+/// Connects to the URL's Redis. A connect refused, reset or timed out is
+/// tried again, 10 ms to 200 ms apart, six times (about 0.5 s of waits, as
+/// redis-rs's `ConnectionManager` retried), so a Redis that is coming back
+/// is found by the requests already waiting for it; an error Redis
+/// answered (credentials, database) ends the connect at once.
+async fn connect(
+    client: &::redis::Client,
+    config: &::redis::AsyncConnectionConfig,
+) -> Result<MultiplexedConnection, RedisError> {
+    let mut wait = Duration::from_millis(10);
+    for _ in 0..6 {
+        match client
+            .get_multiplexed_async_connection_with_config(config)
+            .await
+        {
+            Err(e) if e.is_io_error() || e.is_connection_refusal() || e.is_timeout() => {
+                tracing::debug!(target: "tiered_ratelimit::redis", error = %e, "connect failed; trying again in {wait:?}");
+            }
+            other => return other,
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_millis(200));
+    }
+    client
+        .get_multiplexed_async_connection_with_config(config)
+        .await
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -226,17 +243,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 async fn query<T: ::redis::FromRedisValue>(cmd: &Cmd, conn: &mut Conn) -> Result<T, RedisError> {
-    match conn {
-        Conn::Manager(m) => cmd.query_async(m).await,
-        Conn::Multiplexed(m) => cmd.query_async(m).await,
-    }
+    cmd.query_async(conn).await
 }
 
 async fn load_script(script: &Script, conn: &mut Conn) -> Result<(), RedisError> {
-    match conn {
-        Conn::Manager(m) => script.load_async(m).await?,
-        Conn::Multiplexed(m) => script.load_async(m).await?,
-    };
+    script.load_async(conn).await?;
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! Reading and writing the fleet-wide control hash (see `crate::handle::control`).
 
-use super::{Conn, RedisBackend};
+use super::RedisBackend;
 use crate::error::BackendError;
 
 impl RedisBackend {
@@ -13,10 +13,9 @@ impl RedisBackend {
             let via = self.cluster_via().await?;
             return super::cluster::command(&via, key, &cmd).await.map_err(err);
         }
-        match self.connection().await? {
-            Conn::Manager(mut m) => cmd.query_async(&mut m).await.map_err(|e| self.error(e)),
-            Conn::Multiplexed(mut m) => cmd.query_async(&mut m).await.map_err(|e| self.error(e)),
-        }
+        cmd.query_async(&mut self.connection().await?)
+            .await
+            .map_err(|e| self.error(e))
     }
 
     /// `HSET key field value` on the node that holds it.
@@ -36,18 +35,10 @@ impl RedisBackend {
                 .map(drop)
                 .map_err(err);
         }
-        match self.connection().await? {
-            Conn::Manager(mut m) => cmd
-                .query_async::<i64>(&mut m)
-                .await
-                .map(drop)
-                .map_err(|e| self.error(e)),
-            Conn::Multiplexed(mut m) => cmd
-                .query_async::<i64>(&mut m)
-                .await
-                .map(drop)
-                .map_err(|e| self.error(e)),
-        }
+        cmd.query_async::<i64>(&mut self.connection().await?)
+            .await
+            .map(drop)
+            .map_err(|e| self.error(e))
     }
 
     /// `HINCRBY key field by` on the node that holds it; the new value.
@@ -65,9 +56,8 @@ impl RedisBackend {
                 .await
                 .map_err(BackendError::connection);
         }
-        match self.connection().await? {
-            Conn::Manager(mut m) => cmd.query_async(&mut m).await.map_err(|e| self.error(e)),
-            Conn::Multiplexed(mut m) => cmd.query_async(&mut m).await.map_err(|e| self.error(e)),
-        }
+        cmd.query_async(&mut self.connection().await?)
+            .await
+            .map_err(|e| self.error(e))
     }
 }

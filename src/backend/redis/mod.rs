@@ -5,10 +5,9 @@
 
 use super::clock::ManualClock;
 use crate::error::{BackendError, ConfigError};
-use ::redis::aio::{ConnectionManager, MultiplexedConnection};
+use ::redis::aio::MultiplexedConnection;
 use ::redis::cluster_async::ClusterConnection;
 use ::redis::{Client, RedisError, Script};
-use connection::Conn;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex};
@@ -29,6 +28,7 @@ mod peek;
 mod router;
 mod sentinel;
 mod settle;
+mod shared;
 mod timed;
 mod wire;
 
@@ -43,8 +43,9 @@ mod wire;
 /// Connections: requests share multiplexed connections (commands from
 /// concurrent requests are pipelined on one socket), never a pool checkout
 /// per request.
-/// * [`RedisBackend::from_url`] holds a `redis::aio::ConnectionManager`,
-///   which reconnects on its own after a failure; when the node answers
+/// * [`RedisBackend::from_url`] holds one `redis::aio::MultiplexedConnection`,
+///   made again after a failure (a connect at a time, refused connects
+///   retried 10 to 200 ms apart); when the node answers
 ///   `READONLY` (a primary demoted behind a DNS name or a proxy that moved,
 ///   as managed Redis services do on failover), `MASTERDOWN` or `LOADING`,
 ///   the connection is dropped and the next request connects afresh, so
@@ -120,11 +121,10 @@ enum Source {
     Client {
         client: Client,
         connect_timeout: Duration,
-        /// The shared connection; `None` after it was forgotten (broken,
-        /// or its node no longer a serving primary): the next call makes
-        /// another.
-        /// (An `ArcSwapOption`: every check loads it, never locks.)
-        manager: arc_swap::ArcSwapOption<ConnectionManager>,
+        /// The shared connection (`shared.rs`): made on first use, made
+        /// again after it was forgotten (broken, or its node no longer a
+        /// serving primary).
+        conn: Arc<shared::SharedConnection>,
     },
     Pool {
         pool: deadpool_redis::Pool,
@@ -198,10 +198,12 @@ impl RedisBackend {
     /// [`ConfigError::InvalidRedisUrl`] when the URL does not parse.
     pub fn from_url(url: &str) -> Result<Self, ConfigError> {
         let client = Client::open(url).map_err(|e| ConfigError::InvalidRedisUrl(e.to_string()))?;
+        let connect_timeout = Duration::from_secs(1);
         Ok(Self::new(Source::Client {
             client,
-            connect_timeout: Duration::from_secs(1),
-            manager: arc_swap::ArcSwapOption::empty(),
+            connect_timeout,
+            // The TCP connect, then the handshake (`HELLO`, `AUTH`, `SELECT`).
+            conn: shared::SharedConnection::new(connect_timeout * 2, Duration::ZERO),
         }))
     }
 
@@ -337,11 +339,8 @@ impl RedisBackend {
         for set in sets {
             let mut cmd = ::redis::cmd("ZRANGE");
             cmd.arg(set).arg(0).arg(-1).arg("WITHSCORES");
-            let mut conn = self.connection().await?;
-            let r: Result<Vec<(String, f64)>, RedisError> = match &mut conn {
-                Conn::Manager(m) => cmd.query_async(m).await,
-                Conn::Multiplexed(m) => cmd.query_async(m).await,
-            };
+            let r: Result<Vec<(String, f64)>, RedisError> =
+                cmd.query_async(&mut self.connection().await?).await;
             for (member, score) in r.map_err(BackendError::connection)? {
                 if let Some(part) = member.strip_prefix(key_prefix) {
                     *totals.entry(part.to_owned()).or_default() += score.max(0.0) as u64;

@@ -147,8 +147,7 @@ impl RedisBackend {
         cmd: &Cmd,
     ) -> Result<T, BackendError> {
         let r = match &mut self.target().await? {
-            Target::Node(Conn::Manager(m)) => cmd.query_async(m).await,
-            Target::Node(Conn::Multiplexed(m)) => cmd.query_async(m).await,
+            Target::Node(m) => cmd.query_async(m).await,
             Target::Cluster(via) => cluster::command(via, key, cmd).await,
         };
         r.map_err(|e| self.error(e))

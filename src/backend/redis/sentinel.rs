@@ -17,6 +17,7 @@
 //! us, its clients not closed) makes the connection be dropped, as a broken
 //! one does: the next request looks again.
 
+use super::shared::SharedConnection;
 use super::{RedisBackend, Source};
 use crate::error::{BackendError, ConfigError};
 use ::redis::aio::MultiplexedConnection;
@@ -26,9 +27,8 @@ use ::redis::{
     ServerErrorKind,
 };
 use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokio::sync::watch;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// After a failed lookup, requests fail at once for this long before the
 /// next one looks again.
@@ -191,7 +191,7 @@ impl RedisBackend {
         Ok(Self::new(Source::Sentinel(Arc::new(Sentinel {
             master,
             client: tokio::sync::Mutex::new(client),
-            state: Mutex::new(State::Idle { failed: None }),
+            conn: SharedConnection::new(LOOKUP_TIMEOUT, RETRY_AFTER),
         }))))
     }
 }
@@ -201,23 +201,9 @@ pub(super) struct Sentinel {
     master: SentinelMaster,
     /// Locked by the one lookup running.
     client: tokio::sync::Mutex<SentinelClient>,
-    state: Mutex<State>,
-}
-
-/// A lookup's outcome, as its waiting requests receive it (`None` until
-/// it ends).
-type Outcome = Option<RedisResult<MultiplexedConnection>>;
-
-enum State {
-    /// No connection and no lookup: the last lookup failed (when, why), or
-    /// the connection was dropped.
-    Idle {
-        failed: Option<(Instant, RedisError)>,
-    },
-    /// A lookup is running; its outcome comes on this channel.
-    Looking(watch::Receiver<Outcome>),
-    /// The primary's connection.
-    Ready(MultiplexedConnection),
+    /// The primary's connection, and the lookup that makes it
+    /// (`shared.rs`: one at a time, bounded by [`LOOKUP_TIMEOUT`]).
+    conn: Arc<SharedConnection>,
 }
 
 impl Sentinel {
@@ -231,77 +217,18 @@ impl Sentinel {
     pub(super) async fn connection(
         self: &Arc<Self>,
     ) -> Result<MultiplexedConnection, BackendError> {
-        let mut rx = {
-            let mut state = lock(&self.state);
-            match &*state {
-                State::Ready(c) => return Ok(c.clone()),
-                State::Looking(rx) => rx.clone(),
-                State::Idle {
-                    failed: Some((at, e)),
-                } if at.elapsed() < RETRY_AFTER => {
-                    return Err(BackendError::connection(e.clone()));
-                }
-                State::Idle { .. } => {
-                    let (tx, rx) = watch::channel(None);
-                    *state = State::Looking(rx.clone());
-                    tokio::spawn(self.clone().look_up(tx));
-                    rx
-                }
-            }
-        };
-        let outcome = rx
-            .wait_for(Option::is_some)
+        self.conn
+            .get(|| {
+                let this = self.clone();
+                async move { this.connect().await }
+            })
             .await
-            .ok()
-            .and_then(|o| o.clone());
-        if outcome.is_none() {
-            // The lookup's task ended without an outcome (the runtime is
-            // shutting down): let the next request start another.
-            let mut state = lock(&self.state);
-            if matches!(&*state, State::Looking(r) if r.same_channel(&rx)) {
-                *state = State::Idle { failed: None };
-            }
-        }
-        match outcome {
-            Some(Ok(c)) => Ok(c),
-            Some(Err(e)) => Err(BackendError::connection(e)),
-            None => Err(BackendError::connection(RedisError::from((
-                ErrorKind::Io,
-                "sentinel: the lookup of the primary was cancelled",
-            )))),
-        }
     }
 
     /// Drops the shared connection (it broke, or the node was demoted): the
     /// next request looks the primary up again.
     pub(super) fn forget(&self) {
-        let mut state = lock(&self.state);
-        if matches!(&*state, State::Ready(_)) {
-            *state = State::Idle { failed: None };
-        }
-    }
-
-    /// One lookup, bounded by [`LOOKUP_TIMEOUT`]; its outcome becomes the
-    /// state, then goes to the requests that waited.
-    async fn look_up(self: Arc<Self>, tx: watch::Sender<Outcome>) {
-        let outcome = match tokio::time::timeout(LOOKUP_TIMEOUT, self.connect()).await {
-            Ok(r) => r,
-            Err(_) => Err(RedisError::from((
-                ErrorKind::Io,
-                "sentinel: no primary found in time",
-                format!("{LOOKUP_TIMEOUT:?}"),
-            ))),
-        };
-        if let Err(e) = &outcome {
-            tracing::debug!(master = %self.master.name, error = %e, "rate limiter: sentinel lookup failed");
-        }
-        *lock(&self.state) = match &outcome {
-            Ok(c) => State::Ready(c.clone()),
-            Err(e) => State::Idle {
-                failed: Some((Instant::now(), e.clone())),
-            },
-        };
-        let _ = tx.send(Some(outcome));
+        self.conn.forget();
     }
 
     /// Asks the sentinels for the primary, connects to it, and checks on
@@ -324,8 +251,4 @@ impl Sentinel {
             ))),
         }
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

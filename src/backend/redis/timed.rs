@@ -5,9 +5,11 @@ use crate::error::BackendError;
 use std::time::Duration;
 
 /// `fut`, failing with [`BackendError::Timeout`] `timeout` after its first
-/// poll (no timeout: a deadline tokio puts in the far future). The timer is
-/// made on that first poll, so a check can be built outside a runtime (a
-/// service called on one thread, its future awaited on a runtime).
+/// poll (a future awaited later than it was built, as a caller that builds
+/// many before awaiting any does, gets its whole timeout; its command is
+/// sent on that poll too). No timeout: no timer at all. The timer is made
+/// on that first poll, so a check can be built outside a runtime (a service
+/// called on one thread, its future awaited on a runtime).
 pub(super) fn with_timeout<F>(timeout: Option<Duration>, fut: F) -> Timed<F>
 where
     F: std::future::Future<Output = Result<Verdict, BackendError>>,
@@ -15,7 +17,7 @@ where
     Timed {
         fut,
         sleep: None,
-        limit: timeout.unwrap_or(Duration::MAX),
+        limit: timeout,
     }
 }
 
@@ -28,7 +30,7 @@ pin_project_lite::pin_project! {
         fut: F,
         #[pin]
         sleep: Option<tokio::time::Sleep>,
-        limit: Duration,
+        limit: Option<Duration>,
     }
 }
 
@@ -46,12 +48,15 @@ where
         if let std::task::Poll::Ready(r) = this.fut.poll(cx) {
             return std::task::Poll::Ready(r);
         }
+        let Some(limit) = *this.limit else {
+            return std::task::Poll::Pending;
+        };
         if this.sleep.is_none() {
-            this.sleep.set(Some(tokio::time::sleep(*this.limit)));
+            this.sleep.set(Some(tokio::time::sleep(limit)));
         }
         match this.sleep.as_pin_mut().map(|sleep| sleep.poll(cx)) {
             Some(std::task::Poll::Ready(())) => {
-                std::task::Poll::Ready(Err(BackendError::Timeout(*this.limit)))
+                std::task::Poll::Ready(Err(BackendError::Timeout(limit)))
             }
             _ => std::task::Poll::Pending,
         }

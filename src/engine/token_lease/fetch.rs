@@ -70,6 +70,7 @@ impl Inner {
                 true,
                 None,
                 Some(self.timeout),
+                std::time::Instant::now(),
             ) {
                 Check::Ready(r) => r,
                 Check::Pending(f) => f.await,
