@@ -490,9 +490,11 @@ fn a_check_that_starts_after_its_deadline_writes_nothing() {
     let library = backend.function_library().to_owned();
     let function = backend.function_name().to_owned();
     redis.cmd::<()>(&["FUNCTION", "LOAD", &library]);
-    // A token bucket of 10^12 units, 1 unit/µs, 1 000 units a token, cost
-    // 1, short reply (flag 8).
-    let spec = "4 1000000000000 1 1000 0 1 8";
+    // A token bucket of 10^12 units, 1 unit/µs, 10^9 units a token (1 000
+    // s of refill: the charged key outlives the test, where a token of
+    // 1 000 units gave it 1 ms and a loaded machine saw it expire before
+    // the EXISTS below), cost 1, short reply (flag 8).
+    let spec = "4 1000000000000 1 1000000000 0 1 8";
     let key = "rl:ip:203.0.113.7";
     let late: Vec<i64> = redis.cmd(&["FCALL", &function, "1", key, "-1", spec]);
     assert_eq!(late.len(), 1, "{late:?}");
