@@ -176,7 +176,7 @@ pub(crate) fn observe_decisions(
     shared: &Shared,
     meta: &Meta,
     v: &Verdict,
-    answered: std::time::Instant,
+    #[cfg_attr(not(feature = "redis"), allow(unused_variables))] answered: std::time::Instant,
 ) {
     // The memory backend decided on this same clock a moment ago; a Redis
     // answer is observed when it came (`answered`, read for its latency).
