@@ -292,8 +292,9 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
             let Some(local) = &shared.guards.fallback else {
                 return Decision::Allow(Allow::bare(RequestDecision::Fallback));
             };
-            match plan(shared, facts, Purpose::Fallback) {
-                Planned::Check(checks, mut meta) => {
+            let mut meta = Meta::default();
+            match plan(shared, facts, Purpose::Fallback, &mut meta) {
+                Planned::Check(checks) => {
                     meta.fallback = true;
                     let mut v = local.check(&checks, meta.shadow, false);
                     meta.sent = checks;
