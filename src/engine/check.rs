@@ -100,7 +100,12 @@ impl Engine {
             Planned::Failed(e) => Err(e),
             Planned::Check(checks) => {
                 inspect(&checks, &meta);
-                match deny_cached(shared, &checks, &meta, true) {
+                let cached = if shared.guards.deny_cache.enabled() {
+                    deny_cached(shared, &checks, &meta, true)
+                } else {
+                    Cached::Check(None)
+                };
+                match cached {
                     Cached::Deny(denial) => {
                         return Step::Done(Decision::Block(Block::Limited(denial)))
                     }
@@ -113,6 +118,7 @@ impl Engine {
                             },
                         });
                     }
+                    Cached::Check(None) => {}
                     Cached::Check(probe) => meta.probe = probe,
                 }
                 match begin(

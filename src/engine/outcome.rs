@@ -88,7 +88,10 @@ pub(crate) fn outcome(
             if shared.config.key_overrides {
                 crate::backend::override_rule::apply_codes(&meta.sent, &mut v.decisions);
             }
-            feed_deny_cache(shared, meta, &v);
+            // (The memory backend has no deny cache and no flight.)
+            if meta.flight.is_some() || shared.guards.deny_cache.enabled() {
+                feed_deny_cache(shared, meta, &v);
+            }
             if !meta.quiet {
                 observe_decisions(shared, meta, &v);
             }
@@ -99,7 +102,7 @@ pub(crate) fn outcome(
                 None
             };
             let mut d = decide(shared, meta, &v, refunds);
-            if let Decision::Allow(a) = &mut d {
+            if let (Decision::Allow(a), true) = (&mut d, shared.config.priced()) {
                 a.reservation = super::settle::Reservation::of(shared, meta, &v);
             }
             let d = if shared.config.concurrency {
