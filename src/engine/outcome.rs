@@ -29,52 +29,17 @@ pub(crate) fn outcome(
         Some(t) if !local_only => t.merge(result, meta.sent.len(), meta.shadow),
         _ => result,
     };
-    let backend = shared.backend.name();
     // One span per check, with every tier's result as a field (formatted
     // only when a subscriber wants the span). Not even made while no
     // subscriber takes debug spans: a disabled span still costs its
     // callsite's checks, and with tracing's `log` feature a record of its
-    // fields and of each enter and exit.
+    // fields and of each enter and exit; and then no `Span` is dropped
+    // either (`None`).
     let debug = tracing::Level::DEBUG;
-    let span = if debug <= tracing::level_filters::STATIC_MAX_LEVEL
-        && debug <= tracing::level_filters::LevelFilter::current()
-    {
-        tracing::debug_span!(target: super::LOG_TARGET,
-            "rate_limit_check",
-            backend,
-            tiers = tracing::field::Empty,
-            error = tracing::field::Empty
-        )
-    } else {
-        tracing::Span::none()
-    };
-    if !span.is_disabled() {
-        match &result {
-            Ok(v) => {
-                let mut out = String::new();
-                for (i, d) in v.decisions.iter().enumerate() {
-                    let name = meta.tier(shared, i).map_or("?", |t| &*t.name);
-                    let what = match (d.allowed, meta.shadow.contains(i)) {
-                        (true, _) => "allowed",
-                        (false, true) => "shadow_limited",
-                        (false, false) => "limited",
-                    };
-                    use std::fmt::Write;
-                    let _ = write!(
-                        out,
-                        "{}{name}={what}/{}",
-                        if i > 0 { "," } else { "" },
-                        d.remaining
-                    );
-                }
-                span.record("tiers", out.as_str());
-            }
-            Err(e) => {
-                span.record("error", tracing::field::display(e));
-            }
-        }
-    }
-    let _entered = (!span.is_none()).then(|| span.enter());
+    let span = (debug <= tracing::level_filters::STATIC_MAX_LEVEL
+        && debug <= tracing::level_filters::LevelFilter::current())
+    .then(|| check_span(shared, meta, &result));
+    let _entered = span.as_ref().filter(|s| !s.is_none()).map(|s| s.enter());
     // `None` when unobserved (`begin` then read no clock).
     let backend_latency = meta.backend_started.map(|t| t.elapsed());
     let decided = match result {
@@ -145,6 +110,51 @@ pub(crate) fn outcome(
             .latency(backend_latency, meta.started);
     }
     decided
+}
+
+/// The check's span, its tiers' results (or the error) recorded when a
+/// subscriber takes it.
+#[cold]
+#[inline(never)]
+fn check_span(
+    shared: &Shared,
+    meta: &Meta,
+    result: &Result<Verdict, BackendError>,
+) -> tracing::Span {
+    let span = tracing::debug_span!(target: super::LOG_TARGET,
+        "rate_limit_check",
+        backend = shared.backend.name(),
+        tiers = tracing::field::Empty,
+        error = tracing::field::Empty
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    match result {
+        Ok(v) => {
+            let mut out = String::new();
+            for (i, d) in v.decisions.iter().enumerate() {
+                let name = meta.tier(shared, i).map_or("?", |t| &*t.name);
+                let what = match (d.allowed, meta.shadow.contains(i)) {
+                    (true, _) => "allowed",
+                    (false, true) => "shadow_limited",
+                    (false, false) => "limited",
+                };
+                use std::fmt::Write;
+                let _ = write!(
+                    out,
+                    "{}{name}={what}/{}",
+                    if i > 0 { "," } else { "" },
+                    d.remaining
+                );
+            }
+            span.record("tiers", out.as_str());
+        }
+        Err(e) => {
+            span.record("error", tracing::field::display(e));
+        }
+    }
+    span
 }
 
 /// Counts a request passed unchecked (fail open) for each tier it would
