@@ -68,7 +68,8 @@ impl Engine {
     /// counting it (replay's "which tiers, which keys"). Nothing is shown
     /// when no check is planned (passed, refused or failed before any).
     pub(crate) fn plan_only(&self, facts: &impl Facts, inspect: impl FnOnce(&[TierCheck], &Meta)) {
-        if let Planned::Check(checks, meta) = plan(&self.shared, facts, Purpose::Inspect) {
+        let mut meta = Meta::default();
+        if let Planned::Check(checks) = plan(&self.shared, facts, Purpose::Inspect, &mut meta) {
             inspect(&checks, &meta);
         }
     }
@@ -85,7 +86,10 @@ impl Engine {
         if shared.config.control.is_some() && shared.live.control_started.get().is_none() {
             super::watch::start(&self.shared);
         }
-        let (result, meta) = match plan(shared, facts, Purpose::Check) {
+        // The request's meta lives here from plan to outcome, never moved
+        // (but into a pending check's state).
+        let mut meta = Meta::default();
+        let result = match plan(shared, facts, Purpose::Check, &mut meta) {
             Planned::Pass(decision) => {
                 shared.count(decision);
                 return Step::Done(Decision::Allow(Allow::bare(decision)));
@@ -93,14 +97,19 @@ impl Engine {
             Planned::Refuse(status) => {
                 return Step::Done(Decision::Block(Block::Denylisted(status)))
             }
-            Planned::Failed(e) => (Err(e), Meta::default()),
-            Planned::Check(checks, mut meta) => {
+            Planned::Failed(e) => Err(e),
+            Planned::Check(checks) => {
                 inspect(&checks, &meta);
                 // One reading of the clock for the deny-cache lookup and
                 // the call that follows at once (the cache is off on the
                 // memory backend, which reads no clock for it).
                 let now = shared.guards.deny_cache.enabled().then(Instant::now);
-                match deny_cached(shared, &checks, &meta, true, now) {
+                let cached = if now.is_some() {
+                    deny_cached(shared, &checks, &meta, true, now)
+                } else {
+                    Cached::Check(None)
+                };
+                match cached {
                     Cached::Deny(denial) => {
                         return Step::Done(Decision::Block(Block::Limited(denial)))
                     }
@@ -108,11 +117,12 @@ impl Engine {
                         return Step::Pending(Pending {
                             state: State::Waiting {
                                 wait: Box::pin(probe.wait(shared.config.backend_timeout)),
-                                waiter: Box::new((checks, meta)),
+                                waiter: Box::new((checks, std::mem::take(&mut meta))),
                                 started,
                             },
                         });
                     }
+                    Cached::Check(None) => {}
                     Cached::Check(probe) => meta.probe = probe,
                 }
                 match begin(
@@ -123,10 +133,10 @@ impl Engine {
                     shared.config.backend_timeout,
                     now,
                 ) {
-                    Begun::Ready(result) => (result, meta),
+                    Begun::Ready(result) => result,
                     Begun::Pending(check) => {
                         return Step::Pending(Pending {
-                            state: checking(shared, check, meta),
+                            state: checking(shared, check, std::mem::take(&mut meta)),
                         });
                     }
                 }

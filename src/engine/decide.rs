@@ -103,7 +103,7 @@ pub(crate) fn decide(
             headers,
             delay: Duration::from_micros(delay_us),
             refunds,
-            details: details(meta, v),
+            details: if meta.details { details(meta, v) } else { None },
             leases: None,
             reservation: None,
         });

@@ -29,52 +29,17 @@ pub(crate) fn outcome(
         Some(t) if !local_only => t.merge(result, meta.sent.len(), meta.shadow),
         _ => result,
     };
-    let backend = shared.backend.name();
     // One span per check, with every tier's result as a field (formatted
     // only when a subscriber wants the span). Not even made while no
     // subscriber takes debug spans: a disabled span still costs its
     // callsite's checks, and with tracing's `log` feature a record of its
-    // fields and of each enter and exit.
+    // fields and of each enter and exit; and then no `Span` is dropped
+    // either (`None`).
     let debug = tracing::Level::DEBUG;
-    let span = if debug <= tracing::level_filters::STATIC_MAX_LEVEL
-        && debug <= tracing::level_filters::LevelFilter::current()
-    {
-        tracing::debug_span!(target: super::LOG_TARGET,
-            "rate_limit_check",
-            backend,
-            tiers = tracing::field::Empty,
-            error = tracing::field::Empty
-        )
-    } else {
-        tracing::Span::none()
-    };
-    if !span.is_disabled() {
-        match &result {
-            Ok(v) => {
-                let mut out = String::new();
-                for (i, d) in v.decisions.iter().enumerate() {
-                    let name = meta.tier(shared, i).map_or("?", |t| &*t.name);
-                    let what = match (d.allowed, meta.shadow.contains(i)) {
-                        (true, _) => "allowed",
-                        (false, true) => "shadow_limited",
-                        (false, false) => "limited",
-                    };
-                    use std::fmt::Write;
-                    let _ = write!(
-                        out,
-                        "{}{name}={what}/{}",
-                        if i > 0 { "," } else { "" },
-                        d.remaining
-                    );
-                }
-                span.record("tiers", out.as_str());
-            }
-            Err(e) => {
-                span.record("error", tracing::field::display(e));
-            }
-        }
-    }
-    let _entered = (!span.is_none()).then(|| span.enter());
+    let span = (debug <= tracing::level_filters::STATIC_MAX_LEVEL
+        && debug <= tracing::level_filters::LevelFilter::current())
+    .then(|| check_span(shared, meta, &result));
+    let _entered = span.as_ref().filter(|s| !s.is_none()).map(|s| s.enter());
     // `None` when unobserved (`begin` then read no clock): one reading for
     // the backend's latency, the deny cache and the observation of the
     // answer.
@@ -94,7 +59,10 @@ pub(crate) fn outcome(
             if shared.config.key_overrides {
                 crate::backend::override_rule::apply_codes(&meta.sent, &mut v.decisions);
             }
-            feed_deny_cache(shared, meta, &v, answered);
+            // (The memory backend has no deny cache and no flight.)
+            if meta.flight.is_some() || shared.guards.deny_cache.enabled() {
+                feed_deny_cache(shared, meta, &v, answered);
+            }
             if let Some(now) = answered {
                 observe_decisions(shared, meta, &v, now);
             }
@@ -105,7 +73,7 @@ pub(crate) fn outcome(
                 None
             };
             let mut d = decide(shared, meta, &v, refunds);
-            if let Decision::Allow(a) = &mut d {
+            if let (Decision::Allow(a), true) = (&mut d, shared.config.priced()) {
                 a.reservation = super::settle::Reservation::of(shared, meta, &v);
             }
             let d = if shared.config.concurrency {
@@ -148,6 +116,51 @@ pub(crate) fn outcome(
             .latency(backend_latency, meta.started);
     }
     decided
+}
+
+/// The check's span, its tiers' results (or the error) recorded when a
+/// subscriber takes it.
+#[cold]
+#[inline(never)]
+fn check_span(
+    shared: &Shared,
+    meta: &Meta,
+    result: &Result<Verdict, BackendError>,
+) -> tracing::Span {
+    let span = tracing::debug_span!(target: super::LOG_TARGET,
+        "rate_limit_check",
+        backend = shared.backend.name(),
+        tiers = tracing::field::Empty,
+        error = tracing::field::Empty
+    );
+    if span.is_disabled() {
+        return span;
+    }
+    match result {
+        Ok(v) => {
+            let mut out = String::new();
+            for (i, d) in v.decisions.iter().enumerate() {
+                let name = meta.tier(shared, i).map_or("?", |t| &*t.name);
+                let what = match (d.allowed, meta.shadow.contains(i)) {
+                    (true, _) => "allowed",
+                    (false, true) => "shadow_limited",
+                    (false, false) => "limited",
+                };
+                use std::fmt::Write;
+                let _ = write!(
+                    out,
+                    "{}{name}={what}/{}",
+                    if i > 0 { "," } else { "" },
+                    d.remaining
+                );
+            }
+            span.record("tiers", out.as_str());
+        }
+        Err(e) => {
+            span.record("error", tracing::field::display(e));
+        }
+    }
+    span
 }
 
 /// Counts a request passed unchecked (fail open) for each tier it would
@@ -304,8 +317,9 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
             let Some(local) = &shared.guards.fallback else {
                 return Decision::Allow(Allow::bare(RequestDecision::Fallback));
             };
-            match plan(shared, facts, Purpose::Fallback) {
-                Planned::Check(checks, mut meta) => {
+            let mut meta = Meta::default();
+            match plan(shared, facts, Purpose::Fallback, &mut meta) {
+                Planned::Check(checks) => {
                     meta.fallback = true;
                     let mut v = local.check(&checks, meta.shadow, false);
                     meta.sent = checks;

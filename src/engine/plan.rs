@@ -20,8 +20,8 @@ pub(crate) enum Planned {
     Pass(RequestDecision),
     /// Denylisted: refuse with this status.
     Refuse(DenyStatus),
-    /// Check these.
-    Check(Vec<TierCheck>, Meta),
+    /// Check these (their [`Meta`] is the one `plan` was given).
+    Check(Vec<TierCheck>),
     /// An extractor could not run.
     Failed(BackendError),
 }
@@ -209,8 +209,15 @@ pub(crate) enum Purpose {
 
 /// The checks for a request, after the global mode and the lists: one per
 /// tier whose mode is not off, whose methods include the request's, whose
-/// cost is not 0 and whose extractor returns a key.
-pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Planned {
+/// cost is not 0 and whose extractor returns a key. `meta` (a fresh
+/// `Meta::default()`) is filled in for them: the caller owns it, so the
+/// request's `Meta` is written in place, never moved out of a return value.
+pub(crate) fn plan<F: Facts>(
+    shared: &Shared,
+    facts: &F,
+    purpose: Purpose,
+    meta: &mut Meta,
+) -> Planned {
     let rt = shared.live.runtime.load();
     let ov = shared.live.overrides.load();
     let fallback = purpose == Purpose::Fallback;
@@ -226,7 +233,6 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
         Gate::Tiers(global) => global,
     };
     let mut checks = super::spare::checks(shared.config.tiers.len());
-    let mut meta = Meta::default();
     // A tier that does not apply leaves the buffer to the next.
     let mut key = super::spare::key();
     let tiers = shared.config.tiers.iter().zip(rt.tiers.iter()).enumerate();
@@ -261,6 +267,8 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
                     key_failed(shared, t, &e);
                 }
                 if shared.config.failure_policy == FailurePolicy::Closed {
+                    // As if nothing was planned (the tiers before it).
+                    *meta = Meta::default();
                     return Planned::Failed(e.into());
                 }
                 continue;
@@ -323,10 +331,10 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
         // MAX_TIERS is 64, so the index fits.
         meta.tiers.push(u8::try_from(i).unwrap_or(u8::MAX));
         if t.overrides {
-            override_check(&mut checks, &mut meta, !r.plans.is_empty());
+            override_check(&mut checks, meta, !r.plans.is_empty());
         }
         if let Some(p) = t.penalty {
-            penalty_check(&mut checks, &mut meta, p, !r.plans.is_empty());
+            penalty_check(&mut checks, meta, p, !r.plans.is_empty());
         }
     }
     super::spare::give_back_key(key);
@@ -340,7 +348,7 @@ pub(crate) fn plan<F: Facts>(shared: &Shared, facts: &F, purpose: Purpose) -> Pl
         }
         meta.quiet = !F::OBSERVED;
         meta.details = F::DETAILS;
-        Planned::Check(checks, meta)
+        Planned::Check(checks)
     }
 }
 

@@ -50,7 +50,8 @@ fn setup(n: usize, shadow: &[usize], policy: FailurePolicy) -> (Arc<Shared>, Met
     }
     let layer = b.build().expect("valid");
     let shared = layer.shared.clone();
-    let Planned::Check(_, meta) = plan(&shared, &TestFacts, Purpose::Check) else {
+    let mut meta = Meta::default();
+    let Planned::Check(_) = plan(&shared, &TestFacts, Purpose::Check, &mut meta) else {
         panic!("every tier applies");
     };
     (shared, meta)
