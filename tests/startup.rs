@@ -31,7 +31,7 @@ fn a_wrong_redis_url_is_named_at_start_up() {
             assert_eq!(
                 e.to_string(),
                 format!(
-                    "backend redis at 127.0.0.1:{port} unreachable: backend timed out after 1s"
+                    "backend redis at 127.0.0.1:{port} unreachable: backend connection error: Connection refused (os error 111)"
                 )
             );
             // A running Redis and the memory backend answer.
@@ -59,7 +59,7 @@ fn a_wrong_redis_url_is_named_at_start_up() {
                 err.to_string(),
                 format!(
                     "failure_policy = \"closed\" and backend redis at 127.0.0.1:{port} \
-                     unreachable: backend timed out after 1s: refusing to start"
+                     unreachable: backend connection error: Connection refused (os error 111): refusing to start"
                 )
             );
             assert_eq!(buf.text(), "");
@@ -82,7 +82,7 @@ fn a_wrong_redis_url_is_named_at_start_up() {
     assert!(
         lines[0].contains(&format!(
             "rate limiter backend unreachable at start-up: backend redis at 127.0.0.1:{port} \
-             unreachable: backend timed out after 1s; requests pass unlimited (failure_policy = \
+             unreachable: backend connection error: Connection refused (os error 111); requests pass unlimited (failure_policy = \
              \"open\") until it answers"
         )),
         "{out}"
