@@ -41,6 +41,13 @@ fn login_app(layer: RateLimitLayer) -> Router {
         .layer(layer)
 }
 
+/// `POST /login` on `addr`, a failed login (401) when `fail`.
+async fn login(c: &reqwest::Client, addr: std::net::SocketAddr, fail: bool) -> reqwest::Response {
+    let r = c.post(format!("http://{addr}/login"));
+    let r = if fail { r.header("x-fail", "1") } else { r };
+    r.send().await.expect("the login request")
+}
+
 /// The stored keys: Redis keys and values, or the memory store's size.
 fn stored(env: &Env) -> Vec<(String, Option<String>)> {
     match (&env.redis, &env.backend) {
@@ -93,38 +100,30 @@ async fn successful_logins_never_consume(env: Env) {
         .unwrap();
     let addr = serve(login_app(layer)).await;
     let c = client();
-    let login = |fail: bool| {
-        let r = c.post(format!("http://{addr}/login"));
-        if fail {
-            r.header("x-fail", "1").send()
-        } else {
-            r.send()
-        }
-    };
     for _ in 0..10 {
         // The headers describe the state before the refund.
-        assert_eq!(limits(&login(false).await.unwrap()), ok(3, 2, T0_S + 20));
+        assert_eq!(limits(&login(&c, addr, false).await), ok(3, 2, T0_S + 20));
         // Refunded: a full bucket is no key.
         settle(&env, &empty(&env)).await;
     }
     assert_eq!(
-        limits(&login(true).await.unwrap()),
+        limits(&login(&c, addr, true).await),
         with_status(401, ok(3, 2, T0_S + 20))
     );
     assert_eq!(
-        limits(&login(true).await.unwrap()),
+        limits(&login(&c, addr, true).await),
         with_status(401, ok(3, 1, T0_S + 40))
     );
     assert_eq!(
-        limits(&login(true).await.unwrap()),
+        limits(&login(&c, addr, true).await),
         with_status(401, ok(3, 0, T0_S + 60))
     );
     assert_eq!(
-        limits(&login(false).await.unwrap()),
+        limits(&login(&c, addr, false).await),
         denied(3, 0, T0_S + 20, 20)
     );
     assert_eq!(
-        limits(&login(true).await.unwrap()),
+        limits(&login(&c, addr, true).await),
         denied(3, 0, T0_S + 20, 20)
     );
 }
@@ -137,26 +136,18 @@ async fn failed_requests_never_consume(env: Env) {
         .unwrap();
     let addr = serve(login_app(layer)).await;
     let c = client();
-    let login = |fail: bool| {
-        let r = c.post(format!("http://{addr}/login"));
-        if fail {
-            r.header("x-fail", "1").send()
-        } else {
-            r.send()
-        }
-    };
     for _ in 0..10 {
         assert_eq!(
-            limits(&login(true).await.unwrap()),
+            limits(&login(&c, addr, true).await),
             with_status(401, ok(3, 2, T0_S + 20))
         );
         settle(&env, &empty(&env)).await;
     }
-    assert_eq!(limits(&login(false).await.unwrap()), ok(3, 2, T0_S + 20));
-    assert_eq!(limits(&login(false).await.unwrap()), ok(3, 1, T0_S + 40));
-    assert_eq!(limits(&login(false).await.unwrap()), ok(3, 0, T0_S + 60));
+    assert_eq!(limits(&login(&c, addr, false).await), ok(3, 2, T0_S + 20));
+    assert_eq!(limits(&login(&c, addr, false).await), ok(3, 1, T0_S + 40));
+    assert_eq!(limits(&login(&c, addr, false).await), ok(3, 0, T0_S + 60));
     assert_eq!(
-        limits(&login(true).await.unwrap()),
+        limits(&login(&c, addr, true).await),
         denied(3, 0, T0_S + 20, 20)
     );
 }
@@ -351,18 +342,10 @@ async fn a_failure_under_an_override_is_refunded_on_its_quota(env: Env) {
         .unwrap();
     let addr = serve(login_app(layer)).await;
     let c = client();
-    let login = |fail: bool| {
-        let r = c.post(format!("http://{addr}/login"));
-        if fail {
-            r.header("x-fail", "1").send()
-        } else {
-            r.send()
-        }
-    };
     // One token every 10 s.
-    assert_eq!(limits(&login(false).await.unwrap()), ok(6, 5, T0_S + 10));
+    assert_eq!(limits(&login(&c, addr, false).await), ok(6, 5, T0_S + 10));
     assert_eq!(
-        limits(&login(true).await.unwrap()),
+        limits(&login(&c, addr, true).await),
         with_status(401, ok(6, 4, T0_S + 20))
     );
     // The refund (on Redis, in a task after the response) gives the token
@@ -380,5 +363,5 @@ async fn a_failure_under_an_override_is_refunded_on_its_quota(env: Env) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-    assert_eq!(limits(&login(false).await.unwrap()), ok(6, 4, T0_S + 20));
+    assert_eq!(limits(&login(&c, addr, false).await), ok(6, 4, T0_S + 20));
 }
