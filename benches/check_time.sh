@@ -2,7 +2,9 @@
 # On-CPU time per memory check: ours, governor's keyed limiter (DashMap)
 # and pingora-limits' `Rate`, at 10, 10^4 and 10^6 live keys
 # `rl:ip:<IPv4>` (the work of `memory_check/<n>` in benches/hot_path.rs),
-# and `ours_2_threads`: two threads on distinct keys of one store.
+# and the two-thread modes, each thread on its own keys: `ours_2_threads`
+# (one store), `ours_2_stores` (a store each: nothing shared, the host's
+# own ceiling for two threads) and `governor_2_threads` (one limiter).
 #
 #   benches/check_time.sh                                   # ~4 min
 #   ROUNDS=5 IMPLS="ours governor" SIZES="10 1000000" benches/check_time.sh
@@ -11,7 +13,7 @@
 # Each (implementation, size) runs tools/src/bin/check_ir.rs under `perf
 # stat -e task-clock` with C1 and C2 checks (default 2·10^6 and 10^7) and
 # prints (T(C2) − T(C1)) / (C2 − C1) per round, then the median: the CPU
-# time of one check, setup and exit excluded (for `ours_2_threads`, divided
+# time of one check, setup and exit excluded (for a two-thread mode, divided
 # by the checks of both threads). task-clock counts only the time this
 # process ran, so other processes on a shared host inflate it far less than
 # wall-clock times (they still share its caches); implementations are
@@ -43,7 +45,7 @@ for n in $SIZES; do
       a=$(clock_ms "$impl" "$n" "$C1")
       b=$(clock_ms "$impl" "$n" "$C2")
       per=1
-      [[ $impl == ours_2_threads ]] && per=2
+      [[ $impl == *_2_* ]] && per=2
       runs[$impl]+="$(python3 -c "print('%.1f' % (($b - $a) * 1e6 / ($C2 - $C1) / $per))") "
     done
   done

@@ -1,11 +1,15 @@
-//! `check_ir <ours|ours_2_threads|governor|pingora_rate> <keys> <checks>`: stores `keys`
-//! live keys `rl:ip:<IPv4>` (one token-bucket tier: 1000/s, a burst of
-//! 10^9, on a stopped clock) and makes `checks` checks cycling through
-//! them, as `memory_check/<n>` of `benches/hot_path.rs` does. Run under
+//! `check_ir <mode> <keys> <checks>`: stores `keys` live keys
+//! `rl:ip:<IPv4>` (one token-bucket tier: 1000/s, a burst of 10^9, on a
+//! stopped clock) and makes `checks` checks cycling through them, as
+//! `memory_check/<n>` of `benches/hot_path.rs` does. Modes: `ours`,
+//! `governor` (its keyed limiter, DashMap), `pingora_rate`, and two threads
+//! on keys of their own: `ours_2_threads` (one store), `ours_2_stores` (a
+//! store each) and `governor_2_threads` (`checks` checks each). Run under
 //! callgrind twice with different `checks` by `benches/check_ir.sh`: the
 //! difference of the totals divided by the difference of the checks is the
-//! instructions of one check, setup excluded. `ours` prints the process's
-//! resident memory once its keys are stored (stderr, KiB).
+//! instructions of one check, setup excluded; `benches/check_time.sh` does
+//! the same with CPU time. `ours` prints the process's resident memory once
+//! its keys are stored (stderr, KiB).
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
@@ -19,7 +23,8 @@ const S: u64 = 1_000_000;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: check_ir <ours|ours_2_threads|governor|pingora_rate> <keys> <checks>";
+    let usage = "usage: check_ir <ours|ours_2_threads|ours_2_stores|governor|governor_2_threads|\
+                 pingora_rate> <keys> <checks>";
     let (Some(which), Some(keys), Some(checks)) = (args.get(1), args.get(2), args.get(3)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -66,46 +71,50 @@ fn main() {
                 black_box(&verdict);
             }
         }
-        "ours_2_threads" => {
-            // Two threads, each cycling through its own `keys` keys of one
-            // store (`checks` checks each): `perf stat -e task-clock` over
-            // two runs gives the CPU time per check with the other thread
-            // running, against `ours` alone (the contention, apart from
-            // whether this host gives the second thread a core).
-            let store = MemoryBackend::with_manual_clock(ManualClock::new(1_700_000_000 * S))
-                .max_keys(4_000_000);
+        "ours_2_threads" | "ours_2_stores" => {
+            // Two threads, each cycling through its own `keys` keys
+            // (`checks` checks each): `perf stat -e task-clock` over two
+            // runs gives the CPU time per check with the other thread
+            // running, against `ours` alone. `ours_2_threads` shares one
+            // store; `ours_2_stores` gives each thread a store of its own,
+            // so that nothing is shared: what the host gives two threads
+            // at all, the ceiling for the shared store.
+            let new_store = || {
+                MemoryBackend::with_manual_clock(ManualClock::new(1_700_000_000 * S))
+                    .max_keys(4_000_000)
+            };
+            let shared = new_store();
+            let own = [new_store(), new_store()];
+            let stores = if which == "ours_2_threads" {
+                [&shared, &shared]
+            } else {
+                [&own[0], &own[1]]
+            };
             let other = keys_from(0x0b00_0000);
             let mut verdict = Verdict::default();
-            for c in keys_of.iter().chain(&other) {
-                store.check_into(std::slice::from_ref(c), &mut verdict);
-            }
-            let start = std::sync::Barrier::new(2);
-            std::thread::scope(|scope| {
-                for set in [&keys_of, &other] {
-                    let (store, start) = (&store, &start);
-                    scope.spawn(move || {
-                        let mut verdict = Verdict::default();
-                        start.wait();
-                        let mut i = 0;
-                        for _ in 0..checks {
-                            i += 1;
-                            if i == set.len() {
-                                i = 0;
-                            }
-                            store.check_into(std::slice::from_ref(&set[i]), &mut verdict);
-                            black_box(&verdict);
-                        }
-                    });
+            for (store, set) in stores.into_iter().zip([&keys_of, &other]) {
+                for c in set {
+                    store.check_into(std::slice::from_ref(c), &mut verdict);
                 }
+            }
+            two_threads([&keys_of, &other], checks, |t, c, verdict| {
+                stores[t].check_into(std::slice::from_ref(c), verdict);
+            });
+        }
+        "governor_2_threads" => {
+            // governor's keyed limiter shared by two threads, as
+            // `ours_2_threads`.
+            let limiter = governor_limiter();
+            let other = keys_from(0x0b00_0000);
+            for c in keys_of.iter().chain(&other) {
+                let _ = limiter.check_key(&c.key);
+            }
+            two_threads([&keys_of, &other], checks, |_, c, _| {
+                black_box(limiter.check_key(&c.key).is_ok());
             });
         }
         "governor" => {
-            let quota = governor::Quota::per_second(NonZeroU32::new(1000).expect("nonzero"))
-                .allow_burst(NonZeroU32::new(1_000_000_000).expect("nonzero"));
-            let limiter = governor::RateLimiter::dashmap_with_clock(
-                quota,
-                governor::clock::FakeRelativeClock::default(),
-            );
+            let limiter = governor_limiter();
             for c in &keys_of {
                 let _ = limiter.check_key(&c.key);
             }
@@ -127,6 +136,48 @@ fn main() {
             std::process::exit(2);
         }
     }
+}
+
+type Governor = governor::RateLimiter<
+    String,
+    governor::state::keyed::DashMapStateStore<String>,
+    governor::clock::FakeRelativeClock,
+    governor::middleware::NoOpMiddleware<governor::nanos::Nanos>,
+>;
+
+/// governor's keyed limiter (its default DashMap store) with the quota of
+/// ours: 1000/s, a burst of 10^9, on a stopped clock.
+fn governor_limiter() -> Governor {
+    let quota = governor::Quota::per_second(NonZeroU32::new(1000).expect("nonzero"))
+        .allow_burst(NonZeroU32::new(1_000_000_000).expect("nonzero"));
+    governor::RateLimiter::dashmap_with_clock(quota, governor::clock::FakeRelativeClock::default())
+}
+
+/// Two threads, started together, thread `t` making `checks` checks
+/// cycling through `sets[t]` with `check(t, key, its verdict buffer)`.
+fn two_threads<F>(sets: [&Vec<TierCheck>; 2], checks: u64, check: F)
+where
+    F: Fn(usize, &TierCheck, &mut Verdict) + Sync,
+{
+    let start = std::sync::Barrier::new(2);
+    std::thread::scope(|scope| {
+        for (t, set) in sets.into_iter().enumerate() {
+            let (start, check) = (&start, &check);
+            scope.spawn(move || {
+                let mut verdict = Verdict::default();
+                start.wait();
+                let mut i = 0;
+                for _ in 0..checks {
+                    i += 1;
+                    if i == set.len() {
+                        i = 0;
+                    }
+                    check(t, &set[i], &mut verdict);
+                    black_box(&verdict);
+                }
+            });
+        }
+    });
 }
 
 /// This process's resident set, KiB (`/proc/self/statm`, 4 KiB pages; 0
