@@ -2,7 +2,9 @@
 //! `rl:ip:<IPv4>` (one token-bucket tier: 1000/s, a burst of 10^9, on a
 //! stopped clock) and makes `checks` checks cycling through them, as
 //! `memory_check/<n>` of `benches/hot_path.rs` does. Modes: `ours`,
-//! `governor` (its keyed limiter, DashMap), `pingora_rate`, and two threads
+//! `governor` (its keyed limiter, DashMap), `pingora_rate`; `ours_window`
+//! (a sliding window counter on the same keys: the write-locked path),
+//! `ours_new_keys` (every check a key not held: a flood); and two threads
 //! on keys of their own: `ours_2_threads` (one store), `ours_2_stores` (a
 //! store each) and `governor_2_threads` (`checks` checks each). Run under
 //! callgrind twice with different `checks` by `benches/check_ir.sh`: the
@@ -23,8 +25,8 @@ const S: u64 = 1_000_000;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: check_ir <ours|ours_2_threads|ours_2_stores|governor|governor_2_threads|\
-                 pingora_rate> <keys> <checks>";
+    let usage = "usage: check_ir <ours|ours_window|ours_new_keys|ours_2_threads|ours_2_stores|\
+                 governor|governor_2_threads|pingora_rate> <keys> <checks>";
     let (Some(which), Some(keys), Some(checks)) = (args.get(1), args.get(2), args.get(3)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -68,6 +70,47 @@ fn main() {
             for _ in 0..checks {
                 let c = &keys_of[cycle()];
                 store.check_into(std::slice::from_ref(c), &mut verdict);
+                black_box(&verdict);
+            }
+        }
+        "ours_window" => {
+            // The locked path: a sliding window counter (10^9 a second) on
+            // the same keys, checked under its shard's write lock.
+            let window = Limit::SlidingWindowCounter(tiered_ratelimit::algorithm::Window {
+                limit: 1_000_000_000,
+                window_us: S,
+            });
+            let keys_of: Vec<TierCheck> = keys_of
+                .into_iter()
+                .map(|c| TierCheck { limit: window, ..c })
+                .collect();
+            let store = MemoryBackend::with_manual_clock(ManualClock::new(1_700_000_000 * S))
+                .max_keys(4_000_000);
+            let mut verdict = Verdict::default();
+            for c in &keys_of {
+                store.check_into(std::slice::from_ref(c), &mut verdict);
+            }
+            for _ in 0..checks {
+                store.check_into(std::slice::from_ref(&keys_of[cycle()]), &mut verdict);
+                black_box(&verdict);
+            }
+        }
+        "ours_new_keys" => {
+            // A key flood: every check a key the store does not hold (after
+            // the `keys` held ones), inserted under the write lock; past
+            // `max_keys` (4·10^6) the sweeps evict.
+            let store = MemoryBackend::with_manual_clock(ManualClock::new(1_700_000_000 * S))
+                .max_keys(4_000_000);
+            let mut verdict = Verdict::default();
+            for c in &keys_of {
+                store.check_into(std::slice::from_ref(c), &mut verdict);
+            }
+            let mut c = keys_of[0].clone();
+            for i in 0..checks {
+                use std::fmt::Write as _;
+                c.key.clear();
+                let _ = write!(c.key, "rl:ip:{}", Ipv4Addr::from(0x2000_0000 + i as u32));
+                store.check_into(std::slice::from_ref(&c), &mut verdict);
                 black_box(&verdict);
             }
         }
