@@ -37,6 +37,7 @@ pub(crate) trait Facts {
     }
 
     /// [`cost`](Self::cost) of occurrence `n` of tier `tier`.
+    #[inline]
     fn cost_at(&self, tier: usize, _n: usize) -> Option<u64> {
         self.cost(tier)
     }
@@ -45,6 +46,7 @@ pub(crate) trait Facts {
     ///
     /// # Errors
     /// As [`key`](Self::key).
+    #[inline]
     fn key_at(&self, tier: usize, _n: usize, key: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
         self.key(tier, key)
     }

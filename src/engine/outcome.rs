@@ -199,18 +199,21 @@ pub(crate) fn observe_decisions(
         Backend::Redis(_) => shared.local_clock.at(answered),
     };
     let now_s = now_us / 1_000_000;
+    // The bucket is closed (if due) once for the request, not per tier.
+    if meta.endpoint.is_some() {
+        shared.telemetry.observer.roll(now_s);
+    }
     for (i, d) in v.decisions.iter().enumerate() {
         let Some(tier) = meta.tiers.get(i).map(|&t| usize::from(t)) else {
             continue;
         };
         let shadow = meta.shadow.contains(i);
         if let Some(e) = &meta.endpoint {
-            shared.telemetry.observer.record(
+            shared.telemetry.observer.record_rolled(
                 e,
                 tier,
                 !d.allowed && !shadow,
                 !d.allowed && shadow,
-                now_s,
             );
         }
         let near = d.allowed && d.remaining.saturating_mul(5) < d.limit;

@@ -30,6 +30,7 @@ pub(crate) struct HttpTier {
 }
 
 impl HttpTier {
+    #[inline]
     fn counts_method(&self, m: &http::Method) -> bool {
         match &self.methods {
             None => m != http::Method::OPTIONS,

@@ -239,6 +239,16 @@ pub fn storage_key_part_into(out: &mut String, bytes: &[u8]) {
 /// [`storage_key_part`] of the concatenation of `parts`, appended to `out`
 /// without building the concatenation.
 pub(crate) fn storage_key_parts_into(out: &mut String, parts: &[&[u8]]) {
+    // One part that needs no escaping (a user id, an API key): copied as
+    // it is, not byte by byte. Plain bytes are ASCII, so the text is UTF-8.
+    if let [one] = parts {
+        if one.len() <= MAX_KEY_PART && one.iter().all(|&b| is_plain(b)) {
+            if let Ok(text) = std::str::from_utf8(one) {
+                out.push_str(text);
+                return;
+            }
+        }
+    }
     let escaped_len: usize = parts
         .iter()
         .flat_map(|p| p.iter())

@@ -240,6 +240,27 @@ impl Observer {
         now_s: u64,
     ) {
         self.maybe_roll(now_s);
+        self.record_rolled(endpoint, tier, limited, shadow_limited);
+    }
+
+    /// Closes the bucket when `now_s` (Unix epoch seconds) is past it: what
+    /// [`record`](Self::record) does first, for a caller that records
+    /// several tiers of one request with [`record_rolled`](Self::record_rolled).
+    #[inline]
+    pub(crate) fn roll(&self, now_s: u64) {
+        self.maybe_roll(now_s);
+    }
+
+    /// [`record`](Self::record) without closing the bucket: the caller
+    /// called [`roll`](Self::roll) for this request's time.
+    #[inline]
+    pub(crate) fn record_rolled(
+        &self,
+        endpoint: &Endpoint,
+        tier: usize,
+        limited: bool,
+        shadow_limited: bool,
+    ) {
         if let Some(s) = endpoint.series.get(tier) {
             s.counters.requests.fetch_add(1, Ordering::Relaxed);
             if limited {

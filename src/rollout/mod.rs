@@ -59,6 +59,7 @@ pub enum Mode {
 
 impl Mode {
     /// Strength for combining a global and a tier mode: higher is stricter.
+    #[inline]
     fn strength(self) -> u16 {
         match self {
             Mode::Off => 0,
@@ -70,6 +71,7 @@ impl Mode {
 
     /// The effective mode of a tier in mode `self` under global mode `global`:
     /// the weaker of the two.
+    #[inline]
     pub fn under(self, global: Mode) -> Mode {
         if global.strength() < self.strength() {
             global
@@ -91,6 +93,7 @@ impl Mode {
     ///     assert!(!one.enforces("ip", &key) || ten.enforces("ip", &key));
     /// }
     /// ```
+    #[inline]
     pub fn enforces(self, tier: &str, key: &str) -> bool {
         match self {
             Mode::Enforce => true,
