@@ -127,14 +127,15 @@ wrk_parse() { # file -> "requests seconds non2xx p50_us p99_us socket_errors"
 # wrk_measure WRK_ARGS...: one wrk run against the running server, between
 # snapshots of the server's and Redis's CPU time and of the EVALSHA count.
 # Sets req secs rps non p50 p99 sock_err, and per request cpu_us redis_us
-# (CPU µs of the server and of Redis) and evalsha_per.
+# (CPU µs of the server and of Redis) and evalsha_per (both 0 when no
+# redis-server was started: $redis_pid empty).
 wrk_measure() {
-  local c0 r0 e0 c1 r1 e1
-  e0=$(evalsha_calls)
-  c0=$(cpu_ticks "$server_pid"); r0=$(cpu_ticks "$redis_pid")
+  local c0 r0=0 e0=0 c1 r1=0 e1=0
+  [[ -z "$redis_pid" ]] || e0=$(evalsha_calls)
+  c0=$(cpu_ticks "$server_pid"); [[ -z "$redis_pid" ]] || r0=$(cpu_ticks "$redis_pid")
   wrk "$@" >"$work/wrk.out" 2>&1
-  c1=$(cpu_ticks "$server_pid"); r1=$(cpu_ticks "$redis_pid")
-  e1=$(evalsha_calls)
+  c1=$(cpu_ticks "$server_pid"); [[ -z "$redis_pid" ]] || r1=$(cpu_ticks "$redis_pid")
+  [[ -z "$redis_pid" ]] || e1=$(evalsha_calls)
   read -r req secs non p50 p99 sock_err < <(wrk_parse "$work/wrk.out")
   if [[ "$req" -eq 0 ]]; then
     echo "wrk $* made no requests:" >&2
@@ -155,7 +156,7 @@ run_facts() {
   echo "load_start=$load_start"
   echo "load_end=$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "elapsed=$(($(date +%s) - t_start))"
-  echo "redis=$(redis-server --version | awk '{print $3}')"
+  echo "redis=$(redis-server --version 2>/dev/null | awk '{print $3}')"
   echo "wrk=$(wrk --version 2>&1 | head -n1 | awk '{print $2}')"
   echo "commit=$commit"
 }

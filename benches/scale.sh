@@ -1,60 +1,91 @@
 #!/usr/bin/env bash
-# Scale test of the Redis backend: 10^6 distinct users against 10, same run
-# (docs/performance.md, "Scale: 10^6 users against Redis").
+# Scale test: 10^6 distinct users against 10, same run, on Redis (default)
+# or on the memory backend (docs/performance.md, "Scale: 10^6 users against
+# Redis" and "Scale: 10^6 keys on the memory backend").
 #
-#   benches/scale.sh                        # ~2 minutes; markdown report on stdout
+#   benches/scale.sh                        # Redis, ~2 minutes; markdown report on stdout
+#   BACKEND=memory benches/scale.sh         # memory backend, ~3 minutes
 #   ROUNDS=5 DURATION=15 benches/scale.sh   # longer, steadier
 #   USERS=100000 benches/scale.sh           # another population
 #
-# Builds tools/src/bin/bench_server.rs (release), starts its own redis-server on a
-# free loopback port below 32768 (never 6379; no persistence) and one
-# bench_server in mode redis4 (tiers global, ip, user from `x-user`,
-# endpoint) on another, loads it with wrk on 127.0.0.1 and stops everything
-# it started on exit, whatever happens.
+# Builds tools/src/bin/bench_server.rs (release), starts one bench_server in
+# mode redis4 (BACKEND=redis: tiers global, ip, user from `x-user`,
+# endpoint, on its own redis-server on a free loopback port below 32768,
+# never 6379, no persistence) or mem4 (BACKEND=memory: the same tiers on
+# the memory backend) on another, loads it with wrk on 127.0.0.1 and stops
+# everything it started on exit, whatever happens.
 #
-# The user tier has a real per-minute quota, so its keys expire:
-# USER_QUOTA_PER_MINUTE=$USER_QUOTA (default 10), burst USER_BURST (default
-# 10^7). A token bucket's key lives until the bucket is full again: k
-# requests leave a key for k × 60 000 / USER_QUOTA ms (6 s each by default)
-# after its last write, whatever the burst. The burst only keeps the hot
-# users of phase (a) from ever being denied; a 10^6-user phase gives each
-# user a fraction of a request, and nothing may be denied in either phase
-# (the report flags any non-2xx). The global, ip and endpoint tiers keep
-# bench_server's never-denying quota (their keys persist).
+# The user tier has a real quota, so its keys expire: on Redis
+# USER_QUOTA_PER_MINUTE=$USER_QUOTA (default 10), on memory
+# USER_QUOTA_PER_HOUR=$USER_QUOTA_HOUR (default 1); burst USER_BURST
+# (default 10^7 on Redis, 10^6 on memory: a burst times the period in µs
+# stays under 2^52). A token bucket's key lives until the bucket is full
+# again: k requests leave a key for k × 60 000 / USER_QUOTA ms (6 s each by
+# default) or k × 3 600 000 / USER_QUOTA_HOUR ms (an hour) after its last
+# write, whatever the burst. The burst only keeps the hot users of phase (a) from
+# ever being denied; nothing may be denied in either phase (the report
+# flags any non-2xx). The global, ip and endpoint tiers keep bench_server's
+# never-denying quota (their keys persist).
 #
 # Phases, ROUNDS (default 3) × [(a), (b)], each `wrk -t1 -c$CONNS
 # -d${DURATION}s --latency` with a Lua script drawing `x-user` per request:
 #  (a) uniformly from HOT_USERS (default 10) users h1..h10;
 #  (b) uniformly from USERS (default 10^6) users u1..u1000000.
-# Per phase: req/s, p50/p99, non-2xx, server and Redis CPU per request,
-# EVALSHA calls ÷ requests (INFO commandstats). Same-round ratio (b)/(a).
-# Around each (b): used_memory and DBSIZE read together (one EVAL) before
-# and after: bytes per new key, Redis overhead included; MEMORY USAGE
-# (SAMPLES 0), value length and PTTL of SAMPLE (default 1000) `rl:user:u*`
-# keys, each PTTL compared with what its stored bucket implies.
+#
+# BACKEND=redis, per phase: req/s, p50/p99, non-2xx, server and Redis CPU
+# per request, EVALSHA calls ÷ requests (INFO commandstats). Same-round
+# ratio (b)/(a). Around each (b): used_memory and DBSIZE read together (one
+# EVAL) before and after: bytes per new key, Redis overhead included;
+# MEMORY USAGE (SAMPLES 0), value length and PTTL of SAMPLE (default 1000)
+# `rl:user:u*` keys, each PTTL compared with what its stored bucket implies.
 # After the last (b): the longest PTTL of any `rl:user:u*` key, then DBSIZE,
 # INFO keyspace and the `rl:user:u*` keys SCAN still sees at that TTL + 1 s
 # and + 5 s.
 #
-# Needs: wrk (Debian: apt-get install wrk), redis-server, redis-cli (Debian:
-# redis-server, redis-tools), python3, a Linux /proc (CPU time). Other load
-# on the machine skews the absolute numbers: the report prints nproc and the
-# load average; the same-round ratio is the number to compare.
+# BACKEND=memory: bench_server runs with PROMETHEUS=1 (its `GET /_metrics`,
+# outside the limiter: the check-duration histogram in buckets 2^(1/8)
+# apart, and the store's key count, `MemoryBackend::len`) and MAX_KEYS
+# (default 1 100 000: above the 10^6 + 13 keys of the run, so nothing is
+# evicted; MAX_KEYS=1000000, bench_server's default, shows the flood at
+# the bound). Before the first (b), a fill (PREFILL=1, the default; 0
+# skips it) sends every user u1..u$USERS one request, in order, until the
+# store holds their keys, so every (b) finds all 10^6 held (at an hour a
+# request none expires during the run; the first (a) runs on an empty
+# store, the later ones beside the 10^6); the report shows the key count
+# read before and after each phase. Per phase:
+# req/s, p50/p99, non-2xx, server CPU per request, the server's VmRSS
+# after it, and the p50/p90/p99 and mean of `part="backend"` check
+# durations (the store's check alone, between two clock reads) recorded
+# during the phase (bucket counts diffed between the scrapes around it).
+# Same-round (b) ÷ (a) and (b) − (a).
+#
+# Needs: wrk (Debian: apt-get install wrk), python3, a Linux /proc (CPU
+# time, RSS); BACKEND=redis: redis-server, redis-cli (Debian: redis-server,
+# redis-tools); BACKEND=memory: curl. Other load on the machine skews the
+# absolute numbers: the report prints nproc and the load average; the
+# same-round ratio is the number to compare.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+BACKEND=${BACKEND:-redis}
 USERS=${USERS:-1000000}
 HOT_USERS=${HOT_USERS:-10}
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-12}
 CONNS=${CONNS:-32}
 USER_QUOTA=${USER_QUOTA:-10}
-USER_BURST=${USER_BURST:-10000000}
+USER_QUOTA_HOUR=${USER_QUOTA_HOUR:-1}
 SAMPLE=${SAMPLE:-1000}
+case "$BACKEND" in
+  redis) USER_BURST=${USER_BURST:-10000000}; tools="wrk redis-server redis-cli python3" ;;
+  # per_hour(1): burst × 3.6e9 µs must stay under 2^52 (Quota's bound).
+  memory) USER_BURST=${USER_BURST:-1000000}; tools="wrk curl python3" ;;
+  *) echo "BACKEND must be redis or memory" >&2; exit 1 ;;
+esac
 
-for tool in wrk redis-server redis-cli python3; do
+for tool in $tools; do
   command -v "$tool" >/dev/null 2>&1 || {
-    echo "$tool not found on PATH (Debian: apt-get install wrk redis-server redis-tools python3)" >&2
+    echo "$tool not found on PATH (Debian: apt-get install wrk redis-server redis-tools curl python3)" >&2
     exit 1
   }
 done
@@ -63,6 +94,278 @@ source benches/lib.sh
 bench_setup scale
 
 build_bench_server
+
+# ---------------------------------------------------------------- memory
+# BACKEND=memory: the same two populations against bench_server mem4 on the
+# memory backend, with the store pre-filled before each (b) so that every
+# (b) request finds its user's key held among 10^6.
+if [[ "$BACKEND" == memory ]]; then
+  MAX_KEYS=${MAX_KEYS:-1100000}
+  PREFILL=${PREFILL:-1}
+  for _ in 1 2 3 4 5; do
+    sport=$(free_port)
+    LISTEN_ADDR="127.0.0.1:$sport" PROMETHEUS=1 MAX_KEYS=$MAX_KEYS \
+      USER_QUOTA_PER_HOUR=$USER_QUOTA_HOUR USER_BURST=$USER_BURST \
+      "$bin" mem4 >"$work/server.out" 2>"$work/server.err" &
+    server_pid=$!
+    for _ in $(seq 1 200); do
+      grep -q "listening on" "$work/server.out" 2>/dev/null && break
+      kill -0 "$server_pid" 2>/dev/null || break
+      sleep 0.025
+    done
+    grep -q "listening on" "$work/server.out" 2>/dev/null && break
+    stop "$server_pid"
+    server_pid=""
+  done
+  [[ -n "$server_pid" ]] || { echo "bench_server did not start:" >&2; cat "$work/server.err" >&2; exit 1; }
+  url="http://127.0.0.1:$sport/"
+  log "bench_server mem4 on port $sport (pid $server_pid), user quota $USER_QUOTA_HOUR/hour, burst $USER_BURST, max_keys $MAX_KEYS"
+
+  cat >"$work/users.lua" <<'LUA'
+local n, prefix = 10, "u"
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("thread_id", threads)
+end
+function init(args)
+  n = tonumber(args[1]) or n
+  prefix = args[2] or prefix
+  math.randomseed(os.time() * 1000 + (thread_id or 0) * 7919 + n)
+  for _ = 1, 10 do math.random() end
+end
+local headers = {}
+function request()
+  headers["x-user"] = prefix .. math.random(1, n)
+  return wrk.format(nil, nil, headers)
+end
+LUA
+  # Users <prefix>1 .. <prefix><n> in order, one request each (then around
+  # again), sending no more once n + 64 responses are in (wrk then idles
+  # until -d runs out: fill() ends it once the store holds every key).
+  cat >"$work/fill.lua" <<'LUA'
+local n, prefix, i, done = 10, "u", 0, 0
+function init(args)
+  n = tonumber(args[1]) or n
+  prefix = args[2] or prefix
+end
+local headers = {}
+function request()
+  i = i % n + 1
+  headers["x-user"] = prefix .. i
+  return wrk.format(nil, nil, headers)
+end
+function response(status)
+  done = done + 1
+  if done >= n + 64 then wrk.thread:stop() end
+end
+LUA
+  # The server's /_metrics into $1; prints "keys rss_kb".
+  scrape() { # file
+    curl -sf "http://127.0.0.1:$sport/_metrics" >"$1"
+    printf '%s %s\n' "$(awk '/^bench_server_memory_keys / {print $2}' "$1")" \
+      "$(awk '/^VmRSS:/ {print $2}' "/proc/$server_pid/status")"
+  }
+  results="$work/results.tsv"
+  : >"$results"
+  # One measured wrk run between two scrapes; appends to $results:
+  #   phase round users requests seconds rps non2xx p50 p99 sock_err
+  #   cpu_us/req keys_before keys_after rss_kb_after
+  measure_mem() { # phase round users prefix
+    local phase=$1 round=$2 users=$3 prefix=$4 k0 k1 rss
+    read -r k0 _ < <(scrape "$work/m_${round}_${phase}_0.txt")
+    wrk_measure -t1 -c"$CONNS" -d"${DURATION}s" --latency -s "$work/users.lua" "$url" \
+      -- "$users" "$prefix"
+    read -r k1 rss < <(scrape "$work/m_${round}_${phase}_1.txt")
+    printf '%s\t' "$phase" "$round" "$users" "$req" "$secs" "$rps" "$non" "$p50" "$p99" \
+      "$sock_err" "$cpu_us" "$k0" "$k1" >>"$results"
+    printf '%s\n' "$rss" >>"$results"
+    log "$(tail -n1 "$results")"
+  }
+  # Fills the store: wrk in the background until the store holds
+  # USERS + HOT_USERS + 3 keys (every user's, the hot users' and the global,
+  # ip and endpoint tiers'), or its count stops growing for 5 s, or 600 s.
+  fill() { # round
+    local t0 k rss wrk_pid last=-1 still=0 _
+    t0=$(date +%s.%N)
+    wrk -t1 -c"$CONNS" -d600s -s "$work/fill.lua" "$url" -- "$USERS" u >"$work/fill.out" 2>&1 &
+    wrk_pid=$!
+    while kill -0 "$wrk_pid" 2>/dev/null; do
+      sleep 0.5
+      read -r k _ < <(scrape "$work/fill_poll.txt")
+      ((k >= USERS + HOT_USERS + 3)) && break
+      if ((k == last)); then ((++still < 10)) || break; else still=0; fi
+      last=$k
+    done
+    kill -INT "$wrk_pid" 2>/dev/null || true
+    wait "$wrk_pid" 2>/dev/null || true
+    read -r k rss < <(scrape "$work/m_$1_fill.txt")
+    printf 'fill\t%s\t%s\t%s\t%s\t%s\n' "$1" "$(wrk_parse "$work/fill.out" | cut -d' ' -f1)" \
+      "$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f", b - a}')" "$k" "$rss" \
+      >>"$work/fill.tsv"
+    log "$(tail -n1 "$work/fill.tsv")"
+  }
+  : >"$work/fill.tsv"
+  read -r _ rss0 < <(scrape "$work/m_start.txt")
+  load_start=$(cut -d' ' -f1-3 /proc/loadavg)
+  t_start=$(date +%s)
+  wrk -t1 -c"$CONNS" -d1s -s "$work/users.lua" "$url" -- "$HOT_USERS" h >/dev/null 2>&1
+  for ((round = 1; round <= ROUNDS; round++)); do
+    log "round $round: $HOT_USERS users, then $USERS users"
+    measure_mem hot "$round" "$HOT_USERS" h
+    ((round > 1)) || [[ "$PREFILL" == 0 ]] || fill "$round"
+    measure_mem cold "$round" "$USERS" u
+  done
+  hwm=$(awk '/^VmHWM:/ {print $2}' "/proc/$server_pid/status")
+  # Of which in transparent huge pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+  # asks for them where /sys/kernel/mm/transparent_hugepage is "madvise").
+  huge=$(awk '/^AnonHugePages:/ {print $2}' "/proc/$server_pid/smaps_rollup" 2>/dev/null || echo 0)
+  {
+    run_facts
+    echo "users=$USERS"
+    echo "hot_users=$HOT_USERS"
+    echo "rounds=$ROUNDS"
+    echo "duration=$DURATION"
+    echo "conns=$CONNS"
+    echo "user_quota=$USER_QUOTA_HOUR"
+    echo "user_burst=$USER_BURST"
+    echo "max_keys=$MAX_KEYS"
+    echo "prefill=$PREFILL"
+    echo "rss_start=$rss0"
+    echo "hwm=$hwm"
+    echo "huge=${huge:-0}"
+    echo "tunables=${GLIBC_TUNABLES:-}"
+  } >"$work/meta.txt"
+  python3 - "$results" "$work/meta.txt" "$work/fill.tsv" "$work" <<'PY'
+import math, re, statistics as st, sys
+from collections import defaultdict
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+meta = dict(l.rstrip("\n").split("=", 1) for l in open(sys.argv[2]) if "=" in l)
+fills = [l.rstrip("\n").split("\t") for l in open(sys.argv[3]) if l.strip()]
+work = sys.argv[4]
+F = ["phase", "round", "users", "req", "secs", "rps", "non2xx", "p50", "p99", "sockerr",
+     "cpu", "k0", "k1", "rss"]
+rows = [dict(zip(F, r)) for r in rows]
+for r in rows:
+    for k in F[2:]:
+        r[k] = float(r[k])
+med = lambda xs: st.median(xs) if xs else float("nan")
+fmt = lambda n: f"{n:,.0f}".replace(",", " ")
+NAME = "tiered_ratelimit_check_duration_seconds"
+
+def hist(path, part):
+    """Cumulative bucket counts {le: n}, sum and count of one part."""
+    b, s, c = {}, 0.0, 0
+    for line in open(path):
+        if not line.startswith(NAME) or f'part="{part}"' not in line:
+            continue
+        v = float(line.rsplit(" ", 1)[1])
+        if line.startswith(NAME + "_bucket"):
+            le = re.search(r'le="([^"]+)"', line).group(1)
+            b[float("inf") if le == "+Inf" else float(le)] = v
+        elif line.startswith(NAME + "_sum"):
+            s = v
+        elif line.startswith(NAME + "_count"):
+            c = v
+    return b, s, c
+
+def phase_hist(rnd, phase, part):
+    b0, s0, c0 = hist(f"{work}/m_{rnd}_{phase}_0.txt", part)
+    b1, s1, c1 = hist(f"{work}/m_{rnd}_{phase}_1.txt", part)
+    les = sorted(b1)
+    return [(le, b1[le] - b0.get(le, 0)) for le in les], s1 - s0, c1 - c0
+
+def quantile(buckets, q):
+    """Interpolated geometrically inside the bucket that holds rank q·n."""
+    n = buckets[-1][1]
+    if n <= 0:
+        return float("nan")
+    rank, prev_le, prev_n = q * n, buckets[0][0] / 2 ** 0.125, 0.0
+    for le, cum in buckets:
+        if cum >= rank:
+            if math.isinf(le):
+                return float("inf")
+            f = (rank - prev_n) / (cum - prev_n) if cum > prev_n else 1.0
+            return prev_le * (le / prev_le) ** f
+        prev_le, prev_n = le, cum
+    return float("nan")
+
+for r in rows:
+    for part in ("backend", "total"):
+        b, s, c = phase_hist(int(r["round"]), r["phase"], part)
+        r[part] = {"n": c, "mean": s / c * 1e9 if c else float("nan"),
+                   **{q: quantile(b, q) * 1e9 for q in (0.5, 0.9, 0.99)}}
+users, hot = int(meta["users"]), int(meta["hot_users"])
+q = int(meta["user_quota"])
+print(f"# Scale, memory backend: {fmt(users)} users against {hot} ({meta['elapsed']} s)\n")
+print(f"* machine: {meta['nproc']} CPUs ({meta['cpu']}), load average "
+      f"{meta['load_start']} at start, {meta['load_end']} at end (shared machine)")
+print(f"* code: {meta['commit']}; wrk {meta['wrk']}; bench_server mem4 (global, ip, user, "
+      f"endpoint), `PROMETHEUS=1`, `MAX_KEYS={meta['max_keys']}`; user tier "
+      f"`Quota::per_hour({q}).burst({meta['user_burst']})` (a key lives "
+      f"{3600 / q:.0f} s a request after its last), the others never deny")
+print(f"* {meta['rounds']} rounds × [{hot} users, "
+      + ("in round 1 a fill, every one of the " + fmt(users) + " users once, in order; "
+         if meta["prefill"] != "0" else "")
+      + f"{fmt(users)} users], each measured phase `wrk -t1 -c{meta['conns']} "
+      f"-d{meta['duration']}s --latency`, `x-user` drawn uniformly per request\n")
+print("| round | users | keys held before → after | req/s | p50 µs | p99 µs | non-2xx | "
+      "server CPU µs/req | RSS after MB | backend check p50 / p90 / p99 ns | mean ns | "
+      "total p50 ns |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    b, t = r["backend"], r["total"]
+    print(f"| {r['round']} | {fmt(r['users'])} | {fmt(r['k0'])} → {fmt(r['k1'])} | {fmt(r['rps'])} | "
+          f"{r['p50']:.0f} | {r['p99']:.0f} | {r['non2xx']:.0f} | {r['cpu']:.2f} | "
+          f"{r['rss'] / 1024:.1f} | {b[0.5]:.0f} / {b[0.9]:.0f} / {b[0.99]:.0f} | {b['mean']:.0f} | "
+          f"{t[0.5]:.0f} |")
+by = defaultdict(dict)
+for r in rows:
+    by[r["round"]][r["phase"]] = r
+pairs = [p for p in by.values() if "cold" in p and "hot" in p]
+def line(label, f, form):
+    xs = [f(p["hot"], p["cold"]) for p in pairs]
+    print(f"| {label} | **{form(med(xs))}** | {', '.join(form(x) for x in xs)} |")
+print(f"\n| same round, (b) {fmt(users)} users against (a) {hot} | median | rounds |")
+print("|---|---|---|")
+line("backend check p50, (b) ÷ (a)", lambda a, b: b["backend"][0.5] / a["backend"][0.5], lambda x: f"{x:.2f}")
+line("backend check p90, (b) ÷ (a)", lambda a, b: b["backend"][0.9] / a["backend"][0.9], lambda x: f"{x:.2f}")
+line("backend check p99, (b) ÷ (a)", lambda a, b: b["backend"][0.99] / a["backend"][0.99], lambda x: f"{x:.2f}")
+line("backend check mean, (b) − (a), ns", lambda a, b: b["backend"]["mean"] - a["backend"]["mean"], lambda x: f"{x:+.0f}")
+line("server CPU µs/req, (b) ÷ (a)", lambda a, b: b["cpu"] / a["cpu"], lambda x: f"{x:.3f}")
+line("server CPU µs/req, (b) − (a)", lambda a, b: b["cpu"] - a["cpu"], lambda x: f"{x:+.2f}")
+line("req/s, (b) ÷ (a)", lambda a, b: b["rps"] / a["rps"], lambda x: f"{x:.3f}")
+non = sum(r["non2xx"] for r in rows)
+errs = sum(r["sockerr"] for r in rows)
+print(f"\nNon-2xx responses over the measured phases: **{non:.0f}**; socket errors: {errs:.0f}.")
+if fills:
+    print("\nFills (every user once, in order; keys held and RSS right after):\n")
+    print("| round | requests | seconds | keys held after | RSS MB |")
+    print("|---|---|---|---|---|")
+    for _, rnd, req, secs, k, rss in fills:
+        print(f"| {rnd} | {fmt(float(req))} | {secs} | {fmt(float(k))} | {int(rss) / 1024:.1f} |")
+cold = [r for r in rows if r["phase"] == "cold"]
+if cold:
+    print(f"\nRSS: {int(meta['rss_start']) / 1024:.1f} MB at start (empty store), "
+          f"{med([r['rss'] for r in cold]) / 1024:.1f} MB after the (b) phases (median), "
+          f"peak (VmHWM) {int(meta['hwm']) / 1024:.1f} MB, of which "
+          f"{int(meta['huge']) / 1024:.0f} MB in huge pages at the end"
+          + (f" (`GLIBC_TUNABLES={meta['tunables']}`)" if meta['tunables'] else "")
+          + "; keys held in (b): "
+          f"{fmt(min(r['k0'] for r in cold))}–{fmt(max(r['k1'] for r in cold))} "
+          f"(`MemoryBackend::len`, expired not yet swept included).")
+print("\nCheck times: the `part=\"backend\"` histogram, from just before the store's check "
+      "to just after it (two `Instant::now` reads), diffed between scrapes; "
+      "buckets 2^(1/8) apart, quantiles interpolated inside a bucket (±4.5 %).")
+print("\n<details><summary>raw rows</summary>\n")
+print("| " + " | ".join(F) + " |")
+print("|" + "---|" * len(F))
+for r in rows:
+    print("| " + " | ".join(str(r[k]) for k in F) + " |")
+print("\n</details>")
+PY
+  exit 0
+fi
 
 # ------------------------------------------------------------------- redis
 start_redis

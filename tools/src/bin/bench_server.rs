@@ -51,11 +51,21 @@
 //! `USER_QUOTA_PER_MINUTE=N` (mem4, redis4, minimal4: the `user` tier is
 //! `Quota::per_minute(N)` instead, so a user's key lives only until its
 //! bucket is full again, as under a real quota: `benches/scale.sh`; unset =
-//! the `OTHER_RATE` quota), `USER_BURST=B` (with `USER_QUOTA_PER_MINUTE`:
+//! the `OTHER_RATE` quota), `USER_QUOTA_PER_HOUR=N` (the same with
+//! `Quota::per_hour(N)`, when `USER_QUOTA_PER_MINUTE` is unset: a key lives
+//! an hour a request, as benches/scale.sh's memory run needs), `USER_BURST=B`
+//! (with either:
 //! `.burst(B)`, so a few hot users are never denied while the refill rate,
 //! and with it every key's TTL, stays the quota's), `PROMETHEUS=1` (install
 //! a Prometheus metrics recorder, without its HTTP listener, to count what
-//! metrics cost), `HEADERS=none` (our layer sends no rate-limit headers, as
+//! metrics cost; with it `GET /_metrics`, outside the limiter, renders the
+//! recorder's output, `tiered_ratelimit_check_duration_seconds` as a
+//! histogram of [`check_buckets`], and in mem1 and mem4 the store's key
+//! count as `bench_server_memory_keys`: benches/scale.sh diffs it between
+//! phases; the recorder's upkeep runs every 5 s, as the exporter's own
+//! listener runs it), `MAX_KEYS=N` (mem1, mem4: the store keeps at most
+//! about N buckets, `MemoryBackend::max_keys`; unset = its default,
+//! 10^6), `HEADERS=none` (our layer sends no rate-limit headers, as
 //! tower_governor by default: what the headers cost), `IP_PER_HOUR=N` (the
 //! `ip` tier is `Quota::per_hour(N)`: benches/redis_default.sh measures an
 //! idle key of 100/hour).
@@ -151,12 +161,48 @@ struct Config {
     other_rate: Option<u64>,
     /// The `user` tier's limit per minute (default: the `other_rate` quota).
     user_per_minute: Option<u64>,
+    /// The `user` tier's limit per hour, if not per minute.
+    user_per_hour: Option<u64>,
     /// The `user` tier's burst with `user_per_minute` (default: the limit).
     user_burst: Option<u64>,
     /// Send no rate-limit headers.
     no_headers: bool,
     /// The `ip` tier's limit per hour (default: never denying, or `deny_rate`).
     ip_per_hour: Option<u64>,
+    /// The memory store's `max_keys` (default: `MemoryBackend::new()`'s).
+    max_keys: Option<u64>,
+}
+
+/// The upper bounds, in seconds, of the check-duration histogram's buckets
+/// under `PROMETHEUS=1`: 2^-26 s (14.9 ns) to 2^-13 s (122 µs), eight a
+/// doubling (each 9 % above the last), so a quantile read off the bucket
+/// counts is within 9 % of the sample's.
+fn check_buckets() -> Vec<f64> {
+    (0..=13 * 8)
+        .map(|i| 2f64.powf(-26.0 + f64::from(i) / 8.0))
+        .collect()
+}
+
+/// The Prometheus recorder of `PROMETHEUS=1`: installed globally, its
+/// upkeep run every 5 s; returns the handle `GET /_metrics` renders.
+fn install_prometheus() -> Res<metrics_exporter_prometheus::PrometheusHandle> {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("tiered_ratelimit_check_duration_seconds".to_owned()),
+            &check_buckets(),
+        )?
+        .build_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).map_err(|e| e.to_string())?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
 }
 
 fn usage() -> Box<dyn Error + Send + Sync> {
@@ -220,15 +266,35 @@ async fn main() -> Res<()> {
         deny_cache: env_u64("DENY_CACHE")?,
         other_rate: env_u64("OTHER_RATE")?,
         user_per_minute: env_u64("USER_QUOTA_PER_MINUTE")?,
+        user_per_hour: env_u64("USER_QUOTA_PER_HOUR")?,
         user_burst: env_u64("USER_BURST")?,
         no_headers: std::env::var("HEADERS").as_deref() == Ok("none"),
         ip_per_hour: env_u64("IP_PER_HOUR")?,
+        max_keys: env_u64("MAX_KEYS")?,
     };
-    if std::env::var("PROMETHEUS").as_deref() == Ok("1") {
-        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-        metrics::set_global_recorder(recorder).map_err(|e| e.to_string())?;
+    let prometheus = if std::env::var("PROMETHEUS").as_deref() == Ok("1") {
+        Some(install_prometheus()?)
+    } else {
+        None
+    };
+    let store = match config.max_keys {
+        Some(n) => MemoryBackend::new().max_keys(usize::try_from(n)?),
+        None => MemoryBackend::new(),
+    };
+    let held = matches!(config.mode.as_str(), "mem1" | "mem4").then(|| store.clone());
+    let mut app = app(&config, store).await?;
+    if let Some(handle) = prometheus {
+        app = app.merge(Router::new().route(
+            "/_metrics",
+            get(move || {
+                let mut out = handle.render();
+                if let Some(store) = &held {
+                    out.push_str(&format!("bench_server_memory_keys {}\n", store.len()));
+                }
+                async move { out }
+            }),
+        ));
     }
-    let app = app(&config).await?;
     let addr = std::env::var("LISTEN_ADDR").unwrap_or_else(|_| "127.0.0.1:3000".to_owned());
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     println!("listening on {}", listener.local_addr()?);
@@ -240,7 +306,8 @@ async fn main() -> Res<()> {
     Ok(())
 }
 
-async fn app(c: &Config) -> Res<Router> {
+/// The mode's app; mem1 and mem4 keep their buckets in `store`.
+async fn app(c: &Config, store: MemoryBackend) -> Res<Router> {
     let router = Router::new().route("/", get(|| async { "hello" }));
     let redis_url = || {
         c.redis_url
@@ -250,9 +317,9 @@ async fn app(c: &Config) -> Res<Router> {
     let redis_backend = || -> Res<RedisBackend> { Ok(RedisBackend::from_url(&redis_url()?)?) };
     Ok(match c.mode.as_str() {
         "bare" => router,
-        "mem1" => router.layer(ours(MemoryBackend::new().into(), 1, c)?),
+        "mem1" => router.layer(ours(store.into(), 1, c)?),
         "mem4" => router
-            .layer(ours(MemoryBackend::new().into(), 4, c)?)
+            .layer(ours(store.into(), 4, c)?)
             .layer(middleware::from_fn(auth)),
         "redis1" => router.layer(ours(redis_backend()?.into(), 1, c)?),
         "redis4" => router
@@ -328,10 +395,11 @@ impl Quotas {
             (None, None) => huge(),
         };
         let other = c.other_rate.map_or_else(huge, Quota::per_second);
-        let user = match (c.user_per_minute, c.user_burst) {
-            (Some(n), Some(burst)) => Quota::per_minute(n).burst(burst),
-            (Some(n), None) => Quota::per_minute(n),
-            (None, _) => other,
+        let user = match (c.user_per_minute.map(Quota::per_minute))
+            .or_else(|| c.user_per_hour.map(Quota::per_hour))
+        {
+            Some(q) => c.user_burst.map_or(q, |burst| q.burst(burst)),
+            None => other,
         };
         Self { ip, other, user }
     }
