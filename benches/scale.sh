@@ -574,11 +574,18 @@ users, hot = int(meta["users"]), int(meta["hot_users"])
 period_us = 60_000_000
 g = math.gcd(n_quota, period_us)
 unit, rate = period_us // g, n_quota // g
-cap = burst * unit
 one_ms = math.ceil(math.ceil(unit / rate) / 1000)  # PX after one request
 
 def fmt(n):
     return f"{n:,.0f}".replace(",", " ")
+
+def tat_us(v):
+    """The TAT (epoch µs) of a stored bucket, as lua/common.lua's tat_value
+    writes it: `<tat>` (rate 1), `<tat><3-digit code>` (rate up to 44: 19
+    digits or more) or `<tat>:<frac>:<rate>`."""
+    if ":" in v:
+        return int(v.split(":")[0])
+    return int(v) if int(v) < 10**18 else int(v[:-3])
 
 print(f"# Scale: {fmt(users)} users against {hot} ({meta['elapsed']} s)\n")
 print(f"* machine: {meta['nproc']} CPUs ({meta['cpu']}), load average "
@@ -642,12 +649,11 @@ for line in open(sys.argv[4]):
         rounds[cur].append(parts)
 print(f"\n`MEMORY USAGE … SAMPLES 0` of up to {max((len(v) for v in rounds.values()), default=0)} "
       "`rl:user:u*` keys (SCAN order) right after each phase, and their PTTL against the TTL "
-      f"their stored bucket implies (time to full = tokens missing × 60 000 / {n_quota} ms, "
-      "rounded up to ms, minus the time since the write; "
+      "their stored bucket implies (its TAT, the instant it is full again, less the read's time; "
       "Redis TIME read just before and after each PTTL, expected at the midpoint; off = outside "
-      "that bracket by more than PTTL's 1 ms resolution):\n")
+      "that bracket by more than PX's rounding up and Redis's whole ms, −1 to +2 ms):\n")
 print("| round | keys | MEMORY USAGE min / median / max B | key length | value length | "
-      "PTTL median / max ms | PTTL − expected, ms (min … max) | keys off by > 1 ms | "
+      "PTTL median / max ms | PTTL − expected, ms (min … max) | keys off | "
       "requests behind full, max |")
 print("|---|---|---|---|---|---|---|---|---|")
 example = None
@@ -662,20 +668,18 @@ for rnd, ks in rounds.items():
     diffs, behind, outside = [], [], 0
     for k in ks:
         before, now = int(k[4]), int(k[5])
-        t, u, un = map(int, k[6].split(":"))
-        if un != unit:
-            continue
-        miss = cap - t
-        ttl_ms = max(1, math.ceil(math.ceil(miss / rate) / 1000))
-        expected = ttl_ms - ((before + now) / 2 - u) / 1000
+        tat = tat_us(k[6])
+        # PX is the time until the TAT rounded up to ms, and Redis keeps
+        # whole ms: PTTL is the TAT less the read's time, from 1 ms under
+        # to 2 ms over.
+        expected = (tat - (before + now) / 2) / 1000
         pttl = int(k[3])
         diffs.append(pttl - expected)
-        # PTTL counts whole ms of Redis's clock: within 1 ms of the bracket.
-        if not (ttl_ms - (now - u) / 1000 - 1 <= pttl <= ttl_ms - (before - u) / 1000 + 1):
+        if not ((tat - now) / 1000 - 1 <= pttl <= (tat - before) / 1000 + 2):
             outside += 1
-        behind.append(miss / unit)
+        behind.append(max(0, tat - now) * n_quota / period_us)
         if example is None:
-            example = (k, ttl_ms, expected, now)
+            example = (k, expected)
     dmin = min(diffs) if diffs else float("nan")
     dmax = max(diffs) if diffs else float("nan")
     print(f"| {rnd} | {len(ks)} | {min(mu)} / {st.median(mu):.0f} / {max(mu)} | "
@@ -684,9 +688,9 @@ for rnd, ks in rounds.items():
 print(f"\nOne request leaves a key for {one_ms} ms (`per_minute({n_quota})`: one token per "
       f"{60_000 / n_quota:.0f} ms; PX = time to full, rounded up to ms).")
 if example:
-    k, ttl_ms, expected, now = example
-    print(f"Example: `{k[0]}` = `{k[6]}`, {int(k[1])} B, PTTL {k[3]} ms; written with PX {ttl_ms} ms "
-          f"{(now - int(k[6].split(':')[1])) / 1000:.1f} ms before the read, so {expected:.1f} ms expected.")
+    k, expected = example
+    print(f"Example: `{k[0]}` = `{k[6]}` (TAT {tat_us(k[6])} µs), {int(k[1])} B, PTTL {k[3]} ms; "
+          f"{expected:.1f} ms expected.")
 
 print(f"\n## Expiry\n")
 print(f"Right after the load {fmt(int(meta['live_after']))} `rl:user:u*` keys were live, the longest "

@@ -23,6 +23,7 @@ async fn lease_calls_tokens_taken_and_returned_are_counted() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
     let layer = redis_layer(&redis, &clock)
+        .backend_timeout(Duration::from_secs(5))
         .key_prefix("metrics")
         .tier(
             Tier::new("global", Global, Quota::per_hour(100))

@@ -30,6 +30,8 @@ fn leased_layer(backend: Backend, prefix: &str, tier: Tier) -> RateLimitLayer {
     RateLimitLayer::builder()
         .backend(backend)
         .key_prefix(prefix)
+        // Generous: on a loaded machine a check past the default 100 ms
+        // fails open and is not counted, and these tests count exactly.
         .backend_timeout(Duration::from_secs(5))
         .tier(tier)
         .build()
@@ -188,6 +190,7 @@ async fn one_instance(
     prefix: &str,
 ) -> (RateLimitHandle, String) {
     let layer = redis_layer(redis, clock)
+        .backend_timeout(Duration::from_secs(5))
         .key_prefix(prefix)
         // So that the denial below reaches Redis (and the local step).
         .deny_cache(0)
@@ -478,6 +481,7 @@ async fn leased_algorithm(
     quota: Quota,
 ) -> (RateLimitHandle, String) {
     let layer = redis_layer(redis, clock)
+        .backend_timeout(Duration::from_secs(5))
         .key_prefix(prefix)
         .deny_cache(0)
         .tier(
@@ -565,6 +569,7 @@ async fn shadow_checks_are_never_leased_and_the_kill_switch_passes_everything() 
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
     let layer = redis_layer(&redis, &clock)
+        .backend_timeout(Duration::from_secs(5))
         .key_prefix("shadow")
         .tier(
             Tier::new("global", Global, Quota::per_hour(3))
@@ -600,6 +605,7 @@ async fn a_per_key_tier_leases_only_keys_busy_enough_to_pay_for_it() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
     let layer = redis_layer(&redis, &clock)
+        .backend_timeout(Duration::from_secs(5))
         .key_prefix("perkey")
         .deny_cache(0)
         .tier(Tier::new("user", User, Quota::per_hour(1_000)).lease(TokenLease::new()))
