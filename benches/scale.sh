@@ -95,18 +95,15 @@ bench_setup scale
 
 build_bench_server
 
-# ---------------------------------------------------------------- memory
-# BACKEND=memory: the same two populations against bench_server mem4 on the
-# memory backend, with the store pre-filled before each (b) so that every
-# (b) request finds its user's key held among 10^6.
-if [[ "$BACKEND" == memory ]]; then
-  MAX_KEYS=${MAX_KEYS:-1100000}
-  PREFILL=${PREFILL:-1}
+# bench_server in mode $1 with the environment "NAME=value" ... that
+# follows, on a free port (five tries): sets sport, server_pid and url.
+start_server() { # mode env...
+  local mode=$1
+  shift
+  server_pid=""
   for _ in 1 2 3 4 5; do
     sport=$(free_port)
-    LISTEN_ADDR="127.0.0.1:$sport" PROMETHEUS=1 MAX_KEYS=$MAX_KEYS \
-      USER_QUOTA_PER_HOUR=$USER_QUOTA_HOUR USER_BURST=$USER_BURST \
-      "$bin" mem4 >"$work/server.out" 2>"$work/server.err" &
+    env LISTEN_ADDR="127.0.0.1:$sport" "$@" "$bin" "$mode" >"$work/server.out" 2>"$work/server.err" &
     server_pid=$!
     for _ in $(seq 1 200); do
       grep -q "listening on" "$work/server.out" 2>/dev/null && break
@@ -119,9 +116,11 @@ if [[ "$BACKEND" == memory ]]; then
   done
   [[ -n "$server_pid" ]] || { echo "bench_server did not start:" >&2; cat "$work/server.err" >&2; exit 1; }
   url="http://127.0.0.1:$sport/"
-  log "bench_server mem4 on port $sport (pid $server_pid), user quota $USER_QUOTA_HOUR/hour, burst $USER_BURST, max_keys $MAX_KEYS"
+}
 
-  cat >"$work/users.lua" <<'LUA'
+# x-user drawn uniformly from <prefix>1 .. <prefix><n> per request:
+#   wrk ... -s users.lua <url> -- <n> <prefix>
+cat >"$work/users.lua" <<'LUA'
 local n, prefix = 10, "u"
 local threads = 0
 function setup(thread)
@@ -131,6 +130,7 @@ end
 function init(args)
   n = tonumber(args[1]) or n
   prefix = args[2] or prefix
+  -- A seed per thread and per run: each run draws other users.
   math.randomseed(os.time() * 1000 + (thread_id or 0) * 7919 + n)
   for _ = 1, 10 do math.random() end
 end
@@ -140,6 +140,18 @@ function request()
   return wrk.format(nil, nil, headers)
 end
 LUA
+
+# ---------------------------------------------------------------- memory
+# BACKEND=memory: the same two populations against bench_server mem4 on the
+# memory backend, with the store pre-filled before each (b) so that every
+# (b) request finds its user's key held among 10^6.
+if [[ "$BACKEND" == memory ]]; then
+  MAX_KEYS=${MAX_KEYS:-1100000}
+  PREFILL=${PREFILL:-1}
+  start_server mem4 PROMETHEUS=1 MAX_KEYS="$MAX_KEYS" \
+    USER_QUOTA_PER_HOUR="$USER_QUOTA_HOUR" USER_BURST="$USER_BURST"
+  log "bench_server mem4 on port $sport (pid $server_pid), user quota $USER_QUOTA_HOUR/hour, burst $USER_BURST, max_keys $MAX_KEYS"
+
   # Users <prefix>1 .. <prefix><n> in order, one request each (then around
   # again), sending no more once n + 64 responses are in (wrk then idles
   # until -d runs out: fill() ends it once the store holds every key).
@@ -371,48 +383,11 @@ fi
 start_redis
 
 # ------------------------------------------------------------------ server
-for _ in 1 2 3 4 5; do
-  sport=$(free_port)
-  REDIS_URL="redis://127.0.0.1:$rport/" LISTEN_ADDR="127.0.0.1:$sport" \
-    USER_QUOTA_PER_MINUTE=$USER_QUOTA USER_BURST=$USER_BURST \
-    "$bin" redis4 >"$work/server.out" 2>"$work/server.err" &
-  server_pid=$!
-  for _ in $(seq 1 200); do
-    grep -q "listening on" "$work/server.out" 2>/dev/null && break
-    kill -0 "$server_pid" 2>/dev/null || break
-    sleep 0.025
-  done
-  grep -q "listening on" "$work/server.out" 2>/dev/null && break
-  stop "$server_pid"
-  server_pid=""
-done
-[[ -n "$server_pid" ]] || { echo "bench_server did not start:" >&2; cat "$work/server.err" >&2; exit 1; }
-url="http://127.0.0.1:$sport/"
+start_server redis4 REDIS_URL="redis://127.0.0.1:$rport/" \
+  USER_QUOTA_PER_MINUTE="$USER_QUOTA" USER_BURST="$USER_BURST"
 log "bench_server redis4 on port $sport (pid $server_pid), user quota $USER_QUOTA/min, burst $USER_BURST"
 
 # ------------------------------------------------------------------ helpers
-# x-user drawn uniformly from <prefix>1 .. <prefix><n> per request:
-#   wrk ... -s users.lua <url> -- <n> <prefix>
-cat >"$work/users.lua" <<'LUA'
-local n, prefix = 10, "u"
-local threads = 0
-function setup(thread)
-  threads = threads + 1
-  thread:set("thread_id", threads)
-end
-function init(args)
-  n = tonumber(args[1]) or n
-  prefix = args[2] or prefix
-  -- A seed per thread and per run: each run draws other users.
-  math.randomseed(os.time() * 1000 + (thread_id or 0) * 7919 + n)
-  for _ = 1, 10 do math.random() end
-end
-local headers = {}
-function request()
-  headers["x-user"] = prefix .. math.random(1, n)
-  return wrk.format(nil, nil, headers)
-end
-LUA
 
 # used_memory and DBSIZE at one instant, and Redis's clock in µs.
 snap() {
