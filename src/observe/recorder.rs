@@ -239,16 +239,8 @@ impl Observer {
         shadow_limited: bool,
         now_s: u64,
     ) {
-        self.maybe_roll(now_s);
+        self.roll(now_s);
         self.record_rolled(endpoint, tier, limited, shadow_limited);
-    }
-
-    /// Closes the bucket when `now_s` (Unix epoch seconds) is past it: what
-    /// [`record`](Self::record) does first, for a caller that records
-    /// several tiers of one request with [`record_rolled`](Self::record_rolled).
-    #[inline]
-    pub(crate) fn roll(&self, now_s: u64) {
-        self.maybe_roll(now_s);
     }
 
     /// [`record`](Self::record) without closing the bucket: the caller
@@ -275,7 +267,7 @@ impl Observer {
     /// Records a request that `tier` would have checked on `endpoint`,
     /// passed unchecked because the backend failed (fail open).
     pub(crate) fn record_fail_open(&self, endpoint: &Endpoint, tier: usize, now_s: u64) {
-        self.maybe_roll(now_s);
+        self.roll(now_s);
         if let Some(s) = endpoint.series.get(tier) {
             s.counters.fail_open.fetch_add(1, Ordering::Relaxed);
         }
@@ -287,9 +279,12 @@ impl Observer {
         }
     }
 
-    /// Closes the bucket when `now_s` is past it: feeds every series'
-    /// baseline and the history. Lazy, by whichever request notices first.
-    fn maybe_roll(&self, now_s: u64) {
+    /// Closes the bucket when `now_s` (Unix epoch seconds) is past it: feeds
+    /// every series' baseline and the history. Lazy, by whichever request
+    /// notices first; [`record`](Self::record) does it first, and a caller
+    /// that records several tiers of one request calls it once, then
+    /// [`record_rolled`](Self::record_rolled) per tier.
+    pub(crate) fn roll(&self, now_s: u64) {
         let bucket = now_s / self.config.bucket_secs.max(1);
         let current = self.bucket.load(Ordering::Acquire);
         if bucket <= current {
