@@ -34,7 +34,12 @@ if [[ -z "${LL:-}" ]]; then
   l3=/sys/devices/system/cpu/cpu0/cache/index3
   if [[ -r $l3/size ]]; then
     kib=$(sed 's/K$//' "$l3/size")
-    LL="$((kib * 1024)),$(cat "$l3/ways_of_associativity"),$(cat "$l3/coherency_line_size")"
+    ways=$(cat "$l3/ways_of_associativity") line=$(cat "$l3/coherency_line_size")
+    # valgrind models only a power-of-two count of sets (a 105 MiB,
+    # 15-way L3 has 114 688): round it down to one.
+    sets=$((kib * 1024 / (ways * line))) pow=1
+    while ((pow * 2 <= sets)); do pow=$((pow * 2)); done
+    LL="$((pow * ways * line)),$ways,$line"
   fi
 fi
 echo "last level modelled as ${LL:-as valgrind detects it} (bytes,ways,line)"

@@ -174,6 +174,7 @@ fn main() {
                 black_box(rate.observe(&keys_of[cycle()].key, 1));
             }
         }
+        m if m.starts_with("proto_") => proto::run(m, &keys_of, &keys_from(0x0b00_0000), checks),
         _ => {
             eprintln!("{usage}");
             std::process::exit(2);
@@ -230,4 +231,151 @@ fn resident_kib() -> u64 {
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .map_or(0, |pages| pages * 4)
+}
+
+/// The ceiling of a store design, measured apart from the engine (issue
+/// 30): a token bucket of the same quota as one TAT in an `AtomicU64`,
+/// charged by compare-and-swap, in three tables: `proto_locked` (64
+/// read-write-locked hashbrown shards, the memory backend's layout without
+/// its engine), `proto_papaya` (papaya's lock-free map: a lookup writes no
+/// shared word) and `proto_scc` (scc's `HashIndex`, read without locks).
+/// `proto_<table>_2_threads` runs two threads on keys of their own, as
+/// `ours_2_threads`.
+mod proto {
+    use super::{two_threads, S};
+    use compact_str::CompactString;
+    use std::hint::black_box;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::RwLock;
+    use tiered_ratelimit::backend::TierCheck;
+
+    /// 1000/s: one token is 1000 µs; a burst of 10^9 tokens.
+    const EMISSION_US: u64 = 1000;
+    const TOLERANCE_US: u64 = 1_000_000_000 * EMISSION_US;
+    const NOW_US: u64 = 1_700_000_000 * S;
+
+    /// GCRA on one cell: charge one token if the bucket allows it.
+    #[inline]
+    fn charge(cell: &AtomicU64) -> bool {
+        let mut seen = cell.load(Ordering::Acquire);
+        loop {
+            let tat = seen.max(NOW_US) + EMISSION_US;
+            if tat - NOW_US > TOLERANCE_US {
+                return false;
+            }
+            match cell.compare_exchange_weak(seen, tat, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(now) => seen = now,
+            }
+        }
+    }
+
+    trait Table: Sync {
+        fn insert(&self, key: &str);
+        fn check(&self, key: &str) -> bool;
+    }
+
+    #[repr(align(128))]
+    struct Padded<T>(T);
+
+    struct Slot {
+        key: CompactString,
+        tat: AtomicU64,
+    }
+
+    struct Locked {
+        shards: Vec<Padded<RwLock<hashbrown::HashTable<Slot>>>>,
+        hasher: foldhash::quality::RandomState,
+    }
+
+    impl Table for Locked {
+        fn insert(&self, key: &str) {
+            use std::hash::BuildHasher;
+            let h = self.hasher.hash_one(key);
+            let mut shard = self.shards[((h >> 32) % 64) as usize].0.write().expect("lock");
+            shard.insert_unique(
+                h,
+                Slot { key: key.into(), tat: AtomicU64::new(0) },
+                |s| self.hasher.hash_one(&s.key),
+            );
+        }
+        #[inline]
+        fn check(&self, key: &str) -> bool {
+            use std::hash::BuildHasher;
+            let h = self.hasher.hash_one(key);
+            let shard = self.shards[((h >> 32) % 64) as usize].0.read().expect("lock");
+            shard.find(h, |s| s.key == key).is_some_and(|s| charge(&s.tat))
+        }
+    }
+
+    struct Papaya(papaya::HashMap<CompactString, AtomicU64, foldhash::quality::RandomState>);
+
+    impl Table for Papaya {
+        fn insert(&self, key: &str) {
+            self.0.pin().insert(key.into(), AtomicU64::new(0));
+        }
+        #[inline]
+        fn check(&self, key: &str) -> bool {
+            self.0.pin().get(key).is_some_and(charge)
+        }
+    }
+
+    struct Scc(scc::HashIndex<CompactString, AtomicU64, foldhash::quality::RandomState>);
+
+    impl Table for Scc {
+        fn insert(&self, key: &str) {
+            let _ = self.0.insert_sync(key.into(), AtomicU64::new(0));
+        }
+        #[inline]
+        fn check(&self, key: &str) -> bool {
+            self.0.peek_with(key, |_, tat| charge(tat)).unwrap_or(false)
+        }
+    }
+
+    pub(super) fn run(mode: &str, keys: &[TierCheck], other: &[TierCheck], checks: u64) {
+        let (table, threads): (Box<dyn Table>, bool) = match mode.trim_end_matches("_2_threads") {
+            "proto_locked" => (
+                Box::new(Locked {
+                    shards: (0..64).map(|_| Padded(RwLock::default())).collect(),
+                    hasher: Default::default(),
+                }),
+                mode.ends_with("_2_threads"),
+            ),
+            "proto_papaya" => (
+                Box::new(Papaya(papaya::HashMap::with_hasher(Default::default()))),
+                mode.ends_with("_2_threads"),
+            ),
+            "proto_scc" => (
+                Box::new(Scc(scc::HashIndex::with_hasher(Default::default()))),
+                mode.ends_with("_2_threads"),
+            ),
+            _ => {
+                eprintln!("unknown mode {mode}");
+                std::process::exit(2);
+            }
+        };
+        run_on(&*table, threads, keys, other, checks);
+    }
+
+    fn run_on(table: &dyn Table, threads: bool, keys: &[TierCheck], other: &[TierCheck], checks: u64) {
+        for c in keys.iter().chain(if threads { other } else { &[] }) {
+            table.insert(&c.key);
+        }
+        if threads {
+            let (a, b) = (keys.to_vec(), other.to_vec());
+            two_threads([&a, &b], checks, |_, c, _| {
+                black_box(table.check(&c.key));
+            });
+        } else {
+            let n = keys.len();
+            let mut i = 0;
+            for _ in 0..checks {
+                i += 1;
+                if i == n {
+                    i = 0;
+                }
+                black_box(table.check(&keys[i].key));
+            }
+        }
+    }
 }
