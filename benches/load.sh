@@ -51,8 +51,9 @@ D1=${D1:-3}
 # redis4_lease_all (all four) are lease mode (src/token_lease.rs): each of
 # their rows also reads the server's lease counters (GET /_lease) before and
 # after the run, for the lease table of the report.
-MODES=${MODES:-"bare mem1 mem4 governor governor_headers redis1 redis4 redis4_lease redis4_lease_all minimal minimal4"}
-DENY_MODES=${DENY_MODES:-"mem1 mem4 governor governor_headers redis1 redis4 minimal minimal4"}
+MODES=${MODES:-"bare bare_auth mem1 mem4 governor governor_headers redis1 redis4 redis4_lease redis4_lease_all minimal minimal4"}
+# DENY_MODES="" skips the denial phase.
+DENY_MODES=${DENY_MODES-"mem1 mem4 governor governor_headers redis1 redis4 minimal minimal4"}
 OUT=${OUT:-}
 
 for tool in wrk redis-server redis-cli redis-benchmark curl python3; do
@@ -308,7 +309,7 @@ def diff(num, den, conns, key):
 print("\n## Same-round ratios and differences (median; every round in brackets)\n")
 print("| comparison | median | rounds |")
 print("|---|---|---|")
-for num, den in [("mem1", "bare"), ("mem4", "bare"), ("mem1", "governor"), ("mem4", "governor"),
+for num, den in [("mem1", "bare"), ("mem4", "bare"), ("mem4", "bare_auth"), ("bare_auth", "bare"), ("mem1", "governor"), ("mem4", "governor"),
                  ("governor", "bare"), ("redis1", "bare"), ("redis4", "bare"),
                  ("redis1", "minimal"), ("redis4", "minimal"), ("minimal", "bare"),
                  ("minimal_pool", "minimal"), ("redis4", "minimal_pool"),
@@ -328,6 +329,11 @@ for m in modes:
         if xs:
             print(f"| {label}: {m} − bare, µs | {med(xs):+.0f} | {', '.join(f'{x:+.0f}' for x in xs)} |")
 
+for num, den in [("mem1", "bare"), ("mem4", "bare"), ("mem4", "bare_auth"),
+                 ("mem1", "governor_headers"), ("redis1", "minimal1"), ("redis1", "minimal")]:
+    xs = diff(num, den, 32.0, "cpu")
+    if xs:
+        print(f"| server CPU/req: {num} − {den}, µs | {med(xs):+.1f} | {', '.join(f'{x:+.1f}' for x in xs)} |")
 for num, den in [("redis4_lease", "redis4")]:
     xs = ratio(num, den, key="rcpu")
     if xs:

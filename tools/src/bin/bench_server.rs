@@ -6,6 +6,9 @@
 //! bench_server <mode> [deny]
 //!
 //!   bare      axum alone
+//!   bare_auth axum with the app's auth middleware of mem4 (`x-user` →
+//!             UserId) and no limiter: the app mem4 limits, so mem4 −
+//!             bare_auth is the limiter's own cost
 //!   mem1      RateLimitLayer, memory backend, 1 tier: ip (ClientIp)
 //!   mem4      RateLimitLayer, memory backend, 4 tiers: global, ip, user
 //!             (an `x-user` header turned into a UserId by a middleware),
@@ -206,7 +209,7 @@ fn install_prometheus() -> Res<metrics_exporter_prometheus::PrometheusHandle> {
 }
 
 fn usage() -> Box<dyn Error + Send + Sync> {
-    "usage: bench_server <bare|mem1|mem4|governor|governor_headers|redis1|redis4|\
+    "usage: bench_server <bare|bare_auth|mem1|mem4|governor|governor_headers|redis1|redis4|\
      redis4_lease|redis4_lease_all|minimal|minimal_pool|minimal1|minimal4> [deny]"
         .into()
 }
@@ -317,6 +320,7 @@ async fn app(c: &Config, store: MemoryBackend) -> Res<Router> {
     let redis_backend = || -> Res<RedisBackend> { Ok(RedisBackend::from_url(&redis_url()?)?) };
     Ok(match c.mode.as_str() {
         "bare" => router,
+        "bare_auth" => router.layer(middleware::from_fn(auth)),
         "mem1" => router.layer(ours(store.into(), 1, c)?),
         "mem4" => router
             .layer(ours(store.into(), 4, c)?)

@@ -6,7 +6,9 @@
 //! (a sliding window counter on the same keys: the write-locked path),
 //! `ours_new_keys` (every check a key not held: a flood); and two threads
 //! on keys of their own: `ours_2_threads` (one store), `ours_2_stores` (a
-//! store each) and `governor_2_threads` (`checks` checks each). Run under
+//! store each) and `governor_2_threads` (`checks` checks each); and the
+//! store designs apart from the engine, `proto_locked`, `proto_papaya`,
+//! `proto_scc` and their `_2_threads` (see the `proto` module). Run under
 //! callgrind twice with different `checks` by `benches/check_ir.sh`: the
 //! difference of the totals divided by the difference of the checks is the
 //! instructions of one check, setup excluded; `benches/check_time.sh` does
@@ -26,7 +28,8 @@ const S: u64 = 1_000_000;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage = "usage: check_ir <ours|ours_window|ours_new_keys|ours_2_threads|ours_2_stores|\
-                 governor|governor_2_threads|pingora_rate> <keys> <checks>";
+                 governor|governor_2_threads|pingora_rate|proto_locked|proto_papaya|proto_scc|\
+                 proto_<locked|papaya|scc>_2_threads> <keys> <checks>";
     let (Some(which), Some(keys), Some(checks)) = (args.get(1), args.get(2), args.get(3)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -292,10 +295,16 @@ mod proto {
         fn insert(&self, key: &str) {
             use std::hash::BuildHasher;
             let h = self.hasher.hash_one(key);
-            let mut shard = self.shards[((h >> 32) % 64) as usize].0.write().expect("lock");
+            let mut shard = self.shards[((h >> 32) % 64) as usize]
+                .0
+                .write()
+                .expect("lock");
             shard.insert_unique(
                 h,
-                Slot { key: key.into(), tat: AtomicU64::new(0) },
+                Slot {
+                    key: key.into(),
+                    tat: AtomicU64::new(0),
+                },
                 |s| self.hasher.hash_one(&s.key),
             );
         }
@@ -303,8 +312,13 @@ mod proto {
         fn check(&self, key: &str) -> bool {
             use std::hash::BuildHasher;
             let h = self.hasher.hash_one(key);
-            let shard = self.shards[((h >> 32) % 64) as usize].0.read().expect("lock");
-            shard.find(h, |s| s.key == key).is_some_and(|s| charge(&s.tat))
+            let shard = self.shards[((h >> 32) % 64) as usize]
+                .0
+                .read()
+                .expect("lock");
+            shard
+                .find(h, |s| s.key == key)
+                .is_some_and(|s| charge(&s.tat))
         }
     }
 
@@ -357,7 +371,13 @@ mod proto {
         run_on(&*table, threads, keys, other, checks);
     }
 
-    fn run_on(table: &dyn Table, threads: bool, keys: &[TierCheck], other: &[TierCheck], checks: u64) {
+    fn run_on(
+        table: &dyn Table,
+        threads: bool,
+        keys: &[TierCheck],
+        other: &[TierCheck],
+        checks: u64,
+    ) {
         for c in keys.iter().chain(if threads { other } else { &[] }) {
             table.insert(&c.key);
         }
