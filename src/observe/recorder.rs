@@ -45,6 +45,7 @@ pub struct AnomalyStatus {
     pub sigma: f64,
 }
 
+/// One thread's counts of one series' open bucket.
 #[derive(Default)]
 struct Counters {
     requests: AtomicU64,
@@ -53,8 +54,58 @@ struct Counters {
     fail_open: AtomicU64,
 }
 
+impl Counters {
+    /// `[requests, limited, shadow_limited, fail_open]`, each read by `f`.
+    fn read(&self, f: &impl Fn(&AtomicU64) -> u64) -> [u64; 4] {
+        [
+            f(&self.requests),
+            f(&self.limited),
+            f(&self.shadow_limited),
+            f(&self.fail_open),
+        ]
+    }
+}
+
+/// An endpoint's open-bucket counts: for each thread that counts, a row of
+/// [`Counters`], one per tier, allocated by that thread (`thread_local`'s
+/// per-thread slots). A request adds to its own thread's row only, so no
+/// cache line is written by two workers; the roll takes every thread's
+/// (swapped to 0).
+struct ByThread {
+    tiers: usize,
+    rows: thread_local::ThreadLocal<Box<[Counters]>>,
+}
+
+impl ByThread {
+    fn new(tiers: usize) -> Self {
+        Self {
+            tiers,
+            rows: thread_local::ThreadLocal::new(),
+        }
+    }
+
+    /// This thread's counters of `tier`.
+    #[inline]
+    fn mine(&self, tier: usize) -> Option<&Counters> {
+        self.rows
+            .get_or(|| (0..self.tiers).map(|_| Counters::default()).collect())
+            .get(tier)
+    }
+
+    /// Every thread's counts of `tier` summed, each read by `f` (`swap(0)`
+    /// to take them, `load` to look).
+    fn sum(&self, tier: usize, f: impl Fn(&AtomicU64) -> u64) -> [u64; 4] {
+        let mut total = [0; 4];
+        for c in self.rows.iter().filter_map(|row| row.get(tier)) {
+            for (t, n) in total.iter_mut().zip(c.read(&f)) {
+                *t += n;
+            }
+        }
+        total
+    }
+}
+
 struct Series {
-    counters: Counters,
     baseline: Mutex<Baseline>,
 }
 
@@ -64,6 +115,7 @@ pub(crate) struct Endpoint {
     /// Dense, in creation order: below the observer's endpoint cap + 1.
     pub(crate) id: usize,
     series: Box<[Series]>,
+    counts: ByThread,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -220,10 +272,10 @@ impl Observer {
                 .tiers
                 .iter()
                 .map(|_| Series {
-                    counters: Counters::default(),
                     baseline: Mutex::new(Baseline::default()),
                 })
                 .collect(),
+            counts: ByThread::new(self.tiers.len()),
         });
         map.insert(name, e.clone());
         self.series.store(Arc::new(map));
@@ -253,13 +305,13 @@ impl Observer {
         limited: bool,
         shadow_limited: bool,
     ) {
-        if let Some(s) = endpoint.series.get(tier) {
-            s.counters.requests.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = endpoint.counts.mine(tier) {
+            c.requests.fetch_add(1, Ordering::Relaxed);
             if limited {
-                s.counters.limited.fetch_add(1, Ordering::Relaxed);
+                c.limited.fetch_add(1, Ordering::Relaxed);
             }
             if shadow_limited {
-                s.counters.shadow_limited.fetch_add(1, Ordering::Relaxed);
+                c.shadow_limited.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -268,8 +320,8 @@ impl Observer {
     /// passed unchecked because the backend failed (fail open).
     pub(crate) fn record_fail_open(&self, endpoint: &Endpoint, tier: usize, now_s: u64) {
         self.roll(now_s);
-        if let Some(s) = endpoint.series.get(tier) {
-            s.counters.fail_open.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = endpoint.counts.mine(tier) {
+            c.fail_open.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -311,10 +363,8 @@ impl Observer {
         ];
         for (endpoint, e) in map.iter() {
             for (t, s) in e.series.iter().enumerate() {
-                let requests = s.counters.requests.swap(0, Ordering::Relaxed);
-                let limited = s.counters.limited.swap(0, Ordering::Relaxed);
-                let shadow = s.counters.shadow_limited.swap(0, Ordering::Relaxed);
-                let fail_open = s.counters.fail_open.swap(0, Ordering::Relaxed);
+                let [requests, limited, shadow, fail_open] =
+                    e.counts.sum(t, |c| c.swap(0, Ordering::Relaxed));
                 if let Some(tot) = totals.get_mut(t) {
                     tot.requests += requests;
                     tot.limited += limited;
@@ -397,11 +447,13 @@ impl Observer {
             ..Default::default()
         };
         for e in self.series.load().values() {
-            if let Some(s) = e.series.get(tier) {
-                b.requests += s.counters.requests.load(Ordering::Relaxed);
-                b.limited += s.counters.limited.load(Ordering::Relaxed);
-                b.shadow_limited += s.counters.shadow_limited.load(Ordering::Relaxed);
-                b.fail_open += s.counters.fail_open.load(Ordering::Relaxed);
+            if tier < e.series.len() {
+                let [requests, limited, shadow, fail_open] =
+                    e.counts.sum(tier, |c| c.load(Ordering::Relaxed));
+                b.requests += requests;
+                b.limited += limited;
+                b.shadow_limited += shadow;
+                b.fail_open += fail_open;
             }
         }
         Some(b)
