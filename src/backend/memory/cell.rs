@@ -1,9 +1,22 @@
 //! A token bucket's or leaky bucket's state as one `AtomicU64`: its
 //! theoretical arrival time (TAT), which a check updates by
-//! compare-and-swap under its shard's read lock.
+//! compare-and-swap without a lock, and which a writer freezes while it
+//! decides on it.
 
 use crate::algorithm::{div_ceil, BucketState, Decision, Limit, State, TatState};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The ticks of a frozen cell: a writer (under its shard's mutex) is
+/// deciding on it, or its entry has left the table. No TAT is stored as
+/// this value (a charge that would reach it goes through the locked path,
+/// which stores a [`State`]); a lock-free check that loads it, or whose
+/// compare-and-swap meets it, takes the locked path.
+pub(super) const FROZEN: u64 = u64::MAX;
+
+/// `ticks` if a cell may store them (not [`FROZEN`]).
+fn storable(ticks: u64) -> Option<u64> {
+    (ticks != FROZEN).then_some(ticks)
+}
 
 /// What an allowed check writes: the cell's new ticks, and the charge's
 /// undo value ([`Limit::undo_of`]), which the check computes on the way
@@ -69,6 +82,7 @@ impl TatCell {
             .checked_sub(self.anchor_us)?
             .checked_mul(self.rate)?
             .checked_add(frac)
+            .and_then(storable)
     }
 
     /// `now_us` in ticks from the anchor (0 before it, saturating past 2^64).
@@ -78,9 +92,35 @@ impl TatCell {
             .saturating_mul(self.rate)
     }
 
-    /// The current ticks (for a check about to decide on them).
+    /// The current ticks (for a check about to decide on them; [`FROZEN`]
+    /// while a writer holds the cell).
     pub(super) fn load(&self) -> u64 {
         self.ticks.load(Ordering::Acquire)
+    }
+
+    /// The current ticks, unless frozen.
+    pub(super) fn live_ticks(&self) -> Option<u64> {
+        storable(self.load())
+    }
+
+    /// Freezes the cell for a writer holding its shard's mutex: the ticks it
+    /// held. (Under the mutex no cell of the table is frozen by another.)
+    pub(super) fn freeze(&self) -> u64 {
+        let ticks = self.ticks.swap(FROZEN, Ordering::AcqRel);
+        debug_assert_ne!(ticks, FROZEN, "a cell of the table frozen twice");
+        ticks
+    }
+
+    /// Freezes the cell if it still holds `ticks` (a writer judged them).
+    pub(super) fn freeze_from(&self, ticks: u64) -> bool {
+        self.ticks
+            .compare_exchange(ticks, FROZEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Unfreezes the cell at `ticks` (its writer is done).
+    pub(super) fn release(&self, ticks: u64) {
+        self.ticks.store(ticks, Ordering::Release);
     }
 
     /// Epoch µs after which the bucket is full (its TAT, rounded up): what
@@ -149,7 +189,7 @@ impl TatCell {
                     (d, Some(used)) => Some((
                         d,
                         Some(Charged {
-                            ticks: now.checked_add(used)?,
+                            ticks: storable(now.checked_add(used)?)?,
                             // The units the charge left (`Limit::undo_of`).
                             undo: b.capacity - used,
                         }),
@@ -166,7 +206,7 @@ impl TatCell {
                 Some((
                     d,
                     Some(Charged {
-                        ticks: now.checked_add(after)?,
+                        ticks: storable(now.checked_add(after)?)?,
                         // The backlog the charge left (`Limit::undo_of`).
                         undo: after,
                     }),
@@ -255,7 +295,8 @@ impl TatCell {
         }
     }
 
-    /// Stores `new` if the cell still holds `old`; else returns what it holds.
+    /// Stores `new` if the cell still holds `old`; else returns what it
+    /// holds ([`FROZEN`]: a writer holds it, or it has left the table).
     pub(super) fn swap_from(&self, old: u64, new: u64) -> Result<(), u64> {
         self.ticks
             .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire)
@@ -267,20 +308,17 @@ impl TatCell {
     /// (`new − max(old, now)`), never before `now_us`. This is
     /// [`Limit::refund`] at the charge's own instant (nothing refilled yet:
     /// all of it is given back), applied to whatever other requests have
-    /// charged since.
-    pub(super) fn give_back(&self, old: u64, new: u64, now_us: u64) {
+    /// charged since. False when the cell is frozen: the caller refunds
+    /// the key under its shard's mutex instead.
+    #[must_use]
+    pub(super) fn give_back(&self, old: u64, new: u64, now_us: u64) -> bool {
         let floor = self.ticks_at(now_us);
         let back = new.saturating_sub(old.max(floor));
-        let _ = self
-            .ticks
+        self.ticks
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-                Some(cur.saturating_sub(back).max(floor.min(cur)))
-            });
-    }
-
-    /// Replaces the ticks (under the shard's write lock).
-    pub(super) fn set(&mut self, ticks: u64) {
-        *self.ticks.get_mut() = ticks;
+                storable(cur).map(|cur| cur.saturating_sub(back).max(floor.min(cur)))
+            })
+            .is_ok()
     }
 
     /// The ticks of `state` in this cell, if it is of this cell's kind, unit

@@ -1,14 +1,11 @@
 //! A request's check: its tiers' shards locked together, every tier charged
 //! or none; and the refund of a charge.
 
-use super::shard::{lock, shard_of, Entry, Shard, Slot};
+use super::shard::{shard_of, with_live, Held, Writer};
 use super::MemoryBackend;
 use crate::algorithm::{Decision, Refund, State};
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
-use compact_str::CompactString;
 use smallvec::SmallVec;
-use std::hash::BuildHasher;
-use std::sync::RwLockWriteGuard;
 
 impl MemoryBackend {
     /// Checks, and charges when every enforced tier allows. `with_charges`:
@@ -120,27 +117,33 @@ impl MemoryBackend {
                 charges,
                 now_us,
                 hashes,
-                shards,
             )
         {
             return;
         }
+        // Entries read from the tables stay valid while `guard` lives.
+        let guard = self.inner.collector.enter();
         // Lock in ascending shard order (the set bits, low to high): no two
         // requests can wait on each other.
-        let mut locked: SmallVec<[RwLockWriteGuard<'_, Shard>; 8]> = SmallVec::new();
+        let mut locked: SmallVec<[Writer<'_>; 8]> = SmallVec::new();
         let mut rest = shards;
         while rest != 0 {
-            locked.push(lock(&self.inner.shards[rest.trailing_zeros() as usize]));
+            locked.push(Writer::lock(
+                &self.inner.shards[rest.trailing_zeros() as usize],
+            ));
             rest &= rest - 1;
         }
         let guards = locked.as_mut_slice();
+        // The cells this check decides on, frozen until it is done (dropped
+        // before the shards' mutexes: declared after them).
+        let mut held = Held::default();
         // A shard's guard: the number of locked shards below it.
         let guard_of = |h: u64| (shards & ((1u64 << shard_of(h)) - 1)).count_ones() as usize;
 
         decisions.clear();
         decisions.reserve(n);
-        // Per check, what the commit needs: where the key was found (so it
-        // is not looked up again), and the token bucket's charged state,
+        // Per check, what the commit needs: the key's entry (so it is not
+        // looked up again), and the token bucket's charged state,
         // which its check computes anyway. `None` for a new key, and for a
         // key listed earlier in the same check (a caller of Backend::check
         // may pass one; the layer's tiers never share a key): its second
@@ -155,49 +158,44 @@ impl MemoryBackend {
         let mut overridden: Option<crate::backend::override_rule::Active> = None;
         let mut uncharged = 0u64;
         for (i, (c, &h)) in checks.iter().zip(hashes.iter()).enumerate() {
-            let map = &guards[guard_of(h)].map;
-            let bucket = map.find_bucket_index(h, |s| s.key == c.key);
-            let state = bucket
-                .and_then(|b| map.get_bucket(b))
-                .and_then(|s| s.entry.live(now_us));
+            let entry = guards[guard_of(h)].find(h, &c.key, &guard);
             // A penalty box right after its tier: its strike is written
             // below, whatever the commit.
-            let tier_allowed = || decisions.last().is_none_or(|d: &Decision| d.allowed);
-            let (d, charged) = if c.limit.is_penalty() {
-                match c
-                    .limit
-                    .penalty_check(state.as_deref(), now_us, tier_allowed())
-                {
-                    Some((d, Some(w))) => {
-                        strikes.push((i, w));
-                        (d, None)
+            let tier_allowed = decisions.last().is_none_or(|d: &Decision| d.allowed);
+            let (d, charged) = with_live(entry, &mut held, now_us, |state| {
+                if c.limit.is_penalty() {
+                    match c.limit.penalty_check(state, now_us, tier_allowed) {
+                        Some((d, Some(w))) => {
+                            strikes.push((i, w));
+                            (d, None)
+                        }
+                        Some((d, None)) => (d, None),
+                        None => c.limit.check_prepared(state, now_us, c.cost),
                     }
-                    Some((d, None)) => (d, None),
-                    None => c.limit.check_prepared(state.as_deref(), now_us, c.cost),
-                }
-            } else if c.limit.is_override() {
-                overridden = self.override_of(&c.key, now_us);
-                uncharged |= 1 << i;
-                (
-                    crate::backend::override_rule::Active::code_decision(overridden.as_ref()),
-                    None,
-                )
-            } else if let Some(a) = overridden.take() {
-                let (d, charged) = a.check(c, state.as_deref(), now_us);
-                if charged.is_none() {
+                } else if c.limit.is_override() {
+                    overridden = self.override_of(&c.key, now_us);
                     uncharged |= 1 << i;
+                    (
+                        crate::backend::override_rule::Active::code_decision(overridden.as_ref()),
+                        None,
+                    )
+                } else if let Some(a) = overridden.take() {
+                    let (d, charged) = a.check(c, state, now_us);
+                    if charged.is_none() {
+                        uncharged |= 1 << i;
+                    }
+                    (d, charged)
+                } else {
+                    c.limit.check_prepared(state, now_us, c.cost)
                 }
-                (d, charged)
-            } else {
-                c.limit.check_prepared(state.as_deref(), now_us, c.cost)
-            };
+            });
             decisions.push(d);
             let repeated = hashes[..i]
                 .iter()
                 .zip(checks)
                 .any(|(&other, o)| other == h && o.key == c.key);
             if !repeated {
-                found[i] = bucket;
+                found[i] = entry;
                 prepared[i] = charged;
             }
         }
@@ -218,17 +216,24 @@ impl MemoryBackend {
                 }
             };
             // A shadow tier that would deny charges nothing. The keys found
-            // first, by their bucket: inserting a key may move every bucket
-            // of its table.
+            // first: a new key may sweep its table (which leaves the cells
+            // this check holds).
             for (i, c) in checks.iter().enumerate() {
                 let charged = decisions[i].allowed && uncharged & (1 << i) == 0;
-                let Some(b) = found[i].filter(|_| charged) else {
+                let Some(e) = found[i].filter(|_| charged) else {
                     continue;
                 };
-                let g = &mut guards[guard_of(hashes[i])];
-                if let Some(slot) = g.map.get_bucket_mut(b) {
-                    charge(i, slot.entry.commit(prepared[i].take(), c, now_us));
-                }
+                let h = hashes[i];
+                let undo = guards[guard_of(h)].commit(
+                    e,
+                    &mut held,
+                    h,
+                    c,
+                    prepared[i].take(),
+                    now_us,
+                    &guard,
+                );
+                charge(i, undo);
             }
             // Then, in order, the new keys and the keys listed twice.
             for (i, c) in checks.iter().enumerate() {
@@ -240,34 +245,33 @@ impl MemoryBackend {
                     continue;
                 }
                 let h = hashes[i];
-                let g = &mut guards[guard_of(h)];
-                if let Some(s) = g.map.find_mut(h, |s| s.key == c.key) {
-                    charge(i, s.entry.commit(prepared[i].take(), c, now_us));
+                let w = &mut guards[guard_of(h)];
+                if let Some(e) = w.find(h, &c.key, &guard) {
+                    charge(
+                        i,
+                        w.commit(e, &mut held, h, c, prepared[i].take(), now_us, &guard),
+                    );
                     continue;
                 }
                 let (state, ttl_us) = prepared[i]
                     .take()
                     .unwrap_or_else(|| c.limit.charge(None, now_us, c.cost));
                 charge(i, c.limit.undo_of(&state, now_us));
-                let entry = Entry::new(state, now_us.saturating_add(ttl_us), now_us);
-                let hasher = &self.inner.hasher;
-                g.map.insert_unique(
-                    h,
-                    Slot {
-                        key: CompactString::from(c.key.as_str()),
-                        entry,
-                    },
-                    |s| hasher.hash_one(s.key.as_str()),
+                let expires_us = now_us.saturating_add(ttl_us);
+                w.store(
+                    None, &mut held, h, &c.key, state, expires_us, now_us, &guard,
                 );
-                if g.map.len() >= g.sweep_at {
-                    g.sweep(now_us, self.inner.max_per_shard);
-                }
             }
         }
         for (i, (state, ttl_us)) in strikes {
             let (c, h) = (&checks[i], hashes[i]);
-            self.store(&mut guards[guard_of(h)], h, &c.key, state, now_us, ttl_us);
+            let w = &mut guards[guard_of(h)];
+            let e = w.find(h, &c.key, &guard);
+            let expires_us = now_us.saturating_add(ttl_us);
+            w.store(e, &mut held, h, &c.key, state, expires_us, now_us, &guard);
         }
+        // The cells released before the mutexes.
+        drop(held);
     }
 
     /// Gives back charges (see [`Limit::refund`](crate::algorithm::Limit::refund)),
@@ -289,43 +293,46 @@ impl MemoryBackend {
                 .map_or(r.check.limit, |a| a.limit_of(r.check.limit));
             let c = &r.check;
             let h = self.hash(&c.key);
-            let mut g = lock(&self.inner.shards[shard_of(h)]);
+            let guard = self.inner.collector.enter();
+            let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
+            let mut held = Held::default();
+            let found = w.find(h, &c.key, &guard);
             if r.debt {
                 // A priced request's cost above its estimate: charged
                 // whatever the state (Limit::debt).
-                let state = g
-                    .map
-                    .find(h, |s| s.key == c.key)
-                    .and_then(|s| s.entry.live(now_us).map(std::borrow::Cow::into_owned));
-                if let Some((state, ttl_us)) = limit.debt(state.as_ref(), now_us, c.cost) {
-                    self.store(&mut g, h, &c.key, state, now_us, ttl_us);
+                let debt = with_live(found, &mut held, now_us, |s| limit.debt(s, now_us, c.cost));
+                if let Some((state, ttl_us)) = debt {
+                    let expires_us = now_us.saturating_add(ttl_us);
+                    w.store(
+                        found, &mut held, h, &c.key, state, expires_us, now_us, &guard,
+                    );
                 }
                 continue;
             }
-            let Ok(mut slot) = g.map.find_entry(h, |s| s.key == c.key) else {
+            let Some(e) = found else {
                 continue;
             };
-            let e = &mut slot.get_mut().entry;
-            let state = e.live(now_us);
-            let refund = limit.refund(
-                state.as_deref(),
-                now_us,
-                r.charge.at_us,
-                c.cost,
-                r.charge.undo,
-            );
-            drop(state);
+            let refund = with_live(found, &mut held, now_us, |s| {
+                limit.refund(s, now_us, r.charge.at_us, c.cost, r.charge.undo)
+            });
             match refund {
                 Refund::Keep => {}
-                Refund::Delete => {
-                    slot.remove();
-                }
+                Refund::Delete => w.remove(e, &mut held, h, &c.key, &guard),
                 Refund::Store(state, ttl_us) => {
                     let expires_us = match ttl_us {
                         Some(ttl_us) => now_us.saturating_add(ttl_us),
-                        None => e.expires_us(),
+                        None => Writer::expires_us(e, &mut held),
                     };
-                    e.store(state, expires_us, now_us);
+                    w.store(
+                        Some(e),
+                        &mut held,
+                        h,
+                        &c.key,
+                        state,
+                        expires_us,
+                        now_us,
+                        &guard,
+                    );
                 }
             }
         }

@@ -1,14 +1,15 @@
-//! The check of token and leaky buckets that exist: their shards
-//! read-locked, each key charged by compare-and-swap on its [`TatCell`], a
-//! charge given back when a later tier turns out to deny.
+//! The check of token and leaky buckets that exist, without a lock: each
+//! key looked up in its shard's lock-free table and charged by
+//! compare-and-swap on its [`TatCell`], a charge given back when a later
+//! tier turns out to deny. A frozen cell (a writer holds it) sends the
+//! request to the locked check.
 
-use super::cell::{Charged, TatCell};
-use super::shard::{read, shard_of, Entry, Shard};
+use super::cell::{Charged, TatCell, FROZEN};
+use super::shard::{cell_limit, shard_of, Entry, Lookup};
 use super::MemoryBackend;
-use crate::algorithm::{Decision, Limit};
-use crate::backend::{Charge, Shadow, TierCheck};
+use crate::algorithm::Decision;
+use crate::backend::{Charge, Shadow, TierCheck, TierRefund};
 use smallvec::SmallVec;
-use std::sync::RwLockReadGuard;
 
 /// One tier on the way: its cell, the ticks it was decided on, and the
 /// ticks its charge writes (`None`: not allowed, not charged).
@@ -20,11 +21,11 @@ struct Step<'a> {
 
 impl MemoryBackend {
     /// [`check_fast`](Self::check_fast) for a request of one tier (the
-    /// layer's default): one shard's read lock, one lookup, one
-    /// compare-and-swap, with none of the bookkeeping of several tiers
-    /// (the guards and steps of each, the charges to give back). The same
-    /// answer as the general path: false when the locked check must decide
-    /// (another algorithm, a new key, a state the cell cannot express).
+    /// layer's default): one lookup and one compare-and-swap, no lock,
+    /// with none of the bookkeeping of several tiers (the steps of each,
+    /// the charges to give back). The same answer as the general path:
+    /// false when the locked check must decide (another algorithm, a new
+    /// key, a state the cell cannot express, a frozen cell).
     #[inline]
     pub(super) fn check_one_fast(
         &self,
@@ -35,20 +36,21 @@ impl MemoryBackend {
         now_us: u64,
         hash: u64,
     ) -> bool {
-        if !matches!(c.limit, Limit::TokenBucket(_) | Limit::LeakyBucket(_)) {
+        if !cell_limit(c) {
             return false;
         }
         let (decisions, charges) = out;
-        let shard = read(&self.inner.shards[shard_of(hash)]);
-        let Some(Entry::Cell(cell)) = shard
-            .map
-            .find(hash, |s| s.key == c.key)
-            .map(|slot| &slot.entry)
+        let guard = self.inner.collector.enter();
+        let key = Lookup { hash, text: &c.key };
+        let Some(Entry::Cell(cell)) = self.inner.shards[shard_of(hash)].table.get(&key, &guard)
         else {
             return false;
         };
         let mut seen = cell.load();
         loop {
+            if seen == FROZEN {
+                return false;
+            }
             let Some((d, charged)) = cell.decide(&c.limit, seen, now_us, c.cost) else {
                 return false;
             };
@@ -93,14 +95,15 @@ impl MemoryBackend {
     /// decision per check, and `charges` (left empty until then) one charge
     /// per check when `with_charges` and the request was charged.
     ///
-    /// The shards are only read-locked (in ascending order, as the locked
-    /// check write-locks them), so requests on the same shard or the same
-    /// key run at once; each tier is decided on a load of its cell, and
+    /// No lock is taken, so requests on the same shard or the same key run
+    /// at once; each tier is decided on a load of its cell, and
     /// charged, once every enforced tier allows, by a compare-and-swap from
     /// the ticks it was decided on. A swap that finds the cell moved decides
-    /// again on what it holds. A concurrent request may see a charge that
-    /// is then given back, and be denied for it: one that the locked path
-    /// would have admitted a moment later.
+    /// again on what it holds; one that finds it frozen gives back what
+    /// was charged and leaves the request to the locked check. A
+    /// concurrent request may see a charge that is then given back, and be
+    /// denied for it: one that the locked path would have admitted a
+    /// moment later.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn check_fast(
         &self,
@@ -111,10 +114,9 @@ impl MemoryBackend {
         charges: &mut Vec<Option<Charge>>,
         now_us: u64,
         hashes: &[u64],
-        shards: u64,
     ) -> bool {
         let eligible = |(i, c): (usize, &TierCheck)| {
-            matches!(c.limit, Limit::TokenBucket(_) | Limit::LeakyBucket(_))
+            cell_limit(c)
                 && !hashes[..i]
                     .iter()
                     .zip(checks)
@@ -123,26 +125,23 @@ impl MemoryBackend {
         if !checks.iter().enumerate().all(eligible) {
             return false;
         }
-        let mut locked: SmallVec<[RwLockReadGuard<'_, Shard>; 8]> = SmallVec::new();
-        let mut rest = shards;
-        while rest != 0 {
-            locked.push(read(&self.inner.shards[rest.trailing_zeros() as usize]));
-            rest &= rest - 1;
-        }
-        let guard_of = |h: u64| (shards & ((1u64 << shard_of(h)) - 1)).count_ones() as usize;
-
+        let guard = self.inner.collector.enter();
         decisions.clear();
         decisions.reserve_exact(checks.len());
         let mut steps: SmallVec<[Step<'_>; 8]> = SmallVec::new();
         for (c, &h) in checks.iter().zip(hashes) {
-            let Some(Entry::Cell(cell)) = locked[guard_of(h)]
-                .map
-                .find(h, |s| s.key == c.key)
-                .map(|slot| &slot.entry)
+            let key = Lookup {
+                hash: h,
+                text: &c.key,
+            };
+            let Some(Entry::Cell(cell)) = self.inner.shards[shard_of(h)].table.get(&key, &guard)
             else {
                 return false;
             };
             let seen = cell.load();
+            if seen == FROZEN {
+                return false;
+            }
             let Some((d, charged)) = cell.decide(&c.limit, seen, now_us, c.cost) else {
                 return false;
             };
@@ -166,17 +165,16 @@ impl MemoryBackend {
                 // Another request charged (or a weak swap failed): decide
                 // again on what the cell holds now.
                 step.seen = now_seen;
-                match step.cell.decide(&c.limit, now_seen, now_us, c.cost) {
+                let again = (now_seen != FROZEN)
+                    .then(|| step.cell.decide(&c.limit, now_seen, now_us, c.cost))
+                    .flatten();
+                match again {
                     Some((d, charged)) if d.allowed || shadow.contains(i) => {
                         decisions[i] = d;
                         step.charged = charged;
                     }
                     _ => {
-                        for s in &steps[..i] {
-                            if let Some(new) = s.charged {
-                                s.cell.give_back(s.seen, new.ticks, now_us);
-                            }
-                        }
+                        self.give_back(&checks[..i], &steps[..i], now_us);
                         return false;
                     }
                 }
@@ -196,5 +194,28 @@ impl MemoryBackend {
             }));
         }
         true
+    }
+
+    /// Gives back the charges of `steps` (of `checks`, made at `now_us`).
+    /// A cell found frozen (a writer holds it, or its entry has left the
+    /// table) is refunded under its shard's mutex, on the key's entry of
+    /// then, as [`refund`](Self::refund) does: the undo is never lost.
+    fn give_back(&self, checks: &[TierCheck], steps: &[Step<'_>], now_us: u64) {
+        for (c, s) in checks.iter().zip(steps) {
+            let Some(new) = s.charged else {
+                continue;
+            };
+            if !s.cell.give_back(s.seen, new.ticks, now_us) {
+                self.refund(&[TierRefund {
+                    check: c.clone(),
+                    charge: Charge {
+                        at_us: now_us,
+                        undo: new.undo,
+                        next_after_us: 0,
+                    },
+                    debt: false,
+                }]);
+            }
+        }
     }
 }

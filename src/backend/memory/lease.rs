@@ -1,7 +1,7 @@
 //! Concurrency leases in memory: a request's release, and the renewal of
 //! a long request's lease (see [`crate::algorithm::concurrency`]).
 
-use super::shard::{lock, shard_of, Entry};
+use super::shard::{locked, shard_of, Entry, Held, Writer};
 use super::MemoryBackend;
 use crate::algorithm::{Concurrency, State};
 
@@ -11,24 +11,21 @@ impl MemoryBackend {
     pub(crate) fn release(&self, key: &str, id: u64) {
         let now_us = self.inner.clock.now_us();
         let h = self.hash(key);
-        let mut g = lock(&self.inner.shards[shard_of(h)]);
-        let Ok(mut slot) = g.map.find_entry(h, |s| s.key == key) else {
+        let guard = self.inner.collector.enter();
+        let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
+        let mut held = Held::default();
+        let Some(e @ Entry::Locked(m)) = w.find(h, key, &guard) else {
             return;
         };
-        let Entry::Locked(l) = &slot.get().entry else {
-            return;
-        };
+        let mut l = locked(m);
         let State::Leases(leases) = &l.state else {
             return;
         };
         match Concurrency::release(leases, id, now_us) {
-            Some(left) => {
-                if let Entry::Locked(l) = &mut slot.get_mut().entry {
-                    l.state = State::Leases(left);
-                }
-            }
+            Some(left) => l.state = State::Leases(left),
             None => {
-                slot.remove();
+                drop(l);
+                w.remove(e, &mut held, h, key, &guard);
             }
         }
     }
@@ -38,13 +35,12 @@ impl MemoryBackend {
     pub(crate) fn renew(&self, key: &str, c: &Concurrency) -> bool {
         let now_us = self.inner.clock.now_us();
         let h = self.hash(key);
-        let mut g = lock(&self.inner.shards[shard_of(h)]);
-        let Some(slot) = g.map.find_mut(h, |s| s.key == key) else {
+        let guard = self.inner.collector.enter();
+        let w = Writer::lock(&self.inner.shards[shard_of(h)]);
+        let Some(Entry::Locked(m)) = w.find(h, key, &guard) else {
             return false;
         };
-        let Entry::Locked(l) = &mut slot.entry else {
-            return false;
-        };
+        let mut l = locked(m);
         let State::Leases(leases) = &l.state else {
             return false;
         };

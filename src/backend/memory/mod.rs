@@ -1,6 +1,6 @@
 //! [`MemoryBackend`]: buckets in this process's memory, spread over 64
-//! shards behind read-write locks; token and leaky buckets charged by
-//! compare-and-swap under the read lock.
+//! shards, each a lock-free table and a mutex for its writers; token and
+//! leaky buckets charged by compare-and-swap without a lock.
 
 mod cell;
 mod check;
@@ -8,30 +8,28 @@ mod fast;
 mod lease;
 mod overrides;
 mod peek;
-mod penalty;
 mod shard;
 #[cfg(test)]
 mod tests;
 
-use self::shard::{read, sweep_threshold, Shard, MIN_SWEEP};
+use self::shard::{sweep_threshold, Shard, Writes, MIN_SWEEP};
 use super::clock::{Clock, ManualClock};
-use hashbrown::HashTable;
 use std::fmt;
 // foldhash's quality variant: randomly seeded per process (so request-chosen
 // keys cannot be aimed at one bucket of the table), and several times faster
 // than SipHash on short keys.
 use foldhash::quality::RandomState;
 use std::hash::BuildHasher;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex};
 
 /// At most 64: a check locks its shards by the bits of a `u64`.
 const SHARDS: usize = 64;
 
 /// A shard on cache lines of its own (128 bytes: the pair of lines that
-/// x86's adjacent-line prefetcher fetches together): a check takes its
-/// shard's read lock by writing the lock word, and without the padding
-/// that write would take the line from threads checking keys of the
-/// neighbouring shards.
+/// x86's adjacent-line prefetcher fetches together): a writer takes its
+/// shard's mutex by writing the lock word, and without the padding that
+/// write would take the line (and the table's pointer, which every lookup
+/// reads) from threads checking keys of the neighbouring shards.
 #[repr(align(128))]
 struct Padded<T>(T);
 
@@ -47,16 +45,20 @@ impl<T> std::ops::Deref for Padded<T> {
 ///
 /// * **Exact and atomic**: a request is charged on every tier or on none.
 ///   The token and leaky buckets of keys already held keep their state (the
-///   theoretical arrival time) in one atomic integer: a check decides every
-///   tier on their values, and once every enforced tier allows, charges each
-///   by compare-and-swap, under read locks of its shards (so requests on one
-///   shard, or one key, do not wait for each other). When a swap finds the
-///   value moved the tier is decided again; if an enforced tier then denies,
-///   the charges already made are given back and the check runs locked. A
-///   concurrent request may briefly see such a charge before it is given
-///   back (and be denied for it). New keys, the window algorithms and a key
-///   listed twice are checked with the shards write-locked together (in
-///   index order, so concurrent requests cannot deadlock).
+///   theoretical arrival time) in one atomic integer: a check looks each
+///   key up in its shard's lock-free table (papaya's map: no lock, no
+///   shared word written), decides every tier on their values, and once
+///   every enforced tier allows, charges each by compare-and-swap (so
+///   requests on one shard, or one key, do not wait for each other, and
+///   checks on two cores do not pass a lock's cache line between them).
+///   When a swap finds the value moved the tier is decided again; if an
+///   enforced tier then denies, the charges already made are given back
+///   and the check runs locked. A concurrent request may briefly see such
+///   a charge before it is given back (and be denied for it). New keys,
+///   the window algorithms and a key listed twice are checked with the
+///   shards' writer mutexes held together (in index order, so concurrent
+///   requests cannot deadlock); such a writer freezes the cells it decides
+///   on, and a lock-free check meeting a frozen cell waits on the mutex.
 /// * **Clock**: tokio's monotonic clock, anchored to the wall clock once at
 ///   construction for the `X-RateLimit-Reset` epoch seconds. Tests can pause it
 ///   (`#[tokio::test(start_paused = true)]`) or use a [`ManualClock`].
@@ -66,9 +68,9 @@ impl<T> std::ops::Deref for Padded<T> {
 ///   [`max_keys`](MemoryBackend::max_keys) buckets are kept (default
 ///   1 000 000): past that, the buckets closest to full are evicted first,
 ///   which hands those keys a full bucket a little early. A bucket takes
-///   one 64-byte slot (its key inline up to 24 bytes) in tables that grow
-///   by doubling: 136 MB of resident memory for 10^6 keys, measured
-///   (docs/performance.md).
+///   one allocation of its key (inline up to 24 bytes) and state, and a
+///   slot of a table that grows by doubling: about 98 MB of resident
+///   memory for 10^6 keys, measured (docs/performance.md).
 ///
 /// ```
 /// use tiered_ratelimit::backend::MemoryBackend;
@@ -81,7 +83,11 @@ pub struct MemoryBackend {
 }
 
 struct Inner {
-    shards: Box<[Padded<RwLock<Shard>>]>,
+    shards: Box<[Padded<Shard>]>,
+    /// The tables' epoch collector (entries a writer removed are freed once
+    /// no check that may still read them is running), one for all shards
+    /// so a check of several enters once.
+    collector: Arc<seize::Collector>,
     hasher: RandomState,
     clock: Clock,
     max_per_shard: usize,
@@ -121,17 +127,29 @@ impl MemoryBackend {
 
     fn with_clock(clock: Clock, max_keys: usize) -> Self {
         let max_per_shard = max_keys.div_ceil(SHARDS).max(1);
+        let collector = Arc::new(seize::Collector::new());
         let shards = (0..SHARDS)
             .map(|_| {
-                Padded(RwLock::new(Shard {
-                    map: HashTable::new(),
-                    sweep_at: sweep_threshold(MIN_SWEEP, max_per_shard),
-                }))
+                Padded(Shard {
+                    table: papaya::HashMap::builder()
+                        .hasher(Default::default())
+                        .shared_collector(Arc::clone(&collector))
+                        // Every insert runs under the shard's mutex: the
+                        // writer that grows the table copies it whole, and
+                        // lookups never search two tables.
+                        .resize_mode(papaya::ResizeMode::Blocking)
+                        .build(),
+                    writes: Mutex::new(Writes {
+                        sweep_at: sweep_threshold(MIN_SWEEP, max_per_shard),
+                        max: max_per_shard,
+                    }),
+                })
             })
             .collect();
         Self {
             inner: Arc::new(Inner {
                 shards,
+                collector,
                 hasher: RandomState::default(),
                 clock,
                 max_per_shard,
@@ -149,7 +167,7 @@ impl MemoryBackend {
 
     /// Buckets currently held (expired ones not yet swept included).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| read(s).map.len()).sum()
+        self.inner.shards.iter().map(|s| s.table.len()).sum()
     }
 
     /// Whether no bucket is held.

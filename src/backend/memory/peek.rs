@@ -1,7 +1,7 @@
-//! Peek and reset of one key: its shard locked only while the key is read
-//! or removed.
+//! Peek and reset of one key: its shard's mutex held only while the key is
+//! read or removed.
 
-use super::shard::{lock, read, shard_of};
+use super::shard::{shard_of, with_live, Held, Writer};
 use super::MemoryBackend;
 use crate::backend::{TierCheck, Verdict};
 
@@ -11,12 +11,13 @@ impl MemoryBackend {
     pub(crate) fn peek(&self, check: &TierCheck) -> Verdict {
         let now_us = self.inner.clock.now_us();
         let h = self.hash(&check.key);
-        let g = read(&self.inner.shards[shard_of(h)]);
-        let state = g
-            .map
-            .find(h, |s| s.key == check.key)
-            .and_then(|s| s.entry.live(now_us));
-        let decision = check.limit.check(state.as_deref(), now_us, check.cost);
+        let guard = self.inner.collector.enter();
+        let w = Writer::lock(&self.inner.shards[shard_of(h)]);
+        let mut held = Held::default();
+        let found = w.find(h, &check.key, &guard);
+        let decision = with_live(found, &mut held, now_us, |state| {
+            check.limit.check(state, now_us, check.cost)
+        });
         Verdict {
             now_us,
             decisions: vec![decision],
@@ -29,14 +30,14 @@ impl MemoryBackend {
     pub(crate) fn reset(&self, key: &str) -> bool {
         let now_us = self.inner.clock.now_us();
         let h = self.hash(key);
-        let mut g = lock(&self.inner.shards[shard_of(h)]);
-        match g.map.find_entry(h, |s| s.key == key) {
-            Ok(slot) => {
-                let live = slot.get().entry.expires_us() > now_us;
-                slot.remove();
-                live
-            }
-            Err(_) => false,
-        }
+        let guard = self.inner.collector.enter();
+        let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
+        let mut held = Held::default();
+        let Some(e) = w.find(h, key, &guard) else {
+            return false;
+        };
+        let live = Writer::expires_us(e, &mut held) > now_us;
+        w.remove(e, &mut held, h, key, &guard);
+        live
     }
 }

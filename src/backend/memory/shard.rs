@@ -1,40 +1,101 @@
-//! The store's shards: each a table of buckets by key, its entries' expiry,
-//! and the sweep that keeps it bounded.
+//! The store's shards: each a lock-free table of buckets by key (papaya's
+//! map), a mutex that only writers take, and the sweep that keeps the
+//! table bounded.
 
 use super::cell::TatCell;
 use super::SHARDS;
 use crate::algorithm::State;
 use crate::backend::TierCheck;
 use compact_str::CompactString;
-use hashbrown::HashTable;
-use std::borrow::Cow;
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use smallvec::SmallVec;
+use std::hash::{Hash, Hasher};
+use std::sync::{Mutex, MutexGuard};
 
 pub(super) const MIN_SWEEP: usize = 1024;
 
-/// One shard: buckets by key, in a table addressed by the key's hash, which
-/// a check computes once per key (it also picks the shard).
-#[derive(Default)]
+/// The table of one shard. papaya's map: a lookup takes no lock and writes
+/// no shared word (its entries are reclaimed by epochs, `seize`), so checks
+/// of held buckets on two cores do not move a lock's line between them.
+/// Keyed by the key's hash, computed once per check (it also picks the
+/// shard) and passed through: the map does not hash the key again.
+pub(super) type Table = papaya::HashMap<Key, Entry, nohash_hasher::BuildNoHashHasher<u64>>;
+
+/// One shard: its table, and the writers' mutex.
+///
+/// Every write to the table (a new key, a removal, an entry replaced) and
+/// every decision that is not a lone compare-and-swap on a cell (the
+/// window algorithms, leases, strikes, refunds, sweeps, and a request
+/// whose tiers the lock-free path could not charge) runs under `writes`,
+/// taken in ascending shard order across a request's shards (so two
+/// requests cannot wait on each other). A writer freezes the cells it
+/// decides on ([`Held`]): the lock-free path, meeting a frozen cell, takes
+/// the mutex in turn.
 pub(super) struct Shard {
-    pub(super) map: HashTable<Slot>,
+    pub(super) table: Table,
+    pub(super) writes: Mutex<Writes>,
+}
+
+/// What only the shard's writers touch.
+pub(super) struct Writes {
+    /// The table's size at which the next new key sweeps it.
     pub(super) sweep_at: usize,
+    /// The shard's share of the store's `max_keys`.
+    pub(super) max: usize,
 }
 
-/// One key's bucket: 64 bytes, aligned to a cache line, so a lookup at
-/// 10^6 keys (tables far larger than the cache) misses one line, not two:
-/// the key compared and the cell charged are on the line the probe reads.
-#[repr(align(64))]
-pub(super) struct Slot {
-    /// Inline up to 24 bytes (most IP and user keys): a lookup compares it
-    /// without following a pointer, and a new key allocates nothing more.
-    pub(super) key: CompactString,
-    pub(super) entry: Entry,
+/// A key in a table: its text (inline up to 24 bytes, most IP and user
+/// keys: a new key allocates nothing more than its entry) and its hash.
+pub(super) struct Key {
+    hash: u64,
+    text: CompactString,
 }
 
-/// A state only the locked path reads and writes, with its expiry: boxed so
-/// that every [`Slot`] stays one cache line (the window algorithms' and the
-/// leases' states are larger than a cell). Replaced in place, so a check of
-/// a held key allocates nothing.
+impl Key {
+    pub(super) fn new(hash: u64, text: &str) -> Self {
+        Self {
+            hash,
+            text: CompactString::from(text),
+        }
+    }
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.text == other.text
+    }
+}
+
+impl Eq for Key {}
+
+impl nohash_hasher::IsEnabled for Key {}
+
+/// A key looked up by its text, with the hash the check computed.
+pub(super) struct Lookup<'a> {
+    pub(super) hash: u64,
+    pub(super) text: &'a str,
+}
+
+impl Hash for Lookup<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl papaya::Equivalent<Key> for Lookup<'_> {
+    fn equivalent(&self, key: &Key) -> bool {
+        self.text == key.text
+    }
+}
+
+impl nohash_hasher::IsEnabled for Lookup<'_> {}
+
+/// A state only writers read and write, with its expiry.
 pub(super) struct Locked {
     pub(super) state: State,
     /// Epoch microseconds after which the bucket is full (or its window
@@ -43,12 +104,14 @@ pub(super) struct Locked {
 }
 
 /// A bucket's state: in a [`TatCell`] (token and leaky buckets, charged by
-/// compare-and-swap under the shard's read lock), or as a [`State`] with
-/// its expiry (every other algorithm, and a bucket state no cell can
-/// express), written under the shard's write lock only.
+/// compare-and-swap without a lock), or as a [`State`] with its expiry
+/// (every other algorithm, and a bucket state no cell can express), read
+/// and written by the shard's writers only. The mutex of a `Locked` entry
+/// is never contended (its writers hold the shard's); it only lets them
+/// change the state in place, so a check of a held key allocates nothing.
 pub(super) enum Entry {
     Cell(TatCell),
-    Locked(Box<Locked>),
+    Locked(Box<Mutex<Locked>>),
 }
 
 impl Entry {
@@ -58,80 +121,287 @@ impl Entry {
     pub(super) fn new(state: State, expires_us: u64, now_us: u64) -> Self {
         match TatCell::new(&state, now_us) {
             Some(cell) if cell.expires_us(cell.load()) == expires_us => Entry::Cell(cell),
-            _ => Entry::Locked(Box::new(Locked { state, expires_us })),
+            _ => Entry::Locked(Box::new(Mutex::new(Locked { state, expires_us }))),
         }
     }
 
-    pub(super) fn expires_us(&self) -> u64 {
-        match self {
-            Entry::Cell(cell) => cell.expires_us(cell.load()),
-            Entry::Locked(l) => l.expires_us,
+    /// Whether a cell can hold `state` expiring at `expires_us` (so that
+    /// [`Entry::new`] makes one).
+    fn cell_can_hold(state: &State, expires_us: u64, now_us: u64) -> bool {
+        matches!(state, State::Bucket(_) | State::Tat(_))
+            && TatCell::new(state, now_us).is_some_and(|c| c.expires_us(c.load()) == expires_us)
+    }
+}
+
+/// A `Locked` entry's state (a poisoned mutex still holds a whole state:
+/// every write to it is a single assignment).
+pub(super) fn locked(m: &Mutex<Locked>) -> MutexGuard<'_, Locked> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The cells a writer has frozen, each with the ticks it is released at:
+/// the ticks it held (nothing written) until the writer stores new ones.
+/// Dropping it releases them all, so a denial or any early exit restores
+/// every cell as it was. A cell whose entry the writer replaced or
+/// removed is retired: it stays frozen, so a lock-free check still holding
+/// it goes to the locked path and finds the key's current entry.
+#[derive(Default)]
+pub(super) struct Held<'g> {
+    cells: SmallVec<[(&'g TatCell, u64, bool); 8]>,
+}
+
+impl<'g> Held<'g> {
+    /// The ticks of `cell`, which this writer freezes on its first visit.
+    pub(super) fn ticks(&mut self, cell: &'g TatCell) -> u64 {
+        if let Some(&mut (_, ticks, _)) = self.find(cell) {
+            return ticks;
         }
+        let ticks = cell.freeze();
+        self.cells.push((cell, ticks, false));
+        ticks
     }
 
-    /// The state, if the entry has not expired at `now_us`.
-    pub(super) fn live(&self, now_us: u64) -> Option<Cow<'_, State>> {
-        match self {
-            Entry::Cell(cell) => {
-                let ticks = cell.load();
-                (cell.expires_us(ticks) > now_us).then(|| Cow::Owned(cell.state(ticks)))
+    fn find(&mut self, cell: &TatCell) -> Option<&mut (&'g TatCell, u64, bool)> {
+        self.cells.iter_mut().find(|(c, ..)| std::ptr::eq(*c, cell))
+    }
+
+    /// Releases `cell` at `ticks` (when the writer is done).
+    pub(super) fn set(&mut self, cell: &'g TatCell, ticks: u64) {
+        match self.find(cell) {
+            Some(held) => held.1 = ticks,
+            None => {
+                cell.freeze();
+                self.cells.push((cell, ticks, false));
             }
-            Entry::Locked(l) => (l.expires_us > now_us).then_some(Cow::Borrowed(&l.state)),
         }
     }
 
-    /// Stores `state`, expiring at `expires_us` (under the write lock).
-    pub(super) fn store(&mut self, state: State, expires_us: u64, now_us: u64) {
-        match self {
-            Entry::Cell(cell) => {
-                if let Some(ticks) = cell.ticks_of_state(&state) {
-                    if cell.expires_us(ticks) == expires_us {
-                        cell.set(ticks);
-                        return;
-                    }
-                }
-            }
-            // A bucket's state a cell can hold goes back to a cell; any
-            // other (every window algorithm's) is written into its box: no
-            // allocation.
-            Entry::Locked(l) => {
-                match TatCell::new(&state, now_us) {
-                    Some(cell) if cell.expires_us(cell.load()) == expires_us => {
-                        *self = Entry::Cell(cell);
-                    }
-                    _ => **l = Locked { state, expires_us },
-                }
-                return;
+    /// Leaves `cell` frozen for good: its entry is leaving the table.
+    pub(super) fn retire(&mut self, cell: &'g TatCell) {
+        match self.find(cell) {
+            Some(held) => held.2 = true,
+            None => {
+                let ticks = cell.freeze();
+                self.cells.push((cell, ticks, true));
             }
         }
-        *self = Entry::new(state, expires_us, now_us);
     }
 
-    /// Charges the live entry (`ready`: the state the check already
-    /// computed) and returns the charge's undo value
+    /// Whether this writer holds `cell` frozen (and not retired).
+    pub(super) fn holds(&self, cell: &TatCell) -> bool {
+        self.cells
+            .iter()
+            .any(|(c, _, retired)| !retired && std::ptr::eq(*c, cell))
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        for &(cell, ticks, retired) in &self.cells {
+            if !retired {
+                cell.release(ticks);
+            }
+        }
+    }
+}
+
+/// One locked shard as its writer sees it: the shard, its held mutex, and
+/// the guard under which entries read from its table stay valid.
+pub(super) struct Writer<'g> {
+    pub(super) shard: &'g Shard,
+    pub(super) writes: MutexGuard<'g, Writes>,
+}
+
+impl<'g> Writer<'g> {
+    pub(super) fn lock(shard: &'g Shard) -> Self {
+        // A panic under the mutex leaves no half-written entry (cells are
+        // restored by `Held`'s drop; every other write is one insert, one
+        // removal or one assignment), so a poisoned mutex is still usable.
+        let writes = shard
+            .writes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Self { shard, writes }
+    }
+
+    /// The key's entry.
+    pub(super) fn find<'e>(
+        &self,
+        hash: u64,
+        key: &str,
+        guard: &'e seize::LocalGuard<'_>,
+    ) -> Option<&'e Entry> {
+        self.shard.table.get(&Lookup { hash, text: key }, guard)
+    }
+
+    /// The expiry (epoch µs) of an entry (a cell frozen in `held`).
+    pub(super) fn expires_us<'e>(entry: &'e Entry, held: &mut Held<'e>) -> u64 {
+        match entry {
+            Entry::Cell(cell) => cell.expires_us(held.ticks(cell)),
+            Entry::Locked(m) => locked(m).expires_us,
+        }
+    }
+
+    /// Charges `entry`, `c.key`'s (`ready`: the state the check already
+    /// computed), and returns the charge's undo value
     /// ([`Limit::undo_of`](crate::algorithm::Limit::undo_of)).
-    pub(super) fn commit(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn commit<'e>(
         &mut self,
-        ready: Option<(State, u64)>,
+        entry: &'e Entry,
+        held: &mut Held<'e>,
+        hash: u64,
         c: &TierCheck,
+        ready: Option<(State, u64)>,
         now_us: u64,
+        guard: &'e seize::LocalGuard<'_>,
     ) -> u64 {
         let (state, ttl_us) = match ready {
             Some(ready) => ready,
             None => {
-                let old = match self {
+                let old = match entry {
                     // Taken, not cloned: a sliding log may be long.
-                    Entry::Locked(l) if l.expires_us > now_us => {
-                        Some(std::mem::replace(&mut l.state, PLACEHOLDER))
+                    Entry::Locked(m) => {
+                        let mut l = locked(m);
+                        (l.expires_us > now_us)
+                            .then(|| std::mem::replace(&mut l.state, PLACEHOLDER))
                     }
-                    _ => self.live(now_us).map(Cow::into_owned),
+                    Entry::Cell(cell) => {
+                        let ticks = held.ticks(cell);
+                        (cell.expires_us(ticks) > now_us).then(|| cell.state(ticks))
+                    }
                 };
                 c.limit.charge(old, now_us, c.cost)
             }
         };
         let undo = c.limit.undo_of(&state, now_us);
-        self.store(state, now_us.saturating_add(ttl_us), now_us);
+        let expires_us = now_us.saturating_add(ttl_us);
+        self.store(
+            Some(entry),
+            held,
+            hash,
+            &c.key,
+            state,
+            expires_us,
+            now_us,
+            guard,
+        );
         undo
+    }
+
+    /// Stores `state`, expiring at `expires_us`, as `key`'s (hash `hash`)
+    /// entry, in place when the entry can hold it (a cell: the ticks it is
+    /// released at), else as a new entry that replaces it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn store<'e>(
+        &mut self,
+        found: Option<&'e Entry>,
+        held: &mut Held<'e>,
+        hash: u64,
+        key: &str,
+        state: State,
+        expires_us: u64,
+        now_us: u64,
+        guard: &'e seize::LocalGuard<'_>,
+    ) {
+        match found {
+            Some(Entry::Cell(cell)) => {
+                if let Some(ticks) = cell.ticks_of_state(&state) {
+                    if cell.expires_us(ticks) == expires_us {
+                        held.set(cell, ticks);
+                        return;
+                    }
+                }
+                held.retire(cell);
+            }
+            Some(Entry::Locked(m)) if !Entry::cell_can_hold(&state, expires_us, now_us) => {
+                // Written into its place: no allocation.
+                *locked(m) = Locked { state, expires_us };
+                return;
+            }
+            Some(Entry::Locked(_)) | None => {}
+        }
+        let new = found.is_none();
+        self.shard.table.insert(
+            Key::new(hash, key),
+            Entry::new(state, expires_us, now_us),
+            guard,
+        );
+        if new && self.shard.table.len() >= self.writes.sweep_at {
+            self.sweep(held, now_us, guard);
+        }
+    }
+
+    /// Removes `entry`, `key`'s (its cell retired).
+    pub(super) fn remove<'e>(
+        &mut self,
+        entry: &'e Entry,
+        held: &mut Held<'e>,
+        hash: u64,
+        key: &str,
+        guard: &'e seize::LocalGuard<'_>,
+    ) {
+        if let Entry::Cell(cell) = entry {
+            held.retire(cell);
+        }
+        self.shard.table.remove(&Lookup { hash, text: key }, guard);
+    }
+
+    /// Drops expired buckets; if still over `max` (the shard's share of
+    /// `max_keys`), drops the buckets that expire soonest (closest to full)
+    /// down to 90% of `max`. A cell leaves the table frozen (by
+    /// compare-and-swap from the ticks judged: if a charge arrived since,
+    /// it is judged again); cells `held` by this writer stay.
+    pub(super) fn sweep(&mut self, held: &Held<'_>, now_us: u64, guard: &seize::LocalGuard<'_>) {
+        let max = self.writes.max;
+        let table = &self.shard.table;
+        table.retain(|_, e| !retire_if(e, held, |exp| exp <= now_us), guard);
+        if table.len() > max {
+            let keep = max - max / 10;
+            let mut expiries: Vec<u64> = table
+                .iter(guard)
+                .filter_map(|(_, e)| expiry(e, held))
+                .collect();
+            let cut = expiries.len().saturating_sub(keep);
+            if cut > 0 {
+                let (_, &mut threshold, _) = expiries.select_nth_unstable(cut);
+                table.retain(|_, e| !retire_if(e, held, |exp| exp < threshold), guard);
+                // Ties at the threshold may leave a few extra; remove
+                // arbitrary ones.
+                let mut extra = table.len().saturating_sub(keep);
+                table.retain(
+                    |_, e| {
+                        let tie = extra > 0 && retire_if(e, held, |exp| exp == threshold);
+                        extra -= usize::from(tie);
+                        !tie
+                    },
+                    guard,
+                );
+            }
+        }
+        self.writes.sweep_at = sweep_threshold(table.len() * 2, max);
+    }
+}
+
+/// `f` of the state of `entry` if live at `now_us` (a cell frozen in
+/// `held`; a `Locked` state borrowed, not cloned, under its mutex).
+pub(super) fn with_live<'e, R>(
+    entry: Option<&'e Entry>,
+    held: &mut Held<'e>,
+    now_us: u64,
+    f: impl FnOnce(Option<&State>) -> R,
+) -> R {
+    match entry {
+        None => f(None),
+        Some(Entry::Cell(cell)) => {
+            let ticks = held.ticks(cell);
+            let state = (cell.expires_us(ticks) > now_us).then(|| cell.state(ticks));
+            f(state.as_ref())
+        }
+        Some(Entry::Locked(m)) => {
+            let l = locked(m);
+            f((l.expires_us > now_us).then_some(&l.state))
+        }
     }
 }
 
@@ -141,29 +411,33 @@ const PLACEHOLDER: State = State::FixedWindow(crate::algorithm::FixedWindowState
     count: 0,
 });
 
-impl Shard {
-    /// Drops expired buckets; if still over `max`, drops the buckets that
-    /// expire soonest (closest to full) down to 90% of `max`.
-    pub(super) fn sweep(&mut self, now_us: u64, max: usize) {
-        self.map.retain(|s| s.entry.expires_us() > now_us);
-        if self.map.len() > max {
-            let keep = max - max / 10;
-            let mut expiries: Vec<u64> = self.map.iter().map(|s| s.entry.expires_us()).collect();
-            let cut = expiries.len() - keep;
-            let (_, &mut threshold, _) = expiries.select_nth_unstable(cut);
-            self.map.retain(|s| s.entry.expires_us() >= threshold);
-            // Ties at the threshold may leave a few extra; remove arbitrary ones.
-            let mut extra = self.map.len().saturating_sub(keep);
-            self.map.retain(|s| {
-                if extra > 0 && s.entry.expires_us() == threshold {
-                    extra -= 1;
-                    false
-                } else {
-                    true
-                }
-            });
-        }
-        self.sweep_at = sweep_threshold(self.map.len() * 2, max);
+/// An entry's expiry, `None` for a cell this writer holds (it stays).
+fn expiry(entry: &Entry, held: &Held<'_>) -> Option<u64> {
+    match entry {
+        Entry::Cell(cell) if held.holds(cell) => None,
+        Entry::Cell(cell) => cell.live_ticks().map(|t| cell.expires_us(t)),
+        Entry::Locked(m) => Some(locked(m).expires_us),
+    }
+}
+
+/// Whether `entry` leaves the table: `leaves` of its expiry; a cell that
+/// leaves is frozen first, from the ticks judged (a charge that lands
+/// first has it judged again).
+fn retire_if(entry: &Entry, held: &Held<'_>, leaves: impl Fn(u64) -> bool) -> bool {
+    match entry {
+        Entry::Cell(cell) if held.holds(cell) => false,
+        Entry::Cell(cell) => loop {
+            let Some(ticks) = cell.live_ticks() else {
+                return false;
+            };
+            if !leaves(cell.expires_us(ticks)) {
+                return false;
+            }
+            if cell.freeze_from(ticks) {
+                return true;
+            }
+        },
+        Entry::Locked(m) => leaves(locked(m).expires_us),
     }
 }
 
@@ -178,12 +452,10 @@ pub(super) fn sweep_threshold(target: usize, max: usize) -> usize {
     target.max(MIN_SWEEP).min(max.saturating_add(1))
 }
 
-// A panic while holding the lock cannot leave a shard half-written (every
-// write is a single insert or store), so a poisoned lock is still usable.
-pub(super) fn lock(m: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
-    m.write().unwrap_or_else(|e| e.into_inner())
-}
-
-pub(super) fn read(m: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
-    m.read().unwrap_or_else(|e| e.into_inner())
+/// Whether a check's limit is one a cell decides (token and leaky buckets).
+pub(super) fn cell_limit(c: &TierCheck) -> bool {
+    matches!(
+        c.limit,
+        crate::algorithm::Limit::TokenBucket(_) | crate::algorithm::Limit::LeakyBucket(_)
+    )
 }
