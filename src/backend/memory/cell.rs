@@ -7,15 +7,21 @@ use crate::algorithm::{div_ceil, BucketState, Decision, Limit, State, TatState};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The ticks of a frozen cell: a writer (under its shard's mutex) is
-/// deciding on it, or its entry has left the table. No TAT is stored as
-/// this value (a charge that would reach it goes through the locked path,
-/// which stores a [`State`]); a lock-free check that loads it, or whose
-/// compare-and-swap meets it, takes the locked path.
+/// deciding on it, or its entry was replaced by one that carries its state
+/// (a quota change, a state no cell can express). No TAT is stored as this
+/// value or [`GONE`] (a charge that would reach them goes through the
+/// locked path, which stores a [`State`]); a lock-free check that loads
+/// either, or whose compare-and-swap meets it, takes the locked path.
 pub(super) const FROZEN: u64 = u64::MAX;
 
-/// `ticks` if a cell may store them (not [`FROZEN`]).
-fn storable(ticks: u64) -> Option<u64> {
-    (ticks != FROZEN).then_some(ticks)
+/// The ticks of a cell whose entry has left the table (swept, evicted,
+/// reset, refunded to nothing): its charges left with it, so a lock-free
+/// give-back that meets it has nothing to give back.
+pub(super) const GONE: u64 = u64::MAX - 1;
+
+/// `ticks` if a cell may store them (neither [`FROZEN`] nor [`GONE`]).
+pub(super) fn storable(ticks: u64) -> Option<u64> {
+    (ticks < GONE).then_some(ticks)
 }
 
 /// What an allowed check writes: the cell's new ticks, and the charge's
@@ -93,12 +99,12 @@ impl TatCell {
     }
 
     /// The current ticks (for a check about to decide on them; [`FROZEN`]
-    /// while a writer holds the cell).
+    /// while a writer holds the cell, [`GONE`] once it has left the table).
     pub(super) fn load(&self) -> u64 {
         self.ticks.load(Ordering::Acquire)
     }
 
-    /// The current ticks, unless frozen.
+    /// The current ticks, unless frozen or gone.
     pub(super) fn live_ticks(&self) -> Option<u64> {
         storable(self.load())
     }
@@ -111,14 +117,16 @@ impl TatCell {
         ticks
     }
 
-    /// Freezes the cell if it still holds `ticks` (a writer judged them).
-    pub(super) fn freeze_from(&self, ticks: u64) -> bool {
+    /// Marks the cell [`GONE`] if it still holds `ticks` (a writer judged
+    /// them, and is removing its entry).
+    pub(super) fn retire_from(&self, ticks: u64) -> bool {
         self.ticks
-            .compare_exchange(ticks, FROZEN, Ordering::AcqRel, Ordering::Acquire)
+            .compare_exchange(ticks, GONE, Ordering::AcqRel, Ordering::Acquire)
             .is_ok()
     }
 
-    /// Unfreezes the cell at `ticks` (its writer is done).
+    /// Unfreezes the cell at `ticks` (its writer is done), or leaves it
+    /// [`FROZEN`] or [`GONE`] for good.
     pub(super) fn release(&self, ticks: u64) {
         self.ticks.store(ticks, Ordering::Release);
     }
@@ -296,7 +304,8 @@ impl TatCell {
     }
 
     /// Stores `new` if the cell still holds `old`; else returns what it
-    /// holds ([`FROZEN`]: a writer holds it, or it has left the table).
+    /// holds ([`FROZEN`] or [`GONE`]: a writer holds it, or it has left the
+    /// table).
     pub(super) fn swap_from(&self, old: u64, new: u64) -> Result<(), u64> {
         self.ticks
             .compare_exchange_weak(old, new, Ordering::AcqRel, Ordering::Acquire)
@@ -308,8 +317,10 @@ impl TatCell {
     /// (`new − max(old, now)`), never before `now_us`. This is
     /// [`Limit::refund`] at the charge's own instant (nothing refilled yet:
     /// all of it is given back), applied to whatever other requests have
-    /// charged since. False when the cell is frozen: the caller refunds
-    /// the key under its shard's mutex instead.
+    /// charged since. `now_us` is the clock when giving back (a charge made
+    /// earlier gives back only what has not refilled since). False when
+    /// the cell is frozen or gone: the caller settles under the shard's
+    /// mutex.
     #[must_use]
     pub(super) fn give_back(&self, old: u64, new: u64, now_us: u64) -> bool {
         let floor = self.ticks_at(now_us);

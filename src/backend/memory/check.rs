@@ -3,7 +3,7 @@
 
 use super::shard::{shard_of, with_live, Held, Writer};
 use super::MemoryBackend;
-use crate::algorithm::{Decision, Refund, State};
+use crate::algorithm::{Decision, State};
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use smallvec::SmallVec;
 
@@ -291,50 +291,11 @@ impl MemoryBackend {
             let limit = overridden
                 .take()
                 .map_or(r.check.limit, |a| a.limit_of(r.check.limit));
-            let c = &r.check;
-            let h = self.hash(&c.key);
+            let h = self.hash(&r.check.key);
             let guard = self.inner.collector.enter();
             let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
             let mut held = Held::default();
-            let found = w.find(h, &c.key, &guard);
-            if r.debt {
-                // A priced request's cost above its estimate: charged
-                // whatever the state (Limit::debt).
-                let debt = with_live(found, &mut held, now_us, |s| limit.debt(s, now_us, c.cost));
-                if let Some((state, ttl_us)) = debt {
-                    let expires_us = now_us.saturating_add(ttl_us);
-                    w.store(
-                        found, &mut held, h, &c.key, state, expires_us, now_us, &guard,
-                    );
-                }
-                continue;
-            }
-            let Some(e) = found else {
-                continue;
-            };
-            let refund = with_live(found, &mut held, now_us, |s| {
-                limit.refund(s, now_us, r.charge.at_us, c.cost, r.charge.undo)
-            });
-            match refund {
-                Refund::Keep => {}
-                Refund::Delete => w.remove(e, &mut held, h, &c.key, &guard),
-                Refund::Store(state, ttl_us) => {
-                    let expires_us = match ttl_us {
-                        Some(ttl_us) => now_us.saturating_add(ttl_us),
-                        None => Writer::expires_us(e, &mut held),
-                    };
-                    w.store(
-                        Some(e),
-                        &mut held,
-                        h,
-                        &c.key,
-                        state,
-                        expires_us,
-                        now_us,
-                        &guard,
-                    );
-                }
-            }
+            w.refund(&mut held, h, limit, r, now_us, &guard);
         }
     }
 }

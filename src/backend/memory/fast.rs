@@ -4,8 +4,8 @@
 //! tier turns out to deny. A frozen cell (a writer holds it) sends the
 //! request to the locked check.
 
-use super::cell::{Charged, TatCell, FROZEN};
-use super::shard::{cell_limit, shard_of, Entry, Lookup};
+use super::cell::{storable, Charged, TatCell, GONE};
+use super::shard::{cell_limit, shard_of, Entry, Held, Lookup, Writer};
 use super::MemoryBackend;
 use crate::algorithm::Decision;
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund};
@@ -13,10 +13,10 @@ use smallvec::SmallVec;
 
 /// One tier on the way: its cell, the ticks it was decided on, and the
 /// ticks its charge writes (`None`: not allowed, not charged).
-struct Step<'a> {
-    cell: &'a TatCell,
-    seen: u64,
-    charged: Option<Charged>,
+pub(super) struct Step<'a> {
+    pub(super) cell: &'a TatCell,
+    pub(super) seen: u64,
+    pub(super) charged: Option<Charged>,
 }
 
 impl MemoryBackend {
@@ -48,7 +48,7 @@ impl MemoryBackend {
         };
         let mut seen = cell.load();
         loop {
-            if seen == FROZEN {
+            if storable(seen).is_none() {
                 return false;
             }
             let Some((d, charged)) = cell.decide(&c.limit, seen, now_us, c.cost) else {
@@ -139,7 +139,7 @@ impl MemoryBackend {
                 return false;
             };
             let seen = cell.load();
-            if seen == FROZEN {
+            if storable(seen).is_none() {
                 return false;
             }
             let Some((d, charged)) = cell.decide(&c.limit, seen, now_us, c.cost) else {
@@ -165,16 +165,15 @@ impl MemoryBackend {
                 // Another request charged (or a weak swap failed): decide
                 // again on what the cell holds now.
                 step.seen = now_seen;
-                let again = (now_seen != FROZEN)
-                    .then(|| step.cell.decide(&c.limit, now_seen, now_us, c.cost))
-                    .flatten();
+                let again = storable(now_seen)
+                    .and_then(|seen| step.cell.decide(&c.limit, seen, now_us, c.cost));
                 match again {
                     Some((d, charged)) if d.allowed || shadow.contains(i) => {
                         decisions[i] = d;
                         step.charged = charged;
                     }
                     _ => {
-                        self.give_back(&checks[..i], &steps[..i], now_us);
+                        self.give_back(&checks[..i], hashes, &steps[..i], now_us);
                         return false;
                     }
                 }
@@ -196,26 +195,46 @@ impl MemoryBackend {
         true
     }
 
-    /// Gives back the charges of `steps` (of `checks`, made at `now_us`).
-    /// A cell found frozen (a writer holds it, or its entry has left the
-    /// table) is refunded under its shard's mutex, on the key's entry of
-    /// then, as [`refund`](Self::refund) does: the undo is never lost.
-    fn give_back(&self, checks: &[TierCheck], steps: &[Step<'_>], now_us: u64) {
-        for (c, s) in checks.iter().zip(steps) {
+    /// Gives back the charges of `steps` (of `checks`, whose keys hash to
+    /// `hashes`, charged at `charged_us`), each by what has not refilled
+    /// since. A cell found frozen or gone is settled under its shard's
+    /// mutex, once its writer is done: a cell released by its writer is
+    /// given back as before; one whose entry left the table took the
+    /// charge with it (nothing to give back); one whose entry was replaced
+    /// by an entry carrying its state has the key's entry refunded, as
+    /// [`refund`](Self::refund) does. The undo is never lost, and never
+    /// lands on a key made anew after a reset or an eviction.
+    pub(super) fn give_back(
+        &self,
+        checks: &[TierCheck],
+        hashes: &[u64],
+        steps: &[Step<'_>],
+        charged_us: u64,
+    ) {
+        let now_us = self.inner.clock.now_us().max(charged_us);
+        for ((c, &h), s) in checks.iter().zip(hashes).zip(steps) {
             let Some(new) = s.charged else {
                 continue;
             };
-            if !s.cell.give_back(s.seen, new.ticks, now_us) {
-                self.refund(&[TierRefund {
-                    check: c.clone(),
-                    charge: Charge {
-                        at_us: now_us,
-                        undo: new.undo,
-                        next_after_us: 0,
-                    },
-                    debt: false,
-                }]);
+            if s.cell.give_back(s.seen, new.ticks, now_us) {
+                continue;
             }
+            let guard = self.inner.collector.enter();
+            let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
+            if s.cell.give_back(s.seen, new.ticks, now_us) || s.cell.load() == GONE {
+                continue;
+            }
+            let mut held = Held::default();
+            let refund = TierRefund {
+                check: c.clone(),
+                charge: Charge {
+                    at_us: charged_us,
+                    undo: new.undo,
+                    next_after_us: 0,
+                },
+                debt: false,
+            };
+            w.refund(&mut held, h, c.limit, &refund, now_us, &guard);
         }
     }
 }

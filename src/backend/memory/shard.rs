@@ -2,9 +2,9 @@
 //! map), a mutex that only writers take, and the sweep that keeps the
 //! table bounded.
 
-use super::cell::TatCell;
+use super::cell::{TatCell, FROZEN, GONE};
 use super::SHARDS;
-use crate::algorithm::State;
+use crate::algorithm::{Refund, State};
 use crate::backend::TierCheck;
 use compact_str::CompactString;
 use smallvec::SmallVec;
@@ -142,65 +142,53 @@ pub(super) fn locked(m: &Mutex<Locked>) -> MutexGuard<'_, Locked> {
 /// The cells a writer has frozen, each with the ticks it is released at:
 /// the ticks it held (nothing written) until the writer stores new ones.
 /// Dropping it releases them all, so a denial or any early exit restores
-/// every cell as it was. A cell whose entry the writer replaced or
-/// removed is retired: it stays frozen, so a lock-free check still holding
-/// it goes to the locked path and finds the key's current entry.
+/// every cell as it was. A cell whose entry the writer replaced by one
+/// that carries its state stays [`FROZEN`] (a lock-free give-back that
+/// meets it refunds the key's new entry); one whose entry it removed is
+/// released [`GONE`] (its charges left with it). Either way a lock-free
+/// check still holding it goes to the locked path.
 #[derive(Default)]
 pub(super) struct Held<'g> {
-    cells: SmallVec<[(&'g TatCell, u64, bool); 8]>,
+    cells: SmallVec<[(&'g TatCell, u64); 8]>,
 }
 
 impl<'g> Held<'g> {
     /// The ticks of `cell`, which this writer freezes on its first visit.
     pub(super) fn ticks(&mut self, cell: &'g TatCell) -> u64 {
-        if let Some(&mut (_, ticks, _)) = self.find(cell) {
+        if let Some(&mut (_, ticks)) = self.find(cell) {
             return ticks;
         }
         let ticks = cell.freeze();
-        self.cells.push((cell, ticks, false));
+        self.cells.push((cell, ticks));
         ticks
     }
 
-    fn find(&mut self, cell: &TatCell) -> Option<&mut (&'g TatCell, u64, bool)> {
-        self.cells.iter_mut().find(|(c, ..)| std::ptr::eq(*c, cell))
+    fn find(&mut self, cell: &TatCell) -> Option<&mut (&'g TatCell, u64)> {
+        self.cells.iter_mut().find(|(c, _)| std::ptr::eq(*c, cell))
     }
 
-    /// Releases `cell` at `ticks` (when the writer is done).
+    /// Releases `cell` at `ticks` when the writer is done ([`FROZEN`]:
+    /// its entry was replaced; [`GONE`]: removed).
     pub(super) fn set(&mut self, cell: &'g TatCell, ticks: u64) {
         match self.find(cell) {
             Some(held) => held.1 = ticks,
             None => {
                 cell.freeze();
-                self.cells.push((cell, ticks, false));
+                self.cells.push((cell, ticks));
             }
         }
     }
 
-    /// Leaves `cell` frozen for good: its entry is leaving the table.
-    pub(super) fn retire(&mut self, cell: &'g TatCell) {
-        match self.find(cell) {
-            Some(held) => held.2 = true,
-            None => {
-                let ticks = cell.freeze();
-                self.cells.push((cell, ticks, true));
-            }
-        }
-    }
-
-    /// Whether this writer holds `cell` frozen (and not retired).
+    /// Whether this writer holds `cell` frozen.
     pub(super) fn holds(&self, cell: &TatCell) -> bool {
-        self.cells
-            .iter()
-            .any(|(c, _, retired)| !retired && std::ptr::eq(*c, cell))
+        self.cells.iter().any(|(c, _)| std::ptr::eq(*c, cell))
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        for &(cell, ticks, retired) in &self.cells {
-            if !retired {
-                cell.release(ticks);
-            }
+        for &(cell, ticks) in &self.cells {
+            cell.release(ticks);
         }
     }
 }
@@ -312,7 +300,8 @@ impl<'g> Writer<'g> {
                         return;
                     }
                 }
-                held.retire(cell);
+                // Replaced by an entry that carries its state.
+                held.set(cell, FROZEN);
             }
             Some(Entry::Locked(m)) if !Entry::cell_can_hold(&state, expires_us, now_us) => {
                 // Written into its place: no allocation.
@@ -332,7 +321,7 @@ impl<'g> Writer<'g> {
         }
     }
 
-    /// Removes `entry`, `key`'s (its cell retired).
+    /// Removes `entry`, `key`'s (its cell released [`GONE`]).
     pub(super) fn remove<'e>(
         &mut self,
         entry: &'e Entry,
@@ -342,14 +331,67 @@ impl<'g> Writer<'g> {
         guard: &'e seize::LocalGuard<'_>,
     ) {
         if let Entry::Cell(cell) = entry {
-            held.retire(cell);
+            held.set(cell, GONE);
         }
         self.shard.table.remove(&Lookup { hash, text: key }, guard);
     }
 
+    /// Gives back `r`'s charge of `key` (hash `hash`) under `limit` (the
+    /// check's, or its override's), or with `r.debt` charges its cost
+    /// whatever the state ([`Limit::refund`], [`Limit::debt`]).
+    ///
+    /// [`Limit::refund`]: crate::algorithm::Limit::refund
+    /// [`Limit::debt`]: crate::algorithm::Limit::debt
+    pub(super) fn refund<'e>(
+        &mut self,
+        held: &mut Held<'e>,
+        hash: u64,
+        limit: crate::algorithm::Limit,
+        r: &crate::backend::TierRefund,
+        now_us: u64,
+        guard: &'e seize::LocalGuard<'_>,
+    ) {
+        let c = &r.check;
+        let found = self.find(hash, &c.key, guard);
+        if r.debt {
+            let debt = with_live(found, held, now_us, |s| limit.debt(s, now_us, c.cost));
+            if let Some((state, ttl_us)) = debt {
+                let expires_us = now_us.saturating_add(ttl_us);
+                self.store(found, held, hash, &c.key, state, expires_us, now_us, guard);
+            }
+            return;
+        }
+        let Some(e) = found else {
+            return;
+        };
+        let refund = with_live(found, held, now_us, |s| {
+            limit.refund(s, now_us, r.charge.at_us, c.cost, r.charge.undo)
+        });
+        match refund {
+            Refund::Keep => {}
+            Refund::Delete => self.remove(e, held, hash, &c.key, guard),
+            Refund::Store(state, ttl_us) => {
+                let expires_us = match ttl_us {
+                    Some(ttl_us) => now_us.saturating_add(ttl_us),
+                    None => Self::expires_us(e, held),
+                };
+                self.store(
+                    Some(e),
+                    held,
+                    hash,
+                    &c.key,
+                    state,
+                    expires_us,
+                    now_us,
+                    guard,
+                );
+            }
+        }
+    }
+
     /// Drops expired buckets; if still over `max` (the shard's share of
     /// `max_keys`), drops the buckets that expire soonest (closest to full)
-    /// down to 90% of `max`. A cell leaves the table frozen (by
+    /// down to 90% of `max`. A cell leaves the table [`GONE`] (by
     /// compare-and-swap from the ticks judged: if a charge arrived since,
     /// it is judged again); cells `held` by this writer stay.
     pub(super) fn sweep(&mut self, held: &Held<'_>, now_us: u64, guard: &seize::LocalGuard<'_>) {
@@ -421,8 +463,8 @@ fn expiry(entry: &Entry, held: &Held<'_>) -> Option<u64> {
 }
 
 /// Whether `entry` leaves the table: `leaves` of its expiry; a cell that
-/// leaves is frozen first, from the ticks judged (a charge that lands
-/// first has it judged again).
+/// leaves is marked [`GONE`] first, from the ticks judged (a charge that
+/// lands first has it judged again).
 fn retire_if(entry: &Entry, held: &Held<'_>, leaves: impl Fn(u64) -> bool) -> bool {
     match entry {
         Entry::Cell(cell) if held.holds(cell) => false,
@@ -433,7 +475,7 @@ fn retire_if(entry: &Entry, held: &Held<'_>, leaves: impl Fn(u64) -> bool) -> bo
             if !leaves(cell.expires_us(ticks)) {
                 return false;
             }
-            if cell.freeze_from(ticks) {
+            if cell.retire_from(ticks) {
                 return true;
             }
         },

@@ -361,3 +361,80 @@ fn lock_free_checks_and_writers_admit_exactly_the_burst() {
     assert_eq!(v.decisions[0].remaining, 0);
     assert!(m.len() <= 6_400, "{}", m.len());
 }
+
+/// A lock-free charge given back after its key was reset and made anew by
+/// another request: the reset took the charge with it, so the give-back
+/// leaves the new key's charge alone (it used to refund the new key). One
+/// whose cell is still in the table is given back on it.
+#[test]
+fn a_give_back_after_a_reset_leaves_the_new_key_alone() {
+    use super::fast::Step;
+    use super::shard::{shard_of, Entry, Lookup};
+    let now = 1_000_000_000_000;
+    let m = MemoryBackend::with_manual_clock(ManualClock::new(now));
+    let a = check(
+        "rl:ip:198.51.100.7",
+        TokenBucket::new(3, 3_600_000_000, 3).unwrap(),
+    );
+    let charge_lock_free = |m: &MemoryBackend| {
+        let h = m.hash(&a.key);
+        let guard = m.inner.collector.enter();
+        let key = Lookup {
+            hash: h,
+            text: &a.key,
+        };
+        let Some(Entry::Cell(cell)) = m.inner.shards[shard_of(h)].table.get(&key, &guard) else {
+            panic!("a cell");
+        };
+        let seen = cell.load();
+        let (_, charged) = cell.decide(&a.limit, seen, now, 1).unwrap();
+        cell.swap_from(seen, charged.unwrap().ticks).unwrap();
+        (h, seen, charged)
+    };
+    assert!(m.check_all(std::slice::from_ref(&a)).allowed());
+    // A lock-free charge, then a reset and a new request; the charge's
+    // give-back (the fast path's own) meets a cell that left the table.
+    let guard = m.inner.collector.enter();
+    let (h2, seen2, charged2) = charge_lock_free(&m); // 1 token left
+    let key = Lookup {
+        hash: h2,
+        text: &a.key,
+    };
+    let Some(Entry::Cell(cell2)) = m.inner.shards[shard_of(h2)].table.get(&key, &guard) else {
+        panic!("a cell");
+    };
+    assert!(m.reset(&a.key));
+    assert_eq!(
+        m.check_all(std::slice::from_ref(&a)).decisions[0].remaining,
+        2
+    );
+    let steps = [Step {
+        cell: cell2,
+        seen: seen2,
+        charged: charged2,
+    }];
+    m.give_back(std::slice::from_ref(&a), &[h2], &steps, now);
+    // 2 tokens left: a peek says 1 would be left after it.
+    assert_eq!(
+        m.peek(&a).decisions[0].remaining,
+        1,
+        "the new key's charge kept"
+    );
+    // A cell still in the table: given back on it.
+    let (h3, seen3, charged3) = charge_lock_free(&m); // 1 token left
+    let key = Lookup {
+        hash: h3,
+        text: &a.key,
+    };
+    let Some(Entry::Cell(cell3)) = m.inner.shards[shard_of(h3)].table.get(&key, &guard) else {
+        panic!("a cell");
+    };
+    assert_eq!(m.peek(&a).decisions[0].remaining, 0);
+    let steps = [Step {
+        cell: cell3,
+        seen: seen3,
+        charged: charged3,
+    }];
+    m.give_back(std::slice::from_ref(&a), &[h3], &steps, now);
+    assert_eq!(m.peek(&a).decisions[0].remaining, 1, "given back");
+}
