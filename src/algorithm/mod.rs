@@ -224,10 +224,16 @@ impl Limit {
                 let (s, ttl) = w.counter_charge(counter(state.as_ref()), now_us, cost);
                 (State::Counter(s), ttl)
             }
-            Limit::TokenBucket(b) => match b.check(bucket(state.as_ref()), now_us, cost).1 {
-                Some((s, ttl)) => (State::Bucket(s), ttl),
-                // Not allowed after all: keep what was there.
-                None => (state.unwrap_or(State::Bucket(b.state_at(0, now_us))), 0),
+            Limit::TokenBucket(b) => match b.check(bucket(state.as_ref()), now_us, cost) {
+                (_, Some((s, ttl))) => (State::Bucket(s), ttl),
+                // Not allowed after all (a key listed twice, its second
+                // charge on the bucket the first emptied): keep what was
+                // there, until it is full again. (A time-to-live of 0 here
+                // stored the bucket as expired: full again at once.)
+                (d, None) => (
+                    state.unwrap_or(State::Bucket(b.state_at(0, now_us))),
+                    d.reset_after_us,
+                ),
             },
             Limit::LeakyBucket(g) => {
                 let (s, ttl) = g.charge(tat(state.as_ref()), now_us, cost);

@@ -438,3 +438,20 @@ fn a_give_back_after_a_reset_leaves_the_new_key_alone() {
     m.give_back(std::slice::from_ref(&a), &[h3], &steps, now);
     assert_eq!(m.peek(&a).decisions[0].remaining, 1, "given back");
 }
+
+/// A key listed twice when one token is left: both listings are decided on
+/// that token (as `a_key_listed_twice_is_charged_twice` says), the first
+/// takes it, and the second finds the bucket empty and leaves it so. It
+/// used to store the bucket with a time-to-live of 0, as expired: full
+/// again at once.
+#[test]
+fn a_key_listed_twice_at_its_last_token_leaves_the_bucket_empty() {
+    let m = MemoryBackend::with_manual_clock(ManualClock::new(1_000_000_000_000));
+    let k = check("rl:k", TokenBucket::new(2, 3_600_000_000, 2).unwrap());
+    assert!(m.check_all(std::slice::from_ref(&k)).allowed());
+    assert!(m.check_all(&[k.clone(), k.clone()]).allowed());
+    let after = m.check_all(std::slice::from_ref(&k));
+    assert!(!after.allowed());
+    assert_eq!(after.decisions[0].remaining, 0);
+    assert_eq!(after.decisions[0].retry_after_us, 1_800_000_000);
+}
