@@ -1,7 +1,7 @@
 //! A request's check: its tiers' shards locked together, every tier charged
 //! or none; and the refund of a charge.
 
-use super::shard::{shard_of, with_live, Held, Writer};
+use super::shard::{shard_of, Held, Lookup, Writer};
 use super::MemoryBackend;
 use crate::algorithm::{Decision, State};
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
@@ -136,7 +136,7 @@ impl MemoryBackend {
         let guards = locked.as_mut_slice();
         // The cells this check decides on, frozen until it is done (dropped
         // before the shards' mutexes: declared after them).
-        let mut held = Held::default();
+        let mut held = Held::new(&guard);
         // A shard's guard: the number of locked shards below it.
         let guard_of = |h: u64| (shards & ((1u64 << shard_of(h)) - 1)).count_ones() as usize;
 
@@ -158,11 +158,15 @@ impl MemoryBackend {
         let mut overridden: Option<crate::backend::override_rule::Active> = None;
         let mut uncharged = 0u64;
         for (i, (c, &h)) in checks.iter().zip(hashes.iter()).enumerate() {
-            let entry = guards[guard_of(h)].find(h, &c.key, &guard);
+            let key = Lookup {
+                hash: h,
+                text: &c.key,
+            };
+            let entry = guards[guard_of(h)].find(key, &held);
             // A penalty box right after its tier: its strike is written
             // below, whatever the commit.
             let tier_allowed = decisions.last().is_none_or(|d: &Decision| d.allowed);
-            let (d, charged) = with_live(entry, &mut held, now_us, |state| {
+            let (d, charged) = held.with_live(entry, now_us, |state| {
                 if c.limit.is_penalty() {
                     match c.limit.penalty_check(state, now_us, tier_allowed) {
                         Some((d, Some(w))) => {
@@ -224,16 +228,8 @@ impl MemoryBackend {
                     continue;
                 };
                 let h = hashes[i];
-                let undo = guards[guard_of(h)].commit(
-                    e,
-                    &mut held,
-                    h,
-                    c,
-                    prepared[i].take(),
-                    now_us,
-                    &guard,
-                );
-                charge(i, undo);
+                let w = &mut guards[guard_of(h)];
+                charge(i, w.commit(e, &mut held, h, c, prepared[i].take(), now_us));
             }
             // Then, in order, the new keys and the keys listed twice.
             for (i, c) in checks.iter().enumerate() {
@@ -245,12 +241,13 @@ impl MemoryBackend {
                     continue;
                 }
                 let h = hashes[i];
+                let key = Lookup {
+                    hash: h,
+                    text: &c.key,
+                };
                 let w = &mut guards[guard_of(h)];
-                if let Some(e) = w.find(h, &c.key, &guard) {
-                    charge(
-                        i,
-                        w.commit(e, &mut held, h, c, prepared[i].take(), now_us, &guard),
-                    );
+                if let Some(e) = w.find(key, &held) {
+                    charge(i, w.commit(e, &mut held, h, c, prepared[i].take(), now_us));
                     continue;
                 }
                 let (state, ttl_us) = prepared[i]
@@ -258,17 +255,18 @@ impl MemoryBackend {
                     .unwrap_or_else(|| c.limit.charge(None, now_us, c.cost));
                 charge(i, c.limit.undo_of(&state, now_us));
                 let expires_us = now_us.saturating_add(ttl_us);
-                w.store(
-                    None, &mut held, h, &c.key, state, expires_us, now_us, &guard,
-                );
+                w.store(None, &mut held, key, state, expires_us, now_us);
             }
         }
         for (i, (state, ttl_us)) in strikes {
-            let (c, h) = (&checks[i], hashes[i]);
-            let w = &mut guards[guard_of(h)];
-            let e = w.find(h, &c.key, &guard);
+            let key = Lookup {
+                hash: hashes[i],
+                text: &checks[i].key,
+            };
+            let w = &mut guards[guard_of(key.hash)];
+            let e = w.find(key, &held);
             let expires_us = now_us.saturating_add(ttl_us);
-            w.store(e, &mut held, h, &c.key, state, expires_us, now_us, &guard);
+            w.store(e, &mut held, key, state, expires_us, now_us);
         }
         // The cells released before the mutexes.
         drop(held);
@@ -294,8 +292,8 @@ impl MemoryBackend {
             let h = self.hash(&r.check.key);
             let guard = self.inner.collector.enter();
             let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
-            let mut held = Held::default();
-            w.refund(&mut held, h, limit, r, now_us, &guard);
+            let mut held = Held::new(&guard);
+            w.refund(&mut held, h, limit, r, now_us);
         }
     }
 }

@@ -224,7 +224,7 @@ impl MemoryBackend {
             if s.cell.give_back(s.seen, new.ticks, now_us) || s.cell.load() == GONE {
                 continue;
             }
-            let mut held = Held::default();
+            let mut held = Held::new(&guard);
             let refund = TierRefund {
                 check: c.clone(),
                 charge: Charge {
@@ -234,7 +234,7 @@ impl MemoryBackend {
                 },
                 debt: false,
             };
-            w.refund(&mut held, h, c.limit, &refund, now_us, &guard);
+            w.refund(&mut held, h, c.limit, &refund, now_us);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Concurrency leases in memory: a request's release, and the renewal of
 //! a long request's lease (see [`crate::algorithm::concurrency`]).
 
-use super::shard::{locked, shard_of, Entry, Held, Writer};
+use super::shard::{locked, shard_of, Entry, Held, Lookup, Writer};
 use super::MemoryBackend;
 use crate::algorithm::{Concurrency, State};
 
@@ -13,8 +13,9 @@ impl MemoryBackend {
         let h = self.hash(key);
         let guard = self.inner.collector.enter();
         let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
-        let mut held = Held::default();
-        let Some(e @ Entry::Locked(m)) = w.find(h, key, &guard) else {
+        let mut held = Held::new(&guard);
+        let key = Lookup { hash: h, text: key };
+        let Some(e @ Entry::Locked(m)) = w.find(key, &held) else {
             return;
         };
         let mut l = locked(m);
@@ -25,7 +26,7 @@ impl MemoryBackend {
             Some(left) => l.state = State::Leases(left),
             None => {
                 drop(l);
-                w.remove(e, &mut held, h, key, &guard);
+                w.remove(e, &mut held, key);
             }
         }
     }
@@ -37,7 +38,8 @@ impl MemoryBackend {
         let h = self.hash(key);
         let guard = self.inner.collector.enter();
         let w = Writer::lock(&self.inner.shards[shard_of(h)]);
-        let Some(Entry::Locked(m)) = w.find(h, key, &guard) else {
+        let held = Held::new(&guard);
+        let Some(Entry::Locked(m)) = w.find(Lookup { hash: h, text: key }, &held) else {
             return false;
         };
         let mut l = locked(m);

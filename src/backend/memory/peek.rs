@@ -1,7 +1,7 @@
 //! Peek and reset of one key: its shard's mutex held only while the key is
 //! read or removed.
 
-use super::shard::{shard_of, with_live, Held, Writer};
+use super::shard::{shard_of, Held, Lookup, Writer};
 use super::MemoryBackend;
 use crate::backend::{TierCheck, Verdict};
 
@@ -13,9 +13,15 @@ impl MemoryBackend {
         let h = self.hash(&check.key);
         let guard = self.inner.collector.enter();
         let w = Writer::lock(&self.inner.shards[shard_of(h)]);
-        let mut held = Held::default();
-        let found = w.find(h, &check.key, &guard);
-        let decision = with_live(found, &mut held, now_us, |state| {
+        let mut held = Held::new(&guard);
+        let found = w.find(
+            Lookup {
+                hash: h,
+                text: &check.key,
+            },
+            &held,
+        );
+        let decision = held.with_live(found, now_us, |state| {
             check.limit.check(state, now_us, check.cost)
         });
         Verdict {
@@ -32,12 +38,13 @@ impl MemoryBackend {
         let h = self.hash(key);
         let guard = self.inner.collector.enter();
         let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
-        let mut held = Held::default();
-        let Some(e) = w.find(h, key, &guard) else {
+        let mut held = Held::new(&guard);
+        let key = Lookup { hash: h, text: key };
+        let Some(e) = w.find(key, &held) else {
             return false;
         };
-        let live = Writer::expires_us(e, &mut held) > now_us;
-        w.remove(e, &mut held, h, key, &guard);
+        let live = held.expires_us(e) > now_us;
+        w.remove(e, &mut held, key);
         live
     }
 }

@@ -50,11 +50,11 @@ pub(super) struct Key {
     text: CompactString,
 }
 
-impl Key {
-    pub(super) fn new(hash: u64, text: &str) -> Self {
+impl From<Lookup<'_>> for Key {
+    fn from(key: Lookup<'_>) -> Self {
         Self {
-            hash,
-            text: CompactString::from(text),
+            hash: key.hash,
+            text: CompactString::from(key.text),
         }
     }
 }
@@ -76,6 +76,7 @@ impl Eq for Key {}
 impl nohash_hasher::IsEnabled for Key {}
 
 /// A key looked up by its text, with the hash the check computed.
+#[derive(Clone, Copy)]
 pub(super) struct Lookup<'a> {
     pub(super) hash: u64,
     pub(super) text: &'a str,
@@ -115,21 +116,19 @@ pub(super) enum Entry {
 }
 
 impl Entry {
-    /// The entry for `state`, which expires at `expires_us`: a cell when it
-    /// can hold the state and its expiry is the TAT's (as every charge and
-    /// refund of a bucket sets it).
+    /// The entry for `state`, which expires at `expires_us`: a cell when one
+    /// can hold it ([`Entry::cell`]), else a `Locked` state.
     pub(super) fn new(state: State, expires_us: u64, now_us: u64) -> Self {
-        match TatCell::new(&state, now_us) {
-            Some(cell) if cell.expires_us(cell.load()) == expires_us => Entry::Cell(cell),
-            _ => Entry::Locked(Box::new(Mutex::new(Locked { state, expires_us }))),
+        match Self::cell(&state, expires_us, now_us) {
+            Some(cell) => Entry::Cell(cell),
+            None => Entry::Locked(Box::new(Mutex::new(Locked { state, expires_us }))),
         }
     }
 
-    /// Whether a cell can hold `state` expiring at `expires_us` (so that
-    /// [`Entry::new`] makes one).
-    fn cell_can_hold(state: &State, expires_us: u64, now_us: u64) -> bool {
-        matches!(state, State::Bucket(_) | State::Tat(_))
-            && TatCell::new(state, now_us).is_some_and(|c| c.expires_us(c.load()) == expires_us)
+    /// A cell holding `state`, when it can and its expiry is the TAT's
+    /// (as every charge and refund of a bucket sets it).
+    fn cell(state: &State, expires_us: u64, now_us: u64) -> Option<TatCell> {
+        TatCell::new(state, now_us).filter(|c| c.expires_us(c.load()) == expires_us)
     }
 }
 
@@ -139,20 +138,29 @@ pub(super) fn locked(m: &Mutex<Locked>) -> MutexGuard<'_, Locked> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// The cells a writer has frozen, each with the ticks it is released at:
-/// the ticks it held (nothing written) until the writer stores new ones.
-/// Dropping it releases them all, so a denial or any early exit restores
-/// every cell as it was. A cell whose entry the writer replaced by one
-/// that carries its state stays [`FROZEN`] (a lock-free give-back that
-/// meets it refunds the key's new entry); one whose entry it removed is
-/// released [`GONE`] (its charges left with it). Either way a lock-free
-/// check still holding it goes to the locked path.
-#[derive(Default)]
+/// What a writer holds while it works: the epoch guard under which the
+/// entries it read from the tables stay valid, and the cells it has
+/// frozen, each with the ticks it is released at (the ticks it held,
+/// nothing written, until the writer stores new ones). Dropping it
+/// releases them all, so a denial or any early exit restores every cell
+/// as it was; it must drop before the shards' mutexes. A cell whose entry
+/// the writer replaced by one that carries its state stays [`FROZEN`] (a
+/// lock-free give-back that meets it refunds the key's new entry); one
+/// whose entry it removed is released [`GONE`] (its charges left with it).
+/// Either way a lock-free check still holding it goes to the locked path.
 pub(super) struct Held<'g> {
+    guard: &'g seize::LocalGuard<'g>,
     cells: SmallVec<[(&'g TatCell, u64); 8]>,
 }
 
 impl<'g> Held<'g> {
+    pub(super) fn new(guard: &'g seize::LocalGuard<'g>) -> Self {
+        Self {
+            guard,
+            cells: SmallVec::new(),
+        }
+    }
+
     /// The ticks of `cell`, which this writer freezes on its first visit.
     pub(super) fn ticks(&mut self, cell: &'g TatCell) -> u64 {
         if let Some(&mut (_, ticks)) = self.find(cell) {
@@ -169,7 +177,7 @@ impl<'g> Held<'g> {
 
     /// Releases `cell` at `ticks` when the writer is done ([`FROZEN`]:
     /// its entry was replaced; [`GONE`]: removed).
-    pub(super) fn set(&mut self, cell: &'g TatCell, ticks: u64) {
+    fn set(&mut self, cell: &'g TatCell, ticks: u64) {
         match self.find(cell) {
             Some(held) => held.1 = ticks,
             None => {
@@ -180,8 +188,38 @@ impl<'g> Held<'g> {
     }
 
     /// Whether this writer holds `cell` frozen.
-    pub(super) fn holds(&self, cell: &TatCell) -> bool {
+    fn holds(&self, cell: &TatCell) -> bool {
         self.cells.iter().any(|(c, _)| std::ptr::eq(*c, cell))
+    }
+
+    /// `f` of the state of `entry` if live at `now_us` (a cell frozen here;
+    /// a `Locked` state borrowed, not cloned, under its mutex).
+    pub(super) fn with_live<R>(
+        &mut self,
+        entry: Option<&'g Entry>,
+        now_us: u64,
+        f: impl FnOnce(Option<&State>) -> R,
+    ) -> R {
+        match entry {
+            None => f(None),
+            Some(Entry::Cell(cell)) => {
+                let ticks = self.ticks(cell);
+                let state = (cell.expires_us(ticks) > now_us).then(|| cell.state(ticks));
+                f(state.as_ref())
+            }
+            Some(Entry::Locked(m)) => {
+                let l = locked(m);
+                f((l.expires_us > now_us).then_some(&l.state))
+            }
+        }
+    }
+
+    /// The expiry (epoch µs) of `entry` (a cell frozen here).
+    pub(super) fn expires_us(&mut self, entry: &'g Entry) -> u64 {
+        match entry {
+            Entry::Cell(cell) => cell.expires_us(self.ticks(cell)),
+            Entry::Locked(m) => locked(m).expires_us,
+        }
     }
 }
 
@@ -193,8 +231,7 @@ impl Drop for Held<'_> {
     }
 }
 
-/// One locked shard as its writer sees it: the shard, its held mutex, and
-/// the guard under which entries read from its table stay valid.
+/// One locked shard as its writer sees it: the shard and its held mutex.
 pub(super) struct Writer<'g> {
     pub(super) shard: &'g Shard,
     pub(super) writes: MutexGuard<'g, Writes>,
@@ -212,28 +249,14 @@ impl<'g> Writer<'g> {
         Self { shard, writes }
     }
 
-    /// The key's entry.
-    pub(super) fn find<'e>(
-        &self,
-        hash: u64,
-        key: &str,
-        guard: &'e seize::LocalGuard<'_>,
-    ) -> Option<&'e Entry> {
-        self.shard.table.get(&Lookup { hash, text: key }, guard)
+    /// The key's entry, valid while `held`'s guard lives.
+    pub(super) fn find<'e>(&self, key: Lookup<'_>, held: &Held<'e>) -> Option<&'e Entry> {
+        self.shard.table.get(&key, held.guard)
     }
 
-    /// The expiry (epoch µs) of an entry (a cell frozen in `held`).
-    pub(super) fn expires_us<'e>(entry: &'e Entry, held: &mut Held<'e>) -> u64 {
-        match entry {
-            Entry::Cell(cell) => cell.expires_us(held.ticks(cell)),
-            Entry::Locked(m) => locked(m).expires_us,
-        }
-    }
-
-    /// Charges `entry`, `c.key`'s (`ready`: the state the check already
-    /// computed), and returns the charge's undo value
+    /// Charges `entry`, `c.key`'s (hash `hash`; `ready`: the state the
+    /// check already computed), and returns the charge's undo value
     /// ([`Limit::undo_of`](crate::algorithm::Limit::undo_of)).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn commit<'e>(
         &mut self,
         entry: &'e Entry,
@@ -242,7 +265,6 @@ impl<'g> Writer<'g> {
         c: &TierCheck,
         ready: Option<(State, u64)>,
         now_us: u64,
-        guard: &'e seize::LocalGuard<'_>,
     ) -> u64 {
         let (state, ttl_us) = match ready {
             Some(ready) => ready,
@@ -254,137 +276,107 @@ impl<'g> Writer<'g> {
                         (l.expires_us > now_us)
                             .then(|| std::mem::replace(&mut l.state, PLACEHOLDER))
                     }
-                    Entry::Cell(cell) => {
-                        let ticks = held.ticks(cell);
-                        (cell.expires_us(ticks) > now_us).then(|| cell.state(ticks))
-                    }
+                    Entry::Cell(_) => held.with_live(Some(entry), now_us, |s| s.cloned()),
                 };
                 c.limit.charge(old, now_us, c.cost)
             }
         };
         let undo = c.limit.undo_of(&state, now_us);
+        let key = Lookup { hash, text: &c.key };
         let expires_us = now_us.saturating_add(ttl_us);
-        self.store(
-            Some(entry),
-            held,
-            hash,
-            &c.key,
-            state,
-            expires_us,
-            now_us,
-            guard,
-        );
+        self.store(Some(entry), held, key, state, expires_us, now_us);
         undo
     }
 
-    /// Stores `state`, expiring at `expires_us`, as `key`'s (hash `hash`)
-    /// entry, in place when the entry can hold it (a cell: the ticks it is
-    /// released at), else as a new entry that replaces it.
-    #[allow(clippy::too_many_arguments)]
+    /// Stores `state`, expiring at `expires_us`, as `key`'s entry (`found`,
+    /// if it has one): in place when the entry can hold it (a cell: the
+    /// ticks it is released at; a `Locked` state no cell can hold: written
+    /// into its place), else as a new entry that replaces it. A new key
+    /// sweeps the table when it has doubled.
     pub(super) fn store<'e>(
         &mut self,
         found: Option<&'e Entry>,
         held: &mut Held<'e>,
-        hash: u64,
-        key: &str,
+        key: Lookup<'_>,
         state: State,
         expires_us: u64,
         now_us: u64,
-        guard: &'e seize::LocalGuard<'_>,
     ) {
-        match found {
+        let entry = match found {
             Some(Entry::Cell(cell)) => {
-                if let Some(ticks) = cell.ticks_of_state(&state) {
-                    if cell.expires_us(ticks) == expires_us {
-                        held.set(cell, ticks);
-                        return;
-                    }
+                let ticks = cell.ticks_of_state(&state);
+                if let Some(ticks) = ticks.filter(|&t| cell.expires_us(t) == expires_us) {
+                    held.set(cell, ticks);
+                    return;
                 }
                 // Replaced by an entry that carries its state.
                 held.set(cell, FROZEN);
+                Entry::new(state, expires_us, now_us)
             }
-            Some(Entry::Locked(m)) if !Entry::cell_can_hold(&state, expires_us, now_us) => {
-                // Written into its place: no allocation.
-                *locked(m) = Locked { state, expires_us };
-                return;
-            }
-            Some(Entry::Locked(_)) | None => {}
-        }
-        let new = found.is_none();
-        self.shard.table.insert(
-            Key::new(hash, key),
-            Entry::new(state, expires_us, now_us),
-            guard,
-        );
-        if new && self.shard.table.len() >= self.writes.sweep_at {
-            self.sweep(held, now_us, guard);
+            Some(Entry::Locked(m)) => match Entry::cell(&state, expires_us, now_us) {
+                Some(cell) => Entry::Cell(cell),
+                None => {
+                    // Written into its place: no allocation.
+                    *locked(m) = Locked { state, expires_us };
+                    return;
+                }
+            },
+            None => Entry::new(state, expires_us, now_us),
+        };
+        self.shard.table.insert(Key::from(key), entry, held.guard);
+        if found.is_none() && self.shard.table.len() >= self.writes.sweep_at {
+            self.sweep(held, now_us);
         }
     }
 
     /// Removes `entry`, `key`'s (its cell released [`GONE`]).
-    pub(super) fn remove<'e>(
-        &mut self,
-        entry: &'e Entry,
-        held: &mut Held<'e>,
-        hash: u64,
-        key: &str,
-        guard: &'e seize::LocalGuard<'_>,
-    ) {
+    pub(super) fn remove<'e>(&mut self, entry: &'e Entry, held: &mut Held<'e>, key: Lookup<'_>) {
         if let Entry::Cell(cell) = entry {
             held.set(cell, GONE);
         }
-        self.shard.table.remove(&Lookup { hash, text: key }, guard);
+        self.shard.table.remove(&key, held.guard);
     }
 
-    /// Gives back `r`'s charge of `key` (hash `hash`) under `limit` (the
+    /// Gives back `r`'s charge of its key (hash `hash`) under `limit` (the
     /// check's, or its override's), or with `r.debt` charges its cost
     /// whatever the state ([`Limit::refund`], [`Limit::debt`]).
     ///
     /// [`Limit::refund`]: crate::algorithm::Limit::refund
     /// [`Limit::debt`]: crate::algorithm::Limit::debt
-    pub(super) fn refund<'e>(
+    pub(super) fn refund(
         &mut self,
-        held: &mut Held<'e>,
+        held: &mut Held<'_>,
         hash: u64,
         limit: crate::algorithm::Limit,
         r: &crate::backend::TierRefund,
         now_us: u64,
-        guard: &'e seize::LocalGuard<'_>,
     ) {
         let c = &r.check;
-        let found = self.find(hash, &c.key, guard);
+        let key = Lookup { hash, text: &c.key };
+        let found = self.find(key, held);
         if r.debt {
-            let debt = with_live(found, held, now_us, |s| limit.debt(s, now_us, c.cost));
+            let debt = held.with_live(found, now_us, |s| limit.debt(s, now_us, c.cost));
             if let Some((state, ttl_us)) = debt {
                 let expires_us = now_us.saturating_add(ttl_us);
-                self.store(found, held, hash, &c.key, state, expires_us, now_us, guard);
+                self.store(found, held, key, state, expires_us, now_us);
             }
             return;
         }
         let Some(e) = found else {
             return;
         };
-        let refund = with_live(found, held, now_us, |s| {
+        let refund = held.with_live(found, now_us, |s| {
             limit.refund(s, now_us, r.charge.at_us, c.cost, r.charge.undo)
         });
         match refund {
             Refund::Keep => {}
-            Refund::Delete => self.remove(e, held, hash, &c.key, guard),
+            Refund::Delete => self.remove(e, held, key),
             Refund::Store(state, ttl_us) => {
                 let expires_us = match ttl_us {
                     Some(ttl_us) => now_us.saturating_add(ttl_us),
-                    None => Self::expires_us(e, held),
+                    None => held.expires_us(e),
                 };
-                self.store(
-                    Some(e),
-                    held,
-                    hash,
-                    &c.key,
-                    state,
-                    expires_us,
-                    now_us,
-                    guard,
-                );
+                self.store(found, held, key, state, expires_us, now_us);
             }
         }
     }
@@ -394,8 +386,8 @@ impl<'g> Writer<'g> {
     /// down to 90% of `max`. A cell leaves the table [`GONE`] (by
     /// compare-and-swap from the ticks judged: if a charge arrived since,
     /// it is judged again); cells `held` by this writer stay.
-    pub(super) fn sweep(&mut self, held: &Held<'_>, now_us: u64, guard: &seize::LocalGuard<'_>) {
-        let max = self.writes.max;
+    pub(super) fn sweep(&mut self, held: &Held<'_>, now_us: u64) {
+        let (max, guard) = (self.writes.max, held.guard);
         let table = &self.shard.table;
         table.retain(|_, e| !retire_if(e, held, |exp| exp <= now_us), guard);
         if table.len() > max {
@@ -422,28 +414,6 @@ impl<'g> Writer<'g> {
             }
         }
         self.writes.sweep_at = sweep_threshold(table.len() * 2, max);
-    }
-}
-
-/// `f` of the state of `entry` if live at `now_us` (a cell frozen in
-/// `held`; a `Locked` state borrowed, not cloned, under its mutex).
-pub(super) fn with_live<'e, R>(
-    entry: Option<&'e Entry>,
-    held: &mut Held<'e>,
-    now_us: u64,
-    f: impl FnOnce(Option<&State>) -> R,
-) -> R {
-    match entry {
-        None => f(None),
-        Some(Entry::Cell(cell)) => {
-            let ticks = held.ticks(cell);
-            let state = (cell.expires_us(ticks) > now_us).then(|| cell.state(ticks));
-            f(state.as_ref())
-        }
-        Some(Entry::Locked(m)) => {
-            let l = locked(m);
-            f((l.expires_us > now_us).then_some(&l.state))
-        }
     }
 }
 

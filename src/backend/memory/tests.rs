@@ -376,66 +376,48 @@ fn a_give_back_after_a_reset_leaves_the_new_key_alone() {
         "rl:ip:198.51.100.7",
         TokenBucket::new(3, 3_600_000_000, 3).unwrap(),
     );
-    let charge_lock_free = |m: &MemoryBackend| {
-        let h = m.hash(&a.key);
-        let guard = m.inner.collector.enter();
+    let h = m.hash(&a.key);
+    // One token charged by compare-and-swap, as the fast path does: the
+    // step its give-back takes.
+    let charge_lock_free = |guard| {
         let key = Lookup {
             hash: h,
             text: &a.key,
         };
-        let Some(Entry::Cell(cell)) = m.inner.shards[shard_of(h)].table.get(&key, &guard) else {
+        let Some(Entry::Cell(cell)) = m.inner.shards[shard_of(h)].table.get(&key, guard) else {
             panic!("a cell");
         };
         let seen = cell.load();
         let (_, charged) = cell.decide(&a.limit, seen, now, 1).unwrap();
         cell.swap_from(seen, charged.unwrap().ticks).unwrap();
-        (h, seen, charged)
+        Step {
+            cell,
+            seen,
+            charged,
+        }
     };
+    let give_back = |step| m.give_back(std::slice::from_ref(&a), &[h], &[step], now);
     assert!(m.check_all(std::slice::from_ref(&a)).allowed());
-    // A lock-free charge, then a reset and a new request; the charge's
-    // give-back (the fast path's own) meets a cell that left the table.
     let guard = m.inner.collector.enter();
-    let (h2, seen2, charged2) = charge_lock_free(&m); // 1 token left
-    let key = Lookup {
-        hash: h2,
-        text: &a.key,
-    };
-    let Some(Entry::Cell(cell2)) = m.inner.shards[shard_of(h2)].table.get(&key, &guard) else {
-        panic!("a cell");
-    };
+    // A lock-free charge (1 token left), then a reset and a new request;
+    // the charge's give-back meets a cell that left the table.
+    let step = charge_lock_free(&guard);
     assert!(m.reset(&a.key));
     assert_eq!(
         m.check_all(std::slice::from_ref(&a)).decisions[0].remaining,
         2
     );
-    let steps = [Step {
-        cell: cell2,
-        seen: seen2,
-        charged: charged2,
-    }];
-    m.give_back(std::slice::from_ref(&a), &[h2], &steps, now);
+    give_back(step);
     // 2 tokens left: a peek says 1 would be left after it.
     assert_eq!(
         m.peek(&a).decisions[0].remaining,
         1,
         "the new key's charge kept"
     );
-    // A cell still in the table: given back on it.
-    let (h3, seen3, charged3) = charge_lock_free(&m); // 1 token left
-    let key = Lookup {
-        hash: h3,
-        text: &a.key,
-    };
-    let Some(Entry::Cell(cell3)) = m.inner.shards[shard_of(h3)].table.get(&key, &guard) else {
-        panic!("a cell");
-    };
+    // A cell still in the table (1 token left): given back on it.
+    let step = charge_lock_free(&guard);
     assert_eq!(m.peek(&a).decisions[0].remaining, 0);
-    let steps = [Step {
-        cell: cell3,
-        seen: seen3,
-        charged: charged3,
-    }];
-    m.give_back(std::slice::from_ref(&a), &[h3], &steps, now);
+    give_back(step);
     assert_eq!(m.peek(&a).decisions[0].remaining, 1, "given back");
 }
 
