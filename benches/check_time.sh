@@ -2,19 +2,25 @@
 # On-CPU time per memory check: ours, governor's keyed limiter (DashMap)
 # and pingora-limits' `Rate`, at 10, 10^4 and 10^6 live keys
 # `rl:ip:<IPv4>` (the work of `memory_check/<n>` in benches/hot_path.rs),
-# and the two-thread modes, each thread on its own keys: `ours_2_threads`
+# the two-thread modes, each thread on its own keys: `ours_2_threads`
 # (one store), `ours_2_stores` (a store each: nothing shared, the host's
-# own ceiling for two threads) and `governor_2_threads` (one limiter).
+# own ceiling for two threads) and `governor_2_threads` (one limiter), and
+# the store designs' ceilings `proto_*` (tools/src/bin/check_ir.rs).
 #
-#   benches/check_time.sh                                   # ~4 min
+#   benches/check_time.sh                                   # ~3 min
 #   ROUNDS=5 IMPLS="ours governor" SIZES="10 1000000" benches/check_time.sh
 #   BENCH_DIR=target/release benches/check_time.sh          # a prebuilt check_ir
+#   PROTO_HUGE=1 IMPLS="proto_flat" benches/check_time.sh   # check_ir's own switches
+#   PROTO_SERIAL=1 IMPLS="ours proto_flat" ...              # one check at a time
 #
-# Each (implementation, size) runs tools/src/bin/check_ir.rs under `perf
-# stat -e task-clock` with C1 and C2 checks (default 2·10^6 and 10^7) and
-# prints (T(C2) − T(C1)) / (C2 − C1) per round, then the median: the CPU
-# time of one check, setup and exit excluded (for a two-thread mode, divided
-# by the checks of both threads). task-clock counts only the time this
+# Each (implementation, size, round) runs tools/src/bin/check_ir.rs once
+# with CHECKS checks (default 10^7); check_ir reads the process's CPU time
+# (`CLOCK_PROCESS_CPUTIME_ID`) when its checks start and when they end, and
+# prints the difference per check: the CPU time of one check, without the
+# setup (storing 10^6 keys faults in hundreds of MB, and its time varies
+# more between runs than the checks' own). For a two-thread mode, the CPU
+# of both threads per check of either: the pair's checks/s ÷ one thread's
+# = 2 × one thread's figure ÷ this one. CPU time counts only the time this
 # process ran, so other processes on a shared host inflate it far less than
 # wall-clock times (they still share its caches); implementations are
 # interleaved round by round, so compare them within a round. No hardware
@@ -25,16 +31,14 @@ cd "$(dirname "$0")/.."
 IMPLS=${IMPLS:-"ours governor pingora_rate"}
 SIZES=${SIZES:-"10 10000 1000000"}
 ROUNDS=${ROUNDS:-3}
-C1=${C1:-2000000}
-C2=${C2:-10000000}
-command -v perf >/dev/null 2>&1 || { echo "perf not found on PATH" >&2; exit 1; }
+CHECKS=${CHECKS:-10000000}
 if [[ -z "${BENCH_DIR:-}" ]]; then
   cargo build --quiet --release -p tiered-ratelimit-tools --bin check_ir
   BENCH_DIR=target/release
 fi
-clock_ms() { # impl keys checks -> task-clock ms
-  perf stat -x, -e task-clock "$BENCH_DIR/check_ir" "$1" "$2" "$3" 2>&1 >/dev/null \
-    | awk -F, '/task-clock/ { print $1 }'
+per_check_ns() { # impl keys -> CPU ns per check of the checks' loop
+  "$BENCH_DIR/check_ir" "$1" "$2" "$CHECKS" 2>&1 >/dev/null \
+    | awk '/loop cpu ns per check/ { print $NF }'
 }
 echo "| implementation | keys | ns per check, rounds | median |"
 echo "|---|---:|---|---:|"
@@ -42,11 +46,7 @@ for n in $SIZES; do
   declare -A runs=()
   for _ in $(seq "$ROUNDS"); do
     for impl in $IMPLS; do
-      a=$(clock_ms "$impl" "$n" "$C1")
-      b=$(clock_ms "$impl" "$n" "$C2")
-      per=1
-      [[ $impl == *_2_* ]] && per=2
-      runs[$impl]+="$(python3 -c "print('%.1f' % (($b - $a) * 1e6 / ($C2 - $C1) / $per))") "
+      runs[$impl]+="$(per_check_ns "$impl" "$n") "
     done
   done
   for impl in $IMPLS; do

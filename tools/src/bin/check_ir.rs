@@ -8,12 +8,22 @@
 //! on keys of their own: `ours_2_threads` (one store), `ours_2_stores` (a
 //! store each) and `governor_2_threads` (`checks` checks each); and the
 //! store designs apart from the engine, `proto_locked`, `proto_papaya`,
-//! `proto_scc` and their `_2_threads` (see the `proto` module). Run under
-//! callgrind twice with different `checks` by `benches/check_ir.sh`: the
-//! difference of the totals divided by the difference of the checks is the
-//! instructions of one check, setup excluded; `benches/check_time.sh` does
-//! the same with CPU time. `ours` prints the process's resident memory once
-//! its keys are stored (stderr, KiB).
+//! `proto_scc`, `proto_flat`, `proto_fingerprint` and their `_2_threads`
+//! (see the `proto` module). Run under callgrind twice with different
+//! `checks` by `benches/check_ir.sh`: the difference of the totals divided
+//! by the difference of the checks is the instructions of one check, setup
+//! excluded. Every mode prints (stderr) `loop cpu ns per check: <ns>`, the
+//! process's CPU time from the first check to the last divided by the
+//! checks (of both threads in a two-thread mode), which
+//! `benches/check_time.sh` reports. `ours` prints the process's resident
+//! memory once its keys are stored (stderr, KiB).
+//!
+//! Switches (environment): `PROTO_SERIAL=1` (`ours` and `proto_*`): each
+//! check's key depends on the last check's answer, so checks do not
+//! overlap in the CPU (a server's one check a request) and the figure is a
+//! latency; `PROTO_HUGE=1` (`proto_flat`, `proto_fingerprint`): their array
+//! in huge pages; `PROTO_SMAPS=1` (`proto_*`): print the resident and
+//! huge-page memory once the keys are stored.
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
@@ -29,7 +39,8 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let usage = "usage: check_ir <ours|ours_window|ours_new_keys|ours_2_threads|ours_2_stores|\
                  governor|governor_2_threads|pingora_rate|proto_locked|proto_papaya|proto_scc|\
-                 proto_<locked|papaya|scc>_2_threads> <keys> <checks>";
+                 proto_flat|proto_fingerprint|\
+                 proto_<locked|papaya|scc|flat|fingerprint>_2_threads> <keys> <checks>";
     let (Some(which), Some(keys), Some(checks)) = (args.get(1), args.get(2), args.get(3)) else {
         eprintln!("{usage}");
         std::process::exit(2);
@@ -70,10 +81,24 @@ fn main() {
                 store.check_into(std::slice::from_ref(c), &mut verdict);
             }
             eprintln!("resident after filling {keys} keys: {} KiB", resident_kib());
-            for _ in 0..checks {
-                let c = &keys_of[cycle()];
-                store.check_into(std::slice::from_ref(c), &mut verdict);
-                black_box(&verdict);
+            loop_starts();
+            if std::env::var_os("PROTO_SERIAL").is_some() {
+                // Each key waits for the last check's answer (see `proto`).
+                let mut i = 0usize;
+                for _ in 0..checks {
+                    let last = usize::from(black_box(&verdict).allowed());
+                    i += 1 + (last ^ 1);
+                    if i >= n {
+                        i = 0;
+                    }
+                    store.check_into(std::slice::from_ref(&keys_of[i]), &mut verdict);
+                }
+            } else {
+                for _ in 0..checks {
+                    let c = &keys_of[cycle()];
+                    store.check_into(std::slice::from_ref(c), &mut verdict);
+                    black_box(&verdict);
+                }
             }
         }
         "ours_window" => {
@@ -93,6 +118,7 @@ fn main() {
             for c in &keys_of {
                 store.check_into(std::slice::from_ref(c), &mut verdict);
             }
+            loop_starts();
             for _ in 0..checks {
                 store.check_into(std::slice::from_ref(&keys_of[cycle()]), &mut verdict);
                 black_box(&verdict);
@@ -109,6 +135,7 @@ fn main() {
                 store.check_into(std::slice::from_ref(c), &mut verdict);
             }
             let mut c = keys_of[0].clone();
+            loop_starts();
             for i in 0..checks {
                 use std::fmt::Write as _;
                 c.key.clear();
@@ -119,9 +146,8 @@ fn main() {
         }
         "ours_2_threads" | "ours_2_stores" => {
             // Two threads, each cycling through its own `keys` keys
-            // (`checks` checks each): `perf stat -e task-clock` over two
-            // runs gives the CPU time per check with the other thread
-            // running, against `ours` alone. `ours_2_threads` shares one
+            // (`checks` checks each): the CPU time per check with the other
+            // thread running, against `ours` alone. `ours_2_threads` shares one
             // store; `ours_2_stores` gives each thread a store of its own,
             // so that nothing is shared: what the host gives two threads
             // at all, the ceiling for the shared store.
@@ -164,6 +190,7 @@ fn main() {
             for c in &keys_of {
                 let _ = limiter.check_key(&c.key);
             }
+            loop_starts();
             for _ in 0..checks {
                 black_box(limiter.check_key(&keys_of[cycle()].key).is_ok());
             }
@@ -173,6 +200,7 @@ fn main() {
             for c in &keys_of {
                 rate.observe(&c.key, 1);
             }
+            loop_starts();
             for _ in 0..checks {
                 black_box(rate.observe(&keys_of[cycle()].key, 1));
             }
@@ -183,6 +211,37 @@ fn main() {
             std::process::exit(2);
         }
     }
+    if let Some(start) = LOOP_START.get() {
+        let ns = cpu_ns().saturating_sub(*start);
+        // Two-thread modes make `checks` checks in each thread.
+        let made = if which.contains("_2_") {
+            2 * checks
+        } else {
+            checks
+        };
+        eprintln!(
+            "loop cpu ns per check: {:.1}",
+            ns as f64 / made.max(1) as f64
+        );
+    }
+}
+
+static LOOP_START: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
+/// The checks' loop starts: the process's CPU time from here on, divided by
+/// the checks, is printed at the end (`loop cpu ns per check`).
+fn loop_starts() {
+    let _ = LOOP_START.set(cpu_ns());
+}
+
+fn cpu_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) };
+    (t.tv_sec as u64) * 1_000_000_000 + t.tv_nsec as u64
 }
 
 type Governor = governor::RateLimiter<
@@ -207,6 +266,7 @@ where
     F: Fn(usize, &TierCheck, &mut Verdict) + Sync,
 {
     let start = std::sync::Barrier::new(2);
+    loop_starts();
     std::thread::scope(|scope| {
         for (t, set) in sets.into_iter().enumerate() {
             let (start, check) = (&start, &check);
@@ -238,10 +298,14 @@ fn resident_kib() -> u64 {
 
 /// The ceiling of a store design, measured apart from the engine (issue
 /// 30): a token bucket of the same quota as one TAT in an `AtomicU64`,
-/// charged by compare-and-swap, in three tables: `proto_locked` (64
+/// charged by compare-and-swap, in five tables: `proto_locked` (64
 /// read-write-locked hashbrown shards, the memory backend's layout without
 /// its engine), `proto_papaya` (papaya's lock-free map: a lookup writes no
-/// shared word) and `proto_scc` (scc's `HashIndex`, read without locks).
+/// shared word) and `proto_scc` (scc's `HashIndex`, read without locks);
+/// and two layouts no crate offers, to measure what a check at 10^6 keys
+/// could cost at best: `proto_flat` (one 64-byte line a key: the key inline
+/// and the cell, open addressing) and `proto_fingerprint` (16 bytes a key:
+/// a hash instead of the key, not exact), each optionally in huge pages.
 /// `proto_<table>_2_threads` runs two threads on keys of their own, as
 /// `ours_2_threads`.
 mod proto {
@@ -346,23 +410,181 @@ mod proto {
         }
     }
 
+    /// One flat array of 64-byte slots (the key inline, its hash, the
+    /// cell), open addressing with linear probing, at most half full: a
+    /// check reads one cache line. `PROTO_HUGE=1` asks the kernel for huge
+    /// pages for the array (`madvise(MADV_HUGEPAGE)`), so that a check at
+    /// 10^6 keys takes no page walk either.
+    struct Flat {
+        slots: *mut FSlot,
+        mask: usize,
+        hasher: foldhash::quality::RandomState,
+    }
+
+    // SAFETY: the slots are atomics and bytes written before any check.
+    unsafe impl Sync for Flat {}
+
+    #[repr(C, align(64))]
+    struct FSlot {
+        hash: AtomicU64,
+        tat: AtomicU64,
+        len: u8,
+        key: [u8; 47],
+    }
+
+    impl Flat {
+        fn new(keys: usize) -> Self {
+            let slots = (keys * 2).next_power_of_two().max(64);
+            let bytes = slots * std::mem::size_of::<FSlot>();
+            Flat {
+                slots: huge_array(bytes).cast(),
+                mask: slots - 1,
+                hasher: Default::default(),
+            }
+        }
+        #[inline]
+        fn slot(&self, i: usize) -> &FSlot {
+            // SAFETY: i <= mask, inside the mapping.
+            unsafe { &*self.slots.add(i) }
+        }
+    }
+
+    impl Table for Flat {
+        fn insert(&self, key: &str) {
+            use std::hash::BuildHasher;
+            assert!(key.len() <= 47, "proto_flat holds keys of up to 47 bytes");
+            let h = self.hasher.hash_one(key) | 1;
+            let mut i = h as usize & self.mask;
+            while self.slot(i).hash.load(Ordering::Relaxed) != 0 {
+                i = (i + 1) & self.mask;
+            }
+            let s = self.slots.wrapping_add(i);
+            // SAFETY: an empty slot, written before any check reads it.
+            unsafe {
+                (*s).len = key.len() as u8;
+                (&mut (*s).key)[..key.len()].copy_from_slice(key.as_bytes());
+                (*s).hash.store(h, Ordering::Release);
+            }
+        }
+        #[inline]
+        fn check(&self, key: &str) -> bool {
+            use std::hash::BuildHasher;
+            let h = self.hasher.hash_one(key) | 1;
+            let mut i = h as usize & self.mask;
+            loop {
+                let s = self.slot(i);
+                let sh = s.hash.load(Ordering::Acquire);
+                if sh == h
+                    && usize::from(s.len) == key.len()
+                    && &s.key[..key.len()] == key.as_bytes()
+                {
+                    return charge(&s.tat);
+                }
+                if sh == 0 {
+                    return false;
+                }
+                i = (i + 1) & self.mask;
+            }
+        }
+    }
+
+    /// `proto_fingerprint`: 16-byte slots, a 64-bit keyed hash of the key
+    /// (no key text: two keys of one hash would share a bucket) and the
+    /// cell, in huge pages when `PROTO_HUGE=1`: the smallest slot of any
+    /// store that tells 10^6 keys apart, sized to fit a 32 MiB L3.
+    struct Fingerprint {
+        slots: *mut [AtomicU64; 2],
+        mask: usize,
+        hasher: foldhash::quality::RandomState,
+    }
+
+    // SAFETY: the slots are atomics.
+    unsafe impl Sync for Fingerprint {}
+
+    impl Fingerprint {
+        fn new(keys: usize) -> Self {
+            let slots = (keys * 2).next_power_of_two().max(64);
+            Fingerprint {
+                slots: huge_array(slots * 16).cast(),
+                mask: slots - 1,
+                hasher: Default::default(),
+            }
+        }
+        #[inline]
+        fn slot(&self, i: usize) -> &[AtomicU64; 2] {
+            // SAFETY: i <= mask, inside the mapping.
+            unsafe { &*self.slots.add(i) }
+        }
+    }
+
+    impl Table for Fingerprint {
+        fn insert(&self, key: &str) {
+            use std::hash::BuildHasher;
+            let h = self.hasher.hash_one(key) | 1;
+            let mut i = h as usize & self.mask;
+            while self.slot(i)[0].load(Ordering::Relaxed) != 0 {
+                i = (i + 1) & self.mask;
+            }
+            self.slot(i)[0].store(h, Ordering::Release);
+        }
+        #[inline]
+        fn check(&self, key: &str) -> bool {
+            use std::hash::BuildHasher;
+            let h = self.hasher.hash_one(key) | 1;
+            let mut i = h as usize & self.mask;
+            loop {
+                let s = self.slot(i);
+                let sh = s[0].load(Ordering::Acquire);
+                if sh == h {
+                    return charge(&s[1]);
+                }
+                if sh == 0 {
+                    return false;
+                }
+                i = (i + 1) & self.mask;
+            }
+        }
+    }
+
+    /// `bytes` of zeroed memory aligned to 2 MiB, in huge pages when
+    /// `PROTO_HUGE=1` (`madvise(MADV_HUGEPAGE)` before the first touch).
+    fn huge_array(bytes: usize) -> *mut u8 {
+        const HUGE: usize = 2 << 20;
+        let len = bytes + HUGE;
+        // SAFETY: an anonymous private mapping (zeroed), never unmapped.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(base != libc::MAP_FAILED, "mmap");
+        let aligned = (base as usize).next_multiple_of(HUGE);
+        if std::env::var_os("PROTO_HUGE").is_some() {
+            // SAFETY: a range inside the mapping above.
+            let r = unsafe { libc::madvise(aligned as *mut _, bytes, libc::MADV_HUGEPAGE) };
+            assert_eq!(r, 0, "madvise");
+        }
+        aligned as *mut u8
+    }
+
     pub(super) fn run(mode: &str, keys: &[TierCheck], other: &[TierCheck], checks: u64) {
-        let (table, threads): (Box<dyn Table>, bool) = match mode.trim_end_matches("_2_threads") {
-            "proto_locked" => (
-                Box::new(Locked {
-                    shards: (0..64).map(|_| Padded(RwLock::default())).collect(),
-                    hasher: Default::default(),
-                }),
-                mode.ends_with("_2_threads"),
-            ),
-            "proto_papaya" => (
-                Box::new(Papaya(papaya::HashMap::with_hasher(Default::default()))),
-                mode.ends_with("_2_threads"),
-            ),
-            "proto_scc" => (
-                Box::new(Scc(scc::HashIndex::with_hasher(Default::default()))),
-                mode.ends_with("_2_threads"),
-            ),
+        let threads = mode.ends_with("_2_threads");
+        // The keys the table will hold (the arrays are sized for them).
+        let held = keys.len() + if threads { other.len() } else { 0 };
+        let table: Box<dyn Table> = match mode.trim_end_matches("_2_threads") {
+            "proto_locked" => Box::new(Locked {
+                shards: (0..64).map(|_| Padded(RwLock::default())).collect(),
+                hasher: Default::default(),
+            }),
+            "proto_papaya" => Box::new(Papaya(papaya::HashMap::with_hasher(Default::default()))),
+            "proto_flat" => Box::new(Flat::new(held)),
+            "proto_fingerprint" => Box::new(Fingerprint::new(held)),
+            "proto_scc" => Box::new(Scc(scc::HashIndex::with_hasher(Default::default()))),
             _ => {
                 eprintln!("unknown mode {mode}");
                 std::process::exit(2);
@@ -381,6 +603,16 @@ mod proto {
         for c in keys.iter().chain(if threads { other } else { &[] }) {
             table.insert(&c.key);
         }
+        super::loop_starts();
+        if std::env::var_os("PROTO_SMAPS").is_some() {
+            let smaps = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap_or_default();
+            for line in smaps
+                .lines()
+                .filter(|l| l.starts_with("AnonHugePages") || l.starts_with("Rss"))
+            {
+                eprintln!("{line}");
+            }
+        }
         if threads {
             let (a, b) = (keys.to_vec(), other.to_vec());
             two_threads([&a, &b], checks, |_, c, _| {
@@ -389,13 +621,22 @@ mod proto {
         } else {
             let n = keys.len();
             let mut i = 0;
+            let mut allowed = 0u64;
+            // `PROTO_SERIAL=1`: the next key waits for this check's answer
+            // (a latency, as in a server's one check a request, not a
+            // throughput of overlapped checks).
+            let serial = usize::from(std::env::var_os("PROTO_SERIAL").is_some());
+            let mut last = 1usize;
             for _ in 0..checks {
-                i += 1;
-                if i == n {
+                i += 1 + (serial & (last ^ 1));
+                if i >= n {
                     i = 0;
                 }
-                black_box(table.check(&keys[i].key));
+                last = usize::from(black_box(table.check(&keys[i].key)));
+                allowed += last as u64;
             }
+            // Every check finds its key and is allowed (burst 10^9).
+            assert_eq!(allowed, checks, "checks allowed");
         }
     }
 }
