@@ -26,3 +26,9 @@ local function calendar(key, now, limit, b0, b1, b2, cost, v, _)
   local start, window = calendar_window(now, b0, b1, b2)
   return window_decide(now, limit, start, window, cost, v, 60000000)
 end
+
+-- A key listed again (see fixed_window_charge).
+local function calendar_charge(_, now, limit, b0, b1, b2, cost, v, _)
+  local start, window = calendar_window(now, b0, b1, b2)
+  return window_charge(now, limit, start, window, cost, v, 60000000)
+end

@@ -26,8 +26,10 @@
 --           file), cost, flags: +1 shadow (the tier is in shadow mode: its
 --           denial does not stop the other tiers from being charged), +2
 --           undo (return the charge's undo value, for a refund by response
---           status), +8 short (a token or leaky bucket answers its state,
---           one number, instead of three); +4 is unused
+--           status), +4 repeat (the key was listed before in this call:
+--           charge it on what that listing stored, dispatch.lua), +8 short
+--           (a token or leaky bucket answers its state, one number instead
+--           of three)
 -- KEYS[n+1] optional: the hourly sorted set of rejected keys (fleet-wide
 --           top-N): every tier that rejects adds its cost to its key's
 --           score; the set keeps its 10 000 heaviest keys and lives 25 h.

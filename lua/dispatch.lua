@@ -14,6 +14,34 @@ local algorithms = {
   concurrency, penalty, override, calendar,
 }
 
+-- A key listed again in one call (flag +4): each listing is decided on the
+-- key's state before the call, and when all allow, charged in turn, each
+-- on what the listings before it stored (as the model and the memory
+-- backend charge). An algorithm whose write is a SET of a value computed
+-- from the state read before the call needs its charge made again on the
+-- value just stored: these. (The sliding log's and the concurrency tier's
+-- writes act on the key as it is then; a penalty box and an override's
+-- read are never charged.)
+local charges_again = {
+  [fixed_window] = fixed_window_charge,
+  [sliding_window_counter] = sliding_window_counter_charge,
+  [token_bucket] = token_bucket_charge,
+  [leaky_bucket] = leaky_bucket_charge,
+  [calendar] = calendar_charge,
+}
+
+-- The write of a key listed again (t[11]: its charge again): read what the
+-- listings before it stored, and store that charged (or, for a token
+-- bucket that no longer fits, leave it). Returns this charge's undo value
+-- (a repeated tier is never sent short, so it reaches the trailer).
+local function charge_again(t, key, now)
+  return function()
+    local value, px, undo = t[11](key, now, t[2], t[3], t[4], t[5], t[6], redis.call('GET', key), t[9])
+    if value then redis.call('SET', key, value, 'PX', px) end
+    return undo
+  end
+end
+
 -- The clock argument: "" reads Redis TIME; "-<deadline µs>" (a negative
 -- number: one tonumber, no string slicing, on every production call) reads
 -- Redis TIME and also returns the deadline; "<µs>[:<ttl slack ms>]" is a
@@ -50,9 +78,10 @@ end
 -- 2 sliding window log, 3 sliding window counter, 4 token bucket, 5 leaky
 -- bucket, 6 concurrency, 7 penalty box, 8 override read, 9 calendar
 -- window; flags: +1 shadow,
--- +2 undo wanted, +8 short reply: a token or leaky bucket answers one
--- number, its state, instead of three; +4 is unused: it once chose the
--- stored format, of which there is now one).
+-- +2 undo wanted, +4 repeat: the key was listed before in this call
+-- (charges_again above; the bit once chose the stored format, of which
+-- there is now one, in scripts of other versions), +8 short reply: a token
+-- or leaky bucket answers one number, its state, instead of three).
 -- Parsed specs are kept by their string: loaded as a Redis Function the
 -- table lives as long as the library, so a request's tiers cost one table
 -- lookup each instead of seven tonumber() calls (a deployment has a few
@@ -60,7 +89,7 @@ end
 local specs, specs_n = {}, 0
 
 -- The parsed spec s, { algorithm function, p1, p2, p3, p4, cost, shadow,
--- undo, short, plain }, or false for a malformed spec or an unknown
+-- undo, short, plain, charge again (repeat) }, or false for a malformed spec or an unknown
 -- algorithm. plain: an enforced token bucket of rate 1 with the short
 -- reply, which check_plain decides without calling token_bucket.
 local function tier_spec(s)
@@ -74,7 +103,9 @@ local function tier_spec(s)
     flags = tonumber(flags)
     t = { algorithm, tonumber(p1), tonumber(p2), tonumber(p3), tonumber(p4), tonumber(cost),
       has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 8) }
-    t[10] = algorithm == token_bucket and t[3] == 1 and t[9] and not t[7]
+    -- +4: the key was listed before in this call; t[11] charges it again.
+    if has_flag(flags, 4) then t[11] = charges_again[algorithm] end
+    t[10] = algorithm == token_bucket and t[3] == 1 and t[9] and not t[7] and not t[11]
   end
   if specs_n >= 1024 then specs, specs_n = {}, 0 end
   specs[s] = t
@@ -210,6 +241,7 @@ local function check_request(clock, first, n)
     penalty_tier_allowed = allowed == 1 -- for a penalty box right after (penalty.lua)
     if allowed == 1 then
       out[o + 1] = remaining
+      if t[11] and write then write = charge_again(t, KEYS[i], now) end
       local p = 5 * i
       pend[p - 4], pend[p - 3], pend[p - 2], pend[p - 1], pend[p] = write, ttl, undo, delay, t[8]
     else

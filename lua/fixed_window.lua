@@ -48,3 +48,17 @@ end
 local function fixed_window(key, now, limit, window, _, _, cost, v, _)
   return window_decide(now, limit, div_floor(now, window) * window, window, cost, v, 0)
 end
+
+-- A key listed again in one call (flag +4, dispatch.lua): cost charged on
+-- v, what the earlier listing stored, whether or not it still fits (twin of
+-- fixed_window::charge_in): the value, PX and undo value (none: a window's
+-- refund takes its cost off). Shared with the calendar.
+local function window_charge(now, limit, start, window, cost, v, margin)
+  local count = 0
+  if v then count = window_count(v, start, window) end
+  return window_value(limit, window, start, count + cost), ttl_ms(start + window - now + margin), 0
+end
+
+local function fixed_window_charge(_, now, limit, window, _, _, cost, v, _)
+  return window_charge(now, limit, div_floor(now, window) * window, window, cost, v, 0)
+end

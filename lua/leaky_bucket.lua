@@ -74,3 +74,13 @@ local function leaky_bucket(key, now, capacity, rate, unit, max_delay, cost_toke
   if left < 0 then left = 0 end
   return 0, div_floor(left, unit), reset, retry, 0, nil
 end
+
+-- A key listed again in one call (flag +4, dispatch.lua): cost charged on
+-- v, what the earlier listing stored, whether or not it still fits (twin of
+-- Gcra::charge): the value, PX and undo value (the backlog after it).
+local function leaky_bucket_charge(_, now, _, rate, unit, _, cost_tokens, v, _)
+  local backlog = 0
+  if v then backlog = leaky_backlog(v, rate, now) or 0 end
+  local after = backlog + cost_tokens * unit
+  return leaky_value(now, after, rate), ttl_ms(div_ceil(after, rate)), after
+end

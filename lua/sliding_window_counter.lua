@@ -31,7 +31,8 @@ local function counter_reset(start, window, prev, cur, now)
   return 0
 end
 
-local function sliding_window_counter(key, now, limit, window, _, _, cost, v, _)
+-- The window of now, and the previous and current windows' counts in v.
+local function counter_counts(v, window, now)
   local start = div_floor(now, window) * window
   local prev, cur = 0, 0
   if v then
@@ -42,6 +43,20 @@ local function sliding_window_counter(key, now, limit, window, _, _, cost, v, _)
       prev, cur = c, 0
     end
   end
+  return start, prev, cur
+end
+
+-- A key listed again in one call (flag +4, dispatch.lua): cost charged on
+-- v, what the earlier listing stored, whether or not it still fits (twin of
+-- counter_charge): the value, PX and undo value (none, as a window's).
+local function sliding_window_counter_charge(_, now, limit, window, _, _, cost, v, _)
+  local start, prev, cur = counter_counts(v, window, now)
+  return counter_value(limit, window, start, cur + cost, prev),
+    ttl_ms(counter_reset(start, window, prev, cur + cost, now)), 0
+end
+
+local function sliding_window_counter(key, now, limit, window, _, _, cost, v, _)
+  local start, prev, cur = counter_counts(v, window, now)
   local e = now - start
   local cap = limit * window
   local est = prev * (window - e) + cur * window

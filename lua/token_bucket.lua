@@ -101,3 +101,15 @@ local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v, s
   if cost <= capacity then retry = div_ceil(cost + missing - capacity, rate) end
   return 0, div_floor(tokens, unit), reset, retry, 0, nil
 end
+
+-- A key listed again in one call (flag +4, dispatch.lua): charged on v,
+-- what the earlier listing stored, only if it still fits, else what is
+-- there stays (twin of Limit::charge): the value, PX and undo value (the
+-- tokens left), or nil and the undo of no charge (a full bucket's: its
+-- refund gives nothing back).
+local function token_bucket_charge(key, now, capacity, rate, unit, p4, cost_tokens, v, _)
+  local allowed, _, _, _, _, value, px, left =
+    token_bucket(key, now, capacity, rate, unit, p4, cost_tokens, v, false)
+  if allowed == 1 then return value, px, left end
+  return nil, nil, capacity
+end

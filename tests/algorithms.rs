@@ -12,7 +12,7 @@ mod support;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::time::Duration;
-use support::algorithms::{algorithm_limits, clock_step, Model, S};
+use support::algorithms::{algorithm_limits, clock_step, listed_twice, Model, S};
 use support::rng::Rng;
 use support::*;
 use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
@@ -383,6 +383,91 @@ fn penalty_box_model_memory_and_redis_agree() {
             }
         }
         assert!(blocks > 0, "{name}: no repeat offence was tried");
+    }
+}
+
+/// A key listed twice in one check (a `Backend::check` caller's list; the
+/// layer's keys carry their tier's name, so it never lists one twice):
+/// every listing is decided on the key's state before the check and, when
+/// all allow, charged in turn, each charge on the last. The model, the
+/// memory backend and the Redis scripts agree on every algorithm, with the
+/// key alone and beside a second tier, on a fixed random sequence.
+#[test]
+fn a_key_listed_twice_agrees_on_model_memory_and_redis() {
+    let (h, mut next) = (Harness::new(), seeded());
+    for (case, (name, limit)) in algorithm_limits().into_iter().enumerate() {
+        let (clock, memory, redis) = h.backends();
+        let mut model = Model::default();
+        let (mut allowed, mut denied) = (0, 0);
+        for op in 0..300 {
+            let step = match next() % 4 {
+                0 => 0,
+                1 => next() % 300_000,
+                _ => next() % 2_000_000,
+            };
+            clock.advance(Duration::from_micros(step));
+            let now = clock.now_us();
+            let key = format!("dup{case}:k{}", next() % 2);
+            let other = format!("dup{case}:other");
+            let beside = (next() % 2 == 0).then_some(other.as_str());
+            let checks = listed_twice(&key, limit, 1 + next() % 2, beside);
+            let want = model.check(&checks, now);
+            let got_mem = h.rt.block_on(memory.check(checks.clone())).unwrap();
+            let got_red = h.rt.block_on(redis.check(checks.clone())).unwrap();
+            assert_eq!(
+                got_mem.decisions, want,
+                "{name}: memory diverged at op {op}"
+            );
+            assert_eq!(got_red.decisions, want, "{name}: redis diverged at op {op}");
+            if want.iter().all(|d| d.allowed) {
+                allowed += 1;
+            } else {
+                denied += 1;
+            }
+        }
+        assert!(
+            allowed > 0 && denied > 0,
+            "{name}: {allowed} allowed, {denied} denied proves little"
+        );
+    }
+}
+
+/// A token bucket listed twice at its last token: the first listing takes
+/// it, the second no longer fits and charges nothing, so giving the second
+/// listing's charge back (a refund by response status) gives nothing back,
+/// on memory and on Redis; giving the first's back frees its token.
+#[test]
+fn the_refund_of_a_listing_that_no_longer_fit_gives_nothing_back() {
+    use tiered_ratelimit::backend::TierRefund;
+    let h = Harness::new();
+    let (_clock, memory, redis) = h.backends();
+    let k = TierCheck {
+        key: "refund-twice:k".to_owned(),
+        limit: Limit::TokenBucket(TokenBucket::new(2, 3_600 * S, 2).unwrap()),
+        cost: 1,
+    };
+    for (name, backend) in [("memory", &memory), ("redis", &redis)] {
+        let one = |b: &Backend| h.rt.block_on(b.check(vec![k.clone()])).unwrap();
+        assert!(one(backend).allowed(), "{name}");
+        let twice =
+            h.rt.block_on(backend.check(vec![k.clone(), k.clone()]))
+                .unwrap();
+        assert!(twice.allowed(), "{name}: both decided on the last token");
+        let refund = |i: usize| TierRefund {
+            check: k.clone(),
+            charge: twice.charges[i].expect("charged"),
+            debt: false,
+        };
+        h.rt.block_on(backend.refund(vec![refund(1)])).unwrap();
+        // A peek decides a request of cost 1: denied with no token left,
+        // allowed (none left after it) with one.
+        let peek = h.rt.block_on(backend.peek(&k)).unwrap();
+        assert!(!peek.decisions[0].allowed, "{name}: nothing given back");
+        assert_eq!(peek.decisions[0].retry_after_us, 1_800 * S, "{name}");
+        h.rt.block_on(backend.refund(vec![refund(0)])).unwrap();
+        let peek = h.rt.block_on(backend.peek(&k)).unwrap();
+        assert!(peek.decisions[0].allowed, "{name}: the first's token back");
+        assert_eq!(peek.decisions[0].remaining, 0, "{name}");
     }
 }
 

@@ -9,7 +9,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::algorithms::{algorithm_limits_without, script_args as encode, script_spec, Model, S};
+use support::algorithms::{
+    algorithm_limits_without, listed_twice, script_args as encode, script_spec, Model, S,
+};
 use support::algorithms_http as scenario;
 use support::cluster::{calls, failed_calls, RedisCluster};
 use support::rng::Rng;
@@ -301,15 +303,21 @@ fn limits_list() -> Vec<(&'static str, Limit)> {
     algorithm_limits_without("fixed")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cross_slot_checks_agree_with_the_model() {
-    let cluster = RedisCluster::start(0);
+/// A manual clock, and a backend on `cluster` whose scripts read it.
+fn on_a_manual_clock(cluster: &RedisCluster) -> (ManualClock, Backend) {
     let clock = ManualClock::new(T0_US + 123_457);
-    let backend: Backend = RedisBackend::cluster(cluster.urls())
+    let backend = RedisBackend::cluster(cluster.urls())
         .unwrap()
         .with_manual_clock(clock.clone())
         .with_test_ttl_slack(Duration::from_secs(600))
         .into();
+    (clock, backend)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_slot_checks_agree_with_the_model() {
+    let cluster = RedisCluster::start(0);
+    let (clock, backend) = on_a_manual_clock(&cluster);
     let all = limits_list();
     let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     let (mut cross, mut denied, mut total) = (0, 0, 0);
@@ -356,6 +364,44 @@ async fn cross_slot_checks_agree_with_the_model() {
     eprintln!("{total} checks, {cross} across slots, {denied} denied");
     assert!(cross > total * 9 / 10, "{cross} of {total} across slots");
     assert!(denied > total / 10 && denied < total * 9 / 10, "{denied}");
+}
+
+/// A key listed twice in one check (a `Backend::check` caller's list), beside
+/// a key of another slot: each listing decided on the state before the
+/// check, each charged in turn (the repeat flag, lua/dispatch.lua), as the
+/// model; on the cluster's per-slot calls as on a single Redis
+/// (tests/algorithms.rs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_listed_twice_agrees_with_the_model() {
+    let cluster = RedisCluster::start(0);
+    let (clock, backend) = on_a_manual_clock(&cluster);
+    let mut rng = Rng::new(0x2545_F491_4F6C_DD1D);
+    for (i, (name, limit)) in limits_list().into_iter().enumerate() {
+        let mut model = Model::default();
+        let (mut allowed, mut denied) = (0, 0);
+        for op in 0..150 {
+            clock.advance(Duration::from_micros(match rng.next() % 3 {
+                0 => 0,
+                _ => rng.next() % 1_000_000,
+            }));
+            let now = clock.now_us();
+            let key = format!("twice{i}:k{}", rng.next() % 2);
+            let other = format!("twice{i}:other");
+            let checks = listed_twice(&key, limit, 1 + rng.next() % 2, Some(&other));
+            let want = model.check(&checks, now);
+            let got = backend.check(checks).await.unwrap();
+            assert_eq!(got.decisions, want, "{name} diverged at op {op}");
+            if want.iter().all(|d| d.allowed) {
+                allowed += 1;
+            } else {
+                denied += 1;
+            }
+        }
+        assert!(
+            allowed > 0 && denied > 0,
+            "{name}: {allowed} allowed, {denied} denied"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -150,6 +150,20 @@ impl Model {
     }
 }
 
+/// A check listing `key` twice (of `limit`: first at `cost`, last at 1),
+/// with `other` (cost 1) between them if given.
+pub fn listed_twice(key: &str, limit: Limit, cost: u64, other: Option<&str>) -> Vec<TierCheck> {
+    let at = |key: &str, cost| TierCheck {
+        key: key.to_owned(),
+        limit,
+        cost,
+    };
+    let mut checks = vec![at(key, cost)];
+    checks.extend(other.map(|o| at(o, 1)));
+    checks.push(at(key, 1));
+    checks
+}
+
 /// A clock advance between two operations (µs): often none, mostly under a
 /// window, sometimes past every window's expiry.
 pub fn clock_step() -> impl Strategy<Value = u64> {

@@ -4,7 +4,7 @@
 
 use super::cell::{TatCell, FROZEN, GONE};
 use super::SHARDS;
-use crate::algorithm::{Refund, State};
+use crate::algorithm::{Limit, Refund, State};
 use crate::backend::TierCheck;
 use compact_str::CompactString;
 use smallvec::SmallVec;
@@ -266,6 +266,9 @@ impl<'g> Writer<'g> {
         ready: Option<(State, u64)>,
         now_us: u64,
     ) -> u64 {
+        // A token bucket's state before the charge: a key listed twice
+        // whose later listing no longer fits keeps it (`Limit::charge`).
+        let mut bucket_before = None;
         let (state, ttl_us) = match ready {
             Some(ready) => ready,
             None => {
@@ -278,10 +281,19 @@ impl<'g> Writer<'g> {
                     }
                     Entry::Cell(_) => held.with_live(Some(entry), now_us, |s| s.cloned()),
                 };
+                if let (Limit::TokenBucket(_), Some(s @ State::Bucket(_))) = (&c.limit, &old) {
+                    bucket_before = Some(s.clone());
+                }
                 c.limit.charge(old, now_us, c.cost)
             }
         };
-        let undo = c.limit.undo_of(&state, now_us);
+        let undo = match (&c.limit, bucket_before) {
+            // Not charged: a full bucket's undo value, so that giving this
+            // charge back gives nothing back (as lua/dispatch.lua's
+            // token_bucket_charge answers).
+            (Limit::TokenBucket(b), Some(before)) if before == state => b.capacity,
+            _ => c.limit.undo_of(&state, now_us),
+        };
         let key = Lookup { hash, text: &c.key };
         let expires_us = now_us.saturating_add(ttl_us);
         self.store(Some(entry), held, key, state, expires_us, now_us);

@@ -78,8 +78,7 @@ impl RedisBackend {
         let undo = if undo { wire::UNDO } else { 0 };
         for (i, c) in checks.iter().enumerate() {
             let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
-            let short = wire::short_flag(&c.limit);
-            wire::write_tier(&mut cmd, c, shadow | undo | short);
+            wire::write_tier(&mut cmd, c, shadow | undo | listing_flag(checks, i));
         }
         cmd
     }
@@ -132,7 +131,9 @@ impl RedisBackend {
         }
         let sent_us = self.local_us_at(sent);
         let cmd = self.check_cmd(sent_us, checks, shadow, undo, blocked);
-        let tiers: wire::ReplyTiers = checks.iter().map(wire::ReplyTier::from).collect();
+        let tiers: wire::ReplyTiers = (checks.iter().enumerate())
+            .map(|(i, c)| wire::ReplyTier::new(c, listing_flag(checks, i)))
+            .collect();
         let flags = wire::SHORT | if undo { wire::UNDO } else { 0 };
         Box::pin(with_timeout(
             timeout,
@@ -202,6 +203,17 @@ impl RedisBackend {
             .await
             .map(|_| ())
             .map_err(|e| self.error(e))
+    }
+}
+
+/// Check `i`'s [`wire::REPEAT`] or [`wire::SHORT`] flag (see
+/// [`wire::listing_flag`]); 0 past the end.
+fn listing_flag(checks: &[TierCheck], i: usize) -> u8 {
+    match (checks.get(..i), checks.get(i)) {
+        (Some(earlier), Some(c)) => {
+            wire::listing_flag(earlier.iter().map(|e| e.key.as_str()), &c.key, &c.limit)
+        }
+        _ => 0,
     }
 }
 

@@ -210,14 +210,15 @@ impl Job {
         for (j, &i) in g.tiers.iter().enumerate() {
             let c = &self.checks[i];
             // Always the undo values: a cross-slot denial refunds this slot.
-            let mut flags = wire::UNDO | wire::short_flag(&c.limit);
+            let earlier = g.tiers[..j].iter().map(|&k| self.keys[k].as_str());
+            let mut flags = wire::UNDO | wire::listing_flag(earlier, &self.keys[i], &c.limit);
             if self.shadow.contains(i) {
                 flags |= wire::SHADOW;
                 // j <= i < 64.
                 shadow |= 1 << j;
             }
             specs.push(wire::TierSpec::new(c, flags));
-            tiers.push(wire::ReplyTier::from(c));
+            tiers.push(wire::ReplyTier::new(c, flags));
         }
         let keys: Vec<&str> = g.tiers.iter().map(|&i| self.keys[i].as_str()).collect();
         let reply: Vec<i64> = self

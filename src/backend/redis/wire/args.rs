@@ -10,6 +10,31 @@ use ::redis::Cmd;
 pub(in crate::backend::redis) const SHADOW: u8 = 1;
 /// Tier flag: return the charge's undo value (for a refund).
 pub(in crate::backend::redis) const UNDO: u8 = 2;
+/// Tier flag: the tier's key was listed before in the same call, so its
+/// charge lands on what the earlier listing stored (each listing is decided
+/// on the state before the call and charged in turn, as the model and the
+/// memory backend do; lua/dispatch.lua). See [`repeat_flag`].
+pub(in crate::backend::redis) const REPEAT: u8 = 4;
+
+/// The [`REPEAT`] or [`SHORT`] flag of a tier on `key` of `limit`, after
+/// the tiers on `earlier` keys of the same call: [`REPEAT`] when its key is
+/// listed before (a `Backend::check` caller's list; the layer's keys carry
+/// their tier's name and never repeat), and then it answers in full, never
+/// short, so that its undo value (the one its charge on the earlier
+/// listing's state returned) comes back in the reply's trailer; else
+/// [`short_flag`](super::short_flag).
+pub(in crate::backend::redis) fn listing_flag<'a>(
+    earlier: impl IntoIterator<Item = &'a str>,
+    key: &str,
+    limit: &Limit,
+) -> u8 {
+    if earlier.into_iter().any(|e| e == key) {
+        REPEAT
+    } else {
+        super::short_flag(limit)
+    }
+}
+
 /// Tier flag: a token or leaky bucket answers its state, one number,
 /// instead of three (see [`short_flag`] and the module docs).
 pub(in crate::backend::redis) const SHORT: u8 = 8;

@@ -15,8 +15,9 @@
 //!           algorithm (1 fixed window, 2 sliding window log, 3 sliding
 //!           window counter, 4 token bucket, 5 leaky bucket, 6 concurrency,
 //!           7 penalty box, 8 a per-key override's read), p1..p4, cost,
-//!           flags (+1 shadow, +2 undo wanted, +8 short: a bucket answers
-//!           its state, one number; +4 is unused).
+//!           flags (+1 shadow, +2 undo wanted, +4 repeat: the key was
+//!           listed before in this call, charge it on what that listing
+//!           stored, +8 short: a bucket answers its state, one number).
 //!           One argument rather than seven: the script keeps parsed specs
 //!           by their string (as a Redis Function, across calls), so a tier
 //!           costs Redis one table lookup instead of seven conversions

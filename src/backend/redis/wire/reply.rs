@@ -25,14 +25,25 @@ pub(in crate::backend::redis) struct ReplyTier {
     pub(in crate::backend::redis) limit: Limit,
     /// The cost sent (tokens).
     pub(in crate::backend::redis) cost: u64,
+    /// Sent [`REPEAT`](super::REPEAT) (its key listed before in the call):
+    /// it answers in full even as a bucket.
+    pub(in crate::backend::redis) repeat: bool,
+}
+
+impl ReplyTier {
+    /// The tier of `c`, sent with `flags`.
+    pub(in crate::backend::redis) fn new(c: &TierCheck, flags: u8) -> Self {
+        Self {
+            limit: c.limit,
+            cost: c.cost,
+            repeat: flags & super::REPEAT != 0,
+        }
+    }
 }
 
 impl From<&TierCheck> for ReplyTier {
     fn from(c: &TierCheck) -> Self {
-        Self {
-            limit: c.limit,
-            cost: c.cost,
-        }
+        Self::new(c, 0)
     }
 }
 
@@ -130,7 +141,7 @@ pub(in crate::backend::redis) fn parse_check(
         // denied (no overflow: -(i64::MIN + 1) is i64::MAX).
         let allowed = r >= 0;
         let v = if allowed { r } else { -(r + 1) }.unsigned_abs();
-        if short && !overridden && short_flag(&t.limit) != 0 {
+        if short && !overridden && !t.repeat && short_flag(&t.limit) != 0 {
             at += 1;
             let (d, next_after_us, undo) = bucket_decision(&t.limit, v, t.cost);
             if d.allowed != allowed {

@@ -210,6 +210,7 @@ fn long_of(n: usize, limit: u64) -> Vec<ReplyTier> {
         ReplyTier {
             limit: Limit::FixedWindow(w),
             cost: 1,
+            repeat: false,
         };
         n
     ]
@@ -435,7 +436,11 @@ fn a_short_bucket_reply_equals_the_long_one() {
                     r
                 };
                 let short_reply = vec![i(now), if d.allowed { i(state) } else { -i(state) - 1 }];
-                let tiers = [ReplyTier { limit, cost }];
+                let tiers = [ReplyTier {
+                    limit,
+                    cost,
+                    repeat: false,
+                }];
                 let long = decided(parse_check(&long_reply, &tiers, UNDO, Shadow::NONE));
                 let short = decided(parse_check(
                     &short_reply,
@@ -470,10 +475,12 @@ fn an_overridden_bucket_answers_long() {
         ReplyTier {
             limit: Limit::Override,
             cost: 1,
+            repeat: false,
         },
         ReplyTier {
             limit: bucket,
             cost: 1,
+            repeat: false,
         },
     ];
     // An override of another quota (capacity 5): the bucket's r, reset, w.
