@@ -48,10 +48,11 @@ local function override_apply(t)
   override_next = false
   if o[1] == 0 and t[1] == calendar then
     -- A calendar tier keeps its boundaries: the override (a fixed window
-    -- of the tier's nominal length) gives its limit.
-    return { t[1], o[2], t[3], t[4], t[5], t[6], t[7], t[8] }
+    -- of the tier's nominal length) gives its limit. (t[11]: a key listed
+    -- again is charged again under the override too, dispatch.lua.)
+    return { t[1], o[2], t[3], t[4], t[5], t[6], t[7], t[8], nil, nil, t[11] }
   elseif o[1] == 0 then
-    return { t[1], o[2], o[3], o[4], o[5], t[6], t[7], t[8] }
+    return { t[1], o[2], o[3], o[4], o[5], t[6], t[7], t[8], nil, nil, t[11] }
   elseif o[1] == 1 then
     return { override_pass, 0, 0, 0, 0, t[6], t[7], t[8] }
   end
