@@ -36,7 +36,11 @@ local charges_again = {
 -- (a repeated tier is never sent short, so it reaches the trailer).
 local function charge_again(t, key, now)
   return function()
-    local value, px, undo = t[11](key, now, t[2], t[3], t[4], t[5], t[6], redis.call('GET', key), t[9])
+    -- A key an earlier listing of another type wrote (a sliding log's
+    -- sorted set) reads as no value, as MGET read it, not as an error.
+    local v = redis.pcall('GET', key)
+    if type(v) == 'table' then v = false end
+    local value, px, undo = t[11](key, now, t[2], t[3], t[4], t[5], t[6], v, t[9])
     if value then redis.call('SET', key, value, 'PX', px) end
     return undo
   end

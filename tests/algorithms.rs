@@ -471,6 +471,37 @@ fn the_refund_of_a_listing_that_no_longer_fit_gives_nothing_back() {
     }
 }
 
+/// One key listed under a sliding log, then a fixed window (two limits on
+/// one key, which the backends do not reconcile): the window's charge
+/// reads the log's sorted set as no value, as the check's read did,
+/// rather than failing the check with WRONGTYPE (as the charge-again's
+/// read did for a moment); both backends decide it alike.
+#[test]
+fn a_key_listed_under_a_log_then_a_window_is_not_an_error() {
+    let h = Harness::new();
+    let (_clock, memory, redis) = h.backends();
+    let at = |limit| TierCheck {
+        key: "log-then-window:k".to_owned(),
+        limit,
+        cost: 1,
+    };
+    let checks = vec![
+        at(Limit::SlidingWindowLog(Window {
+            limit: 6,
+            window_us: 3 * S,
+        })),
+        at(Limit::FixedWindow(Window {
+            limit: 5,
+            window_us: 2 * S,
+        })),
+    ];
+    let got_mem = h.rt.block_on(memory.check(checks.clone())).unwrap();
+    let got_red = h.rt.block_on(redis.check(checks)).unwrap();
+    assert_eq!(got_red.decisions, got_mem.decisions);
+    let remaining: Vec<u64> = got_red.decisions.iter().map(|d| d.remaining).collect();
+    assert_eq!(remaining, [5, 4]);
+}
+
 /// A fixed random sequence (the same every run).
 fn seeded() -> impl FnMut() -> u64 {
     let mut rng = Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
