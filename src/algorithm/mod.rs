@@ -224,17 +224,10 @@ impl Limit {
                 let (s, ttl) = w.counter_charge(counter(state.as_ref()), now_us, cost);
                 (State::Counter(s), ttl)
             }
-            Limit::TokenBucket(b) => match b.check(bucket(state.as_ref()), now_us, cost) {
-                (_, Some((s, ttl))) => (State::Bucket(s), ttl),
-                // Not allowed after all (a key listed twice, its second
-                // charge on the bucket the first emptied): keep what was
-                // there, until it is full again. (A time-to-live of 0 here
-                // stored the bucket as expired: full again at once.)
-                (d, None) => (
-                    state.unwrap_or(State::Bucket(b.state_at(0, now_us))),
-                    d.reset_after_us,
-                ),
-            },
+            Limit::TokenBucket(b) => {
+                let (s, ttl, _) = bucket_charge(b, state, now_us, cost);
+                (s, ttl)
+            }
             Limit::LeakyBucket(g) => {
                 let (s, ttl) = g.charge(tat(state.as_ref()), now_us, cost);
                 (State::Tat(s), ttl)
@@ -307,6 +300,28 @@ fn counter(s: Option<&State>) -> Option<CounterState> {
         _ => None,
     }
 }
+/// A token bucket's charge (see [`Limit::charge`]): the state to store, its
+/// time-to-live (µs), and whether the cost was taken. Not taken when the
+/// bucket no longer fits it after all (a key listed twice, its later
+/// charge on the bucket the earlier emptied): what was there is kept, until
+/// it is full again. (A time-to-live of 0 here stored the bucket as
+/// expired: full again at once.)
+fn bucket_charge(
+    b: &TokenBucket,
+    state: Option<State>,
+    now_us: u64,
+    cost: u64,
+) -> (State, u64, bool) {
+    match b.check(bucket(state.as_ref()), now_us, cost) {
+        (_, Some((s, ttl))) => (State::Bucket(s), ttl, true),
+        (d, None) => (
+            state.unwrap_or(State::Bucket(b.state_at(0, now_us))),
+            d.reset_after_us,
+            false,
+        ),
+    }
+}
+
 fn bucket(s: Option<&State>) -> Option<BucketState> {
     match s {
         Some(State::Bucket(b)) => Some(*b),
@@ -356,6 +371,31 @@ impl Limit {
             }
             _ => 0,
         }
+    }
+
+    /// [`Limit::charge`] and the charge's undo value: [`Limit::undo_of`] the
+    /// state it stores, or, for a token bucket that no longer fits (a key
+    /// listed twice) and keeps its state, a full bucket's (`capacity`), so
+    /// that giving the charge back gives nothing back (as
+    /// `token_bucket_charge` in lua/token_bucket.lua answers).
+    pub(crate) fn charge_undo(
+        &self,
+        state: Option<State>,
+        now_us: u64,
+        cost: u64,
+    ) -> (State, u64, u64) {
+        let (s, ttl, taken) = match self {
+            Limit::TokenBucket(b) => bucket_charge(b, state, now_us, cost),
+            _ => {
+                let (s, ttl) = self.charge(state, now_us, cost);
+                (s, ttl, true)
+            }
+        };
+        let undo = match self {
+            Limit::TokenBucket(b) if !taken => b.capacity,
+            _ => self.undo_of(&s, now_us),
+        };
+        (s, ttl, undo)
     }
 
     /// Gives back a charge of `cost` made at `charged_at_us` (its `undo` as

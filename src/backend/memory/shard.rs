@@ -4,7 +4,7 @@
 
 use super::cell::{TatCell, FROZEN, GONE};
 use super::SHARDS;
-use crate::algorithm::{Limit, Refund, State};
+use crate::algorithm::{Refund, State};
 use crate::backend::TierCheck;
 use compact_str::CompactString;
 use smallvec::SmallVec;
@@ -256,7 +256,9 @@ impl<'g> Writer<'g> {
 
     /// Charges `entry`, `c.key`'s (hash `hash`; `ready`: the state the
     /// check already computed), and returns the charge's undo value
-    /// ([`Limit::undo_of`](crate::algorithm::Limit::undo_of)).
+    /// ([`Limit::undo_of`](crate::algorithm::Limit::undo_of), or a full
+    /// bucket's for a token bucket charge not taken:
+    /// [`Limit::charge_undo`](crate::algorithm::Limit::charge_undo)).
     pub(super) fn commit<'e>(
         &mut self,
         entry: &'e Entry,
@@ -266,11 +268,11 @@ impl<'g> Writer<'g> {
         ready: Option<(State, u64)>,
         now_us: u64,
     ) -> u64 {
-        // A token bucket's state before the charge: a key listed twice
-        // whose later listing no longer fits keeps it (`Limit::charge`).
-        let mut bucket_before = None;
-        let (state, ttl_us) = match ready {
-            Some(ready) => ready,
+        let (state, ttl_us, undo) = match ready {
+            Some((state, ttl_us)) => {
+                let undo = c.limit.undo_of(&state, now_us);
+                (state, ttl_us, undo)
+            }
             None => {
                 let old = match entry {
                     // Taken, not cloned: a sliding log may be long.
@@ -281,18 +283,8 @@ impl<'g> Writer<'g> {
                     }
                     Entry::Cell(_) => held.with_live(Some(entry), now_us, |s| s.cloned()),
                 };
-                if let (Limit::TokenBucket(_), Some(s @ State::Bucket(_))) = (&c.limit, &old) {
-                    bucket_before = Some(s.clone());
-                }
-                c.limit.charge(old, now_us, c.cost)
+                c.limit.charge_undo(old, now_us, c.cost)
             }
-        };
-        let undo = match (&c.limit, bucket_before) {
-            // Not charged: a full bucket's undo value, so that giving this
-            // charge back gives nothing back (as lua/dispatch.lua's
-            // token_bucket_charge answers).
-            (Limit::TokenBucket(b), Some(before)) if before == state => b.capacity,
-            _ => c.limit.undo_of(&state, now_us),
         };
         let key = Lookup { hash, text: &c.key };
         let expires_us = now_us.saturating_add(ttl_us);
