@@ -54,6 +54,7 @@ impl RedisBackend {
         &self,
         sent: i64,
         checks: &[TierCheck],
+        tiers: &[wire::ReplyTier],
         shadow: Shadow,
         undo: bool,
         blocked: Option<&str>,
@@ -76,9 +77,9 @@ impl RedisBackend {
         }
         cmd.arg(self.check_clock_arg(sent).as_bytes());
         let undo = if undo { wire::UNDO } else { 0 };
-        for (i, c) in checks.iter().enumerate() {
+        for (i, (c, t)) in checks.iter().zip(tiers).enumerate() {
             let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
-            wire::write_tier(&mut cmd, c, shadow | undo | listing_flag(checks, i));
+            wire::write_tier(&mut cmd, c, shadow | undo | t.listing_flag());
         }
         cmd
     }
@@ -130,10 +131,10 @@ impl RedisBackend {
             return Box::pin(with_timeout(timeout, cluster::check(this, checks, shadow)));
         }
         let sent_us = self.local_us_at(sent);
-        let cmd = self.check_cmd(sent_us, checks, shadow, undo, blocked);
         let tiers: wire::ReplyTiers = (checks.iter().enumerate())
             .map(|(i, c)| wire::ReplyTier::new(c, listing_flag(checks, i)))
             .collect();
+        let cmd = self.check_cmd(sent_us, checks, &tiers, shadow, undo, blocked);
         let flags = wire::SHORT | if undo { wire::UNDO } else { 0 };
         Box::pin(with_timeout(
             timeout,

@@ -13,7 +13,7 @@ pub(in crate::backend::redis) const UNDO: u8 = 2;
 /// Tier flag: the tier's key was listed before in the same call, so its
 /// charge lands on what the earlier listing stored (each listing is decided
 /// on the state before the call and charged in turn, as the model and the
-/// memory backend do; lua/dispatch.lua). See [`repeat_flag`].
+/// memory backend do; lua/dispatch.lua). See [`listing_flag`].
 pub(in crate::backend::redis) const REPEAT: u8 = 4;
 
 /// The [`REPEAT`] or [`SHORT`] flag of a tier on `key` of `limit`, after

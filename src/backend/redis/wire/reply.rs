@@ -39,6 +39,16 @@ impl ReplyTier {
             repeat: flags & super::REPEAT != 0,
         }
     }
+
+    /// The flag that says how it answers: [`REPEAT`](super::REPEAT) (in
+    /// full) or its [`short_flag`].
+    pub(in crate::backend::redis) fn listing_flag(&self) -> u8 {
+        if self.repeat {
+            super::REPEAT
+        } else {
+            short_flag(&self.limit)
+        }
+    }
 }
 
 impl From<&TierCheck> for ReplyTier {
@@ -141,7 +151,7 @@ pub(in crate::backend::redis) fn parse_check(
         // denied (no overflow: -(i64::MIN + 1) is i64::MAX).
         let allowed = r >= 0;
         let v = if allowed { r } else { -(r + 1) }.unsigned_abs();
-        if short && !overridden && !t.repeat && short_flag(&t.limit) != 0 {
+        if short && !overridden && t.listing_flag() & SHORT != 0 {
             at += 1;
             let (d, next_after_us, undo) = bucket_decision(&t.limit, v, t.cost);
             if d.allowed != allowed {
