@@ -150,18 +150,64 @@ impl Model {
     }
 }
 
-/// A check listing `key` twice (of `limit`: first at `cost`, last at 1),
-/// with `other` (cost 1) between them if given.
-pub fn listed_twice(key: &str, limit: Limit, cost: u64, other: Option<&str>) -> Vec<TierCheck> {
-    let at = |key: &str, cost| TierCheck {
-        key: key.to_owned(),
-        limit,
-        cost,
-    };
-    let mut checks = vec![at(key, cost)];
-    checks.extend(other.map(|o| at(o, 1)));
-    checks.push(at(key, 1));
-    checks
+/// `ops` checks of `limit` listing a key twice, each after a clock step
+/// (µs: often none, mostly under a window): `<prefix>:k0` or `:k1` first
+/// at cost 1 or 2, then, always when `beside` (else one time in two),
+/// `<prefix>:other` at 1, then the key again at 1. The sequence of the
+/// `a_key_listed_twice_*` tests, which run it through the model and the
+/// backends (`next`: a seeded generator).
+pub fn listed_twice_ops(
+    next: &mut impl FnMut() -> u64,
+    prefix: &str,
+    limit: Limit,
+    ops: usize,
+    beside: bool,
+) -> Vec<(u64, Vec<TierCheck>)> {
+    let at = |key: String, cost| TierCheck { key, limit, cost };
+    (0..ops)
+        .map(|_| {
+            let step = match next() % 4 {
+                0 => 0,
+                1 => next() % 300_000,
+                _ => next() % 2_000_000,
+            };
+            let key = format!("{prefix}:k{}", next() % 2);
+            let mut checks = vec![at(key.clone(), 1 + next() % 2)];
+            if beside || next().is_multiple_of(2) {
+                checks.push(at(format!("{prefix}:other"), 1));
+            }
+            checks.push(at(key, 1));
+            (step, checks)
+        })
+        .collect()
+}
+
+/// Counts a sequence's requests allowed and denied: a sequence that never
+/// allows, or never denies, proves little.
+#[derive(Default)]
+pub struct Outcomes {
+    allowed: usize,
+    denied: usize,
+}
+
+impl Outcomes {
+    pub fn note(&mut self, decisions: &[Decision]) {
+        if decisions.iter().all(|d| d.allowed) {
+            self.allowed += 1;
+        } else {
+            self.denied += 1;
+        }
+    }
+
+    /// Panics unless both were seen.
+    pub fn assert_both(&self, what: &str) {
+        assert!(
+            self.allowed > 0 && self.denied > 0,
+            "{what}: {} allowed, {} denied proves little",
+            self.allowed,
+            self.denied
+        );
+    }
 }
 
 /// A clock advance between two operations (µs): often none, mostly under a
