@@ -410,138 +410,127 @@ mod proto {
         }
     }
 
-    /// One flat array of 64-byte slots (the key inline, its hash, the
-    /// cell), open addressing with linear probing, at most half full: a
-    /// check reads one cache line. `PROTO_HUGE=1` asks the kernel for huge
-    /// pages for the array (`madvise(MADV_HUGEPAGE)`), so that a check at
-    /// 10^6 keys takes no page walk either.
-    struct Flat {
-        slots: *mut FSlot,
+    /// The two layouts no crate offers: one array of slots (a key's hash, its
+    /// cell and, in `proto_flat`, the key itself), open addressing with
+    /// linear probing, at most half full, in huge pages when
+    /// `PROTO_HUGE=1` ([`huge_array`]), so that a check at 10^6 keys takes
+    /// no page walk either.
+    struct Open<S> {
+        slots: *mut S,
         mask: usize,
         hasher: foldhash::quality::RandomState,
     }
 
-    // SAFETY: the slots are atomics and bytes written before any check.
-    unsafe impl Sync for Flat {}
+    // SAFETY: a slot is atomics, and bytes written before any check reads
+    // them.
+    unsafe impl<S> Sync for Open<S> {}
 
+    /// A slot of an [`Open`] table.
+    trait OpenSlot {
+        /// The key's hash (0: empty).
+        fn hash(&self) -> &AtomicU64;
+        fn tat(&self) -> &AtomicU64;
+        /// Whether this slot, of `key`'s hash, is `key`'s.
+        fn holds(&self, key: &str) -> bool;
+        /// Writes `key` into an empty slot (before its hash).
+        fn write_key(&mut self, key: &str);
+    }
+
+    /// `proto_flat`: 64 bytes, one cache line a key (the key inline).
     #[repr(C, align(64))]
-    struct FSlot {
+    struct Line {
         hash: AtomicU64,
         tat: AtomicU64,
         len: u8,
         key: [u8; 47],
     }
 
-    impl Flat {
-        fn new(keys: usize) -> Self {
-            let slots = (keys * 2).next_power_of_two().max(64);
-            let bytes = slots * std::mem::size_of::<FSlot>();
-            Flat {
-                slots: huge_array(bytes).cast(),
-                mask: slots - 1,
-                hasher: Default::default(),
-            }
+    impl OpenSlot for Line {
+        fn hash(&self) -> &AtomicU64 {
+            &self.hash
+        }
+        fn tat(&self) -> &AtomicU64 {
+            &self.tat
         }
         #[inline]
-        fn slot(&self, i: usize) -> &FSlot {
-            // SAFETY: i <= mask, inside the mapping.
-            unsafe { &*self.slots.add(i) }
+        fn holds(&self, key: &str) -> bool {
+            usize::from(self.len) == key.len() && &self.key[..key.len()] == key.as_bytes()
         }
-    }
-
-    impl Table for Flat {
-        fn insert(&self, key: &str) {
-            use std::hash::BuildHasher;
+        fn write_key(&mut self, key: &str) {
             assert!(key.len() <= 47, "proto_flat holds keys of up to 47 bytes");
-            let h = self.hasher.hash_one(key) | 1;
-            let mut i = h as usize & self.mask;
-            while self.slot(i).hash.load(Ordering::Relaxed) != 0 {
-                i = (i + 1) & self.mask;
-            }
-            let s = self.slots.wrapping_add(i);
-            // SAFETY: an empty slot, written before any check reads it.
-            unsafe {
-                (*s).len = key.len() as u8;
-                (&mut (*s).key)[..key.len()].copy_from_slice(key.as_bytes());
-                (*s).hash.store(h, Ordering::Release);
-            }
-        }
-        #[inline]
-        fn check(&self, key: &str) -> bool {
-            use std::hash::BuildHasher;
-            let h = self.hasher.hash_one(key) | 1;
-            let mut i = h as usize & self.mask;
-            loop {
-                let s = self.slot(i);
-                let sh = s.hash.load(Ordering::Acquire);
-                if sh == h
-                    && usize::from(s.len) == key.len()
-                    && &s.key[..key.len()] == key.as_bytes()
-                {
-                    return charge(&s.tat);
-                }
-                if sh == 0 {
-                    return false;
-                }
-                i = (i + 1) & self.mask;
-            }
+            self.len = key.len() as u8;
+            self.key[..key.len()].copy_from_slice(key.as_bytes());
         }
     }
 
-    /// `proto_fingerprint`: 16-byte slots, a 64-bit keyed hash of the key
-    /// (no key text: two keys of one hash would share a bucket) and the
-    /// cell, in huge pages when `PROTO_HUGE=1`: the smallest slot of any
-    /// store that tells 10^6 keys apart, sized to fit a 32 MiB L3.
+    /// `proto_fingerprint`: 16 bytes, a 64-bit keyed hash of the key (no
+    /// key text: two keys of one hash would share a bucket) and the cell:
+    /// the smallest slot of any store that tells 10^6 keys apart, sized to
+    /// fit a 32 MiB L3.
     struct Fingerprint {
-        slots: *mut [AtomicU64; 2],
-        mask: usize,
-        hasher: foldhash::quality::RandomState,
+        hash: AtomicU64,
+        tat: AtomicU64,
     }
 
-    // SAFETY: the slots are atomics.
-    unsafe impl Sync for Fingerprint {}
+    impl OpenSlot for Fingerprint {
+        fn hash(&self) -> &AtomicU64 {
+            &self.hash
+        }
+        fn tat(&self) -> &AtomicU64 {
+            &self.tat
+        }
+        fn holds(&self, _: &str) -> bool {
+            true
+        }
+        fn write_key(&mut self, _: &str) {}
+    }
 
-    impl Fingerprint {
+    impl<S: OpenSlot> Open<S> {
         fn new(keys: usize) -> Self {
             let slots = (keys * 2).next_power_of_two().max(64);
-            Fingerprint {
-                slots: huge_array(slots * 16).cast(),
+            Open {
+                slots: huge_array(slots * std::mem::size_of::<S>()).cast(),
                 mask: slots - 1,
                 hasher: Default::default(),
             }
         }
-        #[inline]
-        fn slot(&self, i: usize) -> &[AtomicU64; 2] {
-            // SAFETY: i <= mask, inside the mapping.
-            unsafe { &*self.slots.add(i) }
-        }
-    }
 
-    impl Table for Fingerprint {
-        fn insert(&self, key: &str) {
-            use std::hash::BuildHasher;
-            let h = self.hasher.hash_one(key) | 1;
-            let mut i = h as usize & self.mask;
-            while self.slot(i)[0].load(Ordering::Relaxed) != 0 {
-                i = (i + 1) & self.mask;
-            }
-            self.slot(i)[0].store(h, Ordering::Release);
-        }
+        /// `key`'s hash (never 0), and its slot's index: the slot holding
+        /// it, or the first empty one on its probe (`false`).
         #[inline]
-        fn check(&self, key: &str) -> bool {
+        fn find(&self, key: &str) -> (u64, usize, bool) {
             use std::hash::BuildHasher;
             let h = self.hasher.hash_one(key) | 1;
             let mut i = h as usize & self.mask;
             loop {
-                let s = self.slot(i);
-                let sh = s[0].load(Ordering::Acquire);
-                if sh == h {
-                    return charge(&s[1]);
+                // SAFETY: i <= mask, inside the mapping.
+                let s = unsafe { &*self.slots.add(i) };
+                match s.hash().load(Ordering::Acquire) {
+                    0 => return (h, i, false),
+                    sh if sh == h && s.holds(key) => return (h, i, true),
+                    _ => i = (i + 1) & self.mask,
                 }
-                if sh == 0 {
-                    return false;
-                }
-                i = (i + 1) & self.mask;
+            }
+        }
+    }
+
+    impl<S: OpenSlot> Table for Open<S> {
+        fn insert(&self, key: &str) {
+            let (h, i, found) = self.find(key);
+            if !found {
+                // SAFETY: an empty slot inside the mapping, written before
+                // any check reads it (inserts run before the checks).
+                let s = unsafe { &mut *self.slots.add(i) };
+                s.write_key(key);
+                s.hash().store(h, Ordering::Release);
+            }
+        }
+        #[inline]
+        fn check(&self, key: &str) -> bool {
+            match self.find(key) {
+                // SAFETY: as in `find`.
+                (_, i, true) => charge(unsafe { &*self.slots.add(i) }.tat()),
+                _ => false,
             }
         }
     }
@@ -582,8 +571,8 @@ mod proto {
                 hasher: Default::default(),
             }),
             "proto_papaya" => Box::new(Papaya(papaya::HashMap::with_hasher(Default::default()))),
-            "proto_flat" => Box::new(Flat::new(held)),
-            "proto_fingerprint" => Box::new(Fingerprint::new(held)),
+            "proto_flat" => Box::new(Open::<Line>::new(held)),
+            "proto_fingerprint" => Box::new(Open::<Fingerprint>::new(held)),
             "proto_scc" => Box::new(Scc(scc::HashIndex::with_hasher(Default::default()))),
             _ => {
                 eprintln!("unknown mode {mode}");
