@@ -1,6 +1,6 @@
 //! Criterion micro-benchmarks of the per-request hot path, memory backend
-//! only (no network): see `docs/performance.md` for the numbers and
-//! `benches/load.sh` for the HTTP load test.
+//! only (no network): see `perf/README.md` for the numbers and
+//! `perf/load.sh` for the HTTP load test.
 //!
 //! ```text
 //! cargo bench --bench hot_path                  # everything (a few minutes)

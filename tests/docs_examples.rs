@@ -522,3 +522,94 @@ fn the_extractor_reads_indented_fences_and_info_strings() {
     assert_eq!(toml_kind("tiered-ratelimit = \"0.1\"\n"), TomlKind::Cargo);
     assert_eq!(toml_kind("[[tier]]\nname = \"a\"\n"), TomlKind::Policy);
 }
+
+/// Every Markdown page a reader opens: README.md, docs/*.md and the READMEs
+/// of the workspace's other crates and of the benchmark lab.
+fn pages() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = doc_files();
+    for other in ["cli/README.md", "rls/README.md", "perf/README.md"] {
+        let path = root.join(other);
+        if path.exists() {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// The repository paths a Markdown text names (`src/engine/plan.rs`,
+/// `lua/`, `perf/load.sh`): words starting with a top-level folder of this
+/// repository, with a trailing `#anchor`, `:line` or punctuation removed.
+/// Patterns (`*`, `<name>`, `{a,b}`, `…`) are not paths and are skipped.
+fn named_paths(markdown: &str) -> Vec<String> {
+    const ROOTS: [&str; 10] = [
+        "src/",
+        "lua/",
+        "tests/",
+        "perf/",
+        "benches/",
+        "examples/",
+        "rls/",
+        "cli/",
+        "docs/",
+        "fuzz/",
+    ];
+    let is_path_char = |c: char| c.is_ascii_alphanumeric() || "_./-*<>{},…".contains(c);
+    let mut out = Vec::new();
+    for word in markdown.split(|c: char| !is_path_char(c)) {
+        let Some(start) = ROOTS.iter().filter_map(|r| word.find(r)).min() else {
+            continue;
+        };
+        // `../docs/x.md` and `(src/x.rs` start at the root folder; a path
+        // inside another word (`crates/src/`, `a.src/`) is not ours.
+        let before = &word[..start];
+        if !(before.is_empty() || before.chars().all(|c| c == '.' || c == '/')) {
+            continue;
+        }
+        let path = word[start..].trim_end_matches(['.', ',', ':']);
+        if path.contains(['*', '<', '>', '{', '}', '…']) {
+            continue;
+        }
+        out.push(path.to_string());
+    }
+    out
+}
+
+#[test]
+fn every_file_path_the_docs_name_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for page in pages() {
+        let text = std::fs::read_to_string(&page).expect("read a page");
+        for (i, line) in text.lines().enumerate() {
+            for path in named_paths(line) {
+                checked += 1;
+                // Relative to the repository, or to the crate whose README it is.
+                let here = page.parent().unwrap_or(root);
+                if !root.join(&path).exists() && !here.join(&path).exists() {
+                    missing.push(format!("{}:{}: {path}", relative(&page), i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 100,
+        "only {checked} paths found: is the extractor broken?"
+    );
+    assert!(
+        missing.is_empty(),
+        "{} paths named in the docs do not exist:\n{}",
+        missing.len(),
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_path_extractor_reads_paths_not_patterns() {
+    assert_eq!(
+        named_paths("see `src/engine/plan.rs`, (../docs/redis.md#stored) and lua/: the end."),
+        ["src/engine/plan.rs", "docs/redis.md", "lua/"]
+    );
+    assert!(named_paths("`tests/*.rs`, src/backend/<name>.rs, crates/src/x").is_empty());
+}

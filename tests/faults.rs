@@ -563,7 +563,7 @@ async fn an_answer_with_room_left_ends_the_single_flight() {
     assert_eq!(a.await.unwrap().status(), 200);
 }
 
-/// The paced flood of `benches/load.sh` (issue 16): one key floods a tier of
+/// The paced flood of `perf/load.sh` (issue 16): one key floods a tier of
 /// 100 a second (a token every 10 ms) at 20 requests per token, next to
 /// three tiers that never run short (1 000 a second, a burst of 10^9). Each
 /// token is taken by the one request that finds the entry lapsed (the

@@ -64,7 +64,7 @@ fn after_one_request(redis: &RedisServer, limit: Limit) -> (String, String, i64)
 }
 
 /// Every algorithm's value after one request at T0 (1 700 000 000 s). The
-/// figures are printed for docs/performance.md.
+/// figures are printed for perf/README.md.
 #[test]
 fn the_values_each_algorithm_writes() {
     let redis = RedisServer::start();

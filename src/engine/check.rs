@@ -309,7 +309,7 @@ fn begin(
         // One reading of the clock for the call: the latency histogram's
         // start, the deny cache's send time, the hour of the blocked-keys
         // set and the script's deadline (a read costs ~60 ns in a VM;
-        // docs/performance.md, "Redis mode's app-side cost").
+        // perf/README.md, "Redis mode's app-side cost").
         let sent = now.unwrap_or_else(Instant::now);
         if !meta.quiet {
             meta.backend_started = Some(sent);

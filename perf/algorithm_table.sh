@@ -2,11 +2,11 @@
 # Measures every algorithm on a real Redis and prints the markdown table of
 # docs/algorithms.md (on stdout; progress on stderr).
 #
-#   benches/algorithm_table.sh                # from anywhere in the repo
-#   benches/algorithm_table.sh > table.md
+#   perf/algorithm_table.sh                # from anywhere in the repo
+#   perf/algorithm_table.sh > table.md
 #
 # Starts its own redis-server on a free loopback port (never 6379), with no
-# persistence, runs `cargo run --release -p tiered-ratelimit-tools --bin algorithm_table` against
+# persistence, runs `cargo run --release -p tiered-ratelimit-perf --bin algorithm_table` against
 # it, and stops it on exit, whatever happens. Exits non-zero if Redis does not
 # start or the example fails. Needs redis-server and redis-cli (Debian package
 # redis-server); python3 picks the free port when present (else bash /dev/tcp).
@@ -71,14 +71,14 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ 
 load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
 
 # Build first, so the compiler is not competing with the measurement.
-cargo build --quiet --release -p tiered-ratelimit-tools --bin algorithm_table
+cargo build --quiet --release -p tiered-ratelimit-perf --bin algorithm_table
 
 echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -sm), ${cores} cores${cpu:+ ($cpu)}," \
-  "$(redis-server --version | cut -d' ' -f1-3), redis-server on 127.0.0.1:$port, by benches/algorithm_table.sh;" \
+  "$(redis-server --version | cut -d' ' -f1-3), redis-server on 127.0.0.1:$port, by perf/algorithm_table.sh;" \
   "load average at start: $(load)."
 echo
 
-REDIS_URL="redis://127.0.0.1:$port/" cargo run --quiet --release -p tiered-ratelimit-tools --bin algorithm_table
+REDIS_URL="redis://127.0.0.1:$port/" cargo run --quiet --release -p tiered-ratelimit-perf --bin algorithm_table
 
 echo
 echo "Load average at the end: $(load) (timings are wall-clock µs in Redis: other work on the machine inflates them)."

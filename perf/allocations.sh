@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Heap allocations per request of tools/src/bin/bench_server.rs, counted by
+# Heap allocations per request of perf/src/bin/bench_server.rs, counted by
 # valgrind's memcheck: what the layer allocates around the memory check,
 # whose own count (zero for a held key) tests/memory_allocations.rs asserts.
 #
-#   benches/allocations.sh                     # bare mem1 mem4 redis4, ~2 min
-#   MODES="bare mem1" N=2000 benches/allocations.sh
-#   BENCH_BIN=<path> benches/allocations.sh    # a prebuilt bench_server
+#   perf/allocations.sh                     # bare mem1 mem4 redis4, ~2 min
+#   MODES="bare mem1" N=2000 perf/allocations.sh
+#   BENCH_BIN=<path> perf/allocations.sh    # a prebuilt bench_server
 #
 # For each mode the server runs under `valgrind --tool=memcheck` twice, for
 # WARM (200) requests and for WARM + N (default 1000), over one keep-alive
@@ -24,7 +24,7 @@ for tool in valgrind curl redis-server redis-cli python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "$tool not found on PATH" >&2; exit 1; }
 done
 
-source benches/lib.sh
+source perf/lib.sh
 bench_setup allocations
 build_bench_server
 start_redis

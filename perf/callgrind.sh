@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Instructions per request of tools/src/bin/bench_server.rs under callgrind: a
-# repeatable measure of what the layer adds (docs/performance.md), unlike
+# Instructions per request of perf/src/bin/bench_server.rs under callgrind: a
+# repeatable measure of what the layer adds (perf/README.md), unlike
 # wall-clock numbers on a shared machine.
 #
-#   benches/callgrind.sh                       # N=5000 requests per mode
-#   N=20000 MODES="bare mem4" benches/callgrind.sh
-#   KEEP=1 benches/callgrind.sh                # keep the callgrind.out files
-#   BENCH_BIN=<path> benches/callgrind.sh      # a prebuilt bench_server
+#   perf/callgrind.sh                       # N=5000 requests per mode
+#   N=20000 MODES="bare mem4" perf/callgrind.sh
+#   KEEP=1 perf/callgrind.sh                # keep the callgrind.out files
+#   BENCH_BIN=<path> perf/callgrind.sh      # a prebuilt bench_server
 #
 # Builds bench_server in release with line tables (its own target
 # directory, `$CARGO_TARGET_DIR/prof`), starts a throwaway redis-server on a
@@ -40,11 +40,11 @@ else
   target="${CARGO_TARGET_DIR:-target}/prof"
   echo "[callgrind] building bench_server (release, line tables) in $target..." >&2
   CARGO_TARGET_DIR="$target" CARGO_PROFILE_RELEASE_DEBUG=line-tables-only \
-    cargo build --quiet --release -p tiered-ratelimit-tools --bin bench_server
+    cargo build --quiet --release -p tiered-ratelimit-perf --bin bench_server
   bin="$target/release/bench_server"
 fi
 
-source benches/lib.sh
+source perf/lib.sh
 bench_setup callgrind
 start_redis
 

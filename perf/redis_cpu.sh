@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Redis CPU per check: the layer's check against the GCRA floor, same run.
 #
-#   benches/redis_cpu.sh      # ~2 min; ROUNDS (3), N (100000 calls a run)
+#   perf/redis_cpu.sh      # ~2 min; ROUNDS (3), N (100000 calls a run)
 #
 # Runs `redis-benchmark -P 1 -n $N` (50 clients) against a redis-server of
 # its own and reads `usec_per_call` from `INFO commandstats` (reset before
@@ -22,10 +22,10 @@
 # burst, 1000/s: every call writes). Prints a markdown table of the median
 # µs per call and the ratios to the floor of the same round.
 #
-# BENCH_BIN (benches/lib.sh) measures a prebuilt bench_server instead.
+# BENCH_BIN (perf/lib.sh) measures a prebuilt bench_server instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. benches/lib.sh
+. perf/lib.sh
 ROUNDS=${ROUNDS:-3}
 N=${N:-100000}
 for tool in redis-server redis-cli redis-benchmark python3; do

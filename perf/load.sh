@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # HTTP load test of the rate-limit layer against bare axum, tower_governor
 # (without and with its headers) and minimal one-EVALSHA Redis middlewares
-# (one key; redis4's four keys) (docs/performance.md).
+# (one key; redis4's four keys) (perf/README.md).
 #
-#   benches/load.sh                    # ~5 minutes; markdown report on stdout
-#   ROUNDS=5 D32=10 benches/load.sh    # longer, steadier
-#   MODES="bare mem4" benches/load.sh  # a subset (ratios need their modes)
+#   perf/load.sh                    # ~5 minutes; markdown report on stdout
+#   ROUNDS=5 D32=10 perf/load.sh    # longer, steadier
+#   MODES="bare mem4" perf/load.sh  # a subset (ratios need their modes)
 #
-# Builds tools/src/bin/bench_server.rs (release), starts its own redis-server on a
+# Builds perf/src/bin/bench_server.rs (release), starts its own redis-server on a
 # free loopback port (never 6379; no persistence) and, for each mode, a fresh
 # bench_server on another free port, loads it with wrk on 127.0.0.1 and stops
 # it. Everything it starts is stopped on exit, whatever happens.
@@ -63,7 +63,7 @@ for tool in wrk redis-server redis-cli redis-benchmark curl python3; do
   }
 done
 
-source benches/lib.sh
+source perf/lib.sh
 bench_setup load
 
 build_bench_server
@@ -229,7 +229,7 @@ fi
 # unit/µs, 1000 units a token), compact format, short reply (flags 4 + 8,
 # as the layer sends them). ARGV: clock ("" = Redis
 # TIME), then one spec per tier: "<algorithm> <p1..p4> <cost> <flags>".
-# benches/redis_cpu.sh compares it with the four-key floor in more rounds.
+# perf/redis_cpu.sh compares it with the four-key floor in more rounds.
 fn=$("$bin" function-name)
 spec="4 1000000000000 1 1000 0 1 12"
 script_rows=""

@@ -2,15 +2,15 @@
 # ShouldRateLimit load on the Envoy rate limit service (rls/,
 # docs/envoy.md): calls per second at concurrency 32, server CPU per call,
 # on memory and on Redis, with 1 and 4 descriptors a call, beside a floor
-# measured in the same rounds: tools/src/bin/rls_floor.rs, the same
+# measured in the same rounds: perf/src/bin/rls_floor.rs, the same
 # generated tonic server answering OK without reading the request
-# (docs/performance.md, "Envoy rate limit service").
+# (perf/README.md, "Envoy rate limit service").
 #
-#   benches/rls.sh                  # ~1 minute; markdown table on stdout
-#   ROUNDS=3 SECONDS_PER_RUN=10 benches/rls.sh
+#   perf/rls.sh                  # ~1 minute; markdown table on stdout
+#   ROUNDS=3 SECONDS_PER_RUN=10 perf/rls.sh
 #
-# Builds tiered-ratelimit-rls, tools/src/bin/rls_floor.rs and
-# tools/src/bin/rls_load.rs (release),
+# Builds tiered-ratelimit-rls, perf/src/bin/rls_floor.rs and
+# perf/src/bin/rls_load.rs (release),
 # starts its own redis-server on a free loopback port (never 6379) and, per
 # run, a fresh server with limits nothing reaches (every call is decided and
 # charged, none denied), loads it with rls_load (32 tasks, one HTTP/2
@@ -32,12 +32,12 @@ for tool in redis-server redis-cli python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "$tool not found on PATH" >&2; exit 1; }
 done
 
-source benches/lib.sh
+source perf/lib.sh
 bench_setup rls
 commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua rls Cargo.toml 2>/dev/null || echo '+dirty')"
 log "building tiered-ratelimit-rls, rls_floor and rls_load (release)..."
 cargo build --quiet --release -p tiered-ratelimit-rls --bin tiered-ratelimit-rls
-cargo build --quiet --release -p tiered-ratelimit-tools --bin rls_load --bin rls_floor
+cargo build --quiet --release -p tiered-ratelimit-perf --bin rls_load --bin rls_floor
 rls="${CARGO_TARGET_DIR:-target}/release/tiered-ratelimit-rls"
 floor="${CARGO_TARGET_DIR:-target}/release/rls_floor"
 load="${CARGO_TARGET_DIR:-target}/release/rls_load"

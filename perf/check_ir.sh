@@ -3,11 +3,11 @@
 # (DashMap) and pingora-limits' `Rate`, at 10, 10^4 and 10^6 live keys
 # `rl:ip:<IPv4>`, the work of `memory_check/<n>` in benches/hot_path.rs.
 #
-#   benches/check_ir.sh                        # ~2 min
-#   IMPLS="ours" SIZES="10 1000000" benches/check_ir.sh
-#   BENCH_DIR=target/release benches/check_ir.sh   # a prebuilt check_ir
+#   perf/check_ir.sh                        # ~2 min
+#   IMPLS="ours" SIZES="10 1000000" perf/check_ir.sh
+#   BENCH_DIR=target/release perf/check_ir.sh   # a prebuilt check_ir
 #
-# Each (implementation, size) runs tools/src/bin/check_ir.rs under
+# Each (implementation, size) runs perf/src/bin/check_ir.rs under
 # `valgrind --tool=callgrind --cache-sim=yes` twice, with C1 and C2 checks
 # (default 20 000 and 120 000): (X(C2) − X(C1)) / (C2 − C1) is one check's
 # count of X, setup (filling the keys) and exit excluded: instructions (Ir),
@@ -27,7 +27,7 @@ C1=${C1:-20000}
 C2=${C2:-120000}
 command -v valgrind >/dev/null 2>&1 || { echo "valgrind not found on PATH" >&2; exit 1; }
 if [[ -z "${BENCH_DIR:-}" ]]; then
-  cargo build --quiet --release -p tiered-ratelimit-tools --bin check_ir
+  cargo build --quiet --release -p tiered-ratelimit-perf --bin check_ir
   BENCH_DIR=target/release
 fi
 if [[ -z "${LL:-}" ]]; then

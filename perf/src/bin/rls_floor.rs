@@ -1,4 +1,4 @@
-//! The floor of `benches/rls.sh`: Envoy's `RateLimitService` on tonic that
+//! The floor of `perf/rls.sh`: Envoy's `RateLimitService` on tonic that
 //! answers `OK` without looking at the request (no descriptor read, no
 //! status written), served as `tiered-ratelimit-rls` serves its own — the
 //! same generated server (envoy-types), `grpc.health.v1` beside it, tonic's

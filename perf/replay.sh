@@ -2,10 +2,10 @@
 # Measures `tiered-ratelimit replay` (release build, memory backend) on a
 # generated combined-format access log, and prints lines per second.
 #
-#   benches/replay.sh                  # 5 000 000 lines
-#   LINES=20000000 benches/replay.sh   # more
-#   RUNS=5 benches/replay.sh           # runs per row (default 3; medians reported)
-#   KEEP=1 benches/replay.sh           # keep the generated files (path printed)
+#   perf/replay.sh                  # 5 000 000 lines
+#   LINES=20000000 perf/replay.sh   # more
+#   RUNS=5 perf/replay.sh           # runs per row (default 3; medians reported)
+#   KEEP=1 perf/replay.sh           # keep the generated files (path printed)
 #
 # Runs, each on the same log: the direct engine on the plain file, on the
 # gzip file, with the JSON report, on a JSON-lines version, with a one-tier
@@ -113,7 +113,7 @@ awk '{
 
 cores=$(nproc 2>/dev/null || echo "?")
 cpu=$(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//' || true)
-echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -sm), ${cores} cores${cpu:+ ($cpu)}, by benches/replay.sh;"
+echo "Measured $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -sm), ${cores} cores${cpu:+ ($cpu)}, by perf/replay.sh;"
 echo "log: $LINES lines, $((bytes / 1024 / 1024)) MiB plain, $(( $(stat -c %s "$work/access.log.gz") / 1024 / 1024 )) MiB gzip; policy: 5 tiers."
 echo
 

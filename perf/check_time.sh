@@ -4,16 +4,15 @@
 # `rl:ip:<IPv4>` (the work of `memory_check/<n>` in benches/hot_path.rs),
 # the two-thread modes, each thread on its own keys: `ours_2_threads`
 # (one store), `ours_2_stores` (a store each: nothing shared, the host's
-# own ceiling for two threads) and `governor_2_threads` (one limiter), and
-# the store designs' ceilings `proto_*` (tools/src/bin/check_ir.rs).
+# own ceiling for two threads) and `governor_2_threads` (one limiter)
+# (perf/src/bin/check_ir.rs).
 #
-#   benches/check_time.sh                                   # ~3 min
-#   ROUNDS=5 IMPLS="ours governor" SIZES="10 1000000" benches/check_time.sh
-#   BENCH_DIR=target/release benches/check_time.sh          # a prebuilt check_ir
-#   PROTO_HUGE=1 IMPLS="proto_flat" benches/check_time.sh   # check_ir's own switches
-#   PROTO_SERIAL=1 IMPLS="ours proto_flat" ...              # one check at a time
+#   perf/check_time.sh                                   # ~3 min
+#   ROUNDS=5 IMPLS="ours governor" SIZES="10 1000000" perf/check_time.sh
+#   BENCH_DIR=target/release perf/check_time.sh          # a prebuilt check_ir
+#   SERIAL=1 IMPLS="ours" perf/check_time.sh             # one check at a time
 #
-# Each (implementation, size, round) runs tools/src/bin/check_ir.rs once
+# Each (implementation, size, round) runs perf/src/bin/check_ir.rs once
 # with CHECKS checks (default 10^7); check_ir reads the process's CPU time
 # (`CLOCK_PROCESS_CPUTIME_ID`) when its checks start and when they end, and
 # prints the difference per check: the CPU time of one check, without the
@@ -25,7 +24,7 @@
 # wall-clock times (they still share its caches); implementations are
 # interleaved round by round, so compare them within a round. No hardware
 # counters are needed (there are none in most VMs); instructions per check
-# are benches/check_ir.sh's.
+# are perf/check_ir.sh's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 IMPLS=${IMPLS:-"ours governor pingora_rate"}
@@ -33,7 +32,7 @@ SIZES=${SIZES:-"10 10000 1000000"}
 ROUNDS=${ROUNDS:-3}
 CHECKS=${CHECKS:-10000000}
 if [[ -z "${BENCH_DIR:-}" ]]; then
-  cargo build --quiet --release -p tiered-ratelimit-tools --bin check_ir
+  cargo build --quiet --release -p tiered-ratelimit-perf --bin check_ir
   BENCH_DIR=target/release
 fi
 per_check_ns() { # impl keys -> CPU ns per check of the checks' loop

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Scale test: 10^6 distinct users against 10, same run, on Redis (default)
-# or on the memory backend (docs/performance.md, "Scale: 10^6 users against
+# or on the memory backend (perf/README.md, "Scale: 10^6 users against
 # Redis" and "Scale: 10^6 keys on the memory backend").
 #
-#   benches/scale.sh                        # Redis, ~2 minutes; markdown report on stdout
-#   BACKEND=memory benches/scale.sh         # memory backend, ~3 minutes
-#   ROUNDS=5 DURATION=15 benches/scale.sh   # longer, steadier
-#   USERS=100000 benches/scale.sh           # another population
+#   perf/scale.sh                        # Redis, ~2 minutes; markdown report on stdout
+#   BACKEND=memory perf/scale.sh         # memory backend, ~3 minutes
+#   ROUNDS=5 DURATION=15 perf/scale.sh   # longer, steadier
+#   USERS=100000 perf/scale.sh           # another population
 #
-# Builds tools/src/bin/bench_server.rs (release), starts one bench_server in
+# Builds perf/src/bin/bench_server.rs (release), starts one bench_server in
 # mode redis4 (BACKEND=redis: tiers global, ip, user from `x-user`,
 # endpoint, on its own redis-server on a free loopback port below 32768,
 # never 6379, no persistence) or mem4 (BACKEND=memory: the same tiers on
@@ -90,7 +90,7 @@ for tool in $tools; do
   }
 done
 
-source benches/lib.sh
+source perf/lib.sh
 bench_setup scale
 
 build_bench_server

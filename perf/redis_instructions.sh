@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Redis instructions per check: the call the layer sends by default against
 # the plain GCRA floor script, counted by callgrind (deterministic: the
-# same figure on a busy or a quiet machine, unlike benches/redis_default.sh's
+# same figure on a busy or a quiet machine, unlike perf/redis_default.sh's
 # µs per call).
 #
-#   benches/redis_instructions.sh     # ~2 min; needs valgrind, redis-benchmark
+#   perf/redis_instructions.sh     # ~2 min; needs valgrind, redis-benchmark
 #
 # For each call shape, redis-server runs under `valgrind --tool=callgrind`,
 # both libraries are loaded (`bench_server minimal4-lua` by SCRIPT LOAD,
@@ -17,7 +17,7 @@
 # denies). Prints a markdown table with the ratio to the floor.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. benches/lib.sh
+. perf/lib.sh
 for tool in valgrind callgrind_annotate redis-server redis-cli redis-benchmark python3; do
   command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done

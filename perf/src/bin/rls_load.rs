@@ -1,7 +1,7 @@
-//! The load generator of `benches/rls.sh`: `ShouldRateLimit` calls against a
+//! The load generator of `perf/rls.sh`: `ShouldRateLimit` calls against a
 //! `tiered-ratelimit-rls` server from `concurrency` tasks over one HTTP/2
 //! connection each, for `seconds`, each call carrying 1 or 4 descriptors
-//! (docs/performance.md).
+//! (perf/README.md).
 //!
 //! ```text
 //! rls_load <addr> <descriptors: 1|4> [concurrency=32] [seconds=5]

@@ -2,8 +2,8 @@
 //! of `docs/algorithms.md` (markdown, on stdout).
 //!
 //! ```text
-//! benches/algorithm_table.sh                      # starts its own redis-server
-//! REDIS_URL=redis://127.0.0.1:6390/ cargo run --release -p tiered-ratelimit-tools --bin algorithm_table
+//! perf/algorithm_table.sh                      # starts its own redis-server
+//! REDIS_URL=redis://127.0.0.1:6390/ cargo run --release -p tiered-ratelimit-perf --bin algorithm_table
 //! ```
 //!
 //! `REDIS_URL` is required. **Use a throwaway Redis**: the run calls
@@ -862,7 +862,7 @@ async fn main() -> ExitCode {
     let Ok(url) = std::env::var("REDIS_URL") else {
         eprintln!(
             "REDIS_URL is required (a throwaway Redis: the run resets its stats), \
-             e.g. REDIS_URL=redis://127.0.0.1:6390/; or run benches/algorithm_table.sh"
+             e.g. REDIS_URL=redis://127.0.0.1:6390/; or run perf/algorithm_table.sh"
         );
         return ExitCode::from(2);
     };

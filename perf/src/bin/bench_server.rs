@@ -1,6 +1,6 @@
-//! The server `benches/load.sh` puts under load: a trivial `GET /` handler
+//! The server `perf/load.sh` puts under load: a trivial `GET /` handler
 //! behind one of several rate limiters, so that their costs can be compared
-//! request for request (`docs/performance.md`).
+//! request for request (`perf/README.md`).
 //!
 //! ```text
 //! bench_server <mode> [deny]
@@ -38,7 +38,7 @@
 //!             one client, a hot key on every tier)
 //!             Both lease modes answer `GET /_lease` (outside the limiter):
 //!             "<lease calls> <tokens taken> <tokens returned> <requests
-//!             admitted from leases>" since start (benches/load.sh reads it
+//!             admitted from leases>" since start (perf/load.sh reads it
 //!             around each run).
 //!
 //!   deny      the per-IP limit is DENY_RATE per second (default 10; burst
@@ -53,10 +53,10 @@
 //! limit of the global, user and endpoint tiers; default a billion),
 //! `USER_QUOTA_PER_MINUTE=N` (mem4, redis4, minimal4: the `user` tier is
 //! `Quota::per_minute(N)` instead, so a user's key lives only until its
-//! bucket is full again, as under a real quota: `benches/scale.sh`; unset =
+//! bucket is full again, as under a real quota: `perf/scale.sh`; unset =
 //! the `OTHER_RATE` quota), `USER_QUOTA_PER_HOUR=N` (the same with
 //! `Quota::per_hour(N)`, when `USER_QUOTA_PER_MINUTE` is unset: a key lives
-//! an hour a request, as benches/scale.sh's memory run needs), `USER_BURST=B`
+//! an hour a request, as perf/scale.sh's memory run needs), `USER_BURST=B`
 //! (with either:
 //! `.burst(B)`, so a few hot users are never denied while the refill rate,
 //! and with it every key's TTL, stays the quota's), `PROMETHEUS=1` (install
@@ -64,20 +64,20 @@
 //! metrics cost; with it `GET /_metrics`, outside the limiter, renders the
 //! recorder's output, `tiered_ratelimit_check_duration_seconds` as a
 //! histogram of [`check_buckets`], and in mem1 and mem4 the store's key
-//! count as `bench_server_memory_keys`: benches/scale.sh diffs it between
+//! count as `bench_server_memory_keys`: perf/scale.sh diffs it between
 //! phases; the recorder's upkeep runs every 5 s, as the exporter's own
 //! listener runs it), `MAX_KEYS=N` (mem1, mem4: the store keeps at most
 //! about N buckets, `MemoryBackend::max_keys`; unset = its default,
 //! 10^6), `HEADERS=none` (our layer sends no rate-limit headers, as
 //! tower_governor by default: what the headers cost), `IP_PER_HOUR=N` (the
-//! `ip` tier is `Quota::per_hour(N)`: benches/redis_default.sh measures an
+//! `ip` tier is `Quota::per_hour(N)`: perf/redis_default.sh measures an
 //! idle key of 100/hour).
 //! Prints `listening on <addr>` once it accepts connections.
 //! `bench_server minimal-lua` prints the minimal limiter's script,
 //! `bench_server minimal4-lua` the four-key one,
 //! `bench_server script-sha` the SHA1 of the layer's script, `check-lua` its
 //! source, `library-lua` the same check as a Redis Functions library and
-//! `function-name` the function's name (for benches/redis_cpu.sh).
+//! `function-name` the function's name (for perf/redis_cpu.sh).
 
 use std::error::Error;
 use std::net::SocketAddr;
@@ -237,7 +237,7 @@ async fn main() -> Res<()> {
     if mode == "check-lua" || mode == "library-lua" || mode == "function-name" {
         // The layer's check as a script (EVALSHA), as a Functions library
         // (FUNCTION LOAD) and its function's name (FCALL): for
-        // benches/redis_cpu.sh.
+        // perf/redis_cpu.sh.
         let b = RedisBackend::from_url("redis://127.0.0.1/")?;
         match mode.as_str() {
             "check-lua" => print!("{}", b.script_source()),

@@ -1,4 +1,4 @@
-# Shared by benches/load.sh, benches/scale.sh and benches/callgrind.sh:
+# Shared by perf/load.sh, perf/scale.sh and perf/callgrind.sh:
 # free ports, a work directory, stopping what was started, a throwaway
 # redis-server. Source it from the repository root.
 
@@ -74,7 +74,7 @@ start_redis() {
 
 rcli() { redis-cli -p "$rport" "$@"; }
 
-# build_bench_server: tools/src/bin/bench_server.rs in release; sets $bin and
+# build_bench_server: perf/src/bin/bench_server.rs in release; sets $bin and
 # $commit (the code measured: HEAD, "+dirty" if src/, lua/ or Cargo.toml
 # differ from it).
 #
@@ -90,8 +90,8 @@ build_bench_server() {
     return
   fi
   commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- src lua Cargo.toml 2>/dev/null || echo '+dirty')"
-  log "building tools/src/bin/bench_server.rs (release)..."
-  cargo build --quiet --release -p tiered-ratelimit-tools --bin bench_server
+  log "building perf/src/bin/bench_server.rs (release)..."
+  cargo build --quiet --release -p tiered-ratelimit-perf --bin bench_server
   bin="${CARGO_TARGET_DIR:-target}/release/bench_server"
   [[ -x "$bin" ]] || { echo "no binary at $bin" >&2; exit 1; }
 }

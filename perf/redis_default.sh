@@ -5,7 +5,7 @@
 # plain GCRA floor script, over HTTP, same run; and the size of an idle
 # `ip` key of a 100/hour token bucket.
 #
-#   benches/redis_default.sh      # ~4 min; ROUNDS (3), N (20000 requests a
+#   perf/redis_default.sh      # ~4 min; ROUNDS (3), N (20000 requests a
 #                                 # run), CONNS (8 connections at once)
 #
 # One redis-server of its own. Per round, in this order, each bench_server
@@ -26,11 +26,11 @@
 #
 # Prints a markdown table: the median µs per call and the ratio to the
 # floor of the same round (median; every round). Redis's own CPU per call
-# does not depend on how fast the client is, so BENCH_BIN (benches/lib.sh)
+# does not depend on how fast the client is, so BENCH_BIN (perf/lib.sh)
 # may point at a debug build of bench_server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. benches/lib.sh
+. perf/lib.sh
 ROUNDS=${ROUNDS:-3}
 N=${N:-20000}
 CONNS=${CONNS:-8}
