@@ -358,3 +358,89 @@ async fn penalty_box_on_a_calendar_day_on_redis() {
         .with_test_ttl_slack(std::time::Duration::from_secs(7200));
     penalty_box_on_a_calendar_day(b.into(), clock).await;
 }
+
+/// Days whose local midnight falls in a DST gap, in years whose
+/// transitions the bundled database does not list but generates from the
+/// zone's recurring rule (the POSIX TZ string of its TZif file): the
+/// zone, the day before's first instant, the gap day's first instant
+/// (the gap's end: 01:00 local) and the next day's, epoch seconds.
+const RULE_GAP_DAYS: [(&str, u64, u64, u64); 5] = [
+    // <-04>4<-03>,M9.1.6/24,...: 2030-09-08 00:00 -04 -> 01:00 -03.
+    (
+        "America/Santiago",
+        1_914_984_000,
+        1_915_070_400,
+        1_915_153_200,
+    ),
+    // EET-2EEST,M3.5.0/0,...: 2030-03-31 00:00 +02 -> 01:00 +03.
+    ("Asia/Beirut", 1_901_052_000, 1_901_138_400, 1_901_221_200),
+    // CST5CDT,M3.2.0/0,...: 2030-03-10 00:00 -05 -> 01:00 -04.
+    (
+        "America/Havana",
+        1_899_262_800,
+        1_899_349_200,
+        1_899_432_000,
+    ),
+    // EET-2EEST,M4.5.5/0,...: 2030-04-26 00:00 +02 -> 01:00 +03.
+    ("Africa/Cairo", 1_903_298_400, 1_903_384_800, 1_903_467_600),
+    // <-01>1<+00>,M3.5.0/0,...: 2030-03-31 00:00 -01 -> 01:00 +00.
+    (
+        "Atlantic/Azores",
+        1_901_062_800,
+        1_901_149_200,
+        1_901_232_000,
+    ),
+];
+
+/// A daily calendar quota of 1 in each zone of [`RULE_GAP_DAYS`], through
+/// a real server: refused 1 µs before the gap day's first instant, told to
+/// retry in 1 s (the boundary), and renewed at that exact microsecond for
+/// a 23-hour day.
+async fn a_day_whose_midnight_is_in_a_rule_generated_gap(backend: impl Fn(ManualClock) -> Backend) {
+    use support::{app, client, denied, limits, ok, serve};
+    use tiered_ratelimit::policy::Policy;
+    for (i, (zone, before_s, gap_day_s, next_s)) in RULE_GAP_DAYS.into_iter().enumerate() {
+        // A tier (so a stored key) per zone.
+        let policy = Policy::from_toml_str(&format!(
+            "[[tier]]\nname = 'daily{i}'\nkey = 'global'\nlimit = 1\nperiod = 'day'\n\
+             time_zone = '{zone}'\n"
+        ))
+        .unwrap();
+        // Noon of the day before, then 1 µs before the gap day starts.
+        let clock = ManualClock::new((before_s + 12 * 3600) * 1_000_000);
+        let layer = RateLimitLayer::from_policy(&policy, backend(clock.clone())).unwrap();
+        let addr = serve(app(layer)).await;
+        let c = client();
+        let send = || async { limits(&c.get(format!("http://{addr}/")).send().await.unwrap()) };
+        assert_eq!(send().await, ok(1, 0, gap_day_s), "{zone}");
+        clock.set(gap_day_s * 1_000_000 - 1);
+        assert_eq!(send().await, denied(1, 0, gap_day_s, 1), "{zone}");
+        clock.set(gap_day_s * 1_000_000);
+        assert_eq!(send().await, ok(1, 0, next_s), "{zone}");
+        assert_eq!(
+            send().await,
+            denied(1, 0, next_s, next_s - gap_day_s),
+            "{zone}"
+        );
+        assert_eq!(next_s - gap_day_s, 23 * 3600, "{zone}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_whose_midnight_is_in_a_rule_generated_gap_in_memory() {
+    use tiered_ratelimit::backend::MemoryBackend;
+    a_day_whose_midnight_is_in_a_rule_generated_gap(|c| MemoryBackend::with_manual_clock(c).into())
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_day_whose_midnight_is_in_a_rule_generated_gap_on_redis() {
+    let server = RedisServer::start();
+    a_day_whose_midnight_is_in_a_rule_generated_gap(|c| {
+        server
+            .backend_on(&c)
+            .with_test_ttl_slack(std::time::Duration::from_secs(7200))
+            .into()
+    })
+    .await;
+}
