@@ -337,6 +337,35 @@ async fn a_weighted_tier_names_its_unit(env: Env) {
         err.to_string(),
         r#"tier "t": quota_unit: "Bad Unit" must be 1-32 characters of [a-z0-9-]"#
     );
+    // A policy file names it too.
+    let policy = Policy::from_toml_str(
+        r#"
+        headers = "ietf-draft-11"
+        [[tier]]
+        name = "upload"
+        key = "global"
+        limit = 1000000
+        period = "1m"
+        quota_unit = "content-bytes"
+        "#,
+    )
+    .unwrap();
+    let layer = policy
+        .builder(env.backend.clone())
+        .unwrap()
+        .key_prefix("file")
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let res = client()
+        .get(format!("http://{addr}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        hdr(&res, "ratelimit-policy"),
+        [r#""upload";q=1000000;qu="content-bytes";w=60"#]
+    );
 }
 
 /// Structured Fields integers have at most 15 digits (RFC 9651): with the
