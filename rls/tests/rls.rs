@@ -537,6 +537,7 @@ async fn cost_above_capacity_is_never_told_to_retry(addr: SocketAddr) {
             vec![
                 header("ratelimit-policy", r#""per_ip";q=2;w=60"#),
                 header("ratelimit", r#""per_ip";r=2;t=0"#),
+                header("x-should-retry", "false"),
             ]
         );
         assert_eq!(
