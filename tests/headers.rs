@@ -18,7 +18,10 @@ both_backends!(
     problem_lists_violated_policies,
     both_styles_once_each,
     no_rate_limit_headers,
-    problem_details_body
+    problem_details_body,
+    the_policy_field_lists_every_tier,
+    a_weighted_tier_names_its_unit,
+    numbers_stay_within_structured_fields
 );
 
 fn hdr(res: &reqwest::Response, name: &str) -> Vec<String> {
@@ -133,7 +136,11 @@ async fn problem_lists_violated_policies(env: Env) {
     let res = c.get(format!("http://{addr}/")).send().await.unwrap();
     assert_eq!(res.status(), 429);
     assert_eq!(hdr(&res, "content-type"), ["application/problem+json"]);
-    assert_eq!(hdr(&res, "ratelimit-policy"), [r#""per_minute";q=1;w=60"#]);
+    // Every tier's policy, whichever binds.
+    assert_eq!(
+        hdr(&res, "ratelimit-policy"),
+        [r#""per_second";q=1;w=1, "roomy";q=100;w=3600, "per_minute";q=1;w=60"#]
+    );
     assert_eq!(hdr(&res, "ratelimit"), [r#""per_minute";r=0;t=60"#]);
     assert_eq!(hdr(&res, "retry-after"), ["60"]);
     assert_eq!(
@@ -247,4 +254,177 @@ fn policy_header_and_body_names() {
 #[allow(deprecated)]
 fn ietf_alias_is_the_current_draft() {
     assert_eq!(HeaderStyle::Ietf, HeaderStyle::IetfDraft11);
+}
+
+/// `RateLimit-Policy` lists every tier the request is checked by, in tier
+/// order, and stays the same when the binding tier (`RateLimit`) changes
+/// (draft-11 §3: "SHOULD remain consistent over a sequence of HTTP
+/// responses"); on the 429 too. A shadow tier is not listed.
+async fn the_policy_field_lists_every_tier(env: Env) {
+    let layer = env
+        .builder()
+        .headers(HeaderStyle::IetfDraft11)
+        .tier(Tier::new("burst", Global, Quota::per_second(3)))
+        .tier(Tier::new("hourly", Global, Quota::per_hour(4)))
+        .tier(
+            Tier::new("watching", Global, Quota::per_minute(1))
+                .mode(tiered_ratelimit::rollout::Mode::Shadow),
+        )
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let c = client();
+    let get = || c.get(format!("http://{addr}/")).send();
+    let policy = r#""burst";q=3;w=1, "hourly";q=4;w=3600"#;
+    // `burst` binds (2 left of 3, 3 of 4).
+    let res = get().await.unwrap();
+    assert_eq!(hdr(&res, "ratelimit-policy"), [policy]);
+    assert_eq!(hdr(&res, "ratelimit"), [r#""burst";r=2;t=1"#]);
+    let res = get().await.unwrap();
+    assert_eq!(hdr(&res, "ratelimit-policy"), [policy]);
+    assert_eq!(hdr(&res, "ratelimit"), [r#""burst";r=1;t=1"#]);
+    // A second on, `burst` is full again: `hourly` binds (1 left), one
+    // request refilling 900 s after the last 1 s of refill.
+    env.clock.advance(Duration::from_secs(1));
+    let res = get().await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(hdr(&res, "ratelimit-policy"), [policy]);
+    assert_eq!(hdr(&res, "ratelimit"), [r#""hourly";r=1;t=899"#]);
+    get().await.unwrap();
+    let res = get().await.unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(hdr(&res, "ratelimit-policy"), [policy]);
+}
+
+/// A tier whose requests cost other than 1 does not claim the default
+/// unit (`requests`): `cost-units` unless told, or the unit it is given;
+/// a custom unit outside `[a-z0-9-]` is refused at build, naming the field.
+async fn a_weighted_tier_names_its_unit(env: Env) {
+    use tiered_ratelimit::response::QuotaUnit;
+    let layer = env
+        .builder()
+        .headers(HeaderStyle::IetfDraft11)
+        .tier(Tier::new("plain", Global, Quota::per_minute(60)))
+        .tier(Tier::new("batch", Global, Quota::per_minute(60)).cost_fn(cost_from_header("x-cost")))
+        .tier(
+            Tier::new("bytes", Global, Quota::per_minute(100_000))
+                .cost_fn(cost_from_header("x-cost"))
+                .quota_unit(QuotaUnit::ContentBytes),
+        )
+        .tier(Tier::new("double", Global, Quota::per_minute(60)).cost(2))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let res = client()
+        .get(format!("http://{addr}/"))
+        .header("x-cost", "5")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        hdr(&res, "ratelimit-policy"),
+        [concat!(
+            r#""plain";q=60;w=60, "batch";q=60;qu="cost-units";w=60, "#,
+            r#""bytes";q=100000;qu="content-bytes";w=60, "double";q=60;qu="cost-units";w=60"#
+        )]
+    );
+    let err = env
+        .builder()
+        .tier(Tier::new("t", Global, Quota::per_minute(1)).quota_unit(QuotaUnit::named("Bad Unit")))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"tier "t": quota_unit: "Bad Unit" must be 1-32 characters of [a-z0-9-]"#
+    );
+    // A policy file names it too.
+    let policy = Policy::from_toml_str(
+        r#"
+        headers = "ietf-draft-11"
+        [[tier]]
+        name = "upload"
+        key = "global"
+        limit = 1000000
+        period = "1m"
+        quota_unit = "content-bytes"
+        "#,
+    )
+    .unwrap();
+    let layer = policy
+        .builder(env.backend.clone())
+        .unwrap()
+        .key_prefix("file")
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let res = client()
+        .get(format!("http://{addr}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        hdr(&res, "ratelimit-policy"),
+        [r#""upload";q=1000000;qu="content-bytes";w=60"#]
+    );
+}
+
+/// Structured Fields integers have at most 15 digits (RFC 9651): with the
+/// IETF fields a quota above 999 999 999 999 999 is refused at build,
+/// naming the field (a plan's too); the same quota is fine with the legacy
+/// headers, which are no Structured Field; the largest one that fits is
+/// sent as is. (Fixed windows: the Redis script's 2^52 bounds already
+/// refuse such quotas on a token bucket.)
+/// T0 is 800 s into its hour.
+async fn numbers_stay_within_structured_fields(env: Env) {
+    const MAX: u64 = 999_999_999_999_999;
+    let err = env
+        .builder()
+        .headers(HeaderStyle::IetfDraft11)
+        .tier(Tier::new("huge", Global, Quota::per_hour(MAX + 1)).algorithm(Algorithm::FixedWindow))
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"tier "huge": limit: 1000000000000000 is above 999999999999999, the largest integer the IETF RateLimit fields can carry (RFC 9651 Structured Fields: 15 digits)"#
+    );
+    let err = env
+        .builder()
+        .headers(HeaderStyle::IetfDraft09)
+        .tier(
+            Tier::new("p", Global, Quota::per_hour(10))
+                .algorithm(Algorithm::FixedWindow)
+                .plans([("big", Quota::per_hour(MAX + 1))]),
+        )
+        .build()
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with(r#"tier "p": plans.big.limit: 1000000000000000 is above"#),
+        "{err}"
+    );
+    let _built = env
+        .builder()
+        .tier(Tier::new("huge", Global, Quota::per_hour(MAX + 1)).algorithm(Algorithm::FixedWindow))
+        .build()
+        .unwrap();
+    let layer = env
+        .builder()
+        .headers(HeaderStyle::IetfDraft11)
+        .tier(Tier::new("max", Global, Quota::per_hour(MAX)).algorithm(Algorithm::FixedWindow))
+        .build()
+        .unwrap();
+    let addr = serve(app(layer)).await;
+    let res = client()
+        .get(format!("http://{addr}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        hdr(&res, "ratelimit-policy"),
+        [r#""max";q=999999999999999;w=3600"#]
+    );
+    assert_eq!(
+        hdr(&res, "ratelimit"),
+        [r#""max";r=999999999999998;t=2800"#]
+    );
 }

@@ -27,6 +27,10 @@ fn never_fits_count(recorder: &DebuggingRecorder) -> Option<u64> {
     })
 }
 
+fn header<'r>(res: &'r reqwest::Response, name: &str) -> Option<&'r str> {
+    res.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
 fn scenario(env: Env) {
     let buf = LogBuf::default();
     let subscriber = buf.subscriber(tracing::Level::WARN);
@@ -61,6 +65,8 @@ fn scenario(env: Env) {
                             retry_after: None,
                         }
                     );
+                    // SDKs that retry every 429 stop on it.
+                    assert_eq!(header(&res, "x-should-retry"), Some("false"));
                     assert_eq!(
                         res.text().await.unwrap(),
                         r#"{"error":"cost_exceeds_capacity","limit":5,"docs":"https://example.com/docs/rate-limits"}"#
@@ -68,9 +74,13 @@ fn scenario(env: Env) {
                 }
                 // A request that fits is answered as before, and the big
                 // ones charged nothing.
-                assert_eq!(limits(&send(5).await.unwrap()), ok(5, 0, T0_S + 60));
+                let res = send(5).await.unwrap();
+                assert_eq!(limits(&res), ok(5, 0, T0_S + 60));
+                assert_eq!(header(&res, "x-should-retry"), None);
                 let res = send(1).await.unwrap();
                 assert_eq!(limits(&res), denied(5, 0, T0_S + 12, 12));
+                // A 429 a wait lifts may be retried.
+                assert_eq!(header(&res, "x-should-retry"), None);
                 assert_eq!(
                     res.text().await.unwrap(),
                     r#"{"error":"rate_limit_exceeded","retry_after":12,"docs":"https://example.com/docs/rate-limits"}"#
@@ -91,6 +101,7 @@ fn scenario(env: Env) {
                     .await
                     .unwrap();
                 assert_eq!(limits(&res).retry_after, None);
+                assert_eq!(header(&res, "x-should-retry"), Some("false"));
                 assert_eq!(
                     res.text().await.unwrap(),
                     r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"This request costs more than the capacity of 5 of \"global\": it can never pass. Send a smaller request.","violated-policies":["global"],"reason":"cost_exceeds_capacity","docs":"https://example.com/docs/rate-limits"}"#

@@ -187,3 +187,93 @@ async fn memory_counts_from_the_block_end_on_redis() {
         .with_test_ttl_slack(Duration::from_secs(7200));
     memory_counts_from_the_block_end(b.into(), clock).await;
 }
+
+/// One response, whole: status, headers (but `date`) sorted, body.
+async fn answer(addr: SocketAddr, password: &str) -> (u16, Vec<(String, String)>, String) {
+    let res = client()
+        .post(format!("http://{addr}/login"))
+        .header("x-password", password)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let mut headers: Vec<(String, String)> = res
+        .headers()
+        .iter()
+        .filter(|(n, _)| *n != "date")
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+        .collect();
+    headers.sort();
+    (status, headers, res.text().await.unwrap())
+}
+
+/// A block answered by Redis and the same block answered a moment later
+/// (at the same instant) by the deny cache are one answer, byte for byte:
+/// `X-RateLimit-Limit` is the tier's (3), not the box's `violations` (2),
+/// and the problem body lists the tier once. Both header families, so
+/// every field is compared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_from_the_deny_cache_is_the_backends_answer() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let b = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(clock.clone())
+        .with_test_ttl_slack(Duration::from_secs(7200));
+    let layer =
+        RateLimitLayer::builder()
+            .backend(b)
+            .backend_timeout(Duration::from_secs(2))
+            .headers(tiered_ratelimit::response::HeaderStyle::Both)
+            .on_rejection(tiered_ratelimit::response::ProblemRejection)
+            .tier(
+                Tier::new("login_ip", ClientIp::default(), Quota::per_minute(3)).penalty(
+                    Penalty::new(2, Duration::from_secs(600), Duration::from_secs(900)),
+                ),
+            )
+            .build()
+            .unwrap();
+    let h = layer.handle();
+    let addr = serve(Router::new().route("/login", post(login)).layer(layer)).await;
+    for _ in 0..3 {
+        assert_eq!(answer(addr, "a").await.0, 401);
+    }
+    // The first strike, then the second: the block, both from Redis. A
+    // strike is the tier's 429 (`quota-exceeded`); the block is the box's
+    // (`abnormal-usage-detected`, draft-11 §5.3).
+    let (status, _, body) = answer(addr, "b").await;
+    assert_eq!(status, 429);
+    assert_eq!(
+        body,
+        r#"{"type":"https://iana.org/assignments/http-problem-types#quota-exceeded","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":"Retry in 20 seconds.","violated-policies":["login_ip"],"retry_after":20}"#
+    );
+    let calls = redis.script_calls();
+    let from_redis = answer(addr, "c").await;
+    assert_eq!(redis.script_calls(), calls + 1);
+    assert_eq!(h.counts().cache_blocked, 0);
+    // The same instant, from the deny cache: no script call.
+    let from_cache = answer(addr, "right").await;
+    assert_eq!(redis.script_calls(), calls + 1);
+    assert_eq!(h.counts().cache_blocked, 1);
+    assert_eq!(from_cache, from_redis);
+    let (status, headers, body) = from_cache;
+    assert_eq!(status, 429);
+    assert_eq!(
+        body,
+        r#"{"type":"https://iana.org/assignments/http-problem-types#abnormal-usage-detected","title":"Request not satisfied due to detection of abnormal request pattern","status":429,"detail":"Blocked after repeated rate-limited requests. Retry in 900 seconds.","violated-policies":["login_ip"],"retry_after":900}"#
+    );
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(header("x-ratelimit-limit"), Some("3"));
+    assert_eq!(header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(
+        header("x-ratelimit-reset"),
+        Some(&*(T0_S + 900).to_string())
+    );
+    assert_eq!(header("retry-after"), Some("900"));
+    assert_eq!(header("ratelimit"), Some(r#""login_ip";r=0;t=900"#));
+}

@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 both_backends!(
     meters_on_allowed_and_denied_requests,
     a_policy_file_picks_the_style,
-    the_reset_is_after_the_settle_in_the_head
+    the_reset_is_after_the_settle_in_the_head,
+    a_priced_tier_counts_tokens
 );
 
 const NAMES: [&str; 7] = [
@@ -127,4 +128,24 @@ async fn the_reset_is_after_the_settle_in_the_head(env: Env) {
     // Reserve 100, use 300: 200 more charged, 600 left, full in 24 s.
     let r = get_with(format!("{base}/llm?tokens=300"), Some(100)).await;
     assert_eq!(head(&r), [600, now + 24]);
+}
+
+/// The IETF fields of a priced tier say its unit, `tokens` (the draft's
+/// default, `requests`, would be wrong); the requests tier beside it says
+/// none. Both listed whichever binds.
+async fn a_priced_tier_counts_tokens(env: Env) {
+    let layer = env
+        .builder()
+        .headers(HeaderStyle::IetfDraft11)
+        .tier(Tier::new("requests", Global, Quota::per_minute(60)))
+        .tier(tokens())
+        .build()
+        .unwrap();
+    let base = start(&layer).await;
+    let r = get_with(format!("{base}/llm?tokens=100"), Some(300)).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.headers()["ratelimit-policy"],
+        r#""requests";q=60;w=60, "tokens";q=1000;qu="tokens";w=60"#
+    );
 }

@@ -167,10 +167,15 @@ async fn exact_statuses(addr: SocketAddr) {
             limited(Code::Ok, "per_user_path", 3, 2, 20),
         ]
     );
+    // RateLimit-Policy: every rule the request is checked by; RateLimit:
+    // the binding one.
     assert_eq!(
         r.response_headers_to_add,
         vec![
-            header("ratelimit-policy", r#""per_ip";q=2;w=60"#),
+            header(
+                "ratelimit-policy",
+                r#""per_ip";q=2;w=60, "per_user_path";q=3;w=60"#
+            ),
             header("ratelimit", r#""per_ip";r=1;t=30"#),
         ]
     );
@@ -194,7 +199,10 @@ async fn exact_statuses(addr: SocketAddr) {
     assert_eq!(
         r.response_headers_to_add,
         vec![
-            header("ratelimit-policy", r#""per_ip";q=2;w=60"#),
+            header(
+                "ratelimit-policy",
+                r#""per_ip";q=2;w=60, "per_user_path";q=3;w=60"#
+            ),
             header("ratelimit", r#""per_ip";r=0;t=30"#),
             header("retry-after", "30"),
         ]
@@ -529,6 +537,7 @@ async fn cost_above_capacity_is_never_told_to_retry(addr: SocketAddr) {
             vec![
                 header("ratelimit-policy", r#""per_ip";q=2;w=60"#),
                 header("ratelimit", r#""per_ip";r=2;t=0"#),
+                header("x-should-retry", "false"),
             ]
         );
         assert_eq!(

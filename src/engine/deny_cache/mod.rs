@@ -166,6 +166,10 @@ pub(crate) struct Denied {
     pub(crate) quota: Limit,
     /// What was left at the denial.
     pub(crate) remaining: u64,
+    /// The `X-RateLimit-Limit` the backend's answer showed: the capacity
+    /// of the limit the backend applied, and for a penalty box its tier's
+    /// (not the box's `violations`).
+    pub(crate) shown_limit: u64,
     /// How long the entry lives in real time.
     ttl: Duration,
     /// Written by an admission that emptied the tier (not by a denial), and
@@ -187,9 +191,18 @@ impl Denied {
             min_cost,
             quota,
             remaining,
+            shown_limit: quota.capacity(),
             ttl,
             primed: false,
         }
+    }
+
+    /// The `X-RateLimit-Limit` the backend's answer showed (by default the
+    /// capacity of `quota`): a cached 429 shows the same.
+    #[must_use]
+    pub(crate) fn showing_limit(mut self, limit: u64) -> Self {
+        self.shown_limit = limit;
+        self
     }
 
     /// Marks an entry written by an admission (the backend denied nothing):
