@@ -28,7 +28,10 @@
 //!     .failure_policy(FailurePolicy::Open)
 //!     .backend_timeout(Duration::from_millis(100))
 //!     .docs_url("https://example.com/docs/rate-limits")
-//!     .build()?;
+//!     // build() + one PING: an unreachable Redis is logged (a WARN under
+//!     // Open) or refused (under Closed) at start-up, not on first use.
+//!     .build_checked()
+//!     .await?;
 //! let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! // ClientIp needs the peer address:

@@ -25,6 +25,7 @@ both_backends!(
     mode_change_applies_to_next_request,
     kill_switch,
     top_history_and_anomalies_json,
+    top_keys_refused_apart_from_would_be_refused,
 );
 
 /// The test app with the admin router mounted at [`BASE`].
@@ -390,6 +391,140 @@ async fn top_history_and_anomalies_json(env: Env) {
     assert_eq!(status, StatusCode::OK);
     // Fewer than min_requests (20) in the bucket: no baseline yet.
     assert_eq!(a, json!({"anomalies": []}));
+}
+
+/// At a 10 % canary, the keys the tier refused and the keys it would have
+/// refused but let through (outside the canary) are two lists, with exact
+/// counts: in `/api/top` (`kind=blocked`, `kind=shadow_limited`), on the
+/// page (two tables), and on Redis in the fleet-wide hourly sets
+/// (`rl:blocked:<hour>`, `rl:shadow_limited:<hour>`). Ten users outside the
+/// canary that only ever got 200 must not lead the refused keys.
+async fn top_keys_refused_apart_from_would_be_refused(env: Env) {
+    let canary = Mode::Canary { percent: 10 };
+    let (inside, outside): (Vec<String>, Vec<String>) = (0..400)
+        .map(|u| format!("u{u}"))
+        .partition(|id| canary.enforces("user", id));
+    let (refused, passed) = (&inside[..3], &outside[..10]);
+    let (h, addr) = start(
+        env.builder()
+            .tier(user_tier(1).mode(canary))
+            .build()
+            .unwrap(),
+    )
+    .await;
+    // Outside the canary: 6 requests each, all 200, 5 of them over the quota.
+    for id in passed {
+        for _ in 0..6 {
+            assert_eq!(as_user(addr, id).await.status(), 200, "{id}");
+        }
+    }
+    // Inside: 3 requests each, 200 then two 429s.
+    for id in refused {
+        let got: Vec<u16> = statuses(addr, id, 3).await;
+        assert_eq!(got, [200, 429, 429], "{id}");
+    }
+    let keys = |v: &Value| -> Vec<(String, u64)> {
+        let mut k: Vec<(String, u64)> = v["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| {
+                assert_eq!(k["error"], 0);
+                (
+                    k["key"].as_str().unwrap().to_owned(),
+                    k["count"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        k.sort();
+        k
+    };
+    let want = |ids: &[String], n: u64| -> Vec<(String, u64)> {
+        let mut w: Vec<(String, u64)> = ids.iter().map(|id| (id.clone(), n)).collect();
+        w.sort();
+        w
+    };
+    let (status, blocked) = api_get(addr, "/api/top/user?n=50").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(blocked["kind"], "blocked");
+    assert_eq!(keys(&blocked), want(refused, 2));
+    let (status, shadow) = api_get(addr, "/api/top/user?n=50&kind=shadow_limited").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(shadow["kind"], "shadow_limited");
+    assert_eq!(keys(&shadow), want(passed, 5));
+    let c = h.counts();
+    assert_eq!((c.limited + c.cache_blocked, c.shadow_limited), (6, 50));
+
+    // The page: one table each.
+    let html = page_html(addr).await;
+    let table = |id: &str| -> String {
+        let start = html.find(&format!(r#"<table id="{id}">"#)).unwrap();
+        let end = start + html[start..].find("</table>").unwrap();
+        html[start..end].to_owned()
+    };
+    let (top, would) = (table("top-blocked"), table("top-shadow-limited"));
+    for id in refused {
+        let row = format!(r#"title="{id}">{id}</code></td><td class="n">2</td>"#);
+        let cell = format!(r#"title="{id}""#);
+        assert!(top.contains(&row) && !would.contains(&cell), "{id}: {html}");
+    }
+    for id in passed {
+        let row = format!(r#"title="{id}">{id}</code></td><td class="n">5</td>"#);
+        let cell = format!(r#"title="{id}""#);
+        assert!(would.contains(&row) && !top.contains(&cell), "{id}: {html}");
+    }
+
+    // Fleet-wide, on Redis: the same split, in two hourly sets.
+    if let Some(redis) = &env.redis {
+        let hour = T0_S / 3600;
+        let zrange = |set: String| -> Vec<(String, u64)> {
+            let mut v: Vec<(String, u64)> = redis.cmd(&["ZRANGE", &set, "0", "-1", "WITHSCORES"]);
+            for (k, _) in &mut v {
+                *k = k.strip_prefix("rl:user:").unwrap().to_owned();
+            }
+            v.sort();
+            v
+        };
+        assert_eq!(zrange(format!("rl:shadow_limited:{hour}")), want(passed, 5));
+        // The second 429 of each refused key may come from the deny cache,
+        // added by the once-a-second flush.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while zrange(format!("rl:blocked:{hour}")) != want(refused, 2) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{:?}",
+                zrange(format!("rl:blocked:{hour}"))
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let fleet = |top: Vec<tiered_ratelimit::observe::topn::BlockedKey>| -> Vec<(String, u64)> {
+            let mut v: Vec<(String, u64)> = top.into_iter().map(|b| (b.key, b.count)).collect();
+            v.sort();
+            v
+        };
+        let window = Duration::from_secs(3600);
+        assert_eq!(
+            fleet(h.top_blocked_fleet("user", 50, window).await.unwrap()),
+            want(refused, 2)
+        );
+        assert_eq!(
+            fleet(
+                h.top_shadow_limited_fleet("user", 50, window)
+                    .await
+                    .unwrap()
+            ),
+            want(passed, 5)
+        );
+    }
+}
+
+/// `n` requests in a row as user `id`: their statuses.
+async fn statuses(addr: SocketAddr, id: &str, n: usize) -> Vec<u16> {
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        out.push(as_user(addr, id).await.status().as_u16());
+    }
+    out
 }
 
 /// The page as the bearer token sees it.

@@ -619,7 +619,7 @@ fn ipv6_prefix_is_checked_by_build() {
 /// what its comments invite a user to try works as written.
 #[test]
 fn the_quickstart_policy_uncommented_builds() {
-    let source = include_str!("../examples/quickstart.rs");
+    let source = include_str!("../examples/quickstart/quickstart.rs");
     let start = source.find("const DEFAULT_POLICY: &str = r#\"").unwrap();
     let body = &source[start..];
     let body = &body[body.find('"').unwrap() + 1..body.find("\"#;").unwrap()];

@@ -58,8 +58,8 @@ fn one_span_per_check_with_tier_results() {
 
 /// Building a layer on Redis with the default `key_prefix` logs one `WARN`
 /// line (two services on one Redis would share buckets), worded so that it
-/// is also true of a policy that sets `key_prefix = "rl"` (the quickstart's);
-/// another prefix, or the memory backend, logs none.
+/// is also true of a policy that sets `key_prefix = "rl"`; another prefix,
+/// or the memory backend, logs none.
 #[test]
 fn default_key_prefix_on_redis_warns_once_per_build() {
     use tiered_ratelimit::{backend::RedisBackend, key::Global, RateLimitLayer};
@@ -106,6 +106,37 @@ fn default_key_prefix_on_redis_warns_once_per_build() {
         out.contains("key_prefix=\"rl\"") || out.contains("key_prefix=rl"),
         "{out}"
     );
+}
+
+/// The quickstart's built-in policy, built on Redis as the quickstart
+/// builds it (`policy.builder(backend)?.build_checked().await`, with
+/// `REDIS_URL` set), logs no `WARN` at all: it names its own `key_prefix`,
+/// as the key-prefix warning asks of every service sharing a Redis.
+#[test]
+fn the_quickstart_policy_builds_on_redis_without_a_warning() {
+    use tiered_ratelimit::{backend::RedisBackend, policy::Policy};
+    let source = include_str!("../examples/quickstart/quickstart.rs");
+    let start = source.find("const DEFAULT_POLICY: &str = r#\"").unwrap();
+    let body = &source[start..];
+    let policy = &body[body.find('"').unwrap() + 1..body.find("\"#;").unwrap()];
+    let policy = Policy::from_toml_str(policy).unwrap();
+    let server = RedisServer::start();
+    let buf = LogBuf::default();
+    let subscriber = buf.subscriber(tracing::Level::WARN);
+    tracing::subscriber::with_default(subscriber, || {
+        current_thread_runtime().block_on(async {
+            let redis = RedisBackend::from_url(&server.url()).unwrap();
+            let layer = policy
+                .builder(redis)
+                .unwrap()
+                .build_checked()
+                .await
+                .unwrap();
+            let names: Vec<&str> = layer.tier_names().collect();
+            assert_eq!(names, ["global", "ip", "api_key", "user", "endpoint"]);
+        });
+    });
+    assert_eq!(buf.text(), "", "no WARN line");
 }
 
 /// A control key on the memory backend cannot be watched: building such a

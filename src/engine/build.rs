@@ -187,8 +187,12 @@ impl EngineBuilder {
                     self.max_endpoints,
                 ),
                 failure_log: LogThrottle::new(Duration::from_secs(1)),
-                blocked_set: (self.fleet_top_n && single_redis)
-                    .then(|| ArcSwap::from_pointee((u64::MAX, Arc::from("")))),
+                blocked_set: (self.fleet_top_n && single_redis).then(|| {
+                    ArcSwap::from_pointee(super::state::TopSets {
+                        hour: u64::MAX,
+                        ..Default::default()
+                    })
+                }),
                 fleet_blocked: (self.fleet_top_n && single_redis).then(|| {
                     crate::observe::fleet::FleetBlocked::new(
                         Arc::from(prefix.as_str()),

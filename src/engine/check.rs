@@ -321,6 +321,9 @@ fn begin(
             meta.flight = Some(shared.guards.deny_cache.start_flight(cost));
         }
         let blocked = shared.blocked_set(meta.sent_us);
+        let sets = blocked
+            .as_deref()
+            .map(|b| (&*b.blocked, &*b.shadow_limited));
         let check = match &leased {
             Some(t) if local > 0 => {
                 let (rest, shadow) = t.rest(&mut checks, meta.shadow);
@@ -329,7 +332,7 @@ fn begin(
                     &rest,
                     shadow,
                     shared.config.refunds(),
-                    blocked.as_deref(),
+                    sets,
                     Some(timeout),
                     sent,
                 );
@@ -340,7 +343,7 @@ fn begin(
                 &checks,
                 meta.shadow,
                 shared.config.refunds(),
-                blocked.as_deref(),
+                sets,
                 Some(timeout),
                 sent,
             ),

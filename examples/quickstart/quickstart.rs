@@ -63,7 +63,8 @@ use tracing_subscriber::EnvFilter;
 /// The policy used when `POLICY_FILE` is unset. Small on purpose: hit `/` a
 /// dozen times within ten seconds and the `endpoint` tier answers 429.
 const DEFAULT_POLICY: &str = r#"# tiered-ratelimit policy (TOML). Save a copy, edit it, run with POLICY_FILE=<path>.
-key_prefix = "rl"                  # storage keys are <prefix>:<tier>:<key part>
+key_prefix = "quickstart"          # storage keys are <prefix>:<tier>:<key part>; one prefix
+                                   # per service sharing a Redis (default "rl")
 failure_policy = "open"            # "open" (pass when the backend fails) | "closed" (503)
 backend_timeout_ms = 100
 docs_url = "https://example.com/docs/rate-limits"
@@ -72,8 +73,8 @@ docs_url = "https://example.com/docs/rate-limits"
 trusted_proxies = []               # CIDRs of your proxies; empty = trust no X-Forwarded-For
 ipv6_prefix = 64
 
-[control]                          # with REDIS_URL: `redis-cli HSET rl:control mode off` = kill switch
-redis_key = "rl:control"
+[control]                          # with REDIS_URL: `redis-cli HSET quickstart:control mode off` = kill switch
+redis_key = "quickstart:control"
 poll_interval = "5s"
 
 # Tiers are checked in this order; a request must pass all that apply.
