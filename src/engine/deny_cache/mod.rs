@@ -10,7 +10,7 @@
 //! **The rule: the cache may change the number of backend calls, never a
 //! response.** A 429 from the cache has the status, `Retry-After`,
 //! `X-RateLimit-*`, IETF fields and body the backend's answer would have
-//! had at that instant (on one clock: `tests/deny_cache_equivalence.rs`
+//! had at that instant (on one clock: `tests/redis/deny_cache_equivalence.rs`
 //! checks it on random request sequences, cache on against cache off).
 //! Three things make it so:
 //!
@@ -56,7 +56,7 @@
 //!   end without an answer (an error, a timeout, a dropped request: the
 //!   facts from checks sent before are void, assuming one connection
 //!   delivers commands in order). Any other charge on the key forgets it,
-//!   as it does an entry. (`tests/faults.rs` counts the paced flood's
+//!   as it does an entry. (`tests/redis/faults.rs` counts the paced flood's
 //!   calls exactly: one per token.)
 //!
 //! Shadow tiers are never cached (nor do they bind a 429). Tiers that refund
