@@ -1,6 +1,6 @@
 //! Criterion micro-benchmarks of the per-request hot path, memory backend
-//! only (no network): see `docs/performance.md` for the numbers and
-//! `benches/load.sh` for the HTTP load test.
+//! only (no network): see `perf/README.md` for the numbers and
+//! `perf/load.sh` for the HTTP load test.
 //!
 //! ```text
 //! cargo bench --bench hot_path                  # everything (a few minutes)
@@ -52,7 +52,7 @@ use http::{HeaderMap, Request, Response};
 use tiered_ratelimit::algorithm::{Gcra, Limit, TokenBucket, Window};
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, TierCheck, Verdict};
 use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User};
-use tiered_ratelimit::response::RateLimitHeaders;
+use tiered_ratelimit::response::{PolicyItem, QuotaUnit, RateLimitHeaders};
 use tiered_ratelimit::{key::UserId, response::HeaderStyle, Quota, RateLimitLayer, Tier};
 use tower::{Layer, Service};
 
@@ -471,8 +471,12 @@ fn headers(c: &mut Criterion) {
             reset_in: 60,
             window_in: 1,
             policy: policy.clone(),
-            quota: (300, 60),
-            concurrent: false,
+            policies: vec![PolicyItem {
+                name: policy.clone(),
+                quota: 300,
+                window: Some(60),
+                unit: QuotaUnit::Requests,
+            }],
             style,
             meters: None,
         };

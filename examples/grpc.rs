@@ -68,7 +68,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Err(_) => println!("backend: in memory (set REDIS_URL for Redis)"),
     }
-    let layer = builder.build()?;
+    // build() + one PING: an unreachable Redis is logged now (a WARN: the
+    // default failure policy lets calls through until it answers).
+    let layer = builder.build_checked().await?;
 
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = tokio::net::TcpListener::bind(addr).await?;

@@ -30,9 +30,12 @@
 --           charge it on what that listing stored, dispatch.lua), +8 short
 --           (a token or leaky bucket answers its state, one number instead
 --           of three)
--- KEYS[n+1] optional: the hourly sorted set of rejected keys (fleet-wide
---           top-N): every tier that rejects adds its cost to its key's
---           score; the set keeps its 10 000 heaviest keys and lives 25 h.
+-- KEYS[n+1] optional, with KEYS[n+2]: the hourly sorted sets of the
+-- KEYS[n+2] fleet-wide top-N: every enforced tier that rejects adds its
+--           cost to its key's score in KEYS[n+1] (refused keys), every
+--           shadow tier that would have rejected in KEYS[n+2]
+--           (shadow-limited keys: the request was not refused for it);
+--           each set keeps its 10 000 heaviest keys and lives 25 h.
 -- Returns   the check reply of check_request (lua/dispatch.lua), whose layout
 --           is documented in src/backend/redis/wire/mod.rs: { now_us, then
 --           per tier its state (short) or r, reset_after_us, w, then a
@@ -53,13 +56,21 @@ if not out then
   return redis.error_reply(rejected)
 end
 
-local blocked = KEYS[tiers + 1]
+local blocked, shadowed = KEYS[tiers + 1], KEYS[tiers + 2]
 if blocked and rejected then
+  local touched = { false, false }
   for _, i in ipairs(rejected) do
-    redis.call('ZINCRBY', blocked, tier_spec(ARGV[1 + i])[6], KEYS[i])
+    local t = tier_spec(ARGV[1 + i])
+    local s = t[7] and 2 or 1
+    redis.call('ZINCRBY', s == 2 and shadowed or blocked, t[6], KEYS[i])
+    touched[s] = true
   end
-  local extra = redis.call('ZCARD', blocked) - 10000
-  if extra > 0 then redis.call('ZREMRANGEBYRANK', blocked, 0, extra - 1) end
-  redis.call('EXPIRE', blocked, 90000)
+  for s, set in ipairs({ blocked, shadowed }) do
+    if touched[s] then
+      local extra = redis.call('ZCARD', set) - 10000
+      if extra > 0 then redis.call('ZREMRANGEBYRANK', set, 0, extra - 1) end
+      redis.call('EXPIRE', set, 90000)
+    end
+  end
 end
 return out

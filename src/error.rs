@@ -128,6 +128,30 @@ pub enum ConfigError {
         /// What is too large, with the value and the bound.
         detail: String,
     },
+    /// With the IETF headers ([`HeaderStyle`](crate::response::HeaderStyle)
+    /// `IetfDraft11`, `IetfDraft09`, `Both`): a quota number the
+    /// `RateLimit-Policy` and `RateLimit` fields cannot carry, being above
+    /// 999 999 999 999 999, the largest Structured Fields integer (RFC 9651
+    /// §3.3.1, 15 digits). `field`: `limit`, `burst` or `period` (in
+    /// seconds), or a plan's, `plans.<plan>.limit`.
+    #[error("tier \"{tier}\": {field}: {value} is above 999999999999999, the largest integer the IETF RateLimit fields can carry (RFC 9651 Structured Fields: 15 digits)")]
+    BeyondStructuredFields {
+        /// The tier's name.
+        tier: String,
+        /// The field to change.
+        field: String,
+        /// Its value (a period in seconds, rounded up).
+        value: u128,
+    },
+    /// A tier's quota unit ([`Tier::quota_unit`](crate::Tier::quota_unit))
+    /// is not 1-32 characters of `[a-z0-9-]`.
+    #[error("tier \"{tier}\": quota_unit: \"{unit}\" must be 1-32 characters of [a-z0-9-]")]
+    InvalidQuotaUnit {
+        /// The tier's name.
+        tier: String,
+        /// The unit given.
+        unit: String,
+    },
     /// The key prefix is empty, too long, or has whitespace, `{`, `}` or non-ASCII.
     #[error("key_prefix: \"{0}\" must be 1-64 printable ASCII characters without '{{' or '}}'")]
     InvalidKeyPrefix(String),

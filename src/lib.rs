@@ -28,7 +28,10 @@
 //!     .failure_policy(FailurePolicy::Open)
 //!     .backend_timeout(Duration::from_millis(100))
 //!     .docs_url("https://example.com/docs/rate-limits")
-//!     .build()?;
+//!     // build() + one PING: an unreachable Redis is logged (a WARN under
+//!     // Open) or refused (under Closed) at start-up, not on first use.
+//!     .build_checked()
+//!     .await?;
 //! let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
 //! // ClientIp needs the peer address:
@@ -129,6 +132,18 @@ pub use http::layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use http::service::RateLimitService;
 pub use http::tier::Tier;
 pub use quota::Quota;
+
+/// The `deadpool-redis` crate whose pools [`RedisBackend::from_pool`] and
+/// [`RedisBackend::from_cluster_pool`] take. It is a 0.x crate, so build the
+/// pool with this re-export: its version is always the one this crate was
+/// built with, and a new deadpool-redis release is not a breaking change of
+/// this crate's API.
+///
+/// [`RedisBackend::from_pool`]: backend::RedisBackend::from_pool
+/// [`RedisBackend::from_cluster_pool`]: backend::RedisBackend::from_cluster_pool
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use deadpool_redis;
 
 /// The README's Rust code, compiled (and, unless `no_run`, run) by
 /// `cargo test --doc`.

@@ -3,8 +3,9 @@
 //! protobuf's canonical JSON mapping (field names in lowerCamelCase, the
 //! proto names accepted too; enums by name; `Duration` as `"1.5s"`; fields
 //! at their default value left out), as the reference answers it: 200 for
-//! `OK`, 429 for `OVER_LIMIT`, 400 `Bad Request` for a body that is not a
-//! request or a request the service refuses.
+//! `OK`, 429 for `OVER_LIMIT`, 400 for a body that is not a request or a
+//! request the service refuses, with the body `Bad Request: ` and what is
+//! wrong (the reference's body is `Bad Request` alone).
 
 use crate::Rls;
 use axum::http::{header, StatusCode};
@@ -50,8 +51,10 @@ pub fn router(rls: Rls, serving: Arc<AtomicBool>) -> axum::Router {
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
 }
 
-fn bad_request() -> Response {
-    (StatusCode::BAD_REQUEST, "Bad Request\n").into_response()
+/// The reference's `400 Bad Request`, with what is wrong after it (the
+/// reference's body stops at `Bad Request`; its reason is only in its log).
+fn bad_request(why: &str) -> Response {
+    (StatusCode::BAD_REQUEST, format!("Bad Request: {why}\n")).into_response()
 }
 
 async fn json_call(rls: &Rls, body: &[u8]) -> Response {
@@ -59,7 +62,7 @@ async fn json_call(rls: &Rls, body: &[u8]) -> Response {
         Ok(r) => r,
         Err(e) => {
             tracing::debug!(error = %e, "/json: not a RateLimitRequest");
-            return bad_request();
+            return bad_request(&format!("not a RateLimitRequest in JSON: {e}"));
         }
     };
     let req = req.into_proto();
@@ -79,38 +82,49 @@ async fn json_call(rls: &Rls, body: &[u8]) -> Response {
         }
         Err(e) => {
             tracing::debug!(error = %e.message(), "/json: refused");
-            bad_request()
+            bad_request(e.message())
         }
     }
 }
 
-/// A uint64 in protobuf JSON: a number or a decimal string.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum U64 {
-    Number(u64),
-    Text(String),
-}
+/// A uint64 in protobuf JSON: a number or a decimal string; anything else
+/// (a negative or fractional number, another string) is refused saying so.
+struct U64(u64);
 
-impl U64 {
-    fn get<E: serde::de::Error>(self) -> Result<u64, E> {
-        match self {
-            Self::Number(n) => Ok(n),
-            Self::Text(t) => t.parse().map_err(E::custom),
+impl<'de> Deserialize<'de> for U64 {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = U64;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a count: a non-negative integer, or one as a decimal string")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<U64, E> {
+                Ok(U64(n))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<U64, E> {
+                u64::try_from(n)
+                    .map(U64)
+                    .map_err(|_| E::custom(format!("{n}: a count is never negative")))
+            }
+            fn visit_str<E: serde::de::Error>(self, t: &str) -> Result<U64, E> {
+                t.parse()
+                    .map(U64)
+                    .map_err(|_| E::custom(format!("\"{t}\": a count is a non-negative integer")))
+            }
         }
+        d.deserialize_any(Visitor)
     }
 }
 
 fn u64_opt<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
-    Option::<U64>::deserialize(d)?.map(U64::get).transpose()
+    Ok(Option::<U64>::deserialize(d)?.map(|n| n.0))
 }
 
 fn u32_field<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
-    let n = Option::<U64>::deserialize(d)?
-        .map(U64::get::<D::Error>)
-        .transpose()?
-        .unwrap_or(0);
-    u32::try_from(n).map_err(serde::de::Error::custom)
+    let n = Option::<U64>::deserialize(d)?.map_or(0, |n| n.0);
+    u32::try_from(n)
+        .map_err(|_| serde::de::Error::custom(format!("{n}: at most {} (a uint32)", u32::MAX)))
 }
 
 #[derive(Deserialize)]

@@ -2,9 +2,13 @@
 //! (envoyproxy/ratelimit) as [`ReferenceEnv`]: each one that means
 //! something here is honoured, each one that would change what the service
 //! does and cannot be honoured is refused at start with its name
-//! ([`EnvError`]), and the few that only tune the reference's own
-//! machinery (pool sizes, pipelining, stats flushing) are accepted and
-//! listed once in the start-up log ([`ReferenceEnv::no_effect`]).
+//! ([`EnvError`], [`REFUSED`]), and those that only tune the reference's
+//! own machinery (pool sizes, pipelining, stats flushing) or configure one
+//! of its features that is off (TLS files, xDS, statsd, memcached,
+//! tracing) are accepted and listed once in the start-up log
+//! ([`ReferenceEnv::no_effect`], [`NO_EFFECT`]). Every variable of the
+//! reference's `settings.go` is in one of [`HONOURED`], [`REFUSED`] and
+//! [`NO_EFFECT`] (`env::tests` checks it).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -22,7 +26,8 @@ pub struct ReferenceEnv {
     /// `RUNTIME_ROOT`: what a reload watches under `RUNTIME_WATCH_ROOT`
     /// (a symlink swap of the whole runtime directory is seen).
     pub runtime_root: Option<PathBuf>,
-    /// `RUNTIME_IGNOREDOTFILES`: skip files whose name starts with `.`.
+    /// `RUNTIME_IGNOREDOTFILES`: skip files whose name starts with `.`
+    /// (names starting with `..`, a ConfigMap mount's, are always skipped).
     pub ignore_dotfiles: bool,
     /// `RUNTIME_WATCH_ROOT` (default true): what a reload watches (the
     /// runtime root, or the config directory).
@@ -52,9 +57,47 @@ pub struct ReferenceEnv {
     /// unset): the share of a limit past which passing hits also count
     /// in the `near_limit` stat ([`crate::stats`]).
     pub near_limit_ratio: Option<f32>,
-    /// The variables set that only tune the reference's machinery.
+    /// `USE_CALENDAR_MONTH_RATE_LIMIT=true`: a `unit: month` limit counts
+    /// per UTC calendar month, not per 30 days from the epoch.
+    pub calendar_month: bool,
+    /// `DISABLE_STATS=true`: no stats at all, so no metrics server (the
+    /// stat sink variables are then not looked at).
+    pub disable_stats: bool,
+    /// The variables set that have no effect here (they tune the
+    /// reference's own machinery, or configure a feature of it that is off).
     pub no_effect: Vec<String>,
 }
+
+/// The reference's variables honoured here (the refused ones are honoured
+/// at their "off" values too).
+pub const HONOURED: &[&str] = &[
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "RUNTIME_APPDIRECTORY",
+    "RUNTIME_IGNOREDOTFILES",
+    "RUNTIME_WATCH_ROOT",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "HOST",
+    "PORT",
+    "USE_PROMETHEUS",
+    "PROMETHEUS_ADDR",
+    "DISABLE_STATS",
+    "REDIS_URL",
+    "REDIS_TYPE",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_AUTH",
+    "REDIS_TIMEOUT",
+    "CACHE_KEY_PREFIX",
+    "SHADOW_MODE",
+    "LOG_LEVEL",
+    "NEAR_LIMIT_RATIO",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
+    "USE_CALENDAR_MONTH_RATE_LIMIT",
+];
 
 /// A variable refused at start.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -82,8 +125,11 @@ pub enum EnvError {
     },
 }
 
-/// Variables that only tune the reference's own machinery.
-const NO_EFFECT: &[&str] = &[
+/// Variables with no effect here: they tune the reference's own machinery,
+/// or configure one of its features that is off (each of those features
+/// is refused when turned on: [`REFUSED`]).
+pub const NO_EFFECT: &[&str] = &[
+    // Tuning.
     "REDIS_POOL_SIZE",
     "REDIS_PIPELINE_WINDOW",
     "REDIS_PIPELINE_LIMIT",
@@ -103,10 +149,77 @@ const NO_EFFECT: &[&str] = &[
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
     "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS",
+    // gRPC TLS (GRPC_SERVER_USE_TLS).
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+    // xDS (CONFIG_TYPE=GRPC_XDS_SOTW).
+    "CONFIG_GRPC_XDS_NODE_ID",
+    "CONFIG_GRPC_XDS_NODE_METADATA",
+    "CONFIG_GRPC_XDS_SERVER_URL",
+    "CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+    "CONFIG_GRPC_XDS_SERVER_USE_TLS",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_CERT",
+    "CONFIG_GRPC_XDS_CLIENT_TLS_KEY",
+    "CONFIG_GRPC_XDS_SERVER_TLS_CACERT",
+    "CONFIG_GRPC_XDS_SERVER_TLS_SAN",
+    "XDS_CLIENT_BACKOFF_INITIAL_INTERVAL",
+    "XDS_CLIENT_BACKOFF_MAX_INTERVAL",
+    "XDS_CLIENT_BACKOFF_RANDOM_FACTOR",
+    "XDS_CLIENT_BACKOFF_JITTER",
+    "XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES",
+    // statsd and DogStatsD (USE_STATSD, USE_DOG_STATSD).
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "USE_DOG_STATSD_MOGRIFIERS",
+    // TLS to Redis (REDIS_TLS).
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_CACERT",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    // The per-second Redis (REDIS_PERSECOND).
+    "REDIS_PERSECOND_SOCKET_TYPE",
+    "REDIS_PERSECOND_TYPE",
+    "REDIS_PERSECOND_URL",
+    "REDIS_PERSECOND_POOL_SIZE",
+    "REDIS_PERSECOND_AUTH",
+    "REDIS_PERSECOND_TLS",
+    "REDIS_PERSECOND_SENTINEL_AUTH",
+    "REDIS_PERSECOND_PIPELINE_WINDOW",
+    "REDIS_PERSECOND_PIPELINE_LIMIT",
+    "REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM",
+    "REDIS_PERSECOND_TIMEOUT",
+    "REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR",
+    // memcached (MEMCACHE_HOST_PORT, MEMCACHE_SRV).
+    "MEMCACHE_MAX_IDLE_CONNS",
+    "MEMCACHE_SRV_REFRESH",
+    "MEMCACHE_TLS",
+    "MEMCACHE_TLS_CLIENT_CERT",
+    "MEMCACHE_TLS_CLIENT_KEY",
+    "MEMCACHE_TLS_CACERT",
+    "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION",
+    // Tracing (TRACING_ENABLED).
+    "TRACING_SERVICE_NAME",
+    "TRACING_SERVICE_NAMESPACE",
+    "TRACING_SERVICE_INSTANCE_ID",
+    "TRACING_EXPORTER_PROTOCOL",
+    "TRACING_SAMPLING_RATE",
+];
+
+/// The stat sink variables: not looked at under `DISABLE_STATS=true`, as
+/// the reference ignores them then.
+const STAT_SINKS: &[&str] = &[
+    "USE_STATSD",
+    "USE_DOG_STATSD",
+    "PROMETHEUS_PATH",
+    "PROMETHEUS_MAPPER_YAML",
+    "EXTRA_TAGS",
 ];
 
 /// Variables refused when set to anything but their "off" values.
-const REFUSED: &[(&str, &[&str], &str)] = &[
+pub const REFUSED: &[(&str, &[&str], &str)] = &[
     (
         "BACKEND_TYPE",
         &["redis"],
@@ -168,6 +281,11 @@ const REFUSED: &[(&str, &[&str], &str)] = &[
         "metrics are served at /metrics",
     ),
     ("PROMETHEUS_MAPPER_YAML", &[""], "stat names are fixed"),
+    (
+        "EXTRA_TAGS",
+        &[""],
+        "no tags are added: the per-limit series carry domain, key1 and key2",
+    ),
     ("MEMCACHE_HOST_PORT", &[""], "memcached is not supported"),
     ("MEMCACHE_SRV", &[""], "memcached is not supported"),
 ];
@@ -198,7 +316,14 @@ impl ReferenceEnv {
             value: value.into(),
             why: why.into(),
         };
+        let disable_stats = match get("DISABLE_STATS") {
+            Some(v) => boolean("DISABLE_STATS", v)?,
+            None => false,
+        };
         for (name, off, why) in REFUSED {
+            if disable_stats && STAT_SINKS.contains(name) {
+                continue;
+            }
             if let Some(v) = get(name) {
                 if !off.iter().any(|o| o.eq_ignore_ascii_case(v.trim())) {
                     return Err(EnvError::Unsupported {
@@ -211,8 +336,12 @@ impl ReferenceEnv {
         }
         let mut env = Self {
             watch_root: true,
+            disable_stats,
             ..Self::default()
         };
+        if let Some(v) = get("USE_CALENDAR_MONTH_RATE_LIMIT") {
+            env.calendar_month = boolean("USE_CALENDAR_MONTH_RATE_LIMIT", v)?;
+        }
         env.no_effect = NO_EFFECT
             .iter()
             .filter(|n| get(n).is_some())
@@ -256,7 +385,7 @@ impl ReferenceEnv {
                     invalid("HOST/PORT", &addr, "expected an IP address and a port")
                 })?);
         }
-        if let Some(v) = get("USE_PROMETHEUS") {
+        if let Some(v) = get("USE_PROMETHEUS").filter(|_| !disable_stats) {
             if boolean("USE_PROMETHEUS", v)? {
                 let addr = get("PROMETHEUS_ADDR").unwrap_or(":9090");
                 let full = match addr.strip_prefix(':') {

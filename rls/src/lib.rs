@@ -246,6 +246,14 @@ fn response(a: &Answer) -> RateLimitResponse {
             .into_bytes()
         })
         .unwrap_or_default();
+    if !raw_body.is_empty() {
+        // No wait lets it pass: SDKs that retry every 429 stop on this (as
+        // the HTTP front door's never-fits 429 says).
+        headers.insert(
+            tiered_ratelimit::response::X_SHOULD_RETRY,
+            http::HeaderValue::from_static("false"),
+        );
+    }
     RateLimitResponse {
         overall_code: code(a.overall).into(),
         raw_body,

@@ -95,7 +95,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if !env.no_effect.is_empty() {
         tracing::info!(
             variables = %env.no_effect.join(","),
-            "the reference service's tuning variables have no counterpart here"
+            "these variables of the reference service have no effect here (docs/envoy.md)"
         );
     }
     let args = Args::parse();
@@ -111,6 +111,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let metrics_addr = args
         .metrics
         .clone()
+        .or_else(|| env.disable_stats.then(|| "none".to_owned()))
         .or_else(|| env.metrics.map(|a| a.to_string()))
         .unwrap_or_else(|| "0.0.0.0:9090".to_owned());
     let yaml = std::fs::metadata(&config_path).is_ok_and(|m| m.is_dir())
@@ -193,7 +194,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 
 /// Serves the reference service's YAML (a file or a directory) with its
 /// environment: `REDIS_URL` & co. (else in memory), `CACHE_KEY_PREFIX`,
-/// `REDIS_TIMEOUT`, `SHADOW_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED`.
+/// `REDIS_TIMEOUT`, `SHADOW_MODE`, `LIMIT_RESPONSE_HEADERS_ENABLED`,
+/// `USE_CALENDAR_MONTH_RATE_LIMIT`. A backend failure is a gRPC error, as
+/// the reference answers one.
 async fn serve_reference(
     path: &std::path::Path,
     listen: SocketAddr,
@@ -201,7 +204,17 @@ async fn serve_reference(
     metrics_addr: &str,
     env: ReferenceEnv,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let config = ReferenceConfig::from_path(path, env.ignore_dotfiles)?;
+    let calendar_month = env.calendar_month;
+    let read = move |path: &std::path::Path, ignore_dotfiles: bool| {
+        ReferenceConfig::from_path(path, ignore_dotfiles).map(|c| {
+            if calendar_month {
+                c.calendar_months()
+            } else {
+                c
+            }
+        })
+    };
+    let config = read(path, env.ignore_dotfiles)?;
     let (backend, backend_text): (Backend, String) = match &env.redis {
         Some(redis) => (redis.backend()?.into(), redis.to_string()),
         None => (
@@ -211,19 +224,25 @@ async fn serve_reference(
     };
     let timeout = env.backend_timeout.unwrap_or(Duration::from_millis(100));
     if let Err(e) = backend.ping(timeout.max(Duration::from_secs(1))).await {
-        tracing::warn!("{e}: calls are answered OK (failure_policy = \"open\") until it answers");
+        tracing::warn!(
+            "{e}: calls are answered the gRPC error UNAVAILABLE until it answers \
+             (Envoy's failure_mode_deny decides, as with the reference service)"
+        );
     }
     let metrics = metrics_server(metrics_addr).await?;
     let domains: Vec<String> = config.domains.iter().map(|d| d.domain.clone()).collect();
     let rules: usize = config.domains.iter().map(|d| d.rules.len()).sum();
     let prefix = env.key_prefix.clone().unwrap_or_else(|| "rls".to_owned());
+    // A backend failure is a gRPC error, as the reference answers a Redis
+    // error (it has no failure policy): Envoy's failure_mode_deny decides.
     let builder = move || {
         tiered_ratelimit::EngineBuilder::default()
             .headers(tiered_ratelimit::response::HeaderStyle::None)
             .backend_timeout(timeout)
+            .failure_policy(FailurePolicy::Closed)
     };
     let limiters = config.limiters(&backend, &prefix, env.shadow_mode, builder)?;
-    let mut rls = Rls::domains(limiters, FailureStatus::OverLimit)
+    let mut rls = Rls::domains(limiters, FailureStatus::Unavailable)
         .engine_headers(false)
         .near_limit_ratio(
             env.near_limit_ratio
@@ -243,7 +262,7 @@ async fn serve_reference(
         let (path, backend) = (path.to_owned(), backend.clone());
         let (ignore, shadow) = (env.ignore_dotfiles, env.shadow_mode);
         move || {
-            ReferenceConfig::from_path(&path, ignore)
+            read(&path, ignore)
                 .and_then(|c| c.limiters(&backend, &prefix, shadow, builder))
                 .map_err(|e| e.to_string())
         }

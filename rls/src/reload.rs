@@ -8,9 +8,10 @@
 //! (the reference service's `config_load_success` / `config_load_error`).
 //!
 //! The binary watches the reference's YAML (its runtime root or config
-//! directory, recursively) and our TOML rules file (its directory, not
-//! recursively: an editor's rename-over and a Kubernetes ConfigMap's
-//! `..data` symlink swap both happen there).
+//! directory, recursively, and a swap of that path itself when it is a
+//! symlink) and our TOML rules file (its directory, not recursively: an
+//! editor's rename-over and a Kubernetes ConfigMap's `..data` symlink swap
+//! both happen there).
 
 use arc_swap::ArcSwap;
 pub use notify::RecursiveMode;
@@ -30,7 +31,7 @@ pub const CONFIG_LOADS: &str = "tiered_ratelimit_rls_config_loads_total";
 /// A running watch; dropping it stops watching.
 #[derive(Debug)]
 pub struct Watch {
-    _watcher: notify::RecommendedWatcher,
+    _watcher: Arc<std::sync::Mutex<notify::RecommendedWatcher>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -42,12 +43,16 @@ impl Drop for Watch {
 
 /// Watches `path` (`mode`: recursively or not) and, after each settled
 /// change, stores what `load` builds in `target`, or logs and counts its
-/// error. Must be
-/// called inside a Tokio runtime (the reload runs there, so the engines it
-/// builds start their tasks).
+/// error. `path` itself may be a symlink that is swapped (the reference's
+/// `RUNTIME_ROOT` under `RUNTIME_WATCH_ROOT`, a deploy's `current ->
+/// releases/N`): its parent directory is watched too, for events naming
+/// `path`, and after each settled change the watch on `path` is set again,
+/// so it follows the new target. Must be called inside a Tokio runtime
+/// (the reload runs there, so the engines it builds start their tasks).
 ///
 /// # Errors
-/// The watcher's, when `path` cannot be watched.
+/// The watcher's, when `path` cannot be watched (its parent, which only
+/// serves a symlink swap, is logged at `WARN` when it cannot be).
 pub fn watch<F>(
     path: PathBuf,
     mode: RecursiveMode,
@@ -57,18 +62,34 @@ pub fn watch<F>(
 where
     F: Fn() -> Result<DomainLimiters, String> + Send + 'static,
 {
+    // Absolute without resolving symlinks: the events name it as given.
+    let path = std::path::absolute(&path).unwrap_or(path);
     let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+    let watched = path.clone();
     let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-        if event.is_ok_and(|e| !e.kind.is_access()) {
+        let relevant = event
+            .is_ok_and(|e| !e.kind.is_access() && e.paths.iter().any(|p| p.starts_with(&watched)));
+        if relevant {
             // Full: a reload is already due.
             let _ = tx.try_send(());
         }
     })?;
     watcher.watch(&path, mode)?;
+    if let Some(parent) = path.parent() {
+        if let Err(e) = watcher.watch(parent, RecursiveMode::NonRecursive) {
+            tracing::warn!(
+                path = %path.display(),
+                error = %e,
+                "cannot watch its parent directory: a swap of the path itself (a symlink) is not seen"
+            );
+        }
+    }
+    let watcher = Arc::new(std::sync::Mutex::new(watcher));
     metrics::describe_counter!(
         CONFIG_LOADS,
         "Configuration reloads after a change of its files, by result (success, error)"
     );
+    let rearm = watcher.clone();
     let task = tokio::spawn(async move {
         while rx.recv().await.is_some() {
             // Settle: wait until SETTLE passes without another event.
@@ -77,6 +98,13 @@ where
                     Ok(Some(())) => continue,
                     Ok(None) => return,
                     Err(_) => break,
+                }
+            }
+            // A swapped symlink: the old watch is on the old target.
+            if let Ok(mut w) = rearm.lock() {
+                let _ = w.unwatch(&path);
+                if let Err(e) = w.watch(&path, mode) {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot watch again");
                 }
             }
             match load() {

@@ -47,14 +47,16 @@ pub fn record(req: &RateLimitRequest, answer: &Answer, near_limit_ratio: f32) {
             .iter()
             .map(|e| (e.key.as_str(), e.value.as_str()))
             .collect();
-        let key = stat.key(&req.domain, &entries);
         let hits = d.hits_addend.as_ref().map_or(request_hits, |h| h.value);
-        let mut parts = key.split('.');
-        let domain = parts.next().unwrap_or_default().to_owned();
-        let key1 = parts.next().unwrap_or_default().to_owned();
-        let mut labels = vec![("domain", domain), ("key1", key1)];
-        if let Some(key2) = parts.next() {
-            labels.push(("key2", key2.to_owned()));
+        // Labels from the key's levels, never from its dotted text: a
+        // value with dots stays one label.
+        let mut levels = stat.levels_of(&entries).into_iter().map(|l| sanitize(&l));
+        let mut labels = vec![
+            ("domain", sanitize(&req.domain)),
+            ("key1", levels.next().unwrap_or_default()),
+        ];
+        if let Some(key2) = levels.next() {
+            labels.push(("key2", key2));
         }
         let count = |name: &'static str, n: u64| {
             metrics::counter!(name, &labels).increment(n);
@@ -86,5 +88,77 @@ pub fn record(req: &RateLimitRequest, answer: &Answer, near_limit_ratio: f32) {
             );
         }
         count("ratelimit_service_rate_limit_within_limit", hits);
+    }
+}
+
+/// The reference's stat-name sanitizing (its `SanitizeStatName`): `:` and
+/// `|` as `_`, and the dots of an IPv4 address (four groups of 1-3 digits)
+/// as `_`, so `remote_address_50.0.0.5` is `remote_address_50_0_0_5` as
+/// there. Other dots stay (the label is whole, where the reference's
+/// dotted stat name would split it).
+#[must_use]
+pub fn sanitize(level: &str) -> String {
+    let mut out: Vec<u8> = level
+        .bytes()
+        .map(|b| if b == b':' || b == b'|' { b'_' } else { b })
+        .collect();
+    let mut i = 0;
+    while i < out.len() {
+        match ipv4_at(&out, i) {
+            Some(end) => {
+                for b in &mut out[i..end] {
+                    if *b == b'.' {
+                        *b = b'_';
+                    }
+                }
+                i = end;
+            }
+            None => i += 1,
+        }
+    }
+    // Only ASCII bytes were replaced by ASCII bytes: still UTF-8.
+    String::from_utf8(out).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// The end of `\d{1,3}\.\d{1,3}\.\d{1,3}\.\d{1,3}` matched at `start`, as
+/// Go's leftmost-first regexp matches it (each group takes the most digits
+/// that still let the rest match; the last takes up to 3).
+fn ipv4_at(s: &[u8], start: usize) -> Option<usize> {
+    fn groups(s: &[u8], at: usize, left: u8) -> Option<usize> {
+        let digits = s[at..]
+            .iter()
+            .take(3)
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if left == 1 {
+            return (digits > 0).then_some(at + digits);
+        }
+        (1..=digits).rev().find_map(|n| {
+            let dot = at + n;
+            (s.get(dot) == Some(&b'.'))
+                .then(|| groups(s, dot + 1, left - 1))
+                .flatten()
+        })
+    }
+    groups(s, start, 4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sanitize;
+
+    #[test]
+    fn stat_names_are_sanitized_as_the_reference_does() {
+        assert_eq!(
+            sanitize("remote_address_50.0.0.5"),
+            "remote_address_50_0_0_5"
+        );
+        assert_eq!(sanitize("host_example.com"), "host_example.com");
+        assert_eq!(sanitize("a:b|c"), "a_b_c");
+        // Leftmost-first, as Go: 1234.5.6.7 matches from the 2.
+        assert_eq!(sanitize("1234.5.6.7"), "1234_5_6_7");
+        assert_eq!(sanitize("1.2.3"), "1.2.3");
+        assert_eq!(sanitize("v_1.2.3.4.5"), "v_1_2_3_4.5");
+        assert_eq!(sanitize("path_/é.1.2.3.4"), "path_/é.1_2_3_4");
     }
 }

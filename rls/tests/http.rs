@@ -153,16 +153,38 @@ async fn json_endpoint(addr: SocketAddr) {
         (status, body.as_str()),
         (200, r#"{"overallCode":"OK","statuses":[{"code":"OK"}]}"#)
     );
-    // Not a request, an unknown field, a request refused (no descriptors):
-    // 400 and the reference's text.
-    for bad in [
-        "not json",
-        r#"{"domain":"edge","descriptors":[],"extra":1}"#,
-        r#"{"domain":"edge","descriptors":[]}"#,
-        r#"{"domain":"edge","hitsAddend":-1,"descriptors":[{"entries":[{"key":"tenant","value":"c"}]}]}"#,
+    // Not a request, an unknown field, a negative count, a request refused
+    // (no descriptors): 400, the reference's text and what is wrong.
+    for (bad, why) in [
+        (
+            "not json",
+            "not a RateLimitRequest in JSON: expected ident at line 1 column 2",
+        ),
+        (
+            r#"{"domain":"edge","descriptors":[],"extra":1}"#,
+            "not a RateLimitRequest in JSON: unknown field `extra`, expected one of \
+             `domain`, `descriptors`, `hitsAddend`, `hits_addend` at line 1 column 41",
+        ),
+        (
+            r#"{"domain":"edge","descriptors":[]}"#,
+            "descriptors: the list must not be empty",
+        ),
+        (
+            r#"{"domain":"edge","hitsAddend":-1,"descriptors":[{"entries":[{"key":"tenant","value":"c"}]}]}"#,
+            "not a RateLimitRequest in JSON: -1: a count is never negative at line 1 column 32",
+        ),
+        (
+            r#"{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"c"}],"hitsAddend":"lots"}]}"#,
+            "not a RateLimitRequest in JSON: \"lots\": a count is a non-negative integer \
+             at line 1 column 93",
+        ),
     ] {
         let (status, _, body) = post(addr, bad).await;
-        assert_eq!((status, body.as_str()), (400, "Bad Request\n"), "{bad}");
+        assert_eq!(
+            (status, body.as_str()),
+            (400, format!("Bad Request: {why}\n").as_str()),
+            "{bad}"
+        );
     }
 }
 

@@ -20,6 +20,7 @@ mod sentinel;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -639,4 +640,317 @@ fn hostile_yaml_stops_the_start_naming_the_file() {
         }
         std::fs::remove_dir_all(&root).unwrap();
     }
+}
+
+/// Under the reference's configuration (YAML, `REDIS_URL`, no failure
+/// setting of ours) a Redis failure is a gRPC error, as the reference
+/// answers a Redis error: Envoy's own `failure_mode_deny` then decides.
+/// Once Redis is back, calls are answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_failure_is_a_grpc_error_under_the_reference_config() {
+    let mut redis = RedisServer::start();
+    let (root, _) = runtime_root("redis-down", &tenant_yaml(2));
+    let http = free_port();
+    let (_child, grpc, _) = spawn_reference(
+        &root,
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
+            ("PORT", http.to_string()),
+        ],
+    );
+    let mut c = connect(grpc).await;
+    let ok = c
+        .should_rate_limit(tenant(None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ok.overall_code, Code::Ok as i32);
+    assert_eq!(ok.statuses[0].limit_remaining, 1);
+    redis.stop();
+    let err = c.should_rate_limit(tenant(None)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert_eq!(err.message(), "rate limiter unavailable");
+    // `/json`: the reference's 400 for an error, saying which.
+    let r = reqwest::Client::new()
+        .post(format!("http://127.0.0.1:{http}/json"))
+        .body(r#"{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"t1"}]}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    assert_eq!(
+        r.text().await.unwrap(),
+        "Bad Request: rate limiter unavailable\n"
+    );
+    // Redis back (empty: it keeps nothing on disk): answered again once the
+    // circuit breaker's probe passes.
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match c.should_rate_limit(tenant(None)).await {
+            Ok(a) => {
+                let a = a.into_inner();
+                assert_eq!(a.overall_code, Code::Ok as i32);
+                assert_eq!(a.statuses[0].limit_remaining, 1);
+                break;
+            }
+            Err(e) => assert_eq!(e.code(), tonic::Code::Unavailable),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never answered after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Waits (10 s at most) until `tenant=t1` is served with `limit` per unit,
+/// and returns its remaining count (read without charging).
+async fn served_limit(
+    c: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    limit: u32,
+) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = c
+            .should_rate_limit(peek_tenant())
+            .await
+            .unwrap()
+            .into_inner();
+        let current = s.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|l| l.requests_per_unit);
+        if current == Some(limit) {
+            return s.statuses[0].limit_remaining;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{limit} an hour never served (still {current:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `ln -s target link`, then renamed over `at`: the atomic swap a deploy
+/// (and the kubelet) does.
+fn swap_symlink(target: &Path, at: &Path) {
+    let mut name = at.file_name().unwrap().to_owned();
+    name.push("_tmp");
+    let tmp = at.with_file_name(name);
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(target, &tmp).unwrap();
+    std::fs::rename(&tmp, at).unwrap();
+}
+
+/// The reference's default reload trigger (`RUNTIME_WATCH_ROOT`):
+/// `RUNTIME_ROOT` is a symlink swapped to another directory. The new
+/// directory is served, a later edit inside it is seen (the watch follows
+/// the new target), and so is a second swap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_swapped_runtime_root_symlink_is_reloaded() {
+    let base =
+        std::env::temp_dir().join(format!("rls-swap-{}-{}", std::process::id(), free_port()));
+    let _ = std::fs::remove_dir_all(&base);
+    let release = |name: &str, limit: u32| {
+        let config = base.join(name).join("config");
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::write(config.join("edge.yaml"), tenant_yaml(limit)).unwrap();
+        base.join(name)
+    };
+    let current = base.join("current");
+    std::os::unix::fs::symlink(release("v1", 2), &current).unwrap();
+    let (_child, grpc, _) = spawn_reference(&current, &[]);
+    let mut c = connect(grpc).await;
+    let charged = c
+        .should_rate_limit(tenant(None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(charged.statuses[0].limit_remaining, 1);
+    swap_symlink(&release("v2", 5), &current);
+    // The counters carry over: 1 request counted.
+    assert_eq!(served_limit(&mut c, 5).await, 4);
+    std::fs::write(base.join("v2/config/edge.yaml"), tenant_yaml(7)).unwrap();
+    assert_eq!(served_limit(&mut c, 7).await, 6);
+    swap_symlink(&release("v3", 9), &current);
+    std::fs::remove_dir_all(base.join("v1")).unwrap();
+    assert_eq!(served_limit(&mut c, 9).await, 8);
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
+/// A Kubernetes ConfigMap mounted as the config directory: the files are
+/// symlinks into `..data/`, itself a symlink to `..<timestamp>/`. Served
+/// by default (no `RUNTIME_IGNOREDOTFILES`), each file read once; the
+/// kubelet's update (a new `..<timestamp>`, `..data` swapped, the old one
+/// removed) is reloaded, under either `RUNTIME_WATCH_ROOT`.
+async fn a_config_map_mount_is_served_and_reloaded(watch_root: &str) {
+    let root = std::env::temp_dir().join(format!(
+        "rls-configmap-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    let config = root.join("config");
+    let _ = std::fs::remove_dir_all(&root);
+    let version = |name: &str, limit: u32| {
+        let dir = config.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("edge.yaml"), tenant_yaml(limit)).unwrap();
+        std::path::PathBuf::from(name)
+    };
+    let first = version("..2026_12_04_20_00_00.000000001", 2);
+    std::os::unix::fs::symlink(&first, config.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/edge.yaml", config.join("edge.yaml")).unwrap();
+    let (_child, grpc, _) =
+        spawn_reference(&root, &[("RUNTIME_WATCH_ROOT", watch_root.to_owned())]);
+    let mut c = connect(grpc).await;
+    let charged = c
+        .should_rate_limit(tenant(None))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(charged.statuses[0].limit_remaining, 1);
+    // The kubelet's atomic update.
+    let second = version("..2026_12_04_20_01_00.000000002", 5);
+    swap_symlink(&second, &config.join("..data"));
+    std::fs::remove_dir_all(config.join(&first)).unwrap();
+    assert_eq!(served_limit(&mut c, 5).await, 4);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_map_mount_is_served_and_reloaded_watching_the_root() {
+    a_config_map_mount_is_served_and_reloaded("true").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_map_mount_is_served_and_reloaded_watching_the_config_directory() {
+    a_config_map_mount_is_served_and_reloaded("false").await;
+}
+
+/// The reference's stat key levels stay whole: an IPv4 value's dots become
+/// `_` as the reference's stat names have them (`remote_address_50_0_0_5`),
+/// any other dotted value stays in its label; neither adds a label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_with_dots_stays_one_stat_label() {
+    let yaml = "domain: edge\ndescriptors:\n\
+                - key: remote_address\n  value_to_metric: true\n  rate_limit: {unit: hour, requests_per_unit: 10}\n\
+                - key: host\n  value_to_metric: true\n  descriptors:\n\
+                \x20   - key: path\n      value_to_metric: true\n      rate_limit: {unit: hour, requests_per_unit: 10}\n";
+    let (root, _) = runtime_root("dots", yaml);
+    let (_child, grpc, metrics) = spawn_reference(&root, &[]);
+    let mut c = connect(grpc).await;
+    let request = |entries: &[(&str, &str)]| RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    for r in [
+        request(&[("remote_address", "50.0.0.5")]),
+        request(&[("host", "api.example.com"), ("path", "/v1.2/x")]),
+    ] {
+        let a = c.should_rate_limit(r).await.unwrap().into_inner();
+        assert_eq!(a.overall_code, Code::Ok as i32);
+        assert_eq!(a.statuses[0].limit_remaining, 9);
+    }
+    let body = scrape(metrics).await;
+    let mut series: Vec<&str> = body
+        .lines()
+        .filter(|l| l.starts_with("ratelimit_service_rate_limit_"))
+        .collect();
+    series.sort_unstable();
+    assert_eq!(
+        series,
+        [
+            r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="host_api.example.com",key2="path_/v1.2/x"} 1"#,
+            r#"ratelimit_service_rate_limit_total_hits{domain="edge",key1="remote_address_50_0_0_5"} 1"#,
+            r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="host_api.example.com",key2="path_/v1.2/x"} 1"#,
+            r#"ratelimit_service_rate_limit_within_limit{domain="edge",key1="remote_address_50_0_0_5"} 1"#,
+        ]
+    );
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's
+/// `days_from_civil`).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (m + if m > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The next 1st of a month at 00:00 UTC after `t` (epoch seconds).
+fn next_month_start(t: i64) -> i64 {
+    let mut y = 1970;
+    let mut m = 1;
+    while days_from_civil(y, m, 1) * 86_400 <= t {
+        m += 1;
+        if m == 13 {
+            m = 1;
+            y += 1;
+        }
+    }
+    days_from_civil(y, m, 1) * 86_400
+}
+
+/// `USE_CALENDAR_MONTH_RATE_LIMIT=true` (the reference's setting): a
+/// `unit: month` limit counts per UTC calendar month, so its reset is the
+/// next 1st at 00:00 UTC on Redis's clock, not the end of a 30-day window
+/// from the epoch; `current_limit` still says 3 per MONTH.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn use_calendar_month_rate_limit_counts_per_utc_calendar_month() {
+    assert_eq!(next_month_start(1_709_161_200), 1_709_251_200); // 2024-02-29 → 2024-03-01
+    let redis = RedisServer::start();
+    let yaml = "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: month\n      requests_per_unit: 3\n";
+    let (root, _) = runtime_root("calendar", yaml);
+    let (_child, grpc, _) = spawn_reference(
+        &root,
+        &[
+            ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+            ("REDIS_URL", format!("127.0.0.1:{}", redis.port())),
+            ("USE_CALENDAR_MONTH_RATE_LIMIT", "true".to_owned()),
+        ],
+    );
+    let mut c = connect(grpc).await;
+    let now = || -> f64 {
+        let t: Vec<String> = redis.cmd(&["TIME"]);
+        t[0].parse::<f64>().unwrap() + t[1].parse::<f64>().unwrap() / 1e6
+    };
+    let before = now();
+    let a = c
+        .should_rate_limit(tenant(None))
+        .await
+        .unwrap()
+        .into_inner();
+    let after = now();
+    let s = &a.statuses[0];
+    assert_eq!(s.limit_remaining, 2);
+    let limit = s.current_limit.as_ref().unwrap();
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (3, Unit::Month as i32)
+    );
+    let d = s.duration_until_reset.unwrap();
+    let reset = d.seconds as f64 + f64::from(d.nanos) / 1e9;
+    #[allow(clippy::cast_possible_truncation)]
+    let end = next_month_start(before as i64) as f64;
+    assert!(
+        end - after <= reset && reset <= end - before,
+        "reset {reset} s, the month ends {end}, called between {before} and {after}"
+    );
+    std::fs::remove_dir_all(&root).unwrap();
 }

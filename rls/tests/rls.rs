@@ -167,10 +167,15 @@ async fn exact_statuses(addr: SocketAddr) {
             limited(Code::Ok, "per_user_path", 3, 2, 20),
         ]
     );
+    // RateLimit-Policy: every rule the request is checked by; RateLimit:
+    // the binding one.
     assert_eq!(
         r.response_headers_to_add,
         vec![
-            header("ratelimit-policy", r#""per_ip";q=2;w=60"#),
+            header(
+                "ratelimit-policy",
+                r#""per_ip";q=2;w=60, "per_user_path";q=3;w=60"#
+            ),
             header("ratelimit", r#""per_ip";r=1;t=30"#),
         ]
     );
@@ -194,7 +199,10 @@ async fn exact_statuses(addr: SocketAddr) {
     assert_eq!(
         r.response_headers_to_add,
         vec![
-            header("ratelimit-policy", r#""per_ip";q=2;w=60"#),
+            header(
+                "ratelimit-policy",
+                r#""per_ip";q=2;w=60, "per_user_path";q=3;w=60"#
+            ),
             header("ratelimit", r#""per_ip";r=0;t=30"#),
             header("retry-after", "30"),
         ]
@@ -529,6 +537,7 @@ async fn cost_above_capacity_is_never_told_to_retry(addr: SocketAddr) {
             vec![
                 header("ratelimit-policy", r#""per_ip";q=2;w=60"#),
                 header("ratelimit", r#""per_ip";r=2;t=0"#),
+                header("x-should-retry", "false"),
             ]
         );
         assert_eq!(
@@ -591,4 +600,59 @@ async fn a_calendar_month_rule_answers_the_time_to_its_boundary() {
     clock.set(FEB29_US);
     let got = call(&mut c, r()).await;
     assert_eq!(got.statuses, [status(1, 2_678_400, 0)]);
+}
+
+/// `replaces` in the TOML rules file, as the reference's YAML has it: in
+/// a request with a descriptor on `partner`, the descriptors on `per_ip`
+/// have no limit (neither checked nor charged); alone, `per_ip` limits.
+/// A `replaces` naming no rule of the file stops the start, naming it.
+#[tokio::test]
+async fn a_toml_rule_replaces_another_by_name() {
+    let rules = |replaces: &str| {
+        format!(
+            "domain = \"edge\"\n\
+             [[rule]]\nname = \"per_ip\"\nmatch = [{{ key = \"remote_address\" }}]\n\
+             limit = 1\nperiod = \"1m\"\nalgorithm = \"fixed_window\"\n\
+             [[rule]]\nname = \"partner\"\nmatch = [{{ key = \"partner\" }}]\n\
+             limit = 5\nperiod = \"1m\"\nalgorithm = \"fixed_window\"\nreplaces = [\"{replaces}\"]\n"
+        )
+    };
+    let backend = MemoryBackend::with_manual_clock(ManualClock::new(T0_US));
+    let mut c = connect(start(&rules("per_ip"), backend).await).await;
+    let ip = || d(&[("remote_address", "203.0.113.7")]);
+    let partner = || d(&[("partner", "acme")]);
+    // The first partner request, then two more: per_ip would allow one.
+    for remaining in [4, 3, 2] {
+        let r = call(&mut c, req("edge", vec![ip(), partner()])).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(
+            r.statuses,
+            vec![no_limit(0), limited(Code::Ok, "partner", 5, remaining, 40)]
+        );
+    }
+    // per_ip was never charged: alone, its one request a minute passes.
+    let r = call(&mut c, req("edge", vec![ip()])).await;
+    assert_eq!(r.statuses, vec![limited(Code::Ok, "per_ip", 1, 0, 40)]);
+    let r = call(&mut c, req("edge", vec![ip()])).await;
+    assert_eq!(
+        r.statuses,
+        vec![limited(Code::OverLimit, "per_ip", 1, 0, 40)]
+    );
+    // A name that is no rule of the file, or the rule itself.
+    let err = RulesPolicy::from_toml_str(&rules("per_host"))
+        .unwrap()
+        .limiter(MemoryBackend::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "policy: rule \"partner\": replaces: \"per_host\" is not a rule of this file"
+    );
+    let err = RulesPolicy::from_toml_str(&rules("partner"))
+        .unwrap()
+        .limiter(MemoryBackend::new())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "policy: rule \"partner\": replaces: a rule cannot replace itself"
+    );
 }

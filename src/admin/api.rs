@@ -56,7 +56,7 @@ pub(super) async fn api_top(
 ) -> Response {
     let mut n = admin.top_n;
     let mut window = admin.window;
-    let mut near = false;
+    let mut kind = "blocked";
     for (k, v) in form_pairs(req.uri().query().unwrap_or("")) {
         match k.as_str() {
             "n" => match v.parse::<usize>() {
@@ -74,30 +74,31 @@ pub(super) async fn api_top(
                 }
             },
             "kind" => match v.as_str() {
-                "blocked" => near = false,
-                "near_limit" => near = true,
+                "blocked" => kind = "blocked",
+                "shadow_limited" => kind = "shadow_limited",
+                "near_limit" => kind = "near_limit",
                 _ => {
                     return error(
                         StatusCode::BAD_REQUEST,
                         "invalid_kind",
-                        "kind: blocked or near_limit",
+                        "kind: blocked, shadow_limited or near_limit",
                     )
                 }
             },
             _ => {}
         }
     }
-    let top = if near {
-        admin.handle.top_near_limit(&tier, n, window)
-    } else {
-        admin.handle.top_blocked(&tier, n, window)
+    let top = match kind {
+        "near_limit" => admin.handle.top_near_limit(&tier, n, window),
+        "shadow_limited" => admin.handle.top_shadow_limited(&tier, n, window),
+        _ => admin.handle.top_blocked(&tier, n, window),
     };
     match top {
         Some(keys) => json_response(
             StatusCode::OK,
             &json!({
                 "tier": tier,
-                "kind": if near { "near_limit" } else { "blocked" },
+                "kind": kind,
                 "window_secs": window_hours(window) * 3600,
                 "keys": keys.iter().map(key_json).collect::<Vec<_>>(),
             }),

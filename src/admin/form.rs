@@ -4,45 +4,14 @@
 use http::{header, HeaderMap};
 use std::fmt::Write as _;
 
-/// `application/x-www-form-urlencoded` pairs (also query strings).
+/// `application/x-www-form-urlencoded` pairs (also query strings), decoded
+/// as the WHATWG URL standard says (the `form_urlencoded` crate: `+` is a
+/// space, a malformed `%` escape is kept as written, invalid UTF-8 becomes
+/// U+FFFD).
 pub(super) fn form_pairs(s: &str) -> Vec<(String, String)> {
-    s.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (percent_decode(k), percent_decode(v))
-        })
+    form_urlencoded::parse(s.as_bytes())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
         .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => match (hex_val(b[i + 1]), hex_val(b[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h << 4 | l);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex_val(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
 }
 
 pub(super) fn hex_encode(b: &[u8]) -> String {

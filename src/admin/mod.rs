@@ -39,7 +39,7 @@
 //! | `POST /key` | the page's buttons on a top blocked key (`action` = `reset` or `lift`, `tier`, `key`): [`RateLimitHandle::reset`] / [`RateLimitHandle::lift`]; and its per-key override form (`action` = `override`, `tier`, `key`, `rule` = `unlimited` / `blocked` / `<limit>/<period>`, optional `ttl`) and remove buttons (`action` = `remove_override`), logged with `by="admin page"`; `303` back to the page |
 //! | `GET /?peek_tier=ip&peek_key=…` | the page with that key's numbers ([`RateLimitHandle::peek`]) |
 //! | `GET /api/status` | global mode, circuit state, where mode changes apply (`mode_changes_apply_to`: `all instances` or `this instance (host:pid)`; `control_key`), counts, every tier's mode and quota, the anomaly series |
-//! | `GET /api/top/{tier}?n=10&window=1h&kind=blocked` | top-N keys of a tier (`kind=near_limit` for keys allowed with < 20 % left); `window` in humantime, rounded up to hours, at most 24 h |
+//! | `GET /api/top/{tier}?n=10&window=1h&kind=blocked` | top-N keys of a tier: `kind=blocked` (the default) the keys it refused (429), `kind=shadow_limited` the keys it would have refused but let through (a shadow tier, or a canary not enforced for the key), `kind=near_limit` keys allowed with < 20 % left; `window` in humantime, rounded up to hours, at most 24 h |
 //! | `GET /api/history/{tier}` | the tier's last hour of closed buckets (`start`, `requests`, `limited`, `shadow_limited`, `fail_open`: passed unchecked, the backend failed), and `current`: the bucket still open, `"partial": true` (`null` before the first request) |
 //! | `GET /api/anomalies` | the 429-rate anomaly series and their alerts |
 //! | `POST /api/mode` | `{"mode":"shadow"}` (global) or `{"tier":"ip","mode":"canary:10"}`; answers like `/api/status` |

@@ -25,6 +25,7 @@ main{padding:12px 20px;display:grid;grid-template-columns:1fr 1fr;gap:12px}\
 section{background:#fff;border:1px solid #dde;border-radius:6px;padding:10px 14px}\
 section.wide{grid-column:1/3}\
 h2{font-size:15px;margin:2px 0 8px}\
+h3{font-size:14px;margin:12px 0 6px}\
 table{border-collapse:collapse;width:100%}\
 th,td{text-align:left;padding:3px 8px;border-bottom:1px solid #eee;vertical-align:top}\
 th{font-weight:600;color:#556}\
@@ -238,42 +239,20 @@ fn render_page(
     }
     s.push_str("</table></section>");
 
-    // Top blocked keys.
+    // Top blocked keys: refused, and apart from them the keys a tier not
+    // enforced for them would have refused (they got their answer).
     let hours = window_hours(admin.window);
     let _ = write!(
         s,
-        r#"<section><h2>Top blocked keys, last {hours} h</h2><table id="top-blocked"><tr><th>tier</th><th>key</th><th class="n">blocked</th><th class="n">± error</th><th></th></tr>"#
+        r#"<section><h2>Top blocked keys, last {hours} h</h2><table id="top-blocked"><tr><th>tier</th><th>key</th><th class="n">refused (429)</th><th class="n">± error</th><th></th></tr>"#
     );
-    let key_action = format!("{base}/key");
-    let mut any = false;
-    for t in &tiers {
-        for k in h
-            .top_blocked(&t.name, admin.top_n, admin.window)
-            .unwrap_or_default()
-        {
-            any = true;
-            let lift = if t.penalty {
-                r#" <button name="action" value="lift">lift block</button>"#
-            } else {
-                ""
-            };
-            let _ = write!(
-                s,
-                r#"<tr><td><code>{}</code></td><td>{}</td><td class="n">{}</td><td class="n">{}</td><td><form method="post" action="{}"><input type="hidden" name="tier" value="{}"><input type="hidden" name="key" value="{}"><button name="action" value="reset">reset</button>{lift}</form></td></tr>"#,
-                Esc(&t.name),
-                key_cell(&k.key),
-                k.count,
-                k.error,
-                Esc(&key_action),
-                Esc(&t.name),
-                Esc(&k.key),
-            );
-        }
-    }
-    if !any {
-        s.push_str(r#"<tr><td colspan="5" class="muted">nothing blocked in this window</td></tr>"#);
-    }
-    s.push_str("</table></section>");
+    top_rows(&mut s, admin, &tiers, base, false);
+    let _ = write!(
+        s,
+        r#"<h3>Would have been blocked (shadow, or a canary not enforced for the key): let through</h3><table id="top-shadow-limited"><tr><th>tier</th><th>key</th><th class="n">would be refused</th><th class="n">± error</th><th></th></tr>"#
+    );
+    top_rows(&mut s, admin, &tiers, base, true);
+    s.push_str("</section>");
     render_lookup(&mut s, &tiers, base, lookup);
     if !overrides.is_empty() {
         render_overrides(&mut s, base, overrides);
@@ -336,6 +315,56 @@ fn render_page(
 /// both HTML-escaped (a key is text a client chose).
 ///
 /// [`readable_key_part`]: crate::key::readable_key_part
+/// The rows of a top-keys table, every tier's heaviest first, and its
+/// closing tag: the keys refused, or (`shadow`) the keys a tier not
+/// enforced for them would have refused.
+fn top_rows(
+    s: &mut String,
+    admin: &Admin,
+    tiers: &[crate::handle::TierStatus],
+    base: &str,
+    shadow: bool,
+) {
+    let h = &admin.handle;
+    let key_action = format!("{base}/key");
+    let mut any = false;
+    for t in tiers {
+        let top = if shadow {
+            h.top_shadow_limited(&t.name, admin.top_n, admin.window)
+        } else {
+            h.top_blocked(&t.name, admin.top_n, admin.window)
+        };
+        for k in top.unwrap_or_default() {
+            any = true;
+            let lift = if t.penalty && !shadow {
+                r#" <button name="action" value="lift">lift block</button>"#
+            } else {
+                ""
+            };
+            let _ = write!(
+                s,
+                r#"<tr><td><code>{}</code></td><td>{}</td><td class="n">{}</td><td class="n">{}</td><td><form method="post" action="{}"><input type="hidden" name="tier" value="{}"><input type="hidden" name="key" value="{}"><button name="action" value="reset">reset</button>{lift}</form></td></tr>"#,
+                Esc(&t.name),
+                key_cell(&k.key),
+                k.count,
+                k.error,
+                Esc(&key_action),
+                Esc(&t.name),
+                Esc(&k.key),
+            );
+        }
+    }
+    if !any {
+        let none = if shadow {
+            "nothing would have been blocked in this window"
+        } else {
+            "nothing blocked in this window"
+        };
+        let _ = write!(s, r#"<tr><td colspan="5" class="muted">{none}</td></tr>"#);
+    }
+    s.push_str("</table>");
+}
+
 fn key_cell(stored: &str) -> String {
     let shown: String = crate::key::readable_key_part(stored)
         .chars()

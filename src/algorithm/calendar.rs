@@ -18,7 +18,11 @@
 //! period starts on 28 February in common years.
 //!
 //! The time-zone rules are [jiff]'s, with its bundled copy of the IANA
-//! database (the same on every host, no `/usr/share/zoneinfo` needed). The
+//! database (the same on every host, no `/usr/share/zoneinfo` needed): after
+//! a zone's last listed transition its changes come from its recurring rule
+//! (the POSIX TZ string that ends its TZif file), which jiff expands; a day
+//! whose midnight that rule puts in a gap (Santiago, Beirut, Havana, Cairo,
+//! the Azores) starts at the gap's end like one the data lists. The
 //! Redis scripts hold no zone tables: the application sends the boundaries
 //! around its own clock ([`Calendar::bounds_around`]) and the script picks the
 //! window by Redis `TIME` ([`CalendarWindow`]).

@@ -23,7 +23,7 @@
 //! tokens follow from it, `capacity − (TAT − now) × rate` (at least 0), and
 //! so do `reset_after` and `retry_after`; every decision is the one a bucket
 //! holding that many tokens makes (the police leaky bucket's, see
-//! `tests/algorithms.rs`). Stored as whole microseconds plus a remainder in
+//! `tests/algorithms/algorithms.rs`). Stored as whole microseconds plus a remainder in
 //! units (a unit is `1 / rate` µs of refill), the TAT is exact.
 
 use super::{div_ceil, Decision};

@@ -167,7 +167,7 @@ impl Backend {
         checks: &[TierCheck],
         shadow: Shadow,
         charges: bool,
-        blocked: Option<&str>,
+        blocked: Option<(&str, &str)>,
         timeout: Option<std::time::Duration>,
         sent: std::time::Instant,
     ) -> Check {

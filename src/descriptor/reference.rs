@@ -30,6 +30,7 @@ use super::rules::{EntryMatch, Rule};
 use super::stat::{StatLevel, StatPath};
 use super::tree::Tree;
 use super::unit::Unit;
+use crate::algorithm::calendar::Calendar;
 use crate::algorithm::kind::Algorithm;
 use crate::error::ConfigError;
 use crate::quota::Quota;
@@ -130,8 +131,11 @@ pub struct ReferenceConfig {
 
 impl ReferenceConfig {
     /// Reads `path`: one YAML file, or every file of a directory and its
-    /// subdirectories (the reference's runtime layout; names starting with
-    /// `.` skipped when `ignore_dotfiles`), in path order.
+    /// subdirectories (the reference's runtime layout), in path order,
+    /// following symlinks. Names starting with `..` are skipped (a
+    /// Kubernetes ConfigMap mount's `..data` and `..<timestamp>`, which
+    /// its files link into), and those starting with `.` when
+    /// `ignore_dotfiles`.
     ///
     /// # Errors
     /// [`ConfigError::PolicyFile`] when a file cannot be read;
@@ -223,6 +227,28 @@ impl ReferenceConfig {
     }
 }
 
+impl ReferenceConfig {
+    /// The reference's `USE_CALENDAR_MONTH_RATE_LIMIT=true`: every limit of
+    /// `unit: month` counts per UTC calendar month (from the 1st at
+    /// 00:00 UTC to the next 1st) instead of 30-day windows from the epoch;
+    /// `duration_until_reset` runs to the month's end, `current_limit`
+    /// still says `requests_per_unit` per MONTH. Other units are unchanged.
+    #[must_use]
+    pub fn calendar_months(mut self) -> Self {
+        for d in &mut self.domains {
+            for r in &mut d.rules {
+                if !r.unlimited && matches!(r.per_unit, Some((_, Unit::Month))) {
+                    let month = Calendar::month();
+                    r.quota =
+                        Quota::new(r.quota.limit(), Duration::from_micros(month.longest_us()));
+                    r.calendar = Some(month);
+                }
+            }
+        }
+        self
+    }
+}
+
 fn collect(
     dir: &Path,
     ignore_dotfiles: bool,
@@ -242,7 +268,13 @@ fn collect(
     for entry in std::fs::read_dir(dir).map_err(io)? {
         let entry = entry.map_err(io)?;
         let path = entry.path();
-        if ignore_dotfiles && entry.file_name().to_string_lossy().starts_with('.') {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        // `..data` and `..<timestamp>`: a Kubernetes ConfigMap mount's
+        // own entries (the files beside them are symlinks into `..data/`),
+        // never configuration: read through them, each file would be
+        // read twice more.
+        if name.starts_with("..") || (ignore_dotfiles && name.starts_with('.')) {
             continue;
         }
         let meta = std::fs::metadata(&path).map_err(|source| ConfigError::PolicyFile {

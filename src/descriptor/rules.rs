@@ -226,6 +226,12 @@ pub struct RulePolicy {
     /// Always allowed, without a backend call.
     #[serde(default)]
     pub unlimited: bool,
+    /// The names of other rules of this file that this one replaces, as
+    /// the reference YAML's `replaces`: in a request with a descriptor on
+    /// this rule, the descriptors on the named rules have no limit (not
+    /// checked, not charged).
+    #[serde(default)]
+    pub replaces: Vec<String>,
     /// `"request"` (the default: one script call per request) or `"lease"`
     /// (lease mode for the rule's hot descriptors, Redis only: see
     /// [`crate::engine::token_lease`]).
@@ -324,7 +330,8 @@ impl RulesPolicy {
     /// # Errors
     /// [`ConfigError::Policy`] naming the rule and field: a limited rule
     /// without `limit` or `period`, an unlimited one with any of `limit`,
-    /// `period`, `burst`, `algorithm`, an unknown algorithm.
+    /// `period`, `burst`, `algorithm`, an unknown algorithm, a `replaces`
+    /// naming the rule itself or no rule of the file.
     pub fn rules(&self) -> Result<Vec<Rule>, ConfigError> {
         self.rules
             .iter()
@@ -378,7 +385,18 @@ impl RulesPolicy {
                 if r.unlimited && lease.is_some() {
                     return Err(bad(&"sync: an unlimited rule makes no call to lease for"));
                 }
+                for name in &r.replaces {
+                    if *name == r.name {
+                        return Err(bad(&"replaces: a rule cannot replace itself"));
+                    }
+                    if !self.rules.iter().any(|o| o.name == *name) {
+                        return Err(bad(&format!(
+                            "replaces: \"{name}\" is not a rule of this file"
+                        )));
+                    }
+                }
                 let mut rule = Rule::new(r.name.clone(), r.entries.clone(), quota);
+                rule.replaces = r.replaces.clone();
                 rule.lease = lease;
                 rule.algorithm = algorithm;
                 rule.shadow = r.shadow_mode;

@@ -47,10 +47,23 @@ impl StatLevel {
 
 impl StatPath {
     /// The stat key of a request's descriptor `entries` (as many as
-    /// levels: the limit matched them) in `domain`.
+    /// levels: the limit matched them) in `domain`: the domain and
+    /// [`levels_of`](Self::levels_of) joined by `.`.
     pub fn key(&self, domain: &str, entries: &[(&str, &str)]) -> String {
         let mut out = String::from(domain);
+        for level in self.levels_of(entries) {
+            out.push('.');
+            out.push_str(&level);
+        }
+        out
+    }
+
+    /// The stat key's levels for a request's descriptor `entries`, one
+    /// per level (`key` or `key_value`), each whole: a value containing
+    /// dots (`50.0.0.5`, `example.com`) stays in its level.
+    pub fn levels_of(&self, entries: &[(&str, &str)]) -> Vec<String> {
         let shared = self.levels.iter().any(|l| l.share);
+        let mut out = Vec::with_capacity(self.levels.len());
         for (i, level) in self.levels.iter().enumerate() {
             let actual = entries.get(i).map_or("", |e| e.1);
             let pattern = level.value.as_deref().filter(|v| v.contains('*'));
@@ -59,10 +72,7 @@ impl StatPath {
                 // Detailed without a shared pattern: always `key_value`,
                 // `key_` for an empty value (as the reference writes it).
                 (true, _, _) if !shared => {
-                    out.push('.');
-                    out.push_str(&level.key);
-                    out.push('_');
-                    out.push_str(actual);
+                    out.push(format!("{}_{actual}", level.key));
                     continue;
                 }
                 (true, _, _) => actual,
@@ -72,11 +82,10 @@ impl StatPath {
                 (false, None, _) if level.value_to_metric => actual,
                 (false, None, _) => "",
             };
-            out.push('.');
-            out.push_str(&level.key);
-            if !value.is_empty() {
-                out.push('_');
-                out.push_str(value);
+            if value.is_empty() {
+                out.push(level.key.clone());
+            } else {
+                out.push(format!("{}_{value}", level.key));
             }
         }
         out

@@ -61,7 +61,14 @@ impl EngineBuilder {
         let mut leases = Vec::with_capacity(self.tiers.len());
         for t in self.tiers {
             let (built, rt, lease) =
-                compile_tier(t, &mut seen, instances, &prefix, self.no_key_warn_after)?;
+                compile_tier(t, &mut seen, instances, &prefix, self.no_key_warn_after).and_then(
+                    |c| {
+                        if self.header_style.ietf() {
+                            structured_fields_fit(&c.0.name, &c.1)?;
+                        }
+                        Ok(c)
+                    },
+                )?;
             tiers.push(built);
             runtime.push(rt);
             leases.push(lease);
@@ -180,8 +187,12 @@ impl EngineBuilder {
                     self.max_endpoints,
                 ),
                 failure_log: LogThrottle::new(Duration::from_secs(1)),
-                blocked_set: (self.fleet_top_n && single_redis)
-                    .then(|| ArcSwap::from_pointee((u64::MAX, Arc::from("")))),
+                blocked_set: (self.fleet_top_n && single_redis).then(|| {
+                    ArcSwap::from_pointee(super::state::TopSets {
+                        hour: u64::MAX,
+                        ..Default::default()
+                    })
+                }),
                 fleet_blocked: (self.fleet_top_n && single_redis).then(|| {
                     crate::observe::fleet::FleetBlocked::new(
                         Arc::from(prefix.as_str()),
@@ -287,6 +298,13 @@ fn compile_tier(
             });
         }
     }
+    let unit = quota_unit(&t);
+    if !unit.is_valid() {
+        return Err(ConfigError::InvalidQuotaUnit {
+            tier: t.name,
+            unit: unit.as_str().to_owned(),
+        });
+    }
     let penalty = t.penalty.map(|p| p.compile(&t.name)).transpose()?;
     let fallback = fallback_limit(&t.name, t.algorithm, t.quota, t.cost, instances)?;
     let mut plans = Vec::with_capacity(t.plans.len());
@@ -329,6 +347,7 @@ fn compile_tier(
         // A concurrency tier takes none (see Tier::overrides).
         overrides: t.overrides && !matches!(t.algorithm, Algorithm::Concurrency { .. }),
         priced: t.priced,
+        unit,
         // Both at once was refused above.
         refund_on: if t.skip_failed {
             RefundOn::Failure
@@ -339,4 +358,51 @@ fn compile_tier(
         },
     };
     Ok((built, runtime, t.lease))
+}
+
+/// With the IETF fields: refuses a tier whose quota (its limit `q`, its
+/// burst, the most `r` can say, or its window `w` in seconds) is above the
+/// largest Structured Fields integer (RFC 9651 §3.3.1: 15 digits), naming
+/// the field; a plan's quota by `plans.<name>.<field>`.
+fn structured_fields_fit(tier: &str, r: &TierRuntime) -> Result<(), ConfigError> {
+    use crate::response::SF_INTEGER_MAX;
+    let quotas =
+        std::iter::once((None, &r.quota)).chain(r.plans.iter().map(|p| (Some(&*p.name), &p.quota)));
+    for (plan, q) in quotas {
+        let secs = q.period().as_micros().div_ceil(1_000_000);
+        for (field, value) in [
+            ("limit", u128::from(q.limit())),
+            ("burst", u128::from(q.burst_size())),
+            ("period", secs),
+        ] {
+            if value > u128::from(SF_INTEGER_MAX) {
+                return Err(ConfigError::BeyondStructuredFields {
+                    tier: tier.to_owned(),
+                    field: match plan {
+                        Some(p) => format!("plans.{p}.{field}"),
+                        None => field.to_owned(),
+                    },
+                    value,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A tier's quota unit: as set, else `concurrent-requests` for a
+/// concurrency tier, `tokens` for a priced tier, `cost-units` for a tier
+/// whose requests cost other than 1, else `requests` (see
+/// [`QuotaUnit`](crate::response::QuotaUnit)).
+fn quota_unit(t: &TierSpec) -> crate::response::QuotaUnit {
+    use crate::response::QuotaUnit;
+    match &t.unit {
+        Some(u) => u.clone(),
+        None if matches!(t.algorithm, Algorithm::Concurrency { .. }) => {
+            QuotaUnit::ConcurrentRequests
+        }
+        None if t.priced => QuotaUnit::Custom(Arc::from("tokens")),
+        None if t.weighted || t.cost != 1 => QuotaUnit::Custom(Arc::from("cost-units")),
+        None => QuotaUnit::Requests,
+    }
 }

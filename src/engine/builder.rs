@@ -243,13 +243,16 @@ impl EngineBuilder {
     }
 
     /// On a single Redis, count rejected keys fleet-wide in hourly sorted
-    /// sets `<prefix>:blocked:<hour>` (TTL 25 h, the 10 000 heaviest kept),
-    /// written by the same script call as the decision (default on). The
+    /// sets (TTL 25 h, the 10 000 heaviest kept), the refused keys in
+    /// `<prefix>:blocked:<hour>` and those a tier not enforced for them would
+    /// have refused in `<prefix>:shadow_limited:<hour>`, written by the same
+    /// script call as the decision (default on). The
     /// 429s answered by the local deny cache are added too, without a call
     /// per request: accumulated in this process and flushed in one
     /// pipelined call per [`fleet_top_n_flush`](Self::fleet_top_n_flush)
     /// interval. Read with
-    /// [`RateLimitHandle::top_blocked_fleet`](crate::RateLimitHandle::top_blocked_fleet).
+    /// [`RateLimitHandle::top_blocked_fleet`](crate::RateLimitHandle::top_blocked_fleet)
+    /// and [`top_shadow_limited_fleet`](crate::RateLimitHandle::top_shadow_limited_fleet).
     pub fn fleet_top_n(mut self, on: bool) -> Self {
         self.fleet_top_n = on;
         self

@@ -309,7 +309,7 @@ fn begin(
         // One reading of the clock for the call: the latency histogram's
         // start, the deny cache's send time, the hour of the blocked-keys
         // set and the script's deadline (a read costs ~60 ns in a VM;
-        // docs/performance.md, "Redis mode's app-side cost").
+        // perf/README.md, "Redis mode's app-side cost").
         let sent = now.unwrap_or_else(Instant::now);
         if !meta.quiet {
             meta.backend_started = Some(sent);
@@ -321,6 +321,9 @@ fn begin(
             meta.flight = Some(shared.guards.deny_cache.start_flight(cost));
         }
         let blocked = shared.blocked_set(meta.sent_us);
+        let sets = blocked
+            .as_deref()
+            .map(|b| (&*b.blocked, &*b.shadow_limited));
         let check = match &leased {
             Some(t) if local > 0 => {
                 let (rest, shadow) = t.rest(&mut checks, meta.shadow);
@@ -329,7 +332,7 @@ fn begin(
                     &rest,
                     shadow,
                     shared.config.refunds(),
-                    blocked.as_deref(),
+                    sets,
                     Some(timeout),
                     sent,
                 );
@@ -340,7 +343,7 @@ fn begin(
                 &checks,
                 meta.shadow,
                 shared.config.refunds(),
-                blocked.as_deref(),
+                sets,
                 Some(timeout),
                 sent,
             ),

@@ -7,7 +7,7 @@ use crate::algorithm::Decision as TierResult;
 use crate::backend::Verdict;
 use crate::observe::RequestDecision;
 use crate::observe::{TierCount, TierDecision};
-use crate::response::{HeaderStyle, RateLimitHeaders, Rejection, RejectionReason};
+use crate::response::{HeaderStyle, PolicyItem, RateLimitHeaders, Rejection, RejectionReason};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,7 +117,16 @@ pub(crate) fn decide(
         .filter(|(j, _)| !(is_penalty(meta, *j) && *j > 0 && !ds[*j - 1].allowed))
         .map(|(j, _)| meta.tier_name(shared, j))
         .collect();
-    let mut denial = reject(shared, meta, i, d, v.now_us, !meta.fallback, violated);
+    let boxed = meta.sent.get(i).is_some_and(|c| c.limit.is_penalty());
+    let mut denial = reject(
+        shared,
+        meta,
+        (i, boxed),
+        d,
+        v.now_us,
+        !meta.fallback,
+        violated,
+    );
     super::meters::attach(shared, meta, ds, true, &mut denial.headers);
     denial.shadow_tiers = shadow_tiers;
     denial.details = details(meta, v);
@@ -240,9 +249,11 @@ pub(crate) fn headers_for(
 ) -> RateLimitHeaders {
     let policy = meta.tier_name(shared, i);
     let (q, period_us, refills) = meta.quotas.get(i).copied().unwrap_or((d.limit, 0, false));
-    let quota = (q, period_us.div_ceil(1_000_000));
-    // A concurrency tier's period is recorded as 0 (see `Meta::quotas`).
-    let concurrent = period_us == 0 && !meta.quotas.is_empty();
+    let policies = if shared.config.header_style.ietf() {
+        policies(shared, meta)
+    } else {
+        Vec::new()
+    };
     if denied {
         let retry_after = ceil_secs(d.retry_after_us).max(1);
         RateLimitHeaders {
@@ -255,8 +266,7 @@ pub(crate) fn headers_for(
             // so `Retry-After` is never earlier than this `t`.
             window_in: retry_after,
             policy,
-            quota,
-            concurrent,
+            policies,
             style: shared.config.header_style,
             meters: None,
         }
@@ -276,22 +286,52 @@ pub(crate) fn headers_for(
                 refills.then_some((q, period_us)),
             )),
             policy,
-            quota,
-            concurrent,
+            policies,
             style: shared.config.header_style,
             meters: None,
         }
     }
 }
 
-/// The denial by check `i`.
+/// The IETF `RateLimit-Policy` items of a request: each tier it checks
+/// (once, though a penalty box or an override read adds a check of the
+/// same tier), enforced ones and, with `shadow_headers`, observing ones,
+/// in check order: the same whichever tier binds and whether the backend
+/// or the deny cache answers.
+fn policies(shared: &Shared, meta: &Meta) -> Vec<PolicyItem> {
+    let mut seen = 0u64;
+    let mut out = Vec::with_capacity(meta.quotas.len());
+    for (j, &(quota, period_us, _)) in meta.quotas.iter().enumerate() {
+        let Some(&t) = meta.tiers.get(j) else {
+            continue;
+        };
+        let bit = 1u64.checked_shl(u32::from(t)).unwrap_or(0);
+        if seen & bit != 0 || (!shared.config.shadow_headers && meta.shadow.contains(j)) {
+            continue;
+        }
+        seen |= bit;
+        let Some(tier) = shared.config.tiers.get(usize::from(t)) else {
+            continue;
+        };
+        out.push(PolicyItem {
+            name: tier.name.clone(),
+            quota,
+            // A concurrency tier's period is recorded as 0 (`Meta::quotas`).
+            window: (period_us > 0).then(|| period_us.div_ceil(1_000_000)),
+            unit: tier.unit.clone(),
+        });
+    }
+    out
+}
+
+/// The denial by check `i` (`boxed`: a penalty box's check, blocking).
 /// `count_limited`: count the request as `limited` (the deny cache and the
 /// fallback count their own decision instead). `violated`: every enforced
 /// denying tier, in tier order.
 pub(crate) fn reject(
     shared: &Shared,
     meta: &Meta,
-    i: usize,
+    (i, boxed): (usize, bool),
     d: &TierResult,
     now_us: u64,
     count_limited: bool,
@@ -309,6 +349,8 @@ pub(crate) fn reject(
         headers.window_in = headers.reset_in;
         headers.reset = ceil_secs(now_us.saturating_add(d.reset_after_us));
         RejectionReason::CostExceedsCapacity
+    } else if boxed {
+        RejectionReason::AbnormalUsage
     } else {
         RejectionReason::QuotaExceeded
     };
@@ -341,7 +383,9 @@ pub(crate) fn reject(
         retry_after,
         docs_url: shared.config.docs_url.clone(),
         status: match (reason, meta.tier(shared, i)) {
-            (RejectionReason::QuotaExceeded, Some(t)) => t.exhausted_status,
+            (RejectionReason::QuotaExceeded | RejectionReason::AbnormalUsage, Some(t)) => {
+                t.exhausted_status
+            }
             _ => 429,
         },
         reason,

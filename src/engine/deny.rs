@@ -99,8 +99,14 @@ pub(crate) fn deny_cached(
                 }
             });
         if known {
-            // Every enforced check with a live entry is denied, in tier order.
-            let violated = cached.iter().map(|&j| meta.tier_name(shared, j)).collect();
+            // Every enforced check with a live entry is denied, in tier
+            // order; a tier and its penalty box are one policy (as
+            // `decide` lists them).
+            let violated = cached
+                .iter()
+                .filter(|&&j| !(checks[j].limit.is_penalty() && j > 0 && cached.contains(&(j - 1))))
+                .map(|&j| meta.tier_name(shared, j))
+                .collect();
             return Cached::Deny(cache_blocked(shared, checks, meta, i, &d, now_us, violated));
         }
     }
@@ -159,14 +165,16 @@ pub(crate) fn cache_blocked(
     let wait = d.until_us.saturating_sub(now_us);
     let decision = TierResult {
         allowed: false,
-        // `X-RateLimit-Limit`: the capacity of the limit it was decided under.
-        limit: d.quota.capacity(),
+        // `X-RateLimit-Limit`: what the backend's answer showed (a penalty
+        // box's is its tier's).
+        limit: d.shown_limit,
         remaining: d.remaining,
         reset_after_us: wait,
         retry_after_us: wait,
         delay_us: 0,
     };
-    reject(shared, meta, i, &decision, now_us, false, violated)
+    let boxed = checks[i].limit.is_penalty();
+    reject(shared, meta, (i, boxed), &decision, now_us, false, violated)
 }
 
 /// Feeds the deny cache from a backend answer, for enforced tiers:
@@ -267,7 +275,8 @@ pub(crate) fn feed_deny_cache(
                     d.remaining,
                     Duration::from_micros(wait_us),
                 )
-                .primed(d.allowed),
+                .primed(d.allowed)
+                .showing_limit(d.limit),
             );
             if written.is_none_or(|(u, _)| until_us > u) {
                 written = Some((until_us, wait_us));

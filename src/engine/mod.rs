@@ -55,6 +55,13 @@ mod tests;
 /// as `RUST_LOG=tiered_ratelimit::service=debug` keep working.
 pub(crate) const LOG_TARGET: &str = "tiered_ratelimit::service";
 
+/// The fleet-wide hourly sets: `<prefix>:blocked:<hour>` counts the keys
+/// refused (429), `<prefix>:shadow_limited:<hour>` those a tier not enforced
+/// for the key would have refused (lua/check.lua adds to both).
+pub(crate) const BLOCKED_SET: &str = "blocked";
+/// See [`BLOCKED_SET`].
+pub(crate) const SHADOW_LIMITED_SET: &str = "shadow_limited";
+
 /// The same for the control key's watcher (formerly `control.rs`).
 pub(crate) const CONTROL_LOG_TARGET: &str = "tiered_ratelimit::control";
 

@@ -229,8 +229,12 @@ pub(crate) fn observe_decisions(
         let part = part
             .strip_suffix(crate::algorithm::penalty::KEY_SUFFIX)
             .unwrap_or(part);
+        // A tier not enforced for the key (shadow, a canary's other keys)
+        // did not refuse it: its would-be denial is counted apart.
         let kind = if d.allowed {
             Kind::NearLimit
+        } else if shadow {
+            Kind::ShadowLimited
         } else {
             Kind::Blocked
         };

@@ -54,6 +54,8 @@ pub(crate) struct BuiltTier {
     /// Priced by its response (`Tier::priced`): its charge is a reservation
     /// at the estimate, settled when the response ends (`engine/settle.rs`).
     pub(crate) priced: bool,
+    /// What its quota counts: the IETF policy's `qu`.
+    pub(crate) unit: crate::response::QuotaUnit,
     /// Its penalty box, checked right after it (key `<key>{pb}`).
     pub(crate) penalty: Option<crate::algorithm::PenaltyBox>,
     /// Whether each check is preceded by a read of the key's override (key

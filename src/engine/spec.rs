@@ -7,6 +7,7 @@ use crate::algorithm::kind::Algorithm;
 use crate::algorithm::penalty::Penalty;
 use crate::engine::token_lease::TokenLease;
 use crate::quota::Quota;
+use crate::response::QuotaUnit;
 use crate::rollout::Mode;
 
 /// One tier's engine half: its name, algorithm and quotas, its options and
@@ -45,6 +46,11 @@ pub(crate) struct TierSpec {
     /// Priced by its response: its charge is a reservation at the
     /// estimate, settled by the front door (`engine/settle.rs`).
     pub(crate) priced: bool,
+    /// The quota's unit as set ([`Tier::quota_unit`](crate::Tier::quota_unit));
+    /// `None`: chosen by `build` (see [`QuotaUnit`]).
+    pub(crate) unit: Option<QuotaUnit>,
+    /// Costed by a function of the request (its quota counts costs).
+    pub(crate) weighted: bool,
 }
 
 impl TierSpec {
@@ -68,6 +74,8 @@ impl TierSpec {
             key_type: "",
             no_key_cause: None,
             priced: false,
+            unit: None,
+            weighted: false,
         }
     }
 }

@@ -94,27 +94,43 @@ pub(crate) struct Telemetry {
     pub(crate) observer: Observer,
     /// Throttles the backend-failure log line (once a second).
     pub(crate) failure_log: LogThrottle,
-    /// With fleet-wide top-N on a single Redis: the current hour's set of
-    /// rejected keys, `<prefix>:blocked:<hour since epoch>`.
-    pub(crate) blocked_set: Option<ArcSwap<(u64, Arc<str>)>>,
+    /// With fleet-wide top-N on a single Redis: the current hour's sets of
+    /// refused and of shadow-limited keys.
+    pub(crate) blocked_set: Option<ArcSwap<TopSets>>,
     /// With `blocked_set`: the deny cache's 429s, waiting for their
     /// pipelined flush into the same sets.
     pub(crate) fleet_blocked: Option<crate::observe::fleet::FleetBlocked>,
 }
 
+/// One hour's fleet-wide sets (lua/check.lua's last two keys): the keys
+/// refused, `<prefix>:blocked:<hour>`, and the keys a tier not enforced for
+/// them would have refused, `<prefix>:shadow_limited:<hour>`.
+#[derive(Debug, Default)]
+pub(crate) struct TopSets {
+    /// Hours since the epoch (`u64::MAX`: none yet).
+    pub(crate) hour: u64,
+    pub(crate) blocked: Box<str>,
+    pub(crate) shadow_limited: Box<str>,
+}
+
 impl Shared {
-    /// The blocked-keys set to pass with this request's check, if any, at
+    /// The blocked-keys sets to pass with this request's check, if any, at
     /// `now_us` on the local clock.
-    pub(crate) fn blocked_set(&self, now_us: u64) -> Option<Arc<str>> {
+    pub(crate) fn blocked_set(&self, now_us: u64) -> Option<Arc<TopSets>> {
         let cell = self.telemetry.blocked_set.as_ref()?;
         let hour = now_us / 3_600_000_000;
-        let cur = cell.load();
-        if cur.0 == hour {
-            return Some(cur.1.clone());
+        let cur = cell.load_full();
+        if cur.hour == hour {
+            return Some(cur);
         }
-        let name: Arc<str> = Arc::from(format!("{}:blocked:{hour}", self.config.key_prefix));
-        cell.store(Arc::new((hour, name.clone())));
-        Some(name)
+        let prefix = &self.config.key_prefix;
+        let sets = Arc::new(TopSets {
+            hour,
+            blocked: format!("{prefix}:{}:{hour}", super::BLOCKED_SET).into(),
+            shadow_limited: format!("{prefix}:{}:{hour}", super::SHADOW_LIMITED_SET).into(),
+        });
+        cell.store(sets.clone());
+        Some(sets)
     }
 
     /// Counts one request under `decision`, here and in the metrics facade.

@@ -203,9 +203,11 @@ impl RateLimitHandle {
         self.shared.guards.breaker.state().label()
     }
 
-    /// The `n` keys of `tier` most blocked (429 by that tier, shadow
-    /// would-blocks included) over the last `window` (rounded up to whole
+    /// The `n` keys of `tier` most blocked (refused: a 429 by that tier,
+    /// enforced for the key) over the last `window` (rounded up to whole
     /// hours, at most 24), in this process. `None` for an unknown tier.
+    /// Would-be denials of a tier not enforced for the key are not here:
+    /// see [`top_shadow_limited`](Self::top_shadow_limited).
     pub fn top_blocked(
         &self,
         tier: &str,
@@ -213,6 +215,18 @@ impl RateLimitHandle {
         window: std::time::Duration,
     ) -> Option<Vec<BlockedKey>> {
         self.top(tier, Kind::Blocked, n, window)
+    }
+
+    /// Like [`top_blocked`](Self::top_blocked), for the keys `tier` would
+    /// have refused but let through: the tier was in shadow mode, or a
+    /// canary not enforced for the key (the `shadow_limited` decision).
+    pub fn top_shadow_limited(
+        &self,
+        tier: &str,
+        n: usize,
+        window: std::time::Duration,
+    ) -> Option<Vec<BlockedKey>> {
+        self.top(tier, Kind::ShadowLimited, n, window)
     }
 
     /// Like [`top_blocked`](Self::top_blocked), for keys allowed with less
@@ -239,16 +253,18 @@ impl RateLimitHandle {
         Some(self.shared.telemetry.observer.top(i, kind, n, hours, now_s))
     }
 
-    /// The `n` keys of `tier` most rejected across the whole fleet over the
-    /// last `window` (whole hours, at most 24), from the hourly sets in Redis
-    /// (see [`RateLimitLayerBuilder::fleet_top_n`](crate::RateLimitLayerBuilder::fleet_top_n)).
+    /// The `n` keys of `tier` most refused (429) across the whole fleet over
+    /// the last `window` (whole hours, at most 24), from the hourly sets in
+    /// Redis (see [`RateLimitLayerBuilder::fleet_top_n`](crate::RateLimitLayerBuilder::fleet_top_n)).
     /// Counts are exact (per key, up to the 10 000 heaviest keys an hour):
     /// the rejections the script made, plus the 429s each instance's deny
     /// cache answered, added by a pipelined flush once per
     /// [`fleet_top_n_flush`](crate::RateLimitLayerBuilder::fleet_top_n_flush)
     /// interval (default 1 s) — so they can lag by one interval, and a crash
     /// or a failed flush loses at most one interval of one instance (counted
-    /// in `tiered_ratelimit_fleet_blocked_dropped_total`).
+    /// in `tiered_ratelimit_fleet_blocked_dropped_total`). Would-be denials
+    /// of a tier not enforced for the key are counted apart:
+    /// [`top_shadow_limited_fleet`](Self::top_shadow_limited_fleet).
     ///
     /// # Errors
     /// [`BackendError`](crate::BackendError) when Redis cannot answer, or
@@ -257,6 +273,37 @@ impl RateLimitHandle {
     pub async fn top_blocked_fleet(
         &self,
         tier: &str,
+        n: usize,
+        window: std::time::Duration,
+    ) -> Result<Vec<BlockedKey>, crate::error::BackendError> {
+        self.top_fleet(tier, crate::engine::BLOCKED_SET, n, window)
+            .await
+    }
+
+    /// Like [`top_blocked_fleet`](Self::top_blocked_fleet), for the keys
+    /// `tier` would have refused but let through, fleet-wide (a shadow
+    /// tier, or a canary not enforced for the key): the script adds those
+    /// to the hourly sets `<prefix>:shadow_limited:<hour>`, apart from the
+    /// refused keys' `<prefix>:blocked:<hour>`.
+    ///
+    /// # Errors
+    /// As [`top_blocked_fleet`](Self::top_blocked_fleet).
+    pub async fn top_shadow_limited_fleet(
+        &self,
+        tier: &str,
+        n: usize,
+        window: std::time::Duration,
+    ) -> Result<Vec<BlockedKey>, crate::error::BackendError> {
+        self.top_fleet(tier, crate::engine::SHADOW_LIMITED_SET, n, window)
+            .await
+    }
+
+    /// The `n` heaviest keys of `tier` in the hourly sets
+    /// `<prefix>:<set>:<hour>` of the last `window`.
+    async fn top_fleet(
+        &self,
+        tier: &str,
+        set: &str,
         n: usize,
         window: std::time::Duration,
     ) -> Result<Vec<BlockedKey>, crate::error::BackendError> {
@@ -278,7 +325,7 @@ impl RateLimitHandle {
             let sets: Vec<String> = (0..hours)
                 .map(|h| {
                     format!(
-                        "{}:blocked:{}",
+                        "{}:{set}:{}",
                         self.shared.config.key_prefix,
                         hour.saturating_sub(h)
                     )
@@ -296,7 +343,7 @@ impl RateLimitHandle {
                 .collect());
         }
         #[cfg(not(feature = "redis"))]
-        let _ = (n, window, i);
+        let _ = (n, window, i, set);
         Err(no("not a Redis backend"))
     }
 

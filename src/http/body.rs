@@ -9,8 +9,11 @@ pin_project! {
     /// The body of a response from the layer: the inner service's body, or
     /// a complete body the layer produced (429 or 503). `Inner.body` is the
     /// inner body; `Full.data` holds the bytes until they are sent.
+    ///
+    /// Non-exhaustive: the layer may gain response kinds in a minor release.
     #[project = BodyProj]
     #[allow(missing_docs)]
+    #[non_exhaustive]
     pub enum ResponseBody<B> {
         /// The inner service's body, untouched.
         Inner {

@@ -9,7 +9,7 @@
 use crate::engine::{Block, Engine, Facts};
 use crate::http::tier::{CostFn, PlanFn};
 use crate::key::{route_of, ClientIp, KeyError, KeyExtractor, KeyWriter};
-use crate::response::{json_response, unavailable, OnRejection};
+use crate::response::{json_response, unavailable, OnRejection, RejectionReason, X_SHOULD_RETRY};
 use crate::rollout::{AccessLists, DenyStatus, Plan, Standing};
 use bytes::Bytes;
 use http::request::Parts;
@@ -109,6 +109,12 @@ impl Front {
                     *res.status_mut() = d.rejection.http_status();
                 }
                 d.headers.write(res.headers_mut());
+                if d.rejection.reason == RejectionReason::CostExceedsCapacity {
+                    // No wait lets it pass: SDKs that retry every 429 (OpenAI's,
+                    // Cloudflare's) stop on this, whatever the header style.
+                    res.headers_mut()
+                        .insert(X_SHOULD_RETRY, http::HeaderValue::from_static("false"));
+                }
                 res.extensions_mut().insert(d.rejection);
                 res
             }

@@ -48,6 +48,7 @@ pub struct Tier {
     pub(crate) calendar: Option<crate::algorithm::calendar::Calendar>,
     pub(crate) exhausted_status: Option<u16>,
     pub(crate) priced: Option<(crate::http::priced::Estimate, crate::http::priced::Actual)>,
+    pub(crate) quota_unit: Option<crate::response::QuotaUnit>,
 }
 
 impl fmt::Debug for Tier {
@@ -96,6 +97,7 @@ impl Tier {
             calendar: None,
             exhausted_status: None,
             priced: None,
+            quota_unit: None,
         }
     }
 
@@ -348,6 +350,31 @@ impl Tier {
         Self::new(name, key, Quota::new(limit, DEFAULT_LEASE)).algorithm(Algorithm::Concurrency {
             lease: DEFAULT_LEASE,
         })
+    }
+
+    /// What the tier's quota counts, the IETF `RateLimit-Policy` item's
+    /// `qu` (draft-11 §3.1.2): by default `concurrent-requests` for a
+    /// concurrency tier, `tokens` for a [priced](Self::priced) tier,
+    /// `cost-units` for a tier with a [cost function](Self::cost_fn) or a
+    /// fixed [cost](Self::cost) other than 1, else `requests` (not
+    /// written: the draft's default). A custom unit is 1-32 characters of
+    /// `[a-z0-9-]` (`build()` names the field `quota_unit` otherwise).
+    ///
+    /// ```
+    /// use tiered_ratelimit::{key::ClientIp, response::QuotaUnit, Quota, Tier};
+    /// // A cost function returning the request's Content-Length.
+    /// let upload = Tier::new("upload", ClientIp::default(), Quota::per_minute(10_000_000))
+    ///     .cost_fn(|p: &http::request::Parts| {
+    ///         p.headers
+    ///             .get(http::header::CONTENT_LENGTH)
+    ///             .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///             .unwrap_or(1)
+    ///     })
+    ///     .quota_unit(QuotaUnit::ContentBytes);
+    /// ```
+    pub fn quota_unit(mut self, unit: crate::response::QuotaUnit) -> Self {
+        self.quota_unit = Some(unit);
+        self
     }
 
     /// The counting algorithm (default [`Algorithm::TokenBucket`]).

@@ -1,6 +1,9 @@
-//! Top-N blocked and near-limit keys per tier, in this process: a bounded
-//! heavy-hitter sketch (Filtered Space-Saving, from the `topk` crate) per
-//! tier and hour, the last 24 hours merged on query.
+//! Top-N blocked, shadow-limited and near-limit keys per tier, in this
+//! process: a bounded heavy-hitter sketch (Filtered Space-Saving, from the
+//! `topk` crate) per tier, kind and hour, the last 24 hours merged on query.
+//! Blocked keys were refused (429); shadow-limited keys would have been (a
+//! tier in shadow mode, or a canary tier not enforced for the key) and got
+//! their answer: the two are counted apart.
 //!
 //! Space-Saving keeps `capacity` counters; a key's count is overestimated by
 //! at most the smallest counter, reported as `error`. Keys counted here are
@@ -22,25 +25,37 @@ pub struct BlockedKey {
     pub error: u64,
 }
 
-/// One hour of one tier: (hour since epoch, blocked, near-limit).
-type HourSketch = (
-    u64,
-    FilteredSpaceSaving<String>,
-    FilteredSpaceSaving<String>,
-);
+/// One hour of one tier: (hour since epoch, one sketch per [`Kind`], in
+/// its order).
+type HourSketch = (u64, [FilteredSpaceSaving<String>; 3]);
 
-/// Hour-bucketed sketches of one tier: blocked and near-limit.
+/// Hour-bucketed sketches of one tier, one per [`Kind`].
 pub(crate) struct TierSketch {
     capacity: usize,
-    /// (hour since epoch, blocked, near-limit), newest last, at most 24.
+    /// (hour since epoch, sketches), newest last, at most 24.
     hours: Mutex<VecDeque<HourSketch>>,
 }
 
 /// What a sketch counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
+    /// Refused by an enforced tier (a 429).
     Blocked,
+    /// Allowed with less than a fifth of the limit left.
     NearLimit,
+    /// Would have been refused, by a tier not enforced for the key (shadow
+    /// mode, or a canary's unenforced keys): the request passed.
+    ShadowLimited,
+}
+
+impl Kind {
+    fn index(self) -> usize {
+        match self {
+            Kind::Blocked => 0,
+            Kind::NearLimit => 1,
+            Kind::ShadowLimited => 2,
+        }
+    }
 }
 
 impl TierSketch {
@@ -54,22 +69,18 @@ impl TierSketch {
     pub(crate) fn record(&self, kind: Kind, key: &str, count: u64, now_s: u64) {
         let hour = now_s / 3600;
         let mut hours = self.hours.lock().unwrap_or_else(|e| e.into_inner());
-        if hours.back().is_none_or(|(h, _, _)| *h != hour) {
+        if hours.back().is_none_or(|(h, _)| *h != hour) {
+            let capacity = self.capacity;
             hours.push_back((
                 hour,
-                FilteredSpaceSaving::new(self.capacity),
-                FilteredSpaceSaving::new(self.capacity),
+                std::array::from_fn(|_| FilteredSpaceSaving::new(capacity)),
             ));
             while hours.len() > 24 {
                 hours.pop_front();
             }
         }
-        if let Some((_, blocked, near)) = hours.back_mut() {
-            let sketch = match kind {
-                Kind::Blocked => blocked,
-                Kind::NearLimit => near,
-            };
-            sketch.insert(key.to_owned(), count);
+        if let Some((_, sketches)) = hours.back_mut() {
+            sketches[kind.index()].insert(key.to_owned(), count);
         }
     }
 
@@ -78,14 +89,10 @@ impl TierSketch {
         let first = (now_s / 3600).saturating_sub(hours_back.clamp(1, 24) - 1);
         let hours = self.hours.lock().unwrap_or_else(|e| e.into_inner());
         let mut merged = FilteredSpaceSaving::new(self.capacity);
-        for (h, blocked, near) in hours.iter() {
+        for (h, sketches) in hours.iter() {
             if *h >= first {
-                let s = match kind {
-                    Kind::Blocked => blocked,
-                    Kind::NearLimit => near,
-                };
                 // Same capacity everywhere: merging cannot fail.
-                let _ = merged.merge(s);
+                let _ = merged.merge(&sketches[kind.index()]);
             }
         }
         merged
@@ -146,5 +153,22 @@ mod tests {
         assert_eq!(s.top(Kind::Blocked, 5, 1, now).len(), 1);
         assert_eq!(s.top(Kind::Blocked, 5, 24, now)[0].key, "old");
         assert!(s.top(Kind::NearLimit, 5, 24, now).is_empty());
+    }
+
+    #[test]
+    fn blocked_and_shadow_limited_are_counted_apart() {
+        let s = TierSketch::new(8);
+        let now = 1_700_000_000;
+        s.record(Kind::Blocked, "refused", 3, now);
+        s.record(Kind::ShadowLimited, "passed", 10, now);
+        let keys = |kind| -> Vec<(String, u64)> {
+            s.top(kind, 5, 1, now)
+                .into_iter()
+                .map(|b| (b.key, b.count))
+                .collect()
+        };
+        assert_eq!(keys(Kind::Blocked), [("refused".to_owned(), 3)]);
+        assert_eq!(keys(Kind::ShadowLimited), [("passed".to_owned(), 10)]);
+        assert!(keys(Kind::NearLimit).is_empty());
     }
 }

@@ -15,9 +15,10 @@ use std::fmt;
 /// The table is read whatever the crate's features;
 /// [`RedisConfig::backend`] needs the `redis` feature.
 ///
-/// ```
+/// ```no_run
 /// # #[cfg(feature = "redis")]
-/// # fn main() -> Result<(), tiered_ratelimit::ConfigError> {
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tiered_ratelimit::ConfigError> {
 /// use tiered_ratelimit::policy::Policy;
 /// let policy = Policy::from_toml_str(r#"
 ///     [redis]
@@ -34,7 +35,8 @@ use std::fmt;
 ///     period = "1s"
 /// "#)?;
 /// let redis = policy.redis.as_ref().expect("a [redis] table").backend()?;
-/// let layer = tiered_ratelimit::RateLimitLayer::from_policy(&policy, redis)?;
+/// // build() + one PING: an unreachable Redis is said at start-up.
+/// let layer = policy.builder(redis)?.build_checked().await?;
 /// # Ok(()) }
 /// # #[cfg(not(feature = "redis"))]
 /// # fn main() {}

@@ -47,6 +47,11 @@ pub struct TierPolicy {
     /// period, 403; see [`Tier::exhausted_status`].
     #[serde(default)]
     pub exhausted_status: Option<u16>,
+    /// What the quota counts, the IETF policy's `qu`: `"requests"`,
+    /// `"content-bytes"`, `"concurrent-requests"` or a custom unit of
+    /// `[a-z0-9-]`; default by the tier's kind, see [`Tier::quota_unit`].
+    #[serde(default)]
+    pub quota_unit: Option<String>,
     /// For `concurrency`: how long a slot is held without renewal
     /// (humantime, default `"60s"`); rejected by the other algorithms.
     #[serde(default, with = "humantime_serde")]
@@ -302,6 +307,9 @@ impl TierPolicy {
         }
         if let Some(s) = self.exhausted_status {
             tier = tier.exhausted_status(s);
+        }
+        if let Some(u) = &self.quota_unit {
+            tier = tier.quota_unit(crate::response::QuotaUnit::named(u));
         }
         tier = tier.overrides(self.overrides);
         if let Some(p) = &self.priced {

@@ -12,6 +12,11 @@ pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelim
 /// `X-RateLimit-Reset`.
 pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+/// `x-should-retry`: sent as `false` on a 429 no wait can lift (a cost
+/// above the tier's capacity), for the SDKs that retry every 429 unless it
+/// says so (OpenAI's, Cloudflare's).
+pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+
 /// `RateLimit-Policy` (IETF draft).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit` (IETF draft).
@@ -24,9 +29,10 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 ///   `X-RateLimit-Reset` (epoch seconds) — what most clients parse today.
 /// * `IetfDraft11`: the structured fields of the IETF HTTPAPI draft
 ///   *RateLimit header fields for HTTP*, `draft-ietf-httpapi-ratelimit-headers-11`
-///   (23 May 2026), the current draft, for the binding tier:
-///   `RateLimit-Policy: "<tier>";q=<quota>;w=<window s>` (§3.1: `q` the quota
-///   in requests, `w` the window in seconds) and
+///   (23 May 2026), the current draft:
+///   `RateLimit-Policy: "<tier>";q=<quota>;w=<window s>, …` for every tier
+///   of the request (§3.1: `q` the quota in its unit, `w` the window in
+///   seconds) and, for the binding tier,
 ///   `RateLimit: "<tier>";r=<available>;t=<effective window s>` (§4.1). In
 ///   draft-11, `t` is the *effective window*: "the number of seconds within
 ///   which the client can use no more than the available quota" (§4.1.2;
@@ -60,10 +66,12 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 ///
 /// Draft-09 and draft-11 share the wire syntax (the same parameters `q`,
 /// `w`, `r`, `t`); only the meaning of `t` on allowed responses and the
-/// rule tying `Retry-After` to it changed. We send the optional quota unit
-/// `qu` only for a concurrency tier (`qu="concurrent-requests"`, without
-/// `w`; for every other tier the default unit, `requests`, applies; §3.1.2),
-/// and never the
+/// rule tying `Retry-After` to it changed. `RateLimit-Policy` lists every
+/// tier the request is checked by (§3: a list that "SHOULD remain
+/// consistent over a sequence of HTTP responses"), `RateLimit` the binding
+/// tier. A policy item carries the quota unit `qu` (§3.1.2) unless it is
+/// the default, `requests` (see [`QuotaUnit`]; a concurrency tier's has no
+/// `w`). Every integer is at most [`SF_INTEGER_MAX`]. We never send the
 /// optional partition key `pk` (§3.1.4, §4.1.3). A
 /// `draft-ietf-httpapi-ratelimit-headers-12` was announced in November
 /// 2026; its text was not available to us, so this crate has not been
@@ -117,6 +125,109 @@ impl HeaderStyle {
     }
 }
 
+/// The largest integer a Structured Field carries (RFC 9651 §3.3.1: at
+/// most 15 digits): every `q`, `w`, `r` and `t` of the IETF fields is at
+/// most this (a quota above it is refused at build, naming the field; a
+/// number computed at run time above it, from a quota changed at run time
+/// or a per-key override, is sent as this).
+pub const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// A quota unit: what a tier's quota counts, the IETF policy's `qu`
+/// parameter (`draft-ietf-httpapi-ratelimit-headers-11` §3.1.2; its
+/// default, `requests`, is not written).
+///
+/// A tier's unit, unless set with [`Tier::quota_unit`](crate::Tier::quota_unit):
+/// `concurrent-requests` for a concurrency tier, `tokens` for a priced tier
+/// ([`Tier::priced`](crate::Tier::priced)), `cost-units` for a tier with a
+/// cost function or a fixed cost other than 1 (its quota counts costs, not
+/// requests: name the unit the cost measures, such as
+/// [`QuotaUnit::ContentBytes`] for a body-size cost), else `requests`.
+/// `tokens` and `cost-units` are not in the draft's registry of quota units
+/// (which holds the three registered variants below); the draft lets a
+/// specification register more, and a client that does not know a unit
+/// learns, at least, that the quota does not count requests.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum QuotaUnit {
+    /// `requests` (the draft's default).
+    Requests,
+    /// `content-bytes`.
+    ContentBytes,
+    /// `concurrent-requests`: requests in flight (a concurrency tier).
+    ConcurrentRequests,
+    /// Any other unit: 1-32 characters of `[a-z0-9-]` (checked when the
+    /// layer is built, naming the field `quota_unit`).
+    Custom(Arc<str>),
+}
+
+impl QuotaUnit {
+    /// The unit as the `qu` parameter names it.
+    pub fn as_str(&self) -> &str {
+        match self {
+            QuotaUnit::Requests => "requests",
+            QuotaUnit::ContentBytes => "content-bytes",
+            QuotaUnit::ConcurrentRequests => "concurrent-requests",
+            QuotaUnit::Custom(u) => u,
+        }
+    }
+
+    /// The unit named `name`: a registered one, or [`QuotaUnit::Custom`].
+    pub fn named(name: &str) -> Self {
+        match name {
+            "requests" => QuotaUnit::Requests,
+            "content-bytes" => QuotaUnit::ContentBytes,
+            "concurrent-requests" => QuotaUnit::ConcurrentRequests,
+            other => QuotaUnit::Custom(Arc::from(other)),
+        }
+    }
+
+    /// Whether its name is 1-32 characters of `[a-z0-9-]` (always, for
+    /// the registered units).
+    pub(crate) fn is_valid(&self) -> bool {
+        let n = self.as_str();
+        !n.is_empty()
+            && n.len() <= 32
+            && n.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    }
+}
+
+/// One item of the IETF `RateLimit-Policy` field: a tier's policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyItem {
+    /// The tier's name (the policy's name).
+    pub name: Arc<str>,
+    /// `q`: the quota, in `unit`s.
+    pub quota: u64,
+    /// `w`: the window in seconds, rounded up; `None` for a concurrency
+    /// tier (requests in flight have no window).
+    pub window: Option<u64>,
+    /// `qu`, written unless it is [`QuotaUnit::Requests`].
+    pub unit: QuotaUnit,
+}
+
+impl PolicyItem {
+    /// Appends the item (`"<name>";q=<quota>[;qu="<unit>"][;w=<window>]`)
+    /// to `out`.
+    fn write_to(&self, out: &mut String) {
+        use std::fmt::Write;
+        // Tier names are [A-Za-z0-9_-] and units [a-z0-9-]: no sf-string
+        // escaping.
+        let _ = write!(out, "\"{}\";q={}", self.name, sf(self.quota));
+        if self.unit != QuotaUnit::Requests {
+            let _ = write!(out, ";qu=\"{}\"", self.unit.as_str());
+        }
+        if let Some(w) = self.window {
+            let _ = write!(out, ";w={}", sf(w));
+        }
+    }
+}
+
+/// `n`, at most [`SF_INTEGER_MAX`].
+fn sf(n: u64) -> u64 {
+    n.min(SF_INTEGER_MAX)
+}
+
 /// The header values for one response (see the [module docs](super)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitHeaders {
@@ -134,14 +245,13 @@ pub struct RateLimitHeaders {
     /// Seconds of the effective window (the draft-11 `t`, see
     /// [`HeaderStyle::IetfDraft11`]).
     pub window_in: u64,
-    /// The binding tier (the IETF policy name).
+    /// The binding tier (the policy the IETF `RateLimit` item names).
     pub policy: Arc<str>,
-    /// The tier's quota (IETF `q`, requests) and window in seconds (IETF `w`).
-    pub quota: (u64, u64),
-    /// The binding tier limits requests **in flight** (a concurrency tier):
-    /// the IETF policy carries the quota unit `qu="concurrent-requests"`
-    /// (draft-11 §3.1.2) and no window.
-    pub concurrent: bool,
+    /// The IETF `RateLimit-Policy` items: every enforced tier of the
+    /// request (observing ones too with `shadow_headers`), in tier order,
+    /// whichever binds, so the field stays the same over a route's
+    /// responses (draft-11 §3). Empty without the IETF fields.
+    pub policies: Vec<PolicyItem>,
     /// Which headers to write.
     pub style: HeaderStyle,
     /// With [`HeaderStyle::PerMeter`]: the two meters' numbers.
@@ -182,18 +292,19 @@ impl RateLimitHeaders {
         if let Some(t) = t {
             // Tier names are [A-Za-z0-9_-], so they need no sf-string escaping.
             // A String becomes a HeaderValue without a copy.
-            let policy = if self.concurrent {
-                format!(
-                    "\"{}\";q={};qu=\"concurrent-requests\"",
-                    self.policy, self.quota.0
-                )
-            } else {
-                format!("\"{}\";q={};w={}", self.policy, self.quota.0, self.quota.1)
-            };
-            let current = format!("\"{}\";r={};t={}", self.policy, self.remaining, t);
-            if let Ok(v) = HeaderValue::try_from(policy) {
-                headers.insert(RATELIMIT_POLICY, v);
+            if !self.policies.is_empty() {
+                let mut policy = String::with_capacity(32 * self.policies.len());
+                for (n, p) in self.policies.iter().enumerate() {
+                    if n > 0 {
+                        policy.push_str(", ");
+                    }
+                    p.write_to(&mut policy);
+                }
+                if let Ok(v) = HeaderValue::try_from(policy) {
+                    headers.insert(RATELIMIT_POLICY, v);
+                }
             }
+            let current = format!("\"{}\";r={};t={}", self.policy, sf(self.remaining), sf(t));
             if let Ok(v) = HeaderValue::try_from(current) {
                 headers.insert(RATELIMIT, v);
             }
@@ -370,8 +481,12 @@ mod tests {
             reset_in: 40,
             window_in,
             policy: Arc::from("ip"),
-            quota: (3, 60),
-            concurrent: false,
+            policies: vec![PolicyItem {
+                name: Arc::from("ip"),
+                quota: 3,
+                window: Some(60),
+                unit: QuotaUnit::Requests,
+            }],
             style,
             meters: None,
         };
@@ -406,6 +521,51 @@ mod tests {
         assert_eq!(get(&m, "x-ratelimit-reset"), Some("1700000040"));
         assert_eq!(get(&m, "ratelimit"), Some(r#""ip";r=1;t=20"#));
         assert_eq!(m.len(), 5);
+    }
+
+    /// A number computed at run time above the Structured Fields range (a
+    /// quota raised at run time, an override) is sent as its largest
+    /// integer, 15 digits; the legacy headers, no Structured Fields, as is.
+    #[test]
+    fn structured_field_integers_are_capped() {
+        let h = RateLimitHeaders {
+            limit: u64::MAX,
+            remaining: u64::MAX - 1,
+            reset: 1_700_000_040,
+            retry_after: None,
+            reset_in: u64::MAX / 1_000_000,
+            window_in: u64::MAX / 1_000_000,
+            policy: Arc::from("big"),
+            policies: vec![
+                PolicyItem {
+                    name: Arc::from("big"),
+                    quota: u64::MAX,
+                    window: Some(SF_INTEGER_MAX + 1),
+                    unit: QuotaUnit::Requests,
+                },
+                PolicyItem {
+                    name: Arc::from("bytes"),
+                    quota: 10,
+                    window: Some(1),
+                    unit: QuotaUnit::ContentBytes,
+                },
+            ],
+            style: HeaderStyle::Both,
+            meters: None,
+        };
+        let mut m = HeaderMap::new();
+        h.write(&mut m);
+        assert_eq!(
+            get(&m, "ratelimit-policy"),
+            Some(
+                r#""big";q=999999999999999;w=999999999999999, "bytes";q=10;qu="content-bytes";w=1"#
+            )
+        );
+        assert_eq!(
+            get(&m, "ratelimit"),
+            Some(r#""big";r=999999999999999;t=18446744073709"#)
+        );
+        assert_eq!(get(&m, "x-ratelimit-limit"), Some("18446744073709551615"));
     }
 
     /// Draft-11 §6: `Retry-After` not earlier than the end of the window.

@@ -14,8 +14,11 @@
 //! | `Retry-After` | only on `429`: whole **seconds**, rounded up, at least 1 — the time until the request would pass on every tier |
 //!
 //! With [`HeaderStyle::IetfDraft11`] (or [`HeaderStyle::IetfDraft09`]) the
-//! same binding tier is described by the IETF `RateLimit-Policy` and
-//! `RateLimit` fields instead; [`HeaderStyle`] gives their exact values.
+//! same binding tier is described by the IETF `RateLimit` field instead,
+//! beside `RateLimit-Policy`, which lists every tier of the request;
+//! [`HeaderStyle`] gives their exact values. A 429 no wait can lift (a cost
+//! above the tier's capacity) has no `Retry-After` and says
+//! `x-should-retry: false`.
 //!
 //! A denied request gets `429 Too Many Requests`, `Content-Type:
 //! application/json` and the body
@@ -31,8 +34,8 @@ mod rejection;
 
 pub(crate) use headers::effective_window_us;
 pub use headers::{
-    HeaderStyle, RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY, X_RATELIMIT_LIMIT,
-    X_RATELIMIT_REMAINING, X_RATELIMIT_RESET,
+    HeaderStyle, PolicyItem, QuotaUnit, RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY,
+    SF_INTEGER_MAX, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET, X_SHOULD_RETRY,
 };
 pub use meters::{
     go_duration, Meter, Meters, X_RATELIMIT_LIMIT_REQUESTS, X_RATELIMIT_LIMIT_TOKENS,

@@ -54,6 +54,13 @@ pub enum RejectionReason {
     /// `tiered_ratelimit_cost_exceeds_capacity_total{tier}` and logged once
     /// per tier as a likely misconfiguration.
     CostExceedsCapacity,
+    /// The key is in its tier's **penalty box**
+    /// ([`Tier::penalty`](crate::Tier::penalty)): blocked after repeated
+    /// denials, whatever its numbers, until `Retry-After`. A problem body
+    /// uses the draft's `abnormal-usage-detected` problem type
+    /// (`draft-ietf-httpapi-ratelimit-headers-11` §5.3); the JSON body
+    /// says `rate_limit_exceeded`, as for any wait.
+    AbnormalUsage,
 }
 
 impl Rejection {
@@ -65,12 +72,14 @@ impl Rejection {
 }
 
 impl RejectionReason {
-    /// The body's word for it: `rate_limit_exceeded` or
-    /// `cost_exceeds_capacity`.
+    /// Its word: `rate_limit_exceeded`, `cost_exceeds_capacity` or
+    /// `abnormal_usage_detected` (the JSON body's `error` says
+    /// `rate_limit_exceeded` for the last too).
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::QuotaExceeded => "rate_limit_exceeded",
             Self::CostExceedsCapacity => "cost_exceeds_capacity",
+            Self::AbnormalUsage => "abnormal_usage_detected",
         }
     }
 }
@@ -155,8 +164,10 @@ impl OnRejection for JsonRejection {
                     limit: Some(r.limit),
                     docs: r.docs_url.as_deref(),
                 },
+                // A penalty box's block is a wait like any other to a
+                // client that reads this body.
                 _ => JsonBody {
-                    error: r.reason.as_str(),
+                    error: RejectionReason::QuotaExceeded.as_str(),
                     retry_after: Some(r.retry_after),
                     limit: None,
                     docs: r.docs_url.as_deref(),
@@ -167,7 +178,9 @@ impl OnRejection for JsonRejection {
 }
 
 /// An RFC 9457 problem details rejection (`application/problem+json`) with
-/// the `quota-exceeded` problem type of
+/// the `quota-exceeded` problem type (a key in a penalty box:
+/// `abnormal-usage-detected`, §5.3, title "Request not satisfied due to
+/// detection of abnormal request pattern") of
 /// `draft-ietf-httpapi-ratelimit-headers-11` §5.1 (type URI
 /// `https://iana.org/assignments/http-problem-types#quota-exceeded`, title as
 /// in the draft's §5.1 example, status 429 as its §10.2.1 registration
@@ -184,6 +197,13 @@ impl OnRejection for JsonRejection {
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProblemRejection;
+
+/// The draft's `quota-exceeded` problem type (§5.1).
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// The draft's `abnormal-usage-detected` problem type (§5.3), for a key in
+/// a penalty box.
+const ABNORMAL_USAGE_DETECTED: &str =
+    "https://iana.org/assignments/http-problem-types#abnormal-usage-detected";
 
 #[derive(serde::Serialize)]
 struct ProblemBody<'a> {
@@ -207,8 +227,17 @@ impl OnRejection for ProblemRejection {
         let mut res = json_response(
             r.http_status(),
             &ProblemBody {
-                kind: "https://iana.org/assignments/http-problem-types#quota-exceeded",
-                title: "Request cannot be satisfied as assigned quota has been exceeded",
+                kind: match r.reason {
+                    RejectionReason::AbnormalUsage => ABNORMAL_USAGE_DETECTED,
+                    _ => QUOTA_EXCEEDED,
+                },
+                title: match r.reason {
+                    // §5.3's example title (its typo "satisifed" corrected).
+                    RejectionReason::AbnormalUsage => {
+                        "Request not satisfied due to detection of abnormal request pattern"
+                    }
+                    _ => "Request cannot be satisfied as assigned quota has been exceeded",
+                },
                 status: r.http_status().as_u16(),
                 detail: match r.reason {
                     RejectionReason::CostExceedsCapacity => format!(
@@ -216,7 +245,13 @@ impl OnRejection for ProblemRejection {
                          pass. Send a smaller request.",
                         r.limit, r.tier
                     ),
-                    _ => format!("Retry in {} seconds.", r.retry_after),
+                    RejectionReason::AbnormalUsage => format!(
+                        "Blocked after repeated rate-limited requests. Retry in {} seconds.",
+                        r.retry_after
+                    ),
+                    RejectionReason::QuotaExceeded => {
+                        format!("Retry in {} seconds.", r.retry_after)
+                    }
                 },
                 violated_policies: if r.violated_policies.is_empty() {
                     vec![&*r.tier]

@@ -1,5 +1,5 @@
 //! The shared algorithm tables: the limits every model-agreement test runs
-//! (tests/algorithms.rs, tests/refunds.rs, tests/cluster.rs), the oracle
+//! (tests/algorithms/algorithms.rs, tests/algorithms/refunds.rs, tests/redis/cluster.rs), the oracle
 //! they are checked against, and the clock steps their sequences draw.
 
 use proptest::prelude::*;

@@ -1,7 +1,7 @@
 //! Each algorithm through a real axum server over TCP with exact header
 //! values — a burst, refill, the boundary case, weighted cost — on any
-//! backend: tests/algorithms_http.rs runs them on memory and Redis,
-//! tests/cluster.rs on a Redis Cluster. Time is a `ManualClock` at T0 (a
+//! backend: tests/algorithms/algorithms_http.rs runs them on memory and Redis,
+//! tests/redis/cluster.rs on a Redis Cluster. Time is a `ManualClock` at T0 (a
 //! multiple of 10 s); the caller's builder brings the backend on that clock.
 
 use super::{app, client, cost_from_header, denied, limits, ok, serve, Limits, NO_LIMITS, T0_S};
@@ -132,7 +132,7 @@ pub async fn leaky_bucket_shape_delays_then_rejects(builder: RateLimitLayerBuild
     }
     // The fifth would wait 2 s > max_delay: rejected at once, 0.5 s until it
     // fits. (That a rejection carries no delay is exact on the model:
-    // `delay_us == 0` for every denial, checked in tests/algorithms.rs.)
+    // `delay_us == 0` for every denial, checked in tests/algorithms/algorithms.rs.)
     assert_eq!(send(req(1)).await, denied(1, 0, T0_S + 1, 1));
 }
 

@@ -276,7 +276,7 @@ macro_rules! both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name(super::support::Env::memory()).await;
+                    super::$name($crate::support::Env::memory()).await;
                 }
             )*
         }
@@ -284,7 +284,7 @@ macro_rules! both_backends {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name(super::support::Env::redis()).await;
+                    super::$name($crate::support::Env::redis()).await;
                 }
             )*
         }

@@ -187,7 +187,7 @@ impl RedisServer {
     }
 
     /// The limiter's bucket keys, sorted (the hourly fleet-wide top-N sets
-    /// `<prefix>:blocked:<hour>` are left out; tests/observability.rs checks them).
+    /// `<prefix>:blocked:<hour>` are left out; tests/operate/observability.rs checks them).
     pub fn keys(&self) -> Vec<String> {
         let mut k: Vec<String> = self.cmd(&["KEYS", "*"]);
         k.retain(|k| !k.contains(":blocked:"));

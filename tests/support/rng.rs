@@ -20,7 +20,7 @@ impl Rng {
         Self::with_multiplier(seed, 0x2545_F491_4F6C_DD1D)
     }
 
-    /// The same shifts with another output multiplier (tests/algorithms.rs's
+    /// The same shifts with another output multiplier (tests/algorithms/algorithms.rs's
     /// long sequence was drawn with `0x9E37_79B9_7F4A_7C15`).
     pub fn with_multiplier(seed: u64, multiplier: u64) -> Self {
         assert_ne!(seed, 0, "xorshift never leaves 0");

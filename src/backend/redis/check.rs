@@ -46,7 +46,8 @@ impl RedisBackend {
 
     /// The check's `FCALL` (or `EVALSHA` where Redis has no Functions),
     /// built in one buffer: the function's name (the script's SHA1), the
-    /// keys (each tier's, then the blocked-keys set if any), the clock
+    /// keys (each tier's, then the hour's sets of refused and of
+    /// shadow-limited keys if any), the clock
     /// ([`Self::check_clock_arg`]) and one spec per tier
     /// ([`wire::TierSpec`]). `undo`: ask for the charges' undo values (for
     /// refunds by status).
@@ -57,7 +58,7 @@ impl RedisBackend {
         tiers: &[wire::ReplyTier],
         shadow: Shadow,
         undo: bool,
-        blocked: Option<&str>,
+        blocked: Option<(&str, &str)>,
     ) -> Cmd {
         let mut cmd = if self.inner.functions.load(Ordering::Relaxed) {
             let mut cmd = ::redis::cmd("FCALL");
@@ -68,12 +69,12 @@ impl RedisBackend {
             cmd.arg(self.inner.script.get_hash());
             cmd
         };
-        cmd.arg(checks.len() + usize::from(blocked.is_some()));
+        cmd.arg(checks.len() + 2 * usize::from(blocked.is_some()));
         for c in checks {
             cmd.arg(c.key.as_str());
         }
-        if let Some(b) = blocked {
-            cmd.arg(b);
+        if let Some((refused, shadow_limited)) = blocked {
+            cmd.arg(refused).arg(shadow_limited);
         }
         cmd.arg(self.check_clock_arg(sent).as_bytes());
         let undo = if undo { wire::UNDO } else { 0 };
@@ -119,7 +120,7 @@ impl RedisBackend {
         checks: &[TierCheck],
         shadow: Shadow,
         undo: bool,
-        blocked: Option<&str>,
+        blocked: Option<(&str, &str)>,
         timeout: Option<Duration>,
         sent: Instant,
     ) -> CheckFuture {

@@ -6,7 +6,7 @@
 //! guard held while the command is in flight (redis-rs's
 //! `ConnectionManager` holds one across every command, which, with more
 //! commands in flight than arc-swap has fast slots per thread, took its
-//! slow path on every check, `docs/performance.md`).
+//! slow path on every check, `perf/README.md`).
 //!
 //! A connect runs in a task of its own, one at a time: requests that need a
 //! connection meanwhile wait for it (each within its own `backend_timeout`),

@@ -10,7 +10,7 @@
 //! **The rule: the cache may change the number of backend calls, never a
 //! response.** A 429 from the cache has the status, `Retry-After`,
 //! `X-RateLimit-*`, IETF fields and body the backend's answer would have
-//! had at that instant (on one clock: `tests/deny_cache_equivalence.rs`
+//! had at that instant (on one clock: `tests/redis/deny_cache_equivalence.rs`
 //! checks it on random request sequences, cache on against cache off).
 //! Three things make it so:
 //!
@@ -56,7 +56,7 @@
 //!   end without an answer (an error, a timeout, a dropped request: the
 //!   facts from checks sent before are void, assuming one connection
 //!   delivers commands in order). Any other charge on the key forgets it,
-//!   as it does an entry. (`tests/faults.rs` counts the paced flood's
+//!   as it does an entry. (`tests/redis/faults.rs` counts the paced flood's
 //!   calls exactly: one per token.)
 //!
 //! Shadow tiers are never cached (nor do they bind a 429). Tiers that refund
@@ -166,6 +166,10 @@ pub(crate) struct Denied {
     pub(crate) quota: Limit,
     /// What was left at the denial.
     pub(crate) remaining: u64,
+    /// The `X-RateLimit-Limit` the backend's answer showed: the capacity
+    /// of the limit the backend applied, and for a penalty box its tier's
+    /// (not the box's `violations`).
+    pub(crate) shown_limit: u64,
     /// How long the entry lives in real time.
     ttl: Duration,
     /// Written by an admission that emptied the tier (not by a denial), and
@@ -187,9 +191,18 @@ impl Denied {
             min_cost,
             quota,
             remaining,
+            shown_limit: quota.capacity(),
             ttl,
             primed: false,
         }
+    }
+
+    /// The `X-RateLimit-Limit` the backend's answer showed (by default the
+    /// capacity of `quota`): a cached 429 shows the same.
+    #[must_use]
+    pub(crate) fn showing_limit(mut self, limit: u64) -> Self {
+        self.shown_limit = limit;
+        self
     }
 
     /// Marks an entry written by an admission (the backend denied nothing):

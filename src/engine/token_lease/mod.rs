@@ -47,7 +47,7 @@
 //! * **Bounded false denials**: one instance holds at most `max` tokens of a
 //!   key (leases in flight included), so a request is denied while tokens
 //!   the shared bucket let out are unspent elsewhere for at most
-//!   `instances × max` tokens at any instant (tests/lease_mode.rs checks it
+//!   `instances × max` tokens at any instant (tests/redis/lease_mode.rs checks it
 //!   with 4 instances, and a model test over long random runs).
 //! * Bursts: over any interval the fleet admits at most what the shared
 //!   bucket let out in it plus `instances × max`.

@@ -141,6 +141,8 @@ fn split(t: Tier) -> (TierSpec, HttpTier) {
         skip_successful: t.skip_successful_requests,
         key_type: t.key_type,
         priced: false,
+        unit: t.quota_unit,
+        weighted: t.cost_fn.is_some(),
     };
     let http = HttpTier {
         key: t.key,

@@ -76,7 +76,7 @@
 //! empty when nothing was charged; a tier an unlimited override let through
 //! has no charge, as in the memory backend). As few numbers as possible: redis-rs
 //! parses each number of a reply (about 1 000 instructions apiece), and
-//! Redis converts each from Lua (`docs/performance.md`, "Redis CPU").
+//! Redis converts each from Lua (`perf/README.md`, "Redis CPU").
 //!
 //! "Late" cannot be confused with a check's reply: every tier answers at
 //! least one number, so a reply of one value is late for `n ≥ 1` tiers

@@ -1,0 +1,13 @@
+//! What operators use: the admin router, inspection, per-key overrides, fleet-wide actions, rollout modes, metrics.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod admin;
+mod fleet_actions;
+mod inspect;
+mod observability;
+mod overrides;
+mod overrides_admin;
+mod rollout;
