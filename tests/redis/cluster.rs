@@ -12,7 +12,7 @@ use crate::support::cluster::{calls, failed_calls, RedisCluster};
 use crate::support::rng::Rng;
 use crate::support::*;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiered_ratelimit::algorithm::Limit;
@@ -65,6 +65,32 @@ impl<'a> Scn<'a> {
     /// The Redis key of `<prefix>:<rest>`.
     fn key(&self, rest: &str) -> String {
         ckey(&format!("{}:{rest}", self.prefix))
+    }
+}
+
+/// A backend timeout for the tests about correctness while the cluster
+/// changes (failover, resharding): far above any round trip and above the
+/// router's retry budget (16 attempts, about 2 s of back-off), so a loaded
+/// host does not turn a slow check into a failure-policy answer; a check
+/// that ends in an error then has been refused everywhere it was sent
+/// (nothing ran), and a hang still fails the test.
+const PATIENT: Duration = Duration::from_secs(30);
+
+/// A client that waits longer than [`PATIENT`] (a hang detector).
+fn patient_client() -> reqwest::Client {
+    client_builder()
+        .timeout(PATIENT + Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// Waits until `answered` reaches `n` (a load's requests answered), so a
+/// change to the cluster starts under load however slow the host is.
+async fn until_answered(answered: &AtomicUsize, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while answered.load(Ordering::SeqCst) < n {
+        assert!(Instant::now() < deadline, "the load never got going");
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
@@ -710,14 +736,18 @@ async fn per_slot_calls_are_sent_concurrently() {
     );
     // The user tier first: a sequential implementation would wait on it
     // before sending anything to the global tier's node.
+    // The frozen node's call waits for the backend timeout: longer than
+    // the wait below for the other node's call, so a sequential sender
+    // would still be stuck on the first when that wait ends.
     let layer = s
         .builder()
+        .backend_timeout(PATIENT)
         .tier(Tier::new("user", User, Quota::per_minute(10)))
         .tier(Tier::new("global", Global, Quota::per_minute(100)))
         .build()
         .unwrap();
     let url = format!("http://{}/", serve(app(layer)).await);
-    let c = client();
+    let c = patient_client();
     // Warm up (connections, topology, script cache on both nodes).
     assert_eq!(get_as(&c, &url, &alice).await, ok(10, 9, T0_S + 6));
     let sent_before = calls(g_node, "evalsha");
@@ -729,7 +759,10 @@ async fn per_slot_calls_are_sent_concurrently() {
         let alice = alice.clone();
         async move { get_as(&c, &url, &alice).await }
     });
-    let deadline = Instant::now() + Duration::from_millis(1000);
+    // Liveness slack for a loaded host, well inside the backend timeout:
+    // concurrent calls reach the global node within milliseconds, a
+    // sequential sender never before the frozen node answers.
+    let deadline = Instant::now() + Duration::from_secs(10);
     while calls(g_node, "evalsha") == sent_before && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -855,28 +888,33 @@ async fn manual_failover_loses_and_doubles_nothing() {
         .builder()
         .tier(Tier::new("global", Global, Quota::per_hour(1_000_000)))
         .failure_policy(FailurePolicy::Closed)
-        .backend_timeout(Duration::from_secs(5))
+        // Requests wait out the failover (the old primary pauses its
+        // clients meanwhile), which a loaded host slows down.
+        .backend_timeout(PATIENT)
         .build()
         .unwrap();
     let url = format!("http://{}/", serve(app(layer)).await);
-    let c = client();
+    let c = patient_client();
     assert_eq!(get(&c, &url).await.remaining, Some(999_999));
 
     let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
     for _ in 0..4 {
-        let (c, url, stop) = (c.clone(), url.clone(), stop.clone());
+        let (c, url, stop, answered) = (c.clone(), url.clone(), stop.clone(), answered.clone());
         workers.push(tokio::spawn(async move {
             let mut seen = Vec::new();
             while !stop.load(Ordering::SeqCst) {
                 let t = Instant::now();
                 let l = get(&c, &url).await;
                 seen.push((l, t.elapsed()));
+                answered.fetch_add(1, Ordering::SeqCst);
             }
             seen
         }));
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The failover starts under load: once the loops are answered.
+    until_answered(&answered, 20).await;
     let started = Instant::now();
     let cl = cluster.clone();
     tokio::task::spawn_blocking(move || cl.failover(replica))
@@ -928,27 +966,44 @@ async fn killed_primary_is_replaced_and_limiting_resumes() {
     let key = s.key("global:all");
     let primary = cluster.primary_of(&key);
     let replica = cluster.replicas_of(primary)[0];
+    // While the node is dead a check ends when the router has spent its
+    // retries on it (refused at once on loopback), so the patient timeout
+    // costs the outage nothing and keeps a loaded host from failing open
+    // the exact checks before and after it.
     let mk = |policy| {
         s.builder()
             .tier(Tier::new("global", Global, Quota::per_hour(1_000_000)))
             .failure_policy(policy)
-            .backend_timeout(Duration::from_millis(300))
+            .backend_timeout(PATIENT)
             .build()
             .unwrap()
     };
     let open = format!("http://{}/", serve(app(mk(FailurePolicy::Open))).await);
     let closed = format!("http://{}/", serve(app(mk(FailurePolicy::Closed))).await);
-    let c = client();
+    let c = patient_client();
     assert_eq!(get(&c, &open).await.remaining, Some(999_999));
     assert_eq!(get(&c, &closed).await.remaining, Some(999_998));
-    // Let the replica catch up (asynchronous replication) before the kill.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The replica has both charges before the kill (replication is
+    // asynchronous: wait for its offset, not for a while).
+    let offset = |port: u16, field: &str| -> Option<u64> {
+        crate::support::cluster::info(port, "replication")
+            .get(field)
+            .and_then(|v| v.parse().ok())
+    };
+    let written = offset(primary, "master_repl_offset").expect("primary offset");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while offset(replica, "slave_repl_offset").is_none_or(|o| o < written) {
+        assert!(Instant::now() < deadline, "the replica never caught up");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     cluster.kill(primary);
     let killed = Instant::now();
     let (mut open_passed, mut closed_503, mut other) = (0, 0, Vec::new());
     let mut resumed = None;
-    while killed.elapsed() < Duration::from_secs(30) {
+    // Liveness: the replica takes over after the node timeout (2 s) and an
+    // election, a few seconds on an idle host; a loaded one gets a minute.
+    while killed.elapsed() < Duration::from_secs(60) {
         let (o, cl) = (get(&c, &open).await, get(&c, &closed).await);
         match (o.status, o.remaining) {
             (200, None) => open_passed += 1,
@@ -971,8 +1026,7 @@ async fn killed_primary_is_replaced_and_limiting_resumes() {
          {closed_503} fail-closed 503s"
     );
     assert!(other.is_empty(), "unexpected statuses {other:?}");
-    let resumed = resumed.expect("limiting resumed within 30 s");
-    assert!(resumed < Duration::from_secs(20), "{resumed:?}");
+    resumed.expect("limiting resumed within 60 s");
     assert_eq!(cluster.primary_of(&key), replica);
     // The replica had both charges (replicated before the kill).
     let l = get(&c, &open).await;
@@ -1029,8 +1083,9 @@ async fn whole_cluster_restart_reconnects() {
                 assert_eq!(l, ok(1000, 999, T0_S + 4));
                 break;
             }
+            // Liveness slack for a loaded host.
             assert!(
-                back.elapsed() < Duration::from_secs(20),
+                back.elapsed() < Duration::from_secs(60),
                 "limiting did not resume"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1087,11 +1142,17 @@ async fn live_resharding_loses_and_doubles_nothing() {
         .tier(Tier::new("pair", PairKey, Quota::per_hour(2 * QUOTA)))
         .failure_policy(FailurePolicy::Closed)
         .deny_cache(0)
+        // What is proved is that no request is lost, doubled or answered
+        // 5xx while slots move, not how fast: the checks wait behind the
+        // moves (`TRYAGAIN` until a half-moved slot is whole), and on a
+        // loaded host the resharding takes seconds (10.8 s once), so a
+        // short timeout would answer 503 for a slow check, not a wrong one.
+        .backend_timeout(PATIENT)
         .build()
         .unwrap();
     let handle = layer.handle();
     let url = format!("http://{}/", serve(app(layer)).await);
-    let c = client();
+    let c = patient_client();
     // Every key exists before its slot moves.
     for (u, p) in &users {
         assert_eq!(
@@ -1126,15 +1187,23 @@ async fn live_resharding_loses_and_doubles_nothing() {
     }
 
     let stop = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
     let mut workers = Vec::new();
     for w in 0..200 {
-        let (c, url, stop, users) = (c.clone(), url.clone(), stop.clone(), users.clone());
+        let (c, url, stop, users, answered) = (
+            c.clone(),
+            url.clone(),
+            stop.clone(),
+            users.clone(),
+            answered.clone(),
+        );
         workers.push(tokio::spawn(async move {
             let mut seen = Vec::new();
             let mut i = w;
             while !stop.load(Ordering::SeqCst) {
                 let (u, p) = &users[i % users.len()];
                 seen.push((u.clone(), send_pair(&c, &url, u, p).await));
+                answered.fetch_add(1, Ordering::SeqCst);
                 i += 1;
             }
             seen
@@ -1151,7 +1220,8 @@ async fn live_resharding_loses_and_doubles_nothing() {
             states
         }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The slots move under load: once every loop has been answered.
+    until_answered(&answered, 200).await;
     let started = Instant::now();
     let cl = cluster.clone();
     let moved_keys = tokio::task::spawn_blocking(move || {

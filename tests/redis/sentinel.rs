@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tiered_ratelimit::backend::{RedisBackend, SentinelMaster};
+use tiered_ratelimit::backend::{ManualClock, RedisBackend, SentinelMaster};
 use tiered_ratelimit::key::Global;
 use tiered_ratelimit::{ConfigError, FailurePolicy, Quota, RateLimitLayer, Tier};
 
@@ -35,6 +35,23 @@ struct Look {
     named: Option<u16>,
 }
 
+/// Requests until one is limited (a check answered within the backend
+/// timeout, not passed by the failure policy): that answer, and how many
+/// passed by the policy before it. Liveness: a minute.
+async fn until_limited(c: &reqwest::Client, url: &str) -> (crate::support::Limits, u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut passed = 0;
+    loop {
+        let l = limits(&c.get(url).send().await.unwrap());
+        assert_eq!(l.status, 200, "{l:?}");
+        if l.remaining.is_some() {
+            return (l, passed);
+        }
+        passed += 1;
+        assert!(Instant::now() < deadline, "never limited");
+    }
+}
+
 /// `calls=` of a command in an `INFO commandstats` field value.
 fn calls(info: &std::collections::HashMap<String, String>, command: &str) -> u64 {
     info.get(&format!("cmdstat_{command}"))
@@ -55,9 +72,12 @@ fn error_count(info: &std::collections::HashMap<String, String>, code: &str) -> 
 /// `FailurePolicy::Open`, `backend_timeout` 250 ms. Asserted: no 5xx (every
 /// answer is 200: limited, or passed by the failure policy while there is
 /// no primary), no request waits past the backend timeout + 1 s, limiting
-/// resumes on the promoted replica within 5 s of the kill, and no check
-/// ever runs on a replica (the replica ran no script call while it was one,
-/// and never refused one with `READONLY`).
+/// resumes on the promoted replica (on its own: liveness, given a minute,
+/// as a loaded host slows the sentinels' election; about 2 s when idle),
+/// and no check ever runs on a replica (the replica ran no script call
+/// while it was one, and never refused one with `READONLY`). The clock is
+/// a manual one that stands still: no refill blurs the charges, however
+/// long a loaded host takes between them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_primary_fails_over_and_limiting_resumes_on_the_promoted_replica() {
     let mut set = tokio::task::spawn_blocking(SentinelSet::start)
@@ -65,7 +85,13 @@ async fn killed_primary_fails_over_and_limiting_resumes_on_the_promoted_replica(
         .unwrap();
     let replica = set.replica.port();
     let layer = RateLimitLayer::builder()
-        .backend(RedisBackend::sentinel(set.sentinel_urls(), MASTER).unwrap())
+        .backend(
+            RedisBackend::sentinel(set.sentinel_urls(), MASTER)
+                .unwrap()
+                .with_manual_clock(ManualClock::new(T0_US))
+                // The clock stands still while Redis expires keys in real time.
+                .with_test_ttl_slack(Duration::from_secs(600)),
+        )
         .tier(Tier::new("global", Global, Quota::per_hour(1_000_000)))
         .failure_policy(FailurePolicy::Open)
         .backend_timeout(BACKEND_TIMEOUT)
@@ -73,10 +99,16 @@ async fn killed_primary_fails_over_and_limiting_resumes_on_the_promoted_replica(
         .unwrap();
     let url = format!("http://{}/", serve(app(layer)).await);
     let c = client();
-    let first = limits(&c.get(&url).send().await.unwrap());
-    assert_eq!(
-        (first.status, first.limit, first.remaining),
-        (200, Some(1_000_000), Some(999_999))
+    // The first limited answer: the first check also asks the sentinels,
+    // connects and loads the library, which a loaded host can stretch past
+    // the 250 ms (that request passes by the failure policy; its check may
+    // still land, the clock standing still: one unit each).
+    let (first, tries) = until_limited(&c, &url).await;
+    assert_eq!((first.status, first.limit), (200, Some(1_000_000)));
+    let left = first.remaining.unwrap();
+    assert!(
+        (999_999 - tries..=999_999).contains(&left),
+        "{left} after {tries} answers by the failure policy"
     );
     assert!(set.primary.script_calls() >= 1, "checks run on the primary");
     assert_eq!(set.replica.script_calls(), 0, "and never on the replica");
@@ -136,7 +168,7 @@ async fn killed_primary_fails_over_and_limiting_resumes_on_the_promoted_replica(
     // Until a request sent after the kill is limited again (it can only
     // have been checked by the promoted replica), then 500 ms more.
     let mut resumed = None;
-    while killed.elapsed() < Duration::from_secs(15) {
+    while killed.elapsed() < Duration::from_secs(60) {
         resumed = samples
             .lock()
             .unwrap()
@@ -186,15 +218,14 @@ async fn killed_primary_fails_over_and_limiting_resumes_on_the_promoted_replica(
         [200],
         "no 5xx: limited, or passed by the failure policy"
     );
+    // The layer stops waiting for the backend at the timeout; the second
+    // on top is the HTTP round trip's share on a loaded host (a wait on
+    // the dead primary without the timeout lasts until the failover).
     assert!(
         slowest <= BACKEND_TIMEOUT + Duration::from_secs(1),
         "slowest request {slowest:?}"
     );
-    let resumed = resumed.expect("limiting resumed");
-    assert!(
-        resumed < Duration::from_secs(5),
-        "resumed after {resumed:?}"
-    );
+    resumed.expect("limiting resumed within 60 s");
     assert!(passed > 0, "the outage was seen");
 
     // The replica was promoted, and is the primary the sentinels name.
@@ -215,9 +246,9 @@ async fn killed_primary_fails_over_and_limiting_resumes_on_the_promoted_replica(
         "a check reached the replica"
     );
     // Limiting runs on the promoted replica, with the charges it had
-    // replicated before the kill.
-    let after = limits(&c.get(&url).send().await.unwrap());
-    assert_eq!(after.status, 200);
+    // replicated before the kill and those since (the clock stands still:
+    // no refill gives them back, however slow the host).
+    let (after, _) = until_limited(&c, &url).await;
     assert!(after.remaining.is_some_and(|r| r < 999_999), "{after:?}");
     assert!(set.replica.script_calls() > 0);
 }
@@ -262,7 +293,12 @@ async fn a_demoted_primary_that_answers_readonly_is_left_for_the_new_one() {
         .unwrap();
     let (old, new) = (set.primary.port(), set.replica.port());
     let layer = RateLimitLayer::builder()
-        .backend(RedisBackend::sentinel(set.sentinel_urls(), MASTER).unwrap())
+        .backend(
+            RedisBackend::sentinel(set.sentinel_urls(), MASTER)
+                .unwrap()
+                .with_manual_clock(ManualClock::new(T0_US))
+                .with_test_ttl_slack(Duration::from_secs(600)),
+        )
         .tier(Tier::new("global", Global, Quota::per_hour(1_000_000)))
         .failure_policy(FailurePolicy::Open)
         .backend_timeout(BACKEND_TIMEOUT)
@@ -270,10 +306,10 @@ async fn a_demoted_primary_that_answers_readonly_is_left_for_the_new_one() {
         .unwrap();
     let url = format!("http://{}/", serve(app(layer)).await);
     let c = client();
-    assert_eq!(
-        limits(&c.get(&url).send().await.unwrap()).remaining,
-        Some(999_999)
-    );
+    // The primary serves (the first limited answer, as above).
+    let (first, tries) = until_limited(&c, &url).await;
+    let left = first.remaining.unwrap();
+    assert!((999_999 - tries..=999_999).contains(&left), "{left}");
 
     let _: String = set.replica.cmd(&["REPLICAOF", "NO", "ONE"]);
     let _: String = set
