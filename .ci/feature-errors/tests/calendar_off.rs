@@ -40,9 +40,8 @@ fn a_descriptor_rule_with_a_calendar_period_names_the_feature() {
 
 #[test]
 fn a_duration_period_still_builds() {
-    let p = Policy::from_toml_str(
-        "[[tier]]\nname = 'ip'\nkey = 'ip'\nlimit = 100\nperiod = '1m'\n",
-    )
-    .unwrap();
+    let p =
+        Policy::from_toml_str("[[tier]]\nname = 'ip'\nkey = 'ip'\nlimit = 100\nperiod = '1m'\n")
+            .unwrap();
     assert!(RateLimitLayer::from_policy(&p, MemoryBackend::new()).is_ok());
 }
