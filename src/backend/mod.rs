@@ -15,6 +15,7 @@ mod redis;
 #[cfg(feature = "redis")]
 pub(crate) use self::redis::redis_params;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisBackend, SentinelMaster};
 #[cfg(feature = "__testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "__testing")))]
@@ -40,6 +41,7 @@ pub enum Backend {
     Memory(MemoryBackend),
     /// Buckets in Redis, checked with one Lua script call per request.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(RedisBackend),
 }
 
