@@ -1,4 +1,4 @@
-//! Tiered HTTP rate limiting for [tower] and [axum](https://docs.rs/axum).
+//! Tiered HTTP rate limiting for [tower](https://docs.rs/tower) and [axum](https://docs.rs/axum).
 //!
 //! A [`RateLimitLayer`] takes keys from each request — global, client IP,
 //! user, API key, endpoint, or your own — and checks every tier in one atomic
@@ -55,10 +55,10 @@
 //! * Backend failure or timeout: [`FailurePolicy`].
 //!
 //! # Features
-//! * `redis` (default): [`backend::RedisBackend`].
-//! * `axum` (default): `ConnectInfo<SocketAddr>` for [`key::ClientIp`] and
-//!   `MatchedPath` for [`key::Endpoint`].
-//! * `testing`: the test-only items (see below); `cargo test` turns it on.
+//! Items behind a feature say so (on docs.rs, a badge naming it). The list,
+//! from `Cargo.toml`:
+//!
+#![cfg_attr(feature = "document-features", doc = document_features::document_features!())]
 //!
 //! # One path per type
 //! Every public type has one path, the module that defines it, except these
@@ -79,7 +79,8 @@
 //!
 //! Items that exist only for this crate's tests (a TTL slack for Redis on a
 //! manual clock, raw refunds of a backend's charges, abandoning leases) are
-//! behind the `testing` feature; applications never need it.
+//! behind the internal `__testing` feature (not in the list above, not on
+//! docs.rs); applications never need it.
 //!
 //! # Deployment caveats
 //! * [`key::ClientIp`] trusts no forwarding header until you list your proxies;
@@ -97,7 +98,8 @@
 // show a badge naming it.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(feature = "axum")]
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
 pub mod admin;
 pub mod algorithm;
 pub mod backend;

@@ -490,7 +490,9 @@ fn render_overrides(s: &mut String, base: &str, lists: &OverrideLists) {
 
 /// A calendar quota's renewal (RFC 3339, UTC) as a row of the lookup table.
 fn renews_row(at_us: Option<u64>) -> String {
-    let at = at_us.and_then(|us| jiff::Timestamp::from_microsecond(i64::try_from(us).ok()?).ok());
+    let at = at_us.map(|us| {
+        humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_micros(us))
+    });
     at.map_or_else(String::new, |t| {
         format!("<tr><th>quota renews</th><td>{t}</td></tr>")
     })

@@ -29,9 +29,15 @@
 //!
 //! All instants are Unix epoch **microseconds**.
 
+#[cfg(feature = "calendar")]
 use jiff::civil::{Date, Time};
+#[cfg(feature = "calendar")]
 use jiff::tz::{AmbiguousOffset, TimeZone, TimeZoneDatabase};
+#[cfg(feature = "calendar")]
 use jiff::Timestamp;
+#[cfg(not(feature = "calendar"))]
+pub(crate) use off::Calendar;
+#[cfg(feature = "calendar")]
 use std::sync::{Arc, OnceLock};
 
 /// The length of a calendar period (see the module docs).
@@ -90,12 +96,15 @@ pub enum CalendarError {
     },
 }
 
+#[cfg(feature = "calendar")]
 /// The bundled IANA database (jiff's copy, compiled into the binary).
 fn database() -> &'static TimeZoneDatabase {
     static DB: OnceLock<TimeZoneDatabase> = OnceLock::new();
     DB.get_or_init(TimeZoneDatabase::bundled)
 }
 
+#[cfg(feature = "calendar")]
+#[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
 /// Every zone name of the bundled database (the names `time_zone` takes).
 pub fn time_zone_names() -> Vec<String> {
     database().available().map(|n| n.to_string()).collect()
@@ -113,6 +122,8 @@ pub fn time_zone_names() -> Vec<String> {
 /// assert_eq!((start, end), (1_706_655_600_000_000, 1_709_161_200_000_000));
 /// # Ok::<(), tiered_ratelimit::algorithm::calendar::CalendarError>(())
 /// ```
+#[cfg(feature = "calendar")]
+#[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
 #[derive(Clone, PartialEq, Eq)]
 #[must_use]
 pub struct Calendar {
@@ -124,6 +135,7 @@ pub struct Calendar {
     zone_name: Arc<str>,
 }
 
+#[cfg(feature = "calendar")]
 impl std::fmt::Debug for Calendar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Calendar")
@@ -134,6 +146,7 @@ impl std::fmt::Debug for Calendar {
     }
 }
 
+#[cfg(feature = "calendar")]
 const WEEKDAYS: [&str; 7] = [
     "monday",
     "tuesday",
@@ -144,6 +157,7 @@ const WEEKDAYS: [&str; 7] = [
     "sunday",
 ];
 
+#[cfg(feature = "calendar")]
 impl Calendar {
     /// A calendar period in UTC with the default anchor.
     pub fn new(period: CalendarPeriod) -> Self {
@@ -449,5 +463,7 @@ impl CalendarWindow {
     }
 }
 
-#[cfg(test)]
+#[cfg(not(feature = "calendar"))]
+mod off;
+#[cfg(all(test, feature = "calendar"))]
 mod tests;

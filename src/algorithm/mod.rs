@@ -22,7 +22,12 @@ pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
-pub use calendar::{Calendar, CalendarError, CalendarPeriod, CalendarWindow};
+#[cfg(feature = "calendar")]
+#[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
+pub use calendar::Calendar;
+#[cfg(not(feature = "calendar"))]
+pub(crate) use calendar::Calendar;
+pub use calendar::{CalendarError, CalendarPeriod, CalendarWindow};
 pub use concurrency::{Concurrency, LeaseState};
 pub use fixed_window::FixedWindowState;
 pub use gcra::{Gcra, TatState};

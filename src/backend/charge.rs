@@ -1,10 +1,10 @@
 //! What a tier's charge returned ([`Charge`]) and a refund of it
 //! ([`TierRefund`]): the layer's refunds by response status and a priced
-//! request's settle. Public only with the `testing` feature, for the tests
+//! request's settle. Public only with the `__testing` feature, for the tests
 //! that prove model = memory = Redis on refunds; the layer makes its
 //! refunds itself.
-// Without `testing` these are crate-private (re-exported `pub(crate)`).
-#![cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+// Without `__testing` these are crate-private (re-exported `pub(crate)`).
+#![cfg_attr(not(feature = "__testing"), allow(unreachable_pub))]
 
 use super::TierCheck;
 

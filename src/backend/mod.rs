@@ -15,11 +15,12 @@ mod redis;
 #[cfg(feature = "redis")]
 pub(crate) use self::redis::redis_params;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisBackend, SentinelMaster};
-#[cfg(feature = "testing")]
-#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+#[cfg(feature = "__testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "__testing")))]
 pub use charge::{Charge, TierRefund};
-#[cfg(not(feature = "testing"))]
+#[cfg(not(feature = "__testing"))]
 pub(crate) use charge::{Charge, TierRefund};
 pub use clock::ManualClock;
 pub use memory::MemoryBackend;
@@ -40,6 +41,7 @@ pub enum Backend {
     Memory(MemoryBackend),
     /// Buckets in Redis, checked with one Lua script call per request.
     #[cfg(feature = "redis")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
     Redis(RedisBackend),
 }
 
@@ -219,12 +221,12 @@ impl Backend {
     }
 
     /// Gives back charges (as the layer does) for the tests that prove model = memory =
-    /// Redis on refunds (the `testing` feature; the layer refunds itself).
+    /// Redis on refunds (the `__testing` feature; the layer refunds itself).
     ///
     /// # Errors
     /// A [`BackendError`] when Redis fails.
-    #[cfg(feature = "testing")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+    #[cfg(feature = "__testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "__testing")))]
     pub async fn refund(&self, refunds: Vec<TierRefund>) -> Result<(), BackendError> {
         self.refund_charges(refunds).await
     }

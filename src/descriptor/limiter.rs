@@ -258,7 +258,10 @@ impl DescriptorLimiter {
                 tier.algorithm = r.algorithm;
                 tier.mode = mode;
                 tier.lease = r.lease;
-                tier.calendar = r.calendar.clone();
+                #[cfg(feature = "calendar")]
+                {
+                    tier.calendar = r.calendar.clone();
+                }
                 tier.key_type = "Descriptor";
                 builder = builder.tier(tier);
                 tier_rule.push(i);

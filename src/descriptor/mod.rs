@@ -64,6 +64,7 @@ pub use domains::DomainLimiters;
 pub use limiter::{Answer, Code, DescriptorLimiter, DescriptorStatus, RequestError};
 pub use matching::Descriptor;
 #[cfg(feature = "envoy-yaml")]
+#[cfg_attr(docsrs, doc(cfg(feature = "envoy-yaml")))]
 pub use reference::{ReferenceConfig, ReferenceDomain, MAX_FILES, MAX_FILE_BYTES};
 pub use rules::{EntryMatch, FailureStatus, Rule, RuleLimit, RulePolicy, RulesPolicy};
 pub use stat::{StatLevel, StatPath};

@@ -2,7 +2,9 @@
 //! [`RuleLimit`]) and their TOML form ([`RulesPolicy`], [`RulePolicy`],
 //! [`FailureStatus`]).
 
-use crate::algorithm::calendar::{Calendar, CalendarPeriod};
+#[cfg(feature = "calendar")]
+use crate::algorithm::calendar::Calendar;
+use crate::algorithm::calendar::CalendarPeriod;
 use crate::backend::Backend;
 use crate::error::ConfigError;
 use crate::policy::{PolicyPeriod, RedisConfig};
@@ -12,6 +14,7 @@ use crate::{
     engine::FailurePolicy, quota::Quota,
 };
 use serde::Deserialize;
+#[cfg(feature = "policy-file")]
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -64,6 +67,8 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// A calendar quota's calendar (the quota's limit per calendar window,
     /// a fixed window; see [`Tier::calendar`](crate::Tier::calendar)).
+    #[cfg(feature = "calendar")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
     pub calendar: Option<Calendar>,
     /// The reference service's stat key path (its YAML's rules only):
     /// the Envoy service exports `ratelimit.service.rate_limit.*` under it.
@@ -85,6 +90,7 @@ impl Rule {
             per_unit: None,
             limit_name: None,
             replaces: Vec::new(),
+            #[cfg(feature = "calendar")]
             calendar: None,
             stat: None,
         }
@@ -257,6 +263,7 @@ pub(super) fn default_prefix() -> String {
 
 /// The `name` of the `[[rule]]` table that holds byte `at` of `text`, when
 /// the text is TOML and that table has a string `name`.
+#[cfg(feature = "policy-file")]
 pub(super) fn rule_at(text: &str, at: usize) -> Option<String> {
     let mut index = None;
     let mut rules = 0;
@@ -295,6 +302,8 @@ pub(super) fn default_headers() -> HeaderStyle {
 }
 
 impl RulesPolicy {
+    #[cfg(feature = "policy-file")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "policy-file")))]
     /// Parses a rules file's text.
     ///
     /// # Errors
@@ -311,6 +320,8 @@ impl RulesPolicy {
         })
     }
 
+    #[cfg(feature = "policy-file")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "policy-file")))]
     /// Reads and parses a rules file.
     ///
     /// # Errors
@@ -409,7 +420,10 @@ impl RulesPolicy {
                         CalendarPeriod::Year => super::Unit::Year,
                     };
                     rule.per_unit = Some((u32::try_from(limit).unwrap_or(u32::MAX), unit));
-                    rule.calendar = Some(c);
+                    #[cfg(feature = "calendar")]
+                    {
+                        rule.calendar = Some(c);
+                    }
                 }
                 Ok(rule)
             })

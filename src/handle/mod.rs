@@ -399,7 +399,7 @@ impl RateLimitHandle {
 
     /// The layer's clock (the one its buckets use), Unix epoch seconds
     /// (the admin page's render time).
-    #[cfg(feature = "axum")]
+    #[cfg(feature = "admin")]
     pub(crate) fn now_s(&self) -> u64 {
         self.shared.local_clock.now_us() / 1_000_000
     }
@@ -448,10 +448,10 @@ impl RateLimitHandle {
     }
 
     /// Loses every lease without returning it, as a crashed instance would
-    /// (tests of the false-denial bound; the `testing` feature). Answers the
+    /// (tests of the false-denial bound; the `__testing` feature). Answers the
     /// tokens lost.
-    #[cfg(feature = "testing")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+    #[cfg(feature = "__testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "__testing")))]
     pub fn abandon_leases(&self) -> u64 {
         self.shared
             .guards

@@ -123,12 +123,20 @@ impl Tier {
     /// assert!(RateLimitLayer::builder().tier(tier).build().is_ok());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
+    #[cfg(feature = "calendar")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
     pub fn calendar(mut self, calendar: crate::algorithm::calendar::Calendar) -> Self {
         let nominal = std::time::Duration::from_micros(calendar.longest_us());
         self.quota = Quota::new(self.quota.limit(), nominal);
         self.algorithm = Algorithm::FixedWindow;
         self.calendar = Some(calendar);
         self
+    }
+
+    /// Without the `calendar` feature there is no calendar to give.
+    #[cfg(not(feature = "calendar"))]
+    pub(crate) fn calendar(self, calendar: crate::algorithm::calendar::Calendar) -> Self {
+        match calendar {}
     }
 
     /// The HTTP status of this tier's denials: 429 (the default) or, for a

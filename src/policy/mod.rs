@@ -83,6 +83,7 @@ use crate::key::ClientIp;
 use crate::response::{HeaderStyle, RejectionBody};
 use crate::rollout::{AccessList, Mode};
 use serde::Deserialize;
+#[cfg(feature = "policy-file")]
 use std::path::Path;
 use std::time::Duration;
 
@@ -172,6 +173,8 @@ fn default_instances() -> u32 {
 }
 
 impl Policy {
+    #[cfg(feature = "policy-file")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "policy-file")))]
     /// Parses a policy from TOML text.
     ///
     /// # Errors
@@ -181,6 +184,8 @@ impl Policy {
         toml::from_str(text).map_err(|e| ConfigError::Policy(e.to_string()))
     }
 
+    #[cfg(feature = "policy-file")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "policy-file")))]
     /// Reads and parses a policy file.
     ///
     /// # Errors

@@ -66,6 +66,7 @@ pub struct RedisConfig {
 }
 
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 impl RedisConfig {
     /// The backend this table describes. Does not connect yet (see each
     /// constructor).

@@ -195,6 +195,16 @@ pub(crate) fn calendar_of(
             _ => Ok(None),
         };
     };
+    zoned(p, time_zone, anchor).map(Some)
+}
+
+/// The calendar of the period `p` in `time_zone` from `anchor`.
+#[cfg(feature = "calendar")]
+fn zoned(
+    p: CalendarPeriod,
+    time_zone: Option<&str>,
+    anchor: Option<&str>,
+) -> Result<Calendar, String> {
     let mut c = Calendar::new(p);
     if let Some(tz) = time_zone {
         c = c.time_zone(tz).map_err(|e| e.to_string())?;
@@ -202,7 +212,21 @@ pub(crate) fn calendar_of(
     if let Some(a) = anchor {
         c = c.anchor(a).map_err(|e| e.to_string())?;
     }
-    Ok(Some(c))
+    Ok(c)
+}
+
+/// Without the `calendar` feature: refused, naming the field and the
+/// feature (not a parse error about an unknown period).
+#[cfg(not(feature = "calendar"))]
+fn zoned(
+    p: CalendarPeriod,
+    _time_zone: Option<&str>,
+    _anchor: Option<&str>,
+) -> Result<Calendar, String> {
+    Err(format!(
+        "period: {:?} is a calendar period, which needs the \"calendar\" feature of tiered-ratelimit (features = [\"calendar\"] in Cargo.toml)",
+        p.name()
+    ))
 }
 
 fn default_mode() -> String {

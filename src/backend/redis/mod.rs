@@ -318,9 +318,9 @@ impl RedisBackend {
     /// With a manual clock, adds `slack` to every key's TTL, so that Redis's
     /// real-time expiry never runs ahead of a test clock that advances slower
     /// than real time. Decisions never depend on a key outliving its TTL.
-    /// Tests only (the `testing` feature).
-    #[cfg(feature = "testing")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+    /// Tests only (the `__testing` feature).
+    #[cfg(feature = "__testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "__testing")))]
     #[must_use]
     pub fn with_test_ttl_slack(mut self, slack: Duration) -> Self {
         self.ttl_slack_ms = u64::try_from(slack.as_millis()).unwrap_or(u64::MAX);

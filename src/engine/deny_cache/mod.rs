@@ -106,15 +106,21 @@
 //! request); a caller that builds response futures and awaits another
 //! first makes the waiters wait for the timeout.
 //!
-//! Bounded by entry count (a `moka` cache, TinyLFU eviction); each entry also
+//! Bounded by entry count (a `moka` cache, TinyLFU eviction, built with the
+//! `redis` feature only: [`store`]); each entry also
 //! expires [`LAPSED_FOR`] after its retry time. Probes in flight are held only
 //! while their request is (a guard in the request removes its probe and wakes
 //! the waiters when the answer has been fed to the cache, on an error, or
 //! when the request is dropped).
 
+// Without `redis` the cache is never enabled (the memory backend caches no
+// denials, [`store`]): what only an entry in a store reads goes unread.
+#![cfg_attr(not(feature = "redis"), allow(dead_code))]
+
 mod flight;
 mod probe;
 mod rule;
+mod store;
 #[cfg(test)]
 mod tests;
 
@@ -124,13 +130,11 @@ pub(crate) use rule::{keeps_room, longest_wait_us, stays_exact};
 
 use crate::algorithm::Limit;
 use flight::Flights;
-use moka::ops::compute::Op;
-use moka::sync::Cache;
-use moka::Expiry;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use store::{Op, Store};
 
 /// How long an entry is kept after its retry instant, so that the requests
 /// right after it know the key was at its limit: the first goes to the
@@ -246,30 +250,8 @@ impl Entry {
     }
 }
 
-struct UntilRetry;
-
-impl Expiry<String, Entry> for UntilRetry {
-    fn expire_after_create(
-        &self,
-        _key: &String,
-        value: &Entry,
-        _created_at: Instant,
-    ) -> Option<Duration> {
-        Some(value.ttl() + LAPSED_FOR)
-    }
-    fn expire_after_update(
-        &self,
-        _key: &String,
-        value: &Entry,
-        _updated_at: Instant,
-        _duration_until_expiry: Option<Duration>,
-    ) -> Option<Duration> {
-        Some(value.ttl() + LAPSED_FOR)
-    }
-}
-
 pub(crate) struct DenyCache {
-    cache: Option<Cache<String, Entry>>,
+    cache: Option<Store>,
     /// The latest `until_us` of any entry plus [`LAPSED_FOR`]: once the clock
     /// passes it every entry is gone, and a lookup (hashing the key) can be
     /// skipped. Most requests of a service nobody floods take that shortcut.
@@ -287,12 +269,7 @@ impl DenyCache {
             latest_until_us: AtomicU64::new(0),
             probes: Arc::default(),
             flights: Arc::default(),
-            cache: (capacity > 0).then(|| {
-                Cache::builder()
-                    .max_capacity(capacity)
-                    .expire_after(UntilRetry)
-                    .build()
-            }),
+            cache: (capacity > 0).then(|| Store::new(capacity)).flatten(),
         }
     }
 
@@ -334,11 +311,10 @@ impl DenyCache {
     /// requests need not wait for each other. A live entry stays.
     pub(crate) fn remove_lapsed(&self, key: &str, now_us: u64) {
         if let Some(c) = &self.cache {
-            c.entry_by_ref(key)
-                .and_compute_with(|e| match e.map(|e| e.into_value()) {
-                    Some(Entry::Denied(d)) if d.until_us <= now_us => Op::Remove,
-                    _ => Op::Nop,
-                });
+            c.compute(key, |e| match e {
+                Some(Entry::Denied(d)) if d.until_us <= now_us => Op::Remove,
+                _ => Op::Nop,
+            });
         }
     }
 
@@ -349,7 +325,7 @@ impl DenyCache {
     pub(crate) fn forget(&self, key: &str, now_us: impl FnOnce() -> u64) {
         if let Some(c) = &self.cache {
             if now_us() < self.latest_until_us.load(Ordering::Relaxed) {
-                c.entry_by_ref(key).and_compute_with(|e| match e {
+                c.compute(key, |e| match e {
                     Some(_) => Op::Remove,
                     None => Op::Nop,
                 });
@@ -397,8 +373,8 @@ impl DenyCache {
             .fetch_max(until_us.saturating_add(LAPSED_FOR_US), Ordering::Relaxed);
         // Read in the entry's critical section: an answer fed after this
         // one is written either counts here or forgets the key after.
-        c.entry_by_ref(key).and_compute_with(|e| {
-            if !charged && matches!(e.map(|e| e.into_value()), Some(Entry::Denied(_))) {
+        c.compute(key, |e| {
+            if !charged && matches!(e, Some(Entry::Denied(_))) {
                 return Op::Nop;
             }
             match remaining.checked_sub(flight.unseen()) {
@@ -423,14 +399,13 @@ impl DenyCache {
             return false;
         };
         let mut first = false;
-        c.entry_by_ref(key)
-            .and_compute_with(|e| match e.map(|e| e.into_value()) {
-                Some(Entry::Denied(d)) if d.primed && d.until_us == until_us => {
-                    first = true;
-                    Op::Put(Entry::Denied(d.primed(false)))
-                }
-                _ => Op::Nop,
-            });
+        c.compute(key, |e| match e {
+            Some(Entry::Denied(d)) if d.primed && d.until_us == until_us => {
+                first = true;
+                Op::Put(Entry::Denied(d.primed(false)))
+            }
+            _ => Op::Nop,
+        });
         first
     }
 
@@ -438,7 +413,7 @@ impl DenyCache {
     pub(crate) fn clear(&self) {
         if let Some(c) = &self.cache {
             self.latest_until_us.store(0, Ordering::Relaxed);
-            c.invalidate_all();
+            c.clear();
         }
     }
 }

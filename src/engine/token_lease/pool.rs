@@ -222,7 +222,7 @@ impl LeasePool {
     }
 
     /// Loses every lease without returning it (a crashed instance; tests).
-    #[cfg(feature = "testing")]
+    #[cfg(feature = "__testing")]
     pub(crate) fn abandon(&self) -> u64 {
         let mut lost = 0;
         for shard in self.inner.shards.iter() {
