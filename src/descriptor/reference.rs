@@ -30,6 +30,7 @@ use super::rules::{EntryMatch, Rule};
 use super::stat::{StatLevel, StatPath};
 use super::tree::Tree;
 use super::unit::Unit;
+#[cfg(feature = "calendar")]
 use crate::algorithm::calendar::Calendar;
 use crate::algorithm::kind::Algorithm;
 use crate::error::ConfigError;
@@ -227,6 +228,8 @@ impl ReferenceConfig {
     }
 }
 
+#[cfg(feature = "calendar")]
+#[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
 impl ReferenceConfig {
     /// The reference's `USE_CALENDAR_MONTH_RATE_LIMIT=true`: every limit of
     /// `unit: month` counts per UTC calendar month (from the 1st at
