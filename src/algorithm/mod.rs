@@ -28,7 +28,7 @@ pub use calendar::Calendar;
 #[cfg(not(feature = "calendar"))]
 pub(crate) use calendar::Calendar;
 pub use calendar::{CalendarError, CalendarPeriod, CalendarWindow};
-pub use concurrency::{Concurrency, LeaseState};
+pub use concurrency::{Concurrency, SlotState};
 pub use fixed_window::FixedWindowState;
 pub use gcra::{Gcra, TatState};
 pub use penalty::{PenaltyBox, PenaltyState};
@@ -134,8 +134,8 @@ pub enum State {
     Bucket(BucketState),
     /// GCRA.
     Tat(TatState),
-    /// Concurrency leases.
-    Leases(LeaseState),
+    /// Concurrency slots.
+    Slots(SlotState),
     /// A penalty box's strikes and block.
     Penalty(PenaltyState),
 }
@@ -169,7 +169,7 @@ impl Limit {
             (Limit::TokenBucket(b), s) => b.check(bucket(s), now_us, cost).0,
             (Limit::LeakyBucket(g), s) => g.check(tat(s), now_us, cost),
             // One slot per request, whatever its cost.
-            (Limit::Concurrency(c), Some(State::Leases(l))) => c.check(Some(l), now_us),
+            (Limit::Concurrency(c), Some(State::Slots(l))) => c.check(Some(l), now_us),
             (Limit::Concurrency(c), _) => c.check(None, now_us),
             // Alone (a peek), a penalty box only says whether it blocks.
             (Limit::Penalty(p), Some(State::Penalty(s))) => p.check(Some(s), now_us, true).0,
@@ -249,12 +249,12 @@ impl Limit {
             // Never charged (the memory check skips it): nothing to keep.
             Limit::Override => (State::Penalty(PenaltyState::default()), 0),
             Limit::Concurrency(c) => {
-                let leases = match state {
-                    Some(State::Leases(l)) => Some(l),
+                let slots = match state {
+                    Some(State::Slots(l)) => Some(l),
                     _ => None,
                 };
-                let (s, ttl) = c.charge(leases, now_us);
-                (State::Leases(s), ttl)
+                let (s, ttl) = c.charge(slots, now_us);
+                (State::Slots(s), ttl)
             }
         }
     }
@@ -501,12 +501,12 @@ impl Limit {
                     )
                 }
             }
-            // A concurrency charge is its lease: the refund releases it.
-            (Limit::Concurrency(c), Some(State::Leases(l))) => {
-                match Concurrency::release(l, c.lease, now_us) {
+            // A concurrency charge is its slot: the refund releases it.
+            (Limit::Concurrency(c), Some(State::Slots(l))) => {
+                match Concurrency::release(l, c.slot, now_us) {
                     None => Refund::Delete,
                     Some(left) if left.len() == l.len() => Refund::Keep,
-                    Some(left) => Refund::Store(State::Leases(left), None),
+                    Some(left) => Refund::Store(State::Slots(left), None),
                 }
             }
             (Limit::LeakyBucket(g), Some(State::Tat(s))) => {

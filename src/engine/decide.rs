@@ -104,7 +104,7 @@ pub(crate) fn decide(
             delay: Duration::from_micros(delay_us),
             refunds,
             details: if meta.details { details(meta, v) } else { None },
-            leases: None,
+            slots: None,
             reservation: None,
         });
     };

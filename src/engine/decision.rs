@@ -58,7 +58,7 @@ pub(crate) struct Allow {
     pub(crate) details: Option<Box<Details>>,
     /// The concurrency slots it holds: released when dropped (the front
     /// door keeps them until the response is over).
-    pub(crate) leases: Option<Box<super::slots::Slots>>,
+    pub(crate) slots: Option<Box<super::slots::Slots>>,
     /// Its reservations on priced tiers, settled by the front door when the
     /// response ends (`None`: no priced tier charged it).
     pub(crate) reservation: Option<Box<super::settle::Reservation>>,
@@ -85,7 +85,7 @@ impl Allow {
             delay: Duration::ZERO,
             refunds: None,
             details: None,
-            leases: None,
+            slots: None,
             reservation: None,
         }
     }

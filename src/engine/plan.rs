@@ -321,7 +321,7 @@ pub(crate) fn plan<F: Facts>(
             meta.quotas.push((q.limit(), period_us, refills));
         }
         if let Limit::Concurrency(c) = &mut limit {
-            c.lease = next_lease_id();
+            c.slot = next_slot_id();
         }
         checks.push(TierCheck {
             key: std::mem::replace(&mut key, super::spare::key()),
@@ -397,13 +397,13 @@ pub(crate) fn key_failed(shared: &Shared, t: &BuiltTier, e: &KeyError) {
     }
 }
 
-/// Concurrency lease ids stay below 2^53 (the scripts' numbers are doubles).
+/// Concurrency slot ids stay below 2^53 (the scripts' numbers are doubles).
 const ID_MASK: u64 = (1 << 53) - 1;
 
-/// A lease id no other request of this process holds, and (from a random
+/// A slot id no other request of this process holds, and (from a random
 /// start per process) almost surely none of another instance: ids are
 /// consecutive from a random 53-bit origin.
-fn next_lease_id() -> u64 {
+fn next_slot_id() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static ORIGIN: OnceLock<u64> = OnceLock::new();

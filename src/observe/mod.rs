@@ -11,7 +11,7 @@
 //! | `tiered_ratelimit_fleet_blocked_flushed_total` | counter | — | deny-cache 429s (cost) flushed to the fleet-wide hourly sets (see docs/redis.md, "Cached 429s in the blocked set") |
 //! | `tiered_ratelimit_fleet_blocked_dropped_total` | counter | `reason` (`overflow`, `error`, `timeout`) | deny-cache 429s (cost) not counted fleet-wide |
 //! | `tiered_ratelimit_backend_errors_total` | counter | `kind` (`timeout`, `connection`, `script`, `key`, `circuit_open`), `backend` | failed checks |
-//! | `tiered_ratelimit_concurrency_lapses_total` | counter | `tier` | a concurrency tier's slot lease that lapsed while its request still ran (every renewal, retried, failed until the lease ran out): the tier may have admitted one request too many |
+//! | `tiered_ratelimit_concurrency_lapses_total` | counter | `tier` | a concurrency tier's slot that lapsed while its request still ran (every renewal, retried, failed until the slot's TTL ran out): the tier may have admitted one request too many |
 //! | `tiered_ratelimit_key_errors_total` | counter | `tier`, `reason` (`missing_connect_info`, `configuration`, `request`) | key extractions that failed (the tier is skipped, or 503 under `Closed`) |
 
 pub mod anomaly;
@@ -449,7 +449,7 @@ pub(crate) fn describe_all() {
     describe_counter!(
         "tiered_ratelimit_concurrency_lapses_total",
         Unit::Count,
-        "Concurrency slots whose lease lapsed while their request still ran (renewals failed until the lease expired), by tier"
+        "Concurrency slots that lapsed while their request still ran (renewals failed until the slot expired), by tier"
     );
     describe_counter!(
         "tiered_ratelimit_refund_failures_total",
