@@ -3,7 +3,7 @@
 
 use super::facts::Facts;
 pub(crate) use super::meta::{Meta, Observed};
-use super::runtime::{BuiltTier, FailurePolicy, Overrides, PlanRuntime, Runtime, TierRuntime};
+use super::runtime::{BuiltTier, FailurePolicy, ModeOverrides, PlanRuntime, Runtime, TierRuntime};
 use super::state::Shared;
 use crate::algorithm::Limit;
 use crate::backend::TierCheck;
@@ -37,7 +37,7 @@ pub(crate) enum Gate {
     Tiers(Mode),
 }
 
-pub(crate) fn gate(rt: &Runtime, ov: &Overrides, facts: &impl Facts) -> Gate {
+pub(crate) fn gate(rt: &Runtime, ov: &ModeOverrides, facts: &impl Facts) -> Gate {
     let global = ov.mode.unwrap_or(rt.mode);
     if global == Mode::Off {
         Gate::Off
@@ -87,7 +87,7 @@ pub(crate) enum TierStep<'r> {
 pub(crate) fn plan_tier<'r>(
     (i, t, r): (usize, &BuiltTier, &'r TierRuntime),
     n: usize,
-    ov: &Overrides,
+    ov: &ModeOverrides,
     global: Mode,
     facts: &impl Facts,
     fallback: bool,
@@ -219,7 +219,7 @@ pub(crate) fn plan<F: Facts>(
     meta: &mut Meta,
 ) -> Planned {
     let rt = shared.live.runtime.load();
-    let ov = shared.live.overrides.load();
+    let ov = shared.live.mode_overrides.load();
     let fallback = purpose == Purpose::Fallback;
     let global = match gate(&rt, &ov, facts) {
         Gate::Off => return Planned::Pass(RequestDecision::Skipped),
