@@ -21,7 +21,7 @@
 //! [`RETRY_ESTIMATE_US`] (1 s): slots usually free up when responses end,
 //! which no clock can foresee, so the wait is an estimate, never 0.
 
-use super::Decision;
+use super::TierDecision;
 
 /// The most a concurrency denial's `retry_after_us` says: 1 s (an estimate:
 /// a slot frees when any running request ends).
@@ -54,12 +54,12 @@ impl Concurrency {
     }
 
     /// The decision for one more request at `now_us`.
-    pub fn check(&self, slots: Option<&SlotState>, now_us: u64) -> Decision {
+    pub fn check(&self, slots: Option<&SlotState>, now_us: u64) -> TierDecision {
         let live = || slots.into_iter().flatten().filter(|(_, e)| *e > now_us);
         let n = live().count() as u64;
         let latest = live().map(|(_, e)| e - now_us).max().unwrap_or(0);
         if n < self.limit {
-            Decision {
+            TierDecision {
                 allowed: true,
                 limit: self.limit,
                 remaining: self.limit - n - 1,
@@ -69,7 +69,7 @@ impl Concurrency {
             }
         } else {
             let earliest = live().map(|(_, e)| e - now_us).min().unwrap_or(0);
-            Decision {
+            TierDecision {
                 allowed: false,
                 limit: self.limit,
                 remaining: 0,

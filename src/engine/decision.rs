@@ -69,7 +69,7 @@ pub(crate) struct Allow {
 #[derive(Debug, Clone)]
 pub(crate) struct Details {
     /// Per check: its tier index, and the tier's decision.
-    pub(crate) checks: Vec<(usize, crate::algorithm::Decision)>,
+    pub(crate) checks: Vec<(usize, crate::algorithm::TierDecision)>,
     /// Bit per check: a denial whose cost exceeds the tier's capacity
     /// (see `decide::never_fits`).
     pub(crate) never_fits: u64,

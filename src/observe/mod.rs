@@ -127,7 +127,7 @@ pub(crate) const TIER_DECISION_LABELS: [&str; 5] = [
 
 /// One tier's decision on one request, as counted by [`TIER_DECISIONS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TierDecision {
+pub(crate) enum TierOutcome {
     /// Allowed with at least 20 % of the capacity left.
     Allowed = 0,
     /// Allowed with less than 20 % left (`remaining × 5 < capacity`).
@@ -150,7 +150,7 @@ pub(crate) struct TierCount {
     pub(crate) tier: usize,
     /// 0 for the default plan, else 1 + the plan's position in the tier.
     pub(crate) slot: usize,
-    pub(crate) decision: TierDecision,
+    pub(crate) decision: TierOutcome,
 }
 
 /// A tier-decision counter cell: the plan it was registered for, and it.
@@ -292,7 +292,7 @@ impl RequestMetrics {
                         .collect()
                 })
             });
-            let register = |check: usize, d: TierDecision| {
+            let register = |check: usize, d: TierOutcome| {
                 let (tier, plan) = labels(check);
                 metrics::counter!(
                     TIER_DECISIONS,

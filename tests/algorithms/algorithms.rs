@@ -15,12 +15,12 @@ use crate::support::*;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::time::Duration;
-use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
+use tiered_ratelimit::algorithm::{Gcra, Limit, State, TierDecision, TokenBucket, Window};
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck};
 
 /// Checks the invariants of one denied or allowed decision against the model
 /// state it was made from.
-fn check_invariants(limit: &Limit, state: Option<&State>, now: u64, cost: u64, d: &Decision) {
+fn check_invariants(limit: &Limit, state: Option<&State>, now: u64, cost: u64, d: &TierDecision) {
     let cap = limit.capacity();
     assert!(d.remaining <= d.limit && d.limit == cap, "{d:?}");
     if d.allowed {
@@ -493,7 +493,7 @@ fn seeded() -> impl FnMut() -> u64 {
 }
 
 /// The model's answer to a peek: the check, nothing charged.
-fn model_peek(model: &Model, c: &TierCheck, now: u64) -> Decision {
+fn model_peek(model: &Model, c: &TierCheck, now: u64) -> TierDecision {
     c.limit.check(model.state(&c.key, now), now, c.cost)
 }
 
