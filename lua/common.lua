@@ -14,7 +14,7 @@
 --   the cluster script (CLUSTER_LUA;    refund.lua, dispatch.lua, cluster.lua
 --     a single Redis runs its refunds)
 --   a peek (PEEK_LUA)                   dispatch.lua, peek.lua
---   a lease renewal (LEASE_LUA)         dispatch.lua, lease.lua
+--   a slot renewal (SLOT_LUA)           dispatch.lua, slot.lua
 --
 -- Lua numbers are doubles: every number these scripts compute with is an
 -- integer below 2^53 (the limits are checked when a quota is built), so all

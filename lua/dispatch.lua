@@ -1,6 +1,6 @@
 -- The dispatcher, shared by every entry point: check.lua (a single Redis,
 -- as a script or as the Function's body), cluster.lua (one hash slot of a
--- cluster), peek.lua and lease.lua. Joined after the algorithm files (and
+-- cluster), peek.lua and slot.lua. Joined after the algorithm files (and
 -- refund.lua in the cluster script), right before the entry point (the
 -- order: common.lua). It holds the algorithms by id (a spec's first number,
 -- 1..9, listed at tier_spec), the clock argument (read_clock), the one MGET

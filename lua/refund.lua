@@ -7,7 +7,7 @@
 -- skip_failed_requests / skip_successful_requests runs them once the
 -- response's status is known. Twins: Limit::refund in src/algorithm/mod.rs.
 -- Joined in the cluster script only (CLUSTER_LUA: after the algorithm files,
--- before dispatch.lua); the refunds of concurrency (the lease released),
+-- before dispatch.lua); the refunds of concurrency (the slot released),
 -- the penalty box and an override's read (nothing to give back) are in
 -- their own files, and cluster.lua lists all nine by algorithm id (calendar_refund gives a
 -- calendar window's charge back through the fixed window's window_refund).

@@ -128,7 +128,7 @@ pub use engine::token_lease;
 pub use engine::{CircuitBreaker, EngineBuilder, FailurePolicy, MAX_TIERS};
 pub use error::{BackendError, ConfigError, PingError};
 pub use handle::RateLimitHandle;
-pub use http::body::{BodyLease, ResponseBody};
+pub use http::body::{BodyHold, ResponseBody};
 pub use http::future::ResponseFuture;
 pub use http::layer::{RateLimitLayer, RateLimitLayerBuilder};
 pub use http::service::RateLimitService;

@@ -38,7 +38,7 @@
 
 use crate::backend::{Backend, TierCheck};
 use crate::engine::Facts;
-use crate::engine::{Block, Decision as EngineDecision, Step};
+use crate::engine::{self, Block, Step};
 use crate::http::front::{Front, HttpFacts};
 use crate::http::layer::RateLimitLayer;
 use crate::key::{KeyError, KeyWriter};
@@ -220,7 +220,7 @@ impl Offline {
             }
         };
         let (decision, binding_check, shadow_tiers) = match decision {
-            EngineDecision::Allow(a) => {
+            engine::Decision::Allow(a) => {
                 let d = match a.kind {
                     RequestDecision::Skipped => Admission::Skipped,
                     RequestDecision::Allowlisted => Admission::Allowlisted,
@@ -232,15 +232,15 @@ impl Offline {
                 };
                 (d, None, a.shadow_tiers)
             }
-            EngineDecision::Block(Block::Limited(d)) => (
+            engine::Decision::Block(Block::Limited(d)) => (
                 Admission::Rejected {
                     tier: d.rejection.tier,
                 },
                 Some(d.check),
                 d.shadow_tiers,
             ),
-            EngineDecision::Block(Block::Denylisted(_)) => (Admission::Denylisted, None, 0),
-            EngineDecision::Block(Block::Unavailable) => (Admission::FailClosed, None, 0),
+            engine::Decision::Block(Block::Denylisted(_)) => (Admission::Denylisted, None, 0),
+            engine::Decision::Block(Block::Unavailable) => (Admission::FailClosed, None, 0),
         };
         Outcome {
             decision,

@@ -1,7 +1,7 @@
-//! A long request's concurrency lease is renewed every half lease; a
+//! A long request's concurrency slot is renewed every half TTL; a
 //! renewal that fails (its connection dropped by `CLIENT KILL`) is tried
-//! again until the lease would lapse, so the slot never lapses while the
-//! request runs; and a lease that lapses all the same is counted in
+//! again until the slot would lapse, so the slot never lapses while the
+//! request runs; and a slot that lapses all the same is counted in
 //! `tiered_ratelimit_concurrency_lapses_total{tier}`. A global debugging
 //! recorder: its own test binary, so that no other test's lapses count.
 
@@ -65,12 +65,12 @@ async fn slow(State(p): State<Probe>) -> &'static str {
     "done"
 }
 
-/// One request of a 1-slot tier `tier` (lease `lease`) running, held at
+/// One request of a 1-slot tier `tier` (TTL `slot_ttl`) running, held at
 /// its gate.
 async fn one_running(
     backend: Backend,
     tier: &str,
-    lease: Duration,
+    slot_ttl: Duration,
 ) -> (
     RateLimitHandle,
     watch::Sender<bool>,
@@ -84,7 +84,7 @@ async fn one_running(
     let layer = RateLimitLayer::builder()
         .backend(backend)
         .backend_timeout(Duration::from_secs(2))
-        .tier(Tier::concurrency(tier, Global, 1).algorithm(Algorithm::Concurrency { lease }))
+        .tier(Tier::concurrency(tier, Global, 1).algorithm(Algorithm::Concurrency { slot_ttl }))
         .build()
         .unwrap();
     let handle = layer.handle();
@@ -117,20 +117,20 @@ fn redis_now_us(redis: &RedisServer) -> u64 {
     s * 1_000_000 + us
 }
 
-/// The lease's expiry (µs) in the tier's sorted set, if it is there.
-fn lease_expiry_us(redis: &RedisServer, key: &str) -> Option<u64> {
+/// The slot's expiry (µs) in the tier's sorted set, if it is there.
+fn slot_expiry_us(redis: &RedisServer, key: &str) -> Option<u64> {
     let v: Vec<(String, f64)> = redis.cmd(&["ZRANGE", key, "0", "-1", "WITHSCORES"]);
     assert!(v.len() <= 1, "{v:?}");
     v.first().map(|(_, s)| *s as u64)
 }
 
-/// Redis's own clock (no test clock), a 400 ms lease renewed every 200 ms,
+/// Redis's own clock (no test clock), a 400 ms TTL renewed every 200 ms,
 /// and for 1.2 s the layer's connections are killed every 20 ms
 /// (`CLIENT KILL TYPE normal`): renewals fail and are tried again at once
 /// on a fresh connection, so the slot never lapses — sampled against Redis
 /// `TIME` all along — and no lapse is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_renewals_are_retried_until_the_lease_would_lapse() {
+async fn failed_renewals_are_retried_until_the_slot_would_lapse() {
     let _ = snapshotter();
     let redis = RedisServer::start();
     let backend = RedisBackend::from_url(&redis.url()).unwrap();
@@ -144,7 +144,7 @@ async fn failed_renewals_are_retried_until_the_lease_would_lapse() {
         kills += killed;
         for _ in 0..2 {
             let now = redis_now_us(&redis);
-            let until = lease_expiry_us(&redis, key).expect("the slot is held");
+            let until = slot_expiry_us(&redis, key).expect("the slot is held");
             assert!(
                 until > now,
                 "the running request's slot lapsed {} µs ago, {:?} in",
@@ -164,7 +164,7 @@ async fn failed_renewals_are_retried_until_the_lease_would_lapse() {
     assert_eq!(first.await.unwrap(), 200);
 }
 
-/// A lease that lapses while its request runs (the test clock jumps past
+/// A slot that lapses while its request runs (the test clock jumps past
 /// it between two renewals) is counted once, on memory and on Redis.
 async fn a_lapse_is_counted(backend: Backend, clock: ManualClock, tier: &str) {
     let (h, open, first) = one_running(backend, tier, Duration::from_millis(200)).await;
@@ -180,7 +180,7 @@ async fn a_lapse_is_counted(backend: Backend, clock: ManualClock, tier: &str) {
     // The slot is free: the tier would admit another request.
     let s = h.peek(tier, "all").await.unwrap();
     assert!(s.allowed);
-    // Counted once: no more renewals of that lease.
+    // Counted once: no more renewals of that slot.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(lapses(tier), 1);
     let _ = open.send(true);

@@ -180,8 +180,8 @@ fn tier_json(t: &TierStatus) -> Value {
     if let Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }) = t.algorithm {
         v["max_delay"] = json!(humantime::format_duration(max_delay).to_string());
     }
-    if let Algorithm::Concurrency { lease } = t.algorithm {
-        v["lease"] = json!(humantime::format_duration(lease).to_string());
+    if let Algorithm::Concurrency { slot_ttl } = t.algorithm {
+        v["lease"] = json!(humantime::format_duration(slot_ttl).to_string());
     }
     v
 }

@@ -446,7 +446,7 @@ impl CalendarWindow {
         state: Option<super::FixedWindowState>,
         now_us: u64,
         cost: u64,
-    ) -> super::Decision {
+    ) -> super::TierDecision {
         super::fixed_window::decide_in(self.limit, self.window(now_us), state, now_us, cost)
     }
 

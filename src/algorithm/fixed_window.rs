@@ -5,7 +5,7 @@
 //! start of the next, so up to **2 × limit** requests pass within a span much
 //! shorter than the window (the "boundary burst").
 
-use super::{Decision, Window};
+use super::{TierDecision, Window};
 
 /// Stored state: the window's start (epoch µs) and the cost counted in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +22,12 @@ impl Window {
     }
 
     /// Fixed-window decision for `cost` at `now_us`.
-    pub fn fixed_check(&self, state: Option<FixedWindowState>, now_us: u64, cost: u64) -> Decision {
+    pub fn fixed_check(
+        &self,
+        state: Option<FixedWindowState>,
+        now_us: u64,
+        cost: u64,
+    ) -> TierDecision {
         let start = self.window_start(now_us);
         decide_in(
             self.limit,
@@ -54,12 +59,12 @@ pub(crate) fn decide_in(
     state: Option<FixedWindowState>,
     now_us: u64,
     cost: u64,
-) -> Decision {
+) -> TierDecision {
     let count = state.filter(|s| s.start_us == start).map_or(0, |s| s.count);
     let end_in = end.saturating_sub(now_us);
     if count + cost <= limit {
         let after = count + cost;
-        Decision {
+        TierDecision {
             allowed: true,
             limit,
             remaining: limit - after,
@@ -69,7 +74,7 @@ pub(crate) fn decide_in(
         }
     } else {
         let reset_after_us = if count == 0 { 0 } else { end_in };
-        Decision {
+        TierDecision {
             allowed: false,
             limit,
             remaining: limit - count.min(limit),

@@ -15,7 +15,7 @@
 //!   request is held until its slot and then passed, if that delay is at most
 //!   `max_delay`; otherwise it is rejected at once.
 
-use super::{div_ceil, Decision, TokenBucket};
+use super::{div_ceil, TierDecision, TokenBucket};
 
 /// Stored state: the TAT as `tat_us + frac / rate` microseconds.
 ///
@@ -71,7 +71,7 @@ impl Gcra {
     }
 
     /// GCRA decision for `cost` at `now_us`.
-    pub fn check(&self, state: Option<TatState>, now_us: u64, cost: u64) -> Decision {
+    pub fn check(&self, state: Option<TatState>, now_us: u64, cost: u64) -> TierDecision {
         self.check_backlog(self.backlog(state, now_us), cost)
     }
 
@@ -80,14 +80,14 @@ impl Gcra {
     /// the TAT in those units, decide with it directly (a charge then puts
     /// the TAT at `backlog + cost × unit` units ahead).
     #[inline(always)]
-    pub(crate) fn check_backlog(&self, backlog: u64, cost: u64) -> Decision {
+    pub(crate) fn check_backlog(&self, backlog: u64, cost: u64) -> TierDecision {
         let b = &self.bucket;
         let after = backlog + cost * b.unit;
         let over = after.saturating_sub(b.capacity);
         let allowed_ticks = self.max_delay_us.map_or(0, |d| d.saturating_mul(b.rate));
         let limit = b.burst();
         if over <= allowed_ticks && cost * b.unit <= b.capacity {
-            Decision {
+            TierDecision {
                 allowed: true,
                 limit,
                 remaining: b.capacity.saturating_sub(after) / b.unit,
@@ -102,7 +102,7 @@ impl Gcra {
             } else {
                 div_ceil(over - allowed_ticks, b.rate)
             };
-            Decision {
+            TierDecision {
                 allowed: false,
                 limit,
                 remaining: b.capacity.saturating_sub(backlog) / b.unit,

@@ -12,7 +12,7 @@ use std::time::Duration;
 /// | [`SlidingWindowCounter`](Algorithm::SlidingWindowCounter) | 2 counters | approximate (interpolated) | the whole limit at once |
 /// | [`TokenBucket`](Algorithm::TokenBucket) (default) | tokens + timestamp | exact | up to `burst` |
 /// | [`LeakyBucket`](Algorithm::LeakyBucket) | 1 timestamp (GCRA) | exact | up to `burst`; `Shape` delays instead of rejecting |
-/// | [`Concurrency`](Algorithm::Concurrency) | 1 lease per request in flight | exact | — (requests **in flight**, not per period) |
+/// | [`Concurrency`](Algorithm::Concurrency) | 1 slot per request in flight | exact | — (requests **in flight**, not per period) |
 ///
 /// Window algorithms use the quota's limit and period as the window; a
 /// `burst` other than the limit is a configuration error for them.
@@ -43,13 +43,13 @@ pub enum Algorithm {
     Concurrency {
         /// How long a slot is held without renewal: a crashed instance's
         /// slots come back after it. Requests that run longer renew their
-        /// lease every `lease / 2`. Default 60 s.
-        lease: Duration,
+        /// slot every `slot_ttl / 2`. Default 60 s (policy file: `lease`).
+        slot_ttl: Duration,
     },
 }
 
-/// The default lease of a concurrency tier: 60 s.
-pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The default slot TTL of a concurrency tier: 60 s.
+pub(crate) const DEFAULT_SLOT_TTL: Duration = Duration::from_secs(60);
 
 /// The two leaky buckets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,7 +147,7 @@ impl Algorithm {
             Algorithm::LeakyBucket(LeakyBucket::Police),
             Algorithm::LeakyBucket(LeakyBucket::Shape { max_delay }),
             Algorithm::Concurrency {
-                lease: DEFAULT_LEASE,
+                slot_ttl: DEFAULT_SLOT_TTL,
             },
         ]
     }

@@ -1,7 +1,7 @@
 //! Pure, clock-free models of the rate-limiting algorithms.
 //!
 //! Each algorithm is a pair of functions of `(parameters, stored state, now,
-//! cost)`: a *check* giving the [`Decision`], and a *charge* giving the state
+//! cost)`: a *check* giving the [`TierDecision`], and a *charge* giving the state
 //! to store once every tier of the request has allowed it (all or nothing).
 //! Nothing here does I/O or reads a clock: the memory backend calls these
 //! functions directly, and the Redis Lua scripts in `lua/` are line-by-line
@@ -28,7 +28,7 @@ pub use calendar::Calendar;
 #[cfg(not(feature = "calendar"))]
 pub(crate) use calendar::Calendar;
 pub use calendar::{CalendarError, CalendarPeriod, CalendarWindow};
-pub use concurrency::{Concurrency, LeaseState};
+pub use concurrency::{Concurrency, SlotState};
 pub use fixed_window::FixedWindowState;
 pub use gcra::{Gcra, TatState};
 pub use penalty::{PenaltyBox, PenaltyState};
@@ -40,7 +40,7 @@ pub use token_bucket::{BucketState, TokenBucket};
 ///
 /// Durations are integer microseconds, relative to the `now` the check ran at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
+pub struct TierDecision {
     /// Whether this tier admits the request (and, if every tier does, charges it).
     pub allowed: bool,
     /// The tier's capacity in whole requests (the burst, or the window's limit).
@@ -134,8 +134,8 @@ pub enum State {
     Bucket(BucketState),
     /// GCRA.
     Tat(TatState),
-    /// Concurrency leases.
-    Leases(LeaseState),
+    /// Concurrency slots.
+    Slots(SlotState),
     /// A penalty box's strikes and block.
     Penalty(PenaltyState),
 }
@@ -159,7 +159,7 @@ impl Limit {
     /// The decision for `cost` at `now_us` given the stored `state` (`None`
     /// for a key never seen or expired; a state of another algorithm counts
     /// as none).
-    pub fn check(&self, state: Option<&State>, now_us: u64, cost: u64) -> Decision {
+    pub fn check(&self, state: Option<&State>, now_us: u64, cost: u64) -> TierDecision {
         match (self, state) {
             (Limit::FixedWindow(w), s) => w.fixed_check(fixed(s), now_us, cost),
             (Limit::Calendar(c), s) => c.check(fixed(s), now_us, cost),
@@ -169,12 +169,12 @@ impl Limit {
             (Limit::TokenBucket(b), s) => b.check(bucket(s), now_us, cost).0,
             (Limit::LeakyBucket(g), s) => g.check(tat(s), now_us, cost),
             // One slot per request, whatever its cost.
-            (Limit::Concurrency(c), Some(State::Leases(l))) => c.check(Some(l), now_us),
+            (Limit::Concurrency(c), Some(State::Slots(l))) => c.check(Some(l), now_us),
             (Limit::Concurrency(c), _) => c.check(None, now_us),
             // Alone (a peek), a penalty box only says whether it blocks.
             (Limit::Penalty(p), Some(State::Penalty(s))) => p.check(Some(s), now_us, true).0,
             (Limit::Penalty(p), _) => p.check(None, now_us, true).0,
-            (Limit::Override, _) => Decision {
+            (Limit::Override, _) => TierDecision {
                 allowed: true,
                 limit: 0,
                 remaining: 0,
@@ -194,7 +194,7 @@ impl Limit {
         state: Option<&State>,
         now_us: u64,
         cost: u64,
-    ) -> (Decision, Option<(State, u64)>) {
+    ) -> (TierDecision, Option<(State, u64)>) {
         match self {
             Limit::TokenBucket(b) => {
                 let (d, charged) = b.check(bucket(state), now_us, cost);
@@ -249,12 +249,12 @@ impl Limit {
             // Never charged (the memory check skips it): nothing to keep.
             Limit::Override => (State::Penalty(PenaltyState::default()), 0),
             Limit::Concurrency(c) => {
-                let leases = match state {
-                    Some(State::Leases(l)) => Some(l),
+                let slots = match state {
+                    Some(State::Slots(l)) => Some(l),
                     _ => None,
                 };
-                let (s, ttl) = c.charge(leases, now_us);
-                (State::Leases(s), ttl)
+                let (s, ttl) = c.charge(slots, now_us);
+                (State::Slots(s), ttl)
             }
         }
     }
@@ -280,7 +280,7 @@ impl Limit {
         state: Option<&State>,
         now_us: u64,
         tier_allowed: bool,
-    ) -> Option<(Decision, Option<(State, u64)>)> {
+    ) -> Option<(TierDecision, Option<(State, u64)>)> {
         let Limit::Penalty(p) = self else {
             return None;
         };
@@ -501,12 +501,12 @@ impl Limit {
                     )
                 }
             }
-            // A concurrency charge is its lease: the refund releases it.
-            (Limit::Concurrency(c), Some(State::Leases(l))) => {
-                match Concurrency::release(l, c.lease, now_us) {
+            // A concurrency charge is its slot: the refund releases it.
+            (Limit::Concurrency(c), Some(State::Slots(l))) => {
+                match Concurrency::release(l, c.slot, now_us) {
                     None => Refund::Delete,
                     Some(left) if left.len() == l.len() => Refund::Keep,
-                    Some(left) => Refund::Store(State::Leases(left), None),
+                    Some(left) => Refund::Store(State::Slots(left), None),
                 }
             }
             (Limit::LeakyBucket(g), Some(State::Tat(s))) => {

@@ -10,7 +10,7 @@
 //! (bounded by 2 × limit in the adversarial worst case; `docs/algorithms.md`
 //! measures it against the exact log).
 
-use super::{Decision, Window};
+use super::{TierDecision, Window};
 
 /// Stored state: the current window's start (epoch µs) and the costs counted
 /// in it and in the window before.
@@ -48,7 +48,12 @@ impl Window {
     }
 
     /// Sliding-counter decision for `cost` at `now_us`.
-    pub fn counter_check(&self, state: Option<CounterState>, now_us: u64, cost: u64) -> Decision {
+    pub fn counter_check(
+        &self,
+        state: Option<CounterState>,
+        now_us: u64,
+        cost: u64,
+    ) -> TierDecision {
         let w = self.window_us;
         let (start, prev, cur) = self.counters(state, now_us);
         let e = now_us - start;
@@ -56,7 +61,7 @@ impl Window {
         let est = prev * (w - e) + cur * w;
         if est + cost * w <= cap {
             let est = est + cost * w;
-            Decision {
+            TierDecision {
                 allowed: true,
                 limit: self.limit,
                 remaining: (cap - est) / w,
@@ -79,7 +84,7 @@ impl Window {
                 let wait_in_next = room.checked_div(cur).map_or(0, |r| w.saturating_sub(r));
                 start + w + wait_in_next - now_us
             };
-            Decision {
+            TierDecision {
                 allowed: false,
                 limit: self.limit,
                 remaining: cap.saturating_sub(est) / w,

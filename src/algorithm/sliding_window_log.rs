@@ -7,7 +7,7 @@
 //!
 //! An entry logged at `t` counts while `now < t + window`.
 
-use super::{Decision, Window};
+use super::{TierDecision, Window};
 use std::collections::VecDeque;
 
 /// Stored state: admitted `(timestamp µs, cost)` entries, oldest first.
@@ -26,12 +26,12 @@ impl Window {
     }
 
     /// Sliding-log decision for `cost` at `now_us`.
-    pub fn log_check(&self, log: Option<&LogState>, now_us: u64, cost: u64) -> Decision {
+    pub fn log_check(&self, log: Option<&LogState>, now_us: u64, cost: u64) -> TierDecision {
         let live = self.live(log, now_us);
         let used: u64 = live.clone().map(|(_, c)| c).sum();
         let newest = live.clone().map(|(t, _)| *t).max();
         if used + cost <= self.limit {
-            Decision {
+            TierDecision {
                 allowed: true,
                 limit: self.limit,
                 remaining: self.limit - used - cost,
@@ -58,7 +58,7 @@ impl Window {
                 }
                 at
             };
-            Decision {
+            TierDecision {
                 allowed: false,
                 limit: self.limit,
                 remaining: self.limit.saturating_sub(used),

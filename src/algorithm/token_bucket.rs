@@ -26,7 +26,7 @@
 //! `tests/algorithms/algorithms.rs`). Stored as whole microseconds plus a remainder in
 //! units (a unit is `1 / rate` µs of refill), the TAT is exact.
 
-use super::{div_ceil, Decision};
+use super::{div_ceil, TierDecision};
 
 /// The stored state of one bucket: its TAT, `tat_us + frac / rate` µs, the
 /// instant it is full again.
@@ -166,7 +166,7 @@ impl TokenBucket {
         state: Option<BucketState>,
         now_us: u64,
         cost: u64,
-    ) -> (Decision, Option<(BucketState, u64)>) {
+    ) -> (TierDecision, Option<(BucketState, u64)>) {
         let missing = self.missing(state, now_us);
         match self.check_missing(missing, cost) {
             (d, Some(used)) => {
@@ -183,14 +183,14 @@ impl TokenBucket {
     /// decision's `reset_after_us`). The memory backend's cells, which keep
     /// the TAT in units, decide with it directly.
     #[inline(always)]
-    pub(crate) fn check_missing(&self, missing: u64, cost: u64) -> (Decision, Option<u64>) {
+    pub(crate) fn check_missing(&self, missing: u64, cost: u64) -> (TierDecision, Option<u64>) {
         let tokens = self.capacity.saturating_sub(missing);
         let cost_units = cost.saturating_mul(self.unit);
         let limit = self.burst();
         if cost_units <= tokens {
             let left = tokens - cost_units;
             let reset_after_us = div_ceil(self.capacity - left, self.rate);
-            let decision = Decision {
+            let decision = TierDecision {
                 allowed: true,
                 limit,
                 remaining: left / self.unit,
@@ -208,7 +208,7 @@ impl TokenBucket {
             } else {
                 div_ceil(cost_units + missing - self.capacity, self.rate)
             };
-            let decision = Decision {
+            let decision = TierDecision {
                 allowed: false,
                 limit,
                 remaining: tokens / self.unit,

@@ -25,7 +25,7 @@ pub(crate) use charge::{Charge, TierRefund};
 pub use clock::ManualClock;
 pub use memory::MemoryBackend;
 
-use crate::algorithm::{Decision, Limit};
+use crate::algorithm::{Limit, TierDecision};
 use crate::error::BackendError;
 use std::future::Future;
 use std::pin::Pin;
@@ -81,7 +81,7 @@ pub struct Verdict {
     /// The backend's clock when it decided, in Unix epoch microseconds.
     pub now_us: u64,
     /// One decision per [`TierCheck`], in order.
-    pub decisions: Vec<Decision>,
+    pub decisions: Vec<TierDecision>,
     /// Per [`TierCheck`], when the request was charged: what a later refund
     /// of that charge needs (empty, or `None` for a tier not charged).
     /// Used by the layer's refunds by response status.
@@ -109,7 +109,7 @@ impl Shadow {
 
     /// The commit rule of every backend: charge when every enforced tier
     /// allows the request.
-    pub(crate) fn commits(self, decisions: &[Decision]) -> bool {
+    pub(crate) fn commits(self, decisions: &[TierDecision]) -> bool {
         decisions
             .iter()
             .enumerate()

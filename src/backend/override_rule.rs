@@ -2,7 +2,7 @@
 //! backends store and read, below the public API of [`crate::handle::overrides`]
 //! (which sets, removes and lists them through the backends).
 
-use crate::algorithm::{Decision, Limit};
+use crate::algorithm::{Limit, TierDecision};
 use crate::backend::TierCheck;
 use std::time::Duration;
 
@@ -42,14 +42,14 @@ impl Active {
     }
 
     /// The override check's own decision: allowed, its code as remaining.
-    pub(crate) fn code_decision(this: Option<&Self>) -> Decision {
+    pub(crate) fn code_decision(this: Option<&Self>) -> TierDecision {
         let code = match this.map(|a| a.effect) {
             None => 0,
             Some(Effect::Unlimited) => CODE_UNLIMITED,
             Some(Effect::Blocked) => CODE_BLOCKED,
             Some(Effect::Limit(l)) => CODE_QUOTA.saturating_add(l.capacity()),
         };
-        Decision {
+        TierDecision {
             allowed: true,
             limit: 0,
             remaining: code,
@@ -67,7 +67,7 @@ impl Active {
         c: &TierCheck,
         state: Option<&crate::algorithm::State>,
         now_us: u64,
-    ) -> (Decision, Option<(crate::algorithm::State, u64)>) {
+    ) -> (TierDecision, Option<(crate::algorithm::State, u64)>) {
         let capacity = c.limit.capacity();
         match self.effect {
             Effect::Limit(_) => {
@@ -79,7 +79,7 @@ impl Active {
                 (d, charged)
             }
             Effect::Unlimited => (
-                Decision {
+                TierDecision {
                     allowed: true,
                     limit: capacity,
                     remaining: capacity,
@@ -92,7 +92,7 @@ impl Active {
             Effect::Blocked => {
                 let wait = self.block_wait_us(now_us);
                 (
-                    Decision {
+                    TierDecision {
                         allowed: false,
                         limit: capacity,
                         remaining: 0,
@@ -165,7 +165,7 @@ impl Active {
 /// `retry_after_us` [`APPLIED`] when an override applied (an allowed
 /// decision's retry is otherwise 0): the deny cache keeps no answer of an
 /// overridden key, so a change is seen by every instance at once.
-pub(crate) fn apply_codes(sent: &[TierCheck], decisions: &mut [Decision]) {
+pub(crate) fn apply_codes(sent: &[TierCheck], decisions: &mut [TierDecision]) {
     for i in 0..decisions.len().min(sent.len()).saturating_sub(1) {
         if !sent[i].limit.is_override() {
             continue;
@@ -180,7 +180,7 @@ pub(crate) fn apply_codes(sent: &[TierCheck], decisions: &mut [Decision]) {
             d.remaining = d.limit;
         }
         let limit = d.limit;
-        decisions[i] = Decision {
+        decisions[i] = TierDecision {
             allowed: true,
             limit,
             remaining: limit,
@@ -197,7 +197,7 @@ pub(crate) const APPLIED: u64 = 1;
 
 /// Whether check `i` is a tier's whose override applied (the deny cache
 /// leaves it alone).
-pub(crate) fn overridden(sent: &[TierCheck], decisions: &[Decision], i: usize) -> bool {
+pub(crate) fn overridden(sent: &[TierCheck], decisions: &[TierDecision], i: usize) -> bool {
     i > 0
         && sent.get(i - 1).is_some_and(|c| c.limit.is_override())
         && decisions

@@ -12,7 +12,7 @@ use crate::engine::deny_cache::DenyCache;
 use crate::engine::limits::{checked_limit, fallback_limit};
 use crate::engine::no_key::NoKeyWatch;
 use crate::engine::runtime::{
-    BuiltTier, FailurePolicy, Overrides, PlanRuntime, RefundOn, Runtime, TierRuntime,
+    BuiltTier, FailurePolicy, ModeOverrides, PlanRuntime, RefundOn, Runtime, TierRuntime,
 };
 use crate::engine::state::{Config, Guards, Live, Shared, Telemetry};
 use crate::engine::MAX_TIERS;
@@ -161,7 +161,7 @@ impl EngineBuilder {
                     mode: self.mode,
                     tiers: runtime.into_boxed_slice(),
                 }),
-                overrides: ArcSwap::from_pointee(Overrides {
+                mode_overrides: ArcSwap::from_pointee(ModeOverrides {
                     mode: None,
                     tiers: vec![None; n_tiers],
                 }),

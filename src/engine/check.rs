@@ -166,7 +166,7 @@ enum State {
     Checking {
         check: CheckFuture,
         meta: Meta,
-        /// The concurrency checks' lease ids while no answer says whether
+        /// The concurrency checks' slot ids while no answer says whether
         /// they were taken: released if the request is dropped now or the
         /// call fails (see [`super::slots`]).
         unanswered: Option<Box<super::slots::Slots>>,

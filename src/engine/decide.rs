@@ -3,10 +3,10 @@
 use super::decision::{Allow, Block, Decision, Denial, Details, Refunds};
 use super::plan::Meta;
 use super::state::Shared;
-use crate::algorithm::Decision as TierResult;
+use crate::algorithm::TierDecision;
 use crate::backend::Verdict;
 use crate::observe::RequestDecision;
-use crate::observe::{TierCount, TierDecision};
+use crate::observe::{TierCount, TierOutcome};
 use crate::response::{HeaderStyle, PolicyItem, RateLimitHeaders, Rejection, RejectionReason};
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,7 +44,7 @@ pub(crate) fn decide(
     }
     // Binding tier: the enforced denying tier with the longest wait (first
     // on a tie); one whose cost exceeds its capacity waits for ever.
-    let mut binding: Option<(usize, &TierResult, bool)> = None;
+    let mut binding: Option<(usize, &TierDecision, bool)> = None;
     for (i, d) in ds.iter().enumerate() {
         if d.allowed || meta.shadow.contains(i) {
             continue;
@@ -104,7 +104,7 @@ pub(crate) fn decide(
             delay: Duration::from_micros(delay_us),
             refunds,
             details: if meta.details { details(meta, v) } else { None },
-            leases: None,
+            slots: None,
             reservation: None,
         });
     };
@@ -136,7 +136,7 @@ pub(crate) fn decide(
 /// Whether check `i`'s result `d` is a denial that no wait can lift: its
 /// cost is above the capacity of its limit (and of the limit the backend
 /// applied, which an override may have raised).
-pub(crate) fn never_fits(meta: &Meta, i: usize, d: &TierResult) -> bool {
+pub(crate) fn never_fits(meta: &Meta, i: usize, d: &TierDecision) -> bool {
     !d.allowed
         && meta.sent.get(i).is_some_and(|c| {
             !c.limit.is_penalty()
@@ -190,7 +190,7 @@ pub(super) fn is_penalty(meta: &Meta, i: usize) -> bool {
 pub(crate) fn count_tier_decisions(
     shared: &Shared,
     meta: &Meta,
-    ds: &[TierResult],
+    ds: &[TierDecision],
     binding: Option<usize>,
     request: Option<RequestDecision>,
 ) {
@@ -214,10 +214,10 @@ pub(crate) fn count_tier_decisions(
             {
                 return None
             }
-            (true, _) if d.remaining.saturating_mul(5) < d.limit => TierDecision::NearLimit,
-            (true, _) => TierDecision::Allowed,
-            (false, true) => TierDecision::ShadowLimited,
-            (false, false) => TierDecision::LimitedNotBinding,
+            (true, _) if d.remaining.saturating_mul(5) < d.limit => TierOutcome::NearLimit,
+            (true, _) => TierOutcome::Allowed,
+            (false, true) => TierOutcome::ShadowLimited,
+            (false, false) => TierOutcome::LimitedNotBinding,
         };
         Some(TierCount {
             check: i,
@@ -243,7 +243,7 @@ pub(crate) fn headers_for(
     shared: &Shared,
     meta: &Meta,
     i: usize,
-    d: &TierResult,
+    d: &TierDecision,
     now_us: u64,
     denied: bool,
 ) -> RateLimitHeaders {
@@ -332,7 +332,7 @@ pub(crate) fn reject(
     shared: &Shared,
     meta: &Meta,
     (i, boxed): (usize, bool),
-    d: &TierResult,
+    d: &TierDecision,
     now_us: u64,
     count_limited: bool,
     violated: Vec<Arc<str>>,
@@ -366,7 +366,7 @@ pub(crate) fn reject(
             check: i,
             tier: usize::from(*t),
             slot: meta.plan_slot(i).0,
-            decision: TierDecision::Limited,
+            decision: TierOutcome::Limited,
         };
         shared
             .telemetry

@@ -58,7 +58,7 @@ pub(crate) struct Allow {
     pub(crate) details: Option<Box<Details>>,
     /// The concurrency slots it holds: released when dropped (the front
     /// door keeps them until the response is over).
-    pub(crate) leases: Option<Box<super::slots::Slots>>,
+    pub(crate) slots: Option<Box<super::slots::Slots>>,
     /// Its reservations on priced tiers, settled by the front door when the
     /// response ends (`None`: no priced tier charged it).
     pub(crate) reservation: Option<Box<super::settle::Reservation>>,
@@ -69,7 +69,7 @@ pub(crate) struct Allow {
 #[derive(Debug, Clone)]
 pub(crate) struct Details {
     /// Per check: its tier index, and the tier's decision.
-    pub(crate) checks: Vec<(usize, crate::algorithm::Decision)>,
+    pub(crate) checks: Vec<(usize, crate::algorithm::TierDecision)>,
     /// Bit per check: a denial whose cost exceeds the tier's capacity
     /// (see `decide::never_fits`).
     pub(crate) never_fits: u64,
@@ -85,7 +85,7 @@ impl Allow {
             delay: Duration::ZERO,
             refunds: None,
             details: None,
-            leases: None,
+            slots: None,
             reservation: None,
         }
     }

@@ -6,7 +6,7 @@ use super::decision::Denial;
 use super::plan::Meta;
 use super::runtime::RefundOn;
 use super::state::Shared;
-use crate::algorithm::Decision as TierResult;
+use crate::algorithm::TierDecision;
 use crate::backend::{TierCheck, Verdict};
 use crate::engine::deny_cache::{
     keeps_room, longest_wait_us, stays_exact, Denied, Lookup, Probe, ProbeGuard, Role,
@@ -163,7 +163,7 @@ pub(crate) fn cache_blocked(
         }
     }
     let wait = d.until_us.saturating_sub(now_us);
-    let decision = TierResult {
+    let decision = TierDecision {
         allowed: false,
         // `X-RateLimit-Limit`: what the backend's answer showed (a penalty
         // box's is its tier's).

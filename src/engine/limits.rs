@@ -146,17 +146,17 @@ fn limit_for(
         })
     };
     Ok(match algorithm {
-        Algorithm::Concurrency { lease } => {
-            let lease_us = u64::try_from(lease.as_micros()).unwrap_or(u64::MAX);
-            if lease_us == 0 {
+        Algorithm::Concurrency { slot_ttl } => {
+            let ttl_us = u64::try_from(slot_ttl.as_micros()).unwrap_or(u64::MAX);
+            if ttl_us == 0 {
                 return Err(ConfigError::Policy(format!(
                     "tier \"{tier}\": lease: must be at least 1 microsecond"
                 )));
             }
-            if lease_us > MAX_PERIOD_US {
+            if ttl_us > MAX_PERIOD_US {
                 return Err(too_large(
                     "lease",
-                    format!("{lease_us} µs is above {MAX_PERIOD_US} µs (2^51 µs)"),
+                    format!("{ttl_us} µs is above {MAX_PERIOD_US} µs (2^51 µs)"),
                 ));
             }
             if q.limit() > Window::MAX_LIMIT {
@@ -167,8 +167,8 @@ fn limit_for(
             }
             Limit::Concurrency(crate::algorithm::Concurrency {
                 limit: q.limit(),
-                lease_us,
-                lease: 0,
+                ttl_us,
+                slot: 0,
             })
         }
         Algorithm::FixedWindow => Limit::FixedWindow(capped(window()?)?),

@@ -5,7 +5,7 @@
 
 use super::plan::Meta;
 use super::state::Shared;
-use crate::algorithm::Decision as TierResult;
+use crate::algorithm::TierDecision;
 use crate::response::{HeaderStyle, Meter, Meters, RateLimitHeaders};
 
 /// Attaches the meters of the checks `ds` to `headers` (with the per-meter
@@ -19,7 +19,7 @@ use crate::response::{HeaderStyle, Meter, Meters, RateLimitHeaders};
 pub(super) fn attach(
     shared: &Shared,
     meta: &Meta,
-    ds: &[TierResult],
+    ds: &[TierDecision],
     denied: bool,
     headers: &mut RateLimitHeaders,
 ) {
@@ -32,7 +32,7 @@ pub(super) fn attach(
 fn attach_meters(
     shared: &Shared,
     meta: &Meta,
-    ds: &[TierResult],
+    ds: &[TierDecision],
     denied: bool,
     headers: &mut RateLimitHeaders,
 ) {

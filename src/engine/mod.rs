@@ -6,7 +6,7 @@
 //! A front door hands the engine a request's [`facts`] and gets a typed
 //! [`decision`] back; [`check`] holds the state machine between the two.
 //!
-//! 1. [`plan`]: the gate (global mode with the control key's override,
+//! 1. [`plan`]: the gate (global mode with the control key's mode override,
 //!    denylist, allowlist), then one check per applicable tier;
 //! 2. [`deny`]: the deny cache (cached denials, the single flight of a
 //!    lapsed key);
@@ -17,7 +17,7 @@
 //! 5. [`decide`]: the binding tier, its headers, the denial.
 //!
 //! [`state`] holds what all of them read ([`state::Shared`], in four bags);
-//! [`watch`] keeps the control key's overrides in it up to date.
+//! [`watch`] keeps the control key's mode overrides in it up to date.
 
 mod breaker;
 mod build;

@@ -77,7 +77,7 @@ pub(crate) fn outcome(
                 a.reservation = super::settle::Reservation::of(shared, meta, &v);
             }
             let d = if shared.config.concurrency {
-                with_leases(d, shared, &shared.backend, meta, &v)
+                with_slots(d, shared, &shared.backend, meta, &v)
             } else {
                 d
             };
@@ -259,7 +259,7 @@ fn penalty_limits(meta: &Meta, v: &mut Verdict) {
 /// An allowed request's concurrency slots (taken on `backend`), for the
 /// front door to hold until the response is over.
 #[inline]
-fn with_leases(
+fn with_slots(
     mut d: Decision,
     shared: &Shared,
     backend: &Backend,
@@ -267,7 +267,7 @@ fn with_leases(
     v: &Verdict,
 ) -> Decision {
     if let Decision::Allow(a) = &mut d {
-        a.leases = super::slots::Slots::of(shared, backend, meta, v);
+        a.slots = super::slots::Slots::of(shared, backend, meta, v);
     }
     d
 }
@@ -332,7 +332,7 @@ pub(crate) fn fail(shared: &Shared, e: &BackendError, facts: &impl Facts) -> Dec
                     meta.sent = checks;
                     penalty_limits(&meta, &mut v);
                     let local = crate::backend::Backend::Memory(local.clone());
-                    with_leases(decide(shared, &meta, &v, None), shared, &local, &meta, &v)
+                    with_slots(decide(shared, &meta, &v, None), shared, &local, &meta, &v)
                 }
                 Planned::Refuse(status) => Decision::Block(Block::Denylisted(status)),
                 // An extractor failed: nothing local can decide either.

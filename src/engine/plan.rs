@@ -3,7 +3,7 @@
 
 use super::facts::Facts;
 pub(crate) use super::meta::{Meta, Observed};
-use super::runtime::{BuiltTier, FailurePolicy, Overrides, PlanRuntime, Runtime, TierRuntime};
+use super::runtime::{BuiltTier, FailurePolicy, ModeOverrides, PlanRuntime, Runtime, TierRuntime};
 use super::state::Shared;
 use crate::algorithm::Limit;
 use crate::backend::TierCheck;
@@ -37,7 +37,7 @@ pub(crate) enum Gate {
     Tiers(Mode),
 }
 
-pub(crate) fn gate(rt: &Runtime, ov: &Overrides, facts: &impl Facts) -> Gate {
+pub(crate) fn gate(rt: &Runtime, ov: &ModeOverrides, facts: &impl Facts) -> Gate {
     let global = ov.mode.unwrap_or(rt.mode);
     if global == Mode::Off {
         Gate::Off
@@ -87,7 +87,7 @@ pub(crate) enum TierStep<'r> {
 pub(crate) fn plan_tier<'r>(
     (i, t, r): (usize, &BuiltTier, &'r TierRuntime),
     n: usize,
-    ov: &Overrides,
+    ov: &ModeOverrides,
     global: Mode,
     facts: &impl Facts,
     fallback: bool,
@@ -219,7 +219,7 @@ pub(crate) fn plan<F: Facts>(
     meta: &mut Meta,
 ) -> Planned {
     let rt = shared.live.runtime.load();
-    let ov = shared.live.overrides.load();
+    let ov = shared.live.mode_overrides.load();
     let fallback = purpose == Purpose::Fallback;
     let global = match gate(&rt, &ov, facts) {
         Gate::Off => return Planned::Pass(RequestDecision::Skipped),
@@ -321,7 +321,7 @@ pub(crate) fn plan<F: Facts>(
             meta.quotas.push((q.limit(), period_us, refills));
         }
         if let Limit::Concurrency(c) = &mut limit {
-            c.lease = next_lease_id();
+            c.slot = next_slot_id();
         }
         checks.push(TierCheck {
             key: std::mem::replace(&mut key, super::spare::key()),
@@ -397,13 +397,13 @@ pub(crate) fn key_failed(shared: &Shared, t: &BuiltTier, e: &KeyError) {
     }
 }
 
-/// Concurrency lease ids stay below 2^53 (the scripts' numbers are doubles).
+/// Concurrency slot ids stay below 2^53 (the scripts' numbers are doubles).
 const ID_MASK: u64 = (1 << 53) - 1;
 
-/// A lease id no other request of this process holds, and (from a random
+/// A slot id no other request of this process holds, and (from a random
 /// start per process) almost surely none of another instance: ids are
 /// consecutive from a random 53-bit origin.
-fn next_lease_id() -> u64 {
+fn next_slot_id() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::OnceLock;
     static ORIGIN: OnceLock<u64> = OnceLock::new();

@@ -1,5 +1,5 @@
 //! The parts of the engine's state: the built tiers (fixed), the settings a
-//! handle can swap and the control key's overrides (live). They are held
+//! handle can swap and the control key's mode overrides (live). They are held
 //! together by [`Shared`](super::state::Shared).
 
 use crate::algorithm::Limit;
@@ -163,9 +163,9 @@ pub(crate) struct Runtime {
     pub(crate) tiers: Box<[TierRuntime]>,
 }
 
-/// Overrides from the control hash: global and per tier.
+/// The control hash's mode overrides: global and per tier.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Overrides {
+pub(crate) struct ModeOverrides {
     pub(crate) mode: Option<Mode>,
     pub(crate) tiers: Vec<Option<Mode>>,
 }

@@ -1,12 +1,12 @@
-//! Concurrency leases of one admitted request: a fresh lease id for every
+//! Concurrency slots of one admitted request: a fresh slot id for every
 //! check of a concurrency tier, and [`Slots`], the guard a front door
 //! keeps until the response is over (the HTTP front door: until its body
 //! has been sent or dropped). Dropping the guard releases every slot; while
-//! it lives, a task renews the leases every half lease.
+//! it lives, a task renews the slots every half TTL.
 //!
 //! While the backend call that may take the slots is in flight, an
 //! [`Slots::unanswered`] guard (no renewal) holds every concurrency
-//! check's lease id: a request dropped then (its client gone), or whose
+//! check's slot id: a request dropped then (its client gone), or whose
 //! call ends in an error (a timeout, a broken connection: the script may
 //! have run), releases them at once — a `ZREM` of an id the script never
 //! added removes nothing, and on one connection it runs after the script.
@@ -20,23 +20,23 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Slot leases that lapsed while their request was still running (every
-/// renewal failed until the lease ran out, or the backend no longer held
+/// Slots that lapsed while their request was still running (every
+/// renewal failed until the slot ran out, or the backend no longer held
 /// it), by `tier`: the tier may have admitted one request too many.
 pub(crate) const LAPSES: &str = "tiered_ratelimit_concurrency_lapses_total";
 
 /// The first wait before a failed renewal is tried again; it doubles up to
-/// an eighth of the lease (and at most [`MAX_RETRY_WAIT`]).
+/// an eighth of the slot TTL (and at most [`MAX_RETRY_WAIT`]).
 const MIN_RETRY_WAIT: Duration = Duration::from_millis(5);
 const MAX_RETRY_WAIT: Duration = Duration::from_millis(200);
 
 /// One slot a request holds: its storage key, the tier's limit (with the
-/// lease id) and the tier's name (the metric's label).
+/// slot id) and the tier's name (the metric's label).
 type Held = (String, Concurrency, Arc<str>);
 
 /// The slots an admitted request holds on its concurrency tiers: released
 /// when dropped (memory: at once; Redis: one `ZREM` per slot, in a task of
-/// its own), renewed every half lease while held.
+/// its own), renewed every half TTL while held.
 pub(crate) struct Slots {
     backend: Backend,
     held: smallvec::SmallVec<[Held; 1]>,
@@ -54,7 +54,7 @@ impl std::fmt::Debug for Slots {
 }
 
 impl Slots {
-    /// The leases a request was charged on `backend` (none when it was not
+    /// The slots a request was charged on `backend` (none when it was not
     /// charged, or has no concurrency tier).
     pub(crate) fn of(
         shared: &Shared,
@@ -79,14 +79,14 @@ impl Slots {
         if held.is_empty() {
             return None;
         }
-        let mut leases = Box::new(Slots {
+        let mut slots = Box::new(Slots {
             backend: backend.clone(),
             held,
             renewal: None,
             timeout: shared.config.backend_timeout,
         });
-        leases.renewal = leases.start_renewal();
-        Some(leases)
+        slots.renewal = slots.start_renewal();
+        Some(slots)
     }
 
     /// Every concurrency check of a call about to be sent (allowed or not:
@@ -124,23 +124,23 @@ impl Slots {
         self.held.clear();
     }
 
-    /// A task renewing every lease each half lease, while the guard lives.
+    /// A task renewing every slot each half TTL, while the guard lives.
     /// A renewal that fails (a dropped connection, a timeout) is tried
-    /// again, backing off from 5 ms, until the lease would lapse; a lease
+    /// again, backing off from 5 ms, until the slot would lapse; a slot
     /// that lapses all the same (or that the backend no longer holds) is
     /// counted in [`LAPSES`], logged at `warn`, and no longer renewed.
     fn start_renewal(&self) -> Option<tokio::task::AbortHandle> {
         let rt = tokio::runtime::Handle::try_current().ok()?;
-        let every = self.held.iter().map(|(_, c, _)| c.lease_us).min()? / 2;
+        let every = self.held.iter().map(|(_, c, _)| c.ttl_us).min()? / 2;
         let (backend, held, timeout) = (self.backend.clone(), self.held.clone(), self.timeout);
         let task = rt.spawn(async move {
             let start = Instant::now();
-            // Until when each lease holds without another renewal (on the
+            // Until when each slot holds without another renewal (on the
             // local clock, from when the call that took or renewed it was
             // sent: never later than the backend's); `None` once lapsed.
             let mut until: smallvec::SmallVec<[Option<Instant>; 1]> = held
                 .iter()
-                .map(|(_, c, _)| Some(start + Duration::from_micros(c.lease_us)))
+                .map(|(_, c, _)| Some(start + Duration::from_micros(c.ttl_us)))
                 .collect();
             let mut tick = tokio::time::interval(Duration::from_micros(every.max(1)));
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -165,8 +165,8 @@ fn tier_name(shared: &Shared, meta: &Meta, i: usize) -> Arc<str> {
         .map_or_else(|| Arc::from("unknown"), |t| t.name.clone())
 }
 
-/// Renews `key`'s lease, again after a failure until `until` (when the
-/// lease lapses without a renewal); the lease's new end, or `None` when it
+/// Renews `key`'s slot, again after a failure until `until` (when the
+/// slot lapses without a renewal); the slot's new end, or `None` when it
 /// lapsed (counted and logged).
 async fn renew_until_lapse(
     backend: &Backend,
@@ -176,33 +176,33 @@ async fn renew_until_lapse(
     until: Instant,
     timeout: Duration,
 ) -> Option<Instant> {
-    let lease = Duration::from_micros(c.lease_us);
-    let most = (lease / 8).clamp(Duration::from_millis(1), MAX_RETRY_WAIT);
+    let slot = Duration::from_micros(c.ttl_us);
+    let most = (slot / 8).clamp(Duration::from_millis(1), MAX_RETRY_WAIT);
     let mut wait = MIN_RETRY_WAIT.min(most);
     loop {
         let sent = Instant::now();
         let left = until.saturating_duration_since(sent);
         if left.is_zero() {
-            lapsed(tier, "every renewal failed until the lease ran out");
+            lapsed(tier, "every renewal failed until the slot ran out");
             return None;
         }
         let bound = left.min(timeout);
         let error = match tokio::time::timeout(bound, renew(backend, key, c)).await {
-            Ok(Ok(true)) => return Some(sent + lease),
+            Ok(Ok(true)) => return Some(sent + slot),
             Ok(Ok(false)) => {
-                lapsed(tier, "the backend no longer held the lease");
+                lapsed(tier, "the backend no longer held the slot");
                 return None;
             }
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!("timed out after {bound:?}"),
         };
-        tracing::debug!(target: super::LOG_TARGET, tier = &**tier, error, "rate limiter: lease renewal failed; trying again");
+        tracing::debug!(target: super::LOG_TARGET, tier = &**tier, error, "rate limiter: slot renewal failed; trying again");
         tokio::time::sleep(wait.min(until.saturating_duration_since(Instant::now()))).await;
         wait = (wait * 2).min(most);
     }
 }
 
-/// Counts and logs (at most once a second) a lease that lapsed while its
+/// Counts and logs (at most once a second) a slot that lapsed while its
 /// request ran.
 fn lapsed(tier: &Arc<str>, why: &'static str) {
     metrics::counter!(LAPSES, "tier" => tier.to_string()).increment(1);
@@ -216,8 +216,8 @@ fn lapsed(tier: &Arc<str>, why: &'static str) {
     }
 }
 
-/// One renewal: whether the backend still held the lease (and now holds it
-/// for another lease from its clock).
+/// One renewal: whether the backend still held the slot (and now holds it
+/// for another TTL from its clock).
 async fn renew(
     backend: &Backend,
     key: &str,
@@ -242,19 +242,19 @@ impl Drop for Slots {
         match &self.backend {
             Backend::Memory(m) => {
                 for (key, c, _) in &held {
-                    m.release(key, c.lease);
+                    m.release(key, c.slot);
                 }
             }
             #[cfg(feature = "redis")]
             Backend::Redis(r) => {
-                // Without a runtime the slots come back when their leases
+                // Without a runtime the slots come back when their TTLs
                 // expire.
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     let r = r.clone();
                     rt.spawn(async move {
                         for (key, c, _) in &held {
-                            if let Err(e) = r.release(key, c.lease).await {
-                                tracing::debug!(target: super::LOG_TARGET, error = %e, "rate limiter: lease release failed; it expires after its lease");
+                            if let Err(e) = r.release(key, c.slot).await {
+                                tracing::debug!(target: super::LOG_TARGET, error = %e, "rate limiter: slot release failed; it expires after its TTL");
                             }
                         }
                     });

@@ -4,13 +4,13 @@
 //! - [`Config`]: compiled at build, never changed (the tiers, the failure
 //!   policy, the answers' settings);
 //! - [`Live`]: the settings a [`RateLimitHandle`](crate::RateLimitHandle)
-//!   swaps ([`Runtime`]) and the control key's overrides ([`Overrides`]);
+//!   swaps ([`Runtime`]) and the control key's mode overrides ([`ModeOverrides`]);
 //! - [`Guards`]: what protects the backend and the quota (the circuit
 //!   breaker, the deny cache, lease mode's tokens, the local fallback);
 //! - [`Telemetry`]: what the operator reads (counts, metrics, the
 //!   observer's series, the fleet-wide blocked-keys sets).
 
-use super::runtime::{BuiltTier, FailurePolicy, Overrides, RefundOn, Runtime};
+use super::runtime::{BuiltTier, FailurePolicy, ModeOverrides, RefundOn, Runtime};
 use crate::backend::clock::Clock;
 use crate::backend::{Backend, MemoryBackend};
 use crate::engine::breaker::Breaker;
@@ -70,7 +70,7 @@ pub(crate) struct Live {
     /// What a handle sets, swapped whole.
     pub(crate) runtime: ArcSwap<Runtime>,
     /// Modes set by the fleet-wide control key (none without one).
-    pub(crate) overrides: ArcSwap<Overrides>,
+    pub(crate) mode_overrides: ArcSwap<ModeOverrides>,
     /// Whether the control key's watcher runs.
     pub(crate) control_started: std::sync::OnceLock<()>,
 }
@@ -148,10 +148,10 @@ impl Shared {
     }
 
     /// Sets every tier's mode gauge to its mode in force (code, file and
-    /// control-key overrides combined).
+    /// control-key mode overrides combined).
     pub(crate) fn refresh_mode_gauges(&self) {
         let rt = self.live.runtime.load();
-        let ov = self.live.overrides.load();
+        let ov = self.live.mode_overrides.load();
         let global = ov.mode.unwrap_or(rt.mode);
         for (i, (t, r)) in self.config.tiers.iter().zip(rt.tiers.iter()).enumerate() {
             let mode = ov.tiers.get(i).copied().flatten().unwrap_or(r.mode);

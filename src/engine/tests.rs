@@ -8,7 +8,7 @@ use super::outcome::outcome;
 use super::plan::{plan, Meta, Planned, Purpose};
 use super::runtime::FailurePolicy;
 use super::state::Shared;
-use crate::algorithm::Decision as TierResult;
+use crate::algorithm::TierDecision;
 use crate::backend::Verdict;
 use crate::error::BackendError;
 use crate::key::{Global, KeyError, KeyWriter};
@@ -57,8 +57,8 @@ fn setup(n: usize, shadow: &[usize], policy: FailurePolicy) -> (Arc<Shared>, Met
     (shared, meta)
 }
 
-fn tier(allowed: bool, remaining: u64, reset_after_us: u64, retry_after_us: u64) -> TierResult {
-    TierResult {
+fn tier(allowed: bool, remaining: u64, reset_after_us: u64, retry_after_us: u64) -> TierDecision {
+    TierDecision {
         allowed,
         limit: 10,
         remaining,
@@ -70,7 +70,7 @@ fn tier(allowed: bool, remaining: u64, reset_after_us: u64, retry_after_us: u64)
 
 const NOW_US: u64 = 1_700_000_000_000_000;
 
-fn verdict(decisions: Vec<TierResult>) -> Verdict {
+fn verdict(decisions: Vec<TierDecision>) -> Verdict {
     Verdict {
         now_us: NOW_US,
         decisions,

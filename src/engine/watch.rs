@@ -1,23 +1,23 @@
 //! The fleet-wide control key's watcher: polls the control hash and stores
-//! its modes as the engine's overrides; and the hash's `generation` field,
+//! its modes as the engine's mode overrides; and the hash's `generation` field,
 //! which every operator action on keys (lift, reset, an override set or
 //! removed) increments, so every instance drops its deny cache within one
 //! poll interval ([`announce_change`]).
 
-use super::runtime::Overrides;
+use super::runtime::ModeOverrides;
 use super::state::Shared;
 use crate::rollout::Mode;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Applies one read of the hash to `previous`; returns the new overrides.
+/// Applies one read of the hash to `previous`; returns the new mode overrides.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) fn apply(
     shared: &Shared,
-    previous: &Overrides,
+    previous: &ModeOverrides,
     fields: &[(String, String)],
-) -> Overrides {
-    let mut next = Overrides {
+) -> ModeOverrides {
+    let mut next = ModeOverrides {
         mode: None,
         tiers: vec![None; shared.config.tiers.len()],
     };
@@ -149,7 +149,7 @@ fn store(
             None => *seen = Some(now.map(str::to_owned)),
         }
     }
-    let previous = shared.live.overrides.load_full();
+    let previous = shared.live.mode_overrides.load_full();
     let next = apply(shared, &previous, fields);
     if next != *previous {
         let changed = changed_tiers(shared, &previous, &next);
@@ -161,7 +161,7 @@ fn store(
         );
         // Store first, then drop the cached denials (decided under the
         // old modes).
-        shared.live.overrides.store(Arc::new(next));
+        shared.live.mode_overrides.store(Arc::new(next));
         shared.guards.deny_cache.clear();
         shared.refresh_mode_gauges();
     }
@@ -185,7 +185,7 @@ impl std::fmt::Display for ModeText {
 /// The tiers whose control-key mode changed, as `name=mode` (`none`: no
 /// longer set) joined by `,`; `none` when no tier's did.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-fn changed_tiers(shared: &Shared, previous: &Overrides, next: &Overrides) -> String {
+fn changed_tiers(shared: &Shared, previous: &ModeOverrides, next: &ModeOverrides) -> String {
     let mut out = String::new();
     for (i, t) in shared.config.tiers.iter().enumerate() {
         let (a, b) = (
@@ -237,8 +237,8 @@ pub(crate) fn start(shared: &Arc<Shared>) {
                 let read = tokio::time::timeout(interval.max(Duration::from_millis(100)), redis.hgetall(&key)).await;
                 match read {
                     Ok(Ok(fields)) => store(&shared, &key, &fields, Some(&mut seen)),
-                    Ok(Err(e)) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, error = %e, "control key: poll failed; keeping the current overrides"),
-                    Err(_) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, "control key: poll timed out; keeping the current overrides"),
+                    Ok(Err(e)) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, error = %e, "control key: poll failed; keeping the current mode overrides"),
+                    Err(_) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, "control key: poll timed out; keeping the current mode overrides"),
                 }
                 drop(shared);
                 tokio::time::sleep(interval).await;

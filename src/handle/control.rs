@@ -16,7 +16,7 @@
 //! removed gives the configured mode back. A malformed field (unknown mode,
 //! unknown tier) is logged at `error` and ignored — the last good value of
 //! that field stays — so a typo can never silently switch limiting off. A
-//! failed poll keeps the overrides as they were. Switching any override
+//! failed poll keeps the mode overrides as they were. Switching any mode override
 //! drops the deny cache.
 //!
 //! One more field, `generation`, is the crate's own: every operator action

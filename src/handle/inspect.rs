@@ -31,7 +31,7 @@
 //! a cached 429 for that key until the retry time it was told (Redis) — at
 //! most the wait the last denial announced.
 
-use crate::algorithm::{Decision, Limit};
+use crate::algorithm::{Limit, TierDecision};
 use crate::backend::TierCheck;
 use crate::error::BackendError;
 use crate::handle::RateLimitHandle;
@@ -70,7 +70,7 @@ pub struct KeyStatus {
 }
 
 impl KeyStatus {
-    fn from_decision(d: &Decision, now_us: u64) -> Self {
+    fn from_decision(d: &TierDecision, now_us: u64) -> Self {
         Self {
             allowed: d.allowed,
             limit: d.limit,

@@ -71,7 +71,7 @@ pub struct TierStatus {
     pub name: String,
     /// Its own mode (before the global override).
     pub mode: Mode,
-    /// Its mode in force: under the global mode, with control-key overrides.
+    /// Its mode in force: under the global mode, with control-key mode overrides.
     pub effective_mode: Mode,
     /// Its default quota.
     pub quota: Quota,
@@ -101,12 +101,12 @@ impl RateLimitHandle {
         self.shared.live.runtime.load().mode
     }
 
-    /// The global mode in force: the control key's override if it sets one
+    /// The global mode in force: the control key's mode override if it sets one
     /// (see [`crate::handle::control`]), else [`mode`](Self::mode).
     pub fn effective_mode(&self) -> Mode {
         self.shared
             .live
-            .overrides
+            .mode_overrides
             .load()
             .mode
             .unwrap_or_else(|| self.mode())
@@ -166,7 +166,7 @@ impl RateLimitHandle {
     /// Every tier's current settings, in check order.
     pub fn tiers(&self) -> Vec<TierStatus> {
         let rt = self.shared.live.runtime.load();
-        let ov = self.shared.live.overrides.load();
+        let ov = self.shared.live.mode_overrides.load();
         let global = ov.mode.unwrap_or(rt.mode);
         self.shared
             .config

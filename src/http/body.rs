@@ -28,10 +28,10 @@ pin_project! {
         /// holds (released when the body has ended or is dropped) and its
         /// reservation on priced tiers (settled when the body ends; at the
         /// estimate when it errors or is dropped first).
-        Leased {
+        Held {
             #[pin]
             body: B,
-            lease: Option<BodyLease>,
+            hold: Option<BodyHold>,
         },
     }
 }
@@ -43,12 +43,12 @@ pin_project! {
 /// to its end: with the actual reported or in a trailer) and left at the
 /// estimate when it is dropped first.
 #[derive(Debug)]
-pub struct BodyLease {
+pub struct BodyHold {
     pub(crate) slots: Option<Box<crate::engine::Slots>>,
     pub(crate) pricing: Option<Box<crate::http::priced::Pricing>>,
 }
 
-impl BodyLease {
+impl BodyHold {
     /// The body ended: settle, then release the slots.
     fn end(&mut self) {
         if let Some(p) = self.pricing.take() {
@@ -87,24 +87,24 @@ where
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         match self.project() {
             BodyProj::Inner { body } => body.poll_frame(cx),
-            BodyProj::Leased { mut body, lease } => {
+            BodyProj::Held { mut body, hold } => {
                 let frame = body.as_mut().poll_frame(cx);
                 match &frame {
                     // The end of the body ends the request: settle, release.
                     Poll::Ready(None) => {
-                        if let Some(l) = lease.as_mut() {
+                        if let Some(l) = hold.as_mut() {
                             l.end();
                         }
-                        lease.take();
+                        hold.take();
                     }
                     // An error too, the reservation left at its estimate.
                     Poll::Ready(Some(Err(_))) => {
-                        lease.take();
+                        hold.take();
                     }
                     Poll::Ready(Some(Ok(f))) => {
                         if let (Some(t), Some(p)) = (
                             f.trailers_ref(),
-                            lease.as_mut().and_then(|l| l.pricing.as_mut()),
+                            hold.as_mut().and_then(|l| l.pricing.as_mut()),
                         ) {
                             p.trailers(t);
                         }
@@ -112,7 +112,7 @@ where
                         // further), and a server may stop polling a body
                         // that says it has ended: either is its end.
                         if f.is_trailers() || body.is_end_stream() {
-                            if let Some(l) = lease.as_mut() {
+                            if let Some(l) = hold.as_mut() {
                                 l.end();
                             }
                         }
@@ -129,16 +129,14 @@ where
 
     fn is_end_stream(&self) -> bool {
         match self {
-            ResponseBody::Inner { body } | ResponseBody::Leased { body, .. } => {
-                body.is_end_stream()
-            }
+            ResponseBody::Inner { body } | ResponseBody::Held { body, .. } => body.is_end_stream(),
             ResponseBody::Full { data } => data.is_none(),
         }
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
         match self {
-            ResponseBody::Inner { body } | ResponseBody::Leased { body, .. } => body.size_hint(),
+            ResponseBody::Inner { body } | ResponseBody::Held { body, .. } => body.size_hint(),
             ResponseBody::Full { data } => {
                 http_body::SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }

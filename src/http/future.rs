@@ -282,14 +282,14 @@ fn finish<B>(
     if let Some(h) = allow.headers.take() {
         h.write(res.headers_mut());
     }
-    let slots = allow.leases.take();
+    let slots = allow.slots.take();
     res.map(|body| {
         if slots.is_none() && pricing.is_none() {
             return ResponseBody::Inner { body };
         }
-        ResponseBody::Leased {
+        ResponseBody::Held {
             body,
-            lease: Some(crate::http::body::BodyLease { slots, pricing }),
+            hold: Some(crate::http::body::BodyHold { slots, pricing }),
         }
     })
 }

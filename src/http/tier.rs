@@ -1,6 +1,6 @@
 //! [`Tier`]: one named limit (a key extractor, a quota, a cost, an algorithm).
 
-use crate::algorithm::kind::{Algorithm, DEFAULT_LEASE};
+use crate::algorithm::kind::{Algorithm, DEFAULT_SLOT_TTL};
 use crate::key::KeyExtractor;
 use crate::{quota::Quota, rollout::Mode};
 use std::fmt;
@@ -342,22 +342,24 @@ impl Tier {
     }
 
     /// A concurrency tier: at most `limit` requests of one key **in flight**
-    /// at once, each holding its slot (a lease of 60 s,
+    /// at once, each holding its slot (a TTL of 60 s,
     /// renewed while the request runs; change it with
-    /// `.algorithm(Algorithm::Concurrency { lease })`) until its response
+    /// `.algorithm(Algorithm::Concurrency { slot_ttl })`) until its response
     /// body has been sent or dropped (client disconnect, handler panic or
     /// timeout included). A request takes one slot whatever its cost. Its
     /// 429 says `Retry-After: 1` (an estimate: a slot frees whenever a
-    /// running request ends; less when a lease expires sooner).
+    /// running request ends; less when a slot expires sooner).
     ///
     /// ```
     /// use tiered_ratelimit::{key::User, Tier};
     /// let tier = Tier::concurrency("user_inflight", User, 5);
     /// ```
     pub fn concurrency<K: KeyExtractor>(name: impl Into<String>, key: K, limit: u64) -> Self {
-        Self::new(name, key, Quota::new(limit, DEFAULT_LEASE)).algorithm(Algorithm::Concurrency {
-            lease: DEFAULT_LEASE,
-        })
+        Self::new(name, key, Quota::new(limit, DEFAULT_SLOT_TTL)).algorithm(
+            Algorithm::Concurrency {
+                slot_ttl: DEFAULT_SLOT_TTL,
+            },
+        )
     }
 
     /// What the tier's quota counts, the IETF `RateLimit-Policy` item's

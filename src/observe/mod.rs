@@ -11,7 +11,7 @@
 //! | `tiered_ratelimit_fleet_blocked_flushed_total` | counter | — | deny-cache 429s (cost) flushed to the fleet-wide hourly sets (see docs/redis.md, "Cached 429s in the blocked set") |
 //! | `tiered_ratelimit_fleet_blocked_dropped_total` | counter | `reason` (`overflow`, `error`, `timeout`) | deny-cache 429s (cost) not counted fleet-wide |
 //! | `tiered_ratelimit_backend_errors_total` | counter | `kind` (`timeout`, `connection`, `script`, `key`, `circuit_open`), `backend` | failed checks |
-//! | `tiered_ratelimit_concurrency_lapses_total` | counter | `tier` | a concurrency tier's slot lease that lapsed while its request still ran (every renewal, retried, failed until the lease ran out): the tier may have admitted one request too many |
+//! | `tiered_ratelimit_concurrency_lapses_total` | counter | `tier` | a concurrency tier's slot that lapsed while its request still ran (every renewal, retried, failed until the slot's TTL ran out): the tier may have admitted one request too many |
 //! | `tiered_ratelimit_key_errors_total` | counter | `tier`, `reason` (`missing_connect_info`, `configuration`, `request`) | key extractions that failed (the tier is skipped, or 503 under `Closed`) |
 
 pub mod anomaly;
@@ -127,7 +127,7 @@ pub(crate) const TIER_DECISION_LABELS: [&str; 5] = [
 
 /// One tier's decision on one request, as counted by [`TIER_DECISIONS`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TierDecision {
+pub(crate) enum TierOutcome {
     /// Allowed with at least 20 % of the capacity left.
     Allowed = 0,
     /// Allowed with less than 20 % left (`remaining × 5 < capacity`).
@@ -150,7 +150,7 @@ pub(crate) struct TierCount {
     pub(crate) tier: usize,
     /// 0 for the default plan, else 1 + the plan's position in the tier.
     pub(crate) slot: usize,
-    pub(crate) decision: TierDecision,
+    pub(crate) decision: TierOutcome,
 }
 
 /// A tier-decision counter cell: the plan it was registered for, and it.
@@ -292,7 +292,7 @@ impl RequestMetrics {
                         .collect()
                 })
             });
-            let register = |check: usize, d: TierDecision| {
+            let register = |check: usize, d: TierOutcome| {
                 let (tier, plan) = labels(check);
                 metrics::counter!(
                     TIER_DECISIONS,
@@ -449,7 +449,7 @@ pub(crate) fn describe_all() {
     describe_counter!(
         "tiered_ratelimit_concurrency_lapses_total",
         Unit::Count,
-        "Concurrency slots whose lease lapsed while their request still ran (renewals failed until the lease expired), by tier"
+        "Concurrency slots that lapsed while their request still ran (renewals failed until the slot expired), by tier"
     );
     describe_counter!(
         "tiered_ratelimit_refund_failures_total",

@@ -291,15 +291,15 @@ impl TierPolicy {
         let mut algorithm =
             Algorithm::from_name(algorithm, self.max_delay).map_err(|e| error(&e))?;
         match (&mut algorithm, self.lease) {
-            (Algorithm::Concurrency { lease }, Some(l)) => *lease = l,
+            (Algorithm::Concurrency { slot_ttl }, Some(l)) => *slot_ttl = l,
             (Algorithm::Concurrency { .. }, None) => {}
             (_, Some(_)) => return Err(error(&"lease: only algorithm = \"concurrency\" uses it")),
             (_, None) => {}
         }
         let mode = self.rollout_mode().map_err(|e| error(&e))?;
         let quota = match (self.burst, algorithm) {
-            // No period: the quota's is the lease (never used to count).
-            (_, Algorithm::Concurrency { lease }) => Quota::new(self.limit, lease),
+            // No period: the quota's is the slot TTL (never used to count).
+            (_, Algorithm::Concurrency { slot_ttl }) => Quota::new(self.limit, slot_ttl),
             (Some(burst), _) => Quota::new(self.limit, self.duration()).burst(burst),
             (None, _) => Quota::new(self.limit, self.duration()),
         };

@@ -15,12 +15,12 @@ use crate::support::*;
 use proptest::prelude::*;
 use std::collections::HashMap;
 use std::time::Duration;
-use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, State, TokenBucket, Window};
+use tiered_ratelimit::algorithm::{Gcra, Limit, State, TierDecision, TokenBucket, Window};
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck};
 
 /// Checks the invariants of one denied or allowed decision against the model
 /// state it was made from.
-fn check_invariants(limit: &Limit, state: Option<&State>, now: u64, cost: u64, d: &Decision) {
+fn check_invariants(limit: &Limit, state: Option<&State>, now: u64, cost: u64, d: &TierDecision) {
     let cap = limit.capacity();
     assert!(d.remaining <= d.limit && d.limit == cap, "{d:?}");
     if d.allowed {
@@ -239,9 +239,9 @@ fn every_pair_on_a_long_sequence() {
 }
 
 /// The concurrency tier, proved like the others: random sequences of
-/// takes (a fresh lease id each, checked all or nothing with a rate tier
+/// takes (a fresh slot id each, checked all or nothing with a rate tier
 /// on a shared key) and releases of held leases (the backends' refund, which
-/// is also a cross-slot refund's), with clock steps past lease expiries:
+/// is also a cross-slot refund's), with clock steps past slot expiries:
 /// the model, the memory backend and the Redis scripts return identical
 /// decisions, and every denial's Retry-After is between 1 µs and 1 s.
 #[test]
@@ -251,13 +251,13 @@ fn concurrency_model_memory_and_redis_agree() {
     let (h, mut next) = (Harness::new(), seeded());
     let c = Concurrency {
         limit: 3,
-        lease_us: 4 * S,
-        lease: 0,
+        ttl_us: 4 * S,
+        slot: 0,
     };
     for (case, (_, rate)) in algorithm_limits().into_iter().enumerate() {
         let (clock, memory, redis) = h.backends();
         let mut model = Model::default();
-        // Held leases: (check, charged at).
+        // Held slots: (check, charged at).
         let mut held: Vec<(TierCheck, u64)> = Vec::new();
         let (mut admitted, mut denied) = (0, 0);
         for op in 0..400u64 {
@@ -289,7 +289,7 @@ fn concurrency_model_memory_and_redis_agree() {
             let checks = vec![
                 TierCheck {
                     key: format!("c{case}:inflight:k{key}"),
-                    limit: Limit::Concurrency(c.with_lease(op + 1)),
+                    limit: Limit::Concurrency(c.with_slot(op + 1)),
                     cost: 1,
                 },
                 TierCheck {
@@ -493,7 +493,7 @@ fn seeded() -> impl FnMut() -> u64 {
 }
 
 /// The model's answer to a peek: the check, nothing charged.
-fn model_peek(model: &Model, c: &TierCheck, now: u64) -> Decision {
+fn model_peek(model: &Model, c: &TierCheck, now: u64) -> TierDecision {
     c.limit.check(model.state(&c.key, now), now, c.cost)
 }
 

@@ -8,7 +8,7 @@ use crate::support::algorithms::{Model, S};
 use crate::support::rng::Rng;
 use crate::support::*;
 use std::time::Duration;
-use tiered_ratelimit::algorithm::{Decision, Gcra, Limit, TokenBucket, Window};
+use tiered_ratelimit::algorithm::{Gcra, Limit, TierDecision, TokenBucket, Window};
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck};
 
 /// A typical per-client key: `rl:ip:<IPv4>` (17 characters).
@@ -228,7 +228,7 @@ fn integer_forms_agree_with_the_model() {
 }
 
 /// The decision for `cost` on `key` under `limit`.
-fn check(rt: &tokio::runtime::Runtime, b: &Backend, key: &str, limit: TokenBucket) -> Decision {
+fn check(rt: &tokio::runtime::Runtime, b: &Backend, key: &str, limit: TokenBucket) -> TierDecision {
     rt.block_on(b.check(vec![TierCheck {
         key: key.to_owned(),
         limit: Limit::TokenBucket(limit),

@@ -2,7 +2,7 @@
 //! measured by the handler itself, on the memory backend, two app instances
 //! sharing a real Redis, and two sharing a real Redis Cluster; the slot is
 //! released when the response body is done or dropped (a cancelled client
-//! included), and a crashed instance's slots come back after the lease
+//! included), and a crashed instance's slots come back after their TTL
 //! (on the test clock the scripts accept, never a sleep).
 
 use crate::support::cluster::{calls as node_calls, RedisCluster};
@@ -171,7 +171,7 @@ async fn fifty_against_five_on_two_instances_sharing_redis() {
     assert_eq!(redis.succeeded("fcall"), 100);
     assert_eq!(redis.calls("evalsha"), 0);
     assert_eq!(redis.calls("zrem"), 10);
-    // No lease left behind; only the fleet-wide top-N's hourly set.
+    // No slot left behind; only the fleet-wide top-N's hourly set.
     let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
     assert_eq!(keys, vec![format!("rl:blocked:{}", T0_S / 3600)]);
 }
@@ -240,22 +240,22 @@ async fn cancelled_client_frees_the_slot_on_redis() {
 
 /// A crashed instance never releases: its slots count until their leases
 /// expire (60 s on the test clock), then they are free.
-async fn leases_of_a_crashed_instance_expire(backend: Backend, clock: &ManualClock) {
+async fn slots_of_a_crashed_instance_expire(backend: Backend, clock: &ManualClock) {
     let c = Concurrency {
         limit: 2,
-        lease_us: 60_000_000,
-        lease: 0,
+        ttl_us: 60_000_000,
+        slot: 0,
     };
-    let check = |lease: u64| {
+    let check = |slot: u64| {
         vec![TierCheck {
             key: "crash:inflight:all".to_owned(),
-            limit: Limit::Concurrency(c.with_lease(lease)),
+            limit: Limit::Concurrency(c.with_slot(slot)),
             cost: 1,
         }]
     };
     // The crashed instance took two slots and will never give them back.
-    for lease in [1, 2] {
-        assert!(backend.check(check(lease)).await.unwrap().allowed());
+    for slot in [1, 2] {
+        assert!(backend.check(check(slot)).await.unwrap().allowed());
     }
     clock.advance(Duration::from_micros(59_999_999));
     let v = backend.check(check(3)).await.unwrap();
@@ -282,32 +282,32 @@ async fn leases_of_a_crashed_instance_expire(backend: Backend, clock: &ManualClo
 }
 
 #[tokio::test]
-async fn leases_of_a_crashed_instance_expire_in_memory() {
+async fn slots_of_a_crashed_instance_expire_in_memory() {
     let clock = ManualClock::new(T0_US);
     let b = MemoryBackend::with_manual_clock(clock.clone());
-    leases_of_a_crashed_instance_expire(b.into(), &clock).await;
+    slots_of_a_crashed_instance_expire(b.into(), &clock).await;
 }
 
 #[tokio::test]
-async fn leases_of_a_crashed_instance_expire_on_redis() {
+async fn slots_of_a_crashed_instance_expire_on_redis() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
     let b = RedisBackend::from_url(&redis.url())
         .unwrap()
         .with_manual_clock(clock.clone())
         .with_test_ttl_slack(Duration::from_secs(600));
-    leases_of_a_crashed_instance_expire(b.into(), &clock).await;
+    slots_of_a_crashed_instance_expire(b.into(), &clock).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn leases_of_a_crashed_instance_expire_on_a_cluster() {
+async fn slots_of_a_crashed_instance_expire_on_a_cluster() {
     let cluster = RedisCluster::start(0);
     let clock = ManualClock::new(T0_US);
     let b = RedisBackend::cluster(cluster.urls())
         .unwrap()
         .with_manual_clock(clock.clone())
         .with_test_ttl_slack(Duration::from_secs(600));
-    leases_of_a_crashed_instance_expire(b.into(), &clock).await;
+    slots_of_a_crashed_instance_expire(b.into(), &clock).await;
 }
 
 /// The IETF fields name the draft's quota unit for requests in flight.
@@ -348,18 +348,18 @@ async fn ietf_headers_use_the_concurrent_requests_unit() {
     );
 }
 
-/// A request that runs longer than its lease keeps its slot: every half
-/// lease its lease is renewed to a whole lease from the backend's clock.
-/// The lease is 200 ms (renewals every 100 ms of real time); the test clock
+/// A request that runs longer than its slot's TTL keeps its slot: every half
+/// TTL its slot is renewed to a whole TTL from the backend's clock.
+/// The TTL is 200 ms (renewals every 100 ms of real time); the test clock
 /// moves only when the test says, and the test waits for each renewal to
 /// show in a peek.
-async fn long_requests_renew_their_lease(backend: Backend, clock: ManualClock) {
+async fn long_requests_renew_their_slot(backend: Backend, clock: ManualClock) {
     let (probe, open) = Probe::new();
     let l = RateLimitLayer::builder()
         .backend(backend)
         .tier(Tier::concurrency("inflight", Global, 1).algorithm(
             tiered_ratelimit::Algorithm::Concurrency {
-                lease: Duration::from_millis(200),
+                slot_ttl: Duration::from_millis(200),
             },
         ))
         .build()
@@ -376,7 +376,7 @@ async fn long_requests_renew_their_lease(backend: Backend, clock: ManualClock) {
     })
     .await;
     for _ in 0..3 {
-        // 150 ms on: without a renewal the lease would end in 50 ms.
+        // 150 ms on: without a renewal the slot would end in 50 ms.
         clock.advance(Duration::from_millis(150));
         let mut renewed = false;
         for _ in 0..5000 {
@@ -388,7 +388,7 @@ async fn long_requests_renew_their_lease(backend: Backend, clock: ManualClock) {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        assert!(renewed, "the lease was not renewed");
+        assert!(renewed, "the slot was not renewed");
     }
     // 450 ms after it started, the request still holds its slot.
     let res = client().get(&url).send().await.unwrap();
@@ -399,21 +399,21 @@ async fn long_requests_renew_their_lease(backend: Backend, clock: ManualClock) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_requests_renew_their_lease_in_memory() {
+async fn long_requests_renew_their_slot_in_memory() {
     let clock = ManualClock::new(T0_US);
     let b = MemoryBackend::with_manual_clock(clock.clone());
-    long_requests_renew_their_lease(b.into(), clock).await;
+    long_requests_renew_their_slot(b.into(), clock).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn long_requests_renew_their_lease_on_redis() {
+async fn long_requests_renew_their_slot_on_redis() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
     let b = RedisBackend::from_url(&redis.url())
         .unwrap()
         .with_manual_clock(clock.clone())
         .with_test_ttl_slack(Duration::from_secs(600));
-    long_requests_renew_their_lease(b.into(), clock).await;
+    long_requests_renew_their_slot(b.into(), clock).await;
 }
 
 /// On a cluster a request's tiers live in several slots: a slot taken on
@@ -436,13 +436,13 @@ async fn a_cross_slot_denial_gives_the_slot_back() {
     );
     let c = Concurrency {
         limit: 2,
-        lease_us: 60_000_000,
-        lease: 0,
+        ttl_us: 60_000_000,
+        slot: 0,
     };
-    let checks = |lease: u64, with_rate: bool| {
+    let checks = |slot: u64, with_rate: bool| {
         let mut v = vec![TierCheck {
             key: inflight.to_owned(),
-            limit: Limit::Concurrency(c.with_lease(lease)),
+            limit: Limit::Concurrency(c.with_slot(slot)),
             cost: 1,
         }];
         if with_rate {
@@ -503,10 +503,10 @@ async fn a_panicking_handler_releases_its_slot() {
 }
 
 /// An app instance killed mid-request (its runtime shut down: no release
-/// ever runs, as after a crash) keeps its slots until their leases expire
+/// ever runs, as after a crash) keeps its slots until their TTLs expire
 /// on the test clock; the other instance then admits again.
 #[test]
-fn a_killed_instance_frees_its_slots_after_the_lease() {
+fn a_killed_instance_frees_its_slots_after_their_ttl() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
     let backend = || {
@@ -545,7 +545,7 @@ fn a_killed_instance_frees_its_slots_after_the_lease() {
         }
         let s = h.peek("inflight", "all").await.unwrap();
         assert!(!s.allowed, "B's slots came back without a release");
-        // One microsecond before the leases expire: still held.
+        // One microsecond before the slots expire: still held.
         clock.advance(Duration::from_micros(59_999_999));
         assert!(!h.peek("inflight", "all").await.unwrap().allowed);
         clock.advance(Duration::from_micros(1));

@@ -1,12 +1,12 @@
 //! A concurrency slot never leaks: a client that disconnects at any moment
-//! frees its slot at once (not after the lease), on memory and on a real
+//! frees its slot at once (not after its TTL), on memory and on a real
 //! Redis. The moments: before the script call that takes the slot has
 //! answered (Redis only: the memory backend decides synchronously; the
 //! reply held back by a TCP forwarder, `tests/support/forward.rs`), after
 //! the answer but before the handler runs (a shaping delay of a leaky
 //! bucket tier), and while the body is streaming. (During the handler:
 //! `tests/concurrency/concurrency.rs`, `cancelled_client_frees_the_slot_*`.) The test
-//! clock stands still, so the lease (60 s) never lapses: only a release
+//! clock stands still, so the slot (60 s TTL) never lapses: only a release
 //! frees a slot. Slot counts are read from a peek and, on Redis, `ZCARD`.
 
 use crate::support::forward::Forwarder;
@@ -128,7 +128,7 @@ async fn in_use(h: &RateLimitHandle) -> u64 {
     }
 }
 
-/// Waits (5 s at most; the lease is 60 s on a clock that stands still)
+/// Waits (5 s at most; the slot TTL is 60 s on a clock that stands still)
 /// until `n` slots are in use.
 async fn until_in_use(h: &RateLimitHandle, n: u64, what: &str) {
     for _ in 0..2500 {
@@ -236,7 +236,7 @@ async fn leaving_during_the_body_frees_the_slot_on_redis() {
 /// Before the call answers: the script ran on Redis and took the slot, but
 /// the forwarder holds its reply back; the client leaves while the check
 /// is in flight. The slot is released at once (a `ZREM` of the check's
-/// lease id, sent after the script on the same connection).
+/// slot id, sent after the script on the same connection).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaving_before_the_call_answers_frees_the_slot_on_redis() {
     let redis = RedisServer::start();

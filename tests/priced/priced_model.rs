@@ -12,7 +12,7 @@ use crate::support::*;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use std::time::Duration;
-use tiered_ratelimit::algorithm::{Decision, Limit, Refund, State, TokenBucket, Window};
+use tiered_ratelimit::algorithm::{Limit, Refund, State, TierDecision, TokenBucket, Window};
 use tiered_ratelimit::backend::{
     Backend, Charge, ManualClock, MemoryBackend, TierCheck, TierRefund, Verdict,
 };
@@ -59,7 +59,7 @@ impl Model {
         limit: &Limit,
         now: u64,
         cost: u64,
-    ) -> (tiered_ratelimit::algorithm::Decision, Option<u64>) {
+    ) -> (tiered_ratelimit::algorithm::TierDecision, Option<u64>) {
         let state = self.live(now).cloned();
         let d = limit.check(state.as_ref(), now, cost);
         if !d.allowed {
@@ -267,7 +267,7 @@ impl Twins {
 
     /// The tier's decision and charge in a verdict (its limit as `limit`:
     /// the backends report the tier's own, the engine shows the override's).
-    fn tier_of(&self, v: &Verdict, limit: &Limit) -> (Decision, Option<Charge>) {
+    fn tier_of(&self, v: &Verdict, limit: &Limit) -> (TierDecision, Option<Charge>) {
         let i = usize::from(self.read.is_some());
         let mut d = v.decisions[i];
         d.limit = limit.capacity();

@@ -223,7 +223,7 @@ fn policy_concurrency_tier() {
         (t.algorithm, t.quota.limit()),
         (
             Algorithm::Concurrency {
-                lease: Duration::from_secs(60)
+                slot_ttl: Duration::from_secs(60)
             },
             2
         )
@@ -237,7 +237,7 @@ fn policy_concurrency_tier() {
     assert_eq!(
         layer.handle().tiers()[0].algorithm,
         Algorithm::Concurrency {
-            lease: Duration::from_secs(60)
+            slot_ttl: Duration::from_secs(60)
         }
     );
     // A lease only for concurrency; a rate tier still needs its period.

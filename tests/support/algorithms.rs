@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use std::collections::HashMap;
 use tiered_ratelimit::algorithm::{
-    CalendarWindow, Decision, Gcra, Limit, Refund, State, TokenBucket, Window,
+    CalendarWindow, Gcra, Limit, Refund, State, TierDecision, TokenBucket, Window,
 };
 use tiered_ratelimit::backend::TierCheck;
 
@@ -120,8 +120,8 @@ impl Model {
 
     /// A penalty box (right after its tier) sees its tier's decision and
     /// writes its strike whatever the commit; it is never charged.
-    pub fn check(&mut self, checks: &[TierCheck], now: u64) -> Vec<Decision> {
-        let mut ds: Vec<Decision> = Vec::with_capacity(checks.len());
+    pub fn check(&mut self, checks: &[TierCheck], now: u64) -> Vec<TierDecision> {
+        let mut ds: Vec<TierDecision> = Vec::with_capacity(checks.len());
         let mut strikes = Vec::new();
         for c in checks {
             let state = self.state(&c.key, now);
@@ -191,7 +191,7 @@ pub struct Outcomes {
 }
 
 impl Outcomes {
-    pub fn note(&mut self, decisions: &[Decision]) {
+    pub fn note(&mut self, decisions: &[TierDecision]) {
         if decisions.iter().all(|d| d.allowed) {
             self.allowed += 1;
         } else {

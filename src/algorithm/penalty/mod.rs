@@ -18,7 +18,7 @@
 
 mod config;
 
-use super::Decision;
+use super::TierDecision;
 pub use config::Penalty;
 
 /// What a tier's key becomes for its penalty box: `<tier key>{pb}`. Key
@@ -58,7 +58,7 @@ pub struct PenaltyState {
 
 /// What a penalty check decided: its decision, and the state to store now
 /// (even when the request is denied: a strike), with its time-to-live (µs).
-pub type PenaltyOutcome = (Decision, Option<(PenaltyState, u64)>);
+pub type PenaltyOutcome = (TierDecision, Option<(PenaltyState, u64)>);
 
 impl PenaltyBox {
     /// What `X-RateLimit-Limit` shows for the penalty box (never binding
@@ -140,8 +140,8 @@ impl PenaltyBox {
     }
 }
 
-fn allowed(p: &PenaltyBox) -> Decision {
-    Decision {
+fn allowed(p: &PenaltyBox) -> TierDecision {
+    TierDecision {
         allowed: true,
         limit: p.capacity(),
         // Never the binding tier of an allowed request.
@@ -152,8 +152,8 @@ fn allowed(p: &PenaltyBox) -> Decision {
     }
 }
 
-fn denied(p: &PenaltyBox, wait_us: u64) -> Decision {
-    Decision {
+fn denied(p: &PenaltyBox, wait_us: u64) -> TierDecision {
+    TierDecision {
         allowed: false,
         limit: p.capacity(),
         remaining: 0,
@@ -180,7 +180,7 @@ mod tests {
     #[test]
     fn strikes_block_and_repeat_offences_back_off_up_to_the_cap() {
         let mut state: Option<PenaltyState> = None;
-        fn hit(state: &mut Option<PenaltyState>, now: u64) -> Decision {
+        fn hit(state: &mut Option<PenaltyState>, now: u64) -> TierDecision {
             let (d, s) = P.check(state.as_ref(), now, false);
             if let Some((s, _)) = s {
                 *state = Some(s);

@@ -3,7 +3,7 @@
 //! compare-and-swap without a lock, and which a writer freezes while it
 //! decides on it.
 
-use crate::algorithm::{div_ceil, BucketState, Decision, Limit, State, TatState};
+use crate::algorithm::{div_ceil, BucketState, Limit, State, TatState, TierDecision};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The ticks of a frozen cell: a writer (under its shard's mutex) is
@@ -178,7 +178,7 @@ impl TatCell {
         ticks: u64,
         now_us: u64,
         cost: u64,
-    ) -> Option<(Decision, Option<Charged>)> {
+    ) -> Option<(TierDecision, Option<Charged>)> {
         // `now_us` in ticks; expired (`expires_us(ticks) <= now_us`) when
         // `ticks` is not past it.
         let now = now_us
@@ -232,7 +232,7 @@ impl TatCell {
         ticks: u64,
         now_us: u64,
         cost: u64,
-    ) -> Option<(Decision, Option<Charged>)> {
+    ) -> Option<(TierDecision, Option<Charged>)> {
         // Not yet expired: `expires_us(ticks) > now_us`, without a division.
         let live = now_us
             .checked_sub(self.anchor_us)

@@ -3,7 +3,7 @@
 
 use super::shard::{shard_of, Held, Lookup, Writer};
 use super::MemoryBackend;
-use crate::algorithm::{Decision, State};
+use crate::algorithm::{State, TierDecision};
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use smallvec::SmallVec;
 
@@ -165,7 +165,7 @@ impl MemoryBackend {
             let entry = guards[guard_of(h)].find(key, &held);
             // A penalty box right after its tier: its strike is written
             // below, whatever the commit.
-            let tier_allowed = decisions.last().is_none_or(|d: &Decision| d.allowed);
+            let tier_allowed = decisions.last().is_none_or(|d: &TierDecision| d.allowed);
             let (d, charged) = held.with_live(entry, now_us, |state| {
                 if c.limit.is_penalty() {
                     match c.limit.penalty_check(state, now_us, tier_allowed) {

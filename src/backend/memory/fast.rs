@@ -7,7 +7,7 @@
 use super::cell::{storable, Charged, TatCell, GONE};
 use super::shard::{cell_limit, shard_of, Entry, Held, Lookup, Writer};
 use super::MemoryBackend;
-use crate::algorithm::Decision;
+use crate::algorithm::TierDecision;
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund};
 use smallvec::SmallVec;
 
@@ -32,7 +32,7 @@ impl MemoryBackend {
         c: &TierCheck,
         shadow: Shadow,
         with_charges: bool,
-        out: (&mut Vec<Decision>, &mut Vec<Option<Charge>>),
+        out: (&mut Vec<TierDecision>, &mut Vec<Option<Charge>>),
         now_us: u64,
         hash: u64,
     ) -> bool {
@@ -110,7 +110,7 @@ impl MemoryBackend {
         checks: &[TierCheck],
         shadow: Shadow,
         with_charges: bool,
-        decisions: &mut Vec<Decision>,
+        decisions: &mut Vec<TierDecision>,
         charges: &mut Vec<Option<Charge>>,
         now_us: u64,
         hashes: &[u64],

@@ -5,10 +5,10 @@
 mod cell;
 mod check;
 mod fast;
-mod lease;
 mod overrides;
 mod peek;
 mod shard;
+mod slot;
 #[cfg(test)]
 mod tests;
 

@@ -24,7 +24,7 @@ pub(super) type Table = papaya::HashMap<Key, Entry, nohash_hasher::BuildNoHashHa
 ///
 /// Every write to the table (a new key, a removal, an entry replaced) and
 /// every decision that is not a lone compare-and-swap on a cell (the
-/// window algorithms, leases, strikes, refunds, sweeps, and a request
+/// window algorithms, slots, strikes, refunds, sweeps, and a request
 /// whose tiers the lock-free path could not charge) runs under `writes`,
 /// taken in ascending shard order across a request's shards (so two
 /// requests cannot wait on each other). A writer freezes the cells it

@@ -35,7 +35,7 @@
 use super::router::{slot_of, Router};
 use super::wire::{self, CheckReply, ClockArg, CLUSTER_LUA};
 use super::RedisBackend;
-use crate::algorithm::Decision;
+use crate::algorithm::TierDecision;
 use crate::backend::{Charge, Shadow, TierCheck, TierRefund, Verdict};
 use crate::error::BackendError;
 use crate::util::throttle::LogThrottle;
@@ -146,7 +146,7 @@ impl Job {
         let calls = self.groups.iter().map(|g| self.check_group(g)).collect();
         let replies = join_all(calls).await;
 
-        let mut decisions: Vec<Option<Decision>> = vec![None; self.checks.len()];
+        let mut decisions: Vec<Option<TierDecision>> = vec![None; self.checks.len()];
         let mut charges: Vec<Option<Charge>> = vec![None; self.checks.len()];
         let mut now_us = None;
         let mut error = None;
@@ -177,7 +177,7 @@ impl Job {
                 }
             }
         }
-        let decisions: Vec<Decision> = decisions.into_iter().flatten().collect();
+        let decisions: Vec<TierDecision> = decisions.into_iter().flatten().collect();
         let commit = error.is_none()
             && decisions.len() == self.checks.len()
             && self.shadow.commits(&decisions);

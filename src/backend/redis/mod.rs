@@ -22,13 +22,13 @@ mod check;
 mod cluster;
 mod connection;
 mod control;
-mod lease;
 mod overrides;
 mod peek;
 mod router;
 mod sentinel;
 mod settle;
 mod shared;
+mod slot;
 mod timed;
 mod wire;
 

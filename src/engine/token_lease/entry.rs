@@ -5,7 +5,7 @@
 
 use super::pool::TierLease;
 use super::pool::{Inner, LEASE_TOKENS, UNKNOWN};
-use crate::algorithm::{Decision, Limit};
+use crate::algorithm::{Limit, TierDecision};
 use crate::backend::{Charge, TierCheck, TierRefund};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -108,7 +108,7 @@ impl Entry {
 
     /// The decision shown for a request spent locally, `left` tokens left
     /// in the lease.
-    pub(super) fn decision(&self, left: u64, now: u64) -> Decision {
+    pub(super) fn decision(&self, left: u64, now: u64) -> TierDecision {
         let seen = match self.seen.load(Ordering::Acquire) {
             UNKNOWN => 0,
             s => s,
@@ -121,7 +121,7 @@ impl Entry {
         } else {
             (self.capacity - remaining).saturating_mul(self.per_request_us)
         };
-        Decision {
+        TierDecision {
             allowed: true,
             limit: self.capacity,
             remaining,
@@ -208,7 +208,7 @@ impl Entry {
         inner: &Inner,
         k: u64,
         charge: Option<Charge>,
-        d: &Decision,
+        d: &TierDecision,
         started: u64,
     ) {
         let back = self.land(k, charge, d, started);
@@ -226,7 +226,7 @@ impl Entry {
         &self,
         k: u64,
         charge: Option<Charge>,
-        d: &Decision,
+        d: &TierDecision,
         started: u64,
     ) -> Option<(TierRefund, u64)> {
         let lifetime = self.lease.interval_us.saturating_mul(2);

@@ -1,9 +1,9 @@
 //! Lease mode (`sync = "lease"`): a tier's hot keys decided in process from
 //! tokens leased out of the shared bucket, never over the quota.
 //!
-//! Not to be confused with a *concurrency* tier's slot leases
-//! ([`Tier::concurrency`](crate::Tier::concurrency), `src/engine/lease.rs`,
-//! `lua/lease.lua`): those hold one request's slot while it runs. A **token
+//! Not to be confused with a *concurrency* tier's slots
+//! ([`Tier::concurrency`](crate::Tier::concurrency), `src/engine/slots.rs`,
+//! `lua/slot.lua`), held by one request while it runs. A **token
 //! lease** is a batch of a rate tier's tokens that one instance took out of
 //! the shared bucket in one script call and spends locally, one request at a
 //! time, without calling Redis.

@@ -5,7 +5,7 @@
 
 use super::entry::Entry;
 use super::pool::Inner;
-use crate::algorithm::Decision;
+use crate::algorithm::TierDecision;
 use crate::backend::{Shadow, TierCheck, Verdict};
 use crate::error::BackendError;
 use smallvec::SmallVec;
@@ -18,7 +18,7 @@ pub(crate) struct Taken {
     /// Checks decided locally (by index).
     pub(super) mask: u64,
     pub(super) spent: SmallVec<[(Arc<Entry>, u64); 4]>,
-    pub(super) decisions: SmallVec<[(usize, Decision); 4]>,
+    pub(super) decisions: SmallVec<[(usize, TierDecision); 4]>,
     /// Leased checks that went to the backend: their answer updates `seen`.
     pub(super) sent: SmallVec<[(usize, Arc<Entry>); 4]>,
 }
@@ -85,7 +85,7 @@ impl Taken {
     /// The verdict of a request decided wholly from local leases.
     pub(crate) fn verdict(&self, now_us: u64) -> Verdict {
         self.admitted();
-        let mut decisions: Vec<Decision> = Vec::with_capacity(self.decisions.len());
+        let mut decisions: Vec<TierDecision> = Vec::with_capacity(self.decisions.len());
         decisions.extend(self.decisions.iter().map(|(_, d)| *d));
         Verdict {
             now_us,

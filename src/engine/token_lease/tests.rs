@@ -13,7 +13,7 @@
 
 use super::entry::Entry;
 use super::pool::TierLease;
-use crate::algorithm::Decision;
+use crate::algorithm::TierDecision;
 use crate::engine::limits::checked_limit;
 use crate::{algorithm::kind::Algorithm, quota::Quota};
 use std::sync::atomic::Ordering;
@@ -94,7 +94,7 @@ fn run(seed: u64, instances: usize, capacity: u64, refill_per_tick: u64, max: u6
             if flights[i].lands_at <= now {
                 let f = flights.swap_remove(i);
                 let e = &entries[f.i];
-                let d = Decision {
+                let d = TierDecision {
                     allowed: true,
                     limit: capacity,
                     remaining: bucket,

@@ -109,7 +109,7 @@ pub(in crate::backend::redis) fn encode(limit: &Limit) -> (u8, [i64; 4]) {
                 g.max_delay_us.map_or(-1, int),
             ],
         ),
-        Limit::Concurrency(c) => (6, [int(c.limit), int(c.lease_us), int(c.lease), 0]),
+        Limit::Concurrency(c) => (6, [int(c.limit), int(c.ttl_us), int(c.slot), 0]),
         Limit::Penalty(p) => (
             7,
             [

@@ -28,7 +28,7 @@
 //!
 //! `p1..p4`: windows `limit, window_us, 0, 0`; token bucket `capacity, rate,
 //! unit, 0`; leaky bucket `capacity, rate, unit, max_delay_us` (−1 = police);
-//! concurrency (algorithm 6) `limit, lease_us, lease id, 0`; a penalty box
+//! concurrency (algorithm 6) `limit, ttl_us, slot id, 0`; a penalty box
 //! (algorithm 7) `violations + 1024 × backoff + 2^20 × memory_s, window_us,
 //! block_us, max_block_us`; an override's read (algorithm 8) `0, 0, 0, 0`
 //! (its reply's r: 0 none, 1 unlimited, 2 blocked, 3 + a quota's capacity;
@@ -167,8 +167,8 @@ impl Library {
 /// dispatcher, then `peek.lua` (one tier, nothing charged).
 pub(super) const PEEK_LUA: &str = lua!("dispatch.lua", "peek.lua");
 
-/// The renewal of a concurrency lease (`lua/lease.lua`).
-pub(super) const LEASE_LUA: &str = lua!("dispatch.lua", "lease.lua");
+/// The renewal of a concurrency slot (`lua/slot.lua`).
+pub(super) const SLOT_LUA: &str = lua!("dispatch.lua", "slot.lua");
 
 mod args;
 mod reply;

@@ -3,7 +3,7 @@
 //! model's arithmetic).
 
 use super::*;
-use crate::algorithm::{Decision, Limit};
+use crate::algorithm::{Limit, TierDecision};
 use crate::backend::{Charge, Shadow, TierCheck, Verdict};
 use crate::error::BackendError;
 
@@ -169,7 +169,7 @@ pub(in crate::backend::redis) fn parse_check(
                 .ok_or_else(|| bad("length"))?;
             at += PER_TIER;
             let w = u(rest[1], "negative wait")?;
-            decisions.push(Decision {
+            decisions.push(TierDecision {
                 allowed,
                 limit: t.limit.capacity(),
                 remaining: v,
@@ -246,7 +246,7 @@ pub(in crate::backend::redis) fn bucket_decision(
     limit: &Limit,
     state: u64,
     cost: u64,
-) -> (Decision, u64, u64) {
+) -> (TierDecision, u64, u64) {
     match limit {
         Limit::TokenBucket(b) => {
             let (d, used) = b.check_missing(state, cost);

@@ -1,6 +1,6 @@
 use super::*;
-use crate::algorithm::{Decision, Limit};
 use crate::algorithm::{Gcra, State, TokenBucket, Window};
+use crate::algorithm::{Limit, TierDecision};
 use crate::backend::{Charge, Shadow, TierCheck, Verdict};
 use crate::error::BackendError;
 
@@ -150,7 +150,7 @@ fn clock_args() {
 
 /// One tier as the scripts see it, for [`reply_of`].
 struct Tier {
-    d: Decision,
+    d: TierDecision,
     /// The allowed tier's wait before the next request (w).
     next: u64,
     undo: u64,
@@ -183,7 +183,7 @@ fn reply_of(now: i64, tiers: &[Tier], charged: bool) -> Vec<i64> {
 
 fn tier(allowed: bool, remaining: u64, delay: u64, undo: u64) -> Tier {
     Tier {
-        d: Decision {
+        d: TierDecision {
             allowed,
             limit: 10,
             remaining,
@@ -234,7 +234,7 @@ fn a_charged_reply_round_trips() {
     assert_eq!(reply.len(), 1 + 3 * 3 + 3 * 2);
     let v = decided(parse_check(&reply, &long(3), 0, Shadow::NONE));
     assert_eq!(v.now_us, 1_700_000_000_000_000);
-    let want: Vec<Decision> = tiers.iter().map(|t| t.d).collect();
+    let want: Vec<TierDecision> = tiers.iter().map(|t| t.d).collect();
     assert_eq!(v.decisions, want);
     let charges: Vec<Option<Charge>> = tiers
         .iter()
@@ -254,7 +254,7 @@ fn an_enforced_denial_charges_nothing() {
     let tiers = [tier(true, 4, 100, 5), tier(false, 0, 0, 0)];
     let reply = reply_of(5, &tiers, false);
     let v = decided(parse_check(&reply, &long(2), 0, Shadow::NONE));
-    let want: Vec<Decision> = tiers.iter().map(|t| t.d).collect();
+    let want: Vec<TierDecision> = tiers.iter().map(|t| t.d).collect();
     assert_eq!(v.decisions, want);
     assert_eq!(v.decisions[0].delay_us, 100);
     assert!(v.charges.is_empty());

@@ -1,7 +1,7 @@
-//! Concurrency leases on Redis: a request's release (`ZREM`) and the
-//! renewal of a long request's lease (`lua/lease.lua`).
+//! Concurrency slots on Redis: a request's release (`ZREM`) and the
+//! renewal of a long request's slot (`lua/slot.lua`).
 
-use super::wire::LEASE_LUA;
+use super::wire::SLOT_LUA;
 use super::RedisBackend;
 use crate::algorithm::Concurrency;
 use crate::error::BackendError;
@@ -10,11 +10,11 @@ use std::sync::OnceLock;
 
 fn script() -> &'static Script {
     static SCRIPT: OnceLock<Script> = OnceLock::new();
-    SCRIPT.get_or_init(|| Script::new(LEASE_LUA))
+    SCRIPT.get_or_init(|| Script::new(SLOT_LUA))
 }
 
 impl RedisBackend {
-    /// Takes lease `id` out of `key`'s sorted set.
+    /// Takes slot `id` out of `key`'s sorted set.
     pub(crate) async fn release(&self, key: &str, id: u64) -> Result<(), BackendError> {
         let key = self.storage_key(key);
         let mut cmd = ::redis::cmd("ZREM");
@@ -22,7 +22,7 @@ impl RedisBackend {
         self.command_on::<i64>(&key, &cmd).await.map(|_| ())
     }
 
-    /// Renews lease `c.lease` of `key` for `c.lease_us` from now (Redis's
+    /// Renews slot `c.slot` of `key` for `c.ttl_us` from now (Redis's
     /// clock, or the test clock); false when it is no longer held.
     pub(crate) async fn renew(&self, key: &str, c: &Concurrency) -> Result<bool, BackendError> {
         let key = self.storage_key(key);
@@ -30,7 +30,7 @@ impl RedisBackend {
         let build = |eval: bool| -> Cmd {
             let mut cmd = if eval {
                 let mut c = ::redis::cmd("EVAL");
-                c.arg(LEASE_LUA);
+                c.arg(SLOT_LUA);
                 c
             } else {
                 let mut c = ::redis::cmd("EVALSHA");
@@ -40,8 +40,8 @@ impl RedisBackend {
             cmd.arg(1)
                 .arg(key.as_str())
                 .arg(clock.as_bytes())
-                .arg(c.lease)
-                .arg(c.lease_us);
+                .arg(c.slot)
+                .arg(c.ttl_us);
             cmd
         };
         let mut target = self.target().await?;

@@ -1,12 +1,12 @@
-//! Concurrency leases in memory: a request's release, and the renewal of
-//! a long request's lease (see [`crate::algorithm::concurrency`]).
+//! Concurrency slots in memory: a request's release, and the renewal of
+//! a long request's slot (see [`crate::algorithm::concurrency`]).
 
 use super::shard::{locked, shard_of, Entry, Held, Lookup, Writer};
 use super::MemoryBackend;
 use crate::algorithm::{Concurrency, State};
 
 impl MemoryBackend {
-    /// Takes lease `id` out of `key`'s leases (the key goes when none is
+    /// Takes slot `id` out of `key`'s slots (the key goes when none is
     /// left).
     pub(crate) fn release(&self, key: &str, id: u64) {
         let now_us = self.inner.clock.now_us();
@@ -19,11 +19,11 @@ impl MemoryBackend {
             return;
         };
         let mut l = locked(m);
-        let State::Leases(leases) = &l.state else {
+        let State::Slots(slots) = &l.state else {
             return;
         };
-        match Concurrency::release(leases, id, now_us) {
-            Some(left) => l.state = State::Leases(left),
+        match Concurrency::release(slots, id, now_us) {
+            Some(left) => l.state = State::Slots(left),
             None => {
                 drop(l);
                 w.remove(e, &mut held, key);
@@ -31,7 +31,7 @@ impl MemoryBackend {
         }
     }
 
-    /// Renews lease `c.lease` of `key` for `c.lease_us` from now; false when
+    /// Renews slot `c.slot` of `key` for `c.ttl_us` from now; false when
     /// it is no longer held.
     pub(crate) fn renew(&self, key: &str, c: &Concurrency) -> bool {
         let now_us = self.inner.clock.now_us();
@@ -43,17 +43,17 @@ impl MemoryBackend {
             return false;
         };
         let mut l = locked(m);
-        let State::Leases(leases) = &l.state else {
+        let State::Slots(slots) = &l.state else {
             return false;
         };
         if l.expires_us <= now_us {
             return false;
         }
-        let Some(renewed) = c.renew(leases, c.lease, now_us) else {
+        let Some(renewed) = c.renew(slots, c.slot, now_us) else {
             return false;
         };
-        let until = now_us.saturating_add(c.lease_us);
-        l.state = State::Leases(renewed);
+        let until = now_us.saturating_add(c.ttl_us);
+        l.state = State::Slots(renewed);
         l.expires_us = l.expires_us.max(until);
         true
     }
