@@ -306,9 +306,25 @@ impl std::io::Write for LogBuf {
     }
 }
 
+/// A global dispatcher interested in every callsite, installed before the
+/// first capture. A test captures its logs with a thread-scoped subscriber
+/// (`tracing::subscriber::set_default`) while other tests of its binary run
+/// on other threads: with no global subscriber, a callsite that one of them
+/// registered at the same moment could keep the no-subscriber's "never"
+/// interest, and the capturing test then missed that event (seen once in
+/// six runs once the tests of a topic shared one binary). With this one,
+/// every callsite's interest includes a dispatcher that wants it.
+fn ensure_global_dispatcher() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry());
+    });
+}
+
 impl LogBuf {
     /// A subscriber writing events up to `level` here.
     pub fn subscriber(&self, level: tracing::Level) -> impl tracing::Subscriber + Send + Sync {
+        ensure_global_dispatcher();
         let writer = self.clone();
         tracing_subscriber::fmt()
             .with_max_level(level)
@@ -322,6 +338,7 @@ impl LogBuf {
         &self,
         level: tracing::Level,
     ) -> impl tracing::Subscriber + Send + Sync {
+        ensure_global_dispatcher();
         let writer = self.clone();
         tracing_subscriber::fmt()
             .with_max_level(level)
