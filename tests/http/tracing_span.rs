@@ -1,8 +1,9 @@
 //! What the layer logs, captured with a thread-local subscriber: the tracing
 //! span per check, and the start-up warning about a shared Redis key prefix.
-//! Alone in its binary: tracing caches callsite interest process-wide, so a
-//! test with a thread-local subscriber must not share the process with tests
-//! that log without one.
+//! tracing caches callsite interest process-wide: the captures share the
+//! `http` binary with tests that log without one because the test support
+//! installs a global dispatcher interested in every callsite before the
+//! first capture (`tests/support/mod.rs`, `ensure_global_dispatcher`).
 
 use crate::support::*;
 use tiered_ratelimit::{
