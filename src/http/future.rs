@@ -138,7 +138,7 @@ where
 
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
@@ -181,9 +181,14 @@ where
                                     pricing,
                                 }
                             } else {
+                                // Readiness is not held through the delay:
+                                // the readied service is dropped, an
+                                // unreadied clone is polled ready after it.
+                                let unreadied = service.clone();
+                                drop(service);
                                 State::Delaying {
                                     sleep: tokio::time::sleep(allow.delay),
-                                    service,
+                                    service: unreadied,
                                     request,
                                     allow,
                                     pricing,
@@ -194,8 +199,11 @@ where
                     };
                     this.state.set(next);
                 }
-                StateProj::Delaying { sleep, .. } => {
+                StateProj::Delaying { sleep, service, .. } => {
                     ready!(sleep.poll(cx));
+                    // The service was not readied before the wait (see
+                    // above): ready it now, as a tower caller would.
+                    ready!(service.poll_ready(cx))?;
                     let StateOwned::Delaying {
                         mut service,
                         request,

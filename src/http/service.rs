@@ -82,7 +82,12 @@ where
                 if allow.delay.is_zero() {
                     ResponseFuture::call(self.inner.call(req), allow, pricing)
                 } else {
-                    ResponseFuture::delay(allow, self.take_ready_inner(), req, pricing)
+                    // Readiness is not held through the delay: the readied
+                    // service is dropped (releasing what its readiness
+                    // reserved, e.g. a concurrency permit or a buffer slot)
+                    // and an unreadied clone is polled ready after the wait.
+                    let unreadied = self.take_ready_inner().clone();
+                    ResponseFuture::delay(allow, unreadied, req, pricing)
                 }
             }
             Step::Done(Decision::Block(block)) => {

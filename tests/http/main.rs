@@ -11,4 +11,5 @@ mod hostile_inputs;
 mod key_errors;
 mod never_fits;
 mod no_key;
+mod readiness;
 mod tracing_span;
