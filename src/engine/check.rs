@@ -17,7 +17,7 @@
 use super::decision::{Allow, Block, Decision};
 use super::deny::{deny_cached, Cached};
 use super::facts::Facts;
-use super::outcome::outcome;
+use super::outcome::{outcome, outcome_in};
 use super::plan::{plan, Meta, Planned, Purpose};
 use super::state::Shared;
 use crate::backend::{Backend, Check, CheckFuture, TierCheck, Verdict};
@@ -166,6 +166,9 @@ enum State {
     Checking {
         check: CheckFuture,
         meta: Meta,
+        /// The check's span, made when the call was sent (`None` while no
+        /// subscriber takes debug spans): entered while the call is polled.
+        span: Option<tracing::Span>,
         /// The concurrency checks' slot ids while no answer says whether
         /// they were taken: released if the request is dropped now or the
         /// call fails (see [`super::slots`]).
@@ -224,17 +227,22 @@ impl Pending {
                 State::Checking {
                     check,
                     meta,
+                    span,
                     unanswered,
                 } => {
-                    let result = ready!(check.as_mut().poll(cx));
+                    let result = {
+                        let _entered = span.as_ref().map(|s| s.enter());
+                        ready!(check.as_mut().poll(cx))
+                    };
                     let meta = std::mem::take(meta);
+                    let span = span.take();
                     // An answer: the slots taken are the response's now
                     // (outcome). An error: released (dropped below).
                     if let (Ok(_), Some(u)) = (&result, unanswered.as_mut()) {
                         u.disarm();
                     }
                     self.state = State::Done;
-                    return Poll::Ready(outcome(shared, &meta, result, facts));
+                    return Poll::Ready(outcome_in(shared, &meta, result, facts, span));
                 }
                 State::Done => panic!("Pending polled after its decision"),
             }
@@ -248,6 +256,7 @@ fn checking(shared: &Shared, check: CheckFuture, meta: Meta) -> State {
     State::Checking {
         check,
         meta,
+        span: super::outcome::check_span(shared),
         unanswered,
     }
 }

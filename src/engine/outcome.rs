@@ -22,6 +22,19 @@ pub(crate) fn outcome(
     result: Result<Verdict, BackendError>,
     facts: &impl Facts,
 ) -> Decision {
+    outcome_in(shared, meta, result, facts, None)
+}
+
+/// [`outcome`], in the check's span when the call made one before it was
+/// sent ([`check_span`]: then the span's life covers the wait for the
+/// backend).
+pub(crate) fn outcome_in(
+    shared: &Shared,
+    meta: &Meta,
+    result: Result<Verdict, BackendError>,
+    facts: &impl Facts,
+    sent_in: Option<tracing::Span>,
+) -> Decision {
     // Lease mode: the local decisions join the backend's answer (a denial
     // or an error gives the local spending back).
     let local_only = meta.leased.as_ref().is_some_and(|t| t.all(meta.sent.len()));
@@ -35,10 +48,10 @@ pub(crate) fn outcome(
     // callsite's checks, and with tracing's `log` feature a record of its
     // fields and of each enter and exit; and then no `Span` is dropped
     // either (`None`).
-    let debug = tracing::Level::DEBUG;
-    let span = (debug <= tracing::level_filters::STATIC_MAX_LEVEL
-        && debug <= tracing::level_filters::LevelFilter::current())
-    .then(|| check_span(shared, meta, &result));
+    let span = sent_in.or_else(|| check_span(shared));
+    if let Some(s) = &span {
+        record_check(s, shared, meta, &result);
+    }
     let _entered = span.as_ref().filter(|s| !s.is_none()).map(|s| s.enter());
     // `None` when unobserved (`begin` then read no clock): one reading for
     // the backend's latency, the deny cache and the observation of the
@@ -118,23 +131,41 @@ pub(crate) fn outcome(
     decided
 }
 
-/// The check's span, its tiers' results (or the error) recorded when a
-/// subscriber takes it.
+/// The check's span (`rate_limit_check`), or `None` while no subscriber
+/// takes debug spans: a disabled span still costs its callsite's checks,
+/// and with tracing's `log` feature a record of its fields and of each
+/// enter and exit. Made when the call is sent (its life then covers the
+/// wait for the backend) or, for a check decided at once, with the answer.
+pub(crate) fn check_span(shared: &Shared) -> Option<tracing::Span> {
+    let debug = tracing::Level::DEBUG;
+    (debug <= tracing::level_filters::STATIC_MAX_LEVEL
+        && debug <= tracing::level_filters::LevelFilter::current())
+    .then(|| new_check_span(shared))
+}
+
 #[cold]
 #[inline(never)]
-fn check_span(
-    shared: &Shared,
-    meta: &Meta,
-    result: &Result<Verdict, BackendError>,
-) -> tracing::Span {
-    let span = tracing::debug_span!(target: super::LOG_TARGET,
+fn new_check_span(shared: &Shared) -> tracing::Span {
+    tracing::debug_span!(target: super::LOG_TARGET,
         "rate_limit_check",
         backend = shared.backend.name(),
         tiers = tracing::field::Empty,
         error = tracing::field::Empty
-    );
+    )
+}
+
+/// The tiers' results (or the error) recorded in the check's span, when a
+/// subscriber takes it.
+#[cold]
+#[inline(never)]
+fn record_check(
+    span: &tracing::Span,
+    shared: &Shared,
+    meta: &Meta,
+    result: &Result<Verdict, BackendError>,
+) {
     if span.is_disabled() {
-        return span;
+        return;
     }
     match result {
         Ok(v) => {
@@ -160,7 +191,6 @@ fn check_span(
             span.record("error", tracing::field::display(e));
         }
     }
-    span
 }
 
 /// Counts a request passed unchecked (fail open) for each tier it would

@@ -200,3 +200,70 @@ fn failure_log_names_the_policy_as_written() {
         "{line}"
     );
 }
+
+/// A span's `time.idle=…` as written by the fmt subscriber (`ns`, `µs`,
+/// `ms` or `s`), in seconds.
+fn idle_secs(line: &str) -> f64 {
+    let value = line
+        .split("time.idle=")
+        .nth(1)
+        .and_then(|v| v.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no time.idle in {line}"));
+    let digits = value.trim_end_matches(|c: char| c.is_alphabetic() || c == 'µ');
+    let unit = &value[digits.len()..];
+    let n: f64 = digits.parse().unwrap_or_else(|_| panic!("{value}"));
+    n * match unit {
+        "ns" => 1e-9,
+        "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        other => panic!("unit {other:?} in {line}"),
+    }
+}
+
+/// The check's span lives from the moment its call is sent to the answer:
+/// the wait for Redis is inside it (its idle time), not before it. Replies
+/// are held 300 ms by a proxy in front of Redis.
+#[tokio::test]
+async fn the_redis_wait_is_inside_the_checks_span() {
+    use std::time::Duration;
+    use tiered_ratelimit::backend::RedisBackend;
+    use tiered_ratelimit::key::Global;
+    use tower::ServiceExt;
+    let buf = LogBuf::default();
+    let _log = tracing::subscriber::set_default(buf.subscriber_with_spans(tracing::Level::DEBUG));
+    let redis = RedisServer::start();
+    let fwd = crate::support::forward::Forwarder::start(redis.port()).await;
+    let layer = tiered_ratelimit::RateLimitLayer::builder()
+        .backend(RedisBackend::from_url(&fwd.url()).unwrap())
+        // About liveness: the held replies must not time out.
+        .backend_timeout(Duration::from_secs(30))
+        .tier(Tier::new("all", Global, Quota::per_minute(100)))
+        .build()
+        .unwrap();
+    let app = app(layer);
+    let get = || {
+        http::Request::get("/")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    // Connected, and the script loaded, by one whole request.
+    assert_eq!(app.clone().oneshot(get()).await.unwrap().status(), 200);
+    fwd.hold_replies(true);
+    let call = tokio::spawn(app.clone().oneshot(get()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    fwd.hold_replies(false);
+    assert_eq!(call.await.unwrap().unwrap().status(), 200);
+    let out = buf.text();
+    let closes: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("rate_limit_check") && l.contains(" close "))
+        .collect();
+    assert_eq!(closes.len(), 2, "{out}");
+    assert!(closes[1].contains("tiers=\"all=allowed/98\""), "{out}");
+    let idle = idle_secs(closes[1]);
+    assert!(
+        idle >= 0.29,
+        "the wait is not inside the span: idle {idle} s\n{out}"
+    );
+}
