@@ -5,7 +5,6 @@
 
 use super::redis_server::{command, commandstat, connect, redis_server};
 use std::collections::HashMap;
-use std::net::TcpListener as StdListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -27,16 +26,6 @@ pub struct RedisCluster {
 }
 
 static SEQ: AtomicU32 = AtomicU32::new(0);
-
-/// `n` distinct free loopback ports (all held open while choosing).
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<StdListener> = (0..n)
-        .map(|_| StdListener::bind("127.0.0.1:0").expect("a free loopback port"))
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().expect("addr").port())
-        .collect()
-}
 
 /// Runs a command on one node.
 pub fn node_cmd<T: redis::FromRedisValue>(port: u16, args: &[&str]) -> redis::RedisResult<T> {
@@ -89,7 +78,7 @@ impl RedisCluster {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| format!("temp dir: {e}"))?;
-        let ports = free_ports(2 * n);
+        let ports = super::redis_server::free_ports(2 * n);
         let mut cluster = RedisCluster {
             dir: dir.clone(),
             nodes: Vec::new(),

@@ -63,11 +63,63 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
+/// A free loopback port for a server of a test.
 pub(crate) fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    free_ports(1)[0]
+}
+
+/// `n` distinct free loopback ports, below the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`) and never handed out twice in
+/// this process. A port the kernel hands out for `bind(0)` is an ephemeral
+/// one: once its server is killed (a restart test), any outgoing
+/// connection on the host may take it as its source port, and the server
+/// cannot come back on it (a whole-cluster restart failed so on a host
+/// busy with other connections). Below that range only a listener takes a
+/// port.
+pub(crate) fn free_ports(n: usize) -> Vec<u16> {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let (lo, hi) = (10_000u32, u32::from(ephemeral_low.max(10_001)) - 1);
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    let given = given.get_or_insert_with(HashSet::new);
+    // A small xorshift seeded by the process and the time: tests of one
+    // binary take distinct ports through `given`, binaries run one after
+    // another, and a port in use fails the bind below.
+    let mut x = u64::from(std::process::id())
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+        | 1;
+    let mut held = Vec::with_capacity(n);
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..100_000 {
+        if ports.len() == n {
+            break;
+        }
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let port = (lo + (x % u64::from(hi - lo + 1)) as u32) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        if let Ok(l) = StdListener::bind(("127.0.0.1", port)) {
+            given.insert(port);
+            held.push(l);
+            ports.push(port);
+        }
+    }
+    assert_eq!(
+        ports.len(),
+        n,
+        "{n} free loopback ports below {ephemeral_low}"
+    );
+    ports
 }
 
 impl RedisServer {
