@@ -71,6 +71,17 @@ pub enum ConfigError {
     /// `fallback_instances` is 0.
     #[error("fallback_instances: must be at least 1")]
     ZeroFallbackInstances,
+    /// A [`RateLimitHandle`](crate::RateLimitHandle) change of a quota or a
+    /// list on a layer with a fleet-wide control key (and a Redis backend):
+    /// there they are fleet-wide settings, changed with the `set_fleet_*`
+    /// methods, so that no instance answers a limit of its own.
+    #[error("{setter}: this layer has a fleet-wide control key, so quotas and lists are fleet-wide settings: use RateLimitHandle::{instead}")]
+    FleetWide {
+        /// The change refused (`tier_quota`, `plan_quota`, `allowlist`, `denylist`).
+        setter: &'static str,
+        /// The fleet-wide method to use instead.
+        instead: &'static str,
+    },
     /// A runtime change named a tier the layer does not have.
     #[error("tier \"{0}\": no such tier")]
     UnknownTier(String),

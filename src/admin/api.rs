@@ -131,13 +131,14 @@ pub(super) async fn api_mode(State(admin): State<Arc<Admin>>, req: Request) -> R
     }
 }
 
-fn status_json(h: &RateLimitHandle) -> Value {
+pub(super) fn status_json(h: &RateLimitHandle) -> Value {
     json!({
         "mode": h.mode().to_string(),
         "effective_mode": h.effective_mode().to_string(),
         "circuit_state": h.circuit_state(),
         "mode_changes_apply_to": scope(h),
         "control_key": h.fleet_control_key(),
+        "settings_version": h.settings_version(),
         "counts": counts_json(&h.counts()),
         "tiers": h.tiers().iter().map(tier_json).collect::<Vec<_>>(),
         "anomalies": anomalies_json(&h.anomalies()),

@@ -92,6 +92,7 @@ mod mode;
 mod overrides;
 mod page;
 mod reply;
+mod settings;
 
 use crate::handle::RateLimitHandle;
 use actions::form_mode;
@@ -229,6 +230,12 @@ impl Admin {
             .route("/api/overrides/{tier}", get(overrides::api_list))
             .route("/api/overrides", post(overrides::api_set))
             .route("/api/overrides/remove", post(overrides::api_remove))
+            .route("/api/quota", post(settings::api_quota))
+            .route("/api/quota/reset", post(settings::api_quota_reset))
+            .route(
+                "/api/lists",
+                get(settings::api_lists).post(settings::api_lists_change),
+            )
             .fallback(not_found)
             .layer(middleware::from_fn_with_state(admin.clone(), authorize))
             .with_state(admin)

@@ -135,6 +135,10 @@ impl EngineBuilder {
             self.backend_timeout,
             leases,
         );
+        let configured = Runtime {
+            mode: self.mode,
+            tiers: runtime.into_boxed_slice(),
+        };
         let shared = Arc::new(Shared {
             backend,
             local_clock,
@@ -155,17 +159,16 @@ impl EngineBuilder {
                 shadow_log_level: self.shadow_log_level,
                 header_style: self.header_style,
                 control: self.control,
+                configured: configured.clone(),
             },
             live: Live {
-                runtime: ArcSwap::from_pointee(Runtime {
-                    mode: self.mode,
-                    tiers: runtime.into_boxed_slice(),
-                }),
+                runtime: ArcSwap::from_pointee(configured.clone()),
                 mode_overrides: ArcSwap::from_pointee(ModeOverrides {
                     mode: None,
                     tiers: vec![None; n_tiers],
                 }),
                 control_started: std::sync::OnceLock::new(),
+                fleet: super::settings::FleetSettings::default(),
             },
             guards: Guards {
                 breaker: Breaker::new(self.circuit_breaker),

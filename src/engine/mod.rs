@@ -35,6 +35,7 @@ mod no_key;
 mod outcome;
 mod plan;
 mod runtime;
+mod settings;
 mod settle;
 mod slots;
 mod spare;
@@ -79,9 +80,13 @@ pub use watch::{ControlError, ControlKey};
 pub(crate) use check::{Engine, Pending, Step};
 pub(crate) use decision::{Allow, Block, Decision};
 pub(crate) use facts::Facts;
-pub(crate) use limits::{checked_limit, fallback_limit};
+pub(crate) use limits::checked_limit;
 pub(crate) use no_key::DEFAULT_NO_KEY_WARN_AFTER;
-pub(crate) use runtime::{PlanRuntime, Runtime};
+pub(crate) use runtime::Runtime;
+pub(crate) use settings::{
+    quota_of, set_plan_quota, set_tier_quota, setting_of, write as write_settings, Invalid,
+    QuotaSetting, Settings, UPDATES,
+};
 pub(crate) use settle::{Landing, Reservation};
 pub(crate) use slots::Slots;
 pub(crate) use spec::TierSpec;

@@ -63,6 +63,9 @@ pub(crate) struct Config {
     pub(crate) shadow_log_level: tracing::Level,
     pub(crate) header_style: HeaderStyle,
     pub(crate) control: Option<ControlKey>,
+    /// The quotas and modes as built: what fleet-wide settings start from
+    /// (`engine/settings.rs`).
+    pub(crate) configured: Runtime,
 }
 
 /// The settings that change while requests run.
@@ -73,6 +76,9 @@ pub(crate) struct Live {
     pub(crate) mode_overrides: ArcSwap<ModeOverrides>,
     /// Whether the control key's watcher runs.
     pub(crate) control_started: std::sync::OnceLock<()>,
+    /// The fleet-wide settings applied (quotas and lists from the control
+    /// hash).
+    pub(crate) fleet: super::settings::FleetSettings,
 }
 
 /// What protects the backend and the quota.

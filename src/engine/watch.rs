@@ -31,8 +31,12 @@ pub(crate) fn apply(
                     next.mode = previous.mode;
                 }
             }
-        } else if field == GENERATION {
-            // Not a mode: read by the watcher (`store`).
+        } else if field == GENERATION
+            || field == super::settings::SETTINGS
+            || field == super::settings::SETTINGS_VERSION
+        {
+            // Not a mode: the generation is read by the watcher (`store`),
+            // the settings by `settings::apply_read`.
         } else if let Some(tier) = field.strip_prefix("tier:") {
             let Ok(i) = shared.config.tier_index(tier) else {
                 tracing::error!(target: super::CONTROL_LOG_TARGET, field, value, "control key: unknown tier ignored");
@@ -149,6 +153,7 @@ fn store(
             None => *seen = Some(now.map(str::to_owned)),
         }
     }
+    super::settings::apply_read(shared, key, fields);
     let previous = shared.live.mode_overrides.load_full();
     let next = apply(shared, &previous, fields);
     if next != *previous {
@@ -240,6 +245,7 @@ pub(crate) fn start(shared: &Arc<Shared>) {
                     Ok(Err(e)) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, error = %e, "control key: poll failed; keeping the current mode overrides"),
                     Err(_) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, "control key: poll timed out; keeping the current mode overrides"),
                 }
+                shared.live.fleet.mark_read();
                 drop(shared);
                 tokio::time::sleep(interval).await;
             }
@@ -298,4 +304,25 @@ pub enum ControlError {
     /// The Redis call failed; nothing was changed.
     #[error("control key: {0}")]
     Backend(#[from] crate::error::BackendError),
+    /// A settings change `build()` would refuse (limit 0, burst below the
+    /// cost, an unknown tier or plan, a calendar tier given a duration, an
+    /// entry that is not a network…); nothing was written. `field` names it
+    /// (`limit`, `period`, `burst`, `tier`, `plan`, `ips[2]`).
+    #[error("{field}: {reason}")]
+    Invalid {
+        /// The field refused.
+        field: String,
+        /// Why.
+        reason: String,
+    },
+    /// The stored settings are malformed (written by hand): every instance
+    /// ignores them, and no change is written over them until they are
+    /// fixed or deleted (`HDEL <control key> settings settings_version`
+    /// goes back to the configured settings).
+    #[error("the stored fleet-wide settings are malformed ({0}); fix or delete them")]
+    Malformed(String),
+    /// Other writes of the settings kept coming first (8 attempts); nothing
+    /// was written.
+    #[error("the fleet-wide settings kept changing while this change was written; try again")]
+    Contended,
 }

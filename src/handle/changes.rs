@@ -2,17 +2,12 @@
 //! [`RateLimitHandle::update`] (a request sees all of them or none).
 
 use super::RateLimitHandle;
-use crate::engine::{checked_limit, fallback_limit, PlanRuntime, Runtime, Shared};
+use crate::engine::{Runtime, Shared, UPDATES};
 use crate::error::ConfigError;
 use crate::quota::Quota;
 use crate::rollout::{AccessList, Lists, Mode};
 use std::fmt;
 use std::sync::Arc;
-
-/// Serializes [`RateLimitHandle::update`]s: the engine's settings and the
-/// front door's lists are two cells, written together under it. Updates are
-/// rare operator actions; requests never take it.
-static UPDATES: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A set of changes applied together by [`RateLimitHandle::update`].
 pub struct Changes<'a> {
@@ -51,20 +46,9 @@ impl Changes<'_> {
     /// # Errors
     /// [`ConfigError::UnknownTier`] or any quota error.
     pub fn tier_quota(&mut self, tier: &str, quota: Quota) -> Result<&mut Self, ConfigError> {
+        self.local("tier_quota", "set_fleet_quota")?;
         let i = self.shared.config.tier_index(tier)?;
-        let t = &self.shared.config.tiers[i];
-        let limit = checked_limit(tier, t.algorithm, quota, t.cost)?;
-        let fallback = fallback_limit(
-            tier,
-            t.algorithm,
-            quota,
-            t.cost,
-            self.shared.config.fallback_instances,
-        )?;
-        let rt = &mut self.runtime.tiers[i];
-        rt.quota = quota;
-        rt.limit = limit;
-        rt.fallback = fallback;
+        crate::engine::set_tier_quota(self.shared, self.runtime, i, quota)?;
         Ok(self)
     }
 
@@ -78,43 +62,44 @@ impl Changes<'_> {
         plan: &str,
         quota: Quota,
     ) -> Result<&mut Self, ConfigError> {
+        self.local("plan_quota", "set_fleet_quota")?;
         let i = self.shared.config.tier_index(tier)?;
-        let t = &self.shared.config.tiers[i];
-        let entry = PlanRuntime {
-            name: Arc::from(plan),
-            quota,
-            limit: checked_limit(tier, t.algorithm, quota, t.cost)?,
-            fallback: fallback_limit(
-                tier,
-                t.algorithm,
-                quota,
-                t.cost,
-                self.shared.config.fallback_instances,
-            )?,
-        };
-        let plans = &mut self.runtime.tiers[i].plans;
-        match plans.iter_mut().find(|p| &*p.name == plan) {
-            Some(existing) => *existing = entry,
-            None => plans.push(entry),
-        }
+        crate::engine::set_plan_quota(self.shared, self.runtime, i, plan, quota)?;
         Ok(self)
     }
 
     /// Replaces the allowlist (a no-op on a front door without lists).
-    pub fn allowlist(&mut self, list: AccessList) -> &mut Self {
+    ///
+    /// # Errors
+    /// [`ConfigError::FleetWide`] with a fleet-wide control key.
+    pub fn allowlist(&mut self, list: AccessList) -> Result<&mut Self, ConfigError> {
+        self.local("allowlist", "set_fleet_allowlist")?;
         if let Some(lists) = self.lists.as_deref_mut() {
             lists.allow = Arc::new(list);
         }
-        self
+        Ok(self)
     }
 
     /// Replaces the denylist (its status stays as built; a no-op on a
     /// front door without lists).
-    pub fn denylist(&mut self, list: AccessList) -> &mut Self {
+    ///
+    /// # Errors
+    /// [`ConfigError::FleetWide`] with a fleet-wide control key.
+    pub fn denylist(&mut self, list: AccessList) -> Result<&mut Self, ConfigError> {
+        self.local("denylist", "set_fleet_denylist")?;
         if let Some(lists) = self.lists.as_deref_mut() {
             lists.deny = Arc::new(list);
         }
-        self
+        Ok(self)
+    }
+
+    /// Refuses a change of a quota or a list where they are fleet-wide
+    /// settings (a control key on a Redis backend).
+    fn local(&self, setter: &'static str, instead: &'static str) -> Result<(), ConfigError> {
+        if crate::engine::control_hash_key(self.shared).is_some() {
+            return Err(ConfigError::FleetWide { setter, instead });
+        }
+        Ok(())
     }
 }
 

@@ -11,6 +11,10 @@
 //! layer whose [`handle`](crate::RateLimitLayer::handle) returns it.
 
 mod changes;
+mod fleet;
+
+#[cfg(feature = "admin")]
+pub(crate) use fleet::ListName;
 pub mod control;
 pub mod inspect;
 pub mod overrides;
@@ -129,38 +133,45 @@ impl RateLimitHandle {
         self.update(|c| c.tier_mode(tier, mode).map(|_| ()))
     }
 
-    /// Sets one tier's default quota. A token bucket or leaky bucket whose
-    /// integer unit changes with the quota starts full for every key.
+    /// Sets one tier's default quota, in this process. A token bucket or
+    /// leaky bucket whose integer unit changes with the quota starts full
+    /// for every key. With a fleet-wide control key use
+    /// [`set_fleet_quota`](Self::set_fleet_quota).
     ///
     /// # Errors
-    /// [`ConfigError::UnknownTier`] or any quota error (checked like at build).
+    /// [`ConfigError::UnknownTier`] or any quota error (checked like at
+    /// build); [`ConfigError::FleetWide`] with a fleet-wide control key.
     pub fn set_tier_quota(&self, tier: &str, quota: Quota) -> Result<(), ConfigError> {
         self.update(|c| c.tier_quota(tier, quota).map(|_| ()))
     }
 
-    /// Sets a plan's quota on a tier; applies to the next request of every
-    /// key on that plan.
+    /// Sets a plan's quota on a tier, in this process; applies to the next
+    /// request of every key on that plan. With a fleet-wide control key use
+    /// [`set_fleet_quota`](Self::set_fleet_quota).
     ///
     /// # Errors
-    /// [`ConfigError::UnknownTier`] or any quota error.
+    /// [`ConfigError::UnknownTier`] or any quota error;
+    /// [`ConfigError::FleetWide`] with a fleet-wide control key.
     pub fn set_plan_quota(&self, tier: &str, plan: &str, quota: Quota) -> Result<(), ConfigError> {
         self.update(|c| c.plan_quota(tier, plan, quota).map(|_| ()))
     }
 
-    /// Replaces the allowlist.
-    pub fn set_allowlist(&self, list: AccessList) {
-        let _ = self.update(|c| {
-            c.allowlist(list.clone());
-            Ok(())
-        });
+    /// Replaces the allowlist, in this process. With a fleet-wide control
+    /// key use [`set_fleet_allowlist`](Self::set_fleet_allowlist).
+    ///
+    /// # Errors
+    /// [`ConfigError::FleetWide`] with a fleet-wide control key.
+    pub fn set_allowlist(&self, list: AccessList) -> Result<(), ConfigError> {
+        self.update(|c| c.allowlist(list.clone()).map(|_| ()))
     }
 
-    /// Replaces the denylist.
-    pub fn set_denylist(&self, list: AccessList) {
-        let _ = self.update(|c| {
-            c.denylist(list.clone());
-            Ok(())
-        });
+    /// Replaces the denylist, in this process. With a fleet-wide control
+    /// key use [`set_fleet_denylist`](Self::set_fleet_denylist).
+    ///
+    /// # Errors
+    /// [`ConfigError::FleetWide`] with a fleet-wide control key.
+    pub fn set_denylist(&self, list: AccessList) -> Result<(), ConfigError> {
+        self.update(|c| c.denylist(list.clone()).map(|_| ()))
     }
 
     /// Every tier's current settings, in check order.

@@ -170,6 +170,92 @@ impl AccessList {
     }
 }
 
+/// The entries of an [`AccessList`] that can be written down: its networks,
+/// API keys and user ids (not its predicates, which are code, nor its API
+/// key header). What the fleet-wide settings store for a list
+/// ([`RateLimitHandle::set_fleet_allowlist`](crate::RateLimitHandle::set_fleet_allowlist))
+/// and what `GET /api/lists` answers, in the policy file's notation: `ips`
+/// (CIDRs; a single address is a /32 or /128), `api_keys`, `users`, each
+/// sorted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ListEntries {
+    /// Networks, as CIDRs (`203.0.113.0/24`, `2001:db8::/32`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<String>,
+    /// API keys.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub api_keys: Vec<String>,
+    /// User ids.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub users: Vec<String>,
+}
+
+impl ListEntries {
+    /// Sorted, without duplicates (the form stored and compared).
+    pub(crate) fn normalized(mut self) -> Self {
+        for v in [&mut self.ips, &mut self.api_keys, &mut self.users] {
+            v.sort();
+            v.dedup();
+        }
+        self
+    }
+}
+
+impl AccessList {
+    /// Its entries that can be written down ([`ListEntries`]), sorted.
+    pub fn entries(&self) -> ListEntries {
+        ListEntries {
+            ips: self.ips.iter().map(ToString::to_string).collect(),
+            api_keys: self
+                .api_keys
+                .iter()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .collect(),
+            users: self.users.iter().cloned().collect(),
+        }
+        .normalized()
+    }
+
+    /// Whether it has predicates (code, which no setting can carry).
+    pub(crate) fn has_predicates(&self) -> bool {
+        !self.predicates.is_empty()
+    }
+
+    /// This list with its networks, API keys and users replaced by
+    /// `entries` (its API key header and predicates kept). The error names
+    /// the entry: `ips[2]: "10.0.0.0/33" is not a CIDR or an IP address`.
+    pub(crate) fn with_entries(&self, entries: &ListEntries) -> Result<Self, (String, String)> {
+        let mut list = Self {
+            ips: Vec::new(),
+            api_key_header: self.api_key_header.clone(),
+            api_keys: HashSet::new(),
+            users: HashSet::new(),
+            predicates: self.predicates.clone(),
+        };
+        for (i, s) in entries.ips.iter().enumerate() {
+            let net = s
+                .parse::<IpNet>()
+                .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+                .map_err(|_| {
+                    (
+                        format!("ips[{i}]"),
+                        format!("{s:?} is not a CIDR or an IP address"),
+                    )
+                })?;
+            list = list.ip(net);
+        }
+        for k in &entries.api_keys {
+            list = list.api_key(k.clone());
+        }
+        for u in &entries.users {
+            list = list.user(u.clone());
+        }
+        Ok(list)
+    }
+}
+
 impl AccessList {
     /// The fields of a list table in a policy file (`[allowlist]`;
     /// `[denylist]` has `status` too).

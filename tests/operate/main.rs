@@ -6,6 +6,7 @@ mod support;
 
 mod admin;
 mod fleet_actions;
+mod fleet_settings;
 mod inspect;
 mod observability;
 mod overrides;

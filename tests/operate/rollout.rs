@@ -258,7 +258,7 @@ async fn allowlist_skips_limiting(env: Env) {
         429
     );
     // Lists change at run time.
-    handle.set_allowlist(AccessList::new());
+    handle.set_allowlist(AccessList::new()).unwrap();
     assert_eq!(
         limits(&from("192.0.2.77").send().await.unwrap()).status,
         200

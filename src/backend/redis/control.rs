@@ -61,3 +61,47 @@ impl RedisBackend {
             .map_err(|e| self.error(e))
     }
 }
+
+/// The settings' compare-and-set (`lua/settings.lua`).
+fn settings_script() -> &'static ::redis::Script {
+    static SCRIPT: std::sync::OnceLock<::redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| ::redis::Script::new(include_str!("../../../lua/settings.lua")))
+}
+
+impl RedisBackend {
+    /// Writes the fleet-wide settings `document` (`""`: none) to the control
+    /// hash `key` if its `settings_version` is still `read`: `Ok(Ok(new
+    /// version))`, or `Ok(Err(found))` when another write came first
+    /// (`found` is `None` when the stored version is not a number).
+    pub(crate) async fn write_settings(
+        &self,
+        key: &str,
+        read: u64,
+        document: &str,
+    ) -> Result<Result<u64, Option<u64>>, BackendError> {
+        let script = settings_script();
+        let build = |with_source: bool| {
+            let mut cmd = if with_source {
+                let mut c = ::redis::cmd("EVAL");
+                c.arg(include_str!("../../../lua/settings.lua"));
+                c
+            } else {
+                let mut c = ::redis::cmd("EVALSHA");
+                c.arg(script.get_hash());
+                c
+            };
+            cmd.arg(1).arg(key).arg(read).arg(document);
+            cmd
+        };
+        let mut target = self.target().await?;
+        let answer: i64 = self
+            .call_on(&mut target, key, script, build)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(match answer {
+            v if v > 0 => Ok(v.unsigned_abs()),
+            -1 => Err(None),
+            v => Err(Some((-1 - v).unsigned_abs())),
+        })
+    }
+}

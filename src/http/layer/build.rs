@@ -102,15 +102,20 @@ impl RateLimitLayerBuilder {
         }
         let engine = engine.build()?;
         let shared = engine.shared.clone();
+        let configured = Lists {
+            allow: Arc::new(self.allow),
+            deny: Arc::new(self.deny),
+            deny_status: self.deny_status,
+        };
+        let lists = Arc::new(AccessLists::new(configured.clone()));
+        // Fleet-wide settings may replace the lists' entries (and give the
+        // configured ones back).
+        let _ = shared.live.fleet.lists.set((lists.clone(), configured));
         let front = Arc::new(Front {
             engine,
             tiers: http_tiers.into_boxed_slice(),
             client_ip: self.client_ip,
-            lists: Arc::new(AccessLists::new(Lists {
-                allow: Arc::new(self.allow),
-                deny: Arc::new(self.deny),
-                deny_status: self.deny_status,
-            })),
+            lists: lists.clone(),
             on_rejection: self.on_rejection,
             actual_headers: actual_headers.into(),
             json_body: json.finish(),

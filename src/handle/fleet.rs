@@ -1,0 +1,338 @@
+//! Fleet-wide settings through the handle: quotas, plan quotas and lists
+//! written to the control hash, applied by every instance within one poll
+//! interval (see [`crate::handle::control`], "Fleet-wide settings").
+
+use super::RateLimitHandle;
+use crate::engine::{control_hash_key, ControlError, QuotaSetting, Settings};
+use crate::quota::Quota;
+use crate::rollout::{AccessList, ListEntries};
+
+/// Which list a fleet-wide change is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "admin"), allow(dead_code))]
+pub(crate) enum ListName {
+    Allow,
+    Deny,
+}
+
+impl RateLimitHandle {
+    /// Sets a tier's quota (`plan` `None`) or one of its plans' quota for
+    /// the whole fleet: written to the control hash with a new settings
+    /// version, applied here at once and by every other instance within one
+    /// poll interval (plus the poll's round trip); kept across restarts.
+    /// Checked as `build()` checks a quota, against the configured tier
+    /// (an unknown tier or plan, a limit of 0, a burst below the cost:
+    /// nothing is written). A calendar tier keeps its calendar: only the
+    /// limit (and burst) of `quota` count. Answers the new settings version.
+    ///
+    /// # Errors
+    /// [`ControlError::NotConfigured`] without a control key on Redis (use
+    /// [`set_tier_quota`](Self::set_tier_quota)), [`ControlError::Invalid`]
+    /// naming the field, [`ControlError::Malformed`],
+    /// [`ControlError::Contended`] or [`ControlError::Backend`].
+    pub async fn set_fleet_quota(
+        &self,
+        tier: &str,
+        plan: Option<&str>,
+        quota: Quota,
+    ) -> Result<u64, ControlError> {
+        let i = self.tier_index(tier)?;
+        if control_hash_key(self.shared()).is_none() {
+            return Err(ControlError::NotConfigured);
+        }
+        let setting = crate::engine::setting_of(self.shared(), i, quota);
+        self.change_quota("handle", tier, plan, Some(setting)).await
+    }
+
+    /// Gives a tier (`plan` `None`) or one of its plans its configured quota
+    /// back, for the whole fleet (as [`set_fleet_quota`](Self::set_fleet_quota)).
+    ///
+    /// # Errors
+    /// As [`set_fleet_quota`](Self::set_fleet_quota).
+    pub async fn reset_fleet_quota(
+        &self,
+        tier: &str,
+        plan: Option<&str>,
+    ) -> Result<u64, ControlError> {
+        self.tier_index(tier)?;
+        if control_hash_key(self.shared()).is_none() {
+            return Err(ControlError::NotConfigured);
+        }
+        self.change_quota("handle", tier, plan, None).await
+    }
+
+    /// Replaces the allowlist's networks, API keys and users for the whole
+    /// fleet (its API key header and predicates stay as built). Answers the
+    /// new settings version.
+    ///
+    /// # Errors
+    /// [`ControlError::Invalid`] for a list with predicates (code cannot be
+    /// stored), else as [`set_fleet_quota`](Self::set_fleet_quota).
+    pub async fn set_fleet_allowlist(&self, list: AccessList) -> Result<u64, ControlError> {
+        self.write_list("handle", ListName::Allow, &list).await
+    }
+
+    /// Like [`set_fleet_allowlist`](Self::set_fleet_allowlist), for the
+    /// denylist (its status stays as built).
+    ///
+    /// # Errors
+    /// As [`set_fleet_allowlist`](Self::set_fleet_allowlist).
+    pub async fn set_fleet_denylist(&self, list: AccessList) -> Result<u64, ControlError> {
+        self.write_list("handle", ListName::Deny, &list).await
+    }
+
+    /// The fleet-wide settings version this instance applies: 0 for the
+    /// configured settings (also without a control key), else the version
+    /// the control hash had when this instance last read it. Also the gauge
+    /// `tiered_ratelimit_settings_version`.
+    pub fn settings_version(&self) -> u64 {
+        self.shared().live.fleet.applied.load().version
+    }
+
+    /// Waits until this instance has read the fleet-wide settings once
+    /// (its first poll of the control hash, bounded by the poll's timeout),
+    /// then answers [`settings_version`](Self::settings_version). Await it
+    /// before serving, so that a starting instance never answers with the
+    /// configured quotas what the fleet has changed. Answers at once
+    /// without a control key on Redis. Needs the layer to be built inside
+    /// a Tokio runtime (where its watcher starts).
+    pub async fn ready(&self) -> u64 {
+        let shared = self.shared();
+        if control_hash_key(shared).is_some() && shared.live.control_started.get().is_some() {
+            shared.live.fleet.ready().await;
+        }
+        self.settings_version()
+    }
+
+    /// The allowlist's entries in force (configured, or the fleet-wide
+    /// settings'); empty on a front door without lists.
+    pub fn allowlist_entries(&self) -> ListEntries {
+        self.lists
+            .as_ref()
+            .map_or_else(ListEntries::default, |l| l.load().allow.entries())
+    }
+
+    /// The denylist's entries in force, as [`allowlist_entries`](Self::allowlist_entries).
+    pub fn denylist_entries(&self) -> ListEntries {
+        self.lists
+            .as_ref()
+            .map_or_else(ListEntries::default, |l| l.load().deny.entries())
+    }
+
+    fn tier_index(&self, tier: &str) -> Result<usize, ControlError> {
+        self.shared()
+            .config
+            .tier_index(tier)
+            .map_err(|e| ControlError::Invalid {
+                field: "tier".to_owned(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Sets a tier's or plan's quota written as the policy file writes it
+    /// (`None`: back to the configured one), checked as `build()` would:
+    /// with a control key on Redis for the whole fleet (answers the new
+    /// version), else in this process (answers 0). An unknown plan is
+    /// refused either way.
+    pub(crate) async fn change_quota(
+        &self,
+        by: &str,
+        tier: &str,
+        plan: Option<&str>,
+        setting: Option<QuotaSetting>,
+    ) -> Result<u64, ControlError> {
+        let i = self.tier_index(tier)?;
+        let shared = self.shared();
+        let configured = &shared.config.configured.tiers[i];
+        let configured_plan =
+            match plan {
+                None => None,
+                Some(p) => Some(configured.plans.iter().find(|c| &*c.name == p).ok_or_else(
+                    || ControlError::Invalid {
+                        field: "plan".to_owned(),
+                        reason: format!("tier \"{tier}\" has no plan \"{p}\""),
+                    },
+                )?),
+            };
+        let quota = setting
+            .as_ref()
+            .map(|s| crate::engine::quota_of(shared, i, s))
+            .transpose()?;
+        let quota = quota.unwrap_or_else(|| configured_plan.map_or(configured.quota, |p| p.quota));
+        let set = |runtime: &mut crate::engine::Runtime| {
+            match plan {
+                None => crate::engine::set_tier_quota(shared, runtime, i, quota),
+                Some(p) => crate::engine::set_plan_quota(shared, runtime, i, p, quota),
+            }
+            .map_err(|e| ControlError::from(crate::engine::Invalid::of(&e)))
+        };
+        // Checked here first, so that a refusal names the request's field.
+        set(&mut crate::engine::Runtime::clone(
+            &shared.live.runtime.load(),
+        ))?;
+        if control_hash_key(shared).is_some() {
+            return self.write_quota(by, tier, plan, setting).await;
+        }
+        let _serial = crate::engine::UPDATES
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut runtime = crate::engine::Runtime::clone(&shared.live.runtime.load());
+        set(&mut runtime)?;
+        shared.live.runtime.store(std::sync::Arc::new(runtime));
+        shared.guards.deny_cache.clear();
+        tracing::info!(target: crate::engine::CONTROL_LOG_TARGET, tier, plan, by, "quota changed in this process (no fleet-wide control key)");
+        Ok(0)
+    }
+
+    /// Writes a tier's or plan's quota (`None`: back to the configured one).
+    async fn write_quota(
+        &self,
+        by: &str,
+        tier: &str,
+        plan: Option<&str>,
+        setting: Option<QuotaSetting>,
+    ) -> Result<u64, ControlError> {
+        self.tier_index(tier)?;
+        crate::engine::write_settings(self.shared(), by, |doc: &mut Settings| {
+            let entry = doc.tiers.entry(tier.to_owned()).or_default();
+            match (plan, &setting) {
+                (None, s) => entry.quota.clone_from(s),
+                (Some(p), Some(s)) => {
+                    entry.plans.insert(p.to_owned(), s.clone());
+                }
+                (Some(p), None) => {
+                    entry.plans.remove(p);
+                }
+            }
+            if entry.quota.is_none() && entry.plans.is_empty() {
+                doc.tiers.remove(tier);
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Writes a list's entries.
+    async fn write_list(
+        &self,
+        by: &str,
+        name: ListName,
+        list: &AccessList,
+    ) -> Result<u64, ControlError> {
+        if list.has_predicates() {
+            return Err(ControlError::Invalid {
+                field: "predicate".to_owned(),
+                reason: "a list with predicates cannot be stored: predicates are code".to_owned(),
+            });
+        }
+        self.write_entries(by, name, list.entries()).await
+    }
+
+    /// Writes a list's entries (sorted, duplicates dropped).
+    async fn write_entries(
+        &self,
+        by: &str,
+        name: ListName,
+        entries: ListEntries,
+    ) -> Result<u64, ControlError> {
+        let entries = entries.normalized();
+        crate::engine::write_settings(self.shared(), by, |doc: &mut Settings| {
+            match name {
+                ListName::Allow => doc.allow = Some(entries.clone()),
+                ListName::Deny => doc.deny = Some(entries.clone()),
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Adds `add` to and removes `remove` from a list's entries (IPs
+    /// normalised as the list stores them; removing an absent entry is not
+    /// an error): with a control key on Redis for the whole fleet (answers
+    /// the new version), else in this process (answers 0).
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) async fn change_entries(
+        &self,
+        by: &str,
+        name: ListName,
+        add: &ListEntries,
+        remove: &ListEntries,
+    ) -> Result<u64, ControlError> {
+        let add = normalized_ips(add, "add")?;
+        let remove = normalized_ips(remove, "remove")?;
+        let edit = |base: ListEntries| -> ListEntries {
+            let mut e = base;
+            e.ips.extend(add.ips.iter().cloned());
+            e.api_keys.extend(add.api_keys.iter().cloned());
+            e.users.extend(add.users.iter().cloned());
+            e.ips.retain(|x| !remove.ips.contains(x));
+            e.api_keys.retain(|x| !remove.api_keys.contains(x));
+            e.users.retain(|x| !remove.users.contains(x));
+            e.normalized()
+        };
+        let shared = self.shared();
+        let Some((_, configured)) = shared.live.fleet.lists.get() else {
+            return Err(ControlError::Invalid {
+                field: "list".to_owned(),
+                reason: "this front door has no allow- or denylist".to_owned(),
+            });
+        };
+        if control_hash_key(shared).is_none() {
+            let current = match name {
+                ListName::Allow => self.allowlist_entries(),
+                ListName::Deny => self.denylist_entries(),
+            };
+            let base = match name {
+                ListName::Allow => &configured.allow,
+                ListName::Deny => &configured.deny,
+            };
+            let list = base
+                .with_entries(&edit(current))
+                .map_err(|(field, reason)| ControlError::Invalid { field, reason })?;
+            let _serial = crate::engine::UPDATES
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(cell) = &self.lists {
+                let mut lists = crate::rollout::Lists::clone(&cell.load());
+                match name {
+                    ListName::Allow => lists.allow = std::sync::Arc::new(list),
+                    ListName::Deny => lists.deny = std::sync::Arc::new(list),
+                }
+                cell.store(lists);
+            }
+            shared.guards.deny_cache.clear();
+            return Ok(0);
+        }
+        let (allow, deny) = (configured.allow.entries(), configured.deny.entries());
+        crate::engine::write_settings(shared, by, |doc: &mut Settings| {
+            match name {
+                ListName::Allow => {
+                    doc.allow = Some(edit(doc.allow.clone().unwrap_or_else(|| allow.clone())))
+                }
+                ListName::Deny => {
+                    doc.deny = Some(edit(doc.deny.clone().unwrap_or_else(|| deny.clone())))
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+/// `entries` with each IP written as the list stores it (`203.0.113.7` is
+/// `203.0.113.7/32`); the error names the entry (`add.ips[2]`).
+#[cfg_attr(not(feature = "admin"), allow(dead_code))]
+fn normalized_ips(entries: &ListEntries, what: &str) -> Result<ListEntries, ControlError> {
+    let parsed = AccessList::new()
+        .with_entries(&ListEntries {
+            ips: entries.ips.clone(),
+            ..ListEntries::default()
+        })
+        .map_err(|(field, reason)| ControlError::Invalid {
+            field: format!("{what}.{field}"),
+            reason,
+        })?;
+    let mut out = entries.clone();
+    out.ips = parsed.entries().ips;
+    Ok(out)
+}
