@@ -26,8 +26,8 @@ pub(crate) enum Planned {
     Failed(BackendError),
 }
 
-/// The steps before any tier: the global mode (with the control key's
-/// override), then the denylist, then the allowlist.
+/// The steps before any tier: the denylist, then the global mode (with the
+/// control key's override), then the allowlist.
 pub(crate) enum Gate {
     /// The global mode is off.
     Off,
@@ -37,16 +37,18 @@ pub(crate) enum Gate {
     Tiers(Mode),
 }
 
+///
+/// The global `off` (the kill switch) stops the limiter, not the denylist:
+/// a denylisted client is still refused (a kill switch is for a limiter
+/// that misbehaves; a denylist is an operator's explicit abuse control, and
+/// a wrong entry is removed on its own, fleet-wide with a control key).
 pub(crate) fn gate(rt: &Runtime, ov: &ModeOverrides, facts: &impl Facts) -> Gate {
     let global = ov.mode.unwrap_or(rt.mode);
-    if global == Mode::Off {
-        Gate::Off
-    } else {
-        match facts.standing() {
-            Standing::Denied(status) => Gate::Denylisted(status),
-            Standing::Allowed => Gate::Allowlisted,
-            Standing::Unlisted => Gate::Tiers(global),
-        }
+    match facts.standing() {
+        Standing::Denied(status) => Gate::Denylisted(status),
+        _ if global == Mode::Off => Gate::Off,
+        Standing::Allowed => Gate::Allowlisted,
+        Standing::Unlisted => Gate::Tiers(global),
     }
 }
 

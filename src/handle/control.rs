@@ -33,6 +33,13 @@
 //! with the first request the layer sees) and stops when the layer is
 //! dropped.
 //!
+//! Two more fields carry the **fleet-wide settings**: `settings_version`
+//! and `settings`, the quotas, plan quotas and list entries changed at run
+//! time (written by
+//! [`RateLimitHandle::set_fleet_quota`](crate::RateLimitHandle::set_fleet_quota)
+//! and its siblings, or the admin API, never by hand), applied by every
+//! instance at its next poll; see docs/rollout.md, "Fleet-wide settings".
+//!
 //! [`RateLimitHandle::set_fleet_mode`](crate::RateLimitHandle::set_fleet_mode)
 //! writes the hash (what the admin page's buttons do when a control key is
 //! configured), then reads it back and applies it to its own process at

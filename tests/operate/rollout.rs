@@ -308,6 +308,28 @@ async fn denylist_refuses_first(env: Env) {
             "{body}"
         );
     }
+    // The kill switch stops the limiter, not the denylist.
+    let layer = env
+        .builder()
+        .denylist(AccessList::new().user("mallory"), DenyStatus::Forbidden)
+        .tier(Tier::new("global", Global, Quota::per_minute(1)))
+        .mode(Mode::Off)
+        .build()
+        .unwrap();
+    let handle = layer.handle();
+    let addr = serve(app(layer)).await;
+    let as_user = |user: &'static str| {
+        client()
+            .get(format!("http://{addr}/"))
+            .header("authorization", format!("Bearer {user}"))
+            .send()
+    };
+    for _ in 0..3 {
+        assert_eq!(limits(&as_user("alice").await.unwrap()), NO_LIMITS);
+        assert_eq!(as_user("mallory").await.unwrap().status(), 403);
+    }
+    assert_eq!(handle.counts().denylisted, 3);
+    assert_eq!(handle.counts().skipped, 3);
 }
 
 async fn plans_pick_the_quota_and_change_at_run_time(env: Env) {
