@@ -230,6 +230,7 @@ impl Admin {
             .route("/api/overrides/{tier}", get(overrides::api_list))
             .route("/api/overrides", post(overrides::api_set))
             .route("/api/overrides/remove", post(overrides::api_remove))
+            .route("/settings", post(settings::form_settings))
             .route("/api/quota", post(settings::api_quota))
             .route("/api/quota/reset", post(settings::api_quota_reset))
             .route(

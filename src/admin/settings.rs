@@ -4,12 +4,12 @@
 //! one poll interval); without one it changes this process.
 
 use super::api::status_json;
+use super::form::form_pairs;
 use super::mode::scope;
-use super::reply::{error, json_body, json_response};
+use super::reply::{base_of, error, json_body, json_response, page_path, read_body, see_other};
 use super::Admin;
 use crate::engine::{ControlError, QuotaSetting};
-use crate::handle::ListName;
-use crate::rollout::ListEntries;
+use crate::rollout::{ListEntries, ListKind};
 use axum::extract::{Request, State};
 use axum::response::Response;
 use http::StatusCode;
@@ -152,8 +152,8 @@ pub(super) async fn api_lists_change(State(admin): State<Arc<Admin>>, req: Reque
         Err(res) => return res,
     };
     let name = match c.list.as_str() {
-        "allow" => ListName::Allow,
-        "deny" => ListName::Deny,
+        "allow" => ListKind::Allow,
+        "deny" => ListKind::Deny,
         other => {
             return refused(
                 "invalid_list",
@@ -172,5 +172,122 @@ pub(super) async fn api_lists_change(State(admin): State<Arc<Admin>>, req: Reque
     {
         Ok(_) => json_response(StatusCode::OK, &lists_json(&admin)),
         Err(e) => refused("invalid_list", &e),
+    }
+}
+
+/// The page's quota and list forms (`action=quota`: `tier`, `plan`,
+/// `limit`, `period`, `burst`, `op` = `set` or `reset`; `action=list`:
+/// `list`, `kind` = `ip`, `user` or `api_key`, `value`, `op` = `add` or
+/// `remove`), answered with a redirect back to the page, or the API's
+/// error.
+pub(super) async fn form_settings(State(admin): State<Arc<Admin>>, req: Request) -> Response {
+    let base = base_of(&req);
+    let body = match read_body(req).await {
+        Ok(b) => b,
+        Err(res) => return res,
+    };
+    let Ok(body) = std::str::from_utf8(&body) else {
+        return error(StatusCode::BAD_REQUEST, "invalid_body", "not UTF-8");
+    };
+    let pairs = form_pairs(body);
+    let field = |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.trim())
+            .filter(|v| !v.is_empty())
+    };
+    let by = "admin page";
+    let done = match (field("action"), field("op")) {
+        (Some("quota"), Some(op @ ("set" | "reset"))) => {
+            let Some(tier) = field("tier") else {
+                return error(StatusCode::BAD_REQUEST, "invalid_body", "tier: missing");
+            };
+            let setting = if op == "set" {
+                let limit = match field("limit").map(str::parse::<u64>) {
+                    Some(Ok(l)) => l,
+                    _ => {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_quota",
+                            "limit: a whole number",
+                        )
+                    }
+                };
+                let burst = match field("burst").map(str::parse::<u64>) {
+                    None => None,
+                    Some(Ok(b)) => Some(b),
+                    Some(Err(_)) => {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_quota",
+                            "burst: a whole number",
+                        )
+                    }
+                };
+                Some(QuotaSetting {
+                    limit,
+                    period: field("period").unwrap_or("").to_owned(),
+                    burst,
+                })
+            } else {
+                None
+            };
+            admin
+                .handle
+                .change_quota(by, tier, field("plan"), setting)
+                .await
+                .map_err(|e| refused("invalid_quota", &e))
+        }
+        (Some("list"), Some(op @ ("add" | "remove"))) => {
+            let kind = match field("list") {
+                Some("allow") => ListKind::Allow,
+                Some("deny") => ListKind::Deny,
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_list",
+                        "list: allow or deny",
+                    )
+                }
+            };
+            let Some(value) = field("value") else {
+                return error(StatusCode::BAD_REQUEST, "invalid_list", "value: missing");
+            };
+            let entry = match field("kind") {
+                Some("ip") => Entry::Ip(value.to_owned()),
+                Some("user") => Entry::User(value.to_owned()),
+                Some("api_key") => Entry::ApiKey(value.to_owned()),
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_list",
+                        "kind: ip, user or api_key",
+                    )
+                }
+            };
+            let (one, none) = (entries(vec![entry]), ListEntries::default());
+            let (add, remove) = if op == "add" {
+                (&one, &none)
+            } else {
+                (&none, &one)
+            };
+            admin
+                .handle
+                .change_entries(by, kind, add, remove)
+                .await
+                .map_err(|e| refused("invalid_list", &e))
+        }
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_action",
+                "action=quota with op=set|reset, or action=list with op=add|remove",
+            )
+        }
+    };
+    match done {
+        Ok(_) => see_other(page_path(&base)),
+        Err(res) => res,
     }
 }

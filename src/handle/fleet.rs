@@ -5,15 +5,7 @@
 use super::RateLimitHandle;
 use crate::engine::{control_hash_key, ControlError, QuotaSetting, Settings};
 use crate::quota::Quota;
-use crate::rollout::{AccessList, ListEntries};
-
-/// Which list a fleet-wide change is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "admin"), allow(dead_code))]
-pub(crate) enum ListName {
-    Allow,
-    Deny,
-}
+use crate::rollout::{AccessList, ListEntries, ListKind};
 
 impl RateLimitHandle {
     /// Sets a tier's quota (`plan` `None`) or one of its plans' quota for
@@ -23,7 +15,9 @@ impl RateLimitHandle {
     /// Checked as `build()` checks a quota, against the configured tier
     /// (an unknown tier or plan, a limit of 0, a burst below the cost:
     /// nothing is written). A calendar tier keeps its calendar: only the
-    /// limit (and burst) of `quota` count. Answers the new settings version.
+    /// limit (and burst) of `quota` count. `by` (who makes the change) is
+    /// stored with it and logged at `info` with the new version. Answers
+    /// the new settings version.
     ///
     /// # Errors
     /// [`ControlError::NotConfigured`] without a control key on Redis (use
@@ -35,13 +29,14 @@ impl RateLimitHandle {
         tier: &str,
         plan: Option<&str>,
         quota: Quota,
+        by: &str,
     ) -> Result<u64, ControlError> {
         let i = self.tier_index(tier)?;
         if control_hash_key(self.shared()).is_none() {
             return Err(ControlError::NotConfigured);
         }
         let setting = crate::engine::setting_of(self.shared(), i, quota);
-        self.change_quota("handle", tier, plan, Some(setting)).await
+        self.change_quota(by, tier, plan, Some(setting)).await
     }
 
     /// Gives a tier (`plan` `None`) or one of its plans its configured quota
@@ -53,12 +48,13 @@ impl RateLimitHandle {
         &self,
         tier: &str,
         plan: Option<&str>,
+        by: &str,
     ) -> Result<u64, ControlError> {
         self.tier_index(tier)?;
         if control_hash_key(self.shared()).is_none() {
             return Err(ControlError::NotConfigured);
         }
-        self.change_quota("handle", tier, plan, None).await
+        self.change_quota(by, tier, plan, None).await
     }
 
     /// Replaces the allowlist's networks, API keys and users for the whole
@@ -68,8 +64,12 @@ impl RateLimitHandle {
     /// # Errors
     /// [`ControlError::Invalid`] for a list with predicates (code cannot be
     /// stored), else as [`set_fleet_quota`](Self::set_fleet_quota).
-    pub async fn set_fleet_allowlist(&self, list: AccessList) -> Result<u64, ControlError> {
-        self.write_list("handle", ListName::Allow, &list).await
+    pub async fn set_fleet_allowlist(
+        &self,
+        list: AccessList,
+        by: &str,
+    ) -> Result<u64, ControlError> {
+        self.write_list(by, ListKind::Allow, &list).await
     }
 
     /// Like [`set_fleet_allowlist`](Self::set_fleet_allowlist), for the
@@ -77,8 +77,34 @@ impl RateLimitHandle {
     ///
     /// # Errors
     /// As [`set_fleet_allowlist`](Self::set_fleet_allowlist).
-    pub async fn set_fleet_denylist(&self, list: AccessList) -> Result<u64, ControlError> {
-        self.write_list("handle", ListName::Deny, &list).await
+    pub async fn set_fleet_denylist(
+        &self,
+        list: AccessList,
+        by: &str,
+    ) -> Result<u64, ControlError> {
+        self.write_list(by, ListKind::Deny, &list).await
+    }
+
+    /// Adds `add` to and removes `remove` from a list's networks, API keys
+    /// and users, for the whole fleet, in one change (IPs as the list
+    /// stores them: `203.0.113.7` is `203.0.113.7/32`; removing an absent
+    /// entry is no error). Answers the new settings version.
+    ///
+    /// # Errors
+    /// [`ControlError::NotConfigured`] without a control key on Redis,
+    /// [`ControlError::Invalid`] naming the entry (`add.ips[0]`), else as
+    /// [`set_fleet_quota`](Self::set_fleet_quota).
+    pub async fn change_fleet_list(
+        &self,
+        list: ListKind,
+        add: &ListEntries,
+        remove: &ListEntries,
+        by: &str,
+    ) -> Result<u64, ControlError> {
+        if control_hash_key(self.shared()).is_none() {
+            return Err(ControlError::NotConfigured);
+        }
+        self.change_entries(by, list, add, remove).await
     }
 
     /// The fleet-wide settings version this instance applies: 0 for the
@@ -216,7 +242,7 @@ impl RateLimitHandle {
     async fn write_list(
         &self,
         by: &str,
-        name: ListName,
+        name: ListKind,
         list: &AccessList,
     ) -> Result<u64, ControlError> {
         if list.has_predicates() {
@@ -232,14 +258,14 @@ impl RateLimitHandle {
     async fn write_entries(
         &self,
         by: &str,
-        name: ListName,
+        name: ListKind,
         entries: ListEntries,
     ) -> Result<u64, ControlError> {
         let entries = entries.normalized();
         crate::engine::write_settings(self.shared(), by, |doc: &mut Settings| {
             match name {
-                ListName::Allow => doc.allow = Some(entries.clone()),
-                ListName::Deny => doc.deny = Some(entries.clone()),
+                ListKind::Allow => doc.allow = Some(entries.clone()),
+                ListKind::Deny => doc.deny = Some(entries.clone()),
             }
             Ok(())
         })
@@ -250,11 +276,10 @@ impl RateLimitHandle {
     /// normalised as the list stores them; removing an absent entry is not
     /// an error): with a control key on Redis for the whole fleet (answers
     /// the new version), else in this process (answers 0).
-    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) async fn change_entries(
         &self,
         by: &str,
-        name: ListName,
+        name: ListKind,
         add: &ListEntries,
         remove: &ListEntries,
     ) -> Result<u64, ControlError> {
@@ -279,12 +304,12 @@ impl RateLimitHandle {
         };
         if control_hash_key(shared).is_none() {
             let current = match name {
-                ListName::Allow => self.allowlist_entries(),
-                ListName::Deny => self.denylist_entries(),
+                ListKind::Allow => self.allowlist_entries(),
+                ListKind::Deny => self.denylist_entries(),
             };
             let base = match name {
-                ListName::Allow => &configured.allow,
-                ListName::Deny => &configured.deny,
+                ListKind::Allow => &configured.allow,
+                ListKind::Deny => &configured.deny,
             };
             let list = base
                 .with_entries(&edit(current))
@@ -295,8 +320,8 @@ impl RateLimitHandle {
             if let Some(cell) = &self.lists {
                 let mut lists = crate::rollout::Lists::clone(&cell.load());
                 match name {
-                    ListName::Allow => lists.allow = std::sync::Arc::new(list),
-                    ListName::Deny => lists.deny = std::sync::Arc::new(list),
+                    ListKind::Allow => lists.allow = std::sync::Arc::new(list),
+                    ListKind::Deny => lists.deny = std::sync::Arc::new(list),
                 }
                 cell.store(lists);
             }
@@ -306,10 +331,10 @@ impl RateLimitHandle {
         let (allow, deny) = (configured.allow.entries(), configured.deny.entries());
         crate::engine::write_settings(shared, by, |doc: &mut Settings| {
             match name {
-                ListName::Allow => {
+                ListKind::Allow => {
                     doc.allow = Some(edit(doc.allow.clone().unwrap_or_else(|| allow.clone())))
                 }
-                ListName::Deny => {
+                ListKind::Deny => {
                     doc.deny = Some(edit(doc.deny.clone().unwrap_or_else(|| deny.clone())))
                 }
             }
@@ -321,7 +346,6 @@ impl RateLimitHandle {
 
 /// `entries` with each IP written as the list stores it (`203.0.113.7` is
 /// `203.0.113.7/32`); the error names the entry (`add.ips[2]`).
-#[cfg_attr(not(feature = "admin"), allow(dead_code))]
 fn normalized_ips(entries: &ListEntries, what: &str) -> Result<ListEntries, ControlError> {
     let parsed = AccessList::new()
         .with_entries(&ListEntries {

@@ -13,8 +13,6 @@
 mod changes;
 mod fleet;
 
-#[cfg(feature = "admin")]
-pub(crate) use fleet::ListName;
 pub mod control;
 pub mod inspect;
 pub mod overrides;
@@ -81,6 +79,8 @@ pub struct TierStatus {
     pub quota: Quota,
     /// Its algorithm.
     pub algorithm: Algorithm,
+    /// A calendar quota's period (`None`: a duration).
+    pub calendar: Option<crate::algorithm::CalendarPeriod>,
     /// Per-plan quotas.
     pub plans: Vec<(String, Quota)>,
     /// Whether the tier has a penalty box ([`Penalty`](crate::Penalty)).
@@ -197,6 +197,7 @@ impl RateLimitHandle {
                     .under(global),
                 quota: r.quota,
                 algorithm: t.algorithm,
+                calendar: t.calendar.as_ref().map(|c| c.calendar.period()),
                 penalty: t.penalty.is_some(),
                 overrides: t.overrides,
                 plans: r

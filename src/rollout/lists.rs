@@ -192,6 +192,15 @@ pub struct ListEntries {
     pub users: Vec<String>,
 }
 
+/// Which of a front door's two lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListKind {
+    /// The allowlist.
+    Allow,
+    /// The denylist.
+    Deny,
+}
+
 impl ListEntries {
     /// Sorted, without duplicates (the form stored and compared).
     pub(crate) fn normalized(mut self) -> Self {

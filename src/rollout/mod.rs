@@ -26,7 +26,7 @@
 
 mod lists;
 
-pub use lists::{AccessList, DenyStatus, ListEntries};
+pub use lists::{AccessList, DenyStatus, ListEntries, ListKind};
 pub(crate) use lists::{AccessLists, Lists, Standing};
 
 use serde::de::{self, Deserializer};

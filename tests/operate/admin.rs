@@ -615,8 +615,8 @@ async fn page_without_control_key_names_this_instance() {
     env.clock.advance(Duration::from_secs(65));
     let html = page_html(addr).await;
     let scope = format!(r#"<span class="scope">{}</span>"#, this_instance());
-    // Kill switch, global mode, and one per tier.
-    assert_eq!(html.matches(&scope).count(), 4, "{html}");
+    // Kill switch, global mode, one per tier, the quota and list forms.
+    assert_eq!(html.matches(&scope).count(), 6, "{html}");
     assert!(!html.contains("all instances"), "{html}");
     assert!(
         html.contains(r#"<meta http-equiv="refresh" content="15">"#),
@@ -660,7 +660,9 @@ async fn page_with_control_key_switches_all_instances() {
     let (h, addr) = start(layer).await;
     let html = page_html(addr).await;
     let scope = r#"<span class="scope">all instances (control key <code>rl:control</code>)</span>"#;
-    assert_eq!(html.matches(scope).count(), 3, "{html}");
+    // The kill switch, the global mode, the tier's mode, the quota form
+    // and the list form.
+    assert_eq!(html.matches(scope).count(), 5, "{html}");
     assert!(!html.contains("this instance"), "{html}");
     let (_, status) = api_get(addr, "/api/status").await;
     assert_eq!(status["mode_changes_apply_to"], "all instances");

@@ -181,7 +181,7 @@ async fn a_quota_changed_through_one_instance_is_answered_by_all_within_a_poll()
     // A plan's quota, through the handle of B.
     assert_eq!(
         b.handle
-            .set_fleet_quota("ip", Some("free"), Quota::per_minute(7))
+            .set_fleet_quota("ip", Some("free"), Quota::per_minute(7), "test")
             .await
             .unwrap(),
         2
@@ -297,7 +297,7 @@ async fn a_restarted_instance_serves_the_stored_settings() {
     let a = node(&redis, &clock).await;
     assert_eq!(
         a.handle
-            .set_fleet_quota("ip", None, Quota::per_minute(20))
+            .set_fleet_quota("ip", None, Quota::per_minute(20), "test")
             .await
             .unwrap(),
         1
@@ -321,7 +321,7 @@ async fn a_malformed_stored_value_is_ignored_everywhere() {
     let clock = ManualClock::new(T0_US);
     let (a, b) = (node(&redis, &clock).await, node(&redis, &clock).await);
     a.handle
-        .set_fleet_quota("ip", None, Quota::per_minute(10))
+        .set_fleet_quota("ip", None, Quota::per_minute(10), "test")
         .await
         .unwrap();
     one_poll().await;
@@ -414,7 +414,7 @@ async fn two_writers_at_once_lose_nothing() {
         for i in 1..=10 {
             v.push(
                 a.handle
-                    .set_fleet_quota("ip", None, Quota::per_minute(100 + i))
+                    .set_fleet_quota("ip", None, Quota::per_minute(100 + i), "a")
                     .await
                     .unwrap(),
             );
@@ -426,7 +426,7 @@ async fn two_writers_at_once_lose_nothing() {
         for i in 1..=10 {
             v.push(
                 b.handle
-                    .set_fleet_allowlist(AccessList::new().user(format!("bot-{i}")))
+                    .set_fleet_allowlist(AccessList::new().user(format!("bot-{i}")), "b")
                     .await
                     .unwrap(),
             );
@@ -443,4 +443,85 @@ async fn two_writers_at_once_lose_nothing() {
         assert_eq!(n.handle.tiers()[0].quota, Quota::per_minute(110));
         assert_eq!(n.handle.allowlist_entries().users, ["bot-10"]);
     }
+}
+
+/// The page's forms: a quota set and a denylist entry added through the
+/// page reach the other instance, and the page shows the version and the
+/// entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_changes_quotas_and_lists_for_the_fleet() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let (a, b) = (node(&redis, &clock).await, node(&redis, &clock).await);
+    let raw = client_builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let form = |pairs: &'static [(&'static str, &'static str)]| {
+        raw.post(format!("http://{}{BASE}/settings", a.addr))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(
+                pairs
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", v.replace('/', "%2F")))
+                    .collect::<Vec<_>>()
+                    .join("&"),
+            )
+            .send()
+    };
+    let res = form(&[
+        ("action", "quota"),
+        ("tier", "ip"),
+        ("plan", ""),
+        ("limit", "12"),
+        ("period", "1m"),
+        ("burst", ""),
+        ("op", "set"),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let res = form(&[
+        ("action", "list"),
+        ("list", "deny"),
+        ("kind", "user"),
+        ("value", "mallory"),
+        ("op", "add"),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    let res = form(&[
+        ("action", "quota"),
+        ("tier", "ip"),
+        ("limit", "0"),
+        ("period", "1m"),
+        ("op", "set"),
+    ])
+    .await
+    .unwrap();
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(res.json::<Value>().await.unwrap()["field"], "limit");
+    one_poll().await;
+    assert_eq!(versions(&[&a, &b]), [2, 2]);
+    assert_eq!(get(b.addr, None).await.limit, Some(12));
+    let page = client()
+        .get(format!("http://{}{BASE}", b.addr))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(r#"<p class="muted" id="settings-version">settings version 2</p>"#),
+        "{page}"
+    );
+    assert!(
+        page.contains("<p><strong>denylist</strong>: user mallory</p>"),
+        "{page}"
+    );
+    assert!(page.contains("all instances (control key <code>rl:control</code>)"));
 }
