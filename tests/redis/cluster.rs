@@ -1392,3 +1392,63 @@ async fn control_key_follows_its_slot() {
     assert_eq!(get(&c, &a).await.remaining, Some(97));
     assert_eq!(get(&c, &b).await.remaining, Some(96));
 }
+
+/// Fleet-wide settings on a cluster: the compare-and-set script runs on the
+/// node of the control key's slot, the other instance applies the change
+/// at its next poll, and both keep writing after the slot moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_settings_follow_the_control_keys_slot() {
+    use tiered_ratelimit::handle::control::ControlKey;
+    let cluster = RedisCluster::start(0);
+    let s = Scn::new(&cluster, "set");
+    let poll = Duration::from_millis(50);
+    let mk = || {
+        s.builder()
+            .control_key(ControlKey::new("set:control").poll_interval(poll))
+            .tier(Tier::new("global", Global, Quota::per_hour(100)))
+            .build()
+            .unwrap()
+    };
+    let (la, lb) = (mk(), mk());
+    let (ha, hb) = (la.handle(), lb.handle());
+    let b = format!("http://{}/", serve(app(lb)).await);
+    let _a = serve(app(la)).await;
+    let c = client();
+    assert_eq!(get(&c, &b).await.limit, Some(100));
+    let wait_for = |h: &tiered_ratelimit::RateLimitHandle, v: u64| {
+        let h = h.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while h.settings_version() != v {
+                assert!(Instant::now() < deadline, "version {v} not applied");
+                tokio::time::sleep(poll / 4).await;
+            }
+        }
+    };
+    assert_eq!(
+        ha.set_fleet_quota("global", None, Quota::per_hour(200), "test")
+            .await
+            .unwrap(),
+        1
+    );
+    let stored: Option<String> =
+        cluster.cmd_for_key("set:control", &["HGET", "set:control", "settings_version"]);
+    assert_eq!(stored.as_deref(), Some("1"));
+    wait_for(&hb, 1).await;
+    assert_eq!(get(&c, &b).await.limit, Some(200));
+
+    let slot = cluster.keyslot("set:control");
+    let from = cluster.primary_of("set:control");
+    let to = cluster
+        .primaries()
+        .into_iter()
+        .find(|p| *p != from)
+        .unwrap();
+    assert_eq!(cluster.migrate_slot(slot, to, 10, Duration::ZERO), 1);
+    assert_eq!(
+        ha.reset_fleet_quota("global", None, "test").await.unwrap(),
+        2
+    );
+    wait_for(&hb, 2).await;
+    assert_eq!(get(&c, &b).await.limit, Some(100));
+}
