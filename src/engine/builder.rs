@@ -14,7 +14,7 @@ use crate::backend::Backend;
 use crate::engine::breaker::CircuitBreaker;
 use crate::engine::runtime::FailurePolicy;
 use crate::engine::watch::ControlKey;
-use crate::observe::anomaly::AnomalyConfig;
+use crate::observe::AnomalyConfig;
 use crate::response::HeaderStyle;
 use crate::rollout::Mode;
 use std::fmt;
@@ -208,7 +208,7 @@ impl EngineBuilder {
         self
     }
 
-    /// The 429-rate baseline and its alert (see [`crate::observe::anomaly`]).
+    /// The 429-rate baseline and its alert (see [`AnomalyConfig`]).
     pub fn anomaly(mut self, config: AnomalyConfig) -> Self {
         self.anomaly = config;
         self
@@ -233,7 +233,7 @@ impl EngineBuilder {
         self
     }
 
-    /// Polls a fleet-wide control hash in Redis (see [`crate::handle::control`]);
+    /// Polls a fleet-wide control hash in Redis (see [`handle`](crate::handle#the-fleet-wide-control-key));
     /// Redis backends only (ignored by the memory backend). The watcher
     /// starts when the engine is built inside a Tokio runtime, else with
     /// its first request.

@@ -8,7 +8,7 @@ use crate::engine::EngineBuilder;
 use crate::engine::FailurePolicy;
 use crate::http::tier::Tier;
 use crate::key::ClientIp;
-use crate::observe::anomaly::AnomalyConfig;
+use crate::observe::AnomalyConfig;
 use crate::response::{HeaderStyle, JsonRejection, OnRejection};
 use crate::rollout::{AccessList, DenyStatus, Mode};
 use std::fmt;
@@ -188,7 +188,7 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// The 429-rate baseline and its alert (see [`crate::observe::anomaly`]).
+    /// The 429-rate baseline and its alert (see [`AnomalyConfig`]).
     ///
     /// See [`EngineBuilder::anomaly`].
     pub fn anomaly(mut self, config: AnomalyConfig) -> Self {
@@ -219,7 +219,7 @@ impl RateLimitLayerBuilder {
         self
     }
 
-    /// Polls a fleet-wide control hash in Redis (see [`crate::handle::control`]);
+    /// Polls a fleet-wide control hash in Redis (see [`handle`](crate::handle#the-fleet-wide-control-key));
     /// Redis backends only (ignored by the memory backend).
     ///
     /// See [`EngineBuilder::control_key`].
