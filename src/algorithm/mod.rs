@@ -25,11 +25,11 @@ pub(crate) mod sliding_window_counter;
 pub(crate) mod sliding_window_log;
 pub(crate) mod token_bucket;
 
+#[cfg(not(feature = "calendar"))]
+pub(crate) use calendar::Calendar;
 #[cfg(feature = "calendar")]
 #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
 pub use calendar::{time_zone_names, Calendar};
-#[cfg(not(feature = "calendar"))]
-pub(crate) use calendar::Calendar;
 pub use calendar::{CalendarError, CalendarPeriod, CalendarWindow};
 pub use concurrency::{Concurrency, SlotState, DEFAULT_SLOT_TTL_US, RETRY_ESTIMATE_US};
 pub use fixed_window::FixedWindowState;

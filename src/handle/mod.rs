@@ -109,7 +109,7 @@
 //!
 //! Fields: `mode` (the global mode) and `tier:<name>` (a tier's mode), with
 //! values `enforce`, `shadow`, `off` or `canary:<0-100>`. A field present
-//! overrides the configured mode (and any [`RateLimitHandle`](crate::RateLimitHandle)
+//! overrides the configured mode (and any [`RateLimitHandle`]
 //! change) on every instance within one poll interval (default 5 s); a field
 //! removed gives the configured mode back. A malformed field (unknown mode,
 //! unknown tier) is logged at `error` and ignored — the last good value of
@@ -488,7 +488,7 @@ impl RateLimitHandle {
     }
 
     /// The fleet-wide control hash's Redis key, when the layer polls one (a
-    /// [`ControlKey`](crate::handle::ControlKey) and a Redis backend): where
+    /// [`ControlKey`] and a Redis backend): where
     /// [`set_fleet_mode`](Self::set_fleet_mode) writes.
     pub fn fleet_control_key(&self) -> Option<&str> {
         crate::engine::control_hash_key(&self.shared)
