@@ -55,7 +55,7 @@ macro_rules! engine_settings {
 
             /// What to do when the backend cannot decide (default
             /// [`FailurePolicy::Open`](crate::FailurePolicy::Open)).
-            fn failure_policy(self, policy: crate::FailurePolicy) {
+            fn failure_policy(self, policy: crate::engine::FailurePolicy) {
                 self.failure_policy = policy;
             }
 
@@ -91,7 +91,7 @@ macro_rules! engine_settings {
 
             /// The circuit breaker in front of the backend (default: open after 5
             /// consecutive failures, probe every 500 ms; `failures: 0` disables it).
-            fn circuit_breaker(self, breaker: crate::CircuitBreaker) {
+            fn circuit_breaker(self, breaker: crate::engine::CircuitBreaker) {
                 self.circuit_breaker = breaker;
             }
 
@@ -136,7 +136,7 @@ macro_rules! engine_settings {
             /// Redis backends only (ignored by the memory backend). The watcher
             /// starts when the engine is built inside a Tokio runtime, else with
             /// its first request.
-            fn control_key(self, control: crate::handle::ControlKey) {
+            fn control_key(self, control: crate::engine::ControlKey) {
                 self.control = Some(control);
             }
 
