@@ -45,7 +45,7 @@ use std::{error::Error, net::SocketAddr, time::Duration};
 use tiered_ratelimit::{
     admin,
     key::{ApiKey, Endpoint, Global, User, UserId},
-    observe::anomaly::AnomalyConfig,
+    observe::AnomalyConfig,
     rollout::Mode,
     Quota, RateLimitLayer, Tier,
 };

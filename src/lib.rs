@@ -47,7 +47,7 @@
 //!   request skips the `user` tier); a request no tier applies to passes
 //!   untouched, without headers.
 //! * Token bucket: capacity = burst (default = limit), refill = limit / period,
-//!   in exact integer arithmetic ([`algorithm::token_bucket`]).
+//!   in exact integer arithmetic ([`algorithm::TokenBucket`]).
 //! * Time: Redis scripts read Redis `TIME`; the memory backend uses a
 //!   monotonic clock.
 //! * Storage keys: `<prefix>:<tier>:<key part>`, the key part escaped or
@@ -61,21 +61,18 @@
 #![cfg_attr(feature = "document-features", doc = document_features::document_features!())]
 //!
 //! # One path per type
-//! Every public type has one path, the module that defines it, except these
-//! documented re-exports:
-//! * the crate root re-exports what a layer is built from: the layer, its
-//!   builder, service, future and body ([`RateLimitLayer`], …), [`Tier`],
-//!   [`Quota`], [`Algorithm`], [`Penalty`] (also
-//!   [`algorithm::penalty::Penalty`], beside the penalty box's model),
-//!   [`FailurePolicy`], [`CircuitBreaker`], the [`EngineBuilder`] and the
-//!   errors; and [`RateLimitHandle`], which [`RateLimitLayer::handle`]
-//!   returns (its module, [`handle`], is the control plane: peek, reset and
-//!   lift in [`handle::inspect`], per-key quotas in [`handle::overrides`],
-//!   the fleet-wide control key in [`handle::control`]);
-//! * [`algorithm`] re-exports each algorithm's types from its module (the
-//!   module is the documented model: `algorithm::TokenBucket` is
-//!   `algorithm::token_bucket::TokenBucket`);
-//! * [`token_lease`] is lease mode's contract (its settings and guarantees).
+//! Every public item has one path, in the module of its concept ([`key`],
+//! [`rollout`], [`response`], [`handle`], [`observe`], [`algorithm`], …),
+//! or at the crate root for what a layer is built from: the layer, its
+//! builder, service, future and body ([`RateLimitLayer`], …), [`Tier`],
+//! [`Quota`], [`Algorithm`], [`Penalty`], [`FailurePolicy`],
+//! [`CircuitBreaker`], the [`EngineBuilder`] and the errors. One documented
+//! re-export is the exception: [`RateLimitHandle`], which
+//! [`RateLimitLayer::handle`] returns, is at the root as well as in its
+//! module, [`handle`] (the control plane: peek, reset and lift, per-key
+//! overrides, the fleet-wide control key). [`algorithm`] holds the pure
+//! models' types (`algorithm::TokenBucket`, `algorithm::Gcra`, …) and
+//! [`token_lease`] is lease mode's contract (its settings and guarantees).
 //!
 //! Items that exist only for this crate's tests (a TTL slack for Redis on a
 //! manual clock, raw refunds of a backend's charges, abandoning leases) are

@@ -48,7 +48,7 @@ use std::time::Duration;
 /// quota; the bounds keep both backends giving the same answers. Per tier
 /// (periods in microseconds; `unit` = period / gcd(limit, period) and
 /// `rate` = limit / gcd(limit, period), see
-/// [`algorithm::token_bucket`](crate::algorithm::token_bucket)):
+/// [`algorithm::TokenBucket`](crate::algorithm::TokenBucket)):
 ///
 /// | algorithm | bound | why |
 /// |---|---|---|

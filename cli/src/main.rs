@@ -340,8 +340,8 @@ fn fleet_handle(t: &OverrideTarget) -> Result<tiered_ratelimit::RateLimitHandle,
     Ok(layer.handle())
 }
 
-fn parse_rule(s: &str) -> Result<tiered_ratelimit::handle::overrides::Override, String> {
-    use tiered_ratelimit::handle::overrides::Override;
+fn parse_rule(s: &str) -> Result<tiered_ratelimit::handle::Override, String> {
+    use tiered_ratelimit::handle::Override;
     match s {
         "unlimited" => Ok(Override::Unlimited),
         "blocked" => Ok(Override::Blocked),

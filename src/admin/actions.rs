@@ -6,7 +6,7 @@ use super::form::form_pairs;
 use super::mode::apply_mode;
 use super::reply::{base_of, error, page_path, read_body, see_other};
 use super::Admin;
-use crate::handle::inspect::InspectError;
+use crate::handle::InspectError;
 use axum::extract::{Request, State};
 use axum::response::Response;
 use http::StatusCode;
@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 /// A rule as the page's form writes it: `unlimited`, `blocked`, or
 /// `<limit>/<period>` (humantime).
-fn form_rule(s: &str) -> Option<crate::handle::overrides::Override> {
-    use crate::handle::overrides::Override;
+fn form_rule(s: &str) -> Option<crate::handle::Override> {
+    use crate::handle::Override;
     match s.trim() {
         "unlimited" => Some(Override::Unlimited),
         "blocked" => Some(Override::Blocked),
@@ -40,7 +40,7 @@ async fn form_override(
     key: &str,
     fields: &[(String, String)],
 ) -> Response {
-    use crate::handle::overrides::OverrideError;
+    use crate::handle::OverrideError;
     let field = |name: &str| {
         fields
             .iter()

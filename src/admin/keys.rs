@@ -1,11 +1,11 @@
 //! One key's numbers and its reset: `GET /api/peek/{tier}?key=…` and
-//! `POST /api/reset` (see [`crate::handle::inspect`]). A key is typed in either
+//! `POST /api/reset` (see [`handle`](crate::handle#peek-reset-and-lift)). A key is typed in either
 //! form (as the page shows it, or as stored); answers name its stored form.
 
 use super::form::form_pairs;
 use super::reply::{error, json_body, json_response, unknown_tier, TierKey, TIER_KEY};
 use super::Admin;
-use crate::handle::inspect::{InspectError, KeyStatus};
+use crate::handle::{InspectError, KeyStatus};
 use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use http::StatusCode;

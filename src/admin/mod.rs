@@ -23,7 +23,7 @@
 //! Everything below is relative to where the router is mounted.
 //!
 //! **Where mode changes apply.** With a fleet control key (a
-//! [`ControlKey`](crate::handle::control::ControlKey) on a Redis backend), `POST /mode` and
+//! [`ControlKey`](crate::handle::ControlKey) on a Redis backend), `POST /mode` and
 //! `POST /api/mode` write the control hash
 //! ([`RateLimitHandle::set_fleet_mode`]): every instance follows within its
 //! poll interval, and the page says "all instances" beside every button.
@@ -43,7 +43,7 @@
 //! | `GET /api/history/{tier}` | the tier's last hour of closed buckets (`start`, `requests`, `limited`, `shadow_limited`, `fail_open`: passed unchecked, the backend failed), and `current`: the bucket still open, `"partial": true` (`null` before the first request) |
 //! | `GET /api/anomalies` | the 429-rate anomaly series and their alerts |
 //! | `POST /api/mode` | `{"mode":"shadow"}` (global) or `{"tier":"ip","mode":"canary:10"}`; answers like `/api/status` |
-//! | `GET /api/peek/{tier}?key=203.0.113.7` | one key's numbers, nothing charged ([`RateLimitHandle::peek`]): `{"tier","key","allowed","limit","remaining","reset_after_us","retry_after_us","now_us"}`; `key` as the page shows it or as stored ([`crate::handle::inspect`]), the answer's `key` the stored form; `400` `invalid_key` for an empty key, `503` `backend_failed` |
+//! | `GET /api/peek/{tier}?key=203.0.113.7` | one key's numbers, nothing charged ([`RateLimitHandle::peek`]): `{"tier","key","allowed","limit","remaining","reset_after_us","retry_after_us","now_us"}`; `key` as the page shows it or as stored ([`handle`](crate::handle#peek-reset-and-lift)), the answer's `key` the stored form; `400` `invalid_key` for an empty key, `503` `backend_failed` |
 //! | `POST /api/reset` | `{"tier":"ip","key":"203.0.113.7"}`: the key starts fresh ([`RateLimitHandle::reset`]), its penalty box included; answers `{"tier","key","existed"}` |
 //! | `POST /api/lift` | `{"tier":"login","key":"203.0.113.7"}`: lifts the key's penalty-box block, its rate state untouched ([`RateLimitHandle::lift`]); `404` for a tier without a penalty box |
 //! | `GET /api/overrides/{tier}` | the tier's per-key overrides not expired ([`RateLimitHandle::overrides`]): `{"tier","overrides":[{"key","rule","expires_at_us"}]}`, `rule` `"unlimited"`, `"blocked"` or `{"limit","period_ms","burst"}`; `404` for a tier that takes no overrides |

@@ -1,9 +1,9 @@
-//! Per-key overrides (see [`crate::handle::overrides`]): `GET /api/overrides/{tier}`,
+//! Per-key overrides (see [`handle`](crate::handle#per-key-overrides)): `GET /api/overrides/{tier}`,
 //! `POST /api/overrides` (set) and `POST /api/overrides/remove`.
 
 use super::reply::{error, json_body, json_response, unknown_tier, TierKey, TIER_KEY};
 use super::Admin;
-use crate::handle::overrides::{Override, OverrideEntry, OverrideError};
+use crate::handle::{Override, OverrideEntry, OverrideError};
 use crate::quota::Quota;
 use axum::extract::{Path, Request, State};
 use axum::response::Response;

@@ -8,7 +8,7 @@ use super::html::Esc;
 use super::mode::scope;
 use super::reply::{base_of, page_path};
 use super::Admin;
-use crate::handle::inspect::{InspectError, KeyStatus};
+use crate::handle::{InspectError, KeyStatus};
 use crate::rollout::Mode;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -124,7 +124,7 @@ fn mode_select(current: Mode) -> String {
 /// Each tier taking overrides, and its list.
 type OverrideLists = [(
     String,
-    Result<Vec<crate::handle::overrides::OverrideEntry>, crate::handle::overrides::OverrideError>,
+    Result<Vec<crate::handle::OverrideEntry>, crate::handle::OverrideError>,
 )];
 
 fn render_page(
@@ -386,7 +386,7 @@ fn quota_text(q: &crate::quota::Quota) -> String {
     s
 }
 
-/// "Why is this key blocked?": a key's numbers ([`crate::handle::inspect`]).
+/// "Why is this key blocked?": a key's numbers ([`handle`](crate::handle#peek-reset-and-lift)).
 fn render_lookup(
     s: &mut String,
     tiers: &[crate::handle::TierStatus],
@@ -439,7 +439,7 @@ fn render_lookup(
     s.push_str("</section>");
 }
 
-/// Per-key overrides ([`crate::handle::overrides`]): each tier's list with a remove
+/// Per-key overrides ([`handle`](crate::handle#per-key-overrides)): each tier's list with a remove
 /// button, and a form to add one (`POST /key`, `action=override`).
 fn render_overrides(s: &mut String, base: &str, lists: &OverrideLists) {
     let action = format!("{base}/key");

@@ -1,33 +1,6 @@
 //! Calendar periods: the boundaries of days, weeks, months and years in a
 //! time zone, for quotas people bill by ("10 000 calls a month, renewed on
-//! the 15th").
-//!
-//! A [`Calendar`] is a period (`day`, `week`, `month`, `year`), an IANA time
-//! zone (default `UTC`) and an anchor (the day a period starts: a weekday for
-//! `week`, a day of the month 1–31 for `month`, a `"MM-DD"` for `year`;
-//! default the first). Its windows start at the **first instant** of their
-//! start date in the zone: local midnight, or, where midnight does not exist
-//! (a DST gap that covers it), the first instant after the gap; where
-//! midnight happens twice (a fold), the first of them. A day is 23, 24 or 25
-//! hours long (Lord Howe's: 23.5 or 24.5; Apia skipped 2011-12-30 whole, so
-//! its 29th ran into the 31st).
-//!
-//! An anchor past a month's end means that month's last day, as Stripe's
-//! billing anchors do: anchored on the 31st, a period starts on 31 January,
-//! 28 (29) February, 31 March, 30 April ...; anchored on `"02-29"`, a yearly
-//! period starts on 28 February in common years.
-//!
-//! The time-zone rules are [jiff]'s, with its bundled copy of the IANA
-//! database (the same on every host, no `/usr/share/zoneinfo` needed): after
-//! a zone's last listed transition its changes come from its recurring rule
-//! (the POSIX TZ string that ends its TZif file), which jiff expands; a day
-//! whose midnight that rule puts in a gap (Santiago, Beirut, Havana, Cairo,
-//! the Azores) starts at the gap's end like one the data lists. The
-//! Redis scripts hold no zone tables: the application sends the boundaries
-//! around its own clock ([`Calendar::bounds_around`]) and the script picks the
-//! window by Redis `TIME` ([`CalendarWindow`]).
-//!
-//! All instants are Unix epoch **microseconds**.
+//! the 15th"). The rules are in [`Calendar`]'s docs.
 
 #[cfg(feature = "calendar")]
 use jiff::civil::{Date, Time};
@@ -40,7 +13,7 @@ pub(crate) use off::Calendar;
 #[cfg(feature = "calendar")]
 use std::sync::{Arc, OnceLock};
 
-/// The length of a calendar period (see the module docs).
+/// The length of a calendar period (see [`Calendar`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CalendarPeriod {
     /// From one local midnight to the next.
@@ -110,17 +83,45 @@ pub fn time_zone_names() -> Vec<String> {
     database().available().map(|n| n.to_string()).collect()
 }
 
-/// A calendar period in a time zone, with its anchor (see the module docs).
+/// A calendar period in a time zone, with its anchor, for quotas people
+/// bill by ("10 000 calls a month, renewed on the 15th").
+///
+/// A calendar is a period (`day`, `week`, `month`, `year`), an IANA time
+/// zone (default `UTC`) and an anchor (the day a period starts: a weekday for
+/// `week`, a day of the month 1–31 for `month`, a `"MM-DD"` for `year`;
+/// default the first). Its windows start at the **first instant** of their
+/// start date in the zone: local midnight, or, where midnight does not exist
+/// (a DST gap that covers it), the first instant after the gap; where
+/// midnight happens twice (a fold), the first of them. A day is 23, 24 or 25
+/// hours long (Lord Howe's: 23.5 or 24.5; Apia skipped 2011-12-30 whole, so
+/// its 29th ran into the 31st).
+///
+/// An anchor past a month's end means that month's last day, as Stripe's
+/// billing anchors do: anchored on the 31st, a period starts on 31 January,
+/// 28 (29) February, 31 March, 30 April ...; anchored on `"02-29"`, a yearly
+/// period starts on 28 February in common years.
+///
+/// The time-zone rules are [jiff]'s, with its bundled copy of the IANA
+/// database (the same on every host, no `/usr/share/zoneinfo` needed): after
+/// a zone's last listed transition its changes come from its recurring rule
+/// (the POSIX TZ string that ends its TZif file), which jiff expands; a day
+/// whose midnight that rule puts in a gap (Santiago, Beirut, Havana, Cairo,
+/// the Azores) starts at the gap's end like one the data lists. The
+/// Redis scripts hold no zone tables: the application sends the boundaries
+/// around its own clock ([`Calendar::bounds_around`]) and the script picks the
+/// window by Redis `TIME` ([`CalendarWindow`]).
+///
+/// All instants are Unix epoch **microseconds**.
 ///
 /// ```
-/// use tiered_ratelimit::algorithm::calendar::Calendar;
+/// use tiered_ratelimit::algorithm::Calendar;
 /// // Renewed on the 31st, in Berlin: 31 Jan, 29 Feb (2024), 31 Mar ...
 /// let c = Calendar::month().time_zone("Europe/Berlin")?.anchor("31")?;
 /// // 2024-02-15T12:00Z is in the window 2024-01-31T00:00+01:00 ..
 /// // 2024-02-29T00:00+01:00.
 /// let (start, end) = c.window_at(1_707_998_400_000_000).unwrap();
 /// assert_eq!((start, end), (1_706_655_600_000_000, 1_709_161_200_000_000));
-/// # Ok::<(), tiered_ratelimit::algorithm::calendar::CalendarError>(())
+/// # Ok::<(), tiered_ratelimit::algorithm::CalendarError>(())
 /// ```
 #[cfg(feature = "calendar")]
 #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]

@@ -20,25 +20,25 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum Algorithm {
     /// One counter per window, windows aligned to the Unix epoch
-    /// ([`algorithm::fixed_window`](crate::algorithm::fixed_window)).
+    /// ([`Limit::FixedWindow`](crate::algorithm::Limit::FixedWindow)).
     FixedWindow,
     /// Every admitted request's timestamp; exact
-    /// ([`algorithm::sliding_window_log`](crate::algorithm::sliding_window_log)).
+    /// ([`Limit::SlidingWindowLog`](crate::algorithm::Limit::SlidingWindowLog)).
     SlidingWindowLog,
     /// Current and previous window counters, interpolated
-    /// ([`algorithm::sliding_window_counter`](crate::algorithm::sliding_window_counter)).
+    /// ([`Limit::SlidingWindowCounter`](crate::algorithm::Limit::SlidingWindowCounter)).
     SlidingWindowCounter,
     /// Token bucket: capacity = the quota's burst, refilled at
     /// `limit / period`, in exact integer arithmetic
-    /// ([`algorithm::token_bucket`](crate::algorithm::token_bucket)).
+    /// ([`algorithm::TokenBucket`](crate::algorithm::TokenBucket)).
     #[default]
     TokenBucket,
-    /// Leaky bucket as GCRA ([`algorithm::gcra`](crate::algorithm::gcra)).
+    /// Leaky bucket as GCRA ([`algorithm::Gcra`](crate::algorithm::Gcra)).
     LeakyBucket(LeakyBucket),
     /// Requests **in flight** per key: at most the quota's `limit` at once
     /// (its period is not used); a slot is taken with the rate tiers' charge
     /// and released when the response body has been sent or dropped
-    /// ([`algorithm::concurrency`](crate::algorithm::concurrency); see
+    /// ([`algorithm::Concurrency`](crate::algorithm::Concurrency); see
     /// [`Tier::concurrency`](crate::Tier::concurrency)).
     Concurrency {
         /// How long a slot is held without renewal: a crashed instance's

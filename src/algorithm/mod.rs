@@ -11,27 +11,30 @@
 //! drifts however many operations a key sees. See `docs/algorithms.md` for
 //! the trade-offs and measured costs.
 
-pub mod calendar;
-pub mod concurrency;
-pub mod fixed_window;
-pub mod gcra;
+// The models, one module each (private: their types are re-exported below,
+// each at one path; the module comments say how each algorithm works, and
+// docs/algorithms.md compares them).
+pub(crate) mod calendar;
+pub(crate) mod concurrency;
+pub(crate) mod fixed_window;
+pub(crate) mod gcra;
 pub(crate) mod kind;
-pub mod penalty;
+pub(crate) mod penalty;
 mod settle;
-pub mod sliding_window_counter;
-pub mod sliding_window_log;
-pub mod token_bucket;
+pub(crate) mod sliding_window_counter;
+pub(crate) mod sliding_window_log;
+pub(crate) mod token_bucket;
 
-#[cfg(feature = "calendar")]
-#[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
-pub use calendar::Calendar;
 #[cfg(not(feature = "calendar"))]
 pub(crate) use calendar::Calendar;
+#[cfg(feature = "calendar")]
+#[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
+pub use calendar::{time_zone_names, Calendar};
 pub use calendar::{CalendarError, CalendarPeriod, CalendarWindow};
-pub use concurrency::{Concurrency, SlotState};
+pub use concurrency::{Concurrency, SlotState, DEFAULT_SLOT_TTL_US, RETRY_ESTIMATE_US};
 pub use fixed_window::FixedWindowState;
 pub use gcra::{Gcra, TatState};
-pub use penalty::{PenaltyBox, PenaltyState};
+pub use penalty::{PenaltyBox, PenaltyOutcome, PenaltyState, PENALTY_KEY_SUFFIX};
 pub use sliding_window_counter::CounterState;
 pub use sliding_window_log::LogState;
 pub use token_bucket::{BucketState, TokenBucket};
@@ -99,23 +102,25 @@ pub const MAX_PERIOD_US: u64 = 1 << 51;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Limit {
-    /// [`fixed_window`].
+    /// A fixed window: at most `limit` per window, the count starting over
+    /// at each window's start.
     FixedWindow(Window),
-    /// A fixed window over calendar boundaries ([`calendar`]).
+    /// A fixed window over calendar boundaries ([`Calendar`]).
     Calendar(CalendarWindow),
-    /// [`sliding_window_log`].
+    /// A sliding window log: every admission's time kept ([`LogState`]).
     SlidingWindowLog(Window),
-    /// [`sliding_window_counter`].
+    /// A sliding window counter: the previous window's count weighted by
+    /// its overlap ([`CounterState`]).
     SlidingWindowCounter(Window),
-    /// [`token_bucket`].
+    /// A token bucket ([`TokenBucket`]).
     TokenBucket(TokenBucket),
-    /// [`gcra`] (leaky bucket, police or shape).
+    /// A leaky bucket as GCRA ([`Gcra`]: police or shape).
     LeakyBucket(Gcra),
-    /// [`concurrency`]: requests in flight.
+    /// Requests in flight ([`Concurrency`]).
     Concurrency(Concurrency),
-    /// [`penalty`]: a tier's penalty box, checked right after the tier.
+    /// A tier's penalty box ([`PenaltyBox`]), checked right after the tier.
     Penalty(PenaltyBox),
-    /// A per-key override's read (see [`crate::handle::overrides`]), checked
+    /// A per-key override's read (see [`handle`](crate::handle#per-key-overrides)), checked
     /// right before its tier: always allows, never charged.
     Override,
 }
@@ -271,7 +276,7 @@ impl Limit {
         matches!(self, Limit::Override)
     }
 
-    /// A penalty box's check (see [`penalty`]), given whether the check just
+    /// A penalty box's check (see [`PenaltyBox`]), given whether the check just
     /// before it (its tier's) allowed the request: the decision and the
     /// state to store now, whatever the commit (`None`: none). `None` for
     /// any other limit.

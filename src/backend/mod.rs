@@ -268,7 +268,7 @@ impl Backend {
     }
 
     /// Stores a per-key override under `key` (`<tier key>{ov}`) and its
-    /// listing in `index` (see [`crate::handle::overrides`]).
+    /// listing in `index` (see [`handle`](crate::handle#per-key-overrides)).
     pub(crate) async fn set_override(
         &self,
         key: &str,

@@ -1,5 +1,5 @@
 //! A per-key override as a check applies it ([`Active`]): the data the
-//! backends store and read, below the public API of [`crate::handle::overrides`]
+//! backends store and read, below the public API of [`handle`](crate::handle#per-key-overrides)
 //! (which sets, removes and lists them through the backends).
 
 use crate::algorithm::{Limit, TierDecision};

@@ -73,6 +73,7 @@ pub const MAX_TIERS: usize = 64;
 // page and the policy files use is named here (`crate::engine::Name`); none
 // of them reaches into a step's module.
 pub use breaker::CircuitBreaker;
+pub(crate) use builder::engine_settings;
 pub use builder::EngineBuilder;
 pub use runtime::FailurePolicy;
 pub use watch::{ControlError, ControlKey};

@@ -257,7 +257,7 @@ pub(crate) fn observe_decisions(
         };
         let part = key.get(t.key_base.len()..).unwrap_or(key);
         let part = part
-            .strip_suffix(crate::algorithm::penalty::KEY_SUFFIX)
+            .strip_suffix(crate::algorithm::PENALTY_KEY_SUFFIX)
             .unwrap_or(part);
         // A tier not enforced for the key (shadow, a canary's other keys)
         // did not refuse it: its would-be denial is counted apart.

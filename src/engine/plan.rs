@@ -147,7 +147,7 @@ fn penalty_check(
         return;
     };
     let n = checks.len();
-    let key = format!("{}{}", tier.key, crate::algorithm::penalty::KEY_SUFFIX);
+    let key = format!("{}{}", tier.key, crate::algorithm::PENALTY_KEY_SUFFIX);
     duplicate_meta(n, meta, plans);
     checks.push(TierCheck {
         key,

@@ -59,7 +59,7 @@ pub(crate) struct BuiltTier {
     /// Its penalty box, checked right after it (key `<key>{pb}`).
     pub(crate) penalty: Option<crate::algorithm::PenaltyBox>,
     /// Whether each check is preceded by a read of the key's override (key
-    /// `<key>{ov}`; see [`crate::handle::overrides`]).
+    /// `<key>{ov}`; see [`handle`](crate::handle#per-key-overrides)).
     pub(crate) overrides: bool,
     /// Its first requests without a key (see `engine/no_key.rs`).
     pub(crate) no_key: super::no_key::NoKeyWatch,

@@ -1,6 +1,6 @@
 //! Fleet-wide settings: the quotas, plan quotas and lists an operator
 //! changes at run time, kept beside the control hash's modes so that every
-//! instance applies the same ones (see [`crate::handle::control`]).
+//! instance applies the same ones (see [`crate::handle`], "The fleet-wide control key").
 //!
 //! Two fields of the control hash, always written together by one script
 //! (`lua/settings.lua`, a compare-and-set on the version):

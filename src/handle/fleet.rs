@@ -1,6 +1,6 @@
 //! Fleet-wide settings through the handle: quotas, plan quotas and lists
 //! written to the control hash, applied by every instance within one poll
-//! interval (see [`crate::handle::control`], "Fleet-wide settings").
+//! interval (see [`crate::handle`], "The fleet-wide control key").
 
 use super::RateLimitHandle;
 use crate::engine::{control_hash_key, ControlError, QuotaSetting, Settings};

@@ -1,35 +1,6 @@
-//! Peek and reset: one key's numbers in one tier without consuming
-//! anything, and a fresh start for one key ([`RateLimitHandle::peek`],
-//! [`RateLimitHandle::reset`], and the admin API's `GET /api/peek/{tier}`
-//! and `POST /api/reset`).
-//!
-//! Support teams ask "why is this customer blocked?": peek answers with
-//! what the next request of the tier's cost would get, from the same
-//! backend state the layer decides on (Redis `TIME`, the key's stored value),
-//! and charges nothing. On Redis it is a read-only script call
-//! (`EVALSHA_RO` of `lua/peek.lua`); on a cluster it goes to the key's slot.
-//!
-//! # Keys
-//!
-//! `key` is the key part in either form: **as people read it** (what the
-//! admin page shows: `GET /users/{id}`, `203.0.113.7`, an API key's hash)
-//! or **as stored** (what the top-N API answers and the page's tooltips
-//! show: `GET%20/users/%7Bid%7D`). Text that is exactly a stored form (what
-//! [`storage_key_part`](crate::key::storage_key_part) writes) is taken as
-//! stored; any other text is escaped (or hashed) as the layer escapes
-//! request bytes ([`readable_key_part`](crate::key::readable_key_part) is
-//! the way back). The storage key is `<key_prefix>:<tier>:<stored key>`.
-//!
-//! # Deployment caveat
-//!
-//! A peek uses the tier's default quota: a key on a plan
-//! ([`Tier::plans`](crate::Tier::plans)) has other numbers. A reset clears
-//! the backend's state and this process's deny cache for the key. Other
-//! instances drop their deny caches within one poll interval of the
-//! [control key](crate::handle::control) (a reset or lift increments its
-//! `generation` field); without a control key, another instance may answer
-//! a cached 429 for that key until the retry time it was told (Redis) — at
-//! most the wait the last denial announced.
+//! Peek, reset and lift: one key's numbers in one tier without consuming
+//! anything, a fresh start, a lifted block (the rules are in the
+//! [`handle`](crate::handle#peek-reset-and-lift) module's docs).
 
 use crate::algorithm::{Limit, TierDecision};
 use crate::backend::TierCheck;
@@ -137,7 +108,7 @@ impl RateLimitHandle {
     }
 
     /// `key`'s numbers in `tier` now, **without consuming** anything: what a
-    /// request of the tier's cost would get (see the [module docs](crate::handle::inspect)
+    /// request of the tier's cost would get (see the [module docs](crate::handle#peek-reset-and-lift)
     /// for the key's form), under the key's per-key override when it has
     /// one ([`set_override`](Self::set_override): another quota's numbers,
     /// unlimited shown full, blocked denied with the time left). Each
@@ -229,7 +200,7 @@ impl RateLimitHandle {
         let i = self.shared().config.tier_index(tier).ok()?;
         let p = self.shared().config.tiers[i].penalty?;
         Some(TierCheck {
-            key: format!("{}{}", check.key, crate::algorithm::penalty::KEY_SUFFIX),
+            key: format!("{}{}", check.key, crate::algorithm::PENALTY_KEY_SUFFIX),
             limit: crate::algorithm::Limit::Penalty(p),
             cost: 1,
         })
@@ -239,7 +210,7 @@ impl RateLimitHandle {
     /// and offences), fleet-wide, leaving its rate state alone; this
     /// process forgets its cached denial. Returns whether there was any
     /// penalty state. Logged at `info`. The other instances' deny caches
-    /// follow within one [control key](crate::handle::control) poll interval.
+    /// follow within one [control key](crate::handle#the-fleet-wide-control-key) poll interval.
     ///
     /// # Errors
     /// [`InspectError::UnknownTier`] (also for a tier without a penalty
@@ -266,7 +237,7 @@ impl RateLimitHandle {
     /// Makes `key` start fresh in `tier`: its stored state is deleted (on
     /// Redis for the whole fleet), its penalty box too (see
     /// [`lift`](Self::lift)), and this process forgets any cached
-    /// denial of it (see the [module docs](crate::handle::inspect) for other
+    /// denial of it (see the [module docs](crate::handle#peek-reset-and-lift) for other
     /// instances). Returns whether the key held any state. Logged at `info`.
     ///
     /// # Errors

@@ -1,48 +1,6 @@
-//! Per-key overrides: for one key of one tier, another quota, no limit at
-//! all, or a block, optionally until an expiry — fleet-wide on Redis
-//! ([`RateLimitHandle::set_override`], [`RateLimitHandle::remove_override`],
-//! [`RateLimitHandle::overrides`], and the admin API's `/api/overrides`).
-//!
-//! A tier takes overrides only when built with
-//! [`Tier::overrides(true)`](crate::Tier::overrides): each of its checks is
-//! then preceded by a read of the key `<tier key>{ov}` (the same hash slot
-//! on a cluster) **inside the same script call** — one more key in the
-//! check's `MGET`, no extra command, no extra round trip. A tier without
-//! the flag pays nothing.
-//!
-//! Keys are **exact**: the key part as people read it or as stored (see
-//! [`crate::handle::inspect`]), no prefix patterns.
-//!
-//! What an override does to its tier's decision:
-//! - [`Override::Quota`]: the tier decides on the override's quota (same
-//!   algorithm, same stored state); headers show its limit and remaining.
-//! - [`Override::Unlimited`]: the tier allows without charging anything;
-//!   its headers show the tier's limit as remaining.
-//! - [`Override::Blocked`]: the tier denies (429) without charging;
-//!   `Retry-After` is the time left until the override expires, or
-//!   [`BLOCKED_RETRY`] for a block without expiry.
-//!
-//! The expiry is an instant of the setting process's clock (Unix epoch µs),
-//! compared with the backend's clock (Redis `TIME`) on every request.
-//!
-//! Caveats:
-//! - An overridden key's answers are never deny-cached, but a key denied
-//!   (and cached) under the tier's own quota before an override was set
-//!   may still be answered 429 by another instance until the retry time it
-//!   was told (this process's cache is cleared by the change).
-//! - [`RateLimitHandle::peek`] and the local fallback
-//!   ([`FailurePolicy::Fallback`](crate::FailurePolicy::Fallback)) use the
-//!   tier's own quota.
-//! - With IETF headers, `RateLimit-Policy` names the tier's configured
-//!   quota; `RateLimit` (limit, remaining) shows the override's.
-//! - A `blocked` tier's denial is a strike for the tier's penalty box, if
-//!   it has one.
-//! - The store of a quota override is the tier's: the key's stored state
-//!   is read with the override's parameters (the first request after a
-//!   change may show a partly used quota).
-//! - On the memory backend a tier taking overrides is decided by the
-//!   locked path (not the compare-and-swap fast path of token and leaky
-//!   buckets).
+//! Per-key overrides: another quota, no limit or a block for one key of one
+//! tier (the rules are in the [`handle`](crate::handle#per-key-overrides)
+//! module's docs).
 
 use crate::backend::override_rule::{Active, Effect};
 use crate::error::BackendError;
@@ -139,7 +97,7 @@ pub enum OverrideError {
     /// [`Tier::overrides(true)`](crate::Tier::overrides).
     #[error("tier \"{0}\": no such tier taking overrides (Tier::overrides(true))")]
     UnknownTier(String),
-    /// The key is empty (any other text is a key: see [`crate::handle::inspect`]).
+    /// The key is empty (any other text is a key: see [`handle`](crate::handle#peek-reset-and-lift)).
     #[error("key: empty (give the key as the admin page shows it, or as stored)")]
     InvalidKey,
     /// The quota is not valid for the tier (the message names the field).
@@ -187,7 +145,7 @@ impl RateLimitHandle {
         ))
     }
 
-    /// Sets (or replaces) the override of `key` (as read or as stored: see [`crate::handle::inspect`]) in
+    /// Sets (or replaces) the override of `key` (as read or as stored: see [`handle`](crate::handle#peek-reset-and-lift)) in
     /// `tier`, until `ttl` from now (`None`: until removed). On Redis every
     /// instance applies it from its next request of the key. Logged at
     /// `info` with `by` (who made the change, e.g. the admin token's name).

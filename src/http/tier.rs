@@ -45,7 +45,7 @@ pub struct Tier {
     pub(crate) penalty: Option<crate::algorithm::penalty::Penalty>,
     pub(crate) overrides: bool,
     pub(crate) lease: Option<crate::engine::TokenLease>,
-    pub(crate) calendar: Option<crate::algorithm::calendar::Calendar>,
+    pub(crate) calendar: Option<crate::algorithm::Calendar>,
     pub(crate) exhausted_status: Option<u16>,
     pub(crate) priced: Option<(crate::http::priced::Estimate, crate::http::priced::Actual)>,
     pub(crate) quota_unit: Option<crate::response::QuotaUnit>,
@@ -112,7 +112,7 @@ impl Tier {
     /// [`ConfigError::CalendarAlgorithm`](crate::ConfigError::CalendarAlgorithm).
     /// Lease mode is refused too. The window a request falls in is
     /// decided by the backend's clock (Redis `TIME`); see
-    /// [`algorithm::calendar`](crate::algorithm::calendar).
+    /// [`algorithm::Calendar`](crate::algorithm::Calendar).
     ///
     /// ```
     /// use tiered_ratelimit::{algorithm::Calendar, key::ApiKey, Quota, RateLimitLayer, Tier};
@@ -125,7 +125,7 @@ impl Tier {
     /// ```
     #[cfg(feature = "calendar")]
     #[cfg_attr(docsrs, doc(cfg(feature = "calendar")))]
-    pub fn calendar(mut self, calendar: crate::algorithm::calendar::Calendar) -> Self {
+    pub fn calendar(mut self, calendar: crate::algorithm::Calendar) -> Self {
         let nominal = std::time::Duration::from_micros(calendar.longest_us());
         self.quota = Quota::new(self.quota.limit(), nominal);
         self.algorithm = Algorithm::FixedWindow;
@@ -135,7 +135,7 @@ impl Tier {
 
     /// Without the `calendar` feature there is no calendar to give.
     #[cfg(not(feature = "calendar"))]
-    pub(crate) fn calendar(self, calendar: crate::algorithm::calendar::Calendar) -> Self {
+    pub(crate) fn calendar(self, calendar: crate::algorithm::Calendar) -> Self {
         match calendar {}
     }
 
@@ -174,7 +174,7 @@ impl Tier {
     }
 
     /// Whether this tier takes per-key overrides (default `false`; see
-    /// [`crate::handle::overrides`]): another quota, no limit, or a block for one
+    /// [`handle`](crate::handle#per-key-overrides)): another quota, no limit, or a block for one
     /// exact key, set at run time through
     /// [`RateLimitHandle::set_override`](crate::RateLimitHandle::set_override)
     /// or the admin API. Each check of the tier then reads the key's

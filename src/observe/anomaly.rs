@@ -1,31 +1,32 @@
-//! An automatic baseline of the 429 rate, per (tier, endpoint), that alerts
-//! when the current rate leaves `k` standard deviations of normal.
-//!
-//! Time is cut into buckets (default 60 s). At the end of each bucket the
-//! series' 429 rate `x = limited / requests` updates an exponentially
-//! weighted mean and variance (West's EWMA, weight `alpha`):
-//!
-//! ```text
-//! d    = x − mean
-//! mean = mean + alpha·d
-//! var  = (1 − alpha)·(var + alpha·d²)
-//! ```
-//!
-//! After `warmup` buckets, a bucket is *anomalous* when
-//! `|x − mean| > k · σ`, with `σ = max(√var, √(mean·(1 − mean)/requests),
-//! min_sigma)`: the baseline's own spread, but never less than the sampling
-//! noise of a rate measured over that many requests, nor `min_sigma`
-//! (default 0.01, one percentage point). `confirm` consecutive anomalous
-//! buckets (default 2) raise the alert (a `tracing` warning and the gauge
-//! `tiered_ratelimit_anomaly{tier, endpoint} = 1`): at k = 2 a single bucket
-//! leaves the band by chance about 5 % of the time, two in a row rarely. The
-//! alert clears (info log, gauge 0) at the first bucket back inside the
-//! band. Anomalous buckets do not update the baseline, so a long attack does
-//! not become normal. Buckets with fewer than `min_requests` requests are
-//! skipped. **Delay**: a step change is flagged at the end of its
-//! `confirm`-th bucket (2 minutes with the defaults).
+//! The 429-rate baseline and its alert ([`AnomalyConfig`] says how it works).
 
-/// Baseline settings (see the module docs).
+/// The settings of an automatic baseline of the 429 rate, per (tier,
+/// endpoint), that alerts when the current rate leaves `k` standard
+/// deviations of normal.
+///
+/// Time is cut into buckets (default 60 s). At the end of each bucket the
+/// series' 429 rate `x = limited / requests` updates an exponentially
+/// weighted mean and variance (West's EWMA, weight `alpha`):
+///
+/// ```text
+/// d    = x − mean
+/// mean = mean + alpha·d
+/// var  = (1 − alpha)·(var + alpha·d²)
+/// ```
+///
+/// After `warmup` buckets, a bucket is *anomalous* when
+/// `|x − mean| > k · σ`, with `σ = max(√var, √(mean·(1 − mean)/requests),
+/// min_sigma)`: the baseline's own spread, but never less than the sampling
+/// noise of a rate measured over that many requests, nor `min_sigma`
+/// (default 0.01, one percentage point). `confirm` consecutive anomalous
+/// buckets (default 2) raise the alert (a `tracing` warning and the gauge
+/// `tiered_ratelimit_anomaly{tier, endpoint} = 1`): at k = 2 a single bucket
+/// leaves the band by chance about 5 % of the time, two in a row rarely. The
+/// alert clears (info log, gauge 0) at the first bucket back inside the
+/// band. Anomalous buckets do not update the baseline, so a long attack does
+/// not become normal. Buckets with fewer than `min_requests` requests are
+/// skipped. **Delay**: a step change is flagged at the end of its
+/// `confirm`-th bucket (2 minutes with the defaults).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AnomalyConfig {
     /// Bucket length in seconds (default 60).
@@ -60,24 +61,24 @@ impl Default for AnomalyConfig {
 
 /// One series' baseline.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Baseline {
+pub(crate) struct Baseline {
     /// EWMA of the 429 rate.
-    pub mean: f64,
+    pub(crate) mean: f64,
     /// EWMA variance.
-    pub var: f64,
+    pub(crate) var: f64,
     /// Buckets seen.
-    pub buckets: u32,
+    pub(crate) buckets: u32,
     /// Whether the alert is raised.
-    pub alerting: bool,
+    pub(crate) alerting: bool,
     /// The last bucket's rate.
-    pub last_rate: f64,
+    pub(crate) last_rate: f64,
     /// Consecutive anomalous buckets so far.
-    pub streak: u32,
+    pub(crate) streak: u32,
 }
 
 /// What a bucket did to the alert.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Transition {
+pub(crate) enum Transition {
     /// The alert was raised.
     Raised,
     /// The alert cleared.
@@ -86,7 +87,7 @@ pub enum Transition {
 
 impl Baseline {
     /// Feeds one finished bucket.
-    pub fn observe(
+    pub(crate) fn observe(
         &mut self,
         cfg: &AnomalyConfig,
         requests: u64,

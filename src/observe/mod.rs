@@ -14,11 +14,15 @@
 //! | `tiered_ratelimit_concurrency_lapses_total` | counter | `tier` | a concurrency tier's slot that lapsed while its request still ran (every renewal, retried, failed until the slot's TTL ran out): the tier may have admitted one request too many |
 //! | `tiered_ratelimit_key_errors_total` | counter | `tier`, `reason` (`missing_connect_info`, `configuration`, `request`) | key extractions that failed (the tier is skipped, or 503 under `Closed`) |
 
-pub mod anomaly;
+pub(crate) mod anomaly;
 mod counts;
 pub(crate) mod fleet;
-pub mod recorder;
-pub mod topn;
+pub(crate) mod recorder;
+pub(crate) mod topn;
+
+pub use anomaly::AnomalyConfig;
+pub use recorder::{AnomalyStatus, BucketCounts};
+pub use topn::BlockedKey;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

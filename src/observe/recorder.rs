@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Minutes of history kept for the admin page.
-pub const HISTORY_BUCKETS: usize = 60;
+pub(crate) const HISTORY_BUCKETS: usize = 60;
 
 /// Counts of one tier in one bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -166,10 +166,10 @@ pub(crate) struct Observer {
 type EndpointMap = HashMap<Arc<str>, Arc<Endpoint>, foldhash::fast::RandomState>;
 
 /// The default of the most distinct endpoints tracked; more share `<other>`.
-pub const DEFAULT_MAX_ENDPOINTS: usize = 1024;
+pub(crate) const DEFAULT_MAX_ENDPOINTS: usize = 1024;
 
 /// The endpoint label of requests past the endpoint cap.
-pub const OTHER_ENDPOINT: &str = "<other>";
+pub(crate) const OTHER_ENDPOINT: &str = "<other>";
 
 impl Observer {
     /// `max_endpoints`: distinct endpoint labels before new ones share

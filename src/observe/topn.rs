@@ -1,20 +1,22 @@
-//! Top-N blocked, shadow-limited and near-limit keys per tier, in this
-//! process: a bounded heavy-hitter sketch (Filtered Space-Saving, from the
-//! `topk` crate) per tier, kind and hour, the last 24 hours merged on query.
-//! Blocked keys were refused (429); shadow-limited keys would have been (a
-//! tier in shadow mode, or a canary tier not enforced for the key) and got
-//! their answer: the two are counted apart.
-//!
-//! Space-Saving keeps `capacity` counters; a key's count is overestimated by
-//! at most the smallest counter, reported as `error`. Keys counted here are
-//! storage key parts (escaped or hashed, never a raw header), and only on
-//! the slow paths (a rejection or a near-limit decision).
+//! The top-N sketches ([`BlockedKey`] says what they count).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use topk::FilteredSpaceSaving;
 
 /// One key of a top-N answer.
+///
+/// Top-N blocked, shadow-limited and near-limit keys per tier, in this
+/// process: a bounded heavy-hitter sketch (Filtered Space-Saving, from the
+/// `topk` crate) per tier, kind and hour, the last 24 hours merged on query.
+/// Blocked keys were refused (429); shadow-limited keys would have been (a
+/// tier in shadow mode, or a canary tier not enforced for the key) and got
+/// their answer: the two are counted apart.
+///
+/// Space-Saving keeps `capacity` counters; a key's count is overestimated by
+/// at most the smallest counter, reported as `error`. Keys counted here are
+/// storage key parts (escaped or hashed, never a raw header), and only on
+/// the slow paths (a rejection or a near-limit decision).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockedKey {
     /// The key part, as stored (escaped, or hashed when long or secret).

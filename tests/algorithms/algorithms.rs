@@ -246,7 +246,7 @@ fn every_pair_on_a_long_sequence() {
 /// decisions, and every denial's Retry-After is between 1 µs and 1 s.
 #[test]
 fn concurrency_model_memory_and_redis_agree() {
-    use tiered_ratelimit::algorithm::{concurrency::RETRY_ESTIMATE_US, Concurrency};
+    use tiered_ratelimit::algorithm::{Concurrency, RETRY_ESTIMATE_US};
     use tiered_ratelimit::backend::{Charge, TierRefund};
     let (h, mut next) = (Harness::new(), seeded());
     let c = Concurrency {
@@ -334,7 +334,7 @@ fn concurrency_model_memory_and_redis_agree() {
 /// and backoffs, the same Retry-After.
 #[test]
 fn penalty_box_model_memory_and_redis_agree() {
-    use tiered_ratelimit::algorithm::penalty::{PenaltyBox, KEY_SUFFIX};
+    use tiered_ratelimit::algorithm::{PenaltyBox, PENALTY_KEY_SUFFIX};
     let (h, mut next) = (Harness::new(), seeded());
     let p = PenaltyBox {
         violations: 2,
@@ -365,7 +365,7 @@ fn penalty_box_model_memory_and_redis_agree() {
                     cost: 1 + next() % 2,
                 },
                 TierCheck {
-                    key: format!("{key}{KEY_SUFFIX}"),
+                    key: format!("{key}{PENALTY_KEY_SUFFIX}"),
                     limit: Limit::Penalty(p),
                     cost: 1,
                 },

@@ -243,7 +243,7 @@ async fn peek_shows_when_the_quota_renews() {
         .set_override(
             "weekly",
             "all",
-            tiered_ratelimit::handle::overrides::Override::Quota(Quota::per_hour(70)),
+            tiered_ratelimit::handle::Override::Quota(Quota::per_hour(70)),
             None,
             "test",
         )

@@ -334,7 +334,7 @@ async fn a_failure_under_an_override_is_refunded_on_its_quota(env: Env) {
         .build()
         .unwrap();
     let h = layer.handle();
-    let six = tiered_ratelimit::handle::overrides::Override::Quota(Quota::per_minute(6));
+    let six = tiered_ratelimit::handle::Override::Quota(Quota::per_minute(6));
     h.set_override("login", "all", six, None, "test")
         .await
         .unwrap();

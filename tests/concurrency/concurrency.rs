@@ -11,7 +11,7 @@ use axum::{extract::State, routing::get, Router};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tiered_ratelimit::algorithm::{concurrency::RETRY_ESTIMATE_US, Concurrency, Limit};
+use tiered_ratelimit::algorithm::{Concurrency, Limit, RETRY_ESTIMATE_US};
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck};
 use tiered_ratelimit::key::Global;
 use tiered_ratelimit::response::HeaderStyle;

@@ -143,7 +143,7 @@ fn the_quickstart_policy_builds_on_redis_without_a_warning() {
 /// and runs in memory without `REDIS_URL`).
 #[test]
 fn control_key_on_the_memory_backend_warns() {
-    use tiered_ratelimit::{handle::control::ControlKey, key::Global, RateLimitLayer};
+    use tiered_ratelimit::{handle::ControlKey, key::Global, RateLimitLayer};
     let buf = LogBuf::default();
     let subscriber = buf.subscriber(tracing::Level::WARN);
     tracing::subscriber::with_default(subscriber, || {

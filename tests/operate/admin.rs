@@ -495,7 +495,7 @@ async fn top_keys_refused_apart_from_would_be_refused(env: Env) {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let fleet = |top: Vec<tiered_ratelimit::observe::topn::BlockedKey>| -> Vec<(String, u64)> {
+        let fleet = |top: Vec<tiered_ratelimit::observe::BlockedKey>| -> Vec<(String, u64)> {
             let mut v: Vec<(String, u64)> = top.into_iter().map(|b| (b.key, b.count)).collect();
             v.sort();
             v
@@ -648,7 +648,7 @@ async fn page_without_control_key_names_this_instance() {
 /// control hash, apply it here at once, and say "all instances".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn page_with_control_key_switches_all_instances() {
-    use tiered_ratelimit::handle::control::ControlKey;
+    use tiered_ratelimit::handle::ControlKey;
     let env = Env::redis();
     let redis = env.redis.as_ref().unwrap();
     let layer = env

@@ -10,8 +10,8 @@ use crate::support::*;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tiered_ratelimit::backend::{ManualClock, RedisBackend};
-use tiered_ratelimit::handle::control::ControlKey;
-use tiered_ratelimit::handle::overrides::Override;
+use tiered_ratelimit::handle::ControlKey;
+use tiered_ratelimit::handle::Override;
 use tiered_ratelimit::key::ClientIp;
 use tiered_ratelimit::{Penalty, Quota, RateLimitHandle, RateLimitLayer, Tier};
 

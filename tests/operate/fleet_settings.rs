@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tiered_ratelimit::algorithm::Calendar;
 use tiered_ratelimit::backend::{ManualClock, RedisBackend};
-use tiered_ratelimit::handle::control::ControlKey;
+use tiered_ratelimit::handle::ControlKey;
 use tiered_ratelimit::key::{ApiKey, ClientIp};
 use tiered_ratelimit::rollout::AccessList;
 use tiered_ratelimit::{

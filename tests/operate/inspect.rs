@@ -9,7 +9,7 @@ use crate::support::*;
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::time::Duration;
-use tiered_ratelimit::handle::inspect::{InspectError, KeyStatus};
+use tiered_ratelimit::handle::{InspectError, KeyStatus};
 use tiered_ratelimit::key::User;
 use tiered_ratelimit::{admin, Quota, RateLimitHandle, RateLimitLayerBuilder, Tier};
 

@@ -7,7 +7,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use std::time::Duration;
 use tiered_ratelimit::{
     key::{ClientIp, Endpoint, User},
-    observe::anomaly::AnomalyConfig,
+    observe::AnomalyConfig,
     Quota, Tier,
 };
 

@@ -11,7 +11,7 @@ use axum::{routing::get, Router};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
-use tiered_ratelimit::handle::overrides::{Override, OverrideEntry};
+use tiered_ratelimit::handle::{Override, OverrideEntry};
 use tiered_ratelimit::key::ClientIp;
 use tiered_ratelimit::{Quota, RateLimitHandle, RateLimitLayer, Tier};
 

@@ -585,7 +585,7 @@ async fn per_route_limits_with_route_layer() {
 /// within the poll interval; a malformed value is ignored; `HDEL` restores.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_wide_control_key() {
-    use tiered_ratelimit::{backend::RedisBackend, handle::control::ControlKey};
+    use tiered_ratelimit::{backend::RedisBackend, handle::ControlKey};
     let redis = RedisServer::start();
     let poll = Duration::from_millis(100);
     let mk = || {
@@ -666,7 +666,7 @@ async fn fleet_wide_control_key() {
 #[test]
 fn mode_gauge_follows_the_control_key() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    use tiered_ratelimit::{backend::RedisBackend, handle::control::ControlKey};
+    use tiered_ratelimit::{backend::RedisBackend, handle::ControlKey};
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let redis = RedisServer::start();
@@ -737,7 +737,7 @@ fn mode_gauge_follows_the_control_key() {
 /// their new mode (`none`: no longer set by the key).
 #[test]
 fn control_key_log_names_the_mode_and_the_changed_tiers() {
-    use tiered_ratelimit::{backend::RedisBackend, handle::control::ControlKey};
+    use tiered_ratelimit::{backend::RedisBackend, handle::ControlKey};
     let redis = RedisServer::start();
     let buf = LogBuf::default();
     tracing::subscriber::with_default(buf.subscriber(tracing::Level::WARN), || {

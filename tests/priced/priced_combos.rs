@@ -9,7 +9,7 @@ use crate::support::*;
 use bytes::Bytes;
 use http_body::Frame;
 use std::time::{Duration, Instant};
-use tiered_ratelimit::handle::overrides::Override;
+use tiered_ratelimit::handle::Override;
 use tiered_ratelimit::priced::{Actual, Estimate};
 use tiered_ratelimit::rollout::Mode;
 use tiered_ratelimit::token_lease::TokenLease;

@@ -16,7 +16,7 @@ use tiered_ratelimit::algorithm::{Limit, Refund, State, TierDecision, TokenBucke
 use tiered_ratelimit::backend::{
     Backend, Charge, ManualClock, MemoryBackend, TierCheck, TierRefund, Verdict,
 };
-use tiered_ratelimit::handle::overrides::Override;
+use tiered_ratelimit::handle::Override;
 use tiered_ratelimit::{key::Global, Algorithm, Quota, RateLimitLayer, Tier};
 
 const S: u64 = 1_000_000;

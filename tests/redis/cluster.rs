@@ -1336,7 +1336,7 @@ async fn send_pair(c: &reqwest::Client, url: &str, user: &str, pair: &str) -> Li
 /// write it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn control_key_follows_its_slot() {
-    use tiered_ratelimit::handle::control::ControlKey;
+    use tiered_ratelimit::handle::ControlKey;
     let cluster = RedisCluster::start(0);
     let s = Scn::new(&cluster, "ctl");
     let poll = Duration::from_millis(50);
@@ -1398,7 +1398,7 @@ async fn control_key_follows_its_slot() {
 /// at its next poll, and both keep writing after the slot moved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fleet_settings_follow_the_control_keys_slot() {
-    use tiered_ratelimit::handle::control::ControlKey;
+    use tiered_ratelimit::handle::ControlKey;
     let cluster = RedisCluster::start(0);
     let s = Scn::new(&cluster, "set");
     let poll = Duration::from_millis(50);

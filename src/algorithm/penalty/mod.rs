@@ -24,7 +24,7 @@ pub use config::Penalty;
 /// What a tier's key becomes for its penalty box: `<tier key>{pb}`. Key
 /// parts never hold `{` or `}`, so no tier's key can end so; on a cluster
 /// the hash tag stays the tier key's (`{<tier key>}{pb}`).
-pub const KEY_SUFFIX: &str = "{pb}";
+pub const PENALTY_KEY_SUFFIX: &str = "{pb}";
 
 /// Penalty-box parameters, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -91,7 +91,7 @@ struct Inner {
     hasher: RandomState,
     clock: Clock,
     max_per_shard: usize,
-    /// Per-key overrides ([`crate::handle::overrides`]), kept apart from the rate
+    /// Per-key overrides ([`handle`](crate::handle#per-key-overrides)), kept apart from the rate
     /// state: set by an operator, few, never swept.
     overrides: std::sync::Mutex<overrides::Store>,
 }

@@ -1,4 +1,4 @@
-//! Per-key overrides in memory ([`crate::handle::overrides`]): this process's own,
+//! Per-key overrides in memory ([`handle`](crate::handle#per-key-overrides)): this process's own,
 //! looked up by the override check of a tier that takes them.
 
 use super::MemoryBackend;

@@ -1,5 +1,5 @@
 //! Concurrency slots in memory: a request's release, and the renewal of
-//! a long request's slot (see [`crate::algorithm::concurrency`]).
+//! a long request's slot (see [`crate::algorithm::Concurrency`]).
 
 use super::shard::{locked, shard_of, Entry, Held, Lookup, Writer};
 use super::MemoryBackend;

@@ -64,7 +64,7 @@ pub(super) enum Via {
 /// are checked in one call: `{<key>}{pb}`.
 pub(crate) fn cluster_key(key: &str) -> String {
     for suffix in [
-        crate::algorithm::penalty::KEY_SUFFIX,
+        crate::algorithm::PENALTY_KEY_SUFFIX,
         crate::backend::override_rule::KEY_SUFFIX,
     ] {
         if let Some(tier) = key.strip_suffix(suffix) {

@@ -1,4 +1,4 @@
-//! Reading and writing the fleet-wide control hash (see `crate::handle::control`).
+//! Reading and writing the fleet-wide control hash (see `crate::handle`).
 
 use super::RedisBackend;
 use crate::error::BackendError;

@@ -1,4 +1,4 @@
-//! Per-key overrides in Redis ([`crate::handle::overrides`]): the override's value
+//! Per-key overrides in Redis ([`handle`](crate::handle#per-key-overrides)): the override's value
 //! under `<tier key>{ov}` (read by the check script of a tier that takes
 //! overrides, in its `MGET`), and the tier's listing, a hash
 //! `<prefix>:<tier>:{ov}` of key part → `<until µs> <rule>`. Plain commands;

@@ -45,7 +45,7 @@ pub(crate) fn longest_wait_us(limit: &Limit, cost: u64, now_us: u64) -> u64 {
         Limit::TokenBucket(b) => cost.saturating_mul(b.unit).min(b.capacity).div_ceil(b.rate),
         Limit::LeakyBucket(_) => u64::MAX,
         // The estimate's cap.
-        Limit::Concurrency(_) => crate::algorithm::concurrency::RETRY_ESTIMATE_US,
+        Limit::Concurrency(_) => crate::algorithm::RETRY_ESTIMATE_US,
         // The longest block.
         Limit::Penalty(p) => p.max_block_us,
         // Never denies (its tier's check does).

@@ -133,7 +133,7 @@ pub(in crate::backend::redis) fn encode(limit: &Limit) -> (u8, [i64; 4]) {
 }
 
 /// A limit's p1..p4 as the scripts take them (an override's quota, stored
-/// in Redis: see [`crate::handle::overrides`]).
+/// in Redis: see [`handle`](crate::handle#per-key-overrides)).
 pub(crate) fn params(limit: &Limit) -> [i64; 4] {
     encode(limit).1
 }

@@ -32,7 +32,7 @@
 //! (algorithm 7) `violations + 1024 × backoff + 2^20 × memory_s, window_us,
 //! block_us, max_block_us`; an override's read (algorithm 8) `0, 0, 0, 0`
 //! (its reply's r: 0 none, 1 unlimited, 2 blocked, 3 + a quota's capacity;
-//! see `lua/override.lua` and [`crate::handle::overrides`]).
+//! see `lua/override.lua` and [`handle`](crate::handle#per-key-overrides)).
 //!
 //! # The check reply
 //!
