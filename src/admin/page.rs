@@ -238,7 +238,7 @@ fn render_page(
         );
     }
     s.push_str("</table></section>");
-    render_settings(&mut s, base, h, &tiers, &scope);
+    super::settings::render_settings(&mut s, base, h, &tiers, &scope);
 
     // Top blocked keys: refused, and apart from them the keys a tier not
     // enforced for them would have refused (they got their answer).
@@ -487,63 +487,6 @@ fn render_overrides(s: &mut String, base: &str, lists: &OverrideLists) {
         let _ = write!(s, r#"<option>{}</option>"#, Esc(tier));
     }
     s.push_str(r#"</select> <input name="key" placeholder="key (as shown, or stored)"> <input name="rule" placeholder="unlimited | blocked | 1000/1m"> <input name="ttl" placeholder="ttl (1d), empty: none"> <button>set</button></form></section>"#);
-}
-
-/// The fleet-wide settings' forms: a tier's or plan's quota (set or back
-/// to the configured one) and the lists' entries, with the version this
-/// instance applies and where a change applies.
-fn render_settings(
-    s: &mut String,
-    base: &str,
-    h: &crate::handle::RateLimitHandle,
-    tiers: &[crate::handle::TierStatus],
-    scope: &str,
-) {
-    let action = format!("{base}/settings");
-    let _ = write!(
-        s,
-        r#"<section class="wide"><h2>Quotas and lists</h2><p class="muted" id="settings-version">settings version {}</p><form method="post" action="{}"><input type="hidden" name="action" value="quota"><select name="tier">"#,
-        h.settings_version(),
-        Esc(&action)
-    );
-    for t in tiers {
-        let _ = write!(s, r#"<option>{}</option>"#, Esc(&t.name));
-    }
-    let _ = write!(
-        s,
-        r#"</select> <input name="plan" placeholder="plan (empty: the tier's own)"> <input name="limit" placeholder="limit"> <input name="period" placeholder="period (1m, or month)"> <input name="burst" placeholder="burst (optional)"> <button name="op" value="set">set quota</button> <button name="op" value="reset">configured quota</button>{scope}</form>"#
-    );
-    for (name, entries) in [
-        ("allow", h.allowlist_entries()),
-        ("deny", h.denylist_entries()),
-    ] {
-        let all: Vec<String> = entries
-            .ips
-            .iter()
-            .map(|e| format!("ip {}", Esc(e)))
-            .chain(entries.users.iter().map(|e| format!("user {}", Esc(e))))
-            .chain(
-                entries
-                    .api_keys
-                    .iter()
-                    .map(|e| format!("api_key {}", Esc(e))),
-            )
-            .collect();
-        let _ = write!(
-            s,
-            r#"<p><strong>{name}list</strong>: {}</p>"#,
-            if all.is_empty() {
-                "<span class=\"muted\">empty</span>".to_owned()
-            } else {
-                all.join(", ")
-            }
-        );
-    }
-    let _ = write!(
-        s,
-        r#"<form method="post" action="{}"><input type="hidden" name="action" value="list"><select name="list"><option>deny</option><option>allow</option></select> <select name="kind"><option>ip</option><option>user</option><option>api_key</option></select> <input name="value" placeholder="203.0.113.0/24, a user id or an API key"> <button name="op" value="add">add</button> <button name="op" value="remove">remove</button>{scope}</form></section>"#,
-        Esc(&action)
-    );
 }
 
 /// A calendar quota's renewal (RFC 3339, UTC) as a row of the lookup table.

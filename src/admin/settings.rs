@@ -5,6 +5,7 @@
 
 use super::api::status_json;
 use super::form::form_pairs;
+use super::html::Esc;
 use super::mode::scope;
 use super::reply::{base_of, error, json_body, json_response, page_path, read_body, see_other};
 use super::Admin;
@@ -14,6 +15,7 @@ use axum::extract::{Request, State};
 use axum::response::Response;
 use http::StatusCode;
 use serde_json::json;
+use std::fmt::Write as _;
 use std::sync::Arc;
 
 #[derive(serde::Deserialize)]
@@ -290,4 +292,61 @@ pub(super) async fn form_settings(State(admin): State<Arc<Admin>>, req: Request)
         Ok(_) => see_other(page_path(&base)),
         Err(res) => res,
     }
+}
+
+/// The fleet-wide settings' forms: a tier's or plan's quota (set or back
+/// to the configured one) and the lists' entries, with the version this
+/// instance applies and where a change applies.
+pub(super) fn render_settings(
+    s: &mut String,
+    base: &str,
+    h: &crate::handle::RateLimitHandle,
+    tiers: &[crate::handle::TierStatus],
+    scope: &str,
+) {
+    let action = format!("{base}/settings");
+    let _ = write!(
+        s,
+        r#"<section class="wide"><h2>Quotas and lists</h2><p class="muted" id="settings-version">settings version {}</p><form method="post" action="{}"><input type="hidden" name="action" value="quota"><select name="tier">"#,
+        h.settings_version(),
+        Esc(&action)
+    );
+    for t in tiers {
+        let _ = write!(s, r#"<option>{}</option>"#, Esc(&t.name));
+    }
+    let _ = write!(
+        s,
+        r#"</select> <input name="plan" placeholder="plan (empty: the tier's own)"> <input name="limit" placeholder="limit"> <input name="period" placeholder="period (1m, or month)"> <input name="burst" placeholder="burst (optional)"> <button name="op" value="set">set quota</button> <button name="op" value="reset">configured quota</button>{scope}</form>"#
+    );
+    for (name, entries) in [
+        ("allow", h.allowlist_entries()),
+        ("deny", h.denylist_entries()),
+    ] {
+        let all: Vec<String> = entries
+            .ips
+            .iter()
+            .map(|e| format!("ip {}", Esc(e)))
+            .chain(entries.users.iter().map(|e| format!("user {}", Esc(e))))
+            .chain(
+                entries
+                    .api_keys
+                    .iter()
+                    .map(|e| format!("api_key {}", Esc(e))),
+            )
+            .collect();
+        let _ = write!(
+            s,
+            r#"<p><strong>{name}list</strong>: {}</p>"#,
+            if all.is_empty() {
+                "<span class=\"muted\">empty</span>".to_owned()
+            } else {
+                all.join(", ")
+            }
+        );
+    }
+    let _ = write!(
+        s,
+        r#"<form method="post" action="{}"><input type="hidden" name="action" value="list"><select name="list"><option>deny</option><option>allow</option></select> <select name="kind"><option>ip</option><option>user</option><option>api_key</option></select> <input name="value" placeholder="203.0.113.0/24, a user id or an API key"> <button name="op" value="add">add</button> <button name="op" value="remove">remove</button>{scope}</form></section>"#,
+        Esc(&action)
+    );
 }

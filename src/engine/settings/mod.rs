@@ -38,15 +38,14 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+mod write;
+
+pub(crate) use write::write;
+
 /// The control hash's field holding the settings document.
 pub(crate) const SETTINGS: &str = "settings";
 /// The control hash's field holding the settings' version.
 pub(crate) const SETTINGS_VERSION: &str = "settings_version";
-
-/// How many times a write re-reads and retries when another write came
-/// first.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
-const WRITE_ATTEMPTS: usize = 8;
 
 /// Serializes every change of the engine's live settings (a handle's
 /// update, an applied settings document): they copy the settings, change
@@ -75,7 +74,7 @@ pub(crate) struct Settings {
 impl Settings {
     /// Whether it changes nothing (stored as no document).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.tiers.is_empty() && self.allow.is_none() && self.deny.is_none()
     }
 }
@@ -346,7 +345,7 @@ pub(crate) fn runtime_of(
 
 /// The lists `doc` makes of the configured ones (`None`: the front door
 /// has no lists). The error names the entry (`allow.ips[2]`).
-fn lists_of(shared: &Shared, doc: &Settings) -> Result<Option<Lists>, Invalid> {
+pub(super) fn lists_of(shared: &Shared, doc: &Settings) -> Result<Option<Lists>, Invalid> {
     let Some((_, configured)) = shared.live.fleet.lists.get() else {
         return Ok(None);
     };
@@ -372,7 +371,7 @@ fn lists_of(shared: &Shared, doc: &Settings) -> Result<Option<Lists>, Invalid> {
 
 /// The version and document of one read of the control hash (`(0, None)`
 /// when it has no settings). The error says what is malformed.
-fn stored(fields: &[(String, String)]) -> Result<(u64, Option<&str>), String> {
+pub(super) fn stored(fields: &[(String, String)]) -> Result<(u64, Option<&str>), String> {
     let field = |name: &str| {
         fields
             .iter()
@@ -395,7 +394,7 @@ fn stored(fields: &[(String, String)]) -> Result<(u64, Option<&str>), String> {
 }
 
 /// Parses a stored document (`None`: none, the configured settings).
-fn parse(raw: Option<&str>) -> Result<Settings, String> {
+pub(super) fn parse(raw: Option<&str>) -> Result<Settings, String> {
     match raw {
         None | Some("") => Ok(Settings::default()),
         Some(text) => serde_json::from_str(text).map_err(|e| format!("{SETTINGS}: {e}")),
@@ -463,59 +462,4 @@ pub(crate) fn apply_read(shared: &Shared, key: &str, fields: &[(String, String)]
 pub(crate) fn set_version_gauge(version: u64) {
     #[allow(clippy::cast_precision_loss)] // versions stay far below 2^53
     metrics::gauge!("tiered_ratelimit_settings_version").set(version as f64);
-}
-
-/// Writes a change of the fleet-wide settings: reads the stored document,
-/// lets `change` edit it, checks the result as `build()` would (nothing is
-/// written if it is refused), writes it with the next version if no other
-/// write came first (else reads again, up to 8 times), then applies it here
-/// at once; the other instances follow within one poll interval. Answers
-/// the new version.
-pub(crate) async fn write(
-    shared: &Shared,
-    by: &str,
-    change: impl Fn(&mut Settings) -> Result<(), Invalid>,
-) -> Result<u64, ControlError> {
-    let Some(key) = super::watch::control_hash_key(shared) else {
-        return Err(ControlError::NotConfigured);
-    };
-    #[cfg(feature = "redis")]
-    if let crate::backend::Backend::Redis(redis) = &shared.backend {
-        for _ in 0..WRITE_ATTEMPTS {
-            let fields = redis.hgetall(key).await?;
-            let (version, raw) = stored(&fields).map_err(ControlError::Malformed)?;
-            let mut doc = parse(raw).map_err(ControlError::Malformed)?;
-            change(&mut doc)?;
-            doc.by = Some(by.to_owned());
-            let current = shared.live.runtime.load_full();
-            runtime_of(shared, &current, &doc)?;
-            lists_of(shared, &doc)?;
-            let text = if doc.is_empty() {
-                String::new()
-            } else {
-                serde_json::to_string(&doc).map_err(|e| ControlError::Malformed(e.to_string()))?
-            };
-            match redis.write_settings(key, version, &text).await? {
-                Ok(new) => {
-                    tracing::info!(target: super::CONTROL_LOG_TARGET, key, version = new, by,
-                        "control key: fleet-wide settings written");
-                    let mut fields = vec![(SETTINGS_VERSION.to_owned(), new.to_string())];
-                    if !text.is_empty() {
-                        fields.push((SETTINGS.to_owned(), text));
-                    }
-                    apply_read(shared, key, &fields);
-                    return Ok(new);
-                }
-                Err(Some(_)) => continue,
-                Err(None) => {
-                    return Err(ControlError::Malformed(format!(
-                        "{SETTINGS_VERSION} is not a whole number"
-                    )))
-                }
-            }
-        }
-        return Err(ControlError::Contended);
-    }
-    let _ = (key, by, change);
-    Err(ControlError::NotConfigured)
 }
