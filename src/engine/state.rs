@@ -64,7 +64,7 @@ pub(crate) struct Config {
     pub(crate) header_style: HeaderStyle,
     pub(crate) control: Option<ControlKey>,
     /// The quotas and modes as built: what fleet-wide settings start from
-    /// (`engine/settings.rs`).
+    /// (`engine/settings/`).
     pub(crate) configured: Runtime,
 }
 
