@@ -172,6 +172,7 @@ pub(crate) fn anchor<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, 
     }))
 }
 /// A `period` that may be absent (a descriptor rule's), as [`period`].
+#[cfg(feature = "descriptor")]
 pub(crate) fn optional_period<'de, D: Deserializer<'de>>(
     d: D,
 ) -> Result<Option<PolicyPeriod>, D::Error> {
