@@ -65,15 +65,14 @@
 
 mod lists;
 mod priced;
+mod quota;
 mod redis;
 mod tier;
 
 pub use lists::DenylistPolicy;
 pub use priced::{ActualPolicy, EstimatePolicy, PricedPolicy};
+pub use quota::QuotaPolicy;
 pub use redis::RedisConfig;
-// The descriptor front door's `[[rule]]` reads these as a `[[tier]]` does.
-#[cfg(feature = "descriptor")]
-pub(crate) use tier::{anchor, calendar_of, optional_period};
 pub use tier::{KeySpec, PlanSource, PolicyPeriod, TierPolicy};
 
 use crate::backend::Backend;
