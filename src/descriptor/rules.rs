@@ -283,7 +283,7 @@ impl RulesPolicy {
     /// `[[rule]]` table.
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| {
-            let msg = e.to_string();
+            let msg = crate::policy::toml_error(text, &e);
             match e.span().and_then(|s| rule_at(text, s.start)) {
                 Some(name) => ConfigError::Policy(format!("rule \"{name}\": {msg}")),
                 None => ConfigError::Policy(msg),

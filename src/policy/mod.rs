@@ -71,6 +71,8 @@ mod tier;
 
 pub use lists::DenylistPolicy;
 pub use priced::{ActualPolicy, EstimatePolicy, PricedPolicy};
+#[cfg(all(feature = "policy-file", feature = "descriptor"))]
+pub(crate) use quota::toml_error;
 pub use quota::QuotaPolicy;
 pub use redis::RedisConfig;
 pub use tier::{KeySpec, PlanSource, PolicyPeriod, TierPolicy};
@@ -182,7 +184,7 @@ impl Policy {
     /// [`ConfigError::Policy`] with the parser's message, which names the
     /// offending field and line (unknown fields included).
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Policy(e.to_string()))
+        toml::from_str(text).map_err(|e| ConfigError::Policy(quota::toml_error(text, &e)))
     }
 
     #[cfg(feature = "policy-file")]

@@ -4,9 +4,10 @@
 //! the same errors naming them.
 //!
 //! A flattened table's values reach their parsers without their place in
-//! the file (serde buffers them), so a mistake in one of these fields is
-//! reported at its table's header line, and each field's parser puts the
-//! field's name before its message (`sync: unknown variant ...`).
+//! the file (serde buffers them): each field's reader puts the field's name
+//! before its message (`sync: unknown variant ...`), and the TOML readers
+//! put the error back on that field's line (`toml_error`), as the parser
+//! reports every other field.
 
 use super::tier::{calendar_of, PolicyPeriod};
 use crate::algorithm::calendar::Calendar;
@@ -131,4 +132,111 @@ fn sync_max<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
 }
 fn sync_min<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     named("sync_min", d, u64::deserialize)
+}
+
+/// The names of [`QuotaPolicy`]'s fields, as a file writes them.
+#[cfg(feature = "policy-file")]
+const FIELDS: [&str; 9] = [
+    "limit",
+    "period",
+    "time_zone",
+    "anchor",
+    "burst",
+    "sync",
+    "sync_interval",
+    "sync_max",
+    "sync_min",
+];
+
+/// A TOML parser's error as text, put back on its field's line when it is
+/// about a field of a table that flattens [`QuotaPolicy`]: serde reads
+/// such a table's fields through a buffer, so the parser can only point at
+/// the table's header. An unknown field (`unknown field `limt``) then points
+/// at its key, a quota field's bad value at its value (with the parser's
+/// message, without the `burst: ` its field's reader put before it), as the
+/// parser points at every other field. Any other error is the parser's as
+/// it is.
+#[cfg(feature = "policy-file")]
+pub(crate) fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message();
+    let field = message
+        .strip_prefix("unknown field `")
+        .and_then(|m| m.split('`').next())
+        .map(|f| (f, true))
+        .or_else(|| {
+            let (f, _) = message.split_once(": ")?;
+            FIELDS.contains(&f).then_some((f, false))
+        });
+    let (Some(span), Some((field, key))) = (e.span(), field) else {
+        return e.to_string();
+    };
+    match field_in_table(text, span.start, field, key) {
+        // The line names the field: the parser's own message, as for the
+        // table's other fields.
+        Some(at) if key => render(text, at, message),
+        Some(at) => render(text, at, &message[field.len() + 2..]),
+        None => e.to_string(),
+    }
+}
+
+/// Where `field` is written in the table whose header starts at `header`:
+/// its key (`key`) or its value, as a byte range of `text`.
+#[cfg(feature = "policy-file")]
+fn field_in_table(
+    text: &str,
+    header: usize,
+    field: &str,
+    key: bool,
+) -> Option<std::ops::Range<usize>> {
+    let mut start = text.get(..header)?.rfind('\n').map_or(0, |n| n + 1);
+    let mut first = true;
+    for line in text.get(start..)?.split_inclusive('\n') {
+        let at = start;
+        start += line.len();
+        let trimmed = line.trim_start();
+        if trimmed.starts_with('[') && !first {
+            return None;
+        }
+        first = false;
+        let Some((k, v)) = trimmed.split_once('=') else {
+            continue;
+        };
+        if k.trim().trim_matches(|c| c == '"' || c == '\'') != field {
+            continue;
+        }
+        let indent = line.len() - trimmed.len();
+        if key {
+            return Some(at + indent..at + indent + k.trim_end().len());
+        }
+        let v_start = at + indent + k.len() + 1 + (v.len() - v.trim_start().len());
+        return Some(v_start..v_start + v.trim().len());
+    }
+    None
+}
+
+/// `message` at `span` of `text`, laid out as the TOML parser lays out its
+/// errors (`TOML parse error at line L, column C`, the line, a caret).
+#[cfg(feature = "policy-file")]
+fn render(text: &str, span: std::ops::Range<usize>, message: &str) -> String {
+    use std::fmt::Write;
+    let before = &text[..span.start];
+    let line = before.matches('\n').count();
+    let column = before[before.rfind('\n').map_or(0, |n| n + 1)..]
+        .chars()
+        .count();
+    let content = text.split('\n').nth(line).unwrap_or("");
+    let gutter = " ".repeat((line + 1).to_string().len() + 1);
+    let carets = "^".repeat(text[span].chars().count().max(1));
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "TOML parse error at line {}, column {}",
+        line + 1,
+        column + 1
+    );
+    let _ = writeln!(out, "{gutter}|");
+    let _ = writeln!(out, "{} | {content}", line + 1);
+    let _ = writeln!(out, "{gutter}|{}{carets}", " ".repeat(column + 1));
+    let _ = writeln!(out, "{message}");
+    out
 }
