@@ -51,7 +51,8 @@
 //! [`DenyStatus`](crate::rollout::DenyStatus)), `[control]` a [`ControlKey`],
 //! `[redis]` a [`RedisConfig`] (where the Redis backend is: `url`,
 //! `cluster_nodes`, or `sentinels` and `master_name`),
-//! `[[tier]]` a [`TierPolicy`] (its `key` a [`KeySpec`]) and
+//! `[[tier]]` a [`TierPolicy`] (its `key` a [`KeySpec`], its quota fields a
+//! [`QuotaPolicy`], which the Envoy service's rules file shares) and
 //! `[tier.plans]` entries [`Quota`](crate::Quota)s, read per request from a
 //! [`PlanSource`]. The operator's guide to lists, plans and the control key
 //! is `docs/rollout.md`. Unknown fields are an error naming the field and
