@@ -100,6 +100,8 @@
 pub mod admin;
 pub mod algorithm;
 pub mod backend;
+#[cfg(feature = "descriptor")]
+#[cfg_attr(docsrs, doc(cfg(feature = "descriptor")))]
 pub mod descriptor;
 mod engine;
 mod error;

@@ -4,24 +4,19 @@
 //! `GET /healthcheck` (200 `OK` while serving, 500 empty after); and the
 //! binary serving them on the reference's `HOST`/`PORT`.
 
-#[allow(dead_code)]
-#[path = "../../tests/support/redis_server.rs"]
-mod redis_server;
+mod support;
 
-use redis_server::{free_port, RedisServer};
 use serde_json::{json, Value};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use support::{free_port, rls_command, Killed, RedisServer, T0_US};
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
 use tiered_ratelimit::descriptor::{FailureStatus, ReferenceConfig};
 use tiered_ratelimit::response::HeaderStyle;
 use tiered_ratelimit::EngineBuilder;
 use tiered_ratelimit_rls::{serve_http, Rls};
-
-/// 1,700,000,000 s: 20 s into a minute.
-const T0_US: u64 = 1_700_000_000 * 1_000_000;
 
 const EDGE: &str = "
 domain: edge
@@ -229,7 +224,7 @@ async fn the_binary_serves_them_on_host_and_port() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("edge.yaml"), EDGE).unwrap();
     let (grpc, http) = (free_port(), free_port());
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let child = rls_command()
         .env_clear()
         .arg("--config")
         .arg(&dir)
@@ -243,13 +238,6 @@ async fn the_binary_serves_them_on_host_and_port() {
         .stdout(std::process::Stdio::null())
         .spawn()
         .expect("spawn");
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let _child = Killed(child);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let health = loop {

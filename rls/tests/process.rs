@@ -3,19 +3,17 @@
 //! all or nothing; `grpc.health.v1` says SERVING; `GET /metrics` serves
 //! Prometheus text; SIGTERM ends it cleanly (exit status 0).
 
-#[allow(dead_code)]
-#[path = "../../tests/support/redis_server.rs"]
-mod redis_server;
+mod support;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use redis_server::{free_port, RedisServer};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::metrics as get_metrics;
+use support::{free_port, rls_command, Killed, RedisServer};
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -23,21 +21,14 @@ use tonic_health::pb::HealthCheckRequest;
 
 /// A server process, killed on drop if still running.
 struct Server {
-    child: Child,
+    child: Killed,
     grpc: u16,
     metrics: u16,
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn spawn(config: &std::path::Path) -> Server {
     let (grpc, metrics) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let child = rls_command()
         .arg("--config")
         .arg(config)
         .args(["--listen", &format!("127.0.0.1:{grpc}")])
@@ -48,7 +39,7 @@ fn spawn(config: &std::path::Path) -> Server {
         .spawn()
         .expect("spawn tiered-ratelimit-rls");
     Server {
-        child,
+        child: Killed(child),
         grpc,
         metrics,
     }
@@ -89,19 +80,6 @@ fn both() -> RateLimitRequest {
         descriptors: vec![d("tenant", "t1"), d("plan", "gold")],
         hits_addend: 1,
     }
-}
-
-/// `GET /metrics` over plain HTTP/1.0: the whole response.
-async fn get_metrics(port: u16) -> String {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("metrics port");
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,7 +206,7 @@ sync = "lease"
     )
     .unwrap();
     let (grpc, metrics) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let child = rls_command()
         .arg("--config")
         .arg(&config)
         .args(["--listen", &format!("127.0.0.1:{grpc}")])
@@ -319,7 +297,7 @@ period = "1h"
 "#,
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let out = rls_command()
         .arg("--config")
         .arg(&config)
         .args(["--listen", "127.0.0.1:0", "--metrics", "none"])
@@ -385,7 +363,7 @@ mod tempfile_path {
 #[tokio::test]
 async fn unreachable_redis_at_start_up_is_said_at_start_up() {
     let rules = unreachable_rules("closed");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let mut child = rls_command()
         .arg("--config")
         .arg(&rules.0)
         .args(["--listen", &format!("127.0.0.1:{}", free_port())])
@@ -430,7 +408,7 @@ async fn unreachable_redis_at_start_up_is_said_at_start_up() {
 
     let rules = unreachable_rules("open");
     let (grpc, metrics) = (free_port(), free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let mut child = rls_command()
         .arg("--config")
         .arg(&rules.0)
         .args(["--listen", &format!("127.0.0.1:{grpc}")])

@@ -9,38 +9,21 @@
 //! config and integration tests', written as our own tables; every
 //! scenario that decides runs on the three backends.
 
-#[allow(dead_code)]
-#[path = "../../tests/support/cluster.rs"]
-mod cluster;
-#[allow(dead_code)]
-#[path = "../../tests/support/redis_server.rs"]
-mod redis_server;
+mod support;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
-    Code, DescriptorStatus, RateLimit,
-};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use std::net::SocketAddr;
 use std::path::Path;
 
-use cluster::RedisCluster;
-use redis_server::RedisServer;
+use support::cluster::RedisCluster;
+use support::limited_per as limited;
+use support::{call, connect, d, no_limit, req, Client, RedisServer, T0_US};
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
 use tiered_ratelimit::descriptor::{FailureStatus, ReferenceConfig};
 use tiered_ratelimit::response::HeaderStyle;
 use tiered_ratelimit::EngineBuilder;
 use tiered_ratelimit_rls::{serve, Rls};
-use tonic::transport::Channel;
-
-/// 1,700,000,000 s: 20 s into a minute, 800 s into an hour, 80,000 s into a day.
-const T0_US: u64 = 1_700_000_000 * 1_000_000;
-
-type Client = RateLimitServiceClient<Channel>;
 
 /// A tenant tree with key-only defaults and value overrides at two levels.
 const SHOP: &str = r"
@@ -179,77 +162,10 @@ async fn start(config: ReferenceConfig, backend: impl Into<Backend>, shadow: boo
     addr
 }
 
-async fn connect(addr: SocketAddr) -> Client {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect");
-    RateLimitServiceClient::new(channel)
-}
-
-fn d(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).to_owned(),
-                value: (*v).to_owned(),
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-fn req(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.to_owned(),
-        descriptors,
-        hits_addend: 0,
-    }
-}
-
-async fn call(c: &mut Client, r: RateLimitRequest) -> RateLimitResponse {
-    c.should_rate_limit(r).await.expect("answered").into_inner()
-}
-
 async fn one(c: &mut Client, domain: &str, entries: &[(&str, &str)]) -> DescriptorStatus {
     let r = call(c, req(domain, vec![d(entries)])).await;
     assert_eq!(r.statuses.len(), 1);
     r.statuses[0].clone()
-}
-
-/// A status with a limit: code, name, per unit, unit, remaining, seconds to reset.
-fn limited(
-    code: Code,
-    name: &str,
-    per_unit: u32,
-    unit: Unit,
-    remaining: u32,
-    reset_s: i64,
-) -> DescriptorStatus {
-    DescriptorStatus {
-        code: code.into(),
-        current_limit: Some(RateLimit {
-            name: name.to_owned(),
-            requests_per_unit: per_unit,
-            unit: unit.into(),
-        }),
-        limit_remaining: remaining,
-        duration_until_reset: Some(ProtoDuration {
-            seconds: reset_s,
-            nanos: 0,
-        }),
-        quota: None,
-    }
-}
-
-fn no_limit(remaining: u32) -> DescriptorStatus {
-    DescriptorStatus {
-        code: Code::Ok.into(),
-        limit_remaining: remaining,
-        ..Default::default()
-    }
 }
 
 /// The reference's descent, units and names, one fresh call per row.

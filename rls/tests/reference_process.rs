@@ -7,57 +7,21 @@
 //! and reload without a restart, of the reference's YAML and of our TOML
 //! rules file.
 
-#[allow(dead_code)]
-#[path = "../../tests/support/cluster.rs"]
-mod cluster;
-#[allow(dead_code)]
-#[path = "../../tests/support/redis_server.rs"]
-mod redis_server;
-#[allow(dead_code)]
-#[path = "../../tests/support/sentinel.rs"]
-mod sentinel;
+mod support;
 
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use redis_server::{free_port, RedisServer};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-struct Killed(Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A client of the binary's gRPC port, once it listens (10 s at most).
-async fn connect(grpc: u16) -> RateLimitServiceClient<tonic::transport::Channel> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let endpoint =
-            tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc}")).unwrap();
-        if let Ok(ch) = endpoint.connect().await {
-            return RateLimitServiceClient::new(ch);
-        }
-        assert!(Instant::now() < deadline, "never listened on {grpc}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn header(k: &str, v: &str) -> HeaderValue {
-    HeaderValue {
-        key: k.to_owned(),
-        value: v.to_owned(),
-        ..Default::default()
-    }
-}
+use support::connect_when_listening as connect;
+use support::metrics as scrape;
+use support::{cluster, sentinel};
+use support::{free_port, header, rls_command, Killed, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reference_environment_alone_starts_and_serves() {
@@ -73,7 +37,7 @@ async fn the_reference_environment_alone_starts_and_serves() {
     .unwrap();
     std::fs::write(config.join(".edge.yaml.swp"), "\0 not yaml").unwrap();
     let (grpc, metrics) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let child = rls_command()
         .env_clear()
         .env("RUNTIME_ROOT", &root)
         .env("RUNTIME_SUBDIRECTORY", "ratelimit")
@@ -179,7 +143,7 @@ async fn the_reference_environment_alone_starts_and_serves() {
 
 #[test]
 fn a_reference_variable_that_cannot_be_honoured_stops_the_start() {
-    let out = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let out = rls_command()
         .env_clear()
         .env("RUNTIME_ROOT", "/nonexistent")
         .env("USE_STATSD", "true")
@@ -208,19 +172,6 @@ fn peek_tenant() -> RateLimitRequest {
     }
 }
 
-async fn scrape(port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.unwrap();
-    body
-}
-
 /// `n` an hour on `tenant`, in the reference's YAML.
 fn tenant_yaml(n: u32) -> String {
     format!("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n      unit: hour\n      requests_per_unit: {n}\n")
@@ -244,7 +195,7 @@ fn runtime_root(name: &str, yaml: &str) -> (PathBuf, PathBuf) {
 /// child (killed on drop), its gRPC port and its metrics port.
 fn spawn_reference(root: &Path, vars: &[(&str, String)]) -> (Killed, u16, u16) {
     let (grpc, metrics) = (free_port(), free_port());
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"));
+    let mut cmd = rls_command();
     cmd.env_clear()
         .env("RUNTIME_ROOT", root)
         .env("GRPC_HOST", "127.0.0.1")
@@ -400,7 +351,7 @@ async fn a_changed_toml_rules_file_is_swapped_in_and_a_broken_one_refused() {
     };
     std::fs::write(&file, toml(2, "")).unwrap();
     let (grpc, metrics) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+    let child = rls_command()
         .env_clear()
         .arg("--config")
         .arg(&file)
@@ -608,7 +559,7 @@ fn hostile_yaml_stops_the_start_naming_the_file() {
     ];
     for (n, text) in files.iter().enumerate() {
         let (root, file) = runtime_root("hostile", text);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tiered-ratelimit-rls"))
+        let mut child = rls_command()
             .env_clear()
             .env("RUNTIME_ROOT", &root)
             .env("GRPC_HOST", "127.0.0.1")

@@ -4,34 +4,20 @@
 //! all-or-nothing decision per request under concurrency from two server
 //! instances sharing Redis; the failure policy; hostile input.
 
-// The root crate's starters of real redis-server processes.
-#[allow(dead_code)]
-#[path = "../../tests/support/cluster.rs"]
-mod cluster;
-#[allow(dead_code)]
-#[path = "../../tests/support/redis_server.rs"]
-mod redis_server;
+mod support;
 
-use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use std::net::SocketAddr;
 
-use cluster::RedisCluster;
-use redis_server::RedisServer;
+use support::cluster::RedisCluster;
+use support::{call, connect, d, header, no_limit, req, RedisServer, T0_US};
 use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend};
 use tiered_ratelimit::descriptor::RulesPolicy;
 use tiered_ratelimit_rls::{serve, Rls};
-use tonic::transport::Channel;
-
-const T0_US: u64 = 1_700_000_000 * 1_000_000;
 
 const RULES: &str = r#"
 domain = "edge"
@@ -62,8 +48,6 @@ period = "1m"
 shadow_mode = true
 "#;
 
-type Client = RateLimitServiceClient<Channel>;
-
 /// Serves `rules` on `backend` on a free loopback port.
 async fn start(rules: &str, backend: impl Into<Backend>) -> SocketAddr {
     let policy = RulesPolicy::from_toml_str(rules).expect("rules");
@@ -77,41 +61,8 @@ async fn start(rules: &str, backend: impl Into<Backend>) -> SocketAddr {
     addr
 }
 
-async fn connect(addr: SocketAddr) -> Client {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .expect("connect");
-    RateLimitServiceClient::new(channel)
-}
-
-fn d(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).to_owned(),
-                value: (*v).to_owned(),
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-fn req(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.to_owned(),
-        descriptors,
-        hits_addend: 0,
-    }
-}
-
-async fn call(c: &mut Client, r: RateLimitRequest) -> RateLimitResponse {
-    c.should_rate_limit(r).await.expect("answered").into_inner()
-}
-
-/// A status with a limit: code, rule, per unit, remaining, seconds to reset.
+/// A status with a per-minute limit: code, rule, per unit, remaining,
+/// seconds to reset.
 fn limited(
     code: Code,
     name: &str,
@@ -119,36 +70,7 @@ fn limited(
     remaining: u32,
     reset_s: i64,
 ) -> DescriptorStatus {
-    DescriptorStatus {
-        code: code.into(),
-        current_limit: Some(RateLimit {
-            name: name.to_owned(),
-            requests_per_unit: per_unit,
-            unit: Unit::Minute.into(),
-        }),
-        limit_remaining: remaining,
-        duration_until_reset: Some(ProtoDuration {
-            seconds: reset_s,
-            nanos: 0,
-        }),
-        quota: None,
-    }
-}
-
-fn no_limit(remaining: u32) -> DescriptorStatus {
-    DescriptorStatus {
-        code: Code::Ok.into(),
-        limit_remaining: remaining,
-        ..Default::default()
-    }
-}
-
-fn header(k: &str, v: &str) -> HeaderValue {
-    HeaderValue {
-        key: k.to_owned(),
-        value: v.to_owned(),
-        ..Default::default()
-    }
+    support::limited_per(code, name, per_unit, Unit::Minute, remaining, reset_s)
 }
 
 /// The scenario every backend must answer identically (time stands still

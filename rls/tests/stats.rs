@@ -4,11 +4,12 @@
 //! nested one with `value_to_metric`, a shadowed wildcard, a node with
 //! `detailed_metric`). One test per binary: it installs the recorder.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+mod support;
+
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use std::path::Path;
+use support::{d, T0_US};
 use tiered_ratelimit::backend::{ManualClock, MemoryBackend};
 use tiered_ratelimit::descriptor::{FailureStatus, ReferenceConfig};
 use tiered_ratelimit::response::HeaderStyle;
@@ -17,8 +18,6 @@ use tiered_ratelimit_rls::{serve, Rls};
 
 /// A descriptor's entries.
 type Entries = &'static [(&'static str, &'static str)];
-
-const T0_US: u64 = 1_700_000_000 * 1_000_000;
 
 const EDGE: &str = "
 domain: edge
@@ -48,23 +47,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 2}
 ";
 
-fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(k, v)| Entry {
-                key: (*k).into(),
-                value: (*v).into(),
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
 fn req(entries: &[(&str, &str)], hits: u32) -> RateLimitRequest {
     RateLimitRequest {
         domain: "edge".into(),
-        descriptors: vec![descriptor(entries)],
+        descriptors: vec![d(entries)],
         hits_addend: hits,
     }
 }
@@ -93,7 +79,7 @@ async fn the_reference_stat_names_count_a_known_sequence() {
     let shadowed = rls("sh.yaml", SHADOWED, true);
     let sh = |values: &[&str]| RateLimitRequest {
         domain: "sh".into(),
-        descriptors: values.iter().map(|v| descriptor(&[("k", v)])).collect(),
+        descriptors: values.iter().map(|v| d(&[("k", v)])).collect(),
         hits_addend: 0,
     };
     let mut sh_codes = Vec::new();

@@ -4,8 +4,8 @@
 
 use super::facts::{raw_key, same_values, DescriptorFacts};
 use super::matching::{Compiled, Descriptor};
+use super::reference::tree::Tree;
 use super::rules::{Rule, RuleLimit, RulesPolicy};
-use super::tree::Tree;
 use super::{per_unit, MAX_DESCRIPTORS, MAX_ENTRIES};
 use crate::backend::Backend;
 use crate::engine::EngineBuilder;

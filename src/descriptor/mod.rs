@@ -51,24 +51,19 @@ mod domains;
 mod facts;
 mod limiter;
 mod matching;
-#[cfg(feature = "envoy-yaml")]
 mod reference;
 mod rules;
-mod stat;
 #[cfg(test)]
 mod tests;
-mod tree;
-mod unit;
 
 pub use domains::DomainLimiters;
 pub use limiter::{Answer, Code, DescriptorLimiter, DescriptorStatus, RequestError};
 pub use matching::Descriptor;
+pub use reference::{per_unit, StatLevel, StatPath, Unit};
 #[cfg(feature = "envoy-yaml")]
 #[cfg_attr(docsrs, doc(cfg(feature = "envoy-yaml")))]
 pub use reference::{ReferenceConfig, ReferenceDomain, MAX_FILES, MAX_FILE_BYTES};
 pub use rules::{EntryMatch, FailureStatus, Rule, RuleLimit, RulePolicy, RulesPolicy};
-pub use stat::{StatLevel, StatPath};
-pub use unit::{per_unit, Unit};
 
 /// The most descriptors one request may carry.
 pub const MAX_DESCRIPTORS: usize = crate::engine::MAX_TIERS;

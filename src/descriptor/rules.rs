@@ -7,7 +7,7 @@ use crate::algorithm::calendar::Calendar;
 use crate::algorithm::calendar::CalendarPeriod;
 use crate::backend::Backend;
 use crate::error::ConfigError;
-use crate::policy::{PolicyPeriod, RedisConfig};
+use crate::policy::{PolicyPeriod, QuotaPolicy, RedisConfig};
 use crate::response::HeaderStyle;
 use crate::{
     algorithm::kind::Algorithm, engine::CircuitBreaker, engine::EngineBuilder,
@@ -202,27 +202,15 @@ pub struct RulePolicy {
     /// The entries it matches, in order.
     #[serde(rename = "match")]
     pub entries: Vec<EntryMatch>,
-    /// Requests per period (required unless `unlimited`).
-    #[serde(default)]
-    pub limit: Option<u64>,
-    /// The period (required unless `unlimited`): a duration, humantime
-    /// (`"1m"`), or a calendar period, `"day"`, `"week"`, `"month"` or
-    /// `"year"`, as a `[[tier]]`'s `period` (a fixed window over local
-    /// midnights; `current_limit` then says DAY, WEEK, MONTH or YEAR and
-    /// `duration_until_reset` the time to the next boundary).
-    #[serde(default, deserialize_with = "crate::policy::optional_period")]
-    pub period: Option<PolicyPeriod>,
-    /// A calendar period's IANA time zone (default `"UTC"`), as a
-    /// `[[tier]]`'s.
-    #[serde(default)]
-    pub time_zone: Option<String>,
-    /// A calendar period's first day, as a `[[tier]]`'s `anchor`: a
-    /// weekday for `"week"`, 1-31 for `"month"`, `"MM-DD"` for `"year"`.
-    #[serde(default, deserialize_with = "crate::policy::anchor")]
-    pub anchor: Option<String>,
-    /// Capacity (default `limit`).
-    #[serde(default)]
-    pub burst: Option<u64>,
+    /// The quota, as a `[[tier]]`'s and written as it is, in the
+    /// `[[rule]]` table itself: `limit` and `period` (both required unless
+    /// `unlimited`; a calendar `period` is a fixed window over local
+    /// midnights, `current_limit` then says DAY, WEEK, MONTH or YEAR and
+    /// `duration_until_reset` the time to the next boundary), `time_zone`,
+    /// `anchor`, `burst`, and `sync` (`"lease"`: lease mode for the rule's
+    /// hot descriptors, Redis only) with its settings.
+    #[serde(flatten)]
+    pub quota: QuotaPolicy,
     /// One of [`Algorithm::NAMES`] (default `token_bucket`).
     #[serde(default)]
     pub algorithm: Option<String>,
@@ -238,23 +226,6 @@ pub struct RulePolicy {
     /// checked, not charged).
     #[serde(default)]
     pub replaces: Vec<String>,
-    /// `"request"` (the default: one script call per request) or `"lease"`
-    /// (lease mode for the rule's hot descriptors, Redis only: see
-    /// [`crate::engine::token_lease`]).
-    #[serde(default, deserialize_with = "crate::engine::deserialize_sync")]
-    pub sync: Option<String>,
-    /// With `sync = "lease"`: the demand one lease covers (humantime,
-    /// default `"100ms"`).
-    #[serde(default, with = "humantime_serde")]
-    pub sync_interval: Option<Duration>,
-    /// With `sync = "lease"`: the most tokens one instance holds of one
-    /// descriptor (default the capacity ÷ 8).
-    #[serde(default)]
-    pub sync_max: Option<u64>,
-    /// With `sync = "lease"`: the least demand per interval for a
-    /// descriptor to be leased (default 2).
-    #[serde(default)]
-    pub sync_min: Option<u64>,
 }
 
 pub(super) fn default_prefix() -> String {
@@ -312,7 +283,7 @@ impl RulesPolicy {
     /// `[[rule]]` table.
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
         toml::from_str(text).map_err(|e| {
-            let msg = e.to_string();
+            let msg = crate::policy::toml_error(text, &e);
             match e.span().and_then(|s| rule_at(text, s.start)) {
                 Some(name) => ConfigError::Policy(format!("rule \"{name}\": {msg}")),
                 None => ConfigError::Policy(msg),
@@ -350,11 +321,9 @@ impl RulesPolicy {
                 let bad = |what: &dyn std::fmt::Display| {
                     ConfigError::Policy(format!("rule \"{}\": {what}", r.name))
                 };
-                let calendar = match r.period {
-                    Some(p) => {
-                        crate::policy::calendar_of(p, r.time_zone.as_deref(), r.anchor.as_deref())
-                            .map_err(|e| bad(&e))?
-                    }
+                let q = &r.quota;
+                let calendar = match q.period {
+                    Some(_) => q.calendar().map_err(|e| bad(&e))?,
                     None => None,
                 };
                 let algorithm = match (&r.algorithm, &calendar) {
@@ -363,36 +332,30 @@ impl RulesPolicy {
                     (None, None) => Algorithm::default(),
                 };
                 if r.unlimited
-                    && (r.limit.is_some()
-                        || r.period.is_some()
-                        || r.burst.is_some()
+                    && (q.limit.is_some()
+                        || q.period.is_some()
+                        || q.burst.is_some()
                         || r.algorithm.is_some())
                 {
                     return Err(bad(
                         &"unlimited = true: limit, period, burst and algorithm must not be set",
                     ));
                 }
-                let period = match (r.period, &calendar) {
+                let period = match (q.period, &calendar) {
                     (_, Some(c)) => Some(Duration::from_micros(c.longest_us())),
                     (Some(PolicyPeriod::Duration(d)), None) => Some(d),
                     _ => None,
                 };
-                let quota = match (r.limit, period, r.unlimited) {
+                let quota = match (q.limit, period, r.unlimited) {
                     (Some(limit), Some(period), _) => {
-                        let q = Quota::new(limit, period);
-                        r.burst.map_or(q, |b| q.burst(b))
+                        let quota = Quota::new(limit, period);
+                        q.burst.map_or(quota, |b| quota.burst(b))
                     }
                     (_, _, true) => Quota::per_second(1),
                     (None, _, false) => return Err(bad(&"limit: required (or unlimited = true)")),
                     (_, None, false) => return Err(bad(&"period: required (or unlimited = true)")),
                 };
-                let lease = crate::engine::lease_from_policy(
-                    r.sync.as_deref(),
-                    r.sync_interval,
-                    r.sync_max,
-                    r.sync_min,
-                )
-                .map_err(|e| bad(&e))?;
+                let lease = q.lease().map_err(|e| bad(&e))?;
                 if r.unlimited && lease.is_some() {
                     return Err(bad(&"sync: an unlimited rule makes no call to lease for"));
                 }
@@ -412,7 +375,7 @@ impl RulesPolicy {
                 rule.algorithm = algorithm;
                 rule.shadow = r.shadow_mode;
                 rule.unlimited = r.unlimited;
-                if let (Some(c), Some(limit)) = (calendar, r.limit) {
+                if let (Some(c), Some(limit)) = (calendar, q.limit) {
                     let unit = match c.period() {
                         CalendarPeriod::Day => super::Unit::Day,
                         CalendarPeriod::Week => super::Unit::Week,

@@ -179,3 +179,26 @@ fn bad_rules_fail_at_build_naming_the_field() {
         "policy: backend_timeout_ms: must be at least 1"
     );
 }
+
+/// A `[[rule]]`'s quota fields are a `[[tier]]`'s (`policy::QuotaPolicy`):
+/// the same parser, the same message, at the field's own line.
+#[cfg(feature = "policy-file")]
+#[test]
+fn quota_fields_are_read_as_a_tiers_with_their_line() {
+    let rule =
+        "domain = 'd'\n[[rule]]\nname = 'r'\nmatch = [{ key = 'a' }]\nlimit = 5\nperiod = '1s'\n";
+    let e = RulesPolicy::from_toml_str(&format!("{rule}burst = 'x'\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("policy: rule \"r\": TOML parse error at line 7, column 9\n")
+            && e.ends_with("\ninvalid type: string \"x\", expected u64\n"),
+        "{e}"
+    );
+    let r = RulesPolicy::from_toml_str(&format!("{rule}burst = 8\nsync = 'lease'\n")).unwrap();
+    assert_eq!(
+        (r.rules[0].quota.limit, r.rules[0].quota.burst),
+        (Some(5), Some(8))
+    );
+    assert_eq!(r.rules[0].quota.sync.as_deref(), Some("lease"));
+}

@@ -55,6 +55,8 @@ pub(crate) struct Allow {
     pub(crate) refunds: Option<Box<Refunds>>,
     /// Every check's result, when the front door asked
     /// ([`Facts::DETAILS`](super::Facts::DETAILS)) and a backend decided.
+    /// Only the descriptor front door asks (feature `descriptor`).
+    #[cfg_attr(not(feature = "descriptor"), allow(dead_code))]
     pub(crate) details: Option<Box<Details>>,
     /// The concurrency slots it holds: released when dropped (the front
     /// door keeps them until the response is over).
@@ -67,6 +69,7 @@ pub(crate) struct Allow {
 /// Every check's result (for a front door that answers per check): the
 /// tier of each check, in planned order, with its decision.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "descriptor"), allow(dead_code))]
 pub(crate) struct Details {
     /// Per check: its tier index, and the tier's decision.
     pub(crate) checks: Vec<(usize, crate::algorithm::TierDecision)>,

@@ -51,7 +51,8 @@
 //! [`DenyStatus`](crate::rollout::DenyStatus)), `[control]` a [`ControlKey`],
 //! `[redis]` a [`RedisConfig`] (where the Redis backend is: `url`,
 //! `cluster_nodes`, or `sentinels` and `master_name`),
-//! `[[tier]]` a [`TierPolicy`] (its `key` a [`KeySpec`]) and
+//! `[[tier]]` a [`TierPolicy`] (its `key` a [`KeySpec`], its quota fields a
+//! [`QuotaPolicy`], which the Envoy service's rules file shares) and
 //! `[tier.plans]` entries [`Quota`](crate::Quota)s, read per request from a
 //! [`PlanSource`]. The operator's guide to lists, plans and the control key
 //! is `docs/rollout.md`. Unknown fields are an error naming the field and
@@ -65,13 +66,16 @@
 
 mod lists;
 mod priced;
+mod quota;
 mod redis;
 mod tier;
 
 pub use lists::DenylistPolicy;
 pub use priced::{ActualPolicy, EstimatePolicy, PricedPolicy};
+#[cfg(all(feature = "policy-file", feature = "descriptor"))]
+pub(crate) use quota::toml_error;
+pub use quota::QuotaPolicy;
 pub use redis::RedisConfig;
-pub(crate) use tier::{anchor, calendar_of, optional_period};
 pub use tier::{KeySpec, PlanSource, PolicyPeriod, TierPolicy};
 
 use crate::backend::Backend;
@@ -181,7 +185,7 @@ impl Policy {
     /// [`ConfigError::Policy`] with the parser's message, which names the
     /// offending field and line (unknown fields included).
     pub fn from_toml_str(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Policy(e.to_string()))
+        toml::from_str(text).map_err(|e| ConfigError::Policy(quota::toml_error(text, &e)))
     }
 
     #[cfg(feature = "policy-file")]

@@ -277,3 +277,40 @@ fn paired_fields_are_checked_by_the_builder() {
         Mode::Canary { percent: 100 }
     );
 }
+
+/// The quota fields a `[[tier]]` shares with a rules file's `[[rule]]`
+/// (`QuotaPolicy`, flattened, so read through serde's buffer): a mistake in
+/// one is reported at its own line and column, with the parser's message,
+/// as for the table's other fields; an unknown field at its key.
+#[test]
+fn quota_fields_are_checked_when_read_with_their_line() {
+    let tier = "[[tier]]\nname='t'\nkey='global'\nlimit=1\nperiod='1s'\n";
+    for (text, at, what) in [
+        (
+            format!("{tier}burst = 'x'\n"),
+            "line 6, column 9",
+            "\ninvalid type: string \"x\", expected u64\n",
+        ),
+        (
+            format!("{tier}sync = 'often'\n"),
+            "line 6, column 8",
+            "\nunknown variant `often`, expected `request` or `lease`\n",
+        ),
+        (
+            tier.replace("period='1s'", "period='fortnight'"),
+            "line 5, column 8",
+            "\ninvalid period \"fortnight\"",
+        ),
+        (
+            format!("{tier}  perod = '1m'\n"),
+            "line 6, column 3",
+            "\nunknown field `perod`\n",
+        ),
+    ] {
+        let e = Policy::from_toml_str(&text).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("policy: TOML parse error at {at}\n")) && e.contains(what),
+            "{text}\n{e}"
+        );
+    }
+}

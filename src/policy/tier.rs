@@ -24,25 +24,12 @@ pub struct TierPolicy {
     pub name: String,
     /// What the tier keys by.
     pub key: KeySpec,
-    /// Requests per period (`concurrency`: requests in flight at once).
-    pub limit: u64,
-    /// The period: a duration in humantime (`"1s"`, `"10s"`, `"1m"`,
-    /// `"1h"`), or a calendar period, `"day"`, `"week"`, `"month"` or
-    /// `"year"` (a quota renewed at local midnight, see
-    /// [`Calendar`](crate::algorithm::Calendar) and `time_zone`, `anchor`).
-    /// Required by every algorithm but `concurrency`, which has none.
-    #[serde(default, deserialize_with = "period")]
-    pub period: PolicyPeriod,
-    /// A calendar period's IANA time zone (default `"UTC"`); rejected with
-    /// a duration.
-    #[serde(default)]
-    pub time_zone: Option<String>,
-    /// A calendar period's first day: a weekday for `"week"` (`"monday"`
-    /// …), a day of the month for `"month"` (`15` or `"15"`; past a month's
-    /// end, its last day), `"MM-DD"` for `"year"`; default the first.
-    /// Rejected with a duration and with `"day"`.
-    #[serde(default, deserialize_with = "anchor")]
-    pub anchor: Option<String>,
+    /// The quota: `limit` (required), `period` (required by every
+    /// algorithm but `concurrency`, which has none), `time_zone`,
+    /// `anchor`, `burst`, and `sync` with its settings, written in the
+    /// `[[tier]]` table itself, as a rules file's `[[rule]]` writes them.
+    #[serde(flatten)]
+    pub quota: super::QuotaPolicy,
     /// The status of the tier's denials: 429 (default) or, for a calendar
     /// period, 403; see [`Tier::exhausted_status`].
     #[serde(default)]
@@ -56,9 +43,6 @@ pub struct TierPolicy {
     /// (humantime, default `"60s"`); rejected by the other algorithms.
     #[serde(default, with = "humantime_serde")]
     pub lease: Option<Duration>,
-    /// Capacity (default: `limit`).
-    #[serde(default)]
-    pub burst: Option<u64>,
     /// Counting algorithm: one of [`Algorithm::NAMES`] (default
     /// `token_bucket`; `fixed_window`, the only one it takes, for a calendar
     /// period), checked when the file is read.
@@ -110,26 +94,10 @@ pub struct TierPolicy {
     /// [`Tier::priced`](crate::Tier::priced)).
     #[serde(default)]
     pub priced: Option<super::priced::PricedPolicy>,
-    /// How the tier's count is kept with the backend: `"request"` (the
-    /// default: one script call per request) or `"lease"` (lease mode, see
-    /// [`crate::engine::token_lease`]).
-    #[serde(default, deserialize_with = "crate::engine::deserialize_sync")]
-    pub sync: Option<String>,
-    /// With `sync = "lease"`: the demand one lease covers (humantime,
-    /// default `"100ms"`); see [`TokenLease::interval`](crate::engine::TokenLease::interval).
-    #[serde(default, with = "humantime_serde")]
-    pub sync_interval: Option<Duration>,
-    /// With `sync = "lease"`: the most tokens one instance holds of one key
-    /// (default the capacity ÷ 8); see [`TokenLease::max`](crate::engine::TokenLease::max).
-    #[serde(default)]
-    pub sync_max: Option<u64>,
-    /// With `sync = "lease"`: the least demand per interval for a key to be
-    /// leased (default 2); see [`TokenLease::min`](crate::engine::TokenLease::min).
-    #[serde(default)]
-    pub sync_min: Option<u64>,
 }
 
-/// A `[[tier]]`'s `period`: a duration or a calendar period.
+/// A `[[tier]]`'s or a `[[rule]]`'s `period`: a duration or a calendar
+/// period.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PolicyPeriod {
@@ -145,7 +113,7 @@ impl Default for PolicyPeriod {
     }
 }
 
-fn period<'de, D: Deserializer<'de>>(d: D) -> Result<PolicyPeriod, D::Error> {
+pub(super) fn period<'de, D: Deserializer<'de>>(d: D) -> Result<PolicyPeriod, D::Error> {
     let s = String::deserialize(d)?;
     if let Some(p) = CalendarPeriod::from_name(&s) {
         return Ok(PolicyPeriod::Calendar(p));
@@ -159,29 +127,23 @@ fn period<'de, D: Deserializer<'de>>(d: D) -> Result<PolicyPeriod, D::Error> {
         })
 }
 
-pub(crate) fn anchor<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+pub(super) fn anchor<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Anchor {
         Day(u64),
         Name(String),
     }
-    Ok(Some(match Anchor::deserialize(d)? {
+    Ok(match Anchor::deserialize(d)? {
         Anchor::Day(n) => n.to_string(),
         Anchor::Name(s) => s,
-    }))
-}
-/// A `period` that may be absent (a descriptor rule's), as [`period`].
-pub(crate) fn optional_period<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<PolicyPeriod>, D::Error> {
-    period(d).map(Some)
+    })
 }
 
 /// The calendar of a calendar `period` with its `time_zone` and `anchor`
 /// (a `[[tier]]`'s or a descriptor `[[rule]]`'s); `None` for a duration,
 /// which takes neither. The error names the field.
-pub(crate) fn calendar_of(
+pub(super) fn calendar_of(
     period: PolicyPeriod,
     time_zone: Option<&str>,
     anchor: Option<&str>,
@@ -282,7 +244,8 @@ impl TierPolicy {
     pub(crate) fn tier(&self, client_ip: &ClientIp) -> Result<Tier, ConfigError> {
         let error =
             |e: &dyn fmt::Display| ConfigError::Policy(format!("tier \"{}\": {e}", self.name));
-        let calendar = self.calendar().map_err(|e| error(&e))?;
+        let limit = self.quota.limit.ok_or_else(|| error(&"limit: required"))?;
+        let calendar = self.quota.calendar().map_err(|e| error(&e))?;
         let algorithm = match (&self.algorithm, &calendar) {
             (Some(a), _) => a.as_str(),
             (None, Some(_)) => Algorithm::FixedWindow.name(),
@@ -297,11 +260,11 @@ impl TierPolicy {
             (_, None) => {}
         }
         let mode = self.rollout_mode().map_err(|e| error(&e))?;
-        let quota = match (self.burst, algorithm) {
+        let quota = match (self.quota.burst, algorithm) {
             // No period: the quota's is the slot TTL (never used to count).
-            (_, Algorithm::Concurrency { slot_ttl }) => Quota::new(self.limit, slot_ttl),
-            (Some(burst), _) => Quota::new(self.limit, self.duration()).burst(burst),
-            (None, _) => Quota::new(self.limit, self.duration()),
+            (_, Algorithm::Concurrency { slot_ttl }) => Quota::new(limit, slot_ttl),
+            (Some(burst), _) => Quota::new(limit, self.duration()).burst(burst),
+            (None, _) => Quota::new(limit, self.duration()),
         };
         let name = self.name.clone();
         let tier = match &self.key {
@@ -340,14 +303,7 @@ impl TierPolicy {
             let (estimate, actual) = p.compile(&self.name)?;
             tier = tier.priced(estimate, actual);
         }
-        if let Some(lease) = crate::engine::lease_from_policy(
-            self.sync.as_deref(),
-            self.sync_interval,
-            self.sync_max,
-            self.sync_min,
-        )
-        .map_err(|e| error(&e))?
-        {
+        if let Some(lease) = self.quota.lease().map_err(|e| error(&e))? {
             tier = tier.lease(lease);
         }
         if !self.plans.is_empty() {
@@ -367,19 +323,10 @@ impl TierPolicy {
 
     /// The period's length (a calendar period's is set by its calendar).
     fn duration(&self) -> Duration {
-        match self.period {
+        match self.quota.period.unwrap_or_default() {
             PolicyPeriod::Duration(d) => d,
             PolicyPeriod::Calendar(_) => Duration::ZERO,
         }
-    }
-
-    /// The calendar of a calendar `period`, with `time_zone` and `anchor`.
-    fn calendar(&self) -> Result<Option<Calendar>, String> {
-        calendar_of(
-            self.period,
-            self.time_zone.as_deref(),
-            self.anchor.as_deref(),
-        )
     }
 
     /// `mode` with `canary_percent`.

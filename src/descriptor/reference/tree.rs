@@ -19,20 +19,20 @@ use std::collections::HashMap;
 /// One node: its children by composite key, its wildcard children, its
 /// rule (a node with a `rate_limit`).
 #[derive(Debug, Default)]
-pub(super) struct Node {
-    pub(super) children: HashMap<Box<str>, usize>,
+pub(in crate::descriptor) struct Node {
+    pub(in crate::descriptor) children: HashMap<Box<str>, usize>,
     /// `(composite key split on '*', child)`, in the file's order.
-    pub(super) wildcards: Vec<(Vec<Box<str>>, usize)>,
-    pub(super) rule: Option<usize>,
+    pub(in crate::descriptor) wildcards: Vec<(Vec<Box<str>>, usize)>,
+    pub(in crate::descriptor) rule: Option<usize>,
     /// `share_threshold`: the value part of this node's pattern, which
     /// stands for every value it matches in the storage key.
-    pub(super) share: Option<Box<str>>,
+    pub(in crate::descriptor) share: Option<Box<str>>,
 }
 
 /// A domain's tree; node 0 is the root.
 #[derive(Debug)]
-pub(super) struct Tree {
-    pub(super) nodes: Vec<Node>,
+pub(in crate::descriptor) struct Tree {
+    pub(in crate::descriptor) nodes: Vec<Node>,
 }
 
 impl Default for Tree {
@@ -46,16 +46,16 @@ impl Default for Tree {
 /// Where a descriptor landed: its rule, and for the entries matched by a
 /// `share_threshold` pattern, the pattern's value.
 #[derive(Debug, Default)]
-pub(super) struct Landing<'t> {
-    pub(super) rule: Option<usize>,
-    pub(super) shared: Vec<(usize, &'t str)>,
+pub(in crate::descriptor) struct Landing<'t> {
+    pub(in crate::descriptor) rule: Option<usize>,
+    pub(in crate::descriptor) shared: Vec<(usize, &'t str)>,
 }
 
 impl Tree {
     /// Adds a child of `parent` named `composite` (its key, or
     /// `key_value`); `None` when `parent` has one by that name already.
     #[cfg_attr(not(feature = "envoy-yaml"), allow(dead_code))]
-    pub(super) fn add(&mut self, parent: usize, composite: &str) -> Option<usize> {
+    pub(in crate::descriptor) fn add(&mut self, parent: usize, composite: &str) -> Option<usize> {
         if self.nodes[parent].children.contains_key(composite) {
             return None;
         }
@@ -71,7 +71,7 @@ impl Tree {
     }
 
     /// The landing of a descriptor's entries (see the module docs).
-    pub(super) fn descend<'t>(&'t self, entries: &[(&str, &str)]) -> Landing<'t> {
+    pub(in crate::descriptor) fn descend<'t>(&'t self, entries: &[(&str, &str)]) -> Landing<'t> {
         let mut landing = Landing::default();
         let mut at = 0;
         let mut composite = String::new();
