@@ -20,7 +20,9 @@
 #   ALGOS="fixed_window" KEYN="1" perf/redis_floors.sh
 #
 # Instructions: redis-server under `valgrind --tool=callgrind`, the library
-# (FUNCTION LOAD) and every floor (SCRIPT LOAD) loaded, one client
+# (FUNCTION LOAD) and every floor (SCRIPT LOAD) loaded, `--hz 1` (its
+# timer's work grows with the wall time, which callgrind stretches ~50
+# times: at the default 10 Hz it moved counts by ±2 %), one client
 # (perf/redis_send.py) sending one call shape N1 and N2 times, each call
 # after the previous reply; the figure is the difference of the two totals
 # / (N2 - N1), so start-up and loads cancel out. µs: one plain
@@ -136,7 +138,7 @@ count() {
   local label=$1 n=$2 words=$3 port vp
   port=$(free_port)
   valgrind --tool=callgrind --callgrind-out-file="$work/cg.$label.$n" \
-    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no --hz 1 \
     --dir "$work" >/dev/null 2>&1 &
   vp=$!
   wait_redis "$port"
