@@ -8,8 +8,9 @@
 #              sorted set per key)
 #   layer      the call RedisBackend sends by default (captured with
 #              MONITOR from bench_server redis1/redis4): FCALL, the tier keys,
-#              the hour's refused and shadow-limited sets, the deadline
-#              clock argument, one spec per tier
+#              the hour's set of refused keys (the shadow-limited set only
+#              comes with a shadow tier), the deadline clock argument, one
+#              spec per tier (short: buckets, fixed and calendar windows)
 #   envoy      the Envoy service's call for the same rule (captured from
 #              tiered-ratelimit-rls on the reference's YAML): the same
 #              FCALL with the service's key names
@@ -72,17 +73,19 @@ b0=$(( (now_s - 43200) * 1000000 )); b1=$(( (now_s + 43200) * 1000000 )); b2=$((
 deadline="-4102444800000000" # 2100-01-01: a deadline never passed
 W=3600000000
 declare -A spec floor_args
-spec[fixed_window]="1 50000 $W 0 0 1 0";            floor_args[fixed_window]="50000 $W"
+spec[fixed_window]="1 50000 $W 0 0 1 8";            floor_args[fixed_window]="50000 $W"
 spec[sliding_window_counter]="3 50000 $W 0 0 1 0";  floor_args[sliding_window_counter]="50000 $W 60000"
 spec[sliding_window_log]="2 1000000000 $LOG_WINDOW_US 0 0 1 0"; floor_args[sliding_window_log]="1000000000 $LOG_WINDOW_US"
 spec[token_bucket]="4 1000000000000 1 1000 0 1 8";  floor_args[token_bucket]="1000 1000000000000"
 spec[leaky_bucket]="5 1000000000000 1 1000 -1 1 8"; floor_args[leaky_bucket]="1000 1000000000000"
-spec[calendar]="9 50000 $b0 $b1 $b2 1 0";           floor_args[calendar]="50000 $b0 $b1 $b2"
+spec[calendar]="9 50000 $b0 $b1 $b2 1 8";           floor_args[calendar]="50000 $b0 $b1 $b2"
 layer_keys=(rl:global:all rl:ip:127.0.0.1 rl:user:alice rl:endpoint:GET%20/)
-layer_sets=(rl:blocked:$hour rl:shadow_limited:$hour)
+# The hour's set of refused keys (and of shadow-limited ones, with a tier
+# in shadow mode: none here).
+layer_sets=(rl:blocked:$hour)
 rls_keys=("rls:bench:remote_address:10.0.0.1" "rls:bench:user_path:6:user1|10:/api/items"
   "rls:bench:tenant:t1" "rls:bench:generic_key_global:global")
-rls_sets=(rls:bench:blocked:$hour rls:bench:shadow_limited:$hour)
+rls_sets=(rls:bench:blocked:$hour)
 ref_keys=("bench_remote_address_10.0.0.1_$now_s" "bench_user_user1_path_/api/items_$now_s"
   "bench_tenant_t1_$now_s" "bench_generic_key_global_$now_s")
 
@@ -93,8 +96,8 @@ shape() { # KIND ALGO N
       words=(evalsha "FLOOR_$algo" "$n" "${layer_keys[@]:0:n}")
       for ((i = 0; i < n; i++)); do words+=(${floor_args[$algo]}); done ;;
     layer|envoy)
-      if [[ $kind == layer ]]; then words=(fcall "$fn" $((n + 2)) "${layer_keys[@]:0:n}" "${layer_sets[@]}")
-      else words=(fcall "$fn" $((n + 2)) "${rls_keys[@]:0:n}" "${rls_sets[@]}"); fi
+      if [[ $kind == layer ]]; then words=(fcall "$fn" $((n + ${#layer_sets[@]})) "${layer_keys[@]:0:n}" "${layer_sets[@]}")
+      else words=(fcall "$fn" $((n + ${#rls_sets[@]})) "${rls_keys[@]:0:n}" "${rls_sets[@]}"); fi
       words+=("$deadline")
       for ((i = 0; i < n; i++)); do words+=("${spec[$algo]}"); done ;;
     reference)

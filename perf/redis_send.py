@@ -6,7 +6,10 @@ replies before the next (perf/redis_floors.sh).
 
 A request is one command or several separated by ';;', written in one
 send (pipelined, as envoyproxy/ratelimit sends its INCRBY + EXPIRE per
-descriptor). Exits 1 on an error reply. Only the standard library."""
+descriptor). Exits 1 on an error reply, and on a script call (FCALL,
+EVALSHA) answering fewer than two values: every check answers now_us and
+at least one number per tier, so one value is a "late" reply or a call
+that named its keys wrong. Only the standard library."""
 import socket
 import sys
 
@@ -48,6 +51,7 @@ class Reader:
             n = int(line[1:])
             for _ in range(max(n, 0) * (2 if kind == b"%" else 1)):
                 self.reply()
+            return n
         elif kind == b"$":
             n = int(line[1:])
             if n >= 0:
@@ -70,10 +74,13 @@ def main():
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     r = Reader(sock)
+    scripts = [c[0].lower() in ("fcall", "evalsha") for c in cmds]
     for _ in range(n):
         sock.sendall(payload)
-        for _ in cmds:
-            r.reply()
+        for script in scripts:
+            got = r.reply()
+            if script and (got is None or got < 2):
+                raise SystemExit(f"redis_send: a script call answered {got} values")
 
 
 main()
