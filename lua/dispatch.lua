@@ -169,7 +169,7 @@ local function check_plain(now, first, n, states)
   if t == nil then t = tier_spec(spec) end
   if not t or not t[10] then return nil end
   -- The reply presized as check_request's (it ends at its first nil); the
-  -- first tier's write in locals, the others' in tables made for them.
+  -- first tier's write in locals, the others' in a table made for them.
   local out
   if n == 1 then
     out = { now, 0, 0, 0 }
@@ -179,7 +179,7 @@ local function check_plain(now, first, n, states)
     out = { now }
   end
   local o = 1
-  local value1, px1, values, pxs
+  local value1, px1, writes
   local rejected
   for i = 1, n do
     local value, px
@@ -224,7 +224,13 @@ local function check_plain(now, first, n, states)
       end
       if ok then
         out[o + 1] = missing
-        value, px = string.format('%d', now + after), px_of(after)
+        value = string.format('%d', now + after)
+        -- px_of(after), written out (the layer's default tier).
+        local a = after + 999
+        px = math.floor(a / 1000)
+        if px * 1000 > a then px = px - 1 end
+        if px < 1 then px = 1 end
+        px = px + ttl_slack_ms
       else
         out[o + 1] = -missing - 1
         if rejected then rejected[#rejected + 1] = i else rejected = { i } end
@@ -354,16 +360,17 @@ local function check_plain(now, first, n, states)
     if i == 1 then
       value1, px1 = value, px
     elseif value then
-      if not values then values, pxs = {}, {} end
-      values[i], pxs[i] = value, px
+      -- Tier i's value and PX at 2i - 1 and 2i (one table for both).
+      if not writes then writes = {} end
+      writes[2 * i - 1], writes[2 * i] = value, px
     end
   end
   out[o + 1] = nil
   if not rejected then
     if px1 then redis.call('SET', KEYS[1], value1, 'PX', px1) else value1() end
     for i = 2, n do
-      local px = pxs[i]
-      if px then redis.call('SET', KEYS[i], values[i], 'PX', px) else values[i]() end
+      local px = writes[2 * i]
+      if px then redis.call('SET', KEYS[i], writes[2 * i - 1], 'PX', px) else writes[2 * i - 1]() end
     end
   end
   return out, rejected
