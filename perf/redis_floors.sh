@@ -147,7 +147,11 @@ count() {
   wait_redis "$port"
   load_all "$port" >"$work/shas"
   mapfile -t args < <(resolve "$work/shas" "$words")
-  python3 "$send" "$port" "$n" "${args[@]}" || { echo "$label: failed" >&2; exit 1; }
+  if ! python3 "$send" "$port" "$n" "${args[@]}"; then
+    echo "$label: failed" >&2
+    stop "$vp"
+    exit 1
+  fi
   redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
   wait "$vp" 2>/dev/null || true
   callgrind_annotate "$work/cg.$label.$n" 2>/dev/null |
