@@ -22,9 +22,9 @@ local function calendar_window(now, b0, b1, b2)
   return b2 + div_floor(now - b2, len) * len, len
 end
 
-local function calendar(key, now, limit, b0, b1, b2, cost, v, _)
+local function calendar(key, now, limit, b0, b1, b2, cost, v, short)
   local start, window = calendar_window(now, b0, b1, b2)
-  return window_decide(now, limit, start, window, cost, v, 60000000)
+  return window_decide(now, limit, start, window, cost, v, 60000000, short)
 end
 
 -- A key listed again (see fixed_window_charge).

@@ -28,10 +28,12 @@
 --           undo (return the charge's undo value, for a refund by response
 --           status), +4 repeat (the key was listed before in this call:
 --           charge it on what that listing stored, dispatch.lua), +8 short
---           (a token or leaky bucket answers its state, one number instead
+--           (a token or leaky bucket, a fixed or calendar window answers
+--           its state, one number instead
 --           of three)
--- KEYS[n+1] optional, with KEYS[n+2]: the hourly sorted sets of the
--- KEYS[n+2] fleet-wide top-N: every enforced tier that rejects adds its
+-- KEYS[n+1] optional, with KEYS[n+2] when a tier is sent the shadow flag
+-- KEYS[n+2] (else it is left out): the hourly sorted sets of the
+--           fleet-wide top-N: every enforced tier that rejects adds its
 --           cost to its key's score in KEYS[n+1] (refused keys), every
 --           shadow tier that would have rejected in KEYS[n+2]
 --           (shadow-limited keys: the request was not refused for it);
@@ -62,8 +64,12 @@ if blocked and rejected then
   for _, i in ipairs(rejected) do
     local t = tier_spec(ARGV[1 + i])
     local s = t[7] and 2 or 1
-    redis.call('ZINCRBY', s == 2 and shadowed or blocked, t[6], KEYS[i])
-    touched[s] = true
+    local set = s == 2 and shadowed or blocked
+    -- (A shadow tier comes with KEYS[n+2]; without it, nothing to count.)
+    if s == 1 or shadowed then
+      redis.call('ZINCRBY', set, t[6], KEYS[i])
+      touched[s] = true
+    end
   end
   for s, set in ipairs({ blocked, shadowed }) do
     if touched[s] then

@@ -85,7 +85,8 @@ end
 -- +2 undo wanted, +4 repeat: the key was listed before in this call
 -- (charges_again above; the bit once chose the stored format, of which
 -- there is now one, in scripts of other versions), +8 short reply: a token
--- or leaky bucket answers one number, its state, instead of three).
+-- or leaky bucket, a fixed or calendar window answers one number, its
+-- state, instead of three).
 -- Parsed specs are kept by their string: loaded as a Redis Function the
 -- table lives as long as the library, so a request's tiers cost one table
 -- lookup each instead of seven tonumber() calls (a deployment has a few
@@ -93,9 +94,15 @@ end
 local specs, specs_n = {}, 0
 
 -- The parsed spec s, { algorithm function, p1, p2, p3, p4, cost, shadow,
--- undo, short, plain, charge again (repeat) }, or false for a malformed spec or an unknown
--- algorithm. plain: an enforced token bucket of rate 1 with the short
--- reply, which check_plain decides without calling token_bucket.
+-- undo, short, plain, charge again (repeat), b }, or false for a malformed
+-- spec or an unknown algorithm. plain: the kind of tier check_plain decides
+-- written out (false: any other): 1 an enforced token bucket of rate 1
+-- with the short reply, 2 an enforced fixed window, 3 an enforced
+-- calendar window, 4 an enforced sliding window counter (t[12] its b,
+-- isqrt(window), computed once here), 5 an enforced policing leaky bucket
+-- of rate 1 with the short reply, 6 an enforced sliding log whose undo
+-- value (its entry's seq, in the trailer) is not asked for; none listed
+-- again in the call.
 local function tier_spec(s)
   local t = specs[s]
   if t ~= nil then return t end
@@ -109,7 +116,24 @@ local function tier_spec(s)
       has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 8) }
     -- +4: the key was listed before in this call; t[11] charges it again.
     if has_flag(flags, 4) then t[11] = charges_again[algorithm] end
-    t[10] = algorithm == token_bucket and t[3] == 1 and t[9] and not t[7] and not t[11]
+    local plain = false
+    if not t[7] and not t[11] then
+      if algorithm == token_bucket and t[3] == 1 and t[9] then
+        plain = 1
+      elseif algorithm == fixed_window then
+        plain = 2
+      elseif algorithm == calendar then
+        plain = 3
+      elseif algorithm == sliding_window_counter then
+        plain = 4
+        t[12] = isqrt(t[3])
+      elseif algorithm == leaky_bucket and t[3] == 1 and t[9] and t[5] < 0 then
+        plain = 5
+      elseif algorithm == sliding_window_log and not t[8] then
+        plain = 6
+      end
+    end
+    t[10] = plain
   end
   if specs_n >= 1024 then specs, specs_n = {}, 0 end
   specs[s] = t
@@ -117,56 +141,236 @@ local function tier_spec(s)
   return t
 end
 
--- The check of a request whose tiers are all plain buckets (see tier_spec:
--- enforced token buckets of rate 1 with the short reply, so neither an
--- override nor a penalty box is among them): token_bucket's written-out
+-- PX for a key due in `us` µs: whole ms, rounded up, at least 1 (ttl_ms,
+-- written out).
+local function px_of(us)
+  local a = us + 999
+  local ms = math.floor(a / 1000)
+  if ms * 1000 > a then ms = ms - 1 end
+  if ms < 1 then ms = 1 end
+  return ms + ttl_slack_ms
+end
+
+-- The check of a request whose tiers are all plain (see tier_spec:
+-- enforced, listed once, and of a kind written out here, so neither an
+-- override nor a penalty box is among them): each algorithm's commonest
 -- case inline, with no algorithm call and no table of pending writes; the
--- same reply, writes and rejected tiers as the general loop. nil (before
--- anything is written) as soon as a tier is not plain: the general loop
--- then decides.
+-- same reply, writes and rejected tiers as the general loop (no plain tier
+-- has a delay or an undo value to trail: a window's undo is 0, a short
+-- bucket's is derived by the client). A value not in the integer form
+-- goes to the algorithm's own reader. nil (before anything is written) as
+-- soon as a tier is not plain: the general loop then decides.
+-- token_bucket.lua, leaky_bucket.lua, fixed_window.lua, calendar.lua and
+-- sliding_window_counter.lua hold the general cases: keep them in step.
 local function check_plain(now, first, n, states)
-  local out = { now }
-  local full = {}
+  if n == 0 then return nil end
+  local spec = ARGV[first]
+  local t = specs[spec]
+  if t == nil then t = tier_spec(spec) end
+  if not t or not t[10] then return nil end
+  -- The reply presized as check_request's (it ends at its first nil); the
+  -- first tier's write in locals, the others' in a table made for them.
+  local out
+  if n == 1 then
+    out = { now, 0, 0, 0 }
+  elseif n <= 4 then
+    out = { now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  else
+    out = { now }
+  end
+  local o = 1
+  local value1, px1, writes
   local rejected
   for i = 1, n do
-    local spec = ARGV[first + i - 1]
-    local t = specs[spec]
-    if t == nil then t = tier_spec(spec) end
-    if not t or not t[10] then return nil end
-    local capacity = t[2]
-    local cost = t[6] * t[4]
-    local missing = 0
+    local value, px
+    if i > 1 then
+      spec = ARGV[first + i - 1]
+      t = specs[spec]
+      if t == nil then t = tier_spec(spec) end
+      if not t or not t[10] then return nil end
+    end
+    local kind = t[10]
     local v = states[i]
-    if v then
-      local tat = tonumber(v)
-      if tat and tat < 1e18 then
-        if tat > now then
-          missing = tat - now
-          if missing > 4503599627370496 then missing = 4503599627370496 end
+    if kind == 1 or kind == 5 then
+      -- A bucket of rate 1: the µs it is short of full (the token bucket)
+      -- or its backlog (the leaky bucket) is TAT - now.
+      local capacity = t[2]
+      local cost = t[6] * t[4]
+      local missing = 0
+      if v then
+        local tat = tonumber(v)
+        if tat and tat < 1e18 then
+          if tat > now then
+            missing = tat - now
+            -- (bucket_missing's bound; a leaky bucket's backlog of its own
+            -- rate has none, as in leaky_backlog)
+            if kind == 1 and missing > 4503599627370496 then missing = 4503599627370496 end
+          end
+        elseif kind == 1 then
+          missing = bucket_read(v, 1, now) or 0
+        else
+          missing = leaky_backlog(v, 1, now) or 0
         end
+      end
+      local ok, after
+      if kind == 1 then
+        local tokens = capacity - missing
+        if tokens < 0 then tokens = 0 end
+        ok = cost <= tokens
+        after = capacity - tokens + cost
       else
-        missing = bucket_read(v, 1, now) or 0
+        after = missing + cost
+        ok = cost <= capacity and after <= capacity
+      end
+      if ok then
+        out[o + 1] = missing
+        value = string.format('%d', now + after)
+        -- px_of(after), written out (the layer's default tier).
+        local a = after + 999
+        px = math.floor(a / 1000)
+        if px * 1000 > a then px = px - 1 end
+        if px < 1 then px = 1 end
+        px = px + ttl_slack_ms
+      else
+        out[o + 1] = -missing - 1
+        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+      end
+      o = o + 1
+    elseif kind == 6 then
+      -- The sliding log: its own function (it reads its sorted set), its
+      -- write a function (px false).
+      local allowed, remaining, reset, retry, _, write =
+        sliding_window_log(KEYS[i], now, t[2], t[3], 0, 0, t[6], nil, nil)
+      if allowed == 1 then
+        out[o + 1], out[o + 2], out[o + 3] = remaining, reset, 0
+        value, px = write, false
+      else
+        out[o + 1], out[o + 2], out[o + 3] = -remaining - 1, reset, retry
+        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+      end
+      o = o + 3
+    elseif kind == 4 then
+      -- The sliding window counter (sliding_window_counter.lua).
+      local limit, window, b = t[2], t[3], t[12]
+      local cost = t[6]
+      local start = math.floor(now / window)
+      if start * window > now then start = start - 1 end
+      start = start * window
+      local prev, cur = 0, 0
+      if v then
+        local s, c, p
+        local x = tonumber(v)
+        if x then
+          s = math.floor(x / window)
+          if s * window > x then s = s - 1 end
+          s = s * window
+          local packed = x - s
+          p = math.floor(packed / b)
+          if p * b > packed then p = p - 1 end
+          c = packed - p * b
+        else
+          s, c, p = counter_read(v, window)
+        end
+        if s == start then
+          prev, cur = p, c
+        elseif s and s + window == start then
+          prev = c
+        end
+      end
+      local cap = limit * window
+      local est = prev * (window - (now - start)) + cur * window
+      if est + cost * window <= cap then
+        local reset = start + 2 * window - now
+        if cur + cost == 0 then reset = counter_reset(start, window, prev, 0, now) end
+        local left = cap - est - cost * window
+        local r = math.floor(left / window)
+        if r * window > left then r = r - 1 end
+        out[o + 1], out[o + 2], out[o + 3] = r, reset, 0
+        if limit < b then
+          value = string.format('%d', start + prev * b + cur + cost)
+        else
+          value = string.format('%d:%d:%d', start, cur + cost, prev)
+        end
+        px = px_of(reset)
+      else
+        local _, remaining, reset, retry = sliding_window_counter(KEYS[i], now, limit, window,
+          0, 0, cost, v, false)
+        out[o + 1], out[o + 2], out[o + 3] = -remaining - 1, reset, retry
+        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+      end
+      o = o + 3
+    else
+      -- A fixed window (kind 2) or a calendar window (kind 3):
+      -- window_decide (fixed_window.lua) written out.
+      local limit, start, window, margin = t[2], nil, nil, 0
+      if kind == 2 then
+        window = t[3]
+        start = math.floor(now / window)
+        if start * window > now then start = start - 1 end
+        start = start * window
+      else
+        start, window = calendar_window(now, t[3], t[4], t[5])
+        margin = 60000000
+      end
+      local cost = t[6]
+      local count = 0
+      if v then
+        local x = tonumber(v)
+        if x then
+          if x >= start and x < start + window then count = x - start end
+        else
+          count = window_count(v, start, window)
+        end
+      end
+      local end_in = start + window - now
+      local after = count + cost
+      local allowed = after <= limit
+      if t[9] then
+        -- Short: the count before this request (window_decide).
+        if allowed then out[o + 1] = count else out[o + 1] = -count - 1 end
+        o = o + 1
+      elseif allowed then
+        local next_in = 0
+        if after + cost > limit and cost <= limit then next_in = end_in end
+        out[o + 1], out[o + 2], out[o + 3] = limit - after, end_in, next_in
+        o = o + 3
+      else
+        local reset = end_in
+        if count == 0 then reset = 0 end
+        local remaining = limit - count
+        if remaining < 0 then remaining = 0 end
+        local retry = end_in
+        if cost > limit then retry = reset end
+        out[o + 1], out[o + 2], out[o + 3] = -remaining - 1, reset, retry
+        o = o + 3
+      end
+      if allowed then
+        if limit < window then
+          value = string.format('%d', start + after)
+        else
+          value = string.format('%d:%d', start, after)
+        end
+        px = px_of(end_in + margin)
+      elseif rejected then
+        rejected[#rejected + 1] = i
+      else
+        rejected = { i }
       end
     end
-    local tokens = capacity - missing
-    if tokens < 0 then tokens = 0 end
-    if cost > tokens then
-      out[i + 1] = -missing - 1
-      if rejected then rejected[#rejected + 1] = i else rejected = { i } end
-    else
-      out[i + 1] = missing
-      full[i] = capacity - tokens + cost
+    if i == 1 then
+      value1, px1 = value, px
+    elseif value then
+      -- Tier i's value and PX at 2i - 1 and 2i (one table for both).
+      if not writes then writes = {} end
+      writes[2 * i - 1], writes[2 * i] = value, px
     end
   end
+  out[o + 1] = nil
   if not rejected then
-    for i = 1, n do
-      -- Full again in full[i] µs; PX: that in whole ms, rounded up.
-      local f = full[i]
-      local a = f + 999
-      local ms = math.floor(a / 1000)
-      if ms * 1000 > a then ms = ms - 1 end
-      if ms < 1 then ms = 1 end
-      redis.call('SET', KEYS[i], string.format('%d', now + f), 'PX', ms + ttl_slack_ms)
+    if px1 then redis.call('SET', KEYS[1], value1, 'PX', px1) else value1() end
+    for i = 2, n do
+      local px = writes[2 * i]
+      if px then redis.call('SET', KEYS[i], writes[2 * i - 1], 'PX', px) else writes[2 * i - 1]() end
     end
   end
   return out, rejected
@@ -182,8 +386,9 @@ end
 --
 -- Each algorithm returns allowed (0/1), remaining, reset_after_us,
 -- retry_after_us, delay_us and, when it allows, its write (with the short
--- flag a token or leaky bucket returns its state at `now` as remaining,
--- units short of full or backlog ticks, and 0 for the next three and the
+-- flag a token or leaky bucket, a fixed or calendar window returns its
+-- state at `now` as remaining, units short of full, backlog ticks or the
+-- window's count before the request, and 0 for the next three and the
 -- undo value: the client derives them from the state, exactly as the long
 -- form computes them): a value to SET
 -- with PX the next result (ms) and the undo value after it, or a function
@@ -208,6 +413,19 @@ local function check_request(clock, first, n)
   if deadline and now > deadline then
     return { now }
   end
+  -- No MGET when every tier is a sliding log (a sorted set, which reads
+  -- its own state: the MGET would only answer nil for it).
+  local states
+  for i = 1, n do
+    local t = specs[ARGV[first + i - 1]]
+    if not t or t[1] ~= sliding_window_log then
+      states = read_states(n)
+      break
+    end
+  end
+  if not states then states = {} end
+  local plain, plain_rejected = check_plain(now, first, n, states)
+  if plain then return plain, plain_rejected end
   -- The reply, and per allowing tier i, from pend[5i - 4]: its write, PX,
   -- undo, delay and undo flag (one table: a table per field costs more).
   -- Up to four tiers both are built at their full size at once: growing a
@@ -227,9 +445,6 @@ local function check_request(clock, first, n)
   local o = 1
   local rejected
   local all = true
-  local states = read_states(n)
-  local plain, plain_rejected = check_plain(now, first, n, states)
-  if plain then return plain, plain_rejected end
   for i = 1, n do
     -- The kept spec looked up here (a call less per tier), else parsed.
     local spec = ARGV[first + i - 1]

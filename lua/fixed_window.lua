@@ -23,11 +23,20 @@ end
 
 -- The decision in the window [start, start + window) for cost at now, and
 -- the value to store (PX: until the window ends, plus margin µs). Shared
--- with the calendar window (calendar.lua).
-local function window_decide(now, limit, start, window, cost, v, margin)
+-- with the calendar window (calendar.lua). short (the tier flag +8, see
+-- dispatch.lua): answer only the count in the window before this request,
+-- as `remaining`; the client derives the rest (src/backend/redis/wire).
+local function window_decide(now, limit, start, window, cost, v, margin, short)
   local count = 0
   if v then count = window_count(v, start, window) end
   local end_in = start + window - now
+  if short then
+    if count + cost <= limit then
+      return 1, count, 0, 0, 0, window_value(limit, window, start, count + cost),
+        ttl_ms(end_in + margin), 0
+    end
+    return 0, count, 0, 0, 0, nil
+  end
   if count + cost <= limit then
     local after = count + cost
     -- The wait before another request of this cost would pass.
@@ -45,8 +54,8 @@ local function window_decide(now, limit, start, window, cost, v, margin)
   return 0, remaining, reset, retry, 0, nil
 end
 
-local function fixed_window(key, now, limit, window, _, _, cost, v, _)
-  return window_decide(now, limit, div_floor(now, window) * window, window, cost, v, 0)
+local function fixed_window(key, now, limit, window, _, _, cost, v, short)
+  return window_decide(now, limit, div_floor(now, window) * window, window, cost, v, 0, short)
 end
 
 -- A key listed again in one call (flag +4, dispatch.lua): cost charged on

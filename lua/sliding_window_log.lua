@@ -15,14 +15,50 @@ local function log_members(time, seq, cost)
 end
 
 local function sliding_window_log(key, now, limit, window, _, _, cost, _, _)
-  local cutoff = now - window
+  local cutoff = int(now - window)
   -- A key of another type (the algorithm changed) is no state; the commit
-  -- deletes it before logging.
-  local live = redis.pcall('ZRANGEBYSCORE', key, '(' .. int(cutoff), '+inf', 'WITHSCORES')
+  -- deletes it before logging. The members alone (a cost is in a member's
+  -- name): the times are read only for a denial's reset and retry.
+  local live = redis.pcall('ZRANGEBYSCORE', key, '(' .. cutoff, '+inf')
   local foreign = type(live) == 'table' and live.err ~= nil
   if foreign then live = {} end
+  local used = 0
+  for i = 1, #live do
+    local m = live[i]
+    if string.find(m, ':', 1, true) then
+      used = used + (tonumber(string.match(m, ':(%d+)$')) or 1)
+    else
+      used = used + 1
+    end
+  end
+  if used + cost <= limit then
+    local entries = #live
+    return 1, limit - used - cost, window, 0, 0, function()
+      if foreign then redis.call('DEL', key) end
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
+      -- A seq whose names are not taken (a refund removes both): only the
+      -- name written can be (log_members gives a cost of 1 and a seq below
+      -- 1000 its integer name only), so ZADD NX tells.
+      local seq, at = entries, int(now)
+      while true do
+        -- log_members' name of (now, seq, cost), without the one not written.
+        local member
+        if cost == 1 and seq < 1000 then
+          member = with_code(now, seq)
+        else
+          member = at .. ':' .. seq .. ':' .. int(cost)
+        end
+        if redis.call('ZADD', key, 'NX', at, member) == 1 then break end
+        seq = seq + 1
+      end
+      redis.call('PEXPIRE', key, ttl_ms(window))
+      return seq -- for a refund (lua/refund.lua): log_members(now, seq, cost)
+    end
+  end
   local used, newest = 0, nil
   local times, costs = {}, {}
+  live = redis.pcall('ZRANGEBYSCORE', key, '(' .. cutoff, '+inf', 'WITHSCORES')
+  if foreign then live = {} end
   for i = 1, #live, 2 do
     local c = tonumber(string.match(live[i], ':(%d+)$')) or 1
     local t = tonumber(live[i + 1])
@@ -30,26 +66,6 @@ local function sliding_window_log(key, now, limit, window, _, _, cost, _, _)
     times[#times + 1] = t
     costs[#costs + 1] = c
     if newest == nil or t > newest then newest = t end
-  end
-  if used + cost <= limit then
-    return 1, limit - used - cost, window, 0, 0, function()
-      if foreign then redis.call('DEL', key) end
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(cutoff))
-      -- A seq neither of whose names is taken (a refund removes both).
-      local seq, short, long = #times, nil, nil
-      while true do
-        short, long = log_members(now, seq, cost)
-        if not redis.call('ZSCORE', key, long)
-          and not (short and redis.call('ZSCORE', key, short)) then
-          break
-        end
-        seq = seq + 1
-      end
-      local member = short or long
-      redis.call('ZADD', key, int(now), member)
-      redis.call('PEXPIRE', key, ttl_ms(window))
-      return seq -- for a refund (lua/refund.lua): log_members(now, seq, cost)
-    end
   end
   local reset = 0
   if newest then reset = newest + window - now end

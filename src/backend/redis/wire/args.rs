@@ -35,7 +35,7 @@ pub(in crate::backend::redis) fn listing_flag<'a>(
     }
 }
 
-/// Tier flag: a token or leaky bucket answers its state, one number,
+/// Tier flag: a bucket or a fixed or calendar window answers its state, one number,
 /// instead of three (see [`short_flag`] and the module docs).
 pub(in crate::backend::redis) const SHORT: u8 = 8;
 

@@ -17,7 +17,8 @@
 //!           7 penalty box, 8 a per-key override's read), p1..p4, cost,
 //!           flags (+1 shadow, +2 undo wanted, +4 repeat: the key was
 //!           listed before in this call, charge it on what that listing
-//!           stored, +8 short: a bucket answers its state, one number).
+//!           stored, +8 short: a bucket or a fixed or calendar window
+//!           answers its state, one number).
 //!           One argument rather than seven: the script keeps parsed specs
 //!           by their string (as a Redis Function, across calls), so a tier
 //!           costs Redis one table lookup instead of seven conversions
@@ -47,10 +48,11 @@
 //! All times are microseconds; `now_us` is Unix epoch µs, the others are
 //! relative to it.
 //!
-//! **Short** (a token or leaky bucket sent the flag +8, [`short_flag`],
-//! with no override applied to it: see below): `s` is the bucket's state at
-//! `now_us` before this request, the units it is short of full (token
-//! bucket) or its backlog in ticks (leaky bucket), and `-(s + 1)` when the
+//! **Short** (a token or leaky bucket, a fixed or calendar window, sent the
+//! flag +8, [`short_flag`], with no override applied to it: see below): `s`
+//! is the tier's state at `now_us` before this request, the units a bucket
+//! is short of full (token bucket) or its backlog in ticks (leaky bucket),
+//! the count in the window of `now_us` (windows), and `-(s + 1)` when the
 //! tier denies. The client derives the decision, the wait for the next
 //! request, the shaping delay and the undo value from it, the limit and
 //! the cost, with the model's own arithmetic ([`parse_check`]), so the

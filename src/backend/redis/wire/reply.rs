@@ -60,11 +60,14 @@ impl From<&TierCheck> for ReplyTier {
 /// Each tier of a check, for its reply (inline up to 4 tiers).
 pub(in crate::backend::redis) type ReplyTiers = smallvec::SmallVec<[ReplyTier; 4]>;
 
-/// The [`SHORT`] flag for a tier of this limit: token and leaky buckets
-/// answer their state, one number, from which [`parse_check`] derives the
-/// decision.
+/// The [`SHORT`] flag for a tier of this limit: token and leaky buckets,
+/// fixed and calendar windows answer their state, one number, from which
+/// [`parse_check`] derives the decision.
 pub(in crate::backend::redis) fn short_flag(limit: &Limit) -> u8 {
-    if matches!(limit, Limit::TokenBucket(_) | Limit::LeakyBucket(_)) {
+    if matches!(
+        limit,
+        Limit::TokenBucket(_) | Limit::LeakyBucket(_) | Limit::FixedWindow(_) | Limit::Calendar(_)
+    ) {
         SHORT
     } else {
         0
@@ -153,9 +156,9 @@ pub(in crate::backend::redis) fn parse_check(
         let v = if allowed { r } else { -(r + 1) }.unsigned_abs();
         if short && !overridden && t.listing_flag() & SHORT != 0 {
             at += 1;
-            let (d, next_after_us, undo) = bucket_decision(&t.limit, v, t.cost);
+            let (d, next_after_us, undo) = short_decision(&t.limit, v, t.cost, now_us);
             if d.allowed != allowed {
-                return Err(bad("a bucket's state contradicts its decision"));
+                return Err(bad("a short tier's state contradicts its decision"));
             }
             decisions.push(d);
             after.push((
@@ -230,24 +233,57 @@ pub(in crate::backend::redis) fn parse_check(
     }))
 }
 
-/// A bucket tier's decision from the state its script answered short
-/// (`state`: a token bucket's units short of full, a leaky bucket's
-/// backlog in ticks, both at the script's `now`), with what the long form
-/// would have answered besides: the wait before another request of the
-/// same cost would pass once this one is charged (0 when at once), and the
-/// charge's undo value (tokens left in units; backlog after the charge in
-/// ticks). The same arithmetic as `lua/token_bucket.lua` and
-/// `lua/leaky_bucket.lua` (the model's, [`TokenBucket::check_missing`],
-/// [`Gcra::check_backlog`]).
+/// A short tier's decision from the state its script answered (`state`: a
+/// token bucket's units short of full, a leaky bucket's backlog in ticks, a
+/// fixed or calendar window's count in the window of `now_us`, all at the
+/// script's `now_us`), with what the long form would have answered
+/// besides: the wait before another request of the same cost would pass
+/// once this one is charged (0 when at once), and the charge's undo value
+/// (tokens left in units; backlog after the charge in ticks; 0 for a
+/// window, whose refund takes its cost off). The same arithmetic as
+/// `lua/token_bucket.lua`, `lua/leaky_bucket.lua` and `lua/fixed_window.lua`
+/// (the model's, [`TokenBucket::check_missing`], [`Gcra::check_backlog`],
+/// [`Window::fixed_check`], [`CalendarWindow::check`]).
 ///
 /// [`TokenBucket::check_missing`]: crate::algorithm::TokenBucket
 /// [`Gcra::check_backlog`]: crate::algorithm::Gcra
-pub(in crate::backend::redis) fn bucket_decision(
+/// [`Window::fixed_check`]: crate::algorithm::Window::fixed_check
+/// [`CalendarWindow::check`]: crate::algorithm::CalendarWindow::check
+pub(in crate::backend::redis) fn short_decision(
     limit: &Limit,
     state: u64,
     cost: u64,
+    now_us: u64,
 ) -> (TierDecision, u64, u64) {
+    // window_decide's wait (lua/fixed_window.lua): the rest of the window
+    // `[.., end)` once another request of this cost no longer fits.
+    let window = |limit: u64, end: u64, d: TierDecision| {
+        let next =
+            if d.allowed && state.saturating_add(cost.saturating_mul(2)) > limit && cost <= limit {
+                end.saturating_sub(now_us)
+            } else {
+                0
+            };
+        (d, next, 0)
+    };
     match limit {
+        Limit::FixedWindow(w) => {
+            let start = now_us - now_us % w.window_us.max(1);
+            let s = crate::algorithm::FixedWindowState {
+                start_us: start,
+                count: state,
+            };
+            let d = w.fixed_check(Some(s), now_us, cost);
+            window(w.limit, start + w.window_us, d)
+        }
+        Limit::Calendar(c) => {
+            let (start, end) = c.window(now_us);
+            let s = crate::algorithm::FixedWindowState {
+                start_us: start,
+                count: state,
+            };
+            window(c.limit, end, c.check(Some(s), now_us, cost))
+        }
         Limit::TokenBucket(b) => {
             let (d, used) = b.check_missing(state, cost);
             let Some(used) = used else {
@@ -279,7 +315,7 @@ pub(in crate::backend::redis) fn bucket_decision(
             };
             (d, next, after)
         }
-        // Only buckets are sent the short flag (short_flag).
+        // Only buckets and windows are sent the short flag (short_flag).
         other => (other.check(None, 0, cost), 0, 0),
     }
 }

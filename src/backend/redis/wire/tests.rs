@@ -504,3 +504,81 @@ fn an_overridden_bucket_answers_long() {
         Shadow::NONE
     )));
 }
+
+/// A fixed or calendar window's short reply (its count in the window of
+/// `now`) parses to what the long reply of the same check says: the model's
+/// decision and the wait for the next request (`window_decide` in
+/// lua/fixed_window.lua); a window has no undo value.
+#[test]
+fn a_short_window_reply_equals_the_long_one() {
+    let now = 1_700_000_030_000_000u64;
+    let i = |v: u64| i64::try_from(v).unwrap();
+    let windows = [
+        limits()[0],
+        Limit::Calendar(crate::algorithm::CalendarWindow {
+            limit: 10,
+            bounds: [
+                1_699_999_000_000_000,
+                1_700_000_100_000_000,
+                1_700_001_000_000_000,
+            ],
+        }),
+    ];
+    for limit in windows {
+        let (start, end) = match limit {
+            Limit::FixedWindow(w) => {
+                let s = now - now % w.window_us;
+                (s, s + w.window_us)
+            }
+            Limit::Calendar(c) => c.window(now),
+            _ => unreachable!(),
+        };
+        let end_in = end - now;
+        for count in [0, 1, 5, 9, 10, 12] {
+            for cost in [0, 1, 2, 10, 11] {
+                let stored = State::FixedWindow(crate::algorithm::FixedWindowState {
+                    start_us: start,
+                    count,
+                });
+                let d = limit.check(Some(&stored), now, cost);
+                let long_reply = if d.allowed {
+                    let next = if count + 2 * cost > 10 && cost <= 10 {
+                        end_in
+                    } else {
+                        0
+                    };
+                    vec![i(now), i(d.remaining), i(d.reset_after_us), i(next)]
+                } else {
+                    vec![
+                        i(now),
+                        -i(d.remaining) - 1,
+                        i(d.reset_after_us),
+                        i(d.retry_after_us),
+                    ]
+                };
+                let short_reply = vec![i(now), if d.allowed { i(count) } else { -i(count) - 1 }];
+                let tiers = [ReplyTier {
+                    limit,
+                    cost,
+                    repeat: false,
+                }];
+                let long = decided(parse_check(&long_reply, &tiers, UNDO, Shadow::NONE));
+                let short = decided(parse_check(
+                    &short_reply,
+                    &tiers,
+                    SHORT | UNDO,
+                    Shadow::NONE,
+                ));
+                assert_eq!(short, long, "{limit:?} count {count} cost {cost}");
+                assert_eq!(short.decisions, vec![d]);
+                let wrong = vec![i(now), if d.allowed { -i(count) - 1 } else { i(count) }];
+                assert!(is_reply_error(parse_check(
+                    &wrong,
+                    &tiers,
+                    SHORT,
+                    Shadow::NONE
+                )));
+            }
+        }
+    }
+}
