@@ -692,8 +692,16 @@ proptest! {
         let at = u64::try_from(at_us).unwrap();
         let c = calendar(&z.name, period, anchor);
         let w = c.window_at(at).unwrap();
-        prop_assert_eq!(w, rule_window(&c, &z.rule, at_us.div_euclid(1_000_000)), "{:?} at {} µs", c, at);
         let t = Timestamp::from_microsecond(at_us).unwrap();
         prop_assert_eq!(w, independent_window(&c, t), "{:?} at {}", c, t);
+        // The rule governs only what follows the zone's last listed
+        // transition: a week, month or year window may begin before it
+        // (Riga's year from 8 April 2000, a year Latvia kept no DST, is
+        // listed, not the rule's), and then only jiff's answer applies.
+        let by_rule = rule_window(&c, &z.rule, at_us.div_euclid(1_000_000));
+        let listed_us = z.last_listed_s.saturating_mul(1_000_000);
+        if i64::try_from(w.0.min(by_rule.0)).unwrap() > listed_us {
+            prop_assert_eq!(w, by_rule, "{:?} at {} µs", c, at);
+        }
     }
 }
