@@ -111,7 +111,7 @@ use std::time::Duration;
 pub const COOKIE_NAME: &str = "tiered_ratelimit_admin";
 
 /// The most keys a top-N query returns.
-pub const MAX_TOP_N: usize = 1000;
+pub(crate) const MAX_TOP_N: usize = 1000;
 
 /// The admin router with the defaults: see [`Admin`].
 ///
@@ -184,7 +184,7 @@ impl Admin {
     }
 
     /// Keys per tier in the page's top blocked table and the API's default
-    /// `n` (default 10, at most [`MAX_TOP_N`]).
+    /// `n` (default 10, at most 1000).
     pub fn top_n(mut self, n: usize) -> Self {
         self.top_n = n.clamp(1, MAX_TOP_N);
         self

@@ -40,7 +40,7 @@
 //! * **Endpoint**: [`Endpoint`](crate::key::Endpoint) keys a gRPC request by
 //!   its method path, `POST /package.Service/Method`, when the path has that
 //!   shape (service and method names of `[A-Za-z0-9_.]`, at most
-//!   [`MAX_METHOD_PATH`] bytes); any other path is `<unmatched>`.
+//!   256 bytes); any other path is `<unmatched>`.
 //!
 //! # Streaming calls
 //! A call counts once, when it starts: a streaming call (client, server or
@@ -120,8 +120,6 @@ impl Protocol {
     }
 }
 
-/// The longest gRPC method path, in bytes, that is an endpoint of its own.
-pub const MAX_METHOD_PATH: usize = crate::key::MAX_METHOD_PATH;
 pub(crate) use crate::key::is_grpc;
 
 /// The gRPC answer to a blocked request (see the module docs): a
@@ -302,7 +300,7 @@ mod tests {
         assert_eq!(g("/a/"), None);
         assert_eq!(g("//b"), None);
         assert_eq!(g("/a%20b/c"), None);
-        assert_eq!(g(&format!("/{}/m", "s".repeat(MAX_METHOD_PATH))), None);
+        assert_eq!(g(&format!("/{}/m", "s".repeat(256))), None);
         // Not gRPC: no method path.
         assert_eq!(method_path(&parts("POST", "/a.B/C", None)), None);
         assert_eq!(

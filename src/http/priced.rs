@@ -155,7 +155,7 @@ impl Estimate {
     }
 
     /// With [`Estimate::json`]: the largest request body read to find the
-    /// field, in bytes (default [`DEFAULT_MAX_BODY_BYTES`], 2 MiB); a larger
+    /// field, in bytes (default 2 MiB); a larger
     /// body is answered `413 Payload Too Large`. `build()` refuses 0, or a
     /// bound on an estimate that reads no body, naming
     /// `priced.estimate.max_body_bytes`.
@@ -468,7 +468,7 @@ pub(crate) enum AtHead {
 
 /// The default of [`Estimate::max_body_bytes`]: 2 MiB, axum's default
 /// request body limit.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
 /// A priced tier's HTTP half, compiled.
 pub(crate) struct Compiled {

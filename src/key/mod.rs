@@ -36,11 +36,11 @@ mod header;
 mod user;
 
 pub use client_ip::{ClientIp, ForwardedHeader, UnknownForwardedHeader, MAX_FORWARDED_HOPS};
+#[cfg(feature = "grpc")]
+pub(crate) use endpoint::is_grpc;
 #[cfg(all(feature = "grpc", test))]
 pub(crate) use endpoint::method_path;
 pub(crate) use endpoint::route_of;
-#[cfg(feature = "grpc")]
-pub(crate) use endpoint::{is_grpc, MAX_METHOD_PATH};
 pub use endpoint::{Endpoint, UNMATCHED_ROUTE};
 pub use global::Global;
 pub use header::ApiKey;
@@ -232,7 +232,7 @@ pub fn storage_key_part(bytes: &[u8]) -> String {
 }
 
 /// [`storage_key_part`], appended to `out` (no allocation of its own).
-pub fn storage_key_part_into(out: &mut String, bytes: &[u8]) {
+pub(crate) fn storage_key_part_into(out: &mut String, bytes: &[u8]) {
     storage_key_parts_into(out, &[bytes]);
 }
 

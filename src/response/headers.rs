@@ -6,11 +6,12 @@ use http::HeaderMap;
 use std::sync::Arc;
 
 /// `X-RateLimit-Limit`.
-pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub(crate) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining`.
-pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub(crate) const X_RATELIMIT_REMAINING: HeaderName =
+    HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset`.
-pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+pub(crate) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
 /// `x-should-retry`: sent as `false` on a 429 no wait can lift (a cost
 /// above the tier's capacity), for the SDKs that retry every 429 unless it
@@ -18,9 +19,9 @@ pub const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-r
 pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 
 /// `RateLimit-Policy` (IETF draft).
-pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub(crate) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit` (IETF draft).
-pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub(crate) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Which rate-limit headers responses carry. `Retry-After` is sent on every
 /// 429 whatever the style.
@@ -71,7 +72,7 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// consistent over a sequence of HTTP responses"), `RateLimit` the binding
 /// tier. A policy item carries the quota unit `qu` (§3.1.2) unless it is
 /// the default, `requests` (see [`QuotaUnit`]; a concurrency tier's has no
-/// `w`). Every integer is at most [`SF_INTEGER_MAX`]. We never send the
+/// `w`). Every integer is at most 999 999 999 999 999 (15 digits, RFC 9651 §3.3.1). We never send the
 /// optional partition key `pk` (§3.1.4, §4.1.3). A
 /// `draft-ietf-httpapi-ratelimit-headers-12` was announced in November
 /// 2026; its text was not available to us, so this crate has not been
@@ -130,7 +131,7 @@ impl HeaderStyle {
 /// most this (a quota above it is refused at build, naming the field; a
 /// number computed at run time above it, from a quota changed at run time
 /// or a per-key override, is sent as this).
-pub const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+pub(crate) const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// A quota unit: what a tier's quota counts, the IETF policy's `qu`
 /// parameter (`draft-ietf-httpapi-ratelimit-headers-11` §3.1.2; its

@@ -19,22 +19,22 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 /// `x-ratelimit-limit-requests`.
-pub const X_RATELIMIT_LIMIT_REQUESTS: HeaderName =
+pub(crate) const X_RATELIMIT_LIMIT_REQUESTS: HeaderName =
     HeaderName::from_static("x-ratelimit-limit-requests");
 /// `x-ratelimit-remaining-requests`.
-pub const X_RATELIMIT_REMAINING_REQUESTS: HeaderName =
+pub(crate) const X_RATELIMIT_REMAINING_REQUESTS: HeaderName =
     HeaderName::from_static("x-ratelimit-remaining-requests");
 /// `x-ratelimit-reset-requests`.
-pub const X_RATELIMIT_RESET_REQUESTS: HeaderName =
+pub(crate) const X_RATELIMIT_RESET_REQUESTS: HeaderName =
     HeaderName::from_static("x-ratelimit-reset-requests");
 /// `x-ratelimit-limit-tokens`.
-pub const X_RATELIMIT_LIMIT_TOKENS: HeaderName =
+pub(crate) const X_RATELIMIT_LIMIT_TOKENS: HeaderName =
     HeaderName::from_static("x-ratelimit-limit-tokens");
 /// `x-ratelimit-remaining-tokens`.
-pub const X_RATELIMIT_REMAINING_TOKENS: HeaderName =
+pub(crate) const X_RATELIMIT_REMAINING_TOKENS: HeaderName =
     HeaderName::from_static("x-ratelimit-remaining-tokens");
 /// `x-ratelimit-reset-tokens`.
-pub const X_RATELIMIT_RESET_TOKENS: HeaderName =
+pub(crate) const X_RATELIMIT_RESET_TOKENS: HeaderName =
     HeaderName::from_static("x-ratelimit-reset-tokens");
 
 /// One meter's numbers: the tier shown for it.

@@ -33,15 +33,9 @@ mod meters;
 mod rejection;
 
 pub(crate) use headers::effective_window_us;
-pub use headers::{
-    HeaderStyle, PolicyItem, QuotaUnit, RateLimitHeaders, RATELIMIT, RATELIMIT_POLICY,
-    SF_INTEGER_MAX, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, X_RATELIMIT_RESET, X_SHOULD_RETRY,
-};
-pub use meters::{
-    go_duration, Meter, Meters, X_RATELIMIT_LIMIT_REQUESTS, X_RATELIMIT_LIMIT_TOKENS,
-    X_RATELIMIT_REMAINING_REQUESTS, X_RATELIMIT_REMAINING_TOKENS, X_RATELIMIT_RESET_REQUESTS,
-    X_RATELIMIT_RESET_TOKENS,
-};
+pub(crate) use headers::SF_INTEGER_MAX;
+pub use headers::{HeaderStyle, PolicyItem, QuotaUnit, RateLimitHeaders, X_SHOULD_RETRY};
+pub use meters::{go_duration, Meter, Meters};
 pub(crate) use rejection::{json_response, unavailable};
 pub use rejection::{
     JsonRejection, OnRejection, ProblemRejection, Rejection, RejectionBody, RejectionReason,

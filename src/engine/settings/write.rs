@@ -2,9 +2,9 @@
 //! (`lua/settings.lua`), after checking the whole document as `build()`
 //! would.
 
-use super::{Invalid, Settings};
 #[cfg(feature = "redis")]
 use super::{apply_read, lists_of, parse, runtime_of, stored, SETTINGS, SETTINGS_VERSION};
+use super::{Invalid, Settings};
 use crate::engine::state::Shared;
 use crate::engine::watch::ControlError;
 
