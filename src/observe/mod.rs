@@ -417,6 +417,10 @@ pub(crate) fn describe_all() {
         "Share of a tier's keys enforced, in percent: 100 enforce, n canary, 0 shadow or off"
     );
     describe_gauge!(
+        SETTINGS_VERSION,
+        "The fleet-wide settings version this instance applies (0: the configured settings)"
+    );
+    describe_gauge!(
         ANOMALY,
         "1 while a (tier, endpoint) 429 rate is outside its baseline, 0 once back"
     );
@@ -481,6 +485,9 @@ pub(crate) fn set_circuit_state(state: u8) {
 pub(crate) const ANOMALY: &str = "tiered_ratelimit_anomaly";
 pub(crate) const CHECK_DURATION: &str = "tiered_ratelimit_check_duration_seconds";
 pub(crate) const MODE: &str = "tiered_ratelimit_mode";
+
+/// The fleet-wide settings version applied (`engine/settings/`).
+pub(crate) const SETTINGS_VERSION: &str = "tiered_ratelimit_settings_version";
 
 /// The mode gauge of a tier: 0 off, 1 shadow, 2 canary, 3 enforce; and the
 /// canary percent gauge.

@@ -525,3 +525,38 @@ async fn the_page_changes_quotas_and_lists_for_the_fleet() {
     );
     assert!(page.contains("all instances (control key <code>rl:control</code>)"));
 }
+
+/// The gauge `tiered_ratelimit_settings_version` carries the version the
+/// instance applies, with its HELP text.
+#[test]
+fn the_settings_version_gauge_follows_the_applied_version() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        current_thread_runtime().block_on(async {
+            let layer = layer(&redis, &clock);
+            let h = layer.handle();
+            assert_eq!(h.ready().await, 0);
+            for (limit, version) in [(10, 1), (20, 2)] {
+                let v = h
+                    .set_fleet_quota("ip", None, Quota::per_minute(limit), "test")
+                    .await
+                    .unwrap();
+                assert_eq!(v, version);
+            }
+        });
+    });
+    let snap = snapshotter.snapshot().into_vec();
+    let gauge = snap
+        .iter()
+        .find(|(k, ..)| k.key().name() == "tiered_ratelimit_settings_version")
+        .map(|(_, _, desc, v)| (desc.clone(), v.clone()));
+    let Some((desc, DebugValue::Gauge(v))) = gauge else {
+        panic!("no settings version gauge in {snap:?}");
+    };
+    assert_eq!(v.into_inner(), 2.0);
+    assert!(desc.is_some_and(|d| d.to_string().contains("settings version")));
+}

@@ -461,5 +461,5 @@ pub(crate) fn apply_read(shared: &Shared, key: &str, fields: &[(String, String)]
 /// applies.
 pub(crate) fn set_version_gauge(version: u64) {
     #[allow(clippy::cast_precision_loss)] // versions stay far below 2^53
-    metrics::gauge!("tiered_ratelimit_settings_version").set(version as f64);
+    metrics::gauge!(crate::observe::SETTINGS_VERSION).set(version as f64);
 }
