@@ -553,7 +553,7 @@ fn the_settings_version_gauge_follows_the_applied_version() {
     let gauge = snap
         .iter()
         .find(|(k, ..)| k.key().name() == "tiered_ratelimit_settings_version")
-        .map(|(_, _, desc, v)| (desc.clone(), v.clone()));
+        .map(|(_, _, desc, v)| (desc.clone(), v));
     let Some((desc, DebugValue::Gauge(v))) = gauge else {
         panic!("no settings version gauge in {snap:?}");
     };
