@@ -56,6 +56,28 @@ pub(crate) enum Step {
 }
 
 impl Engine {
+    /// With a fleet-wide control key on Redis, before this instance's first
+    /// read of the control hash: a wait for it, at most the backend timeout
+    /// (a starting instance decides under the fleet's settings, not only
+    /// the configured ones). `None` once read, and without a control key.
+    pub(crate) fn settings_wait(&self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        let shared = &self.shared;
+        if shared.config.control.is_none() || shared.live.fleet.is_read() {
+            return None;
+        }
+        super::watch::control_hash_key(shared)?;
+        if shared.live.control_started.get().is_none() {
+            super::watch::start(&self.shared);
+        }
+        // No Tokio runtime to read it in: nothing to wait for.
+        shared.live.control_started.get()?;
+        let shared = self.shared.clone();
+        Some(Box::pin(async move {
+            let timeout = shared.config.backend_timeout;
+            let _ = tokio::time::timeout(timeout, shared.live.fleet.ready()).await;
+        }))
+    }
+
     /// Starts deciding the request of `facts`; `started` is when it reached
     /// the front door (the backend timeout counts from there).
     #[inline]

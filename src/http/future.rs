@@ -33,6 +33,15 @@ pin_project! {
     where
         S: Service<Request<ReqBody>>,
     {
+        /// A fleet-wide control key's settings are not read yet (the
+        /// instance just started): wait for the first read, at most the
+        /// backend timeout, then decide under them.
+        Loading {
+            wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+            service: S,
+            request: Option<Request<ReqBody>>,
+            front: Arc<Front>,
+        },
         /// The engine waits for a probe or the backend (bounded by the
         /// backend timeout); the request's head is its facts meanwhile.
         Deciding {
@@ -92,6 +101,22 @@ where
         }
     }
 
+    pub(crate) fn load(
+        wait: Pin<Box<dyn Future<Output = ()> + Send>>,
+        service: S,
+        request: Request<ReqBody>,
+        front: Arc<Front>,
+    ) -> Self {
+        Self {
+            state: State::Loading {
+                wait,
+                service,
+                request: Some(request),
+                front,
+            },
+        }
+    }
+
     pub(crate) fn respond(response: Response<Bytes>) -> Self {
         Self {
             state: State::Responding {
@@ -138,7 +163,9 @@ where
 
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    ReqBody: Send + 'static,
 {
     type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
@@ -146,6 +173,25 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
+                StateProj::Loading { wait, service, .. } => {
+                    ready!(wait.as_mut().poll(cx));
+                    // Ready the service after the wait, as a tower caller
+                    // would, then decide as `call` does.
+                    ready!(service.poll_ready(cx))?;
+                    let StateOwned::Loading {
+                        service,
+                        request,
+                        front,
+                        ..
+                    } = this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("state was Loading");
+                    };
+                    let request = request.expect("Loading holds the request");
+                    let mut svc = crate::http::service::RateLimitService::new(service, front);
+                    let ResponseFuture { state } = svc.call_now(request);
+                    this.state.set(state);
+                }
                 StateProj::Deciding {
                     pending,
                     parts,

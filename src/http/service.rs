@@ -72,6 +72,28 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        if let Some(wait) = self.front.engine.settings_wait() {
+            // Readiness is not held through the wait (as through a
+            // shaping delay): an unreadied clone is polled ready after it.
+            let unreadied = self.take_ready_inner().clone();
+            return ResponseFuture::load(wait, unreadied, req, self.front.clone());
+        }
+        self.call_now(req)
+    }
+}
+
+impl<S: Clone> RateLimitService<S> {
+    /// [`call`](Service::call) once the fleet-wide settings are read (or
+    /// need not be).
+    pub(crate) fn call_now<ReqBody, ResBody>(
+        &mut self,
+        req: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+        S::Future: Send,
+        ReqBody: Send + 'static,
+    {
         let started = std::time::Instant::now();
         let (parts, body) = req.into_parts();
         let front = &*self.front;

@@ -313,6 +313,28 @@ async fn a_restarted_instance_serves_the_stored_settings() {
     assert_eq!(get(d.addr, None).await, ok(5, 3, reset));
 }
 
+/// A starting instance's first request waits for its first read of the
+/// settings (at most the backend timeout) instead of answering with the
+/// configured quota: here the layer is built outside a Tokio runtime, so
+/// its watcher starts with that very request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_instance_answers_its_first_request_under_the_stored_settings() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let a = node(&redis, &clock).await;
+    a.handle
+        .set_fleet_quota("ip", None, Quota::per_minute(20), "test")
+        .await
+        .unwrap();
+    let built = std::thread::scope(|s| s.spawn(|| layer(&redis, &clock)).join().unwrap());
+    let h = built.handle();
+    assert_eq!(h.settings_version(), 0, "nothing read before serving");
+    let addr = serve(app(built)).await;
+    let reset = T0_S - T0_S % 60 + 60;
+    assert_eq!(get(addr, None).await, ok(20, 19, reset));
+    assert_eq!(h.settings_version(), 1);
+}
+
 /// A malformed value written by hand is ignored by every instance (the
 /// last good settings stay), and no change is written over it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,6 +178,11 @@ impl FleetSettings {
         }
     }
 
+    /// Whether the first read of the control hash was tried.
+    pub(crate) fn is_read(&self) -> bool {
+        self.first_read.load(Ordering::Acquire)
+    }
+
     /// Waits until the first read of the control hash was tried.
     pub(crate) async fn ready(&self) {
         loop {
