@@ -60,9 +60,20 @@ impl Engine {
     /// read of the control hash: a wait for it, at most the backend timeout
     /// (a starting instance decides under the fleet's settings, not only
     /// the configured ones). `None` once read, and without a control key.
+    #[inline]
     pub(crate) fn settings_wait(&self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
+        if self.shared.config.control.is_none() {
+            return None;
+        }
+        self.settings_wait_slow()
+    }
+
+    /// [`settings_wait`](Self::settings_wait) with a control key.
+    #[cold]
+    #[inline(never)]
+    fn settings_wait_slow(&self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
         let shared = &self.shared;
-        if shared.config.control.is_none() || shared.live.fleet.is_read() {
+        if shared.live.fleet.is_read() {
             return None;
         }
         super::watch::control_hash_key(shared)?;

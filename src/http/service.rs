@@ -85,6 +85,7 @@ where
 impl<S: Clone> RateLimitService<S> {
     /// [`call`](Service::call) once the fleet-wide settings are read (or
     /// need not be).
+    #[inline]
     pub(crate) fn call_now<ReqBody, ResBody>(
         &mut self,
         req: Request<ReqBody>,
