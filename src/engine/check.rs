@@ -62,9 +62,7 @@ impl Engine {
     /// the configured ones). `None` once read, and without a control key.
     #[inline]
     pub(crate) fn settings_wait(&self) -> Option<Pin<Box<dyn Future<Output = ()> + Send>>> {
-        if self.shared.config.control.is_none() {
-            return None;
-        }
+        self.shared.config.control.as_ref()?;
         self.settings_wait_slow()
     }
 
