@@ -242,6 +242,13 @@ fn the_layer_path_writes_the_marker_and_the_time() {
             .unwrap()
             .decisions[0];
         assert_eq!((d.allowed, d.remaining), (true, remaining));
+        if remaining == 99 {
+            // The marker and one entry: a listpack of 120 B (perf/README.md,
+            // "Memory per key"; one coded entry alone takes 104 B).
+            let encoding: String = redis.cmd(&["OBJECT", "ENCODING", key]);
+            let bytes: i64 = redis.cmd(&["MEMORY", "USAGE", key, "SAMPLES", "0"]);
+            assert_eq!((encoding.as_str(), bytes), ("listpack", 120));
+        }
     }
     let members: Vec<String> = redis.cmd(&["ZRANGE", key, "0", "-1"]);
     assert_eq!(members, ["u", "1700000000000000", "1700000000000000002"]);
