@@ -86,7 +86,8 @@ end
 -- (charges_again above; the bit once chose the stored format, of which
 -- there is now one, in scripts of other versions), +8 short reply: a token
 -- or leaky bucket, a fixed or calendar window answers one number, its
--- state, instead of three).
+-- state, instead of three; a sliding log without +2, its remaining when
+-- it allows).
 -- Parsed specs are kept by their string: loaded as a Redis Function the
 -- table lives as long as the library, so a request's tiers cost one table
 -- lookup each instead of seven tonumber() calls (a deployment has a few
@@ -116,6 +117,9 @@ local function tier_spec(s)
     flags = tonumber(flags)
     t = { algorithm, tonumber(p1), tonumber(p2), tonumber(p3), tonumber(p4), tonumber(cost),
       has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 8) }
+    -- A sliding log answers short only without its undo value (its seq,
+    -- in the trailer).
+    if t[8] and algorithm == sliding_window_log then t[9] = false end
     -- +4: the key was listed before in this call; t[11] charges it again.
     if has_flag(flags, 4) then t[11] = charges_again[algorithm] end
     local plain = false
@@ -293,13 +297,18 @@ local function check_plain(now, first, n, states)
           sliding_window_log(key, now, limit, window, 0, 0, t[6], nil, nil, kind == 6)
         value, px = write, false
       end
-      if allowed == 1 then
-        out[o + 1], out[o + 2], out[o + 3] = remaining, reset, 0
-      else
+      if allowed ~= 1 then
         out[o + 1], out[o + 2], out[o + 3] = -remaining - 1, reset, retry
         if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+        o = o + 3
+      elseif t[9] then
+        -- Short: its remaining alone (its reset is the window, its wait 0).
+        out[o + 1] = remaining
+        o = o + 1
+      else
+        out[o + 1], out[o + 2], out[o + 3] = remaining, reset, 0
+        o = o + 3
       end
-      o = o + 3
     elseif kind == 4 then
       -- The sliding window counter (sliding_window_counter.lua).
       local limit, window, b = t[2], t[3], t[12]
@@ -543,8 +552,9 @@ local function check_request(clock, first, n)
       if not t[7] then all = false end
     end
     -- Short (a bucket's state): one number; an override applied above
-    -- builds a spec without the flag, so the tier answers three.
-    if t[9] then
+    -- builds a spec without the flag, so the tier answers three. A log
+    -- answers short only when it allows (its remaining).
+    if t[9] and (allowed == 1 or t[1] ~= sliding_window_log) then
       o = o + 1
     else
       out[o + 2] = reset
