@@ -86,7 +86,8 @@ end
 -- (charges_again above; the bit once chose the stored format, of which
 -- there is now one, in scripts of other versions), +8 short reply: a token
 -- or leaky bucket, a fixed or calendar window answers one number, its
--- state, instead of three).
+-- state, instead of three; a sliding log without +2, its remaining when
+-- it allows).
 -- Parsed specs are kept by their string: loaded as a Redis Function the
 -- table lives as long as the library, so a request's tiers cost one table
 -- lookup each instead of seven tonumber() calls (a deployment has a few
@@ -100,9 +101,11 @@ local specs, specs_n = {}, 0
 -- with the short reply, 2 an enforced fixed window, 3 an enforced
 -- calendar window, 4 an enforced sliding window counter (t[12] its b,
 -- isqrt(window), computed once here), 5 an enforced policing leaky bucket
--- of rate 1 with the short reply, 6 an enforced sliding log whose undo
--- value (its entry's seq, in the trailer) is not asked for; none listed
--- again in the call.
+-- of rate 1 with the short reply, 6 an enforced sliding log of cost 1
+-- listed once in the call whose undo value (its entry's seq, in the
+-- trailer) is not asked for, 7 any other enforced sliding log whose undo
+-- value is not asked for (decided by its function); none of the others
+-- listed again in the call.
 local function tier_spec(s)
   local t = specs[s]
   if t ~= nil then return t end
@@ -114,6 +117,9 @@ local function tier_spec(s)
     flags = tonumber(flags)
     t = { algorithm, tonumber(p1), tonumber(p2), tonumber(p3), tonumber(p4), tonumber(cost),
       has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 8) }
+    -- A sliding log answers short only without its undo value (its seq,
+    -- in the trailer).
+    if t[8] and algorithm == sliding_window_log then t[9] = false end
     -- +4: the key was listed before in this call; t[11] charges it again.
     if has_flag(flags, 4) then t[11] = charges_again[algorithm] end
     local plain = false
@@ -130,7 +136,9 @@ local function tier_spec(s)
       elseif algorithm == leaky_bucket and t[3] == 1 and t[9] and t[5] < 0 then
         plain = 5
       elseif algorithm == sliding_window_log and not t[8] then
-        plain = 6
+        if t[6] == 1 and not has_flag(flags, 4) then plain = 6 else plain = 7 end
+        -- Its PX less the TTL slack (ttl_ms(window)).
+        t[13] = ttl_ms(t[3]) - ttl_slack_ms
       end
     end
     t[10] = plain
@@ -149,6 +157,23 @@ local function px_of(us)
   if ms * 1000 > a then ms = ms - 1 end
   if ms < 1 then ms = 1 end
   return ms + ttl_slack_ms
+end
+
+-- A sliding log's write from check_plain (kind 6): its entry of cost 1
+-- at `now`, named `now` alone (sliding_window_log.lua: no refund ever
+-- names it, since no undo value was asked for), or when another entry of
+-- this µs has that name, the first free seq after `used` (the live
+-- entries); with used -1 (a key found empty), the entry and the marker.
+-- Then PX ms. (No NX: a member named `now` can only be an entry of this
+-- µs, whose score ZADD leaves as it is, answering 0.)
+local function log_write(key, now, used, px)
+  local at = string.format('%d', now)
+  if used < 0 then
+    redis.call('ZADD', key, at, at, '-inf', log_marker)
+  elseif redis.call('ZADD', key, at, at) == 0 then
+    log_add(key, now, used + 1, 1)
+  end
+  redis.call('PEXPIRE', key, px)
 end
 
 -- The check of a request whose tiers are all plain (see tier_spec:
@@ -236,19 +261,54 @@ local function check_plain(now, first, n, states)
         if rejected then rejected[#rejected + 1] = i else rejected = { i } end
       end
       o = o + 1
-    elseif kind == 6 then
-      -- The sliding log: its own function (it reads its sorted set), its
-      -- write a function (px false).
-      local allowed, remaining, reset, retry, _, write =
-        sliding_window_log(KEYS[i], now, t[2], t[3], 0, 0, t[6], nil, nil)
-      if allowed == 1 then
-        out[o + 1], out[o + 2], out[o + 3] = remaining, reset, 0
-        value, px = write, false
+    elseif kind == 6 or kind == 7 then
+      -- The sliding log. Of cost 1 listed once (kind 6), with the marker
+      -- (every entry costs 1: sliding_window_log.lua): the entries' count
+      -- is their cost, the marker's reverse rank less the entries out of
+      -- the window (removed here: they count for nothing); a key found
+      -- empty gets the marker with its entry. Its write: value the live
+      -- count (-1: the key was empty), px the PX negated (log_write).
+      -- Otherwise (a set without the marker, a key of another type, any
+      -- other cost, a key listed again) its own function, which reads the
+      -- members, its write a function (px false).
+      local key, limit, window = KEYS[i], t[2], t[3]
+      local r, used = false, nil
+      if kind == 6 then
+        r = redis.pcall('ZREVRANK', key, log_marker)
+        if type(r) == 'number' then
+          used = r - redis.call('ZREMRANGEBYSCORE', key, '(-inf', string.format('%d', now - window))
+        elseif r == false and redis.call('ZCARD', key) == 0 then
+          used = -1
+        end
+      end
+      local allowed, remaining, reset, retry, _, write
+      if used then
+        local after = used + 1
+        if used < 0 then after = 1 end
+        if after <= limit then
+          allowed, remaining, reset = 1, limit - after, window
+          value, px = used, -(t[13] + ttl_slack_ms)
+        else
+          allowed, remaining, reset, retry =
+            log_denied(key, now, limit, window, 1, string.format('%d', now - window), false)
+        end
       else
+        allowed, remaining, reset, retry, _, write =
+          sliding_window_log(key, now, limit, window, 0, 0, t[6], nil, nil, kind == 6)
+        value, px = write, false
+      end
+      if allowed ~= 1 then
         out[o + 1], out[o + 2], out[o + 3] = -remaining - 1, reset, retry
         if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+        o = o + 3
+      elseif t[9] then
+        -- Short: its remaining alone (its reset is the window, its wait 0).
+        out[o + 1] = remaining
+        o = o + 1
+      else
+        out[o + 1], out[o + 2], out[o + 3] = remaining, reset, 0
+        o = o + 3
       end
-      o = o + 3
     elseif kind == 4 then
       -- The sliding window counter (sliding_window_counter.lua).
       local limit, window, b = t[2], t[3], t[12]
@@ -367,10 +427,32 @@ local function check_plain(now, first, n, states)
   end
   out[o + 1] = nil
   if not rejected then
-    if px1 then redis.call('SET', KEYS[1], value1, 'PX', px1) else value1() end
+    -- px: a SET's PX; negative, a sliding log's (log_write); false, a
+    -- function that writes.
+    if not px1 then
+      value1()
+    elseif px1 > 0 then
+      redis.call('SET', KEYS[1], value1, 'PX', px1)
+    else
+      -- log_write(KEYS[1], now, value1, -px1), written out (the layer's
+      -- default log tier).
+      local at = string.format('%d', now)
+      if value1 < 0 then
+        redis.call('ZADD', KEYS[1], at, at, '-inf', log_marker)
+      elseif redis.call('ZADD', KEYS[1], at, at) == 0 then
+        log_add(KEYS[1], now, value1 + 1, 1)
+      end
+      redis.call('PEXPIRE', KEYS[1], -px1)
+    end
     for i = 2, n do
-      local px = writes[2 * i]
-      if px then redis.call('SET', KEYS[i], writes[2 * i - 1], 'PX', px) else writes[2 * i - 1]() end
+      local value, px = writes[2 * i - 1], writes[2 * i]
+      if not px then
+        value()
+      elseif px > 0 then
+        redis.call('SET', KEYS[i], value, 'PX', px)
+      else
+        log_write(KEYS[i], now, value, -px)
+      end
     end
   end
   return out, rejected
@@ -470,8 +552,9 @@ local function check_request(clock, first, n)
       if not t[7] then all = false end
     end
     -- Short (a bucket's state): one number; an override applied above
-    -- builds a spec without the flag, so the tier answers three.
-    if t[9] then
+    -- builds a spec without the flag, so the tier answers three. A log
+    -- answers short only when it allows (its remaining).
+    if t[9] and (allowed == 1 or t[1] ~= sliding_window_log) then
       o = o + 1
     else
       out[o + 2] = reset

@@ -53,12 +53,17 @@ end
 
 local function sliding_window_log_refund(key, _, charged_at, _, _, _, _, cost, seq)
   -- Both names the charge may have used; removing the last member deletes
-  -- the key.
+  -- the key, and so does removing the last entry beside the marker (the
+  -- marker's reverse rank is the number of entries).
   local short, long = log_members(charged_at, seq, cost)
+  local removed
   if short then
-    redis.call('ZREM', key, short, long)
+    removed = redis.call('ZREM', key, short, long)
   else
-    redis.call('ZREM', key, long)
+    removed = redis.call('ZREM', key, long)
+  end
+  if removed == 1 and redis.call('ZREVRANK', key, log_marker) == 0 then
+    redis.call('DEL', key)
   end
 end
 

@@ -10,7 +10,7 @@
 #              MONITOR from bench_server redis1/redis4): FCALL, the tier keys,
 #              the hour's set of refused keys (the shadow-limited set only
 #              comes with a shadow tier), the deadline clock argument, one
-#              spec per tier (short: buckets, fixed and calendar windows)
+#              spec per tier (short: buckets, fixed and calendar windows, logs)
 #   envoy      the Envoy service's call for the same rule (captured from
 #              tiered-ratelimit-rls on the reference's YAML): the same
 #              FCALL with the service's key names
@@ -75,7 +75,7 @@ W=3600000000
 declare -A spec floor_args
 spec[fixed_window]="1 50000 $W 0 0 1 8";            floor_args[fixed_window]="50000 $W"
 spec[sliding_window_counter]="3 50000 $W 0 0 1 0";  floor_args[sliding_window_counter]="50000 $W 60000"
-spec[sliding_window_log]="2 1000000000 $LOG_WINDOW_US 0 0 1 0"; floor_args[sliding_window_log]="1000000000 $LOG_WINDOW_US"
+spec[sliding_window_log]="2 1000000000 $LOG_WINDOW_US 0 0 1 8"; floor_args[sliding_window_log]="1000000000 $LOG_WINDOW_US"
 spec[token_bucket]="4 1000000000000 1 1000 0 1 8";  floor_args[token_bucket]="1000 1000000000000"
 spec[leaky_bucket]="5 1000000000000 1 1000 -1 1 8"; floor_args[leaky_bucket]="1000 1000000000000"
 spec[calendar]="9 50000 $b0 $b1 $b2 1 8";           floor_args[calendar]="50000 $b0 $b1 $b2"

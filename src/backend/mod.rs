@@ -220,6 +220,34 @@ impl Backend {
         }
     }
 
+    /// Like [`Backend::check`], without asking for the charges' undo values,
+    /// as the layer checks a tier without refunds: on Redis the scripts'
+    /// written-out paths (`check_plain` in `lua/dispatch.lua`), which
+    /// `check` (its undo values asked for) never takes (the `__testing`
+    /// feature).
+    ///
+    /// # Errors
+    /// A [`BackendError`] when Redis fails or answers unexpectedly.
+    #[cfg(feature = "__testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "__testing")))]
+    pub async fn check_without_undo(
+        &self,
+        mut checks: Vec<TierCheck>,
+    ) -> Result<Verdict, BackendError> {
+        for c in &mut checks {
+            c.cost = c.cost.min(c.limit.capacity().saturating_add(1));
+        }
+        match self {
+            Backend::Memory(m) => Ok(m.check(&checks, Shadow::NONE, false)),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => {
+                let sent = std::time::Instant::now();
+                r.start_check(&checks, Shadow::NONE, false, None, None, sent)
+                    .await
+            }
+        }
+    }
+
     /// Gives back charges (as the layer does) for the tests that prove model = memory =
     /// Redis on refunds (the `__testing` feature; the layer refunds itself).
     ///

@@ -18,7 +18,8 @@
 //!           flags (+1 shadow, +2 undo wanted, +4 repeat: the key was
 //!           listed before in this call, charge it on what that listing
 //!           stored, +8 short: a bucket or a fixed or calendar window
-//!           answers its state, one number).
+//!           answers its state, one number; a sliding log without +2 its
+//!           remaining, when it allows).
 //!           One argument rather than seven: the script keeps parsed specs
 //!           by their string (as a Redis Function, across calls), so a tier
 //!           costs Redis one table lookup instead of seven conversions
@@ -40,7 +41,8 @@
 //! ```text
 //! { now_us,
 //!   then per tier, in call order: s (one number: a bucket answering
-//!   short) or r, reset_after_us, w (three: every other tier),
+//!   short, or an allowing sliding log's remaining) or r, reset_after_us,
+//!   w (three: every other tier),
 //!   then a trailer, three per entry: i, delay_us, undo }
 //! late: { now_us }
 //! ```
@@ -57,6 +59,10 @@
 //! request, the shaping delay and the undo value from it, the limit and
 //! the cost, with the model's own arithmetic ([`parse_check`]), so the
 //! script divides nothing and answers one number where it answered three.
+//! A sliding log sent +8 and not +2 (no undo value asked for) answers short
+//! when it allows: `s` is its remaining (its reset is its window, its wait
+//! 0); when it denies it answers long (its reset and retry need the times of
+//! its oldest entries), which its `r < 0` tells the client.
 //!
 //! **Long** (every other tier): `r` is the tier's remaining when it allows
 //! and `-(remaining + 1)` when it denies; `w` its retry_after_us when it

@@ -62,11 +62,16 @@ pub(in crate::backend::redis) type ReplyTiers = smallvec::SmallVec<[ReplyTier; 4
 
 /// The [`SHORT`] flag for a tier of this limit: token and leaky buckets,
 /// fixed and calendar windows answer their state, one number, from which
-/// [`parse_check`] derives the decision.
+/// [`parse_check`] derives the decision; a sliding log sent no [`UNDO`]
+/// flag answers its remaining when it allows (three numbers when it denies).
 pub(in crate::backend::redis) fn short_flag(limit: &Limit) -> u8 {
     if matches!(
         limit,
-        Limit::TokenBucket(_) | Limit::LeakyBucket(_) | Limit::FixedWindow(_) | Limit::Calendar(_)
+        Limit::TokenBucket(_)
+            | Limit::LeakyBucket(_)
+            | Limit::FixedWindow(_)
+            | Limit::Calendar(_)
+            | Limit::SlidingWindowLog(_)
     ) {
         SHORT
     } else {
@@ -154,7 +159,10 @@ pub(in crate::backend::redis) fn parse_check(
         // denied (no overflow: -(i64::MIN + 1) is i64::MAX).
         let allowed = r >= 0;
         let v = if allowed { r } else { -(r + 1) }.unsigned_abs();
-        if short && !overridden && t.listing_flag() & SHORT != 0 {
+        // A sliding log answers short only when it allows, without undo.
+        let long_log =
+            matches!(t.limit, Limit::SlidingWindowLog(_)) && (!allowed || flags & UNDO != 0);
+        if short && !overridden && t.listing_flag() & SHORT != 0 && !long_log {
             at += 1;
             let (d, next_after_us, undo) = short_decision(&t.limit, v, t.cost, now_us);
             if d.allowed != allowed {
@@ -315,7 +323,21 @@ pub(in crate::backend::redis) fn short_decision(
             };
             (d, next, after)
         }
-        // Only buckets and windows are sent the short flag (short_flag).
+        // An allowing sliding log: its remaining (the long form's reset is
+        // the window, its wait 0; no undo value without the UNDO flag).
+        Limit::SlidingWindowLog(w) => (
+            TierDecision {
+                allowed: true,
+                limit: w.limit,
+                remaining: state,
+                reset_after_us: w.window_us,
+                retry_after_us: 0,
+                delay_us: 0,
+            },
+            0,
+            0,
+        ),
+        // Only buckets, windows and logs are sent the short flag (short_flag).
         other => (other.check(None, 0, cost), 0, 0),
     }
 }

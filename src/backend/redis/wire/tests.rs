@@ -582,3 +582,47 @@ fn a_short_window_reply_equals_the_long_one() {
         }
     }
 }
+
+/// An allowing sliding log's short reply (its remaining) parses to exactly
+/// what the long one does; a denying log answers long under the short
+/// flag, and so does a log whose undo value (its seq) was asked for.
+#[test]
+fn a_short_log_reply_equals_the_long_one() {
+    let w = Window {
+        limit: 10,
+        window_us: 60_000_000,
+    };
+    let tiers = [ReplyTier {
+        limit: Limit::SlidingWindowLog(w),
+        cost: 2,
+        repeat: false,
+    }];
+    let now = 1_700_000_000_000_000;
+    let long = decided(parse_check(
+        &[now, 7, 60_000_000, 0],
+        &tiers,
+        0,
+        Shadow::NONE,
+    ));
+    let short = decided(parse_check(&[now, 7], &tiers, SHORT, Shadow::NONE));
+    assert_eq!(short, long);
+    let denied = decided(parse_check(
+        &[now, -4, 50_000_000, 20_000_000],
+        &tiers,
+        SHORT,
+        Shadow::NONE,
+    ));
+    let d = denied.decisions[0];
+    assert_eq!(
+        (d.allowed, d.remaining, d.reset_after_us, d.retry_after_us),
+        (false, 3, 50_000_000, 20_000_000)
+    );
+    let undo = decided(parse_check(
+        &[now, 7, 60_000_000, 0, 1, 0, 5],
+        &tiers,
+        SHORT | UNDO,
+        Shadow::NONE,
+    ));
+    assert_eq!(undo.decisions, long.decisions);
+    assert_eq!(undo.charges[0].map(|c| c.undo), Some(5));
+}
