@@ -199,13 +199,16 @@ impl RateLimitHandle {
         if control_hash_key(shared).is_some() {
             return self.write_quota(by, tier, plan, setting).await;
         }
-        let _serial = crate::engine::UPDATES
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut runtime = crate::engine::Runtime::clone(&shared.live.runtime.load());
-        set(&mut runtime)?;
-        shared.live.runtime.store(std::sync::Arc::new(runtime));
-        shared.guards.deny_cache.clear();
+        // In this process: the handle's own update (its lock, the swap, the
+        // deny cache dropped).
+        self.update(|c| {
+            match plan {
+                None => c.tier_quota(tier, quota),
+                Some(p) => c.plan_quota(tier, p, quota),
+            }
+            .map(|_| ())
+        })
+        .map_err(|e| ControlError::from(crate::engine::Invalid::of(&e)))?;
         tracing::info!(target: crate::engine::CONTROL_LOG_TARGET, tier, plan, by, "quota changed in this process (no fleet-wide control key)");
         Ok(0)
     }
@@ -314,18 +317,14 @@ impl RateLimitHandle {
             let list = base
                 .with_entries(&edit(current))
                 .map_err(|(field, reason)| ControlError::Invalid { field, reason })?;
-            let _serial = crate::engine::UPDATES
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if let Some(cell) = &self.lists {
-                let mut lists = crate::rollout::Lists::clone(&cell.load());
+            self.update(|c| {
                 match name {
-                    ListKind::Allow => lists.allow = std::sync::Arc::new(list),
-                    ListKind::Deny => lists.deny = std::sync::Arc::new(list),
+                    ListKind::Allow => c.allowlist(list.clone()),
+                    ListKind::Deny => c.denylist(list.clone()),
                 }
-                cell.store(lists);
-            }
-            shared.guards.deny_cache.clear();
+                .map(|_| ())
+            })
+            .map_err(|e| ControlError::from(crate::engine::Invalid::of(&e)))?;
             return Ok(0);
         }
         let (allow, deny) = (configured.allow.entries(), configured.deny.entries());

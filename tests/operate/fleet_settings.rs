@@ -582,3 +582,53 @@ fn the_settings_version_gauge_follows_the_applied_version() {
     assert_eq!(v.into_inner(), 2.0);
     assert!(desc.is_some_and(|d| d.to_string().contains("settings version")));
 }
+
+/// Without a control key the same API changes this process only, through
+/// the handle's update: the quota and the list apply to the next request,
+/// and version 0 says nothing is fleet-wide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_control_key_the_api_changes_this_process() {
+    let layer = RateLimitLayer::builder()
+        .backend(tiered_ratelimit::backend::MemoryBackend::with_manual_clock(
+            ManualClock::new(T0_US),
+        ))
+        .tiers_from(tiers())
+        .build()
+        .unwrap();
+    let h = layer.handle();
+    let addr = serve(app(layer).nest(BASE, admin::router(h.clone(), TOKEN))).await;
+    let reset = T0_S - T0_S % 60 + 60;
+    assert_eq!(get(addr, None).await, ok(5, 4, reset));
+    let (status, res) = post(
+        addr,
+        "/api/quota",
+        json!({"tier": "ip", "limit": 8, "period": "1m"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{res}");
+    assert_eq!(res["settings_version"], 0);
+    assert_eq!(get(addr, None).await, ok(8, 6, reset));
+    let (status, res) = post(
+        addr,
+        "/api/quota",
+        json!({"tier": "ip", "limit": 0, "period": "1m"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{res}");
+    assert_eq!(res["field"], "limit");
+    let (status, res) = post(
+        addr,
+        "/api/lists",
+        json!({"list": "deny", "add": [{"ip": "127.0.0.1"}]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{res}");
+    assert!(res["changes_apply_to"]
+        .as_str()
+        .unwrap()
+        .starts_with("this instance"));
+    assert_eq!(get(addr, None).await.status, 403);
+    let (status, _) = post(addr, "/api/quota/reset", json!({"tier": "ip"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(h.tiers()[0].quota, Quota::per_minute(5));
+}
