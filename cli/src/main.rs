@@ -66,16 +66,16 @@ enum OverrideCommand {
 }
 
 #[derive(Args, Debug)]
-pub(crate) struct OverrideTarget {
+struct OverrideTarget {
     /// The policy (TOML): its key prefix and tiers.
     #[arg(short, long, value_name = "FILE")]
-    pub(crate) policy: PathBuf,
+    policy: PathBuf,
     /// The Redis URL; repeat it for a cluster's nodes.
     #[arg(long = "redis", value_name = "URL", required = true)]
-    pub(crate) redis: Vec<String>,
+    redis: Vec<String>,
     /// The tier.
     #[arg(long)]
-    pub(crate) tier: String,
+    tier: String,
 }
 
 #[derive(Args, Debug)]
@@ -235,14 +235,15 @@ fn main() -> ExitCode {
 
 /// The handle of a layer built from the policy on the fleet's Redis.
 pub(crate) fn fleet_handle(
-    t: &OverrideTarget,
+    policy: &std::path::Path,
+    redis: &[String],
 ) -> Result<tiered_ratelimit::RateLimitHandle, String> {
     use tiered_ratelimit::backend::RedisBackend;
-    let policy = Policy::from_file(&t.policy).map_err(|e| e.to_string())?;
-    let backend = if t.redis.len() == 1 {
-        RedisBackend::from_url(&t.redis[0])
+    let policy = Policy::from_file(policy).map_err(|e| e.to_string())?;
+    let backend = if redis.len() == 1 {
+        RedisBackend::from_url(&redis[0])
     } else {
-        RedisBackend::cluster(t.redis.clone())
+        RedisBackend::cluster(redis.to_vec())
     }
     .map_err(|e| e.to_string())?;
     let layer = policy
@@ -280,7 +281,7 @@ fn override_command(c: OverrideCommand) -> Result<(), String> {
         match c {
             OverrideCommand::Set(a) => {
                 let rule = parse_rule(&a.rule)?;
-                let h = fleet_handle(&a.key.target)?;
+                let h = fleet_handle(&a.key.target.policy, &a.key.target.redis)?;
                 h.set_override(
                     &a.key.target.tier,
                     &a.key.key,
@@ -293,7 +294,7 @@ fn override_command(c: OverrideCommand) -> Result<(), String> {
                 println!("set {} {}: {rule}", a.key.target.tier, a.key.key);
             }
             OverrideCommand::Remove(a) => {
-                let h = fleet_handle(&a.target)?;
+                let h = fleet_handle(&a.target.policy, &a.target.redis)?;
                 let existed = h
                     .remove_override(&a.target.tier, &a.key, &a.by)
                     .await
@@ -306,7 +307,7 @@ fn override_command(c: OverrideCommand) -> Result<(), String> {
                 );
             }
             OverrideCommand::List(t) => {
-                let h = fleet_handle(&t)?;
+                let h = fleet_handle(&t.policy, &t.redis)?;
                 for e in h.overrides(&t.tier).await.map_err(|e| e.to_string())? {
                     match e.expires_at_us {
                         Some(u) => println!("{}\t{}\texpires_at_us={u}", e.key, e.rule),

@@ -1,7 +1,7 @@
 //! `tiered-ratelimit quota` and `tiered-ratelimit lists`: a fleet's
 //! quotas and lists, written as fleet-wide settings beside its control key.
 
-use crate::{fleet_handle, OverrideTarget};
+use crate::fleet_handle;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
@@ -100,11 +100,7 @@ pub(crate) struct ListsChangeArgs {
 /// A handle on the fleet of `t` (its policy, its Redis), with the stored
 /// settings read.
 async fn settings_handle(t: &FleetTarget) -> Result<tiered_ratelimit::RateLimitHandle, String> {
-    let h = fleet_handle(&OverrideTarget {
-        policy: t.policy.clone(),
-        redis: t.redis.clone(),
-        tier: String::new(),
-    })?;
+    let h = fleet_handle(&t.policy, &t.redis)?;
     if h.fleet_control_key().is_none() {
         return Err(format!(
             "{}: no [control] key: quotas and lists are fleet-wide settings only with one",

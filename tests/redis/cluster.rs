@@ -1357,13 +1357,11 @@ async fn control_key_follows_its_slot() {
 
     let wait_for = |h: &tiered_ratelimit::RateLimitHandle, m: Mode| {
         let h = h.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while h.effective_mode() != m {
-                assert!(Instant::now() < deadline, "not switched to {m:?}");
-                tokio::time::sleep(poll / 4).await;
-            }
-        }
+        within_5s(
+            poll,
+            move || h.effective_mode() == m,
+            format!("switched to {m:?}"),
+        )
     };
     ha.set_fleet_mode(None, Mode::Off).await.unwrap();
     assert_eq!(ha.effective_mode(), Mode::Off, "applied at once");
@@ -1417,13 +1415,11 @@ async fn fleet_settings_follow_the_control_keys_slot() {
     assert_eq!(get(&c, &b).await.limit, Some(100));
     let wait_for = |h: &tiered_ratelimit::RateLimitHandle, v: u64| {
         let h = h.clone();
-        async move {
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while h.settings_version() != v {
-                assert!(Instant::now() < deadline, "version {v} not applied");
-                tokio::time::sleep(poll / 4).await;
-            }
-        }
+        within_5s(
+            poll,
+            move || h.settings_version() == v,
+            format!("version {v} applied"),
+        )
     };
     assert_eq!(
         ha.set_fleet_quota("global", None, Quota::per_hour(200), "test")
@@ -1451,4 +1447,14 @@ async fn fleet_settings_follow_the_control_keys_slot() {
     );
     wait_for(&hb, 2).await;
     assert_eq!(get(&c, &b).await.limit, Some(100));
+}
+
+/// Waits until `done` holds, polling every quarter `poll`; fails the test
+/// after 5 s naming `what`.
+async fn within_5s(poll: Duration, done: impl Fn() -> bool, what: String) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done() {
+        assert!(Instant::now() < deadline, "not {what} within 5 s");
+        tokio::time::sleep(poll / 4).await;
+    }
 }
