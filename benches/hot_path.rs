@@ -118,6 +118,7 @@ fn backend_check(c: &mut Criterion) {
             key: "rl:ip:198.51.100.7".to_owned(),
             limit,
             cost: 1,
+            home: None,
         };
         // Fill the steady state first (the log holds a window of entries).
         for _ in 0..200 {
@@ -155,6 +156,7 @@ fn backend_keys(c: &mut Criterion) {
                 key: format!("rl:ip:{}", Ipv4Addr::from(0x0a00_0000 + i)),
                 limit,
                 cost: 1,
+                home: None,
             })
             .collect();
         for check in &checks {
@@ -191,6 +193,7 @@ fn memory_check(c: &mut Criterion) {
         key: format!("rl:{tier}:{}", Ipv4Addr::from(0x0a00_0000 + i)),
         limit,
         cost: 1,
+        home: None,
     };
     for (name, n) in [("10", 10u32), ("1e4", 10_000), ("1e6", 1_000_000)] {
         let checks: Vec<TierCheck> = (0..n).map(|i| key("ip", i)).collect();
@@ -314,6 +317,7 @@ fn memory_check(c: &mut Criterion) {
                     key: "rl:global:all".to_owned(),
                     limit,
                     cost: 1,
+                    home: None,
                 },
                 key("ip", i),
                 key("user", i),

@@ -7,8 +7,9 @@
 -- b2; outside [b0, b2) (an app clock more than half a window off Redis's)
 -- windows as long as the nearest one, repeated from b0 backward or from b2
 -- forward. p1 is the limit. Stored as a fixed window's value
--- (fixed_window.lua: "<window start µs + count>" when limit < window);
--- PX = until the window ends, plus one minute.
+-- (fixed_window.lua: "<window start µs + count>" when limit < window, the
+-- tagged form under another calendar than the configured one); PX = until
+-- the window ends, plus one minute.
 
 local function calendar_window(now, b0, b1, b2)
   if now < b0 then
@@ -22,13 +23,24 @@ local function calendar_window(now, b0, b1, b2)
   return b2 + div_floor(now - b2, len) * len, len
 end
 
-local function calendar(key, now, limit, b0, b1, b2, cost, v, short)
+-- home (not nil: the tier's calendar is not its configured one): the
+-- configured calendar's three boundaries, { b0, b1, b2 }, whose window of
+-- now a value in the home forms counts in.
+local function calendar_home(now, home)
+  if not home then return nil end
+  local hs, hlen = calendar_window(now, home[1], home[2], home[3])
+  return hs, hs + hlen
+end
+
+local function calendar(key, now, limit, b0, b1, b2, cost, v, short, home)
   local start, window = calendar_window(now, b0, b1, b2)
-  return window_decide(now, limit, start, window, cost, v, 60000000, short)
+  local hs, he = calendar_home(now, home)
+  return window_decide(now, limit, start, window, cost, v, 60000000, short, hs, he)
 end
 
 -- A key listed again (see fixed_window_charge).
-local function calendar_charge(_, now, limit, b0, b1, b2, cost, v, _)
+local function calendar_charge(_, now, limit, b0, b1, b2, cost, v, _, home)
   local start, window = calendar_window(now, b0, b1, b2)
-  return window_charge(now, limit, start, window, cost, v, 60000000)
+  local hs, he = calendar_home(now, home)
+  return window_charge(now, limit, start, window, cost, v, 60000000, hs, he)
 end

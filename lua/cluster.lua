@@ -44,6 +44,18 @@ if ARGV[1] == 'refund' then
     -- refund runs under the key's override, as the check did.
     local p1, p2, p3, p4 = override_params(alg, tonumber(ARGV[a + 1]),
       tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]))
+    -- The home suffix (refund.lua: a bucket's p4, a fixed window's or
+    -- counter's p3, 0 at the configured quota) of the quota it runs under:
+    -- an override's keeps the tier's configured unit or window.
+    if alg == 4 or alg == 5 then
+      local home = tonumber(ARGV[a + 4])
+      if home == 0 then home = tonumber(ARGV[a + 3]) end
+      if p3 == home then p4 = 0 else p4 = home end
+    elseif alg == 1 or alg == 3 then
+      local home = tonumber(ARGV[a + 3])
+      if home == 0 then home = tonumber(ARGV[a + 2]) end
+      if p2 == home then p3 = 0 else p3 = home end
+    end
     if alg == 8 then
       override_read(KEYS[i], now)
     elseif cost < 0 then
@@ -51,7 +63,7 @@ if ARGV[1] == 'refund' then
       if not debt then
         return redis.error_reply('no debt for algorithm ' .. tostring(ARGV[a]))
       end
-      debt(KEYS[i], now, p1, p2, p3, -cost)
+      debt(KEYS[i], now, p1, p2, p3, p4, -cost)
     else
       local refund = refunds[alg]
       if not refund then

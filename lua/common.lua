@@ -82,7 +82,9 @@ local function split_code(v)
 end
 
 -- A bucket's TAT, tat + frac / rate µs (0 <= frac < rate; the token bucket
--- and the leaky bucket both keep it), as ONE value:
+-- and the leaky bucket both keep it), as ONE value. Under the tier's
+-- configured quota (its home: the spec has no home suffix, see tier_spec
+-- in dispatch.lua), whose unit the reader knows:
 --   rate 1        "<tat>", an integer (the TAT in µs: GET reads as a time)
 --   rate 2..44    "<tat><ddd>", an integer of 19 digits: ddd = (rate - 1) ×
 --                 rate / 2 - 1 + frac (0..988), which names the rate and
@@ -90,13 +92,57 @@ end
 --                 rate 44: 945-988); below 2^63 until the year 2262
 --   rate above 44 "<tat>:<frac>:<rate>", a string (its three numbers
 --                 cannot share the 19 digits of a 64-bit integer)
-local function tat_value(tat, frac, rate)
+-- and under any other unit (a quota changed at run time, a plan's, an
+-- override's) "<tat>:<frac>:<rate>:<unit>", which names its quota: a reader
+-- under another quota carries its used capacity over (carry_units).
+local function tat_value(tat, frac, rate, unit)
+  if unit then return string.format('%d:%d:%d:%d', tat, frac, rate, unit) end
   if rate == 1 then return string.format('%d', tat) end
   if rate <= 44 then return string.format('%d%03d', tat, (rate - 1) * rate / 2 - 1 + frac) end
   return string.format('%d:%d:%d', tat, frac, rate)
 end
 
--- The (tat, frac, rate) of a value of tat_value, or nil for any other.
+-- floor(r × a / b) and whether there is a remainder, for integers
+-- 0 <= r < b and 0 <= a below 2^53, exactly: the product may pass 2^53,
+-- so it is built bit by bit of a, modulo b (every value stays below 2^53:
+-- doubles are exact there). Only a quota change's carry uses it.
+local function mul_div(r, a, b)
+  local bits, n = {}, 0
+  while a > 0 do
+    local bit = a % 2
+    n = n + 1
+    bits[n] = bit
+    a = (a - bit) / 2
+  end
+  local q, m = 0, 0 -- r × (a's bits so far) = q × b + m, 0 <= m < b
+  for i = n, 1, -1 do
+    q = q + q
+    if m >= b - m then m = m - (b - m); q = q + 1 else m = m + m end
+    if bits[i] == 1 then
+      if m >= b - r then m = m - (b - r); q = q + 1 else m = m + r end
+    end
+  end
+  return q, m > 0
+end
+
+-- A bucket's used capacity carried over a quota change (twin of
+-- carry_units in src/algorithm/mod.rs): `units` of a quota of `from` units
+-- per token in units of `to` per token, ceil(units × to / from), at most
+-- 2^52.
+local function carry_units(units, from, to)
+  if from == to then return units end
+  local most = 4503599627370496
+  local whole = div_floor(units, from)
+  if whole > 0 and whole > div_floor(most, to) then return most end
+  local q, rest = mul_div(units - whole * from, to, from)
+  local carried = whole * to + q
+  if rest then carried = carried + 1 end
+  if carried > most then carried = most end
+  return carried
+end
+
+-- The (tat, frac, rate, unit) of a value of tat_value (unit nil for the
+-- home forms), or nil for any other.
 local function tat_read(v)
   local n = tonumber(v)
   if n then
@@ -111,11 +157,14 @@ local function tat_read(v)
     if r > 44 then return nil end
     return t, code + 1 - (r - 1) * r / 2, r
   end
-  local t, f, r = string.match(v, '^(%d+):(%d+):(%d+)$')
+  local t, f, r, u = string.match(v, '^(%d+):(%d+):(%d+):?(%d*)$')
   if not t then return nil end
   t, f, r = tonumber(t), tonumber(f), tonumber(r)
   if r < 1 or f >= r then return nil end
-  return t, f, r
+  if u == '' then return t, f, r end
+  u = tonumber(u)
+  if u < 1 then return nil end
+  return t, f, r, u
 end
 
 -- The integer square root, exact for n <= 2^53.

@@ -40,7 +40,7 @@ local function charge_again(t, key, now)
     -- sorted set) reads as no value, as MGET read it, not as an error.
     local v = redis.pcall('GET', key)
     if type(v) == 'table' then v = false end
-    local value, px, undo = t[11](key, now, t[2], t[3], t[4], t[5], t[6], v, t[9])
+    local value, px, undo = t[11](key, now, t[2], t[3], t[4], t[5], t[6], v, t[9], t[14])
     if value then redis.call('SET', key, value, 'PX', px) end
     return undo
   end
@@ -87,7 +87,13 @@ end
 -- there is now one, in scripts of other versions), +8 short reply: a token
 -- or leaky bucket, a fixed or calendar window answers one number, its
 -- state, instead of three; a sliding log without +2, its remaining when
--- it allows).
+-- it allows). A spec may end with a home suffix, " <h1>[ <h2> <h3>]":
+-- the tier's quota is not its configured one (a quota changed at run time,
+-- a plan's), whose values in the home forms it must read: h1 the configured
+-- unit (token and leaky buckets) or window length (fixed window, sliding
+-- window counter), h1..h3 the configured calendar's three boundaries.
+-- Kept as t[14] (nil without a suffix); the tier then writes the tagged
+-- forms (docs/redis.md, "Stored values") and is never plain.
 -- Parsed specs are kept by their string: loaded as a Redis Function the
 -- table lives as long as the library, so a request's tiers cost one table
 -- lookup each instead of seven tonumber() calls (a deployment has a few
@@ -109,21 +115,35 @@ local specs, specs_n = {}, 0
 local function tier_spec(s)
   local t = specs[s]
   if t ~= nil then return t end
-  local a, p1, p2, p3, p4, cost, flags =
-    string.match(s, '^(%d+) (%d+) (%d+) (%d+) (-?%d+) (%d+) (%d+)$')
+  local a, p1, p2, p3, p4, cost, flags, home =
+    string.match(s, '^(%d+) (%d+) (%d+) (%d+) (-?%d+) (%d+) (%d+)(.*)$')
   local algorithm = a and algorithms[tonumber(a)]
+  if home and home ~= '' then
+    local h1, h2, h3 = string.match(home, '^ (%d+) ?(%d*) ?(%d*)$')
+    if not h1 then
+      algorithm = nil
+    elseif algorithm == calendar then
+      home = { tonumber(h1), tonumber(h2), tonumber(h3) }
+      if not home[3] then algorithm = nil end
+    else
+      home = tonumber(h1)
+    end
+  else
+    home = nil
+  end
   t = false
   if algorithm then
     flags = tonumber(flags)
     t = { algorithm, tonumber(p1), tonumber(p2), tonumber(p3), tonumber(p4), tonumber(cost),
       has_flag(flags, 1), has_flag(flags, 2), has_flag(flags, 8) }
+    t[14] = home
     -- A sliding log answers short only without its undo value (its seq,
     -- in the trailer).
     if t[8] and algorithm == sliding_window_log then t[9] = false end
     -- +4: the key was listed before in this call; t[11] charges it again.
     if has_flag(flags, 4) then t[11] = charges_again[algorithm] end
     local plain = false
-    if not t[7] and not t[11] then
+    if not t[7] and not t[11] and not home then
       if algorithm == token_bucket and t[3] == 1 and t[9] then
         plain = 1
       elseif algorithm == fixed_window then
@@ -231,10 +251,9 @@ local function check_plain(now, first, n, states)
             -- rate has none, as in leaky_backlog)
             if kind == 1 and missing > 4503599627370496 then missing = 4503599627370496 end
           end
-        elseif kind == 1 then
-          missing = bucket_read(v, 1, now) or 0
         else
-          missing = leaky_backlog(v, 1, now) or 0
+          -- Another form (another quota's, carried over): the general loop.
+          return nil
         end
       end
       local ok, after
@@ -317,23 +336,28 @@ local function check_plain(now, first, n, states)
       if start * window > now then start = start - 1 end
       start = start * window
       local prev, cur = 0, 0
-      if v then
-        local s, c, p
-        local x = tonumber(v)
-        if x then
-          s = math.floor(x / window)
-          if s * window > x then s = s - 1 end
-          s = s * window
-          local packed = x - s
-          p = math.floor(packed / b)
-          if p * b > packed then p = p - 1 end
-          c = packed - p * b
-        else
-          s, c, p = counter_read(v, window)
-        end
+      local x = v and tonumber(v)
+      if v and not x then
+        -- Another form: the long one, or another window length's (carried
+        -- over: the general loop).
+        local s, c, p, w = counter_read(v, window)
+        if w ~= window then return nil end
         if s == start then
           prev, cur = p, c
-        elseif s and s + window == start then
+        elseif s + window == start then
+          prev = c
+        end
+      elseif v then
+        local s = math.floor(x / window)
+        if s * window > x then s = s - 1 end
+        s = s * window
+        local packed = x - s
+        local p = math.floor(packed / b)
+        if p * b > packed then p = p - 1 end
+        local c = packed - p * b
+        if s == start then
+          prev, cur = p, c
+        elseif s + window == start then
           prev = c
         end
       end
@@ -346,7 +370,7 @@ local function check_plain(now, first, n, states)
         local r = math.floor(left / window)
         if r * window > left then r = r - 1 end
         out[o + 1], out[o + 2], out[o + 3] = r, reset, 0
-        if limit < b then
+        if limit < b and prev < b then
           value = string.format('%d', start + prev * b + cur + cost)
         else
           value = string.format('%d:%d:%d', start, cur + cost, prev)
@@ -379,7 +403,11 @@ local function check_plain(now, first, n, states)
         if x then
           if x >= start and x < start + window then count = x - start end
         else
-          count = window_count(v, start, window)
+          local s, e
+          count, s, e = window_count(v, now, start, start + window)
+          -- Another window's count (another quota's, carried over): the
+          -- general loop.
+          if count > 0 and (s ~= start or e ~= start + window) then return nil end
         end
       end
       local end_in = start + window - now
@@ -525,7 +553,7 @@ local function check_request(clock, first, n)
     out, pend = { now }, {}
   end
   local o = 1
-  local rejected
+  local rejected, carried
   local all = true
   for i = 1, n do
     -- The kept spec looked up here (a call less per tier), else parsed.
@@ -537,8 +565,17 @@ local function check_request(clock, first, n)
     end
     -- A per-key override read by the check just before (override.lua).
     if override_next then t = override_apply(t) end
-    local allowed, remaining, reset, retry, delay, write, ttl, undo =
-      t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9])
+    local allowed, remaining, reset, retry, delay, write, ttl, undo, cv, cpx =
+      t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9], t[14])
+    -- A state carried over a quota change (a key's first listing): stored
+    -- below whatever the commit, unless its charge stores it.
+    if cv and not t[11] then
+      if carried then
+        carried[#carried + 1], carried[#carried + 2], carried[#carried + 3] = i, cv, cpx
+      else
+        carried = { i, cv, cpx }
+      end
+    end
     penalty_tier_allowed = allowed == 1 -- for a penalty box right after (penalty.lua)
     if allowed == 1 then
       out[o + 1] = remaining
@@ -583,6 +620,14 @@ local function check_request(clock, first, n)
       if delay > 0 or undo ~= 0 then
         out[o + 1], out[o + 2], out[o + 3] = i, delay, undo
         o = o + 3
+      end
+    end
+  end
+  if carried then
+    for c = 1, #carried, 3 do
+      local i = carried[c]
+      if not (all and pend[5 * i - 4]) then
+        redis.call('SET', KEYS[i], carried[c + 1], 'PX', carried[c + 2])
       end
     end
   end

@@ -43,6 +43,10 @@ end
 
 -- The spec t of the tier after an override check, as the override read
 -- says (and the read consumed).
+-- Under another quota the tier's values are tagged with it, and values in
+-- the home forms read as the tier's configured quota's: t[14], or, for a
+-- tier at its configured quota, that quota's unit or window (a calendar
+-- keeps its boundaries: only its limit changes, so nothing is tagged).
 local function override_apply(t)
   local o = override_next
   override_next = false
@@ -50,9 +54,15 @@ local function override_apply(t)
     -- A calendar tier keeps its boundaries: the override (a fixed window
     -- of the tier's nominal length) gives its limit. (t[11]: a key listed
     -- again is charged again under the override too, dispatch.lua.)
-    return { t[1], o[2], t[3], t[4], t[5], t[6], t[7], t[8], nil, nil, t[11] }
+    return { t[1], o[2], t[3], t[4], t[5], t[6], t[7], t[8], nil, nil, t[11], nil, nil, t[14] }
   elseif o[1] == 0 then
-    return { t[1], o[2], o[3], o[4], o[5], t[6], t[7], t[8], nil, nil, t[11] }
+    -- The configured unit (buckets: p3) or window length (windows: p2),
+    -- and the override's: nil (untagged) when they are the same.
+    local i = 3
+    if t[1] == token_bucket or t[1] == leaky_bucket then i = 4 end
+    local home = t[14] or t[i]
+    if o[i] == home then home = nil end
+    return { t[1], o[2], o[3], o[4], o[5], t[6], t[7], t[8], nil, nil, t[11], nil, nil, home }
   elseif o[1] == 1 then
     return { override_pass, 0, 0, 0, 0, t[6], t[7], t[8] }
   end

@@ -25,7 +25,7 @@ if not t then
 end
 -- The algorithm only reads: its write (a value, or a function) is dropped.
 local allowed, remaining, reset, retry, delay =
-  t[1](KEYS[1], now, t[2], t[3], t[4], t[5], t[6], states[1])
+  t[1](KEYS[1], now, t[2], t[3], t[4], t[5], t[6], states[1], false, t[14])
 if allowed == 1 then
   if delay > 0 then return { now, remaining, reset, 0, 1, delay, 0 } end
   return { now, remaining, reset, 0 }

@@ -24,31 +24,49 @@
 -- been full, or the window is over, even without the charge); that part is
 -- not given back, so a refund can never admit more than the request had
 -- never been charged at all. A value of another quota or another window is
--- left alone. When a refund leaves the "nothing stored"
+-- left alone (a value in the home forms is the tier's configured quota's:
+-- a bucket's p4, a fixed window's or counter's p3, is that quota's unit or
+-- window when the tier's quota is another, else 0; a value a refund
+-- changes keeps its form). When a refund leaves the "nothing stored"
 -- state (full bucket, empty window), the key is deleted, exactly as if the
 -- charge had never happened.
 
--- A window's charge given back (fixed and calendar windows).
-local function window_refund(key, start, window, limit, cost)
+-- A window's charge given back (fixed and calendar windows): the charge's
+-- window is [start, start + window); home, when the tier's quota is not
+-- its configured one, that quota's window length (a value in the home
+-- forms is then of another window, left alone).
+local function window_refund(key, start, window, limit, cost, home)
   local v = redis.call('GET', key)
   if not v then return end
-  local count = window_count(v, start, window)
+  local s, c, e = string.match(v, '^(%d+):(%d+):(%d+)$')
+  local count
+  if s then
+    if tonumber(s) ~= start or tonumber(e) ~= start + window then return end
+    count = tonumber(c)
+  elseif home and home ~= window then
+    return
+  else
+    count = window_count(v, start, start, start + window)
+  end
   if count == 0 then return end
   count = count - cost
   if count <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, window_value(limit, window, start, count), 'KEEPTTL')
+    local tag
+    if s then tag = start + window end
+    redis.call('SET', key, window_value(limit, window, start, count, tag), 'KEEPTTL')
   end
 end
 
-local function fixed_window_refund(key, _, charged_at, limit, window, _, _, cost, _)
-  window_refund(key, div_floor(charged_at, window) * window, window, limit, cost)
+local function fixed_window_refund(key, _, charged_at, limit, window, home, _, cost, _)
+  if home == 0 then home = nil end
+  window_refund(key, div_floor(charged_at, window) * window, window, limit, cost, home)
 end
 
 local function calendar_refund(key, _, charged_at, limit, b0, b1, b2, cost, _)
   local start, window = calendar_window(charged_at, b0, b1, b2)
-  window_refund(key, start, window, limit, cost)
+  window_refund(key, start, window, limit, cost, nil)
 end
 
 local function sliding_window_log_refund(key, _, charged_at, _, _, _, _, cost, seq)
@@ -67,12 +85,13 @@ local function sliding_window_log_refund(key, _, charged_at, _, _, _, _, cost, s
   end
 end
 
-local function sliding_window_counter_refund(key, _, charged_at, limit, window, _, _, cost, _)
+local function sliding_window_counter_refund(key, _, charged_at, limit, window, home, _, cost, _)
+  if home == 0 then home = nil end
   local start = div_floor(charged_at, window) * window
   local v = redis.call('GET', key)
   if not v then return end
-  local s, c, p = counter_read(v, window)
-  if not s then return end
+  local s, c, p, w = counter_read(v, home or window)
+  if not s or w ~= window then return end
   if s == start then
     c = c - cost
     if c < 0 then c = 0 end
@@ -86,11 +105,25 @@ local function sliding_window_counter_refund(key, _, charged_at, limit, window, 
   if c == 0 and p == 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, counter_value(limit, window, s, c, p), 'KEEPTTL')
+    redis.call('SET', key, counter_value(limit, window, home, s, c, p), 'KEEPTTL')
   end
 end
 
-local function token_bucket_refund(key, now, charged_at, capacity, rate, unit, _, cost_tokens, left)
+-- A bucket's stored TAT (tat, frac) if v was written under the quota
+-- (rate, unit) of a tier whose configured unit is hunit (0: this one),
+-- and whether it is in the tagged form; nil for another quota's.
+local function tat_of_quota(v, rate, unit, hunit)
+  local tat, frac, r, u = tat_read(v)
+  if not tat or r ~= rate then return nil end
+  if u then
+    if u ~= unit then return nil end
+    return tat, frac, true
+  end
+  if hunit ~= 0 and hunit ~= unit then return nil end
+  return tat, frac, false
+end
+
+local function token_bucket_refund(key, now, charged_at, capacity, rate, unit, hunit, cost_tokens, left)
   local cost = cost_tokens * unit
   -- Without this charge the bucket would have been full (cost - back units
   -- of it absorbed by the cap) after (capacity - left - cost) / rate µs.
@@ -104,17 +137,18 @@ local function token_bucket_refund(key, now, charged_at, capacity, rate, unit, _
   local v = redis.call('GET', key)
   if not v then return end
   -- Refill to now exactly as token_bucket() does, then add back.
-  local missing = bucket_read(v, rate, now)
-  if not missing then return end
-  missing = missing - back
+  local tat, frac, tagged = tat_of_quota(v, rate, unit, hunit)
+  if not tat then return end
+  local missing = bucket_missing(rate, unit, tat, frac, rate, unit, now) - back
   if missing <= 0 then
     redis.call('DEL', key)
   else
-    bucket_write(key, rate, missing, now)
+    redis.call('SET', key, bucket_value(rate, unit, tagged, missing, now),
+      'PX', ttl_ms(div_ceil(missing, rate)))
   end
 end
 
-local function leaky_bucket_refund(key, now, charged_at, _, rate, unit, _, cost_tokens, after)
+local function leaky_bucket_refund(key, now, charged_at, _, rate, unit, hunit, cost_tokens, after)
   local cost = cost_tokens * unit
   -- Without this charge the backlog would have drained (cost - back ticks
   -- of it absorbed by the empty bucket) after (after - cost) / rate µs.
@@ -127,13 +161,14 @@ local function leaky_bucket_refund(key, now, charged_at, _, rate, unit, _, cost_
   if back <= 0 then return end
   local v = redis.call('GET', key)
   if not v then return end
-  local backlog = leaky_backlog(v, rate, now)
-  if not backlog then return end
-  backlog = backlog - back
+  local tat, frac, tagged = tat_of_quota(v, rate, unit, hunit)
+  if not tat or tat < now then return end
+  local backlog = (tat - now) * rate + frac - back
   if backlog <= 0 then
     redis.call('DEL', key)
   else
-    leaky_write(key, now, backlog, rate)
+    redis.call('SET', key, leaky_value(now, backlog, rate, unit, tagged),
+      'PX', ttl_ms(div_ceil(backlog, rate)))
   end
 end
 
@@ -146,15 +181,18 @@ end
 -- its limit until the window ends. The client clamps `extra` so that every
 -- value stays exact (below 2^53).
 
-local function fixed_window_debt(key, now, limit, window, _, extra)
+local function fixed_window_debt(key, now, limit, window, home, _, extra)
+  if home == 0 then home = nil end
   local start = div_floor(now, window) * window
   local count = 0
   local v = redis.call('GET', key)
-  if v then count = window_count(v, start, window) end
+  if v then count = window_count(v, now, home_window(now, home or window)) end
   count = count + extra
   if count > 4503599627370496 then count = 4503599627370496 end
   local value
-  if limit < window and count < window then
+  if home then
+    value = string.format('%d:%d:%d', start, count, start + window)
+  elseif limit < window and count < window then
     value = int(start + count)
   else
     -- A debt may count past the window's length: the long form.
@@ -163,12 +201,14 @@ local function fixed_window_debt(key, now, limit, window, _, extra)
   redis.call('SET', key, value, 'PX', ttl_ms(start + window - now))
 end
 
-local function token_bucket_debt(key, now, _, rate, unit, extra)
+local function token_bucket_debt(key, now, _, rate, unit, hunit, extra)
+  if hunit == 0 then hunit = nil end
   local missing = 0
   local v = redis.call('GET', key)
-  if v then missing = bucket_read(v, rate, now) or 0 end
+  if v then missing = bucket_read(v, rate, unit, hunit or unit, now) or 0 end
   missing = missing + extra * unit
   if missing > 4503599627370496 then missing = 4503599627370496 end
   if missing <= 0 then return end
-  bucket_write(key, rate, missing, now)
+  redis.call('SET', key, bucket_value(rate, unit, hunit, missing, now),
+    'PX', ttl_ms(div_ceil(missing, rate)))
 end

@@ -39,6 +39,7 @@ fn check(key: &str, limit: Limit) -> TierCheck {
         key: key.to_owned(),
         limit,
         cost: 1,
+        home: None,
     }
 }
 

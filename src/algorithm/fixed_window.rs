@@ -7,13 +7,34 @@
 
 use super::{TierDecision, Window};
 
-/// Stored state: the window's start (epoch µs) and the cost counted in it.
+/// Stored state: the counted window, `[start_us, end_us)` (epoch µs), and
+/// the cost counted in it.
+///
+/// Read under any quota (the one it was written under, or another after a
+/// quota change at run time, a plan, an override), a state whose window is
+/// still open at `now` (`start_us ≤ now < end_us`) **keeps its count**: the
+/// count goes against the quota's limit in the quota's own window of `now`
+/// (the same window, with the same boundary, when the window length is
+/// unchanged). A state whose window has closed counts as none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FixedWindowState {
-    /// Start of the counted window, epoch microseconds (a multiple of the window).
+    /// Start of the counted window, epoch microseconds.
     pub start_us: u64,
     /// Cost admitted in that window.
     pub count: u64,
+    /// End of the counted window (exclusive), epoch microseconds.
+    pub end_us: u64,
+}
+
+impl FixedWindowState {
+    /// The count of `state` at `now_us`: its count while its window is
+    /// open, else 0.
+    pub(crate) fn count_at(state: Option<FixedWindowState>, now_us: u64) -> u64 {
+        match state {
+            Some(s) if s.start_us <= now_us && now_us < s.end_us => s.count,
+            _ => 0,
+        }
+    }
 }
 
 impl Window {
@@ -51,16 +72,17 @@ impl Window {
 }
 
 /// The decision for `cost` at `now_us` in the window `[start, end)` (epoch
-/// µs) of `limit`: what a fixed window and a calendar window
+/// µs) of `limit`, given `state` ([`FixedWindowState`]: its count while
+/// its window is open): what a fixed window and a calendar window
 /// ([`super::calendar::CalendarWindow`]) share.
 pub(crate) fn decide_in(
     limit: u64,
-    (start, end): (u64, u64),
+    (_, end): (u64, u64),
     state: Option<FixedWindowState>,
     now_us: u64,
     cost: u64,
 ) -> TierDecision {
-    let count = state.filter(|s| s.start_us == start).map_or(0, |s| s.count);
+    let count = FixedWindowState::count_at(state, now_us);
     let end_in = end.saturating_sub(now_us);
     if count + cost <= limit {
         let after = count + cost;
@@ -95,11 +117,12 @@ pub(crate) fn charge_in(
     now_us: u64,
     cost: u64,
 ) -> (FixedWindowState, u64) {
-    let count = state.filter(|s| s.start_us == start).map_or(0, |s| s.count);
+    let count = FixedWindowState::count_at(state, now_us);
     (
         FixedWindowState {
             start_us: start,
             count: count + cost,
+            end_us: end,
         },
         end.saturating_sub(now_us),
     )

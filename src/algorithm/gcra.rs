@@ -17,13 +17,12 @@
 
 use super::{div_ceil, TierDecision, TokenBucket};
 
-/// Stored state: the TAT as `tat_us + frac / rate` microseconds.
+/// Stored state: the TAT as `tat_us + frac / rate` microseconds, and the
+/// quota it was written under (its rate and unit).
 ///
-/// The rate (ticks per µs) is stored too: a state is read under the rate it
-/// was written with, or written under rate 1 (a TAT in whole µs, which
-/// carries over to any rate: a quota change keeps the time until the
-/// backlog drains, as GCRA implementations do). A state of another rate
-/// (above 1) counts as none.
+/// Read under another quota the backlog carries over in requests (tokens):
+/// `(TAT − now) × rate / unit` of the old quota, in the new one's ticks,
+/// rounded up ([`super::TokenBucket::missing`]'s rule).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TatState {
     /// Whole microseconds of the TAT (epoch).
@@ -32,6 +31,8 @@ pub struct TatState {
     pub frac: u64,
     /// Ticks per microsecond when the state was written.
     pub rate: u64,
+    /// Ticks per token when the state was written.
+    pub unit: u64,
 }
 
 /// GCRA parameters: the bucket's integer units and, when shaping, the most a
@@ -45,23 +46,25 @@ pub struct Gcra {
 }
 
 impl Gcra {
-    /// Ticks from `now_us` to the TAT (0 when the TAT is past), when this
-    /// rate reads `s` (its own, or a rate-1 TAT: at most 2^52 ticks away,
-    /// so the Lua twin's arithmetic stays exact); `None` when it does not.
+    /// The backlog of `s` at `now_us` in this quota's ticks (0 when the
+    /// TAT is past): ticks from now to the TAT under the quota it was
+    /// written with, carried into this one's when its unit differs (at
+    /// most 2^52 ticks, so the Lua twin's arithmetic stays exact). `None`
+    /// for a state without a rate.
     pub(crate) fn backlog_of(&self, s: &TatState, now_us: u64) -> Option<u64> {
-        let rate = self.bucket.rate;
-        if s.rate != rate && s.rate != 1 {
+        let b = &self.bucket;
+        if s.rate == 0 {
             return None;
         }
         if s.tat_us < now_us {
             return Some(0);
         }
         let d = s.tat_us - now_us;
-        if s.rate == rate {
-            Some(d * rate + s.frac)
-        } else {
-            Some(d.min(TokenBucket::MAX_CAPACITY_UNITS / rate) * rate)
+        if s.rate == b.rate && s.unit == b.unit {
+            return Some(d * s.rate + s.frac);
         }
+        let d = d.min(TokenBucket::MAX_CAPACITY_UNITS / s.rate);
+        Some(super::carry_units(d * s.rate + s.frac, s.unit, b.unit))
     }
 
     /// Ticks from `now_us` to the TAT (0 when the TAT is past or the state
@@ -122,6 +125,7 @@ impl Gcra {
                 tat_us: now_us + after / rate,
                 frac: after % rate,
                 rate,
+                unit: self.bucket.unit,
             },
             div_ceil(after, rate),
         )

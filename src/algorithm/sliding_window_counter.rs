@@ -12,8 +12,15 @@
 
 use super::{TierDecision, Window};
 
-/// Stored state: the current window's start (epoch µs) and the costs counted
-/// in it and in the window before.
+/// Stored state: the current window's start (epoch µs) and length, and the
+/// costs counted in it and in the window before.
+///
+/// Read under a quota of another window length (a quota changed at run
+/// time, a plan, an override), the state's own estimate at `now`, rounded
+/// up, becomes the count of the new quota's current window (the previous
+/// one empty): the used capacity carries over, placed at `now`, the latest
+/// it can be, so it weighs at least as long as it would have. Under the
+/// same window length both counts carry over as they are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CounterState {
     /// Start of the current window, epoch microseconds.
@@ -22,6 +29,34 @@ pub struct CounterState {
     pub current: u64,
     /// Cost admitted in the previous window.
     pub previous: u64,
+    /// The windows' length, microseconds.
+    pub window_us: u64,
+}
+
+impl CounterState {
+    /// This state's estimate at `now_us` in its own windows, rounded up to
+    /// a whole count (0 once both windows have passed, or for a window
+    /// that starts after `now_us`).
+    pub(crate) fn estimate_at(&self, now_us: u64) -> u64 {
+        let (s, w) = (self.start_us, self.window_us);
+        if w == 0 || now_us < s {
+            return 0;
+        }
+        let (e, w, prev, cur) = (
+            u128::from(now_us - s),
+            u128::from(w),
+            u128::from(self.previous),
+            u128::from(self.current),
+        );
+        let scaled = if e < w {
+            prev * (w - e) + cur * w
+        } else if e < 2 * w {
+            cur * (2 * w - e)
+        } else {
+            0
+        };
+        u64::try_from(scaled.div_ceil(w)).unwrap_or(u64::MAX)
+    }
 }
 
 impl Window {
@@ -30,10 +65,23 @@ impl Window {
         let w = self.window_us;
         let start = now_us - now_us % w;
         match state {
+            Some(s) if s.window_us != w => {
+                (start, 0, s.estimate_at(now_us).min(self.most_carried()))
+            }
             Some(s) if s.start_us == start => (start, s.previous, s.current),
             Some(s) if s.start_us + w == start => (start, s.current, 0),
             _ => (start, 0, 0),
         }
+    }
+
+    /// The largest count carried into this window from a state of another
+    /// window length: `2^53 / window − limit − 1`, so that the Lua twin's
+    /// `count × window` plus a cost stays exact (at least the limit, see
+    /// [`Window::counter_is_exact`]).
+    fn most_carried(&self) -> u64 {
+        (super::MAX_EXACT / self.window_us)
+            .saturating_sub(self.limit + 1)
+            .max(self.limit)
     }
 
     /// The time (µs from now) at which the counters are back to zero.
@@ -107,6 +155,7 @@ impl Window {
             start_us: start,
             current: cur + cost,
             previous: prev,
+            window_us: self.window_us,
         };
         (s, self.counter_reset(start, prev, cur + cost, now_us))
     }

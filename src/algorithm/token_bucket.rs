@@ -29,20 +29,17 @@
 use super::{div_ceil, TierDecision};
 
 /// The stored state of one bucket: its TAT, `tat_us + frac / rate` µs, the
-/// instant it is full again.
+/// instant it is full again, and the quota it was written under (its rate
+/// and unit).
 ///
-/// The rate is stored too (and the unit, which reading ignores). A state is
-/// read under a quota (see [`TokenBucket::reads`]) when it was written
-/// under the same rate, or under rate 1: a TAT in whole microseconds, with
-/// no remainder, means the same under any quota, and one with a remainder
-/// in `1 / rate` µs under any quota of that rate. So when a quota changes at
-/// run time (or a client changes plan) the time until full carries over, as
-/// GCRA implementations do: lowering a quota never hands out a fresh bucket,
-/// and a new burst keeps the missing tokens (a bucket 2 tokens short of 10
-/// is 2 short of 20 after the burst is raised). The Redis backend stores
-/// exactly that TAT and its rate, as one integer for a rate up to 44
-/// (`docs/redis.md`, "Stored values"). A state of another rate (above 1)
-/// counts as none: the bucket starts full.
+/// Read under another quota (a quota changed at run time, a plan, an
+/// override set or removed), the bucket keeps its **used capacity**: the
+/// tokens it is short of full, `(TAT − now) × rate / unit`, carried into the
+/// new quota's units ([`TokenBucket::missing`]): a key that had used 80 of
+/// 100 has 120 left under 200 and is 30 tokens in debt under 50, refilled at
+/// the new rate. The Redis backend stores exactly that state (as one
+/// integer under the tier's configured quota, `docs/redis.md`, "Stored
+/// values").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BucketState {
     /// Whole microseconds of the TAT (Unix epoch in both backends).
@@ -120,25 +117,24 @@ impl TokenBucket {
         self.capacity / self.unit
     }
 
-    /// Whether a state written as `s` is read under this quota: written
-    /// under the same rate (whatever its unit: the TAT is a time), or under
-    /// rate 1 (a TAT in whole µs, which carries over to any quota; see
-    /// [`BucketState`]).
+    /// Whether `s` was written under this quota (its rate and unit): a
+    /// refund gives back only on such a state.
     pub fn reads(&self, s: &BucketState) -> bool {
-        s.rate == 1 || s.rate == self.rate
+        s.rate == self.rate && s.unit == self.unit
     }
 
     /// The units the bucket in `state` is short of full at `now_us`
-    /// (`(TAT − now) × rate`; 0 for `None`). A state this quota does not
-    /// [read](Self::reads) counts as none. Above the capacity only if the
-    /// clock went back (a bucket is as far from full as the clock is behind)
-    /// or the state was written under a quota further from full (at most
-    /// 2^52 units, so the Lua twin's arithmetic stays exact).
+    /// (`(TAT − now) × rate`; 0 for `None`), in this quota's units: a state
+    /// written under another unit carries its tokens over ([`BucketState`],
+    /// rounded up to a whole unit). Above the capacity only if the clock
+    /// went back (a bucket is as far from full as the clock is behind) or
+    /// the state was written under a quota with more tokens missing (at
+    /// most 2^52 units, so the Lua twin's arithmetic stays exact).
     pub(crate) fn missing(&self, state: Option<BucketState>, now_us: u64) -> u64 {
-        match state.filter(|s| self.reads(s)) {
-            Some(s) if s.tat_us >= now_us => {
-                let d = (s.tat_us - now_us).min(Self::MAX_CAPACITY_UNITS / self.rate);
-                d * self.rate + s.frac
+        match state {
+            Some(s) if s.tat_us >= now_us && s.rate > 0 => {
+                let d = (s.tat_us - now_us).min(Self::MAX_CAPACITY_UNITS / s.rate);
+                super::carry_units(d * s.rate + s.frac, s.unit, self.unit)
             }
             _ => 0,
         }
@@ -289,14 +285,14 @@ mod tests {
         assert_eq!(ttl, 8_571_429);
         assert_eq!(tb.missing(Some(s), now), tb.unit);
         assert_eq!(tb.missing(Some(s), now + 8_571_429), 0);
-        // Another rate: no state.
+        // Another quota: the one token used carries over (11/min: unit
+        // 60 000 000 as well, so the same units).
         let other = TokenBucket::new(11, 60 * S, 3).unwrap();
-        assert_eq!(other.missing(Some(s), now), 0);
-        // The same rate under another unit (7 per 2 minutes): the time
-        // until full carries over, 8 571 428 4/7 µs = half a token.
+        assert_eq!(other.missing(Some(s), now), other.unit);
+        // 7 per 2 minutes: another unit, still one token short.
         let slower = TokenBucket::new(7, 120 * S, 3).unwrap();
-        assert_eq!(slower.missing(Some(s), now), tb.unit);
         assert_eq!(slower.unit, 2 * tb.unit);
+        assert_eq!(slower.missing(Some(s), now), slower.unit);
     }
 
     #[test]

@@ -70,6 +70,14 @@ pub struct TierCheck {
     pub limit: Limit,
     /// Cost in requests (tokens), at least 1.
     pub cost: u64,
+    /// The tier's configured quota when `limit` is another one (changed at
+    /// run time, a plan's), else `None`. A key's state carries its used
+    /// capacity over quota changes on both backends (`docs/rollout.md`, "A
+    /// quota change"); the Redis backend stores values written under the
+    /// configured quota in its compact forms and reads those as that
+    /// quota's, so it needs to know which quota that is. The memory
+    /// backend ignores it.
+    pub home: Option<Limit>,
 }
 
 /// The backend's answer for all tiers of one request.

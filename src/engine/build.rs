@@ -322,6 +322,7 @@ fn compile_tier(
             quota: *q,
             limit: checked_limit(&t.name, t.algorithm, *q, t.cost)?,
             fallback: fallback_limit(&t.name, t.algorithm, *q, t.cost, instances)?,
+            home: None,
         });
     }
     let runtime = TierRuntime {
@@ -330,6 +331,7 @@ fn compile_tier(
         limit,
         fallback,
         plans,
+        home: None,
     };
     let name = Arc::<str>::from(t.name.as_str());
     crate::engine::no_key::register(&name);

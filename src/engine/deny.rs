@@ -221,7 +221,16 @@ pub(crate) fn feed_deny_cache(
     let mut written: Option<(u64, u64)> = None;
     // Checks with room, for room facts if an entry is written.
     let mut room: smallvec::SmallVec<[usize; 8]> = smallvec::SmallVec::new();
-    for (i, (d, TierCheck { key, cost, limit })) in v.decisions.iter().zip(&meta.sent).enumerate() {
+    for (
+        i,
+        (
+            d,
+            TierCheck {
+                key, cost, limit, ..
+            },
+        ),
+    ) in v.decisions.iter().zip(&meta.sent).enumerate()
+    {
         let charged = v.charges.get(i).and_then(|c| c.as_ref());
         let overridden = shared.config.key_overrides
             && crate::backend::override_rule::overridden(&meta.sent, &v.decisions, i);

@@ -55,6 +55,8 @@ pub(crate) fn gate(rt: &Runtime, ov: &ModeOverrides, facts: &impl Facts) -> Gate
 /// One tier's check of a request, as planned.
 pub(crate) struct TierPlan<'r> {
     pub(crate) limit: Limit,
+    /// The configured limit when `limit` is another (`TierCheck::home`).
+    pub(crate) home: Option<Limit>,
     /// Clamped to the capacity + 1: a cost above the capacity is denied
     /// anyway, and clamping keeps every algorithm's integer arithmetic far
     /// from overflow whatever a cost function returns (a client-declared
@@ -119,14 +121,15 @@ pub(crate) fn plan_tier<'r>(
         let name = facts.plan(i);
         name.and_then(|p| r.plans.iter().find(|pr| *pr.name == *p))
     };
-    let limit = match (plan, fallback) {
-        (Some(p), false) => p.limit,
-        (Some(p), true) => p.fallback,
-        (None, false) => r.limit,
-        (None, true) => r.fallback,
+    let (limit, home) = match (plan, fallback) {
+        (Some(p), false) => (p.limit, p.home),
+        (Some(p), true) => (p.fallback, None),
+        (None, false) => (r.limit, r.home),
+        (None, true) => (r.fallback, None),
     };
     Ok(TierStep::Check(TierPlan {
         limit,
+        home,
         cost: cost.min(limit.capacity().saturating_add(1)),
         enforced: mode.enforces(&t.name, &key[t.key_base.len()..]),
         plan,
@@ -153,6 +156,7 @@ fn penalty_check(
         key,
         limit: Limit::Penalty(p),
         cost: 1,
+        home: None,
     });
 }
 
@@ -172,6 +176,7 @@ fn override_check(checks: &mut Vec<TierCheck>, meta: &mut Meta, plans: bool) {
         key,
         limit: Limit::Override,
         cost: 1,
+        home: None,
     });
     let n = checks.len();
     checks.swap(n - 2, n - 1);
@@ -299,9 +304,12 @@ pub(crate) fn plan<F: Facts>(
                 .key_hashes
                 .push(xxhash_rust::xxh3::xxh3_64(key.as_bytes()));
         }
-        let mut limit = match &t.calendar {
-            Some(c) => c.limit(tp.limit, shared.local_clock.now_us()),
-            None => tp.limit,
+        let (mut limit, home) = match &t.calendar {
+            Some(c) => {
+                let now = shared.local_clock.now_us();
+                (c.limit(tp.limit, now), tp.home.map(|h| c.limit(h, now)))
+            }
+            None => (tp.limit, tp.home),
         };
         if shared.config.header_style.needs_quotas() {
             let q = tp.plan.map_or(r.quota, |p| p.quota);
@@ -329,6 +337,7 @@ pub(crate) fn plan<F: Facts>(
             key: std::mem::replace(&mut key, super::spare::key()),
             limit,
             cost: tp.cost,
+            home,
         });
         // MAX_TIERS is 64, so the index fits.
         meta.tiers.push(u8::try_from(i).unwrap_or(u8::MAX));

@@ -144,6 +144,9 @@ pub(crate) struct TierRuntime {
     pub(crate) fallback: Limit,
     /// Per-plan quotas and limits, in the order given.
     pub(crate) plans: Vec<PlanRuntime>,
+    /// The configured limit when `limit` is another (`TierCheck::home`):
+    /// set by [`Runtime::with_homes`].
+    pub(crate) home: Option<Limit>,
 }
 
 /// One plan's quota on a tier.
@@ -153,6 +156,33 @@ pub(crate) struct PlanRuntime {
     pub(crate) quota: Quota,
     pub(crate) limit: Limit,
     pub(crate) fallback: Limit,
+    /// The plan's configured limit (the tier's, for a plan added at run
+    /// time) when `limit` is another ([`Runtime::with_homes`]).
+    pub(crate) home: Option<Limit>,
+}
+
+impl Runtime {
+    /// This runtime with every tier's and plan's `home` set against the
+    /// `configured` one: the configured limit where the limit is another
+    /// (a plan added at run time counts against the tier's configured
+    /// limit), so that the Redis backend reads the values written under
+    /// the configured quota as that quota's (`TierCheck::home`). Called
+    /// on every runtime a request can see.
+    #[must_use]
+    pub(crate) fn with_homes(mut self, configured: &Runtime) -> Self {
+        for (rt, c) in self.tiers.iter_mut().zip(configured.tiers.iter()) {
+            rt.home = (rt.limit != c.limit).then_some(c.limit);
+            for p in &mut rt.plans {
+                let home = c
+                    .plans
+                    .iter()
+                    .find(|cp| cp.name == p.name)
+                    .map_or(c.limit, |cp| cp.limit);
+                p.home = (p.limit != home).then_some(home);
+            }
+        }
+        self
+    }
 }
 
 /// Everything [`RateLimitHandle`](crate::RateLimitHandle) can change; swapped

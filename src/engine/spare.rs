@@ -149,6 +149,7 @@ mod tests {
             key,
             limit,
             cost: 1,
+            home: None,
         }];
         give_back(&mut checks);
         assert!(checks.is_empty());

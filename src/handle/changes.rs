@@ -128,6 +128,7 @@ impl RateLimitHandle {
         if let (Some(cell), Some(lists)) = (&self.lists, lists) {
             cell.store(lists);
         }
+        let runtime = runtime.with_homes(&self.shared.config.configured);
         self.shared.live.runtime.store(Arc::new(runtime));
         // Cached denials were decided under the old settings.
         self.shared.guards.deny_cache.clear();

@@ -95,15 +95,21 @@ impl RateLimitHandle {
             return Err(InspectError::InvalidKey);
         }
         let t = &shared.config.tiers[i];
-        let limit = shared.live.runtime.load().tiers[i].limit;
+        let runtime = shared.live.runtime.load();
+        let (limit, home) = (runtime.tiers[i].limit, runtime.tiers[i].home);
+        let now = shared.local_clock.now_us();
         Ok(TierCheck {
             key: format!("{}{key}", t.key_base),
             // A calendar tier's windows around this instance's clock.
             limit: match &t.calendar {
-                Some(c) => c.limit(limit, shared.local_clock.now_us()),
+                Some(c) => c.limit(limit, now),
                 None => limit,
             },
             cost: t.cost,
+            home: home.map(|h| match &t.calendar {
+                Some(c) => c.limit(h, now),
+                None => h,
+            }),
         })
     }
 
@@ -203,6 +209,7 @@ impl RateLimitHandle {
             key: format!("{}{}", check.key, crate::algorithm::PENALTY_KEY_SUFFIX),
             limit: crate::algorithm::Limit::Penalty(p),
             cost: 1,
+            home: None,
         })
     }
 

@@ -8,7 +8,7 @@
 //! that tier with nothing charged (and the check after it must still agree).
 
 use crate::support::algorithms::{
-    algorithm_limits, clock_step, listed_twice_ops, Model, Outcomes, S,
+    algorithm_limits, clock_step, listed_twice_ops, quota_change_sets, Model, Outcomes, S,
 };
 use crate::support::rng::Rng;
 use crate::support::*;
@@ -102,11 +102,13 @@ impl Harness {
                     key: format!("p{case}:a:k{key}"),
                     limit: a,
                     cost,
+                    home: None,
                 },
                 TierCheck {
                     key: format!("p{case}:b:all"),
                     limit: b,
                     cost: 1,
+                    home: None,
                 },
             ];
             let before: Vec<Option<State>> = checks
@@ -291,11 +293,13 @@ fn concurrency_model_memory_and_redis_agree() {
                     key: format!("c{case}:inflight:k{key}"),
                     limit: Limit::Concurrency(c.with_slot(op + 1)),
                     cost: 1,
+                    home: None,
                 },
                 TierCheck {
                     key: format!("c{case}:rate:all"),
                     limit: rate,
                     cost: 1,
+                    home: None,
                 },
             ];
             let want = model.check(&checks, now);
@@ -363,11 +367,13 @@ fn penalty_box_model_memory_and_redis_agree() {
                     key: key.clone(),
                     limit: rate,
                     cost: 1 + next() % 2,
+                    home: None,
                 },
                 TierCheck {
                     key: format!("{key}{PENALTY_KEY_SUFFIX}"),
                     limit: Limit::Penalty(p),
                     cost: 1,
+                    home: None,
                 },
             ];
             let want = model.check(&checks, now);
@@ -429,6 +435,7 @@ fn the_refund_of_a_listing_that_no_longer_fit_gives_nothing_back() {
         key: "refund-twice:k".to_owned(),
         limit: Limit::TokenBucket(TokenBucket::new(2, 3_600 * S, 2).unwrap()),
         cost: 1,
+        home: None,
     };
     for (name, backend) in [("memory", &memory), ("redis", &redis)] {
         let one = |b: &Backend| h.rt.block_on(b.check(vec![k.clone()])).unwrap();
@@ -468,6 +475,7 @@ fn a_key_listed_under_a_log_then_a_window_is_not_an_error() {
         key: "log-then-window:k".to_owned(),
         limit,
         cost: 1,
+        home: None,
     };
     let checks = vec![
         at(Limit::SlidingWindowLog(Window {
@@ -515,6 +523,7 @@ fn fixed_window_boundary_burst_is_twice_the_limit() {
                 key: "k".into(),
                 limit,
                 cost: 1,
+                home: None,
             };
             if model.check(&[c], now)[0].allowed {
                 admitted += 1;
@@ -532,6 +541,7 @@ fn fixed_window_boundary_burst_is_twice_the_limit() {
                 key: "k".into(),
                 limit: log,
                 cost: 1,
+                home: None,
             };
             if model.check(&[c], now)[0].allowed {
                 admitted += 1;
@@ -564,6 +574,7 @@ fn police_leaky_bucket_equals_token_bucket() {
                 key: "k".into(),
                 limit: a,
                 cost,
+                home: None,
             }],
             now,
         );
@@ -572,6 +583,7 @@ fn police_leaky_bucket_equals_token_bucket() {
                 key: "k".into(),
                 limit: b,
                 cost,
+                home: None,
             }],
             now,
         );
@@ -597,6 +609,7 @@ fn sliding_counter_error_bound() {
             key: "k".into(),
             limit: counter,
             cost: 1,
+            home: None,
         };
         if model.check(&[c], now)[0].allowed {
             times.push(now);
@@ -717,12 +730,22 @@ fn quota_changes_agree(h: &Harness, case: u64, quotas: &[Limit], ops: &[(u64, u8
     for (i, &(step, q, cost)) in ops.iter().enumerate() {
         clock.advance(Duration::from_micros(step));
         let now = clock.now_us();
+        // The first quota is the tier's configured one: the others are
+        // run-time changes (what the engine sends as `home`).
+        let limit = quotas[usize::from(q) % quotas.len()];
         let check = TierCheck {
             key: format!("q{case}:k"),
-            limit: quotas[usize::from(q) % quotas.len()],
+            limit,
             cost,
+            home: (limit != quotas[0]).then_some(quotas[0]),
         };
+        // What the key holds for this quota: carried over a change.
         let before = model.state(&check.key, now).cloned();
+        let before = check
+            .limit
+            .carry(before.as_ref(), now)
+            .map(|(s, _)| s)
+            .or(before);
         let want = model.check(std::slice::from_ref(&check), now);
         check_invariants(&check.limit, before.as_ref(), now, cost, &want[0]);
         let got_mem = h.rt.block_on(memory.check(vec![check.clone()])).unwrap();
@@ -734,47 +757,12 @@ fn quota_changes_agree(h: &Harness, case: u64, quotas: &[Limit], ops: &[(u64, u8
     denied
 }
 
-fn quota_change_sets() -> [Vec<Limit>; 2] {
-    let tb = |limit, period_us, burst| TokenBucket::new(limit, period_us, burst).unwrap();
-    let leaky = |b, max_delay_us| {
-        Limit::LeakyBucket(Gcra {
-            bucket: b,
-            max_delay_us,
-        })
-    };
-    [
-        vec![
-            // Rate 1: 60/min, 10/s, 20/min; rate 7 (7/min, and 7 / 2 min:
-            // another unit), rate 3 (3 / 7 s), rate 43 (the last coded
-            // integers) and rate 47 (a string).
-            Limit::TokenBucket(tb(60, 60 * S, 5)),
-            Limit::TokenBucket(tb(10, S, 3)),
-            Limit::TokenBucket(tb(20, 60 * S, 4)),
-            Limit::TokenBucket(tb(7, 60 * S, 3)),
-            Limit::TokenBucket(tb(3, 7 * S, 5)),
-            Limit::TokenBucket(tb(7, 120 * S, 4)),
-            Limit::TokenBucket(tb(43, 60 * S, 4)),
-            Limit::TokenBucket(tb(47, 60 * S, 5)),
-        ],
-        vec![
-            leaky(tb(60, 60 * S, 5), None),
-            leaky(tb(10, S, 3), Some(300_000)),
-            leaky(tb(20, 60 * S, 4), None),
-            leaky(tb(7, 60 * S, 3), None),
-            leaky(tb(3, 7 * S, 5), Some(2 * S)),
-            leaky(tb(7, 120 * S, 4), None),
-            leaky(tb(43, 60 * S, 4), Some(S)),
-            leaky(tb(47, 60 * S, 5), None),
-        ],
-    ]
-}
-
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
     fn a_quota_change_agrees(
-        set in 0usize..2,
+        set in 0usize..5,
         ops in prop::collection::vec(
             (clock_step(), 0u8..8, prop_oneof![4 => Just(1u64), 1 => 1u64..=3]),
             1..60,

@@ -28,6 +28,7 @@ async fn instances_with_clocks_seconds_apart_agree_on_the_window() {
             bounds: day.bounds_around(app_now_us).unwrap(),
         }),
         cost: 1,
+        home: None,
     };
     let (a, b) = (
         check(BERLIN_MIDNIGHT_US - 7_000_000),

@@ -70,11 +70,13 @@ fn the_layer_path_and_the_marker_agree_with_the_model() {
                     key: format!("m{seed}:a:k{}", rng.below(3)),
                     limit: a,
                     cost,
+                    home: None,
                 },
                 TierCheck {
                     key: format!("m{seed}:b:all"),
                     limit: b,
                     cost: 1,
+                    home: None,
                 },
             ];
             let undo = rng.below(3) == 0;
@@ -162,6 +164,7 @@ fn a_log_without_the_marker_reads_as_before() {
             key: key.to_owned(),
             limit,
             cost,
+            home: None,
         }]))
         .unwrap()
         .decisions[0]
@@ -235,6 +238,7 @@ fn the_layer_path_writes_the_marker_and_the_time() {
             window_us: 60 * S,
         }),
         cost: 1,
+        home: None,
     };
     for remaining in [99, 98] {
         let d = rt

@@ -279,6 +279,7 @@ fn rust_refunds_equal_lua_refunds() {
                     key: format!("t{case}:k{key}"),
                     limit,
                     cost,
+                    home: None,
                 };
                 let m = rt.block_on(memory.check(vec![check.clone()])).unwrap();
                 let r = rt.block_on(redis.check(vec![check.clone()])).unwrap();
@@ -304,6 +305,7 @@ fn rust_refunds_equal_lua_refunds() {
                             key: format!("t{case}:k{key}"),
                             limit,
                             cost: limit.capacity() + 1,
+                            home: None,
                         }];
                         let m = rt.block_on(memory.check(probe.clone())).unwrap();
                         let r = rt.block_on(redis.check(probe)).unwrap();
@@ -348,9 +350,10 @@ async fn a_failure_under_an_override_is_refunded_on_its_quota(env: Env) {
     );
     // The refund (on Redis, in a task after the response) gives the token
     // back: the bucket's TAT (µs) one token (10 s) past the start, as after
-    // the one success.
+    // the one success, tagged with the override's quota (rate 1, 10^7
+    // units a token: not the tier's configured one).
     if let Some(redis) = &env.redis {
-        let want = ((T0_S + 10) * 1_000_000).to_string();
+        let want = format!("{}:0:1:10000000", (T0_S + 10) * 1_000_000);
         let deadline = Instant::now() + Duration::from_secs(2);
         while redis.get("rl:login:all").as_deref() != Some(want.as_str()) {
             assert!(

@@ -45,6 +45,7 @@ fn after_one_request(redis: &RedisServer, limit: Limit) -> (String, String, i64)
             key: KEY.to_owned(),
             limit,
             cost: 1,
+            home: None,
         }]))
         .unwrap();
     assert!(d.decisions[0].allowed);
@@ -196,6 +197,7 @@ fn integer_forms_agree_with_the_model() {
                 key: format!("{i}:k{}", rng.next() % 2),
                 limit: *limit,
                 cost: 1 + rng.next() % 2,
+                home: None,
             };
             let want = model.check(std::slice::from_ref(&check), now);
             let got = rt.block_on(memory.check(vec![check.clone()])).unwrap();
@@ -227,82 +229,127 @@ fn integer_forms_agree_with_the_model() {
     }
 }
 
-/// The decision for `cost` on `key` under `limit`.
-fn check(rt: &tokio::runtime::Runtime, b: &Backend, key: &str, limit: TokenBucket) -> TierDecision {
+/// The decision for `cost` 1 on `key` under `limit`, a tier whose
+/// configured quota is `home`.
+fn check_under(
+    rt: &tokio::runtime::Runtime,
+    b: &Backend,
+    key: &str,
+    limit: Limit,
+    home: Limit,
+) -> TierDecision {
     rt.block_on(b.check(vec![TierCheck {
         key: key.to_owned(),
-        limit: Limit::TokenBucket(limit),
+        limit,
         cost: 1,
+        home: (limit != home).then_some(home),
     }]))
     .unwrap()
     .decisions[0]
 }
 
-/// A quota change on a live token bucket. Redis (as the model and the
-/// memory backend) keeps a TAT written under rate 1 under any new quota,
-/// and one of rate r under any quota of rate r: the time until full carries
-/// over, so lowering a quota never hands out a fresh bucket, and a new
-/// burst keeps the missing tokens. A state of another rate above 1 starts
-/// full.
+/// A quota change on a live key carries its used capacity over, on the
+/// memory backend and on Redis alike (docs/rollout.md, "A quota change"):
+/// the issue's own example on a token bucket and a fixed window, a denial
+/// that stores the carried state (so its `Retry-After` holds at the new
+/// rate), and the stored forms: the configured quota's compact integer,
+/// any other quota's tagged string.
 #[test]
-fn a_quota_change_on_a_token_bucket() {
+fn a_quota_change_carries_used_capacity_over() {
     let redis = RedisServer::start();
     let rt = current_thread_runtime();
-    let clock = ManualClock::new(T0_US);
+    // A minute into an hour.
+    let clock = ManualClock::new(T0_US - T0_US % (3_600 * S) + 60 * S);
     let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
     let red = backend(&redis, &clock);
-    let burst = |n| TokenBucket::new(60, 60 * S, n).unwrap();
+    let tb =
+        |limit, period_us| Limit::TokenBucket(TokenBucket::new(limit, period_us, limit).unwrap());
+    let fw = |limit, window_us| Limit::FixedWindow(Window { limit, window_us });
+    let home = tb(100, 60 * S);
+    let whome = fw(100, 60 * S);
     for (name, b) in [("memory", &memory), ("redis", &red)] {
-        // 1/min, one request: full again in 60 s. Then 10/min: 60 s from
-        // full is all 10 tokens short, a token in 6 s.
-        assert_eq!(check(&rt, b, name, per_minute(1)).remaining, 0);
-        let d = check(&rt, b, name, per_minute(10));
-        assert_eq!(
-            (d.allowed, d.remaining, d.retry_after_us),
-            (false, 0, 6 * S),
-            "{name}"
-        );
-        // Lowered: 60/min, 30 requests (full again in 30 s); then 1/min:
-        // half its one token short, so the next request waits 30 s.
-        let key = format!("{name}:lowered");
-        for _ in 0..30 {
-            check(&rt, b, &key, per_minute(60));
+        let t0 = clock.now_us();
+        // 80 of 100/min used; raised to 200/min: 120 left (119 after this
+        // request), lowered to 50/min: 30 in debt.
+        let (up, down) = (format!("{name}:up"), format!("{name}:down"));
+        for key in [&up, &down] {
+            for _ in 0..80 {
+                assert!(check_under(&rt, b, key, home, home).allowed);
+            }
         }
-        let d = check(&rt, b, &key, per_minute(1));
+        let d = check_under(&rt, b, &up, tb(200, 60 * S), home);
+        assert_eq!((d.allowed, d.remaining), (true, 119), "{name}");
+        if name == "redis" {
+            // 81 tokens of 300 000 units (rate 1) short: tagged.
+            assert_eq!(
+                redis.get(&up).unwrap(),
+                format!("{}:0:1:300000", t0 + 81 * 300_000)
+            );
+        }
+        // 50/min: 80 tokens short of 50, refilled at 1.2 s a token: one
+        // request passes after 31 tokens, 37.2 s; denied before.
+        let d = check_under(&rt, b, &down, tb(50, 60 * S), home);
         assert_eq!(
             (d.allowed, d.remaining, d.retry_after_us),
-            (false, 0, 30 * S),
+            (false, 0, 37_200_000),
             "{name}"
         );
-        // 8/min (rate 1), one request: 7.5 s from full; then 7/min (rate
-        // 7, 6 × 10^7 units a token): 7 × 7.5 × 10^6 units short, 6.125
-        // tokens left before this one.
-        let key = format!("{name}:to-rate-7");
-        check(&rt, b, &key, per_minute(8));
-        let d = check(&rt, b, &key, per_minute(7));
-        assert_eq!((d.allowed, d.remaining), (true, 5), "{name}");
-        // 7/min (rate 7), one request; then 8/min: another rate, so a
-        // fresh bucket.
-        let key = format!("{name}:from-rate-7");
-        check(&rt, b, &key, per_minute(7));
-        let d = check(&rt, b, &key, per_minute(8));
-        assert_eq!((d.allowed, d.remaining), (true, 7), "{name}");
-        // 7/min (rate 7), two requests: 17 142 857 1/7 µs from full; then
-        // 7 per 2 min (rate 7 too, 1.2 × 10^8 units a token): the same
-        // time, one token short of 7, so 5 left after this one.
-        let key = format!("{name}:same-rate");
-        check(&rt, b, &key, per_minute(7));
-        check(&rt, b, &key, per_minute(7));
-        let d = check(&rt, b, &key, TokenBucket::new(7, 120 * S, 7).unwrap());
-        assert_eq!((d.allowed, d.remaining), (true, 5), "{name}");
-        // 60/min with a burst of 10: 4 requests leave 6 (4 missing).
+        // The denial stored the carried bucket: the wait holds though the
+        // configured quota, 4 times faster per token, would have refilled
+        // it sooner.
+        clock.advance(Duration::from_micros(37_200_000 - 1));
+        assert!(
+            !check_under(&rt, b, &down, tb(50, 60 * S), home).allowed,
+            "{name}"
+        );
+        clock.advance(Duration::from_micros(1));
+        let d = check_under(&rt, b, &down, tb(50, 60 * S), home);
+        assert_eq!((d.allowed, d.remaining), (true, 0), "{name}");
+        // Back to the configured quota: 50 tokens short of 100, 49 left
+        // after this request (the compact form again).
+        let d = check_under(&rt, b, &down, home, home);
+        assert_eq!((d.allowed, d.remaining), (true, 49), "{name}");
+        if name == "redis" {
+            let now = clock.now_us();
+            assert_eq!(redis.get(&down).unwrap(), (now + 51 * 600_000).to_string());
+        }
+        // A burst raised under the same unit keeps the missing tokens.
         let key = format!("{name}:burst");
+        let burst = |n| Limit::TokenBucket(TokenBucket::new(60, 60 * S, n).unwrap());
         for _ in 0..4 {
-            check(&rt, b, &key, burst(10));
+            check_under(&rt, b, &key, burst(10), burst(10));
         }
-        // The burst raised to 20.
-        let d = check(&rt, b, &key, burst(20));
+        let d = check_under(&rt, b, &key, burst(20), burst(10));
         assert_eq!((d.allowed, d.remaining), (true, 15), "{name}");
+
+        // A fixed window of 100/min, 80 used; 200/hour: 120 left in the
+        // hour's window; then 50/min: blocked until this minute ends.
+        let t1 = clock.now_us();
+        let key = format!("{name}:window");
+        for _ in 0..80 {
+            assert!(check_under(&rt, b, &key, whome, whome).allowed);
+        }
+        let d = check_under(&rt, b, &key, fw(200, 3_600 * S), whome);
+        assert_eq!((d.allowed, d.remaining), (true, 119), "{name}");
+        if name == "redis" {
+            let hour = t1 - t1 % (3_600 * S);
+            assert_eq!(
+                redis.get(&key).unwrap(),
+                format!("{hour}:81:{}", hour + 3_600 * S)
+            );
+        }
+        let d = check_under(&rt, b, &key, fw(50, 60 * S), whome);
+        let minute_left = 60 * S - t1 % (60 * S);
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_us),
+            (false, 0, minute_left),
+            "{name}"
+        );
+        clock.advance(Duration::from_micros(minute_left));
+        let d = check_under(&rt, b, &key, fw(50, 60 * S), whome);
+        assert_eq!((d.allowed, d.remaining), (true, 49), "{name}");
+        // The next backend from a minute into the next hour.
+        clock.set(t0 + 3_600 * S);
     }
 }
 
@@ -335,6 +382,7 @@ fn a_clock_that_steps_back() {
             key: key.clone(),
             limit: Limit::TokenBucket(limit),
             cost,
+            home: None,
         };
         let drain = limit.burst();
         for (name, b) in [("memory", memory), ("redis", backend(&redis, &clock))] {
@@ -369,7 +417,7 @@ fn a_clock_that_steps_back() {
 
 /// Values the scripts never write (the strings of the format that was the
 /// default before issue 25, the three-digit codes 989-999, which name no
-/// rate, a value of another rate, garbage) read as no state: a full bucket,
+/// rate, garbage) read as no state: a full bucket,
 /// never an error (which would fail open), and the next charge replaces
 /// them with the bucket's TAT.
 #[test]
@@ -378,12 +426,6 @@ fn values_it_never_writes_read_as_no_state() {
     let rt = current_thread_runtime();
     let clock = ManualClock::new(T0_US);
     let b = backend(&redis, &clock);
-    let police = |b: TokenBucket| {
-        Limit::LeakyBucket(Gcra {
-            bucket: b,
-            max_delay_us: None,
-        })
-    };
     for (key, stored, limit, rewritten) in [
         // The old token bucket string of a drained 60/min bucket.
         (
@@ -391,13 +433,6 @@ fn values_it_never_writes_read_as_no_state() {
             "0:1700000000000000:1000000",
             Limit::TokenBucket(per_minute(60)),
             "1700000001000000",
-        ),
-        // A leaky bucket 7/min TAT coded as rate 8 (code 027): another rate.
-        (
-            "another rate",
-            "1700000060000000027",
-            police(per_minute(7)),
-            "1700000008571428024",
         ),
         // Code 990: no rate.
         (
@@ -426,6 +461,7 @@ fn values_it_never_writes_read_as_no_state() {
                 key: key.to_owned(),
                 limit,
                 cost: 1,
+                home: None,
             }]))
             .unwrap()
             .decisions[0];

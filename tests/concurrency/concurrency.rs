@@ -251,6 +251,7 @@ async fn slots_of_a_crashed_instance_expire(backend: Backend, clock: &ManualCloc
             key: "crash:inflight:all".to_owned(),
             limit: Limit::Concurrency(c.with_slot(slot)),
             cost: 1,
+            home: None,
         }]
     };
     // The crashed instance took two slots and will never give them back.
@@ -444,6 +445,7 @@ async fn a_cross_slot_denial_gives_the_slot_back() {
             key: inflight.to_owned(),
             limit: Limit::Concurrency(c.with_slot(slot)),
             cost: 1,
+            home: None,
         }];
         if with_rate {
             v.push(TierCheck {
@@ -453,6 +455,7 @@ async fn a_cross_slot_denial_gives_the_slot_back() {
                     window_us: 3_600_000_000,
                 }),
                 cost: 1,
+                home: None,
             });
         }
         v

@@ -632,3 +632,137 @@ async fn without_a_control_key_the_api_changes_this_process() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(h.tiers()[0].quota, Quota::per_minute(5));
 }
+
+/// One algorithm's pair of instances for the carry-over test: a single
+/// tier `t` of 100 a minute (a calendar tier: 100 a month) on its own
+/// prefix and control key.
+async fn carry_pair(
+    redis: &RedisServer,
+    clock: &ManualClock,
+    name: &str,
+    algorithm: Option<Algorithm>,
+) -> (Node, Node) {
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let tier = match algorithm {
+            Some(a) => Tier::new("t", ClientIp::default(), Quota::per_minute(100)).algorithm(a),
+            None => Tier::new("t", ClientIp::default(), Quota::per_hour(100))
+                .calendar(Calendar::month()),
+        };
+        let layer = RateLimitLayer::builder()
+            .backend(
+                RedisBackend::from_url(&redis.url())
+                    .unwrap()
+                    .with_manual_clock(clock.clone()),
+            )
+            .backend_timeout(Duration::from_secs(2))
+            .key_prefix(name)
+            .control_key(ControlKey::new(format!("{name}:control")).poll_interval(POLL))
+            .tier(tier)
+            .build()
+            .unwrap();
+        let handle = layer.handle();
+        let router = admin::router(handle.clone(), TOKEN);
+        let addr = serve(app(layer).nest(BASE, router)).await;
+        handle.ready().await;
+        nodes.push(Node { addr, handle });
+    }
+    let b = nodes.pop().unwrap();
+    (nodes.pop().unwrap(), b)
+}
+
+/// A quota changed fleet-wide carries each key's used capacity over, on
+/// every algorithm (docs/rollout.md, "A quota change: nothing free"): 80
+/// of 100 used through A; raised to 200 through A's admin API, B answers
+/// 119 left after its request; lowered to 50 through B, A denies, with the
+/// exact wait: 32 tokens at 50 a minute for the next (38.4 s, 39 in
+/// whole seconds) for the buckets, the window's end for the windows, the entries' age for the
+/// log. Two instances per algorithm on one Redis, over HTTP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_quota_change_carries_used_capacity_over_on_every_algorithm() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let minute_end = T0_S - T0_S % 60 + 60;
+    // (name, algorithm, period in the API, Retry-After and reset once
+    // lowered to 50 with 81 used).
+    let cases = [
+        ("tb", Some(Algorithm::TokenBucket), "1m", 39, T0_S + 39),
+        (
+            "lb",
+            Some(Algorithm::LeakyBucket(
+                tiered_ratelimit::LeakyBucket::Police,
+            )),
+            "1m",
+            39,
+            T0_S + 39,
+        ),
+        (
+            "fw",
+            Some(Algorithm::FixedWindow),
+            "1m",
+            minute_end - T0_S,
+            minute_end,
+        ),
+        (
+            "log",
+            Some(Algorithm::SlidingWindowLog),
+            "1m",
+            60,
+            T0_S + 60,
+        ),
+        ("swc", Some(Algorithm::SlidingWindowCounter), "1m", 0, 0),
+        ("cal", None, "month", 0, 0),
+    ];
+    let mut pairs = Vec::new();
+    for (name, algorithm, ..) in &cases {
+        pairs.push(carry_pair(&redis, &clock, name, *algorithm).await);
+    }
+    for (a, _) in &pairs {
+        for _ in 0..80 {
+            assert_eq!(get(a.addr, None).await.status, 200);
+        }
+    }
+    for ((name, _, period, ..), (a, _)) in cases.iter().zip(&pairs) {
+        let (status, body) = post(
+            a.addr,
+            "/api/quota",
+            json!({"tier": "t", "limit": 200, "period": period}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{name}: {body}");
+    }
+    one_poll().await;
+    for ((name, ..), (_, b)) in cases.iter().zip(&pairs) {
+        let l = get(b.addr, None).await;
+        assert_eq!(
+            (l.status, l.limit, l.remaining),
+            (200, Some(200), Some(119)),
+            "{name}"
+        );
+    }
+    for ((name, _, period, ..), (_, b)) in cases.iter().zip(&pairs) {
+        let (status, body) = post(
+            b.addr,
+            "/api/quota",
+            json!({"tier": "t", "limit": 50, "period": period}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{name}: {body}");
+    }
+    one_poll().await;
+    for ((name, _, _, retry, reset), (a, _)) in cases.iter().zip(&pairs) {
+        let l = get(a.addr, None).await;
+        assert_eq!(
+            (l.status, l.limit, l.remaining),
+            (429, Some(50), Some(0)),
+            "{name}"
+        );
+        if *retry > 0 {
+            assert_eq!(
+                (l.retry_after, l.reset),
+                (Some(*retry), Some(*reset)),
+                "{name}"
+            );
+        }
+    }
+}

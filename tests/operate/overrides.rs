@@ -48,8 +48,8 @@ async fn app_on(backend: Backend) -> (RateLimitHandle, SocketAddr) {
 async fn overrides(h: RateLimitHandle, first: SocketAddr, other: SocketAddr, clock: ManualClock) {
     assert_eq!(hit(first).await, ok(3, 2, T0_S + 20));
     // Another quota: 60 a minute (a token bucket refilled one a second),
-    // for 5 minutes. The bucket's time until full carries over (20 s:
-    // 20 of its 60 tokens), as after any quota change.
+    // for 5 minutes. The bucket's used capacity carries over (1 token of
+    // 3, now 1 of 60), as after any quota change.
     let q = Override::Quota(Quota::per_minute(60));
     h.set_override("ip", IP, q, Some(Duration::from_secs(300)), "ops")
         .await
@@ -58,8 +58,8 @@ async fn overrides(h: RateLimitHandle, first: SocketAddr, other: SocketAddr, clo
         h.overrides("ip").await.unwrap(),
         vec![OverrideEntry::new(IP, q, Some(T0_US + 300_000_000))]
     );
-    assert_eq!(hit(other).await, ok(60, 39, T0_S + 21));
-    assert_eq!(hit(other).await, ok(60, 38, T0_S + 22));
+    assert_eq!(hit(other).await, ok(60, 58, T0_S + 2));
+    assert_eq!(hit(other).await, ok(60, 57, T0_S + 3));
     // Unlimited: allowed, nothing charged, the tier shown full.
     h.set_override("ip", IP, Override::Unlimited, None, "ops")
         .await
@@ -266,10 +266,10 @@ async fn memory_redis_and_a_cluster_agree_on_random_override_sequences() {
 }
 
 /// Removing an override, or its expiry, never hands the key a fresh
-/// bucket: the key stays where its state was (its TAT carried over, as any
-/// quota change does), so a key the override denied is still denied by
-/// the tier's quota until its time; and `peek` answers what the next
-/// request would see: under an override, the override's numbers.
+/// bucket: its used capacity carries over to the tier's quota, as any
+/// quota change does (the one token of 1 an hour is one of 3 a minute);
+/// and `peek` answers what the next request would see: under an override,
+/// the override's numbers.
 async fn removal_keeps_state_and_peek_shows_the_override(backend: Backend, clock: ManualClock) {
     let (h, addr) = app_on(backend).await;
     let hour = Override::Quota(Quota::per_hour(1));
@@ -281,16 +281,15 @@ async fn removal_keeps_state_and_peek_shows_the_override(backend: Backend, clock
         (s.allowed, s.limit, s.remaining, s.retry_after),
         (false, 1, 0, Duration::from_secs(3600))
     );
-    // Removed: the tier's 3 a minute on the same state (an hour until
-    // full): still denied, until 40 s before that hour is over (a 3-token
-    // bucket has a token then), not a fresh bucket.
+    // Removed: the tier's 3 a minute with that token used: 2 left, 1
+    // after the next request (full 40 s later), not a fresh bucket.
     assert!(h.remove_override("ip", IP, "ops").await.unwrap());
     let s = h.peek("ip", IP).await.unwrap();
     assert_eq!(
         (s.allowed, s.limit, s.remaining, s.retry_after),
-        (false, 3, 0, Duration::from_secs(3560))
+        (true, 3, 1, Duration::ZERO)
     );
-    assert_eq!(hit(addr).await, denied(3, 0, T0_S + 3560, 3560));
+    assert_eq!(hit(addr).await, ok(3, 1, T0_S + 40));
     // An override that expires: the same. Full again an hour later; then
     // 1 an hour for a minute, spent and denied.
     clock.advance(Duration::from_secs(3600));
@@ -302,12 +301,16 @@ async fn removal_keeps_state_and_peek_shows_the_override(backend: Backend, clock
     assert_eq!(hit(addr).await, denied(1, 0, now + 3600, 3600));
     clock.advance(Duration::from_secs(60));
     let now = now + 60;
+    // Expired with 59 of its 60 minutes to go: 59/60 of a token used,
+    // ceil(3.54 × 10^9 × 2 × 10^7 / 3.6 × 10^9) = 19 666 667 units of the
+    // tier's 2 × 10^7 a token: 1 left after the next request, full in
+    // 39.67 s.
     let s = h.peek("ip", IP).await.unwrap();
     assert_eq!(
         (s.allowed, s.limit, s.remaining, s.retry_after),
-        (false, 3, 0, Duration::from_secs(3500))
+        (true, 3, 1, Duration::ZERO)
     );
-    assert_eq!(hit(addr).await, denied(3, 0, now + 3500, 3500));
+    assert_eq!(hit(addr).await, ok(3, 1, now + 40));
     // Blocked and unlimited, peeked: what the next request would get.
     h.set_override(
         "ip",

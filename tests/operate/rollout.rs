@@ -367,14 +367,14 @@ async fn plans_pick_the_quota_and_change_at_run_time(env: Env) {
         ok(2, 1, T0_S + 30)
     );
     // A new quota for "free" applies to the next request of every free key.
-    // Both backends keep the bucket's time until full: 60 s, all 10 tokens
-    // of 10/min, so the next waits 6 s.
+    // Both backends keep the bucket's used capacity: 1 token of 1/min is 1
+    // of 10/min, so 8 are left after this request (full 12 s later).
     handle
         .set_plan_quota("user", "free", Quota::per_minute(10))
         .unwrap();
     assert_eq!(
         limits(&send("f", Some("free")).await.unwrap()),
-        denied(10, 0, T0_S + 6, 6)
+        ok(10, 8, T0_S + 12)
     );
     let status = handle.tiers();
     assert_eq!(

@@ -234,6 +234,7 @@ fn under_an_override_model_memory_and_redis_agree() {
                     key: format!("{key}{{ov}}"),
                     limit: Limit::Override,
                     cost: 1,
+                    home: None,
                 }),
                 key,
                 tier,
@@ -261,6 +262,7 @@ impl Twins {
             key: self.key.clone(),
             limit: self.tier,
             cost,
+            home: None,
         };
         self.read.iter().cloned().chain([tier]).collect()
     }
@@ -338,6 +340,7 @@ impl Twins {
                         key: self.key.clone(),
                         limit,
                         cost,
+                        home: None,
                     };
                     let m = rt.block_on(memory.peek(&probe)).unwrap();
                     let r = rt.block_on(redis.peek(&probe)).unwrap();
@@ -374,6 +377,7 @@ fn settled_ledger_is_exact_on_a_still_clock() {
             key: "ledger".into(),
             limit,
             cost,
+            home: None,
         };
         // Reserve 30 + 30 + 30 (90 of 100), then a 20 is denied.
         let mut charges = Vec::new();

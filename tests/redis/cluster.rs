@@ -4,8 +4,8 @@
 //! exactness across app servers, NOSCRIPT per node, failover.
 
 use crate::support::algorithms::{
-    algorithm_limits_without, listed_twice_ops, script_args as encode, script_spec, Model,
-    Outcomes, S,
+    algorithm_limits_without, listed_twice_ops, quota_change_sets, script_args as encode,
+    script_spec, Model, Outcomes, S,
 };
 use crate::support::algorithms_http as scenario;
 use crate::support::cluster::{calls, failed_calls, RedisCluster};
@@ -396,11 +396,13 @@ async fn cross_slot_checks_agree_with_the_model() {
                         key: format!("m{i}{j}:a:k{key}"),
                         limit: *a,
                         cost,
+                        home: None,
                     },
                     TierCheck {
                         key: format!("m{i}{j}:b:all"),
                         limit: *b,
                         cost: 1,
+                        home: None,
                     },
                 ];
                 if cluster.keyslot(&ckey(&checks[0].key)) != cluster.keyslot(&ckey(&checks[1].key))
@@ -420,6 +422,60 @@ async fn cross_slot_checks_agree_with_the_model() {
     }
     eprintln!("{total} checks, {cross} across slots, {denied} denied");
     assert!(cross > total * 9 / 10, "{cross} of {total} across slots");
+    assert!(denied > total / 10 && denied < total * 9 / 10, "{denied}");
+}
+
+/// Quota changes on a cluster: two tiers on keys of different slots, each
+/// changing among the quotas of a set (tests/support/algorithms.rs,
+/// `quota_change_sets`: the first the configured one, sent as `home` for
+/// the others) between random requests and clock steps. Each key's used
+/// capacity carries over on the per-slot calls as in the model, and a
+/// slot charged while the other denied is refunded on the new quota's
+/// terms (docs/rollout.md, "A quota change").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_changes_agree_with_the_model() {
+    let cluster = RedisCluster::start(0);
+    let (clock, backend) = on_a_manual_clock(&cluster);
+    let mut rng = Rng::new(0x2545_F491_4F6C_DD1D);
+    let (mut cross, mut denied, mut total) = (0, 0, 0);
+    for (n, set) in quota_change_sets().iter().enumerate() {
+        let mut model = Model::default();
+        for op in 0..150 {
+            let step = match rng.next() % 4 {
+                0 => 0,
+                1 => rng.next() % 300_000,
+                2 => rng.next() % 3_000_000,
+                _ => rng.next() % 40_000_000,
+            };
+            clock.advance(Duration::from_micros(step));
+            let now = clock.now_us();
+            let tier = |name: &str, q: u64, cost| {
+                let limit = set[usize::try_from(q).unwrap() % set.len()];
+                TierCheck {
+                    key: format!("q{n}:{name}"),
+                    limit,
+                    cost,
+                    home: (limit != set[0]).then_some(set[0]),
+                }
+            };
+            let checks = vec![
+                tier("a:k", rng.next(), 1 + rng.next() % 2),
+                tier("b:all", rng.next(), 1),
+            ];
+            if cluster.keyslot(&ckey(&checks[0].key)) != cluster.keyslot(&ckey(&checks[1].key)) {
+                cross += 1;
+            }
+            let want = model.check(&checks, now);
+            let got = backend.check(checks).await.unwrap();
+            assert_eq!(got.decisions, want, "set {n} diverged at op {op}");
+            total += 1;
+            if !want.iter().all(|d| d.allowed) {
+                denied += 1;
+            }
+        }
+    }
+    eprintln!("{total} checks, {cross} across slots, {denied} denied");
+    assert!(cross > total / 2, "{cross} of {total} across slots");
     assert!(denied > total / 10 && denied < total * 9 / 10, "{denied}");
 }
 
@@ -516,13 +572,20 @@ impl Lua {
         cost: u64,
         undo: i64,
     ) {
+        // The refund layout (src/backend/redis/wire/args.rs, refund_args):
+        // a bucket's p4 is its home suffix, 0 at the configured quota (the
+        // leaky bucket's maximum delay is not sent).
+        let mut args = encode(limit);
+        if args[0] == 5 {
+            args[4] = 0;
+        }
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(CLUSTER_SCRIPT)
             .arg(1)
             .arg(key)
             .arg("refund")
             .arg(Self::clock(now))
-            .arg(&encode(limit)[..])
+            .arg(&args[..])
             .arg(cost)
             .arg(charged_at)
             .arg(undo);

@@ -75,16 +75,16 @@ async fn deny_cache_spares_redis_under_a_single_key_flood() {
     let n = handle.counts();
     assert_eq!((n.cache_blocked, n.limited), (90, 2));
     // A runtime change drops cached denials: the next request is Redis's
-    // to answer, under the new quota. The bucket's time until full carries
-    // over (docs/redis.md, "Whose value is it"): 60 s from full is all of
-    // 1000/min, so it waits one token, 60 ms (Retry-After and Reset round
-    // up to whole seconds).
+    // to answer, under the new quota. The bucket's used capacity carries
+    // over (docs/rollout.md, "A quota change"): 10 tokens of 1000/min
+    // used, 989 left after this one, full in 11 × 60 ms (Reset rounds up
+    // to whole seconds).
     handle
         .set_tier_quota("global", Quota::per_minute(1000))
         .unwrap();
     assert_eq!(
         limits(&c.get(&url).send().await.unwrap()),
-        denied(1000, 0, T0_S + 7, 1)
+        ok(1000, 989, T0_S + 7)
     );
     assert_eq!(redis.script_calls(), 12);
 }

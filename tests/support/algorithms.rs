@@ -120,9 +120,25 @@ impl Model {
 
     /// A penalty box (right after its tier) sees its tier's decision and
     /// writes its strike whatever the commit; it is never charged.
+    ///
+    /// A state written under another quota is carried over first
+    /// (`Limit::carry`), and the carried state stored whatever the commit
+    /// (for a key's first listing).
     pub fn check(&mut self, checks: &[TierCheck], now: u64) -> Vec<TierDecision> {
         let mut ds: Vec<TierDecision> = Vec::with_capacity(checks.len());
         let mut strikes = Vec::new();
+        let mut carried = Vec::new();
+        for (i, c) in checks.iter().enumerate() {
+            if checks[..i].iter().any(|o| o.key == c.key) {
+                continue;
+            }
+            if let Some(w) = c.limit.carry(self.state(&c.key, now), now) {
+                carried.push((c.key.clone(), w));
+            }
+        }
+        for (key, (s, ttl)) in carried {
+            self.keys.insert(key, (s, now + ttl));
+        }
         for c in checks {
             let state = self.state(&c.key, now);
             let tier_allowed = ds.last().is_none_or(|d| d.allowed);
@@ -163,7 +179,12 @@ pub fn listed_twice_ops(
     ops: usize,
     beside: bool,
 ) -> Vec<(u64, Vec<TierCheck>)> {
-    let at = |key: String, cost| TierCheck { key, limit, cost };
+    let at = |key: String, cost| TierCheck {
+        key,
+        limit,
+        cost,
+        home: None,
+    };
     (0..ops)
         .map(|_| {
             let step = match next() % 4 {
@@ -254,4 +275,72 @@ pub fn script_args(limit: &Limit) -> [i64; 5] {
         ],
         _ => unreachable!("a limit the scripts do not know"),
     }
+}
+
+/// Quotas a tier's quota changes among, per set: the first is the tier's
+/// configured one (its `home`), the others run-time changes. Buckets of
+/// rates 1, 3, 7 (under two units), 43 and 47; leaky buckets of the same;
+/// fixed windows and sliding counters of five lengths; logs of one window.
+pub fn quota_change_sets() -> [Vec<Limit>; 5] {
+    let w = |limit, window_us| Window { limit, window_us };
+    let tb = |limit, period_us, burst| TokenBucket::new(limit, period_us, burst).unwrap();
+    let leaky = |b, max_delay_us| {
+        Limit::LeakyBucket(Gcra {
+            bucket: b,
+            max_delay_us,
+        })
+    };
+    [
+        vec![
+            // Rate 1: 60/min, 10/s, 20/min; rate 7 (7/min, and 7 / 2 min:
+            // another unit), rate 3 (3 / 7 s), rate 43 (the last coded
+            // integers) and rate 47 (a string).
+            Limit::TokenBucket(tb(60, 60 * S, 5)),
+            Limit::TokenBucket(tb(10, S, 3)),
+            Limit::TokenBucket(tb(20, 60 * S, 4)),
+            Limit::TokenBucket(tb(7, 60 * S, 3)),
+            Limit::TokenBucket(tb(3, 7 * S, 5)),
+            Limit::TokenBucket(tb(7, 120 * S, 4)),
+            Limit::TokenBucket(tb(43, 60 * S, 4)),
+            Limit::TokenBucket(tb(47, 60 * S, 5)),
+        ],
+        vec![
+            leaky(tb(60, 60 * S, 5), None),
+            leaky(tb(10, S, 3), Some(300_000)),
+            leaky(tb(20, 60 * S, 4), None),
+            leaky(tb(7, 60 * S, 3), None),
+            leaky(tb(3, 7 * S, 5), Some(2 * S)),
+            leaky(tb(7, 120 * S, 4), None),
+            leaky(tb(43, 60 * S, 4), Some(S)),
+            leaky(tb(47, 60 * S, 5), None),
+        ],
+        // Windows of other lengths and limits: a fixed window's count
+        // carries into the new window of now; a counter's estimate does; a
+        // log keeps its entries.
+        vec![
+            Limit::FixedWindow(w(5, S)),
+            Limit::FixedWindow(w(3, S)),
+            Limit::FixedWindow(w(8, 7 * S)),
+            Limit::FixedWindow(w(4, 300_000)),
+            Limit::FixedWindow(w(20, 60 * S)),
+        ],
+        vec![
+            Limit::SlidingWindowCounter(w(5, S)),
+            Limit::SlidingWindowCounter(w(3, S)),
+            Limit::SlidingWindowCounter(w(8, 7 * S)),
+            Limit::SlidingWindowCounter(w(4, 300_000)),
+            Limit::SlidingWindowCounter(w(20, 60 * S)),
+        ],
+        // A log's entries are its state under any limit. (Under another
+        // window it counts the entries in that window that are still
+        // stored: its key lives one window of the quota that wrote it past
+        // its last entry, which Redis measures in its own time, not this
+        // test's clock.)
+        vec![
+            Limit::SlidingWindowLog(w(5, S)),
+            Limit::SlidingWindowLog(w(3, S)),
+            Limit::SlidingWindowLog(w(8, S)),
+            Limit::SlidingWindowLog(w(1, S)),
+        ],
+    ]
 }

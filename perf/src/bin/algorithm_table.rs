@@ -335,6 +335,7 @@ async fn run_checks(
                 key: key.to_owned(),
                 limit,
                 cost: 1,
+                home: None,
             }])
             .await?;
         rtts.push(u64::try_from(started.elapsed().as_micros())?);
@@ -542,6 +543,7 @@ async fn measure_burst(url: &str, key: &str, limit: Limit, pattern: &Pattern) ->
                 key: key.to_owned(),
                 limit,
                 cost: 1,
+                home: None,
             }])
             .await?;
         if v.now_us != t {

@@ -60,6 +60,7 @@ fn main() {
                 key: format!("rl:ip:{}", Ipv4Addr::from(first + i)),
                 limit,
                 cost: 1,
+                home: None,
             })
             .collect()
     };

@@ -54,8 +54,8 @@ pub(super) struct TatCell {
 enum Kind {
     /// A token bucket of this many units per token.
     Bucket { unit: u64 },
-    /// A leaky bucket (GCRA).
-    Leaky,
+    /// A leaky bucket (GCRA) of this many ticks per token.
+    Leaky { unit: u64 },
 }
 
 impl TatCell {
@@ -64,7 +64,7 @@ impl TatCell {
     pub(super) fn new(state: &State, now_us: u64) -> Option<Self> {
         let (kind, tat_us, frac, rate) = match *state {
             State::Bucket(s) => (Kind::Bucket { unit: s.unit }, s.tat_us, s.frac, s.rate),
-            State::Tat(s) => (Kind::Leaky, s.tat_us, s.frac, s.rate),
+            State::Tat(s) => (Kind::Leaky { unit: s.unit }, s.tat_us, s.frac, s.rate),
             _ => return None,
         };
         if rate == 0 || frac >= rate {
@@ -147,10 +147,11 @@ impl TatCell {
                 unit,
                 rate: self.rate,
             }),
-            Kind::Leaky => State::Tat(TatState {
+            Kind::Leaky { unit } => State::Tat(TatState {
                 tat_us,
                 frac,
                 rate: self.rate,
+                unit,
             }),
         }
     }
@@ -204,7 +205,9 @@ impl TatCell {
                     )),
                 }
             }
-            (Limit::LeakyBucket(g), Kind::Leaky, Some(now)) if g.bucket.rate == self.rate => {
+            (Limit::LeakyBucket(g), Kind::Leaky { unit }, Some(now))
+                if g.bucket.rate == self.rate && g.bucket.unit == unit =>
+            {
                 let backlog = ticks.saturating_sub(now);
                 let d = g.check_backlog(backlog, cost);
                 if !d.allowed {
@@ -255,11 +258,14 @@ impl TatCell {
                     }
                 }
             }
-            (Limit::LeakyBucket(g), Kind::Leaky) if g.bucket.rate == self.rate => {
+            (Limit::LeakyBucket(g), Kind::Leaky { unit })
+                if g.bucket.rate == self.rate && g.bucket.unit == unit =>
+            {
                 let state = live.then_some(TatState {
                     tat_us,
                     frac,
                     rate: self.rate,
+                    unit,
                 });
                 let d = g.check(state, now_us, cost);
                 if !d.allowed {
@@ -296,7 +302,9 @@ impl TatCell {
             {
                 b.capacity - (ticks - now)
             }
-            (Limit::LeakyBucket(g), Kind::Leaky, Some(now)) if g.bucket.rate == self.rate => {
+            (Limit::LeakyBucket(g), Kind::Leaky { unit }, Some(now))
+                if g.bucket.rate == self.rate && g.bucket.unit == unit =>
+            {
                 ticks - now
             }
             _ => limit.undo_of(&self.state(ticks), now_us),
@@ -339,7 +347,9 @@ impl TatCell {
             (State::Bucket(s), Kind::Bucket { unit }) if s.unit == unit && s.rate == self.rate => {
                 self.ticks_of(s.tat_us, s.frac)
             }
-            (State::Tat(s), Kind::Leaky) if s.rate == self.rate => self.ticks_of(s.tat_us, s.frac),
+            (State::Tat(s), Kind::Leaky { unit }) if s.rate == self.rate && s.unit == unit => {
+                self.ticks_of(s.tat_us, s.frac)
+            }
             _ => None,
         }
     }

@@ -45,6 +45,7 @@ impl MemoryBackend {
     ///     key: "rl:ip:198.51.100.7".to_owned(),
     ///     limit: Limit::TokenBucket(TokenBucket::new(10, 1_000_000, 10).unwrap()),
     ///     cost: 1,
+    ///     home: None,
     /// }];
     /// let mut verdict = Verdict::default();
     /// for remaining in (7..10).rev() {
@@ -153,6 +154,12 @@ impl MemoryBackend {
         let (mut prepared_a, mut prepared_v) = ([const { None }; 8], Vec::new());
         let prepared: &mut [Option<(State, u64)>] = scratch(&mut prepared_a, &mut prepared_v, n);
         let mut strikes: SmallVec<[(usize, (State, u64)); 1]> = SmallVec::new();
+        // The states carried over a quota change (`Limit::carry`): stored
+        // whatever the commit, unless the tier's charge stores its own.
+        let mut carried: SmallVec<[(usize, (State, u64)); 1]> = SmallVec::new();
+        // The checks under an override of another quota, and that quota:
+        // their charge's undo value is in its units.
+        let mut under: SmallVec<[(usize, crate::algorithm::Limit); 1]> = SmallVec::new();
         // The override the check just before found (it precedes its
         // tier's), and the checks an override leaves uncharged.
         let mut overridden: Option<crate::backend::override_rule::Active> = None;
@@ -163,6 +170,10 @@ impl MemoryBackend {
                 text: &c.key,
             };
             let entry = guards[guard_of(h)].find(key, &held);
+            let repeated = hashes[..i]
+                .iter()
+                .zip(checks)
+                .any(|(&other, o)| other == h && o.key == c.key);
             // A penalty box right after its tier: its strike is written
             // below, whatever the commit.
             let tier_allowed = decisions.last().is_none_or(|d: &TierDecision| d.allowed);
@@ -184,26 +195,37 @@ impl MemoryBackend {
                         None,
                     )
                 } else if let Some(a) = overridden.take() {
+                    if let crate::backend::override_rule::Effect::Limit(_) = a.effect {
+                        let limit = a.limit_of(c.limit);
+                        if !repeated {
+                            if let Some(w) = limit.carry(state, now_us) {
+                                carried.push((i, w));
+                            }
+                        }
+                        under.push((i, limit));
+                    }
                     let (d, charged) = a.check(c, state, now_us);
                     if charged.is_none() {
                         uncharged |= 1 << i;
                     }
                     (d, charged)
                 } else {
+                    if !repeated {
+                        if let Some(w) = c.limit.carry(state, now_us) {
+                            carried.push((i, w));
+                        }
+                    }
                     c.limit.check_prepared(state, now_us, c.cost)
                 }
             });
             decisions.push(d);
-            let repeated = hashes[..i]
-                .iter()
-                .zip(checks)
-                .any(|(&other, o)| other == h && o.key == c.key);
             if !repeated {
                 found[i] = entry;
                 prepared[i] = charged;
             }
         }
-        if shadow.commits(decisions) {
+        let commits = shadow.commits(decisions);
+        if commits {
             if with_charges {
                 if charges.capacity() < n {
                     *charges = Vec::with_capacity(n);
@@ -229,7 +251,15 @@ impl MemoryBackend {
                 };
                 let h = hashes[i];
                 let w = &mut guards[guard_of(h)];
-                charge(i, w.commit(e, &mut held, h, c, prepared[i].take(), now_us));
+                let under_limit = under.iter().find(|(j, _)| *j == i).map(|(_, l)| *l);
+                let undo = match under_limit {
+                    None => w.commit(e, &mut held, h, c, prepared[i].take(), now_us),
+                    Some(limit) => {
+                        let c = TierCheck { limit, ..c.clone() };
+                        w.commit(e, &mut held, h, &c, prepared[i].take(), now_us)
+                    }
+                };
+                charge(i, undo);
             }
             // Then, in order, the new keys and the keys listed twice.
             for (i, c) in checks.iter().enumerate() {
@@ -246,17 +276,40 @@ impl MemoryBackend {
                     text: &c.key,
                 };
                 let w = &mut guards[guard_of(h)];
+                let limit = under
+                    .iter()
+                    .find(|(j, _)| *j == i)
+                    .map_or(c.limit, |(_, l)| *l);
                 if let Some(e) = w.find(key, &held) {
-                    charge(i, w.commit(e, &mut held, h, c, prepared[i].take(), now_us));
+                    let undo = if limit == c.limit {
+                        w.commit(e, &mut held, h, c, prepared[i].take(), now_us)
+                    } else {
+                        let c = TierCheck { limit, ..c.clone() };
+                        w.commit(e, &mut held, h, &c, prepared[i].take(), now_us)
+                    };
+                    charge(i, undo);
                     continue;
                 }
                 let (state, ttl_us) = prepared[i]
                     .take()
-                    .unwrap_or_else(|| c.limit.charge(None, now_us, c.cost));
-                charge(i, c.limit.undo_of(&state, now_us));
+                    .unwrap_or_else(|| limit.charge(None, now_us, c.cost));
+                charge(i, limit.undo_of(&state, now_us));
                 let expires_us = now_us.saturating_add(ttl_us);
                 w.store(None, &mut held, key, state, expires_us, now_us);
             }
+        }
+        for (i, (state, ttl_us)) in carried {
+            if commits && decisions[i].allowed && uncharged & (1 << i) == 0 {
+                continue;
+            }
+            let key = Lookup {
+                hash: hashes[i],
+                text: &checks[i].key,
+            };
+            let w = &mut guards[guard_of(key.hash)];
+            let e = w.find(key, &held);
+            let expires_us = now_us.saturating_add(ttl_us);
+            w.store(e, &mut held, key, state, expires_us, now_us);
         }
         for (i, (state, ttl_us)) in strikes {
             let key = Lookup {

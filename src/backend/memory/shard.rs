@@ -425,6 +425,7 @@ impl<'g> Writer<'g> {
 const PLACEHOLDER: State = State::FixedWindow(crate::algorithm::FixedWindowState {
     start_us: 0,
     count: 0,
+    end_us: 0,
 });
 
 /// An entry's expiry, `None` for a cell this writer holds (it stays).

@@ -7,6 +7,7 @@ fn check(key: &str, tb: TokenBucket) -> TierCheck {
         key: key.to_owned(),
         limit: Limit::TokenBucket(tb),
         cost: 1,
+        home: None,
     }
 }
 
@@ -133,11 +134,13 @@ fn concurrent_checks_admit_exactly_the_smaller_quota() {
                 key: format!("rl:g{case}:all"),
                 limit: wide,
                 cost: 1,
+                home: None,
             },
             TierCheck {
                 key: format!("rl:u{case}:a"),
                 limit: narrow,
                 cost: 1,
+                home: None,
             },
         ];
         let start = std::sync::Barrier::new(8);
@@ -181,6 +184,7 @@ fn concurrent_single_tier_checks_admit_exactly_the_burst() {
             key: format!("rl:ip{case}:198.51.100.7"),
             limit,
             cost: 1,
+            home: None,
         }];
         // The key exists first: the other 4 999 charges are compare-and-swaps.
         assert!(m.check_all(&checks).allowed());
@@ -308,11 +312,13 @@ fn lock_free_checks_and_writers_admit_exactly_the_burst() {
         key: "rl:ip:198.51.100.7".to_owned(),
         limit: tb(BURST, 3_600_000_000),
         cost: 1,
+        home: None,
     };
     let narrow = TierCheck {
         key: "rl:user:narrow".to_owned(),
         limit: tb(1_000, 3_600_000_000),
         cost: 1,
+        home: None,
     };
     assert!(m.check_all(std::slice::from_ref(&hot)).allowed());
     let start = std::sync::Barrier::new(8);
@@ -335,6 +341,7 @@ fn lock_free_checks_and_writers_admit_exactly_the_burst() {
                                         window_us: 3_600_000_000,
                                     }),
                                     cost: 1,
+                                    home: None,
                                 },
                             ],
                             2 => vec![
@@ -343,6 +350,7 @@ fn lock_free_checks_and_writers_admit_exactly_the_burst() {
                                     key: format!("rl:new:{t}:{i}"),
                                     limit: tb(10, 1_000_000),
                                     cost: 1,
+                                    home: None,
                                 },
                             ],
                             _ => vec![hot.clone(), narrow.clone()],

@@ -151,6 +151,7 @@ mod tests {
                 key: "k".into(),
                 limit,
                 cost: 1,
+                home: None,
             },
             charge: Charge {
                 at_us: 0,

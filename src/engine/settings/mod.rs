@@ -295,6 +295,7 @@ pub(crate) fn set_plan_quota(
             t.cost,
             shared.config.fallback_instances,
         )?,
+        home: None,
     };
     let plans = &mut runtime.tiers[i].plans;
     match plans.iter_mut().find(|p| &*p.name == plan) {
@@ -449,7 +450,10 @@ pub(crate) fn apply_read(shared: &Shared, key: &str, fields: &[(String, String)]
     if let (Some((cell, _)), Some(lists)) = (fleet.lists.get(), lists) {
         cell.store(lists);
     }
-    shared.live.runtime.store(Arc::new(runtime));
+    shared
+        .live
+        .runtime
+        .store(Arc::new(runtime.with_homes(&shared.config.configured)));
     let by = doc.by.clone().unwrap_or_else(|| "unknown".to_owned());
     fleet.applied.store(Arc::new(Applied {
         version,

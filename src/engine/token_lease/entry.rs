@@ -14,6 +14,9 @@ use std::sync::{Arc, Mutex};
 pub(super) struct Entry {
     pub(super) key: Box<str>,
     pub(super) limit: Limit,
+    /// The tier's configured limit when `limit` is another
+    /// (`TierCheck::home`), sent with the lease's takes and returns.
+    pub(super) home: Option<Limit>,
     pub(super) lease: TierLease,
     /// The most tokens held at once.
     pub(super) max: u64,
@@ -43,13 +46,20 @@ pub(super) struct Entry {
 }
 
 impl Entry {
-    pub(super) fn new(key: &str, limit: Limit, lease: TierLease, now: u64) -> Self {
+    pub(super) fn new(
+        key: &str,
+        limit: Limit,
+        home: Option<Limit>,
+        lease: TierLease,
+        now: u64,
+    ) -> Self {
         let probe = limit.check(None, 0, 1);
         let capacity = limit.capacity();
         let max = lease.max.unwrap_or(capacity / 8).clamp(1, capacity.max(1));
         Self {
             key: Box::from(key),
             limit,
+            home,
             lease,
             max,
             capacity,
@@ -269,6 +279,7 @@ impl Entry {
                 key: self.key.to_string(),
                 limit: self.limit,
                 cost: n,
+                home: self.home,
             },
             charge,
             debt: false,

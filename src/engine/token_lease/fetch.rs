@@ -63,6 +63,7 @@ impl Inner {
                 key: entry.key.to_string(),
                 limit: entry.limit,
                 cost: k,
+                home: entry.home,
             };
             let result = match self.backend.start_check(
                 std::slice::from_ref(&check),

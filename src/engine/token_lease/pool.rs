@@ -153,7 +153,7 @@ impl LeasePool {
                 continue;
             }
             let now = *now.get_or_insert_with(|| inner.clock.now_us());
-            let Some(entry) = self.inner.entry(&check.key, check.limit, *lease, now) else {
+            let Some(entry) = self.inner.entry(&check.key, check.limit, check.home, *lease, now) else {
                 continue;
             };
             inner.start_sweeper(&self.inner);
@@ -265,6 +265,7 @@ impl Inner {
         self: &Arc<Inner>,
         key: &str,
         limit: Limit,
+        home: Option<Limit>,
         lease: TierLease,
         now: u64,
     ) -> Option<Arc<Entry>> {
@@ -290,7 +291,7 @@ impl Inner {
                 return Some(e.clone());
             }
         }
-        let e = Arc::new(Entry::new(key, limit, lease, now));
+        let e = Arc::new(Entry::new(key, limit, home, lease, now));
         if let Some(old) = map.insert(Box::from(key), e.clone()) {
             // The quota changed: the old lease's tokens go back.
             old.expires_us.store(0, Ordering::Release);

@@ -59,6 +59,7 @@ impl Taken {
                     key: std::mem::take(&mut c.key),
                     limit: c.limit,
                     cost: c.cost,
+                    home: c.home,
                 });
             }
         }

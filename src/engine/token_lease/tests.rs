@@ -67,7 +67,7 @@ fn run(seed: u64, instances: usize, capacity: u64, refill_per_tick: u64, max: u6
     let bound = instances as u64 * max;
     let mut now = 1_000_000_000;
     let entries: Vec<Entry> = (0..instances)
-        .map(|_| Entry::new("k", limit, lease, now))
+        .map(|_| Entry::new("k", limit, None, lease, now))
         .collect();
     let mut bucket = capacity;
     // Tokens that left the bucket, net of returns; admitted requests.

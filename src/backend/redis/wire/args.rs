@@ -165,11 +165,39 @@ pub(in crate::backend::redis) fn tier_args(check: &TierCheck, flags: u8) -> [i64
     ]
 }
 
-/// One tier's spec argument ([`tier_args`] separated by single spaces), on
-/// the stack: at most seven 20-character numbers and six spaces.
+/// The home suffix of a tier whose quota is not its configured one
+/// (`check.home`) in a way its stored values show: the configured unit of a
+/// token or leaky bucket of another unit, the configured window length of
+/// a fixed window or sliding window counter of another length, the
+/// configured calendar's boundaries for a calendar of other boundaries.
+/// Up to three numbers (`lua/dispatch.lua`'s `tier_spec`); none when the
+/// stored values mean the same under both (another limit or burst only:
+/// they name their rate).
+pub(in crate::backend::redis) fn home_suffix(check: &TierCheck) -> ([u64; 3], usize) {
+    match (&check.limit, &check.home) {
+        (Limit::TokenBucket(b), Some(Limit::TokenBucket(h))) if b.unit != h.unit => {
+            ([h.unit, 0, 0], 1)
+        }
+        (Limit::LeakyBucket(g), Some(Limit::LeakyBucket(h))) if g.bucket.unit != h.bucket.unit => {
+            ([h.bucket.unit, 0, 0], 1)
+        }
+        (Limit::FixedWindow(w), Some(Limit::FixedWindow(h)))
+        | (Limit::SlidingWindowCounter(w), Some(Limit::SlidingWindowCounter(h)))
+            if w.window_us != h.window_us =>
+        {
+            ([h.window_us, 0, 0], 1)
+        }
+        (Limit::Calendar(c), Some(Limit::Calendar(h))) if c.bounds != h.bounds => (h.bounds, 3),
+        _ => ([0; 3], 0),
+    }
+}
+
+/// One tier's spec argument ([`tier_args`] separated by single spaces, then
+/// its [`home_suffix`]), on the stack: at most ten 20-character numbers and
+/// nine spaces.
 #[derive(Clone, Copy)]
 pub(in crate::backend::redis) struct TierSpec {
-    buf: [u8; 146],
+    buf: [u8; 209],
     len: u8,
 }
 
@@ -177,11 +205,13 @@ impl TierSpec {
     /// The spec of `check` with these flags.
     pub(in crate::backend::redis) fn new(check: &TierCheck, flags: u8) -> Self {
         let mut spec = Self {
-            buf: [0; 146],
+            buf: [0; 209],
             len: 0,
         };
         let mut at = 0;
-        for (i, n) in tier_args(check, flags).into_iter().enumerate() {
+        let (home, homes) = home_suffix(check);
+        let home = home[..homes].iter().map(|&h| int(h));
+        for (i, n) in tier_args(check, flags).into_iter().chain(home).enumerate() {
             if i > 0 {
                 spec.buf[at] = b' ';
                 at += 1;
@@ -191,7 +221,7 @@ impl TierSpec {
             spec.buf[at..at + digits.len()].copy_from_slice(digits);
             at += digits.len();
         }
-        // At most 7 × 20 + 6 = 146.
+        // At most 10 × 20 + 9 = 209.
         spec.len = u8::try_from(at).unwrap_or(u8::MAX);
         spec
     }
@@ -219,13 +249,22 @@ pub(in crate::backend::redis) fn write_tier(cmd: &mut Cmd, check: &TierCheck, fl
 /// The eight `ARGV` of one key in the cluster script's `refund` mode:
 /// algorithm, p1..p4, cost, charged_at (µs), undo.
 /// A `debt` (a priced request's cost above its estimate) is sent as a
-/// negative cost.
+/// negative cost. A bucket's p4, a fixed window's or counter's p3, is its
+/// [`home_suffix`] (0: none; a refund never reads the leaky bucket's
+/// maximum delay): a refund gives back only on a value of its own quota.
 pub(in crate::backend::redis) fn refund_args(
     check: &TierCheck,
     charge: &Charge,
     debt: bool,
 ) -> [i64; 8] {
-    let (algorithm, p) = encode(&check.limit);
+    let (algorithm, mut p) = encode(&check.limit);
+    let (home, homes) = home_suffix(check);
+    let h = if homes == 1 { int(home[0]) } else { 0 };
+    match check.limit {
+        Limit::TokenBucket(_) | Limit::LeakyBucket(_) => p[3] = h,
+        Limit::FixedWindow(_) | Limit::SlidingWindowCounter(_) => p[2] = h,
+        _ => {}
+    }
     let cost = if debt {
         -int(check.cost)
     } else {

@@ -280,6 +280,7 @@ pub(in crate::backend::redis) fn short_decision(
             let s = crate::algorithm::FixedWindowState {
                 start_us: start,
                 count: state,
+                end_us: start + w.window_us,
             };
             let d = w.fixed_check(Some(s), now_us, cost);
             window(w.limit, start + w.window_us, d)
@@ -289,6 +290,7 @@ pub(in crate::backend::redis) fn short_decision(
             let s = crate::algorithm::FixedWindowState {
                 start_us: start,
                 count: state,
+                end_us: end,
             };
             window(c.limit, end, c.check(Some(s), now_us, cost))
         }

@@ -67,6 +67,7 @@ fn tier_args_round_trip() {
                 key: "rl:t:k".to_owned(),
                 limit,
                 cost: 3,
+                home: None,
             };
             assert_eq!(decode(tier_args(&check, flags)), (limit, 3, flags));
         }
@@ -79,6 +80,7 @@ fn a_tier_is_one_spec_argument() {
         key: "k".to_owned(),
         limit: limits()[5],
         cost: 2,
+        home: None,
     };
     let mut cmd = ::redis::cmd("EVALSHA");
     write_tier(&mut cmd, &check, SHADOW | UNDO);
@@ -97,6 +99,7 @@ fn a_tier_is_one_spec_argument() {
             max_delay_us: None,
         }),
         cost: i64::MAX as u64,
+        home: None,
     };
     let spec = TierSpec::new(&widest, 7);
     assert_eq!(
@@ -118,6 +121,7 @@ fn refund_args_carry_the_charge() {
         key: "k".to_owned(),
         limit: limits()[3],
         cost: 2,
+        home: None,
     };
     let charge = Charge {
         at_us: 1_700_000_000_000_123,

@@ -39,11 +39,12 @@ fn a_short_bucket_reply_equals_the_long_one() {
                     Limit::TokenBucket(b) => {
                         (state > 0).then(|| State::Bucket(b.state_at(state, now)))
                     }
-                    Limit::LeakyBucket(_) => (state > 0).then(|| {
+                    Limit::LeakyBucket(g) => (state > 0).then(|| {
                         State::Tat(crate::algorithm::TatState {
                             tat_us: now + state / rate,
                             frac: state % rate,
                             rate,
+                            unit: g.bucket.unit,
                         })
                     }),
                     _ => unreachable!(),
@@ -181,6 +182,7 @@ fn a_short_window_reply_equals_the_long_one() {
                 let stored = State::FixedWindow(crate::algorithm::FixedWindowState {
                     start_us: start,
                     count,
+                    end_us: end,
                 });
                 let d = limit.check(Some(&stored), now, cost);
                 let long_reply = if d.allowed {
