@@ -25,9 +25,16 @@
 //! kill switch) turns everything off, the denylist included.
 
 mod lists;
+mod plan;
+mod status;
 
 pub use lists::{AccessList, DenyStatus, ListEntries, ListKind};
 pub(crate) use lists::{AccessLists, Lists, Standing};
+#[cfg_attr(not(feature = "redis"), allow(unused_imports))]
+pub(crate) use plan::LEASE_POLLS;
+pub use plan::{Guard, GuardVerdict, RolloutGates, RolloutPlan, Stage};
+pub(crate) use status::Stored;
+pub use status::{PlanAction, PlanStatus, RolloutEvent};
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;

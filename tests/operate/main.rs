@@ -12,3 +12,4 @@ mod observability;
 mod overrides;
 mod overrides_admin;
 mod rollout;
+mod rollout_plan;
