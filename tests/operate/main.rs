@@ -13,3 +13,4 @@ mod overrides;
 mod overrides_admin;
 mod rollout;
 mod rollout_plan;
+mod rollout_plan_cas;

@@ -116,7 +116,10 @@ fn stored(redis: &RedisServer) -> Option<(u64, u64, String, String)> {
     ))
 }
 
-/// Waits (100 ms steps, at most `within`) until `done` holds of the stored
+/// How often [`until`] looks.
+const STEP: Duration = Duration::from_millis(20);
+
+/// Waits ([`STEP`]s, at most `within`) until `done` holds of the stored
 /// plan; answers how long it took.
 async fn until(
     redis: &RedisServer,
@@ -134,7 +137,7 @@ async fn until(
             "{what}: not within {within:?}; stored {:?}",
             stored(redis)
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(STEP).await;
     }
 }
 
@@ -207,8 +210,9 @@ async fn stages_advance_in_order_once_each_and_every_instance_follows_within_a_p
         clock.advance(Duration::from_secs(3600));
         // The leader steps at its next poll after the hour...
         until(&redis, POLL + LAG, "the step", |s| s.1 == stage).await;
-        // ...and every instance follows within a poll and its round trip.
-        tokio::time::sleep(POLL + LAG).await;
+        // ...and every instance follows within a poll and its round trip
+        // of it (seen up to a STEP after it happened).
+        tokio::time::sleep(POLL + LAG - STEP).await;
         let want = (1 + stage, stage, mode.to_owned(), mode.to_owned());
         assert_eq!(views(&[&a, &b, &c]).await, vec![want; 3], "stage {stage}");
     }
