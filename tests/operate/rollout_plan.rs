@@ -19,33 +19,38 @@ use tiered_ratelimit::key::ClientIp;
 use tiered_ratelimit::rollout::{PlanAction, RolloutPlan};
 use tiered_ratelimit::{admin, Quota, RateLimitHandle, RateLimitLayer, Tier};
 
-const POLL: Duration = Duration::from_secs(1);
+pub(crate) const POLL: Duration = Duration::from_secs(1);
 /// The bound past the poll interval: the poll's round trip on loopback.
-const LAG: Duration = Duration::from_millis(200);
+pub(crate) const LAG: Duration = Duration::from_millis(200);
 /// The leaders' lease in these tests.
-const LEASE: Duration = Duration::from_secs(2);
-const BASE: &str = "/admin/ratelimit";
-const TOKEN: &str = "plan-test-token";
-const HOUR_US: u64 = 3_600_000_000;
+pub(crate) const LEASE: Duration = Duration::from_secs(2);
+pub(crate) const BASE: &str = "/admin/ratelimit";
+pub(crate) const TOKEN: &str = "plan-test-token";
+pub(crate) const HOUR_US: u64 = 3_600_000_000;
 
-struct Node {
-    addr: SocketAddr,
-    handle: RateLimitHandle,
+pub(crate) struct Node {
+    pub(crate) addr: SocketAddr,
+    pub(crate) handle: RateLimitHandle,
     server: tokio::task::JoinHandle<()>,
 }
 
 impl Node {
     /// Stops serving and drops the layer: its watcher (and its leadership)
     /// ends with it.
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.server.abort();
         let _ = self.server.await;
         drop(self.handle);
     }
 }
 
-fn layer(redis: &RedisServer, clock: &ManualClock) -> RateLimitLayer {
+/// The tier of these tests: `ip`, with the recipe's plan of hour-long stages.
+fn tier() -> Tier {
     let plan = RolloutPlan::recipe(Duration::from_secs(3600)).lease(LEASE);
+    Tier::new("ip", ClientIp::default(), Quota::per_minute(5)).rollout(plan)
+}
+
+pub(crate) fn layer(redis: &RedisServer, clock: &ManualClock, tier: Tier) -> RateLimitLayer {
     RateLimitLayer::builder()
         .backend(
             RedisBackend::from_url(&redis.url())
@@ -54,13 +59,18 @@ fn layer(redis: &RedisServer, clock: &ManualClock) -> RateLimitLayer {
         )
         .backend_timeout(Duration::from_secs(2))
         .control_key(ControlKey::new("rl:control").poll_interval(POLL))
-        .tier(Tier::new("ip", ClientIp::default(), Quota::per_minute(5)).rollout(plan))
+        .tier(tier)
         .build()
         .unwrap()
 }
 
 async fn node(redis: &RedisServer, clock: &ManualClock) -> Node {
-    let layer = layer(redis, clock);
+    node_with(redis, clock, tier()).await
+}
+
+/// An instance with `tier` and the admin router at [`BASE`], ready.
+pub(crate) async fn node_with(redis: &RedisServer, clock: &ManualClock, tier: Tier) -> Node {
+    let layer = layer(redis, clock, tier);
     let handle = layer.handle();
     let router = app(layer).nest(BASE, admin::router(handle.clone(), TOKEN));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -81,7 +91,7 @@ async fn node(redis: &RedisServer, clock: &ManualClock) -> Node {
     }
 }
 
-async fn post(addr: SocketAddr, path: &str, body: Value) -> (StatusCode, Value) {
+pub(crate) async fn post(addr: SocketAddr, path: &str, body: Value) -> (StatusCode, Value) {
     let res = client()
         .post(format!("http://{addr}{BASE}{path}"))
         .bearer_auth(TOKEN)
@@ -93,7 +103,7 @@ async fn post(addr: SocketAddr, path: &str, body: Value) -> (StatusCode, Value) 
     (status, res.json().await.unwrap())
 }
 
-async fn api_get(addr: SocketAddr, path: &str) -> Value {
+pub(crate) async fn api_get(addr: SocketAddr, path: &str) -> Value {
     let res = client()
         .get(format!("http://{addr}{BASE}{path}"))
         .bearer_auth(TOKEN)
@@ -105,7 +115,7 @@ async fn api_get(addr: SocketAddr, path: &str) -> Value {
 }
 
 /// The plan's field as stored, split: version, stage, status, leader.
-fn stored(redis: &RedisServer) -> Option<(u64, u64, String, String)> {
+pub(crate) fn stored(redis: &RedisServer) -> Option<(u64, u64, String, String)> {
     let raw = redis.cmd::<Option<String>>(&["HGET", "rl:control", "plan:ip"])?;
     let p: Vec<&str> = raw.split(' ').collect();
     Some((
@@ -117,11 +127,11 @@ fn stored(redis: &RedisServer) -> Option<(u64, u64, String, String)> {
 }
 
 /// How often [`until`] looks.
-const STEP: Duration = Duration::from_millis(20);
+pub(crate) const STEP: Duration = Duration::from_millis(20);
 
 /// Waits ([`STEP`]s, at most `within`) until `done` holds of the stored
 /// plan; answers how long it took.
-async fn until(
+pub(crate) async fn until(
     redis: &RedisServer,
     within: Duration,
     what: &str,
@@ -158,7 +168,7 @@ async fn views(nodes: &[&Node]) -> Vec<(u64, u64, String, String)> {
 }
 
 /// The log's events, oldest first, as `event:stage`.
-fn log_events(redis: &RedisServer) -> Vec<String> {
+pub(crate) fn log_events(redis: &RedisServer) -> Vec<String> {
     let entries: Vec<(String, Vec<(String, String)>)> =
         redis.cmd(&["XRANGE", "{rl:control}:rollout", "-", "+"]);
     entries

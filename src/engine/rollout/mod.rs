@@ -33,7 +33,7 @@ mod gates;
 pub(crate) use act::{act, log, status};
 #[cfg(feature = "redis")]
 pub(crate) use drive::drive;
-pub(crate) use gates::StageStats;
+pub(crate) use gates::{Latency, StageStats};
 
 use crate::rollout::{RolloutPlan, Stored};
 use std::sync::Arc;
@@ -73,8 +73,12 @@ pub(crate) struct Plans {
     /// seen, and when they were first seen (a beat unchanged for a lease's
     /// lifetime is a lapsed lease).
     pub(crate) seen: std::sync::Mutex<Vec<Option<(String, u64, std::time::Instant)>>>,
-    /// Per tier: what the gates read in the current stage.
-    pub(crate) stats: Box<[StageStats]>,
+    /// Per planned tier: what the gates read in its current stage.
+    pub(crate) stats: Box<[Option<StageStats>]>,
+    /// The check latency while a plan runs.
+    pub(crate) latency: Latency,
+    /// Whether any plan runs (requests' latencies are recorded only then).
+    running: std::sync::atomic::AtomicBool,
 }
 
 impl Plans {
@@ -82,12 +86,29 @@ impl Plans {
     pub(crate) fn new(configured: Vec<Option<RolloutPlan>>) -> Self {
         let n = configured.len();
         Self {
-            configured: configured.into_boxed_slice(),
             instance: instance_id(),
             read: arc_swap::ArcSwap::from_pointee(vec![Stored::idle(); n]),
             seen: std::sync::Mutex::new(vec![None; n]),
-            stats: (0..n).map(|_| StageStats::default()).collect(),
+            stats: configured
+                .iter()
+                .map(|p| p.as_ref().map(|_| StageStats::default()))
+                .collect(),
+            configured: configured.into_boxed_slice(),
+            latency: Latency::default(),
+            running: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Tier `i`'s stage statistics, while its plan runs.
+    #[inline]
+    pub(crate) fn counting(&self, i: usize) -> Option<&StageStats> {
+        self.stats.get(i)?.as_ref().filter(|s| s.active())
+    }
+
+    /// Whether any plan runs (the latency gate's samples are taken).
+    #[inline]
+    pub(crate) fn running(&self) -> bool {
+        self.running.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether any tier has a plan.
@@ -180,13 +201,25 @@ pub(crate) fn read_states(
 pub(crate) fn store_states(shared: &super::Shared, states: Vec<Stored>) {
     let plans = &shared.live.plans;
     let before = plans.read.load_full();
+    let mut any = false;
     for (i, s) in states.iter().enumerate() {
-        if let Some(b) = before.get(i) {
-            if b.stage != s.stage || b.status != s.status || b.since_us != s.since_us {
-                plans.stats[i].begin_stage();
-            }
+        let Some(stats) = plans.stats.get(i).and_then(Option::as_ref) else {
+            continue;
+        };
+        let live = matches!(s.status.as_str(), "running" | "paused");
+        any |= live;
+        stats.set_active(live);
+        if before
+            .get(i)
+            .is_some_and(|b| b.stage != s.stage || b.since_us != s.since_us)
+        {
+            stats.begin_stage();
+            plans.latency.begin_stage();
         }
     }
+    plans
+        .running
+        .store(any, std::sync::atomic::Ordering::Relaxed);
     plans.read.store(Arc::new(states));
 }
 
