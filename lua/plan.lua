@@ -8,7 +8,8 @@
 -- ARGV[2]  the tier
 -- ARGV[3]  the calling instance's id (no spaces)
 -- ARGV[4]  the plan version the caller read (0: no plan stored)
--- ARGV[5]  the action: start | pause | resume | abort | tick | fallback
+-- ARGV[5]  the action: start | pause | resume | abort | tick | renew |
+--          fallback (renew: the lease only, the gates not asked yet)
 -- ARGV[6]  tick: the lease beat the caller saw unchanged for a lease's
 --          lifetime ("" when the caller believes it holds the lease)
 -- ARGV[7]  tick: the gate that holds ("" when every gate passes);
@@ -128,7 +129,7 @@ elseif op == 'abort' then
   return store(1)
 end
 
--- tick and fallback: the leader's work, under the lease.
+-- tick, renew and fallback: the leader's work, under the lease.
 if s.status ~= 'running' then return {0, raw or ''} end
 local changed = false
 if s.leader ~= me then
@@ -144,7 +145,7 @@ if op == 'fallback' then
   redis.call('HSET', KEYS[1], 'tier:' .. ARGV[2], 'shadow')
   log('fallback', ARGV[7])
   changed = true
-elseif s.next_at > 0 and now >= s.next_at then
+elseif op == 'tick' and s.next_at > 0 and now >= s.next_at then
   if ARGV[7] == '' and s.stage + 1 >= n then
     -- The caller's plan has no next stage (it was shortened): done here.
     s.status = 'done'

@@ -380,4 +380,41 @@ async fn pause_resume_and_abort_through_the_api() {
         log_events(&redis),
         ["start:0", "pause:0", "resume:0", "abort:0"]
     );
+    // The page: the plan's row with its actions, and the log's entries.
+    let page = client()
+        .get(format!("http://{}{BASE}", b.addr))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains(
+            r#"<tr><td><code>ip</code></td><td class="n">0</td><td>shadow</td><td>aborted</td>"#
+        ),
+        "{page}"
+    );
+    assert!(page.contains(r#"<button name="action" value="start">start</button>"#));
+    assert_eq!(
+        page.matches("<td>admin</td>").count(),
+        4,
+        "the log's four entries"
+    );
+    // Its form starts the plan again (a redirect back to the page).
+    let res = client_builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(format!("http://{}{BASE}/plan", b.addr))
+        .bearer_auth(TOKEN)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("tier=ip&action=start")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SEE_OTHER);
+    assert_eq!(stored(&redis).unwrap().2, "running");
+    assert_eq!(log_events(&redis).last().unwrap(), "start:0");
 }

@@ -22,6 +22,9 @@ enum Op {
     Read(usize),
     /// Instance i's tick on its snapshot, the gates passing or not.
     Tick(usize, bool),
+    /// Instance i's renewal of the lease alone (the stage not due by its
+    /// clock).
+    Renew(usize),
     /// Instance i's operator action on its snapshot.
     Act(usize, &'static str),
     /// The clock moves.
@@ -33,6 +36,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
         prop_oneof![
             4 => (0usize..3).prop_map(Op::Read),
             6 => ((0usize..3), prop::bool::weighted(0.8)).prop_map(|(i, p)| Op::Tick(i, p)),
+            2 => (0usize..3).prop_map(Op::Renew),
             1 => ((0usize..3), prop::sample::select(vec!["start", "pause", "resume", "abort"]))
                 .prop_map(|(i, a)| Op::Act(i, a)),
             3 => (0u64..=250).prop_map(Op::Wait),
@@ -136,6 +140,11 @@ proptest! {
                         let code = call(&mut c, now, names[*i], s.0, "tick", seen, if *pass { "" } else { "gate" });
                         (*i, code, *pass)
                     }
+                    Op::Renew(i) => {
+                        let Some(s) = &snapshot[*i] else { continue };
+                        let seen = (s.4 != names[*i]).then_some(s.5);
+                        (*i, call(&mut c, now, names[*i], s.0, "renew", seen, ""), false)
+                    }
                     Op::Act(i, action) => {
                         let v = snapshot[*i].as_ref().map_or(0, |s| s.0);
                         (*i, call(&mut c, now, names[*i], v, action, None, ""), true)
@@ -143,7 +152,7 @@ proptest! {
                 };
                 let after = read(&mut c);
                 let read_version = match op {
-                    Op::Tick(..) | Op::Act(..) => snapshot[i].as_ref().map_or(0, |s| s.0),
+                    Op::Tick(..) | Op::Renew(..) | Op::Act(..) => snapshot[i].as_ref().map_or(0, |s| s.0),
                     _ => unreachable!(),
                 };
                 if read_version != version {
@@ -152,7 +161,7 @@ proptest! {
                     prop_assert_eq!(&after, &before);
                     continue;
                 }
-                if let Op::Tick(..) = op {
+                if let Op::Tick(..) | Op::Renew(..) = op {
                     let s = snapshot[i].as_ref().unwrap();
                     let claims = s.4 == names[i];
                     if status == "running" && leader != names[i] && (claims || s.5 != beat) {
@@ -168,7 +177,7 @@ proptest! {
                         changes += 1;
                         let a = after.clone().unwrap();
                         prop_assert_eq!(a.0, version + 1, "one version a change");
-                        if let Op::Tick(..) = op {
+                        if let Op::Tick(..) | Op::Renew(..) = op {
                             if a.1 != stage {
                                 prop_assert_eq!(a.1, stage + 1, "one stage at a time");
                                 prop_assert!(pass, "a failed gate never advances");

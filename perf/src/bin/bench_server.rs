@@ -71,7 +71,11 @@
 //! 10^6), `HEADERS=none` (our layer sends no rate-limit headers, as
 //! tower_governor by default: what the headers cost), `IP_PER_HOUR=N` (the
 //! `ip` tier is `Quota::per_hour(N)`: perf/redis_default.sh measures an
-//! idle key of 100/hour).
+//! idle key of 100/hour), `PLAN=configured` (every tier of our layer has
+//! a rollout plan, enforce for an hour then enforce, with a guard, and the
+//! layer a control key `bench:control`: what a plan costs while it does
+//! not run), `PLAN=running` (redis1, redis4: the `ip` tier's plan is also
+//! started before serving, so its gates count every check).
 //! Prints `listening on <addr>` once it accepts connections.
 //! `bench_server minimal-lua` prints the minimal limiter's script,
 //! `bench_server minimal4-lua` the four-key one,

@@ -50,9 +50,12 @@ pub(crate) async fn drive(
         } else {
             super::gates::Verdict::default()
         };
+        // Not due by this clock: renew the lease only (the script would
+        // take an unasked gate for a pass).
         let (op, reason) = match &verdict.fall_back {
             Some(why) => ("fallback", why.as_str()),
-            None => ("tick", verdict.holding.as_str()),
+            None if due => ("tick", verdict.holding.as_str()),
+            None => ("renew", ""),
         };
         let tier = &shared.config.tiers[i].name;
         let a = args(

@@ -206,6 +206,18 @@ pub(crate) fn store_states(shared: &super::Shared, states: Vec<Stored>) {
         let Some(stats) = plans.stats.get(i).and_then(Option::as_ref) else {
             continue;
         };
+        let tier = shared.config.tiers[i].name.to_string();
+        #[allow(clippy::cast_precision_loss)] // stages and versions stay far below 2^53
+        {
+            use crate::observe::{ROLLOUT_HOLDING, ROLLOUT_STAGE, ROLLOUT_VERSION};
+            metrics::gauge!(ROLLOUT_STAGE, "tier" => tier.clone()).set(s.stage as f64);
+            metrics::gauge!(ROLLOUT_VERSION, "tier" => tier.clone()).set(s.version as f64);
+            metrics::gauge!(ROLLOUT_HOLDING, "tier" => tier).set(if s.holding.is_empty() {
+                0.0
+            } else {
+                1.0
+            });
+        }
         let live = matches!(s.status.as_str(), "running" | "paused");
         any |= live;
         stats.set_active(live);
