@@ -13,6 +13,13 @@
 //! the effective mode of a tier is the *weaker* of the two, in the order
 //! `Off` < `Shadow` < `Canary` (smaller percent is weaker) < `Enforce`.
 //!
+//! # Staged plans
+//! A [`RolloutPlan`] on a tier ([`Tier::rollout`](crate::Tier::rollout))
+//! walks these steps by itself, fleet-wide through the control key: each
+//! stage's mode for its `for`, advanced by one instance when the gates
+//! ([`RolloutGates`], an optional guard) pass; [`PlanStatus`] says where it
+//! is and [`RolloutEvent`]s what it decided.
+//!
 //! # Allowlist and denylist
 //! An [`AccessList`] matches a request by client IP / CIDR (resolved with the
 //! layer's [`ClientIp`](crate::key::ClientIp) rules, so a forged

@@ -1,34 +1,7 @@
 //! [`RolloutPlan`]: a tier's staged rollout (shadow, then canary 1 % →
 //! 10 %, then enforce), written once and run by the fleet itself.
 //!
-//! A plan is a list of [`Stage`]s: each names a [`Mode`] and how long the
-//! tier stays in it; the last stage has no duration (the plan ends there).
-//! A stage advances only when its time has passed and every gate
-//! ([`RolloutGates`]) passes; a gate that fails holds the plan and says
-//! why. The plan's state lives in Redis beside the fleet-wide control key,
-//! and one instance at a time (the leader, under a lease) advances it, so
-//! a plan needs a [`ControlKey`](crate::handle::ControlKey): `build()`
-//! refuses a plan without one. See `docs/rollout.md`, "The rollout plan".
-//!
-//! ```
-//! use std::time::Duration;
-//! use tiered_ratelimit::rollout::{Mode, RolloutPlan, Stage};
-//! let hour = Duration::from_secs(3600);
-//! let plan = RolloutPlan::new([
-//!     Stage::new(Mode::Shadow).hold_for(hour),
-//!     Stage::new(Mode::Canary { percent: 1 }).hold_for(hour),
-//!     Stage::new(Mode::Canary { percent: 10 }).hold_for(hour),
-//!     Stage::new(Mode::Enforce),
-//! ])
-//! .min_requests(1000)
-//! .min_keys(50);
-//! ```
-//!
-//! # Deployment caveat
-//! The gates read the leader's own traffic (this process's checks of the
-//! tier during the stage), not the fleet's: behind an even load balancer
-//! the leader sees about 1/N of the requests, so set `min_requests` and
-//! `min_keys` for one instance's share.
+//! See [`RolloutPlan`]'s docs.
 
 use super::Mode;
 use serde::Deserialize;
@@ -125,8 +98,36 @@ impl Default for RolloutGates {
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const LEASE_POLLS: u32 = 3;
 
-/// A tier's staged rollout: its stages, gates and guard. See the
-/// [module docs](self).
+/// A tier's staged rollout: its stages, gates and guard.
+///
+/// A plan is a list of [`Stage`]s: each names a [`Mode`] and how long the
+/// tier stays in it; the last stage has no duration (the plan ends there).
+/// A stage advances only when its time has passed and every gate
+/// ([`RolloutGates`]) passes; a gate that fails holds the plan and says
+/// why. The plan's state lives in Redis beside the fleet-wide control key,
+/// and one instance at a time (the leader, under a lease) advances it, so
+/// a plan needs a [`ControlKey`](crate::handle::ControlKey): `build()`
+/// refuses a plan without one. See `docs/rollout.md`, "The rollout plan".
+///
+/// ```
+/// use std::time::Duration;
+/// use tiered_ratelimit::rollout::{Mode, RolloutPlan, Stage};
+/// let hour = Duration::from_secs(3600);
+/// let plan = RolloutPlan::new([
+///     Stage::new(Mode::Shadow).hold_for(hour),
+///     Stage::new(Mode::Canary { percent: 1 }).hold_for(hour),
+///     Stage::new(Mode::Canary { percent: 10 }).hold_for(hour),
+///     Stage::new(Mode::Enforce),
+/// ])
+/// .min_requests(1000)
+/// .min_keys(50);
+/// ```
+///
+/// # Deployment caveat
+/// The gates read the leader's own traffic (this process's checks of the
+/// tier during the stage), not the fleet's: behind an even load balancer
+/// the leader sees about 1/N of the requests, so set `min_requests` and
+/// `min_keys` for one instance's share.
 #[derive(Clone)]
 #[must_use]
 pub struct RolloutPlan {
