@@ -96,6 +96,7 @@ use axum::routing::get;
 use axum::Router;
 use redis::aio::MultiplexedConnection;
 use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend};
+use tiered_ratelimit::handle::ControlError;
 use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User, UNMATCHED_ROUTE};
 use tiered_ratelimit::rollout::{GuardVerdict, Mode, PlanAction, RolloutPlan, Stage};
 use tiered_ratelimit::token_lease::TokenLease;
@@ -462,10 +463,13 @@ fn ours_leased(backend: Backend, tiers: usize, c: &Config, leased: &[&str]) -> R
 /// `layer`, its `ip` tier's plan started under `PLAN=running`.
 async fn started(layer: RateLimitLayer, c: &Config) -> Res<RateLimitLayer> {
     if c.plan.as_deref() == Some("running") {
-        layer
-            .handle()
-            .plan("ip", PlanAction::Start, "bench")
-            .await?;
+        // Already running: started by an earlier run on this Redis (the
+        // gates count on every instance, leader or not).
+        if let Err(e) = layer.handle().plan("ip", PlanAction::Start, "bench").await {
+            if !matches!(&e, ControlError::Invalid { field, .. } if field == "action") {
+                return Err(e.into());
+            }
+        }
     }
     Ok(layer)
 }
