@@ -216,6 +216,22 @@ async fn stages_advance_in_order_once_each_and_every_instance_follows_within_a_p
     let shadow = (1, 0, "shadow".to_owned(), "shadow".to_owned());
     assert_eq!(views(&[&a, &b, &c]).await, vec![shadow.clone(); 3]);
 
+    // The leader's work: one script call a poll (each renews the lease,
+    // the beat), the others' none; measured over three beats.
+    let beat = || {
+        let raw = redis.cmd::<String>(&["HGET", "rl:control", "plan:ip"]);
+        raw.split(' ').nth(7).unwrap().parse::<u64>().unwrap()
+    };
+    let b0 = beat();
+    while beat() == b0 {
+        tokio::time::sleep(STEP).await;
+    }
+    let (b1, calls) = (beat(), redis.script_calls());
+    while beat() < b1 + 3 {
+        tokio::time::sleep(STEP).await;
+    }
+    assert_eq!(redis.script_calls() - calls, 3);
+
     for (stage, mode) in [(1, "canary:1"), (2, "canary:10"), (3, "enforce")] {
         clock.advance(Duration::from_secs(3600));
         // The leader steps at its next poll after the hour...
