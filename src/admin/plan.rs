@@ -5,7 +5,7 @@
 use super::form::form_pairs;
 use super::html::Esc;
 use super::reply::{
-    base_of, error, json_body, json_response, page_path, read_body, see_other, unknown_tier,
+    base_of, error, json_body, json_response, page_path, read_form, see_other, unknown_tier,
 };
 use super::Admin;
 use crate::engine::ControlError;
@@ -124,14 +124,10 @@ pub(super) async fn api_rollout_log(State(admin): State<Arc<Admin>>, req: Reques
 /// `abort`), answered with a redirect back to the page, or the API's error.
 pub(super) async fn form_plan(State(admin): State<Arc<Admin>>, req: Request) -> Response {
     let base = base_of(&req);
-    let body = match read_body(req).await {
-        Ok(b) => b,
+    let pairs = match read_form(req).await {
+        Ok(p) => p,
         Err(res) => return res,
     };
-    let Ok(body) = std::str::from_utf8(&body) else {
-        return error(StatusCode::BAD_REQUEST, "invalid_body", "not UTF-8");
-    };
-    let pairs = form_pairs(body);
     let field = |name: &str| {
         pairs
             .iter()
