@@ -68,6 +68,20 @@ pub enum ConfigError {
         /// Why.
         reason: String,
     },
+    /// A tier's rollout plan ([`Tier::rollout`](crate::Tier::rollout)) is
+    /// refused: no stage, a stage `off` or over 100 %, a stage but the last
+    /// without a duration (or of 0), the last one with one, or no control
+    /// key to keep its state in.
+    #[error("tier \"{tier}\": {field}: {reason}")]
+    RolloutPlan {
+        /// The tier's name.
+        tier: String,
+        /// The field (`rollout`, `rollout[2].for`, `rollout[0].mode`,
+        /// `rollout.lease`).
+        field: String,
+        /// Why.
+        reason: String,
+    },
     /// `fallback_instances` is 0.
     #[error("fallback_instances: must be at least 1")]
     ZeroFallbackInstances,

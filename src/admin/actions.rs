@@ -2,9 +2,8 @@
 //! reset, lift and override; the kill switch and modes), each answered with
 //! a redirect back to the page.
 
-use super::form::form_pairs;
 use super::mode::apply_mode;
-use super::reply::{base_of, error, page_path, read_body, see_other};
+use super::reply::{base_of, error, page_path, read_form, see_other};
 use super::Admin;
 use crate::handle::InspectError;
 use axum::extract::{Request, State};
@@ -99,15 +98,11 @@ async fn form_override(
 /// The page's reset and lift buttons.
 pub(super) async fn form_key(State(admin): State<Arc<Admin>>, req: Request) -> Response {
     let base = base_of(&req);
-    let body = match read_body(req).await {
-        Ok(b) => b,
+    let pairs = match read_form(req).await {
+        Ok(p) => p,
         Err(res) => return res,
     };
-    let Ok(body) = std::str::from_utf8(&body) else {
-        return error(StatusCode::BAD_REQUEST, "invalid_body", "not UTF-8");
-    };
     let (mut action, mut tier, mut key) = (None, None, None);
-    let pairs = form_pairs(body);
     for (k, v) in &pairs {
         match k.as_str() {
             "action" => action = Some(v.clone()),
@@ -153,15 +148,12 @@ pub(super) async fn form_key(State(admin): State<Arc<Admin>>, req: Request) -> R
 
 pub(super) async fn form_mode(State(admin): State<Arc<Admin>>, req: Request) -> Response {
     let base = base_of(&req);
-    let body = match read_body(req).await {
-        Ok(b) => b,
+    let pairs = match read_form(req).await {
+        Ok(p) => p,
         Err(res) => return res,
     };
-    let Ok(body) = std::str::from_utf8(&body) else {
-        return error(StatusCode::BAD_REQUEST, "invalid_body", "not UTF-8");
-    };
     let (mut mode, mut tier) = (None, None);
-    for (k, v) in form_pairs(body) {
+    for (k, v) in pairs {
         match k.as_str() {
             "mode" => mode = Some(v),
             "tier" => tier = Some(v),

@@ -91,6 +91,7 @@ mod keys;
 mod mode;
 mod overrides;
 mod page;
+mod plan;
 mod reply;
 mod settings;
 
@@ -233,6 +234,10 @@ impl Admin {
             .route("/settings", post(settings::form_settings))
             .route("/api/quota", post(settings::api_quota))
             .route("/api/quota/reset", post(settings::api_quota_reset))
+            .route("/plan", post(plan::form_plan))
+            .route("/api/plan", post(plan::api_plan))
+            .route("/api/plan/{tier}", get(plan::api_plan_status))
+            .route("/api/rollout/log", get(plan::api_rollout_log))
             .route(
                 "/api/lists",
                 get(settings::api_lists).post(settings::api_lists_change),

@@ -69,7 +69,17 @@ pub(super) async fn page(State(admin): State<Arc<Admin>>, req: Request) -> Respo
         let list = admin.handle.overrides(&t.name).await;
         overrides.push((t.name, list));
     }
-    let html = render_page(&admin, &base, lookup.as_ref(), &overrides);
+    let log = if admin.handle.planned_tiers().is_empty() {
+        None
+    } else {
+        Some(
+            admin
+                .handle
+                .rollout_log(super::plan::PAGE_LOG_ENTRIES)
+                .await,
+        )
+    };
+    let html = render_page(&admin, &base, lookup.as_ref(), &overrides, log.as_ref());
     let mut res = Response::new(Body::from(html));
     let h = res.headers_mut();
     h.insert(
@@ -132,6 +142,7 @@ fn render_page(
     base: &str,
     lookup: Option<&Lookup>,
     overrides: &OverrideLists,
+    log: Option<&Result<Vec<crate::rollout::RolloutEvent>, crate::engine::ControlError>>,
 ) -> String {
     let h = &admin.handle;
     let mode = h.mode();
@@ -239,6 +250,7 @@ fn render_page(
     }
     s.push_str("</table></section>");
     super::settings::render_settings(&mut s, base, h, &tiers, &scope);
+    super::plan::render_plans(&mut s, base, h, log);
 
     // Top blocked keys: refused, and apart from them the keys a tier not
     // enforced for them would have refused (they got their answer).

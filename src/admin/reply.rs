@@ -89,6 +89,16 @@ pub(super) struct TierKey {
 /// An example [`TierKey`] body.
 pub(super) const TIER_KEY: &str = r#"{"tier":"ip","key":"203.0.113.7"}"#;
 
+/// A form body's pairs (`application/x-www-form-urlencoded`, at most
+/// 16 KiB, UTF-8), or the error to answer.
+pub(super) async fn read_form(req: Request) -> Result<Vec<(String, String)>, Response> {
+    let body = read_body(req).await?;
+    let Ok(body) = std::str::from_utf8(&body) else {
+        return Err(error(StatusCode::BAD_REQUEST, "invalid_body", "not UTF-8"));
+    };
+    Ok(super::form::form_pairs(body))
+}
+
 pub(super) async fn read_body(req: Request) -> Result<Bytes, Response> {
     axum::body::to_bytes(req.into_body(), BODY_LIMIT)
         .await

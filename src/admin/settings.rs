@@ -4,10 +4,9 @@
 //! one poll interval); without one it changes this process.
 
 use super::api::status_json;
-use super::form::form_pairs;
 use super::html::Esc;
 use super::mode::scope;
-use super::reply::{base_of, error, json_body, json_response, page_path, read_body, see_other};
+use super::reply::{base_of, error, json_body, json_response, page_path, read_form, see_other};
 use super::Admin;
 use crate::engine::{ControlError, QuotaSetting};
 use crate::rollout::{ListEntries, ListKind};
@@ -184,14 +183,10 @@ pub(super) async fn api_lists_change(State(admin): State<Arc<Admin>>, req: Reque
 /// error.
 pub(super) async fn form_settings(State(admin): State<Arc<Admin>>, req: Request) -> Response {
     let base = base_of(&req);
-    let body = match read_body(req).await {
-        Ok(b) => b,
+    let pairs = match read_form(req).await {
+        Ok(p) => p,
         Err(res) => return res,
     };
-    let Ok(body) = std::str::from_utf8(&body) else {
-        return error(StatusCode::BAD_REQUEST, "invalid_body", "not UTF-8");
-    };
-    let pairs = form_pairs(body);
     let field = |name: &str| {
         pairs
             .iter()

@@ -59,7 +59,23 @@ impl EngineBuilder {
         let mut tiers = Vec::with_capacity(self.tiers.len());
         let mut runtime = Vec::with_capacity(self.tiers.len());
         let mut leases = Vec::with_capacity(self.tiers.len());
+        let mut plans = Vec::with_capacity(self.tiers.len());
         for t in self.tiers {
+            if let Some(plan) = &t.rollout {
+                let refused = |(field, reason)| ConfigError::RolloutPlan {
+                    tier: t.name.clone(),
+                    field,
+                    reason,
+                };
+                plan.validate().map_err(refused)?;
+                if self.control.is_none() {
+                    return Err(refused((
+                        "rollout".into(),
+                        "a plan runs fleet-wide through the control key, which keeps its state and moves every instance together: set a control key (`control_key`, a policy's [control]) on a Redis backend".into(),
+                    )));
+                }
+            }
+            plans.push(t.rollout.clone());
             let (built, rt, lease) =
                 compile_tier(t, &mut seen, instances, &prefix, self.no_key_warn_after).and_then(
                     |c| {
@@ -169,6 +185,7 @@ impl EngineBuilder {
                 }),
                 control_started: std::sync::OnceLock::new(),
                 fleet: super::settings::FleetSettings::default(),
+                plans: super::rollout::Plans::new(plans),
             },
             guards: Guards {
                 breaker: Breaker::new(self.circuit_breaker),

@@ -34,6 +34,7 @@ mod meters;
 mod no_key;
 mod outcome;
 mod plan;
+pub(crate) mod rollout;
 mod runtime;
 mod settings;
 mod settle;

@@ -127,6 +127,11 @@ pub(crate) fn outcome_in(
             .telemetry
             .metrics
             .latency(backend_latency, meta.started);
+        if shared.live.plans.running() {
+            if let Some(t) = meta.started {
+                shared.live.plans.latency.record(t.elapsed());
+            }
+        }
     }
     decided
 }

@@ -255,6 +255,10 @@ pub(crate) fn plan<F: Facts>(
             Ok(TierStep::Check(tp)) => {
                 if purpose == Purpose::Check {
                     t.no_key.keyed();
+                    // A rollout plan's gates (engine/rollout/gates.rs).
+                    if let Some(stats) = shared.live.plans.counting(i) {
+                        stats.record(&key[t.key_base.len()..], tp.enforced);
+                    }
                 }
                 tp
             }

@@ -51,6 +51,8 @@ pub(crate) struct TierSpec {
     pub(crate) unit: Option<QuotaUnit>,
     /// Costed by a function of the request (its quota counts costs).
     pub(crate) weighted: bool,
+    /// Its staged rollout plan, run fleet-wide (`engine/rollout/`).
+    pub(crate) rollout: Option<crate::rollout::RolloutPlan>,
 }
 
 impl TierSpec {
@@ -78,6 +80,7 @@ impl TierSpec {
             priced: false,
             unit: None,
             weighted: false,
+            rollout: None,
         }
     }
 }

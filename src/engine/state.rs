@@ -79,6 +79,8 @@ pub(crate) struct Live {
     /// The fleet-wide settings applied (quotas and lists from the control
     /// hash).
     pub(crate) fleet: super::settings::FleetSettings,
+    /// The tiers' rollout plans and their state as read.
+    pub(crate) plans: super::rollout::Plans,
 }
 
 /// What protects the backend and the quota.

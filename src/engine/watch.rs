@@ -34,9 +34,11 @@ pub(crate) fn apply(
         } else if field == GENERATION
             || field == super::settings::SETTINGS
             || field == super::settings::SETTINGS_VERSION
+            || field.starts_with("plan:")
         {
             // Not a mode: the generation is read by the watcher (`store`),
-            // the settings by `settings::apply_read`.
+            // the settings by `settings::apply_read`, the rollout plans by
+            // `rollout::drive`.
         } else if let Some(tier) = field.strip_prefix("tier:") {
             let Ok(i) = shared.config.tier_index(tier) else {
                 tracing::error!(target: super::CONTROL_LOG_TARGET, field, value, "control key: unknown tier ignored");
@@ -126,6 +128,22 @@ pub(crate) async fn write_mode(
         return Ok(());
     }
     let _ = (key, field, mode);
+    Err(ControlError::NotConfigured)
+}
+
+/// Reads the control hash and applies it here at once (after a write this
+/// instance made; the watcher would within a poll interval).
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) async fn refresh(shared: &Arc<Shared>, key: &str) -> Result<(), ControlError> {
+    #[cfg(feature = "redis")]
+    if let crate::backend::Backend::Redis(redis) = &shared.backend {
+        let fields = redis.hgetall(key).await?;
+        store(shared, key, &fields, None);
+        let states = super::rollout::read_states(shared, &fields, &shared.live.plans.read.load());
+        super::rollout::store_states(shared, states);
+        return Ok(());
+    }
+    let _ = (shared, key);
     Err(ControlError::NotConfigured)
 }
 
@@ -241,7 +259,10 @@ pub(crate) fn start(shared: &Arc<Shared>) {
                 };
                 let read = tokio::time::timeout(interval.max(Duration::from_millis(100)), redis.hgetall(&key)).await;
                 match read {
-                    Ok(Ok(fields)) => store(&shared, &key, &fields, Some(&mut seen)),
+                    Ok(Ok(fields)) => {
+                        store(&shared, &key, &fields, Some(&mut seen));
+                        super::rollout::drive(&shared, &redis, &key, &fields, interval).await;
+                    }
                     Ok(Err(e)) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, error = %e, "control key: poll failed; keeping the current mode overrides"),
                     Err(_) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, "control key: poll timed out; keeping the current mode overrides"),
                 }

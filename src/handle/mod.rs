@@ -148,6 +148,7 @@ mod changes;
 mod fleet;
 mod inspect;
 mod overrides;
+mod plan;
 mod traffic;
 
 pub use crate::engine::{ControlError, ControlKey};

@@ -49,6 +49,7 @@ pub struct Tier {
     pub(crate) exhausted_status: Option<u16>,
     pub(crate) priced: Option<(crate::http::priced::Estimate, crate::http::priced::Actual)>,
     pub(crate) quota_unit: Option<crate::response::QuotaUnit>,
+    pub(crate) rollout: Option<crate::rollout::RolloutPlan>,
 }
 
 impl fmt::Debug for Tier {
@@ -70,6 +71,7 @@ impl fmt::Debug for Tier {
             .field("lease", &self.lease)
             .field("calendar", &self.calendar)
             .field("priced", &self.priced)
+            .field("rollout", &self.rollout)
             .finish_non_exhaustive()
     }
 }
@@ -98,6 +100,7 @@ impl Tier {
             exhausted_status: None,
             priced: None,
             quota_unit: None,
+            rollout: None,
         }
     }
 
@@ -232,6 +235,24 @@ impl Tier {
     /// time through [`RateLimitHandle`](crate::RateLimitHandle).
     pub fn mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// The tier's staged rollout plan (see [`RolloutPlan`](crate::rollout::RolloutPlan)):
+    /// started, paused, resumed and aborted through
+    /// [`RateLimitHandle::plan`](crate::RateLimitHandle::plan) or the admin
+    /// API, and advanced by the fleet itself. Needs a
+    /// [`ControlKey`](crate::handle::ControlKey): `build()` refuses a plan
+    /// without one, naming the field.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tiered_ratelimit::{key::User, rollout::RolloutPlan, Quota, Tier};
+    /// let tier = Tier::new("user", User, Quota::per_minute(60))
+    ///     .rollout(RolloutPlan::recipe(Duration::from_secs(3600)).min_requests(1000));
+    /// ```
+    pub fn rollout(mut self, plan: crate::rollout::RolloutPlan) -> Self {
+        self.rollout = Some(plan);
         self
     }
 

@@ -421,6 +421,18 @@ pub(crate) fn describe_all() {
         "The fleet-wide settings version this instance applies (0: the configured settings)"
     );
     describe_gauge!(
+        ROLLOUT_STAGE,
+        "The stage of the tier's rollout plan this instance read (0 before a start)"
+    );
+    describe_gauge!(
+        ROLLOUT_VERSION,
+        "The version of the tier's rollout plan this instance read (0: none stored)"
+    );
+    describe_gauge!(
+        ROLLOUT_HOLDING,
+        "1 while a gate holds the tier's rollout plan, else 0"
+    );
+    describe_gauge!(
         ANOMALY,
         "1 while a (tier, endpoint) 429 rate is outside its baseline, 0 once back"
     );
@@ -485,6 +497,12 @@ pub(crate) fn set_circuit_state(state: u8) {
 pub(crate) const ANOMALY: &str = "tiered_ratelimit_anomaly";
 pub(crate) const CHECK_DURATION: &str = "tiered_ratelimit_check_duration_seconds";
 pub(crate) const MODE: &str = "tiered_ratelimit_mode";
+
+/// A tier's rollout plan as read (`engine/rollout/`): its stage, its
+/// version, and whether a gate holds it.
+pub(crate) const ROLLOUT_STAGE: &str = "tiered_ratelimit_rollout_stage";
+pub(crate) const ROLLOUT_VERSION: &str = "tiered_ratelimit_rollout_version";
+pub(crate) const ROLLOUT_HOLDING: &str = "tiered_ratelimit_rollout_holding";
 
 /// The fleet-wide settings version applied (`engine/settings/`).
 pub(crate) const SETTINGS_VERSION: &str = "tiered_ratelimit_settings_version";

@@ -314,3 +314,52 @@ fn quota_fields_are_checked_when_read_with_their_line() {
         );
     }
 }
+
+/// `rollout = [...]`: the plan builds with a `[control]` table, and
+/// `build()` refuses a wrong one naming the field.
+#[test]
+fn a_rollout_plan_is_checked_at_build_naming_the_field() {
+    let tier = |rollout: &str, control: bool| {
+        format!(
+            "{}[[tier]]\nname = 'ip'\nkey = 'ip'\nlimit = 5\nperiod = '1m'\nrollout = {rollout}\n[tier.rollout_gates]\nmin_requests = 100\n",
+            if control { "[control]\nredis_key = 'rl:control'\n" } else { "" }
+        )
+    };
+    let recipe = r#"[{ mode = "shadow", for = "1h" }, { mode = "canary:1", for = "1h" }, { mode = "canary:10", for = "1h" }, { mode = "enforce" }]"#;
+    let build = |text: &str| {
+        let p = Policy::from_toml_str(text)?;
+        RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new())
+    };
+    let layer = build(&tier(recipe, true)).unwrap();
+    assert_eq!(layer.handle().planned_tiers(), ["ip"]);
+    for (rollout, control, want) in [
+        (recipe, false, "tier \"ip\": rollout: a plan runs fleet-wide through the control key, which keeps its state and moves every instance together: set a control key (`control_key`, a policy's [control]) on a Redis backend"),
+        (r#"[{ mode = "shadow", for = "1h" }, { mode = "enforce", for = "1h" }]"#, true, "tier \"ip\": rollout[1].for: the last stage is where the plan ends: it has no `for`"),
+        (r#"[{ mode = "shadow" }, { mode = "enforce" }]"#, true, "tier \"ip\": rollout[0].for: every stage but the last needs a `for` (how long it lasts)"),
+        (r#"[{ mode = "shadow", for = "0s" }, { mode = "enforce" }]"#, true, "tier \"ip\": rollout[0].for: must be greater than 0"),
+        (r#"[{ mode = "off", for = "1h" }, { mode = "enforce" }]"#, true, "tier \"ip\": rollout[0].mode: a stage cannot be \"off\" (use the kill switch); give shadow, canary:<1-100> or enforce"),
+        ("[]", true, "tier \"ip\": rollout: a plan needs at least one stage"),
+    ] {
+        let err = build(&tier(rollout, control)).unwrap_err().to_string();
+        assert_eq!(err, want, "{rollout}");
+    }
+    let err = build(&tier(
+        r#"[{ mode = "canary:101", for = "1h" }, { mode = "enforce" }]"#,
+        true,
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("canary:101") && err.contains("line 8"),
+        "{err}"
+    );
+    // `plan` names where a client's plan is read; the error says where a
+    // rollout plan goes.
+    let err = build("[[tier]]\nname = 'ip'\nkey = 'ip'\nlimit = 5\nperiod = '1m'\nplan = [{ mode = 'shadow' }]\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("a staged rollout plan is written `rollout = ["),
+        "{err}"
+    );
+}

@@ -94,6 +94,18 @@ pub struct TierPolicy {
     /// [`Tier::priced`](crate::Tier::priced)).
     #[serde(default)]
     pub priced: Option<super::priced::PricedPolicy>,
+    /// The tier's staged rollout plan, run fleet-wide through the control
+    /// key: `rollout = [{ mode = "shadow", for = "1h" }, { mode =
+    /// "canary:1", for = "1h" }, { mode = "canary:10", for = "1h" }, { mode
+    /// = "enforce" }]` (see [`RolloutPlan`](crate::rollout::RolloutPlan);
+    /// `plan` already names where a client's plan is read). Checked by
+    /// `build()`, which also needs a `[control]` table.
+    #[serde(default)]
+    pub rollout: Option<Vec<crate::rollout::Stage>>,
+    /// The plan's gates (`[tier.rollout_gates]`: `min_requests`,
+    /// `min_keys`, `max_check_p99_increase`).
+    #[serde(default)]
+    pub rollout_gates: Option<crate::rollout::RolloutGates>,
 }
 
 /// A `[[tier]]`'s or a `[[rule]]`'s `period`: a duration or a calendar
@@ -299,6 +311,19 @@ impl TierPolicy {
             tier = tier.quota_unit(crate::response::QuotaUnit::named(u));
         }
         tier = tier.overrides(self.overrides);
+        if let Some(stages) = &self.rollout {
+            let plan = crate::rollout::RolloutPlan::new(stages.iter().cloned());
+            tier = tier.rollout(match &self.rollout_gates {
+                Some(g) => plan.gates(g.clone()),
+                None => plan,
+            });
+        } else if self.rollout_gates.is_some() {
+            return Err(ConfigError::RolloutPlan {
+                tier: self.name.clone(),
+                field: "rollout_gates".into(),
+                reason: "gates without a plan: add `rollout = [...]`".into(),
+            });
+        }
         if let Some(p) = &self.priced {
             let (estimate, actual) = p.compile(&self.name)?;
             tier = tier.priced(estimate, actual);
@@ -451,6 +476,11 @@ impl<'de> Deserialize<'de> for PlanSource {
             type Value = PlanSource;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(r#""extension" or { header = "<name>" }"#)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<PlanSource, A::Error> {
+                Err(de::Error::custom(
+                    "`plan` names where a client's plan is read (\"extension\" or { header = \"<name>\" }); a staged rollout plan is written `rollout = [{ mode = \"shadow\", for = \"1h\" }, …]`",
+                ))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<PlanSource, E> {
                 match v {

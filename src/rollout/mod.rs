@@ -13,6 +13,13 @@
 //! the effective mode of a tier is the *weaker* of the two, in the order
 //! `Off` < `Shadow` < `Canary` (smaller percent is weaker) < `Enforce`.
 //!
+//! # Staged plans
+//! A [`RolloutPlan`] on a tier ([`Tier::rollout`](crate::Tier::rollout))
+//! walks these steps by itself, fleet-wide through the control key: each
+//! stage's mode for its `for`, advanced by one instance when the gates
+//! ([`RolloutGates`], an optional guard) pass; [`PlanStatus`] says where it
+//! is and [`RolloutEvent`]s what it decided.
+//!
 //! # Allowlist and denylist
 //! An [`AccessList`] matches a request by client IP / CIDR (resolved with the
 //! layer's [`ClientIp`](crate::key::ClientIp) rules, so a forged
@@ -25,9 +32,16 @@
 //! kill switch) turns everything off, the denylist included.
 
 mod lists;
+mod plan;
+mod status;
 
 pub use lists::{AccessList, DenyStatus, ListEntries, ListKind};
 pub(crate) use lists::{AccessLists, Lists, Standing};
+#[cfg_attr(not(feature = "redis"), allow(unused_imports))]
+pub(crate) use plan::LEASE_POLLS;
+pub use plan::{Guard, GuardVerdict, RolloutGates, RolloutPlan, Stage};
+pub(crate) use status::Stored;
+pub use status::{PlanAction, PlanStatus, RolloutEvent};
 
 use serde::de::{self, Deserializer};
 use serde::Deserialize;

@@ -12,3 +12,6 @@ mod observability;
 mod overrides;
 mod overrides_admin;
 mod rollout;
+mod rollout_gates;
+mod rollout_plan;
+mod rollout_plan_cas;

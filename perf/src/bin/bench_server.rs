@@ -71,7 +71,11 @@
 //! 10^6), `HEADERS=none` (our layer sends no rate-limit headers, as
 //! tower_governor by default: what the headers cost), `IP_PER_HOUR=N` (the
 //! `ip` tier is `Quota::per_hour(N)`: perf/redis_default.sh measures an
-//! idle key of 100/hour).
+//! idle key of 100/hour), `PLAN=configured` (every tier of our layer has
+//! a rollout plan, enforce for an hour then enforce, with a guard, and the
+//! layer a control key `bench:control`: what a plan costs while it does
+//! not run), `PLAN=running` (redis1, redis4: the `ip` tier's plan is also
+//! started before serving, so its gates count every check).
 //! Prints `listening on <addr>` once it accepts connections.
 //! `bench_server minimal-lua` prints the minimal limiter's script,
 //! `bench_server minimal4-lua` the four-key one,
@@ -92,7 +96,9 @@ use axum::routing::get;
 use axum::Router;
 use redis::aio::MultiplexedConnection;
 use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend};
+use tiered_ratelimit::handle::ControlError;
 use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User, UNMATCHED_ROUTE};
+use tiered_ratelimit::rollout::{GuardVerdict, Mode, PlanAction, RolloutPlan, Stage};
 use tiered_ratelimit::token_lease::TokenLease;
 use tiered_ratelimit::{key::UserId, Quota, RateLimitLayer, Tier};
 use tower_governor::governor::GovernorConfigBuilder;
@@ -174,6 +180,11 @@ struct Config {
     ip_per_hour: Option<u64>,
     /// The memory store's `max_keys` (default: `MemoryBackend::new()`'s).
     max_keys: Option<u64>,
+    /// `PLAN=configured`: every tier has a rollout plan (enforce for an
+    /// hour, then enforce) with a guard, and the layer a control key
+    /// `bench:control`; `PLAN=running` (Redis modes): the `ip` tier's plan
+    /// is also started before serving (its gates count every check).
+    plan: Option<String>,
 }
 
 /// The upper bounds, in seconds, of the check-duration histogram's buckets
@@ -274,6 +285,7 @@ async fn main() -> Res<()> {
         no_headers: std::env::var("HEADERS").as_deref() == Ok("none"),
         ip_per_hour: env_u64("IP_PER_HOUR")?,
         max_keys: env_u64("MAX_KEYS")?,
+        plan: std::env::var("PLAN").ok(),
     };
     let prometheus = if std::env::var("PROMETHEUS").as_deref() == Ok("1") {
         Some(install_prometheus()?)
@@ -325,9 +337,9 @@ async fn app(c: &Config, store: MemoryBackend) -> Res<Router> {
         "mem4" => router
             .layer(ours(store.into(), 4, c)?)
             .layer(middleware::from_fn(auth)),
-        "redis1" => router.layer(ours(redis_backend()?.into(), 1, c)?),
+        "redis1" => router.layer(started(ours(redis_backend()?.into(), 1, c)?, c).await?),
         "redis4" => router
-            .layer(ours(redis_backend()?.into(), 4, c)?)
+            .layer(started(ours(redis_backend()?.into(), 4, c)?, c).await?)
             .layer(middleware::from_fn(auth)),
         "redis4_lease" | "redis4_lease_all" => {
             let leased: &[&str] = if c.mode == "redis4_lease" {
@@ -417,7 +429,9 @@ fn ours(backend: Backend, tiers: usize, c: &Config) -> Res<RateLimitLayer> {
 /// [`ours`] with the tiers named in `leased` in lease mode.
 fn ours_leased(backend: Backend, tiers: usize, c: &Config, leased: &[&str]) -> Res<RateLimitLayer> {
     let Quotas { ip, other, user } = Quotas::new(c);
+    let planned = c.plan.is_some();
     let tier = |t: Tier| {
+        let t = if planned { t.rollout(bench_plan()) } else { t };
         if leased.contains(&t.name()) {
             t.lease(TokenLease::new())
         } else {
@@ -425,6 +439,9 @@ fn ours_leased(backend: Backend, tiers: usize, c: &Config, leased: &[&str]) -> R
         }
     };
     let mut b = RateLimitLayer::builder().backend(backend);
+    if planned {
+        b = b.control_key(tiered_ratelimit::handle::ControlKey::new("bench:control"));
+    }
     if let Some(n) = c.deny_cache {
         b = b.deny_cache(n);
     }
@@ -432,7 +449,7 @@ fn ours_leased(backend: Backend, tiers: usize, c: &Config, leased: &[&str]) -> R
         b = b.headers(tiered_ratelimit::response::HeaderStyle::None);
     }
     if tiers == 1 {
-        b = b.tier(Tier::new("ip", ClientIp::default(), ip));
+        b = b.tier(tier(Tier::new("ip", ClientIp::default(), ip)));
     } else {
         b = b
             .tier(tier(Tier::new("global", Global, other)))
@@ -441,6 +458,30 @@ fn ours_leased(backend: Backend, tiers: usize, c: &Config, leased: &[&str]) -> R
             .tier(tier(Tier::new("endpoint", Endpoint, other)));
     }
     Ok(b.build()?)
+}
+
+/// `layer`, its `ip` tier's plan started under `PLAN=running`.
+async fn started(layer: RateLimitLayer, c: &Config) -> Res<RateLimitLayer> {
+    if c.plan.as_deref() == Some("running") {
+        // Already running: started by an earlier run on this Redis (the
+        // gates count on every instance, leader or not).
+        if let Err(e) = layer.handle().plan("ip", PlanAction::Start, "bench").await {
+            if !matches!(&e, ControlError::Invalid { field, .. } if field == "action") {
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(layer)
+}
+
+/// `PLAN`'s plan: enforce for an hour, then enforce (the mode never
+/// changes, so only the plan's own cost shows), with a guard.
+fn bench_plan() -> RolloutPlan {
+    RolloutPlan::new([
+        Stage::new(Mode::Enforce).hold_for(Duration::from_secs(3600)),
+        Stage::new(Mode::Enforce),
+    ])
+    .guard(|_| async { GuardVerdict::Healthy })
 }
 
 /// The app's "auth": the `x-user` header becomes the request's `UserId`.

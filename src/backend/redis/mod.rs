@@ -24,6 +24,7 @@ mod connection;
 mod control;
 mod overrides;
 mod peek;
+mod plan;
 mod router;
 mod sentinel;
 mod settle;

@@ -148,6 +148,7 @@ fn split(t: Tier) -> (TierSpec, HttpTier) {
         priced: false,
         unit: t.quota_unit,
         weighted: t.cost_fn.is_some(),
+        rollout: t.rollout,
     };
     let http = HttpTier {
         key: t.key,

@@ -1,0 +1,319 @@
+//! The gates a stage passes before the next one, read by the leader from
+//! this process's own view of the stage: the sample floor (checks and
+//! distinct keys), the enforced cohort's share of the checks, the check
+//! latency's p99 against the stage before's, and the application guard.
+//!
+//! While a plan runs, each check of its tier adds to [`StageStats`]
+//! (a hash of the key, two striped counters and a bit in a 64 Kbit map of
+//! keys seen), and each request's latency to [`Latency`]; while none runs
+//! a request pays one relaxed load per planned tier.
+
+use super::super::Shared;
+use crate::rollout::{GuardVerdict, Mode, RolloutPlan, Stored};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Counter stripes (by the key's hash: different keys rarely share a line).
+const STRIPES: usize = 8;
+/// Bits of the map of keys seen (linear counting).
+const KEY_BITS: usize = 1 << 16;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Stripe {
+    requests: AtomicU64,
+    enforced: AtomicU64,
+}
+
+/// What the gates read of one planned tier in its current stage.
+pub(crate) struct StageStats {
+    /// Whether a plan of the tier runs (the request path counts only then).
+    active: AtomicBool,
+    stripes: [Stripe; STRIPES],
+    keys: Box<[AtomicU64]>,
+}
+
+impl Default for StageStats {
+    fn default() -> Self {
+        Self {
+            active: AtomicBool::new(false),
+            stripes: Default::default(),
+            keys: (0..KEY_BITS / 64).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl StageStats {
+    /// Whether the request path counts this tier's checks.
+    #[inline]
+    pub(crate) fn active(&self) -> bool {
+        self.active.load(Relaxed)
+    }
+
+    pub(crate) fn set_active(&self, active: bool) {
+        self.active.store(active, Relaxed);
+    }
+
+    /// One check of key part `key`, in the enforced cohort or not.
+    #[inline]
+    pub(crate) fn record(&self, key: &str, enforced: bool) {
+        let h = xxhash_rust::xxh3::xxh3_64(key.as_bytes());
+        let s = &self.stripes[(h >> 61) as usize % STRIPES];
+        s.requests.fetch_add(1, Relaxed);
+        if enforced {
+            s.enforced.fetch_add(1, Relaxed);
+        }
+        #[allow(clippy::cast_possible_truncation)] // masked to 16 bits
+        let bit = (h as usize) & (KEY_BITS - 1);
+        let word = &self.keys[bit / 64];
+        let mask = 1u64 << (bit % 64);
+        if word.load(Relaxed) & mask == 0 {
+            word.fetch_or(mask, Relaxed);
+        }
+    }
+
+    /// A new stage: everything from zero.
+    pub(crate) fn begin_stage(&self) {
+        for s in &self.stripes {
+            s.requests.store(0, Relaxed);
+            s.enforced.store(0, Relaxed);
+        }
+        for w in self.keys.iter() {
+            w.store(0, Relaxed);
+        }
+    }
+
+    /// Checks and checks in the enforced cohort so far in the stage.
+    fn counts(&self) -> (u64, u64) {
+        self.stripes.iter().fold((0, 0), |(r, e), s| {
+            (r + s.requests.load(Relaxed), e + s.enforced.load(Relaxed))
+        })
+    }
+
+    /// Distinct keys so far in the stage: linear counting over the map
+    /// (exact while the keys' bits do not collide, within about 1 % up to
+    /// 100 000 keys; the map's size, 65 536 × ln 65 536, when it is full).
+    fn keys(&self) -> u64 {
+        let set: u32 = self.keys.iter().map(|w| w.load(Relaxed).count_ones()).sum();
+        let m = KEY_BITS as f64;
+        let zero = (m - f64::from(set)).max(1.0);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let n = (-m * (zero / m).ln()).round() as u64;
+        n
+    }
+}
+
+/// Octave sub-buckets of [`Latency`] (about 9 % wide).
+const SUB: u32 = 8;
+/// Buckets: 2^24 µs (16 s) and above share the last.
+const BUCKETS: usize = 24 * SUB as usize + 1;
+
+/// The check latency of the requests while a plan runs: a log-linear
+/// histogram of microseconds, this stage's and the last one's p99.
+pub(crate) struct Latency {
+    buckets: Box<[AtomicU64]>,
+    /// The p99 of the stage before, in µs (`u64::MAX`: none measured).
+    before_p99_us: AtomicU64,
+}
+
+impl Default for Latency {
+    fn default() -> Self {
+        Self {
+            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            before_p99_us: AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+fn bucket_of(us: u64) -> usize {
+    if us == 0 {
+        return 0;
+    }
+    let octave = 63 - us.leading_zeros();
+    let frac = if octave >= 3 {
+        (us >> (octave - 3)) & u64::from(SUB - 1)
+    } else {
+        (us << (3 - octave)) & u64::from(SUB - 1)
+    };
+    #[allow(clippy::cast_possible_truncation)]
+    ((octave * SUB) as usize + frac as usize + 1).min(BUCKETS - 1)
+}
+
+/// A bucket's upper bound in µs.
+fn bucket_top(b: usize) -> u64 {
+    if b == 0 {
+        return 0;
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    let (octave, frac) = (((b - 1) as u32) / SUB, ((b - 1) as u32) % SUB);
+    let base = 1u64 << octave;
+    base + (base * u64::from(frac + 1)) / u64::from(SUB)
+}
+
+impl Latency {
+    #[inline]
+    pub(crate) fn record(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.buckets[bucket_of(us)].fetch_add(1, Relaxed);
+    }
+
+    /// The p99 so far, in µs (`None`: no sample).
+    fn p99_us(&self) -> Option<u64> {
+        let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = total - total / 100;
+        let mut seen = 0;
+        for (b, c) in counts.iter().enumerate() {
+            seen += c;
+            if seen >= rank {
+                return Some(bucket_top(b));
+            }
+        }
+        None
+    }
+
+    /// A new stage: this one's p99 becomes the one to compare with.
+    pub(crate) fn begin_stage(&self) {
+        if let Some(p) = self.p99_us() {
+            self.before_p99_us.store(p, Relaxed);
+        }
+        for b in self.buckets.iter() {
+            b.store(0, Relaxed);
+        }
+    }
+}
+
+/// The gates' answer for one tier at one poll.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    /// The gate that holds and why (empty: every gate passes).
+    pub(crate) holding: String,
+    /// The numbers read, for the log.
+    pub(crate) evidence: String,
+    /// The guard asked to fall back to shadow, with its reason.
+    pub(crate) fall_back: Option<String>,
+}
+
+/// The gates of tier `i`'s plan at its stage `state` (asked when the
+/// stage's time has about passed): the guard is given at most `budget`
+/// to answer (a slower one holds).
+pub(crate) async fn evaluate(
+    shared: &Shared,
+    i: usize,
+    plan: &RolloutPlan,
+    state: &Stored,
+    budget: Duration,
+) -> Verdict {
+    let tier = &shared.config.tiers[i].name;
+    let plans = &shared.live.plans;
+    let (requests, enforced) = plans.stats[i].as_ref().map_or((0, 0), StageStats::counts);
+    let keys = plans.stats[i].as_ref().map_or(0, StageStats::keys);
+    let p99 = plans.latency.p99_us();
+    let before = plans.latency.before_p99_us.load(Relaxed);
+    let before_text = if before == u64::MAX {
+        "none".to_owned()
+    } else {
+        before.to_string()
+    };
+    let mut v = Verdict {
+        evidence: format!(
+            "requests={requests} keys={keys} enforced={enforced} check_p99_us={} before_p99_us={before_text}",
+            p99.map_or_else(|| "none".to_owned(), |p| p.to_string()),
+        ),
+        ..Verdict::default()
+    };
+    let gates = &plan.gates;
+    let mode = plan.stages.get(state.stage).map(|s| s.mode);
+    if requests < gates.min_requests {
+        v.holding = format!(
+            "min_requests: fewer than {} checks in the stage",
+            gates.min_requests
+        );
+    } else if keys < gates.min_keys {
+        v.holding = format!("min_keys: fewer than {} keys in the stage", gates.min_keys);
+    } else if let (Some(Mode::Canary { percent }), true) = (mode, requests > 0) {
+        // The enforced cohort's share, in basis points, at most twice the
+        // nominal percent.
+        let share = enforced * 10_000 / requests;
+        let most = u64::from(percent.min(100)) * 200;
+        if share > most {
+            v.holding = format!(
+                "enforced_share: over {} % of the checks are in the enforced cohort (2 × canary:{percent}): a few heavy keys are in it",
+                most / 100
+            );
+        }
+    }
+    if v.holding.is_empty() {
+        if let (Some(p), true) = (p99, before != u64::MAX) {
+            let most = u64::try_from(gates.max_check_p99_increase.as_micros()).unwrap_or(u64::MAX);
+            if p > before.saturating_add(most) {
+                v.holding = format!(
+                    "max_check_p99_increase: the check's p99 rose more than {most} µs over the stage before's"
+                );
+            }
+        }
+    }
+    if v.holding.is_empty() {
+        if let Some(guard) = &plan.guard {
+            match tokio::time::timeout(budget, guard(tier)).await {
+                Ok(GuardVerdict::Healthy) => v.evidence.push_str(" guard=healthy"),
+                Ok(GuardVerdict::Hold(why)) => {
+                    v.evidence.push_str(" guard=hold");
+                    v.holding = format!("guard: {why}");
+                }
+                Ok(GuardVerdict::FallBack(why)) => {
+                    v.evidence.push_str(" guard=fall_back");
+                    v.fall_back = Some(format!("guard: {why}"));
+                }
+                Err(_) => {
+                    v.evidence.push_str(" guard=timeout");
+                    v.holding = format!("guard: no answer within {budget:?}");
+                }
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_buckets_hold_their_values() {
+        for us in [1u64, 2, 3, 7, 8, 9, 100, 999, 1000, 3000, 1_000_000] {
+            let b = bucket_of(us);
+            assert!(
+                bucket_top(b) >= us,
+                "{us}: bucket {b} tops at {}",
+                bucket_top(b)
+            );
+            assert!(bucket_top(b) <= us + us / 8 + 1, "{us}: {}", bucket_top(b));
+        }
+        let l = Latency::default();
+        for _ in 0..99 {
+            l.record(Duration::from_micros(100));
+        }
+        l.record(Duration::from_millis(50));
+        assert_eq!(l.p99_us(), Some(bucket_top(bucket_of(100))));
+        l.record(Duration::from_millis(50));
+        assert_eq!(l.p99_us(), Some(bucket_top(bucket_of(50_000))));
+    }
+
+    #[test]
+    fn keys_are_counted_exactly_while_few() {
+        let s = StageStats::default();
+        for k in 0..500 {
+            s.record(&format!("k{k}"), k == 0);
+            s.record(&format!("k{k}"), k == 0);
+        }
+        assert_eq!(s.counts(), (1000, 2));
+        let keys = s.keys();
+        assert!((498..=502).contains(&keys), "{keys}");
+        s.begin_stage();
+        assert_eq!((s.counts(), s.keys()), ((0, 0), 0));
+    }
+}
