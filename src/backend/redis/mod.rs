@@ -17,6 +17,7 @@ pub(crate) use wire::params as redis_params;
 
 pub use sentinel::SentinelMaster;
 
+mod batch;
 mod blocked;
 mod check;
 mod cluster;
@@ -115,6 +116,11 @@ struct Inner {
     budget_us: AtomicU64,
     /// The queue of batched settles of priced requests (`settle.rs`).
     settle_queue: std::sync::OnceLock<settle::Queue>,
+    /// Group commit (`batch.rs`): the checks of requests that arrive while
+    /// a check is in flight, sent together in the next call.
+    batcher: batch::Batcher,
+    /// The group commit's script (`lua/batch.lua`), for `EVALSHA`.
+    batch_script: Script,
 }
 
 enum Source {
@@ -279,7 +285,9 @@ impl RedisBackend {
             inner: Arc::new(Inner {
                 script_source,
                 source,
-                library: wire::Library::new(script.get_hash()),
+                library: wire::Library::new(),
+                batch_script: Script::new(wire::BATCH_LUA),
+                batcher: batch::Batcher::default(),
                 functions: AtomicBool::new(functions),
                 script,
                 refund_script: Script::new(wire::CLUSTER_LUA),
