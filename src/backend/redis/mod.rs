@@ -389,7 +389,8 @@ impl RedisBackend {
     /// The name of the Redis Function the checks call with `FCALL` on a
     /// single Redis or a Sentinel primary (Redis ≥ 7): `trl_check_<v>`, in
     /// the library `tiered_ratelimit_<v>`, where `<v>` is the first 12 hex
-    /// digits of [`Self::script_sha`]. The backend loads the library itself
+    /// digits of the SHA1 of the library's body (the check and group
+    /// commit's `trl_batch_<v>`). The backend loads the library itself
     /// (`FUNCTION LOAD`) when Redis answers that the function is missing;
     /// where Redis has no Functions or refuses to load them, checks run as
     /// `EVALSHA` of the same code. A cluster backend runs `EVALSHA`.
