@@ -8,6 +8,12 @@
 -- order the requests are listed (their arrival order), each on the state
 -- the requests before it left: all or nothing on its own keys, its own
 -- deadline, its own reply. Redis TIME is read once per call.
+-- A request whose tiers are all enforced fixed windows in the integer form
+-- is decided increment-first (incr_first below): its keys are INCRBY'd
+-- before the decision, and a denial undoes them in the same call (DECRBY,
+-- or DEL of a key it created), so no other command ever sees the charge;
+-- but unlike check.lua, such a denial writes (both commands are
+-- replicated and notified), where check.lua's writes nothing.
 --
 -- ARGV[1]   the call's clock: "" = Redis TIME, or a test clock "<now
 --           µs>[:<ttl slack ms>]" (ManualClock; tests only)
@@ -25,6 +31,66 @@
 --           message in a table of its own, { "bad tier spec ..." } (a
 --           malformed spec), for that request alone (an error reply nested
 --           in the array would fail the whole call in the client).
+
+-- Increment-first, for a request whose tiers are all enforced fixed
+-- windows answering short, listed once, stored in the integer form
+-- ("<window start µs + count>", limit < window: fixed_window.lua): INCRBY
+-- each key by its cost first (its reply is the value already charged, so
+-- no read), decide on the value before it, then on a window's first
+-- request SET the window's own value, and for a denied request undo every
+-- INCRBY (DECRBY; DEL for a key it created), so the request is still all
+-- or nothing and leaves what it found. The reply and the rejected tiers
+-- are check_plain's. nil, with nothing left written, for any other request
+-- or a key that does not hold an integer (another form, another type):
+-- check_request decides it then.
+local function incr_first(keys, first, n, now)
+  local specs_of = {}
+  for i = 1, n do
+    local t = specs[ARGV[first + i - 1]]
+    if t == nil then t = tier_spec(ARGV[first + i - 1]) end
+    if not t or t[10] ~= 2 or not t[9] or t[2] >= t[3] then return nil end
+    specs_of[i] = t
+  end
+  local out, before, starts = { now }, {}, {}
+  local rejected
+  for i = 1, n do
+    local t = specs_of[i]
+    local r = redis.pcall('INCRBY', keys[i], t[6])
+    if type(r) ~= 'number' then
+      for j = i - 1, 1, -1 do
+        if before[j] == 0 then redis.call('DEL', keys[j])
+        else redis.call('DECRBY', keys[j], specs_of[j][6]) end
+      end
+      return nil
+    end
+    local window = t[3]
+    local start = math.floor(now / window)
+    if start * window > now then start = start - 1 end
+    start = start * window
+    local b = r - t[6]
+    before[i], starts[i] = b, start
+    local count = 0
+    if b >= start and b < start + window then count = b - start end
+    if count + t[6] <= t[2] then
+      out[i + 1] = count
+    else
+      out[i + 1] = -count - 1
+      if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+    end
+  end
+  for i = 1, n do
+    local t, b, start = specs_of[i], before[i], starts[i]
+    if rejected then
+      if b == 0 then redis.call('DEL', keys[i])
+      else redis.call('DECRBY', keys[i], t[6]) end
+    elseif not (b >= start and b < start + t[3]) then
+      -- The window's first request (the key was absent or of an earlier
+      -- window): its own value, until the window ends.
+      redis.call('SET', keys[i], int(start + t[6]), 'PX', px_of(start + t[3] - now))
+    end
+  end
+  return out, rejected
+end
 
 local call_keys, call_argv = KEYS, ARGV
 local now = read_clock(call_argv[1])
@@ -49,7 +115,8 @@ while call_argv[a] do
     KEYS = keys
     override_next = false
     ttl_slack_ms = slack
-    local out, rejected = check_request(now, a + 2, n)
+    local out, rejected = incr_first(keys, a + 2, n, now)
+    if not out then out, rejected = check_request(now, a + 2, n) end
     if not out then
       replies[r] = { rejected }
     else

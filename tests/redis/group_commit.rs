@@ -338,3 +338,106 @@ async fn max_batch_one_sends_every_request_alone() {
     assert_eq!(allowed, 10);
     assert_eq!(redis.calls("fcall"), 16);
 }
+
+/// Requests whose tiers are all fixed windows take the batch's
+/// increment-first path (`lua/batch.lua`, `incr_first`): over window
+/// turns, shared keys, costs up to above the limit and both stored forms
+/// (limit < window: an integer; limit ≥ window: "start:count", which goes
+/// the ordinary way), they decide exactly as the memory backend does.
+#[tokio::test(flavor = "current_thread")]
+async fn fixed_windows_increment_first_decide_as_the_memory_backend() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let red: Backend = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(clock.clone())
+        .with_test_ttl_slack(Duration::from_secs(600))
+        .into();
+    let mem: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+    let limits = [
+        fixed(3),
+        Limit::FixedWindow(Window {
+            limit: 5,
+            window_us: 2 * S,
+        }),
+        // limit ≥ window: the "start:count" form.
+        Limit::FixedWindow(Window {
+            limit: 10,
+            window_us: 8,
+        }),
+    ];
+    let mut rng = Rng::new(7);
+    for round in 0..30 {
+        let requests: Vec<Vec<TierCheck>> = (0..20)
+            .map(|_| {
+                let tiers = 1 + rng.next() % 3;
+                (0..tiers)
+                    .map(|t| {
+                        let a = (rng.next() % limits.len() as u64) as usize;
+                        TierCheck {
+                            key: format!("fw{a}:k{}:{t}", rng.next() % 3),
+                            limit: limits[a],
+                            cost: 1 + rng.next() % 4,
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        let got = join_in_order(checks_of(&red, &requests)).await;
+        for (i, (r, g)) in requests.iter().zip(got).enumerate() {
+            let want = mem.check(r.clone()).await.unwrap();
+            assert_eq!(
+                g.unwrap().decisions,
+                want.decisions,
+                "round {round} request {i}"
+            );
+        }
+        clock.advance(Duration::from_micros(rng.next() % (3 * S / 2)));
+    }
+    // The integer form went the increment-first way; the other did not.
+    assert!(redis.calls("incrby") > 0);
+}
+
+/// A denied request on the increment-first path leaves its keys exactly as
+/// it found them: an existing key's value and expiry, and no key it
+/// created.
+#[tokio::test(flavor = "current_thread")]
+async fn an_increment_first_denial_leaves_its_keys_as_found() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let b: Backend = redis.backend_on(&clock).into();
+    b.check(vec![tier("a", fixed(5))]).await.unwrap();
+    let a_before: String = redis.get("a").unwrap();
+    let expiry: i64 = redis.cmd(&["PEXPIRETIME", "a"]);
+    let requests = vec![
+        vec![tier("warm", fixed(5))],
+        // "a" passes, "full" denies (cost 2 above its limit 1): neither is
+        // charged, and "full", which did not exist, still does not.
+        vec![
+            tier("a", fixed(5)),
+            TierCheck {
+                key: "full".to_owned(),
+                limit: fixed(1),
+                cost: 2,
+            },
+        ],
+        vec![tier("a", fixed(5))],
+    ];
+    let v: Vec<Verdict> = join_in_order(checks_of(&b, &requests))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(
+        v.iter().map(Verdict::allowed).collect::<Vec<_>>(),
+        [true, false, true]
+    );
+    // The third request saw the count the first left: 1, so 3 remain.
+    assert_eq!(v[2].decisions[0].remaining, 3);
+    assert_eq!(redis.get("full"), None);
+    let a_after: u64 = redis.get("a").unwrap().parse().unwrap();
+    assert_eq!(a_after, a_before.parse::<u64>().unwrap() + 1);
+    // Its expiry as the first request set it: nothing SET it since.
+    let expiry_after: i64 = redis.cmd(&["PEXPIRETIME", "a"]);
+    assert_eq!(expiry_after, expiry);
+}
