@@ -2,8 +2,8 @@
 //! call is in flight on the backend's connection, the checks of requests
 //! that arrive meanwhile wait in a queue, and when the call returns they
 //! are sent together, as **one** call of `lua/batch.lua`, at most
-//! [`DEFAULT_MAX_BATCH`] requests a call (more queued: several calls, all
-//! at once). No timer: a request that finds nothing in flight is sent at
+//! [`DEFAULT_MAX_BATCH`] requests a call (more queued: several calls, sent
+//! at once from one task, written in arrival order). No timer: a request that finds nothing in flight is sent at
 //! once, alone, as the ordinary check (`check.rs`), so at low load nothing
 //! changes — one call per request, no added latency — and under load
 //! Redis's fixed cost of a call (its I/O, the function call, `TIME`) is
@@ -17,6 +17,14 @@
 //! whose caller stopped waiting while queued is not sent at all. What a
 //! call shares is its fate when the call itself fails (a broken
 //! connection): every request in it gets that error.
+//!
+//! A request is admitted on its future's first poll, when it would be
+//! sent, not when it is built: a caller that builds several checks and
+//! awaits them in turn never queues one behind a check not yet sent. A
+//! queued request waits as its built command; the batch takes its keys,
+//! deadline and specs from it. With a test clock the call's clock is read
+//! when the call is sent. In the script, a request whose tiers are all
+//! fixed windows is decided increment-first (`lua/batch.lua`).
 //!
 //! A cluster sends each request's calls per slot, not through this queue
 //! (`cluster.rs`).
@@ -32,7 +40,7 @@ use tokio::sync::oneshot;
 
 /// The most requests one group commit call carries, by default: Redis runs
 /// nothing else while a script runs, and 32 requests of four tiers take
-/// ~0.3 ms of it (`perf/README.md`, "Group commit").
+/// ~0.5–0.7 ms of it (`perf/README.md`, "Group commit").
 pub(crate) const DEFAULT_MAX_BATCH: usize = 32;
 
 /// One backend's group commit: how many calls are in flight, and the
