@@ -108,6 +108,8 @@ impl RedisBackend {
     /// `1` turns group commit off, so every request is its own call as it
     /// arrives. See `docs/redis.md`, "Group commit". A cluster backend
     /// sends each request's calls per slot as they come and ignores it.
+    /// The setting belongs to the connection, so it applies to every
+    /// clone of this backend.
     ///
     /// Group commit: while a check's call is in flight on the connection,
     /// the checks of requests arriving meanwhile wait and go together as
