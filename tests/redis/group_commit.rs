@@ -64,6 +64,7 @@ fn tier(key: &str, limit: Limit) -> TierCheck {
         key: key.to_owned(),
         limit,
         cost: 1,
+        home: None,
     }
 }
 
@@ -215,6 +216,7 @@ async fn a_batch_decides_as_the_memory_backend_in_arrival_order() {
                             key: format!("{a}:k{}:{t}", rng.next() % 3),
                             limit: limits[a],
                             cost: 1 + rng.next() % 2,
+                            home: None,
                         }
                     })
                     .collect()
@@ -378,6 +380,7 @@ async fn fixed_windows_increment_first_decide_as_the_memory_backend() {
                             key: format!("fw{a}:k{}:{t}", rng.next() % 3),
                             limit: limits[a],
                             cost: 1 + rng.next() % 4,
+                            home: None,
                         }
                     })
                     .collect()
@@ -419,6 +422,7 @@ async fn an_increment_first_denial_leaves_its_keys_as_found() {
                 key: "full".to_owned(),
                 limit: fixed(1),
                 cost: 2,
+                home: None,
             },
         ],
         vec![tier("a", fixed(5))],
