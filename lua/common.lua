@@ -11,6 +11,9 @@
 --     (Redis >= 7, FCALL; LIBRARY_BODY) body of check_main, between the
 --                                       library's head and its
 --                                       register_function line
+--   group commit, several requests     dispatch.lua, batch.lua (BATCH_LUA
+--     in one call (EVALSHA; as a        starts by making KEYS and ARGV
+--     Function: trl_batch_<v>)          locals, which batch.lua sets)
 --   the cluster script (CLUSTER_LUA;    refund.lua, dispatch.lua, cluster.lua
 --     a single Redis runs its refunds)
 --   a peek (PEEK_LUA)                   dispatch.lua, peek.lua

@@ -488,7 +488,9 @@ end
 
 -- One request's check of tiers 1..n, the body of both entry points (a
 -- single Redis: check.lua; one hash slot of a cluster: cluster.lua's
--- 'check'): clock is the clock argument (see read_clock); tier i is KEYS[i]
+-- 'check'; several requests of one call: batch.lua): clock is the clock
+-- argument (see read_clock), or the call's now in µs (batch.lua, which
+-- checks each request's deadline itself); tier i is KEYS[i]
 -- with the spec ARGV[first + i - 1] (see tier_spec).
 -- Decides every tier first; charges only if every enforced tier allows the
 -- request, and then every tier that allows it (a shadow tier that would deny
@@ -519,7 +521,9 @@ end
 -- and the numbers of the tiers that rejected (nil when none did). For a
 -- malformed spec or an unknown algorithm: nil and the error message.
 local function check_request(clock, first, n)
-  local now, deadline = read_clock(clock)
+  -- (A number: the time batch.lua read once for its call.)
+  local now, deadline
+  if type(clock) == 'number' then now = clock else now, deadline = read_clock(clock) end
   if deadline and now > deadline then
     return { now }
   end

@@ -426,10 +426,14 @@ pub async fn serve_http(
             .await;
         let _ = stop_metrics.send(());
     };
+    // TCP_NODELAY on every accepted connection (tonic's `TcpIncoming`
+    // leaves Nagle on): a response written in two segments otherwise waits
+    // for the client's delayed ACK, ~40 ms (perf/README.md, "Group commit").
+    let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(RateLimitServiceServer::new(rls))
-        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(grpc), shutdown)
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await?;
     let _ = stop_http.send(());
     // Lease mode: the tokens this instance holds go back to the shared

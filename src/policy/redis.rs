@@ -63,6 +63,10 @@ pub struct RedisConfig {
     pub username: Option<String>,
     /// With `sentinels`: the primary's password.
     pub password: Option<String>,
+    /// Group commit: the most requests one script call carries (default
+    /// 32; `1` sends every request alone). See
+    /// [`RedisBackend::with_max_batch`](crate::backend::RedisBackend::with_max_batch).
+    pub max_batch: Option<usize>,
 }
 
 #[cfg(feature = "redis")]
@@ -99,8 +103,15 @@ impl RedisConfig {
                  (a url carries its own login and db)",
             ));
         }
+        if self.max_batch == Some(0) {
+            return Err(bad("max_batch is at least 1 (1: no group commit)"));
+        }
+        let batch = |b: RedisBackend| match self.max_batch {
+            Some(n) => b.with_max_batch(n),
+            None => b,
+        };
         if let Some(url) = &self.url {
-            return RedisBackend::from_url(url);
+            return RedisBackend::from_url(url).map(batch);
         }
         if !self.cluster_nodes.is_empty() {
             return RedisBackend::cluster(&self.cluster_nodes);
@@ -115,7 +126,7 @@ impl RedisConfig {
         if let Some(p) = &self.password {
             master = master.password(p.clone());
         }
-        RedisBackend::sentinel_with(&self.sentinels, master)
+        RedisBackend::sentinel_with(&self.sentinels, master).map(batch)
     }
 }
 
@@ -131,6 +142,7 @@ impl fmt::Debug for RedisConfig {
             .field("db", &self.db)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("max_batch", &self.max_batch)
             .finish()
     }
 }
@@ -241,8 +253,13 @@ mod tests {
             err("[redis]\nsentinels = ['nope://a']\nmaster_name = 'm'\n"),
             "redis url: sentinel: nope://a: Redis URL did not parse - InvalidClientConfig"
         );
+        assert_eq!(
+            err("[redis]\nurl = 'redis://a/'\nmax_batch = 0\n"),
+            "policy: redis: max_batch is at least 1 (1: no group commit)"
+        );
         for ok in [
             "[redis]\nurl = 'redis://127.0.0.1:6379/'\n",
+            "[redis]\nurl = 'redis://127.0.0.1:6379/'\nmax_batch = 1\n",
             "[redis]\ncluster_nodes = ['redis://127.0.0.1:7000']\n",
             "[redis]\nsentinels = ['redis://127.0.0.1:26379']\nmaster_name = 'm'\ndb = 1\n",
         ] {

@@ -8,6 +8,7 @@ mod cluster;
 mod deny_cache_equivalence;
 mod failover_proxy;
 mod faults;
+mod group_commit;
 mod lease_mode;
 mod redis_backend;
 mod sentinel;

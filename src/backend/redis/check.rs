@@ -4,6 +4,7 @@
 //! or a test's manual clock), the calibration of Redis's clock from each
 //! reply, and the refund mode of the cluster script.
 
+use super::batch::{self, Entry};
 use super::timed::with_timeout;
 use super::{cluster, wire, RedisBackend};
 use crate::backend::{CheckFuture, Shadow, TierCheck, TierRefund, Verdict};
@@ -34,7 +35,7 @@ impl RedisBackend {
         self.inner.budget_us.store(us, Ordering::Relaxed);
     }
 
-    fn local_us(&self) -> i64 {
+    pub(super) fn local_us(&self) -> i64 {
         self.local_us_at(Instant::now())
     }
 
@@ -51,7 +52,7 @@ impl RedisBackend {
     /// ([`Self::check_clock_arg`]) and one spec per tier
     /// ([`wire::TierSpec`]). `undo`: ask for the charges' undo values (for
     /// refunds by status).
-    fn check_cmd(
+    pub(super) fn check_cmd(
         &self,
         sent: i64,
         checks: &[TierCheck],
@@ -103,19 +104,30 @@ impl RedisBackend {
         if self.clock.is_some() {
             return self.clock_arg();
         }
+        match self.deadline_us(sent) {
+            Some(deadline) => ClockArg::deadline(deadline),
+            None => ClockArg::redis(),
+        }
+    }
+
+    /// The deadline in Redis's clock (µs) of a check sent at local µs
+    /// `sent`: `sent` + the budget, moved to Redis's clock by the last
+    /// calibration; none with a test clock, without a budget, or before
+    /// the first reply.
+    pub(super) fn deadline_us(&self, sent: i64) -> Option<i64> {
         let budget = self.inner.budget_us.load(Ordering::Relaxed);
         let offset = self.inner.offset_us.load(Ordering::Relaxed);
-        if budget == 0 || offset == i64::MIN {
-            return ClockArg::redis();
+        if self.clock.is_some() || budget == 0 || offset == i64::MIN {
+            return None;
         }
-        ClockArg::deadline(
-            sent.saturating_add(offset)
-                .saturating_add(i64::try_from(budget).unwrap_or(i64::MAX)),
-        )
+        let d = sent
+            .saturating_add(offset)
+            .saturating_add(i64::try_from(budget).unwrap_or(i64::MAX));
+        Some(d.max(1))
     }
 
     /// Records Redis's clock from a reply to a check sent at local `sent`.
-    fn calibrate(&self, sent: i64, redis_now: i64) {
+    pub(super) fn calibrate(&self, sent: i64, redis_now: i64) {
         let mid = sent + (self.local_us() - sent) / 2;
         self.inner
             .offset_us
@@ -147,10 +159,9 @@ impl RedisBackend {
             .map(|(i, c)| wire::ReplyTier::new(c, listing_flag(checks, i)))
             .collect();
         let cmd = self.check_cmd(sent_us, checks, &tiers, shadow, undo, blocked);
-        let flags = wire::SHORT | if undo { wire::UNDO } else { 0 };
         Box::pin(with_timeout(
             timeout,
-            this.run_check(cmd, sent_us, tiers, flags, shadow),
+            this.run_check(cmd, sent_us, tiers, batch::flags(undo), shadow),
         ))
     }
 
@@ -161,13 +172,20 @@ impl RedisBackend {
     #[allow(clippy::manual_async_fn)]
     fn run_check(
         self,
-        cmd: Cmd,
+        mut cmd: Cmd,
         sent: i64,
-        tiers: wire::ReplyTiers,
+        mut tiers: wire::ReplyTiers,
         flags: u8,
         shadow: Shadow,
     ) -> impl std::future::Future<Output = Result<Verdict, BackendError>> + Send {
         async move {
+            // Group commit (batch.rs): sent now when no call is in flight
+            // (`_lead`, dropped when this call is over or given up, lets
+            // the queued ones go), else queued for the next call.
+            let _lead = match self.enter(&mut cmd, &mut tiers, flags, shadow) {
+                Entry::Send(lead) => lead,
+                Entry::Queued(rx) => return batch::queued(rx).await,
+            };
             let mut conn = self.connection().await?;
             let wire::CheckValues(reply) = self
                 .eval(&cmd, &self.inner.script, &mut conn)
@@ -178,13 +196,47 @@ impl RedisBackend {
                     self.calibrate(sent, now);
                 }
             }
-            match wire::parse_check(&reply, &tiers, flags, shadow)? {
-                CheckReply::Decided(v) => Ok(v),
-                CheckReply::Late => {
-                    // Reached Redis after its deadline: nothing was written.
-                    let budget = self.inner.budget_us.load(Ordering::Relaxed);
-                    Err(BackendError::Timeout(Duration::from_micros(budget)))
-                }
+            self.verdict(&reply, &tiers, flags, shadow)
+        }
+    }
+
+    /// A check's call, as [`Self::run_check`] makes it, for a request that
+    /// waited in the group commit queue and goes alone.
+    pub(super) async fn call_check(
+        &self,
+        cmd: Cmd,
+        sent: i64,
+        tiers: &wire::ReplyTiers,
+        flags: u8,
+        shadow: Shadow,
+    ) -> Result<Verdict, BackendError> {
+        let mut conn = self.connection().await?;
+        let wire::CheckValues(reply) = self
+            .eval(&cmd, &self.inner.script, &mut conn)
+            .await
+            .map_err(|e| self.error(e))?;
+        if self.clock.is_none() {
+            if let Some(&now) = reply.first() {
+                self.calibrate(sent, now);
+            }
+        }
+        self.verdict(&reply, tiers, flags, shadow)
+    }
+
+    /// The verdict of one request's check reply (`reply`), or a timeout
+    /// when it reached Redis after its deadline (nothing was written).
+    pub(super) fn verdict(
+        &self,
+        reply: &[i64],
+        tiers: &wire::ReplyTiers,
+        flags: u8,
+        shadow: Shadow,
+    ) -> Result<Verdict, BackendError> {
+        match wire::parse_check(reply, tiers, flags, shadow)? {
+            CheckReply::Decided(v) => Ok(v),
+            CheckReply::Late => {
+                let budget = self.inner.budget_us.load(Ordering::Relaxed);
+                Err(BackendError::Timeout(Duration::from_micros(budget)))
             }
         }
     }

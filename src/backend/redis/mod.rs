@@ -17,6 +17,7 @@ pub(crate) use wire::params as redis_params;
 
 pub use sentinel::SentinelMaster;
 
+mod batch;
 mod blocked;
 mod check;
 mod cluster;
@@ -116,6 +117,11 @@ struct Inner {
     budget_us: AtomicU64,
     /// The queue of batched settles of priced requests (`settle.rs`).
     settle_queue: std::sync::OnceLock<settle::Queue>,
+    /// Group commit (`batch.rs`): the checks of requests that arrive while
+    /// a check is in flight, sent together in the next call.
+    batcher: batch::Batcher,
+    /// The group commit's script (`lua/batch.lua`), for `EVALSHA`.
+    batch_script: Script,
 }
 
 enum Source {
@@ -280,7 +286,9 @@ impl RedisBackend {
             inner: Arc::new(Inner {
                 script_source,
                 source,
-                library: wire::Library::new(script.get_hash()),
+                library: wire::Library::new(),
+                batch_script: Script::new(wire::BATCH_LUA),
+                batcher: batch::Batcher::default(),
                 functions: AtomicBool::new(functions),
                 script,
                 refund_script: Script::new(wire::CLUSTER_LUA),
@@ -382,7 +390,8 @@ impl RedisBackend {
     /// The name of the Redis Function the checks call with `FCALL` on a
     /// single Redis or a Sentinel primary (Redis ≥ 7): `trl_check_<v>`, in
     /// the library `tiered_ratelimit_<v>`, where `<v>` is the first 12 hex
-    /// digits of [`Self::script_sha`]. The backend loads the library itself
+    /// digits of the SHA1 of the library's body (the check and group
+    /// commit's `trl_batch_<v>`). The backend loads the library itself
     /// (`FUNCTION LOAD`) when Redis answers that the function is missing;
     /// where Redis has no Functions or refuses to load them, checks run as
     /// `EVALSHA` of the same code. A cluster backend runs `EVALSHA`.

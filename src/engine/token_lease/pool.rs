@@ -153,7 +153,10 @@ impl LeasePool {
                 continue;
             }
             let now = *now.get_or_insert_with(|| inner.clock.now_us());
-            let Some(entry) = self.inner.entry(&check.key, check.limit, check.home, *lease, now) else {
+            let Some(entry) = self
+                .inner
+                .entry(&check.key, check.limit, check.home, *lease, now)
+            else {
                 continue;
             };
             inner.start_sweeper(&self.inner);

@@ -130,6 +130,18 @@ const LIBRARY_BODY: &str = concat!(
     "local function check_main()\n",
     include_str!("../../../../lua/check.lua"),
     "\nend\n",
+    "local function batch_main()\n",
+    include_str!("../../../../lua/batch.lua"),
+    "\nend\n",
+);
+
+/// Group commit on a single Redis: the checks of several requests in one
+/// call (`lua/batch.lua`; `batch.rs` sends it), as an `EVALSHA` script.
+/// `KEYS` and `ARGV` are made locals first, so that `batch.lua` can give
+/// each request its own `KEYS` (the library has them as locals already).
+pub(super) const BATCH_LUA: &str = concat!(
+    "local KEYS, ARGV = KEYS, ARGV\n",
+    lua!("dispatch.lua", "batch.lua"),
 );
 
 /// The library's first lines: its name, and `KEYS` and `ARGV` as locals of
@@ -138,14 +150,17 @@ const LIBRARY_BODY: &str = concat!(
 /// scripts do).
 const LIBRARY_HEAD: &str = "#!lua name=tiered_ratelimit_{v}\nlocal KEYS, ARGV\n";
 
-/// The registration of the check as `trl_check_{v}`.
+/// The registration of the check as `trl_check_{v}` and of group commit
+/// as `trl_batch_{v}`.
 const LIBRARY_TAIL: &str = "redis.register_function('trl_check_{v}', \
-     function(keys, args) KEYS = keys ARGV = args return check_main() end)\n";
+     function(keys, args) KEYS = keys ARGV = args return check_main() end)\n\
+     redis.register_function('trl_batch_{v}', \
+     function(keys, args) KEYS = keys ARGV = args return batch_main() end)\n";
 
 /// The check as a Redis Functions library, versioned by the script's
 /// content: library `tiered_ratelimit_<v>` with the function
-/// `trl_check_<v>`, where `<v>` is the first 12 hex digits of the SHA1 of
-/// [`CHECK_LUA`]. Two releases with different scripts load two libraries
+/// `trl_check_<v>` (and the group commit's `trl_batch_<v>`), where `<v>`
+/// is the first 12 hex digits of the SHA1 of the library's body. Two releases with different scripts load two libraries
 /// side by side, so a rolling deploy never replaces the code an older
 /// instance calls; a library of a release no instance runs any more can be
 /// removed with `FUNCTION DELETE tiered_ratelimit_<v>` (docs/redis.md).
@@ -155,11 +170,16 @@ pub(super) struct Library {
     pub(super) source: String,
     /// The function's name, for `FCALL`.
     pub(super) function: String,
+    /// The group commit's function (`lua/batch.lua`), for `FCALL`.
+    pub(super) batch_function: String,
 }
 
 impl Library {
-    /// The library for the script whose SHA1 is `sha` (hex).
-    pub(super) fn new(sha: &str) -> Self {
+    /// The library, versioned by the SHA1 of its body (the check and the
+    /// group commit: a change to either is a new library).
+    pub(super) fn new() -> Self {
+        let script = ::redis::Script::new(LIBRARY_BODY);
+        let sha = script.get_hash();
         let v = sha.get(..12).unwrap_or(sha);
         let mut source = LIBRARY_HEAD.replace("{v}", v);
         source.push_str(LIBRARY_BODY);
@@ -167,6 +187,7 @@ impl Library {
         Self {
             source,
             function: format!("trl_check_{v}"),
+            batch_function: format!("trl_batch_{v}"),
         }
     }
 }

@@ -106,6 +106,38 @@ impl ::redis::FromRedisValue for CheckValues {
     }
 }
 
+/// A group commit's reply (`lua/batch.lua`): per request, its check reply
+/// or, for a request the script could not check (a malformed spec), the
+/// script's message.
+pub(in crate::backend::redis) struct BatchValues(
+    pub(in crate::backend::redis) Vec<Result<smallvec::SmallVec<[i64; 8]>, String>>,
+);
+
+impl ::redis::FromRedisValue for BatchValues {
+    fn from_redis_value_ref(v: &::redis::Value) -> Result<Self, ::redis::ParsingError> {
+        let ::redis::Value::Array(items) = v else {
+            return Err(format!("a group commit reply is not an array: {v:?}").into());
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            out.push(match item {
+                ::redis::Value::Array(a) => match a.as_slice() {
+                    [::redis::Value::BulkString(m)] => Err(String::from_utf8_lossy(m).into_owned()),
+                    _ => Ok(CheckValues::from_redis_value_ref(item)?.0),
+                },
+                other => {
+                    return Err(format!("a group commit reply holds {other:?}").into());
+                }
+            });
+        }
+        Ok(Self(out))
+    }
+
+    fn from_redis_value(v: ::redis::Value) -> Result<Self, ::redis::ParsingError> {
+        Self::from_redis_value_ref(&v)
+    }
+}
+
 /// Numbers per tier in a check's long reply, and per trailer entry.
 pub(in crate::backend::redis) const PER_TIER: usize = 3;
 
