@@ -22,7 +22,7 @@ use super::{div_ceil, TierDecision, TokenBucket};
 ///
 /// Read under another quota the backlog carries over in requests (tokens):
 /// `(TAT − now) × rate / unit` of the old quota, in the new one's ticks,
-/// rounded up ([`super::TokenBucket::missing`]'s rule).
+/// rounded up (the rule of [`super::BucketState`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TatState {
     /// Whole microseconds of the TAT (epoch).

@@ -35,7 +35,7 @@ use super::{div_ceil, TierDecision};
 /// Read under another quota (a quota changed at run time, a plan, an
 /// override set or removed), the bucket keeps its **used capacity**: the
 /// tokens it is short of full, `(TAT − now) × rate / unit`, carried into the
-/// new quota's units ([`TokenBucket::missing`]): a key that had used 80 of
+/// new quota's units ([`Limit::carry`](super::Limit::carry)): a key that had used 80 of
 /// 100 has 120 left under 200 and is 30 tokens in debt under 50, refilled at
 /// the new rate. The Redis backend stores exactly that state (as one
 /// integer under the tier's configured quota, `docs/redis.md`, "Stored
