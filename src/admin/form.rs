@@ -14,6 +14,16 @@ pub(super) fn form_pairs(s: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A form field's value (`pairs` from [`form_pairs`]), trimmed; `None`
+/// when it is missing or blank.
+pub(super) fn form_field<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.trim())
+        .filter(|v| !v.is_empty())
+}
+
 pub(super) fn hex_encode(b: &[u8]) -> String {
     let mut s = String::with_capacity(b.len() * 2);
     for x in b {

@@ -128,12 +128,7 @@ pub(super) async fn form_plan(State(admin): State<Arc<Admin>>, req: Request) -> 
         Ok(p) => p,
         Err(res) => return res,
     };
-    let field = |name: &str| {
-        pairs
-            .iter()
-            .find(|(k, _)| k == name)
-            .map_or("", |(_, v)| v.trim())
-    };
+    let field = |name: &str| super::form::form_field(&pairs, name).unwrap_or("");
     match run(&admin.handle, field("tier"), field("action"), "admin page").await {
         Ok(_) => see_other(page_path(&base)),
         Err(res) => res,

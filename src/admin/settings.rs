@@ -187,13 +187,7 @@ pub(super) async fn form_settings(State(admin): State<Arc<Admin>>, req: Request)
         Ok(p) => p,
         Err(res) => return res,
     };
-    let field = |name: &str| {
-        pairs
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.trim())
-            .filter(|v| !v.is_empty())
-    };
+    let field = |name: &str| super::form::form_field(&pairs, name);
     let by = "admin page";
     let done = match (field("action"), field("op")) {
         (Some("quota"), Some(op @ ("set" | "reset"))) => {
