@@ -205,23 +205,7 @@ async fn a_batch_decides_as_the_memory_backend_in_arrival_order() {
     red.check(vec![tier("warm", fixed(1))]).await.unwrap();
     redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
     for round in 0..12 {
-        let requests: Vec<Vec<TierCheck>> = (0..25)
-            .map(|_| {
-                let tiers = 1 + rng.next() % 3;
-                (0..tiers)
-                    .map(|t| {
-                        let a = (rng.next() % limits.len() as u64) as usize;
-                        TierCheck {
-                            // Keys shared across requests, one algorithm each.
-                            key: format!("{a}:k{}:{t}", rng.next() % 3),
-                            limit: limits[a],
-                            cost: 1 + rng.next() % 2,
-                            home: None,
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
+        let requests = random_requests(&mut rng, &limits, 25, "", 2);
         let got = join_in_order(checks_of(&red, &requests)).await;
         for (i, (r, g)) in requests.iter().zip(got).enumerate() {
             let want = mem.check(r.clone()).await.unwrap();
@@ -370,22 +354,7 @@ async fn fixed_windows_increment_first_decide_as_the_memory_backend() {
     ];
     let mut rng = Rng::new(7);
     for round in 0..30 {
-        let requests: Vec<Vec<TierCheck>> = (0..20)
-            .map(|_| {
-                let tiers = 1 + rng.next() % 3;
-                (0..tiers)
-                    .map(|t| {
-                        let a = (rng.next() % limits.len() as u64) as usize;
-                        TierCheck {
-                            key: format!("fw{a}:k{}:{t}", rng.next() % 3),
-                            limit: limits[a],
-                            cost: 1 + rng.next() % 4,
-                            home: None,
-                        }
-                    })
-                    .collect()
-            })
-            .collect();
+        let requests = random_requests(&mut rng, &limits, 20, "fw", 4);
         let got = join_in_order(checks_of(&red, &requests)).await;
         for (i, (r, g)) in requests.iter().zip(got).enumerate() {
             let want = mem.check(r.clone()).await.unwrap();
@@ -444,4 +413,32 @@ async fn an_increment_first_denial_leaves_its_keys_as_found() {
     // Its expiry as the first request set it: nothing SET it since.
     let expiry_after: i64 = redis.cmd(&["PEXPIRETIME", "a"]);
     assert_eq!(expiry_after, expiry);
+}
+
+/// `n` random requests of 1 to 3 tiers, each tier one of `limits` on a key
+/// `<prefix><limit's index>:k<0..3>:<tier>` (keys shared across requests,
+/// one algorithm each), of cost 1 to `max_cost`.
+fn random_requests(
+    rng: &mut Rng,
+    limits: &[Limit],
+    n: usize,
+    prefix: &str,
+    max_cost: u64,
+) -> Vec<Vec<TierCheck>> {
+    (0..n)
+        .map(|_| {
+            let tiers = 1 + rng.next() % 3;
+            (0..tiers)
+                .map(|t| {
+                    let a = (rng.next() % limits.len() as u64) as usize;
+                    TierCheck {
+                        key: format!("{prefix}{a}:k{}:{t}", rng.next() % 3),
+                        limit: limits[a],
+                        cost: 1 + rng.next() % max_cost,
+                        home: None,
+                    }
+                })
+                .collect()
+        })
+        .collect()
 }
