@@ -15,7 +15,9 @@ use tiered_ratelimit::descriptor::{Code, Descriptor, RulesPolicy, Unit};
 const FEB29_US: u64 = 1_709_161_200_000_000;
 const MAR31_US: u64 = 1_711_839_600_000_000;
 
-const RULES: &str = "domain = 'edge'\n[[rule]]\nname = 'monthly'\n\
+// A timeout that a loaded test host never reaches: the test is about
+// the boundary, not the failure policy (100 ms by default).
+const RULES: &str = "domain = 'edge'\nbackend_timeout_ms = 10000\n[[rule]]\nname = 'monthly'\n\
                      match = [{ key = 'api_key' }]\nlimit = 2\nperiod = 'month'\n\
                      anchor = 31\ntime_zone = 'Europe/Berlin'\n";
 

@@ -342,6 +342,9 @@ fn deny_cache_429s_count_as_limited_per_endpoint() {
                             .with_manual_clock(clock.clone()),
                     )
                     .tier(Tier::new("user", User, Quota::per_minute(1)))
+                    // Never reached on a loaded host: a fail-open answer
+                    // would count as allowed (100 ms by default).
+                    .backend_timeout(std::time::Duration::from_secs(10))
                     .build()
                     .unwrap()
             };
