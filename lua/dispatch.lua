@@ -87,7 +87,8 @@ end
 -- there is now one, in scripts of other versions), +8 short reply: a token
 -- or leaky bucket, a fixed or calendar window answers one number, its
 -- state, instead of three; a sliding log without +2, its remaining when
--- it allows). A spec may end with a home suffix, " <h1>[ <h2> <h3>]":
+-- it allows; +16 candidate, of the live check numbered floor(flags / 32)
+-- in the call: see check_request). A spec may end with a home suffix, " <h1>[ <h2> <h3>]":
 -- the tier's quota is not its configured one (a quota changed at run time,
 -- a plan's), whose values in the home forms it must read: h1 the configured
 -- unit (token and leaky buckets) or window length (fixed window, sliding
@@ -142,8 +143,11 @@ local function tier_spec(s)
     if t[8] and algorithm == sliding_window_log then t[9] = false end
     -- +4: the key was listed before in this call; t[11] charges it again.
     if has_flag(flags, 4) then t[11] = charges_again[algorithm] end
+    -- +16: a candidate quota of the check numbered floor(flags / 32) in
+    -- this call (its tier's live check); t[15] that number.
+    if has_flag(flags, 16) then t[15] = math.floor(flags / 32) end
     local plain = false
-    if not t[7] and not t[11] and not home then
+    if not t[7] and not t[11] and not t[15] and not home then
       if algorithm == token_bucket and t[3] == 1 and t[9] then
         plain = 1
       elseif algorithm == fixed_window then
@@ -559,6 +563,9 @@ local function check_request(clock, first, n)
   local o = 1
   local rejected, carried
   local all = true
+  -- Candidates (flag +16): their tiers' live checks by position, and the
+  -- enforced denials (how many, and the last one's position).
+  local cands, denials, denied_at = nil, 0, 0
   for i = 1, n do
     -- The kept spec looked up here (a call less per tier), else parsed.
     local spec = ARGV[first + i - 1]
@@ -589,8 +596,16 @@ local function check_request(clock, first, n)
     else
       out[o + 1] = -remaining - 1
       pend[5 * i - 4] = false
-      if rejected then rejected[#rejected + 1] = i else rejected = { i } end
-      if not t[7] then all = false end
+      if t[15] then
+        -- A candidate's denial is its own: never a rejection of the request.
+      else
+        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+        if not t[7] then all, denials, denied_at = false, denials + 1, i end
+      end
+    end
+    if t[15] then
+      if not cands then cands = {} end
+      cands[i] = t[15]
     end
     -- Short (a bucket's state): one number; an override applied above
     -- builds a spec without the flag, so the tier answers three. A log
@@ -606,12 +621,24 @@ local function check_request(clock, first, n)
   -- Charge, then the trailer: every allowing tier with a delay, or with a
   -- non-zero undo value that it asked for (flag +2) when the request was
   -- charged.
+  -- A candidate is charged when it allows and every enforced check but its
+  -- tier's live one does (the request, with the candidate as its tier's
+  -- quota, would have been admitted): its own commit rule.
+  local commits
+  if cands then
+    commits = {}
+    for i, live in pairs(cands) do
+      commits[i] = denials == 0 or (denials == 1 and denied_at == live)
+    end
+  end
   for i = 1, n do
     local p = 5 * i
     local write = pend[p - 4]
     if write then
       local undo = 0
-      if all then
+      local commit = all
+      if commits and commits[i] ~= nil then commit = commits[i] end
+      if commit then
         if type(write) == 'function' then
           undo = write() or 0
         else
@@ -630,7 +657,9 @@ local function check_request(clock, first, n)
   if carried then
     for c = 1, #carried, 3 do
       local i = carried[c]
-      if not (all and pend[5 * i - 4]) then
+      local commit = all
+      if commits and commits[i] ~= nil then commit = commits[i] end
+      if not (commit and pend[5 * i - 4]) then
         redis.call('SET', KEYS[i], carried[c + 1], 'PX', carried[c + 2])
       end
     end

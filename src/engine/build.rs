@@ -51,7 +51,11 @@ impl EngineBuilder {
         // So is a per-key override's read.
         let checks = self.tiers.len()
             + self.tiers.iter().filter(|t| t.penalty.is_some()).count()
-            + self.tiers.iter().filter(|t| t.overrides).count();
+            + self.tiers.iter().filter(|t| t.overrides).count()
+            + self.tiers.iter().map(|t| t.candidates.len()).sum::<usize>();
+        // Candidates need every request in a backend call: not beside a
+        // tier in lease mode (whose checks are answered without one).
+        let leased = self.tiers.iter().any(|t| t.lease.is_some());
         if checks > MAX_TIERS {
             return Err(ConfigError::TooManyTiers(checks));
         }
@@ -76,15 +80,20 @@ impl EngineBuilder {
                 }
             }
             plans.push(t.rollout.clone());
-            let (built, rt, lease) =
-                compile_tier(t, &mut seen, instances, &prefix, self.no_key_warn_after).and_then(
-                    |c| {
-                        if self.header_style.ietf() {
-                            structured_fields_fit(&c.0.name, &c.1)?;
-                        }
-                        Ok(c)
-                    },
-                )?;
+            let (built, rt, lease) = compile_tier(
+                t,
+                &mut seen,
+                instances,
+                &prefix,
+                self.no_key_warn_after,
+                leased,
+            )
+            .and_then(|c| {
+                if self.header_style.ietf() {
+                    structured_fields_fit(&c.0.name, &c.1)?;
+                }
+                Ok(c)
+            })?;
             tiers.push(built);
             runtime.push(rt);
             leases.push(lease);
@@ -240,6 +249,7 @@ fn compile_tier(
     instances: u32,
     prefix: &str,
     no_key_warn_after: u64,
+    leased: bool,
 ) -> Result<
     (
         BuiltTier,
@@ -342,6 +352,15 @@ fn compile_tier(
             home: None,
         });
     }
+    let candidates = super::candidates::compile(
+        &t.name,
+        t.algorithm,
+        t.cost,
+        t.quota,
+        &t.candidates,
+        t.calendar.as_ref(),
+        leased,
+    )?;
     let runtime = TierRuntime {
         mode: t.mode,
         quota: t.quota,
@@ -355,6 +374,8 @@ fn compile_tier(
     metrics::counter!(crate::engine::decide::COST_EXCEEDS_CAPACITY, "tier" => name.clone())
         .increment(0);
     let built = BuiltTier {
+        candidates,
+        candidates_live: Default::default(),
         no_key: NoKeyWatch::new(no_key_warn_after, t.no_key_cause),
         cost_exceeded_logged: std::sync::atomic::AtomicBool::new(false),
         calendar: t.calendar.map(crate::engine::runtime::CalendarBounds::new),

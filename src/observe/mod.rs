@@ -15,12 +15,14 @@
 //! | `tiered_ratelimit_key_errors_total` | counter | `tier`, `reason` (`missing_connect_info`, `configuration`, `request`) | key extractions that failed (the tier is skipped, or 503 under `Closed`) |
 
 pub(crate) mod anomaly;
+pub(crate) mod candidates;
 mod counts;
 pub(crate) mod fleet;
 pub(crate) mod recorder;
 pub(crate) mod topn;
 
 pub use anomaly::AnomalyConfig;
+pub use candidates::{CandidateKey, CandidateReport, CandidatesReport};
 pub use recorder::{AnomalyStatus, BucketCounts};
 pub use topn::BlockedKey;
 
