@@ -214,7 +214,12 @@ fn every_candidate_on_a_long_sequence() {
                 1 => next() % 300_000,
                 _ => next() % 2_000_000,
             };
-            (step, (next() % 3) as u8, 1 + next() % 3, next().is_multiple_of(4))
+            (
+                step,
+                (next() % 3) as u8,
+                1 + next() % 3,
+                next().is_multiple_of(4),
+            )
         })
         .collect();
     let all = algorithm_limits();

@@ -1555,7 +1555,11 @@ async fn cross_slot_candidates_agree_with_the_model() {
                 let now = clock.now_us();
                 let key = rng.next() % 3;
                 let cost = 1 + rng.next() % 3;
-                let shadow = if rng.next().is_multiple_of(4) { 0b10 } else { 0 };
+                let shadow = if rng.next().is_multiple_of(4) {
+                    0b10
+                } else {
+                    0
+                };
                 let at = |key: String, limit: Limit, cost: u64| TierCheck {
                     key,
                     cost: cost.min(limit.capacity() + 1),

@@ -1,0 +1,236 @@
+//! Candidate quotas over real HTTP (docs/rollout.md, "Candidate quotas"):
+//! the live answers with and without candidates are identical byte for
+//! byte, and `GET /api/candidates/{tier}` reports exact would-deny counts,
+//! distinct keys and heaviest keys for known per-key rates.
+
+use crate::support::*;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tiered_ratelimit::{
+    admin,
+    key::{Global, User},
+    Algorithm, Quota, RateLimitLayer, Tier,
+};
+
+const TOKEN: &str = "test-admin-token-0123456789";
+const BASE: &str = "/admin/ratelimit";
+
+both_backends!(
+    live_answers_are_identical_with_and_without_candidates,
+    would_deny_counts_are_exact_for_known_rates,
+);
+
+async fn start(layer: RateLimitLayer) -> SocketAddr {
+    let router = admin::router(layer.handle(), TOKEN);
+    serve(app(layer).nest(BASE, router)).await
+}
+
+async fn as_user(addr: SocketAddr, user: &str, path: &str) -> reqwest::Response {
+    client()
+        .get(format!("http://{addr}{path}"))
+        .header("authorization", format!("Bearer {user}"))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Status, headers (but `date`) and body of a response.
+async fn answer(res: reqwest::Response) -> (StatusCode, Vec<(String, Vec<u8>)>, Vec<u8>) {
+    let status = res.status();
+    let mut headers: Vec<(String, Vec<u8>)> = res
+        .headers()
+        .iter()
+        .filter(|(k, _)| *k != "date")
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect();
+    headers.sort();
+    (status, headers, res.bytes().await.unwrap().to_vec())
+}
+
+/// The same tiers, with candidates or without: a token bucket per user
+/// (5/min), a global fixed window (30/min), and when `with`, two
+/// candidates on each.
+fn tiers(with: bool) -> Vec<Tier> {
+    let user = Tier::new("user", User, Quota::per_minute(5));
+    let global =
+        Tier::new("global", Global, Quota::per_minute(30)).algorithm(Algorithm::FixedWindow);
+    if with {
+        vec![
+            user.candidates([Quota::per_minute(3), Quota::per_minute(8).burst(10)]),
+            global.candidates([Quota::per_minute(20), Quota::per_minute(40)]),
+        ]
+    } else {
+        vec![user, global]
+    }
+}
+
+/// One server with candidates and one without, on backends of their own
+/// with one clock: 200 requests of five users, clock steps between them;
+/// every answer (status, headers, body) is the same on both, 429s included.
+async fn live_answers_are_identical_with_and_without_candidates(env: Env) {
+    let other: tiered_ratelimit::backend::Backend = match &env.redis {
+        Some(r) => r.backend_on(&env.clock).into(),
+        None => {
+            tiered_ratelimit::backend::MemoryBackend::with_manual_clock(env.clock.clone()).into()
+        }
+    };
+    let mut with = env.builder();
+    for t in tiers(true) {
+        with = with.tier(t);
+    }
+    let mut without = env.builder().backend(other).key_prefix("bare");
+    for t in tiers(false) {
+        without = without.tier(t);
+    }
+    let (a, b) = (
+        start(with.build().unwrap()).await,
+        start(without.build().unwrap()).await,
+    );
+    let mut rng = crate::support::rng::Rng::new(0xC0FF_EE11);
+    let (mut limited, mut passed) = (0, 0);
+    for i in 0..200 {
+        let user = format!("u{}", rng.next() % 5);
+        let path = if rng.next().is_multiple_of(3) {
+            "/users/7"
+        } else {
+            "/"
+        };
+        let x = answer(as_user(a, &user, path).await).await;
+        let y = answer(as_user(b, &user, path).await).await;
+        assert_eq!(x, y, "request {i} ({user} {path})");
+        if x.0 == StatusCode::TOO_MANY_REQUESTS {
+            limited += 1;
+        } else {
+            passed += 1;
+        }
+        env.clock.advance(Duration::from_millis(rng.next() % 4_000));
+    }
+    assert!(
+        limited > 20 && passed > 20,
+        "{limited} limited, {passed} passed"
+    );
+}
+
+/// Known per-key rates inside one fixed minute: user `u<i>` sends
+/// `RATES[i]` requests. The live quota (7/min) denies only u4's last two;
+/// a candidate of L/min would deny `max(0, r - L)` of each key's (it is
+/// charged as the tier's only quota: the live denials do not change it),
+/// so its counts, distinct keys and heaviest keys are known in advance.
+async fn would_deny_counts_are_exact_for_known_rates(env: Env) {
+    const RATES: [u64; 5] = [1, 3, 4, 6, 9];
+    let candidates = [3u64, 5, 10];
+    let layer = env
+        .builder()
+        .tier(
+            Tier::new("user", User, Quota::per_minute(7))
+                .algorithm(Algorithm::FixedWindow)
+                .candidates(candidates.map(Quota::per_minute)),
+        )
+        .tier(Tier::new("global", Global, Quota::per_minute(1_000)))
+        .build()
+        .unwrap();
+    let addr = start(layer).await;
+    // The window of T0 (T0 is 20 s into its minute): 40 s of room.
+    let mut sent = Vec::new();
+    for (u, &r) in RATES.iter().enumerate() {
+        for _ in 0..r {
+            sent.push(format!("u{u}"));
+        }
+    }
+    // Interleaved: every key's requests spread over the window.
+    let mut rng = crate::support::rng::Rng::new(7);
+    for i in (1..sent.len()).rev() {
+        sent.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+    }
+    let mut live_denied = 0;
+    for user in &sent {
+        if as_user(addr, user, "/").await.status() == StatusCode::TOO_MANY_REQUESTS {
+            live_denied += 1;
+        }
+        env.clock.advance(Duration::from_millis(1_000));
+    }
+    assert_eq!(live_denied, 2);
+    let total: u64 = RATES.iter().sum();
+    let model = |limit: u64| {
+        let mut over: Vec<(String, u64)> = RATES
+            .iter()
+            .enumerate()
+            .filter(|(_, &r)| r > limit)
+            .map(|(u, &r)| (format!("u{u}"), r - limit))
+            .collect();
+        over.sort_by_key(|o| std::cmp::Reverse(o.1));
+        json!({
+            "quota": format!("{limit}/1m"),
+            "requests": total,
+            "would_deny": over.iter().map(|o| o.1).sum::<u64>(),
+            "keys_denied": over.len(),
+            "top": over.iter().map(|(k, c)| json!({"key": k, "count": c})).collect::<Vec<_>>(),
+        })
+    };
+    let res = client()
+        .get(format!("http://{addr}{BASE}/api/candidates/user?window=1h"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({
+            "tier": "user",
+            "window_secs": 3600,
+            "live": {
+                "quota": "7/1m",
+                "requests": total,
+                "would_deny": 2,
+                "keys_denied": 1,
+                "top": [{"key": "u4", "count": 2}],
+            },
+            "candidates": candidates.map(model).to_vec(),
+        })
+    );
+    // A tier without candidates answers none; an unknown tier, 404.
+    let res = client()
+        .get(format!("http://{addr}{BASE}/api/candidates/global"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["candidates"], json!([]));
+    let res = client()
+        .get(format!("http://{addr}{BASE}/api/candidates/nope"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::NOT_FOUND);
+}
+
+/// Misconfiguration fails at build time naming the field.
+#[test]
+fn refused_candidates_name_their_field() {
+    let build = |t: Tier| {
+        RateLimitLayer::builder()
+            .tier(t)
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    let user = || Tier::new("user", User, Quota::per_minute(10));
+    assert_eq!(
+        build(user().candidates([Quota::per_minute(5), Quota::per_minute(0)])),
+        "tier \"user\": candidates[1].limit: must be greater than 0"
+    );
+    assert_eq!(
+        build(user().candidates((1..=5).map(Quota::per_minute))),
+        "tier \"user\": candidates: 5 candidates; a tier takes at most 4 (each is one more key read and written per request)"
+    );
+    assert!(
+        build(Tier::concurrency("c", User, 4).candidates([Quota::per_minute(5)]))
+            .starts_with("tier \"c\": candidates: a concurrency tier takes none")
+    );
+}
