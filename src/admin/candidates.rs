@@ -11,8 +11,9 @@ use http::StatusCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// `?window=1h` (humantime, rounded up to whole hours, at most 24 h) and
-/// `?n=10` (each candidate's top keys).
+/// `?window=1h` (humantime, rounded up to whole hours, at most 24 h),
+/// `?n=10` (each candidate's top keys) and `?scope=fleet` (every
+/// instance's counts, from Redis; default `process`).
 pub(super) async fn api_candidates(
     State(admin): State<Arc<Admin>>,
     Path(tier): Path<String>,
@@ -20,6 +21,7 @@ pub(super) async fn api_candidates(
 ) -> Response {
     let mut n = admin.top_n;
     let mut window = admin.window;
+    let mut fleet = false;
     for (k, v) in form_pairs(req.uri().query().unwrap_or("")) {
         match k.as_str() {
             "n" => match v.parse::<usize>() {
@@ -36,10 +38,38 @@ pub(super) async fn api_candidates(
                     )
                 }
             },
+            "scope" => match v.as_str() {
+                "process" => fleet = false,
+                "fleet" => fleet = true,
+                _ => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_scope",
+                        "scope: process or fleet",
+                    )
+                }
+            },
             _ => {}
         }
     }
-    match admin.handle.candidates(&tier, n, window) {
+    let report = if fleet && admin.handle.candidates(&tier, 1, window).is_some() {
+        match admin.handle.candidates_fleet(&tier, n, window).await {
+            Ok(r) => Some(r),
+            Err(e @ crate::BackendError::Unsupported(_)) => {
+                return error(StatusCode::BAD_REQUEST, "no_fleet_counts", &e.to_string())
+            }
+            Err(e) => {
+                return error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "backend_failed",
+                    &e.to_string(),
+                )
+            }
+        }
+    } else {
+        admin.handle.candidates(&tier, n, window)
+    };
+    match report {
         Some(report) => match serde_json::to_value(&report) {
             Ok(body) => json_response(StatusCode::OK, &body),
             Err(e) => error(

@@ -146,6 +146,7 @@ impl EngineBuilder {
                 Clock::Monotonic { .. } => MemoryBackend::new(),
             });
         let penalties = tiers.iter().any(|t| t.penalty.is_some());
+        let any_candidates = tiers.iter().any(|t| !t.candidates.is_empty());
         let overrides = tiers.iter().any(|t| t.overrides);
         let is_concurrency = |t: &&BuiltTier| matches!(t.algorithm, Algorithm::Concurrency { .. });
         let concurrency = tiers.iter().any(|t| is_concurrency(&t));
@@ -221,6 +222,13 @@ impl EngineBuilder {
                         hour: u64::MAX,
                         ..Default::default()
                     })
+                }),
+                fleet_candidates: (self.fleet_top_n && single_redis && any_candidates).then(|| {
+                    crate::observe::fleet_candidates::FleetCandidates::new(
+                        Arc::from(prefix.as_str()),
+                        self.fleet_flush_interval,
+                        self.fleet_pending_keys,
+                    )
                 }),
                 fleet_blocked: (self.fleet_top_n && single_redis).then(|| {
                     crate::observe::fleet::FleetBlocked::new(

@@ -206,6 +206,16 @@ pub(crate) fn take(shared: &Shared, meta: &mut Meta, result: &mut Result<Verdict
                 continue;
             };
             record(t, c, check, d.allowed, now_s);
+            if let Some(f) = &shared.telemetry.fleet_candidates {
+                f.record(
+                    &shared.backend,
+                    &t.name,
+                    &c.label,
+                    part(t, c, check),
+                    !d.allowed,
+                    v.now_us,
+                );
+            }
             // The live quota's decision on the same request, once.
             let of = meta.live_of.get(j).copied();
             if j == 0 || meta.live_of.get(j - 1).copied() != of {
@@ -218,6 +228,10 @@ pub(crate) fn take(shared: &Shared, meta: &mut Meta, result: &mut Result<Verdict
                 if let Some((d, check)) = live {
                     let part = check.key.get(t.key_base.len()..).unwrap_or("");
                     t.candidates_live.record(part, !d.allowed, now_s);
+                    if let Some(f) = &shared.telemetry.fleet_candidates {
+                        let live = crate::observe::fleet_candidates::live();
+                        f.record(&shared.backend, &t.name, &live, part, !d.allowed, v.now_us);
+                    }
                 }
             }
         }
@@ -229,14 +243,18 @@ pub(crate) fn take(shared: &Shared, meta: &mut Meta, result: &mut Result<Verdict
     meta.candidates.clear();
 }
 
-/// One candidate decision counted: its stats and its metric.
-fn record(t: &BuiltTier, c: &BuiltCandidate, check: &TierCheck, allowed: bool, now_s: u64) {
-    let part = check
+/// The key part of a candidate's check (its live key's).
+fn part<'k>(t: &BuiltTier, c: &BuiltCandidate, check: &'k TierCheck) -> &'k str {
+    check
         .key
         .strip_suffix(c.suffix.as_str())
         .and_then(|k| k.get(t.key_base.len()..))
-        .unwrap_or("");
-    c.stats.record(part, !allowed, now_s);
+        .unwrap_or("")
+}
+
+/// One candidate decision counted: its stats and its metric.
+fn record(t: &BuiltTier, c: &BuiltCandidate, check: &TierCheck, allowed: bool, now_s: u64) {
+    c.stats.record(part(t, c, check), !allowed, now_s);
     let decision = if allowed { "allowed" } else { "would_deny" };
     metrics::counter!(
         CANDIDATE_DECISIONS,

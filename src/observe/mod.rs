@@ -19,6 +19,7 @@ pub(crate) mod anomaly;
 pub(crate) mod candidates;
 mod counts;
 pub(crate) mod fleet;
+pub(crate) mod fleet_candidates;
 pub(crate) mod recorder;
 pub(crate) mod topn;
 

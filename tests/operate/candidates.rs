@@ -234,3 +234,106 @@ fn refused_candidates_name_their_field() {
             .starts_with("tier \"c\": candidates: a concurrency tier takes none")
     );
 }
+
+/// Two instances on one Redis, each user's requests alternating between
+/// them: the fleet-wide counts (`?scope=fleet`), read from either
+/// instance, are the per-process counts summed, and those of the known
+/// rates as one process would count them (the counts arrive with the
+/// next flush: polled, at most 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_wide_counts_are_equal_across_two_instances() {
+    const RATES: [u64; 5] = [1, 3, 4, 6, 9];
+    let redis = RedisServer::start();
+    let clock = tiered_ratelimit::backend::ManualClock::new(T0_US);
+    let layer = || {
+        RateLimitLayer::builder()
+            .backend(redis.backend_on(&clock))
+            .fleet_top_n_flush(Duration::from_millis(50), 1000)
+            .tier(
+                Tier::new("user", User, Quota::per_minute(7))
+                    .algorithm(Algorithm::FixedWindow)
+                    .candidates([Quota::per_minute(3), Quota::per_minute(5)]),
+            )
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (start(layer()).await, start(layer()).await);
+    let mut n = 0;
+    for (u, &r) in RATES.iter().enumerate() {
+        for _ in 0..r {
+            let addr = if n % 2 == 0 { a } else { b };
+            n += 1;
+            as_user(addr, &format!("u{u}"), "/").await;
+            clock.advance(Duration::from_millis(500));
+        }
+    }
+    let total: u64 = RATES.iter().sum();
+    let counts = |limit: u64| {
+        let over: Vec<u64> = RATES
+            .iter()
+            .filter(|&&r| r > limit)
+            .map(|r| r - limit)
+            .collect();
+        (
+            format!("{limit}/1m"),
+            total,
+            over.iter().sum::<u64>(),
+            over.len() as u64,
+        )
+    };
+    let want = vec![counts(7), counts(3), counts(5)];
+    let read = |addr: SocketAddr, scope: &'static str| async move {
+        let body: Value = client()
+            .get(format!(
+                "http://{addr}{BASE}/api/candidates/user?window=1h&scope={scope}"
+            ))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let one = |c: &Value| {
+            (
+                c["quota"].as_str().unwrap().to_owned(),
+                c["requests"].as_u64().unwrap(),
+                c["would_deny"].as_u64().unwrap(),
+                c["keys_denied"].as_u64().unwrap(),
+            )
+        };
+        let mut all = vec![one(&body["live"])];
+        all.extend(body["candidates"].as_array().unwrap().iter().map(one));
+        (all, body)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (fleet_a, body_a) = loop {
+        let (got, body) = read(a, "fleet").await;
+        if got == want || std::time::Instant::now() > deadline {
+            break (got, body);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(fleet_a, want);
+    let (fleet_b, body_b) = read(b, "fleet").await;
+    assert_eq!(
+        body_a, body_b,
+        "the two instances read the same fleet-wide counts"
+    );
+    assert_eq!(fleet_b, want);
+    // The per-process counts sum to them.
+    let ((pa, _), (pb, _)) = (read(a, "process").await, read(b, "process").await);
+    let summed: Vec<_> = pa
+        .iter()
+        .zip(&pb)
+        .map(|(x, y)| (x.0.clone(), x.1 + y.1, x.2 + y.2))
+        .collect();
+    let fleet: Vec<_> = want.iter().map(|w| (w.0.clone(), w.1, w.2)).collect();
+    assert_eq!(summed, fleet);
+    assert!(pa[0].1 > 0 && pb[0].1 > 0, "both instances served requests");
+    // The heaviest would-be-denied keys of 3/1m: u4 6, u3 3, u2 1.
+    assert_eq!(
+        body_a["candidates"][0]["top"],
+        json!([{"key": "u4", "count": 6}, {"key": "u3", "count": 3}, {"key": "u2", "count": 1}])
+    );
+}
