@@ -20,18 +20,7 @@ impl RateLimitHandle {
         let t = self.shared.config.tiers.get(i)?;
         let hours = window.as_secs().div_ceil(3600).clamp(1, 24);
         let now_s = self.shared.local_clock.now_us() / 1_000_000;
-        let live_label = self
-            .shared
-            .live
-            .runtime
-            .load()
-            .tiers
-            .get(i)
-            .map(|r| {
-                let calendar = t.calendar.as_ref().map(|c| c.calendar.period().name());
-                crate::engine::candidates::label(&r.quota, calendar)
-            })
-            .unwrap_or_default();
+        let live_label = self.live_label(i);
         Some(CandidatesReport {
             tier: tier.to_owned(),
             window_secs: hours * 3600,
@@ -46,6 +35,43 @@ impl RateLimitHandle {
 }
 
 impl RateLimitHandle {
+    /// [`candidates`](Self::candidates) since the layer was built, in this
+    /// process (`window_secs` 0): what `tiered-ratelimit replay` reports of
+    /// a policy's candidates. Each candidate's heaviest keys are those of
+    /// the last 24 clock hours. `None` for an unknown tier.
+    pub fn candidates_total(&self, tier: &str, n: usize) -> Option<CandidatesReport> {
+        let i = self.shared.config.tier_index(tier).ok()?;
+        let t = self.shared.config.tiers.get(i)?;
+        let now_s = self.shared.local_clock.now_us() / 1_000_000;
+        let live_label = self.live_label(i);
+        Some(CandidatesReport {
+            tier: tier.to_owned(),
+            window_secs: 0,
+            live: t.candidates_live.report(&live_label, u64::MAX, n, now_s),
+            candidates: t
+                .candidates
+                .iter()
+                .map(|c| c.stats.report(&c.label, u64::MAX, n, now_s))
+                .collect(),
+        })
+    }
+
+    /// Tier `i`'s live quota as a candidate's label.
+    fn live_label(&self, i: usize) -> String {
+        let t = &self.shared.config.tiers[i];
+        self.shared
+            .live
+            .runtime
+            .load()
+            .tiers
+            .get(i)
+            .map(|r| {
+                let calendar = t.calendar.as_ref().map(|c| c.calendar.period().name());
+                crate::engine::candidates::label(&r.quota, calendar)
+            })
+            .unwrap_or_default()
+    }
+
     /// [`candidates`](Self::candidates) across the whole fleet: every
     /// instance's counts, from the hourly hashes and sets each one flushes
     /// to Redis once per

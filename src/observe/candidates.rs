@@ -97,10 +97,19 @@ impl Hour {
     }
 }
 
-/// One candidate's counts, the last 24 clock hours.
+/// One candidate's counts, the last 24 clock hours, and since the layer
+/// was built (without its heaviest keys).
 #[derive(Default)]
 pub(crate) struct CandidateStats {
-    hours: Mutex<VecDeque<Hour>>,
+    hours: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    hours: VecDeque<Hour>,
+    /// Since the layer was built: requests, would-be denials, distinct
+    /// denied keys (hashes, up to [`MAX_KEYS`]) and whether capped.
+    total: (u64, u64, HashSet<u64>, bool),
 }
 
 impl std::fmt::Debug for CandidateStats {
@@ -114,7 +123,18 @@ impl CandidateStats {
     /// whether the candidate would have denied it.
     pub(crate) fn record(&self, key: &str, denied: bool, now_s: u64) {
         let hour = now_s / 3600;
-        let mut hours = self.hours.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = self.hours.lock().unwrap_or_else(|e| e.into_inner());
+        let Counts { hours, total } = &mut *counts;
+        total.0 += 1;
+        if denied {
+            total.1 += 1;
+            let hash = xxhash_rust::xxh3::xxh3_64(key.as_bytes());
+            if total.2.len() < MAX_KEYS {
+                total.2.insert(hash);
+            } else if !total.2.contains(&hash) {
+                total.3 = true;
+            }
+        }
         if hours.back().is_none_or(|h| h.hour != hour) {
             hours.push_back(Hour::new(hour));
             while hours.len() > 24 {
@@ -138,7 +158,9 @@ impl CandidateStats {
     }
 
     /// The counts of the last `hours_back` clock hours (1-24, the current
-    /// one included) before `now_s`, with the `n` heaviest keys.
+    /// one included) before `now_s`, with the `n` heaviest keys; with
+    /// `u64::MAX`, since the layer was built (its heaviest keys those of
+    /// the last 24 hours).
     pub(crate) fn report(
         &self,
         quota: &str,
@@ -147,7 +169,8 @@ impl CandidateStats {
         now_s: u64,
     ) -> CandidateReport {
         let first = (now_s / 3600).saturating_sub(hours_back.clamp(1, 24) - 1);
-        let hours = self.hours.lock().unwrap_or_else(|e| e.into_inner());
+        let counts = self.hours.lock().unwrap_or_else(|e| e.into_inner());
+        let hours = &counts.hours;
         let mut report = CandidateReport {
             quota: quota.to_owned(),
             requests: 0,
@@ -167,6 +190,13 @@ impl CandidateStats {
             let _ = merged.merge(&h.top);
         }
         report.keys_denied = keys.len() as u64;
+        if hours_back == u64::MAX {
+            // Since the layer was built.
+            report.requests = counts.total.0;
+            report.would_deny = counts.total.1;
+            report.keys_denied = counts.total.2.len() as u64;
+            report.keys_capped = counts.total.3;
+        }
         report.top = merged
             .into_sorted_vec()
             .into_iter()

@@ -117,6 +117,12 @@ impl Replayer {
     /// The report of everything replayed.
     pub fn finish(self) -> Report {
         let shadow_known = matches!(self.engine, EngineImpl::Direct(_));
+        let candidates = self
+            .policy_summary
+            .iter()
+            .filter_map(|t| self.handle.candidates_total(&t.name, self.top))
+            .filter(|c| !c.candidates.is_empty())
+            .collect();
         self.collector.finish(
             self.engine_name,
             self.modes_name,
@@ -124,6 +130,7 @@ impl Replayer {
             self.routes.patterns().to_vec(),
             self.top,
             shadow_known,
+            candidates,
         )
     }
 }

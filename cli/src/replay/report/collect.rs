@@ -249,6 +249,7 @@ impl Collector {
         routes: Vec<String>,
         top: usize,
         shadow_known: bool,
+        candidates: Vec<tiered_ratelimit::observe::CandidatesReport>,
     ) -> Report {
         self.flush_minute();
         let n = self.tiers.len();
@@ -349,11 +350,12 @@ impl Collector {
             endpoints,
             peak_minute,
             timeline,
+            candidates,
         }
     }
 }
 
-fn rate(a: u64, b: u64) -> f64 {
+pub(super) fn rate(a: u64, b: u64) -> f64 {
     if b == 0 {
         0.0
     } else {
