@@ -1220,7 +1220,7 @@ fn candidates_agree_with_replays_of_their_quotas() {
     ];
     dir.file(
         "policy.toml",
-        &tier_toml(
+        tier_toml(
             "limit = 60\nperiod = \"1m\"",
             "candidates = [{ limit = 30, period = \"1m\" }, { limit = 120, period = \"1m\" }, { limit = 40, period = \"1m\", burst = 80 }]",
         ),
@@ -1236,7 +1236,7 @@ fn candidates_agree_with_replays_of_their_quotas() {
     assert_eq!(report["live"]["keys_denied"], live["distinct_keys_blocked"]);
     let mut denied = Vec::new();
     for (j, (label, quota)) in quotas.iter().enumerate() {
-        dir.file(&format!("policy{j}.toml"), &tier_toml(quota, ""));
+        dir.file(&format!("policy{j}.toml"), tier_toml(quota, ""));
         let alone = json(
             &dir.0,
             &[

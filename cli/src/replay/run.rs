@@ -123,14 +123,15 @@ impl Replayer {
             .filter_map(|t| self.handle.candidates_total(&t.name, self.top))
             .filter(|c| !c.candidates.is_empty())
             .collect();
-        self.collector.finish(
+        let mut report = self.collector.finish(
             self.engine_name,
             self.modes_name,
             self.policy_summary,
             self.routes.patterns().to_vec(),
             self.top,
             shadow_known,
-            candidates,
-        )
+        );
+        report.candidates = candidates;
+        report
     }
 }

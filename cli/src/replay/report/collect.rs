@@ -249,7 +249,6 @@ impl Collector {
         routes: Vec<String>,
         top: usize,
         shadow_known: bool,
-        candidates: Vec<tiered_ratelimit::observe::CandidatesReport>,
     ) -> Report {
         self.flush_minute();
         let n = self.tiers.len();
@@ -350,7 +349,7 @@ impl Collector {
             endpoints,
             peak_minute,
             timeline,
-            candidates,
+            candidates: Vec::new(),
         }
     }
 }
