@@ -147,7 +147,7 @@ local function tier_spec(s)
     -- this call (its tier's live check); t[15] that number.
     if has_flag(flags, 16) then t[15] = math.floor(flags / 32) end
     local plain = false
-    if not t[7] and not t[11] and not t[15] and not home then
+    if not t[7] and not t[11] and not home then
       if algorithm == token_bucket and t[3] == 1 and t[9] then
         plain = 1
       elseif algorithm == fixed_window then
@@ -216,7 +216,8 @@ local function check_plain(now, first, n, states)
   local spec = ARGV[first]
   local t = specs[spec]
   if t == nil then t = tier_spec(spec) end
-  if not t or not t[10] then return nil end
+  -- (A candidate comes after its live tier: never first but in a test.)
+  if not t or not t[10] or t[15] then return nil end
   -- The reply presized as check_request's (it ends at its first nil); the
   -- first tier's write in locals, the others' in a table made for them.
   local out
@@ -229,7 +230,7 @@ local function check_plain(now, first, n, states)
   end
   local o = 1
   local value1, px1, writes
-  local rejected
+  local rejected, cands
   for i = 1, n do
     local value, px
     if i > 1 then
@@ -240,6 +241,10 @@ local function check_plain(now, first, n, states)
     end
     local kind = t[10]
     local v = states[i]
+    if t[15] then
+      -- A candidate of the live tier numbered t[15].
+      if cands then cands[i] = t[15] else cands = { [i] = t[15] } end
+    end
     if kind == 1 or kind == 5 then
       -- A bucket of rate 1: the µs it is short of full (the token bucket)
       -- or its backlog (the leaky bucket) is TAT - now.
@@ -281,7 +286,7 @@ local function check_plain(now, first, n, states)
         px = px + ttl_slack_ms
       else
         out[o + 1] = -missing - 1
-        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+        if t[15] then elseif rejected then rejected[#rejected + 1] = i else rejected = { i } end
       end
       o = o + 1
     elseif kind == 6 or kind == 7 then
@@ -322,7 +327,7 @@ local function check_plain(now, first, n, states)
       end
       if allowed ~= 1 then
         out[o + 1], out[o + 2], out[o + 3] = -remaining - 1, reset, retry
-        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+        if t[15] then elseif rejected then rejected[#rejected + 1] = i else rejected = { i } end
         o = o + 3
       elseif t[9] then
         -- Short: its remaining alone (its reset is the window, its wait 0).
@@ -384,7 +389,7 @@ local function check_plain(now, first, n, states)
         local _, remaining, reset, retry = sliding_window_counter(KEYS[i], now, limit, window,
           0, 0, cost, v, false)
         out[o + 1], out[o + 2], out[o + 3] = -remaining - 1, reset, retry
-        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+        if t[15] then elseif rejected then rejected[#rejected + 1] = i else rejected = { i } end
       end
       o = o + 3
     else
@@ -443,6 +448,8 @@ local function check_plain(now, first, n, states)
           value = string.format('%d:%d', start, after)
         end
         px = px_of(end_in + margin)
+      elseif t[15] then
+        -- A candidate's denial rejects nothing (below).
       elseif rejected then
         rejected[#rejected + 1] = i
       else
@@ -458,6 +465,26 @@ local function check_plain(now, first, n, states)
     end
   end
   out[o + 1] = nil
+  -- Candidates (flag +16, never the first tier): each charged when it
+  -- allowed and every live tier but its own did (check_request's rule;
+  -- every plain tier is enforced).
+  if cands then
+    local one = rejected and #rejected == 1 and rejected[1]
+    for i = 2, n do
+      local live = cands[i]
+      if live and writes and writes[2 * i - 1] ~= nil and (not rejected or one == live) then
+        local value, px = writes[2 * i - 1], writes[2 * i]
+        if not px then
+          value()
+        elseif px > 0 then
+          redis.call('SET', KEYS[i], value, 'PX', px)
+        else
+          log_write(KEYS[i], now, value, -px)
+        end
+      end
+      if live and writes then writes[2 * i - 1] = nil end
+    end
+  end
   if not rejected then
     -- px: a SET's PX; negative, a sliding log's (log_write); false, a
     -- function that writes.
@@ -477,8 +504,10 @@ local function check_plain(now, first, n, states)
       redis.call('PEXPIRE', KEYS[1], -px1)
     end
     for i = 2, n do
-      local value, px = writes[2 * i - 1], writes[2 * i]
-      if not px then
+      local value, px = writes and writes[2 * i - 1], writes and writes[2 * i]
+      if value == nil then
+        -- A candidate (written above).
+      elseif not px then
         value()
       elseif px > 0 then
         redis.call('SET', KEYS[i], value, 'PX', px)

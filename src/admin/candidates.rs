@@ -81,3 +81,67 @@ pub(super) async fn api_candidates(
         None => unknown_tier(&tier),
     }
 }
+
+/// The page's table of candidate quotas (only when a tier has some): per
+/// tier, its live quota then each candidate, over the page's window, in
+/// this process: requests, would-be denials and their share, distinct keys
+/// denied, and the three heaviest.
+pub(super) fn render_candidates(
+    s: &mut String,
+    admin: &Admin,
+    tiers: &[crate::handle::TierStatus],
+) {
+    use super::html::Esc;
+    use std::fmt::Write as _;
+    let reports: Vec<_> = tiers
+        .iter()
+        .filter_map(|t| admin.handle.candidates(&t.name, 3, admin.window))
+        .filter(|r| !r.candidates.is_empty())
+        .collect();
+    let Some(first) = reports.first() else {
+        return;
+    };
+    let _ = write!(
+        s,
+        r#"<section class="wide"><h2>Candidate quotas, last {} h</h2><table id="candidates"><tr><th>tier</th><th>quota</th><th class="n">requests</th><th class="n">would deny</th><th class="n">rate</th><th class="n">keys denied</th><th>heaviest</th></tr>"#,
+        first.window_secs / 3600
+    );
+    for r in &reports {
+        let live = std::iter::once((true, &r.live));
+        for (is_live, c) in live.chain(r.candidates.iter().map(|c| (false, c))) {
+            #[allow(clippy::cast_precision_loss)]
+            let rate = if c.requests == 0 {
+                0.0
+            } else {
+                c.would_deny as f64 * 100.0 / c.requests as f64
+            };
+            let top: Vec<String> = c
+                .top
+                .iter()
+                .map(|k| format!("<code>{}</code> {}", Esc(&k.key), k.count))
+                .collect();
+            let _ = write!(
+                s,
+                r#"<tr{}><td><code>{}</code></td><td>{}{}</td><td class="n">{}</td><td class="n">{}</td><td class="n">{rate:.2}%</td><td class="n">{}{}</td><td>{}</td></tr>"#,
+                if is_live { r#" class="live""# } else { "" },
+                Esc(&r.tier),
+                Esc(&c.quota),
+                if is_live {
+                    " <span class=\"muted\">live</span>"
+                } else {
+                    ""
+                },
+                c.requests,
+                c.would_deny,
+                c.keys_denied,
+                if c.keys_capped { "+" } else { "" },
+                if top.is_empty() {
+                    "<span class=\"muted\">–</span>".to_owned()
+                } else {
+                    top.join(", ")
+                },
+            );
+        }
+    }
+    s.push_str("</table></section>");
+}

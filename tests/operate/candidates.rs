@@ -192,6 +192,24 @@ async fn would_deny_counts_are_exact_for_known_rates(env: Env) {
             "candidates": candidates.map(model).to_vec(),
         })
     );
+    // The admin page's table: the live quota, then each candidate.
+    let page = client()
+        .get(format!("http://{addr}{BASE}/"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(r#"<table id="candidates">"#), "{page}");
+    for row in [
+        r#"<tr class="live"><td><code>user</code></td><td>7/1m <span class="muted">live</span></td><td class="n">23</td><td class="n">2</td><td class="n">8.70%</td><td class="n">1</td><td><code>u4</code> 2</td></tr>"#,
+        r#"<tr><td><code>user</code></td><td>3/1m</td><td class="n">23</td><td class="n">10</td><td class="n">43.48%</td><td class="n">3</td><td><code>u4</code> 6, <code>u3</code> 3, <code>u2</code> 1</td></tr>"#,
+        r#"<tr><td><code>user</code></td><td>10/1m</td><td class="n">23</td><td class="n">0</td><td class="n">0.00%</td><td class="n">0</td><td><span class="muted">–</span></td></tr>"#,
+    ] {
+        assert!(page.contains(row), "{row} not in the page");
+    }
     // A tier without candidates answers none; an unknown tier, 404.
     let res = client()
         .get(format!("http://{addr}{BASE}/api/candidates/global"))

@@ -1576,6 +1576,11 @@ async fn cross_slot_candidates_agree_with_the_model() {
                     at(format!("{kb}{{c:1}}"), cb, 1),
                 ];
                 let live_of = [0u8, 0, 1, 1];
+                // Each candidate in its live key's slot: one call a slot.
+                assert_eq!(
+                    cluster.keyslot(&format!("{}{{c:0}}", ckey(&ka))),
+                    cluster.keyslot(&ckey(&ka))
+                );
                 if cluster.keyslot(&ckey(&ka)) != cluster.keyslot(&ckey(&kb)) {
                     cross += 1;
                 }

@@ -59,9 +59,13 @@ pub(super) enum Via {
     Conn(ClusterConnection),
 }
 
+/// How a candidate quota's key suffix starts (`engine/candidates.rs`).
+const CANDIDATE_TAG: &str = "{c:";
+
 /// The Redis key of a layer key in a cluster: the whole key as hash tag.
 /// A penalty box's key (`<key>{pb}`) keeps its tier key's tag, so both
-/// are checked in one call: `{<key>}{pb}`.
+/// are checked in one call: `{<key>}{pb}`; so do an override's read
+/// (`{<key>}{ov}`) and a candidate quota's (`{<key>}{c:80/1m}`).
 pub(crate) fn cluster_key(key: &str) -> String {
     for suffix in [
         crate::algorithm::PENALTY_KEY_SUFFIX,
@@ -72,6 +76,16 @@ pub(crate) fn cluster_key(key: &str) -> String {
             k.push_str(suffix);
             return k;
         }
+    }
+    // A candidate quota's key, `<tier key>{c:<quota>}`: its tier key's tag.
+    if let Some(at) = key
+        .ends_with('}')
+        .then(|| key.rfind(CANDIDATE_TAG))
+        .flatten()
+    {
+        let mut k = cluster_key(&key[..at]);
+        k.push_str(&key[at..]);
+        return k;
     }
     let mut k = String::with_capacity(key.len() + 2);
     k.push('{');
@@ -555,6 +569,11 @@ mod tests {
         assert_ne!(
             Slot::for_key(cluster_key("rl:user:%7Bx%7D")),
             Slot::for_key("x")
+        );
+        // A candidate quota's key keeps its tier key's tag.
+        assert_eq!(
+            cluster_key("rl:user:alice{c:80/1m,burst=100}"),
+            "{rl:user:alice}{c:80/1m,burst=100}"
         );
     }
 }
