@@ -35,6 +35,8 @@ pub(crate) struct BuiltCandidate {
     /// Its quota as written (`80/1m`): the metric's label, the report's
     /// `quota`, and part of its key suffix.
     pub(crate) label: Arc<str>,
+    /// Its quota (a calendar tier's: of the tier's period).
+    pub(crate) quota: Quota,
     pub(crate) limit: Limit,
     /// `{c:<label>}`, appended to the live key.
     pub(crate) suffix: String,
@@ -134,6 +136,7 @@ pub(crate) fn compile(
         built.push(BuiltCandidate {
             suffix: format!("{{c:{label}}}"),
             label: Arc::from(label),
+            quota: q,
             limit,
             stats: CandidateStats::default(),
         });

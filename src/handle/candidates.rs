@@ -56,6 +56,28 @@ impl RateLimitHandle {
         })
     }
 
+    /// Tier `tier`'s candidate named `label` (`80/1m`) as a quota setting
+    /// (what `POST /api/quota` with `"candidate"` promotes), or `None`.
+    #[cfg(feature = "admin")]
+    pub(crate) fn candidate_setting(
+        &self,
+        tier: &str,
+        label: &str,
+    ) -> Option<crate::engine::QuotaSetting> {
+        let i = self.shared.config.tier_index(tier).ok()?;
+        let t = self.shared.config.tiers.get(i)?;
+        let c = t.candidates.iter().find(|c| *c.label == *label)?;
+        let period = match &t.calendar {
+            Some(cal) => cal.calendar.period().name().to_owned(),
+            None => humantime::format_duration(c.quota.period()).to_string(),
+        };
+        Some(crate::engine::QuotaSetting {
+            limit: c.quota.limit(),
+            period,
+            burst: c.quota.has_burst().then(|| c.quota.burst_size()),
+        })
+    }
+
     /// Tier `i`'s live quota as a candidate's label.
     fn live_label(&self, i: usize) -> String {
         let t = &self.shared.config.tiers[i];

@@ -194,7 +194,7 @@ async fn would_deny_counts_are_exact_for_known_rates(env: Env) {
     );
     // The admin page's table: the live quota, then each candidate.
     let page = client()
-        .get(format!("http://{addr}{BASE}/"))
+        .get(format!("http://{addr}{BASE}"))
         .bearer_auth(TOKEN)
         .send()
         .await
@@ -353,5 +353,61 @@ async fn fleet_wide_counts_are_equal_across_two_instances() {
     assert_eq!(
         body_a["candidates"][0]["top"],
         json!([{"key": "u4", "count": 6}, {"key": "u3", "count": 3}, {"key": "u2", "count": 1}])
+    );
+}
+
+/// `POST /api/quota` with `"candidate"` promotes it: with a control key on
+/// Redis the whole fleet (instance B within a poll of A's write) answers
+/// under the candidate's quota, each key's count carried over; a name that
+/// is not a candidate is refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_is_promoted_fleet_wide_with_usage_carried_over() {
+    let redis = RedisServer::start();
+    let clock = tiered_ratelimit::backend::ManualClock::new(T0_US);
+    let poll = Duration::from_secs(1);
+    let node = || async {
+        let layer = RateLimitLayer::builder()
+            .backend(redis.backend_on(&clock))
+            .control_key(
+                tiered_ratelimit::handle::ControlKey::new("rl:control").poll_interval(poll),
+            )
+            .tier(
+                Tier::new("user", User, Quota::per_minute(7))
+                    .algorithm(Algorithm::FixedWindow)
+                    .candidates([Quota::per_minute(3), Quota::per_minute(5)]),
+            )
+            .build()
+            .unwrap();
+        let handle = layer.handle();
+        let addr = start(layer).await;
+        handle.ready().await;
+        addr
+    };
+    let (a, b) = (node().await, node().await);
+    let reset = T0_S - T0_S % 60 + 60;
+    assert_eq!(limits(&as_user(a, "u0", "/").await), ok(7, 6, reset));
+    assert_eq!(limits(&as_user(b, "u0", "/").await), ok(7, 5, reset));
+    let post = |body: Value| async move {
+        let res = client()
+            .post(format!("http://{a}{BASE}/api/quota"))
+            .bearer_auth(TOKEN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (res.status(), res.json::<Value>().await.unwrap())
+    };
+    let (status, body) = post(json!({"tier": "user", "candidate": "4/1m"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["field"], "candidate", "{body}");
+    let (status, body) = post(json!({"tier": "user", "candidate": "3/1m"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["tiers"][0]["quota"]["limit"], 3);
+    tokio::time::sleep(poll + Duration::from_millis(200)).await;
+    // Two used of the window: one left under 3/1m, on either instance.
+    assert_eq!(limits(&as_user(b, "u0", "/").await), ok(3, 0, reset));
+    assert_eq!(
+        as_user(a, "u0", "/").await.status(),
+        StatusCode::TOO_MANY_REQUESTS
     );
 }
