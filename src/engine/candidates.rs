@@ -41,6 +41,34 @@ pub(crate) struct BuiltCandidate {
     /// `{c:<label>}`, appended to the live key.
     pub(crate) suffix: String,
     pub(crate) stats: CandidateStats,
+    /// Its metric's two counters (`allowed`, `would_deny`), registered
+    /// with the recorder whose address they carry: again when another is
+    /// installed (no label vector or registry lookup per request).
+    counters: arc_swap::ArcSwapOption<(usize, [metrics::Counter; 2])>,
+}
+
+impl BuiltCandidate {
+    /// Counts one decision in the metric.
+    fn count(&self, tier: &Arc<str>, allowed: bool) {
+        let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
+        let i = usize::from(!allowed);
+        if let Some(c) = &*self.counters.load() {
+            if c.0 == recorder {
+                c.1[i].increment(1);
+                return;
+            }
+        }
+        let counters = ["allowed", "would_deny"].map(|decision| {
+            metrics::counter!(
+                CANDIDATE_DECISIONS,
+                "tier" => tier.clone(),
+                "candidate" => self.label.clone(),
+                "decision" => decision
+            )
+        });
+        counters[i].increment(1);
+        self.counters.store(Some(Arc::new((recorder, counters))));
+    }
 }
 
 /// A quota as a candidate's label: `<limit>/<period>` (humantime, no
@@ -139,6 +167,7 @@ pub(crate) fn compile(
             quota: q,
             limit,
             stats: CandidateStats::default(),
+            counters: arc_swap::ArcSwapOption::empty(),
         });
     }
     Ok(built)
@@ -258,12 +287,5 @@ fn part<'k>(t: &BuiltTier, c: &BuiltCandidate, check: &'k TierCheck) -> &'k str 
 /// One candidate decision counted: its stats and its metric.
 fn record(t: &BuiltTier, c: &BuiltCandidate, check: &TierCheck, allowed: bool, now_s: u64) {
     c.stats.record(part(t, c, check), !allowed, now_s);
-    let decision = if allowed { "allowed" } else { "would_deny" };
-    metrics::counter!(
-        CANDIDATE_DECISIONS,
-        "tier" => t.name.clone(),
-        "candidate" => c.label.clone(),
-        "decision" => decision
-    )
-    .increment(1);
+    c.count(&t.name, allowed);
 }

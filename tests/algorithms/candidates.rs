@@ -239,3 +239,63 @@ fn every_candidate_on_a_long_sequence() {
         );
     }
 }
+
+/// The metric `tiered_ratelimit_candidate_decisions_total{tier,candidate,
+/// decision}` counts every candidate check, by what it would have
+/// answered: a user's 6 requests in a minute under a live 10/min and
+/// candidates 2/min and 5/min.
+#[test]
+fn candidate_decisions_are_counted_in_the_metric() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tiered_ratelimit::{key::User, offline::Checks, Quota, RateLimitLayer, Tier};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let clock = ManualClock::new(T0_US);
+        let layer = RateLimitLayer::builder()
+            .backend(MemoryBackend::with_manual_clock(clock.clone()))
+            .tier(
+                Tier::new("user", User, Quota::per_minute(10))
+                    .candidates([Quota::per_minute(2), Quota::per_minute(5)]),
+            )
+            .build()
+            .unwrap();
+        let offline = layer.offline().unwrap();
+        let mut checks = Checks::default();
+        for _ in 0..6 {
+            let (mut parts, ()) = http::Request::new(()).into_parts();
+            parts
+                .extensions
+                .insert(tiered_ratelimit::key::UserId("alice".into()));
+            offline.decide(&parts, &mut checks);
+        }
+    });
+    let mut got: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "tiered_ratelimit_candidate_decisions_total")
+        .map(|(k, _, _, v)| {
+            let mut labels: Vec<String> = k
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let DebugValue::Counter(n) = v else {
+                panic!("{v:?}")
+            };
+            (labels.join(","), n)
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("candidate=2/1m,decision=allowed,tier=user".to_owned(), 2),
+            ("candidate=2/1m,decision=would_deny,tier=user".to_owned(), 4),
+            ("candidate=5/1m,decision=allowed,tier=user".to_owned(), 5),
+            ("candidate=5/1m,decision=would_deny,tier=user".to_owned(), 1),
+        ]
+    );
+}

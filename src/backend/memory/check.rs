@@ -350,7 +350,10 @@ impl MemoryBackend {
             return;
         }
         let charged = out.charges.len() == n && n > 0;
-        let mut one = Verdict::default();
+        thread_local! {
+            // One candidate's verdict, reused (no allocation per request).
+            static ONE: std::cell::RefCell<Verdict> = std::cell::RefCell::default();
+        }
         for (c, &live) in checks[n..].iter().zip(live_of) {
             let others = out.decisions[..n]
                 .iter()
@@ -358,8 +361,15 @@ impl MemoryBackend {
                 .all(|(i, d)| d.allowed || shadow.contains(i) || i == usize::from(live));
             let d = if others {
                 // Alone and enforced: charged iff it allows.
-                self.check_reusing(std::slice::from_ref(c), Shadow::NONE, false, &mut one);
-                one.decisions.first().copied()
+                let alone = |one: &mut Verdict| {
+                    self.check_reusing(std::slice::from_ref(c), Shadow::NONE, false, one);
+                    one.decisions.first().copied()
+                };
+                ONE.try_with(|one| match one.try_borrow_mut() {
+                    Ok(mut one) => alone(&mut one),
+                    Err(_) => alone(&mut Verdict::default()),
+                })
+                .unwrap_or_else(|_| alone(&mut Verdict::default()))
             } else {
                 self.peek(c).decisions.first().copied()
             };
