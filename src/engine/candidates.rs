@@ -194,7 +194,9 @@ pub(crate) fn plan(
             let Some(of) = checks.get(usize::from(live)) else {
                 return;
             };
-            let mut key = String::with_capacity(of.key.len() + c.suffix.len());
+            // A spare key buffer (given back in `take`).
+            let mut key = super::spare::key();
+            key.reserve(of.key.len() + c.suffix.len());
             key.push_str(&of.key);
             key.push_str(&c.suffix);
             let limit = match (&t.calendar, c.limit) {
@@ -270,7 +272,10 @@ pub(crate) fn take(shared: &Shared, meta: &mut Meta, result: &mut Result<Verdict
         v.decisions.truncate(live);
         v.charges.truncate(live);
     }
-    meta.sent.truncate(live);
+    // The candidates' key buffers go back for the next request's.
+    for c in meta.sent.drain(live..) {
+        super::spare::give_back_key(c.key);
+    }
     meta.live_of.clear();
     meta.candidates.clear();
 }
