@@ -368,6 +368,7 @@ fn compile_tier(
         &t.candidates,
         t.calendar.as_ref(),
         leased,
+        t.priced,
     )?;
     let runtime = TierRuntime {
         mode: t.mode,

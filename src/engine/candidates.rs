@@ -98,6 +98,7 @@ pub(crate) fn compile(
     candidates: &[Quota],
     calendar: Option<&crate::algorithm::calendar::Calendar>,
     leased: bool,
+    priced: bool,
 ) -> Result<Vec<BuiltCandidate>, ConfigError> {
     let refused = |field: String, reason: String| ConfigError::Candidate {
         tier: tier.to_owned(),
@@ -120,6 +121,12 @@ pub(crate) fn compile(
         return Err(refused(
             "candidates".into(),
             "a concurrency tier takes none: its slots are held until each response ends and released then, which a candidate, charged and never released, cannot mirror".into(),
+        ));
+    }
+    if priced {
+        return Err(refused(
+            "candidates".into(),
+            "a priced tier takes none: its charge is settled to the response's price when the response ends, which a candidate's is not".into(),
         ));
     }
     if leased {
