@@ -30,7 +30,11 @@
 --           charge it on what that listing stored, dispatch.lua), +8 short
 --           (a token or leaky bucket, a fixed or calendar window answers
 --           its state, one number instead
---           of three)
+--           of three), +16 candidate (a candidate quota of its tier, whose
+--           live check is number floor(flags / 32) of this call: its
+--           denial rejects nothing, and it is charged when it allows and
+--           every enforced check but that one allows; docs/rollout.md,
+--           "Candidate quotas")
 -- KEYS[n+1] optional, with KEYS[n+2] when a tier is sent the shadow flag
 -- KEYS[n+2] (else it is left out): the hourly sorted sets of the
 --           fleet-wide top-N: every enforced tier that rejects adds its

@@ -87,7 +87,8 @@ end
 -- there is now one, in scripts of other versions), +8 short reply: a token
 -- or leaky bucket, a fixed or calendar window answers one number, its
 -- state, instead of three; a sliding log without +2, its remaining when
--- it allows). A spec may end with a home suffix, " <h1>[ <h2> <h3>]":
+-- it allows; +16 candidate, of the live check numbered floor(flags / 32)
+-- in the call: see check_request). A spec may end with a home suffix, " <h1>[ <h2> <h3>]":
 -- the tier's quota is not its configured one (a quota changed at run time,
 -- a plan's), whose values in the home forms it must read: h1 the configured
 -- unit (token and leaky buckets) or window length (fixed window, sliding
@@ -142,6 +143,9 @@ local function tier_spec(s)
     if t[8] and algorithm == sliding_window_log then t[9] = false end
     -- +4: the key was listed before in this call; t[11] charges it again.
     if has_flag(flags, 4) then t[11] = charges_again[algorithm] end
+    -- +16: a candidate quota of the check numbered floor(flags / 32) in
+    -- this call (its tier's live check); t[15] that number.
+    if has_flag(flags, 16) then t[15] = math.floor(flags / 32) end
     local plain = false
     if not t[7] and not t[11] and not home then
       if algorithm == token_bucket and t[3] == 1 and t[9] then
@@ -212,7 +216,8 @@ local function check_plain(now, first, n, states)
   local spec = ARGV[first]
   local t = specs[spec]
   if t == nil then t = tier_spec(spec) end
-  if not t or not t[10] then return nil end
+  -- (A candidate comes after its live tier: never first but in a test.)
+  if not t or not t[10] or t[15] then return nil end
   -- The reply presized as check_request's (it ends at its first nil); the
   -- first tier's write in locals, the others' in a table made for them.
   local out
@@ -225,7 +230,7 @@ local function check_plain(now, first, n, states)
   end
   local o = 1
   local value1, px1, writes
-  local rejected
+  local rejected, cands
   for i = 1, n do
     local value, px
     if i > 1 then
@@ -236,6 +241,10 @@ local function check_plain(now, first, n, states)
     end
     local kind = t[10]
     local v = states[i]
+    if t[15] then
+      -- A candidate of the live tier numbered t[15].
+      if cands then cands[i] = t[15] else cands = { [i] = t[15] } end
+    end
     if kind == 1 or kind == 5 then
       -- A bucket of rate 1: the µs it is short of full (the token bucket)
       -- or its backlog (the leaky bucket) is TAT - now.
@@ -277,7 +286,7 @@ local function check_plain(now, first, n, states)
         px = px + ttl_slack_ms
       else
         out[o + 1] = -missing - 1
-        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+        if t[15] then elseif rejected then rejected[#rejected + 1] = i else rejected = { i } end
       end
       o = o + 1
     elseif kind == 6 or kind == 7 then
@@ -318,7 +327,7 @@ local function check_plain(now, first, n, states)
       end
       if allowed ~= 1 then
         out[o + 1], out[o + 2], out[o + 3] = -remaining - 1, reset, retry
-        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+        if t[15] then elseif rejected then rejected[#rejected + 1] = i else rejected = { i } end
         o = o + 3
       elseif t[9] then
         -- Short: its remaining alone (its reset is the window, its wait 0).
@@ -380,7 +389,7 @@ local function check_plain(now, first, n, states)
         local _, remaining, reset, retry = sliding_window_counter(KEYS[i], now, limit, window,
           0, 0, cost, v, false)
         out[o + 1], out[o + 2], out[o + 3] = -remaining - 1, reset, retry
-        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+        if t[15] then elseif rejected then rejected[#rejected + 1] = i else rejected = { i } end
       end
       o = o + 3
     else
@@ -439,6 +448,8 @@ local function check_plain(now, first, n, states)
           value = string.format('%d:%d', start, after)
         end
         px = px_of(end_in + margin)
+      elseif t[15] then
+        -- A candidate's denial rejects nothing (below).
       elseif rejected then
         rejected[#rejected + 1] = i
       else
@@ -454,6 +465,26 @@ local function check_plain(now, first, n, states)
     end
   end
   out[o + 1] = nil
+  -- Candidates (flag +16, never the first tier): each charged when it
+  -- allowed and every live tier but its own did (check_request's rule;
+  -- every plain tier is enforced).
+  if cands then
+    local one = rejected and #rejected == 1 and rejected[1]
+    for i = 2, n do
+      local live = cands[i]
+      if live and writes and writes[2 * i - 1] ~= nil and (not rejected or one == live) then
+        local value, px = writes[2 * i - 1], writes[2 * i]
+        if not px then
+          value()
+        elseif px > 0 then
+          redis.call('SET', KEYS[i], value, 'PX', px)
+        else
+          log_write(KEYS[i], now, value, -px)
+        end
+      end
+      if live and writes then writes[2 * i - 1] = nil end
+    end
+  end
   if not rejected then
     -- px: a SET's PX; negative, a sliding log's (log_write); false, a
     -- function that writes.
@@ -473,8 +504,10 @@ local function check_plain(now, first, n, states)
       redis.call('PEXPIRE', KEYS[1], -px1)
     end
     for i = 2, n do
-      local value, px = writes[2 * i - 1], writes[2 * i]
-      if not px then
+      local value, px = writes and writes[2 * i - 1], writes and writes[2 * i]
+      if value == nil then
+        -- A candidate (written above).
+      elseif not px then
         value()
       elseif px > 0 then
         redis.call('SET', KEYS[i], value, 'PX', px)
@@ -559,6 +592,9 @@ local function check_request(clock, first, n)
   local o = 1
   local rejected, carried
   local all = true
+  -- Candidates (flag +16): their tiers' live checks by position, and the
+  -- enforced denials (how many, and the last one's position).
+  local cands, denials, denied_at = nil, 0, 0
   for i = 1, n do
     -- The kept spec looked up here (a call less per tier), else parsed.
     local spec = ARGV[first + i - 1]
@@ -589,8 +625,16 @@ local function check_request(clock, first, n)
     else
       out[o + 1] = -remaining - 1
       pend[5 * i - 4] = false
-      if rejected then rejected[#rejected + 1] = i else rejected = { i } end
-      if not t[7] then all = false end
+      if t[15] then
+        -- A candidate's denial is its own: never a rejection of the request.
+      else
+        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+        if not t[7] then all, denials, denied_at = false, denials + 1, i end
+      end
+    end
+    if t[15] then
+      if not cands then cands = {} end
+      cands[i] = t[15]
     end
     -- Short (a bucket's state): one number; an override applied above
     -- builds a spec without the flag, so the tier answers three. A log
@@ -606,12 +650,24 @@ local function check_request(clock, first, n)
   -- Charge, then the trailer: every allowing tier with a delay, or with a
   -- non-zero undo value that it asked for (flag +2) when the request was
   -- charged.
+  -- A candidate is charged when it allows and every enforced check but its
+  -- tier's live one does (the request, with the candidate as its tier's
+  -- quota, would have been admitted): its own commit rule.
+  local commits
+  if cands then
+    commits = {}
+    for i, live in pairs(cands) do
+      commits[i] = denials == 0 or (denials == 1 and denied_at == live)
+    end
+  end
   for i = 1, n do
     local p = 5 * i
     local write = pend[p - 4]
     if write then
       local undo = 0
-      if all then
+      local commit = all
+      if commits and commits[i] ~= nil then commit = commits[i] end
+      if commit then
         if type(write) == 'function' then
           undo = write() or 0
         else
@@ -630,7 +686,9 @@ local function check_request(clock, first, n)
   if carried then
     for c = 1, #carried, 3 do
       local i = carried[c]
-      if not (all and pend[5 * i - 4]) then
+      local commit = all
+      if commits and commits[i] ~= nil then commit = commits[i] end
+      if not (commit and pend[5 * i - 4]) then
         redis.call('SET', KEYS[i], carried[c + 1], 'PX', carried[c + 2])
       end
     end

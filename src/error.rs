@@ -82,6 +82,18 @@ pub enum ConfigError {
         /// Why.
         reason: String,
     },
+    /// A tier's candidate quota ([`Tier::candidates`](crate::Tier::candidates))
+    /// is refused: more than four, on a concurrency tier or beside lease
+    /// mode, or a quota the tier's own would be refused for.
+    #[error("tier \"{tier}\": {field}: {reason}")]
+    Candidate {
+        /// The tier's name.
+        tier: String,
+        /// The field (`candidates`, `candidates[1].limit`).
+        field: String,
+        /// Why.
+        reason: String,
+    },
     /// `fallback_instances` is 0.
     #[error("fallback_instances: must be at least 1")]
     ZeroFallbackInstances,

@@ -1194,3 +1194,76 @@ fn the_shipped_sample_replays_as_documented() {
     assert_eq!(report["peak_minute"]["minute"], "2024-03-04T14:02Z");
     assert_eq!(report["peak_minute"]["rejected"], 90);
 }
+
+// ---------------------------------------------------------------------------
+// Candidate quotas: the report of a policy's candidates equals, for each,
+// the report of a replay with it as the tier's quota.
+
+/// The generated log through a one-tier policy with three candidates; then
+/// once per candidate through the same tier with the candidate as its
+/// quota: each candidate's `requests`, `would_deny` and `keys_denied` are
+/// that replay's `requests`, `rejected` and `distinct_keys_blocked`, and
+/// the live quota's those of the first replay (docs/rollout.md,
+/// "Candidate quotas").
+#[test]
+fn candidates_agree_with_replays_of_their_quotas() {
+    let reqs = generate();
+    let dir = TempDir::new("candidates");
+    dir.file("access.log", combined(&reqs));
+    let tier_toml = |quota: &str, extra: &str| {
+        format!("[[tier]]\nname = \"ip\"\nkey = \"ip\"\n{quota}\n{extra}\n")
+    };
+    let quotas = [
+        ("30/1m", "limit = 30\nperiod = \"1m\""),
+        ("120/1m", "limit = 120\nperiod = \"1m\""),
+        ("40/1m,burst=80", "limit = 40\nperiod = \"1m\"\nburst = 80"),
+    ];
+    dir.file(
+        "policy.toml",
+        tier_toml(
+            "limit = 60\nperiod = \"1m\"",
+            "candidates = [{ limit = 30, period = \"1m\" }, { limit = 120, period = \"1m\" }, { limit = 40, period = \"1m\", burst = 80 }]",
+        ),
+    );
+    let r = json(&dir.0, &["-p", "policy.toml", "--json", "-q", "access.log"]);
+    let report = &r["candidates"][0];
+    assert_eq!(report["tier"], "ip");
+    assert_eq!(report["window_secs"], 0);
+    let live = tier(&r, "ip");
+    assert_eq!(report["live"]["quota"], "60/1m");
+    assert_eq!(report["live"]["requests"], live["requests"]);
+    assert_eq!(report["live"]["would_deny"], live["rejected"]);
+    assert_eq!(report["live"]["keys_denied"], live["distinct_keys_blocked"]);
+    let mut denied = Vec::new();
+    for (j, (label, quota)) in quotas.iter().enumerate() {
+        dir.file(&format!("policy{j}.toml"), tier_toml(quota, ""));
+        let alone = json(
+            &dir.0,
+            &[
+                "-p",
+                &format!("policy{j}.toml"),
+                "--json",
+                "-q",
+                "access.log",
+            ],
+        );
+        let t = tier(&alone, "ip");
+        let c = &report["candidates"][j];
+        assert_eq!(c["quota"], *label);
+        assert_eq!(c["requests"], t["requests"], "{label}");
+        assert_eq!(c["would_deny"], t["rejected"], "{label}");
+        assert_eq!(c["keys_denied"], t["distinct_keys_blocked"], "{label}");
+        denied.push(c["would_deny"].as_u64().unwrap());
+    }
+    // The scenario tells the quotas apart.
+    assert!(
+        denied[0] > denied[2] && denied[2] > denied[1] && denied[1] > 0,
+        "{denied:?}"
+    );
+    // The text report lists them.
+    let text = run(&dir.0, &["-p", "policy.toml", "-q", "access.log"], None);
+    assert!(
+        text.contains("60/1m (live)") && text.contains("40/1m,burst=80"),
+        "{text}"
+    );
+}

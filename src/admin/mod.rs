@@ -40,6 +40,7 @@
 //! | `GET /?peek_tier=ip&peek_key=…` | the page with that key's numbers ([`RateLimitHandle::peek`]) |
 //! | `GET /api/status` | global mode, circuit state, where mode changes apply (`mode_changes_apply_to`: `all instances` or `this instance (host:pid)`; `control_key`), counts, every tier's mode and quota, the anomaly series |
 //! | `GET /api/top/{tier}?n=10&window=1h&kind=blocked` | top-N keys of a tier: `kind=blocked` (the default) the keys it refused (429), `kind=shadow_limited` the keys it would have refused but let through (a shadow tier, or a canary not enforced for the key), `kind=near_limit` keys allowed with < 20 % left; `window` in humantime, rounded up to hours, at most 24 h |
+//! | `GET /api/candidates/{tier}?window=1h&n=10` | the tier's candidate quotas beside its live one ([`RateLimitHandle::candidates`], this process): `{"tier","window_secs","live":{...},"candidates":[{"quota","requests","would_deny","keys_denied","top":[{"key","count"}]}]}` (`live`: the live quota's counts on the same requests); `window` in humantime, rounded up to hours, at most 24 h |
 //! | `GET /api/history/{tier}` | the tier's last hour of closed buckets (`start`, `requests`, `limited`, `shadow_limited`, `fail_open`: passed unchecked, the backend failed), and `current`: the bucket still open, `"partial": true` (`null` before the first request) |
 //! | `GET /api/anomalies` | the 429-rate anomaly series and their alerts |
 //! | `POST /api/mode` | `{"mode":"shadow"}` (global) or `{"tier":"ip","mode":"canary:10"}`; answers like `/api/status` |
@@ -84,6 +85,7 @@
 mod actions;
 mod api;
 mod auth;
+mod candidates;
 mod chart;
 mod form;
 mod html;
@@ -222,6 +224,7 @@ impl Admin {
             .route("/key", post(actions::form_key))
             .route("/api/status", get(api_status))
             .route("/api/top/{tier}", get(api_top))
+            .route("/api/candidates/{tier}", get(candidates::api_candidates))
             .route("/api/history/{tier}", get(api_history))
             .route("/api/anomalies", get(api_anomalies))
             .route("/api/mode", post(api_mode))

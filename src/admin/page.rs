@@ -249,6 +249,7 @@ fn render_page(
         );
     }
     s.push_str("</table></section>");
+    super::candidates::render_candidates(&mut s, admin, &tiers);
     super::settings::render_settings(&mut s, base, h, &tiers, &scope);
     super::plan::render_plans(&mut s, base, h, log);
 

@@ -21,12 +21,18 @@ use std::sync::Arc;
 #[serde(deny_unknown_fields)]
 struct QuotaChange {
     tier: String,
-    limit: u64,
-    period: String,
+    #[serde(default)]
+    limit: Option<u64>,
+    #[serde(default)]
+    period: Option<String>,
     #[serde(default)]
     burst: Option<u64>,
     #[serde(default)]
     plan: Option<String>,
+    /// A candidate quota of the tier to promote (`"80/1m"`), instead of
+    /// `limit`, `period` and `burst`.
+    #[serde(default)]
+    candidate: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -91,17 +97,47 @@ fn refused(code: &str, e: &ControlError) -> Response {
 pub(super) async fn api_quota(State(admin): State<Arc<Admin>>, req: Request) -> Response {
     let c: QuotaChange = match json_body(
         req,
-        r#"{"tier":"user","limit":200,"period":"1m"} (optional "burst", "plan")"#,
+        r#"{"tier":"user","limit":200,"period":"1m"} (optional "burst", "plan"), or {"tier":"user","candidate":"80/1m"}"#,
     )
     .await
     {
         Ok(c) => c,
         Err(res) => return res,
     };
-    let setting = QuotaSetting {
-        limit: c.limit,
-        period: c.period,
-        burst: c.burst,
+    let invalid = |field: &str, reason: &str| {
+        refused(
+            "invalid_quota",
+            &ControlError::Invalid {
+                field: field.to_owned(),
+                reason: reason.to_owned(),
+            },
+        )
+    };
+    let setting = match (&c.candidate, c.limit, c.period) {
+        // A candidate promoted: its quota becomes the tier's (each key's
+        // used capacity carried over, as for any quota change).
+        (Some(label), None, None) if c.burst.is_none() && c.plan.is_none() => {
+            match admin.handle.candidate_setting(&c.tier, label) {
+                Some(s) => s,
+                None => return invalid(
+                    "candidate",
+                    "not a candidate quota of this tier (GET /api/candidates/{tier} lists them)",
+                ),
+            }
+        }
+        (Some(_), _, _) => {
+            return invalid(
+                "candidate",
+                "promotes a candidate alone: without limit, period, burst or plan",
+            )
+        }
+        (None, Some(limit), Some(period)) => QuotaSetting {
+            limit,
+            period,
+            burst: c.burst,
+        },
+        (None, None, _) => return invalid("limit", "required"),
+        (None, Some(_), None) => return invalid("period", "required"),
     };
     match admin
         .handle

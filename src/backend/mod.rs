@@ -125,6 +125,18 @@ impl Shadow {
     }
 }
 
+/// The shadow mask a reply with `n` checks, the last `candidates` of them
+/// candidate quotas, is read under: the candidates observe, so the live
+/// checks' commit is read as theirs alone.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn candidates_observe(shadow: Shadow, n: usize, candidates: usize) -> Shadow {
+    let mut mask = shadow.0;
+    for i in n.saturating_sub(candidates)..n.min(64) {
+        mask |= 1 << i;
+    }
+    Shadow(mask)
+}
+
 pub(crate) type CheckFuture = Pin<Box<dyn Future<Output = Result<Verdict, BackendError>> + Send>>;
 
 /// A check that finished at once (memory) or must be awaited (Redis).
@@ -152,7 +164,7 @@ impl Backend {
             #[cfg(feature = "redis")]
             Backend::Redis(r) => {
                 let sent = std::time::Instant::now();
-                r.start_check(&checks, Shadow::NONE, true, None, None, sent)
+                r.start_check(&checks, Shadow::NONE, &[], true, None, None, sent)
                     .await
             }
         }
@@ -172,10 +184,16 @@ impl Backend {
     /// The checks are only borrowed: a Redis check's command is built here,
     /// so the caller keeps them (for the deny cache and the top-N sketches)
     /// without a copy.
+    ///
+    /// `live_of`: the last `live_of.len()` checks are candidate quotas
+    /// (`docs/rollout.md`, "Candidate quotas"), each naming its tier's live
+    /// check by index; empty for none.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start_check(
         &self,
         checks: &[TierCheck],
         shadow: Shadow,
+        live_of: &[u8],
         charges: bool,
         blocked: Option<(&str, &str)>,
         timeout: Option<std::time::Duration>,
@@ -184,12 +202,43 @@ impl Backend {
         match self {
             Backend::Memory(m) => {
                 let _ = (blocked, timeout, sent);
-                Check::Ready(Ok(m.check(checks, shadow, charges)))
+                let mut verdict = Verdict::default();
+                m.check_with_candidates(checks, shadow, live_of, charges, &mut verdict);
+                Check::Ready(Ok(verdict))
             }
             #[cfg(feature = "redis")]
-            Backend::Redis(r) => {
-                Check::Pending(r.start_check(checks, shadow, charges, blocked, timeout, sent))
-            }
+            Backend::Redis(r) => Check::Pending(
+                r.start_check(checks, shadow, live_of, charges, blocked, timeout, sent),
+            ),
+        }
+    }
+
+    /// Like [`Backend::check`] with candidate quotas (`docs/rollout.md`,
+    /// "Candidate quotas"): the last `live_of.len()` checks are candidates,
+    /// each of the live check at its index in `live_of`; the checks whose
+    /// bit is set in `shadow` are in shadow mode. The verdict has a decision
+    /// per check, candidates included; a candidate never changes the live
+    /// checks' decisions or commit, and is charged when it allows and every
+    /// enforced check but its live one allows (the `__testing` feature: the
+    /// layer checks its own).
+    ///
+    /// # Errors
+    /// A [`BackendError`] when Redis fails or answers unexpectedly.
+    #[cfg(feature = "__testing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "__testing")))]
+    pub async fn check_candidates(
+        &self,
+        mut checks: Vec<TierCheck>,
+        shadow: u64,
+        live_of: &[u8],
+    ) -> Result<Verdict, BackendError> {
+        for c in &mut checks {
+            c.cost = c.cost.min(c.limit.capacity().saturating_add(1));
+        }
+        let sent = std::time::Instant::now();
+        match self.start_check(&checks, Shadow(shadow), live_of, true, None, None, sent) {
+            Check::Ready(v) => v,
+            Check::Pending(f) => f.await,
         }
     }
 
@@ -250,7 +299,7 @@ impl Backend {
             #[cfg(feature = "redis")]
             Backend::Redis(r) => {
                 let sent = std::time::Instant::now();
-                r.start_check(&checks, Shadow::NONE, false, None, None, sent)
+                r.start_check(&checks, Shadow::NONE, &[], false, None, None, sent)
                     .await
             }
         }

@@ -51,7 +51,11 @@ impl EngineBuilder {
         // So is a per-key override's read.
         let checks = self.tiers.len()
             + self.tiers.iter().filter(|t| t.penalty.is_some()).count()
-            + self.tiers.iter().filter(|t| t.overrides).count();
+            + self.tiers.iter().filter(|t| t.overrides).count()
+            + self.tiers.iter().map(|t| t.candidates.len()).sum::<usize>();
+        // Candidates need every request in a backend call: not beside a
+        // tier in lease mode (whose checks are answered without one).
+        let leased = self.tiers.iter().any(|t| t.lease.is_some());
         if checks > MAX_TIERS {
             return Err(ConfigError::TooManyTiers(checks));
         }
@@ -76,15 +80,20 @@ impl EngineBuilder {
                 }
             }
             plans.push(t.rollout.clone());
-            let (built, rt, lease) =
-                compile_tier(t, &mut seen, instances, &prefix, self.no_key_warn_after).and_then(
-                    |c| {
-                        if self.header_style.ietf() {
-                            structured_fields_fit(&c.0.name, &c.1)?;
-                        }
-                        Ok(c)
-                    },
-                )?;
+            let (built, rt, lease) = compile_tier(
+                t,
+                &mut seen,
+                instances,
+                &prefix,
+                self.no_key_warn_after,
+                leased,
+            )
+            .and_then(|c| {
+                if self.header_style.ietf() {
+                    structured_fields_fit(&c.0.name, &c.1)?;
+                }
+                Ok(c)
+            })?;
             tiers.push(built);
             runtime.push(rt);
             leases.push(lease);
@@ -137,6 +146,7 @@ impl EngineBuilder {
                 Clock::Monotonic { .. } => MemoryBackend::new(),
             });
         let penalties = tiers.iter().any(|t| t.penalty.is_some());
+        let any_candidates = tiers.iter().any(|t| !t.candidates.is_empty());
         let overrides = tiers.iter().any(|t| t.overrides);
         let is_concurrency = |t: &&BuiltTier| matches!(t.algorithm, Algorithm::Concurrency { .. });
         let concurrency = tiers.iter().any(|t| is_concurrency(&t));
@@ -213,6 +223,13 @@ impl EngineBuilder {
                         ..Default::default()
                     })
                 }),
+                fleet_candidates: (self.fleet_top_n && single_redis && any_candidates).then(|| {
+                    crate::observe::fleet_candidates::FleetCandidates::new(
+                        Arc::from(prefix.as_str()),
+                        self.fleet_flush_interval,
+                        self.fleet_pending_keys,
+                    )
+                }),
                 fleet_blocked: (self.fleet_top_n && single_redis).then(|| {
                     crate::observe::fleet::FleetBlocked::new(
                         Arc::from(prefix.as_str()),
@@ -240,6 +257,7 @@ fn compile_tier(
     instances: u32,
     prefix: &str,
     no_key_warn_after: u64,
+    leased: bool,
 ) -> Result<
     (
         BuiltTier,
@@ -342,6 +360,16 @@ fn compile_tier(
             home: None,
         });
     }
+    let candidates = super::candidates::compile(
+        &t.name,
+        t.algorithm,
+        t.cost,
+        t.quota,
+        &t.candidates,
+        t.calendar.as_ref(),
+        leased,
+        t.priced,
+    )?;
     let runtime = TierRuntime {
         mode: t.mode,
         quota: t.quota,
@@ -355,6 +383,8 @@ fn compile_tier(
     metrics::counter!(crate::engine::decide::COST_EXCEEDS_CAPACITY, "tier" => name.clone())
         .increment(0);
     let built = BuiltTier {
+        candidates,
+        candidates_live: Default::default(),
         no_key: NoKeyWatch::new(no_key_warn_after, t.no_key_cause),
         cost_exceeded_logged: std::sync::atomic::AtomicBool::new(false),
         calendar: t.calendar.map(crate::engine::runtime::CalendarBounds::new),

@@ -130,12 +130,15 @@ impl Engine {
             }
             Planned::Failed(e) => Err(e),
             Planned::Check(checks) => {
-                inspect(&checks, &meta);
+                let live = checks.len() - meta.live_of.len();
+                inspect(&checks[..live], &meta);
                 // One reading of the clock for the deny-cache lookup and
                 // the call that follows at once (the cache is off on the
-                // memory backend, which reads no clock for it).
+                // memory backend, which reads no clock for it). A request
+                // with candidates is always checked: they count every
+                // request (docs/rollout.md, "Candidate quotas").
                 let now = shared.guards.deny_cache.enabled().then(Instant::now);
-                let cached = if now.is_some() {
+                let cached = if now.is_some() && meta.live_of.is_empty() {
                     deny_cached(shared, &checks, &meta, true, now)
                 } else {
                     Cached::Check(None)
@@ -173,6 +176,8 @@ impl Engine {
                 }
             }
         };
+        let mut result = result;
+        super::candidates::take(shared, &mut meta, &mut result);
         Step::Done(outcome(shared, &meta, result, facts))
     }
 }
@@ -250,7 +255,8 @@ impl Pending {
                         Resumed::Begun(Begun::Pending(check), meta) => {
                             self.state = checking(shared, check, meta);
                         }
-                        Resumed::Begun(Begun::Ready(result), meta) => {
+                        Resumed::Begun(Begun::Ready(mut result), mut meta) => {
+                            super::candidates::take(shared, &mut meta, &mut result);
                             return Poll::Ready(outcome(shared, &meta, result, facts));
                         }
                     }
@@ -261,11 +267,12 @@ impl Pending {
                     span,
                     unanswered,
                 } => {
-                    let result = {
+                    let mut result = {
                         let _entered = span.as_ref().map(|s| s.enter());
                         ready!(check.as_mut().poll(cx))
                     };
-                    let meta = std::mem::take(meta);
+                    let mut meta = std::mem::take(meta);
+                    super::candidates::take(shared, &mut meta, &mut result);
                     let span = span.take();
                     // An answer: the slots taken are the response's now
                     // (outcome). An error: released (dropped below).
@@ -342,7 +349,17 @@ fn begin(
         // Synchronous: keep the checks themselves, no copies; the verdict's
         // vectors are a spare's, given back once the request is decided.
         let mut verdict = super::spare::verdict();
-        m.check_reusing(&checks, meta.shadow, shared.config.refunds(), &mut verdict);
+        if meta.live_of.is_empty() {
+            m.check_reusing(&checks, meta.shadow, shared.config.refunds(), &mut verdict);
+        } else {
+            m.check_with_candidates(
+                &checks,
+                meta.shadow,
+                &meta.live_of,
+                shared.config.refunds(),
+                &mut verdict,
+            );
+        }
         meta.sent = checks;
         Begun::Ready(Ok(verdict))
     } else {
@@ -357,7 +374,10 @@ fn begin(
         // For the deny cache (off on the memory backend).
         meta.sent_us = shared.local_clock.at(sent);
         if shared.guards.deny_cache.enabled() {
-            let cost = checks.iter().fold(0u64, |n, c| n.saturating_add(c.cost));
+            let live = checks.len() - meta.live_of.len();
+            let cost = checks[..live]
+                .iter()
+                .fold(0u64, |n, c| n.saturating_add(c.cost));
             meta.flight = Some(shared.guards.deny_cache.start_flight(cost));
         }
         let blocked = shared.blocked_set(meta.sent_us);
@@ -371,6 +391,7 @@ fn begin(
                 let check = shared.backend.start_check(
                     &rest,
                     shadow,
+                    &[],
                     shared.config.refunds(),
                     sets,
                     Some(timeout),
@@ -382,6 +403,7 @@ fn begin(
             _ => shared.backend.start_check(
                 &checks,
                 meta.shadow,
+                &meta.live_of,
                 shared.config.refunds(),
                 sets,
                 Some(timeout),

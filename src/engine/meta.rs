@@ -57,6 +57,12 @@ pub(crate) struct Meta {
     pub(crate) details: bool,
     /// What lease mode spent locally for this request (`engine/leased.rs`).
     pub(crate) leased: Option<Box<super::token_lease::taken::Taken>>,
+    /// The candidate checks (the last `live_of.len()` of the checks, see
+    /// `engine/candidates.rs`): each one's live check, by index.
+    pub(crate) live_of: smallvec::SmallVec<[u8; 4]>,
+    /// Each candidate check's tier and its place among the tier's
+    /// candidates.
+    pub(crate) candidates: smallvec::SmallVec<[(u8, u8); 4]>,
 }
 
 impl Drop for Meta {

@@ -22,6 +22,7 @@
 mod breaker;
 mod build;
 mod builder;
+pub(crate) mod candidates;
 mod check;
 mod decide;
 mod decision;

@@ -67,6 +67,9 @@ pub(crate) struct TierPlan<'r> {
     /// The request's plan on this tier, when the tier has plans and the
     /// request names one of them.
     pub(crate) plan: Option<&'r PlanRuntime>,
+    /// The cost before clamping (a candidate quota clamps it to its own
+    /// capacity).
+    pub(crate) raw_cost: u64,
 }
 
 /// What [`plan_tier`] found for one tier.
@@ -133,6 +136,7 @@ pub(crate) fn plan_tier<'r>(
         cost: cost.min(limit.capacity().saturating_add(1)),
         enforced: mode.enforces(&t.name, &key[t.key_base.len()..]),
         plan,
+        raw_cost: cost,
     }))
 }
 
@@ -247,6 +251,8 @@ pub(crate) fn plan<F: Facts>(
     // whose request names a tier more than once); never more than MAX_TIERS
     // checks (the shadow bitmask's width).
     let planned = tiers.flat_map(|(i, tr)| (0..facts.occurrences(i)).map(move |n| (i, tr, n)));
+    // The live checks with candidates: (check index, tier, cost).
+    let mut pending: smallvec::SmallVec<[(u8, u8, u64); 2]> = smallvec::SmallVec::new();
     for (i, (t, r), n) in planned {
         if checks.len() == crate::engine::MAX_TIERS {
             break;
@@ -337,6 +343,14 @@ pub(crate) fn plan<F: Facts>(
         if let Limit::Concurrency(c) = &mut limit {
             c.slot = next_slot_id();
         }
+        // Candidates: the requests under the tier's own quota, when
+        // checked (not for the fallback, nor to inspect).
+        if !t.candidates.is_empty() && tp.plan.is_none() && purpose == Purpose::Check {
+            let at = checks.len() + usize::from(t.overrides);
+            if let (Ok(at), Ok(tier)) = (u8::try_from(at), u8::try_from(i)) {
+                pending.push((at, tier, tp.raw_cost));
+            }
+        }
         checks.push(TierCheck {
             key: std::mem::replace(&mut key, super::spare::key()),
             limit,
@@ -353,6 +367,9 @@ pub(crate) fn plan<F: Facts>(
         }
     }
     super::spare::give_back_key(key);
+    if !pending.is_empty() {
+        super::candidates::plan(shared, &mut checks, meta, &pending);
+    }
     if checks.is_empty() {
         super::spare::give_back(&mut checks);
         Planned::Pass(RequestDecision::Skipped)

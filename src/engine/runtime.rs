@@ -71,6 +71,10 @@ pub(crate) struct BuiltTier {
     /// The status of this tier's denials (429, or 403 for a calendar quota
     /// that asks for it).
     pub(crate) exhausted_status: u16,
+    /// Its candidate quotas (`engine/candidates.rs`).
+    pub(crate) candidates: Vec<super::candidates::BuiltCandidate>,
+    /// With candidates: the live quota's counts on the same requests.
+    pub(crate) candidates_live: crate::observe::candidates::CandidateStats,
 }
 
 /// A calendar tier's [`Calendar`](crate::algorithm::Calendar) and the last

@@ -108,6 +108,9 @@ pub(crate) struct Telemetry {
     /// With `blocked_set`: the deny cache's 429s, waiting for their
     /// pipelined flush into the same sets.
     pub(crate) fleet_blocked: Option<crate::observe::fleet::FleetBlocked>,
+    /// With `blocked_set` and a tier with candidates: their counts, waiting
+    /// for their pipelined flush (`observe/fleet_candidates.rs`).
+    pub(crate) fleet_candidates: Option<crate::observe::fleet_candidates::FleetCandidates>,
 }
 
 /// One hour's fleet-wide sets (lua/check.lua's last two keys): the keys

@@ -144,6 +144,7 @@
 //! configured), then reads it back and applies it to its own process at
 //! once; the other instances follow within one poll interval.
 
+mod candidates;
 mod changes;
 mod fleet;
 mod inspect;

@@ -50,6 +50,7 @@ pub struct Tier {
     pub(crate) priced: Option<(crate::http::priced::Estimate, crate::http::priced::Actual)>,
     pub(crate) quota_unit: Option<crate::response::QuotaUnit>,
     pub(crate) rollout: Option<crate::rollout::RolloutPlan>,
+    pub(crate) candidates: Vec<Quota>,
 }
 
 impl fmt::Debug for Tier {
@@ -72,6 +73,7 @@ impl fmt::Debug for Tier {
             .field("calendar", &self.calendar)
             .field("priced", &self.priced)
             .field("rollout", &self.rollout)
+            .field("candidates", &self.candidates)
             .finish_non_exhaustive()
     }
 }
@@ -101,6 +103,7 @@ impl Tier {
             priced: None,
             quota_unit: None,
             rollout: None,
+            candidates: Vec::new(),
         }
     }
 
@@ -253,6 +256,33 @@ impl Tier {
     /// ```
     pub fn rollout(mut self, plan: crate::rollout::RolloutPlan) -> Self {
         self.rollout = Some(plan);
+        self
+    }
+
+    /// Up to four candidate quotas beside the live one: each is checked and
+    /// charged on its own key (`<tier key>{c:<quota>}`) in the same backend
+    /// call as the live check, under the tier's key, algorithm and cost,
+    /// and never changes an answer. Each counts what it would do (requests
+    /// checked, would-be denials, distinct keys it would deny, its heaviest
+    /// would-be-denied keys: [`RateLimitHandle::candidates`](crate::RateLimitHandle::candidates)
+    /// and the metric `tiered_ratelimit_candidate_decisions_total`). A
+    /// candidate is charged as if it were the tier's quota: when it allows
+    /// and every other enforced check of the request allows. It applies to
+    /// the requests under the tier's own quota (not a plan's, not a per-key
+    /// override's). A calendar tier's candidates count per its calendar
+    /// window (their `period` is not used). Refused by `build()`: more than
+    /// four, on a concurrency tier, beside lease mode, or a quota the tier
+    /// itself would be refused (the error names `candidates[i]`). See
+    /// `docs/rollout.md`, "Candidate quotas".
+    ///
+    /// ```
+    /// use tiered_ratelimit::{key::User, Quota, RateLimitLayer, Tier};
+    /// let tier = Tier::new("user", User, Quota::per_minute(100))
+    ///     .candidates([Quota::per_minute(50), Quota::per_minute(80).burst(100)]);
+    /// assert!(RateLimitLayer::builder().tier(tier).build().is_ok());
+    /// ```
+    pub fn candidates(mut self, quotas: impl IntoIterator<Item = Quota>) -> Self {
+        self.candidates = quotas.into_iter().collect();
         self
     }
 

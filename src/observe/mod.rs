@@ -8,6 +8,7 @@
 //! |---|---|---|---|
 //! | `tiered_ratelimit_requests_total` | counter | `decision` (`allowed`, `limited`, `shadow_limited`, `cache_blocked`, `allowlisted`, `denylisted`, `fail_open`, `fail_closed`, `fallback`, `skipped`) | exactly one per request that reached the layer (`limited`: the backend's 429s and each key's first from the deny cache; `cache_blocked`: the deny cache's later ones, not also `limited`) |
 //! | `tiered_ratelimit_tier_decisions_total` | counter | `tier`, `plan` (a configured plan name, or `default`), `endpoint` (`METHOD route template`, `METHOD <unmatched>`, or `<other>` past the endpoint cap), `decision` (`allowed`, `near_limit`, `limited`, `limited_not_binding`, `shadow_limited`) | every decision of every tier: one per tier a request was checked against (`limited`: the binding tier of a 429) |
+//! | `tiered_ratelimit_candidate_decisions_total` | counter | `tier`, `candidate` (its quota, `80/1m`), `decision` (`allowed`, `would_deny`) | every check of a candidate quota (docs/rollout.md, "Candidate quotas"): what it would have answered; it never answers |
 //! | `tiered_ratelimit_fleet_blocked_flushed_total` | counter | — | deny-cache 429s (cost) flushed to the fleet-wide hourly sets (see docs/redis.md, "Cached 429s in the blocked set") |
 //! | `tiered_ratelimit_fleet_blocked_dropped_total` | counter | `reason` (`overflow`, `error`, `timeout`) | deny-cache 429s (cost) not counted fleet-wide |
 //! | `tiered_ratelimit_backend_errors_total` | counter | `kind` (`timeout`, `connection`, `script`, `key`, `circuit_open`), `backend` | failed checks |
@@ -15,12 +16,15 @@
 //! | `tiered_ratelimit_key_errors_total` | counter | `tier`, `reason` (`missing_connect_info`, `configuration`, `request`) | key extractions that failed (the tier is skipped, or 503 under `Closed`) |
 
 pub(crate) mod anomaly;
+pub(crate) mod candidates;
 mod counts;
 pub(crate) mod fleet;
+pub(crate) mod fleet_candidates;
 pub(crate) mod recorder;
 pub(crate) mod topn;
 
 pub use anomaly::AnomalyConfig;
+pub use candidates::{CandidateKey, CandidateReport, CandidatesReport};
 pub use recorder::{AnomalyStatus, BucketCounts};
 pub use topn::BlockedKey;
 

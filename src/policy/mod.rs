@@ -76,7 +76,7 @@ pub use priced::{ActualPolicy, EstimatePolicy, PricedPolicy};
 pub(crate) use quota::toml_error;
 pub use quota::QuotaPolicy;
 pub use redis::RedisConfig;
-pub use tier::{KeySpec, PlanSource, PolicyPeriod, TierPolicy};
+pub use tier::{CandidatePolicy, KeySpec, PlanSource, PolicyPeriod, TierPolicy};
 
 use crate::backend::Backend;
 use crate::engine::FailurePolicy;

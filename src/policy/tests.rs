@@ -363,3 +363,77 @@ fn a_rollout_plan_is_checked_at_build_naming_the_field() {
         "{err}"
     );
 }
+
+/// `candidates = [...]`: read into the tier's candidate quotas, each
+/// refused at build naming `candidates[i]`; a calendar tier's take its
+/// period or none.
+#[test]
+fn candidates_are_read_and_checked_naming_the_field() {
+    let tier = "[[tier]]\nname='user'\nkey='user'\nlimit=100\nperiod='1m'\n";
+    let build = |text: &str| {
+        let p = Policy::from_toml_str(text).map_err(|e| e.to_string())?;
+        RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let p = Policy::from_toml_str(&format!(
+        "{tier}candidates=[{{ limit = 50, period = '1m' }}, {{ limit = 80, period = '1m', burst = 100 }}]\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        p.tiers[0].candidates,
+        [
+            CandidatePolicy {
+                limit: 50,
+                period: Some(PolicyPeriod::Duration(std::time::Duration::from_secs(60))),
+                burst: None
+            },
+            CandidatePolicy {
+                limit: 80,
+                period: Some(PolicyPeriod::Duration(std::time::Duration::from_secs(60))),
+                burst: Some(100)
+            },
+        ]
+    );
+    let handle = RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new())
+        .unwrap()
+        .handle();
+    let report = handle
+        .candidates("user", 10, std::time::Duration::from_secs(3600))
+        .unwrap();
+    let quotas: Vec<&str> = report.candidates.iter().map(|c| c.quota.as_str()).collect();
+    assert_eq!(quotas, ["50/1m", "80/1m,burst=100"]);
+    assert_eq!(
+        build(&format!(
+            "{tier}candidates=[{{ limit = 50, period = '1m' }}, {{ limit = 0, period = '1m' }}]\n"
+        )),
+        Err("tier \"user\": candidates[1].limit: must be greater than 0".into())
+    );
+    assert_eq!(
+        build(&format!("{tier}candidates=[{{ limit = 50 }}]\n")),
+        Err("tier \"user\": candidates[0].period: required".into())
+    );
+    assert_eq!(
+        build(&format!("{tier}candidates=[{{ limit = 50, period = 'month' }}]\n")),
+        Err("tier \"user\": candidates[0].period: a calendar period is for a calendar tier's candidates".into())
+    );
+    let err = build(&format!(
+        "{tier}candidates=[{{ limit = 50, period = '1m', brust = 3 }}]\n"
+    ))
+    .unwrap_err();
+    assert!(err.contains("brust"), "{err}");
+    #[cfg(feature = "calendar")]
+    {
+        let monthly = "[[tier]]\nname='m'\nkey='user'\nlimit=1000\nperiod='month'\n";
+        assert_eq!(
+            build(&format!(
+                "{monthly}candidates=[{{ limit = 500 }}, {{ limit = 800, period = 'month' }}]\n"
+            )),
+            Ok(())
+        );
+        assert_eq!(
+            build(&format!("{monthly}candidates=[{{ limit = 500, period = '1d' }}]\n")),
+            Err("tier \"m\": candidates[0].period: a calendar tier's candidates count per its own calendar window: give its period or none".into())
+        );
+    }
+}

@@ -106,6 +106,33 @@ pub struct TierPolicy {
     /// `min_keys`, `max_check_p99_increase`).
     #[serde(default)]
     pub rollout_gates: Option<crate::rollout::RolloutGates>,
+    /// Up to four candidate quotas beside the live one (`candidates = [{
+    /// limit = 50, period = "1m" }, { limit = 80, period = "1m", burst =
+    /// 100 }]`; a calendar tier's take its own calendar period, or none):
+    /// see [`Tier::candidates`](crate::Tier::candidates). Checked by
+    /// `build()`, naming `candidates[i]`.
+    #[serde(default)]
+    pub candidates: Vec<CandidatePolicy>,
+}
+
+/// One candidate quota of a `[[tier]]` (see [`TierPolicy::candidates`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct CandidatePolicy {
+    /// Requests per period.
+    pub limit: u64,
+    /// The period (humantime; a calendar tier's: its own period, or left
+    /// out).
+    #[serde(default, deserialize_with = "candidate_period")]
+    pub period: Option<PolicyPeriod>,
+    /// Capacity (default: `limit`).
+    #[serde(default)]
+    pub burst: Option<u64>,
+}
+
+fn candidate_period<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PolicyPeriod>, D::Error> {
+    period(d).map(Some)
 }
 
 /// A `[[tier]]`'s or a `[[rule]]`'s `period`: a duration or a calendar
@@ -288,6 +315,7 @@ impl TierPolicy {
         };
         // The calendar first: an algorithm given with it is then refused by
         // build() (ConfigError::CalendarAlgorithm), not replaced.
+        let on_calendar = calendar.is_some();
         let tier = match calendar {
             Some(c) => tier.calendar(c),
             None => tier,
@@ -334,6 +362,9 @@ impl TierPolicy {
         if !self.plans.is_empty() {
             tier = tier.plans(self.plans.iter().map(|(name, q)| (name.clone(), *q)));
         }
+        if !self.candidates.is_empty() {
+            tier = tier.candidates(self.candidate_quotas(on_calendar)?);
+        }
         if let PlanSource::Header(h) = &self.plan {
             let h = h.clone();
             tier = tier.plan_fn(move |p: &http::request::Parts| {
@@ -344,6 +375,48 @@ impl TierPolicy {
             });
         }
         Ok(tier)
+    }
+
+    /// The candidates' quotas: a duration period each (required), or on a
+    /// calendar tier the tier's own period (or none).
+    fn candidate_quotas(&self, calendar: bool) -> Result<Vec<Quota>, ConfigError> {
+        let refused = |i: usize, field: &str, reason: String| ConfigError::Candidate {
+            tier: self.name.clone(),
+            field: format!("candidates[{i}].{field}"),
+            reason,
+        };
+        let own = self.quota.period.unwrap_or_default();
+        self.candidates
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let period = match (c.period, calendar) {
+                    (Some(PolicyPeriod::Duration(d)), false) => d,
+                    (None, false) => return Err(refused(i, "period", "required".into())),
+                    (None, true) => self.duration(),
+                    (Some(p), true) if p == own => self.duration(),
+                    (Some(_), true) => {
+                        return Err(refused(
+                            i,
+                            "period",
+                            "a calendar tier's candidates count per its own calendar window: give its period or none".into(),
+                        ))
+                    }
+                    (Some(PolicyPeriod::Calendar(_)), false) => {
+                        return Err(refused(
+                            i,
+                            "period",
+                            "a calendar period is for a calendar tier's candidates".into(),
+                        ))
+                    }
+                };
+                let q = Quota::new(c.limit, period);
+                Ok(match c.burst {
+                    Some(b) => q.burst(b),
+                    None => q,
+                })
+            })
+            .collect()
     }
 
     /// The period's length (a calendar period's is set by its calendar).

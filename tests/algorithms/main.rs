@@ -8,6 +8,7 @@ mod algorithms;
 mod algorithms_http;
 mod calendar;
 mod calendar_descriptor;
+mod candidates;
 mod log_marker;
 mod memory_paused_clock;
 mod penalty;

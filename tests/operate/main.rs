@@ -5,6 +5,7 @@
 mod support;
 
 mod admin;
+mod candidates;
 mod fleet_actions;
 mod fleet_settings;
 mod inspect;

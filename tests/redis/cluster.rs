@@ -1545,3 +1545,85 @@ async fn within_5s(poll: Duration, done: impl Fn() -> bool, what: String) {
         tokio::time::sleep(poll / 4).await;
     }
 }
+
+/// Candidate quotas across slots (docs/rollout.md, "Candidate quotas"):
+/// two tiers on keys of different slots, two candidates on each (their
+/// keys in their live key's slot). Each slot charges its candidates by the
+/// rule among its own checks, and a candidate charged while the other
+/// slot's enforced tier denied is refunded at the same instant: the
+/// cluster's decisions equal the model's, every candidate's included, on
+/// every algorithm pair, and the live decisions equal the model's without
+/// candidates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_slot_candidates_agree_with_the_model() {
+    let cluster = RedisCluster::start(0);
+    let (clock, backend) = on_a_manual_clock(&cluster);
+    let all = limits_list();
+    let mut rng = Rng::new(0x51_7CC1_B727_220A);
+    let (mut cross, mut denied, mut total) = (0, 0, 0);
+    for (i, (na, a)) in all.iter().enumerate() {
+        for (j, (nb, b)) in all.iter().enumerate() {
+            let mut model = Model::default();
+            let mut bare = Model::default();
+            let (ca, cb) = (
+                all[(i + j) % all.len()].1,
+                all[(i + 2 * j + 1) % all.len()].1,
+            );
+            for op in 0..40 {
+                let step = match rng.next() % 4 {
+                    0 => 0,
+                    1 => rng.next() % 300_000,
+                    _ => rng.next() % 2_000_000,
+                };
+                clock.advance(Duration::from_micros(step));
+                let now = clock.now_us();
+                let key = rng.next() % 3;
+                let cost = 1 + rng.next() % 3;
+                let shadow = if rng.next().is_multiple_of(4) {
+                    0b10
+                } else {
+                    0
+                };
+                let at = |key: String, limit: Limit, cost: u64| TierCheck {
+                    key,
+                    cost: cost.min(limit.capacity() + 1),
+                    limit,
+                    home: None,
+                };
+                let (ka, kb) = (format!("n{i}{j}:a:k{key}"), format!("n{i}{j}:b:all"));
+                let checks = vec![
+                    at(ka.clone(), *a, cost),
+                    at(kb.clone(), *b, 1),
+                    at(format!("{ka}{{c:0}}"), ca, cost),
+                    at(format!("{ka}{{c:1}}"), cb, cost),
+                    at(format!("{kb}{{c:0}}"), ca, 1),
+                    at(format!("{kb}{{c:1}}"), cb, 1),
+                ];
+                let live_of = [0u8, 0, 1, 1];
+                // Each candidate in its live key's slot: one call a slot.
+                assert_eq!(
+                    cluster.keyslot(&format!("{}{{c:0}}", ckey(&ka))),
+                    cluster.keyslot(&ckey(&ka))
+                );
+                if cluster.keyslot(&ckey(&ka)) != cluster.keyslot(&ckey(&kb)) {
+                    cross += 1;
+                }
+                let want = model.check_candidates(&checks, shadow, &live_of, now);
+                let want_live = bare.check_candidates(&checks[..2], shadow, &[], now);
+                assert_eq!(want[..2], want_live[..]);
+                let got = backend
+                    .check_candidates(checks, shadow, &live_of)
+                    .await
+                    .unwrap();
+                assert_eq!(got.decisions, want, "{na}×{nb} diverged at op {op}");
+                total += 1;
+                if want[2..].iter().any(|d| !d.allowed) {
+                    denied += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{total} checks, {cross} across slots, {denied} with a candidate denying");
+    assert!(cross > total * 9 / 10, "{cross} of {total} across slots");
+    assert!(denied > total / 10 && denied < total * 9 / 10, "{denied}");
+}

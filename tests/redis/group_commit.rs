@@ -442,3 +442,85 @@ fn random_requests(
         })
         .collect()
 }
+
+/// Requests with candidate quotas in batches (lua/batch.lua runs each
+/// through check_request): every decision, the candidates' included, is
+/// the memory backend's in arrival order.
+#[tokio::test(flavor = "current_thread")]
+async fn candidates_in_a_batch_decide_as_the_memory_backend() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let red: Backend = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(clock.clone())
+        .with_test_ttl_slack(Duration::from_secs(600))
+        .into();
+    let mem: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+    let bucket = TokenBucket::new(5, 60 * S, 5).unwrap();
+    let limits = [
+        fixed(4),
+        Limit::SlidingWindowLog(Window {
+            limit: 3,
+            window_us: 60 * S,
+        }),
+        Limit::TokenBucket(bucket),
+    ];
+    let mut rng = Rng::new(47);
+    red.check(vec![tier("warm", fixed(1))]).await.unwrap();
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    let (mut denied, mut allowed) = (0, 0);
+    for round in 0..12 {
+        let requests: Vec<(Vec<TierCheck>, Vec<u8>)> =
+            random_requests(&mut rng, &limits, 25, "", 2)
+                .into_iter()
+                .map(|mut r| {
+                    let live = r.len();
+                    let mut live_of = Vec::new();
+                    for l in 0..live {
+                        let c = &r[l];
+                        // Each key keeps one limit: the next one's after its
+                        // live key's.
+                        let a = limits.iter().position(|x| *x == c.limit).unwrap_or(0);
+                        let limit = limits[(a + 1) % limits.len()];
+                        let cost = c.cost.min(limit.capacity() + 1);
+                        let key = format!("{}{{c:{l}}}", c.key);
+                        r.push(TierCheck {
+                            key,
+                            limit,
+                            cost,
+                            home: None,
+                        });
+                        live_of.push(l as u8);
+                    }
+                    (r, live_of)
+                })
+                .collect();
+        let futs: Vec<CheckFut> = requests
+            .iter()
+            .map(|(r, live_of)| {
+                let (b, r, live_of) = (red.clone(), r.clone(), live_of.clone());
+                Box::pin(async move { b.check_candidates(r, 0, &live_of).await }) as CheckFut
+            })
+            .collect();
+        let got = join_in_order(futs).await;
+        for (i, ((r, live_of), g)) in requests.iter().zip(got).enumerate() {
+            let want = mem.check_candidates(r.clone(), 0, live_of).await.unwrap();
+            let g = g.unwrap();
+            assert_eq!(g.decisions, want.decisions, "round {round} request {i}");
+            for d in &want.decisions[r.len() - live_of.len()..] {
+                if d.allowed {
+                    allowed += 1;
+                } else {
+                    denied += 1;
+                }
+            }
+        }
+        clock.advance(Duration::from_micros(rng.next() % (20 * S)));
+    }
+    assert!(
+        denied > 20 && allowed > 20,
+        "{denied} denied, {allowed} allowed"
+    );
+    // One alone and one batch a round.
+    assert_eq!(redis.calls("fcall"), 24);
+}

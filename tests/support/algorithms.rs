@@ -166,6 +166,61 @@ impl Model {
     }
 }
 
+impl Model {
+    /// [`Model::check`] with the checks whose bit is set in `shadow` in
+    /// shadow mode (their denial does not stop the commit; each allowing
+    /// check is charged when every enforced one allows), then the last
+    /// `live_of.len()` checks as candidate quotas, each of the live check
+    /// at its index in `live_of`: decided on its own state, and charged
+    /// when it allows and every enforced live check but its own allows,
+    /// whatever the live commit (docs/rollout.md, "Candidate quotas").
+    /// No penalty box or key listed twice among them.
+    pub fn check_candidates(
+        &mut self,
+        checks: &[TierCheck],
+        shadow: u64,
+        live_of: &[u8],
+        now: u64,
+    ) -> Vec<TierDecision> {
+        let n = checks.len() - live_of.len();
+        let live = &checks[..n];
+        for c in live {
+            if let Some((s, ttl)) = c.limit.carry(self.state(&c.key, now), now) {
+                self.keys.insert(c.key.clone(), (s, now + ttl));
+            }
+        }
+        let mut ds: Vec<TierDecision> = live
+            .iter()
+            .map(|c| c.limit.check(self.state(&c.key, now), now, c.cost))
+            .collect();
+        let shadowed = |i: usize| shadow & (1 << i) != 0;
+        let commits = ds.iter().enumerate().all(|(i, d)| d.allowed || shadowed(i));
+        if commits {
+            for (c, d) in live.iter().zip(&ds) {
+                if d.allowed {
+                    let old = self.state(&c.key, now).cloned();
+                    let (s, ttl) = c.limit.charge(old, now, c.cost);
+                    self.keys.insert(c.key.clone(), (s, now + ttl));
+                }
+            }
+        }
+        for (c, &of) in checks[n..].iter().zip(live_of) {
+            let d = c.limit.check(self.state(&c.key, now), now, c.cost);
+            let others = ds[..n]
+                .iter()
+                .enumerate()
+                .all(|(i, d)| d.allowed || shadowed(i) || i == usize::from(of));
+            if d.allowed && others {
+                let old = self.state(&c.key, now).cloned();
+                let (s, ttl) = c.limit.charge(old, now, c.cost);
+                self.keys.insert(c.key.clone(), (s, now + ttl));
+            }
+            ds.push(d);
+        }
+        ds
+    }
+}
+
 /// `ops` checks of `limit` listing a key twice, each after a clock step
 /// (µs: often none, mostly under a window): `<prefix>:k0` or `:k1` first
 /// at cost 1 or 2, then, always when `beside` (else one time in two),

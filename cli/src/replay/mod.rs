@@ -156,6 +156,8 @@ pub struct Replayer {
     line_no: u64,
     top: usize,
     show_keys: bool,
+    /// The layer's handle (its candidates' counts, for the report).
+    handle: tiered_ratelimit::RateLimitHandle,
 }
 
 impl std::fmt::Debug for Replayer {

@@ -117,13 +117,21 @@ impl Replayer {
     /// The report of everything replayed.
     pub fn finish(self) -> Report {
         let shadow_known = matches!(self.engine, EngineImpl::Direct(_));
-        self.collector.finish(
+        let candidates = self
+            .policy_summary
+            .iter()
+            .filter_map(|t| self.handle.candidates_total(&t.name, self.top))
+            .filter(|c| !c.candidates.is_empty())
+            .collect();
+        let mut report = self.collector.finish(
             self.engine_name,
             self.modes_name,
             self.policy_summary,
             self.routes.patterns().to_vec(),
             self.top,
             shadow_known,
-        )
+        );
+        report.candidates = candidates;
+        report
     }
 }

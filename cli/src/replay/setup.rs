@@ -136,6 +136,7 @@ impl Replayer {
             line_no: 0,
             top: options.top,
             show_keys: options.show_keys,
+            handle,
         })
     }
 

@@ -41,6 +41,9 @@
 //!             admitted from leases>" since start (perf/load.sh reads it
 //!             around each run).
 //!
+//!   (any mode of ours: `CANDIDATES=N` gives the `ip` tier N candidate
+//!   quotas, never denying: what candidates cost)
+//!
 //!   deny      the per-IP limit is DENY_RATE per second (default 10; burst
 //!             the same), so under load nearly every request is denied.
 //!             Without it no limiter denies during a run: burst 10^9,
@@ -185,6 +188,10 @@ struct Config {
     /// `bench:control`; `PLAN=running` (Redis modes): the `ip` tier's plan
     /// is also started before serving (its gates count every check).
     plan: Option<String>,
+    /// `CANDIDATES=N` (1-4): the `ip` tier has N candidate quotas, each of
+    /// its quota's period and burst and a limit one above the last (never
+    /// denying, as the tier's own).
+    candidates: u64,
 }
 
 /// The upper bounds, in seconds, of the check-duration histogram's buckets
@@ -283,6 +290,7 @@ async fn main() -> Res<()> {
         user_per_hour: env_u64("USER_QUOTA_PER_HOUR")?,
         user_burst: env_u64("USER_BURST")?,
         no_headers: std::env::var("HEADERS").as_deref() == Ok("none"),
+        candidates: env_u64("CANDIDATES")?.unwrap_or(0),
         ip_per_hour: env_u64("IP_PER_HOUR")?,
         max_keys: env_u64("MAX_KEYS")?,
         plan: std::env::var("PLAN").ok(),
@@ -430,8 +438,16 @@ fn ours(backend: Backend, tiers: usize, c: &Config) -> Res<RateLimitLayer> {
 fn ours_leased(backend: Backend, tiers: usize, c: &Config, leased: &[&str]) -> Res<RateLimitLayer> {
     let Quotas { ip, other, user } = Quotas::new(c);
     let planned = c.plan.is_some();
+    let candidates: Vec<Quota> = (1..=c.candidates)
+        .map(|k| Quota::new(ip.limit() + k, ip.period()).burst(ip.burst_size()))
+        .collect();
     let tier = |t: Tier| {
         let t = if planned { t.rollout(bench_plan()) } else { t };
+        let t = if t.name() == "ip" && !candidates.is_empty() {
+            t.candidates(candidates.iter().copied())
+        } else {
+            t
+        };
         if leased.contains(&t.name()) {
             t.lease(TokenLease::new())
         } else {

@@ -325,6 +325,63 @@ impl MemoryBackend {
         drop(held);
     }
 
+    /// [`MemoryBackend::check_reusing`] of the live checks, then the last
+    /// `live_of.len()` checks as candidate quotas (`docs/rollout.md`,
+    /// "Candidate quotas"), each of the live check at its index in
+    /// `live_of`: decided on its own key, and charged when it allows and
+    /// every enforced live check but its own allows, whatever the live
+    /// commit. Their decisions follow the live ones in `out`; they are
+    /// never listed in its charges (never refunded).
+    ///
+    /// A candidate's key is its own, so deciding it after the live checks
+    /// (not under their locks) changes nothing of either: its rule reads
+    /// only the live decisions.
+    pub(crate) fn check_with_candidates(
+        &self,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        live_of: &[u8],
+        with_charges: bool,
+        out: &mut Verdict,
+    ) {
+        let n = checks.len().saturating_sub(live_of.len());
+        self.check_reusing(&checks[..n], shadow, with_charges, out);
+        if live_of.is_empty() {
+            return;
+        }
+        let charged = out.charges.len() == n && n > 0;
+        thread_local! {
+            // One candidate's verdict, reused (no allocation per request).
+            static ONE: std::cell::RefCell<Verdict> = std::cell::RefCell::default();
+        }
+        for (c, &live) in checks[n..].iter().zip(live_of) {
+            let others = out.decisions[..n]
+                .iter()
+                .enumerate()
+                .all(|(i, d)| d.allowed || shadow.contains(i) || i == usize::from(live));
+            let d = if others {
+                // Alone and enforced: charged iff it allows.
+                let alone = |one: &mut Verdict| {
+                    self.check_reusing(std::slice::from_ref(c), Shadow::NONE, false, one);
+                    one.decisions.first().copied()
+                };
+                ONE.try_with(|one| match one.try_borrow_mut() {
+                    Ok(mut one) => alone(&mut one),
+                    Err(_) => alone(&mut Verdict::default()),
+                })
+                .unwrap_or_else(|_| alone(&mut Verdict::default()))
+            } else {
+                self.peek(c).decisions.first().copied()
+            };
+            if let Some(d) = d {
+                out.decisions.push(d);
+                if charged {
+                    out.charges.push(None);
+                }
+            }
+        }
+    }
+
     /// Gives back charges (see [`Limit::refund`](crate::algorithm::Limit::refund)),
     /// one key at a time, each under its shard's lock only while it is
     /// rewritten.

@@ -52,12 +52,14 @@ impl RedisBackend {
     /// ([`Self::check_clock_arg`]) and one spec per tier
     /// ([`wire::TierSpec`]). `undo`: ask for the charges' undo values (for
     /// refunds by status).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn check_cmd(
         &self,
         sent: i64,
         checks: &[TierCheck],
         tiers: &[wire::ReplyTier],
         shadow: Shadow,
+        live_of: &[u8],
         undo: bool,
         blocked: Option<(&str, &str)>,
     ) -> Cmd {
@@ -90,9 +92,20 @@ impl RedisBackend {
         }
         cmd.arg(self.check_clock_arg(sent).as_bytes());
         let undo = if undo { wire::UNDO } else { 0 };
+        // The candidates last, never shadow (with the undo flag when the
+        // others have it: the reply's layout is read under one set of
+        // flags).
+        let live = checks.len().saturating_sub(live_of.len());
         for (i, (c, t)) in checks.iter().zip(tiers).enumerate() {
-            let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
-            wire::write_tier(&mut cmd, c, shadow | undo | t.listing_flag());
+            match i.checked_sub(live).and_then(|j| live_of.get(j)) {
+                Some(&of) => {
+                    wire::write_candidate(&mut cmd, c, undo | t.listing_flag(), of.into());
+                }
+                None => {
+                    let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
+                    wire::write_tier(&mut cmd, c, shadow | undo | t.listing_flag());
+                }
+            }
         }
         cmd
     }
@@ -138,10 +151,12 @@ impl RedisBackend {
     /// (locally from its first poll; in Redis's clock from `sent`, the
     /// caller's reading of the clock, now); the command is built now, so
     /// `checks` are only borrowed.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start_check(
         &self,
         checks: &[TierCheck],
         shadow: Shadow,
+        live_of: &[u8],
         undo: bool,
         blocked: Option<(&str, &str)>,
         timeout: Option<Duration>,
@@ -152,16 +167,23 @@ impl RedisBackend {
             // The blocked-keys set lives in its own slot: on a cluster the
             // in-process sketch is the top-N source.
             let checks = checks.to_vec();
-            return Box::pin(with_timeout(timeout, cluster::check(this, checks, shadow)));
+            let live_of = live_of.to_vec();
+            return Box::pin(with_timeout(
+                timeout,
+                cluster::check(this, checks, shadow, live_of),
+            ));
         }
         let sent_us = self.local_us_at(sent);
         let tiers: wire::ReplyTiers = (checks.iter().enumerate())
             .map(|(i, c)| wire::ReplyTier::new(c, listing_flag(checks, i)))
             .collect();
-        let cmd = self.check_cmd(sent_us, checks, &tiers, shadow, undo, blocked);
+        let cmd = self.check_cmd(sent_us, checks, &tiers, shadow, live_of, undo, blocked);
+        // The reply's commit is read as the live checks': a candidate's
+        // denial never undoes it (its own charge the engine ignores).
+        let read_as = crate::backend::candidates_observe(shadow, checks.len(), live_of.len());
         Box::pin(with_timeout(
             timeout,
-            this.run_check(cmd, sent_us, tiers, batch::flags(undo), shadow),
+            this.run_check(cmd, sent_us, tiers, batch::flags(undo), read_as),
         ))
     }
 
@@ -293,6 +315,7 @@ mod tests {
         let fut = b.start_check(
             &[],
             crate::backend::Shadow::NONE,
+            &[],
             true,
             None,
             Some(std::time::Duration::from_secs(1)),

@@ -59,9 +59,13 @@ pub(super) enum Via {
     Conn(ClusterConnection),
 }
 
+/// How a candidate quota's key suffix starts (`engine/candidates.rs`).
+const CANDIDATE_TAG: &str = "{c:";
+
 /// The Redis key of a layer key in a cluster: the whole key as hash tag.
 /// A penalty box's key (`<key>{pb}`) keeps its tier key's tag, so both
-/// are checked in one call: `{<key>}{pb}`.
+/// are checked in one call: `{<key>}{pb}`; so do an override's read
+/// (`{<key>}{ov}`) and a candidate quota's (`{<key>}{c:80/1m}`).
 pub(crate) fn cluster_key(key: &str) -> String {
     for suffix in [
         crate::algorithm::PENALTY_KEY_SUFFIX,
@@ -72,6 +76,16 @@ pub(crate) fn cluster_key(key: &str) -> String {
             k.push_str(suffix);
             return k;
         }
+    }
+    // A candidate quota's key, `<tier key>{c:<quota>}`: its tier key's tag.
+    if let Some(at) = key
+        .ends_with('}')
+        .then(|| key.rfind(CANDIDATE_TAG))
+        .flatten()
+    {
+        let mut k = cluster_key(&key[..at]);
+        k.push_str(&key[at..]);
+        return k;
     }
     let mut k = String::with_capacity(key.len() + 2);
     k.push('{');
@@ -101,6 +115,9 @@ struct Job {
     checks: Vec<TierCheck>,
     keys: Vec<String>,
     shadow: Shadow,
+    /// The last `live_of.len()` checks are candidate quotas, each of the
+    /// live check at its index here (`docs/rollout.md`, "Candidate quotas").
+    live_of: Vec<u8>,
     clock: ClockArg,
     groups: Vec<Group>,
 }
@@ -109,6 +126,7 @@ pub(super) async fn check(
     backend: RedisBackend,
     checks: Vec<TierCheck>,
     shadow: Shadow,
+    live_of: Vec<u8>,
 ) -> Result<Verdict, BackendError> {
     let keys: Vec<String> = checks.iter().map(|c| cluster_key(&c.key)).collect();
     let mut slots: Vec<Slot> = Vec::new();
@@ -131,6 +149,7 @@ pub(super) async fn check(
         checks,
         keys,
         shadow,
+        live_of,
         groups,
     };
     if job.groups.len() <= 1 {
@@ -178,13 +197,37 @@ impl Job {
             }
         }
         let decisions: Vec<TierDecision> = decisions.into_iter().flatten().collect();
-        let commit = error.is_none()
-            && decisions.len() == self.checks.len()
-            && self.shadow.commits(&decisions);
-        if !commit && !charged.is_empty() {
-            let refunds = charged
+        let live = self.live();
+        let complete = error.is_none() && decisions.len() == self.checks.len();
+        let commit = complete && self.shadow.commits(&decisions[..live]);
+        // What stays charged: the live checks when the request commits; a
+        // candidate when it allowed and every enforced live check but its
+        // own did (each slot charged it by that rule among its own checks).
+        let keep = |i: usize| match i.checked_sub(live) {
+            None => commit,
+            Some(j) => {
+                complete
+                    && self.live_of.get(j).is_some_and(|&of| {
+                        decisions[..live].iter().enumerate().all(|(k, d)| {
+                            d.allowed || self.shadow.contains(k) || k == usize::from(of)
+                        })
+                    })
+            }
+        };
+        let undo: Vec<bool> = (0..self.checks.len()).map(|i| !keep(i)).collect();
+        let to_refund: Vec<&(&Group, GroupReply)> = charged
+            .iter()
+            .filter(|(g, r)| {
+                g.tiers
+                    .iter()
+                    .zip(&r.charges)
+                    .any(|(&i, c)| c.is_some() && undo[i])
+            })
+            .collect();
+        if !to_refund.is_empty() {
+            let refunds = to_refund
                 .iter()
-                .map(|(g, r)| self.refund_group(g, r))
+                .map(|(g, r)| self.refund_group(g, r, &undo))
                 .collect();
             for result in join_all(refunds).await {
                 if let Err(e) = result {
@@ -198,20 +241,51 @@ impl Job {
         Ok(Verdict {
             now_us: now_us.unwrap_or(0),
             decisions,
-            charges: if commit { charges } else { Vec::new() },
+            charges: if commit {
+                // A candidate's charge is never the caller's to refund.
+                charges
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, c)| c.filter(|_| i < live))
+                    .collect()
+            } else {
+                Vec::new()
+            },
         })
+    }
+
+    /// The number of live checks (the candidates follow them).
+    fn live(&self) -> usize {
+        self.checks.len().saturating_sub(self.live_of.len())
     }
 
     async fn check_group(&self, g: &Group) -> Result<GroupReply, BackendError> {
         let mut specs = Vec::with_capacity(g.tiers.len());
         let mut tiers = wire::ReplyTiers::new();
-        // The group's shadow tiers, by their place in the group.
+        // The group's shadow tiers, by their place in the group; its
+        // candidates, with their live check's place.
         let mut shadow = 0;
+        let mut candidates: smallvec::SmallVec<[(usize, Option<usize>); 4]> =
+            smallvec::SmallVec::new();
+        let live = self.live();
         for (j, &i) in g.tiers.iter().enumerate() {
             let c = &self.checks[i];
             // Always the undo values: a cross-slot denial refunds this slot.
             let earlier = g.tiers[..j].iter().map(|&k| self.keys[k].as_str());
             let mut flags = wire::UNDO | wire::listing_flag(earlier, &self.keys[i], &c.limit);
+            if let Some(&of) = i.checked_sub(live).and_then(|k| self.live_of.get(k)) {
+                // Its key shares its live check's hash tag: the same slot.
+                let at = g.tiers.iter().position(|&k| k == usize::from(of));
+                // (Without its live check here, a place past the group's:
+                // then it needs every enforced check to allow.)
+                specs.push(wire::TierSpec::flagged(
+                    c,
+                    wire::candidate_flags(flags, at.unwrap_or(g.tiers.len())),
+                ));
+                tiers.push(wire::ReplyTier::new(c, flags));
+                candidates.push((j, at));
+                continue;
+            }
             if self.shadow.contains(i) {
                 flags |= wire::SHADOW;
                 // j <= i < 64.
@@ -225,20 +299,68 @@ impl Job {
             .invoke(&keys, "check", self.clock, &specs)
             .await
             .map_err(|e| self.error(e))?;
-        match wire::parse_check(&reply, &tiers, wire::SHORT | wire::UNDO, Shadow(shadow))? {
-            CheckReply::Decided(v) => Ok(v),
+        if candidates.is_empty() {
+            return match wire::parse_check(
+                &reply,
+                &tiers,
+                wire::SHORT | wire::UNDO,
+                Shadow(shadow),
+            )? {
+                CheckReply::Decided(v) => Ok(v),
+                CheckReply::Late => Err(BackendError::Reply(
+                    "a cluster check without a deadline answered late".to_owned(),
+                )),
+            };
+        }
+        // Read as if every check committed (each allowing one's undo
+        // value), then each charge kept as the script made it: the live
+        // checks' when they commit, a candidate's by its own rule.
+        match wire::parse_check(&reply, &tiers, wire::SHORT | wire::UNDO, Shadow(u64::MAX))? {
+            CheckReply::Decided(mut v) => {
+                let is_candidate = |j: usize| candidates.iter().any(|&(k, _)| k == j);
+                let enforced_ok = |except: Option<usize>| {
+                    v.decisions.iter().enumerate().all(|(k, d)| {
+                        d.allowed
+                            || Shadow(shadow).contains(k)
+                            || is_candidate(k)
+                            || Some(k) == except
+                    })
+                };
+                let commit = enforced_ok(None);
+                let kept: Vec<bool> = (0..v.decisions.len())
+                    .map(|j| match candidates.iter().find(|&&(k, _)| k == j) {
+                        Some(&(_, at)) => enforced_ok(at),
+                        None => commit,
+                    })
+                    .collect();
+                for (c, keep) in v.charges.iter_mut().zip(kept) {
+                    if !keep {
+                        *c = None;
+                    }
+                }
+                if v.charges.iter().all(Option::is_none) {
+                    v.charges.clear();
+                }
+                Ok(v)
+            }
             CheckReply::Late => Err(BackendError::Reply(
                 "a cluster check without a deadline answered late".to_owned(),
             )),
         }
     }
 
-    async fn refund_group(&self, g: &Group, r: &GroupReply) -> Result<(), BackendError> {
+    /// Gives back the charges of `g` whose check `undo` marks.
+    async fn refund_group(
+        &self,
+        g: &Group,
+        r: &GroupReply,
+        undo: &[bool],
+    ) -> Result<(), BackendError> {
         let mut keys = Vec::new();
         let mut nums = Vec::new();
         for (&i, c) in g.tiers.iter().zip(&r.charges) {
             // A shadow tier that denied was not charged.
-            if let Some(charge) = c {
+            if let (Some(charge), true) = (c, undo[i]) {
                 keys.push(self.keys[i].as_str());
                 nums.extend(wire::refund_args(&self.checks[i], charge, false));
             }
@@ -447,6 +569,11 @@ mod tests {
         assert_ne!(
             Slot::for_key(cluster_key("rl:user:%7Bx%7D")),
             Slot::for_key("x")
+        );
+        // A candidate quota's key keeps its tier key's tag.
+        assert_eq!(
+            cluster_key("rl:user:alice{c:80/1m,burst=100}"),
+            "{rl:user:alice}{c:80/1m,burst=100}"
         );
     }
 }

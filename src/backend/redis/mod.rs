@@ -19,6 +19,7 @@ pub use sentinel::SentinelMaster;
 
 mod batch;
 mod blocked;
+mod candidates;
 mod check;
 mod cluster;
 mod connection;

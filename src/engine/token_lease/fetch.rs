@@ -68,6 +68,7 @@ impl Inner {
             let result = match self.backend.start_check(
                 std::slice::from_ref(&check),
                 Shadow::NONE,
+                &[],
                 true,
                 None,
                 Some(self.timeout),

@@ -349,11 +349,12 @@ impl Collector {
             endpoints,
             peak_minute,
             timeline,
+            candidates: Vec::new(),
         }
     }
 }
 
-fn rate(a: u64, b: u64) -> f64 {
+pub(super) fn rate(a: u64, b: u64) -> f64 {
     if b == 0 {
         0.0
     } else {

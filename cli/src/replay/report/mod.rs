@@ -51,6 +51,12 @@ pub struct Report {
     pub peak_minute: Option<PeakMinute>,
     /// Requests and would-be 429s over time.
     pub timeline: Timeline,
+    /// Per tier with candidate quotas (docs/rollout.md, "Candidate
+    /// quotas"), in policy order: what each would have done on the replayed
+    /// traffic beside the live quota (`window_secs` 0: the whole replay).
+    /// A candidate's `would_deny` and `keys_denied` are the `rejected` and
+    /// `distinct_keys_blocked` of a replay with it as the tier's quota.
+    pub candidates: Vec<tiered_ratelimit::observe::CandidatesReport>,
 }
 
 /// One tier of the policy.

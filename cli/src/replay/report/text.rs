@@ -208,6 +208,37 @@ impl Report {
         }
         eps.render(&mut o);
 
+        if !self.candidates.is_empty() {
+            o.push('\n');
+            let mut cands = Table {
+                header: vec![
+                    "TIER",
+                    "QUOTA",
+                    "REQUESTS",
+                    "WOULD DENY",
+                    "RATE",
+                    "KEYS DENIED",
+                ],
+                right: vec![false, false, true, true, true, true],
+                rows: Vec::new(),
+            };
+            for c in &self.candidates {
+                let live = std::iter::once((format!("{} (live)", c.live.quota), &c.live));
+                let others = c.candidates.iter().map(|x| (x.quota.clone(), x));
+                for (quota, x) in live.chain(others) {
+                    cands.rows.push(vec![
+                        c.tier.clone(),
+                        quota,
+                        thousands(x.requests),
+                        thousands(x.would_deny),
+                        pct(super::collect::rate(x.would_deny, x.requests)),
+                        thousands(x.keys_denied),
+                    ]);
+                }
+            }
+            cands.render(&mut o);
+        }
+
         if self.tiers.iter().any(|t| !t.top_blocked_keys.is_empty()) {
             o.push('\n');
             let mut keys = Table {

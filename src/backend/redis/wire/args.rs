@@ -39,6 +39,22 @@ pub(in crate::backend::redis) fn listing_flag<'a>(
 /// instead of three (see [`short_flag`] and the module docs).
 pub(in crate::backend::redis) const SHORT: u8 = 8;
 
+/// Tier flag: a candidate quota (`docs/rollout.md`, "Candidate quotas"):
+/// its denial rejects nothing, and it is charged when it allows and every
+/// enforced check but its tier's live one allows. The live check's
+/// position in the call (from 1) rides above it, times [`LIVE_AT`] (see
+/// [`candidate_flags`]).
+pub(in crate::backend::redis) const CANDIDATE: u8 = 16;
+/// A candidate's flags carry its live check's position (from 1) times this.
+const LIVE_AT: i64 = 32;
+
+/// The flags of a candidate check whose tier's live check is at `live`
+/// (from 0) in the call, with the other `flags`.
+pub(in crate::backend::redis) fn candidate_flags(flags: u8, live: usize) -> i64 {
+    let live = i64::try_from(live).unwrap_or(i64::MAX / LIVE_AT - 1);
+    i64::from(flags | CANDIDATE) + (live + 1) * LIVE_AT
+}
+
 /// The clock argument of a script call, on the stack: at most
 /// `"<u64>:<u64>"`, 41 bytes.
 #[derive(Clone, Copy)]
@@ -152,7 +168,14 @@ pub(in crate::backend::redis) fn int(v: u64) -> i64 {
 
 /// The seven numbers of one tier of a check: algorithm, p1..p4, cost, flags
 /// ([`SHADOW`], [`UNDO`], [`SHORT`]).
+#[cfg(test)]
 pub(in crate::backend::redis) fn tier_args(check: &TierCheck, flags: u8) -> [i64; 7] {
+    tier_args_flagged(check, i64::from(flags))
+}
+
+/// [`tier_args`] with flags as the script reads them (a candidate's carry
+/// its live check's position: [`candidate_flags`]).
+fn tier_args_flagged(check: &TierCheck, flags: i64) -> [i64; 7] {
     let (algorithm, p) = encode(&check.limit);
     [
         i64::from(algorithm),
@@ -161,7 +184,7 @@ pub(in crate::backend::redis) fn tier_args(check: &TierCheck, flags: u8) -> [i64
         p[2],
         p[3],
         int(check.cost),
-        i64::from(flags),
+        flags,
     ]
 }
 
@@ -204,6 +227,12 @@ pub(in crate::backend::redis) struct TierSpec {
 impl TierSpec {
     /// The spec of `check` with these flags.
     pub(in crate::backend::redis) fn new(check: &TierCheck, flags: u8) -> Self {
+        Self::flagged(check, i64::from(flags))
+    }
+
+    /// The spec of `check` with flags as the script reads them
+    /// ([`candidate_flags`]).
+    pub(in crate::backend::redis) fn flagged(check: &TierCheck, flags: i64) -> Self {
         let mut spec = Self {
             buf: [0; 209],
             len: 0,
@@ -211,7 +240,11 @@ impl TierSpec {
         let mut at = 0;
         let (home, homes) = home_suffix(check);
         let home = home[..homes].iter().map(|&h| int(h));
-        for (i, n) in tier_args(check, flags).into_iter().chain(home).enumerate() {
+        for (i, n) in tier_args_flagged(check, flags)
+            .into_iter()
+            .chain(home)
+            .enumerate()
+        {
             if i > 0 {
                 spec.buf[at] = b' ';
                 at += 1;
@@ -244,6 +277,16 @@ impl ::redis::ToRedisArgs for TierSpec {
 /// Writes one tier's spec argument ([`TierSpec`]) into `cmd`'s buffer.
 pub(in crate::backend::redis) fn write_tier(cmd: &mut Cmd, check: &TierCheck, flags: u8) {
     cmd.arg(TierSpec::new(check, flags).as_bytes());
+}
+
+/// Writes a candidate check's spec, its live check at `live` (from 0).
+pub(in crate::backend::redis) fn write_candidate(
+    cmd: &mut Cmd,
+    check: &TierCheck,
+    flags: u8,
+    live: usize,
+) {
+    cmd.arg(TierSpec::flagged(check, candidate_flags(flags, live)).as_bytes());
 }
 
 /// The eight `ARGV` of one key in the cluster script's `refund` mode:

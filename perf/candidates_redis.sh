@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Redis instructions per check with candidate quotas (docs/rollout.md,
+# "Candidate quotas"): the call the layer sends for one token-bucket tier
+# (the default: FCALL, the tier key and the hourly blocked-keys set, the
+# deadline clock argument, the short-reply spec of a quota that never
+# denies), alone and with 1, 2 and 4 candidates (one more key and spec
+# each, flag +16 naming the live check: `<tier key>{c:<quota>}`), counted
+# by callgrind as perf/redis_instructions.sh counts them (the difference
+# of N = 2 000 and N = 12 000 calls / 10 000). Prints a markdown table with
+# the ratio to the tier without candidates.
+#
+#   perf/candidates_redis.sh     # ~3 min; needs valgrind, redis-benchmark
+#   BENCH_BIN=<path> perf/candidates_redis.sh   # a prebuilt bench_server
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. perf/lib.sh
+for tool in valgrind callgrind_annotate redis-server redis-cli redis-benchmark python3; do
+  command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
+done
+bench_setup candidates_redis
+build_bench_server
+spec="4 1000000000000 1 1000 0 1 8"
+# +8 short, +16 candidate, + 32 × 1 (the live check is the first).
+cand() { echo "4 $((1000000000000 + $1)) 1 1000 0 1 56"; }
+deadline="-99999999999999999"
+key=rl:ip:127.0.0.1
+
+count() { # LABEL N ARGS...
+  local label=$1 n=$2 port vp fn _
+  shift 2
+  port=$(free_port)
+  valgrind --tool=callgrind --callgrind-out-file="$work/cg.$label.$n" \
+    redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$work" >/dev/null 2>&1 &
+  vp=$!
+  for _ in $(seq 1 200); do
+    redis-cli -p "$port" PING 2>/dev/null | grep -q PONG && break
+    sleep 0.1
+  done
+  "$bin" library-lua | redis-cli -p "$port" -x FUNCTION LOAD REPLACE >/dev/null
+  fn=$("$bin" function-name)
+  local args=("$@")
+  args=("${args[@]/FN/$fn}")
+  redis-benchmark -p "$port" -c 1 -P 1 -n "$n" -q "${args[@]}" >/dev/null 2>&1
+  redis-cli -p "$port" INFO commandstats | grep -q 'failed_calls=0' ||
+    { echo "$label: failed calls" >&2; exit 1; }
+  redis-cli -p "$port" SHUTDOWN NOSAVE >/dev/null 2>&1 || true
+  wait "$vp" 2>/dev/null || true
+  callgrind_annotate "$work/cg.$label.$n" 2>/dev/null |
+    awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}'
+}
+
+per_call() { # LABEL ARGS...
+  local label=$1 a b
+  shift
+  a=$(count "$label" 2000 "$@")
+  b=$(count "$label" 12000 "$@")
+  echo $(( (b - a) / 10000 ))
+  log "$label: $(( (b - a) / 10000 )) instructions per call"
+}
+
+with() { # K: the call with K candidates
+  local k=$1 keys=("$key") specs=("$spec") j
+  for j in $(seq 1 "$k"); do
+    keys+=("$key{c:$j}")
+    specs+=("$(cand "$j")")
+  done
+  per_call "c$k" fcall FN $((k + 2)) "${keys[@]}" rl:blocked:h "$deadline" "${specs[@]}"
+}
+
+c0=$(with 0)
+c1=$(with 1)
+c2=$(with 2)
+c4=$(with 4)
+echo "Redis $(redis-server --version | awk '{print $3}'), code $commit"
+echo
+echo "| call | Redis instructions per call | × without |"
+echo "|---|---|---|"
+python3 - "$c0" "$c1" "$c2" "$c4" <<'PY'
+import sys
+c = list(map(int, sys.argv[1:]))
+for name, v in zip(("1 tier", "1 tier + 1 candidate", "1 tier + 2 candidates", "1 tier + 4 candidates"), c):
+    print(f"| {name} | {v:,} | {v / c[0]:.2f} |")
+PY

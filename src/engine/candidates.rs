@@ -1,0 +1,303 @@
+//! Candidate quotas: up to four quotas beside a tier's live one, checked
+//! and charged on keys of their own in the same backend call as the live
+//! checks, never changing an answer (`docs/rollout.md`, "Candidate
+//! quotas").
+//!
+//! Planning appends one check per candidate after every live check of the
+//! request (overrides' reads and penalty boxes included), so the live
+//! checks keep their indices; [`Meta::live_of`] names each candidate's live
+//! check. The backends charge a candidate when it allows and every
+//! enforced check but its live one allows. When the answer arrives,
+//! [`take`] counts the candidates' decisions and cuts them off the
+//! verdict and the sent checks: everything after (outcome, decide, the
+//! deny cache, top-N, refunds) sees the live checks only.
+
+use super::meta::Meta;
+use super::runtime::BuiltTier;
+use super::state::Shared;
+use crate::algorithm::kind::Algorithm;
+use crate::algorithm::Limit;
+use crate::backend::{TierCheck, Verdict};
+use crate::error::{BackendError, ConfigError};
+use crate::observe::candidates::CandidateStats;
+use crate::quota::Quota;
+use std::sync::Arc;
+
+/// The most candidates a tier takes.
+pub(crate) const MAX_CANDIDATES: usize = 4;
+
+/// The metric of candidates' decisions.
+pub(crate) const CANDIDATE_DECISIONS: &str = "tiered_ratelimit_candidate_decisions_total";
+
+/// One candidate quota of a built tier.
+#[derive(Debug)]
+pub(crate) struct BuiltCandidate {
+    /// Its quota as written (`80/1m`): the metric's label, the report's
+    /// `quota`, and part of its key suffix.
+    pub(crate) label: Arc<str>,
+    /// Its quota (a calendar tier's: of the tier's period).
+    pub(crate) quota: Quota,
+    pub(crate) limit: Limit,
+    /// `{c:<label>}`, appended to the live key.
+    pub(crate) suffix: String,
+    pub(crate) stats: CandidateStats,
+    /// Its metric's two counters (`allowed`, `would_deny`), registered
+    /// with the recorder whose address they carry: again when another is
+    /// installed (no label vector or registry lookup per request).
+    counters: arc_swap::ArcSwapOption<(usize, [metrics::Counter; 2])>,
+}
+
+impl BuiltCandidate {
+    /// Counts one decision in the metric.
+    fn count(&self, tier: &Arc<str>, allowed: bool) {
+        let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
+        let i = usize::from(!allowed);
+        if let Some(c) = &*self.counters.load() {
+            if c.0 == recorder {
+                c.1[i].increment(1);
+                return;
+            }
+        }
+        let counters = ["allowed", "would_deny"].map(|decision| {
+            metrics::counter!(
+                CANDIDATE_DECISIONS,
+                "tier" => tier.clone(),
+                "candidate" => self.label.clone(),
+                "decision" => decision
+            )
+        });
+        counters[i].increment(1);
+        self.counters.store(Some(Arc::new((recorder, counters))));
+    }
+}
+
+/// A quota as a candidate's label: `<limit>/<period>` (humantime, no
+/// spaces: `1m`, `1h30m`), then `,burst=<n>` when it has a burst of its
+/// own; a calendar tier's period is its calendar's name.
+pub(crate) fn label(q: &Quota, calendar: Option<&str>) -> String {
+    let period = match calendar {
+        Some(name) => name.to_owned(),
+        None => humantime::format_duration(q.period())
+            .to_string()
+            .replace(' ', ""),
+    };
+    if q.has_burst() && q.burst_size() != q.limit() {
+        format!("{}/{period},burst={}", q.limit(), q.burst_size())
+    } else {
+        format!("{}/{period}", q.limit())
+    }
+}
+
+/// The candidates of tier `tier`, checked as its own quota would be,
+/// errors naming `candidates[i]`.
+pub(crate) fn compile(
+    tier: &str,
+    algorithm: Algorithm,
+    cost: u64,
+    quota: Quota,
+    candidates: &[Quota],
+    calendar: Option<&crate::algorithm::calendar::Calendar>,
+    leased: bool,
+    priced: bool,
+) -> Result<Vec<BuiltCandidate>, ConfigError> {
+    let refused = |field: String, reason: String| ConfigError::Candidate {
+        tier: tier.to_owned(),
+        field,
+        reason,
+    };
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    if candidates.len() > MAX_CANDIDATES {
+        return Err(refused(
+            "candidates".into(),
+            format!(
+                "{} candidates; a tier takes at most {MAX_CANDIDATES} (each is one more key read and written per request)",
+                candidates.len()
+            ),
+        ));
+    }
+    if matches!(algorithm, Algorithm::Concurrency { .. }) {
+        return Err(refused(
+            "candidates".into(),
+            "a concurrency tier takes none: its slots are held until each response ends and released then, which a candidate, charged and never released, cannot mirror".into(),
+        ));
+    }
+    if priced {
+        return Err(refused(
+            "candidates".into(),
+            "a priced tier takes none: its charge is settled to the response's price when the response ends, which a candidate's is not".into(),
+        ));
+    }
+    if leased {
+        return Err(refused(
+            "candidates".into(),
+            "not with lease mode: a leased check is answered without a backend call, which a candidate needs to see every request".into(),
+        ));
+    }
+    let mut built: Vec<BuiltCandidate> = Vec::with_capacity(candidates.len());
+    for (i, q) in candidates.iter().enumerate() {
+        // A calendar tier's candidates count per its calendar window.
+        let q = match calendar {
+            Some(_) => {
+                let q2 = Quota::new(q.limit(), quota.period());
+                if q.has_burst() {
+                    q2.burst(q.burst_size())
+                } else {
+                    q2
+                }
+            }
+            None => *q,
+        };
+        let limit = super::limits::checked_limit(tier, algorithm, q, cost).map_err(|e| {
+            // The tier's own message, its field under candidates[i].
+            let text = e.to_string();
+            let prefix = format!("tier \"{tier}\": ");
+            let rest = text.strip_prefix(&prefix).unwrap_or(&text);
+            match rest.split_once(": ") {
+                Some((field, reason)) => {
+                    refused(format!("candidates[{i}].{field}"), reason.to_owned())
+                }
+                None => refused(format!("candidates[{i}]"), rest.to_owned()),
+            }
+        })?;
+        let label = label(&q, calendar.map(|c| c.period().name()));
+        if built.iter().any(|b| *b.label == *label) || q == quota {
+            return Err(refused(
+                format!("candidates[{i}]"),
+                format!("{label} is listed twice (or is the live quota)"),
+            ));
+        }
+        built.push(BuiltCandidate {
+            suffix: format!("{{c:{label}}}"),
+            label: Arc::from(label),
+            quota: q,
+            limit,
+            stats: CandidateStats::default(),
+            counters: arc_swap::ArcSwapOption::empty(),
+        });
+    }
+    Ok(built)
+}
+
+/// After the live checks of a request are planned: one check per
+/// candidate of each live check's tier (`pending`: the live check's index,
+/// its tier and the request's cost on it), appended in order, with
+/// [`Meta::live_of`] and [`Meta::candidates`] filled in.
+pub(crate) fn plan(
+    shared: &Shared,
+    checks: &mut Vec<TierCheck>,
+    meta: &mut Meta,
+    pending: &[(u8, u8, u64)],
+) {
+    for &(live, tier, cost) in pending {
+        let Some(t) = shared.config.tiers.get(usize::from(tier)) else {
+            continue;
+        };
+        for (j, c) in t.candidates.iter().enumerate() {
+            if checks.len() >= crate::engine::MAX_TIERS {
+                return;
+            }
+            let Some(of) = checks.get(usize::from(live)) else {
+                return;
+            };
+            // A spare key buffer (given back in `take`).
+            let mut key = super::spare::key();
+            key.reserve(of.key.len() + c.suffix.len());
+            key.push_str(&of.key);
+            key.push_str(&c.suffix);
+            let limit = match (&t.calendar, c.limit) {
+                (Some(cal), l) => cal.limit(l, shared.local_clock.now_us()),
+                (None, l) => l,
+            };
+            checks.push(TierCheck {
+                key,
+                limit,
+                cost: cost.min(limit.capacity().saturating_add(1)),
+                home: None,
+            });
+            meta.live_of.push(live);
+            // At most four candidates: the index fits.
+            meta.candidates
+                .push((tier, u8::try_from(j).unwrap_or(u8::MAX)));
+        }
+    }
+}
+
+/// The answer of a request with candidates: counts each candidate's
+/// decision, then cuts the candidates off the verdict and the sent checks
+/// (on an error, off the sent checks only: nothing is counted).
+pub(crate) fn take(shared: &Shared, meta: &mut Meta, result: &mut Result<Verdict, BackendError>) {
+    if meta.live_of.is_empty() {
+        return;
+    }
+    let k = meta.live_of.len();
+    let live = meta.sent.len().saturating_sub(k);
+    if let Ok(v) = result {
+        let now_s = v.now_us / 1_000_000;
+        for (j, &(tier, idx)) in meta.candidates.iter().enumerate() {
+            let (Some(d), Some(check), Some(t)) = (
+                v.decisions.get(live + j),
+                meta.sent.get(live + j),
+                shared.config.tiers.get(usize::from(tier)),
+            ) else {
+                continue;
+            };
+            let Some(c) = t.candidates.get(usize::from(idx)) else {
+                continue;
+            };
+            record(t, c, check, d.allowed, now_s);
+            if let Some(f) = &shared.telemetry.fleet_candidates {
+                f.record(
+                    &shared.backend,
+                    &t.name,
+                    &c.label,
+                    part(t, c, check),
+                    !d.allowed,
+                    v.now_us,
+                );
+            }
+            // The live quota's decision on the same request, once.
+            let of = meta.live_of.get(j).copied();
+            if j == 0 || meta.live_of.get(j - 1).copied() != of {
+                let live = of.and_then(|l| {
+                    Some((
+                        v.decisions.get(usize::from(l))?,
+                        meta.sent.get(usize::from(l))?,
+                    ))
+                });
+                if let Some((d, check)) = live {
+                    let part = check.key.get(t.key_base.len()..).unwrap_or("");
+                    t.candidates_live.record(part, !d.allowed, now_s);
+                    if let Some(f) = &shared.telemetry.fleet_candidates {
+                        let live = crate::observe::fleet_candidates::live();
+                        f.record(&shared.backend, &t.name, &live, part, !d.allowed, v.now_us);
+                    }
+                }
+            }
+        }
+        v.decisions.truncate(live);
+        v.charges.truncate(live);
+    }
+    // The candidates' key buffers go back for the next request's.
+    for c in meta.sent.drain(live..) {
+        super::spare::give_back_key(c.key);
+    }
+    meta.live_of.clear();
+    meta.candidates.clear();
+}
+
+/// The key part of a candidate's check (its live key's).
+fn part<'k>(t: &BuiltTier, c: &BuiltCandidate, check: &'k TierCheck) -> &'k str {
+    check
+        .key
+        .strip_suffix(c.suffix.as_str())
+        .and_then(|k| k.get(t.key_base.len()..))
+        .unwrap_or("")
+}
+
+/// One candidate decision counted: its stats and its metric.
+fn record(t: &BuiltTier, c: &BuiltCandidate, check: &TierCheck, allowed: bool, now_s: u64) {
+    c.stats.record(part(t, c, check), !allowed, now_s);
+    c.count(&t.name, allowed);
+}

@@ -1,0 +1,243 @@
+//! What each candidate quota would do (see `docs/rollout.md`, "Candidate
+//! quotas"): per tier, per candidate, in this process, by clock hour —
+//! requests checked, requests it would deny (cost), the distinct keys it
+//! would deny, and its heaviest would-be-denied keys.
+//!
+//! One mutex per candidate, taken once per request it checks (a few
+//! additions; a denial also inserts a key hash and feeds the sketch). The
+//! distinct keys are kept exactly, as 64-bit hashes of the key parts, up
+//! to [`MAX_KEYS`] an hour: past that the count is a lower bound and the
+//! report says so (`keys_capped`). The heaviest keys come from a
+//! Space-Saving sketch per hour, as the top-N of blocked keys
+//! ([`super::topn`]).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+use topk::FilteredSpaceSaving;
+
+/// Distinct denied keys kept per candidate and hour (hashes, 8 bytes
+/// each): past it, `keys_denied` is a lower bound.
+pub(crate) const MAX_KEYS: usize = 100_000;
+
+/// Counters of the sketch of heaviest would-be-denied keys, per hour.
+const SKETCH: usize = 256;
+
+/// What one candidate quota would have done over a window.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct CandidateReport {
+    /// The candidate's quota as written in labels and keys: `80/1m`, or
+    /// `80/1m,burst=100` with a burst of its own (a calendar tier's:
+    /// `80/month`).
+    pub quota: String,
+    /// Requests it was checked on.
+    pub requests: u64,
+    /// Requests it would have denied.
+    pub would_deny: u64,
+    /// Distinct keys it would have denied at least once.
+    pub keys_denied: u64,
+    /// Whether `keys_denied` reached the bound kept per hour (100 000) and
+    /// is a lower bound.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub keys_capped: bool,
+    /// Its heaviest would-be-denied keys (key part, requests), heaviest
+    /// first.
+    pub top: Vec<CandidateKey>,
+}
+
+/// A tier's candidates beside its live quota over a window, in this
+/// process ([`RateLimitHandle::candidates`](crate::RateLimitHandle::candidates)).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct CandidatesReport {
+    /// The tier's name.
+    pub tier: String,
+    /// The window counted, in seconds (whole clock hours, the current one
+    /// included: 3 600 to 86 400).
+    pub window_secs: u64,
+    /// The live quota, counted the same way: the requests its tier was
+    /// checked on beside the candidates, and the ones it denied (its
+    /// `top`: its heaviest denied keys).
+    pub live: CandidateReport,
+    /// Each candidate, in the order configured.
+    pub candidates: Vec<CandidateReport>,
+}
+
+/// One key of a candidate's top would-be-denied keys.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct CandidateKey {
+    /// The key part, as stored (escaped, or hashed when long or secret).
+    pub key: String,
+    /// Requests of the window this candidate would have denied (an
+    /// estimate past the sketch's 256 counters: never below the truth).
+    pub count: u64,
+}
+
+/// One clock hour of one candidate.
+struct Hour {
+    hour: u64,
+    requests: u64,
+    would_deny: u64,
+    keys: HashSet<u64>,
+    capped: bool,
+    top: FilteredSpaceSaving<String>,
+}
+
+impl Hour {
+    fn new(hour: u64) -> Self {
+        Self {
+            hour,
+            requests: 0,
+            would_deny: 0,
+            keys: HashSet::new(),
+            capped: false,
+            top: FilteredSpaceSaving::new(SKETCH),
+        }
+    }
+}
+
+/// One candidate's counts, the last 24 clock hours, and since the layer
+/// was built (without its heaviest keys).
+#[derive(Default)]
+pub(crate) struct CandidateStats {
+    hours: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    hours: VecDeque<Hour>,
+    /// Since the layer was built: requests, would-be denials, distinct
+    /// denied keys (hashes, up to [`MAX_KEYS`]) and whether capped.
+    total: (u64, u64, HashSet<u64>, bool),
+}
+
+impl std::fmt::Debug for CandidateStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CandidateStats").finish_non_exhaustive()
+    }
+}
+
+impl CandidateStats {
+    /// One request checked at `now_s` (epoch seconds) on key part `key`:
+    /// whether the candidate would have denied it.
+    pub(crate) fn record(&self, key: &str, denied: bool, now_s: u64) {
+        let hour = now_s / 3600;
+        let mut counts = self.hours.lock().unwrap_or_else(|e| e.into_inner());
+        let Counts { hours, total } = &mut *counts;
+        total.0 += 1;
+        if denied {
+            total.1 += 1;
+            let hash = xxhash_rust::xxh3::xxh3_64(key.as_bytes());
+            if total.2.len() < MAX_KEYS {
+                total.2.insert(hash);
+            } else if !total.2.contains(&hash) {
+                total.3 = true;
+            }
+        }
+        if hours.back().is_none_or(|h| h.hour != hour) {
+            hours.push_back(Hour::new(hour));
+            while hours.len() > 24 {
+                hours.pop_front();
+            }
+        }
+        let Some(h) = hours.back_mut() else {
+            return;
+        };
+        h.requests += 1;
+        if denied {
+            h.would_deny += 1;
+            let hash = xxhash_rust::xxh3::xxh3_64(key.as_bytes());
+            if h.keys.len() < MAX_KEYS {
+                h.keys.insert(hash);
+            } else if !h.keys.contains(&hash) {
+                h.capped = true;
+            }
+            h.top.insert(key.to_owned(), 1);
+        }
+    }
+
+    /// The counts of the last `hours_back` clock hours (1-24, the current
+    /// one included) before `now_s`, with the `n` heaviest keys; with
+    /// `u64::MAX`, since the layer was built (its heaviest keys those of
+    /// the last 24 hours).
+    pub(crate) fn report(
+        &self,
+        quota: &str,
+        hours_back: u64,
+        n: usize,
+        now_s: u64,
+    ) -> CandidateReport {
+        let first = (now_s / 3600).saturating_sub(hours_back.clamp(1, 24) - 1);
+        let counts = self.hours.lock().unwrap_or_else(|e| e.into_inner());
+        let hours = &counts.hours;
+        let mut report = CandidateReport {
+            quota: quota.to_owned(),
+            requests: 0,
+            would_deny: 0,
+            keys_denied: 0,
+            keys_capped: false,
+            top: Vec::new(),
+        };
+        let mut keys: HashSet<u64> = HashSet::new();
+        let mut merged = FilteredSpaceSaving::new(SKETCH);
+        for h in hours.iter().filter(|h| h.hour >= first) {
+            report.requests += h.requests;
+            report.would_deny += h.would_deny;
+            report.keys_capped |= h.capped;
+            keys.extend(h.keys.iter().copied());
+            // Same capacity everywhere: merging cannot fail.
+            let _ = merged.merge(&h.top);
+        }
+        report.keys_denied = keys.len() as u64;
+        if hours_back == u64::MAX {
+            // Since the layer was built.
+            report.requests = counts.total.0;
+            report.would_deny = counts.total.1;
+            report.keys_denied = counts.total.2.len() as u64;
+            report.keys_capped = counts.total.3;
+        }
+        report.top = merged
+            .into_sorted_vec()
+            .into_iter()
+            .take(n)
+            .map(|(key, c)| CandidateKey {
+                key,
+                count: c.estimated_count(),
+            })
+            .collect();
+        report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_by_hour_and_window() {
+        let s = CandidateStats::default();
+        let t = 1_700_000_000 / 3600 * 3600;
+        s.record("a", true, t);
+        s.record("a", true, t + 1);
+        s.record("b", false, t + 2);
+        s.record("b", true, t + 3600);
+        let last = s.report("5/1m", 1, 10, t + 3600);
+        assert_eq!(
+            (last.requests, last.would_deny, last.keys_denied),
+            (1, 1, 1)
+        );
+        let both = s.report("5/1m", 2, 10, t + 3600);
+        assert_eq!(
+            (both.requests, both.would_deny, both.keys_denied),
+            (4, 3, 2)
+        );
+        assert_eq!(
+            both.top[0],
+            CandidateKey {
+                key: "a".into(),
+                count: 2
+            }
+        );
+    }
+}

@@ -1,0 +1,301 @@
+//! Candidate quotas at the backends (docs/rollout.md, "Candidate quotas"):
+//! on random sequences, the model, the memory backend and the Redis scripts
+//! give every candidate the same decisions (so the same state), and the
+//! live checks' decisions are those of the same sequence without
+//! candidates, on every backend.
+
+use crate::support::algorithms::{algorithm_limits, clock_step, Model};
+use crate::support::*;
+use proptest::prelude::*;
+use std::time::Duration;
+use tiered_ratelimit::algorithm::Limit;
+use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck};
+
+/// One request: clock step, key (0..3), cost on tier `a`, whether `b` is in
+/// shadow mode.
+type Op = (u64, u8, u64, bool);
+
+struct Harness {
+    rt: tokio::runtime::Runtime,
+    _redis: RedisServer,
+    url: String,
+}
+
+impl Harness {
+    fn new() -> Self {
+        let redis = RedisServer::start();
+        Harness {
+            rt: current_thread_runtime(),
+            url: redis.url(),
+            _redis: redis,
+        }
+    }
+
+    fn redis(&self, clock: &ManualClock) -> Backend {
+        RedisBackend::from_url(&self.url)
+            .unwrap()
+            .with_manual_clock(clock.clone())
+            .with_test_ttl_slack(Duration::from_secs(600))
+            .into()
+    }
+
+    /// Runs `ops` with tier `a` (per key, `la`) and tier `b` (one key,
+    /// `lb`), candidates `ca` on `a` and `cb` on `b`: returns the candidate
+    /// decisions denied and allowed (a sequence must see both).
+    fn run(
+        &self,
+        case: u64,
+        (la, lb): (Limit, Limit),
+        ca: &[Limit],
+        cb: &[Limit],
+        ops: &[Op],
+    ) -> (usize, usize) {
+        let clock = ManualClock::new(T0_US + 123_457);
+        let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+        let bare_memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+        let redis = self.redis(&clock);
+        let mut model = Model::default();
+        let mut bare_model = Model::default();
+        let (mut denied, mut allowed) = (0, 0);
+        for (i, &(step, key, cost, b_shadow)) in ops.iter().enumerate() {
+            clock.advance(Duration::from_micros(step));
+            let now = clock.now_us();
+            let a_key = format!("c{case}:a:k{key}");
+            let b_key = format!("c{case}:b:all");
+            let live = vec![
+                TierCheck {
+                    key: a_key.clone(),
+                    limit: la,
+                    cost,
+                    home: None,
+                },
+                TierCheck {
+                    key: b_key.clone(),
+                    limit: lb,
+                    cost: 1,
+                    home: None,
+                },
+            ];
+            let mut checks = live.clone();
+            let mut live_of = Vec::new();
+            for (j, l) in ca.iter().enumerate() {
+                checks.push(TierCheck {
+                    key: format!("{a_key}{{c:{j}}}"),
+                    limit: *l,
+                    cost,
+                    home: None,
+                });
+                live_of.push(0u8);
+            }
+            for (j, l) in cb.iter().enumerate() {
+                checks.push(TierCheck {
+                    key: format!("{b_key}{{c:{j}}}"),
+                    limit: *l,
+                    cost: 1,
+                    home: None,
+                });
+                live_of.push(1u8);
+            }
+            let shadow = if b_shadow { 0b10 } else { 0 };
+            // Costs clamped as the backends clamp them.
+            let clamped: Vec<TierCheck> = checks
+                .iter()
+                .map(|c| TierCheck {
+                    cost: c.cost.min(c.limit.capacity() + 1),
+                    ..c.clone()
+                })
+                .collect();
+            let want = model.check_candidates(&clamped, shadow, &live_of, now);
+            let bare = bare_model.check_candidates(&clamped[..2], shadow, &[], now);
+            assert_eq!(
+                want[..2],
+                bare[..],
+                "the model's live decisions moved at op {i}"
+            );
+            let mem = self
+                .rt
+                .block_on(memory.check_candidates(checks.clone(), shadow, &live_of))
+                .unwrap();
+            let red = self
+                .rt
+                .block_on(redis.check_candidates(checks.clone(), shadow, &live_of))
+                .unwrap();
+            let mem_bare = self
+                .rt
+                .block_on(bare_memory.check_candidates(live.clone(), shadow, &[]))
+                .unwrap();
+            assert_eq!(mem.decisions, want, "memory diverged at op {i}");
+            assert_eq!(red.decisions, want, "redis diverged at op {i}");
+            assert_eq!(
+                mem_bare.decisions[..],
+                want[..2],
+                "memory without candidates at op {i}"
+            );
+            // The live checks' charges (what refunds need) are theirs alone.
+            let committed = want[..2]
+                .iter()
+                .enumerate()
+                .all(|(k, d)| d.allowed || shadow & (1 << k) != 0);
+            assert_eq!(
+                !mem.charges.is_empty(),
+                committed,
+                "memory's charges at op {i}"
+            );
+            assert_eq!(
+                !red.charges.is_empty(),
+                committed,
+                "redis's charges at op {i}"
+            );
+            for d in &want[2..] {
+                if d.allowed {
+                    allowed += 1;
+                } else {
+                    denied += 1;
+                }
+            }
+        }
+        (denied, allowed)
+    }
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        (
+            clock_step(),
+            0u8..3,
+            prop_oneof![8 => Just(1u64), 3 => 1u64..=4, 1 => 5u64..=8],
+            prop::bool::weighted(0.25),
+        ),
+        1..60,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// Two live tiers (one per key, one for all), up to four candidates on
+    /// the first and one or none on the second, any algorithm each.
+    #[test]
+    fn candidates_agree_on_model_memory_and_redis(
+        live in (0usize..7, 0usize..7),
+        ca in prop::collection::vec(0usize..8, 1..=4),
+        cb in prop::collection::vec(0usize..8, 0..=1),
+        ops in ops(),
+    ) {
+        thread_local!(static H: Harness = Harness::new());
+        let all = algorithm_limits();
+        let ca: Vec<Limit> = ca.iter().map(|&i| all[i].1).collect();
+        let cb: Vec<Limit> = cb.iter().map(|&i| all[i].1).collect();
+        H.with(|h| {
+            let case = next_case();
+            h.run(case, (all[live.0].1, all[live.1].1), &ca, &cb, &ops);
+        });
+    }
+}
+
+fn next_case() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Every algorithm as a candidate of every live algorithm, on one long
+/// fixed sequence: each candidate sees both answers.
+#[test]
+fn every_candidate_on_a_long_sequence() {
+    let h = Harness::new();
+    let mut rng =
+        crate::support::rng::Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
+    let mut next = move || rng.next();
+    let ops: Vec<Op> = (0..300)
+        .map(|_| {
+            let step = match next() % 4 {
+                0 => 0,
+                1 => next() % 300_000,
+                _ => next() % 2_000_000,
+            };
+            (
+                step,
+                (next() % 3) as u8,
+                1 + next() % 3,
+                next().is_multiple_of(4),
+            )
+        })
+        .collect();
+    let all = algorithm_limits();
+    for (i, (na, a)) in all.iter().enumerate() {
+        let ca: Vec<Limit> = all.iter().map(|(_, l)| *l).take(4).collect();
+        let cb: Vec<Limit> = all.iter().map(|(_, l)| *l).skip(4).take(1).collect();
+        let (denied, allowed) = h.run(
+            2_000_000 + i as u64,
+            (*a, all[(i + 3) % all.len()].1),
+            &ca,
+            &cb,
+            &ops,
+        );
+        assert!(
+            denied > 0 && allowed > 0,
+            "{na}: {denied} denied, {allowed} allowed proves little"
+        );
+    }
+}
+
+/// The metric `tiered_ratelimit_candidate_decisions_total{tier,candidate,
+/// decision}` counts every candidate check, by what it would have
+/// answered: a user's 6 requests in a minute under a live 10/min and
+/// candidates 2/min and 5/min.
+#[test]
+fn candidate_decisions_are_counted_in_the_metric() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tiered_ratelimit::{key::User, offline::Checks, Quota, RateLimitLayer, Tier};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let clock = ManualClock::new(T0_US);
+        let layer = RateLimitLayer::builder()
+            .backend(MemoryBackend::with_manual_clock(clock.clone()))
+            .tier(
+                Tier::new("user", User, Quota::per_minute(10))
+                    .candidates([Quota::per_minute(2), Quota::per_minute(5)]),
+            )
+            .build()
+            .unwrap();
+        let offline = layer.offline().unwrap();
+        let mut checks = Checks::default();
+        for _ in 0..6 {
+            let (mut parts, ()) = http::Request::new(()).into_parts();
+            parts
+                .extensions
+                .insert(tiered_ratelimit::key::UserId("alice".into()));
+            offline.decide(&parts, &mut checks);
+        }
+    });
+    let mut got: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(k, ..)| k.key().name() == "tiered_ratelimit_candidate_decisions_total")
+        .map(|(k, _, _, v)| {
+            let mut labels: Vec<String> = k
+                .key()
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let DebugValue::Counter(n) = v else {
+                panic!("{v:?}")
+            };
+            (labels.join(","), n)
+        })
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("candidate=2/1m,decision=allowed,tier=user".to_owned(), 2),
+            ("candidate=2/1m,decision=would_deny,tier=user".to_owned(), 4),
+            ("candidate=5/1m,decision=allowed,tier=user".to_owned(), 5),
+            ("candidate=5/1m,decision=would_deny,tier=user".to_owned(), 1),
+        ]
+    );
+}
