@@ -108,6 +108,8 @@ pub(crate) struct Telemetry {
     /// With `blocked_set`: the deny cache's 429s, waiting for their
     /// pipelined flush into the same sets.
     pub(crate) fleet_blocked: Option<crate::observe::fleet::FleetBlocked>,
+    /// Per-key demand per tier and plan (`crate::observe::demand`).
+    pub(crate) demand: Arc<crate::observe::demand::Demand>,
 }
 
 /// One hour's fleet-wide sets (lua/check.lua's last two keys): the keys

@@ -145,6 +145,7 @@
 //! once; the other instances follow within one poll interval.
 
 mod changes;
+mod demand;
 mod fleet;
 mod inspect;
 mod overrides;
@@ -153,6 +154,7 @@ mod traffic;
 
 pub use crate::engine::{ControlError, ControlKey};
 pub use changes::Changes;
+pub use demand::MAX_SUGGEST_WINDOW;
 pub use inspect::{InspectError, KeyStatus};
 pub use overrides::{Override, OverrideEntry, OverrideError, BLOCKED_RETRY};
 

@@ -16,6 +16,7 @@
 
 pub(crate) mod anomaly;
 mod counts;
+pub mod demand;
 pub(crate) mod fleet;
 pub(crate) mod recorder;
 pub(crate) mod topn;

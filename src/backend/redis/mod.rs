@@ -23,6 +23,7 @@ mod check;
 mod cluster;
 mod connection;
 mod control;
+mod demand;
 mod overrides;
 mod peek;
 mod plan;
