@@ -72,7 +72,13 @@ impl RateLimitHandle {
             let rt = shared.live.runtime.load();
             let r = &rt.tiers[i];
             let quota = match plan {
-                Some(p) => r.plans.iter().find(|x| &*x.name == p).ok_or_else(unknown)?.quota,
+                Some(p) => {
+                    r.plans
+                        .iter()
+                        .find(|x| &*x.name == p)
+                        .ok_or_else(unknown)?
+                        .quota
+                }
                 None => r.quota,
             };
             let t = &shared.config.tiers[i];

@@ -239,7 +239,11 @@ pub(crate) fn suggest(
             (name.to_owned(), v)
         })
         .collect();
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let allowed_denied = ((ask.target * n as f64).floor() as u64).min(n);
     let at = n - allowed_denied;
     let limit = if at == 0 {

@@ -16,9 +16,7 @@ fn edges() -> &'static [u64] {
             if last == u64::MAX {
                 break;
             }
-            let next = last
-                .saturating_add(last / 50)
-                .max(last.saturating_add(1));
+            let next = last.saturating_add(last / 50).max(last.saturating_add(1));
             e.push(next);
         }
         e
@@ -61,7 +59,10 @@ mod tests {
         }
         for v in [0u64, 1, 2, 49, 50, 51, 99, 1000, 123_456, u64::MAX] {
             let t = top(v);
-            assert!(t >= v && (t - v <= 1 || t as f64 <= v as f64 * 1.02), "{v} → {t}");
+            assert!(
+                t >= v && (t - v <= 1 || t as f64 <= v as f64 * 1.02),
+                "{v} → {t}"
+            );
             assert_eq!(top(t), t);
             assert_eq!(e[index(v)], t);
         }

@@ -45,7 +45,9 @@ pub(crate) mod answer;
 pub(crate) mod buckets;
 pub(crate) mod store;
 
-pub use answer::{CurvePoint, LeftOut, SuggestError, Suggested, Suggestion, MIN_KEYS, OUTLIER_FACTOR};
+pub use answer::{
+    CurvePoint, LeftOut, SuggestError, Suggested, Suggestion, MIN_KEYS, OUTLIER_FACTOR,
+};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};

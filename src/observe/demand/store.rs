@@ -106,7 +106,12 @@ impl Local {
         self.hours.retain(|(_, _, h), _| *h > oldest);
     }
 
-    fn window(&self, tier: &str, plan: Option<&str>, hours: std::ops::RangeInclusive<u64>) -> Window {
+    fn window(
+        &self,
+        tier: &str,
+        plan: Option<&str>,
+        hours: std::ops::RangeInclusive<u64>,
+    ) -> Window {
         let mut w = Window::default();
         for hour in hours {
             let key = (Arc::from(tier), plan.map(Arc::from), hour);
