@@ -114,11 +114,13 @@ impl Default for Table {
 }
 
 impl Table {
-    /// Adds `cost` for `key` (hash `h`) in `period`: no allocation, no lock
-    /// (but the names' mutex when the key's count crosses a power of two
-    /// from 32 up).
+    /// Adds `cost` for key part `key` in `period` (answers whether it was
+    /// counted): no allocation, no lock (but the names' mutex when the
+    /// key's count crosses a power of two from 32 up). Public only for the
+    /// allocation test (`tests/memory_allocations.rs`).
     #[doc(hidden)]
-    pub fn add(&self, period: u64, h: u64, key: &str, cost: u64) -> bool {
+    pub fn add(&self, period: u64, key: &str, cost: u64) -> bool {
+        let h = hash(key);
         let stamp = self.period.load(Relaxed);
         if stamp != period
             && (stamp != CLEAN
@@ -340,7 +342,7 @@ impl Demand {
         let tables = slot.tables.get_or_init(Box::default);
         #[allow(clippy::cast_possible_truncation)] // modulo 4
         let t = &tables[(p % TABLES as u64) as usize];
-        if !t.add(p, hash(key), key, cost) {
+        if !t.add(p, key, cost) {
             slot.unsampled.fetch_add(cost, Relaxed);
         }
     }
@@ -423,11 +425,11 @@ mod tests {
     #[test]
     fn a_table_counts_per_key_and_frees_finished_periods() {
         let t = Table::default();
-        assert!(t.add(7, hash("a"), "a", 1));
-        assert!(t.add(7, hash("a"), "a", 40));
-        assert!(t.add(7, hash("b"), "b", 2));
+        assert!(t.add(7, "a", 1));
+        assert!(t.add(7, "a", 40));
+        assert!(t.add(7, "b", 2));
         // Another period waits until this one is taken.
-        assert!(!t.add(11, hash("a"), "a", 1));
+        assert!(!t.add(11, "a", 1));
         let mut got = t.take(7).unwrap();
         got.counts.sort_unstable();
         let mut want = vec![(hash("a"), 41), (hash("b"), 2)];
@@ -435,11 +437,11 @@ mod tests {
         assert_eq!((got.period, got.counts), (7, want));
         assert_eq!(got.names, [(hash("a"), "a".to_owned())]);
         // Taken, not finished: counting goes on from zero.
-        assert!(t.add(7, hash("a"), "a", 3));
+        assert!(t.add(7, "a", 3));
         let got = t.take(8).unwrap();
         assert_eq!(got.counts, [(hash("a"), 3)]);
         assert!(t.take(8).is_none());
-        assert!(t.add(11, hash("c"), "c", 1));
+        assert!(t.add(11, "c", 1));
     }
 
     #[test]
@@ -448,7 +450,7 @@ mod tests {
         let mut counted = 0;
         for k in 0..4000 {
             let key = format!("k{k}");
-            if t.add(1, hash(&key), &key, 1) {
+            if t.add(1, &key, 1) {
                 counted += 1;
             }
         }
