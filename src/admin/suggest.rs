@@ -7,11 +7,11 @@
 use super::form::form_pairs;
 use super::reply::{error, json_response, unknown_tier};
 use super::Admin;
-use crate::observe::demand::{SuggestError, Suggested, Suggestion};
+use crate::observe::demand::SuggestError;
 use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use http::StatusCode;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,7 +57,7 @@ pub(super) async fn api_suggest(
         .suggest(&tier, plan.as_deref(), target, window)
         .await
     {
-        Ok(s) => json_response(StatusCode::OK, &to_json(&s)),
+        Ok(s) => json_response(StatusCode::OK, &s.to_json()),
         Err(SuggestError::NotEnoughData { keys, needed }) => json_response(
             StatusCode::UNPROCESSABLE_ENTITY,
             &json!({ "error": "not_enough_data", "keys": keys, "needed": needed }),
@@ -72,36 +72,4 @@ pub(super) async fn api_suggest(
             &e.to_string(),
         ),
     }
-}
-
-/// The answer's JSON (see docs/admin.md).
-pub(crate) fn to_json(s: &Suggestion) -> Value {
-    let percentiles: serde_json::Map<String, Value> = s
-        .percentiles
-        .iter()
-        .map(|(k, v)| (k.clone(), json!(v)))
-        .collect();
-    let suggested = match s.suggested {
-        Suggested::Limit { limit, period_s } => json!({ "limit": limit, "period_s": period_s }),
-        Suggested::Bucket {
-            rate,
-            period_s,
-            burst,
-        } => json!({ "rate": rate, "period_s": period_s, "burst": burst }),
-    };
-    json!({
-        "tier": s.tier,
-        "plan": s.plan,
-        "period_s": s.period_s,
-        "target": s.target,
-        "window_s": s.window_s,
-        "percentiles": percentiles,
-        "suggested": suggested,
-        "applied": false,
-        "curve": s.curve,
-        "left_out": s.left_out,
-        "keys": s.keys,
-        "requests": s.requests,
-        "unsampled_requests": s.unsampled_requests,
-    })
 }

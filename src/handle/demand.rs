@@ -14,6 +14,21 @@ pub const MAX_SUGGEST_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 const PEEKED: usize = 32;
 
 impl RateLimitHandle {
+    /// Takes this instance's per-key demand counts now and stores them
+    /// (fleet-wide on Redis), as the background task does once a second; a
+    /// replay on a virtual clock calls it as its clock passes each second.
+    ///
+    /// # Errors
+    /// [`SuggestError::Backend`]: Redis failed (the counts taken are lost).
+    pub async fn flush_demand(&self) -> Result<(), SuggestError> {
+        self.shared()
+            .telemetry
+            .demand
+            .flush()
+            .await
+            .map_err(SuggestError::Backend)
+    }
+
     /// The limit for `tier` (and its `plan`) that would have denied at most
     /// a `target` share of its keys over the last `window` (rounded up to
     /// whole hours, at most [`MAX_SUGGEST_WINDOW`]), from the per-key demand

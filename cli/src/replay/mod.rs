@@ -47,6 +47,7 @@ mod report;
 mod routes;
 mod run;
 mod setup;
+mod suggest;
 mod time;
 
 pub use input::Input;
@@ -130,6 +131,10 @@ enum EngineImpl {
 pub struct Replayer {
     clock: ManualClock,
     clock_us: Option<u64>,
+    /// The virtual second of the last per-key demand flush.
+    demand_second: Option<u64>,
+    /// The layer's handle (per-key demand, suggestions).
+    handle: tiered_ratelimit::RateLimitHandle,
     /// The layer's engine for request heads, and the checks it planned for
     /// the current line.
     offline: Offline,

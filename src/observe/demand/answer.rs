@@ -56,6 +56,56 @@ pub struct Suggestion {
     pub unsampled_requests: u64,
 }
 
+impl Suggestion {
+    /// The answer as the admin API and `tiered-ratelimit suggest` write
+    /// it: `{"tier","plan","period_s","target","window_s","percentiles":
+    /// {"p50","p90","p99","p99.9"},"suggested","applied":false,"curve",
+    /// "left_out","keys","requests","unsampled_requests"}`, `suggested`
+    /// `{"limit","period_s"}` or `{"rate","period_s","burst"}`.
+    #[must_use]
+    pub fn to_json(&self) -> serde_json::Value {
+        let percentiles: serde_json::Map<String, serde_json::Value> = self
+            .percentiles
+            .iter()
+            .map(|(k, v)| (k.clone(), (*v).into()))
+            .collect();
+        serde_json::json!({
+            "tier": self.tier,
+            "plan": self.plan,
+            "period_s": self.period_s,
+            "target": self.target,
+            "window_s": self.window_s,
+            "percentiles": percentiles,
+            "suggested": self.suggested,
+            "applied": false,
+            "curve": self.curve,
+            "left_out": self.left_out,
+            "keys": self.keys,
+            "requests": self.requests,
+            "unsampled_requests": self.unsampled_requests,
+        })
+    }
+}
+
+impl SuggestError {
+    /// `{"error":"not_enough_data","keys":N,"needed":50}` and the like.
+    #[must_use]
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            SuggestError::NotEnoughData { keys, needed } => serde_json::json!({
+                "error": "not_enough_data", "keys": keys, "needed": needed
+            }),
+            SuggestError::UnknownTier(t) => serde_json::json!({"error": "unknown_tier", "tier": t}),
+            SuggestError::InvalidTarget(_) => {
+                serde_json::json!({"error": "invalid_target", "message": self.to_string()})
+            }
+            SuggestError::Backend(_) => {
+                serde_json::json!({"error": "backend_failed", "message": self.to_string()})
+            }
+        }
+    }
+}
+
 /// A limit at one bucket edge and what it would have denied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct CurvePoint {
