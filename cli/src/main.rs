@@ -209,7 +209,6 @@ struct InputArgs {
     /// No progress bar (it is shown only on a terminal, for large inputs).
     #[arg(long)]
     no_progress: bool,
-
 }
 
 #[derive(Args, Debug)]
