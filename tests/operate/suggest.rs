@@ -7,6 +7,11 @@
 //! the sums. Time is a `ManualClock` (every request in one period).
 
 use crate::support::*;
+
+// The workspace's one seeded generator.
+#[allow(dead_code)]
+#[path = "../support/rng.rs"]
+mod rng;
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -238,4 +243,112 @@ async fn two_instances_on_one_redis_answer_the_same_from_summed_demand() {
     assert_eq!(peaks, sorted);
     a.stop().await;
     b.stop().await;
+}
+
+/// Sends `(user, plan, n)` requests in process (the app's router, no
+/// socket: the same layer code, many requests fast).
+async fn in_process(app: &axum::Router, users: &[(String, Option<&'static str>, u64)]) {
+    use tower::ServiceExt as _;
+    for (u, plan, n) in users {
+        for _ in 0..*n {
+            let mut req = http::Request::get("/").header("authorization", format!("Bearer {u}"));
+            if let Some(p) = plan {
+                req = req.header("x-test-plan", *p);
+            }
+            let res = app
+                .clone()
+                .oneshot(req.body(axum::body::Body::empty()).unwrap())
+                .await
+                .unwrap();
+            assert!(
+                matches!(res.status().as_u16(), 200 | 429),
+                "{}",
+                res.status()
+            );
+        }
+    }
+}
+
+/// The model of the sample: the k keys of smallest hash (by the top 52
+/// bits, then the whole hash) and the estimate of all keys from them.
+fn bottom_k(users: &[(String, u64)]) -> (Vec<u64>, u64) {
+    let k = usize::try_from(tiered_ratelimit::observe::demand::MAX_HOUR_KEYS).unwrap();
+    let mut by_hash: Vec<(u64, u64, u64)> = users
+        .iter()
+        .map(|(u, d)| {
+            let h = xxhash_rust::xxh3::xxh3_64(u.as_bytes()) | 1;
+            (h >> 12, h, *d)
+        })
+        .collect();
+    by_hash.sort_unstable();
+    by_hash.truncate(k);
+    let hk = by_hash.last().unwrap().1;
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let est = ((k as f64 - 1.0) * 18_446_744_073_709_551_616.0 / (hk as f64 + 1.0)).round() as u64;
+    let mut d: Vec<u64> = by_hash.iter().map(|x| x.2).collect();
+    d.sort_unstable();
+    (d, est)
+}
+
+/// Model = memory = Redis: the same traffic (more keys than an hour's
+/// sample keeps, a plan's keys apart) through a layer on each backend; the
+/// two answers are the same JSON, and the model's bottom-k sample gives
+/// their percentiles and estimate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_memory_and_redis_keep_the_same_bottom_k_sample() {
+    let mut rng = rng::Rng::new(0x5eed_0045);
+    let users: Vec<(String, u64)> = (0..1400)
+        .map(|i| (format!("user-{i}"), 1 + rng.below(12)))
+        .collect();
+    let pro: Vec<(String, u64)> = (0..60)
+        .map(|i| (format!("pro-{i}"), 1 + rng.below(40)))
+        .collect();
+    let traffic: Vec<(String, Option<&'static str>, u64)> = users
+        .iter()
+        .map(|(u, n)| (u.clone(), None, *n))
+        .chain(pro.iter().map(|(u, n)| (u.clone(), Some("pro"), *n)))
+        .collect();
+    let tier = || {
+        Tier::new("user", User, Quota::per_minute(10))
+            .algorithm(Algorithm::FixedWindow)
+            .plans([("pro", Quota::per_minute(30))])
+    };
+    let mut answers = Vec::new();
+    for env in [Env::memory(), Env::redis()] {
+        let layer = env.builder().tier(tier()).build().unwrap();
+        let h = layer.handle();
+        in_process(&app(layer), &traffic).await;
+        let hour = std::time::Duration::from_secs(3600);
+        let all = h.suggest("user", None, 0.01, hour).await.unwrap().to_json();
+        let plan = h
+            .suggest("user", Some("pro"), 0.01, hour)
+            .await
+            .unwrap()
+            .to_json();
+        answers.push((all, plan));
+    }
+    assert_eq!(answers[0], answers[1], "memory and Redis");
+    let (all, plan) = &answers[0];
+
+    let (sample, est) = bottom_k(&users);
+    assert_eq!(all["sampled"], true);
+    assert_eq!(all["keys"], sample.len() as u64);
+    assert_eq!(all["estimated_keys"], est);
+    assert_eq!(all["requests"], users.iter().map(|u| u.1).sum::<u64>());
+    assert_percentiles(all, &sample);
+
+    // The plan's keys apart, all of them (fewer than the sample keeps).
+    let mut exact_pro: Vec<u64> = pro.iter().map(|u| u.1).collect();
+    exact_pro.sort_unstable();
+    assert_eq!(plan["plan"], "pro");
+    assert_eq!(plan["sampled"], false);
+    assert_eq!(
+        (plan["keys"].clone(), plan["estimated_keys"].clone()),
+        (60.into(), 60.into())
+    );
+    assert_percentiles(plan, &exact_pro);
 }

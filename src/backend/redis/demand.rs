@@ -3,15 +3,16 @@
 use super::RedisBackend;
 use crate::error::BackendError;
 use crate::observe::demand::store::RedisAdd;
-use crate::observe::demand::{MAX_HOUR_KEYS, MAX_NAMES};
+use crate::observe::demand::{score, MAX_HOUR_KEYS, MAX_NAMES};
 
 fn script() -> &'static ::redis::Script {
     static SCRIPT: std::sync::OnceLock<::redis::Script> = std::sync::OnceLock::new();
     SCRIPT.get_or_init(|| ::redis::Script::new(include_str!("../../../lua/demand.lua")))
 }
 
-/// One hour as read: peaks, names, requests, unsampled requests.
-pub(crate) type DemandHour = (Vec<(u64, u64)>, Vec<(u64, String)>, u64, u64);
+/// One hour as read: peaks, names, requests, unsampled requests, whether
+/// its sample was full.
+pub(crate) type DemandHour = (Vec<(u64, u64)>, Vec<(u64, String)>, u64, u64, bool);
 
 impl RedisBackend {
     /// Adds one instance's counts of one period (one script call).
@@ -21,6 +22,7 @@ impl RedisBackend {
             format!("{}:h", a.hour_base),
             format!("{}:m", a.hour_base),
             format!("{}:n", a.hour_base),
+            format!("{}:z", a.hour_base),
         ];
         let build = |with_source: bool| {
             let mut cmd = if with_source {
@@ -32,7 +34,7 @@ impl RedisBackend {
                 c.arg(script.get_hash());
                 c
             };
-            cmd.arg(4).arg(&a.period_key).arg(&hour[..]);
+            cmd.arg(5).arg(&a.period_key).arg(&hour[..]);
             cmd.arg(a.period_ttl_ms)
                 .arg(a.hour_ttl_s)
                 .arg(MAX_HOUR_KEYS)
@@ -40,7 +42,7 @@ impl RedisBackend {
                 .arg(a.unsampled)
                 .arg(a.counts.len());
             for (h, c) in &a.counts {
-                cmd.arg(format!("{h:016x}")).arg(*c);
+                cmd.arg(format!("{h:016x}")).arg(*c).arg(score(*h));
             }
             for (h, n) in &a.names {
                 cmd.arg(format!("{h:016x}")).arg(n);
@@ -75,14 +77,16 @@ impl RedisBackend {
             .collect();
         let mut requests = 0;
         let mut unsampled = 0;
+        let mut full = false;
         for (f, v) in read(format!("{hour_base}:m")).await? {
             let v = v.parse().unwrap_or(0);
             match f.as_str() {
                 "requests" => requests = v,
                 "unsampled" => unsampled = v,
+                "full" => full = v > 0,
                 _ => {}
             }
         }
-        Ok((peaks, names, requests, unsampled))
+        Ok((peaks, names, requests, unsampled, full))
     }
 }

@@ -46,8 +46,18 @@ pub struct Suggestion {
     pub curve: Vec<CurvePoint>,
     /// The keys left out of the distribution, each named with why.
     pub left_out: Vec<LeftOut>,
-    /// Distinct keys in the distribution (after the keys left out).
+    /// Distinct keys in the distribution (after the keys left out): all of
+    /// them, or the sample's when `sampled`.
     pub keys: u64,
+    /// Whether the window held more keys than an hour's sample keeps
+    /// ([`MAX_HOUR_KEYS`](super::MAX_HOUR_KEYS)): the distribution is then
+    /// the bottom-k sample by hash of the window's keys (the same on every
+    /// instance), and the curve's counts are scaled to `estimated_keys`.
+    pub sampled: bool,
+    /// Distinct keys in the window: exact, or when `sampled` the bottom-k
+    /// estimate `(k − 1) · 2⁶⁴ / h_k` (`h_k` the k-th smallest hash; about
+    /// 3 % standard error at k = 1024).
+    pub estimated_keys: u64,
     /// Requests (cost units) seen in the window, every key's, attempts
     /// denied included.
     pub requests: u64,
@@ -60,7 +70,8 @@ impl Suggestion {
     /// The answer as the admin API and `tiered-ratelimit suggest` write
     /// it: `{"tier","plan","period_s","target","window_s","percentiles":
     /// {"p50","p90","p99","p99.9"},"suggested","applied":false,"curve",
-    /// "left_out","keys","requests","unsampled_requests"}`, `suggested`
+    /// "left_out","keys","sampled","estimated_keys","requests",
+    /// "unsampled_requests"}`, `suggested`
     /// `{"limit","period_s"}` or `{"rate","period_s","burst"}`.
     #[must_use]
     pub fn to_json(&self) -> serde_json::Value {
@@ -81,6 +92,8 @@ impl Suggestion {
             "curve": self.curve,
             "left_out": self.left_out,
             "keys": self.keys,
+            "sampled": self.sampled,
+            "estimated_keys": self.estimated_keys,
             "requests": self.requests,
             "unsampled_requests": self.unsampled_requests,
         })
@@ -185,6 +198,8 @@ pub(crate) struct Window {
     pub(crate) names: HashMap<u64, String>,
     pub(crate) requests: u64,
     pub(crate) unsampled: u64,
+    /// An hour's sample was full: `peaks` is a sample of the keys.
+    pub(crate) full: bool,
 }
 
 impl Window {
@@ -195,6 +210,7 @@ impl Window {
         names: impl IntoIterator<Item = (u64, String)>,
         requests: u64,
         unsampled: u64,
+        full: bool,
     ) {
         for (h, p) in peaks {
             let e = self.peaks.entry(h).or_insert(0);
@@ -205,6 +221,7 @@ impl Window {
         }
         self.requests = self.requests.saturating_add(requests);
         self.unsampled = self.unsampled.saturating_add(unsampled);
+        self.full |= full;
     }
 }
 
@@ -239,22 +256,42 @@ pub(crate) struct Ask<'a> {
 ///
 /// # Errors
 /// [`SuggestError::NotEnoughData`] below [`MIN_KEYS`] distinct keys (all
-/// the window's, before any is left out).
+/// the window's, before any is left out). Sampled (`w.full`): the
+/// distribution is the window's bottom-k by hash.
 pub(crate) fn suggest(
     ask: &Ask<'_>,
     w: &Window,
     listed: &dyn Fn(&str) -> Option<&'static str>,
 ) -> Result<Suggestion, SuggestError> {
-    let distinct = w.peaks.len() as u64;
+    let mut sample: Vec<(u64, u64)> = w.peaks.iter().map(|(&h, &p)| (h, p)).collect();
+    let k = super::MAX_HOUR_KEYS;
+    let (sampled, distinct) = if w.full && !sample.is_empty() {
+        // The bottom-k of the hours' bottom-k samples is the window's.
+        sample.sort_unstable_by_key(|&(h, _)| (super::score(h), h));
+        sample.truncate(usize::try_from(k).unwrap_or(usize::MAX));
+        let hk = sample.last().map_or(u64::MAX, |&(h, _)| h);
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let est = ((sample.len() as f64 - 1.0) * 18_446_744_073_709_551_616.0 / (hk as f64 + 1.0))
+            .round() as u64;
+        (true, est.max(sample.len() as u64))
+    } else {
+        (false, sample.len() as u64)
+    };
     if distinct < MIN_KEYS {
         return Err(SuggestError::NotEnoughData {
             keys: distinct,
             needed: MIN_KEYS,
         });
     }
+    #[allow(clippy::cast_precision_loss)]
+    let scale = distinct as f64 / sample.len() as f64;
     let mut left_out = Vec::new();
-    let mut kept: Vec<(u64, u64)> = Vec::with_capacity(w.peaks.len());
-    for (&h, &p) in &w.peaks {
+    let mut kept: Vec<(u64, u64)> = Vec::with_capacity(sample.len());
+    for &(h, p) in &sample {
         match w.names.get(&h).and_then(|n| listed(n)) {
             Some(reason) => left_out.push(LeftOut {
                 key: name_of(&w.names, h),
@@ -322,9 +359,11 @@ pub(crate) fn suggest(
         window_s: ask.window_s,
         percentiles,
         suggested,
-        curve: curve(&kept),
+        curve: curve(&kept, scale),
         left_out,
         keys: n,
+        sampled,
+        estimated_keys: distinct,
         requests: w.requests,
         unsampled_requests: w.unsampled,
     })
@@ -342,8 +381,21 @@ fn rank(sorted: &[(u64, u64)], num: u64, den: u64) -> Option<u64> {
         .map(|&(p, _)| p)
 }
 
-/// One point per bucket edge holding a key, ascending.
-fn curve(sorted: &[(u64, u64)]) -> Vec<CurvePoint> {
+/// One point per bucket edge holding a key, ascending; counts multiplied
+/// by `scale` (1 unless sampled).
+fn curve(sorted: &[(u64, u64)], scale: f64) -> Vec<CurvePoint> {
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let scaled = |v: u64| {
+        if (scale - 1.0).abs() < f64::EPSILON {
+            v
+        } else {
+            (v as f64 * scale).round() as u64
+        }
+    };
     let mut tops: Vec<u64> = sorted.iter().map(|&(p, _)| buckets::top(p)).collect();
     tops.dedup();
     // Suffix sums: keys above a limit are the tail past it.
@@ -359,10 +411,12 @@ fn curve(sorted: &[(u64, u64)]) -> Vec<CurvePoint> {
             let above = (sorted.len() - i) as u64;
             CurvePoint {
                 limit,
-                keys_denied: above,
-                requests_denied: total
-                    .saturating_sub(below_sum)
-                    .saturating_sub(above.saturating_mul(limit)),
+                keys_denied: scaled(above),
+                requests_denied: scaled(
+                    total
+                        .saturating_sub(below_sum)
+                        .saturating_sub(above.saturating_mul(limit)),
+                ),
             }
         })
         .collect()
@@ -379,6 +433,7 @@ mod tests {
             [(1u64, "first".to_owned())],
             peaks.iter().sum(),
             0,
+            false,
         );
         w
     }
@@ -439,5 +494,38 @@ mod tests {
         let s = suggest(&ask(0.05), &w, &|n| (n == "first").then_some("denylisted")).unwrap();
         assert_eq!(s.keys, 99);
         assert_eq!(s.left_out[1].key, "first");
+    }
+
+    #[test]
+    fn a_full_sample_is_the_windows_bottom_k_with_the_keys_estimated() {
+        // 20 000 keys of demand 1..=100 by hash: the bottom-k by hash of
+        // them, as the hours kept them.
+        let k = usize::try_from(crate::observe::demand::MAX_HOUR_KEYS).unwrap();
+        let mut keys: Vec<(u64, u64)> = (0..20_000u64)
+            .map(|i| (crate::observe::demand::hash(&format!("k{i}")), 1 + i % 100))
+            .collect();
+        keys.sort_unstable_by_key(|&(h, _)| (crate::observe::demand::score(h), h));
+        let mut w = Window::default();
+        // Two hours whose samples overlap: the union is cut back to k.
+        w.add_hour(keys[..k].iter().copied(), [], 0, 0, true);
+        w.add_hour(keys[k / 2..k + k / 2].iter().copied(), [], 0, 0, true);
+        let s = suggest(&ask(0.0), &w, &|_| None).unwrap();
+        assert!(s.sampled);
+        assert_eq!(s.keys, k as u64);
+        // Within 15 % (five standard errors) of the 20 000 keys.
+        assert!(
+            (17_000..=23_000).contains(&s.estimated_keys),
+            "{}",
+            s.estimated_keys
+        );
+        let p50 = s.percentiles[0].1;
+        assert!((40..=60).contains(&p50), "{p50}");
+        // Scaled to the estimate: every key is denied below the smallest.
+        assert_eq!(s.curve[0].limit, 1);
+        let denied = s.curve[0].keys_denied;
+        assert!(
+            denied > s.estimated_keys * 95 / 100 && denied <= s.estimated_keys,
+            "{denied}"
+        );
     }
 }

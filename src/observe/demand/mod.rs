@@ -13,31 +13,46 @@
 //! one of four pre-sized tables per tier and plan (by period, modulo 4;
 //! allocated on the slot's first request), a linear probe and an atomic add.
 //! A table holds at most [`MAX_KEYS`] keys a period on one instance; a key
-//! beyond that, or a request whose period's table is still being flushed,
-//! is not sampled (counted in `unsampled_requests`). A key whose count
-//! crosses a power of two from 32 up has its name kept (a few per table,
-//! in buffers allocated once), so heavy keys can be named.
+//! beyond that, or a request whose period's table still holds a period
+//! four back not yet flushed, is not counted (its cost is added to
+//! `unsampled_requests`). A key whose count in the period crosses a power
+//! of two from 32 up has its name kept (16 per table, in buffers allocated
+//! with it), so heavy keys can be named; other keys are named `#<hash>`.
 //!
-//! **Fleet-wide.** Once a second a task takes every table's counts (and
-//! empties the tables of finished periods) and adds them to the period's
-//! per-key totals, fleet-wide on Redis (`lua/demand.lua`, one script call
-//! per tier, plan and period; every key in the hash slot `{demand}`):
-//! `<prefix>:{demand}:<tier>:<plan>:p:<period_s>:<period>` (the totals,
-//! a hash, kept two periods and a minute), and each total raised becomes
-//! the key's peak of its hour, `…:h:<hour>` (at most [`MAX_HOUR_KEYS`]
-//! keys an hour: later keys only add to `unsampled`), with the hour's
-//! requests and names beside it (`…:m:<hour>`, `…:n:<hour>`, at most
-//! [`MAX_NAMES`] names), kept 7 days and an hour. A key's requests on
-//! several instances are summed before its peak is taken. Without Redis the
-//! same store is kept in process. A period longer than an hour counts into
-//! the hour of its flush (its running total).
+//! **Fleet-wide.** Once a second a task takes what every table counted
+//! since the last take (and empties the tables of finished periods) and
+//! adds it to the period's per-key totals, fleet-wide on Redis
+//! (`lua/demand.lua`, one script call per tier, plan and period, every key
+//! in the hash slot `{demand}`), so a key's requests on several instances
+//! are summed before its peak is taken:
 //!
-//! **The answer** reads the window's hours, takes each key's highest peak,
-//! and buckets them log-spaced (edges at most 2 % apart, [`buckets`]); see
-//! [`Suggestion`]. The memory bound on Redis: at most
-//! [`MAX_HOUR_KEYS`] × 169 hours × (field + value) per tier and plan
-//! (about 8 MB); in process, four tables of [`SLOTS`] × 16 bytes (256 KiB)
-//! per tier and plan that has seen a request.
+//! | key | what | kept |
+//! |---|---|---|
+//! | `<prefix>:{demand}:<tier>:<plan or ->:p:<period_s>:<period>` | hash: key hash → the period's total | two periods and a minute |
+//! | `…:<tier>:<plan>:<hour>:h` | hash: key hash → its highest total in the hour | 7 days and an hour |
+//! | `…:<hour>:z` | sorted set: the hour's sample, by hash | the same |
+//! | `…:<hour>:m` | hash: `requests`, `unsampled`, `full` | the same |
+//! | `…:<hour>:n` | hash: key hash → key part, at most [`MAX_NAMES`] | the same |
+//!
+//! An hour keeps the peaks of at most [`MAX_HOUR_KEYS`] keys: a bottom-k
+//! sample by hash (the keys of smallest hash, whatever the instance or the
+//! order they came in; exact below k keys); a key outside it gets no total.
+//! Without Redis (the memory backend) the same store, by the same rules, is
+//! kept in process. A period longer than an hour counts into the hour of
+//! its flush (its running total).
+//!
+//! **The answer** reads the window's hours, takes each key's highest peak
+//! (the bottom-k of the hours' samples when one was full), and buckets the
+//! peaks log-spaced: integer edges one apart to 50, then at most 2 % apart;
+//! see [`Suggestion`].
+//!
+//! **Bounds.** In process: four tables of [`SLOTS`] × 24 bytes (384 KiB)
+//! per tier and plan that has seen a request, the 16 names' buffers, and
+//! on the memory backend the store (at most [`MAX_HOUR_KEYS`] keys × 169
+//! hours per tier and plan). On Redis: at most [`MAX_HOUR_KEYS`] fields in
+//! each hour's hash and sorted set (about 200 bytes a key: about 200 KiB
+//! an hour, 35 MB for 7 days per tier and plan at worst), and the period
+//! hashes of the sampled keys.
 //!
 //! Nothing here changes a limit: a suggestion is only read.
 
@@ -56,8 +71,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub const SLOTS: usize = 4096;
 /// Keys one table holds in a period on one instance (¾ of its slots).
 pub const MAX_KEYS: u64 = 3072;
-/// Keys whose peaks one hour keeps per tier and plan.
-pub const MAX_HOUR_KEYS: u64 = 8192;
+/// Keys whose peaks one hour keeps per tier and plan: a bottom-k sample by
+/// hash (the keys with the smallest hashes), the same keys on every
+/// instance; exact below it.
+pub const MAX_HOUR_KEYS: u64 = 1024;
 /// Names one hour keeps per tier and plan.
 pub const MAX_NAMES: u64 = 256;
 /// Tables per slot: periods `p % TABLES`.
@@ -77,6 +94,13 @@ pub(crate) fn hash(key: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(key.as_bytes()) | 1
 }
 
+/// A key hash's rank in an hour's sample: its top 52 bits (exact in a
+/// Redis sorted set's double), ties broken by the whole hash.
+#[must_use]
+pub(crate) fn score(h: u64) -> u64 {
+    h >> 12
+}
+
 /// One period's counts on this instance, taken once a second.
 #[doc(hidden)]
 pub struct Table {
@@ -84,7 +108,10 @@ pub struct Table {
     period: AtomicU64,
     used: AtomicU64,
     hashes: Box<[AtomicU64]>,
+    /// The key's requests in the period so far.
     counts: Box<[AtomicU64]>,
+    /// What of `counts` the flush took (only the flush writes it).
+    flushed: Box<[AtomicU64]>,
     names: Mutex<Vec<(u64, String)>>,
 }
 
@@ -104,6 +131,7 @@ impl Default for Table {
             used: AtomicU64::new(0),
             hashes: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             counts: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
+            flushed: (0..SLOTS).map(|_| AtomicU64::new(0)).collect(),
             names: Mutex::new(
                 (0..TABLE_NAMES)
                     .map(|_| (0, String::with_capacity(NAME_BYTES)))
@@ -195,17 +223,27 @@ impl Table {
         }
         let finished = period < current;
         let mut counts = Vec::new();
-        for (h, c) in self.hashes.iter().zip(self.counts.iter()) {
+        for ((h, c), f) in self
+            .hashes
+            .iter()
+            .zip(self.counts.iter())
+            .zip(self.flushed.iter())
+        {
             let hv = h.load(Relaxed);
             if hv == 0 {
                 continue;
             }
-            let n = c.swap(0, Relaxed);
-            if n > 0 {
-                counts.push((hv, n));
+            let now = c.load(Relaxed);
+            let before = f.load(Relaxed);
+            if now > before {
+                counts.push((hv, now - before));
             }
             if finished {
+                c.store(0, Relaxed);
+                f.store(0, Relaxed);
                 h.store(0, Relaxed);
+            } else {
+                f.store(now, Relaxed);
             }
         }
         let names = {

@@ -4,7 +4,7 @@
 //! ([`Local`]) and on Redis (`lua/demand.lua`).
 
 use super::answer::Window;
-use super::{Demand, MAX_HOUR_KEYS, MAX_NAMES};
+use super::{score, Demand, MAX_HOUR_KEYS, MAX_NAMES};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -41,13 +41,17 @@ pub(crate) fn hour_of(period: u64, period_s: u64, now_us: u64) -> u64 {
     now_us.min(end_us.saturating_sub(1)) / HOUR_US
 }
 
-/// One hour of one slot, in process.
+/// One hour of one slot, in process (as `lua/demand.lua` keeps it).
 #[derive(Debug, Default)]
 struct Hour {
     peaks: HashMap<u64, u64>,
+    /// The sample by rank ([`score`], then the hash): a bottom-k.
+    order: std::collections::BTreeSet<(u64, u64)>,
     names: HashMap<u64, String>,
     requests: u64,
     unsampled: u64,
+    /// A key was left out of the sample (or replaced in it).
+    full: bool,
 }
 
 /// The in-process store (no Redis).
@@ -80,15 +84,26 @@ impl Local {
                     .or_default();
                 for (k, n) in t.counts {
                     h.requests = h.requests.saturating_add(n);
-                    let total = totals.entry(k).or_insert(0);
-                    *total = total.saturating_add(n);
-                    let full = h.peaks.len() as u64 >= MAX_HOUR_KEYS;
-                    match h.peaks.get_mut(&k) {
-                        Some(p) => *p = (*p).max(*total),
-                        None if !full => {
-                            h.peaks.insert(k, *total);
+                    let mut total = || {
+                        let total = totals.entry(k).or_insert(0);
+                        *total = total.saturating_add(n);
+                        *total
+                    };
+                    if let Some(p) = h.peaks.get_mut(&k) {
+                        *p = (*p).max(total());
+                    } else if (h.order.len() as u64) < MAX_HOUR_KEYS {
+                        h.order.insert((score(k), k));
+                        h.peaks.insert(k, total());
+                    } else {
+                        h.full = true;
+                        if let Some(&top) = h.order.last() {
+                            if (score(k), k) < top {
+                                h.order.remove(&top);
+                                h.peaks.remove(&top.1);
+                                h.order.insert((score(k), k));
+                                h.peaks.insert(k, total());
+                            }
                         }
-                        None => h.unsampled = h.unsampled.saturating_add(n),
                     }
                 }
                 for (k, name) in t.names {
@@ -121,6 +136,7 @@ impl Local {
                     h.names.iter().map(|(k, v)| (*k, v.clone())),
                     h.requests,
                     h.unsampled,
+                    h.full,
                 );
             }
         }
@@ -223,11 +239,11 @@ impl Store {
                 let base = redis_base(prefix, tier, plan);
                 let mut w = Window::default();
                 for hour in hours {
-                    let (peaks, names, requests, unsampled) = redis
+                    let (peaks, names, requests, unsampled, full) = redis
                         .demand_hour(&format!("{base}:{hour}"))
                         .await
                         .map_err(|e| e.to_string())?;
-                    w.add_hour(peaks, names, requests, unsampled);
+                    w.add_hour(peaks, names, requests, unsampled, full);
                 }
                 Ok(w)
             }
