@@ -7,11 +7,6 @@
 //! the sums. Time is a `ManualClock` (every request in one period).
 
 use crate::support::*;
-
-// The workspace's one seeded generator.
-#[allow(dead_code)]
-#[path = "../support/rng.rs"]
-mod rng;
 use reqwest::StatusCode;
 use serde_json::Value;
 use std::net::SocketAddr;
@@ -294,13 +289,14 @@ fn bottom_k(users: &[(String, u64)]) -> (Vec<u64>, u64) {
     (d, est)
 }
 
-/// Model = memory = Redis: the same traffic (more keys than an hour's
-/// sample keeps, a plan's keys apart) through a layer on each backend; the
-/// two answers are the same JSON, and the model's bottom-k sample gives
-/// their percentiles and estimate.
+/// Model = memory = Redis = Redis Cluster: the same traffic (more keys
+/// than an hour's sample keeps, a plan's keys apart) through a layer on
+/// each backend; the answers are the same JSON, and the model's bottom-k
+/// sample gives their percentiles and estimate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn model_memory_and_redis_keep_the_same_bottom_k_sample() {
-    let mut rng = rng::Rng::new(0x5eed_0045);
+async fn model_memory_redis_and_cluster_keep_the_same_bottom_k_sample() {
+    let cluster = crate::support::cluster::RedisCluster::start(0);
+    let mut rng = crate::support::rng::Rng::new(0x5eed_0045);
     let users: Vec<(String, u64)> = (0..1400)
         .map(|i| (format!("user-{i}"), 1 + rng.below(12)))
         .collect();
@@ -318,7 +314,7 @@ async fn model_memory_and_redis_keep_the_same_bottom_k_sample() {
             .plans([("pro", Quota::per_minute(30))])
     };
     let mut answers = Vec::new();
-    for env in [Env::memory(), Env::redis()] {
+    for env in [Env::memory(), Env::redis(), Env::cluster(&cluster)] {
         let layer = env.builder().tier(tier()).build().unwrap();
         let h = layer.handle();
         in_process(&app(layer), &traffic).await;
@@ -332,6 +328,7 @@ async fn model_memory_and_redis_keep_the_same_bottom_k_sample() {
         answers.push((all, plan));
     }
     assert_eq!(answers[0], answers[1], "memory and Redis");
+    assert_eq!(answers[0], answers[2], "memory and Redis Cluster");
     let (all, plan) = &answers[0];
 
     let (sample, est) = bottom_k(&users);
