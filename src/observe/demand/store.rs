@@ -54,13 +54,16 @@ struct Hour {
     full: bool,
 }
 
+/// A tier and its plan (`None`: the tier's default quota).
+type SlotName = (Arc<str>, Option<Arc<str>>);
+
 /// The in-process store (no Redis).
 #[derive(Debug, Default)]
 pub(crate) struct Local {
     /// (tier, plan, period_s, period) → key → total.
-    periods: HashMap<(Arc<str>, Option<Arc<str>>, u64, u64), HashMap<u64, u64>>,
+    periods: HashMap<(SlotName, u64, u64), HashMap<u64, u64>>,
     /// (tier, plan, hour) → the hour.
-    hours: HashMap<(Arc<str>, Option<Arc<str>>, u64), Hour>,
+    hours: HashMap<(SlotName, u64), Hour>,
 }
 
 impl Local {
@@ -69,18 +72,18 @@ impl Local {
             let this_hour = now_us / HOUR_US;
             let h = self
                 .hours
-                .entry((s.tier.clone(), s.plan.clone(), this_hour))
+                .entry(((s.tier.clone(), s.plan.clone()), this_hour))
                 .or_default();
             h.unsampled = h.unsampled.saturating_add(s.unsampled);
             for t in s.taken {
                 let hour = hour_of(t.period, s.period_s, now_us);
                 let totals = self
                     .periods
-                    .entry((s.tier.clone(), s.plan.clone(), s.period_s, t.period))
+                    .entry(((s.tier.clone(), s.plan.clone()), s.period_s, t.period))
                     .or_default();
                 let h = self
                     .hours
-                    .entry((s.tier.clone(), s.plan.clone(), hour))
+                    .entry(((s.tier.clone(), s.plan.clone()), hour))
                     .or_default();
                 for (k, n) in t.counts {
                     h.requests = h.requests.saturating_add(n);
@@ -114,11 +117,10 @@ impl Local {
             }
         }
         // Periods kept two periods and a minute; hours 7 days and one.
-        self.periods.retain(|(_, _, ps, p), _| {
-            (p + 3).saturating_mul(ps * 1_000_000) + 60_000_000 > now_us
-        });
+        self.periods
+            .retain(|(_, ps, p), _| (p + 3).saturating_mul(ps * 1_000_000) + 60_000_000 > now_us);
         let oldest = (now_us / HOUR_US).saturating_sub(KEEP_HOURS);
-        self.hours.retain(|(_, _, h), _| *h > oldest);
+        self.hours.retain(|(_, h), _| *h > oldest);
     }
 
     fn window(
@@ -129,7 +131,7 @@ impl Local {
     ) -> Window {
         let mut w = Window::default();
         for hour in hours {
-            let key = (Arc::from(tier), plan.map(Arc::from), hour);
+            let key = ((Arc::from(tier), plan.map(Arc::from)), hour);
             if let Some(h) = self.hours.get(&key) {
                 w.add_hour(
                     h.peaks.iter().map(|(k, v)| (*k, *v)),
@@ -168,6 +170,7 @@ pub(crate) enum Store {
 
 /// The Redis keys of one slot's period and hour (`lua/demand.lua`'s
 /// `KEYS`): every one in the hash slot of `{demand}`.
+#[cfg(feature = "redis")]
 pub(crate) fn redis_base(prefix: &str, tier: &str, plan: Option<&str>) -> String {
     format!("{prefix}:{{demand}}:{tier}:{}", plan.unwrap_or("-"))
 }
