@@ -471,7 +471,8 @@ fn suggest(args: SuggestArgs) -> Result<(), String> {
     if !(0.0..1.0).contains(&args.target) {
         return Err(format!("--target {}: at least 0 and below 1", args.target));
     }
-    let (policy, options, inputs) = read_input(&args.input)?;
+    let (policy, mut options, inputs) = read_input(&args.input)?;
+    options.demand = true;
     let mut replayer = Replayer::new(&policy, options).map_err(|e| e.to_string())?;
     let start = Instant::now();
     replayer

@@ -157,3 +157,30 @@ fn offline_and_live_suggestions_agree_on_the_same_traffic() {
     // 5 % of 60 keys may be denied: the 57th smallest peak.
     within_a_bucket(&live["suggested"]["limit"], peaks[56], "suggested");
 }
+
+#[test]
+fn an_empty_log_gets_not_enough_data_for_every_tier() {
+    let dir = std::env::temp_dir().join(format!(
+        "tiered-ratelimit-suggest-empty-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("policy.toml"), POLICY).unwrap();
+    std::fs::write(dir.join("empty.log"), "").unwrap();
+    let out = Command::new(BIN)
+        .current_dir(&dir)
+        .args(["suggest", "-p", "policy.toml", "-q", "empty.log"])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        answer,
+        serde_json::json!([{"error": "not_enough_data", "keys": 0, "needed": 50, "tier": "api", "plan": null}])
+    );
+}

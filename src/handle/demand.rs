@@ -113,7 +113,7 @@ impl RateLimitHandle {
         let now_hour = demand.now_us() / HOUR_US;
         let w = demand
             .store
-            .window(tier, plan, now_hour + 1 - hours..=now_hour)
+            .window(tier, plan, (now_hour + 1).saturating_sub(hours)..=now_hour)
             .await
             .map_err(SuggestError::Backend)?;
         let deny = self.denylist_entries();

@@ -133,6 +133,8 @@ pub struct Replayer {
     clock_us: Option<u64>,
     /// The virtual second of the last per-key demand flush.
     demand_second: Option<u64>,
+    /// Whether per-key demand is flushed (`ReplayOptions::demand`).
+    demand: bool,
     /// The layer's handle (per-key demand, suggestions).
     handle: tiered_ratelimit::RateLimitHandle,
     /// The layer's engine for request heads, and the checks it planned for

@@ -106,6 +106,7 @@ impl Replayer {
             clock,
             clock_us: None,
             demand_second: None,
+            demand: options.demand,
             handle: handle.clone(),
             offline: layer
                 .offline()

@@ -1,8 +1,9 @@
 //! Limits suggested from a log (`tiered-ratelimit suggest`): the layer
 //! records per-key demand as it does live (`tiered_ratelimit::observe::demand`);
-//! its counts are flushed each time the virtual clock passes a second, as
-//! the live task flushes once a second, so the offline answer is the live
-//! one on the same traffic.
+//! with [`ReplayOptions::demand`](crate::replay::ReplayOptions::demand) its
+//! counts are flushed each time the virtual clock passes a second, as the
+//! live task flushes once a second, so the offline answer is the live one
+//! on the same traffic.
 
 use super::Replayer;
 use std::future::Future;

@@ -376,7 +376,7 @@ impl Demand {
         if slot.period_s.load(Relaxed) != period_s {
             slot.period_s.store(period_s, Relaxed);
         }
-        let p = now_us / (period_s * 1_000_000);
+        let p = now_us / period_s.saturating_mul(1_000_000);
         let tables = slot.tables.get_or_init(Box::default);
         #[allow(clippy::cast_possible_truncation)] // modulo 4
         let t = &tables[(p % TABLES as u64) as usize];
@@ -408,7 +408,7 @@ impl Demand {
                 continue;
             };
             let period_s = s.period_s.load(Relaxed).max(1);
-            let current = now_us / (period_s * 1_000_000);
+            let current = now_us / period_s.saturating_mul(1_000_000);
             let taken: Vec<store::Taken> = tables.iter().filter_map(|t| t.take(current)).collect();
             let unsampled = s.unsampled.swap(0, Relaxed);
             if !taken.is_empty() || unsampled > 0 {

@@ -37,7 +37,7 @@ pub(crate) struct SlotTaken {
 /// The hour a period's totals count in: its own (a period within an hour)
 /// or, for a longer period, the hour of `now_us`.
 pub(crate) fn hour_of(period: u64, period_s: u64, now_us: u64) -> u64 {
-    let end_us = (period + 1).saturating_mul(period_s * 1_000_000);
+    let end_us = (period + 1).saturating_mul(period_s.saturating_mul(1_000_000));
     now_us.min(end_us.saturating_sub(1)) / HOUR_US
 }
 
@@ -117,8 +117,12 @@ impl Local {
             }
         }
         // Periods kept two periods and a minute; hours 7 days and one.
-        self.periods
-            .retain(|(_, ps, p), _| (p + 3).saturating_mul(ps * 1_000_000) + 60_000_000 > now_us);
+        self.periods.retain(|(_, ps, p), _| {
+            (p + 3)
+                .saturating_mul(ps.saturating_mul(1_000_000))
+                .saturating_add(60_000_000)
+                > now_us
+        });
         let oldest = (now_us / HOUR_US).saturating_sub(KEEP_HOURS);
         self.hours.retain(|(_, h), _| *h > oldest);
     }
@@ -213,7 +217,7 @@ impl Store {
                     for (hour, t) in parts {
                         let add = RedisAdd {
                             period_key: format!("{base}:p:{}:{}", s.period_s, t.period),
-                            period_ttl_ms: 2 * s.period_s * 1000 + 60_000,
+                            period_ttl_ms: s.period_s.saturating_mul(2000).saturating_add(60_000),
                             hour_base: format!("{base}:{hour}"),
                             hour_ttl_s: KEEP_HOURS * 3600,
                             unsampled: std::mem::take(&mut unsampled),
