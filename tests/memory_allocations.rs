@@ -138,4 +138,22 @@ fn a_check_of_held_keys_allocates_nothing() {
         assert_eq!(blocks() - before, 2);
         assert!(v.allowed());
     }
+
+    // Per-key demand (observe/demand/): what every planned check adds.
+    // The table is sized once (its slot's first request); after that, new
+    // keys, known keys and a key whose count crosses a power of two (its
+    // name copied into a buffer allocated with the table) allocate nothing.
+    let table = tiered_ratelimit::observe::demand::Table::default();
+    let keys: Vec<String> = (0..1000).map(|i| format!("198.51.100.{i}")).collect();
+    let before = blocks();
+    for round in 0..100 {
+        for k in &keys {
+            assert!(table.add(7, k, 1), "round {round}: {k}");
+        }
+    }
+    assert_eq!(
+        blocks() - before,
+        0,
+        "allocations in 100 000 demand records of 1000 keys"
+    );
 }

@@ -33,6 +33,11 @@ enum Command {
     /// Replay access logs through a policy on a virtual clock and report
     /// the requests it would reject (429), per tier and endpoint.
     Replay(ReplayArgs),
+    /// Suggest limits from the per-key demand in access logs (the same
+    /// formats as replay): per tier (and plan), the p50/p90/p99/p99.9 of
+    /// per-key demand and the smallest limit that denies at most a target
+    /// share of keys, as the admin API answers live.
+    Suggest(SuggestArgs),
     /// Set, remove or list per-key overrides in a fleet's Redis (the
     /// tier must have `overrides = true` in the policy).
     #[command(subcommand)]
@@ -115,6 +120,37 @@ Examples:
 Targets for --field / --extra-field: time, ip, method, path, request, status,
 user, plan, header:<name>. See docs/replay.md.")]
 struct ReplayArgs {
+    #[command(flatten)]
+    input: InputArgs,
+
+    /// Blocked keys listed per tier.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    top: usize,
+
+    /// Malformed lines listed.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    examples: usize,
+
+    /// Show API keys in full (masked by default).
+    #[arg(long)]
+    show_keys: bool,
+
+    /// Print the report as JSON on stdout instead of tables.
+    #[arg(long)]
+    json: bool,
+
+    /// Also draw the 429 rate over time per tier to FILE (.svg or .png).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+
+    /// No timing line on stderr.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+/// What replay and suggest read: the policy and the logs, as replay reads them.
+#[derive(Args, Debug)]
+struct InputArgs {
     /// The policy (TOML, as for `Policy::from_file`).
     #[arg(short, long, value_name = "FILE")]
     policy: PathBuf,
@@ -166,33 +202,43 @@ struct ReplayArgs {
     #[arg(long, default_value = "enforce")]
     modes: Modes,
 
-    /// Blocked keys listed per tier.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    top: usize,
-
-    /// Malformed lines listed.
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    examples: usize,
-
-    /// Show API keys in full (masked by default).
-    #[arg(long)]
-    show_keys: bool,
-
     /// Most buckets kept in memory (as `MemoryBackend::max_keys`).
     #[arg(long, default_value_t = 1_000_000, value_name = "N")]
     max_keys: usize,
 
-    /// Print the report as JSON on stdout instead of tables.
-    #[arg(long)]
-    json: bool,
-
-    /// Also draw the 429 rate over time per tier to FILE (.svg or .png).
-    #[arg(long, value_name = "FILE")]
-    plot: Option<PathBuf>,
-
     /// No progress bar (it is shown only on a terminal, for large inputs).
     #[arg(long)]
     no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Examples:
+  tiered-ratelimit suggest -p policy.toml access.log access.log.1.gz
+  tiered-ratelimit suggest -p policy.toml --tier api_key --target 0.01 --window 24h app.jsonl
+
+The answer is the admin API's `GET /api/suggest/{tier}` (JSON, one per tier
+and plan): see docs/rollout.md, \"Which limit? Suggestions\". Nothing is applied.")]
+struct SuggestArgs {
+    #[command(flatten)]
+    input: InputArgs,
+
+    /// Only this tier (default: every tier, and each of its plans).
+    #[arg(long)]
+    tier: Option<String>,
+
+    /// Only this plan of --tier.
+    #[arg(long, requires = "tier")]
+    plan: Option<String>,
+
+    /// The share of keys the suggested limit may deny (0 <= target < 1).
+    #[arg(long, default_value_t = 0.001)]
+    target: f64,
+
+    /// The window read, ending at the log's latest time (humantime, whole
+    /// hours, at most 7d).
+    #[arg(long, default_value = "7d")]
+    window: humantime::Duration,
 
     /// No timing line on stderr.
     #[arg(short, long)]
@@ -206,6 +252,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("tiered-ratelimit replay: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Suggest(args) => match suggest(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tiered-ratelimit suggest: {e}");
                 ExitCode::FAILURE
             }
         },
@@ -320,7 +373,8 @@ fn override_command(c: OverrideCommand) -> Result<(), String> {
     })
 }
 
-fn replay(args: ReplayArgs) -> Result<(), String> {
+/// The policy, the replay options and the inputs of `args`.
+fn read_input(args: &InputArgs) -> Result<(Policy, ReplayOptions, Vec<Input>), String> {
     let policy = Policy::from_file(&args.policy).map_err(|e| e.to_string())?;
     let mut fields = FieldMap::default();
     for f in &args.fields {
@@ -341,30 +395,35 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
     let mut options = ReplayOptions::default();
     options.format = args.format;
     options.fields = fields;
-    options.extra_fields = args.extra_fields;
+    options.extra_fields = args.extra_fields.clone();
     options.time_format = args.time_format;
     options.remote_user = !args.no_remote_user;
     options.routes = routes;
     options.engine = args.engine;
     options.modes = args.modes;
+    options.max_keys = args.max_keys;
+    let inputs: Vec<Input> = if args.inputs.is_empty() {
+        vec![Input::Stdin]
+    } else {
+        args.inputs.iter().map(|a| Input::from_arg(a)).collect()
+    };
+    Ok((policy, options, inputs))
+}
+
+fn replay(args: ReplayArgs) -> Result<(), String> {
+    let (policy, mut options, inputs) = read_input(&args.input)?;
     options.top = args.top;
     options.max_examples = args.examples;
     options.show_keys = args.show_keys;
-    options.max_keys = args.max_keys;
     if let Some(path) = &args.plot {
         // Fail before a long replay, not after it: the chart's file must be
         // writable (it is overwritten at the end).
         std::fs::File::create(path).map_err(|e| format!("--plot {}: {e}", path.display()))?;
     }
     let mut replayer = Replayer::new(&policy, options).map_err(|e| e.to_string())?;
-    let inputs: Vec<Input> = if args.inputs.is_empty() {
-        vec![Input::Stdin]
-    } else {
-        args.inputs.iter().map(|a| Input::from_arg(a)).collect()
-    };
     let start = Instant::now();
     replayer
-        .run(&inputs, !args.no_progress)
+        .run(&inputs, !args.input.no_progress)
         .map_err(|e| e.to_string())?;
     let elapsed = start.elapsed();
     let engine = replayer.engine();
@@ -404,4 +463,54 @@ fn replay(args: ReplayArgs) -> Result<(), String> {
         return Err("no input could be read (see the report)".into());
     }
     Ok(())
+}
+
+/// `tiered-ratelimit suggest`: replays the logs, then answers each tier's
+/// (and plan's) suggestion as JSON, an array.
+fn suggest(args: SuggestArgs) -> Result<(), String> {
+    if !(0.0..1.0).contains(&args.target) {
+        return Err(format!("--target {}: at least 0 and below 1", args.target));
+    }
+    let (policy, mut options, inputs) = read_input(&args.input)?;
+    options.demand = true;
+    let mut replayer = Replayer::new(&policy, options).map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    replayer
+        .run(&inputs, !args.input.no_progress)
+        .map_err(|e| e.to_string())?;
+    let asked: Vec<(String, Option<String>)> = match &args.tier {
+        Some(t) => vec![(t.clone(), args.plan.clone())],
+        None => replayer.tiers_and_plans(),
+    };
+    let answers: Vec<serde_json::Value> = asked
+        .iter()
+        .map(|(tier, plan)| {
+            match replayer.suggest(tier, plan.as_deref(), args.target, *args.window) {
+                Ok(s) => s.to_json(),
+                Err(e) => {
+                    let mut v = e.to_json();
+                    v["tier"] = tier.as_str().into();
+                    v["plan"] = plan.as_deref().into();
+                    v
+                }
+            }
+        })
+        .collect();
+    if !args.quiet {
+        eprintln!(
+            "suggested from the logs in {:.3} s (engine {})",
+            start.elapsed().as_secs_f64(),
+            replayer.engine()
+        );
+    }
+    let mut out = serde_json::to_string_pretty(&answers).map_err(|e| e.to_string())?;
+    out.push('\n');
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
+    }
 }

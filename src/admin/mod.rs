@@ -49,6 +49,7 @@
 //! | `POST /api/lift` | `{"tier":"login","key":"203.0.113.7"}`: lifts the key's penalty-box block, its rate state untouched ([`RateLimitHandle::lift`]); `404` for a tier without a penalty box |
 //! | `GET /api/overrides/{tier}` | the tier's per-key overrides not expired ([`RateLimitHandle::overrides`]): `{"tier","overrides":[{"key","rule","expires_at_us"}]}`, `rule` `"unlimited"`, `"blocked"` or `{"limit","period_ms","burst"}`; `404` for a tier that takes no overrides |
 //! | `POST /api/overrides` | `{"tier":"ip","key":"203.0.113.7","rule":{"limit":1000,"period":"1m"},"ttl":"7d"}` (`rule` `"unlimited"`, `"blocked"` or a quota with an optional `burst`; `ttl` humantime, optional): sets the key's override ([`RateLimitHandle::set_override`], logged at `info` naming the admin API); answers like `GET /api/overrides/{tier}`; `400` `invalid_quota` for a quota the tier cannot take |
+//! | `GET /api/suggest/{tier}?target=0.001&window=24h&plan=…` | the limit that would have denied at most `target` of the tier's (or plan's) keys over `window` (humantime, whole hours, at most 7 days), from every instance's per-key demand ([`RateLimitHandle::suggest`]): `{"tier","plan","period_s","target","window_s","percentiles":{"p50","p90","p99","p99.9"},"suggested":{"limit","period_s"}` (token and leaky buckets: `{"rate","period_s","burst"}`)`,"applied":false,"curve":[{"limit","keys_denied","requests_denied"}],"left_out":[{"key","demand","reason"}],"keys","sampled","estimated_keys","requests","unsampled_requests"}`; below 50 distinct keys `422` `{"error":"not_enough_data","keys","needed":50}`; nothing is applied |
 //! | `POST /api/overrides/remove` | `{"tier":"ip","key":"203.0.113.7"}`: removes it ([`RateLimitHandle::remove_override`]); answers `{"tier","key","existed"}` |
 //!
 //! # Authentication
@@ -96,6 +97,7 @@ mod page;
 mod plan;
 mod reply;
 mod settings;
+mod suggest;
 
 use crate::handle::RateLimitHandle;
 use actions::form_mode;
@@ -241,6 +243,7 @@ impl Admin {
             .route("/api/plan", post(plan::api_plan))
             .route("/api/plan/{tier}", get(plan::api_plan_status))
             .route("/api/rollout/log", get(plan::api_rollout_log))
+            .route("/api/suggest/{tier}", get(suggest::api_suggest))
             .route(
                 "/api/lists",
                 get(settings::api_lists).post(settings::api_lists_change),

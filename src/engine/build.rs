@@ -165,6 +165,15 @@ impl EngineBuilder {
             mode: self.mode,
             tiers: runtime.into_boxed_slice(),
         };
+        let demand = crate::observe::demand::Demand::new(
+            &names
+                .iter()
+                .zip(&configured.tiers)
+                .map(|(n, r)| (n.clone(), r.plans.iter().map(|p| p.name.clone()).collect()))
+                .collect::<Vec<_>>(),
+            crate::observe::demand::store::Store::for_backend(&backend, &prefix),
+            local_clock.clone(),
+        );
         let shared = Arc::new(Shared {
             backend,
             local_clock,
@@ -237,6 +246,7 @@ impl EngineBuilder {
                         self.fleet_pending_keys,
                     )
                 }),
+                demand,
             },
         });
         // Background work starts with the engine when there is a runtime to

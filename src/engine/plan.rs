@@ -265,6 +265,18 @@ pub(crate) fn plan<F: Facts>(
                     if let Some(stats) = shared.live.plans.counting(i) {
                         stats.record(&key[t.key_base.len()..], tp.enforced);
                     }
+                    // Per-key demand, denied attempts included (observe/demand/).
+                    crate::observe::demand::record(
+                        &shared.telemetry.demand,
+                        i,
+                        &r.plans,
+                        tp.plan,
+                        r.quota,
+                        tp.plan.map(|p| p.quota),
+                        &key[t.key_base.len()..],
+                        tp.cost,
+                        shared.local_clock.now_us(),
+                    );
                 }
                 tp
             }

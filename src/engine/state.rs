@@ -111,6 +111,8 @@ pub(crate) struct Telemetry {
     /// With `blocked_set` and a tier with candidates: their counts, waiting
     /// for their pipelined flush (`observe/fleet_candidates.rs`).
     pub(crate) fleet_candidates: Option<crate::observe::fleet_candidates::FleetCandidates>,
+    /// Per-key demand per tier and plan (`crate::observe::demand`).
+    pub(crate) demand: Arc<crate::observe::demand::Demand>,
 }
 
 /// One hour's fleet-wide sets (lua/check.lua's last two keys): the keys

@@ -146,6 +146,7 @@
 
 mod candidates;
 mod changes;
+mod demand;
 mod fleet;
 mod inspect;
 mod overrides;
@@ -154,6 +155,7 @@ mod traffic;
 
 pub use crate::engine::{ControlError, ControlKey};
 pub use changes::Changes;
+pub use demand::MAX_SUGGEST_WINDOW;
 pub use inspect::{InspectError, KeyStatus};
 pub use overrides::{Override, OverrideEntry, OverrideError, BLOCKED_RETRY};
 

@@ -18,6 +18,7 @@
 pub(crate) mod anomaly;
 pub(crate) mod candidates;
 mod counts;
+pub mod demand;
 pub(crate) mod fleet;
 pub(crate) mod fleet_candidates;
 pub(crate) mod recorder;

@@ -16,3 +16,4 @@ mod rollout;
 mod rollout_gates;
 mod rollout_plan;
 mod rollout_plan_cas;
+mod suggest;

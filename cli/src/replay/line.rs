@@ -93,6 +93,9 @@ impl Replayer {
         let now = self.clock_us.map_or(t, |c| c.max(t));
         self.clock_us = Some(now);
         self.clock.set(now);
+        if self.demand {
+            super::suggest::flush_demand(&mut self.demand_second, &self.handle, now);
+        }
         self.collector.time(t, now);
 
         // The request head.

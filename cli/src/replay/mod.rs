@@ -47,6 +47,7 @@ mod report;
 mod routes;
 mod run;
 mod setup;
+mod suggest;
 mod time;
 
 pub use input::Input;
@@ -130,6 +131,13 @@ enum EngineImpl {
 pub struct Replayer {
     clock: ManualClock,
     clock_us: Option<u64>,
+    /// The virtual second of the last per-key demand flush.
+    demand_second: Option<u64>,
+    /// Whether per-key demand is flushed (`ReplayOptions::demand`).
+    demand: bool,
+    /// The layer's handle (per-key demand and suggestions; the
+    /// candidates' counts for the report).
+    handle: tiered_ratelimit::RateLimitHandle,
     /// The layer's engine for request heads, and the checks it planned for
     /// the current line.
     offline: Offline,
@@ -156,8 +164,6 @@ pub struct Replayer {
     line_no: u64,
     top: usize,
     show_keys: bool,
-    /// The layer's handle (its candidates' counts, for the report).
-    handle: tiered_ratelimit::RateLimitHandle,
 }
 
 impl std::fmt::Debug for Replayer {

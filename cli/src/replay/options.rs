@@ -91,6 +91,10 @@ pub struct ReplayOptions {
     /// The memory backend's bucket limit (default 1 000 000, as the layer's):
     /// past it, the buckets closest to full are forgotten.
     pub max_keys: usize,
+    /// Flush the layer's per-key demand each virtual second, for
+    /// [`Replayer::suggest`](crate::replay::Replayer::suggest) (default
+    /// false: a replay alone does not pay for it).
+    pub demand: bool,
 }
 
 impl Default for ReplayOptions {
@@ -108,6 +112,7 @@ impl Default for ReplayOptions {
             max_examples: 10,
             show_keys: false,
             max_keys: 1_000_000,
+            demand: false,
         }
     }
 }

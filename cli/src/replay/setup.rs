@@ -105,6 +105,8 @@ impl Replayer {
         Ok(Self {
             clock,
             clock_us: None,
+            demand_second: None,
+            demand: options.demand,
             offline: layer
                 .offline()
                 .ok_or_else(|| ReplayError::Engine("replay needs the memory backend".into()))?,

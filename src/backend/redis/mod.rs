@@ -24,6 +24,7 @@ mod check;
 mod cluster;
 mod connection;
 mod control;
+mod demand;
 mod overrides;
 mod peek;
 mod plan;
