@@ -17,6 +17,7 @@
 pub(crate) mod anomaly;
 mod counts;
 pub(crate) mod fleet;
+pub(crate) mod guard;
 pub(crate) mod recorder;
 pub(crate) mod topn;
 
