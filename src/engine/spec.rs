@@ -53,6 +53,8 @@ pub(crate) struct TierSpec {
     pub(crate) weighted: bool,
     /// Its staged rollout plan, run fleet-wide (`engine/rollout/`).
     pub(crate) rollout: Option<crate::rollout::RolloutPlan>,
+    /// Its automatic fall back to shadow (`engine/rollout/guard.rs`).
+    pub(crate) guard: Option<crate::rollout::FallbackGuard>,
 }
 
 impl TierSpec {
@@ -81,6 +83,7 @@ impl TierSpec {
             unit: None,
             weighted: false,
             rollout: None,
+            guard: None,
         }
     }
 }

@@ -50,6 +50,7 @@ pub struct Tier {
     pub(crate) priced: Option<(crate::http::priced::Estimate, crate::http::priced::Actual)>,
     pub(crate) quota_unit: Option<crate::response::QuotaUnit>,
     pub(crate) rollout: Option<crate::rollout::RolloutPlan>,
+    pub(crate) guard: Option<crate::rollout::FallbackGuard>,
 }
 
 impl fmt::Debug for Tier {
@@ -72,6 +73,7 @@ impl fmt::Debug for Tier {
             .field("calendar", &self.calendar)
             .field("priced", &self.priced)
             .field("rollout", &self.rollout)
+            .field("guard", &self.guard)
             .finish_non_exhaustive()
     }
 }
@@ -101,6 +103,7 @@ impl Tier {
             priced: None,
             quota_unit: None,
             rollout: None,
+            guard: None,
         }
     }
 
@@ -253,6 +256,22 @@ impl Tier {
     /// ```
     pub fn rollout(mut self, plan: crate::rollout::RolloutPlan) -> Self {
         self.rollout = Some(plan);
+        self
+    }
+
+    /// The tier's automatic fall back to shadow (see
+    /// [`FallbackGuard`](crate::rollout::FallbackGuard)): when its 429 rate
+    /// leaves its band at normal traffic, spread over many keys, the tier
+    /// goes to shadow fleet-wide and its plan stops. Needs a
+    /// [`ControlKey`](crate::handle::ControlKey): `build()` refuses a guard
+    /// without one, naming the field.
+    ///
+    /// ```
+    /// use tiered_ratelimit::{key::User, rollout::FallbackGuard, Quota, Tier};
+    /// let tier = Tier::new("user", User, Quota::per_minute(60)).guard(FallbackGuard::shadow());
+    /// ```
+    pub fn guard(mut self, guard: crate::rollout::FallbackGuard) -> Self {
+        self.guard = Some(guard);
         self
     }
 

@@ -106,6 +106,13 @@ pub struct TierPolicy {
     /// `min_keys`, `max_check_p99_increase`).
     #[serde(default)]
     pub rollout_gates: Option<crate::rollout::RolloutGates>,
+    /// The automatic fall back to shadow (`[tier.guard]`: `fallback =
+    /// "shadow"`, then optional `bucket`, `k`, `confirm`, `warmup`,
+    /// `min_sigma`, `min_requests`, `min_denied_keys`, `surge_factor`; see
+    /// [`FallbackGuard`](crate::rollout::FallbackGuard)). Checked by
+    /// `build()`, which also needs a `[control]` table.
+    #[serde(default)]
+    pub guard: Option<crate::rollout::FallbackGuard>,
 }
 
 /// A `[[tier]]`'s or a `[[rule]]`'s `period`: a duration or a calendar
@@ -323,6 +330,9 @@ impl TierPolicy {
                 field: "rollout_gates".into(),
                 reason: "gates without a plan: add `rollout = [...]`".into(),
             });
+        }
+        if let Some(g) = &self.guard {
+            tier = tier.guard(g.clone());
         }
         if let Some(p) = &self.priced {
             let (estimate, actual) = p.compile(&self.name)?;

@@ -13,5 +13,6 @@ mod overrides;
 mod overrides_admin;
 mod rollout;
 mod rollout_gates;
+mod rollout_guard;
 mod rollout_plan;
 mod rollout_plan_cas;

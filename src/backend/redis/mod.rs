@@ -21,6 +21,7 @@ mod batch;
 mod blocked;
 mod check;
 mod cluster;
+mod guard;
 mod connection;
 mod control;
 mod overrides;

@@ -84,7 +84,7 @@ impl StageStats {
     }
 
     /// Checks and checks in the enforced cohort so far in the stage.
-    fn counts(&self) -> (u64, u64) {
+    pub(crate) fn counts(&self) -> (u64, u64) {
         self.stripes.iter().fold((0, 0), |(r, e), s| {
             (r + s.requests.load(Relaxed), e + s.enforced.load(Relaxed))
         })

@@ -149,6 +149,7 @@ fn split(t: Tier) -> (TierSpec, HttpTier) {
         unit: t.quota_unit,
         weighted: t.cost_fn.is_some(),
         rollout: t.rollout,
+        guard: t.guard,
     };
     let http = HttpTier {
         key: t.key,
