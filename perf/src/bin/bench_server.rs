@@ -98,7 +98,9 @@ use redis::aio::MultiplexedConnection;
 use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend};
 use tiered_ratelimit::handle::ControlError;
 use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User, UNMATCHED_ROUTE};
-use tiered_ratelimit::rollout::{GuardVerdict, Mode, PlanAction, RolloutPlan, Stage};
+use tiered_ratelimit::rollout::{
+    FallbackGuard, GuardVerdict, Mode, PlanAction, RolloutPlan, Stage,
+};
 use tiered_ratelimit::token_lease::TokenLease;
 use tiered_ratelimit::{key::UserId, Quota, RateLimitLayer, Tier};
 use tower_governor::governor::GovernorConfigBuilder;
@@ -431,7 +433,11 @@ fn ours_leased(backend: Backend, tiers: usize, c: &Config, leased: &[&str]) -> R
     let Quotas { ip, other, user } = Quotas::new(c);
     let planned = c.plan.is_some();
     let tier = |t: Tier| {
-        let t = if planned { t.rollout(bench_plan()) } else { t };
+        let t = if planned {
+            t.rollout(bench_plan()).guard(FallbackGuard::shadow())
+        } else {
+            t
+        };
         if leased.contains(&t.name()) {
             t.lease(TokenLease::new())
         } else {
