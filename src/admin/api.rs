@@ -45,7 +45,8 @@ pub(super) async fn api_anomalies(State(admin): State<Arc<Admin>>) -> Response {
 /// `surge`, `unknown`; `null` inside the band) and the numbers it was
 /// decided on.
 fn guard_json(g: &crate::engine::rollout::GuardView) -> Value {
-    let mut v = json!({ "tier": g.tier, "leader": g.leader, "cause": Value::Null, "judged": false });
+    let mut v =
+        json!({ "tier": g.tier, "leader": g.leader, "cause": Value::Null, "judged": false });
     if let Some(j) = &g.last {
         v["judged"] = json!(true);
         v["cause"] = json!(j.cause.map(|c| c.name()));

@@ -304,7 +304,12 @@ mod tests {
 
         /// One bucket, at the right quota or the wrong one. `denials`: a
         /// scratch tally of (key, 429s).
-        fn bucket(&self, rng: &mut Rng, wrong: bool, denials: &mut Vec<(usize, u64)>) -> FleetBucket {
+        fn bucket(
+            &self,
+            rng: &mut Rng,
+            wrong: bool,
+            denials: &mut Vec<(usize, u64)>,
+        ) -> FleetBucket {
             let n = 20 + u64::from((rng.next() & ((1 << 40) - 1)).count_ones());
             denials.clear();
             for _ in 0..n {

@@ -379,7 +379,11 @@ fn a_fall_back_guard_is_checked_at_build_naming_the_field() {
         let p = Policy::from_toml_str(text)?;
         RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new())
     };
-    build(&tier("fallback = 'shadow'\nbucket = '2s'\nconfirm = 3", true)).unwrap();
+    build(&tier(
+        "fallback = 'shadow'\nbucket = '2s'\nconfirm = 3",
+        true,
+    ))
+    .unwrap();
     for (guard, control, want) in [
         ("fallback = 'shadow'", false, "tier \"ip\": guard: the fall back guard counts and acts fleet-wide through the control key: set a control key (`control_key`, a policy's [control]) on a Redis backend"),
         ("fallback = 'shadow'\nbucket = '500ms'", true, "tier \"ip\": guard.bucket: at least 1s"),

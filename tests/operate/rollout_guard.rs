@@ -65,7 +65,10 @@ async fn node(redis: &RedisServer) -> Node {
             bucket_secs: 2,
             ..AnomalyConfig::default()
         })
-        .denylist(AccessList::new().api_key("sk_banned"), DenyStatus::Forbidden)
+        .denylist(
+            AccessList::new().api_key("sk_banned"),
+            DenyStatus::Forbidden,
+        )
         .tier(tier())
         .build()
         .unwrap();
@@ -106,7 +109,11 @@ fn traffic(
                 .send()
                 .await
                 .unwrap();
-            assert!(res.status() == 200 || res.status() == 429, "{}", res.status());
+            assert!(
+                res.status() == 200 || res.status() == 429,
+                "{}",
+                res.status()
+            );
             n += 1;
         }
     })

@@ -286,20 +286,21 @@ pub(crate) async fn guard(
         )
         .collect();
         let call = redis.guard_flush([&keys[0], &keys[1], &keys[2]], &args);
-        let (lead, fields) =
-            match tokio::time::timeout(poll.max(Duration::from_millis(100)), call).await {
-                Ok(Ok(answer)) => answer,
-                Ok(Err(e)) => {
-                    tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier, error = %e,
+        let (lead, fields) = match tokio::time::timeout(poll.max(Duration::from_millis(100)), call)
+            .await
+        {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) => {
+                tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier, error = %e,
                         "fall back guard: the flush failed; this poll's counts are lost");
-                    continue;
-                }
-                Err(_) => {
-                    tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier,
+                continue;
+            }
+            Err(_) => {
+                tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier,
                         "fall back guard: the flush timed out; this poll's counts are lost");
-                    continue;
-                }
-            };
+                continue;
+            }
+        };
         let mode = tier_mode(shared, i);
         let judgement = {
             let mut j = g.judged.lock().unwrap_or_else(|e| e.into_inner());
@@ -421,7 +422,10 @@ mod tests {
 
     #[test]
     fn guard_keys_share_the_control_keys_slot() {
-        assert_eq!(guard_key("rl:control", "ip", "7"), "{rl:control}:guard:ip:7");
+        assert_eq!(
+            guard_key("rl:control", "ip", "7"),
+            "{rl:control}:guard:ip:7"
+        );
         assert_eq!(
             guard_key("{rl}:control", "ip", "lease"),
             "{rl}:control:guard:ip:lease"
@@ -431,7 +435,15 @@ mod tests {
     #[test]
     fn the_tally_counts_distinct_keys_and_the_top_five() {
         let g = TierGuard::new(FallbackGuard::shadow());
-        for (k, n) in [("a", 9), ("b", 7), ("c", 5), ("d", 3), ("e", 2), ("f", 1), ("g", 1)] {
+        for (k, n) in [
+            ("a", 9),
+            ("b", 7),
+            ("c", 5),
+            ("d", 3),
+            ("e", 2),
+            ("f", 1),
+            ("g", 1),
+        ] {
             for _ in 0..n {
                 g.denied(k);
             }

@@ -95,10 +95,7 @@ impl Plans {
     ) -> Self {
         let n = configured.len();
         Self {
-            guards: guards
-                .into_iter()
-                .map(|g| g.map(TierGuard::new))
-                .collect(),
+            guards: guards.into_iter().map(|g| g.map(TierGuard::new)).collect(),
             instance: instance_id(),
             read: arc_swap::ArcSwap::from_pointee(vec![Stored::idle(); n]),
             seen: std::sync::Mutex::new(vec![None; n]),
