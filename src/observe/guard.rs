@@ -190,17 +190,17 @@ impl Detector {
         let y = (denied.saturating_sub(b.top) as f64 / n).min(1.0);
         let rest_band = (2.0 * (self.rest_mean * (1.0 - self.rest_mean) / n).sqrt()).max(0.02);
         let rest_rose = y - self.rest_mean > rest_band;
-        let cause = out.then(|| {
-            if d <= 0.0 && !cohort_gap {
-                Cause::Unknown
-            } else if b.denied_keys < cfg.min_denied_keys || !rest_rose {
-                Cause::Abuse
-            } else if r > cfg.surge_factor * self.req_mean {
-                Cause::Surge
-            } else {
-                Cause::Limiter
-            }
-        });
+        let cause = if !out {
+            None
+        } else if d <= 0.0 && !cohort_gap {
+            Some(Cause::Unknown)
+        } else if b.denied_keys < cfg.min_denied_keys || !rest_rose {
+            Some(Cause::Abuse)
+        } else if r > cfg.surge_factor * self.req_mean {
+            Some(Cause::Surge)
+        } else {
+            Some(Cause::Limiter)
+        };
         self.streak = if cause == Some(Cause::Limiter) {
             self.streak.saturating_add(1)
         } else {

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 use tiered_ratelimit::backend::RedisBackend;
 use tiered_ratelimit::handle::ControlKey;
 use tiered_ratelimit::observe::AnomalyConfig;
-use tiered_ratelimit::rollout::{AccessList, DenyStatus, FallbackGuard};
+use tiered_ratelimit::rollout::{
+    AccessList, DenyStatus, FallbackGuard, Mode, PlanAction, RolloutPlan, Stage,
+};
 use tiered_ratelimit::{admin, Quota, RateLimitHandle, Tier};
 
 const POLL: Duration = Duration::from_secs(1);
@@ -38,8 +40,8 @@ struct Node {
     handle: RateLimitHandle,
 }
 
-fn tier() -> Tier {
-    Tier::new(
+fn tier(plan: Option<RolloutPlan>) -> Tier {
+    let t = Tier::new(
         "user",
         |p: &http::request::Parts| {
             p.headers
@@ -53,10 +55,14 @@ fn tier() -> Tier {
         FallbackGuard::shadow()
             .bucket(Duration::from_secs(2))
             .warmup(5),
-    )
+    );
+    match plan {
+        Some(p) => t.rollout(p),
+        None => t,
+    }
 }
 
-async fn node(redis: &RedisServer) -> Node {
+async fn node(redis: &RedisServer, plan: Option<RolloutPlan>) -> Node {
     let layer = tiered_ratelimit::RateLimitLayer::builder()
         .backend(RedisBackend::from_url(&redis.url()).unwrap())
         .backend_timeout(Duration::from_secs(2))
@@ -69,7 +75,7 @@ async fn node(redis: &RedisServer) -> Node {
             AccessList::new().api_key("sk_banned"),
             DenyStatus::Forbidden,
         )
-        .tier(tier())
+        .tier(tier(plan))
         .build()
         .unwrap();
     let handle = layer.handle();
@@ -153,7 +159,11 @@ async fn modes(nodes: &[Node]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quota_ten_times_too_low_falls_back_to_shadow_on_every_instance_within_30s() {
     let redis = RedisServer::start();
-    let nodes = [node(&redis).await, node(&redis).await, node(&redis).await];
+    let nodes = [
+        node(&redis, None).await,
+        node(&redis, None).await,
+        node(&redis, None).await,
+    ];
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let steady = traffic(
@@ -238,7 +248,11 @@ async fn a_quota_ten_times_too_low_falls_back_to_shadow_on_every_instance_within
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_abusers_at_50x_are_abuse_and_no_fall_back() {
     let redis = RedisServer::start();
-    let nodes = [node(&redis).await, node(&redis).await, node(&redis).await];
+    let nodes = [
+        node(&redis, None).await,
+        node(&redis, None).await,
+        node(&redis, None).await,
+    ];
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = vec![traffic(
@@ -282,4 +296,82 @@ async fn five_abusers_at_50x_are_abuse_and_no_fall_back() {
     for t in tasks {
         t.await.unwrap();
     }
+}
+
+/// A plan in its canary:50 stage: the wrong quota refuses both cohorts
+/// alike (their rates match: the limiter is wrong for everyone); the
+/// would-deny rate leaves its band, the tier goes to shadow everywhere and
+/// the plan stops (`fellback`), once, and does not move again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_canary_stage_the_fall_back_stops_the_plan() {
+    let redis = RedisServer::start();
+    let plan = || {
+        Some(RolloutPlan::new([
+            Stage::new(Mode::Canary { percent: 50 }).hold_for(Duration::from_secs(3600)),
+            Stage::new(Mode::Enforce),
+        ]))
+    };
+    let nodes = [
+        node(&redis, plan()).await,
+        node(&redis, plan()).await,
+        node(&redis, plan()).await,
+    ];
+    nodes[0]
+        .handle
+        .plan("user", PlanAction::Start, "test")
+        .await
+        .unwrap();
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let steady = traffic(
+        addrs.clone(),
+        users(),
+        USER_EVERY / USERS as u32,
+        stop.clone(),
+    );
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    assert_eq!(modes(&nodes).await, ["canary:50"; 3]);
+    for n in &nodes {
+        let g = guard_of(n.addr).await;
+        assert_eq!(g["cause"], Value::Null, "{g}");
+        // Both cohorts counted, both refused nothing.
+        assert_eq!(
+            (g["enforced_rate"].as_f64(), g["shadowed_rate"].as_f64()),
+            (Some(0.0), Some(0.0)),
+            "{g}"
+        );
+    }
+    nodes[2]
+        .handle
+        .set_fleet_quota("user", None, WRONG, "test")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    while modes(&nodes).await != ["shadow"; 3] {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            modes(&nodes).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(POLL * 2).await;
+    for n in &nodes {
+        let p = api_get(n.addr, "/api/plan/user").await;
+        assert_eq!(p["status"], "fellback", "{p}");
+        assert_eq!(p["next_at_us"], Value::Null);
+    }
+    let entries = log(&redis);
+    let events: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|e| (field(e, "event"), field(e, "by")))
+        .collect();
+    assert_eq!(events, [("start", "test"), ("fallback", "guard")]);
+    let evidence = field(&entries[1], "evidence");
+    assert!(
+        evidence.starts_with("cause=limiter ") && evidence.contains(" enforced_rate="),
+        "{evidence}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    steady.await.unwrap();
 }
