@@ -324,7 +324,7 @@ mod tests {
                 }
             }
             let denied: u64 = denials.iter().map(|(_, c)| c).sum();
-            denials.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+            denials.sort_unstable_by_key(|d| std::cmp::Reverse(d.1));
             FleetBucket {
                 checked: n,
                 limited: denied,

@@ -379,11 +379,18 @@ fn a_fall_back_guard_is_checked_at_build_naming_the_field() {
         let p = Policy::from_toml_str(text)?;
         RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new())
     };
-    build(&tier(
+    let layer = build(&tier(
         "fallback = 'shadow'\nbucket = '2s'\nconfirm = 3",
         true,
     ))
     .unwrap();
+    let guarded: Vec<String> = layer
+        .handle()
+        .guard_views()
+        .into_iter()
+        .map(|g| g.tier)
+        .collect();
+    assert_eq!(guarded, ["ip"]);
     for (guard, control, want) in [
         ("fallback = 'shadow'", false, "tier \"ip\": guard: the fall back guard counts and acts fleet-wide through the control key: set a control key (`control_key`, a policy's [control]) on a Redis backend"),
         ("fallback = 'shadow'\nbucket = '500ms'", true, "tier \"ip\": guard.bucket: at least 1s"),
