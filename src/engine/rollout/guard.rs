@@ -302,9 +302,10 @@ pub(crate) async fn guard(
             }
         };
         let mode = tier_mode(shared, i);
-        let judgement = {
+        let (judgement, before) = {
             let mut j = g.judged.lock().unwrap_or_else(|e| e.into_inner());
             j.leader = lead;
+            let before = j.last.and_then(|l| l.cause);
             if judged > j.bucket {
                 j.bucket = judged;
                 let b = parse_bucket(&fields);
@@ -313,18 +314,19 @@ pub(crate) async fn guard(
                 if verdict.is_some() {
                     j.last = verdict;
                 }
-                verdict
+                (verdict, before)
             } else {
-                None
+                (None, before)
             }
         };
         let Some(v) = judgement else {
             continue;
         };
-        if v.cause.is_some_and(|c| c != Cause::Limiter) {
+        // Logged when the cause changes, not at every bucket.
+        if v.cause != before {
             tracing::info!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier,
                 cause = v.cause.map_or("none", Cause::name), evidence = v.evidence(),
-                "fall back guard: the 429 rate is out of its band, not the limiter's doing");
+                "fall back guard: the fleet's 429 rate changed cause (none: inside its band)");
         }
         let enforcing = matches!(mode, Mode::Enforce | Mode::Canary { .. });
         if v.fall_back && lead && enforcing {
