@@ -83,6 +83,19 @@ impl EngineBuilder {
                     reason,
                 };
                 guard.validate().map_err(refused)?;
+                if let Some(c) = self
+                    .control
+                    .as_ref()
+                    .filter(|c| guard.bucket < c.poll_interval)
+                {
+                    return Err(refused((
+                        "guard.bucket".into(),
+                        format!(
+                            "at least the control key's poll interval ({}): every instance adds its counts once a poll",
+                            humantime::format_duration(c.poll_interval)
+                        ),
+                    )));
+                }
                 if self.control.is_none() {
                     return Err(refused((
                         "guard".into(),

@@ -380,7 +380,7 @@ fn a_fall_back_guard_is_checked_at_build_naming_the_field() {
         RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new())
     };
     let layer = build(&tier(
-        "fallback = 'shadow'\nbucket = '2s'\nconfirm = 3",
+        "fallback = 'shadow'\nbucket = '5s'\nconfirm = 3",
         true,
     ))
     .unwrap();
@@ -394,6 +394,7 @@ fn a_fall_back_guard_is_checked_at_build_naming_the_field() {
     for (guard, control, want) in [
         ("fallback = 'shadow'", false, "tier \"ip\": guard: the fall back guard counts and acts fleet-wide through the control key: set a control key (`control_key`, a policy's [control]) on a Redis backend"),
         ("fallback = 'shadow'\nbucket = '500ms'", true, "tier \"ip\": guard.bucket: at least 1s"),
+        ("fallback = 'shadow'\nbucket = '3s'", true, "tier \"ip\": guard.bucket: at least the control key's poll interval (5s): every instance adds its counts once a poll"),
         ("fallback = 'shadow'\nk = 0.0", true, "tier \"ip\": guard.k: a number greater than 0"),
         ("fallback = 'shadow'\nconfirm = 0", true, "tier \"ip\": guard.confirm: at least 1"),
         ("fallback = 'shadow'\nsurge_factor = 1.0", true, "tier \"ip\": guard.surge_factor: a factor greater than 1"),

@@ -63,7 +63,7 @@ pub struct FallbackGuard {
     /// Where the tier goes (`"shadow"`, the only choice).
     pub fallback: Fallback,
     /// The length of a bucket of the fleet-wide counts (humantime; default
-    /// 5 s).
+    /// 5 s; at least 1 s and the control key's poll interval).
     #[serde(default = "default_bucket", with = "humantime_serde")]
     pub bucket: Duration,
     /// How many standard deviations of its baseline the 429 rate may move
