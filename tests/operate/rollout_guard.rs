@@ -212,6 +212,14 @@ async fn a_quota_ten_times_too_low_falls_back_to_shadow_on_every_instance_within
     }
     let took = t0.elapsed();
     eprintln!("fell back on every instance {took:?} after the wrong quota");
+    for n in &nodes {
+        let g = guard_of(n.addr).await;
+        assert_eq!(g["cause"], "limiter", "{g}");
+        let a = api_get(n.addr, "/api/anomalies").await;
+        for s in a["anomalies"].as_array().unwrap() {
+            assert_eq!(s["cause"], "limiter", "{s}");
+        }
+    }
     // The denylisted client stays refused.
     let res = client()
         .get(format!("http://{}/", addrs[1]))
