@@ -45,3 +45,50 @@ impl RedisBackend {
         Ok((lead == 1, fields))
     }
 }
+
+/// `lua/stage.lua`.
+fn stage_script() -> &'static ::redis::Script {
+    static SCRIPT: std::sync::OnceLock<::redis::Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| ::redis::Script::new(include_str!("../../../lua/stage.lua")))
+}
+
+impl RedisBackend {
+    /// Runs `lua/stage.lua` on `keys` (the stage's totals, its map of
+    /// keys, this instance's scratch key: one hash slot): adds `requests`
+    /// and `enforced`, ORs `map` (empty: unchanged) in. Answers the stage's
+    /// fleet-wide checks, enforced checks and bits set in its map.
+    pub(crate) async fn stage_flush(
+        &self,
+        keys: [&str; 3],
+        requests: u64,
+        enforced: u64,
+        map: &[u8],
+        ttl_s: u64,
+    ) -> Result<(u64, u64, u64), BackendError> {
+        let script = stage_script();
+        let build = |with_source: bool| {
+            let mut cmd = if with_source {
+                let mut c = ::redis::cmd("EVAL");
+                c.arg(include_str!("../../../lua/stage.lua"));
+                c
+            } else {
+                let mut c = ::redis::cmd("EVALSHA");
+                c.arg(script.get_hash());
+                c
+            };
+            cmd.arg(3)
+                .arg(keys[0])
+                .arg(keys[1])
+                .arg(keys[2])
+                .arg(requests)
+                .arg(enforced)
+                .arg(map)
+                .arg(ttl_s);
+            cmd
+        };
+        let mut target = self.target().await?;
+        self.call_on(&mut target, keys[0], script, build)
+            .await
+            .map_err(|e| self.error(e))
+    }
+}
