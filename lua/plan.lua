@@ -9,7 +9,9 @@
 -- ARGV[3]  the calling instance's id (no spaces)
 -- ARGV[4]  the plan version the caller read (0: no plan stored)
 -- ARGV[5]  the action: start | pause | resume | abort | tick | renew |
---          fallback (renew: the lease only, the gates not asked yet)
+--          fallback | guard (renew: the lease only, the gates not asked
+--          yet; guard: the fall back guard's, under its own lease, on a
+--          tier with or without a plan)
 -- ARGV[6]  tick: the lease beat the caller saw unchanged for a lease's
 --          lifetime ("" when the caller believes it holds the lease)
 -- ARGV[7]  tick: the gate that holds ("" when every gate passes);
@@ -125,6 +127,22 @@ elseif op == 'abort' then
   s.holding = ''
   redis.call('HSET', KEYS[1], 'tier:' .. ARGV[2], stage_mode(0))
   log('abort', ARGV[7])
+  s.version = s.version + 1
+  return store(1)
+elseif op == 'guard' then
+  -- The tier to shadow fleet-wide and its plan (running or paused)
+  -- stopped, once: nothing to do when the tier's fleet mode is shadow.
+  local mode = 'tier:' .. ARGV[2]
+  if redis.call('HGET', KEYS[1], mode) == 'shadow' then return {0, raw or ''} end
+  redis.call('HSET', KEYS[1], mode, 'shadow')
+  log('fallback', ARGV[7])
+  if not raw then return {1, ''} end
+  if s.status == 'running' or s.status == 'paused' then
+    s.status = 'fellback'
+    s.next_at = 0
+    s.paused = 0
+    s.holding = ''
+  end
   s.version = s.version + 1
   return store(1)
 end

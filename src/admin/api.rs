@@ -22,10 +22,52 @@ pub(super) async fn api_status(State(admin): State<Arc<Admin>>) -> Response {
 }
 
 pub(super) async fn api_anomalies(State(admin): State<Arc<Admin>>) -> Response {
+    let guards = admin.handle.guard_views();
+    let mut anomalies = anomalies_json(&admin.handle.anomalies());
+    for a in &mut anomalies {
+        let cause = guards
+            .iter()
+            .find(|g| a["tier"] == g.tier.as_str())
+            .and_then(|g| g.last.and_then(|j| j.cause))
+            .map(|c| c.name());
+        a["cause"] = json!(cause);
+    }
     json_response(
         StatusCode::OK,
-        &json!({ "anomalies": anomalies_json(&admin.handle.anomalies()) }),
+        &json!({
+            "anomalies": anomalies,
+            "guards": guards.iter().map(guard_json).collect::<Vec<_>>(),
+        }),
     )
+}
+
+/// A guarded tier's last judged bucket: its `cause` (`limiter`, `abuse`,
+/// `surge`, `unknown`; `null` inside the band) and the numbers it was
+/// decided on.
+fn guard_json(g: &crate::engine::rollout::GuardView) -> Value {
+    let mut v =
+        json!({ "tier": g.tier, "leader": g.leader, "cause": Value::Null, "judged": false });
+    if let Some(j) = &g.last {
+        v["judged"] = json!(true);
+        v["cause"] = json!(j.cause.map(|c| c.name()));
+        v["alerting"] = json!(j.cause.is_some());
+        v["rate"] = json!(j.rate);
+        v["mean"] = json!(j.mean);
+        v["sigma"] = json!(j.sigma);
+        v["checked"] = json!(j.checked);
+        v["request_rate"] = json!(j.request_rate);
+        v["request_mean"] = json!(j.request_mean);
+        v["denied_keys"] = json!(j.denied_keys);
+        v["top5_share"] = json!(j.top_share);
+        v["rest_rate"] = json!(j.rest.0);
+        v["rest_mean"] = json!(j.rest.1);
+        v["streak"] = json!(j.streak);
+        if let Some((e, s)) = j.cohorts {
+            v["enforced_rate"] = json!(e);
+            v["shadowed_rate"] = json!(s);
+        }
+    }
+    v
 }
 
 pub(super) async fn api_history(

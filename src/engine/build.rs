@@ -64,6 +64,7 @@ impl EngineBuilder {
         let mut runtime = Vec::with_capacity(self.tiers.len());
         let mut leases = Vec::with_capacity(self.tiers.len());
         let mut plans = Vec::with_capacity(self.tiers.len());
+        let mut guards = Vec::with_capacity(self.tiers.len());
         for t in self.tiers {
             if let Some(plan) = &t.rollout {
                 let refused = |(field, reason)| ConfigError::RolloutPlan {
@@ -79,7 +80,35 @@ impl EngineBuilder {
                     )));
                 }
             }
+            if let Some(guard) = &t.guard {
+                let refused = |(field, reason)| ConfigError::RolloutPlan {
+                    tier: t.name.clone(),
+                    field,
+                    reason,
+                };
+                guard.validate().map_err(refused)?;
+                if let Some(c) = self
+                    .control
+                    .as_ref()
+                    .filter(|c| guard.bucket < c.poll_interval)
+                {
+                    return Err(refused((
+                        "guard.bucket".into(),
+                        format!(
+                            "at least the control key's poll interval ({}): every instance adds its counts once a poll",
+                            humantime::format_duration(c.poll_interval)
+                        ),
+                    )));
+                }
+                if self.control.is_none() {
+                    return Err(refused((
+                        "guard".into(),
+                        "the fall back guard counts and acts fleet-wide through the control key: set a control key (`control_key`, a policy's [control]) on a Redis backend".into(),
+                    )));
+                }
+            }
             plans.push(t.rollout.clone());
+            guards.push(t.guard.clone());
             let (built, rt, lease) = compile_tier(
                 t,
                 &mut seen,
@@ -204,7 +233,7 @@ impl EngineBuilder {
                 }),
                 control_started: std::sync::OnceLock::new(),
                 fleet: super::settings::FleetSettings::default(),
-                plans: super::rollout::Plans::new(plans),
+                plans: super::rollout::Plans::new(plans, guards),
             },
             guards: Guards {
                 breaker: Breaker::new(self.circuit_breaker),

@@ -160,6 +160,9 @@ pub(crate) fn cache_blocked(
                 .telemetry
                 .observer
                 .sketch(tier, Kind::Blocked, part, checks[i].cost, now_s);
+            if let Some(g) = shared.live.plans.guarded(tier) {
+                g.denied(part);
+            }
         }
     }
     let wait = d.until_us.saturating_sub(now_us);

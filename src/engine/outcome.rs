@@ -264,6 +264,11 @@ pub(crate) fn observe_decisions(
         let part = part
             .strip_suffix(crate::algorithm::PENALTY_KEY_SUFFIX)
             .unwrap_or(part);
+        if !d.allowed {
+            if let Some(g) = shared.live.plans.guarded(tier) {
+                g.denied(part);
+            }
+        }
         // A tier not enforced for the key (shadow, a canary's other keys)
         // did not refuse it: its would-be denial is counted apart.
         let kind = if d.allowed {

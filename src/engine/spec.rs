@@ -55,6 +55,8 @@ pub(crate) struct TierSpec {
     pub(crate) rollout: Option<crate::rollout::RolloutPlan>,
     /// Its candidate quotas, at most four (`engine/candidates.rs`).
     pub(crate) candidates: Vec<Quota>,
+    /// Its automatic fall back to shadow (`engine/rollout/guard.rs`).
+    pub(crate) guard: Option<crate::rollout::FallbackGuard>,
 }
 
 impl TierSpec {
@@ -84,6 +86,7 @@ impl TierSpec {
             weighted: false,
             rollout: None,
             candidates: Vec::new(),
+            guard: None,
         }
     }
 }

@@ -262,6 +262,7 @@ pub(crate) fn start(shared: &Arc<Shared>) {
                     Ok(Ok(fields)) => {
                         store(&shared, &key, &fields, Some(&mut seen));
                         super::rollout::drive(&shared, &redis, &key, &fields, interval).await;
+                        super::rollout::guard(&shared, &redis, &key, interval).await;
                     }
                     Ok(Err(e)) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, error = %e, "control key: poll failed; keeping the current mode overrides"),
                     Err(_) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, "control key: poll timed out; keeping the current mode overrides"),

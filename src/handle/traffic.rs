@@ -156,6 +156,20 @@ impl RateLimitHandle {
         self.shared.telemetry.observer.anomalies()
     }
 
+    /// Every guarded tier's fall back guard as this instance judged it
+    /// (`GET /api/anomalies`' `guards`).
+    pub(crate) fn guard_views(&self) -> Vec<crate::engine::rollout::GuardView> {
+        let shared = &self.shared;
+        shared
+            .live
+            .plans
+            .guards
+            .iter()
+            .zip(shared.config.tiers.iter())
+            .filter_map(|(g, t)| g.as_ref().map(|g| g.view(&t.name)))
+            .collect()
+    }
+
     /// The last hour of a tier's counts, one bucket per anomaly bucket (a
     /// minute by default), oldest first. `None` for an unknown tier.
     pub fn history(&self, tier: &str) -> Option<Vec<BucketCounts>> {

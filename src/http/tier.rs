@@ -51,6 +51,7 @@ pub struct Tier {
     pub(crate) quota_unit: Option<crate::response::QuotaUnit>,
     pub(crate) rollout: Option<crate::rollout::RolloutPlan>,
     pub(crate) candidates: Vec<Quota>,
+    pub(crate) guard: Option<crate::rollout::FallbackGuard>,
 }
 
 impl fmt::Debug for Tier {
@@ -74,6 +75,7 @@ impl fmt::Debug for Tier {
             .field("priced", &self.priced)
             .field("rollout", &self.rollout)
             .field("candidates", &self.candidates)
+            .field("guard", &self.guard)
             .finish_non_exhaustive()
     }
 }
@@ -104,6 +106,7 @@ impl Tier {
             quota_unit: None,
             rollout: None,
             candidates: Vec::new(),
+            guard: None,
         }
     }
 
@@ -283,6 +286,22 @@ impl Tier {
     /// ```
     pub fn candidates(mut self, quotas: impl IntoIterator<Item = Quota>) -> Self {
         self.candidates = quotas.into_iter().collect();
+        self
+    }
+
+    /// The tier's automatic fall back to shadow (see
+    /// [`FallbackGuard`](crate::rollout::FallbackGuard)): when its 429 rate
+    /// leaves its band at normal traffic, spread over many keys, the tier
+    /// goes to shadow fleet-wide and its plan stops. Needs a
+    /// [`ControlKey`](crate::handle::ControlKey): `build()` refuses a guard
+    /// without one, naming the field.
+    ///
+    /// ```
+    /// use tiered_ratelimit::{key::User, rollout::FallbackGuard, Quota, Tier};
+    /// let tier = Tier::new("user", User, Quota::per_minute(60)).guard(FallbackGuard::shadow());
+    /// ```
+    pub fn guard(mut self, guard: crate::rollout::FallbackGuard) -> Self {
+        self.guard = Some(guard);
         self
     }
 

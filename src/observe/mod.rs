@@ -21,6 +21,7 @@ mod counts;
 pub mod demand;
 pub(crate) mod fleet;
 pub(crate) mod fleet_candidates;
+pub(crate) mod guard;
 pub(crate) mod recorder;
 pub(crate) mod topn;
 

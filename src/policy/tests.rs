@@ -437,3 +437,51 @@ fn candidates_are_read_and_checked_naming_the_field() {
         );
     }
 }
+
+/// `[tier.guard]`: builds with a `[control]` table (with or without a
+/// plan); `build()` refuses a wrong one naming the field, and the file
+/// refuses any fall back but shadow.
+#[test]
+fn a_fall_back_guard_is_checked_at_build_naming_the_field() {
+    let tier = |guard: &str, control: bool| {
+        format!(
+            "{}[[tier]]\nname = 'ip'\nkey = 'ip'\nlimit = 5\nperiod = '1m'\n[tier.guard]\n{guard}\n",
+            if control { "[control]\nredis_key = 'rl:control'\n" } else { "" }
+        )
+    };
+    let build = |text: &str| {
+        let p = Policy::from_toml_str(text)?;
+        RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new())
+    };
+    let layer = build(&tier(
+        "fallback = 'shadow'\nbucket = '5s'\nconfirm = 3",
+        true,
+    ))
+    .unwrap();
+    let guarded: Vec<String> = layer
+        .handle()
+        .guard_views()
+        .into_iter()
+        .map(|g| g.tier)
+        .collect();
+    assert_eq!(guarded, ["ip"]);
+    for (guard, control, want) in [
+        ("fallback = 'shadow'", false, "tier \"ip\": guard: the fall back guard counts and acts fleet-wide through the control key: set a control key (`control_key`, a policy's [control]) on a Redis backend"),
+        ("fallback = 'shadow'\nbucket = '500ms'", true, "tier \"ip\": guard.bucket: at least 1s"),
+        ("fallback = 'shadow'\nbucket = '3s'", true, "tier \"ip\": guard.bucket: at least the control key's poll interval (5s): every instance adds its counts once a poll"),
+        ("fallback = 'shadow'\nk = 0.0", true, "tier \"ip\": guard.k: a number greater than 0"),
+        ("fallback = 'shadow'\nconfirm = 0", true, "tier \"ip\": guard.confirm: at least 1"),
+        ("fallback = 'shadow'\nsurge_factor = 1.0", true, "tier \"ip\": guard.surge_factor: a factor greater than 1"),
+    ] {
+        let err = build(&tier(guard, control)).unwrap_err().to_string();
+        assert_eq!(err, want, "{guard}");
+    }
+    for (guard, what) in [
+        ("fallback = 'off'", "guard.fallback: \"off\": the only fall back is \"shadow\" (never off, never the denylist)"),
+        ("bucket = '2s'", "missing field `fallback`"),
+        ("fallback = 'shadow'\nkk = 4", "unknown field `kk`"),
+    ] {
+        let err = build(&tier(guard, true)).unwrap_err().to_string();
+        assert!(err.contains(what), "{guard}: {err}");
+    }
+}

@@ -113,6 +113,13 @@ pub struct TierPolicy {
     /// `build()`, naming `candidates[i]`.
     #[serde(default)]
     pub candidates: Vec<CandidatePolicy>,
+    /// The automatic fall back to shadow (`[tier.guard]`: `fallback =
+    /// "shadow"`, then optional `bucket`, `k`, `confirm`, `warmup`,
+    /// `min_sigma`, `min_requests`, `min_denied_keys`, `surge_factor`; see
+    /// [`FallbackGuard`](crate::rollout::FallbackGuard)). Checked by
+    /// `build()`, which also needs a `[control]` table.
+    #[serde(default)]
+    pub guard: Option<crate::rollout::FallbackGuard>,
 }
 
 /// One candidate quota of a `[[tier]]` (see [`TierPolicy::candidates`]).
@@ -351,6 +358,9 @@ impl TierPolicy {
                 field: "rollout_gates".into(),
                 reason: "gates without a plan: add `rollout = [...]`".into(),
             });
+        }
+        if let Some(g) = &self.guard {
+            tier = tier.guard(g.clone());
         }
         if let Some(p) = &self.priced {
             let (estimate, actual) = p.compile(&self.name)?;

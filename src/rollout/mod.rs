@@ -31,10 +31,12 @@
 //! first, so a client on both lists is refused. The global `Mode::Off` (the
 //! kill switch) turns everything off, the denylist included.
 
+mod fallback;
 mod lists;
 mod plan;
 mod status;
 
+pub use fallback::{Fallback, FallbackGuard};
 pub use lists::{AccessList, DenyStatus, ListEntries, ListKind};
 pub(crate) use lists::{AccessLists, Lists, Standing};
 #[cfg_attr(not(feature = "redis"), allow(unused_imports))]

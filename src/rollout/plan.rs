@@ -66,10 +66,10 @@ pub type Guard =
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
 pub struct RolloutGates {
-    /// Checks of the tier the leader saw in the stage, at least (default 0).
+    /// Checks of the tier the fleet saw in the stage, at least (default 0).
     #[serde(default)]
     pub min_requests: u64,
-    /// Distinct keys of the tier the leader saw in the stage, at least
+    /// Distinct keys of the tier the fleet saw in the stage, at least
     /// (default 0; counted exactly up to 65 536).
     #[serde(default)]
     pub min_keys: u64,
@@ -123,11 +123,9 @@ pub(crate) const LEASE_POLLS: u32 = 3;
 /// .min_keys(50);
 /// ```
 ///
-/// # Deployment caveat
-/// The gates read the leader's own traffic (this process's checks of the
-/// tier during the stage), not the fleet's: behind an even load balancer
-/// the leader sees about 1/N of the requests, so set `min_requests` and
-/// `min_keys` for one instance's share.
+/// The gates read the fleet's stage: every instance adds its checks of
+/// the tier (and its map of keys seen) to the stage's totals in Redis at
+/// each poll where it has any, and the leader reads the sum.
 #[derive(Clone)]
 #[must_use]
 pub struct RolloutPlan {

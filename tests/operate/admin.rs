@@ -388,7 +388,8 @@ async fn top_history_and_anomalies_json(env: Env) {
     let (status, a) = api_get(addr, "/api/anomalies").await;
     assert_eq!(status, StatusCode::OK);
     // Fewer than min_requests (20) in the bucket: no baseline yet.
-    assert_eq!(a, json!({"anomalies": []}));
+    // No tier is guarded: no guards.
+    assert_eq!(a, json!({"anomalies": [], "guards": []}));
 }
 
 /// At a 10 % canary, the keys the tier refused and the keys it would have

@@ -14,6 +14,8 @@ mod overrides;
 mod overrides_admin;
 mod rollout;
 mod rollout_gates;
+mod rollout_guard;
+mod rollout_kill;
 mod rollout_plan;
 mod rollout_plan_cas;
 mod suggest;

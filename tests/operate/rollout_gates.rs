@@ -1,7 +1,8 @@
 //! A rollout plan's gates (`src/engine/rollout/gates.rs`), three instances
 //! on one real Redis over HTTP: a stage whose time has passed holds while
-//! the leader has seen too few checks or keys, says so in `holding` on
-//! every instance, and advances once it has; a heavy key in the 1 %
+//! the fleet has seen too few checks or keys, says so in `holding` on
+//! every instance, and advances once it has (the keys that complete the
+//! floor reach the leader through the other instances); a heavy key in the 1 %
 //! canary cohort holds the plan with its reason; the application guard
 //! holds, or steps the tier back to shadow and stops the plan.
 
@@ -100,10 +101,14 @@ async fn the_sample_floor_and_a_heavy_canary_key_hold_the_plan_with_their_reason
         assert_eq!(p["stage"], 0);
         assert_eq!(p["holding"], "min_keys: fewer than 5 keys in the stage");
     }
-    for k in &plain[1..5] {
-        send(a.addr, k, 1).await;
+    // The other keys through the other instances: the gates count the
+    // fleet's stage (each instance adds its counts at its poll, the leader
+    // reads the sum at its own), so they reach the leader within a poll
+    // of theirs.
+    for (n, k) in plain[1..5].iter().enumerate() {
+        send([&b, &c][n % 2].addr, k, 1).await;
     }
-    until(&redis, POLL + LAG, "the step", |s| s.1 == 1).await;
+    until(&redis, 2 * POLL + LAG, "the step", |s| s.1 == 1).await;
     assert_eq!(holding(&redis), "");
 
     // canary:1: one heavy key of the enforced cohort, a few others.

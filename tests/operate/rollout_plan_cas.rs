@@ -6,7 +6,9 @@
 //! lease held by another with a beat that moved changes nothing, a stage
 //! advances only by one, only when due and only with the gates passing,
 //! the tier's mode field always follows the stage, and the log holds one
-//! entry per change.
+//! entry per change. The fall back guard's step (`guard`, under its own
+//! lease, not the plan's) is fenced by the version too, puts the mode in
+//! shadow once, and stops a running or paused plan (`fellback`).
 
 use crate::support::*;
 use proptest::prelude::*;
@@ -37,7 +39,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             4 => (0usize..3).prop_map(Op::Read),
             6 => ((0usize..3), prop::bool::weighted(0.8)).prop_map(|(i, p)| Op::Tick(i, p)),
             2 => (0usize..3).prop_map(Op::Renew),
-            1 => ((0usize..3), prop::sample::select(vec!["start", "pause", "resume", "abort"]))
+            1 => ((0usize..3), prop::sample::select(vec!["start", "pause", "resume", "abort", "guard"]))
                 .prop_map(|(i, a)| Op::Act(i, a)),
             3 => (0u64..=250).prop_map(Op::Wait),
         ],
@@ -172,6 +174,31 @@ proptest! {
                         continue;
                     }
                 }
+                if let (Op::Act(_, "guard"), 1) = (op, code) {
+                    let mode: Option<String> = redis::cmd("HGET").arg("rl:control").arg("tier:ip").query(&mut c).unwrap();
+                    prop_assert_eq!(mode.as_deref(), Some("shadow"));
+                    match (&before, &after) {
+                        // No plan stored: the mode alone (and the log).
+                        (None, None) => {}
+                        (Some(_), Some(a)) => {
+                            changes += 1;
+                            prop_assert_eq!(a.0, version + 1);
+                            prop_assert_eq!(a.1, stage);
+                            let want = if status == "running" || status == "paused" { "fellback" } else { status.as_str() };
+                            prop_assert_eq!(a.2.as_str(), want);
+                        }
+                        other => prop_assert!(false, "{:?}", other),
+                    }
+                    snapshot[i] = after;
+                    continue;
+                }
+                if let (Op::Act(_, "guard"), 0) = (op, code) {
+                    // The mode was shadow already: nothing written.
+                    let mode: Option<String> = redis::cmd("HGET").arg("rl:control").arg("tier:ip").query(&mut c).unwrap();
+                    prop_assert_eq!(mode.as_deref(), Some("shadow"));
+                    prop_assert_eq!(&after, &before);
+                    continue;
+                }
                 match code {
                     1 => {
                         changes += 1;
@@ -188,6 +215,7 @@ proptest! {
                         let mode: Option<String> = redis::cmd("HGET").arg("rl:control").arg("tier:ip").query(&mut c).unwrap();
                         let want = match a.2.as_str() {
                             "aborted" => MODES[0],
+                            "fellback" => "shadow",
                             _ => MODES[a.1 as usize],
                         };
                         prop_assert_eq!(mode.as_deref(), Some(want));

@@ -101,7 +101,9 @@ use redis::aio::MultiplexedConnection;
 use tiered_ratelimit::backend::{Backend, MemoryBackend, RedisBackend};
 use tiered_ratelimit::handle::ControlError;
 use tiered_ratelimit::key::{storage_key_part, ClientIp, Endpoint, Global, User, UNMATCHED_ROUTE};
-use tiered_ratelimit::rollout::{GuardVerdict, Mode, PlanAction, RolloutPlan, Stage};
+use tiered_ratelimit::rollout::{
+    FallbackGuard, GuardVerdict, Mode, PlanAction, RolloutPlan, Stage,
+};
 use tiered_ratelimit::token_lease::TokenLease;
 use tiered_ratelimit::{key::UserId, Quota, RateLimitLayer, Tier};
 use tower_governor::governor::GovernorConfigBuilder;
@@ -442,7 +444,11 @@ fn ours_leased(backend: Backend, tiers: usize, c: &Config, leased: &[&str]) -> R
         .map(|k| Quota::new(ip.limit() + k, ip.period()).burst(ip.burst_size()))
         .collect();
     let tier = |t: Tier| {
-        let t = if planned { t.rollout(bench_plan()) } else { t };
+        let t = if planned {
+            t.rollout(bench_plan()).guard(FallbackGuard::shadow())
+        } else {
+            t
+        };
         let t = if t.name() == "ip" && !candidates.is_empty() {
             t.candidates(candidates.iter().copied())
         } else {

@@ -25,6 +25,7 @@ mod cluster;
 mod connection;
 mod control;
 mod demand;
+mod guard;
 mod overrides;
 mod peek;
 mod plan;

@@ -27,6 +27,7 @@ pub(crate) async fn drive(
     let previous = plans.read.load_full();
     let states = read_states(shared, fields, &previous);
     store_states(shared, states.clone());
+    super::gates::flush_stages(shared, redis, key, &states, poll).await;
     for (i, state) in states.iter().enumerate() {
         let Some(plan) = &plans.configured[i] else {
             continue;

@@ -1,7 +1,10 @@
-//! The gates a stage passes before the next one, read by the leader from
-//! this process's own view of the stage: the sample floor (checks and
-//! distinct keys), the enforced cohort's share of the checks, the check
-//! latency's p99 against the stage before's, and the application guard.
+//! The gates a stage passes before the next one, read by the leader: the
+//! sample floor (checks and distinct keys) and the enforced cohort's share
+//! of the checks, of the fleet's stage (`flush_stages`, `lua/stage.lua`:
+//! each instance adds its counts and ORs its map of keys into
+//! `{<control>}:stage:<tier>:<since_us>` at each poll where it has any),
+//! the check latency's p99 (the leader's own) against the stage before's,
+//! and the application guard.
 //!
 //! While a plan runs, each check of its tier adds to [`StageStats`]
 //! (a hash of the key, two striped counters and a bit in a 64 Kbit map of
@@ -31,6 +34,22 @@ pub(crate) struct StageStats {
     active: AtomicBool,
     stripes: [Stripe; STRIPES],
     keys: Box<[AtomicU64]>,
+    /// What was last added to the fleet's stage: (the stage's `since_us`,
+    /// checks, enforced, bits set in the map).
+    flushed: std::sync::Mutex<(u64, u64, u64, u64)>,
+    /// The fleet's stage as the last flush answered it.
+    fleet: std::sync::Mutex<Option<FleetStage>>,
+}
+
+/// A stage's counts summed over the fleet (`lua/stage.lua`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FleetStage {
+    /// The stage's `since_us` (which stage these are of).
+    since_us: u64,
+    requests: u64,
+    enforced: u64,
+    /// Bits set in the OR of every instance's map of keys.
+    bits: u64,
 }
 
 impl Default for StageStats {
@@ -39,6 +58,8 @@ impl Default for StageStats {
             active: AtomicBool::new(false),
             stripes: Default::default(),
             keys: (0..KEY_BITS / 64).map(|_| AtomicU64::new(0)).collect(),
+            flushed: std::sync::Mutex::new((0, 0, 0, 0)),
+            fleet: std::sync::Mutex::new(None),
         }
     }
 }
@@ -84,7 +105,7 @@ impl StageStats {
     }
 
     /// Checks and checks in the enforced cohort so far in the stage.
-    fn counts(&self) -> (u64, u64) {
+    pub(crate) fn counts(&self) -> (u64, u64) {
         self.stripes.iter().fold((0, 0), |(r, e), s| {
             (r + s.requests.load(Relaxed), e + s.enforced.load(Relaxed))
         })
@@ -94,12 +115,132 @@ impl StageStats {
     /// (exact while the keys' bits do not collide, within about 1 % up to
     /// 100 000 keys; the map's size, 65 536 × ln 65 536, when it is full).
     fn keys(&self) -> u64 {
-        let set: u32 = self.keys.iter().map(|w| w.load(Relaxed).count_ones()).sum();
-        let m = KEY_BITS as f64;
-        let zero = (m - f64::from(set)).max(1.0);
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        let n = (-m * (zero / m).ln()).round() as u64;
-        n
+        keys_of(self.bits())
+    }
+
+    /// Bits set in the map of keys.
+    fn bits(&self) -> u64 {
+        self.keys
+            .iter()
+            .map(|w| u64::from(w.load(Relaxed).count_ones()))
+            .sum()
+    }
+
+    /// The map of keys as bytes (8 KiB), for the fleet's OR.
+    fn map(&self) -> Vec<u8> {
+        self.keys
+            .iter()
+            .flat_map(|w| w.load(Relaxed).to_le_bytes())
+            .collect()
+    }
+
+    /// The fleet's (checks, enforced, keys) of the stage that began at
+    /// `since_us`, when a flush answered them.
+    fn fleet(&self, since_us: u64) -> Option<(u64, u64, u64)> {
+        let f = (*self.fleet.lock().unwrap_or_else(|e| e.into_inner()))?;
+        (f.since_us == since_us).then(|| (f.requests, f.enforced, keys_of(f.bits)))
+    }
+}
+
+/// Distinct keys of a map with `set` bits set: linear counting.
+fn keys_of(set: u64) -> u64 {
+    let m = KEY_BITS as f64;
+    #[allow(clippy::cast_precision_loss)] // at most 65 536
+    let zero = (m - set as f64).max(1.0);
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let n = (-m * (zero / m).ln()).round() as u64;
+    n
+}
+
+/// `{<control>}:stage:<tier>:<since_us>` and its suffixes, in the control
+/// key's slot.
+fn stage_key(control: &str, tier: &str, since_us: u64, suffix: &str) -> String {
+    let log = super::log_key(control);
+    let base = log.strip_suffix(":rollout").unwrap_or(&log);
+    format!("{base}:stage:{tier}:{since_us}{suffix}")
+}
+
+/// How long a stage's fleet counts are kept after their last flush.
+#[cfg(feature = "redis")]
+const STAGE_TTL_S: u64 = 8 * 24 * 3600;
+
+/// Every instance's work at each poll for each running plan: adds its
+/// checks of the stage since its last poll to the fleet's (and ORs its map
+/// of keys into the fleet's), in one call, and keeps the fleet's totals it
+/// answers for the gates. An instance with nothing to add makes no call,
+/// but the leader of a stage that is due reads the totals so. Runs after the states read are stored (a new
+/// stage's statistics already start from zero).
+#[cfg(feature = "redis")]
+pub(crate) async fn flush_stages(
+    shared: &Shared,
+    redis: &crate::backend::RedisBackend,
+    key: &str,
+    states: &[Stored],
+    poll: Duration,
+) {
+    let plans = &shared.live.plans;
+    for (i, state) in states.iter().enumerate() {
+        let Some(stats) = plans.stats.get(i).and_then(Option::as_ref) else {
+            continue;
+        };
+        if !state.running() {
+            continue;
+        }
+        let since = state.since_us;
+        let (requests, enforced) = stats.counts();
+        let bits = stats.bits();
+        let before = {
+            let mut f = stats.flushed.lock().unwrap_or_else(|e| e.into_inner());
+            if f.0 != since {
+                *f = (since, 0, 0, 0);
+            }
+            *f
+        };
+        let map = if bits != before.3 {
+            stats.map()
+        } else {
+            Vec::new()
+        };
+        // Nothing to add: no call, unless this instance leads a stage that
+        // is due (its gates read the fleet's totals now).
+        let leads_due = state.leader == plans.instance
+            && state.next_at_us > 0
+            && shared.local_clock.now_us() + u64::try_from(poll.as_micros()).unwrap_or(u64::MAX)
+                >= state.next_at_us;
+        if requests == before.1 && enforced == before.2 && map.is_empty() && !leads_due {
+            continue;
+        }
+        let tier = &shared.config.tiers[i].name;
+        let keys = [
+            stage_key(key, tier, since, ""),
+            stage_key(key, tier, since, ":keys"),
+            stage_key(key, tier, since, &format!(":scratch:{}", plans.instance)),
+        ];
+        let call = redis.stage_flush(
+            [&keys[0], &keys[1], &keys[2]],
+            requests.saturating_sub(before.1),
+            enforced.saturating_sub(before.2),
+            &map,
+            STAGE_TTL_S,
+        );
+        match tokio::time::timeout(poll.max(Duration::from_millis(100)), call).await {
+            Ok(Ok((r, e, b))) => {
+                *stats.flushed.lock().unwrap_or_else(|e| e.into_inner()) =
+                    (since, requests, enforced, bits);
+                *stats.fleet.lock().unwrap_or_else(|e| e.into_inner()) = Some(FleetStage {
+                    since_us: since,
+                    requests: r,
+                    enforced: e,
+                    bits: b,
+                });
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier, error = %e,
+                    "rollout plan: adding this instance's stage counts failed; trying again at the next poll")
+            }
+            Err(_) => tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier,
+                "rollout plan: adding this instance's stage counts timed out; trying again at the next poll"),
+        }
     }
 }
 
@@ -209,8 +350,14 @@ pub(crate) async fn evaluate(
 ) -> Verdict {
     let tier = &shared.config.tiers[i].name;
     let plans = &shared.live.plans;
-    let (requests, enforced) = plans.stats[i].as_ref().map_or((0, 0), StageStats::counts);
-    let keys = plans.stats[i].as_ref().map_or(0, StageStats::keys);
+    // The fleet's stage as this instance's last flush answered it; its own
+    // counts before any (no Redis, a failed flush).
+    let (requests, enforced, keys) = plans.stats[i].as_ref().map_or((0, 0, 0), |s| {
+        s.fleet(state.since_us).unwrap_or_else(|| {
+            let (r, e) = s.counts();
+            (r, e, s.keys())
+        })
+    });
     let p99 = plans.latency.p99_us();
     let before = plans.latency.before_p99_us.load(Relaxed);
     let before_text = if before == u64::MAX {

@@ -29,11 +29,15 @@ mod act;
 #[cfg(feature = "redis")]
 mod drive;
 mod gates;
+mod guard;
 
 pub(crate) use act::{act, log, status};
 #[cfg(feature = "redis")]
 pub(crate) use drive::drive;
 pub(crate) use gates::{Latency, StageStats};
+#[cfg(feature = "redis")]
+pub(crate) use guard::guard;
+pub(crate) use guard::{GuardView, TierGuard};
 
 use crate::rollout::{RolloutPlan, Stored};
 use std::sync::Arc;
@@ -79,13 +83,19 @@ pub(crate) struct Plans {
     pub(crate) latency: Latency,
     /// Whether any plan runs (requests' latencies are recorded only then).
     running: std::sync::atomic::AtomicBool,
+    /// Per tier: its fall back guard, if any (`guard.rs`).
+    pub(crate) guards: Box<[Option<TierGuard>]>,
 }
 
 impl Plans {
     /// The plans of `configured`, one a tier (none yet read).
-    pub(crate) fn new(configured: Vec<Option<RolloutPlan>>) -> Self {
+    pub(crate) fn new(
+        configured: Vec<Option<RolloutPlan>>,
+        guards: Vec<Option<crate::rollout::FallbackGuard>>,
+    ) -> Self {
         let n = configured.len();
         Self {
+            guards: guards.into_iter().map(|g| g.map(TierGuard::new)).collect(),
             instance: instance_id(),
             read: arc_swap::ArcSwap::from_pointee(vec![Stored::idle(); n]),
             seen: std::sync::Mutex::new(vec![None; n]),
@@ -109,6 +119,12 @@ impl Plans {
     #[inline]
     pub(crate) fn running(&self) -> bool {
         self.running.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Tier `i`'s fall back guard, if any.
+    #[inline]
+    pub(crate) fn guarded(&self, i: usize) -> Option<&TierGuard> {
+        self.guards.get(i)?.as_ref()
     }
 
     /// Whether any tier has a plan.

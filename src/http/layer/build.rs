@@ -150,6 +150,7 @@ fn split(t: Tier) -> (TierSpec, HttpTier) {
         weighted: t.cost_fn.is_some(),
         rollout: t.rollout,
         candidates: t.candidates,
+        guard: t.guard,
     };
     let http = HttpTier {
         key: t.key,
