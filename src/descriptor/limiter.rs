@@ -258,6 +258,7 @@ impl DescriptorLimiter {
                 tier.algorithm = r.algorithm;
                 tier.mode = mode;
                 tier.lease = r.lease;
+                tier.candidates = r.candidates;
                 #[cfg(feature = "calendar")]
                 {
                     tier.calendar = r.calendar.clone();

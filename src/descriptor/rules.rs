@@ -73,6 +73,10 @@ pub struct Rule {
     /// The reference service's stat key path (its YAML's rules only):
     /// the Envoy service exports `ratelimit.service.rate_limit.*` under it.
     pub stat: Option<super::StatPath>,
+    /// Candidate quotas beside the rule's (at most four; see
+    /// [`Tier::candidates`](crate::Tier::candidates)): checked and counted
+    /// per descriptor in the same call, never changing an answer.
+    pub candidates: Vec<Quota>,
 }
 
 impl Rule {
@@ -93,6 +97,7 @@ impl Rule {
             #[cfg(feature = "calendar")]
             calendar: None,
             stat: None,
+            candidates: Vec::new(),
         }
     }
 }
@@ -226,6 +231,10 @@ pub struct RulePolicy {
     /// checked, not charged).
     #[serde(default)]
     pub replaces: Vec<String>,
+    /// Candidate quotas, as a `[[tier]]`'s `candidates` (docs/rollout.md,
+    /// "Candidate quotas"): `candidates = [{ limit = 50, period = "1m" }]`.
+    #[serde(default)]
+    pub candidates: Vec<crate::policy::CandidatePolicy>,
 }
 
 pub(super) fn default_prefix() -> String {
@@ -375,6 +384,20 @@ impl RulesPolicy {
                 rule.algorithm = algorithm;
                 rule.shadow = r.shadow_mode;
                 rule.unlimited = r.unlimited;
+                if !r.candidates.is_empty() {
+                    if r.unlimited {
+                        return Err(bad(
+                            &"candidates: an unlimited rule makes no call to check them in",
+                        ));
+                    }
+                    rule.candidates = crate::policy::candidate_quotas(
+                        &r.name,
+                        &r.candidates,
+                        q.period.unwrap_or_default(),
+                        period.unwrap_or_default(),
+                        calendar.is_some(),
+                    )?;
+                }
                 if let (Some(c), Some(limit)) = (calendar, q.limit) {
                     let unit = match c.period() {
                         CalendarPeriod::Day => super::Unit::Day,

@@ -202,3 +202,42 @@ fn quota_fields_are_read_as_a_tiers_with_their_line() {
     );
     assert_eq!(r.rules[0].quota.sync.as_deref(), Some("lease"));
 }
+
+/// A rule's candidate quotas: checked per descriptor value in the same
+/// call, never changing the answer, counted as a tier's
+/// (`RateLimitHandle::candidates`); refused on an unlimited rule.
+#[tokio::test]
+async fn a_rules_candidates_are_counted_per_descriptor() {
+    let rules = |extra: &str| {
+        format!(
+            "domain = \"d\"\n[[rule]]\nname = \"ip\"\nmatch = [{{ key = \"ip\" }}]\nlimit = 5\nperiod = \"1m\"\n{extra}\n"
+        )
+    };
+    let l = limiter(&rules("candidates = [{ limit = 2, period = \"1m\" }]"));
+    let bare = limiter(&rules(""));
+    let ip = |v| Descriptor::new(vec![("ip", v)]);
+    for _ in 0..4 {
+        let want = bare.check("d", &[ip("1"), ip("2")], 1).await.unwrap();
+        let got = l.check("d", &[ip("1"), ip("2")], 1).await.unwrap();
+        assert_eq!(got, want);
+    }
+    let r = l
+        .handle()
+        .candidates("ip", 5, std::time::Duration::from_secs(3600))
+        .unwrap();
+    let c = &r.candidates[0];
+    assert_eq!(c.quota, "2/1m");
+    // 8 checks (2 descriptors, 4 times), 2 denials of each value.
+    assert_eq!((c.requests, c.would_deny, c.keys_denied), (8, 4, 2));
+    let err = RulesPolicy::from_toml_str(
+        "domain = \"d\"\n[[rule]]\nname = \"u\"\nmatch = [{ key = \"ip\" }]\nunlimited = true\ncandidates = [{ limit = 2, period = \"1m\" }]\n",
+    )
+    .unwrap()
+    .limiter(MemoryBackend::new())
+    .unwrap_err()
+    .to_string();
+    assert_eq!(
+        err,
+        "policy: rule \"u\": candidates: an unlimited rule makes no call to check them in"
+    );
+}

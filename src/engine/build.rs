@@ -399,16 +399,7 @@ fn compile_tier(
             home: None,
         });
     }
-    let candidates = super::candidates::compile(
-        &t.name,
-        t.algorithm,
-        t.cost,
-        t.quota,
-        &t.candidates,
-        t.calendar.as_ref(),
-        leased,
-        t.priced,
-    )?;
+    let candidates = super::candidates::compile(&t, leased)?;
     let runtime = TierRuntime {
         mode: t.mode,
         quota: t.quota,

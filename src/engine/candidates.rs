@@ -88,18 +88,15 @@ pub(crate) fn label(q: &Quota, calendar: Option<&str>) -> String {
     }
 }
 
-/// The candidates of tier `tier`, checked as its own quota would be,
-/// errors naming `candidates[i]`.
+/// The candidates of tier `t`, checked as its own quota would be,
+/// errors naming `candidates[i]`; `leased`: a tier of the engine is in
+/// lease mode.
 pub(crate) fn compile(
-    tier: &str,
-    algorithm: Algorithm,
-    cost: u64,
-    quota: Quota,
-    candidates: &[Quota],
-    calendar: Option<&crate::algorithm::calendar::Calendar>,
+    t: &super::spec::TierSpec,
     leased: bool,
-    priced: bool,
 ) -> Result<Vec<BuiltCandidate>, ConfigError> {
+    let (tier, algorithm, cost, quota) = (t.name.as_str(), t.algorithm, t.cost, t.quota);
+    let (candidates, calendar, priced) = (&t.candidates, t.calendar.as_ref(), t.priced);
     let refused = |field: String, reason: String| ConfigError::Candidate {
         tier: tier.to_owned(),
         field,

@@ -76,6 +76,8 @@ pub use priced::{ActualPolicy, EstimatePolicy, PricedPolicy};
 pub(crate) use quota::toml_error;
 pub use quota::QuotaPolicy;
 pub use redis::RedisConfig;
+#[cfg_attr(not(feature = "descriptor"), allow(unused_imports))]
+pub(crate) use tier::candidate_quotas;
 pub use tier::{CandidatePolicy, KeySpec, PlanSource, PolicyPeriod, TierPolicy};
 
 use crate::backend::Backend;

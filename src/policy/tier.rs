@@ -138,6 +138,55 @@ pub struct CandidatePolicy {
     pub burst: Option<u64>,
 }
 
+/// The quotas of `candidates` of tier (or rule) `name`: a duration period
+/// each (required), or on a calendar tier (`calendar`, its period `own`)
+/// that period or none (`duration`: the tier's own quota's period). The
+/// error names `candidates[i].<field>`.
+pub(crate) fn candidate_quotas(
+    name: &str,
+    candidates: &[CandidatePolicy],
+    own: PolicyPeriod,
+    duration: Duration,
+    calendar: bool,
+) -> Result<Vec<Quota>, ConfigError> {
+    let refused = |i: usize, field: &str, reason: String| ConfigError::Candidate {
+        tier: name.to_owned(),
+        field: format!("candidates[{i}].{field}"),
+        reason,
+    };
+    candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let period = match (c.period, calendar) {
+                (Some(PolicyPeriod::Duration(d)), false) => d,
+                (None, false) => return Err(refused(i, "period", "required".into())),
+                (None, true) => duration,
+                (Some(p), true) if p == own => duration,
+                (Some(_), true) => {
+                    return Err(refused(
+                        i,
+                        "period",
+                        "a calendar tier's candidates count per its own calendar window: give its period or none".into(),
+                    ))
+                }
+                (Some(PolicyPeriod::Calendar(_)), false) => {
+                    return Err(refused(
+                        i,
+                        "period",
+                        "a calendar period is for a calendar tier's candidates".into(),
+                    ))
+                }
+            };
+            let q = Quota::new(c.limit, period);
+            Ok(match c.burst {
+                Some(b) => q.burst(b),
+                None => q,
+            })
+        })
+        .collect()
+}
+
 fn candidate_period<'de, D: Deserializer<'de>>(d: D) -> Result<Option<PolicyPeriod>, D::Error> {
     period(d).map(Some)
 }
@@ -387,46 +436,15 @@ impl TierPolicy {
         Ok(tier)
     }
 
-    /// The candidates' quotas: a duration period each (required), or on a
-    /// calendar tier the tier's own period (or none).
+    /// The candidates' quotas (see [`candidate_quotas`]).
     fn candidate_quotas(&self, calendar: bool) -> Result<Vec<Quota>, ConfigError> {
-        let refused = |i: usize, field: &str, reason: String| ConfigError::Candidate {
-            tier: self.name.clone(),
-            field: format!("candidates[{i}].{field}"),
-            reason,
-        };
-        let own = self.quota.period.unwrap_or_default();
-        self.candidates
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let period = match (c.period, calendar) {
-                    (Some(PolicyPeriod::Duration(d)), false) => d,
-                    (None, false) => return Err(refused(i, "period", "required".into())),
-                    (None, true) => self.duration(),
-                    (Some(p), true) if p == own => self.duration(),
-                    (Some(_), true) => {
-                        return Err(refused(
-                            i,
-                            "period",
-                            "a calendar tier's candidates count per its own calendar window: give its period or none".into(),
-                        ))
-                    }
-                    (Some(PolicyPeriod::Calendar(_)), false) => {
-                        return Err(refused(
-                            i,
-                            "period",
-                            "a calendar period is for a calendar tier's candidates".into(),
-                        ))
-                    }
-                };
-                let q = Quota::new(c.limit, period);
-                Ok(match c.burst {
-                    Some(b) => q.burst(b),
-                    None => q,
-                })
-            })
-            .collect()
+        candidate_quotas(
+            &self.name,
+            &self.candidates,
+            self.quota.period.unwrap_or_default(),
+            self.duration(),
+            calendar,
+        )
     }
 
     /// The period's length (a calendar period's is set by its calendar).

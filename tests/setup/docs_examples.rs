@@ -438,6 +438,7 @@ name = "user"
 key = "user"
 limit = 100
 period = "1m"
+candidates = [{ limit = 50, period = "1m" }, { limit = 80, period = "1m" }]
 
 [[tier]]
 name = "login_ip"
