@@ -247,6 +247,8 @@ pub(crate) fn plan<F: Facts>(
     // whose request names a tier more than once); never more than MAX_TIERS
     // checks (the shadow bitmask's width).
     let planned = tiers.flat_map(|(i, tr)| (0..facts.occurrences(i)).map(move |n| (i, tr, n)));
+    // The clock for per-key demand, read once a request.
+    let mut demand_now = None;
     for (i, (t, r), n) in planned {
         if checks.len() == crate::engine::MAX_TIERS {
             break;
@@ -269,7 +271,7 @@ pub(crate) fn plan<F: Facts>(
                         tp.plan.map(|p| p.quota),
                         &key[t.key_base.len()..],
                         tp.cost,
-                        shared.local_clock.now_us(),
+                        *demand_now.get_or_insert_with(|| shared.local_clock.now_us()),
                     );
                 }
                 tp
