@@ -271,7 +271,7 @@ pub(crate) fn plan<F: Facts>(
                         tp.plan.map(|p| p.quota),
                         &key[t.key_base.len()..],
                         tp.cost,
-                        *demand_now.get_or_insert_with(|| shared.local_clock.now_us()),
+                        || *demand_now.get_or_insert_with(|| shared.local_clock.now_us()),
                     );
                 }
                 tp
