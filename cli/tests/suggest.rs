@@ -82,6 +82,7 @@ fn offline_and_live_suggestions_agree_on_the_same_traffic() {
         RateLimitLayer::from_policy(&policy, MemoryBackend::with_manual_clock(clock.clone()))
             .unwrap();
     let handle = layer.handle();
+    handle.set_demand(true);
     let app = axum::Router::new()
         .route("/", axum::routing::get(|| async { "ok" }))
         .layer(layer);

@@ -63,6 +63,7 @@ pub(super) async fn api_suggest(
             &json!({ "error": "not_enough_data", "keys": keys, "needed": needed }),
         ),
         Err(SuggestError::UnknownTier(_)) => unknown_tier(&tier),
+        Err(e @ SuggestError::Off) => json_response(StatusCode::CONFLICT, &e.to_json()),
         Err(e @ SuggestError::InvalidTarget(_)) => {
             error(StatusCode::BAD_REQUEST, "invalid_target", &e.to_string())
         }

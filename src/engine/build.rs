@@ -202,6 +202,7 @@ impl EngineBuilder {
                 .collect::<Vec<_>>(),
             crate::observe::demand::store::Store::for_backend(&backend, &prefix),
             local_clock.clone(),
+            self.demand,
         );
         let shared = Arc::new(Shared {
             backend,

@@ -155,6 +155,19 @@ macro_rules! engine_settings {
                 self.fleet_top_n = on;
             }
 
+            /// Record per-key demand for limits suggested from it (default off;
+            /// [`RateLimitHandle::set_demand`](crate::RateLimitHandle::set_demand)
+            /// turns it on or off while running): every planned check adds its
+            /// cost to its key's count (a hash, a probe in a pre-sized table, an
+            /// atomic add: no allocation), flushed once a second, to Redis on a
+            /// Redis backend. Read with
+            /// [`RateLimitHandle::suggest`](crate::RateLimitHandle::suggest) and
+            /// the admin API's `GET /api/suggest/{tier}`; see
+            /// [`observe::demand`](crate::observe::demand).
+            fn demand(self, on: bool) {
+                self.demand = on;
+            }
+
             /// How often the deny cache's 429s are flushed to the fleet-wide hourly
             /// sets (default 1 s; at least 10 ms), and how many distinct keys at
             /// most wait for a flush (default 10 000): a 429 for a new key beyond
@@ -246,6 +259,7 @@ pub struct EngineBuilder {
     pub(crate) max_endpoints: usize,
     pub(crate) control: Option<ControlKey>,
     pub(crate) fleet_top_n: bool,
+    pub(crate) demand: bool,
     pub(crate) fleet_flush_interval: Duration,
     pub(crate) fleet_pending_keys: usize,
     pub(crate) no_key_warn_after: u64,
@@ -275,6 +289,7 @@ impl Default for EngineBuilder {
             max_endpoints: crate::observe::recorder::DEFAULT_MAX_ENDPOINTS,
             control: None,
             fleet_top_n: true,
+            demand: false,
             fleet_flush_interval: Duration::from_secs(1),
             fleet_pending_keys: 10_000,
             no_key_warn_after: super::no_key::DEFAULT_NO_KEY_WARN_AFTER,

@@ -253,6 +253,8 @@ pub(crate) fn plan<F: Facts>(
     let planned = tiers.flat_map(|(i, tr)| (0..facts.occurrences(i)).map(move |n| (i, tr, n)));
     // The live checks with candidates: (check index, tier, cost).
     let mut pending: smallvec::SmallVec<[(u8, u8, u64); 2]> = smallvec::SmallVec::new();
+    // The clock for per-key demand, read once a request.
+    let mut demand_now = None;
     for (i, (t, r), n) in planned {
         if checks.len() == crate::engine::MAX_TIERS {
             break;
@@ -275,7 +277,7 @@ pub(crate) fn plan<F: Facts>(
                         tp.plan.map(|p| p.quota),
                         &key[t.key_base.len()..],
                         tp.cost,
-                        shared.local_clock.now_us(),
+                        || *demand_now.get_or_insert_with(|| shared.local_clock.now_us()),
                     );
                 }
                 tp

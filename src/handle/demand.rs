@@ -14,6 +14,27 @@ pub const MAX_SUGGEST_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 const PEEKED: usize = 32;
 
 impl RateLimitHandle {
+    /// Turns recording per-key demand on or off on this instance (the
+    /// builder's [`demand`](crate::RateLimitLayerBuilder::demand) sets it at
+    /// start; default off). Off, a check pays one relaxed load; what was
+    /// recorded stays readable until it expires.
+    pub fn set_demand(&self, on: bool) {
+        self.shared()
+            .telemetry
+            .demand
+            .enabled
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether this instance records per-key demand.
+    pub fn demand_enabled(&self) -> bool {
+        self.shared()
+            .telemetry
+            .demand
+            .enabled
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Takes this instance's per-key demand counts now and stores them
     /// (fleet-wide on Redis), as the background task does once a second; a
     /// replay on a virtual clock calls it as its clock passes each second.
@@ -53,15 +74,19 @@ impl RateLimitHandle {
     /// use tiered_ratelimit::{key::Global, Quota, RateLimitLayer, Tier};
     /// let layer = RateLimitLayer::builder()
     ///     .tier(Tier::new("global", Global, Quota::per_minute(10)))
+    ///     .demand(true)
     ///     .build()
     ///     .unwrap();
     /// let hour = Duration::from_secs(3600);
     /// let answer = layer.handle().suggest("global", None, 0.001, hour).await;
+    /// // One key (`Global`): no distribution to read.
     /// assert_eq!(answer, Err(SuggestError::NotEnoughData { keys: 0, needed: 50 }));
     /// # }
     /// ```
     ///
     /// # Errors
+    /// [`SuggestError::Off`] while this instance does not record demand
+    /// ([`set_demand`](Self::set_demand));
     /// [`SuggestError::NotEnoughData`] below 50 distinct keys;
     /// [`SuggestError::UnknownTier`], [`SuggestError::InvalidTarget`]
     /// (not in `0..1`), [`SuggestError::Backend`] (Redis failed).
@@ -74,6 +99,9 @@ impl RateLimitHandle {
     ) -> Result<Suggestion, SuggestError> {
         if !(0.0..1.0).contains(&target) {
             return Err(SuggestError::InvalidTarget(target));
+        }
+        if !self.demand_enabled() {
+            return Err(SuggestError::Off);
         }
         let shared = self.shared();
         let unknown = || {

@@ -102,6 +102,7 @@ async fn suggestion_from_known_demand_within_a_bucket_with_outliers_named() {
     let layer = env
         .builder()
         .tier(Tier::new("user", User, Quota::per_minute(30)).algorithm(Algorithm::FixedWindow))
+        .demand(true)
         .build()
         .unwrap();
     let (h, addr) = start(layer).await;
@@ -166,9 +167,10 @@ async fn fewer_than_fifty_keys_get_no_suggestion() {
             Tier::new("user", User, Quota::per_minute(30))
                 .algorithm(Algorithm::SlidingWindowCounter),
         )
+        .demand(true)
         .build()
         .unwrap();
-    let (_h, addr) = start(layer).await;
+    let (h, addr) = start(layer).await;
     let users: Vec<(String, u64)> = (0..49).map(|i| (format!("k{i}"), 2)).collect();
     traffic(&[addr], &users).await;
     let (status, body) = suggest(addr, "").await;
@@ -188,6 +190,11 @@ async fn fewer_than_fifty_keys_get_no_suggestion() {
     let (status, body) = suggest(addr, "target=1").await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body["error"], "invalid_target");
+    // Recording off (the default): no answer at all, not a misleading one.
+    h.set_demand(false);
+    let (status, body) = suggest(addr, "").await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body["error"], "demand_off");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,6 +204,8 @@ async fn two_instances_on_one_redis_answer_the_same_from_summed_demand() {
     let tier = || Tier::new("user", User, Quota::per_minute(30));
     let a = crate::rollout_plan::node_with(&redis, &clock, tier()).await;
     let b = crate::rollout_plan::node_with(&redis, &clock, tier()).await;
+    a.handle.set_demand(true);
+    b.handle.set_demand(true);
     let users = demands();
     // Every key's requests alternate between the two instances.
     traffic(&[a.addr, b.addr], &users).await;
@@ -315,7 +324,7 @@ async fn model_memory_redis_and_cluster_keep_the_same_bottom_k_sample() {
     };
     let mut answers = Vec::new();
     for env in [Env::memory(), Env::redis(), Env::cluster(&cluster)] {
-        let layer = env.builder().tier(tier()).build().unwrap();
+        let layer = env.builder().tier(tier()).demand(true).build().unwrap();
         let h = layer.handle();
         in_process(&app(layer), &traffic).await;
         let hour = std::time::Duration::from_secs(3600);

@@ -38,6 +38,7 @@ impl Replayer {
         let memory = MemoryBackend::with_manual_clock(clock.clone()).max_keys(options.max_keys);
         let layer = RateLimitLayer::from_policy(policy, memory.clone())?;
         let handle = layer.handle();
+        handle.set_demand(options.demand);
         if options.modes == Modes::Enforce {
             let tiers = handle.tiers();
             handle.update(|c| {

@@ -109,6 +109,9 @@ impl SuggestError {
                 "error": "not_enough_data", "keys": keys, "needed": needed
             }),
             SuggestError::UnknownTier(t) => serde_json::json!({"error": "unknown_tier", "tier": t}),
+            SuggestError::Off => {
+                serde_json::json!({"error": "demand_off", "message": self.to_string()})
+            }
             SuggestError::InvalidTarget(_) => {
                 serde_json::json!({"error": "invalid_target", "message": self.to_string()})
             }
@@ -185,6 +188,11 @@ pub enum SuggestError {
     /// The target is not in `0..1`.
     #[error("target must be at least 0 and below 1, got {0}")]
     InvalidTarget(f64),
+    /// Per-key demand is not recorded: turn it on with
+    /// [`RateLimitLayerBuilder::demand`](crate::RateLimitLayerBuilder::demand)
+    /// or [`RateLimitHandle::set_demand`](crate::RateLimitHandle::set_demand).
+    #[error("per-key demand is not recorded: turn it on with the builder's demand(true) or RateLimitHandle::set_demand(true)")]
+    Off,
     /// The demand could not be read (Redis).
     #[error("demand could not be read: {0}")]
     Backend(String),

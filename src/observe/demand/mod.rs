@@ -2,6 +2,11 @@
 //! ([`RateLimitHandle::suggest`](crate::RateLimitHandle::suggest), the admin
 //! API's `GET /api/suggest/{tier}`, the CLI's `tiered-ratelimit suggest`).
 //!
+//! **Off by default**: turned on by
+//! [`RateLimitLayerBuilder::demand`](crate::RateLimitLayerBuilder::demand)
+//! or [`RateLimitHandle::set_demand`](crate::RateLimitHandle::set_demand);
+//! off, a check pays one relaxed load.
+//!
 //! **What is counted.** Every check the engine plans for a request
 //! (`engine/plan.rs`), allowed or denied (a 429 is demand too: enforcement
 //! must not hide it), in the tier's cost units, per tier and plan, per key,
@@ -292,6 +297,9 @@ pub(crate) struct Demand {
     /// The engine's clock (a test's manual clock).
     clock: crate::backend::clock::Clock,
     started: AtomicBool,
+    /// Whether checks are recorded (`RateLimitLayerBuilder::demand`,
+    /// `RateLimitHandle::set_demand`).
+    pub(crate) enabled: AtomicBool,
     /// The flush task holds a `Weak` of this.
     me: std::sync::Weak<Demand>,
     /// Throttles the flush's failure log (once a minute).
@@ -304,6 +312,7 @@ impl Demand {
         tiers: &[(Arc<str>, Vec<Arc<str>>)],
         store: store::Store,
         clock: crate::backend::clock::Clock,
+        enabled: bool,
     ) -> Arc<Self> {
         let mut slots = Vec::new();
         let mut offsets = Vec::with_capacity(tiers.len());
@@ -325,6 +334,7 @@ impl Demand {
             store,
             clock,
             started: AtomicBool::new(false),
+            enabled: AtomicBool::new(enabled),
             me: me.clone(),
             log: crate::util::throttle::LogThrottle::new(std::time::Duration::from_secs(60)),
         })
@@ -437,7 +447,8 @@ impl Demand {
 
 /// The request path's one call, from `engine/plan.rs`: tier `i`'s check
 /// of `key` costing `cost` under its plan `plan` (of `plans`) or the tier's
-/// `quota`.
+/// `quota`, at `now_us()` (epoch µs; not read while recording is off: one
+/// relaxed load is all a check pays then).
 #[inline]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn record<P>(
@@ -449,11 +460,14 @@ pub(crate) fn record<P>(
     plan_quota: Option<crate::Quota>,
     key: &str,
     cost: u64,
-    now_us: u64,
+    now_us: impl FnOnce() -> u64,
 ) {
+    if !demand.enabled.load(Relaxed) {
+        return;
+    }
     let pos = plan.and_then(|p| plans.iter().position(|x| std::ptr::eq(x, p)));
     let period = plan_quota.unwrap_or(quota).period();
-    demand.record(i, pos, period, key, cost, now_us);
+    demand.record(i, pos, period, key, cost, now_us());
 }
 
 #[cfg(test)]
