@@ -139,6 +139,11 @@ pub struct Policy {
     /// Whether shadow decisions send `X-RateLimit-*` headers (default false).
     #[serde(default)]
     pub shadow_headers: bool,
+    /// Whether per-key demand is recorded for limit suggestions (default
+    /// false: it costs 1.5–3 % of a check's instructions and one Redis
+    /// call a second; `docs/rollout.md`, "Which limit? Suggestions").
+    #[serde(default)]
+    pub demand: bool,
     /// `"legacy"` (default), `"ietf-draft-11"`, `"ietf-draft-09"`, `"ietf"`
     /// (the current draft: draft-11), `"both"` or `"none"`.
     #[serde(default)]
@@ -225,6 +230,7 @@ impl Policy {
             .backend_timeout(Duration::from_millis(self.backend_timeout_ms))
             .mode(self.mode)
             .shadow_headers(self.shadow_headers)
+            .demand(self.demand)
             .headers(self.headers)
             .on_rejection(self.body)
             .fallback_instances(self.fallback_instances)

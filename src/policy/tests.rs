@@ -485,3 +485,18 @@ fn a_fall_back_guard_is_checked_at_build_naming_the_field() {
         assert!(err.contains(what), "{guard}: {err}");
     }
 }
+
+/// `demand = true` turns per-key demand recording on (suggestions); off by
+/// default.
+#[test]
+fn demand_is_read_from_the_policy() {
+    let tier = "[[tier]]\nname='user'\nkey='user'\nlimit=100\nperiod='1m'\n";
+    let handle = |text: &str| {
+        let p = Policy::from_toml_str(text).unwrap();
+        RateLimitLayer::from_policy(&p, crate::backend::MemoryBackend::new())
+            .unwrap()
+            .handle()
+    };
+    assert!(!handle(tier).demand_enabled());
+    assert!(handle(&format!("demand = true\n{tier}")).demand_enabled());
+}
