@@ -35,7 +35,9 @@ pub(crate) struct BuiltCandidate {
     /// Its quota as written (`80/1m`): the metric's label, the report's
     /// `quota`, and part of its key suffix.
     pub(crate) label: Arc<str>,
-    /// Its quota (a calendar tier's: of the tier's period).
+    /// Its quota (a calendar tier's: of the tier's period): what
+    /// `POST /api/quota` promotes.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) quota: Quota,
     pub(crate) limit: Limit,
     /// `{c:<label>}`, appended to the live key.

@@ -158,6 +158,7 @@ impl RateLimitHandle {
 
     /// Every guarded tier's fall back guard as this instance judged it
     /// (`GET /api/anomalies`' `guards`).
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) fn guard_views(&self) -> Vec<crate::engine::rollout::GuardView> {
         let shared = &self.shared;
         shared

@@ -76,6 +76,7 @@ pub(crate) struct TierGuard {
 
 /// What `GET /api/anomalies` shows of a guarded tier.
 #[derive(Debug, Clone)]
+#[cfg_attr(not(feature = "admin"), allow(dead_code))]
 pub(crate) struct GuardView {
     pub(crate) tier: String,
     /// Whether this instance holds the guard's lease.
@@ -123,6 +124,7 @@ impl TierGuard {
         (distinct, top)
     }
 
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) fn view(&self, tier: &str) -> GuardView {
         let j = self.judged.lock().unwrap_or_else(|e| e.into_inner());
         GuardView {
