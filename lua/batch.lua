@@ -33,7 +33,7 @@
 --           in the array would fail the whole call in the client).
 
 -- Increment-first, for a request whose tiers are all enforced fixed
--- windows answering short, listed once, stored in the integer form
+-- windows answering short, listed once, none a candidate, stored in the integer form
 -- ("<window start µs + count>", limit < window: fixed_window.lua): INCRBY
 -- each key by its cost first (its reply is the value already charged, so
 -- no read), decide on the value before it, then on a window's first
@@ -48,7 +48,8 @@ local function incr_first(keys, first, n, now)
   for i = 1, n do
     local t = specs[ARGV[first + i - 1]]
     if t == nil then t = tier_spec(ARGV[first + i - 1]) end
-    if not t or t[10] ~= 2 or not t[9] or t[2] >= t[3] then return nil end
+    -- A candidate (t[15]) has its own commit rule: check_request's.
+    if not t or t[10] ~= 2 or not t[9] or t[15] or t[2] >= t[3] then return nil end
     specs_of[i] = t
   end
   local out, before, starts = { now }, {}, {}

@@ -524,3 +524,70 @@ async fn candidates_in_a_batch_decide_as_the_memory_backend() {
     // One alone and one batch a round.
     assert_eq!(redis.calls("fcall"), 24);
 }
+
+/// Fixed windows only, live and candidate: a batch of such requests is
+/// decided increment-first (lua/batch.lua), which must leave candidates to
+/// check_request: a candidate's denial never rejects its request. Live
+/// windows of 6 with candidates of 2, so candidates deny while the live
+/// tiers allow; every decision is the memory backend's.
+#[tokio::test(flavor = "current_thread")]
+async fn fixed_window_candidates_in_a_batch_never_reject_a_request() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let red: Backend = RedisBackend::from_url(&redis.url())
+        .unwrap()
+        .with_manual_clock(clock.clone())
+        .with_test_ttl_slack(Duration::from_secs(600))
+        .into();
+    let mem: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+    let mut rng = Rng::new(53);
+    red.check(vec![tier("warm", fixed(1))]).await.unwrap();
+    let (mut live_allowed, mut candidate_denied) = (0, 0);
+    for round in 0..8 {
+        let requests: Vec<(Vec<TierCheck>, Vec<u8>)> =
+            random_requests(&mut rng, &[fixed(6)], 25, "", 1)
+                .into_iter()
+                .map(|mut r| {
+                    let live = r.len();
+                    let mut live_of = Vec::new();
+                    for l in 0..live {
+                        let key = format!("{}{{c:2/1m}}", r[l].key);
+                        r.push(TierCheck {
+                            key,
+                            limit: fixed(2),
+                            cost: 1,
+                            home: None,
+                        });
+                        live_of.push(l as u8);
+                    }
+                    (r, live_of)
+                })
+                .collect();
+        let futs: Vec<CheckFut> = requests
+            .iter()
+            .map(|(r, live_of)| {
+                let (b, r, live_of) = (red.clone(), r.clone(), live_of.clone());
+                Box::pin(async move { b.check_candidates(r, 0, &live_of).await }) as CheckFut
+            })
+            .collect();
+        let got = join_in_order(futs).await;
+        for (i, ((r, live_of), g)) in requests.iter().zip(got).enumerate() {
+            let want = mem.check_candidates(r.clone(), 0, live_of).await.unwrap();
+            assert_eq!(
+                g.unwrap().decisions,
+                want.decisions,
+                "round {round} request {i}"
+            );
+            let n = r.len() - live_of.len();
+            if want.decisions[..n].iter().all(|d| d.allowed) {
+                live_allowed += 1;
+                candidate_denied += usize::from(want.decisions[n..].iter().any(|d| !d.allowed));
+            }
+        }
+        clock.advance(Duration::from_micros(rng.next() % (40 * S)));
+    }
+    assert!(
+        candidate_denied > 10 && live_allowed > candidate_denied,
+        "{live_allowed} allowed, {candidate_denied} of them with a candidate denying"
+    );
+}
