@@ -29,12 +29,11 @@
 // accumulator is never created, and its flushing half is unused.
 #![cfg_attr(not(feature = "redis"), allow(dead_code, unused_imports))]
 
+use super::flush_task::FlushTask;
 use crate::backend::Backend;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Notify;
 
 /// Counter of the cached 429s flushed to the hourly sets, in cost units.
 pub(crate) const FLUSHED: &str = "tiered_ratelimit_fleet_blocked_flushed_total";
@@ -48,19 +47,13 @@ const HOUR_US: u64 = 3_600_000_000;
 /// The accumulator of one layer, and the handle of its flush task.
 pub(crate) struct FleetBlocked {
     state: Arc<State>,
-    /// The flush task holds a `Weak` of this: once the layer is gone it
-    /// flushes a last time and stops.
-    alive: Arc<()>,
-    started: AtomicBool,
+    task: FlushTask,
 }
 
 struct State {
     pending: Mutex<Pending>,
     max_keys: usize,
-    interval: Duration,
     key_prefix: Arc<str>,
-    /// Wakes the task early when the layer is dropped.
-    stop: Notify,
 }
 
 /// What waits for the next flush.
@@ -121,12 +114,9 @@ impl FleetBlocked {
             state: Arc::new(State {
                 pending: Mutex::new(Pending::default()),
                 max_keys,
-                interval: interval.max(Duration::from_millis(10)),
                 key_prefix,
-                stop: Notify::new(),
             }),
-            alive: Arc::new(()),
-            started: AtomicBool::new(false),
+            task: FlushTask::new(interval),
         }
     }
 
@@ -135,7 +125,7 @@ impl FleetBlocked {
     /// flush task on first use inside a tokio runtime (a layer may be built
     /// outside one); until then the counts wait, bounded.
     pub(crate) fn record(&self, backend: &Backend, key: &str, cost: u64, now_us: u64) {
-        if !self.started.load(Ordering::Relaxed) {
+        if !self.task.started() {
             self.start(backend);
         }
         lock(&self.state.pending).add(now_us / HOUR_US, key, cost, self.state.max_keys);
@@ -143,51 +133,21 @@ impl FleetBlocked {
 
     fn start(&self, backend: &Backend) {
         #[cfg(feature = "redis")]
-        {
-            let Backend::Redis(redis) = backend else {
-                return;
-            };
-            let Ok(rt) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            if self.started.swap(true, Ordering::Relaxed) {
-                return;
-            }
-            let state = self.state.clone();
-            let alive = Arc::downgrade(&self.alive);
-            rt.spawn(run(state, alive, redis.clone()));
+        if let Backend::Redis(redis) = backend {
+            let (state, interval) = (self.state.clone(), self.task.interval());
+            self.task.start(redis, move |redis| {
+                let state = state.clone();
+                async move { flush(&state, &redis, interval).await }
+            });
         }
         #[cfg(not(feature = "redis"))]
         let _ = backend;
     }
 }
 
-impl Drop for FleetBlocked {
-    fn drop(&mut self) {
-        // A permit is stored if the task is not waiting right now.
-        self.state.stop.notify_one();
-    }
-}
-
-/// The flush task: every interval, one flush; stops after a last flush once
-/// the layer is dropped.
-#[cfg(feature = "redis")]
-async fn run(state: Arc<State>, alive: Weak<()>, redis: crate::backend::RedisBackend) {
-    loop {
-        let stopping = tokio::select! {
-            () = tokio::time::sleep(state.interval) => alive.upgrade().is_none(),
-            () = state.stop.notified() => true,
-        };
-        flush(&state, &redis).await;
-        if stopping {
-            return;
-        }
-    }
-}
-
 /// Sends what is pending in one pipelined call; on failure drops it.
 #[cfg(feature = "redis")]
-async fn flush(state: &State, redis: &crate::backend::RedisBackend) {
+async fn flush(state: &State, redis: &crate::backend::RedisBackend, interval: Duration) {
     let pending = std::mem::take(&mut *lock(&state.pending));
     let overflow = pending.overflow;
     let sets = pending.into_sets(&state.key_prefix);
@@ -201,7 +161,7 @@ async fn flush(state: &State, redis: &crate::backend::RedisBackend) {
     let failed = if sets.is_empty() {
         None
     } else {
-        let limit = state.interval.max(Duration::from_secs(1));
+        let limit = interval.max(Duration::from_secs(1));
         match tokio::time::timeout(limit, redis.add_blocked(&sets)).await {
             Ok(Ok(())) => {
                 metrics::counter!(FLUSHED).increment(cost);

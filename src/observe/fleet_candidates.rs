@@ -17,12 +17,11 @@
 
 #![cfg_attr(not(feature = "redis"), allow(dead_code, unused_imports))]
 
+use super::flush_task::FlushTask;
 use crate::backend::Backend;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Notify;
 
 /// The label of the live quota's counts.
 pub(crate) const LIVE: &str = "live";
@@ -92,16 +91,13 @@ impl Pending {
 struct State {
     pending: Mutex<Pending>,
     max_keys: usize,
-    interval: Duration,
     key_prefix: Arc<str>,
-    stop: Notify,
 }
 
 /// The accumulator of one layer, and its flush task's handle.
 pub(crate) struct FleetCandidates {
     state: Arc<State>,
-    alive: Arc<()>,
-    started: AtomicBool,
+    task: FlushTask,
 }
 
 impl FleetCandidates {
@@ -113,12 +109,9 @@ impl FleetCandidates {
             state: Arc::new(State {
                 pending: Mutex::new(Pending::default()),
                 max_keys,
-                interval: interval.max(Duration::from_millis(10)),
                 key_prefix,
-                stop: Notify::new(),
             }),
-            alive: Arc::new(()),
-            started: AtomicBool::new(false),
+            task: FlushTask::new(interval),
         }
     }
 
@@ -133,7 +126,7 @@ impl FleetCandidates {
         denied: bool,
         now_us: u64,
     ) {
-        if !self.started.load(Ordering::Relaxed) {
+        if !self.task.started() {
             self.start(backend);
         }
         let mut p = lock(&self.state.pending);
@@ -155,54 +148,27 @@ impl FleetCandidates {
 
     fn start(&self, backend: &Backend) {
         #[cfg(feature = "redis")]
-        {
-            let Backend::Redis(redis) = backend else {
-                return;
-            };
-            let Ok(rt) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            if self.started.swap(true, Ordering::Relaxed) {
-                return;
-            }
-            let state = self.state.clone();
-            let alive = Arc::downgrade(&self.alive);
-            rt.spawn(run(state, alive, redis.clone()));
+        if let Backend::Redis(redis) = backend {
+            let (state, interval) = (self.state.clone(), self.task.interval());
+            self.task.start(redis, move |redis| {
+                let state = state.clone();
+                async move { flush(&state, &redis, interval).await }
+            });
         }
         #[cfg(not(feature = "redis"))]
         let _ = backend;
     }
 }
 
-impl Drop for FleetCandidates {
-    fn drop(&mut self) {
-        self.state.stop.notify_one();
-    }
-}
-
-#[cfg(feature = "redis")]
-async fn run(state: Arc<State>, alive: Weak<()>, redis: crate::backend::RedisBackend) {
-    loop {
-        let stopping = tokio::select! {
-            () = tokio::time::sleep(state.interval) => alive.upgrade().is_none(),
-            () = state.stop.notified() => true,
-        };
-        flush(&state, &redis).await;
-        if stopping {
-            return;
-        }
-    }
-}
-
 /// Sends what is pending in one pipelined call; on failure drops it.
 #[cfg(feature = "redis")]
-async fn flush(state: &State, redis: &crate::backend::RedisBackend) {
+async fn flush(state: &State, redis: &crate::backend::RedisBackend, interval: Duration) {
     let pending = std::mem::take(&mut *lock(&state.pending));
     if pending.entries.is_empty() {
         return;
     }
     let flush = pending.into_flush(&state.key_prefix);
-    let limit = state.interval.max(Duration::from_secs(1));
+    let limit = interval.max(Duration::from_secs(1));
     let failed = match tokio::time::timeout(limit, redis.add_candidates(&flush)).await {
         Ok(Ok(())) => None,
         Ok(Err(e)) => Some(("error", e.to_string())),

@@ -21,6 +21,7 @@ mod counts;
 pub mod demand;
 pub(crate) mod fleet;
 pub(crate) mod fleet_candidates;
+mod flush_task;
 // The guard judges fleet buckets, which only a Redis backend keeps.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) mod guard;
