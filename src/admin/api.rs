@@ -101,20 +101,11 @@ pub(super) async fn api_top(
     let mut kind = "blocked";
     for (k, v) in form_pairs(req.uri().query().unwrap_or("")) {
         match k.as_str() {
-            "n" => match v.parse::<usize>() {
-                Ok(x) => n = x.clamp(1, MAX_TOP_N),
-                Err(_) => return error(StatusCode::BAD_REQUEST, "invalid_n", "n: an integer"),
-            },
-            "window" => match humantime::parse_duration(&v) {
-                Ok(d) => window = d.min(Duration::from_secs(24 * 3600)),
-                Err(e) => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_window",
-                        &format!("window: {e} (humantime: 30m, 1h, 24h)"),
-                    )
+            "n" | "window" => {
+                if let Some(e) = top_param(&k, &v, &mut n, &mut window) {
+                    return e;
                 }
-            },
+            }
             "kind" => match v.as_str() {
                 "blocked" => kind = "blocked",
                 "shadow_limited" => kind = "shadow_limited",
@@ -261,4 +252,32 @@ fn key_json(k: &BlockedKey) -> Value {
 /// Whole hours a top-N window covers, as the handle rounds it.
 pub(super) fn window_hours(window: Duration) -> u64 {
     window.as_secs().div_ceil(3600).clamp(1, 24)
+}
+
+/// A top-N query's `n` (clamped to `1..=MAX_TOP_N`) or `window` (humantime,
+/// at most 24 h) into its variable; a malformed value: the 400 to answer.
+pub(super) fn top_param(
+    k: &str,
+    v: &str,
+    n: &mut usize,
+    window: &mut Duration,
+) -> Option<Response> {
+    if k == "n" {
+        match v.parse::<usize>() {
+            Ok(x) => *n = x.clamp(1, MAX_TOP_N),
+            Err(_) => return Some(error(StatusCode::BAD_REQUEST, "invalid_n", "n: an integer")),
+        }
+    } else {
+        match humantime::parse_duration(v) {
+            Ok(d) => *window = d.min(Duration::from_secs(24 * 3600)),
+            Err(e) => {
+                return Some(error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_window",
+                    &format!("window: {e} (humantime: 30m, 1h, 24h)"),
+                ))
+            }
+        }
+    }
+    None
 }

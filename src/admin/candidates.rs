@@ -2,14 +2,14 @@
 //! have done beside its live quota (see
 //! [`RateLimitHandle::candidates`](crate::RateLimitHandle::candidates)).
 
+use super::api::top_param;
 use super::form::form_pairs;
 use super::reply::{error, json_response, unknown_tier};
-use super::{Admin, MAX_TOP_N};
+use super::Admin;
 use axum::extract::{Path, Request, State};
 use axum::response::Response;
 use http::StatusCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// `?window=1h` (humantime, rounded up to whole hours, at most 24 h),
 /// `?n=10` (each candidate's top keys) and `?scope=fleet` (every
@@ -24,20 +24,11 @@ pub(super) async fn api_candidates(
     let mut fleet = false;
     for (k, v) in form_pairs(req.uri().query().unwrap_or("")) {
         match k.as_str() {
-            "n" => match v.parse::<usize>() {
-                Ok(x) => n = x.clamp(1, MAX_TOP_N),
-                Err(_) => return error(StatusCode::BAD_REQUEST, "invalid_n", "n: an integer"),
-            },
-            "window" => match humantime::parse_duration(&v) {
-                Ok(d) => window = d.min(Duration::from_secs(24 * 3600)),
-                Err(e) => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_window",
-                        &format!("window: {e} (humantime: 30m, 1h, 24h)"),
-                    )
+            "n" | "window" => {
+                if let Some(e) = top_param(&k, &v, &mut n, &mut window) {
+                    return e;
                 }
-            },
+            }
             "scope" => match v.as_str() {
                 "process" => fleet = false,
                 "fleet" => fleet = true,
