@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 /// The longest window a suggestion reads: 7 days.
-pub const MAX_SUGGEST_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+pub(crate) const MAX_SUGGEST_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Named keys peeked for a penalty-box block, the heaviest first.
 const PEEKED: usize = 32;
@@ -52,7 +52,7 @@ impl RateLimitHandle {
 
     /// The limit for `tier` (and its `plan`) that would have denied at most
     /// a `target` share of its keys over the last `window` (rounded up to
-    /// whole hours, at most [`MAX_SUGGEST_WINDOW`]), from the per-key demand
+    /// whole hours, at most 7 days), from the per-key demand
     /// every instance recorded ([`observe::demand`](crate::observe::demand):
     /// fleet-wide on Redis, this process's on the memory backend). This
     /// instance's counts are flushed first. Nothing is applied.
@@ -63,7 +63,7 @@ impl RateLimitHandle {
     /// inside a listed network, a listed API key or user equal to the key
     /// part), keys of a tier with a penalty box that are blocked now (the
     /// 32 heaviest named keys are peeked), then outliers (above
-    /// [`OUTLIER_FACTOR`](crate::observe::demand::OUTLIER_FACTOR) × the
+    /// 10 × the
     /// p99.9). For a token or leaky bucket the answer is a rate and a burst
     /// ([`Suggested::Bucket`](crate::observe::demand::Suggested)).
     ///

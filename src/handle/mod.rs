@@ -155,7 +155,6 @@ mod traffic;
 
 pub use crate::engine::{ControlError, ControlKey};
 pub use changes::Changes;
-pub use demand::MAX_SUGGEST_WINDOW;
 pub use inspect::{InspectError, KeyStatus};
 pub use overrides::{Override, OverrideEntry, OverrideError, BLOCKED_RETRY};
 

@@ -9,11 +9,11 @@ use std::collections::HashMap;
 
 /// Fewer distinct keys than this: no suggestion
 /// ([`SuggestError::NotEnoughData`]).
-pub const MIN_KEYS: u64 = 50;
+pub(crate) const MIN_KEYS: u64 = 50;
 
 /// A key above this many times the p99.9 of the keys below it is an
 /// outlier: left out of the distribution and named.
-pub const OUTLIER_FACTOR: u64 = 10;
+pub(crate) const OUTLIER_FACTOR: u64 = 10;
 
 /// The percentiles answered, in thousandths.
 const PERCENTILES: [(u64, &str); 4] = [(500, "p50"), (900, "p90"), (990, "p99"), (999, "p99.9")];
@@ -50,7 +50,7 @@ pub struct Suggestion {
     /// them, or the sample's when `sampled`.
     pub keys: u64,
     /// Whether the window held more keys than an hour's sample keeps
-    /// ([`MAX_HOUR_KEYS`](super::MAX_HOUR_KEYS)): the distribution is then
+    /// (1 024 keys): the distribution is then
     /// the bottom-k sample by hash of the window's keys (the same on every
     /// instance), and the curve's counts are scaled to `estimated_keys`.
     pub sampled: bool,
@@ -174,12 +174,12 @@ pub struct LeftOut {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SuggestError {
-    /// Fewer than [`MIN_KEYS`] distinct keys in the window.
+    /// Fewer than 50 distinct keys in the window.
     #[error("not enough data: {keys} distinct keys, {needed} needed")]
     NotEnoughData {
         /// Distinct keys seen.
         keys: u64,
-        /// [`MIN_KEYS`].
+        /// The keys needed: 50.
         needed: u64,
     },
     /// No such tier, or no such plan on it.
@@ -255,7 +255,7 @@ pub(crate) struct Ask<'a> {
 /// out before any rule (`denylisted`, `penalised`), if it is.
 ///
 /// The rules: a key named by `listed` is left out; of the others, a key
-/// above [`OUTLIER_FACTOR`] × the p99.9 of the keys below it (by bucket
+/// above 10 × the p99.9 of the keys below it (by bucket
 /// edge) is an outlier, asked from the heaviest down.
 /// A percentile `p` of `n` keys is the bucket edge of the `⌈p·n⌉`-th
 /// smallest peak; `suggested` is the bucket edge of the
@@ -263,7 +263,7 @@ pub(crate) struct Ask<'a> {
 /// most `target` of the keys, to within the bucket.
 ///
 /// # Errors
-/// [`SuggestError::NotEnoughData`] below [`MIN_KEYS`] distinct keys (all
+/// [`SuggestError::NotEnoughData`] below 50 distinct keys (all
 /// the window's, before any is left out). Sampled (`w.full`): the
 /// distribution is the window's bottom-k by hash.
 pub(crate) fn suggest(

@@ -17,7 +17,7 @@
 //! **The request path** (no allocation, no lock): the key part's xxh3 hash,
 //! one of four pre-sized tables per tier and plan (by period, modulo 4;
 //! allocated on the slot's first request), a linear probe and an atomic add.
-//! A table holds at most [`MAX_KEYS`] keys a period on one instance; a key
+//! A table holds at most 3 072 keys a period on one instance; a key
 //! beyond that, or a request whose period's table still holds a period
 //! four back not yet flushed, is not counted (its cost is added to
 //! `unsampled_requests`). A key whose count in the period crosses a power
@@ -37,9 +37,9 @@
 //! | `…:<tier>:<plan>:<hour>:h` | hash: key hash → its highest total in the hour | 7 days and an hour |
 //! | `…:<hour>:z` | sorted set: the hour's sample, by hash | the same |
 //! | `…:<hour>:m` | hash: `requests`, `unsampled`, `full` | the same |
-//! | `…:<hour>:n` | hash: key hash → key part, at most [`MAX_NAMES`] | the same |
+//! | `…:<hour>:n` | hash: key hash → key part, at most 256 | the same |
 //!
-//! An hour keeps the peaks of at most [`MAX_HOUR_KEYS`] keys: a bottom-k
+//! An hour keeps the peaks of at most 1 024 keys: a bottom-k
 //! sample by hash (the keys of smallest hash, whatever the instance or the
 //! order they came in; exact below k keys); a key outside it gets no total.
 //! Without Redis (the memory backend) the same store, by the same rules, is
@@ -51,10 +51,10 @@
 //! peaks log-spaced: integer edges one apart to 50, then at most 2 % apart;
 //! see [`Suggestion`].
 //!
-//! **Bounds.** In process: four tables of [`SLOTS`] × 24 bytes (384 KiB)
+//! **Bounds.** In process: four tables of 4 096 slots × 24 bytes (384 KiB)
 //! per tier and plan that has seen a request, the 16 names' buffers, and
-//! on the memory backend the store (at most [`MAX_HOUR_KEYS`] keys × 169
-//! hours per tier and plan). On Redis: at most [`MAX_HOUR_KEYS`] fields in
+//! on the memory backend the store (at most 1 024 keys × 169
+//! hours per tier and plan). On Redis: at most 1 024 fields in
 //! each hour's hash and sorted set (about 200 bytes a key: about 200 KiB
 //! an hour, 35 MB for 7 days per tier and plan at worst), and the period
 //! hashes of the sampled keys.
@@ -65,23 +65,21 @@ pub(crate) mod answer;
 pub(crate) mod buckets;
 pub(crate) mod store;
 
-pub use answer::{
-    CurvePoint, LeftOut, SuggestError, Suggested, Suggestion, MIN_KEYS, OUTLIER_FACTOR,
-};
+pub use answer::{CurvePoint, LeftOut, SuggestError, Suggested, Suggestion};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Slots of one table (a power of two).
-pub const SLOTS: usize = 4096;
+pub(crate) const SLOTS: usize = 4096;
 /// Keys one table holds in a period on one instance (¾ of its slots).
-pub const MAX_KEYS: u64 = 3072;
+pub(crate) const MAX_KEYS: u64 = 3072;
 /// Keys whose peaks one hour keeps per tier and plan: a bottom-k sample by
 /// hash (the keys with the smallest hashes), the same keys on every
 /// instance; exact below it.
-pub const MAX_HOUR_KEYS: u64 = 1024;
+pub(crate) const MAX_HOUR_KEYS: u64 = 1024;
 /// Names one hour keeps per tier and plan.
-pub const MAX_NAMES: u64 = 256;
+pub(crate) const MAX_NAMES: u64 = 256;
 /// Tables per slot: periods `p % TABLES`.
 const TABLES: usize = 4;
 /// Names a table keeps between flushes.
