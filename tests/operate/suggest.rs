@@ -359,3 +359,76 @@ async fn model_memory_redis_and_cluster_keep_the_same_bottom_k_sample() {
     );
     assert_percentiles(plan, &exact_pro);
 }
+
+/// A flush on Redis is one script call, whatever it took: here three
+/// groups (a tier's keys without a plan, its plan's keys, and a second
+/// tier of another period), each added exactly. (The background flush,
+/// once a second, may take the counts first: then the answer's own flush
+/// has nothing to send. Either way, at most one call.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_of_several_tiers_and_plans_is_one_script_call() {
+    let env = Env::redis();
+    let redis = env.redis.as_ref().expect("a Redis of the test's own");
+    let layer = env
+        .builder()
+        .tier(
+            Tier::new("user", User, Quota::per_minute(10))
+                .algorithm(Algorithm::FixedWindow)
+                .plans([("pro", Quota::per_minute(30))]),
+        )
+        .tier(Tier::new("user_hour", User, Quota::per_hour(1000)))
+        .demand(true)
+        .build()
+        .unwrap();
+    let h = layer.handle();
+    let traffic: Vec<(String, Option<&'static str>, u64)> = (0..60)
+        .map(|i| (format!("user-{i}"), None, 1 + i % 7))
+        .chain((0..60).map(|i| (format!("pro-{i}"), Some("pro"), 1 + i % 5)))
+        .collect();
+    in_process(&app(layer), &traffic).await;
+    let _: String = redis.cmd(&["CONFIG", "RESETSTAT"]);
+    let hour = std::time::Duration::from_secs(3600);
+    // The first answer flushes what the background flush has not.
+    let all = h.suggest("user", None, 0.01, hour).await.unwrap().to_json();
+    let stats: String = redis.cmd(&["INFO", "commandstats"]);
+    // Calls that ran: a first EVALSHA that met NOSCRIPT (the script not
+    // yet loaded) failed, and the same call was sent again after SCRIPT LOAD.
+    let ran = |cmd: &str| -> u64 {
+        let Some(rest) = stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:")))
+        else {
+            return 0;
+        };
+        let field = |name: &str| -> u64 {
+            rest.split(',')
+                .find_map(|f| f.strip_prefix(&format!("{name}=")))
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        field("calls") - field("failed_calls")
+    };
+    assert!(ran("evalsha") + ran("eval") <= 1, "{stats}");
+    let plan = h
+        .suggest("user", Some("pro"), 0.01, hour)
+        .await
+        .unwrap()
+        .to_json();
+    let other = h
+        .suggest("user_hour", None, 0.01, hour)
+        .await
+        .unwrap()
+        .to_json();
+    let sum = |f: &dyn Fn(&Option<&str>) -> bool| -> u64 {
+        traffic.iter().filter(|t| f(&t.1)).map(|t| t.2).sum()
+    };
+    assert_eq!(all["requests"], sum(&|p| p.is_none()));
+    assert_eq!(plan["requests"], sum(&|p| p.is_some()));
+    assert_eq!(other["requests"], sum(&|_| true));
+    assert_eq!(
+        (all["keys"].clone(), plan["keys"].clone()),
+        (60.into(), 60.into())
+    );
+    assert_eq!(other["keys"], 120);
+}

@@ -15,15 +15,13 @@ fn script() -> &'static ::redis::Script {
 pub(crate) type DemandHour = (Vec<(u64, u64)>, Vec<(u64, String)>, u64, u64, bool);
 
 impl RedisBackend {
-    /// Adds one instance's counts of one period (one script call).
-    pub(crate) async fn demand_add(&self, a: &RedisAdd) -> Result<(), BackendError> {
+    /// Adds one instance's counts of every group taken in a flush (one
+    /// script call whatever their number; none for none).
+    pub(crate) async fn demand_add(&self, adds: &[RedisAdd]) -> Result<(), BackendError> {
+        let Some(first) = adds.first() else {
+            return Ok(());
+        };
         let script = script();
-        let hour = [
-            format!("{}:h", a.hour_base),
-            format!("{}:m", a.hour_base),
-            format!("{}:n", a.hour_base),
-            format!("{}:z", a.hour_base),
-        ];
         let build = |with_source: bool| {
             let mut cmd = if with_source {
                 let mut c = ::redis::cmd("EVAL");
@@ -34,24 +32,31 @@ impl RedisBackend {
                 c.arg(script.get_hash());
                 c
             };
-            cmd.arg(5).arg(&a.period_key).arg(&hour[..]);
-            cmd.arg(a.period_ttl_ms)
-                .arg(a.hour_ttl_s)
-                .arg(MAX_HOUR_KEYS)
-                .arg(MAX_NAMES)
-                .arg(a.unsampled)
-                .arg(a.counts.len());
-            for (h, c) in &a.counts {
-                cmd.arg(format!("{h:016x}")).arg(*c).arg(score(*h));
+            cmd.arg(5 * adds.len());
+            for a in adds {
+                cmd.arg(&a.period_key);
+                for part in ["h", "m", "n", "z"] {
+                    cmd.arg(format!("{}:{part}", a.hour_base));
+                }
             }
-            for (h, n) in &a.names {
-                cmd.arg(format!("{h:016x}")).arg(n);
+            cmd.arg(first.hour_ttl_s).arg(MAX_HOUR_KEYS).arg(MAX_NAMES);
+            for a in adds {
+                cmd.arg(a.period_ttl_ms)
+                    .arg(a.unsampled)
+                    .arg(a.counts.len())
+                    .arg(a.names.len());
+                for (h, c) in &a.counts {
+                    cmd.arg(format!("{h:016x}")).arg(*c).arg(score(*h));
+                }
+                for (h, n) in &a.names {
+                    cmd.arg(format!("{h:016x}")).arg(n);
+                }
             }
             cmd
         };
         let mut target = self.target().await?;
         let _: i64 = self
-            .call_on(&mut target, &a.period_key, script, build)
+            .call_on(&mut target, &first.period_key, script, build)
             .await
             .map_err(|e| self.error(e))?;
         Ok(())

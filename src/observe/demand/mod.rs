@@ -27,9 +27,9 @@
 //! **Fleet-wide.** Once a second a task takes what every table counted
 //! since the last take (and empties the tables of finished periods) and
 //! adds it to the period's per-key totals, fleet-wide on Redis
-//! (`lua/demand.lua`, one script call per tier, plan and period, every key
-//! in the hash slot `{demand}`), so a key's requests on several instances
-//! are summed before its peak is taken:
+//! (`lua/demand.lua`: one script call a flush, for every tier, plan and
+//! period it took; every key in the hash slot `{demand}`), so a key's
+//! requests on several instances are summed before its peak is taken:
 //!
 //! | key | what | kept |
 //! |---|---|---|

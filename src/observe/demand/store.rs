@@ -202,6 +202,7 @@ impl Store {
             }
             #[cfg(feature = "redis")]
             Store::Redis { redis, prefix } => {
+                let mut adds = Vec::new();
                 for s in taken {
                     let base = redis_base(prefix, &s.tier, s.plan.as_deref());
                     let this_hour = now_us / HOUR_US;
@@ -215,7 +216,7 @@ impl Store {
                     }
                     let mut unsampled = s.unsampled;
                     for (hour, t) in parts {
-                        let add = RedisAdd {
+                        adds.push(RedisAdd {
                             period_key: format!("{base}:p:{}:{}", s.period_s, t.period),
                             period_ttl_ms: s.period_s.saturating_mul(2000).saturating_add(60_000),
                             hour_base: format!("{base}:{hour}"),
@@ -223,11 +224,10 @@ impl Store {
                             unsampled: std::mem::take(&mut unsampled),
                             counts: t.counts,
                             names: t.names,
-                        };
-                        redis.demand_add(&add).await.map_err(|e| e.to_string())?;
+                        });
                     }
                 }
-                Ok(())
+                redis.demand_add(&adds).await.map_err(|e| e.to_string())
             }
         }
     }
