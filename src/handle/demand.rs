@@ -146,6 +146,13 @@ impl RateLimitHandle {
             .map_err(SuggestError::Backend)?;
         let deny = self.denylist_entries();
         let nets: Vec<ipnet::IpNet> = deny.ips.iter().filter_map(|n| n.parse().ok()).collect();
+        // An `ApiKey` tier's key part is the value's 128-bit XXH3 in hex
+        // (`key::ApiKey`): a denylisted key is found by its hash too.
+        let hashed_keys: Vec<String> = deny
+            .api_keys
+            .iter()
+            .map(|k| format!("{:032x}", xxhash_rust::xxh3::xxh3_128(k.as_bytes())))
+            .collect();
         let mut penalised = HashSet::new();
         if penalty {
             let mut named: Vec<(u64, &String)> = w
@@ -166,6 +173,7 @@ impl RateLimitHandle {
             let ip = name.parse::<std::net::IpAddr>().ok();
             let denied = ip.is_some_and(|ip| nets.iter().any(|n| n.contains(&ip)))
                 || deny.api_keys.iter().any(|k| k == name)
+                || hashed_keys.iter().any(|k| k == name)
                 || deny.users.iter().any(|u| u == name);
             if denied {
                 Some("denylisted")

@@ -432,3 +432,46 @@ async fn a_flush_of_several_tiers_and_plans_is_one_script_call() {
     );
     assert_eq!(other["keys"], 120);
 }
+
+/// An `ApiKey` tier keeps each key's hash (`key::ApiKey`), never its value:
+/// a key denylisted by its value is still left out as `denylisted`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denylisted_api_key_is_left_out_by_its_hash() {
+    use tiered_ratelimit::key::ApiKey;
+    use tower::ServiceExt as _;
+    let env = Env::memory();
+    let layer = env
+        .builder()
+        .tier(
+            Tier::new("key", ApiKey::header("x-api-key"), Quota::per_minute(100))
+                .algorithm(Algorithm::FixedWindow),
+        )
+        .demand(true)
+        .build()
+        .unwrap();
+    let h = layer.handle();
+    let app = app(layer);
+    let mut keys: Vec<(String, u64)> = (0..60).map(|i| (format!("sk-{i}"), 1 + i % 9)).collect();
+    // Above 32 in a period: its name is kept (lower keys are named by a hash).
+    keys.push(("sk-abuser".to_owned(), 40));
+    for (k, n) in &keys {
+        for _ in 0..*n {
+            let req = http::Request::get("/")
+                .header("x-api-key", k.as_str())
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let res = app.clone().oneshot(req).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+        }
+    }
+    h.set_denylist(AccessList::new().api_key("sk-abuser"))
+        .unwrap();
+    let hour = std::time::Duration::from_secs(3600);
+    let body = h.suggest("key", None, 0.05, hour).await.unwrap().to_json();
+    let hash = format!("{:032x}", xxhash_rust::xxh3::xxh3_128(b"sk-abuser"));
+    assert_eq!(
+        body["left_out"],
+        serde_json::json!([{"key": hash, "demand": 40, "reason": "denylisted"}])
+    );
+    assert_eq!(body["keys"], 60);
+}
