@@ -38,6 +38,8 @@ impl RateLimitHandle {
     /// Takes this instance's per-key demand counts now and stores them
     /// (fleet-wide on Redis), as the background task does once a second; a
     /// replay on a virtual clock calls it as its clock passes each second.
+    /// Await it on a graceful shutdown, once the server has stopped taking
+    /// requests, so the last second's counts are kept.
     ///
     /// # Errors
     /// [`SuggestError::Backend`]: Redis failed (the counts taken are lost).
