@@ -13,7 +13,7 @@ pub(crate) mod override_rule;
 mod redis;
 
 #[cfg(feature = "redis")]
-pub(crate) use self::redis::redis_params;
+pub(crate) use self::redis::{redis_params, PollPart};
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use self::redis::{RedisBackend, SentinelMaster};

@@ -38,7 +38,7 @@ pub(crate) fn apply(
         {
             // Not a mode: the generation is read by the watcher (`store`),
             // the settings by `settings::apply_read`, the rollout plans by
-            // `rollout::drive`.
+            // `rollout::after`.
         } else if let Some(tier) = field.strip_prefix("tier:") {
             let Ok(i) = shared.config.tier_index(tier) else {
                 tracing::error!(target: super::CONTROL_LOG_TARGET, field, value, "control key: unknown tier ignored");
@@ -257,12 +257,13 @@ pub(crate) fn start(shared: &Arc<Shared>) {
                 let Some(shared) = weak.upgrade() else {
                     return;
                 };
-                let read = tokio::time::timeout(interval.max(Duration::from_millis(100)), redis.hgetall(&key)).await;
+                // One call a poll: the rollout's work (if any) and the read.
+                let read = tokio::time::timeout(interval.max(Duration::from_millis(100)),
+                    super::rollout::poll(&shared, &redis, &key, interval)).await;
                 match read {
-                    Ok(Ok(fields)) => {
+                    Ok(Ok((fields, parts, answers))) => {
                         store(&shared, &key, &fields, Some(&mut seen));
-                        super::rollout::drive(&shared, &redis, &key, &fields, interval).await;
-                        super::rollout::guard(&shared, &redis, &key, interval).await;
+                        super::rollout::after(&shared, &redis, &key, &fields, &parts, answers).await;
                     }
                     Ok(Err(e)) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, error = %e, "control key: poll failed; keeping the current mode overrides"),
                     Err(_) => tracing::warn!(target: super::CONTROL_LOG_TARGET, key, "control key: poll timed out; keeping the current mode overrides"),

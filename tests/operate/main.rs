@@ -13,6 +13,7 @@ mod observability;
 mod overrides;
 mod overrides_admin;
 mod rollout;
+mod rollout_calls;
 mod rollout_gates;
 mod rollout_guard;
 mod rollout_kill;

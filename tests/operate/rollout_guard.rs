@@ -9,7 +9,9 @@
 //! falls back never; a quota made 10× too low at full enforcement falls
 //! back to shadow on every instance within 30 s, logged once with the
 //! evidence, while a denylisted client stays refused; five users at 50×
-//! their rate are `abuse` and cause no fall back.
+//! their rate are `abuse` and cause no fall back. On a Redis Cluster the
+//! same fall back happens (the poll's one call, its keys in the control
+//! key's slot).
 
 use super::rollout_plan::{api_get, BASE, TOKEN};
 use crate::support::*;
@@ -63,8 +65,12 @@ fn tier(plan: Option<RolloutPlan>) -> Tier {
 }
 
 async fn node(redis: &RedisServer, plan: Option<RolloutPlan>) -> Node {
+    node_on(RedisBackend::from_url(&redis.url()).unwrap(), plan).await
+}
+
+async fn node_on(backend: RedisBackend, plan: Option<RolloutPlan>) -> Node {
     let layer = tiered_ratelimit::RateLimitLayer::builder()
-        .backend(RedisBackend::from_url(&redis.url()).unwrap())
+        .backend(backend)
         .backend_timeout(Duration::from_secs(2))
         .control_key(ControlKey::new("rl:control").poll_interval(POLL))
         .anomaly(AnomalyConfig {
@@ -379,6 +385,80 @@ async fn in_a_canary_stage_the_fall_back_stops_the_plan() {
     assert!(
         evidence.starts_with("cause=limiter ") && evidence.contains(" enforced_rate="),
         "{evidence}"
+    );
+    stop.store(true, Ordering::Relaxed);
+    steady.await.unwrap();
+}
+
+/// On a Redis Cluster of three primaries: the control hash, the rollout
+/// log and the guard's keys share one slot, so each poll's one call runs
+/// there; a quota 10× too low falls back to shadow on both instances within
+/// 30 s, logged once by the guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_quota_ten_times_too_low_falls_back_to_shadow() {
+    let cluster = cluster::RedisCluster::start(0);
+    let slot = cluster.keyslot("rl:control");
+    for key in [
+        "{rl:control}:rollout",
+        "{rl:control}:guard:user:lease",
+        "{rl:control}:guard:user:850000000",
+    ] {
+        assert_eq!(cluster.keyslot(key), slot, "{key}");
+    }
+    let backend = || RedisBackend::cluster(cluster.urls()).unwrap();
+    let nodes = [
+        node_on(backend(), None).await,
+        node_on(backend(), None).await,
+    ];
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let steady = traffic(
+        addrs.clone(),
+        users(),
+        USER_EVERY / USERS as u32,
+        stop.clone(),
+    );
+    // Warmup (5 buckets) and a bucket or two judged inside the band.
+    tokio::time::sleep(Duration::from_secs(14)).await;
+    for n in &nodes {
+        let g = guard_of(n.addr).await;
+        assert_eq!(g["judged"], true, "{g}");
+        assert_eq!(g["cause"], Value::Null, "{g}");
+    }
+    assert_eq!(modes(&nodes).await, ["enforce"; 2]);
+
+    nodes[1]
+        .handle
+        .set_fleet_quota("user", None, WRONG, "test")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    while modes(&nodes).await != ["shadow"; 2] {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "not in shadow everywhere within 30 s: {:?}, guard {}",
+            modes(&nodes).await,
+            guard_of(addrs[0]).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "on the cluster, fell back on every instance {:?} after the wrong quota",
+        t0.elapsed()
+    );
+    tokio::time::sleep(POLL * 2).await;
+    let entries: Vec<(String, Vec<(String, String)>)> = cluster.cmd_for_key(
+        "{rl:control}:rollout",
+        &["XRANGE", "{rl:control}:rollout", "-", "+"],
+    );
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let e = &entries[0].1;
+    assert_eq!(field(e, "event"), "fallback");
+    assert_eq!(field(e, "by"), "guard");
+    assert!(field(e, "reason").starts_with("limiter: the 429 rate left its band"));
+    assert_eq!(
+        cluster.cmd_for_key::<Option<String>>("rl:control", &["HGET", "rl:control", "tier:user"]),
+        Some("shadow".to_owned())
     );
     stop.store(true, Ordering::Relaxed);
     steady.await.unwrap();

@@ -1,10 +1,13 @@
 //! The gates a stage passes before the next one, read by the leader: the
 //! sample floor (checks and distinct keys) and the enforced cohort's share
-//! of the checks, of the fleet's stage (`flush_stages`, `lua/stage.lua`:
+//! of the checks, of the fleet's stage (`stage_parts`, `lua/stage.lua`:
 //! each instance adds its counts and ORs its map of keys into
-//! `{<control>}:stage:<tier>:<since_us>` at each poll where it has any),
-//! the check latency's p99 (the leader's own) against the stage before's,
-//! and the application guard.
+//! `{<control>}:stage:<tier>:<since_us>` in its poll's call when it has
+//! any; the leader's tick, later in the same call, judges these floors on
+//! the totals just answered, `lua/poll.lua`), the check latency's p99 (the
+//! leader's own) against the stage before's, and the application guard
+//! (asked by the leader before its call when its own best numbers pass the
+//! floors).
 //!
 //! While a plan runs, each check of its tier adds to [`StageStats`]
 //! (a hash of the key, two striped counters and a bit in a 64 Kbit map of
@@ -134,6 +137,24 @@ impl StageStats {
             .collect()
     }
 
+    /// This instance's best numbers of the stage that began at `since_us`:
+    /// the fleet's (checks, enforced, keys) its last call answered plus its
+    /// own checks since (its own keys when it sees more); its own counts
+    /// when no call answered yet.
+    fn best(&self, since_us: u64) -> (u64, u64, u64) {
+        let (r, e) = self.counts();
+        let own_keys = self.keys();
+        let flushed = *self.flushed.lock().unwrap_or_else(|e| e.into_inner());
+        match self.fleet(since_us) {
+            Some((fr, fe, fk)) if flushed.0 == since_us => (
+                fr + r.saturating_sub(flushed.1),
+                fe + e.saturating_sub(flushed.2),
+                fk.max(own_keys),
+            ),
+            _ => (r, e, own_keys),
+        }
+    }
+
     /// The fleet's (checks, enforced, keys) of the stage that began at
     /// `since_us`, when a flush answered them.
     fn fleet(&self, since_us: u64) -> Option<(u64, u64, u64)> {
@@ -164,19 +185,19 @@ fn stage_key(control: &str, tier: &str, since_us: u64, suffix: &str) -> String {
 #[cfg(feature = "redis")]
 const STAGE_TTL_S: u64 = 8 * 24 * 3600;
 
-/// Every instance's work at each poll for each running plan: adds its
-/// checks of the stage since its last poll to the fleet's (and ORs its map
-/// of keys into the fleet's), in one call, and keeps the fleet's totals it
-/// answers for the gates. An instance with nothing to add makes no call,
-/// but the leader of a stage that is due reads the totals so. Runs after the states read are stored (a new
-/// stage's statistics already start from zero).
+/// Every instance's part of each poll's call for each running plan (read
+/// at the last poll): adds its checks of the stage since its last poll to
+/// the fleet's (and ORs its map of keys into the fleet's), and answers the
+/// fleet's totals for the gates. An instance with nothing to add sends no
+/// part, but one whose step is a gated tick (`gated[i]`) does: the call
+/// judges the sample floors on those totals.
 #[cfg(feature = "redis")]
-pub(crate) async fn flush_stages(
+pub(crate) fn stage_parts(
     shared: &Shared,
-    redis: &crate::backend::RedisBackend,
     key: &str,
     states: &[Stored],
-    poll: Duration,
+    gated: &[bool],
+    out: &mut super::poll::Parts,
 ) {
     let plans = &shared.live.plans;
     for (i, state) in states.iter().enumerate() {
@@ -201,45 +222,67 @@ pub(crate) async fn flush_stages(
         } else {
             Vec::new()
         };
-        // Nothing to add: no call, unless this instance leads a stage that
-        // is due (its gates read the fleet's totals now).
-        let leads_due = state.leader == plans.instance
-            && state.next_at_us > 0
-            && shared.local_clock.now_us() + u64::try_from(poll.as_micros()).unwrap_or(u64::MAX)
-                >= state.next_at_us;
-        if requests == before.1 && enforced == before.2 && map.is_empty() && !leads_due {
+        let asked = gated.get(i).copied().unwrap_or(false);
+        if requests == before.1 && enforced == before.2 && map.is_empty() && !asked {
             continue;
         }
         let tier = &shared.config.tiers[i].name;
-        let keys = [
-            stage_key(key, tier, since, ""),
-            stage_key(key, tier, since, ":keys"),
-            stage_key(key, tier, since, &format!(":scratch:{}", plans.instance)),
-        ];
-        let call = redis.stage_flush(
-            [&keys[0], &keys[1], &keys[2]],
-            requests.saturating_sub(before.1),
-            enforced.saturating_sub(before.2),
-            &map,
-            STAGE_TTL_S,
+        out.push(
+            crate::backend::PollPart {
+                kind: "stage",
+                tier: tier.to_string(),
+                keys: vec![
+                    stage_key(key, tier, since, ""),
+                    stage_key(key, tier, since, ":keys"),
+                    stage_key(key, tier, since, &format!(":scratch:{}", plans.instance)),
+                ],
+                args: vec![
+                    requests.saturating_sub(before.1).to_string().into_bytes(),
+                    enforced.saturating_sub(before.2).to_string().into_bytes(),
+                    map,
+                    STAGE_TTL_S.to_string().into_bytes(),
+                ],
+            },
+            super::poll::What::Stage {
+                i,
+                since,
+                requests,
+                enforced,
+                bits,
+            },
         );
-        match tokio::time::timeout(poll.max(Duration::from_millis(100)), call).await {
-            Ok(Ok((r, e, b))) => {
-                *stats.flushed.lock().unwrap_or_else(|e| e.into_inner()) =
-                    (since, requests, enforced, bits);
-                *stats.fleet.lock().unwrap_or_else(|e| e.into_inner()) = Some(FleetStage {
-                    since_us: since,
-                    requests: r,
-                    enforced: e,
-                    bits: b,
-                });
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier, error = %e,
-                    "rollout plan: adding this instance's stage counts failed; trying again at the next poll")
-            }
-            Err(_) => tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier,
-                "rollout plan: adding this instance's stage counts timed out; trying again at the next poll"),
+    }
+}
+
+/// Records the answer to tier `i`'s stage part: what was added (`sent`:
+/// checks, enforced, bits, as read before the call) and the fleet's
+/// totals.
+#[cfg(feature = "redis")]
+pub(crate) fn staged(
+    shared: &Shared,
+    i: usize,
+    since: u64,
+    sent: (u64, u64, u64),
+    answer: ::redis::Value,
+) {
+    let Some(stats) = shared.live.plans.stats.get(i).and_then(Option::as_ref) else {
+        return;
+    };
+    match ::redis::from_redis_value::<(u64, u64, u64)>(answer) {
+        Ok((r, e, b)) => {
+            *stats.flushed.lock().unwrap_or_else(|e| e.into_inner()) =
+                (since, sent.0, sent.1, sent.2);
+            *stats.fleet.lock().unwrap_or_else(|e| e.into_inner()) = Some(FleetStage {
+                since_us: since,
+                requests: r,
+                enforced: e,
+                bits: b,
+            });
+        }
+        Err(e) => {
+            let tier = &*shared.config.tiers[i].name;
+            tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier, error = %e,
+                "rollout plan: adding this instance's stage counts failed; trying again at the next poll");
         }
     }
 }
@@ -327,20 +370,96 @@ impl Latency {
     }
 }
 
-/// The gates' answer for one tier at one poll.
+/// The gates' answer for one tier at one poll, as this instance sees them
+/// before its call: the call judges the sample floors again on the fleet's
+/// totals it has just added to (`lua/poll.lua`).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Verdict {
-    /// The gate that holds and why (empty: every gate passes).
-    pub(crate) holding: String,
-    /// The numbers read, for the log.
-    pub(crate) evidence: String,
+    /// The sample floors' hold on this instance's best numbers (empty:
+    /// they pass): the guard is asked only when they pass.
+    floors: String,
+    /// The hold of the other gates (the check's p99, then the guard;
+    /// empty: they pass).
+    rest: String,
+    /// Whether every other gate was asked (the guard is not while the
+    /// floors hold here).
+    known: bool,
+    /// `requests=… keys=… enforced=…`, on this instance's best numbers.
+    numbers: String,
+    /// The other gates' numbers, for the log.
+    rest_evidence: String,
     /// The guard asked to fall back to shadow, with its reason.
     pub(crate) fall_back: Option<String>,
 }
 
+impl Verdict {
+    /// The evidence as this instance sees it.
+    pub(crate) fn full_evidence(&self) -> String {
+        format!("{} {}", self.numbers, self.rest_evidence)
+    }
+
+    /// The gate arguments of a `gated` part (`lua/poll.lua`).
+    pub(crate) fn gate_args(&self, plan: &RolloutPlan, state: &Stored) -> Vec<String> {
+        let gates = &plan.gates;
+        let percent = match plan.stages.get(state.stage).map(|s| s.mode) {
+            Some(Mode::Canary { percent }) => Some(percent),
+            _ => None,
+        };
+        vec![
+            gates.min_requests.to_string(),
+            bits_for(gates.min_keys).to_string(),
+            percent.map_or_else(|| "-1".to_owned(), |p| most_bp(p).to_string()),
+            requests_reason(gates.min_requests),
+            keys_reason(gates.min_keys),
+            percent.map(share_reason).unwrap_or_default(),
+            if self.known { "1" } else { "0" }.to_owned(),
+            self.rest.clone(),
+            self.rest_evidence.clone(),
+        ]
+    }
+}
+
+fn requests_reason(min: u64) -> String {
+    format!("min_requests: fewer than {min} checks in the stage")
+}
+
+fn keys_reason(min: u64) -> String {
+    format!("min_keys: fewer than {min} keys in the stage")
+}
+
+/// The enforced cohort's most share of the checks in canary:`percent`, in
+/// basis points: twice the nominal percent.
+fn most_bp(percent: u8) -> u64 {
+    u64::from(percent.min(100)) * 200
+}
+
+fn share_reason(percent: u8) -> String {
+    format!(
+        "enforced_share: over {} % of the checks are in the enforced cohort (2 × canary:{percent}): a few heavy keys are in it",
+        most_bp(percent) / 100
+    )
+}
+
+/// The fewest bits set in the map of keys that count `min` keys
+/// ([`keys_of`] is monotone); past the full map, one more than its bits.
+fn bits_for(min: u64) -> u64 {
+    let (mut lo, mut hi) = (0u64, KEY_BITS as u64 + 1);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if mid <= KEY_BITS as u64 && keys_of(mid) >= min {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
+}
+
 /// The gates of tier `i`'s plan at its stage `state` (asked when the
-/// stage's time has about passed): the guard is given at most `budget`
-/// to answer (a slower one holds).
+/// stage's time has about passed), on this instance's best numbers: the
+/// fleet's totals its last call answered plus its own checks since. The
+/// guard is asked only when those pass the sample floors, and given at
+/// most `budget` to answer (a slower one holds).
 pub(crate) async fn evaluate(
     shared: &Shared,
     i: usize,
@@ -350,14 +469,9 @@ pub(crate) async fn evaluate(
 ) -> Verdict {
     let tier = &shared.config.tiers[i].name;
     let plans = &shared.live.plans;
-    // The fleet's stage as this instance's last flush answered it; its own
-    // counts before any (no Redis, a failed flush).
-    let (requests, enforced, keys) = plans.stats[i].as_ref().map_or((0, 0, 0), |s| {
-        s.fleet(state.since_us).unwrap_or_else(|| {
-            let (r, e) = s.counts();
-            (r, e, s.keys())
-        })
-    });
+    let (requests, enforced, keys) = plans.stats[i]
+        .as_ref()
+        .map_or((0, 0, 0), |s| s.best(state.since_us));
     let p99 = plans.latency.p99_us();
     let before = plans.latency.before_p99_us.load(Relaxed);
     let before_text = if before == u64::MAX {
@@ -366,60 +480,52 @@ pub(crate) async fn evaluate(
         before.to_string()
     };
     let mut v = Verdict {
-        evidence: format!(
-            "requests={requests} keys={keys} enforced={enforced} check_p99_us={} before_p99_us={before_text}",
+        numbers: format!("requests={requests} keys={keys} enforced={enforced}"),
+        rest_evidence: format!(
+            "check_p99_us={} before_p99_us={before_text}",
             p99.map_or_else(|| "none".to_owned(), |p| p.to_string()),
         ),
+        known: true,
         ..Verdict::default()
     };
     let gates = &plan.gates;
     let mode = plan.stages.get(state.stage).map(|s| s.mode);
     if requests < gates.min_requests {
-        v.holding = format!(
-            "min_requests: fewer than {} checks in the stage",
-            gates.min_requests
-        );
+        v.floors = requests_reason(gates.min_requests);
     } else if keys < gates.min_keys {
-        v.holding = format!("min_keys: fewer than {} keys in the stage", gates.min_keys);
+        v.floors = keys_reason(gates.min_keys);
     } else if let (Some(Mode::Canary { percent }), true) = (mode, requests > 0) {
-        // The enforced cohort's share, in basis points, at most twice the
-        // nominal percent.
-        let share = enforced * 10_000 / requests;
-        let most = u64::from(percent.min(100)) * 200;
-        if share > most {
-            v.holding = format!(
-                "enforced_share: over {} % of the checks are in the enforced cohort (2 × canary:{percent}): a few heavy keys are in it",
-                most / 100
+        if enforced * 10_000 / requests > most_bp(percent) {
+            v.floors = share_reason(percent);
+        }
+    }
+    if let (Some(p), true) = (p99, before != u64::MAX) {
+        let most = u64::try_from(gates.max_check_p99_increase.as_micros()).unwrap_or(u64::MAX);
+        if p > before.saturating_add(most) {
+            v.rest = format!(
+                "max_check_p99_increase: the check's p99 rose more than {most} µs over the stage before's"
             );
         }
     }
-    if v.holding.is_empty() {
-        if let (Some(p), true) = (p99, before != u64::MAX) {
-            let most = u64::try_from(gates.max_check_p99_increase.as_micros()).unwrap_or(u64::MAX);
-            if p > before.saturating_add(most) {
-                v.holding = format!(
-                    "max_check_p99_increase: the check's p99 rose more than {most} µs over the stage before's"
-                );
-            }
-        }
-    }
-    if v.holding.is_empty() {
-        if let Some(guard) = &plan.guard {
+    if let (Some(guard), true) = (&plan.guard, v.rest.is_empty()) {
+        if v.floors.is_empty() {
             match tokio::time::timeout(budget, guard(tier)).await {
-                Ok(GuardVerdict::Healthy) => v.evidence.push_str(" guard=healthy"),
+                Ok(GuardVerdict::Healthy) => v.rest_evidence.push_str(" guard=healthy"),
                 Ok(GuardVerdict::Hold(why)) => {
-                    v.evidence.push_str(" guard=hold");
-                    v.holding = format!("guard: {why}");
+                    v.rest_evidence.push_str(" guard=hold");
+                    v.rest = format!("guard: {why}");
                 }
                 Ok(GuardVerdict::FallBack(why)) => {
-                    v.evidence.push_str(" guard=fall_back");
+                    v.rest_evidence.push_str(" guard=fall_back");
                     v.fall_back = Some(format!("guard: {why}"));
                 }
                 Err(_) => {
-                    v.evidence.push_str(" guard=timeout");
-                    v.holding = format!("guard: no answer within {budget:?}");
+                    v.rest_evidence.push_str(" guard=timeout");
+                    v.rest = format!("guard: no answer within {budget:?}");
                 }
             }
+        } else {
+            v.known = false;
         }
     }
     v
@@ -462,5 +568,15 @@ mod tests {
         assert!((498..=502).contains(&keys), "{keys}");
         s.begin_stage();
         assert_eq!((s.counts(), s.keys()), ((0, 0), 0));
+    }
+
+    #[test]
+    fn the_floors_bits_are_the_fewest_that_count_the_keys() {
+        assert_eq!(bits_for(0), 0);
+        for min in [1, 5, 100, 10_000] {
+            let b = bits_for(min);
+            assert!(keys_of(b) >= min && keys_of(b - 1) < min, "{min}: {b}");
+        }
+        assert_eq!(bits_for(u64::MAX), KEY_BITS as u64 + 1);
     }
 }

@@ -4,18 +4,20 @@
 //! ([`crate::observe::guard`]), and the fall back to shadow by the holder
 //! of the guard's lease.
 //!
-//! At each poll an instance makes one call (`lua/guard.lua`) per guarded
-//! tier: it adds what it counted since its last poll to the bucket of the
-//! moment (`HINCRBY` into `{<control>}:guard:<tier>:<bucket>`, in the
+//! Each guarded tier is one part (`lua/guard.lua`) of the instance's one
+//! call a poll (`poll.rs`): it adds what it counted since its last poll to
+//! the bucket of the moment (`HINCRBY` into `{<control>}:guard:<tier>:<bucket>`, in the
 //! control key's slot), renews or takes the guard's lease
 //! (`{<control>}:guard:<tier>:lease`, three polls long, so a stopped holder
 //! is replaced within three polls), and reads the bucket being judged: the
 //! last one finished at least half a poll ago (no instance adds to it any
 //! more). Every instance judges it the same way; the lease holder, when
 //! `confirm` buckets in a row are `limiter` and the tier enforces (enforce
-//! or canary), runs `lua/plan.lua`'s `guard` step: the tier's fleet mode
-//! becomes shadow and its plan, if running or paused, `fellback`, in one
-//! compare-and-set, logged in the rollout log with the evidence. The lease
+//! or canary), runs `lua/plan.lua`'s `guard` step at once, a call of its
+//! own (once per fall back, not per poll: waiting for the next poll's call
+//! would add a poll to the fall back): the tier's fleet mode becomes shadow
+//! and its plan, if running or paused, `fellback`, in one compare-and-set,
+//! logged in the rollout log with the evidence. The lease
 //! is the guard's own, not the plan's, so a tier without a plan (its mode
 //! set by the operator) is guarded the same way.
 //!
@@ -238,14 +240,16 @@ fn us(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX).max(1)
 }
 
-/// The guard's work at one poll, for every guarded tier: flush, judge, and
-/// fall back when due. `poll`: the control key's poll interval.
+/// Adds each guarded tier's part of the poll's call: this instance's
+/// counts since its last poll added to the bucket of the moment, the
+/// guard's lease renewed or taken, and the bucket being judged read.
+/// `poll`: the control key's poll interval.
 #[cfg(feature = "redis")]
-pub(crate) async fn guard(
-    shared: &std::sync::Arc<Shared>,
-    redis: &crate::backend::RedisBackend,
+pub(crate) fn guard_parts(
+    shared: &Shared,
     key: &str,
     poll: Duration,
+    out: &mut super::poll::Parts,
 ) {
     for (i, g) in shared.live.plans.guards.iter().enumerate() {
         let Some(g) = g else {
@@ -258,16 +262,11 @@ pub(crate) async fn guard(
         let lag_us = us(poll.min(g.config.bucket)) / 2;
         let bucket = now_us / bucket_us;
         let judged = (now_us.saturating_sub(lag_us) / bucket_us).saturating_sub(1);
-        let keys = [
-            guard_key(key, tier, &bucket.to_string()),
-            guard_key(key, tier, &judged.to_string()),
-            guard_key(key, tier, "lease"),
-        ];
         let lease_ms = u64::try_from((poll * crate::rollout::LEASE_POLLS).as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
         let ttl_s = g.config.bucket.as_secs().max(1) * 10 + 60;
-        let args: Vec<String> = [
+        let args: Vec<Vec<u8>> = [
             shared.live.plans.instance.clone(),
             lease_ms.to_string(),
             ttl_s.to_string(),
@@ -286,79 +285,101 @@ pub(crate) async fn guard(
             .iter()
             .map(u64::to_string),
         )
+        .map(String::into_bytes)
         .collect();
-        let call = redis.guard_flush([&keys[0], &keys[1], &keys[2]], &args);
-        let (lead, fields) = match tokio::time::timeout(poll.max(Duration::from_millis(100)), call)
-            .await
-        {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(e)) => {
-                tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier, error = %e,
-                        "fall back guard: the flush failed; this poll's counts are lost");
-                continue;
-            }
-            Err(_) => {
-                tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier,
-                        "fall back guard: the flush timed out; this poll's counts are lost");
-                continue;
-            }
-        };
-        let mode = tier_mode(shared, i);
-        let (judgement, before) = {
-            let mut j = g.judged.lock().unwrap_or_else(|e| e.into_inner());
-            j.leader = lead;
-            let before = j.last.and_then(|l| l.cause);
-            if judged > j.bucket {
-                j.bucket = judged;
-                let b = parse_bucket(&fields);
-                let canary = matches!(mode, Mode::Canary { .. });
-                let verdict = j.detector.observe(&g.config, &b, canary);
-                if verdict.is_some() {
-                    j.last = verdict;
-                }
-                (verdict, before)
-            } else {
-                (None, before)
-            }
-        };
-        let Some(v) = judgement else {
-            continue;
-        };
-        // Logged when the cause changes, not at every bucket.
-        if v.cause != before {
-            tracing::info!(target: super::super::CONTROL_LOG_TARGET, tier = &**tier,
-                cause = v.cause.map_or("none", Cause::name), evidence = v.evidence(),
-                "fall back guard: the fleet's 429 rate changed cause (none: inside its band)");
-        }
-        let enforcing = matches!(mode, Mode::Enforce | Mode::Canary { .. });
-        if v.fall_back && lead && enforcing {
-            fall_back(shared, redis, key, i, &v).await;
-        }
+        out.push(
+            crate::backend::PollPart {
+                kind: "guard",
+                tier: tier.to_string(),
+                keys: vec![
+                    guard_key(key, tier, &bucket.to_string()),
+                    guard_key(key, tier, &judged.to_string()),
+                    guard_key(key, tier, "lease"),
+                ],
+                args,
+            },
+            super::poll::What::Guard { i, judged },
+        );
     }
 }
 
-/// Sets tier `i`'s fleet mode to shadow and stops its plan (`lua/plan.lua`'s
-/// `guard` step), logging the evidence.
+/// Tier `i`'s guard part answered (`lua/guard.lua`: whether this instance
+/// holds the lease, the judged bucket's fields): judges the bucket.
+/// Answers the fall back to make now when the lease holder finds it due on
+/// an enforcing tier: its reason and evidence.
 #[cfg(feature = "redis")]
-async fn fall_back(
-    shared: &std::sync::Arc<Shared>,
-    redis: &crate::backend::RedisBackend,
-    key: &str,
+pub(crate) fn guarded(
+    shared: &Shared,
     i: usize,
-    v: &Judgement,
-) {
-    let plans = &shared.live.plans;
-    let tier = &shared.config.tiers[i].name;
+    judged: u64,
+    answer: ::redis::Value,
+) -> Option<(String, String)> {
+    let g = shared.live.plans.guards.get(i)?.as_ref()?;
+    let tier = &*shared.config.tiers[i].name;
+    let (lead, fields) = match ::redis::from_redis_value::<(i64, Vec<(String, String)>)>(answer) {
+        Ok((lead, fields)) => (lead == 1, fields),
+        Err(e) => {
+            tracing::warn!(target: super::super::CONTROL_LOG_TARGET, tier, error = %e,
+                "fall back guard: the flush failed; this poll's counts are lost");
+            return None;
+        }
+    };
+    let mode = tier_mode(shared, i);
+    let (judgement, before) = {
+        let mut j = g.judged.lock().unwrap_or_else(|e| e.into_inner());
+        j.leader = lead;
+        let before = j.last.and_then(|l| l.cause);
+        if judged > j.bucket {
+            j.bucket = judged;
+            let b = parse_bucket(&fields);
+            let canary = matches!(mode, Mode::Canary { .. });
+            let verdict = j.detector.observe(&g.config, &b, canary);
+            if verdict.is_some() {
+                j.last = verdict;
+            }
+            (verdict, before)
+        } else {
+            (None, before)
+        }
+    };
+    let v = judgement?;
+    // Logged when the cause changes, not at every bucket.
+    if v.cause != before {
+        tracing::info!(target: super::super::CONTROL_LOG_TARGET, tier,
+            cause = v.cause.map_or("none", Cause::name), evidence = v.evidence(),
+            "fall back guard: the fleet's 429 rate changed cause (none: inside its band)");
+    }
+    let enforcing = matches!(mode, Mode::Enforce | Mode::Canary { .. });
+    if !(v.fall_back && lead && enforcing) {
+        return None;
+    }
     let reason = format!(
         "limiter: the 429 rate left its band ({:.1} % against {:.1} % ± {:.1} × {:.1}) for {} buckets at normal traffic, spread over {} keys",
         v.rate * 100.0,
         v.mean * 100.0,
-        plans.guards[i].as_ref().map_or(0.0, |g| g.config.k),
+        g.config.k,
         v.sigma * 100.0,
         v.streak,
         v.denied_keys,
     );
-    let evidence = v.evidence();
+    Some((reason, v.evidence()))
+}
+
+/// Sets tier `i`'s fleet mode to shadow and stops its plan (`lua/plan.lua`'s
+/// `guard` step, a call of its own: once per fall back, not per poll),
+/// logging the evidence, then reads the control hash so this instance
+/// applies it at once.
+#[cfg(feature = "redis")]
+pub(crate) async fn fall_back(
+    shared: &std::sync::Arc<Shared>,
+    redis: &crate::backend::RedisBackend,
+    key: &str,
+    i: usize,
+    reason: &str,
+    evidence: &str,
+) {
+    let plans = &shared.live.plans;
+    let tier = &shared.config.tiers[i].name;
     let log = super::log_key(key);
     for _ in 0..ATTEMPTS {
         let version = plans.read.load().get(i).map_or(0, |s| s.version);
@@ -369,9 +390,9 @@ async fn fall_back(
                 version,
                 "guard",
                 None,
-                &reason,
+                reason,
                 "guard",
-                &evidence,
+                evidence,
                 plan,
             ),
             None => vec![
@@ -380,9 +401,9 @@ async fn fall_back(
                 version.to_string(),
                 "guard".into(),
                 String::new(),
-                reason.clone(),
+                reason.to_owned(),
                 "guard".into(),
-                evidence.clone(),
+                evidence.to_owned(),
                 super::LOG_CAP.to_string(),
                 "0".into(),
             ],

@@ -2,17 +2,19 @@
 //!
 //! A tier's plan state is one field of the control hash, `plan:<tier>`
 //! (see `lua/plan.lua` for its format), read by every instance with the
-//! modes at each poll (the watcher's `HGETALL`, nothing more). Every change
+//! modes at each poll (the `HGETALL` that ends the poll's one call). Every change
 //! goes through one compare-and-set script, `lua/plan.lua`, on the plan's
 //! version, which also sets the tier's mode field (`tier:<tier>`) when a
 //! stage begins, so every instance applies the new stage's mode at its
 //! next poll, as it would an operator's, and appends the decision to the
 //! rollout log (a stream capped at [`LOG_CAP`] entries, key [`log_key`]).
 //!
-//! One instance, the leader, advances a running plan (`drive.rs`): at each
-//! of its polls one script call renews its lease (the field's `beat`) and,
-//! when the stage's time has passed, advances it if every gate passes
-//! (`gates.rs`) or records the gate that holds. Another instance that sees
+//! One instance, the leader, advances a running plan (`drive.rs`): in each
+//! of its polls' one call (`poll.rs`, `lua/poll.lua`, which also adds the
+//! instance's stage and guard counts and reads the control hash) its step
+//! renews its lease (the field's `beat`) and, when the stage's time has
+//! passed, advances it if every gate passes (`gates.rs`) or records the
+//! gate that holds. Another instance that sees
 //! the beat unchanged for the lease's lifetime asks the script to take the
 //! lease over, which it grants only if the beat is still the one it saw and
 //! the version the one it read: two would-be leaders cannot both step.
@@ -30,14 +32,14 @@ mod act;
 mod drive;
 mod gates;
 mod guard;
+#[cfg(feature = "redis")]
+mod poll;
 
 pub(crate) use act::{act, log, status};
-#[cfg(feature = "redis")]
-pub(crate) use drive::drive;
 pub(crate) use gates::{Latency, StageStats};
-#[cfg(feature = "redis")]
-pub(crate) use guard::guard;
 pub(crate) use guard::{GuardView, TierGuard};
+#[cfg(feature = "redis")]
+pub(crate) use poll::{after, poll};
 
 use crate::rollout::{RolloutPlan, Stored};
 use std::sync::Arc;
