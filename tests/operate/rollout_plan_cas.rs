@@ -8,12 +8,41 @@
 //! the tier's mode field always follows the stage, and the log holds one
 //! entry per change. The fall back guard's step (`guard`, under its own
 //! lease, not the plan's) is fenced by the version too, puts the mode in
-//! shadow once, and stops a running or paused plan (`fellback`).
+//! shadow once, and stops a running or paused plan (`fellback`). The
+//! leader's tick as it is made now, a part of its poll's one call
+//! (`lua/poll.lua`: the stage's counts added, then the sample floor judged
+//! on the fleet's totals), is fenced the same way, advances only when the
+//! floor passes and the other gates were asked, and answers the control
+//! hash as it left it.
 
 use crate::support::*;
 use proptest::prelude::*;
 
 const SCRIPT: &str = include_str!("../../lua/plan.lua");
+
+/// The poll's script as `src/backend/redis/poll.rs` composes it: the
+/// three scripts as local functions, then `lua/poll.lua`.
+fn poll_source() -> String {
+    let part = |name: &str, body: &str| format!("local function {name}(KEYS, ARGV)\n{body}\nend\n");
+    [
+        part("stage_part", include_str!("../../lua/stage.lua")),
+        part("guard_part", include_str!("../../lua/guard.lua")),
+        part("plan_part", SCRIPT),
+        include_str!("../../lua/poll.lua").to_owned(),
+    ]
+    .concat()
+}
+
+/// The gates of a tick made in the poll's call.
+#[derive(Debug, Clone, Copy)]
+enum Gate {
+    /// The floor met on the fleet's totals, the other gates passing.
+    Pass,
+    /// The floor not met.
+    Floor,
+    /// The floor met, the other gates not asked: a renewal only.
+    Unasked,
+}
 const MODES: [&str; 4] = ["shadow", "canary:1", "canary:10", "enforce"];
 /// Each stage but the last lasts this long (µs of the script's clock).
 const STAGE_US: u64 = 100;
@@ -27,6 +56,8 @@ enum Op {
     /// Instance i's renewal of the lease alone (the stage not due by its
     /// clock).
     Renew(usize),
+    /// Instance i's tick in its poll's call (`lua/poll.lua`).
+    Poll(usize, Gate),
     /// Instance i's operator action on its snapshot.
     Act(usize, &'static str),
     /// The clock moves.
@@ -39,6 +70,8 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             4 => (0usize..3).prop_map(Op::Read),
             6 => ((0usize..3), prop::bool::weighted(0.8)).prop_map(|(i, p)| Op::Tick(i, p)),
             2 => (0usize..3).prop_map(Op::Renew),
+            4 => ((0usize..3), prop::sample::select(vec![Gate::Pass, Gate::Pass, Gate::Floor, Gate::Unasked]))
+                .prop_map(|(i, g)| Op::Poll(i, g)),
             1 => ((0usize..3), prop::sample::select(vec!["start", "pause", "resume", "abort", "guard"]))
                 .prop_map(|(i, a)| Op::Act(i, a)),
             3 => (0u64..=250).prop_map(Op::Wait),
@@ -108,6 +141,102 @@ fn call(
     code
 }
 
+/// Instance `me`'s poll call: one checked request added to the stage,
+/// then its tick gated by `gate`. Answers the step's code and the control
+/// hash's `plan:ip` as the call read it at its end.
+fn poll_call(
+    c: &mut redis::Connection,
+    now: u64,
+    me: &str,
+    version: u64,
+    seen_beat: Option<u64>,
+    gate: Gate,
+) -> (i64, Option<String>) {
+    let stage = "{rl:control}:stage:ip:0";
+    let mut plan: Vec<String> = vec![
+        "ip".into(),
+        me.into(),
+        version.to_string(),
+        "tick".into(),
+        seen_beat.map(|b| b.to_string()).unwrap_or_default(),
+        String::new(),
+        "leader".into(),
+        String::new(),
+        "1000".into(),
+        MODES.len().to_string(),
+    ];
+    for (i, m) in MODES.iter().enumerate() {
+        plan.push((*m).into());
+        plan.push(if i + 1 == MODES.len() {
+            "-1".into()
+        } else {
+            STAGE_US.to_string()
+        });
+    }
+    let min_requests = match gate {
+        Gate::Floor => "1000000000",
+        Gate::Pass | Gate::Unasked => "0",
+    };
+    let known = match gate {
+        Gate::Unasked => "0",
+        Gate::Pass | Gate::Floor => "1",
+    };
+    let gated: Vec<String> = [
+        min_requests,
+        "0",
+        "-1",
+        "gate",
+        "keys",
+        "share",
+        known,
+        "",
+        "check_p99_us=none",
+    ]
+    .iter()
+    .map(|a| (*a).to_owned())
+    .chain(plan)
+    .collect();
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(poll_source())
+        .arg(5)
+        .arg("rl:control")
+        .arg("{rl:control}:rollout")
+        .arg(stage)
+        .arg(format!("{stage}:keys"))
+        .arg(format!("{stage}:scratch:{me}"))
+        .arg(now)
+        .arg(2)
+        .arg("stage")
+        .arg("ip")
+        .arg(3)
+        .arg(4)
+        .arg(1)
+        .arg(0)
+        .arg("")
+        .arg(60)
+        .arg("gated")
+        .arg("ip")
+        .arg(0)
+        .arg(gated.len());
+    for a in &gated {
+        cmd.arg(a);
+    }
+    let mut answers: Vec<redis::Value> = cmd.query(c).unwrap();
+    assert_eq!(answers.len(), 3);
+    let fields: Vec<(String, String)> = redis::from_redis_value(answers.pop().unwrap()).unwrap();
+    let (code, _): (i64, Option<String>) = redis::from_redis_value(answers.pop().unwrap()).unwrap();
+    let (requests, _, _): (u64, u64, u64) =
+        redis::from_redis_value(answers.pop().unwrap()).unwrap();
+    assert!(requests >= 1);
+    (
+        code,
+        fields
+            .into_iter()
+            .find(|(f, _)| f == "plan:ip")
+            .map(|(_, v)| v),
+    )
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
@@ -147,6 +276,15 @@ proptest! {
                         let seen = (s.4 != names[*i]).then_some(s.5);
                         (*i, call(&mut c, now, names[*i], s.0, "renew", seen, ""), false)
                     }
+                    Op::Poll(i, gate) => {
+                        let Some(s) = &snapshot[*i] else { continue };
+                        let seen = (s.4 != names[*i]).then_some(s.5);
+                        let (code, read_back) = poll_call(&mut c, now, names[*i], s.0, seen, *gate);
+                        // The call's own read is the hash as it left it.
+                        let raw: Option<String> = redis::cmd("HGET").arg("rl:control").arg("plan:ip").query(&mut c).unwrap();
+                        prop_assert_eq!(read_back, raw);
+                        (*i, code, matches!(gate, Gate::Pass))
+                    }
                     Op::Act(i, action) => {
                         let v = snapshot[*i].as_ref().map_or(0, |s| s.0);
                         (*i, call(&mut c, now, names[*i], v, action, None, ""), true)
@@ -154,7 +292,7 @@ proptest! {
                 };
                 let after = read(&mut c);
                 let read_version = match op {
-                    Op::Tick(..) | Op::Renew(..) | Op::Act(..) => snapshot[i].as_ref().map_or(0, |s| s.0),
+                    Op::Tick(..) | Op::Renew(..) | Op::Poll(..) | Op::Act(..) => snapshot[i].as_ref().map_or(0, |s| s.0),
                     _ => unreachable!(),
                 };
                 if read_version != version {
@@ -163,7 +301,7 @@ proptest! {
                     prop_assert_eq!(&after, &before);
                     continue;
                 }
-                if let Op::Tick(..) | Op::Renew(..) = op {
+                if let Op::Tick(..) | Op::Renew(..) | Op::Poll(..) = op {
                     let s = snapshot[i].as_ref().unwrap();
                     let claims = s.4 == names[i];
                     if status == "running" && leader != names[i] && (claims || s.5 != beat) {
@@ -204,7 +342,11 @@ proptest! {
                         changes += 1;
                         let a = after.clone().unwrap();
                         prop_assert_eq!(a.0, version + 1, "one version a change");
-                        if let Op::Tick(..) | Op::Renew(..) = op {
+                        if let Op::Poll(_, Gate::Unasked) = op {
+                            // A renewal (or a takeover): nothing held.
+                            prop_assert_eq!(a.1, stage, "an unasked gate never advances");
+                        }
+                        if let Op::Tick(..) | Op::Renew(..) | Op::Poll(..) = op {
                             if a.1 != stage {
                                 prop_assert_eq!(a.1, stage + 1, "one stage at a time");
                                 prop_assert!(pass, "a failed gate never advances");
