@@ -1,6 +1,7 @@
 -- A tier's fall back guard (src/engine/rollout/guard.rs): each instance's
 -- flush of its counts since its last poll into the fleet's bucket, the
--- guard's lease, and the read of the bucket being judged, in one call.
+-- guard's lease, and the read of the bucket being judged. A function of
+-- lua/poll.lua (`guard_part`), a part of the instance's one call a poll.
 --
 -- KEYS[1]  the bucket to add to: a hash, {<control>}:guard:<tier>:<bucket>
 -- KEYS[2]  the bucket being judged (an earlier one, same form)

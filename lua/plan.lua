@@ -1,6 +1,8 @@
 -- A tier's staged rollout plan (src/engine/rollout/): one compare-and-set
 -- on the plan's state, kept in the control hash beside the modes, so each
--- step happens exactly once however many instances try it.
+-- step happens exactly once however many instances try it. Called alone
+-- (operators' actions, a guard's fall back) and as lua/poll.lua's
+-- `plan_part` (the leader's step in its one call a poll).
 --
 -- KEYS[1]  the control hash
 -- KEYS[2]  the rollout log, a capped stream in the control hash's slot

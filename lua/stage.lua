@@ -1,7 +1,8 @@
 -- A running plan's stage counted fleet-wide (src/engine/rollout/gates.rs):
 -- each instance's checks since its last poll added to the stage's totals,
--- its map of keys seen OR-ed into the stage's map, in one call; answers
--- the totals, so the leader's gates read the fleet's stage.
+-- its map of keys seen OR-ed into the stage's map; answers the totals, so
+-- the leader's gates read the fleet's stage. A function of lua/poll.lua
+-- (`stage_part`), a part of the instance's one call a poll.
 --
 -- KEYS[1]  the stage's totals, a hash {<control>}:stage:<tier>:<since_us>
 -- KEYS[2]  the stage's map of keys seen (a 64 Kbit string), same prefix

@@ -258,10 +258,11 @@ pub(crate) fn start(shared: &Arc<Shared>) {
                     return;
                 };
                 // One call a poll: the rollout's work (if any) and the read.
+                let parts = super::rollout::gather(&shared, &key, interval).await;
                 let read = tokio::time::timeout(interval.max(Duration::from_millis(100)),
-                    super::rollout::poll(&shared, &redis, &key, interval)).await;
+                    super::rollout::call(&redis, &key, &parts)).await;
                 match read {
-                    Ok(Ok((fields, parts, answers))) => {
+                    Ok(Ok((fields, answers))) => {
                         store(&shared, &key, &fields, Some(&mut seen));
                         super::rollout::after(&shared, &redis, &key, &fields, &parts, answers).await;
                     }

@@ -39,7 +39,7 @@ pub(crate) use act::{act, log, status};
 pub(crate) use gates::{Latency, StageStats};
 pub(crate) use guard::{GuardView, TierGuard};
 #[cfg(feature = "redis")]
-pub(crate) use poll::{after, poll};
+pub(crate) use poll::{after, call, gather};
 
 use crate::rollout::{RolloutPlan, Stored};
 use std::sync::Arc;

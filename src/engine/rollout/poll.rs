@@ -54,25 +54,11 @@ impl Parts {
     }
 }
 
-/// One poll of the control hash `key`: this instance's rollout work and
-/// the hash's read in one call (the hash alone when there is no work).
-/// Answers the hash's fields, each part's answer already applied but the
-/// plan states' (stored by [`after`] once the fields are).
-pub(crate) async fn poll(
-    shared: &Arc<Shared>,
-    redis: &RedisBackend,
-    key: &str,
-    poll: Duration,
-) -> Result<(Vec<(String, String)>, Parts, Vec<::redis::Value>), crate::error::BackendError> {
-    let parts = gather(shared, key, poll).await;
-    if parts.parts.is_empty() {
-        return Ok((redis.hgetall(key).await?, parts, Vec::new()));
-    }
-    let (answers, fields) = redis.poll(key, &super::log_key(key), &parts.parts).await?;
-    Ok((fields, parts, answers))
-}
-
-async fn gather(shared: &Arc<Shared>, key: &str, poll: Duration) -> Parts {
+/// The parts of this instance's next poll (none: the poll is the plain
+/// `HGETALL`), taken from the state read at its last poll. Asks a plan's
+/// guard callback when the leader's stage is due (given a poll interval),
+/// so it is awaited before the call, outside the call's timeout.
+pub(crate) async fn gather(shared: &Arc<Shared>, key: &str, poll: Duration) -> Parts {
     let mut out = Parts::default();
     let plans = &shared.live.plans;
     if !plans.any() && plans.guards.iter().all(Option::is_none) {
@@ -86,6 +72,21 @@ async fn gather(shared: &Arc<Shared>, key: &str, poll: Duration) -> Parts {
     out.parts.extend(steps.parts);
     out.what.extend(steps.what);
     out
+}
+
+/// One poll of the control hash `key`: `parts` and the hash's read in one
+/// call (the hash alone without parts). Answers the hash's fields and each
+/// part's answer, in order.
+pub(crate) async fn call(
+    redis: &RedisBackend,
+    key: &str,
+    parts: &Parts,
+) -> Result<(Vec<(String, String)>, Vec<::redis::Value>), crate::error::BackendError> {
+    if parts.parts.is_empty() {
+        return Ok((redis.hgetall(key).await?, Vec::new()));
+    }
+    let (answers, fields) = redis.poll(key, &super::log_key(key), &parts.parts).await?;
+    Ok((fields, answers))
 }
 
 /// Applies the call's answers after the control hash's `fields` are
