@@ -391,25 +391,39 @@ async fn in_a_canary_stage_the_fall_back_stops_the_plan() {
 }
 
 /// On a Redis Cluster of three primaries: the control hash, the rollout
-/// log and the guard's keys share one slot, so each poll's one call runs
-/// there; a quota 10× too low falls back to shadow on both instances within
-/// 30 s, logged once by the guard.
+/// log, the stage's and the guard's keys share one slot, so each poll's
+/// one call (the leader's step, the stage counts, the guard's part) runs
+/// there; a plan in its canary:50 stage, a quota 10× too low: shadow on
+/// both instances within 30 s, the plan `fellback`, logged once by the
+/// guard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_quota_ten_times_too_low_falls_back_to_shadow() {
     let cluster = cluster::RedisCluster::start(0);
     let slot = cluster.keyslot("rl:control");
     for key in [
         "{rl:control}:rollout",
+        "{rl:control}:stage:user:1700000000000000",
         "{rl:control}:guard:user:lease",
         "{rl:control}:guard:user:850000000",
     ] {
         assert_eq!(cluster.keyslot(key), slot, "{key}");
     }
+    let plan = || {
+        Some(RolloutPlan::new([
+            Stage::new(Mode::Canary { percent: 50 }).hold_for(Duration::from_secs(3600)),
+            Stage::new(Mode::Enforce),
+        ]))
+    };
     let backend = || RedisBackend::cluster(cluster.urls()).unwrap();
     let nodes = [
-        node_on(backend(), None).await,
-        node_on(backend(), None).await,
+        node_on(backend(), plan()).await,
+        node_on(backend(), plan()).await,
     ];
+    nodes[0]
+        .handle
+        .plan("user", PlanAction::Start, "test")
+        .await
+        .unwrap();
     let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let steady = traffic(
@@ -425,7 +439,15 @@ async fn on_a_cluster_a_quota_ten_times_too_low_falls_back_to_shadow() {
         assert_eq!(g["judged"], true, "{g}");
         assert_eq!(g["cause"], Value::Null, "{g}");
     }
-    assert_eq!(modes(&nodes).await, ["enforce"; 2]);
+    assert_eq!(modes(&nodes).await, ["canary:50"; 2]);
+    // The stage's counts reached the cluster (each instance's part).
+    let stage: Vec<String> = cluster.keys();
+    assert!(
+        stage
+            .iter()
+            .any(|k| k.starts_with("{rl:control}:stage:user:")),
+        "{stage:?}"
+    );
 
     nodes[1]
         .handle
@@ -447,15 +469,20 @@ async fn on_a_cluster_a_quota_ten_times_too_low_falls_back_to_shadow() {
         t0.elapsed()
     );
     tokio::time::sleep(POLL * 2).await;
+    for n in &nodes {
+        let p = api_get(n.addr, "/api/plan/user").await;
+        assert_eq!(p["status"], "fellback", "{p}");
+    }
     let entries: Vec<(String, Vec<(String, String)>)> = cluster.cmd_for_key(
         "{rl:control}:rollout",
         &["XRANGE", "{rl:control}:rollout", "-", "+"],
     );
-    assert_eq!(entries.len(), 1, "{entries:?}");
-    let e = &entries[0].1;
-    assert_eq!(field(e, "event"), "fallback");
-    assert_eq!(field(e, "by"), "guard");
-    assert!(field(e, "reason").starts_with("limiter: the 429 rate left its band"));
+    let events: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|(_, e)| (field(e, "event"), field(e, "by")))
+        .collect();
+    assert_eq!(events, [("start", "test"), ("fallback", "guard")]);
+    assert!(field(&entries[1].1, "reason").starts_with("limiter: the 429 rate left its band"));
     assert_eq!(
         cluster.cmd_for_key::<Option<String>>("rl:control", &["HGET", "rl:control", "tier:user"]),
         Some("shadow".to_owned())
