@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tiered_ratelimit::backend::ManualClock;
 use tiered_ratelimit::rollout::{FallbackGuard, PlanAction, RolloutPlan};
-use tiered_ratelimit::{Quota, Tier};
+use tiered_ratelimit::Tier;
 
 /// One top-level command as `MONITOR` shows it.
 #[derive(Debug, Clone)]
@@ -138,23 +138,11 @@ fn redis_time(redis: &RedisServer) -> f64 {
     s.parse::<f64>().unwrap() + us.parse::<f64>().unwrap() / 1e6
 }
 
-/// `ip` keyed by `x-user`, the recipe's plan (a floor of 1 000 000 checks:
-/// a due stage holds) and a fall back guard.
+/// `ip` keyed by `x-user` (1000 a minute), the recipe's plan (a floor of
+/// 1 000 000 checks: a due stage holds) and a fall back guard.
 fn tier() -> Tier {
-    Tier::new(
-        "ip",
-        |p: &http::request::Parts| {
-            p.headers
-                .get("x-user")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        },
-        Quota::per_minute(100_000),
-    )
-    .rollout(
-        RolloutPlan::recipe(Duration::from_secs(3600))
-            .min_requests(1_000_000)
-            .lease(LEASE),
+    super::rollout_gates::tier(
+        RolloutPlan::recipe(Duration::from_secs(3600)).min_requests(1_000_000),
     )
     .guard(FallbackGuard::shadow().bucket(Duration::from_secs(2)))
 }

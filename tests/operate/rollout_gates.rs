@@ -17,7 +17,7 @@ use tiered_ratelimit::{Quota, Tier};
 
 /// `ip`, keyed by the `x-user` header, 1000 a minute, the recipe's plan of
 /// hour-long stages with a floor of 20 checks and 5 keys.
-fn tier(plan: RolloutPlan) -> Tier {
+pub(crate) fn tier(plan: RolloutPlan) -> Tier {
     Tier::new(
         "ip",
         |p: &http::request::Parts| {

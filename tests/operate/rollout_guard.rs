@@ -312,24 +312,38 @@ async fn five_abusers_at_50x_are_abuse_and_no_fall_back() {
     }
 }
 
-/// A plan in its canary:50 stage: the wrong quota refuses both cohorts
-/// alike (their rates match: the limiter is wrong for everyone); the
-/// would-deny rate leaves its band, the tier goes to shadow everywhere and
-/// the plan stops (`fellback`), once, and does not move again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_a_canary_stage_the_fall_back_stops_the_plan() {
-    let redis = RedisServer::start();
-    let plan = || {
-        Some(RolloutPlan::new([
-            Stage::new(Mode::Canary { percent: 50 }).hold_for(Duration::from_secs(3600)),
-            Stage::new(Mode::Enforce),
-        ]))
-    };
-    let nodes = [
-        node(&redis, plan()).await,
-        node(&redis, plan()).await,
-        node(&redis, plan()).await,
-    ];
+/// Sets the quota 10× too low fleet-wide through `nodes[via]` and waits
+/// until every node runs the tier in shadow, at most 30 s: how long it took.
+async fn wrong_quota_falls_back_within_30s(nodes: &[Node], via: usize) -> Duration {
+    nodes[via]
+        .handle
+        .set_fleet_quota("user", None, WRONG, "test")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    while modes(nodes).await.iter().any(|m| m != "shadow") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "not in shadow everywhere within 30 s: {:?}, guard {}",
+            modes(nodes).await,
+            guard_of(nodes[0].addr).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    t0.elapsed()
+}
+
+/// A plan in canary:50 for an hour, then enforce.
+fn canary_plan() -> Option<RolloutPlan> {
+    Some(RolloutPlan::new([
+        Stage::new(Mode::Canary { percent: 50 }).hold_for(Duration::from_secs(3600)),
+        Stage::new(Mode::Enforce),
+    ]))
+}
+
+/// Starts the plan through the first node and the steady traffic through
+/// every one: the traffic's stop flag and its task.
+async fn start_with_traffic(nodes: &[Node]) -> (Arc<AtomicBool>, tokio::task::JoinHandle<()>) {
     nodes[0]
         .handle
         .plan("user", PlanAction::Start, "test")
@@ -343,6 +357,22 @@ async fn in_a_canary_stage_the_fall_back_stops_the_plan() {
         USER_EVERY / USERS as u32,
         stop.clone(),
     );
+    (stop, steady)
+}
+
+/// A plan in its canary:50 stage: the wrong quota refuses both cohorts
+/// alike (their rates match: the limiter is wrong for everyone); the
+/// would-deny rate leaves its band, the tier goes to shadow everywhere and
+/// the plan stops (`fellback`), once, and does not move again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_a_canary_stage_the_fall_back_stops_the_plan() {
+    let redis = RedisServer::start();
+    let nodes = [
+        node(&redis, canary_plan()).await,
+        node(&redis, canary_plan()).await,
+        node(&redis, canary_plan()).await,
+    ];
+    let (stop, steady) = start_with_traffic(&nodes).await;
     tokio::time::sleep(Duration::from_secs(16)).await;
     assert_eq!(modes(&nodes).await, ["canary:50"; 3]);
     for n in &nodes {
@@ -355,20 +385,7 @@ async fn in_a_canary_stage_the_fall_back_stops_the_plan() {
             "{g}"
         );
     }
-    nodes[2]
-        .handle
-        .set_fleet_quota("user", None, WRONG, "test")
-        .await
-        .unwrap();
-    let t0 = Instant::now();
-    while modes(&nodes).await != ["shadow"; 3] {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "{:?}",
-            modes(&nodes).await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wrong_quota_falls_back_within_30s(&nodes, 2).await;
     tokio::time::sleep(POLL * 2).await;
     for n in &nodes {
         let p = api_get(n.addr, "/api/plan/user").await;
@@ -408,30 +425,12 @@ async fn on_a_cluster_a_quota_ten_times_too_low_falls_back_to_shadow() {
     ] {
         assert_eq!(cluster.keyslot(key), slot, "{key}");
     }
-    let plan = || {
-        Some(RolloutPlan::new([
-            Stage::new(Mode::Canary { percent: 50 }).hold_for(Duration::from_secs(3600)),
-            Stage::new(Mode::Enforce),
-        ]))
-    };
     let backend = || RedisBackend::cluster(cluster.urls()).unwrap();
     let nodes = [
-        node_on(backend(), plan()).await,
-        node_on(backend(), plan()).await,
+        node_on(backend(), canary_plan()).await,
+        node_on(backend(), canary_plan()).await,
     ];
-    nodes[0]
-        .handle
-        .plan("user", PlanAction::Start, "test")
-        .await
-        .unwrap();
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
-    let stop = Arc::new(AtomicBool::new(false));
-    let steady = traffic(
-        addrs.clone(),
-        users(),
-        USER_EVERY / USERS as u32,
-        stop.clone(),
-    );
+    let (stop, steady) = start_with_traffic(&nodes).await;
     // Warmup (5 buckets) and a bucket or two judged inside the band.
     tokio::time::sleep(Duration::from_secs(14)).await;
     for n in &nodes {
@@ -449,25 +448,8 @@ async fn on_a_cluster_a_quota_ten_times_too_low_falls_back_to_shadow() {
         "{stage:?}"
     );
 
-    nodes[1]
-        .handle
-        .set_fleet_quota("user", None, WRONG, "test")
-        .await
-        .unwrap();
-    let t0 = Instant::now();
-    while modes(&nodes).await != ["shadow"; 2] {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "not in shadow everywhere within 30 s: {:?}, guard {}",
-            modes(&nodes).await,
-            guard_of(addrs[0]).await
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    eprintln!(
-        "on the cluster, fell back on every instance {:?} after the wrong quota",
-        t0.elapsed()
-    );
+    let took = wrong_quota_falls_back_within_30s(&nodes, 1).await;
+    eprintln!("on the cluster, fell back on every instance {took:?} after the wrong quota");
     tokio::time::sleep(POLL * 2).await;
     for n in &nodes {
         let p = api_get(n.addr, "/api/plan/user").await;
