@@ -9,11 +9,8 @@
 -- the requests before it left: all or nothing on its own keys, its own
 -- deadline, its own reply. Redis TIME is read once per call.
 -- A request whose tiers are all enforced fixed windows in the integer form
--- is decided increment-first (incr_first below): its keys are INCRBY'd
--- before the decision, and a denial undoes them in the same call (DECRBY,
--- or DEL of a key it created), so no other command ever sees the charge;
--- but unlike check.lua, such a denial writes (both commands are
--- replicated and notified), where check.lua's writes nothing.
+-- is decided increment-first (check_incr, dispatch.lua), as check.lua
+-- decides it: one INCRBY per key, undone in the call on a denial.
 --
 -- ARGV[1]   the call's clock: "" = Redis TIME, or a test clock "<now
 --           µs>[:<ttl slack ms>]" (ManualClock; tests only)
@@ -26,74 +23,20 @@
 --           a+1+n] its specs, exactly as check.lua's ARGV[1 + i]
 -- KEYS      each request's n keys in turn (as check.lua's KEYS[1..n]), then
 --           the sets ARGV[2] counts
--- Returns   one reply per request, in order: check.lua's reply ({ now_us,
---           per tier ..., trailer }, or { now_us } when late), or an error
---           message in a table of its own, { "bad tier spec ..." } (a
---           malformed spec), for that request alone (an error reply nested
---           in the array would fail the whole call in the client).
-
--- Increment-first, for a request whose tiers are all enforced fixed
--- windows answering short, listed once, none a candidate, stored in the integer form
--- ("<window start µs + count>", limit < window: fixed_window.lua): INCRBY
--- each key by its cost first (its reply is the value already charged, so
--- no read), decide on the value before it, then on a window's first
--- request SET the window's own value, and for a denied request undo every
--- INCRBY (DECRBY; DEL for a key it created), so the request is still all
--- or nothing and leaves what it found. The reply and the rejected tiers
--- are check_plain's. nil, with nothing left written, for any other request
--- or a key that does not hold an integer (another form, another type):
--- check_request decides it then.
-local function incr_first(keys, first, n, now)
-  local specs_of = {}
-  for i = 1, n do
-    local t = specs[ARGV[first + i - 1]]
-    if t == nil then t = tier_spec(ARGV[first + i - 1]) end
-    -- A candidate (t[15]) has its own commit rule: check_request's.
-    if not t or t[10] ~= 2 or not t[9] or t[15] or t[2] >= t[3] then return nil end
-    specs_of[i] = t
-  end
-  local out, before, starts = { now }, {}, {}
-  local rejected
-  for i = 1, n do
-    local t = specs_of[i]
-    local r = redis.pcall('INCRBY', keys[i], t[6])
-    if type(r) ~= 'number' then
-      for j = i - 1, 1, -1 do
-        if before[j] == 0 then redis.call('DEL', keys[j])
-        else redis.call('DECRBY', keys[j], specs_of[j][6]) end
-      end
-      return nil
-    end
-    local window = t[3]
-    local start = math.floor(now / window)
-    if start * window > now then start = start - 1 end
-    start = start * window
-    local b = r - t[6]
-    before[i], starts[i] = b, start
-    local count = 0
-    if b >= start and b < start + window then count = b - start end
-    if count + t[6] <= t[2] then
-      out[i + 1] = count
-    else
-      out[i + 1] = -count - 1
-      if rejected then rejected[#rejected + 1] = i else rejected = { i } end
-    end
-  end
-  for i = 1, n do
-    local t, b, start = specs_of[i], before[i], starts[i]
-    if rejected then
-      if b == 0 then redis.call('DEL', keys[i])
-      else redis.call('DECRBY', keys[i], t[6]) end
-    elseif not (b >= start and b < start + t[3]) then
-      -- The window's first request (the key was absent or of an earlier
-      -- window): its own value, until the window ends.
-      redis.call('SET', keys[i], int(start + t[6]), 'PX', px_of(start + t[3] - now))
-    end
-  end
-  return out, rejected
-end
+-- Returns   the call's now_us, then per request in order: a request
+--           decided increment-first its n counts inline (check_incr: the
+--           short reply's numbers, without a now or a table of its own),
+--           any other its reply as a table of its own: check.lua's reply
+--           ({ now_us, per tier ..., trailer }, or { now_us } when late),
+--           or an error message, { "bad tier spec ..." } (a malformed
+--           spec), for that request alone (an error reply nested in the
+--           array would fail the whole call in the client). The client
+--           knows each request's n, so the two cannot be confused.
 
 local call_keys, call_argv = KEYS, ARGV
+-- Each request's number of tiers by its string (tonumber, a strtod, once
+-- per distinct count: kept with the library, as the specs are).
+local tier_counts = batch_tier_counts
 local now = read_clock(call_argv[1])
 local slack = ttl_slack_ms
 local n_keys = #call_keys
@@ -101,37 +44,50 @@ local sets = tonumber(call_argv[2])
 local blocked, shadowed
 if sets > 0 then blocked = call_keys[n_keys - sets + 1] end
 if sets > 1 then shadowed = call_keys[n_keys] end
-local replies = {}
-local touched = { false, false }
-local a, k, r = 3, 0, 0
+local replies = { now }
+-- The sets a denial added to (made at the first: most calls have none).
+local touched
+local a, k, o = 3, 0, 1
 while call_argv[a] do
-  local n = tonumber(call_argv[a])
-  local deadline = tonumber(call_argv[a + 1])
-  local keys = {}
-  for i = 1, n do keys[i] = call_keys[k + i] end
-  r = r + 1
-  if deadline > 0 and now > deadline then
-    replies[r] = { now }
+  local n = tier_counts[call_argv[a]]
+  if not n then
+    n = tonumber(call_argv[a])
+    tier_counts[call_argv[a]] = n
+  end
+  local deadline = call_argv[a + 1]
+  if deadline ~= '0' and now > tonumber(deadline) then
+    o = o + 1
+    replies[o] = { now }
   else
-    KEYS = keys
-    override_next = false
-    ttl_slack_ms = slack
-    local out, rejected = incr_first(keys, a + 2, n, now)
-    if not out then out, rejected = check_request(now, a + 2, n) end
-    if not out then
-      replies[r] = { rejected }
+    local done, rejected = check_incr(call_keys, k, call_argv, a + 2, n, now, replies, o)
+    if done then
+      o = done
     else
-      replies[r] = out
-      if blocked and rejected then
-        for _, i in ipairs(rejected) do
-          local t = tier_spec(call_argv[a + 1 + i])
-          local s = t[7] and 2 or 1
-          -- (A shadow tier comes with the second set; without it, nothing
-          -- to count, as in check.lua.)
-          if s == 1 or shadowed then
-            redis.call('ZINCRBY', s == 2 and shadowed or blocked, t[6], keys[i])
-            touched[s] = true
-          end
+      local keys = {}
+      for i = 1, n do keys[i] = call_keys[k + i] end
+      KEYS = keys
+      override_next = false
+      ttl_slack_ms = slack
+      local out
+      out, rejected = check_request(now, a + 2, n)
+      o = o + 1
+      if out then
+        replies[o] = out
+      else
+        replies[o] = { rejected }
+        rejected = nil
+      end
+    end
+    if blocked and rejected then
+      for _, i in ipairs(rejected) do
+        local t = tier_spec(call_argv[a + 1 + i])
+        local s = t[7] and 2 or 1
+        -- (A shadow tier comes with the second set; without it, nothing
+        -- to count, as in check.lua.)
+        if s == 1 or shadowed then
+          redis.call('ZINCRBY', s == 2 and shadowed or blocked, t[6], call_keys[k + i])
+          if not touched then touched = { false, false } end
+          touched[s] = true
         end
       end
     end
@@ -139,11 +95,13 @@ while call_argv[a] do
   a, k = a + 2 + n, k + n
 end
 KEYS = call_keys
-for s, set in ipairs({ blocked, shadowed }) do
-  if touched[s] then
-    local extra = redis.call('ZCARD', set) - 10000
-    if extra > 0 then redis.call('ZREMRANGEBYRANK', set, 0, extra - 1) end
-    redis.call('EXPIRE', set, 90000)
+if touched then
+  for s, set in ipairs({ blocked, shadowed }) do
+    if touched[s] then
+      local extra = redis.call('ZCARD', set) - 10000
+      if extra > 0 then redis.call('ZREMRANGEBYRANK', set, 0, extra - 1) end
+      redis.call('EXPIRE', set, 90000)
+    end
   end
 end
 return replies

@@ -53,13 +53,24 @@
 -- Writes happen only if every enforced tier allows the request; then every
 -- tier that allows it is charged (a shadow tier that would deny is not, just
 -- as an enforced denial charges nothing). The writes a denial makes: the
--- rejected-keys set above, and a penalty box's strike or block when its
--- tier denied (penalty.lua).
+-- rejected-keys set above, a penalty box's strike or block when its
+-- tier denied (penalty.lua), and for a request of enforced fixed windows
+-- alone (increment-first: check_incr in dispatch.lua) an INCRBY per key
+-- undone in the same call (DECRBY, or DEL of a key it created), which
+-- leaves every value as it was but is replicated and notified.
 
 local tiers = #ARGV - 1
-local out, rejected = check_request(ARGV[1], 2, tiers)
-if not out then
-  return redis.error_reply(rejected)
+local now, deadline = read_clock(ARGV[1])
+if deadline and now > deadline then return { now } end
+-- A request of fixed windows alone: increment-first (check_incr,
+-- dispatch.lua); any other, or a key in another form: check_request.
+local out = { now }
+local done, rejected = check_incr(KEYS, 0, ARGV, 2, tiers, now, out, 1)
+if not done then
+  out, rejected = check_request(now, 2, tiers)
+  if not out then
+    return redis.error_reply(rejected)
+  end
 end
 
 local blocked, shadowed = KEYS[tiers + 1], KEYS[tiers + 2]

@@ -166,6 +166,14 @@ local function tier_spec(s)
       end
     end
     t[10] = plain
+    -- Decided increment-first (check_incr below): an enforced fixed window
+    -- answering short, listed once, no candidate, stored in the integer
+    -- form (limit < window: fixed_window.lua); t[17] its cost as the
+    -- string INCRBY is sent, t[18] and t[19] the window's start and the
+    -- now it was computed for (a cache: one division per spec a call).
+    if plain == 2 and t[9] and not t[15] and t[2] < t[3] then
+      t[16], t[17] = true, string.format('%d', t[6])
+    end
   end
   if specs_n >= 1024 then specs, specs_n = {}, 0 end
   specs[s] = t
@@ -181,6 +189,151 @@ local function px_of(us)
   if ms * 1000 > a then ms = ms - 1 end
   if ms < 1 then ms = 1 end
   return ms + ttl_slack_ms
+end
+
+-- Increment-first, for a request whose tiers are all of t[16] (tier_spec:
+-- enforced fixed windows answering short, listed once, none a candidate,
+-- stored in the integer form "<window start µs + count>"): INCRBY each
+-- key by its cost first (its reply is the value already charged, so no
+-- read and, in a window already begun, no other write), decide on the
+-- value before it; then, for an allowed request, SET each key found
+-- absent or of an earlier window to its window's own value until the
+-- window ends, and for a denied one undo every INCRBY (DECRBY; DEL for a
+-- key it created) in the same call, so the request stays all or nothing
+-- and no other command ever sees the charge. Unlike check_plain, a denial
+-- writes (the INCRBY and its undo are replicated and notified).
+-- Tier i is keys[k + i] with the spec args[first + i - 1]; its count
+-- (short: the window's count before the request, or -(count + 1) when it
+-- denies, as check_plain answers) goes to out[o + i]. Returns o + n and
+-- the numbers of the tiers that denied (nil when none did), or nil with
+-- nothing left written for any other request, or when a key does not hold
+-- an integer (another form, another type): check_request decides it then.
+-- Per key no more than the perf lab's lean script
+-- (perf/floors/fixed_window_batch_incr.lua): one lookup of the spec's
+-- record (incr_rec), no table made per request (`incr_seen` holds each
+-- tier's record and value before, for the call's requests in turn), no
+-- number formatted but on a window's first request.
+
+-- Per spec string, its record { limit, window µs, cost, cost as INCRBY's
+-- argument, window start µs, the now that start is of } (an array: the
+-- fields a key reads are one indexed load each; the start is computed
+-- once per spec a call), or false for a spec not of t[16]. Kept as the
+-- specs are (at most 1 024).
+local incr_recs, incr_recs_n = {}, 0
+local function incr_rec(spec)
+  local t = specs[spec]
+  if t == nil then t = tier_spec(spec) end
+  local rec = false
+  if t and t[16] then rec = { t[2], t[3], t[6], t[17], 0, -1 } end
+  if incr_recs_n >= 1024 then incr_recs, incr_recs_n = {}, 0 end
+  incr_recs[spec] = rec
+  incr_recs_n = incr_recs_n + 1
+  return rec
+end
+
+local incr_seen = {}
+-- A group commit's numbers of tiers by their strings (batch.lua).
+local batch_tier_counts = {}
+local function check_incr(keys, k, args, first, n, now, out, o)
+  if n == 1 then
+    -- One tier (the commonest request): the same, in locals.
+    local spec = args[first]
+    local rec = incr_recs[spec]
+    if rec == nil then rec = incr_rec(spec) end
+    if not rec then return nil end
+    local key = keys[k + 1]
+    local r = redis.pcall('INCRBY', key, rec[4])
+    if type(r) ~= 'number' then return nil end
+    local start = rec[5]
+    if rec[6] ~= now then
+      local window = rec[2]
+      start = math.floor(now / window)
+      if start * window > now then start = start - 1 end
+      start = start * window
+      rec[5], rec[6] = start, now
+    end
+    local cost = rec[3]
+    local b = r - cost
+    local count = b - start
+    local fresh = count < 0 or count >= rec[2]
+    if fresh then count = 0 end
+    if count + cost <= rec[1] then
+      out[o + 1] = count
+      if fresh then
+        redis.call('SET', key, string.format('%d', start + cost), 'PX',
+          px_of(start + rec[2] - now))
+      end
+      return o + 1
+    end
+    out[o + 1] = -count - 1
+    if b == 0 then redis.call('DEL', key) else redis.call('DECRBY', key, rec[4]) end
+    return o + 1, { 1 }
+  end
+  if n == 0 then return nil end
+  local seen = incr_seen
+  for i = 1, n do
+    local spec = args[first + i - 1]
+    local rec = incr_recs[spec]
+    if rec == nil then rec = incr_rec(spec) end
+    if not rec then return nil end
+    seen[2 * i] = rec
+  end
+  local pcall_ = redis.pcall
+  local denied, fresh = false, false
+  for i = 1, n do
+    local rec = seen[2 * i]
+    local r = pcall_('INCRBY', keys[k + i], rec[4])
+    if type(r) ~= 'number' then
+      for j = i - 1, 1, -1 do
+        if seen[2 * j - 1] == 0 then redis.call('DEL', keys[k + j])
+        else redis.call('DECRBY', keys[k + j], seen[2 * j][4]) end
+      end
+      return nil
+    end
+    local start = rec[5]
+    if rec[6] ~= now then
+      local window = rec[2]
+      start = math.floor(now / window)
+      if start * window > now then start = start - 1 end
+      start = start * window
+      rec[5], rec[6] = start, now
+    end
+    local cost = rec[3]
+    local b = r - cost
+    local count = b - start
+    if count < 0 or count >= rec[2] then
+      count, fresh = 0, true
+    end
+    if count + cost <= rec[1] then
+      out[o + i] = count
+    else
+      out[o + i] = -count - 1
+      denied = true
+    end
+    seen[2 * i - 1] = b
+  end
+  if denied then
+    local rejected = {}
+    for i = 1, n do
+      if out[o + i] < 0 then rejected[#rejected + 1] = i end
+      if seen[2 * i - 1] == 0 then redis.call('DEL', keys[k + i])
+      else redis.call('DECRBY', keys[k + i], seen[2 * i][4]) end
+    end
+    return o + n, rejected
+  end
+  if fresh then
+    for i = 1, n do
+      local rec = seen[2 * i]
+      local start, b = rec[5], seen[2 * i - 1]
+      if b < start or b >= start + rec[2] then
+        -- The window's first request (the key was absent or of an earlier
+        -- window): its own value, until the window ends.
+        redis.call('SET', keys[k + i], string.format('%d', start + rec[3]), 'PX',
+          px_of(start + rec[2] - now))
+      end
+    end
+  end
+  return o + n
 end
 
 -- A sliding log's write from check_plain (kind 6): its entry of cost 1

@@ -326,7 +326,7 @@ async fn max_batch_one_sends_every_request_alone() {
 }
 
 /// Requests whose tiers are all fixed windows take the batch's
-/// increment-first path (`lua/batch.lua`, `incr_first`): over window
+/// increment-first path (`check_incr`, lua/dispatch.lua): over window
 /// turns, shared keys, costs up to above the limit and both stored forms
 /// (limit < window: an integer; limit ≥ window: "start:count", which goes
 /// the ordinary way), they decide exactly as the memory backend does.
@@ -413,6 +413,51 @@ async fn an_increment_first_denial_leaves_its_keys_as_found() {
     // Its expiry as the first request set it: nothing SET it since.
     let expiry_after: i64 = redis.cmd(&["PEXPIRETIME", "a"]);
     assert_eq!(expiry_after, expiry);
+}
+
+/// A request of fixed windows sent alone (not in a group commit) is decided
+/// increment-first too (`check_incr`, lua/check.lua): one INCRBY per key,
+/// no read; denied, it leaves its keys exactly as it found them (an
+/// existing key's value and expiry, and no key it created), and the next
+/// request sees the count the allowed ones left.
+#[tokio::test(flavor = "current_thread")]
+async fn a_lone_increment_first_denial_leaves_its_keys_as_found() {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US);
+    let b: Backend = redis.backend_on(&clock).into();
+    let v = b.check(vec![tier("a", fixed(5))]).await.unwrap();
+    assert_eq!(v.decisions[0].remaining, 4);
+    let a_before: String = redis.get("a").unwrap();
+    let expiry: i64 = redis.cmd(&["PEXPIRETIME", "a"]);
+    redis.cmd::<()>(&["CONFIG", "RESETSTAT"]);
+    // "a" passes, "full" denies (cost 2 above its limit 1): neither is
+    // charged, and "full", which did not exist, still does not.
+    let v = b
+        .check(vec![
+            tier("a", fixed(5)),
+            TierCheck {
+                key: "full".to_owned(),
+                limit: fixed(1),
+                cost: 2,
+                home: None,
+            },
+        ])
+        .await
+        .unwrap();
+    assert!(!v.allowed());
+    // (What "a" would have left: its tier allowed.)
+    assert_eq!(v.decisions[0].remaining, 3);
+    assert!(!v.decisions[1].allowed);
+    assert_eq!(redis.get("full"), None);
+    assert_eq!(redis.get("a").unwrap(), a_before);
+    let expiry_after: i64 = redis.cmd(&["PEXPIRETIME", "a"]);
+    assert_eq!(expiry_after, expiry);
+    let v = b.check(vec![tier("a", fixed(5))]).await.unwrap();
+    assert_eq!(v.decisions[0].remaining, 3);
+    // Each went alone, with no read: INCRBY per key (two, one, one).
+    assert_eq!(redis.calls("fcall"), 2);
+    assert_eq!(redis.calls("incrby"), 3);
+    assert_eq!(redis.calls("mget"), 0);
 }
 
 /// `n` random requests of 1 to 3 tiers, each tier one of `limits` on a key
@@ -526,7 +571,7 @@ async fn candidates_in_a_batch_decide_as_the_memory_backend() {
 }
 
 /// Fixed windows only, live and candidate: a batch of such requests is
-/// decided increment-first (lua/batch.lua), which must leave candidates to
+/// decided increment-first (check_incr), which must leave candidates to
 /// check_request: a candidate's denial never rejects its request. Live
 /// windows of 6 with candidates of 2, so candidates deny while the live
 /// tiers allow; every decision is the memory backend's.

@@ -24,7 +24,10 @@
 //! queued request waits as its built command; the batch takes its keys,
 //! deadline and specs from it. With a test clock the call's clock is read
 //! when the call is sent. In the script, a request whose tiers are all
-//! fixed windows is decided increment-first (`lua/batch.lua`).
+//! fixed windows is decided increment-first (`check_incr` in
+//! `lua/dispatch.lua`, as alone) and answers its counts inline in the
+//! call's reply ([`wire::BatchValues`], split by each request's number of
+//! tiers).
 //!
 //! A cluster sends each request's calls per slot, not through this queue
 //! (`cluster.rs`).
@@ -232,22 +235,28 @@ impl RedisBackend {
             Err(e) => Err(e),
         };
         let replies = match replies {
-            Ok(r) if r.0.len() == call.len() => r.0,
             Ok(r) => {
-                let e = BackendError::Reply(format!(
-                    "a group commit of {} requests answered {} replies",
-                    call.len(),
-                    r.0.len()
-                ));
-                return fail(call, &e);
+                let now = r.now();
+                match r.replies(call.iter().map(|q| q.tiers.len())) {
+                    Some(replies) => {
+                        if self.clock.is_none() {
+                            if let Some(now) = now {
+                                self.calibrate(sent, now);
+                            }
+                        }
+                        replies
+                    }
+                    None => {
+                        let e = BackendError::Reply(format!(
+                            "a group commit of {} requests answered another layout",
+                            call.len()
+                        ));
+                        return fail(call, &e);
+                    }
+                }
             }
             Err(e) => return fail(call, &e),
         };
-        if self.clock.is_none() {
-            if let Some(&now) = replies.iter().find_map(|r| r.as_ref().ok()?.first()) {
-                self.calibrate(sent, now);
-            }
-        }
         for (q, reply) in call.into_iter().zip(replies) {
             let verdict = match reply {
                 Ok(values) => self.verdict(&values, &q.tiers, q.flags, q.shadow),

@@ -106,12 +106,76 @@ impl ::redis::FromRedisValue for CheckValues {
     }
 }
 
-/// A group commit's reply (`lua/batch.lua`): per request, its check reply
-/// or, for a request the script could not check (a malformed spec), the
-/// script's message.
-pub(in crate::backend::redis) struct BatchValues(
-    pub(in crate::backend::redis) Vec<Result<smallvec::SmallVec<[i64; 8]>, String>>,
-);
+/// A group commit's reply (`lua/batch.lua`) as sent: the call's `now_us`,
+/// then per request either its tiers' counts inline (a request decided
+/// increment-first: `check_incr` in `lua/dispatch.lua`, one number per
+/// tier, the short reply's) or its own reply as an array: its check reply,
+/// or for a request the script could not check (a malformed spec) the
+/// script's message. [`BatchValues::replies`] splits it by each request's
+/// number of tiers, which the client knows.
+#[derive(Debug)]
+pub(in crate::backend::redis) struct BatchValues(Vec<BatchItem>);
+
+/// One value of a [`BatchValues`].
+#[derive(Debug)]
+enum BatchItem {
+    /// The call's `now_us`, or an inline count.
+    Number(i64),
+    /// A request's own reply (or message).
+    Reply(Result<smallvec::SmallVec<[i64; 8]>, String>),
+}
+
+/// A request's check reply in a group commit (its numbers, as a check
+/// alone answers them), or the script's message for it.
+pub(in crate::backend::redis) type BatchReply = Result<smallvec::SmallVec<[i64; 8]>, String>;
+
+impl BatchValues {
+    /// The call's `now_us` (Redis's clock, read once for the call).
+    pub(in crate::backend::redis) fn now(&self) -> Option<i64> {
+        match self.0.first() {
+            Some(BatchItem::Number(now)) => Some(*now),
+            _ => None,
+        }
+    }
+
+    /// Each request's reply, for requests of these numbers of tiers in call
+    /// order: an inline request's counts after the call's `now_us`, as the
+    /// check of a request alone answers them. `None` when the reply does not
+    /// have that layout (too few or too many values, a number where a reply
+    /// must be).
+    pub(in crate::backend::redis) fn replies(
+        self,
+        tiers: impl IntoIterator<Item = usize>,
+    ) -> Option<Vec<BatchReply>> {
+        let mut items = self.0.into_iter();
+        let Some(BatchItem::Number(now)) = items.next() else {
+            return None;
+        };
+        let mut out = Vec::new();
+        for n in tiers {
+            match items.next()? {
+                BatchItem::Reply(r) => out.push(r),
+                BatchItem::Number(_) if n == 0 => return None,
+                BatchItem::Number(first) => {
+                    let mut v = smallvec::SmallVec::with_capacity(n + 1);
+                    v.push(now);
+                    v.push(first);
+                    for _ in 1..n {
+                        match items.next()? {
+                            BatchItem::Number(c) => v.push(c),
+                            BatchItem::Reply(_) => return None,
+                        }
+                    }
+                    out.push(Ok(v));
+                }
+            }
+        }
+        if items.next().is_some() {
+            return None;
+        }
+        Some(out)
+    }
+}
 
 impl ::redis::FromRedisValue for BatchValues {
     fn from_redis_value_ref(v: &::redis::Value) -> Result<Self, ::redis::ParsingError> {
@@ -121,10 +185,11 @@ impl ::redis::FromRedisValue for BatchValues {
         let mut out = Vec::with_capacity(items.len());
         for item in items {
             out.push(match item {
-                ::redis::Value::Array(a) => match a.as_slice() {
+                ::redis::Value::Int(n) => BatchItem::Number(*n),
+                ::redis::Value::Array(a) => BatchItem::Reply(match a.as_slice() {
                     [::redis::Value::BulkString(m)] => Err(String::from_utf8_lossy(m).into_owned()),
                     _ => Ok(CheckValues::from_redis_value_ref(item)?.0),
-                },
+                }),
                 other => {
                     return Err(format!("a group commit reply holds {other:?}").into());
                 }

@@ -366,3 +366,48 @@ fn malformed_replies_are_reply_errors() {
     let v = decided(parse_check(&r, &long_of(1, 1), 0, Shadow::NONE));
     assert_eq!(v.decisions[0].remaining, i64::MAX.unsigned_abs());
 }
+
+/// A group commit's reply: the call's now, then per request its counts
+/// inline (increment-first) or its own reply as an array; split by each
+/// request's number of tiers.
+#[test]
+fn a_batch_reply_splits_by_tiers() {
+    use ::redis::{FromRedisValue, Value};
+    let arr = |v: &[i64]| Value::Array(v.iter().map(|&n| Value::Int(n)).collect());
+    let reply = Value::Array(vec![
+        Value::Int(77),
+        Value::Int(3),
+        arr(&[70, 1, 2, 3]),
+        Value::Int(-5),
+        Value::Int(0),
+        arr(&[77]),
+        Value::Array(vec![Value::BulkString(b"bad tier spec x".to_vec())]),
+    ]);
+    let values = BatchValues::from_redis_value_ref(&reply).unwrap();
+    assert_eq!(values.now(), Some(77));
+    let split = BatchValues::from_redis_value_ref(&reply)
+        .unwrap()
+        .replies([1, 3, 2, 2, 1])
+        .unwrap();
+    let want: Vec<BatchReply> = vec![
+        Ok([77, 3].into_iter().collect()),
+        Ok([70, 1, 2, 3].into_iter().collect()),
+        Ok([77, -5, 0].into_iter().collect()),
+        Ok([77].into_iter().collect()),
+        Err("bad tier spec x".to_owned()),
+    ];
+    assert_eq!(split, want);
+    // Another number of tiers than the reply holds: not that layout.
+    for tiers in [
+        &[1, 3, 2, 2][..],
+        &[1, 3, 2, 2, 1, 1],
+        &[2, 3, 2, 2, 1],
+        &[1, 3, 1, 2, 1],
+    ] {
+        let v = BatchValues::from_redis_value_ref(&reply).unwrap();
+        assert_eq!(v.replies(tiers.iter().copied()), None, "{tiers:?}");
+    }
+    // A request of no tiers never answers inline.
+    let v = BatchValues::from_redis_value_ref(&Value::Array(vec![Value::Int(1), Value::Int(0)]));
+    assert_eq!(v.unwrap().replies([0]), None);
+}
