@@ -6,6 +6,7 @@ mod cell;
 mod check;
 mod fast;
 mod overrides;
+mod pack;
 mod peek;
 mod shard;
 mod slot;
