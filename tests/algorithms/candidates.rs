@@ -299,3 +299,114 @@ fn candidate_decisions_are_counted_in_the_metric() {
         ]
     );
 }
+
+/// Candidates the Redis scripts pack in one key of their tier key,
+/// `<tier key>{c}` (a token bucket and a policing leaky bucket of rate 1,
+/// fixed and calendar windows, sliding window counters): four of different
+/// kinds and periods on one tier, one on the other, under every live
+/// algorithm, on one long sequence: the model, the memory backend and
+/// Redis agree on every decision, and Redis holds one key per tier key for
+/// them, none of their own.
+#[test]
+fn packed_candidates_agree_on_model_memory_and_redis() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::{Gcra, TokenBucket};
+    let h = Harness::new();
+    let all = algorithm_limits();
+    let named = |n: &str| all.iter().find(|(name, _)| *name == n).unwrap().1;
+    // Rate 1: the limit divides the period.
+    let bucket = Limit::TokenBucket(TokenBucket::new(2, S, 3).unwrap());
+    let police = Limit::LeakyBucket(Gcra {
+        bucket: TokenBucket::new(4, 2 * S, 4).unwrap(),
+        max_delay_us: None,
+    });
+    let ca = [bucket, named("fixed_odd"), named("calendar"), named("counter")];
+    let cb = [police];
+    let mut rng =
+        crate::support::rng::Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
+    let mut next = move || rng.next();
+    let ops: Vec<Op> = (0..300)
+        .map(|_| {
+            let step = match next() % 4 {
+                0 => 0,
+                1 => next() % 300_000,
+                _ => next() % 1_500_000,
+            };
+            (
+                step,
+                (next() % 3) as u8,
+                1 + next() % 3,
+                next().is_multiple_of(4),
+            )
+        })
+        .collect();
+    for (i, (na, a)) in all.iter().enumerate() {
+        let (denied, allowed) = h.run(
+            3_000_000 + i as u64,
+            (*a, all[(i + 3) % all.len()].1),
+            &ca,
+            &cb,
+            &ops,
+        );
+        assert!(
+            denied > 0 && allowed > 0,
+            "{na}: {denied} denied, {allowed} allowed proves little"
+        );
+    }
+    let keys: Vec<String> = h._redis.cmd(&["KEYS", "c3*{c*"]);
+    assert!(!keys.is_empty());
+    assert!(
+        keys.iter().all(|k| k.ends_with("{c}")),
+        "a candidate on a key of its own: {keys:?}"
+    );
+}
+
+/// A packed candidates key expires with its longest-lived candidate:
+/// fixed windows of 1 s, 10 s, 100 s and 1 000 s, each charged once, give
+/// the key the 1 000 s window's remaining time (as its own key would
+/// have), not another's.
+#[test]
+fn a_packed_key_lives_as_long_as_its_longest_candidate() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::{TokenBucket, Window};
+    let redis = RedisServer::start();
+    let rt = current_thread_runtime();
+    // Just past the start of a 1 000 s window.
+    let clock = ManualClock::new(T0_US - T0_US % (1_000 * S) + 123_457);
+    let backend: Backend = redis.backend_on(&clock).into();
+    let live = TierCheck {
+        key: "rl:ip:a".into(),
+        limit: Limit::TokenBucket(TokenBucket::new(10, S, 10).unwrap()),
+        cost: 1,
+        home: None,
+    };
+    let windows = [S, 10 * S, 1_000 * S, 100 * S];
+    let mut checks = vec![live];
+    for w in windows {
+        checks.push(TierCheck {
+            key: format!("rl:ip:a{{c:5/{}s}}", w / S),
+            limit: Limit::FixedWindow(Window {
+                limit: 5,
+                window_us: w,
+            }),
+            cost: 1,
+            home: None,
+        });
+    }
+    let v = rt
+        .block_on(backend.check_candidates(checks, 0, &[0; 4]))
+        .unwrap();
+    assert!(v.decisions.iter().all(|d| d.allowed));
+    let now = clock.now_us();
+    let ends = windows.map(|w| (now - now % w + w - now).div_ceil(1000));
+    let longest = ends[2];
+    assert!(ends.iter().all(|&e| e == longest || e + 5_000 < longest));
+    let pttl: u64 = redis.cmd(&["PTTL", "rl:ip:a{c}"]);
+    // (PTTL counts down in Redis's real time since the SET.)
+    assert!(
+        pttl <= longest && pttl + 5_000 > longest,
+        "PTTL {pttl}, want {longest} (each window's end: {ends:?})"
+    );
+    let own: i64 = redis.cmd(&["EXISTS", "rl:ip:a{c:5/1000s}"]);
+    assert_eq!(own, 0);
+}

@@ -14,7 +14,7 @@
 
 use super::shard::{locked, shard_of, Entry, Held, Lookup, Writer, PLACEHOLDER};
 use super::MemoryBackend;
-use crate::algorithm::{State, TierDecision};
+use crate::algorithm::{Limit, State, TierDecision};
 use crate::backend::TierCheck;
 use compact_str::CompactString;
 use smallvec::SmallVec;
@@ -70,9 +70,13 @@ impl Pack {
                 .filter(|s| s.expires_us > now_us)
                 .map(|s| &s.state);
             // A state written under another quota of the same name (a
-            // calendar's month): stored whatever the decision, as on a
-            // key of its own.
-            let carried = c.limit.carry(state, now_us);
+            // calendar's, whose bounds move with the months; any other
+            // candidate's quota is its name's): stored whatever the
+            // decision, as on a key of its own.
+            let carried = match c.limit {
+                Limit::Calendar(_) => c.limit.carry(state, now_us),
+                _ => None,
+            };
             let (d, ready) = c.limit.check_prepared(state, now_us, c.cost);
             decisions.push(d);
             let write = if charge && d.allowed {

@@ -80,9 +80,20 @@ impl RedisBackend {
             Some(_) if shadow.0 == 0 => 1,
             Some(_) => 2,
         };
-        cmd.arg(checks.len() + sets);
-        for c in checks {
+        // The candidates packed, each live check's in one key and one
+        // spec, when they can be (wire::packs).
+        let live = checks.len().saturating_sub(live_of.len());
+        let packs = wire::packs(checks, live_of);
+        let (own, packed) = match &packs {
+            Some(p) => (live, p.as_slice()),
+            None => (checks.len(), &[][..]),
+        };
+        cmd.arg(own + packed.len() + sets);
+        for c in &checks[..own] {
             cmd.arg(c.key.as_str());
+        }
+        for (of, _) in packed {
+            cmd.arg(&wire::pack_key(&checks[*of].key)[..]);
         }
         if let Some((refused, shadow_limited)) = blocked {
             cmd.arg(refused);
@@ -95,8 +106,7 @@ impl RedisBackend {
         // The candidates last, never shadow (with the undo flag when the
         // others have it: the reply's layout is read under one set of
         // flags).
-        let live = checks.len().saturating_sub(live_of.len());
-        for (i, (c, t)) in checks.iter().zip(tiers).enumerate() {
+        for (i, (c, t)) in checks[..own].iter().zip(tiers).enumerate() {
             match i.checked_sub(live).and_then(|j| live_of.get(j)) {
                 Some(&of) => {
                     wire::write_candidate(&mut cmd, c, undo | t.listing_flag(), of.into());
@@ -106,6 +116,9 @@ impl RedisBackend {
                     wire::write_tier(&mut cmd, c, shadow | undo | t.listing_flag());
                 }
             }
+        }
+        for pack in packed {
+            wire::write_pack(&mut cmd, checks, pack, pack.0);
         }
         cmd
     }

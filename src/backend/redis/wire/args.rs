@@ -324,3 +324,115 @@ pub(in crate::backend::redis) fn refund_args(
         int(charge.undo),
     ]
 }
+
+/// A pack of candidate quotas' spec algorithm (`lua/dispatch.lua`,
+/// `pack_spec`).
+const PACK: i64 = 10;
+
+/// What a tier key's candidates pack is named by: `<tier key>{c}`
+/// (docs/redis.md, "Stored values").
+pub(crate) const PACK_SUFFIX: &str = "{c}";
+
+/// The candidates of one live check sent packed: the live check's index
+/// and the candidates' indices.
+pub(in crate::backend::redis) type Pack = (usize, std::ops::Range<usize>);
+
+/// How a check's candidates (the last `live_of.len()` checks, each of the
+/// live check at its index in `live_of`) are sent: packed, the candidates
+/// of each live check in ONE key `<live key>{c}` with one spec
+/// ([`write_pack`]), when every candidate can be (its key is its live
+/// check's then a suffix, its live check's candidates are listed together,
+/// and it is a token bucket of rate 1, a policing leaky bucket of rate 1, a
+/// fixed or calendar window or a sliding window counter, of its configured
+/// quota); else `None`, each on its own key as any tier (a sliding log's
+/// state is a sorted set: docs/rollout.md, "Candidate quotas").
+pub(in crate::backend::redis) fn packs(
+    checks: &[TierCheck],
+    live_of: &[u8],
+) -> Option<smallvec::SmallVec<[Pack; 2]>> {
+    if live_of.is_empty() {
+        return None;
+    }
+    let n = checks.len().checked_sub(live_of.len())?;
+    let mut packs: smallvec::SmallVec<[Pack; 2]> = smallvec::SmallVec::new();
+    for (j, &of) in live_of.iter().enumerate() {
+        let (of, i) = (usize::from(of), n + j);
+        let live = checks.get(of).filter(|_| of < n)?;
+        let c = &checks[i];
+        let packable = c.home.is_none()
+            && c.key.len() > live.key.len()
+            && c.key.starts_with(live.key.as_str())
+            && match c.limit {
+                Limit::TokenBucket(b) => b.rate == 1,
+                Limit::LeakyBucket(g) => g.bucket.rate == 1 && g.max_delay_us.is_none(),
+                Limit::FixedWindow(_) | Limit::Calendar(_) | Limit::SlidingWindowCounter(_) => {
+                    true
+                }
+                _ => false,
+            };
+        if !packable {
+            return None;
+        }
+        if let Some((_, range)) = packs.last_mut().filter(|(last, _)| *last == of) {
+            range.end = i + 1;
+        } else if packs.iter().any(|(o, _)| *o == of) {
+            // A live check's candidates apart: each pack is one key.
+            return None;
+        } else {
+            packs.push((of, i..i + 1));
+        }
+    }
+    Some(packs)
+}
+
+/// The key of `live`'s candidates pack: `<live>{c}`.
+pub(in crate::backend::redis) fn pack_key(live: &str) -> smallvec::SmallVec<[u8; 64]> {
+    let mut k = smallvec::SmallVec::new();
+    k.extend_from_slice(live.as_bytes());
+    k.extend_from_slice(PACK_SUFFIX.as_bytes());
+    k
+}
+
+/// A candidate's tag in its pack: the FNV-1a hash of its key past its
+/// live key (`{c:80/1m}`), below 2^52 (exact in the script's doubles).
+pub(in crate::backend::redis) fn pack_tag(suffix: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in suffix.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    int(h & ((1 << 52) - 1))
+}
+
+/// Writes the spec of `pack` of `checks`, its live check at `at` (from 0)
+/// in the call: `"10 <at + 1> <k>"` then per candidate `"<algorithm> <p1>
+/// <p2> <p3> <p4> <cost> <tag>"` (`lua/dispatch.lua`, `pack_spec`).
+pub(in crate::backend::redis) fn write_pack(
+    cmd: &mut Cmd,
+    checks: &[TierCheck],
+    pack: &Pack,
+    at: usize,
+) {
+    let (of, range) = pack;
+    let live = checks.get(*of).map_or(0, |c| c.key.len());
+    fn push(n: i64, spec: &mut smallvec::SmallVec<[u8; 256]>) {
+        if !spec.is_empty() {
+            spec.push(b' ');
+        }
+        spec.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    }
+    let mut spec: smallvec::SmallVec<[u8; 256]> = smallvec::SmallVec::new();
+    push(PACK, &mut spec);
+    push(int(at as u64 + 1), &mut spec);
+    push(int(range.len() as u64), &mut spec);
+    for c in &checks[range.clone()] {
+        let (algorithm, p) = encode(&c.limit);
+        push(i64::from(algorithm), &mut spec);
+        for x in p {
+            push(x, &mut spec);
+        }
+        push(int(c.cost), &mut spec);
+        push(pack_tag(c.key.get(live..).unwrap_or("")), &mut spec);
+    }
+    cmd.arg(&spec[..]);
+}
