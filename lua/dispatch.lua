@@ -787,6 +787,9 @@ local function check_request(clock, first, n)
   -- Candidates (flag +16): their tiers' live checks by position, and the
   -- enforced denials (how many, and the last one's position).
   local cands, denials, denied_at = nil, 0, 0
+  -- Packs of candidates (candidate_pack): how many checks of the client's
+  -- each tier is past its own number.
+  local shift, shifts = 0, nil
   for i = 1, n do
     -- The kept spec looked up here (a call less per tier), else parsed.
     local spec = ARGV[first + i - 1]
@@ -795,11 +798,18 @@ local function check_request(clock, first, n)
     if not t then
       return nil, 'bad tier spec ' .. tostring(ARGV[first + i - 1])
     end
+    -- The checks after a pack of k candidates are k - 1 further in the
+    -- client's numbering (the trailer's i).
+    if shift > 0 then
+      if not shifts then shifts = {} end
+      shifts[i] = shift
+    end
     if t[10] == 8 then
       -- The candidates of one tier key, packed (candidate_pack): their
       -- replies, and the pack's write under their commit rule (below).
       local value, px
       o, value, px = candidate_pack(t, states[i], now, out, o)
+      shift = shift + #t[16] - 1
       local p = 5 * i
       pend[p - 4], pend[p - 3], pend[p - 2], pend[p - 1], pend[p] = value or false, px, 0, 0, false
       if not cands then cands = {} end
@@ -881,7 +891,7 @@ local function check_request(clock, first, n)
       if not pend[p] then undo = 0 end
       local delay = pend[p - 1]
       if delay > 0 or undo ~= 0 then
-        out[o + 1], out[o + 2], out[o + 3] = i, delay, undo
+        out[o + 1], out[o + 2], out[o + 3] = i + (shifts and shifts[i] or 0), delay, undo
         o = o + 3
       end
     end

@@ -320,8 +320,15 @@ fn packed_candidates_agree_on_model_memory_and_redis() {
         bucket: TokenBucket::new(4, 2 * S, 4).unwrap(),
         max_delay_us: None,
     });
-    let ca = [bucket, named("fixed_odd"), named("calendar"), named("counter")];
-    let cb = [police];
+    let ca = [
+        bucket,
+        named("fixed_odd"),
+        named("calendar"),
+        named("counter"),
+    ];
+    // The other tier's packed too, or on a key of its own: a sliding log
+    // (its undo value in the reply's trailer, past the pack), a shaping
+    // leaky bucket.
     let mut rng =
         crate::support::rng::Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
     let mut next = move || rng.next();
@@ -341,6 +348,7 @@ fn packed_candidates_agree_on_model_memory_and_redis() {
         })
         .collect();
     for (i, (na, a)) in all.iter().enumerate() {
+        let cb = [[police, named("log"), named("shape")][i % 3]];
         let (denied, allowed) = h.run(
             3_000_000 + i as u64,
             (*a, all[(i + 3) % all.len()].1),
@@ -353,12 +361,17 @@ fn packed_candidates_agree_on_model_memory_and_redis() {
             "{na}: {denied} denied, {allowed} allowed proves little"
         );
     }
-    let keys: Vec<String> = h._redis.cmd(&["KEYS", "c3*{c*"]);
+    // Tier a's candidates packed; tier b's log and shaping one on keys of
+    // their own.
+    let keys: Vec<String> = h._redis.cmd(&["KEYS", "c3*:a:*{c*"]);
     assert!(!keys.is_empty());
     assert!(
         keys.iter().all(|k| k.ends_with("{c}")),
         "a candidate on a key of its own: {keys:?}"
     );
+    let b: Vec<String> = h._redis.cmd(&["KEYS", "c3*:b:*{c*"]);
+    assert!(b.iter().any(|k| k.ends_with("{c}")), "{b:?}");
+    assert!(b.iter().any(|k| k.ends_with("{c:0}")), "{b:?}");
 }
 
 /// A packed candidates key expires with its longest-lived candidate:

@@ -337,52 +337,67 @@ pub(crate) const PACK_SUFFIX: &str = "{c}";
 /// and the candidates' indices.
 pub(in crate::backend::redis) type Pack = (usize, std::ops::Range<usize>);
 
+/// How one candidate check, or the candidates of one live check, are sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::backend::redis) enum Sent {
+    /// On its own key, as any tier.
+    Own(usize),
+    /// Packed ([`write_pack`]).
+    Pack(Pack),
+}
+
 /// How a check's candidates (the last `live_of.len()` checks, each of the
-/// live check at its index in `live_of`) are sent: packed, the candidates
-/// of each live check in ONE key `<live key>{c}` with one spec
-/// ([`write_pack`]), when every candidate can be (its key is its live
-/// check's then a suffix, its live check's candidates are listed together,
-/// and it is a token bucket of rate 1, a policing leaky bucket of rate 1, a
-/// fixed or calendar window or a sliding window counter, of its configured
-/// quota); else `None`, each on its own key as any tier (a sliding log's
-/// state is a sorted set: docs/rollout.md, "Candidate quotas").
+/// live check at its index in `live_of`) are sent, in order: the
+/// candidates of one live check packed in ONE key `<live key>{c}` with one
+/// spec ([`write_pack`]) when every one of them can be (its key is its
+/// live check's then a suffix, its live check's candidates are listed
+/// together, and it is a token bucket of rate 1, a policing leaky bucket
+/// of rate 1, a fixed or calendar window or a sliding window counter, of
+/// its configured quota); else each on its own key, as any tier (a
+/// sliding log's state is a sorted set: docs/rollout.md, "Candidate
+/// quotas"). Whether a live check's candidates are packed depends on
+/// them alone, so a candidate's state has one place whatever else the
+/// request checks.
 pub(in crate::backend::redis) fn packs(
     checks: &[TierCheck],
     live_of: &[u8],
-) -> Option<smallvec::SmallVec<[Pack; 2]>> {
-    if live_of.is_empty() {
-        return None;
-    }
-    let n = checks.len().checked_sub(live_of.len())?;
-    let mut packs: smallvec::SmallVec<[Pack; 2]> = smallvec::SmallVec::new();
-    for (j, &of) in live_of.iter().enumerate() {
-        let (of, i) = (usize::from(of), n + j);
-        let live = checks.get(of).filter(|_| of < n)?;
-        let c = &checks[i];
-        let packable = c.home.is_none()
-            && c.key.len() > live.key.len()
-            && c.key.starts_with(live.key.as_str())
-            && match c.limit {
-                Limit::TokenBucket(b) => b.rate == 1,
-                Limit::LeakyBucket(g) => g.bucket.rate == 1 && g.max_delay_us.is_none(),
-                Limit::FixedWindow(_) | Limit::Calendar(_) | Limit::SlidingWindowCounter(_) => {
-                    true
-                }
-                _ => false,
-            };
-        if !packable {
-            return None;
-        }
-        if let Some((_, range)) = packs.last_mut().filter(|(last, _)| *last == of) {
-            range.end = i + 1;
-        } else if packs.iter().any(|(o, _)| *o == of) {
-            // A live check's candidates apart: each pack is one key.
-            return None;
+) -> smallvec::SmallVec<[Sent; 4]> {
+    let mut sent: smallvec::SmallVec<[Sent; 4]> = smallvec::SmallVec::new();
+    let Some(n) = checks.len().checked_sub(live_of.len()) else {
+        return sent;
+    };
+    let mut j = 0;
+    while j < live_of.len() {
+        let of = live_of[j];
+        let end = j + live_of[j..].iter().take_while(|&&l| l == of).count();
+        let (of, group) = (usize::from(of), n + j..n + end);
+        let again = live_of[end..].contains(&live_of[j]) || live_of[..j].contains(&live_of[j]);
+        let packed = !again
+            && checks
+                .get(of)
+                .filter(|_| of < n)
+                .is_some_and(|live| checks[group.clone()].iter().all(|c| packable(&live.key, c)));
+        if packed {
+            sent.push(Sent::Pack((of, group)));
         } else {
-            packs.push((of, i..i + 1));
+            sent.extend(group.map(Sent::Own));
         }
+        j = end;
     }
-    Some(packs)
+    sent
+}
+
+/// Whether candidate `c` of the live check on `live` can be packed.
+fn packable(live: &str, c: &TierCheck) -> bool {
+    c.home.is_none()
+        && c.key.len() > live.len()
+        && c.key.starts_with(live)
+        && match c.limit {
+            Limit::TokenBucket(b) => b.rate == 1,
+            Limit::LeakyBucket(g) => g.bucket.rate == 1 && g.max_delay_us.is_none(),
+            Limit::FixedWindow(_) | Limit::Calendar(_) | Limit::SlidingWindowCounter(_) => true,
+            _ => false,
+        }
 }
 
 /// The key of `live`'s candidates pack: `<live>{c}`.
