@@ -251,35 +251,38 @@ end
 -- calendar window; long for a counter) to out after o; returns the new o,
 -- and the pack's value with every allowing candidate charged and its PX
 -- (the longest-lived state's), or nil when none allows.
-local pack_formats = {}
+-- The new pack's numbers, reused by every call (no table per call).
+local pack_out = {}
+local pack_formats = { '<dddd', '<dddddddd', '<dddddddddddd', '<dddddddddddddddd' }
 local function candidate_pack(t, v, now, out, o)
   local c = t[16]
   local k = #c
-  -- The stored states by tag.
-  -- (A value of another form, or no string, reads as no state.)
-  local stored, m = nil, 0
-  if type(v) == 'string' and #v % 32 == 0 and #v > 0 and #v <= 256 then
-    m = #v / 32
-    local f = pack_formats[m]
-    if not f then f = '<' .. string.rep('d', 4 * m); pack_formats[m] = f end
-    stored = { struct.unpack(f, v) }
-  end
-  local new = {}
+  -- The stored states: m of them, each read where it is, by its tag (a
+  -- value of another form, or no string, reads as no state).
+  local m = 0
+  if type(v) == 'string' and #v % 32 == 0 and #v <= 256 then m = #v / 32 end
+  local new = pack_out
   local any, latest = false, 0
   for j = 1, k do
     local e = c[j]
     local kind, tag = e[1], e[7]
     local a, b, x = 0, 0, 0
-    if stored then
+    if m > 0 then
       -- Its own place first (the same candidates in the same order).
-      local at = 4 * j - 3
-      if j > m or stored[at] ~= tag then
-        at = nil
-        for q = 1, 4 * m - 3, 4 do
-          if stored[q] == tag then at = q; break end
+      local found, sa, sb, sx
+      if j <= m then
+        found, sa, sb, sx = struct.unpack('<dddd', v, 32 * j - 31)
+      end
+      if found ~= tag then
+        found = nil
+        for r = 1, m do
+          if r ~= j then
+            local g, ra, rb, rx = struct.unpack('<dddd', v, 32 * r - 31)
+            if g == tag then found, sa, sb, sx = g, ra, rb, rx; break end
+          end
         end
       end
-      if at then a, b, x = stored[at + 1], stored[at + 2], stored[at + 3] end
+      if found then a, b, x = sa, sb, sx end
     end
     local w = 4 * j - 3
     new[w] = tag
@@ -386,7 +389,7 @@ local function candidate_pack(t, v, now, out, o)
   if not any then return o, nil end
   local f = pack_formats[k]
   if not f then f = '<' .. string.rep('d', 4 * k); pack_formats[k] = f end
-  return o, struct.pack(f, unpack(new)), px_of(latest - now)
+  return o, struct.pack(f, unpack(new, 1, 4 * k)), px_of(latest - now)
 end
 
 -- The check of a request whose tiers are all plain (see tier_spec:

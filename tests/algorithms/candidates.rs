@@ -423,3 +423,72 @@ fn a_packed_key_lives_as_long_as_its_longest_candidate() {
     let own: i64 = redis.cmd(&["EXISTS", "rl:ip:a{c:5/1000s}"]);
     assert_eq!(own, 0);
 }
+
+/// A pack read with its candidates in another order (a tier's list
+/// reordered at run time) finds each one's state by its name, on both
+/// backends: every decision the model's, where each candidate has a key
+/// of its own.
+#[test]
+fn a_reordered_pack_finds_each_candidates_state() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::TokenBucket;
+    let h = Harness::new();
+    let clock = ManualClock::new(T0_US + 123_457);
+    let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+    let redis = h.redis(&clock);
+    let mut model = Model::default();
+    let all = algorithm_limits();
+    let named = |n: &str| all.iter().find(|(name, _)| *name == n).unwrap().1;
+    let candidates = [
+        (
+            "{c:bucket}",
+            Limit::TokenBucket(TokenBucket::new(2, S, 3).unwrap()),
+        ),
+        ("{c:fixed}", named("fixed_odd")),
+        ("{c:counter}", named("counter")),
+    ];
+    let orders = [[0, 1, 2], [2, 0, 1], [1, 2, 0], [2, 1, 0]];
+    let (mut denied, mut allowed) = (0, 0);
+    for op in 0..200u64 {
+        clock.advance(Duration::from_micros((op * 7_919) % 400_000));
+        let now = clock.now_us();
+        let live = "reorder:a:k";
+        let mut checks = vec![TierCheck {
+            key: live.into(),
+            limit: Limit::TokenBucket(TokenBucket::new(100, S, 100).unwrap()),
+            cost: 1,
+            home: None,
+        }];
+        for &j in &orders[(op % 4) as usize] {
+            let (suffix, limit) = candidates[j];
+            checks.push(TierCheck {
+                key: format!("{live}{suffix}"),
+                limit,
+                cost: 1,
+                home: None,
+            });
+        }
+        let want = model.check_candidates(&checks, 0, &[0, 0, 0], now);
+        let mem =
+            h.rt.block_on(memory.check_candidates(checks.clone(), 0, &[0, 0, 0]))
+                .unwrap();
+        let red =
+            h.rt.block_on(redis.check_candidates(checks, 0, &[0, 0, 0]))
+                .unwrap();
+        assert_eq!(mem.decisions, want, "memory at op {op}");
+        assert_eq!(red.decisions, want, "redis at op {op}");
+        for d in &want[1..] {
+            if d.allowed {
+                allowed += 1;
+            } else {
+                denied += 1;
+            }
+        }
+    }
+    assert!(
+        denied > 20 && allowed > 20,
+        "{denied} denied, {allowed} allowed"
+    );
+    let own: i64 = h._redis.cmd(&["EXISTS", "reorder:a:k{c:bucket}"]);
+    assert_eq!(own, 0);
+}

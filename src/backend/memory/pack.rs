@@ -62,9 +62,13 @@ impl Pack {
         now_us: u64,
         decisions: &mut Vec<TierDecision>,
     ) {
-        for c in group {
+        for (j, c) in group.iter().enumerate() {
             let suffix = c.key.get(at..).unwrap_or("");
-            let i = self.slots.iter().position(|s| s.suffix == suffix);
+            // Its own place first (the same candidates in the same order).
+            let i = match self.slots.get(j) {
+                Some(s) if s.suffix == suffix => Some(j),
+                _ => self.slots.iter().position(|s| s.suffix == suffix),
+            };
             let state = i
                 .and_then(|i| self.slots.get(i))
                 .filter(|s| s.expires_us > now_us)
