@@ -16,7 +16,6 @@ use super::shard::{locked, shard_of, Entry, Held, Lookup, Writer, PLACEHOLDER};
 use super::MemoryBackend;
 use crate::algorithm::{Limit, State, TierDecision};
 use crate::backend::TierCheck;
-use compact_str::CompactString;
 use smallvec::SmallVec;
 use std::sync::Mutex;
 
@@ -34,10 +33,12 @@ pub(super) struct Pack {
     slots: SmallVec<[Slot; SLOTS]>,
 }
 
-/// One candidate's state in a pack.
+/// One candidate's state in a pack (no pointer to follow: a check reads
+/// the pack's few cache lines and nothing else).
 struct Slot {
-    /// The candidate's key past its tier key (`{c:80/1m}`): what names it.
-    suffix: CompactString,
+    /// The hash of the candidate's key past its tier key (`{c:80/1m}`) by
+    /// the store's hasher: what names it.
+    tag: u64,
     state: State,
     /// Epoch µs after which the state means what no state means (its own
     /// key would have expired).
@@ -61,13 +62,14 @@ impl Pack {
         charge: bool,
         now_us: u64,
         decisions: &mut Vec<TierDecision>,
+        tag_of: impl Fn(&str) -> u64,
     ) {
         for (j, c) in group.iter().enumerate() {
-            let suffix = c.key.get(at..).unwrap_or("");
+            let tag = tag_of(c.key.get(at..).unwrap_or(""));
             // Its own place first (the same candidates in the same order).
             let i = match self.slots.get(j) {
-                Some(s) if s.suffix == suffix => Some(j),
-                _ => self.slots.iter().position(|s| s.suffix == suffix),
+                Some(s) if s.tag == tag => Some(j),
+                _ => self.slots.iter().position(|s| s.tag == tag),
             };
             let state = i
                 .and_then(|i| self.slots.get(i))
@@ -92,7 +94,7 @@ impl Pack {
                 carried
             };
             if let Some((state, ttl_us)) = write {
-                self.put(i, suffix, state, now_us.saturating_add(ttl_us), now_us);
+                self.put(i, tag, state, now_us.saturating_add(ttl_us), now_us);
             }
         }
     }
@@ -104,8 +106,8 @@ impl Pack {
         Some(std::mem::replace(&mut s.state, PLACEHOLDER))
     }
 
-    /// Stores `state` as slot `i`'s, or in a new slot named `suffix`.
-    fn put(&mut self, i: Option<usize>, suffix: &str, state: State, expires_us: u64, now_us: u64) {
+    /// Stores `state` as slot `i`'s, or in a new slot named `tag`.
+    fn put(&mut self, i: Option<usize>, tag: u64, state: State, expires_us: u64, now_us: u64) {
         if let Some(s) = i.and_then(|i| self.slots.get_mut(i)) {
             s.state = state;
             s.expires_us = expires_us;
@@ -118,7 +120,7 @@ impl Pack {
             }
         }
         self.slots.push(Slot {
-            suffix: CompactString::from(suffix),
+            tag,
             state,
             expires_us,
         });
@@ -146,12 +148,14 @@ impl MemoryBackend {
             let lookup = Lookup { hash: h, text: key };
             let found = w.find(lookup, &held);
             if let Some(Entry::Pack(m)) = found {
-                locked(m).decide(group, live_key.len(), charge, now_us, decisions);
+                let tag_of = |suffix: &str| self.hash(suffix);
+                locked(m).decide(group, live_key.len(), charge, now_us, decisions, tag_of);
                 return;
             }
             // No pack yet (or a tier's state under that name: replaced).
             let mut pack = Pack::default();
-            pack.decide(group, live_key.len(), charge, now_us, decisions);
+            let tag_of = |suffix: &str| self.hash(suffix);
+            pack.decide(group, live_key.len(), charge, now_us, decisions, tag_of);
             if !pack.slots.is_empty() {
                 let entry = Entry::Pack(Box::new(Mutex::new(pack)));
                 w.insert(found, &mut held, lookup, entry, now_us);
