@@ -34,7 +34,8 @@
 --           live check is number floor(flags / 32) of this call: its
 --           denial rejects nothing, and it is charged when it allows and
 --           every enforced check but that one allows; docs/rollout.md,
---           "Candidate quotas")
+--           "Candidate quotas"); or a pack of candidates, "10 <live> <k>
+--           ..." on the key "<tier key>{c}" (pack_spec in dispatch.lua)
 -- KEYS[n+1] optional, with KEYS[n+2] when a tier is sent the shadow flag
 -- KEYS[n+2] (else it is left out): the hourly sorted sets of the
 --           fleet-wide top-N: every enforced tier that rejects adds its

@@ -113,9 +113,47 @@ local specs, specs_n = {}, 0
 -- trailer) is not asked for, 7 any other enforced sliding log whose undo
 -- value is not asked for (decided by its function); none of the others
 -- listed again in the call.
+-- A pack of candidate quotas' spec (candidate_pack; src/backend/redis/
+-- wire/args.rs, PackSpec): "10 <live> <k>" then seven numbers per
+-- candidate, "<algorithm> <p1> <p2> <p3> <p4> <cost> <tag>": live, the
+-- position (from 1) of their tier's live check in the call; each candidate
+-- a token bucket of rate 1 (4), a policing leaky bucket of rate 1 (5), a
+-- fixed window (1), a calendar window (9) or a sliding window counter (3).
+-- As a tier: t[10] = 8 (check_plain and check_request decide it with
+-- candidate_pack), t[15] its live check, t[16] the candidates, each
+-- { kind as check_plain's, p1, p2, p3, p4, cost, tag }. false when
+-- malformed.
+local pack_kinds = { [4] = 1, [5] = 5, [1] = 2, [9] = 3, [3] = 4 }
+local function pack_spec(s)
+  local n = {}
+  for x in string.gmatch(s, '-?%d+') do n[#n + 1] = tonumber(x) end
+  local k = n[3]
+  if not k or k < 1 or k > 8 or #n ~= 3 + 7 * k or n[2] < 1 then return false end
+  local c = {}
+  for j = 1, k do
+    local b = 3 + 7 * (j - 1)
+    local kind = pack_kinds[n[b + 1]]
+    if not kind then return false end
+    if (kind == 1 or kind == 5) and n[b + 3] ~= 1 then return false end
+    if kind == 5 and n[b + 5] >= 0 then return false end
+    if (kind == 2 or kind == 4) and n[b + 3] < 1 then return false end
+    c[j] = { kind, n[b + 2], n[b + 3], n[b + 4], n[b + 5], n[b + 6], n[b + 7] }
+  end
+  local t = { false, 0, 0, 0, 0, 0, false, false, false, 8 }
+  t[15], t[16] = n[2], c
+  return t
+end
+
 local function tier_spec(s)
   local t = specs[s]
   if t ~= nil then return t end
+  if string.sub(s, 1, 3) == '10 ' then
+    t = pack_spec(s)
+    if specs_n >= 1024 then specs, specs_n = {}, 0 end
+    specs[s] = t
+    specs_n = specs_n + 1
+    return t
+  end
   local a, p1, p2, p3, p4, cost, flags, home =
     string.match(s, '^(%d+) (%d+) (%d+) (%d+) (-?%d+) (%d+) (%d+)(.*)$')
   local algorithm = a and algorithms[tonumber(a)]
@@ -353,6 +391,160 @@ local function log_write(key, now, used, px)
   redis.call('PEXPIRE', key, px)
 end
 
+-- The candidate quotas of one tier key packed in ONE key (the spec
+-- algorithm 10, see pack_spec; docs/redis.md, "Stored values"): the value
+-- is binary, four little-endian doubles per candidate (struct.pack
+-- '<dddd'): its tag (a hash of its name, below 2^52), then its state, a
+-- bucket's TAT (µs), a window's start, count and end (µs), a sliding
+-- window counter's start, current and previous counts; all zero: no
+-- state. Times are below 2^53 µs, so exact in a double. Each candidate is
+-- decided on its own state (found by its tag) as check_plain decides its
+-- kind, in plain arithmetic: no tonumber, no string.format, no key of its
+-- own. Appends each candidate's reply (short for a bucket, a fixed or
+-- calendar window; long for a counter) to out after o; returns the new o,
+-- and the pack's value with every allowing candidate charged and its PX
+-- (the longest-lived state's), or nil when none allows.
+-- The new pack's numbers, reused by every call (no table per call).
+local pack_out = {}
+local pack_formats = { '<dddd', '<dddddddd', '<dddddddddddd', '<dddddddddddddddd' }
+local function candidate_pack(t, v, now, out, o)
+  local c = t[16]
+  local k = #c
+  -- The stored states: m of them, each read where it is, by its tag (a
+  -- value of another form, or no string, reads as no state).
+  local m = 0
+  if type(v) == 'string' and #v % 32 == 0 and #v <= 256 then m = #v / 32 end
+  local new = pack_out
+  local any, latest = false, 0
+  for j = 1, k do
+    local e = c[j]
+    local kind, tag = e[1], e[7]
+    local a, b, x = 0, 0, 0
+    if m > 0 then
+      -- Its own place first (the same candidates in the same order).
+      local found, sa, sb, sx
+      if j <= m then
+        found, sa, sb, sx = struct.unpack('<dddd', v, 32 * j - 31)
+      end
+      if found ~= tag then
+        found = nil
+        for r = 1, m do
+          if r ~= j then
+            local g, ra, rb, rx = struct.unpack('<dddd', v, 32 * r - 31)
+            if g == tag then found, sa, sb, sx = g, ra, rb, rx; break end
+          end
+        end
+      end
+      if found then a, b, x = sa, sb, sx end
+    end
+    local w = 4 * j - 3
+    new[w] = tag
+    local until_us = 0
+    if kind == 1 or kind == 5 then
+      -- A bucket of rate 1: a = its TAT.
+      local capacity, cost = e[2], e[6] * e[4]
+      local missing = 0
+      if a > now then
+        missing = a - now
+        if kind == 1 and missing > 4503599627370496 then missing = 4503599627370496 end
+      end
+      local ok, after
+      if kind == 1 then
+        local tokens = capacity - missing
+        if tokens < 0 then tokens = 0 end
+        ok = cost <= tokens
+        after = capacity - tokens + cost
+      else
+        after = missing + cost
+        ok = cost <= capacity and after <= capacity
+      end
+      if ok then
+        out[o + 1] = missing
+        a = now + after
+        any = true
+      else
+        out[o + 1] = -missing - 1
+      end
+      o = o + 1
+      until_us = a
+    elseif kind == 4 then
+      -- A sliding window counter: a start, b current, x previous count.
+      local limit, window, cost = e[2], e[3], e[6]
+      local start = math.floor(now / window)
+      if start * window > now then start = start - 1 end
+      start = start * window
+      local prev, cur = 0, 0
+      if a == start then
+        prev, cur = x, b
+      elseif a + window == start then
+        prev = b
+      end
+      local cap = limit * window
+      local est = prev * (window - (now - start)) + cur * window
+      if est + cost * window <= cap then
+        local reset = start + 2 * window - now
+        if cur + cost == 0 then reset = counter_reset(start, window, prev, 0, now) end
+        local left = cap - est - cost * window
+        out[o + 1], out[o + 2], out[o + 3] = div_floor(left, window), reset, 0
+        a, b, x = start, cur + cost, prev
+        any = true
+      else
+        -- sliding_window_counter's denial, written out.
+        local reset = counter_reset(start, window, prev, cur, now)
+        local retry
+        if cost > limit then
+          retry = reset
+        elseif cur + cost <= limit then
+          retry = start + window - div_floor((limit - cost - cur) * window, prev) - now
+        else
+          local wait = 0
+          if cur > 0 then
+            wait = window - div_floor((limit - cost) * window, cur)
+            if wait < 0 then wait = 0 end
+          end
+          retry = start + window + wait - now
+        end
+        local left = cap - est
+        if left < 0 then left = 0 end
+        out[o + 1], out[o + 2], out[o + 3] = -div_floor(left, window) - 1, reset, retry
+      end
+      o = o + 3
+      if b > 0 then until_us = a + 2 * window elseif x > 0 then until_us = a + window end
+    else
+      -- A fixed window (kind 2) or a calendar window (kind 3): a start,
+      -- b count, x end.
+      local limit, start, window, margin = e[2], nil, nil, 0
+      if kind == 2 then
+        window = e[3]
+        start = math.floor(now / window)
+        if start * window > now then start = start - 1 end
+        start = start * window
+      else
+        start, window = calendar_window(now, e[3], e[4], e[5])
+        margin = 60000000
+      end
+      local count = 0
+      if a == start and x == start + window then count = b end
+      local after = count + e[6]
+      if after <= limit then
+        out[o + 1] = count
+        a, b, x = start, after, start + window
+        any = true
+      else
+        out[o + 1] = -count - 1
+      end
+      o = o + 1
+      if b > 0 then until_us = x + margin end
+    end
+    new[w + 1], new[w + 2], new[w + 3] = a, b, x
+    if until_us > latest then latest = until_us end
+  end
+  if not any then return o, nil end
+  local f = pack_formats[k]
+  if not f then f = '<' .. string.rep('d', 4 * k); pack_formats[k] = f end
+  return o, struct.pack(f, unpack(new, 1, 4 * k)), px_of(latest - now)
+end
+
 -- The check of a request whose tiers are all plain (see tier_spec:
 -- enforced, listed once, and of a kind written out here, so neither an
 -- override nor a penalty box is among them): each algorithm's commonest
@@ -398,7 +590,10 @@ local function check_plain(now, first, n, states)
       -- A candidate of the live tier numbered t[15].
       if cands then cands[i] = t[15] else cands = { [i] = t[15] } end
     end
-    if kind == 1 or kind == 5 then
+    if kind == 8 then
+      -- The candidates of one tier key, packed (candidate_pack).
+      o, value, px = candidate_pack(t, v, now, out, o)
+    elseif kind == 1 or kind == 5 then
       -- A bucket of rate 1: the µs it is short of full (the token bucket)
       -- or its backlog (the leaky bucket) is TAT - now.
       local capacity = t[2]
@@ -748,6 +943,9 @@ local function check_request(clock, first, n)
   -- Candidates (flag +16): their tiers' live checks by position, and the
   -- enforced denials (how many, and the last one's position).
   local cands, denials, denied_at = nil, 0, 0
+  -- Packs of candidates (candidate_pack): how many checks of the client's
+  -- each tier is past its own number.
+  local shift, shifts = 0, nil
   for i = 1, n do
     -- The kept spec looked up here (a call less per tier), else parsed.
     local spec = ARGV[first + i - 1]
@@ -756,48 +954,66 @@ local function check_request(clock, first, n)
     if not t then
       return nil, 'bad tier spec ' .. tostring(ARGV[first + i - 1])
     end
-    -- A per-key override read by the check just before (override.lua).
-    if override_next then t = override_apply(t) end
-    local allowed, remaining, reset, retry, delay, write, ttl, undo, cv, cpx =
-      t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9], t[14])
-    -- A state carried over a quota change (a key's first listing): stored
-    -- below whatever the commit, unless its charge stores it.
-    if cv and not t[11] then
-      if carried then
-        carried[#carried + 1], carried[#carried + 2], carried[#carried + 3] = i, cv, cpx
-      else
-        carried = { i, cv, cpx }
-      end
+    -- The checks after a pack of k candidates are k - 1 further in the
+    -- client's numbering (the trailer's i).
+    if shift > 0 then
+      if not shifts then shifts = {} end
+      shifts[i] = shift
     end
-    penalty_tier_allowed = allowed == 1 -- for a penalty box right after (penalty.lua)
-    if allowed == 1 then
-      out[o + 1] = remaining
-      if t[11] and write then write = charge_again(t, KEYS[i], now) end
+    if t[10] == 8 then
+      -- The candidates of one tier key, packed (candidate_pack): their
+      -- replies, and the pack's write under their commit rule (below).
+      local value, px
+      o, value, px = candidate_pack(t, states[i], now, out, o)
+      shift = shift + #t[16] - 1
       local p = 5 * i
-      pend[p - 4], pend[p - 3], pend[p - 2], pend[p - 1], pend[p] = write, ttl, undo, delay, t[8]
-    else
-      out[o + 1] = -remaining - 1
-      pend[5 * i - 4] = false
-      if t[15] then
-        -- A candidate's denial is its own: never a rejection of the request.
-      else
-        if rejected then rejected[#rejected + 1] = i else rejected = { i } end
-        if not t[7] then all, denials, denied_at = false, denials + 1, i end
-      end
-    end
-    if t[15] then
+      pend[p - 4], pend[p - 3], pend[p - 2], pend[p - 1], pend[p] = value or false, px, 0, 0, false
       if not cands then cands = {} end
       cands[i] = t[15]
-    end
-    -- Short (a bucket's state): one number; an override applied above
-    -- builds a spec without the flag, so the tier answers three. A log
-    -- answers short only when it allows (its remaining).
-    if t[9] and (allowed == 1 or t[1] ~= sliding_window_log) then
-      o = o + 1
     else
-      out[o + 2] = reset
-      out[o + 3] = retry
-      o = o + 3
+      -- A per-key override read by the check just before (override.lua).
+      if override_next then t = override_apply(t) end
+      local allowed, remaining, reset, retry, delay, write, ttl, undo, cv, cpx =
+        t[1](KEYS[i], now, t[2], t[3], t[4], t[5], t[6], states[i], t[9], t[14])
+      -- A state carried over a quota change (a key's first listing): stored
+      -- below whatever the commit, unless its charge stores it.
+      if cv and not t[11] then
+        if carried then
+          carried[#carried + 1], carried[#carried + 2], carried[#carried + 3] = i, cv, cpx
+        else
+          carried = { i, cv, cpx }
+        end
+      end
+      penalty_tier_allowed = allowed == 1 -- for a penalty box right after (penalty.lua)
+      if allowed == 1 then
+        out[o + 1] = remaining
+        if t[11] and write then write = charge_again(t, KEYS[i], now) end
+        local p = 5 * i
+        pend[p - 4], pend[p - 3], pend[p - 2], pend[p - 1], pend[p] = write, ttl, undo, delay, t[8]
+      else
+        out[o + 1] = -remaining - 1
+        pend[5 * i - 4] = false
+        if t[15] then
+          -- A candidate's denial is its own: never a rejection of the request.
+        else
+          if rejected then rejected[#rejected + 1] = i else rejected = { i } end
+          if not t[7] then all, denials, denied_at = false, denials + 1, i end
+        end
+      end
+      if t[15] then
+        if not cands then cands = {} end
+        cands[i] = t[15]
+      end
+      -- Short (a bucket's state): one number; an override applied above
+      -- builds a spec without the flag, so the tier answers three. A log
+      -- answers short only when it allows (its remaining).
+      if t[9] and (allowed == 1 or t[1] ~= sliding_window_log) then
+        o = o + 1
+      else
+        out[o + 2] = reset
+        out[o + 3] = retry
+        o = o + 3
+      end
     end
   end
   -- Charge, then the trailer: every allowing tier with a delay, or with a
@@ -831,7 +1047,7 @@ local function check_request(clock, first, n)
       if not pend[p] then undo = 0 end
       local delay = pend[p - 1]
       if delay > 0 or undo ~= 0 then
-        out[o + 1], out[o + 2], out[o + 3] = i, delay, undo
+        out[o + 1], out[o + 2], out[o + 3] = i + (shifts and shifts[i] or 0), delay, undo
         o = o + 3
       end
     end

@@ -3,13 +3,18 @@
 # "Candidate quotas"): the call the layer sends for one token-bucket tier
 # (the default: FCALL, the tier key and the hourly blocked-keys set, the
 # deadline clock argument, the short-reply spec of a quota that never
-# denies), alone and with 1, 2 and 4 candidates (one more key and spec
-# each, flag +16 naming the live check: `<tier key>{c:<quota>}`), counted
-# by callgrind as perf/redis_instructions.sh counts them (the difference
-# of N = 2 000 and N = 12 000 calls / 10 000). Prints a markdown table with
-# the ratio to the tier without candidates.
+# denies), alone and with 1, 2 and 4 candidates of the same algorithm
+# that never deny, in both of the shapes a call can send them
+# (src/backend/redis/wire/args.rs, `packs`): packed, ONE key
+# `<tier key>{c}` and one spec ("10 <live> <k>" then seven numbers a
+# candidate: lua/dispatch.lua, `pack_spec`), as the layer sends a token
+# bucket's; and each on its own key `<tier key>{c:<quota>}` with its own
+# spec (flag +16 naming the live check), as it sends a sliding log's.
+# Counted by callgrind as perf/redis_instructions.sh counts them (the
+# difference of N = 2 000 and N = 12 000 calls / 10 000). Prints a
+# markdown table with the ratio to the tier without candidates.
 #
-#   perf/candidates_redis.sh     # ~3 min; needs valgrind, redis-benchmark
+#   perf/candidates_redis.sh     # ~6 min; needs valgrind, redis-benchmark
 #   BENCH_BIN=<path> perf/candidates_redis.sh   # a prebuilt bench_server
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -59,26 +64,50 @@ per_call() { # LABEL ARGS...
   log "$label: $(( (b - a) / 10000 )) instructions per call"
 }
 
-with() { # K: the call with K candidates
+# A candidate's tag in its pack: FNV-1a of its key past the tier key,
+# below 2^52 (wire::pack_tag).
+tag() {
+  python3 -c 'import sys
+h = 0xcbf29ce484222325
+for b in sys.argv[1].encode():
+    h = ((h ^ b) * 0x100000001b3) % 2**64
+print(h % 2**52)' "$1"
+}
+
+own() { # K: the call with K candidates, each on its own key
   local k=$1 keys=("$key") specs=("$spec") j
   for j in $(seq 1 "$k"); do
     keys+=("$key{c:$j}")
     specs+=("$(cand "$j")")
   done
-  per_call "c$k" fcall FN $((k + 2)) "${keys[@]}" rl:blocked:h "$deadline" "${specs[@]}"
+  per_call "own$k" fcall FN $((k + 2)) "${keys[@]}" rl:blocked:h "$deadline" "${specs[@]}"
 }
 
-c0=$(with 0)
-c1=$(with 1)
-c2=$(with 2)
-c4=$(with 4)
+packed() { # K: the call with K candidates in one packed key
+  local k=$1 pack="10 1 $1" j
+  for j in $(seq 1 "$k"); do
+    pack+=" 4 $((1000000000000 + j)) 1 1000 0 1 $(tag "{c:$j}")"
+  done
+  per_call "packed$k" fcall FN 3 "$key" "$key{c}" rl:blocked:h "$deadline" "$spec" "$pack"
+}
+
+c0=$(own 0)
+p1=$(packed 1)
+p2=$(packed 2)
+p4=$(packed 4)
+o1=$(own 1)
+o2=$(own 2)
+o4=$(own 4)
 echo "Redis $(redis-server --version | awk '{print $3}'), code $commit"
 echo
 echo "| call | Redis instructions per call | × without |"
 echo "|---|---|---|"
-python3 - "$c0" "$c1" "$c2" "$c4" <<'PY'
+python3 - "$c0" "$p1" "$p2" "$p4" "$o1" "$o2" "$o4" <<'PY'
 import sys
 c = list(map(int, sys.argv[1:]))
-for name, v in zip(("1 tier", "1 tier + 1 candidate", "1 tier + 2 candidates", "1 tier + 4 candidates"), c):
+names = ("1 tier",
+         "1 tier + 1 candidate, packed", "1 tier + 2 candidates, packed", "1 tier + 4 candidates, packed",
+         "1 tier + 1 candidate, own key", "1 tier + 2 candidates, own keys", "1 tier + 4 candidates, own keys")
+for name, v in zip(names, c):
     print(f"| {name} | {v:,} | {v / c[0]:.2f} |")
 PY

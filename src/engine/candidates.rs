@@ -111,7 +111,7 @@ pub(crate) fn compile(
         return Err(refused(
             "candidates".into(),
             format!(
-                "{} candidates; a tier takes at most {MAX_CANDIDATES} (each is one more key read and written per request)",
+                "{} candidates; a tier takes at most {MAX_CANDIDATES} (each is one more state read and written per request)",
                 candidates.len()
             ),
         ));

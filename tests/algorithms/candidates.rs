@@ -299,3 +299,196 @@ fn candidate_decisions_are_counted_in_the_metric() {
         ]
     );
 }
+
+/// Candidates the Redis scripts pack in one key of their tier key,
+/// `<tier key>{c}` (a token bucket and a policing leaky bucket of rate 1,
+/// fixed and calendar windows, sliding window counters): four of different
+/// kinds and periods on one tier, one on the other, under every live
+/// algorithm, on one long sequence: the model, the memory backend and
+/// Redis agree on every decision, and Redis holds one key per tier key for
+/// them, none of their own.
+#[test]
+fn packed_candidates_agree_on_model_memory_and_redis() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::{Gcra, TokenBucket};
+    let h = Harness::new();
+    let all = algorithm_limits();
+    let named = |n: &str| all.iter().find(|(name, _)| *name == n).unwrap().1;
+    // Rate 1: the limit divides the period.
+    let bucket = Limit::TokenBucket(TokenBucket::new(2, S, 3).unwrap());
+    let police = Limit::LeakyBucket(Gcra {
+        bucket: TokenBucket::new(4, 2 * S, 4).unwrap(),
+        max_delay_us: None,
+    });
+    let ca = [
+        bucket,
+        named("fixed_odd"),
+        named("calendar"),
+        named("counter"),
+    ];
+    // The other tier's packed too, or on a key of its own: a sliding log
+    // (its undo value in the reply's trailer, past the pack), a shaping
+    // leaky bucket.
+    let mut rng =
+        crate::support::rng::Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
+    let mut next = move || rng.next();
+    let ops: Vec<Op> = (0..300)
+        .map(|_| {
+            let step = match next() % 4 {
+                0 => 0,
+                1 => next() % 300_000,
+                _ => next() % 1_500_000,
+            };
+            (
+                step,
+                (next() % 3) as u8,
+                1 + next() % 3,
+                next().is_multiple_of(4),
+            )
+        })
+        .collect();
+    for (i, (na, a)) in all.iter().enumerate() {
+        let cb = [[police, named("log"), named("shape")][i % 3]];
+        let (denied, allowed) = h.run(
+            3_000_000 + i as u64,
+            (*a, all[(i + 3) % all.len()].1),
+            &ca,
+            &cb,
+            &ops,
+        );
+        assert!(
+            denied > 0 && allowed > 0,
+            "{na}: {denied} denied, {allowed} allowed proves little"
+        );
+    }
+    // Tier a's candidates packed; tier b's log and shaping one on keys of
+    // their own.
+    let keys: Vec<String> = h._redis.cmd(&["KEYS", "c3*:a:*{c*"]);
+    assert!(!keys.is_empty());
+    assert!(
+        keys.iter().all(|k| k.ends_with("{c}")),
+        "a candidate on a key of its own: {keys:?}"
+    );
+    let b: Vec<String> = h._redis.cmd(&["KEYS", "c3*:b:*{c*"]);
+    assert!(b.iter().any(|k| k.ends_with("{c}")), "{b:?}");
+    assert!(b.iter().any(|k| k.ends_with("{c:0}")), "{b:?}");
+}
+
+/// A packed candidates key expires with its longest-lived candidate:
+/// fixed windows of 1 s, 10 s, 100 s and 1 000 s, each charged once, give
+/// the key the 1 000 s window's remaining time (as its own key would
+/// have), not another's.
+#[test]
+fn a_packed_key_lives_as_long_as_its_longest_candidate() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::{TokenBucket, Window};
+    let redis = RedisServer::start();
+    let rt = current_thread_runtime();
+    // Just past the start of a 1 000 s window.
+    let clock = ManualClock::new(T0_US - T0_US % (1_000 * S) + 123_457);
+    let backend: Backend = redis.backend_on(&clock).into();
+    let live = TierCheck {
+        key: "rl:ip:a".into(),
+        limit: Limit::TokenBucket(TokenBucket::new(10, S, 10).unwrap()),
+        cost: 1,
+        home: None,
+    };
+    let windows = [S, 10 * S, 1_000 * S, 100 * S];
+    let mut checks = vec![live];
+    for w in windows {
+        checks.push(TierCheck {
+            key: format!("rl:ip:a{{c:5/{}s}}", w / S),
+            limit: Limit::FixedWindow(Window {
+                limit: 5,
+                window_us: w,
+            }),
+            cost: 1,
+            home: None,
+        });
+    }
+    let v = rt
+        .block_on(backend.check_candidates(checks, 0, &[0; 4]))
+        .unwrap();
+    assert!(v.decisions.iter().all(|d| d.allowed));
+    let now = clock.now_us();
+    let ends = windows.map(|w| (now - now % w + w - now).div_ceil(1000));
+    let longest = ends[2];
+    assert!(ends.iter().all(|&e| e == longest || e + 5_000 < longest));
+    let pttl: u64 = redis.cmd(&["PTTL", "rl:ip:a{c}"]);
+    // (PTTL counts down in Redis's real time since the SET.)
+    assert!(
+        pttl <= longest && pttl + 5_000 > longest,
+        "PTTL {pttl}, want {longest} (each window's end: {ends:?})"
+    );
+    let own: i64 = redis.cmd(&["EXISTS", "rl:ip:a{c:5/1000s}"]);
+    assert_eq!(own, 0);
+}
+
+/// A pack read with its candidates in another order (a tier's list
+/// reordered at run time) finds each one's state by its name, on both
+/// backends: every decision the model's, where each candidate has a key
+/// of its own.
+#[test]
+fn a_reordered_pack_finds_each_candidates_state() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::TokenBucket;
+    let h = Harness::new();
+    let clock = ManualClock::new(T0_US + 123_457);
+    let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+    let redis = h.redis(&clock);
+    let mut model = Model::default();
+    let all = algorithm_limits();
+    let named = |n: &str| all.iter().find(|(name, _)| *name == n).unwrap().1;
+    let candidates = [
+        (
+            "{c:bucket}",
+            Limit::TokenBucket(TokenBucket::new(2, S, 3).unwrap()),
+        ),
+        ("{c:fixed}", named("fixed_odd")),
+        ("{c:counter}", named("counter")),
+    ];
+    let orders = [[0, 1, 2], [2, 0, 1], [1, 2, 0], [2, 1, 0]];
+    let (mut denied, mut allowed) = (0, 0);
+    for op in 0..200u64 {
+        clock.advance(Duration::from_micros((op * 7_919) % 400_000));
+        let now = clock.now_us();
+        let live = "reorder:a:k";
+        let mut checks = vec![TierCheck {
+            key: live.into(),
+            limit: Limit::TokenBucket(TokenBucket::new(100, S, 100).unwrap()),
+            cost: 1,
+            home: None,
+        }];
+        for &j in &orders[(op % 4) as usize] {
+            let (suffix, limit) = candidates[j];
+            checks.push(TierCheck {
+                key: format!("{live}{suffix}"),
+                limit,
+                cost: 1,
+                home: None,
+            });
+        }
+        let want = model.check_candidates(&checks, 0, &[0, 0, 0], now);
+        let mem =
+            h.rt.block_on(memory.check_candidates(checks.clone(), 0, &[0, 0, 0]))
+                .unwrap();
+        let red =
+            h.rt.block_on(redis.check_candidates(checks, 0, &[0, 0, 0]))
+                .unwrap();
+        assert_eq!(mem.decisions, want, "memory at op {op}");
+        assert_eq!(red.decisions, want, "redis at op {op}");
+        for d in &want[1..] {
+            if d.allowed {
+                allowed += 1;
+            } else {
+                denied += 1;
+            }
+        }
+    }
+    assert!(
+        denied > 20 && allowed > 20,
+        "{denied} denied, {allowed} allowed"
+    );
+    let own: i64 = h._redis.cmd(&["EXISTS", "reorder:a:k{c:bucket}"]);
+    assert_eq!(own, 0);
+}

@@ -245,7 +245,7 @@ fn refused_candidates_name_their_field() {
     );
     assert_eq!(
         build(user().candidates((1..=5).map(Quota::per_minute))),
-        "tier \"user\": candidates: 5 candidates; a tier takes at most 4 (each is one more key read and written per request)"
+        "tier \"user\": candidates: 5 candidates; a tier takes at most 4 (each is one more state read and written per request)"
     );
     assert!(
         build(Tier::concurrency("c", User, 4).candidates([Quota::per_minute(5)]))

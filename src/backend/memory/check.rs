@@ -328,14 +328,18 @@ impl MemoryBackend {
     /// [`MemoryBackend::check_reusing`] of the live checks, then the last
     /// `live_of.len()` checks as candidate quotas (`docs/rollout.md`,
     /// "Candidate quotas"), each of the live check at its index in
-    /// `live_of`: decided on its own key, and charged when it allows and
+    /// `live_of`: decided on its own state, and charged when it allows and
     /// every enforced live check but its own allows, whatever the live
     /// commit. Their decisions follow the live ones in `out`; they are
     /// never listed in its charges (never refunded).
     ///
-    /// A candidate's key is its own, so deciding it after the live checks
-    /// (not under their locks) changes nothing of either: its rule reads
-    /// only the live decisions.
+    /// The candidates of one live check (consecutive in `live_of`, as the
+    /// engine plans them) whose keys are its key then a suffix share one
+    /// entry of the store, `<live key>{c}` (`pack.rs`): one lookup and one
+    /// write for all of them. Another candidate is checked on its own key.
+    /// Either way a candidate's state is its own, so deciding it after the
+    /// live checks (not under their locks) changes nothing of either: its
+    /// rule reads only the live decisions.
     pub(crate) fn check_with_candidates(
         &self,
         checks: &[TierCheck],
@@ -350,36 +354,44 @@ impl MemoryBackend {
             return;
         }
         let charged = out.charges.len() == n && n > 0;
-        thread_local! {
-            // One candidate's verdict, reused (no allocation per request).
-            static ONE: std::cell::RefCell<Verdict> = std::cell::RefCell::default();
-        }
-        for (c, &live) in checks[n..].iter().zip(live_of) {
+        let now_us = out.now_us;
+        let mut j = 0;
+        while j < live_of.len() {
+            let live = live_of[j];
+            let end = j + live_of[j..].iter().take_while(|&&l| l == live).count();
+            let group = &checks[n + j..n + end];
+            j = end;
             let others = out.decisions[..n]
                 .iter()
                 .enumerate()
                 .all(|(i, d)| d.allowed || shadow.contains(i) || i == usize::from(live));
-            let d = if others {
-                // Alone and enforced: charged iff it allows.
-                let alone = |one: &mut Verdict| {
-                    self.check_reusing(std::slice::from_ref(c), Shadow::NONE, false, one);
-                    one.decisions.first().copied()
-                };
-                ONE.try_with(|one| match one.try_borrow_mut() {
-                    Ok(mut one) => alone(&mut one),
-                    Err(_) => alone(&mut Verdict::default()),
-                })
-                .unwrap_or_else(|_| alone(&mut Verdict::default()))
-            } else {
-                self.peek(c).decisions.first().copied()
-            };
-            if let Some(d) = d {
-                out.decisions.push(d);
-                if charged {
-                    out.charges.push(None);
+            match checks[..n].get(usize::from(live)) {
+                Some(of) if super::pack::packable(&of.key, group) => {
+                    self.check_pack(&of.key, group, others, now_us, &mut out.decisions);
+                }
+                _ => {
+                    for c in group {
+                        if let Some(d) = self.check_alone(c, others) {
+                            out.decisions.push(d);
+                        }
+                    }
                 }
             }
         }
+        if charged {
+            out.charges.resize(out.decisions.len(), None);
+        }
+    }
+
+    /// A candidate on a key of its own: alone and enforced when `charge`
+    /// (charged iff it allows), else peeked.
+    fn check_alone(&self, c: &TierCheck, charge: bool) -> Option<TierDecision> {
+        if !charge {
+            return self.peek(c).decisions.first().copied();
+        }
+        let mut one = Verdict::default();
+        self.check_reusing(std::slice::from_ref(c), Shadow::NONE, false, &mut one);
+        one.decisions.first().copied()
     }
 
     /// Gives back charges (see [`Limit::refund`](crate::algorithm::Limit::refund)),

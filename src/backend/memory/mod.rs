@@ -6,6 +6,7 @@ mod cell;
 mod check;
 mod fast;
 mod overrides;
+mod pack;
 mod peek;
 mod shard;
 mod slot;
@@ -70,7 +71,9 @@ impl<T> std::ops::Deref for Padded<T> {
 ///   which hands those keys a full bucket a little early. A bucket takes
 ///   one allocation of its key (inline up to 24 bytes) and state, and a
 ///   slot of a table that grows by doubling: about 98 MB of resident
-///   memory for 10^6 keys, measured (perf/README.md).
+///   memory for 10^6 keys, measured (perf/README.md). A tier key's
+///   candidate quotas share one entry, `<tier key>{c}`, counted as one
+///   key and swept or evicted by its longest-lived state.
 ///
 /// ```
 /// use tiered_ratelimit::backend::MemoryBackend;

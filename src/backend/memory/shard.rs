@@ -3,6 +3,7 @@
 //! table bounded.
 
 use super::cell::{TatCell, FROZEN, GONE};
+use super::pack::Pack;
 use super::SHARDS;
 use crate::algorithm::{Refund, State};
 use crate::backend::TierCheck;
@@ -110,9 +111,14 @@ pub(super) struct Locked {
 /// and written by the shard's writers only. The mutex of a `Locked` entry
 /// is never contended (its writers hold the shard's); it only lets them
 /// change the state in place, so a check of a held key allocates nothing.
+///
+/// A tier key's candidate quotas share one more entry, a [`Pack`] under
+/// `<tier key>{c}` (`pack.rs`), read and written by writers only, as a
+/// `Locked` state is.
 pub(super) enum Entry {
     Cell(TatCell),
     Locked(Box<Mutex<Locked>>),
+    Pack(Box<Mutex<Pack>>),
 }
 
 impl Entry {
@@ -132,9 +138,9 @@ impl Entry {
     }
 }
 
-/// A `Locked` entry's state (a poisoned mutex still holds a whole state:
-/// every write to it is a single assignment).
-pub(super) fn locked(m: &Mutex<Locked>) -> MutexGuard<'_, Locked> {
+/// A `Locked` entry's state, or a `Pack` (a poisoned mutex still holds a
+/// whole state: every write to it is a single assignment).
+pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
@@ -211,6 +217,9 @@ impl<'g> Held<'g> {
                 let l = locked(m);
                 f((l.expires_us > now_us).then_some(&l.state))
             }
+            // Candidates' states under a key a tier check names (a key
+            // ending in `{c}`): no state of its own.
+            Some(Entry::Pack(_)) => f(None),
         }
     }
 
@@ -219,6 +228,7 @@ impl<'g> Held<'g> {
         match entry {
             Entry::Cell(cell) => cell.expires_us(self.ticks(cell)),
             Entry::Locked(m) => locked(m).expires_us,
+            Entry::Pack(m) => locked(m).expires_us(),
         }
     }
 }
@@ -282,6 +292,7 @@ impl<'g> Writer<'g> {
                             .then(|| std::mem::replace(&mut l.state, PLACEHOLDER))
                     }
                     Entry::Cell(_) => held.with_live(Some(entry), now_us, |s| s.cloned()),
+                    Entry::Pack(_) => None,
                 };
                 c.limit.charge_undo(old, now_us, c.cost)
             }
@@ -325,8 +336,25 @@ impl<'g> Writer<'g> {
                     return;
                 }
             },
-            None => Entry::new(state, expires_us, now_us),
+            Some(Entry::Pack(_)) | None => Entry::new(state, expires_us, now_us),
         };
+        self.insert(found, held, key, entry, now_us);
+    }
+
+    /// Inserts `entry` as `key`'s, replacing `found` (a cell replaced stays
+    /// [`FROZEN`]: a lock-free check holding it goes to the locked path).
+    /// A new key sweeps the table when it has doubled.
+    pub(super) fn insert<'e>(
+        &mut self,
+        found: Option<&'e Entry>,
+        held: &mut Held<'e>,
+        key: Lookup<'_>,
+        entry: Entry,
+        now_us: u64,
+    ) {
+        if let Some(Entry::Cell(cell)) = found {
+            held.set(cell, FROZEN);
+        }
         self.shard.table.insert(Key::from(key), entry, held.guard);
         if found.is_none() && self.shard.table.len() >= self.writes.sweep_at {
             self.sweep(held, now_us);
@@ -422,7 +450,7 @@ impl<'g> Writer<'g> {
 }
 
 /// Stands in for a state while it is being replaced (never observed).
-const PLACEHOLDER: State = State::FixedWindow(crate::algorithm::FixedWindowState {
+pub(super) const PLACEHOLDER: State = State::FixedWindow(crate::algorithm::FixedWindowState {
     start_us: 0,
     count: 0,
     end_us: 0,
@@ -434,6 +462,7 @@ fn expiry(entry: &Entry, held: &Held<'_>) -> Option<u64> {
         Entry::Cell(cell) if held.holds(cell) => None,
         Entry::Cell(cell) => cell.live_ticks().map(|t| cell.expires_us(t)),
         Entry::Locked(m) => Some(locked(m).expires_us),
+        Entry::Pack(m) => Some(locked(m).expires_us()),
     }
 }
 
@@ -455,6 +484,7 @@ fn retire_if(entry: &Entry, held: &Held<'_>, leaves: impl Fn(u64) -> bool) -> bo
             }
         },
         Entry::Locked(m) => leaves(locked(m).expires_us),
+        Entry::Pack(m) => leaves(locked(m).expires_us()),
     }
 }
 

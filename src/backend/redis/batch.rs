@@ -338,11 +338,14 @@ impl<'a> Parts<'a> {
             .get(2)
             .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
             .ok_or_else(bad)?;
-        let keys = args.get(3..3 + tiers).ok_or_else(bad)?;
-        let sets = args.get(3 + tiers..3 + numkeys).ok_or_else(bad)?;
-        let clock = args.get(3 + numkeys).ok_or_else(bad)?;
+        // One key and one spec per tier, or per pack of candidates
+        // (`wire::packs`): up to `tiers` of each.
         let specs = args.get(4 + numkeys..).ok_or_else(bad)?;
-        if specs.len() != tiers || sets.len() > 2 {
+        let sent = specs.len();
+        let keys = args.get(3..3 + sent).ok_or_else(bad)?;
+        let sets = args.get(3 + sent..3 + numkeys).ok_or_else(bad)?;
+        let clock = args.get(3 + numkeys).ok_or_else(bad)?;
+        if sent > tiers || sets.len() > 2 {
             return Err(bad());
         }
         let deadline = match clock.strip_prefix(b"-") {

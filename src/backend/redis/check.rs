@@ -80,9 +80,19 @@ impl RedisBackend {
             Some(_) if shadow.0 == 0 => 1,
             Some(_) => 2,
         };
-        cmd.arg(checks.len() + sets);
-        for c in checks {
+        // The candidates: a live check's packed in one key and one spec
+        // when they can be (wire::packs), else each on its own key.
+        let live = checks.len().saturating_sub(live_of.len());
+        let sent_candidates = wire::packs(checks, live_of);
+        cmd.arg(live + sent_candidates.len() + sets);
+        for c in &checks[..live] {
             cmd.arg(c.key.as_str());
+        }
+        for s in &sent_candidates {
+            match s {
+                wire::Sent::Own(i) => cmd.arg(checks[*i].key.as_str()),
+                wire::Sent::Pack((of, _)) => cmd.arg(&wire::pack_key(&checks[*of].key)[..]),
+            };
         }
         if let Some((refused, shadow_limited)) = blocked {
             cmd.arg(refused);
@@ -95,16 +105,19 @@ impl RedisBackend {
         // The candidates last, never shadow (with the undo flag when the
         // others have it: the reply's layout is read under one set of
         // flags).
-        let live = checks.len().saturating_sub(live_of.len());
-        for (i, (c, t)) in checks.iter().zip(tiers).enumerate() {
-            match i.checked_sub(live).and_then(|j| live_of.get(j)) {
-                Some(&of) => {
-                    wire::write_candidate(&mut cmd, c, undo | t.listing_flag(), of.into());
+        for (i, (c, t)) in checks[..live].iter().zip(tiers).enumerate() {
+            let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
+            wire::write_tier(&mut cmd, c, shadow | undo | t.listing_flag());
+        }
+        for s in &sent_candidates {
+            match s {
+                wire::Sent::Own(i) => {
+                    if let (Some(c), Some(t)) = (checks.get(*i), tiers.get(*i)) {
+                        let of = live_of.get(*i - live).copied().unwrap_or(0);
+                        wire::write_candidate(&mut cmd, c, undo | t.listing_flag(), of.into());
+                    }
                 }
-                None => {
-                    let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
-                    wire::write_tier(&mut cmd, c, shadow | undo | t.listing_flag());
-                }
+                wire::Sent::Pack(pack) => wire::write_pack(&mut cmd, checks, pack, pack.0),
             }
         }
         cmd

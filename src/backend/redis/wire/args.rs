@@ -324,3 +324,130 @@ pub(in crate::backend::redis) fn refund_args(
         int(charge.undo),
     ]
 }
+
+/// A pack of candidate quotas' spec algorithm (`lua/dispatch.lua`,
+/// `pack_spec`).
+const PACK: i64 = 10;
+
+/// What a tier key's candidates pack is named by: `<tier key>{c}`
+/// (docs/redis.md, "Stored values").
+pub(crate) const PACK_SUFFIX: &str = "{c}";
+
+/// The candidates of one live check sent packed: the live check's index
+/// and the candidates' indices.
+pub(in crate::backend::redis) type Pack = (usize, std::ops::Range<usize>);
+
+/// How one candidate check, or the candidates of one live check, are sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::backend::redis) enum Sent {
+    /// On its own key, as any tier.
+    Own(usize),
+    /// Packed ([`write_pack`]).
+    Pack(Pack),
+}
+
+/// How a check's candidates (the last `live_of.len()` checks, each of the
+/// live check at its index in `live_of`) are sent, in order: the
+/// candidates of one live check packed in ONE key `<live key>{c}` with one
+/// spec ([`write_pack`]) when every one of them can be (its key is its
+/// live check's then a suffix, its live check's candidates are listed
+/// together, and it is a token bucket of rate 1, a policing leaky bucket
+/// of rate 1, a fixed or calendar window or a sliding window counter, of
+/// its configured quota); else each on its own key, as any tier (a
+/// sliding log's state is a sorted set: docs/rollout.md, "Candidate
+/// quotas"). Whether a live check's candidates are packed depends on
+/// them alone, so a candidate's state has one place whatever else the
+/// request checks.
+pub(in crate::backend::redis) fn packs(
+    checks: &[TierCheck],
+    live_of: &[u8],
+) -> smallvec::SmallVec<[Sent; 4]> {
+    let mut sent: smallvec::SmallVec<[Sent; 4]> = smallvec::SmallVec::new();
+    let Some(n) = checks.len().checked_sub(live_of.len()) else {
+        return sent;
+    };
+    let mut j = 0;
+    while j < live_of.len() {
+        let of = live_of[j];
+        let end = j + live_of[j..].iter().take_while(|&&l| l == of).count();
+        let (of, group) = (usize::from(of), n + j..n + end);
+        let again = live_of[end..].contains(&live_of[j]) || live_of[..j].contains(&live_of[j]);
+        let packed = !again
+            && checks
+                .get(of)
+                .filter(|_| of < n)
+                .is_some_and(|live| checks[group.clone()].iter().all(|c| packable(&live.key, c)));
+        if packed {
+            sent.push(Sent::Pack((of, group)));
+        } else {
+            sent.extend(group.map(Sent::Own));
+        }
+        j = end;
+    }
+    sent
+}
+
+/// Whether candidate `c` of the live check on `live` can be packed.
+fn packable(live: &str, c: &TierCheck) -> bool {
+    c.home.is_none()
+        && c.key.len() > live.len()
+        && c.key.starts_with(live)
+        && match c.limit {
+            Limit::TokenBucket(b) => b.rate == 1,
+            Limit::LeakyBucket(g) => g.bucket.rate == 1 && g.max_delay_us.is_none(),
+            Limit::FixedWindow(_) | Limit::Calendar(_) | Limit::SlidingWindowCounter(_) => true,
+            _ => false,
+        }
+}
+
+/// The key of `live`'s candidates pack: `<live>{c}`.
+pub(in crate::backend::redis) fn pack_key(live: &str) -> smallvec::SmallVec<[u8; 64]> {
+    let mut k = smallvec::SmallVec::new();
+    k.extend_from_slice(live.as_bytes());
+    k.extend_from_slice(PACK_SUFFIX.as_bytes());
+    k
+}
+
+/// A candidate's tag in its pack: the FNV-1a hash of its key past its
+/// live key (`{c:80/1m}`), below 2^52 (exact in the script's doubles).
+pub(in crate::backend::redis) fn pack_tag(suffix: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in suffix.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    int(h & ((1 << 52) - 1))
+}
+
+/// Writes the spec of `pack` of `checks`, its live check at `at` (from 0)
+/// in the call: `"10 <at + 1> <k>"` then per candidate `"<algorithm> <p1>
+/// <p2> <p3> <p4> <cost> <tag>"` (`lua/dispatch.lua`, `pack_spec`).
+pub(in crate::backend::redis) fn write_pack(
+    cmd: &mut Cmd,
+    checks: &[TierCheck],
+    pack: &Pack,
+    at: usize,
+) {
+    let (of, range) = pack;
+    let live = checks.get(*of).map_or(0, |c| c.key.len());
+    fn push(n: i64, spec: &mut smallvec::SmallVec<[u8; 256]>) {
+        if !spec.is_empty() {
+            spec.push(b' ');
+        }
+        spec.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    }
+    let mut spec: smallvec::SmallVec<[u8; 256]> = smallvec::SmallVec::new();
+    push(PACK, &mut spec);
+    push(int(at as u64 + 1), &mut spec);
+    push(int(range.len() as u64), &mut spec);
+    for c in &checks[range.clone()] {
+        let (algorithm, p) = encode(&c.limit);
+        push(i64::from(algorithm), &mut spec);
+        for x in p {
+            push(x, &mut spec);
+        }
+        push(int(c.cost), &mut spec);
+        push(pack_tag(c.key.get(live..).unwrap_or("")), &mut spec);
+    }
+    cmd.arg(&spec[..]);
+}

@@ -20,6 +20,11 @@
 //!           stored, +8 short: a bucket or a fixed or calendar window
 //!           answers its state, one number; a sliding log without +2 its
 //!           remaining, when it allows).
+//!           The candidates of one live check may go as ONE "tier": the
+//!           key `<live key>{c}` and the spec "10 <live> <k>" then seven
+//!           numbers a candidate, "<algorithm> <p1> <p2> <p3> <p4> <cost>
+//!           <tag>" ([`packs`], [`write_pack`]); it answers each
+//!           candidate's reply in turn, and the trailer's `i` counts them.
 //!           One argument rather than seven: the script keeps parsed specs
 //!           by their string (as a Redis Function, across calls), so a tier
 //!           costs Redis one table lookup instead of seven conversions

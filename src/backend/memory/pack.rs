@@ -1,0 +1,198 @@
+//! Candidate quotas in memory (`docs/rollout.md`, "Candidate quotas"): the
+//! candidates of one tier key packed in **one** entry of the store, under
+//! `<tier key>{c}`, holding each candidate's state with its own expiry.
+//!
+//! A request's candidates of one tier key are one lookup and one charge of
+//! that entry (not one per candidate): each is decided on its own state
+//! with its algorithm's code ([`Limit::check_prepared`], [`Limit::charge`]),
+//! as it would be on a key of its own, and by the same rule (charged when
+//! it allows and every enforced check but its own tier's live one allows).
+//! A candidate's state lives until its own time-to-live ends, exactly as
+//! its own key would; the entry lives until its last state's ends (what
+//! the sweep and the eviction read), and counts as one key of
+//! [`max_keys`](super::MemoryBackend::max_keys).
+
+use super::shard::{locked, shard_of, Entry, Held, Lookup, Writer, PLACEHOLDER};
+use super::MemoryBackend;
+use crate::algorithm::{Limit, State, TierDecision};
+use crate::backend::TierCheck;
+use smallvec::SmallVec;
+use std::sync::Mutex;
+
+/// What a tier key's candidates entry is named by: `<tier key>{c}`.
+pub(super) const PACK_SUFFIX: &str = "{c}";
+
+/// The most states a pack holds: a tier's candidates (four). A fifth (a
+/// candidate list changed at run time) takes the place of the state that
+/// expires first, which hands that one a fresh key a little early.
+const SLOTS: usize = 4;
+
+/// The candidates' states of one tier key.
+#[derive(Default)]
+pub(super) struct Pack {
+    slots: SmallVec<[Slot; SLOTS]>,
+}
+
+/// One candidate's state in a pack (no pointer to follow: a check reads
+/// the pack's few cache lines and nothing else).
+struct Slot {
+    /// The hash of the candidate's key past its tier key (`{c:80/1m}`) by
+    /// the store's hasher: what names it.
+    tag: u64,
+    state: State,
+    /// Epoch µs after which the state means what no state means (its own
+    /// key would have expired).
+    expires_us: u64,
+}
+
+impl Pack {
+    /// Epoch µs after which no state of the pack means anything.
+    pub(super) fn expires_us(&self) -> u64 {
+        self.slots.iter().map(|s| s.expires_us).max().unwrap_or(0)
+    }
+
+    /// Decides each of `group` (candidates whose keys are their tier key,
+    /// `at` bytes, then their suffix) on its own state, each decision
+    /// pushed onto `decisions`; `charge`: every enforced check but their
+    /// tier's live one allowed, so each that allows is charged.
+    fn decide(
+        &mut self,
+        group: &[TierCheck],
+        at: usize,
+        charge: bool,
+        now_us: u64,
+        decisions: &mut Vec<TierDecision>,
+        tag_of: impl Fn(&str) -> u64,
+    ) {
+        for (j, c) in group.iter().enumerate() {
+            let tag = tag_of(c.key.get(at..).unwrap_or(""));
+            // Its own place first (the same candidates in the same order).
+            let i = match self.slots.get(j) {
+                Some(s) if s.tag == tag => Some(j),
+                _ => self.slots.iter().position(|s| s.tag == tag),
+            };
+            let state = i
+                .and_then(|i| self.slots.get(i))
+                .filter(|s| s.expires_us > now_us)
+                .map(|s| &s.state);
+            // A state written under another quota of the same name (a
+            // calendar's, whose bounds move with the months; any other
+            // candidate's quota is its name's): stored whatever the
+            // decision, as on a key of its own.
+            let carried = match c.limit {
+                Limit::Calendar(_) => c.limit.carry(state, now_us),
+                _ => None,
+            };
+            let (d, ready) = c.limit.check_prepared(state, now_us, c.cost);
+            decisions.push(d);
+            let write = if charge && d.allowed {
+                Some(ready.unwrap_or_else(|| {
+                    let old = i.and_then(|i| self.take(i, now_us));
+                    c.limit.charge(old, now_us, c.cost)
+                }))
+            } else {
+                carried
+            };
+            if let Some((state, ttl_us)) = write {
+                self.put(i, tag, state, now_us.saturating_add(ttl_us), now_us);
+            }
+        }
+    }
+
+    /// Slot `i`'s state if live, taken (not cloned: a sliding log may be
+    /// long); it is written again at once.
+    fn take(&mut self, i: usize, now_us: u64) -> Option<State> {
+        let s = self.slots.get_mut(i).filter(|s| s.expires_us > now_us)?;
+        Some(std::mem::replace(&mut s.state, PLACEHOLDER))
+    }
+
+    /// Stores `state` as slot `i`'s, or in a new slot named `tag`.
+    fn put(&mut self, i: Option<usize>, tag: u64, state: State, expires_us: u64, now_us: u64) {
+        if let Some(s) = i.and_then(|i| self.slots.get_mut(i)) {
+            s.state = state;
+            s.expires_us = expires_us;
+            return;
+        }
+        self.slots.retain(|s| s.expires_us > now_us);
+        if self.slots.len() >= SLOTS {
+            if let Some(first) = (0..self.slots.len()).min_by_key(|&j| self.slots[j].expires_us) {
+                self.slots.swap_remove(first);
+            }
+        }
+        self.slots.push(Slot {
+            tag,
+            state,
+            expires_us,
+        });
+    }
+}
+
+impl MemoryBackend {
+    /// The candidates `group` of the tier key `live_key` (each key is
+    /// `live_key` then its suffix), decided on their pack, one lookup
+    /// under the pack's shard's mutex; `charge`: each that allows is
+    /// charged. Their decisions are pushed onto `decisions`, in order.
+    pub(super) fn check_pack(
+        &self,
+        live_key: &str,
+        group: &[TierCheck],
+        charge: bool,
+        now_us: u64,
+        decisions: &mut Vec<TierDecision>,
+    ) {
+        with_pack_key(live_key, |key| {
+            let h = self.hash(key);
+            let guard = self.inner.collector.enter();
+            let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
+            let mut held = Held::new(&guard);
+            let lookup = Lookup { hash: h, text: key };
+            let found = w.find(lookup, &held);
+            if let Some(Entry::Pack(m)) = found {
+                let tag_of = |suffix: &str| self.hash(suffix);
+                locked(m).decide(group, live_key.len(), charge, now_us, decisions, tag_of);
+                return;
+            }
+            // No pack yet (or a tier's state under that name: replaced).
+            let mut pack = Pack::default();
+            let tag_of = |suffix: &str| self.hash(suffix);
+            pack.decide(group, live_key.len(), charge, now_us, decisions, tag_of);
+            if !pack.slots.is_empty() {
+                let entry = Entry::Pack(Box::new(Mutex::new(pack)));
+                w.insert(found, &mut held, lookup, entry, now_us);
+            }
+        });
+    }
+}
+
+/// `f` of `<live_key>{c}`, built in a buffer of this thread's (no
+/// allocation per request once it has grown).
+fn with_pack_key<R>(live_key: &str, mut f: impl FnMut(&str) -> R) -> R {
+    thread_local! {
+        static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    let build = |s: &mut String| {
+        s.clear();
+        s.push_str(live_key);
+        s.push_str(PACK_SUFFIX);
+    };
+    let reused = KEY.try_with(|k| {
+        let mut k = k.try_borrow_mut().ok()?;
+        build(&mut k);
+        Some(f(&k))
+    });
+    if let Ok(Some(r)) = reused {
+        return r;
+    }
+    // The thread's buffer gone (its thread ending) or in use.
+    let mut k = String::new();
+    build(&mut k);
+    f(&k)
+}
+
+/// Whether `group`'s keys are each `live_key` then a suffix (the keys the
+/// engine plans, `<tier key>{c:<quota>}`): only such candidates are packed.
+pub(super) fn packable(live_key: &str, group: &[TierCheck]) -> bool {
+    group
+        .iter()
+        .all(|c| c.key.len() > live_key.len() && c.key.starts_with(live_key))
+}
