@@ -206,11 +206,11 @@ local function tier_spec(s)
     t[10] = plain
     -- Decided increment-first (check_incr below): an enforced fixed window
     -- answering short, listed once, no candidate, stored in the integer
-    -- form (limit < window: fixed_window.lua); t[17] its cost as the
-    -- string INCRBY is sent, t[18] and t[19] the window's start and the
-    -- now it was computed for (a cache: one division per spec a call).
+    -- form (limit < window: fixed_window.lua): t[18]; t[19] its cost as
+    -- the string INCRBY is sent. (t[16] is a candidates pack's list:
+    -- pack_spec.)
     if plain == 2 and t[9] and not t[15] and t[2] < t[3] then
-      t[16], t[17] = true, string.format('%d', t[6])
+      t[18], t[19] = true, string.format('%d', t[6])
     end
   end
   if specs_n >= 1024 then specs, specs_n = {}, 0 end
@@ -229,7 +229,7 @@ local function px_of(us)
   return ms + ttl_slack_ms
 end
 
--- Increment-first, for a request whose tiers are all of t[16] (tier_spec:
+-- Increment-first, for a request whose tiers are all of t[18] (tier_spec:
 -- enforced fixed windows answering short, listed once, none a candidate,
 -- stored in the integer form "<window start µs + count>"): INCRBY each
 -- key by its cost first (its reply is the value already charged, so no
@@ -255,14 +255,14 @@ end
 -- Per spec string, its record { limit, window µs, cost, cost as INCRBY's
 -- argument, window start µs, the now that start is of } (an array: the
 -- fields a key reads are one indexed load each; the start is computed
--- once per spec a call), or false for a spec not of t[16]. Kept as the
+-- once per spec a call), or false for a spec not of t[18]. Kept as the
 -- specs are (at most 1 024).
 local incr_recs, incr_recs_n = {}, 0
 local function incr_rec(spec)
   local t = specs[spec]
   if t == nil then t = tier_spec(spec) end
   local rec = false
-  if t and t[16] then rec = { t[2], t[3], t[6], t[17], 0, -1 } end
+  if t and t[18] then rec = { t[2], t[3], t[6], t[19], 0, -1 } end
   if incr_recs_n >= 1024 then incr_recs, incr_recs_n = {}, 0 end
   incr_recs[spec] = rec
   incr_recs_n = incr_recs_n + 1
