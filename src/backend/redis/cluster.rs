@@ -457,15 +457,7 @@ async fn invoke<T: ::redis::FromRedisValue, A: ::redis::ToRedisArgs + Sync>(
 ) -> RedisResult<T> {
     let script = &backend.inner.script;
     let build = |eval: bool| -> Cmd {
-        let mut cmd = if eval {
-            let mut c = ::redis::cmd("EVAL");
-            c.arg(CLUSTER_LUA);
-            c
-        } else {
-            let mut c = ::redis::cmd("EVALSHA");
-            c.arg(script.get_hash());
-            c
-        };
+        let mut cmd = super::peek::script_cmd(eval, script, CLUSTER_LUA);
         cmd.arg(keys.len())
             .arg(keys)
             .arg(mode)

@@ -81,15 +81,11 @@ impl RedisBackend {
     ) -> Result<Result<u64, Option<u64>>, BackendError> {
         let script = settings_script();
         let build = |with_source: bool| {
-            let mut cmd = if with_source {
-                let mut c = ::redis::cmd("EVAL");
-                c.arg(include_str!("../../../lua/settings.lua"));
-                c
-            } else {
-                let mut c = ::redis::cmd("EVALSHA");
-                c.arg(script.get_hash());
-                c
-            };
+            let mut cmd = super::peek::script_cmd(
+                with_source,
+                script,
+                include_str!("../../../lua/settings.lua"),
+            );
             cmd.arg(1).arg(key).arg(read).arg(document);
             cmd
         };

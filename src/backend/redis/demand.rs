@@ -23,15 +23,11 @@ impl RedisBackend {
         };
         let script = script();
         let build = |with_source: bool| {
-            let mut cmd = if with_source {
-                let mut c = ::redis::cmd("EVAL");
-                c.arg(include_str!("../../../lua/demand.lua"));
-                c
-            } else {
-                let mut c = ::redis::cmd("EVALSHA");
-                c.arg(script.get_hash());
-                c
-            };
+            let mut cmd = super::peek::script_cmd(
+                with_source,
+                script,
+                include_str!("../../../lua/demand.lua"),
+            );
             cmd.arg(5 * adds.len());
             for a in adds {
                 cmd.arg(&a.period_key);

@@ -153,3 +153,17 @@ impl RedisBackend {
         r.map_err(|e| self.error(e))
     }
 }
+
+/// A script's call head: `EVALSHA <sha>`, or `EVAL <source>` when
+/// `with_source` (the same call sent again after a `NOSCRIPT`: `call_on`).
+pub(super) fn script_cmd(with_source: bool, script: &Script, source: &str) -> Cmd {
+    if with_source {
+        let mut c = ::redis::cmd("EVAL");
+        c.arg(source);
+        c
+    } else {
+        let mut c = ::redis::cmd("EVALSHA");
+        c.arg(script.get_hash());
+        c
+    }
+}

@@ -31,15 +31,8 @@ impl RedisBackend {
             .map(|c| c.now_us().to_string())
             .unwrap_or_default();
         let build = |with_source: bool| {
-            let mut cmd = if with_source {
-                let mut c = ::redis::cmd("EVAL");
-                c.arg(include_str!("../../../lua/plan.lua"));
-                c
-            } else {
-                let mut c = ::redis::cmd("EVALSHA");
-                c.arg(script.get_hash());
-                c
-            };
+            let mut cmd =
+                super::peek::script_cmd(with_source, script, include_str!("../../../lua/plan.lua"));
             cmd.arg(2).arg(key).arg(log).arg(&clock);
             for a in args {
                 cmd.arg(a);

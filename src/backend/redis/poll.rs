@@ -61,15 +61,7 @@ impl RedisBackend {
             .map(|c| c.now_us().to_string())
             .unwrap_or_default();
         let build = |with_source: bool| {
-            let mut cmd = if with_source {
-                let mut c = ::redis::cmd("EVAL");
-                c.arg(poll_source());
-                c
-            } else {
-                let mut c = ::redis::cmd("EVALSHA");
-                c.arg(script.get_hash());
-                c
-            };
+            let mut cmd = super::peek::script_cmd(with_source, script, poll_source());
             let nkeys: usize = parts.iter().map(|p| p.keys.len()).sum();
             cmd.arg(2 + nkeys).arg(key).arg(log);
             for p in parts {

@@ -28,15 +28,7 @@ impl RedisBackend {
         let key = self.storage_key(key);
         let clock = self.clock_arg();
         let build = |eval: bool| -> Cmd {
-            let mut cmd = if eval {
-                let mut c = ::redis::cmd("EVAL");
-                c.arg(SLOT_LUA);
-                c
-            } else {
-                let mut c = ::redis::cmd("EVALSHA");
-                c.arg(script().get_hash());
-                c
-            };
+            let mut cmd = super::peek::script_cmd(eval, script(), SLOT_LUA);
             cmd.arg(1)
                 .arg(key.as_str())
                 .arg(clock.as_bytes())
