@@ -7,6 +7,8 @@ mod check;
 mod fast;
 mod overrides;
 mod pack;
+#[cfg(test)]
+mod pack_tests;
 mod peek;
 mod shard;
 mod slot;
