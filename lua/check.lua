@@ -61,17 +61,25 @@
 -- leaves every value as it was but is replicated and notified.
 
 local tiers = #ARGV - 1
-local now, deadline = read_clock(ARGV[1])
-if deadline and now > deadline then return { now } end
 -- A request of fixed windows alone: increment-first (check_incr,
 -- dispatch.lua); any other, or a key in another form: check_request.
-local out = { now }
-local done, rejected = check_incr(KEYS, 0, ARGV, 2, tiers, now, out, 1)
-if not done then
-  out, rejected = check_request(now, 2, tiers)
-  if not out then
-    return redis.error_reply(rejected)
-  end
+-- Its first spec's record tells (one table lookup), so a request of
+-- another algorithm pays no table and no call for it.
+local out, rejected
+local rec = tiers > 0 and incr_recs[ARGV[2]]
+if rec == nil then rec = incr_rec(ARGV[2]) end
+if rec then
+  local now, deadline = read_clock(ARGV[1])
+  if deadline and now > deadline then return { now } end
+  out = { now }
+  local done
+  done, rejected = check_incr(KEYS, 0, ARGV, 2, tiers, now, out, 1)
+  if not done then out, rejected = check_request(now, 2, tiers) end
+else
+  out, rejected = check_request(ARGV[1], 2, tiers)
+end
+if not out then
+  return redis.error_reply(rejected)
 end
 
 local blocked, shadowed = KEYS[tiers + 1], KEYS[tiers + 2]
