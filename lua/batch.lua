@@ -85,7 +85,7 @@ while call_argv[a] do
         -- (A shadow tier comes with the second set; without it, nothing
         -- to count, as in check.lua.)
         if s == 1 or shadowed then
-          redis.call('ZINCRBY', s == 2 and shadowed or blocked, t[6], call_keys[k + i])
+          rcall('ZINCRBY', s == 2 and shadowed or blocked, t[6], call_keys[k + i])
           if not touched then touched = { false, false } end
           touched[s] = true
         end
@@ -98,9 +98,9 @@ KEYS = call_keys
 if touched then
   for s, set in ipairs({ blocked, shadowed }) do
     if touched[s] then
-      local extra = redis.call('ZCARD', set) - 10000
-      if extra > 0 then redis.call('ZREMRANGEBYRANK', set, 0, extra - 1) end
-      redis.call('EXPIRE', set, 90000)
+      local extra = rcall('ZCARD', set) - 10000
+      if extra > 0 then rcall('ZREMRANGEBYRANK', set, 0, extra - 1) end
+      rcall('EXPIRE', set, 90000)
     end
   end
 end

@@ -91,15 +91,15 @@ if blocked and rejected then
     local set = s == 2 and shadowed or blocked
     -- (A shadow tier comes with KEYS[n+2]; without it, nothing to count.)
     if s == 1 or shadowed then
-      redis.call('ZINCRBY', set, t[6], KEYS[i])
+      rcall('ZINCRBY', set, t[6], KEYS[i])
       touched[s] = true
     end
   end
   for s, set in ipairs({ blocked, shadowed }) do
     if touched[s] then
-      local extra = redis.call('ZCARD', set) - 10000
-      if extra > 0 then redis.call('ZREMRANGEBYRANK', set, 0, extra - 1) end
-      redis.call('EXPIRE', set, 90000)
+      local extra = rcall('ZCARD', set) - 10000
+      if extra > 0 then rcall('ZREMRANGEBYRANK', set, 0, extra - 1) end
+      rcall('EXPIRE', set, 90000)
     end
   end
 end

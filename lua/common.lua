@@ -19,6 +19,12 @@
 --   a peek (PEEK_LUA)                   dispatch.lua, peek.lua
 --   a slot renewal (SLOT_LUA)           dispatch.lua, slot.lua
 --
+-- Before common.lua every script (and the library) declares the globals
+-- it reads as locals, and rcall, floor and format: redis.call, math.floor
+-- and string.format (lua_globals! and lua_shorts! in
+-- src/backend/redis/wire/mod.rs: an upvalue read is cheaper than a
+-- global's, most of all in a Redis Function).
+--
 -- Lua numbers are doubles: every number these scripts compute with is an
 -- integer below 2^53 (the limits are checked when a quota is built), so all
 -- arithmetic is exact once division is corrected to integer division. The
@@ -32,7 +38,7 @@
 -- below the true floor and at most one above it (when the true quotient is
 -- just below an integer that it rounds to): one correction suffices.
 local function div_floor(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then q = q - 1 end
   return q
 end
@@ -58,7 +64,7 @@ end
 -- Redis's Lua formats %d as a C long (64 bits): exact below 2^53, and half
 -- the cost of '%.0f'.
 local function int(x)
-  return string.format('%d', x)
+  return format('%d', x)
 end
 
 -- Whether `flags` (a tier's flags, see dispatch.lua) has `bit` set.
@@ -74,7 +80,7 @@ end
 -- bucket's TAT of rate 2..44 (n = the TAT in µs, ddd its rate and
 -- remainder: tat_value below) and of the log's members (n = the time).
 local function with_code(n, code)
-  return string.format('%d%03d', n, code)
+  return format('%d%03d', n, code)
 end
 
 -- n and the three-digit code of a value "<n><ddd>" (no separator), or nil.
@@ -99,10 +105,10 @@ end
 -- override's) "<tat>:<frac>:<rate>:<unit>", which names its quota: a reader
 -- under another quota carries its used capacity over (carry_units).
 local function tat_value(tat, frac, rate, unit)
-  if unit then return string.format('%d:%d:%d:%d', tat, frac, rate, unit) end
-  if rate == 1 then return string.format('%d', tat) end
-  if rate <= 44 then return string.format('%d%03d', tat, (rate - 1) * rate / 2 - 1 + frac) end
-  return string.format('%d:%d:%d', tat, frac, rate)
+  if unit then return format('%d:%d:%d:%d', tat, frac, rate, unit) end
+  if rate == 1 then return format('%d', tat) end
+  if rate <= 44 then return format('%d%03d', tat, (rate - 1) * rate / 2 - 1 + frac) end
+  return format('%d:%d:%d', tat, frac, rate)
 end
 
 -- floor(r × a / b) and whether there is a remainder, for integers
@@ -154,7 +160,7 @@ local function tat_read(v)
     local t, code = split_code(v)
     if not t then return nil end
     -- The rate: the largest r with (r - 1) r / 2 - 1 <= code.
-    local r = math.floor((1 + math.sqrt(8 * code + 9)) / 2)
+    local r = floor((1 + math.sqrt(8 * code + 9)) / 2)
     while (r - 1) * r / 2 - 1 > code do r = r - 1 end
     while r * (r + 1) / 2 - 1 <= code do r = r + 1 end
     if r > 44 then return nil end
@@ -172,7 +178,7 @@ end
 
 -- The integer square root, exact for n <= 2^53.
 local function isqrt(n)
-  local r = math.floor(math.sqrt(n))
+  local r = floor(math.sqrt(n))
   while r * r > n do r = r - 1 end
   while (r + 1) * (r + 1) <= n do r = r + 1 end
   return r

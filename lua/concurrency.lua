@@ -18,8 +18,8 @@ local concurrency_retry_us = 1000000
 local function slots_live(key, now)
   local n = redis.pcall('ZCOUNT', key, '(' .. int(now), '+inf')
   if type(n) ~= 'number' or n == 0 then return 0, 0, 0, type(n) ~= 'number' end
-  local first = redis.call('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  local last = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
+  local first = rcall('ZRANGEBYSCORE', key, '(' .. int(now), '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  local last = rcall('ZREVRANGE', key, 0, 0, 'WITHSCORES')
   return n, tonumber(first[2]) - now, tonumber(last[2]) - now, false
 end
 
@@ -29,10 +29,10 @@ local function concurrency(key, now, limit, ttl_us, slot, _, _, _, _)
     local reset = latest
     if reset < ttl_us then reset = ttl_us end
     return 1, limit - n - 1, reset, 0, 0, function()
-      if foreign then redis.call('DEL', key) end
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', int(now))
-      redis.call('ZADD', key, int(now + ttl_us), int(slot))
-      redis.call('PEXPIRE', key, ttl_ms(reset))
+      if foreign then rcall('DEL', key) end
+      rcall('ZREMRANGEBYSCORE', key, '-inf', int(now))
+      rcall('ZADD', key, int(now + ttl_us), int(slot))
+      rcall('PEXPIRE', key, ttl_ms(reset))
       return 0
     end
   end

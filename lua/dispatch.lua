@@ -41,7 +41,7 @@ local function charge_again(t, key, now)
     local v = redis.pcall('GET', key)
     if type(v) == 'table' then v = false end
     local value, px, undo = t[11](key, now, t[2], t[3], t[4], t[5], t[6], v, t[9], t[14])
-    if value then redis.call('SET', key, value, 'PX', px) end
+    if value then rcall('SET', key, value, 'PX', px) end
     return undo
   end
 end
@@ -65,7 +65,7 @@ local function read_clock(arg)
     end
     deadline = -n
   end
-  local t = redis.call('TIME')
+  local t = rcall('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2]), deadline
 end
 
@@ -74,7 +74,7 @@ end
 -- algorithm reads its set itself).
 local function read_states(n)
   if n == 0 then return {} end
-  return redis.call('MGET', unpack(KEYS, 1, n))
+  return rcall('MGET', unpack(KEYS, 1, n))
 end
 
 -- A tier's spec: ONE argument, "<algorithm> <p1> <p2> <p3> <p4> <cost>
@@ -183,7 +183,7 @@ local function tier_spec(s)
     if has_flag(flags, 4) then t[11] = charges_again[algorithm] end
     -- +16: a candidate quota of the check numbered floor(flags / 32) in
     -- this call (its tier's live check); t[15] that number.
-    if has_flag(flags, 16) then t[15] = math.floor(flags / 32) end
+    if has_flag(flags, 16) then t[15] = floor(flags / 32) end
     local plain = false
     if not t[7] and not t[11] and not home then
       if algorithm == token_bucket and t[3] == 1 and t[9] then
@@ -210,7 +210,7 @@ local function tier_spec(s)
     -- the string INCRBY is sent. (t[16] is a candidates pack's list:
     -- pack_spec.)
     if plain == 2 and t[9] and not t[15] and t[2] < t[3] then
-      t[18], t[19] = true, string.format('%d', t[6])
+      t[18], t[19] = true, format('%d', t[6])
     end
   end
   if specs_n >= 1024 then specs, specs_n = {}, 0 end
@@ -223,7 +223,7 @@ end
 -- written out).
 local function px_of(us)
   local a = us + 999
-  local ms = math.floor(a / 1000)
+  local ms = floor(a / 1000)
   if ms * 1000 > a then ms = ms - 1 end
   if ms < 1 then ms = 1 end
   return ms + ttl_slack_ms
@@ -285,7 +285,7 @@ local function check_incr(keys, k, args, first, n, now, out, o)
     local start = rec[5]
     if rec[6] ~= now then
       local window = rec[2]
-      start = math.floor(now / window)
+      start = floor(now / window)
       if start * window > now then start = start - 1 end
       start = start * window
       rec[5], rec[6] = start, now
@@ -298,13 +298,13 @@ local function check_incr(keys, k, args, first, n, now, out, o)
     if count + cost <= rec[1] then
       out[o + 1] = count
       if fresh then
-        redis.call('SET', key, string.format('%d', start + cost), 'PX',
+        rcall('SET', key, format('%d', start + cost), 'PX',
           px_of(start + rec[2] - now))
       end
       return o + 1
     end
     out[o + 1] = -count - 1
-    if b == 0 then redis.call('DEL', key) else redis.call('DECRBY', key, rec[4]) end
+    if b == 0 then rcall('DEL', key) else rcall('DECRBY', key, rec[4]) end
     return o + 1, { 1 }
   end
   if n == 0 then return nil end
@@ -323,15 +323,15 @@ local function check_incr(keys, k, args, first, n, now, out, o)
     local r = pcall_('INCRBY', keys[k + i], rec[4])
     if type(r) ~= 'number' then
       for j = i - 1, 1, -1 do
-        if seen[2 * j - 1] == 0 then redis.call('DEL', keys[k + j])
-        else redis.call('DECRBY', keys[k + j], seen[2 * j][4]) end
+        if seen[2 * j - 1] == 0 then rcall('DEL', keys[k + j])
+        else rcall('DECRBY', keys[k + j], seen[2 * j][4]) end
       end
       return nil
     end
     local start = rec[5]
     if rec[6] ~= now then
       local window = rec[2]
-      start = math.floor(now / window)
+      start = floor(now / window)
       if start * window > now then start = start - 1 end
       start = start * window
       rec[5], rec[6] = start, now
@@ -354,8 +354,8 @@ local function check_incr(keys, k, args, first, n, now, out, o)
     local rejected = {}
     for i = 1, n do
       if out[o + i] < 0 then rejected[#rejected + 1] = i end
-      if seen[2 * i - 1] == 0 then redis.call('DEL', keys[k + i])
-      else redis.call('DECRBY', keys[k + i], seen[2 * i][4]) end
+      if seen[2 * i - 1] == 0 then rcall('DEL', keys[k + i])
+      else rcall('DECRBY', keys[k + i], seen[2 * i][4]) end
     end
     return o + n, rejected
   end
@@ -366,7 +366,7 @@ local function check_incr(keys, k, args, first, n, now, out, o)
       if b < start or b >= start + rec[2] then
         -- The window's first request (the key was absent or of an earlier
         -- window): its own value, until the window ends.
-        redis.call('SET', keys[k + i], string.format('%d', start + rec[3]), 'PX',
+        rcall('SET', keys[k + i], format('%d', start + rec[3]), 'PX',
           px_of(start + rec[2] - now))
       end
     end
@@ -382,13 +382,13 @@ end
 -- Then PX ms. (No NX: a member named `now` can only be an entry of this
 -- µs, whose score ZADD leaves as it is, answering 0.)
 local function log_write(key, now, used, px)
-  local at = string.format('%d', now)
+  local at = format('%d', now)
   if used < 0 then
-    redis.call('ZADD', key, at, at, '-inf', log_marker)
-  elseif redis.call('ZADD', key, at, at) == 0 then
+    rcall('ZADD', key, at, at, '-inf', log_marker)
+  elseif rcall('ZADD', key, at, at) == 0 then
     log_add(key, now, used + 1, 1)
   end
-  redis.call('PEXPIRE', key, px)
+  rcall('PEXPIRE', key, px)
 end
 
 -- The candidate quotas of one tier key packed in ONE key (the spec
@@ -470,7 +470,7 @@ local function candidate_pack(t, v, now, out, o)
     elseif kind == 4 then
       -- A sliding window counter: a start, b current, x previous count.
       local limit, window, cost = e[2], e[3], e[6]
-      local start = math.floor(now / window)
+      local start = floor(now / window)
       if start * window > now then start = start - 1 end
       start = start * window
       local prev, cur = 0, 0
@@ -516,7 +516,7 @@ local function candidate_pack(t, v, now, out, o)
       local limit, start, window, margin = e[2], nil, nil, 0
       if kind == 2 then
         window = e[3]
-        start = math.floor(now / window)
+        start = floor(now / window)
         if start * window > now then start = start - 1 end
         start = start * window
       else
@@ -625,10 +625,10 @@ local function check_plain(now, first, n, states)
       end
       if ok then
         out[o + 1] = missing
-        value = string.format('%d', now + after)
+        value = format('%d', now + after)
         -- px_of(after), written out (the layer's default tier).
         local a = after + 999
-        px = math.floor(a / 1000)
+        px = floor(a / 1000)
         if px * 1000 > a then px = px - 1 end
         if px < 1 then px = 1 end
         px = px + ttl_slack_ms
@@ -652,8 +652,8 @@ local function check_plain(now, first, n, states)
       if kind == 6 then
         r = redis.pcall('ZREVRANK', key, log_marker)
         if type(r) == 'number' then
-          used = r - redis.call('ZREMRANGEBYSCORE', key, '(-inf', string.format('%d', now - window))
-        elseif r == false and redis.call('ZCARD', key) == 0 then
+          used = r - rcall('ZREMRANGEBYSCORE', key, '(-inf', format('%d', now - window))
+        elseif r == false and rcall('ZCARD', key) == 0 then
           used = -1
         end
       end
@@ -666,7 +666,7 @@ local function check_plain(now, first, n, states)
           value, px = used, -(t[13] + ttl_slack_ms)
         else
           allowed, remaining, reset, retry =
-            log_denied(key, now, limit, window, 1, string.format('%d', now - window), false)
+            log_denied(key, now, limit, window, 1, format('%d', now - window), false)
         end
       else
         allowed, remaining, reset, retry, _, write =
@@ -689,7 +689,7 @@ local function check_plain(now, first, n, states)
       -- The sliding window counter (sliding_window_counter.lua).
       local limit, window, b = t[2], t[3], t[12]
       local cost = t[6]
-      local start = math.floor(now / window)
+      local start = floor(now / window)
       if start * window > now then start = start - 1 end
       start = start * window
       local prev, cur = 0, 0
@@ -705,11 +705,11 @@ local function check_plain(now, first, n, states)
           prev = c
         end
       elseif v then
-        local s = math.floor(x / window)
+        local s = floor(x / window)
         if s * window > x then s = s - 1 end
         s = s * window
         local packed = x - s
-        local p = math.floor(packed / b)
+        local p = floor(packed / b)
         if p * b > packed then p = p - 1 end
         local c = packed - p * b
         if s == start then
@@ -724,13 +724,13 @@ local function check_plain(now, first, n, states)
         local reset = start + 2 * window - now
         if cur + cost == 0 then reset = counter_reset(start, window, prev, 0, now) end
         local left = cap - est - cost * window
-        local r = math.floor(left / window)
+        local r = floor(left / window)
         if r * window > left then r = r - 1 end
         out[o + 1], out[o + 2], out[o + 3] = r, reset, 0
         if limit < b and prev < b then
-          value = string.format('%d', start + prev * b + cur + cost)
+          value = format('%d', start + prev * b + cur + cost)
         else
-          value = string.format('%d:%d:%d', start, cur + cost, prev)
+          value = format('%d:%d:%d', start, cur + cost, prev)
         end
         px = px_of(reset)
       else
@@ -746,7 +746,7 @@ local function check_plain(now, first, n, states)
       local limit, start, window, margin = t[2], nil, nil, 0
       if kind == 2 then
         window = t[3]
-        start = math.floor(now / window)
+        start = floor(now / window)
         if start * window > now then start = start - 1 end
         start = start * window
       else
@@ -791,9 +791,9 @@ local function check_plain(now, first, n, states)
       end
       if allowed then
         if limit < window then
-          value = string.format('%d', start + after)
+          value = format('%d', start + after)
         else
-          value = string.format('%d:%d', start, after)
+          value = format('%d:%d', start, after)
         end
         px = px_of(end_in + margin)
       elseif t[15] then
@@ -825,7 +825,7 @@ local function check_plain(now, first, n, states)
         if not px then
           value()
         elseif px > 0 then
-          redis.call('SET', KEYS[i], value, 'PX', px)
+          rcall('SET', KEYS[i], value, 'PX', px)
         else
           log_write(KEYS[i], now, value, -px)
         end
@@ -839,17 +839,17 @@ local function check_plain(now, first, n, states)
     if not px1 then
       value1()
     elseif px1 > 0 then
-      redis.call('SET', KEYS[1], value1, 'PX', px1)
+      rcall('SET', KEYS[1], value1, 'PX', px1)
     else
       -- log_write(KEYS[1], now, value1, -px1), written out (the layer's
       -- default log tier).
-      local at = string.format('%d', now)
+      local at = format('%d', now)
       if value1 < 0 then
-        redis.call('ZADD', KEYS[1], at, at, '-inf', log_marker)
-      elseif redis.call('ZADD', KEYS[1], at, at) == 0 then
+        rcall('ZADD', KEYS[1], at, at, '-inf', log_marker)
+      elseif rcall('ZADD', KEYS[1], at, at) == 0 then
         log_add(KEYS[1], now, value1 + 1, 1)
       end
-      redis.call('PEXPIRE', KEYS[1], -px1)
+      rcall('PEXPIRE', KEYS[1], -px1)
     end
     for i = 2, n do
       local value, px = writes and writes[2 * i - 1], writes and writes[2 * i]
@@ -858,7 +858,7 @@ local function check_plain(now, first, n, states)
       elseif not px then
         value()
       elseif px > 0 then
-        redis.call('SET', KEYS[i], value, 'PX', px)
+        rcall('SET', KEYS[i], value, 'PX', px)
       else
         log_write(KEYS[i], now, value, -px)
       end
@@ -914,7 +914,8 @@ local function check_request(clock, first, n)
   for i = 1, n do
     local t = specs[ARGV[first + i - 1]]
     if not t or t[1] ~= sliding_window_log then
-      states = read_states(n)
+      -- read_states(n), written out (a call less on every check).
+      states = rcall('MGET', unpack(KEYS, 1, n))
       break
     end
   end
@@ -1040,7 +1041,7 @@ local function check_request(clock, first, n)
         if type(write) == 'function' then
           undo = write() or 0
         else
-          redis.call('SET', KEYS[i], write, 'PX', pend[p - 3])
+          rcall('SET', KEYS[i], write, 'PX', pend[p - 3])
           undo = pend[p - 2] or 0
         end
       end
@@ -1058,7 +1059,7 @@ local function check_request(clock, first, n)
       local commit = all
       if commits and commits[i] ~= nil then commit = commits[i] end
       if not (commit and pend[5 * i - 4]) then
-        redis.call('SET', KEYS[i], carried[c + 1], 'PX', carried[c + 2])
+        rcall('SET', KEYS[i], carried[c + 1], 'PX', carried[c + 2])
       end
     end
   end

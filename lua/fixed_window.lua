@@ -39,9 +39,9 @@ end
 -- The value of count in [start, start + window); tag_end (not nil) writes
 -- the tagged form with the window's end.
 local function window_value(limit, window, start, count, tag_end)
-  if tag_end then return string.format('%d:%d:%d', start, count, tag_end) end
+  if tag_end then return format('%d:%d:%d', start, count, tag_end) end
   if limit < window then return int(start + count) end
-  return string.format('%d:%d', start, count)
+  return format('%d:%d', start, count)
 end
 
 -- The decision in the window [start, start + window) for cost at now, and

@@ -75,7 +75,7 @@ local function override_refund() end
 -- lua/cluster.lua's refund mode: the override's read (its key's value,
 -- read now) before a refund or a debt of its tier, as in a check.
 local function override_read(key, now)
-  override(nil, now, 0, 0, 0, 0, 0, redis.call('GET', key), 0)
+  override(nil, now, 0, 0, 0, 0, 0, rcall('GET', key), 0)
 end
 
 -- The parameters p1..p4 of a refund or debt of algorithm `alg` after an

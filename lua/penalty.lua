@@ -53,7 +53,7 @@ local function penalty(key, now, packed, window, block, max_block, _, v, _)
     if ttl < memory_left then ttl = memory_left end
     local list = {}
     for i, t in ipairs(kept) do list[i] = int(t) end
-    redis.call('SET', key, int(blocked) .. ':' .. int(offences) .. ':' .. int(last_block) .. ':' .. table.concat(list, ','), 'PX', ttl_ms(ttl))
+    rcall('SET', key, int(blocked) .. ':' .. int(offences) .. ':' .. int(last_block) .. ':' .. table.concat(list, ','), 'PX', ttl_ms(ttl))
     return 1, violations, 0, 0, 0, penalty_commit
   end
   -- The block.
@@ -69,7 +69,7 @@ local function penalty(key, now, packed, window, block, max_block, _, v, _)
   end
   if len > max_block then len = max_block end
   local ttl = len + memory
-  redis.call('SET', key, int(now + len) .. ':' .. int(offences) .. ':' .. int(now) .. ':', 'PX', ttl_ms(ttl))
+  rcall('SET', key, int(now + len) .. ':' .. int(offences) .. ':' .. int(now) .. ':', 'PX', ttl_ms(ttl))
   return 0, 0, len, len, 0, nil
 end
 

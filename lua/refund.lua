@@ -36,7 +36,7 @@
 -- its configured one, that quota's window length (a value in the home
 -- forms is then of another window, left alone).
 local function window_refund(key, start, window, limit, cost, home)
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if not v then return end
   local s, c, e = string.match(v, '^(%d+):(%d+):(%d+)$')
   local count
@@ -51,11 +51,11 @@ local function window_refund(key, start, window, limit, cost, home)
   if count == 0 then return end
   count = count - cost
   if count <= 0 then
-    redis.call('DEL', key)
+    rcall('DEL', key)
   else
     local tag
     if s then tag = start + window end
-    redis.call('SET', key, window_value(limit, window, start, count, tag), 'KEEPTTL')
+    rcall('SET', key, window_value(limit, window, start, count, tag), 'KEEPTTL')
   end
 end
 
@@ -76,19 +76,19 @@ local function sliding_window_log_refund(key, _, charged_at, _, _, _, _, cost, s
   local short, long = log_members(charged_at, seq, cost)
   local removed
   if short then
-    removed = redis.call('ZREM', key, short, long)
+    removed = rcall('ZREM', key, short, long)
   else
-    removed = redis.call('ZREM', key, long)
+    removed = rcall('ZREM', key, long)
   end
-  if removed == 1 and redis.call('ZREVRANK', key, log_marker) == 0 then
-    redis.call('DEL', key)
+  if removed == 1 and rcall('ZREVRANK', key, log_marker) == 0 then
+    rcall('DEL', key)
   end
 end
 
 local function sliding_window_counter_refund(key, _, charged_at, limit, window, home, _, cost, _)
   if home == 0 then home = nil end
   local start = div_floor(charged_at, window) * window
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if not v then return end
   local s, c, p, w = counter_read(v, home or window)
   if not s or w ~= window then return end
@@ -103,9 +103,9 @@ local function sliding_window_counter_refund(key, _, charged_at, limit, window, 
     return
   end
   if c == 0 and p == 0 then
-    redis.call('DEL', key)
+    rcall('DEL', key)
   else
-    redis.call('SET', key, counter_value(limit, window, home, s, c, p), 'KEEPTTL')
+    rcall('SET', key, counter_value(limit, window, home, s, c, p), 'KEEPTTL')
   end
 end
 
@@ -134,16 +134,16 @@ local function token_bucket_refund(key, now, charged_at, capacity, rate, unit, h
   local back = capacity - left - elapsed * rate
   if back > cost then back = cost end
   if back <= 0 then return end
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if not v then return end
   -- Refill to now exactly as token_bucket() does, then add back.
   local tat, frac, tagged = tat_of_quota(v, rate, unit, hunit)
   if not tat then return end
   local missing = bucket_missing(rate, unit, tat, frac, rate, unit, now) - back
   if missing <= 0 then
-    redis.call('DEL', key)
+    rcall('DEL', key)
   else
-    redis.call('SET', key, bucket_value(rate, unit, tagged, missing, now),
+    rcall('SET', key, bucket_value(rate, unit, tagged, missing, now),
       'PX', ttl_ms(div_ceil(missing, rate)))
   end
 end
@@ -159,15 +159,15 @@ local function leaky_bucket_refund(key, now, charged_at, _, rate, unit, hunit, c
   local back = after - elapsed * rate
   if back > cost then back = cost end
   if back <= 0 then return end
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if not v then return end
   local tat, frac, tagged = tat_of_quota(v, rate, unit, hunit)
   if not tat or tat < now then return end
   local backlog = (tat - now) * rate + frac - back
   if backlog <= 0 then
-    redis.call('DEL', key)
+    rcall('DEL', key)
   else
-    redis.call('SET', key, leaky_value(now, backlog, rate, unit, tagged),
+    rcall('SET', key, leaky_value(now, backlog, rate, unit, tagged),
       'PX', ttl_ms(div_ceil(backlog, rate)))
   end
 end
@@ -185,30 +185,30 @@ local function fixed_window_debt(key, now, limit, window, home, _, extra)
   if home == 0 then home = nil end
   local start = div_floor(now, window) * window
   local count = 0
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if v then count = window_count(v, now, home_window(now, home or window)) end
   count = count + extra
   if count > 4503599627370496 then count = 4503599627370496 end
   local value
   if home then
-    value = string.format('%d:%d:%d', start, count, start + window)
+    value = format('%d:%d:%d', start, count, start + window)
   elseif limit < window and count < window then
     value = int(start + count)
   else
     -- A debt may count past the window's length: the long form.
-    value = string.format('%d:%d', start, count)
+    value = format('%d:%d', start, count)
   end
-  redis.call('SET', key, value, 'PX', ttl_ms(start + window - now))
+  rcall('SET', key, value, 'PX', ttl_ms(start + window - now))
 end
 
 local function token_bucket_debt(key, now, _, rate, unit, hunit, extra)
   if hunit == 0 then hunit = nil end
   local missing = 0
-  local v = redis.call('GET', key)
+  local v = rcall('GET', key)
   if v then missing = bucket_read(v, rate, unit, hunit or unit, now) or 0 end
   missing = missing + extra * unit
   if missing > 4503599627370496 then missing = 4503599627370496 end
   if missing <= 0 then return end
-  redis.call('SET', key, bucket_value(rate, unit, hunit, missing, now),
+  rcall('SET', key, bucket_value(rate, unit, hunit, missing, now),
     'PX', ttl_ms(div_ceil(missing, rate)))
 end

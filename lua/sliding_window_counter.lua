@@ -31,10 +31,10 @@ end
 -- The value of (s, cur, prev) in windows of `window`; home (not nil: the
 -- tier's quota is not its configured one) tags it with the length.
 local function counter_value(limit, window, home, s, cur, prev)
-  if home then return string.format('%d:%d:%d:%d', s, cur, prev, window) end
+  if home then return format('%d:%d:%d:%d', s, cur, prev, window) end
   local b = isqrt(window)
   if limit < b and prev < b then return int(s + prev * b + cur) end
-  return string.format('%d:%d:%d', s, cur, prev)
+  return format('%d:%d:%d', s, cur, prev)
 end
 
 local function counter_reset(start, window, prev, cur, now)

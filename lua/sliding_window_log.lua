@@ -41,7 +41,7 @@ local function log_add(key, now, seq, cost)
     else
       member = at .. ':' .. seq .. ':' .. int(cost)
     end
-    if redis.call('ZADD', key, 'NX', at, member) == 1 then return seq end
+    if rcall('ZADD', key, 'NX', at, member) == 1 then return seq end
     seq = seq + 1
   end
 end
@@ -110,17 +110,17 @@ local function sliding_window_log(key, now, limit, window, _, _, cost, _, _, mar
   if used + cost <= limit then
     local entries = #live
     return 1, limit - used - cost, window, 0, 0, function()
-      if foreign then redis.call('DEL', key) end
+      if foreign then rcall('DEL', key) end
       -- Entries out of the window leave; the marker stays.
-      redis.call('ZREMRANGEBYSCORE', key, '(-inf', cutoff)
+      rcall('ZREMRANGEBYSCORE', key, '(-inf', cutoff)
       local seq = log_add(key, now, entries, cost)
       if cost ~= 1 then
-        redis.call('ZREM', key, log_marker)
+        rcall('ZREM', key, log_marker)
       elseif mark and unit then
         -- Every entry left costs 1 (those out of the window just left).
-        redis.call('ZADD', key, '-inf', log_marker)
+        rcall('ZADD', key, '-inf', log_marker)
       end
-      redis.call('PEXPIRE', key, ttl_ms(window))
+      rcall('PEXPIRE', key, ttl_ms(window))
       return seq -- for a refund (lua/refund.lua): log_members(now, seq, cost)
     end
   end

@@ -13,8 +13,8 @@ local now = read_clock(ARGV[1])
 local ttl_us = tonumber(ARGV[3])
 local score = redis.pcall('ZSCORE', KEYS[1], ARGV[2])
 if type(score) ~= 'string' or tonumber(score) <= now then return 0 end
-redis.call('ZADD', KEYS[1], 'XX', int(now + ttl_us), ARGV[2])
-if redis.call('PTTL', KEYS[1]) < ttl_ms(ttl_us) then
-  redis.call('PEXPIRE', KEYS[1], ttl_ms(ttl_us))
+rcall('ZADD', KEYS[1], 'XX', int(now + ttl_us), ARGV[2])
+if rcall('PTTL', KEYS[1]) < ttl_ms(ttl_us) then
+  rcall('PEXPIRE', KEYS[1], ttl_ms(ttl_us))
 end
 return 1

@@ -73,10 +73,10 @@ local function token_bucket(key, now, capacity, rate, unit, _, cost_tokens, v, s
       -- rounded up (ttl_ms).
       local full_in = capacity - (tokens - cost)
       local a = full_in + 999
-      local ms = math.floor(a / 1000)
+      local ms = floor(a / 1000)
       if ms * 1000 > a then ms = ms - 1 end
       if ms < 1 then ms = 1 end
-      return 1, missing, 0, 0, 0, string.format('%d', now + full_in), ms + ttl_slack_ms, 0
+      return 1, missing, 0, 0, 0, format('%d', now + full_in), ms + ttl_slack_ms, 0
     end
   end
   local missing, moved = 0, false

@@ -37,7 +37,9 @@
 #
 # Knobs: ALGOS, KEYN ("1 4"), N1 (1000), N2 (5000), N_US (20000), ROUNDS
 # (3), BENCH_BIN (a prebuilt bench_server, which prints the library),
-# SKIP_CG=1 (µs only), SKIP_US=1 (instructions only).
+# SKIP_CG=1 (µs only), SKIP_US=1 (instructions only), LIBRARY (a file
+# holding the library to load instead of the bench_server's: to try an
+# edit of lua/ without a build; keep its registered functions' names).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . perf/lib.sh
@@ -61,7 +63,11 @@ else
   cargo build --quiet -p tiered-ratelimit-perf --bin bench_server
   bin="${CARGO_TARGET_DIR:-target}/debug/bench_server"
 fi
-"$bin" library-lua >"$work/library.lua"
+if [[ -n "${LIBRARY:-}" ]]; then
+  cp "$LIBRARY" "$work/library.lua" # an edited library (its function's name kept)
+else
+  "$bin" library-lua >"$work/library.lua"
+fi
 fn=$("$bin" function-name)
 send=perf/redis_send.py
 

@@ -511,6 +511,10 @@ async fn a_key_listed_twice_agrees_with_the_model() {
 // directly through the cluster script on a single redis-server.
 
 const CLUSTER_SCRIPT: &str = concat!(
+    // The head every script has (`script!` in src/backend/redis/wire/mod.rs).
+    "local redis, string, math, table, tonumber, tostring, type, unpack, pairs, ipairs = ",
+    "redis, string, math, table, tonumber, tostring, type, unpack, pairs, ipairs\n",
+    "local rcall, floor, format = redis.call, math.floor, string.format\n",
     include_str!("../../lua/common.lua"),
     include_str!("../../lua/fixed_window.lua"),
     include_str!("../../lua/calendar.lua"),
