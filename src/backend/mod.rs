@@ -203,7 +203,7 @@ impl Backend {
             Backend::Memory(m) => {
                 let _ = (blocked, timeout, sent);
                 let mut verdict = Verdict::default();
-                m.check_with_candidates(checks, shadow, live_of, charges, &mut verdict);
+                m.check_with_candidates(checks, shadow, live_of, &[], charges, &mut verdict);
                 Check::Ready(Ok(verdict))
             }
             #[cfg(feature = "redis")]

@@ -414,8 +414,8 @@ fn compile_tier(
     metrics::counter!(crate::engine::decide::COST_EXCEEDS_CAPACITY, "tier" => name.clone())
         .increment(0);
     let built = BuiltTier {
+        candidate_counts: super::candidates::CandidateCounts::new(candidates.len()),
         candidates,
-        candidates_live: Default::default(),
         no_key: NoKeyWatch::new(no_key_warn_after, t.no_key_cause),
         cost_exceeded_logged: std::sync::atomic::AtomicBool::new(false),
         calendar: t.calendar.map(crate::engine::runtime::CalendarBounds::new),

@@ -352,10 +352,13 @@ fn begin(
         if meta.live_of.is_empty() {
             m.check_reusing(&checks, meta.shadow, shared.config.refunds(), &mut verdict);
         } else {
+            // The candidates' keys are left empty: named by their suffixes.
+            let suffixes = super::candidates::suffixes(shared, meta);
             m.check_with_candidates(
                 &checks,
                 meta.shadow,
                 &meta.live_of,
+                &suffixes,
                 shared.config.refunds(),
                 &mut verdict,
             );

@@ -340,11 +340,17 @@ impl MemoryBackend {
     /// Either way a candidate's state is its own, so deciding it after the
     /// live checks (not under their locks) changes nothing of either: its
     /// rule reads only the live decisions.
+    ///
+    /// `suffixes`: empty, or each candidate's suffix past its live key
+    /// (`{c:80/1m}`) when the caller left the candidates' keys empty (the
+    /// engine does: no key string built per candidate); each is then
+    /// packed under its live key, as it would be with its whole key.
     pub(crate) fn check_with_candidates(
         &self,
         checks: &[TierCheck],
         shadow: Shadow,
         live_of: &[u8],
+        suffixes: &[&str],
         with_charges: bool,
         out: &mut Verdict,
     ) {
@@ -355,23 +361,41 @@ impl MemoryBackend {
         }
         let charged = out.charges.len() == n && n > 0;
         let now_us = out.now_us;
+        let named = suffixes.len() == live_of.len();
         let mut j = 0;
         while j < live_of.len() {
             let live = live_of[j];
             let end = j + live_of[j..].iter().take_while(|&&l| l == live).count();
             let group = &checks[n + j..n + end];
+            let names = if named { suffixes.get(j..end) } else { None };
             j = end;
             let others = out.decisions[..n]
                 .iter()
                 .enumerate()
                 .all(|(i, d)| d.allowed || shadow.contains(i) || i == usize::from(live));
-            match checks[..n].get(usize::from(live)) {
-                Some(of) if super::pack::packable(&of.key, group) => {
-                    self.check_pack(&of.key, group, others, now_us, &mut out.decisions);
+            match (checks[..n].get(usize::from(live)), names) {
+                (Some(of), Some(names)) => {
+                    self.check_pack(
+                        &of.key,
+                        group,
+                        Some(names),
+                        others,
+                        now_us,
+                        &mut out.decisions,
+                    );
+                }
+                (Some(of), None) if super::pack::packable(&of.key, group) => {
+                    self.check_pack(&of.key, group, None, others, now_us, &mut out.decisions);
                 }
                 _ => {
-                    for c in group {
-                        if let Some(d) = self.check_alone(c, others) {
+                    for (i, c) in group.iter().enumerate() {
+                        // Named by its suffix without a live check (never
+                        // planned so): on a key of that name.
+                        let named = names.and_then(|s| s.get(i)).map(|s| TierCheck {
+                            key: (*s).to_owned(),
+                            ..c.clone()
+                        });
+                        if let Some(d) = self.check_alone(named.as_ref().unwrap_or(c), others) {
                             out.decisions.push(d);
                         }
                     }

@@ -51,21 +51,19 @@ impl Pack {
         self.slots.iter().map(|s| s.expires_us).max().unwrap_or(0)
     }
 
-    /// Decides each of `group` (candidates whose keys are their tier key,
-    /// `at` bytes, then their suffix) on its own state, each decision
-    /// pushed onto `decisions`; `charge`: every enforced check but their
-    /// tier's live one allowed, so each that allows is charged.
+    /// Decides each of `group` (candidates of one tier key, each named by
+    /// its tag in `tags`) on its own state, each decision pushed onto
+    /// `decisions`; `charge`: every enforced check but their tier's live
+    /// one allowed, so each that allows is charged.
     fn decide(
         &mut self,
         group: &[TierCheck],
-        at: usize,
+        tags: &[u64],
         charge: bool,
         now_us: u64,
         decisions: &mut Vec<TierDecision>,
-        tag_of: impl Fn(&str) -> u64,
     ) {
-        for (j, c) in group.iter().enumerate() {
-            let tag = tag_of(c.key.get(at..).unwrap_or(""));
+        for (j, (c, &tag)) in group.iter().zip(tags).enumerate() {
             // Its own place first (the same candidates in the same order).
             let i = match self.slots.get(j) {
                 Some(s) if s.tag == tag => Some(j),
@@ -129,17 +127,27 @@ impl Pack {
 
 impl MemoryBackend {
     /// The candidates `group` of the tier key `live_key` (each key is
-    /// `live_key` then its suffix), decided on their pack, one lookup
-    /// under the pack's shard's mutex; `charge`: each that allows is
-    /// charged. Their decisions are pushed onto `decisions`, in order.
+    /// `live_key` then its suffix, or each suffix in `suffixes` when
+    /// given), decided on their pack, one lookup under the pack's shard's
+    /// mutex; `charge`: each that allows is charged. Their decisions are
+    /// pushed onto `decisions`, in order.
     pub(super) fn check_pack(
         &self,
         live_key: &str,
         group: &[TierCheck],
+        suffixes: Option<&[&str]>,
         charge: bool,
         now_us: u64,
         decisions: &mut Vec<TierDecision>,
     ) {
+        // Each candidate's tag: the hash of its suffix (`{c:80/1m}`).
+        let tags: SmallVec<[u64; SLOTS]> = match suffixes {
+            Some(s) => s.iter().map(|s| self.hash(s)).collect(),
+            None => group
+                .iter()
+                .map(|c| self.hash(c.key.get(live_key.len()..).unwrap_or("")))
+                .collect(),
+        };
         with_pack_key(live_key, |key| {
             let h = self.hash(key);
             let guard = self.inner.collector.enter();
@@ -148,14 +156,12 @@ impl MemoryBackend {
             let lookup = Lookup { hash: h, text: key };
             let found = w.find(lookup, &held);
             if let Some(Entry::Pack(m)) = found {
-                let tag_of = |suffix: &str| self.hash(suffix);
-                locked(m).decide(group, live_key.len(), charge, now_us, decisions, tag_of);
+                locked(m).decide(group, &tags, charge, now_us, decisions);
                 return;
             }
             // No pack yet (or a tier's state under that name: replaced).
             let mut pack = Pack::default();
-            let tag_of = |suffix: &str| self.hash(suffix);
-            pack.decide(group, live_key.len(), charge, now_us, decisions, tag_of);
+            pack.decide(group, &tags, charge, now_us, decisions);
             if !pack.slots.is_empty() {
                 let entry = Entry::Pack(Box::new(Mutex::new(pack)));
                 w.insert(found, &mut held, lookup, entry, now_us);
