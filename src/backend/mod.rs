@@ -23,6 +23,7 @@ pub use charge::{Charge, TierRefund};
 #[cfg(not(feature = "__testing"))]
 pub(crate) use charge::{Charge, TierRefund};
 pub use clock::ManualClock;
+pub(crate) use memory::candidate_tag;
 pub use memory::MemoryBackend;
 
 use crate::algorithm::{Limit, TierDecision};

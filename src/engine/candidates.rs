@@ -41,6 +41,9 @@ pub(crate) struct BuiltCandidate {
     pub(crate) limit: Limit,
     /// `{c:<label>}`, appended to the live key.
     pub(crate) suffix: String,
+    /// What names it on the memory backend, which packs a tier key's
+    /// candidates in one entry: its suffix's tag there.
+    pub(crate) tag: u64,
 }
 
 /// What a tier's candidates count: their counts beside the live quota's
@@ -213,8 +216,10 @@ pub(crate) fn compile(
                 format!("{label} is listed twice (or is the live quota)"),
             ));
         }
+        let suffix = format!("{{c:{label}}}");
         built.push(BuiltCandidate {
-            suffix: format!("{{c:{label}}}"),
+            tag: crate::backend::candidate_tag(&suffix),
+            suffix,
             label: Arc::from(label),
             quota: q,
             limit,
@@ -230,16 +235,16 @@ pub(crate) fn compile(
 ///
 /// A candidate's key is `<live key>{c:<quota>}` (its suffix), except on
 /// the memory backend, which keeps a tier key's candidates in one entry
-/// named by the live key and tells them apart by their suffixes alone:
-/// there the key is left empty (no string built per candidate) and
-/// [`suffixes`] hands the backend the suffixes.
+/// named by the live key and tells them apart by their suffixes' tags
+/// alone: there the key is left empty (no string built per candidate) and
+/// [`tags`] hands the backend the tags.
 pub(crate) fn plan(
     shared: &Shared,
     checks: &mut Vec<TierCheck>,
     meta: &mut Meta,
     pending: &[(u8, u8, u64)],
 ) {
-    let keyed = !by_suffix(&shared.backend);
+    let keyed = !by_tag(&shared.backend);
     for &(live, tier, cost) in pending {
         let Some(t) = shared.config.tiers.get(usize::from(tier)) else {
             continue;
@@ -279,28 +284,27 @@ pub(crate) fn plan(
     }
 }
 
-/// Whether `backend` names a candidate by its suffix past its live key
-/// alone (the memory backend's packs), so [`plan`] leaves its key empty.
-/// Redis keeps the keys: a pack is `<live key>{c}` and a candidate it
-/// cannot pack (or a cluster's) is on `<live key>{c:<quota>}`.
-fn by_suffix(backend: &crate::backend::Backend) -> bool {
+/// Whether `backend` names a candidate by its suffix's tag alone (the
+/// memory backend's packs), so [`plan`] leaves its key empty. Redis keeps
+/// the keys: a pack is `<live key>{c}` and a candidate it cannot pack (or
+/// a cluster's) is on `<live key>{c:<quota>}`.
+fn by_tag(backend: &crate::backend::Backend) -> bool {
     matches!(backend, crate::backend::Backend::Memory(_))
 }
 
-/// The key suffix of each of a request's candidate checks, in order, for
-/// a backend that names them by their suffixes (see [`plan`]).
-pub(crate) fn suffixes<'s>(shared: &'s Shared, meta: &Meta) -> smallvec::SmallVec<[&'s str; 8]> {
-    meta.candidates
-        .iter()
-        .map(|&(tier, j)| {
-            shared
-                .config
-                .tiers
-                .get(usize::from(tier))
-                .and_then(|t| t.candidates.get(usize::from(j)))
-                .map_or("", |c| c.suffix.as_str())
-        })
-        .collect()
+/// The tag of each of a request's candidate checks, in order, for a
+/// backend that names them by their tags (see [`plan`]).
+pub(crate) fn tags(shared: &Shared, meta: &Meta) -> smallvec::SmallVec<[u64; 8]> {
+    let mut tags = smallvec::SmallVec::new();
+    for &(tier, j) in &meta.candidates {
+        let c = shared
+            .config
+            .tiers
+            .get(usize::from(tier))
+            .and_then(|t| t.candidates.get(usize::from(j)));
+        tags.push(c.map_or(0, |c| c.tag));
+    }
+    tags
 }
 
 /// The answer of a request with candidates: counts each candidate's

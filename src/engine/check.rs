@@ -352,13 +352,13 @@ fn begin(
         if meta.live_of.is_empty() {
             m.check_reusing(&checks, meta.shadow, shared.config.refunds(), &mut verdict);
         } else {
-            // The candidates' keys are left empty: named by their suffixes.
-            let suffixes = super::candidates::suffixes(shared, meta);
+            // The candidates' keys are left empty: named by their tags.
+            let tags = super::candidates::tags(shared, meta);
             m.check_with_candidates(
                 &checks,
                 meta.shadow,
                 &meta.live_of,
-                &suffixes,
+                &tags,
                 shared.config.refunds(),
                 &mut verdict,
             );

@@ -12,7 +12,7 @@
 //! Space-Saving sketch per hour, as the top-N of blocked keys
 //! ([`super::topn`]).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use topk::FilteredSpaceSaving;
 use xxhash_rust::xxh3::xxh3_64;
@@ -23,6 +23,31 @@ pub(crate) const MAX_KEYS: usize = 100_000;
 
 /// Counters of the sketch of heaviest would-be-denied keys, per hour.
 const SKETCH: usize = 256;
+
+/// A set of key hashes (xxh3, already uniform): each its own hash in the
+/// table, not hashed again.
+type KeySet = std::collections::HashSet<u64, std::hash::BuildHasherDefault<KeyHash>>;
+
+/// The hasher of [`KeySet`]: a `u64` written is the hash.
+#[derive(Default)]
+struct KeyHash(u64);
+
+impl std::hash::Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64`s are written; anything else folded in all the same.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
 
 /// What one candidate quota would have done over a window.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -81,7 +106,7 @@ struct Hour {
     hour: u64,
     requests: u64,
     would_deny: u64,
-    keys: HashSet<u64>,
+    keys: KeySet,
     capped: bool,
     top: FilteredSpaceSaving<String>,
 }
@@ -92,7 +117,7 @@ impl Hour {
             hour,
             requests: 0,
             would_deny: 0,
-            keys: HashSet::new(),
+            keys: KeySet::default(),
             capped: false,
             top: FilteredSpaceSaving::new(SKETCH),
         }
@@ -113,7 +138,7 @@ struct Counts {
     hours: VecDeque<Hour>,
     /// Since the layer was built: requests, would-be denials, distinct
     /// denied keys (hashes, up to [`MAX_KEYS`]) and whether capped.
-    total: (u64, u64, HashSet<u64>, bool),
+    total: (u64, u64, KeySet, bool),
 }
 
 impl std::fmt::Debug for CandidateStats {
@@ -207,7 +232,7 @@ impl CandidateStats {
             keys_capped: false,
             top: Vec::new(),
         };
-        let mut keys: HashSet<u64> = HashSet::new();
+        let mut keys = KeySet::default();
         let mut merged = FilteredSpaceSaving::new(SKETCH);
         for h in hours.iter().filter(|h| h.hour >= first) {
             report.requests += h.requests;

@@ -341,16 +341,17 @@ impl MemoryBackend {
     /// live checks (not under their locks) changes nothing of either: its
     /// rule reads only the live decisions.
     ///
-    /// `suffixes`: empty, or each candidate's suffix past its live key
-    /// (`{c:80/1m}`) when the caller left the candidates' keys empty (the
-    /// engine does: no key string built per candidate); each is then
-    /// packed under its live key, as it would be with its whole key.
+    /// `tags`: empty, or each candidate's [`candidate_tag`](super::candidate_tag)
+    /// (of its suffix past its live key, `{c:80/1m}`) when the caller left
+    /// the candidates' keys empty (the engine does: no key string built or
+    /// hashed per candidate); each is then packed under its live key, as
+    /// it would be with its whole key.
     pub(crate) fn check_with_candidates(
         &self,
         checks: &[TierCheck],
         shadow: Shadow,
         live_of: &[u8],
-        suffixes: &[&str],
+        tags: &[u64],
         with_charges: bool,
         out: &mut Verdict,
     ) {
@@ -361,13 +362,13 @@ impl MemoryBackend {
         }
         let charged = out.charges.len() == n && n > 0;
         let now_us = out.now_us;
-        let named = suffixes.len() == live_of.len();
+        let named = tags.len() == live_of.len();
         let mut j = 0;
         while j < live_of.len() {
             let live = live_of[j];
             let end = j + live_of[j..].iter().take_while(|&&l| l == live).count();
             let group = &checks[n + j..n + end];
-            let names = if named { suffixes.get(j..end) } else { None };
+            let names = if named { tags.get(j..end) } else { None };
             j = end;
             let others = out.decisions[..n]
                 .iter()
@@ -387,15 +388,14 @@ impl MemoryBackend {
                 (Some(of), None) if super::pack::packable(&of.key, group) => {
                     self.check_pack(&of.key, group, None, others, now_us, &mut out.decisions);
                 }
+                // Named by their tags without a live check (never planned
+                // so): under an empty tier key.
+                (None, Some(names)) => {
+                    self.check_pack("", group, Some(names), others, now_us, &mut out.decisions);
+                }
                 _ => {
-                    for (i, c) in group.iter().enumerate() {
-                        // Named by its suffix without a live check (never
-                        // planned so): on a key of that name.
-                        let named = names.and_then(|s| s.get(i)).map(|s| TierCheck {
-                            key: (*s).to_owned(),
-                            ..c.clone()
-                        });
-                        if let Some(d) = self.check_alone(named.as_ref().unwrap_or(c), others) {
+                    for c in group {
+                        if let Some(d) = self.check_alone(c, others) {
                             out.decisions.push(d);
                         }
                     }

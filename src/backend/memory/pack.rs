@@ -36,13 +36,21 @@ pub(super) struct Pack {
 /// One candidate's state in a pack (no pointer to follow: a check reads
 /// the pack's few cache lines and nothing else).
 struct Slot {
-    /// The hash of the candidate's key past its tier key (`{c:80/1m}`) by
-    /// the store's hasher: what names it.
+    /// The [`tag`] of the candidate's key past its tier key (`{c:80/1m}`):
+    /// what names it.
     tag: u64,
     state: State,
     /// Epoch µs after which the state means what no state means (its own
     /// key would have expired).
     expires_us: u64,
+}
+
+/// What names a candidate in its pack: the hash of its key past its tier
+/// key (`{c:80/1m}`, a configured quota's, never a request's), without a
+/// per-store seed, so a caller can compute it once per candidate (the
+/// engine does, when it builds the tier) and name candidates by it.
+pub(crate) fn tag(suffix: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(suffix.as_bytes())
 }
 
 impl Pack {
@@ -127,26 +135,29 @@ impl Pack {
 
 impl MemoryBackend {
     /// The candidates `group` of the tier key `live_key` (each key is
-    /// `live_key` then its suffix, or each suffix in `suffixes` when
-    /// given), decided on their pack, one lookup under the pack's shard's
-    /// mutex; `charge`: each that allows is charged. Their decisions are
-    /// pushed onto `decisions`, in order.
+    /// `live_key` then its suffix, or each named by its [`tag`] in `tags`
+    /// when given), decided on their pack, one lookup under the pack's
+    /// shard's mutex; `charge`: each that allows is charged. Their
+    /// decisions are pushed onto `decisions`, in order.
     pub(super) fn check_pack(
         &self,
         live_key: &str,
         group: &[TierCheck],
-        suffixes: Option<&[&str]>,
+        tags: Option<&[u64]>,
         charge: bool,
         now_us: u64,
         decisions: &mut Vec<TierDecision>,
     ) {
-        // Each candidate's tag: the hash of its suffix (`{c:80/1m}`).
-        let tags: SmallVec<[u64; SLOTS]> = match suffixes {
-            Some(s) => s.iter().map(|s| self.hash(s)).collect(),
-            None => group
-                .iter()
-                .map(|c| self.hash(c.key.get(live_key.len()..).unwrap_or("")))
-                .collect(),
+        let of_keys: SmallVec<[u64; SLOTS]>;
+        let tags = match tags {
+            Some(t) => t,
+            None => {
+                of_keys = group
+                    .iter()
+                    .map(|c| tag(c.key.get(live_key.len()..).unwrap_or("")))
+                    .collect();
+                &of_keys
+            }
         };
         with_pack_key(live_key, |key| {
             let h = self.hash(key);
@@ -156,12 +167,12 @@ impl MemoryBackend {
             let lookup = Lookup { hash: h, text: key };
             let found = w.find(lookup, &held);
             if let Some(Entry::Pack(m)) = found {
-                locked(m).decide(group, &tags, charge, now_us, decisions);
+                locked(m).decide(group, tags, charge, now_us, decisions);
                 return;
             }
             // No pack yet (or a tier's state under that name: replaced).
             let mut pack = Pack::default();
-            pack.decide(group, &tags, charge, now_us, decisions);
+            pack.decide(group, tags, charge, now_us, decisions);
             if !pack.slots.is_empty() {
                 let entry = Entry::Pack(Box::new(Mutex::new(pack)));
                 w.insert(found, &mut held, lookup, entry, now_us);

@@ -20,10 +20,10 @@ fn check(key: &str, tb: TokenBucket) -> TierCheck {
 /// sequence exactly as the same four on keys of their own (keys not
 /// under the tier key are not packed), with the other tier now and then
 /// denying (the candidates then peeked, not charged): one entry for the
-/// four instead of four. Named by their suffixes alone, keys left empty
-/// (as the engine plans them), they decide the same again, and on the same
-/// state: each third request's candidates are named so on the packed
-/// backend.
+/// four instead of four. Named by their suffixes' tags alone, keys left
+/// empty (as the engine plans them), they decide the same again, and on
+/// the same state: each third request's candidates are named so on the
+/// packed backend.
 #[test]
 fn a_pack_of_four_candidates_decides_as_four_keys() {
     use crate::algorithm::Window;
@@ -85,7 +85,7 @@ fn a_pack_of_four_candidates_decides_as_four_keys() {
             all
         };
         let live_of = [0u8; 4];
-        let suffixes = ["{c:0}", "{c:1}", "{c:2}", "{c:3}"];
+        let tags = ["{c:0}", "{c:1}", "{c:2}", "{c:3}"].map(candidate_tag);
         // The same checks, the candidates' keys left empty.
         let unkeyed = || {
             let mut all = checks(&key);
@@ -96,20 +96,13 @@ fn a_pack_of_four_candidates_decides_as_four_keys() {
         };
         let (mut a, mut b, mut c) = (Verdict::default(), Verdict::default(), Verdict::default());
         if op % 3 == 0 {
-            packed.check_with_candidates(
-                &unkeyed(),
-                Shadow::NONE,
-                &live_of,
-                &suffixes,
-                true,
-                &mut a,
-            );
+            packed.check_with_candidates(&unkeyed(), Shadow::NONE, &live_of, &tags, true, &mut a);
         } else {
             packed.check_with_candidates(&checks(&key), Shadow::NONE, &live_of, &[], true, &mut a);
         }
         let own = format!("apart:{key}");
         apart.check_with_candidates(&checks(&own), Shadow::NONE, &live_of, &[], true, &mut b);
-        named.check_with_candidates(&unkeyed(), Shadow::NONE, &live_of, &suffixes, true, &mut c);
+        named.check_with_candidates(&unkeyed(), Shadow::NONE, &live_of, &tags, true, &mut c);
         assert_eq!(a.decisions, b.decisions, "op {op}");
         assert_eq!(a.charges, b.charges, "op {op}");
         assert_eq!(c.decisions, b.decisions, "op {op}, named");
