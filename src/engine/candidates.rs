@@ -18,15 +18,11 @@ use crate::algorithm::kind::Algorithm;
 use crate::algorithm::Limit;
 use crate::backend::{TierCheck, Verdict};
 use crate::error::{BackendError, ConfigError};
-use crate::observe::candidates::CandidateStats;
 use crate::quota::Quota;
 use std::sync::Arc;
 
 /// The most candidates a tier takes.
 pub(crate) const MAX_CANDIDATES: usize = 4;
-
-/// The metric of candidates' decisions.
-pub(crate) const CANDIDATE_DECISIONS: &str = "tiered_ratelimit_candidate_decisions_total";
 
 /// One candidate quota of a built tier.
 #[derive(Debug)]
@@ -44,82 +40,6 @@ pub(crate) struct BuiltCandidate {
     /// What names it on the memory backend, which packs a tier key's
     /// candidates in one entry: its suffix's tag there.
     pub(crate) tag: u64,
-}
-
-/// What a tier's candidates count: their counts beside the live quota's
-/// on the same requests (one mutex for the tier), and their metric's
-/// counters.
-#[derive(Debug)]
-pub(crate) struct CandidateCounts {
-    /// `0`: the live quota; `1 + j`: candidate `j`.
-    pub(crate) stats: CandidateStats,
-    /// Each candidate's two counters (`allowed`, `would_deny`) once it
-    /// was first counted, registered with the recorder whose address they
-    /// carry: again when another is installed (no label vector or registry
-    /// lookup per request).
-    counters: arc_swap::ArcSwapOption<(usize, Box<[Option<[metrics::Counter; 2]>]>)>,
-}
-
-impl CandidateCounts {
-    /// The counts of a tier with `candidates` candidates.
-    pub(crate) fn new(candidates: usize) -> Self {
-        Self {
-            stats: CandidateStats::new(candidates),
-            counters: arc_swap::ArcSwapOption::empty(),
-        }
-    }
-
-    /// Counts the decisions of one request's candidates of tier `tier`
-    /// in the metric: each `(1 + j, denied)` of `decisions` is candidate
-    /// `j`'s.
-    fn count(&self, tier: &Arc<str>, candidates: &[BuiltCandidate], decisions: &[(usize, bool)]) {
-        // Candidate `i - 1`'s counters.
-        fn pair(
-            counters: &[Option<[metrics::Counter; 2]>],
-            i: usize,
-        ) -> Option<&[metrics::Counter; 2]> {
-            counters.get(i.checked_sub(1)?)?.as_ref()
-        }
-        let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
-        let held = self.counters.load();
-        let held = held.as_ref().filter(|c| c.0 == recorder);
-        if let Some(c) = held {
-            if decisions.iter().all(|&(i, _)| pair(&c.1, i).is_some()) {
-                for &(i, denied) in decisions {
-                    if let Some(p) = pair(&c.1, i) {
-                        p[usize::from(denied)].increment(1);
-                    }
-                }
-                return;
-            }
-        }
-        // A candidate counted for the first time (with this recorder):
-        // its counters registered, the others' kept.
-        let mut counters: Box<[Option<[metrics::Counter; 2]>]> = match held {
-            Some(c) => c.1.clone(),
-            None => candidates.iter().map(|_| None).collect(),
-        };
-        for &(i, denied) in decisions {
-            let (Some(slot), Some(c)) = (
-                i.checked_sub(1).and_then(|j| counters.get_mut(j)),
-                i.checked_sub(1).and_then(|j| candidates.get(j)),
-            ) else {
-                continue;
-            };
-            let pair = slot.get_or_insert_with(|| {
-                ["allowed", "would_deny"].map(|decision| {
-                    metrics::counter!(
-                        CANDIDATE_DECISIONS,
-                        "tier" => tier.clone(),
-                        "candidate" => c.label.clone(),
-                        "decision" => decision
-                    )
-                })
-            });
-            pair[usize::from(denied)].increment(1);
-        }
-        self.counters.store(Some(Arc::new((recorder, counters))));
-    }
 }
 
 /// A quota as a candidate's label: `<limit>/<period>` (humantime, no
@@ -237,7 +157,7 @@ pub(crate) fn compile(
 /// the memory backend, which keeps a tier key's candidates in one entry
 /// named by the live key and tells them apart by their suffixes' tags
 /// alone: there the key is left empty (no string built per candidate) and
-/// [`tags`] hands the backend the tags.
+/// the tag is noted in [`Meta::tags`] for the backend.
 pub(crate) fn plan(
     shared: &Shared,
     checks: &mut Vec<TierCheck>,
@@ -264,6 +184,7 @@ pub(crate) fn plan(
                 key.push_str(&c.suffix);
                 key
             } else {
+                meta.tags.push(c.tag);
                 String::new()
             };
             let limit = match (&t.calendar, c.limit) {
@@ -290,21 +211,6 @@ pub(crate) fn plan(
 /// a cluster's) is on `<live key>{c:<quota>}`.
 fn by_tag(backend: &crate::backend::Backend) -> bool {
     matches!(backend, crate::backend::Backend::Memory(_))
-}
-
-/// The tag of each of a request's candidate checks, in order, for a
-/// backend that names them by their tags (see [`plan`]).
-pub(crate) fn tags(shared: &Shared, meta: &Meta) -> smallvec::SmallVec<[u64; 8]> {
-    let mut tags = smallvec::SmallVec::new();
-    for &(tier, j) in &meta.candidates {
-        let c = shared
-            .config
-            .tiers
-            .get(usize::from(tier))
-            .and_then(|t| t.candidates.get(usize::from(j)));
-        tags.push(c.map_or(0, |c| c.tag));
-    }
-    tags
 }
 
 /// The answer of a request with candidates: counts each candidate's
@@ -335,6 +241,7 @@ pub(crate) fn take(shared: &Shared, meta: &mut Meta, result: &mut Result<Verdict
     }
     meta.live_of.clear();
     meta.candidates.clear();
+    meta.tags.clear();
 }
 
 /// Counts the candidates `group` (indices among the candidate checks,
@@ -368,9 +275,7 @@ fn count(shared: &Shared, meta: &Meta, v: &Verdict, live: usize, group: std::ops
             decisions.push((1 + usize::from(j), !cd.allowed));
         }
     }
-    t.candidate_counts.stats.record(part, now_s, &decisions);
-    t.candidate_counts
-        .count(&t.name, &t.candidates, decisions.get(1..).unwrap_or(&[]));
+    t.candidate_stats.record(part, now_s, &decisions);
     if let Some(f) = &shared.telemetry.fleet_candidates {
         // The first candidate, the live quota, then the others.
         for (n, &(i, denied)) in decisions.iter().skip(1).enumerate() {

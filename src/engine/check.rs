@@ -353,12 +353,11 @@ fn begin(
             m.check_reusing(&checks, meta.shadow, shared.config.refunds(), &mut verdict);
         } else {
             // The candidates' keys are left empty: named by their tags.
-            let tags = super::candidates::tags(shared, meta);
             m.check_with_candidates(
                 &checks,
                 meta.shadow,
                 &meta.live_of,
-                &tags,
+                &meta.tags,
                 shared.config.refunds(),
                 &mut verdict,
             );

@@ -75,7 +75,7 @@ pub(crate) struct BuiltTier {
     pub(crate) candidates: Vec<super::candidates::BuiltCandidate>,
     /// With candidates: their counts and metric, and the live quota's
     /// counts on the same requests.
-    pub(crate) candidate_counts: super::candidates::CandidateCounts,
+    pub(crate) candidate_stats: crate::observe::candidates::CandidateStats,
 }
 
 /// A calendar tier's [`Calendar`](crate::algorithm::Calendar) and the last

@@ -21,7 +21,7 @@ impl RateLimitHandle {
         let hours = window.as_secs().div_ceil(3600).clamp(1, 24);
         let now_s = self.shared.local_clock.now_us() / 1_000_000;
         let live_label = self.live_label(i);
-        let stats = &t.candidate_counts.stats;
+        let stats = &t.candidate_stats;
         Some(CandidatesReport {
             tier: tier.to_owned(),
             window_secs: hours * 3600,
@@ -46,7 +46,7 @@ impl RateLimitHandle {
         let t = self.shared.config.tiers.get(i)?;
         let now_s = self.shared.local_clock.now_us() / 1_000_000;
         let live_label = self.live_label(i);
-        let stats = &t.candidate_counts.stats;
+        let stats = &t.candidate_stats;
         Some(CandidatesReport {
             tier: tier.to_owned(),
             window_secs: 0,

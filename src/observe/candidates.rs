@@ -13,7 +13,7 @@
 //! ([`super::topn`]).
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use topk::FilteredSpaceSaving;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -124,13 +124,30 @@ impl Hour {
     }
 }
 
+/// The metric of candidates' decisions.
+pub(crate) const CANDIDATE_DECISIONS: &str = "tiered_ratelimit_candidate_decisions_total";
+
 /// A tier's candidates' counts and its live quota's on the same
 /// requests, each the last 24 clock hours and since the layer was built
-/// (without its heaviest keys), under **one** mutex: a request's decisions
+/// (without its heaviest keys), and the candidates' metric
+/// ([`CANDIDATE_DECISIONS`]), under **one** mutex: a request's decisions
 /// on one key are counted with one lock.
 pub(crate) struct CandidateStats {
+    /// The tier's name and each candidate's label, for the metric.
+    tier: Arc<str>,
+    labels: Box<[Arc<str>]>,
+    tally: Mutex<Tally>,
+}
+
+struct Tally {
     /// `[0]`: the live quota's; `[1 + j]`: candidate `j`'s.
-    counts: Mutex<Box<[Counts]>>,
+    counts: Box<[Counts]>,
+    /// The recorder the counters were registered with (its address), and
+    /// each candidate's two counters (`allowed`, `would_deny`) once it was
+    /// first counted with that recorder: registered again when another is
+    /// installed (no label vector or registry lookup per request).
+    recorder: usize,
+    counters: Box<[Option<[metrics::Counter; 2]>]>,
 }
 
 #[derive(Default)]
@@ -185,25 +202,60 @@ impl Counts {
 }
 
 impl CandidateStats {
-    /// The counts of a tier with `candidates` candidates, and of its live
-    /// quota.
-    pub(crate) fn new(candidates: usize) -> Self {
+    /// The counts of tier `tier`'s candidates, labelled `labels` in the
+    /// metric, and of its live quota.
+    pub(crate) fn new(tier: Arc<str>, labels: Box<[Arc<str>]>) -> Self {
+        let n = labels.len();
         Self {
-            counts: Mutex::new((0..=candidates).map(|_| Counts::default()).collect()),
+            tier,
+            labels,
+            tally: Mutex::new(Tally {
+                counts: (0..=n).map(|_| Counts::default()).collect(),
+                recorder: 0,
+                counters: (0..n).map(|_| None).collect(),
+            }),
         }
     }
 
     /// One request checked at `now_s` (epoch seconds) on key part `key`:
     /// each `(i, denied)` of `decisions` says whether quota `i` (0: the
-    /// live one, `1 + j`: candidate `j`) denied it (or would have).
+    /// live one, `1 + j`: candidate `j`) denied it (or would have); each
+    /// candidate's decision is counted in the metric too.
     pub(crate) fn record(&self, key: &str, now_s: u64, decisions: &[(usize, bool)]) {
         let hour = now_s / 3600;
         let mut hash = None;
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
+        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        let Tally {
+            counts,
+            recorder: held,
+            counters,
+        } = &mut *tally;
+        if *held != recorder {
+            *held = recorder;
+            counters.iter_mut().for_each(|c| *c = None);
+        }
         for &(i, denied) in decisions {
             if let Some(c) = counts.get_mut(i) {
                 c.record(key, &mut hash, denied, hour);
             }
+            let Some(j) = i.checked_sub(1) else {
+                continue;
+            };
+            let (Some(slot), Some(label)) = (counters.get_mut(j), self.labels.get(j)) else {
+                continue;
+            };
+            let pair = slot.get_or_insert_with(|| {
+                ["allowed", "would_deny"].map(|decision| {
+                    metrics::counter!(
+                        CANDIDATE_DECISIONS,
+                        "tier" => self.tier.clone(),
+                        "candidate" => label.clone(),
+                        "decision" => decision
+                    )
+                })
+            });
+            pair[usize::from(denied)].increment(1);
         }
     }
 
@@ -220,9 +272,9 @@ impl CandidateStats {
         now_s: u64,
     ) -> CandidateReport {
         let first = (now_s / 3600).saturating_sub(hours_back.clamp(1, 24) - 1);
-        let all = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
         let empty = Counts::default();
-        let counts = all.get(i).unwrap_or(&empty);
+        let counts = tally.counts.get(i).unwrap_or(&empty);
         let hours = &counts.hours;
         let mut report = CandidateReport {
             quota: quota.to_owned(),
@@ -269,7 +321,7 @@ mod tests {
 
     #[test]
     fn counts_by_hour_and_window() {
-        let s = CandidateStats::new(1);
+        let s = CandidateStats::new("ip".into(), Box::new(["5/1m".into()]));
         let t = 1_700_000_000 / 3600 * 3600;
         s.record("a", t, &[(1, true)]);
         s.record("a", t + 1, &[(1, true)]);
@@ -298,7 +350,7 @@ mod tests {
 
     #[test]
     fn one_record_counts_each_quota_apart() {
-        let s = CandidateStats::new(2);
+        let s = CandidateStats::new("ip".into(), Box::new(["5/1m".into(), "9/1m".into()]));
         let t = 1_700_000_000 / 3600 * 3600;
         s.record("a", t, &[(0, false), (1, true), (2, false)]);
         s.record("b", t + 1, &[(0, true), (1, true), (2, false)]);

@@ -77,6 +77,12 @@ impl Pack {
                 Some(s) if s.tag == tag => Some(j),
                 _ => self.slots.iter().position(|s| s.tag == tag),
             };
+            // A token bucket in its slot: what follows, on its state where
+            // it lies (not moved out and back).
+            if let Some(d) = i.and_then(|i| self.bucket_in_place(i, c, charge, now_us)) {
+                decisions.push(d);
+                continue;
+            }
             let state = i
                 .and_then(|i| self.slots.get(i))
                 .filter(|s| s.expires_us > now_us)
@@ -103,6 +109,34 @@ impl Pack {
                 self.put(i, tag, state, now_us.saturating_add(ttl_us), now_us);
             }
         }
+    }
+
+    /// Candidate `c`'s decision when it is a token bucket and slot `i`
+    /// holds a bucket's state, charged there when `charge` and it allows
+    /// (as [`Pack::decide`]'s general way would: its state if live, a new
+    /// one past its expiry); `None`, with nothing changed, for any other.
+    fn bucket_in_place(
+        &mut self,
+        i: usize,
+        c: &TierCheck,
+        charge: bool,
+        now_us: u64,
+    ) -> Option<TierDecision> {
+        let Limit::TokenBucket(b) = c.limit else {
+            return None;
+        };
+        let slot = self.slots.get_mut(i)?;
+        let State::Bucket(state) = &mut slot.state else {
+            return None;
+        };
+        let live = (slot.expires_us > now_us).then_some(*state);
+        let (d, charged) = b.check(live, now_us, c.cost);
+        if charge && d.allowed {
+            let (new, ttl_us) = charged?;
+            *state = new;
+            slot.expires_us = now_us.saturating_add(ttl_us);
+        }
+        Some(d)
     }
 
     /// Slot `i`'s state if live, taken (not cloned: a sliding log may be
