@@ -23,6 +23,7 @@ pub use charge::{Charge, TierRefund};
 #[cfg(not(feature = "__testing"))]
 pub(crate) use charge::{Charge, TierRefund};
 pub use clock::ManualClock;
+pub(crate) use memory::candidate_tag;
 pub use memory::MemoryBackend;
 
 use crate::algorithm::{Limit, TierDecision};
@@ -203,7 +204,7 @@ impl Backend {
             Backend::Memory(m) => {
                 let _ = (blocked, timeout, sent);
                 let mut verdict = Verdict::default();
-                m.check_with_candidates(checks, shadow, live_of, charges, &mut verdict);
+                m.check_with_candidates(checks, shadow, live_of, &[], charges, &mut verdict);
                 Check::Ready(Ok(verdict))
             }
             #[cfg(feature = "redis")]

@@ -414,8 +414,11 @@ fn compile_tier(
     metrics::counter!(crate::engine::decide::COST_EXCEEDS_CAPACITY, "tier" => name.clone())
         .increment(0);
     let built = BuiltTier {
+        candidate_stats: crate::observe::candidates::CandidateStats::new(
+            name.clone(),
+            candidates.iter().map(|c| c.label.clone()).collect(),
+        ),
         candidates,
-        candidates_live: Default::default(),
         no_key: NoKeyWatch::new(no_key_warn_after, t.no_key_cause),
         cost_exceeded_logged: std::sync::atomic::AtomicBool::new(false),
         calendar: t.calendar.map(crate::engine::runtime::CalendarBounds::new),

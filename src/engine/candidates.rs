@@ -13,21 +13,16 @@
 //! deny cache, top-N, refunds) sees the live checks only.
 
 use super::meta::Meta;
-use super::runtime::BuiltTier;
 use super::state::Shared;
 use crate::algorithm::kind::Algorithm;
 use crate::algorithm::Limit;
 use crate::backend::{TierCheck, Verdict};
 use crate::error::{BackendError, ConfigError};
-use crate::observe::candidates::CandidateStats;
 use crate::quota::Quota;
 use std::sync::Arc;
 
 /// The most candidates a tier takes.
 pub(crate) const MAX_CANDIDATES: usize = 4;
-
-/// The metric of candidates' decisions.
-pub(crate) const CANDIDATE_DECISIONS: &str = "tiered_ratelimit_candidate_decisions_total";
 
 /// One candidate quota of a built tier.
 #[derive(Debug)]
@@ -42,35 +37,9 @@ pub(crate) struct BuiltCandidate {
     pub(crate) limit: Limit,
     /// `{c:<label>}`, appended to the live key.
     pub(crate) suffix: String,
-    pub(crate) stats: CandidateStats,
-    /// Its metric's two counters (`allowed`, `would_deny`), registered
-    /// with the recorder whose address they carry: again when another is
-    /// installed (no label vector or registry lookup per request).
-    counters: arc_swap::ArcSwapOption<(usize, [metrics::Counter; 2])>,
-}
-
-impl BuiltCandidate {
-    /// Counts one decision in the metric.
-    fn count(&self, tier: &Arc<str>, allowed: bool) {
-        let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
-        let i = usize::from(!allowed);
-        if let Some(c) = &*self.counters.load() {
-            if c.0 == recorder {
-                c.1[i].increment(1);
-                return;
-            }
-        }
-        let counters = ["allowed", "would_deny"].map(|decision| {
-            metrics::counter!(
-                CANDIDATE_DECISIONS,
-                "tier" => tier.clone(),
-                "candidate" => self.label.clone(),
-                "decision" => decision
-            )
-        });
-        counters[i].increment(1);
-        self.counters.store(Some(Arc::new((recorder, counters))));
-    }
+    /// What names it on the memory backend, which packs a tier key's
+    /// candidates in one entry: its suffix's tag there.
+    pub(crate) tag: u64,
 }
 
 /// A quota as a candidate's label: `<limit>/<period>` (humantime, no
@@ -167,13 +136,13 @@ pub(crate) fn compile(
                 format!("{label} is listed twice (or is the live quota)"),
             ));
         }
+        let suffix = format!("{{c:{label}}}");
         built.push(BuiltCandidate {
-            suffix: format!("{{c:{label}}}"),
+            tag: crate::backend::candidate_tag(&suffix),
+            suffix,
             label: Arc::from(label),
             quota: q,
             limit,
-            stats: CandidateStats::default(),
-            counters: arc_swap::ArcSwapOption::empty(),
         });
     }
     Ok(built)
@@ -183,12 +152,19 @@ pub(crate) fn compile(
 /// candidate of each live check's tier (`pending`: the live check's index,
 /// its tier and the request's cost on it), appended in order, with
 /// [`Meta::live_of`] and [`Meta::candidates`] filled in.
+///
+/// A candidate's key is `<live key>{c:<quota>}` (its suffix), except on
+/// the memory backend, which keeps a tier key's candidates in one entry
+/// named by the live key and tells them apart by their suffixes' tags
+/// alone: there the key is left empty (no string built per candidate) and
+/// the tag is noted in [`Meta::tags`] for the backend.
 pub(crate) fn plan(
     shared: &Shared,
     checks: &mut Vec<TierCheck>,
     meta: &mut Meta,
     pending: &[(u8, u8, u64)],
 ) {
+    let keyed = !by_tag(&shared.backend);
     for &(live, tier, cost) in pending {
         let Some(t) = shared.config.tiers.get(usize::from(tier)) else {
             continue;
@@ -200,11 +176,17 @@ pub(crate) fn plan(
             let Some(of) = checks.get(usize::from(live)) else {
                 return;
             };
-            // A spare key buffer (given back in `take`).
-            let mut key = super::spare::key();
-            key.reserve(of.key.len() + c.suffix.len());
-            key.push_str(&of.key);
-            key.push_str(&c.suffix);
+            let key = if keyed {
+                // A spare key buffer (given back in `take`).
+                let mut key = super::spare::key();
+                key.reserve(of.key.len() + c.suffix.len());
+                key.push_str(&of.key);
+                key.push_str(&c.suffix);
+                key
+            } else {
+                meta.tags.push(c.tag);
+                String::new()
+            };
             let limit = match (&t.calendar, c.limit) {
                 (Some(cal), l) => cal.limit(l, shared.local_clock.now_us()),
                 (None, l) => l,
@@ -223,9 +205,18 @@ pub(crate) fn plan(
     }
 }
 
+/// Whether `backend` names a candidate by its suffix's tag alone (the
+/// memory backend's packs), so [`plan`] leaves its key empty. Redis keeps
+/// the keys: a pack is `<live key>{c}` and a candidate it cannot pack (or
+/// a cluster's) is on `<live key>{c:<quota>}`.
+fn by_tag(backend: &crate::backend::Backend) -> bool {
+    matches!(backend, crate::backend::Backend::Memory(_))
+}
+
 /// The answer of a request with candidates: counts each candidate's
-/// decision, then cuts the candidates off the verdict and the sent checks
-/// (on an error, off the sent checks only: nothing is counted).
+/// decision, and the live quota's once per live check, then cuts the
+/// candidates off the verdict and the sent checks (on an error, off the
+/// sent checks only: nothing is counted).
 pub(crate) fn take(shared: &Shared, meta: &mut Meta, result: &mut Result<Verdict, BackendError>) {
     if meta.live_of.is_empty() {
         return;
@@ -233,47 +224,13 @@ pub(crate) fn take(shared: &Shared, meta: &mut Meta, result: &mut Result<Verdict
     let k = meta.live_of.len();
     let live = meta.sent.len().saturating_sub(k);
     if let Ok(v) = result {
-        let now_s = v.now_us / 1_000_000;
-        for (j, &(tier, idx)) in meta.candidates.iter().enumerate() {
-            let (Some(d), Some(check), Some(t)) = (
-                v.decisions.get(live + j),
-                meta.sent.get(live + j),
-                shared.config.tiers.get(usize::from(tier)),
-            ) else {
-                continue;
-            };
-            let Some(c) = t.candidates.get(usize::from(idx)) else {
-                continue;
-            };
-            record(t, c, check, d.allowed, now_s);
-            if let Some(f) = &shared.telemetry.fleet_candidates {
-                f.record(
-                    &shared.backend,
-                    &t.name,
-                    &c.label,
-                    part(t, c, check),
-                    !d.allowed,
-                    v.now_us,
-                );
-            }
-            // The live quota's decision on the same request, once.
-            let of = meta.live_of.get(j).copied();
-            if j == 0 || meta.live_of.get(j - 1).copied() != of {
-                let live = of.and_then(|l| {
-                    Some((
-                        v.decisions.get(usize::from(l))?,
-                        meta.sent.get(usize::from(l))?,
-                    ))
-                });
-                if let Some((d, check)) = live {
-                    let part = check.key.get(t.key_base.len()..).unwrap_or("");
-                    t.candidates_live.record(part, !d.allowed, now_s);
-                    if let Some(f) = &shared.telemetry.fleet_candidates {
-                        let live = crate::observe::fleet_candidates::live();
-                        f.record(&shared.backend, &t.name, &live, part, !d.allowed, v.now_us);
-                    }
-                }
-            }
+        // One live check's candidates at a time (consecutive, as planned).
+        let mut j = 0;
+        while j < k {
+            let of = meta.live_of[j];
+            let end = j + meta.live_of[j..].iter().take_while(|&&l| l == of).count();
+            count(shared, meta, v, live, j..end);
+            j = end;
         }
         v.decisions.truncate(live);
         v.charges.truncate(live);
@@ -284,19 +241,51 @@ pub(crate) fn take(shared: &Shared, meta: &mut Meta, result: &mut Result<Verdict
     }
     meta.live_of.clear();
     meta.candidates.clear();
+    meta.tags.clear();
 }
 
-/// The key part of a candidate's check (its live key's).
-fn part<'k>(t: &BuiltTier, c: &BuiltCandidate, check: &'k TierCheck) -> &'k str {
-    check
-        .key
-        .strip_suffix(c.suffix.as_str())
-        .and_then(|k| k.get(t.key_base.len()..))
-        .unwrap_or("")
-}
-
-/// One candidate decision counted: its stats and its metric.
-fn record(t: &BuiltTier, c: &BuiltCandidate, check: &TierCheck, allowed: bool, now_s: u64) {
-    c.stats.record(part(t, c, check), !allowed, now_s);
-    c.count(&t.name, allowed);
+/// Counts the candidates `group` (indices among the candidate checks,
+/// which follow the `live` live checks) of one live check, and that live
+/// check's decision: their stats under one lock, their metric, and the
+/// fleet-wide counts. Every candidate's key part is its live check's.
+fn count(shared: &Shared, meta: &Meta, v: &Verdict, live: usize, group: std::ops::Range<usize>) {
+    let (Some(&(tier, _)), Some(&of)) = (
+        meta.candidates.get(group.start),
+        meta.live_of.get(group.start),
+    ) else {
+        return;
+    };
+    let (Some(t), Some(d), Some(check)) = (
+        shared.config.tiers.get(usize::from(tier)),
+        v.decisions.get(usize::from(of)),
+        meta.sent.get(usize::from(of)),
+    ) else {
+        return;
+    };
+    let part = check.key.get(t.key_base.len()..).unwrap_or("");
+    let now_s = v.now_us / 1_000_000;
+    // (0, the live quota's), then (1 + j, candidate j's) for each.
+    let mut decisions: smallvec::SmallVec<[(usize, bool); 5]> =
+        smallvec::smallvec![(0, !d.allowed)];
+    for i in group {
+        let (Some(cd), Some(&(_, j))) = (v.decisions.get(live + i), meta.candidates.get(i)) else {
+            continue;
+        };
+        if t.candidates.get(usize::from(j)).is_some() {
+            decisions.push((1 + usize::from(j), !cd.allowed));
+        }
+    }
+    t.candidate_stats.record(part, now_s, &decisions);
+    if let Some(f) = &shared.telemetry.fleet_candidates {
+        // The first candidate, the live quota, then the others.
+        for (n, &(i, denied)) in decisions.iter().skip(1).enumerate() {
+            if let Some(c) = t.candidates.get(i - 1) {
+                f.record(&shared.backend, &t.name, &c.label, part, denied, v.now_us);
+            }
+            if n == 0 {
+                let live = crate::observe::fleet_candidates::live();
+                f.record(&shared.backend, &t.name, &live, part, !d.allowed, v.now_us);
+            }
+        }
+    }
 }

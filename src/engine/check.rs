@@ -48,6 +48,9 @@ impl fmt::Debug for Engine {
 }
 
 /// How a request's decision began.
+// `Pending` holds the request's meta inline (see `State`): boxing it would
+// cost every Redis check an allocation; a `Done` is moved once.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Step {
     /// Decided without waiting.
     Done(Decision),
@@ -352,10 +355,12 @@ fn begin(
         if meta.live_of.is_empty() {
             m.check_reusing(&checks, meta.shadow, shared.config.refunds(), &mut verdict);
         } else {
+            // The candidates' keys are left empty: named by their tags.
             m.check_with_candidates(
                 &checks,
                 meta.shadow,
                 &meta.live_of,
+                &meta.tags,
                 shared.config.refunds(),
                 &mut verdict,
             );
@@ -420,6 +425,8 @@ fn begin(
 }
 
 /// What a request that waited for another's probe does next.
+// `Begun` holds the request's meta inline, as `State` does.
+#[allow(clippy::large_enum_variant)]
 enum Resumed {
     /// Answered from the deny cache.
     Deny(super::decision::Denial),

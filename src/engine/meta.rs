@@ -63,6 +63,9 @@ pub(crate) struct Meta {
     /// Each candidate check's tier and its place among the tier's
     /// candidates.
     pub(crate) candidates: smallvec::SmallVec<[(u8, u8); 4]>,
+    /// On the memory backend, each candidate check's tag (its key is left
+    /// empty: `engine/candidates.rs`); empty on Redis.
+    pub(crate) tags: smallvec::SmallVec<[u64; 4]>,
 }
 
 impl Drop for Meta {

@@ -73,8 +73,9 @@ pub(crate) struct BuiltTier {
     pub(crate) exhausted_status: u16,
     /// Its candidate quotas (`engine/candidates.rs`).
     pub(crate) candidates: Vec<super::candidates::BuiltCandidate>,
-    /// With candidates: the live quota's counts on the same requests.
-    pub(crate) candidates_live: crate::observe::candidates::CandidateStats,
+    /// With candidates: their counts and metric, and the live quota's
+    /// counts on the same requests.
+    pub(crate) candidate_stats: crate::observe::candidates::CandidateStats,
 }
 
 /// A calendar tier's [`Calendar`](crate::algorithm::Calendar) and the last

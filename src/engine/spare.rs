@@ -107,7 +107,9 @@ fn give_back_keys(checks: &mut Vec<TierCheck>) {
                 break;
             }
             let mut key = c.key;
-            if key.capacity() <= MAX_CAPACITY {
+            // An empty key (a candidate's on the memory backend) has no
+            // buffer to give.
+            if key.capacity() != 0 && key.capacity() <= MAX_CAPACITY {
                 key.clear();
                 spare.push(key);
             }

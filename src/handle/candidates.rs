@@ -21,14 +21,16 @@ impl RateLimitHandle {
         let hours = window.as_secs().div_ceil(3600).clamp(1, 24);
         let now_s = self.shared.local_clock.now_us() / 1_000_000;
         let live_label = self.live_label(i);
+        let stats = &t.candidate_stats;
         Some(CandidatesReport {
             tier: tier.to_owned(),
             window_secs: hours * 3600,
-            live: t.candidates_live.report(&live_label, hours, n, now_s),
+            live: stats.report(0, &live_label, hours, n, now_s),
             candidates: t
                 .candidates
                 .iter()
-                .map(|c| c.stats.report(&c.label, hours, n, now_s))
+                .enumerate()
+                .map(|(j, c)| stats.report(1 + j, &c.label, hours, n, now_s))
                 .collect(),
         })
     }
@@ -44,14 +46,16 @@ impl RateLimitHandle {
         let t = self.shared.config.tiers.get(i)?;
         let now_s = self.shared.local_clock.now_us() / 1_000_000;
         let live_label = self.live_label(i);
+        let stats = &t.candidate_stats;
         Some(CandidatesReport {
             tier: tier.to_owned(),
             window_secs: 0,
-            live: t.candidates_live.report(&live_label, u64::MAX, n, now_s),
+            live: stats.report(0, &live_label, u64::MAX, n, now_s),
             candidates: t
                 .candidates
                 .iter()
-                .map(|c| c.stats.report(&c.label, u64::MAX, n, now_s))
+                .enumerate()
+                .map(|(j, c)| stats.report(1 + j, &c.label, u64::MAX, n, now_s))
                 .collect(),
         })
     }

@@ -3,17 +3,19 @@
 //! requests checked, requests it would deny (cost), the distinct keys it
 //! would deny, and its heaviest would-be-denied keys.
 //!
-//! One mutex per candidate, taken once per request it checks (a few
-//! additions; a denial also inserts a key hash and feeds the sketch). The
+//! One mutex per tier, taken once per request its candidates check (a few
+//! additions per quota; a denial also inserts the key's hash, computed once
+//! for the request, and feeds the sketch). The
 //! distinct keys are kept exactly, as 64-bit hashes of the key parts, up
 //! to [`MAX_KEYS`] an hour: past that the count is a lower bound and the
 //! report says so (`keys_capped`). The heaviest keys come from a
 //! Space-Saving sketch per hour, as the top-N of blocked keys
 //! ([`super::topn`]).
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::Mutex;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use topk::FilteredSpaceSaving;
+use xxhash_rust::xxh3::xxh3_64;
 
 /// Distinct denied keys kept per candidate and hour (hashes, 8 bytes
 /// each): past it, `keys_denied` is a lower bound.
@@ -21,6 +23,31 @@ pub(crate) const MAX_KEYS: usize = 100_000;
 
 /// Counters of the sketch of heaviest would-be-denied keys, per hour.
 const SKETCH: usize = 256;
+
+/// A set of key hashes (xxh3, already uniform): each its own hash in the
+/// table, not hashed again.
+type KeySet = std::collections::HashSet<u64, std::hash::BuildHasherDefault<KeyHash>>;
+
+/// The hasher of [`KeySet`]: a `u64` written is the hash.
+#[derive(Default)]
+struct KeyHash(u64);
+
+impl std::hash::Hasher for KeyHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64`s are written; anything else folded in all the same.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
 
 /// What one candidate quota would have done over a window.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -79,7 +106,7 @@ struct Hour {
     hour: u64,
     requests: u64,
     would_deny: u64,
-    keys: HashSet<u64>,
+    keys: KeySet,
     capped: bool,
     top: FilteredSpaceSaving<String>,
 }
@@ -90,18 +117,37 @@ impl Hour {
             hour,
             requests: 0,
             would_deny: 0,
-            keys: HashSet::new(),
+            keys: KeySet::default(),
             capped: false,
             top: FilteredSpaceSaving::new(SKETCH),
         }
     }
 }
 
-/// One candidate's counts, the last 24 clock hours, and since the layer
-/// was built (without its heaviest keys).
-#[derive(Default)]
+/// The metric of candidates' decisions.
+pub(crate) const CANDIDATE_DECISIONS: &str = "tiered_ratelimit_candidate_decisions_total";
+
+/// A tier's candidates' counts and its live quota's on the same
+/// requests, each the last 24 clock hours and since the layer was built
+/// (without its heaviest keys), and the candidates' metric
+/// ([`CANDIDATE_DECISIONS`]), under **one** mutex: a request's decisions
+/// on one key are counted with one lock.
 pub(crate) struct CandidateStats {
-    hours: Mutex<Counts>,
+    /// The tier's name and each candidate's label, for the metric.
+    tier: Arc<str>,
+    labels: Box<[Arc<str>]>,
+    tally: Mutex<Tally>,
+}
+
+struct Tally {
+    /// `[0]`: the live quota's; `[1 + j]`: candidate `j`'s.
+    counts: Box<[Counts]>,
+    /// The recorder the counters were registered with (its address), and
+    /// each candidate's two counters (`allowed`, `would_deny`) once it was
+    /// first counted with that recorder: registered again when another is
+    /// installed (no label vector or registry lookup per request).
+    recorder: usize,
+    counters: Box<[Option<[metrics::Counter; 2]>]>,
 }
 
 #[derive(Default)]
@@ -109,7 +155,7 @@ struct Counts {
     hours: VecDeque<Hour>,
     /// Since the layer was built: requests, would-be denials, distinct
     /// denied keys (hashes, up to [`MAX_KEYS`]) and whether capped.
-    total: (u64, u64, HashSet<u64>, bool),
+    total: (u64, u64, KeySet, bool),
 }
 
 impl std::fmt::Debug for CandidateStats {
@@ -118,17 +164,15 @@ impl std::fmt::Debug for CandidateStats {
     }
 }
 
-impl CandidateStats {
-    /// One request checked at `now_s` (epoch seconds) on key part `key`:
-    /// whether the candidate would have denied it.
-    pub(crate) fn record(&self, key: &str, denied: bool, now_s: u64) {
-        let hour = now_s / 3600;
-        let mut counts = self.hours.lock().unwrap_or_else(|e| e.into_inner());
-        let Counts { hours, total } = &mut *counts;
+impl Counts {
+    /// One request checked in clock hour `hour` on key part `key` (its
+    /// hash, computed once for the request's denials in `hash`).
+    fn record(&mut self, key: &str, hash: &mut Option<u64>, denied: bool, hour: u64) {
+        let Self { hours, total } = self;
         total.0 += 1;
-        if denied {
+        let hash = denied.then(|| *hash.get_or_insert_with(|| xxh3_64(key.as_bytes())));
+        if let Some(hash) = hash {
             total.1 += 1;
-            let hash = xxhash_rust::xxh3::xxh3_64(key.as_bytes());
             if total.2.len() < MAX_KEYS {
                 total.2.insert(hash);
             } else if !total.2.contains(&hash) {
@@ -145,9 +189,8 @@ impl CandidateStats {
             return;
         };
         h.requests += 1;
-        if denied {
+        if let Some(hash) = hash {
             h.would_deny += 1;
-            let hash = xxhash_rust::xxh3::xxh3_64(key.as_bytes());
             if h.keys.len() < MAX_KEYS {
                 h.keys.insert(hash);
             } else if !h.keys.contains(&hash) {
@@ -156,20 +199,82 @@ impl CandidateStats {
             h.top.insert(key.to_owned(), 1);
         }
     }
+}
 
-    /// The counts of the last `hours_back` clock hours (1-24, the current
-    /// one included) before `now_s`, with the `n` heaviest keys; with
-    /// `u64::MAX`, since the layer was built (its heaviest keys those of
-    /// the last 24 hours).
+impl CandidateStats {
+    /// The counts of tier `tier`'s candidates, labelled `labels` in the
+    /// metric, and of its live quota.
+    pub(crate) fn new(tier: Arc<str>, labels: Box<[Arc<str>]>) -> Self {
+        let n = labels.len();
+        Self {
+            tier,
+            labels,
+            tally: Mutex::new(Tally {
+                counts: (0..=n).map(|_| Counts::default()).collect(),
+                recorder: 0,
+                counters: (0..n).map(|_| None).collect(),
+            }),
+        }
+    }
+
+    /// One request checked at `now_s` (epoch seconds) on key part `key`:
+    /// each `(i, denied)` of `decisions` says whether quota `i` (0: the
+    /// live one, `1 + j`: candidate `j`) denied it (or would have); each
+    /// candidate's decision is counted in the metric too.
+    pub(crate) fn record(&self, key: &str, now_s: u64, decisions: &[(usize, bool)]) {
+        let hour = now_s / 3600;
+        let mut hash = None;
+        let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
+        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        let Tally {
+            counts,
+            recorder: held,
+            counters,
+        } = &mut *tally;
+        if *held != recorder {
+            *held = recorder;
+            counters.iter_mut().for_each(|c| *c = None);
+        }
+        for &(i, denied) in decisions {
+            if let Some(c) = counts.get_mut(i) {
+                c.record(key, &mut hash, denied, hour);
+            }
+            let Some(j) = i.checked_sub(1) else {
+                continue;
+            };
+            let (Some(slot), Some(label)) = (counters.get_mut(j), self.labels.get(j)) else {
+                continue;
+            };
+            let pair = slot.get_or_insert_with(|| {
+                ["allowed", "would_deny"].map(|decision| {
+                    metrics::counter!(
+                        CANDIDATE_DECISIONS,
+                        "tier" => self.tier.clone(),
+                        "candidate" => label.clone(),
+                        "decision" => decision
+                    )
+                })
+            });
+            pair[usize::from(denied)].increment(1);
+        }
+    }
+
+    /// Quota `i`'s counts (0: the live one, `1 + j`: candidate `j`) of the
+    /// last `hours_back` clock hours (1-24, the current one included)
+    /// before `now_s`, with the `n` heaviest keys; with `u64::MAX`, since
+    /// the layer was built (its heaviest keys those of the last 24 hours).
     pub(crate) fn report(
         &self,
+        i: usize,
         quota: &str,
         hours_back: u64,
         n: usize,
         now_s: u64,
     ) -> CandidateReport {
         let first = (now_s / 3600).saturating_sub(hours_back.clamp(1, 24) - 1);
-        let counts = self.hours.lock().unwrap_or_else(|e| e.into_inner());
+        let tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        let empty = Counts::default();
+        let counts = tally.counts.get(i).unwrap_or(&empty);
         let hours = &counts.hours;
         let mut report = CandidateReport {
             quota: quota.to_owned(),
@@ -179,7 +284,7 @@ impl CandidateStats {
             keys_capped: false,
             top: Vec::new(),
         };
-        let mut keys: HashSet<u64> = HashSet::new();
+        let mut keys = KeySet::default();
         let mut merged = FilteredSpaceSaving::new(SKETCH);
         for h in hours.iter().filter(|h| h.hour >= first) {
             report.requests += h.requests;
@@ -216,18 +321,18 @@ mod tests {
 
     #[test]
     fn counts_by_hour_and_window() {
-        let s = CandidateStats::default();
+        let s = CandidateStats::new("ip".into(), Box::new(["5/1m".into()]));
         let t = 1_700_000_000 / 3600 * 3600;
-        s.record("a", true, t);
-        s.record("a", true, t + 1);
-        s.record("b", false, t + 2);
-        s.record("b", true, t + 3600);
-        let last = s.report("5/1m", 1, 10, t + 3600);
+        s.record("a", t, &[(1, true)]);
+        s.record("a", t + 1, &[(1, true)]);
+        s.record("b", t + 2, &[(1, false)]);
+        s.record("b", t + 3600, &[(1, true)]);
+        let last = s.report(1, "5/1m", 1, 10, t + 3600);
         assert_eq!(
             (last.requests, last.would_deny, last.keys_denied),
             (1, 1, 1)
         );
-        let both = s.report("5/1m", 2, 10, t + 3600);
+        let both = s.report(1, "5/1m", 2, 10, t + 3600);
         assert_eq!(
             (both.requests, both.would_deny, both.keys_denied),
             (4, 3, 2)
@@ -239,5 +344,32 @@ mod tests {
                 count: 2
             }
         );
+        // The live quota was counted on none of them.
+        assert_eq!(s.report(0, "10/1m", 2, 10, t + 3600).requests, 0);
+    }
+
+    #[test]
+    fn one_record_counts_each_quota_apart() {
+        let s = CandidateStats::new("ip".into(), Box::new(["5/1m".into(), "9/1m".into()]));
+        let t = 1_700_000_000 / 3600 * 3600;
+        s.record("a", t, &[(0, false), (1, true), (2, false)]);
+        s.record("b", t + 1, &[(0, true), (1, true), (2, false)]);
+        let counts = |i| {
+            let r = s.report(i, "q", 1, 10, t + 1);
+            let top: Vec<_> = r.top.iter().map(|k| (k.key.clone(), k.count)).collect();
+            (r.requests, r.would_deny, r.keys_denied, top)
+        };
+        assert_eq!(counts(0), (2, 1, 1, vec![("b".into(), 1)]));
+        let one = counts(1);
+        assert_eq!((one.0, one.1, one.2, one.3.len()), (2, 2, 2, 2));
+        assert_eq!(counts(2), (2, 0, 0, vec![]));
+        let total = s.report(1, "q", u64::MAX, 10, t + 1);
+        assert_eq!(
+            (total.requests, total.would_deny, total.keys_denied),
+            (2, 2, 2)
+        );
+        // An index past the quotas counts nothing and reads as empty.
+        s.record("c", t + 2, &[(3, true)]);
+        assert_eq!(s.report(3, "q", 1, 10, t + 2).requests, 0);
     }
 }

@@ -340,11 +340,18 @@ impl MemoryBackend {
     /// Either way a candidate's state is its own, so deciding it after the
     /// live checks (not under their locks) changes nothing of either: its
     /// rule reads only the live decisions.
+    ///
+    /// `tags`: empty, or each candidate's [`candidate_tag`](super::candidate_tag)
+    /// (of its suffix past its live key, `{c:80/1m}`) when the caller left
+    /// the candidates' keys empty (the engine does: no key string built or
+    /// hashed per candidate); each is then packed under its live key, as
+    /// it would be with its whole key.
     pub(crate) fn check_with_candidates(
         &self,
         checks: &[TierCheck],
         shadow: Shadow,
         live_of: &[u8],
+        tags: &[u64],
         with_charges: bool,
         out: &mut Verdict,
     ) {
@@ -355,19 +362,36 @@ impl MemoryBackend {
         }
         let charged = out.charges.len() == n && n > 0;
         let now_us = out.now_us;
+        let named = tags.len() == live_of.len();
         let mut j = 0;
         while j < live_of.len() {
             let live = live_of[j];
             let end = j + live_of[j..].iter().take_while(|&&l| l == live).count();
             let group = &checks[n + j..n + end];
+            let names = if named { tags.get(j..end) } else { None };
             j = end;
             let others = out.decisions[..n]
                 .iter()
                 .enumerate()
                 .all(|(i, d)| d.allowed || shadow.contains(i) || i == usize::from(live));
-            match checks[..n].get(usize::from(live)) {
-                Some(of) if super::pack::packable(&of.key, group) => {
-                    self.check_pack(&of.key, group, others, now_us, &mut out.decisions);
+            match (checks[..n].get(usize::from(live)), names) {
+                (Some(of), Some(names)) => {
+                    self.check_pack(
+                        &of.key,
+                        group,
+                        Some(names),
+                        others,
+                        now_us,
+                        &mut out.decisions,
+                    );
+                }
+                (Some(of), None) if super::pack::packable(&of.key, group) => {
+                    self.check_pack(&of.key, group, None, others, now_us, &mut out.decisions);
+                }
+                // Named by their tags without a live check (never planned
+                // so): under an empty tier key.
+                (None, Some(names)) => {
+                    self.check_pack("", group, Some(names), others, now_us, &mut out.decisions);
                 }
                 _ => {
                     for c in group {

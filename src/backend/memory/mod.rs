@@ -7,6 +7,7 @@ mod check;
 mod fast;
 mod overrides;
 mod pack;
+pub(crate) use self::pack::tag as candidate_tag;
 #[cfg(test)]
 mod pack_tests;
 mod peek;

@@ -36,13 +36,21 @@ pub(super) struct Pack {
 /// One candidate's state in a pack (no pointer to follow: a check reads
 /// the pack's few cache lines and nothing else).
 struct Slot {
-    /// The hash of the candidate's key past its tier key (`{c:80/1m}`) by
-    /// the store's hasher: what names it.
+    /// The [`tag`] of the candidate's key past its tier key (`{c:80/1m}`):
+    /// what names it.
     tag: u64,
     state: State,
     /// Epoch µs after which the state means what no state means (its own
     /// key would have expired).
     expires_us: u64,
+}
+
+/// What names a candidate in its pack: the hash of its key past its tier
+/// key (`{c:80/1m}`, a configured quota's, never a request's), without a
+/// per-store seed, so a caller can compute it once per candidate (the
+/// engine does, when it builds the tier) and name candidates by it.
+pub(crate) fn tag(suffix: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(suffix.as_bytes())
 }
 
 impl Pack {
@@ -51,26 +59,30 @@ impl Pack {
         self.slots.iter().map(|s| s.expires_us).max().unwrap_or(0)
     }
 
-    /// Decides each of `group` (candidates whose keys are their tier key,
-    /// `at` bytes, then their suffix) on its own state, each decision
-    /// pushed onto `decisions`; `charge`: every enforced check but their
-    /// tier's live one allowed, so each that allows is charged.
+    /// Decides each of `group` (candidates of one tier key, each named by
+    /// its tag in `tags`) on its own state, each decision pushed onto
+    /// `decisions`; `charge`: every enforced check but their tier's live
+    /// one allowed, so each that allows is charged.
     fn decide(
         &mut self,
         group: &[TierCheck],
-        at: usize,
+        tags: &[u64],
         charge: bool,
         now_us: u64,
         decisions: &mut Vec<TierDecision>,
-        tag_of: impl Fn(&str) -> u64,
     ) {
-        for (j, c) in group.iter().enumerate() {
-            let tag = tag_of(c.key.get(at..).unwrap_or(""));
+        for (j, (c, &tag)) in group.iter().zip(tags).enumerate() {
             // Its own place first (the same candidates in the same order).
             let i = match self.slots.get(j) {
                 Some(s) if s.tag == tag => Some(j),
                 _ => self.slots.iter().position(|s| s.tag == tag),
             };
+            // A token bucket in its slot: what follows, on its state where
+            // it lies (not moved out and back).
+            if let Some(d) = i.and_then(|i| self.bucket_in_place(i, c, charge, now_us)) {
+                decisions.push(d);
+                continue;
+            }
             let state = i
                 .and_then(|i| self.slots.get(i))
                 .filter(|s| s.expires_us > now_us)
@@ -97,6 +109,34 @@ impl Pack {
                 self.put(i, tag, state, now_us.saturating_add(ttl_us), now_us);
             }
         }
+    }
+
+    /// Candidate `c`'s decision when it is a token bucket and slot `i`
+    /// holds a bucket's state, charged there when `charge` and it allows
+    /// (as [`Pack::decide`]'s general way would: its state if live, a new
+    /// one past its expiry); `None`, with nothing changed, for any other.
+    fn bucket_in_place(
+        &mut self,
+        i: usize,
+        c: &TierCheck,
+        charge: bool,
+        now_us: u64,
+    ) -> Option<TierDecision> {
+        let Limit::TokenBucket(b) = c.limit else {
+            return None;
+        };
+        let slot = self.slots.get_mut(i)?;
+        let State::Bucket(state) = &mut slot.state else {
+            return None;
+        };
+        let live = (slot.expires_us > now_us).then_some(*state);
+        let (d, charged) = b.check(live, now_us, c.cost);
+        if charge && d.allowed {
+            let (new, ttl_us) = charged?;
+            *state = new;
+            slot.expires_us = now_us.saturating_add(ttl_us);
+        }
+        Some(d)
     }
 
     /// Slot `i`'s state if live, taken (not cloned: a sliding log may be
@@ -129,17 +169,30 @@ impl Pack {
 
 impl MemoryBackend {
     /// The candidates `group` of the tier key `live_key` (each key is
-    /// `live_key` then its suffix), decided on their pack, one lookup
-    /// under the pack's shard's mutex; `charge`: each that allows is
-    /// charged. Their decisions are pushed onto `decisions`, in order.
+    /// `live_key` then its suffix, or each named by its [`tag`] in `tags`
+    /// when given), decided on their pack, one lookup under the pack's
+    /// shard's mutex; `charge`: each that allows is charged. Their
+    /// decisions are pushed onto `decisions`, in order.
     pub(super) fn check_pack(
         &self,
         live_key: &str,
         group: &[TierCheck],
+        tags: Option<&[u64]>,
         charge: bool,
         now_us: u64,
         decisions: &mut Vec<TierDecision>,
     ) {
+        let of_keys: SmallVec<[u64; SLOTS]>;
+        let tags = match tags {
+            Some(t) => t,
+            None => {
+                of_keys = group
+                    .iter()
+                    .map(|c| tag(c.key.get(live_key.len()..).unwrap_or("")))
+                    .collect();
+                &of_keys
+            }
+        };
         with_pack_key(live_key, |key| {
             let h = self.hash(key);
             let guard = self.inner.collector.enter();
@@ -148,14 +201,12 @@ impl MemoryBackend {
             let lookup = Lookup { hash: h, text: key };
             let found = w.find(lookup, &held);
             if let Some(Entry::Pack(m)) = found {
-                let tag_of = |suffix: &str| self.hash(suffix);
-                locked(m).decide(group, live_key.len(), charge, now_us, decisions, tag_of);
+                locked(m).decide(group, tags, charge, now_us, decisions);
                 return;
             }
             // No pack yet (or a tier's state under that name: replaced).
             let mut pack = Pack::default();
-            let tag_of = |suffix: &str| self.hash(suffix);
-            pack.decide(group, live_key.len(), charge, now_us, decisions, tag_of);
+            pack.decide(group, tags, charge, now_us, decisions);
             if !pack.slots.is_empty() {
                 let entry = Entry::Pack(Box::new(Mutex::new(pack)));
                 w.insert(found, &mut held, lookup, entry, now_us);

@@ -20,13 +20,17 @@ fn check(key: &str, tb: TokenBucket) -> TierCheck {
 /// sequence exactly as the same four on keys of their own (keys not
 /// under the tier key are not packed), with the other tier now and then
 /// denying (the candidates then peeked, not charged): one entry for the
-/// four instead of four.
+/// four instead of four. Named by their suffixes' tags alone, keys left
+/// empty (as the engine plans them), they decide the same again, and on
+/// the same state: each third request's candidates are named so on the
+/// packed backend.
 #[test]
 fn a_pack_of_four_candidates_decides_as_four_keys() {
     use crate::algorithm::Window;
     let clock = ManualClock::new(1_000_000_000_000);
     let packed = MemoryBackend::with_manual_clock(clock.clone());
     let apart = MemoryBackend::with_manual_clock(clock.clone());
+    let named = MemoryBackend::with_manual_clock(clock.clone());
     let live = TokenBucket::new(4, 1_000_000, 4).unwrap();
     let other = TokenBucket::new(3, 1_000_000, 3).unwrap();
     let candidates = [
@@ -81,12 +85,28 @@ fn a_pack_of_four_candidates_decides_as_four_keys() {
             all
         };
         let live_of = [0u8; 4];
-        let (mut a, mut b) = (Verdict::default(), Verdict::default());
-        packed.check_with_candidates(&checks(&key), Shadow::NONE, &live_of, true, &mut a);
+        let tags = ["{c:0}", "{c:1}", "{c:2}", "{c:3}"].map(candidate_tag);
+        // The same checks, the candidates' keys left empty.
+        let unkeyed = || {
+            let mut all = checks(&key);
+            for c in &mut all[2..] {
+                c.key.clear();
+            }
+            all
+        };
+        let (mut a, mut b, mut c) = (Verdict::default(), Verdict::default(), Verdict::default());
+        if op % 3 == 0 {
+            packed.check_with_candidates(&unkeyed(), Shadow::NONE, &live_of, &tags, true, &mut a);
+        } else {
+            packed.check_with_candidates(&checks(&key), Shadow::NONE, &live_of, &[], true, &mut a);
+        }
         let own = format!("apart:{key}");
-        apart.check_with_candidates(&checks(&own), Shadow::NONE, &live_of, true, &mut b);
+        apart.check_with_candidates(&checks(&own), Shadow::NONE, &live_of, &[], true, &mut b);
+        named.check_with_candidates(&unkeyed(), Shadow::NONE, &live_of, &tags, true, &mut c);
         assert_eq!(a.decisions, b.decisions, "op {op}");
         assert_eq!(a.charges, b.charges, "op {op}");
+        assert_eq!(c.decisions, b.decisions, "op {op}, named");
+        assert_eq!(c.charges, b.charges, "op {op}, named");
         for d in &a.decisions[2..] {
             if d.allowed {
                 allowed += 1;
@@ -102,6 +122,7 @@ fn a_pack_of_four_candidates_decides_as_four_keys() {
     // Three tier keys and the global one: a pack each, not four keys each.
     assert_eq!(packed.len(), 4 + 3, "packed");
     assert_eq!(apart.len(), 4 + 3 * 4, "apart");
+    assert_eq!(named.len(), 4 + 3, "named");
 }
 
 /// A pack lives as long as its longest-lived candidate's state, each
@@ -141,7 +162,7 @@ fn a_pack_expires_with_its_longest_candidate() {
     };
     let run = |key: &str| {
         let mut v = Verdict::default();
-        m.check_with_candidates(&checks(key), Shadow::NONE, &[0, 0], true, &mut v);
+        m.check_with_candidates(&checks(key), Shadow::NONE, &[0, 0], &[], true, &mut v);
         v.decisions.iter().map(|d| d.allowed).collect::<Vec<_>>()
     };
     // At a window start: both charged, then both deny.
