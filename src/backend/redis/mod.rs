@@ -328,6 +328,15 @@ impl RedisBackend {
         self.clock.as_ref()
     }
 
+    /// The clock argument of the control scripts (`lua/plan.lua`,
+    /// `lua/poll.lua`): the manual clock's µs, or "" (Redis `TIME`).
+    fn script_clock(&self) -> String {
+        self.clock
+            .as_ref()
+            .map(|c| c.now_us().to_string())
+            .unwrap_or_default()
+    }
+
     /// With a manual clock, adds `slack` to every key's TTL, so that Redis's
     /// real-time expiry never runs ahead of a test clock that advances slower
     /// than real time. Decisions never depend on a key outliving its TTL.

@@ -25,11 +25,7 @@ impl RedisBackend {
         args: &[String],
     ) -> Result<(i64, String), BackendError> {
         let script = plan_script();
-        let clock = self
-            .clock
-            .as_ref()
-            .map(|c| c.now_us().to_string())
-            .unwrap_or_default();
+        let clock = self.script_clock();
         let build = |with_source: bool| {
             let mut cmd =
                 super::peek::script_cmd(with_source, script, include_str!("../../../lua/plan.lua"));

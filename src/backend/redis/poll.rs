@@ -55,11 +55,7 @@ impl RedisBackend {
         parts: &[PollPart],
     ) -> Result<PollAnswer, BackendError> {
         let script = poll_script();
-        let clock = self
-            .clock
-            .as_ref()
-            .map(|c| c.now_us().to_string())
-            .unwrap_or_default();
+        let clock = self.script_clock();
         let build = |with_source: bool| {
             let mut cmd = super::peek::script_cmd(with_source, script, poll_source());
             let nkeys: usize = parts.iter().map(|p| p.keys.len()).sum();
