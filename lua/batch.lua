@@ -96,12 +96,6 @@ while call_argv[a] do
 end
 KEYS = call_keys
 if touched then
-  for s, set in ipairs({ blocked, shadowed }) do
-    if touched[s] then
-      local extra = rcall('ZCARD', set) - 10000
-      if extra > 0 then rcall('ZREMRANGEBYRANK', set, 0, extra - 1) end
-      rcall('EXPIRE', set, 90000)
-    end
-  end
+  trim_key_sets(blocked, shadowed, touched)
 end
 return replies

@@ -219,6 +219,20 @@ local function tier_spec(s)
   return t
 end
 
+-- The hourly sets of refused and shadow-limited keys (check.lua's
+-- KEYS[n+1], KEYS[n+2]) after a call added to them: each one touched
+-- (touched[1]: blocked, touched[2]: shadowed) keeps its 10 000 heaviest
+-- keys and lives 25 h. Run on a denial only.
+local function trim_key_sets(blocked, shadowed, touched)
+  for s, set in ipairs({ blocked, shadowed }) do
+    if touched[s] then
+      local extra = rcall('ZCARD', set) - 10000
+      if extra > 0 then rcall('ZREMRANGEBYRANK', set, 0, extra - 1) end
+      rcall('EXPIRE', set, 90000)
+    end
+  end
+end
+
 -- PX for a key due in `us` µs: whole ms, rounded up, at least 1 (ttl_ms,
 -- written out).
 local function px_of(us)
