@@ -154,8 +154,8 @@ pub(crate) fn compile(
 /// [`Meta::live_of`] and [`Meta::candidates`] filled in.
 ///
 /// A candidate's key is `<live key>{c:<quota>}` (its suffix), except on
-/// the memory backend, which keeps a tier key's candidates in one entry
-/// named by the live key and tells them apart by their suffixes' tags
+/// the memory backend, which keeps a tier key's candidates in the live
+/// key's own entry and tells them apart by their suffixes' tags
 /// alone: there the key is left empty (no string built per candidate) and
 /// the tag is noted in [`Meta::tags`] for the backend.
 pub(crate) fn plan(
@@ -206,7 +206,8 @@ pub(crate) fn plan(
 }
 
 /// Whether `backend` names a candidate by its suffix's tag alone (the
-/// memory backend's packs), so [`plan`] leaves its key empty. Redis keeps
+/// memory backend's packs, in their tier key's entry), so [`plan`] leaves
+/// its key empty. Redis keeps
 /// the keys: a pack is `<live key>{c}` and a candidate it cannot pack (or
 /// a cluster's) is on `<live key>{c:<quota>}`.
 fn by_tag(backend: &crate::backend::Backend) -> bool {

@@ -263,8 +263,9 @@ impl Tier {
     }
 
     /// Up to four candidate quotas beside the live one: each is checked and
-    /// charged on its own state (a tier key's candidates share one more key,
-    /// `<tier key>{c}`, where the backend can pack them) in the same backend
+    /// charged on its own state (a tier key's candidates share one pack
+    /// where the backend can: in memory in the tier key's own entry, on
+    /// Redis one more key, `<tier key>{c}`) in the same backend
     /// call as the live check, under the tier's key, algorithm and cost,
     /// and never changes an answer. Each counts what it would do (requests
     /// checked, would-be denials, distinct keys it would deny, its heaviest

@@ -334,9 +334,9 @@ impl MemoryBackend {
     /// never listed in its charges (never refunded).
     ///
     /// The candidates of one live check (consecutive in `live_of`, as the
-    /// engine plans them) whose keys are its key then a suffix share one
-    /// entry of the store, `<live key>{c}` (`pack.rs`): one lookup and one
-    /// write for all of them. Another candidate is checked on its own key.
+    /// engine plans them) whose keys are its key then a suffix share the
+    /// live key's entry (`pack.rs`): one lookup and one write for all of
+    /// them. Another candidate is checked on its own key.
     /// Either way a candidate's state is its own, so deciding it after the
     /// live checks (not under their locks) changes nothing of either: its
     /// rule reads only the live decisions.
