@@ -35,6 +35,10 @@ pub(crate) struct BuiltCandidate {
     #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) quota: Quota,
     pub(crate) limit: Limit,
+    /// `limit`'s capacity + 1, the most a request's cost is charged on it
+    /// (computed once: a division for a bucket), for a tier without a
+    /// calendar (a calendar's limit is computed per request).
+    pub(crate) cost_cap: u64,
     /// `{c:<label>}`, appended to the live key.
     pub(crate) suffix: String,
     /// What names it on the memory backend, which packs a tier key's
@@ -142,6 +146,7 @@ pub(crate) fn compile(
             suffix,
             label: Arc::from(label),
             quota: q,
+            cost_cap: limit.capacity().saturating_add(1),
             limit,
         });
     }
@@ -187,14 +192,17 @@ pub(crate) fn plan(
                 meta.tags.push(c.tag);
                 String::new()
             };
-            let limit = match (&t.calendar, c.limit) {
-                (Some(cal), l) => cal.limit(l, shared.local_clock.now_us()),
-                (None, l) => l,
+            let (limit, cost_cap) = match (&t.calendar, c.limit) {
+                (Some(cal), l) => {
+                    let l = cal.limit(l, shared.local_clock.now_us());
+                    (l, l.capacity().saturating_add(1))
+                }
+                (None, l) => (l, c.cost_cap),
             };
             checks.push(TierCheck {
                 key,
                 limit,
-                cost: cost.min(limit.capacity().saturating_add(1)),
+                cost: cost.min(cost_cap),
                 home: None,
             });
             meta.live_of.push(live);
