@@ -47,6 +47,18 @@ struct Slot {
     expires_us: u64,
 }
 
+/// The candidates of one live check, for the live check to decide on the
+/// pack of the entry it finds ([`Pack::decide`]).
+pub(super) struct Inline<'a> {
+    /// The live check's index.
+    pub(super) live: usize,
+    pub(super) group: &'a [TierCheck],
+    /// Each candidate's [`tag`].
+    pub(super) tags: &'a [u64],
+    /// Whether they were decided.
+    pub(super) done: bool,
+}
+
 /// What names a candidate in its pack: the hash of its key past its tier
 /// key (`{c:80/1m}`, a configured quota's, never a request's), without a
 /// per-store seed, so a caller can compute it once per candidate (the
@@ -71,7 +83,7 @@ impl Pack {
     /// its tag in `tags`) on its own state, each decision pushed onto
     /// `decisions`; `charge`: every enforced check but their tier's live
     /// one allowed, so each that allows is charged.
-    fn decide(
+    pub(super) fn decide(
         &mut self,
         group: &[TierCheck],
         tags: &[u64],
