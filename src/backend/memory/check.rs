@@ -371,11 +371,14 @@ impl MemoryBackend {
     ///
     /// The candidates of one live check (consecutive in `live_of`, as the
     /// engine plans them) whose keys are its key then a suffix share the
-    /// live key's entry (`pack.rs`): one lookup and one write for all of
-    /// them. Another candidate is checked on its own key.
+    /// live key's entry (`pack.rs`): one write for all of them, on the
+    /// entry the live check found when it ran locked and they are its
+    /// only candidates, else after one more lookup. Another candidate is
+    /// checked on its own key.
     /// Either way a candidate's state is its own, so deciding it after the
-    /// live checks (not under their locks) changes nothing of either: its
-    /// rule reads only the live decisions.
+    /// live decisions (before or after their commit, under their locks or
+    /// not) changes nothing of either: its rule reads only the live
+    /// decisions.
     ///
     /// `tags`: empty, or each candidate's [`candidate_tag`](super::candidate_tag)
     /// (of its suffix past its live key, `{c:80/1m}`) when the caller left

@@ -3,9 +3,10 @@
 //! live state ([`Entry::Packed`]), each candidate's state with its own
 //! expiry.
 //!
-//! A request's candidates of one tier key are one lookup (of the tier
-//! key, just read by the live check) and one charge of its pack (not one
-//! per candidate): each is decided on its own state with its algorithm's
+//! A request's candidates of one tier key are one charge of its pack (not
+//! one per candidate), found by the live check's own lookup when it runs
+//! locked ([`Inline`]), else by one more lookup of the tier key, just
+//! read: each is decided on its own state with its algorithm's
 //! code ([`Limit::check_prepared`], [`Limit::charge`]), as it would be on a
 //! key of its own, and by the same rule (charged when it allows and every
 //! enforced check but its own tier's live one allows). A candidate's state
