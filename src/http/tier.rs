@@ -263,8 +263,8 @@ impl Tier {
     }
 
     /// Up to four candidate quotas beside the live one: each is checked and
-    /// charged on its own state (a tier key's candidates share one more key,
-    /// `<tier key>{c}`, where the backend can pack them) in the same backend
+    /// charged on its own state (a tier key's candidates packed together
+    /// where the backend can: on Redis in the tier key's own value) in the same backend
     /// call as the live check, under the tier's key, algorithm and cost,
     /// and never changes an answer. Each counts what it would do (requests
     /// checked, would-be denials, distinct keys it would deny, its heaviest

@@ -300,13 +300,14 @@ fn candidate_decisions_are_counted_in_the_metric() {
     );
 }
 
-/// Candidates the Redis scripts pack in one key of their tier key,
-/// `<tier key>{c}` (a token bucket and a policing leaky bucket of rate 1,
-/// fixed and calendar windows, sliding window counters): four of different
-/// kinds and periods on one tier, one on the other, under every live
-/// algorithm, on one long sequence: the model, the memory backend and
-/// Redis agree on every decision, and Redis holds one key per tier key for
-/// them, none of their own.
+/// Candidates the Redis scripts pack (a token bucket and a policing leaky
+/// bucket of rate 1, fixed and calendar windows, sliding window counters):
+/// four of different kinds and periods on one tier, one on the other,
+/// under every live algorithm, on one long sequence: the model, the memory
+/// backend and Redis agree on every decision. Redis holds them in the tier
+/// key's own value when the live algorithm's value is a string (no key of
+/// theirs at all), else in one key per tier key, `<tier key>{c}`, never
+/// one of a candidate's own.
 #[test]
 fn packed_candidates_agree_on_model_memory_and_redis() {
     use crate::support::algorithms::S;
@@ -361,23 +362,33 @@ fn packed_candidates_agree_on_model_memory_and_redis() {
             "{na}: {denied} denied, {allowed} allowed proves little"
         );
     }
-    // Tier a's candidates packed; tier b's log and shaping one on keys of
-    // their own.
-    let keys: Vec<String> = h._redis.cmd(&["KEYS", "c3*:a:*{c*"]);
-    assert!(!keys.is_empty());
-    assert!(
-        keys.iter().all(|k| k.ends_with("{c}")),
-        "a candidate on a key of its own: {keys:?}"
-    );
+    // Tier a's candidates packed: in the tier key under a string-valued
+    // live algorithm, else in `{c}`; tier b's log and shaping one on keys
+    // of their own.
+    for (i, (na, _)) in all.iter().enumerate() {
+        let pattern = format!("c{}:a:*{{c*", 3_000_000 + i);
+        let keys: Vec<String> = h._redis.cmd(&["KEYS", &pattern]);
+        let tiers: Vec<String> = h._redis.cmd(&["KEYS", &pattern.replace("{c*", "")]);
+        assert!(!tiers.is_empty(), "{na}");
+        if matches!(*na, "log") {
+            assert!(!keys.is_empty(), "{na}");
+            assert!(
+                keys.iter().all(|k| k.ends_with("{c}")),
+                "{na}: a candidate on a key of its own: {keys:?}"
+            );
+        } else {
+            assert_eq!(keys, Vec::<String>::new(), "{na}: packed in the tier key");
+        }
+    }
     let b: Vec<String> = h._redis.cmd(&["KEYS", "c3*:b:*{c*"]);
-    assert!(b.iter().any(|k| k.ends_with("{c}")), "{b:?}");
     assert!(b.iter().any(|k| k.ends_with("{c:0}")), "{b:?}");
 }
 
-/// A packed candidates key expires with its longest-lived candidate:
-/// fixed windows of 1 s, 10 s, 100 s and 1 000 s, each charged once, give
-/// the key the 1 000 s window's remaining time (as its own key would
-/// have), not another's.
+/// A tier key holding its candidates' pack expires with the longest-lived
+/// of the live state and the candidates: fixed windows of 1 s, 10 s,
+/// 100 s and 1 000 s, each charged once beside a token bucket full again
+/// in 1 s, give the key the 1 000 s window's remaining time (as its own
+/// key would have), not another's; no other key exists.
 #[test]
 fn a_packed_key_lives_as_long_as_its_longest_candidate() {
     use crate::support::algorithms::S;
@@ -414,14 +425,14 @@ fn a_packed_key_lives_as_long_as_its_longest_candidate() {
     let ends = windows.map(|w| (now - now % w + w - now).div_ceil(1000));
     let longest = ends[2];
     assert!(ends.iter().all(|&e| e == longest || e + 5_000 < longest));
-    let pttl: u64 = redis.cmd(&["PTTL", "rl:ip:a{c}"]);
+    let pttl: u64 = redis.cmd(&["PTTL", "rl:ip:a"]);
     // (PTTL counts down in Redis's real time since the SET.)
     assert!(
         pttl <= longest && pttl + 5_000 > longest,
         "PTTL {pttl}, want {longest} (each window's end: {ends:?})"
     );
-    let own: i64 = redis.cmd(&["EXISTS", "rl:ip:a{c:5/1000s}"]);
-    assert_eq!(own, 0);
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert_eq!(keys, ["rl:ip:a"]);
 }
 
 /// A pack read with its candidates in another order (a tier's list
@@ -491,4 +502,87 @@ fn a_reordered_pack_finds_each_candidates_state() {
     );
     let own: i64 = h._redis.cmd(&["EXISTS", "reorder:a:k{c:bucket}"]);
     assert_eq!(own, 0);
+}
+
+/// A fleet where some instances have a tier's candidates and some do not
+/// (a policy rolled out instance by instance): the tier key then holds the
+/// candidates' pack after its live value, and an instance without them
+/// reads that value. Under every live algorithm, requests alternate
+/// between a Redis backend checking four packed candidates and one
+/// checking the live tiers alone, on one Redis: every live decision is the
+/// model's without candidates, so no reader takes the pack for the live
+/// state. (The candidates' own decisions are not compared: an instance
+/// without them writes the live value alone, and their states start
+/// again, docs/rollout.md, "Candidate quotas".)
+#[test]
+fn an_instance_without_the_candidates_reads_the_live_value_alone() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::TokenBucket;
+    let h = Harness::new();
+    let all = algorithm_limits();
+    let named = |n: &str| all.iter().find(|(name, _)| *name == n).unwrap().1;
+    let ca = [
+        Limit::TokenBucket(TokenBucket::new(2, S, 3).unwrap()),
+        named("fixed_odd"),
+        named("calendar"),
+        named("counter"),
+    ];
+    let mut rng =
+        crate::support::rng::Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
+    let mut next = move || rng.next();
+    for (n, (na, la)) in all.iter().enumerate() {
+        let clock = ManualClock::new(T0_US + 123_457);
+        let redis = h.redis(&clock);
+        let mut model = Model::default();
+        let (mut with, mut without, mut denied) = (0, 0, 0);
+        for i in 0..400 {
+            let step = match next() % 4 {
+                0 => 0,
+                1 => next() % 300_000,
+                _ => next() % 1_500_000,
+            };
+            clock.advance(Duration::from_micros(step));
+            let cost = 1 + next() % 3;
+            let key = format!("m{n}:a:k{}", next() % 2);
+            let live = TierCheck {
+                key: key.clone(),
+                limit: *la,
+                cost,
+                home: None,
+            };
+            let clamped = TierCheck {
+                cost: cost.min(la.capacity() + 1),
+                ..live.clone()
+            };
+            let want = model.check_candidates(&[clamped], 0, &[], clock.now_us());
+            let got = if next() % 2 == 0 {
+                let mut checks = vec![live];
+                for (j, l) in ca.iter().enumerate() {
+                    checks.push(TierCheck {
+                        key: format!("{key}{{c:{j}}}"),
+                        limit: *l,
+                        cost,
+                        home: None,
+                    });
+                }
+                with += 1;
+                h.rt.block_on(redis.check_candidates(checks, 0, &[0; 4]))
+                    .unwrap()
+            } else {
+                without += 1;
+                h.rt.block_on(redis.check_candidates(vec![live], 0, &[]))
+                    .unwrap()
+            };
+            assert_eq!(
+                got.decisions[..1],
+                want[..],
+                "{na}: live decision at op {i}"
+            );
+            denied += usize::from(!want[0].allowed);
+        }
+        assert!(
+            with > 100 && without > 100 && denied > 0,
+            "{na}: {with} with, {without} without, {denied} denied proves little"
+        );
+    }
 }
