@@ -435,6 +435,66 @@ fn a_packed_key_lives_as_long_as_its_longest_candidate() {
     assert_eq!(keys, ["rl:ip:a"]);
 }
 
+/// A tier key holding its candidates' pack never lives shorter than
+/// either part needs, whichever the request charged: a request its live
+/// bucket denies but a candidate allows keeps the live value with its own
+/// expiry (~1 000 s, not the candidate's 1 s), and a request the live
+/// bucket allows but the candidate denies keeps the stored pack as long as
+/// its window runs (~1 000 s, not the live value's ~1 ms), so neither
+/// hands out a fresh bucket or window early.
+#[test]
+fn a_tier_key_keeps_what_the_request_did_not_charge() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::{TokenBucket, Window};
+    let redis = RedisServer::start();
+    let rt = current_thread_runtime();
+    let clock = ManualClock::new(T0_US - T0_US % (1_000 * S) + 123_457);
+    let backend: Backend = redis.backend_on(&clock).into();
+    let check = |key: &str, live: Limit, cand: Limit| {
+        let checks = vec![
+            TierCheck {
+                key: key.into(),
+                limit: live,
+                cost: 1,
+                home: None,
+            },
+            TierCheck {
+                key: format!("{key}{{c:x}}"),
+                limit: cand,
+                cost: 1,
+                home: None,
+            },
+        ];
+        let v = rt
+            .block_on(backend.check_candidates(checks, 0, &[0]))
+            .unwrap();
+        (v.decisions[0].allowed, v.decisions[1].allowed)
+    };
+    let pttl = |key: &str| -> i64 { redis.cmd(&["PTTL", key]) };
+    // One token, back in 1 000 s; a candidate of 100 a second.
+    let slow = Limit::TokenBucket(TokenBucket::new(1, 1_000 * S, 1).unwrap());
+    let wide = Limit::FixedWindow(Window {
+        limit: 100,
+        window_us: S,
+    });
+    assert_eq!(check("rl:a", slow, wide), (true, true));
+    assert_eq!(check("rl:a", slow, wide), (false, true));
+    let left = pttl("rl:a");
+    assert!(left > 990_000, "the live value's expiry kept: PTTL {left}");
+    // A bucket of a million a second; a candidate of one per 1 000 s.
+    let fast = Limit::TokenBucket(TokenBucket::new(1_000_000, S, 1_000_000).unwrap());
+    let once = Limit::FixedWindow(Window {
+        limit: 1,
+        window_us: 1_000 * S,
+    });
+    assert_eq!(check("rl:b", fast, once), (true, true));
+    assert_eq!(check("rl:b", fast, once), (true, false));
+    let left = pttl("rl:b");
+    assert!(left > 990_000, "the stored pack's window kept: PTTL {left}");
+    clock.advance(std::time::Duration::from_secs(500));
+    assert_eq!(check("rl:b", fast, once), (true, false));
+}
+
 /// A pack read with its candidates in another order (a tier's list
 /// reordered at run time) finds each one's state by its name, on both
 /// backends: every decision the model's, where each candidate has a key
