@@ -384,6 +384,15 @@ fn packed_candidates_agree_on_model_memory_and_redis() {
     assert!(b.iter().any(|k| k.ends_with("{c:0}")), "{b:?}");
 }
 
+/// A Redis server, a runtime, a clock just past the start of a 1 000 s
+/// window and a Redis backend on it.
+fn just_past_a_1000s_window() -> (RedisServer, tokio::runtime::Runtime, ManualClock, Backend) {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US - T0_US % (1_000 * crate::support::algorithms::S) + 123_457);
+    let backend: Backend = redis.backend_on(&clock).into();
+    (redis, current_thread_runtime(), clock, backend)
+}
+
 /// A tier key holding its candidates' pack expires with the longest-lived
 /// of the live state and the candidates: fixed windows of 1 s, 10 s,
 /// 100 s and 1 000 s, each charged once beside a token bucket full again
@@ -393,11 +402,7 @@ fn packed_candidates_agree_on_model_memory_and_redis() {
 fn a_packed_key_lives_as_long_as_its_longest_candidate() {
     use crate::support::algorithms::S;
     use tiered_ratelimit::algorithm::{TokenBucket, Window};
-    let redis = RedisServer::start();
-    let rt = current_thread_runtime();
-    // Just past the start of a 1 000 s window.
-    let clock = ManualClock::new(T0_US - T0_US % (1_000 * S) + 123_457);
-    let backend: Backend = redis.backend_on(&clock).into();
+    let (redis, rt, clock, backend) = just_past_a_1000s_window();
     let live = TierCheck {
         key: "rl:ip:a".into(),
         limit: Limit::TokenBucket(TokenBucket::new(10, S, 10).unwrap()),
@@ -446,10 +451,7 @@ fn a_packed_key_lives_as_long_as_its_longest_candidate() {
 fn a_tier_key_keeps_what_the_request_did_not_charge() {
     use crate::support::algorithms::S;
     use tiered_ratelimit::algorithm::{TokenBucket, Window};
-    let redis = RedisServer::start();
-    let rt = current_thread_runtime();
-    let clock = ManualClock::new(T0_US - T0_US % (1_000 * S) + 123_457);
-    let backend: Backend = redis.backend_on(&clock).into();
+    let (redis, rt, clock, backend) = just_past_a_1000s_window();
     let check = |key: &str, live: Limit, cand: Limit| {
         let checks = vec![
             TierCheck {
