@@ -72,6 +72,19 @@ local function has_flag(flags, bit)
   return flags % (bit + bit) >= bit
 end
 
+-- A tier key's value may hold, after a '\0', the packed states of the
+-- tier's candidate quotas (candidate_pack in dispatch.lua; docs/redis.md,
+-- "Stored values"). Every reader reads the live value before it: an
+-- integer form through tonumber, which in Lua 5.1 reads a string up to
+-- its first '\0' (luaO_str2d); any other form when its pattern fails, by
+-- reading again the part before the '\0' (this, nil for a value without
+-- one), so a value without a pack costs nothing more.
+local function live_part(v)
+  local z = string.find(v, '\0', 1, true)
+  if z then return string.sub(v, 1, z - 1) end
+  return nil
+end
+
 -- Stored values have one format (docs/redis.md, "Stored values"): one
 -- integer per key wherever the quota allows, which Redis keeps inside the
 -- object (OBJECT ENCODING int), else a short string of the same meaning.
@@ -158,7 +171,11 @@ local function tat_read(v)
     -- A TAT in µs has 16 digits (until 2286), a coded one 19.
     if n < 1e18 then return n, 0, 1 end
     local t, code = split_code(v)
-    if not t then return nil end
+    if not t then
+      local l = live_part(v)
+      if l then return tat_read(l) end
+      return nil
+    end
     -- The rate: the largest r with (r - 1) r / 2 - 1 <= code.
     local r = floor((1 + math.sqrt(8 * code + 9)) / 2)
     while (r - 1) * r / 2 - 1 > code do r = r - 1 end
@@ -167,7 +184,11 @@ local function tat_read(v)
     return t, code + 1 - (r - 1) * r / 2, r
   end
   local t, f, r, u = string.match(v, '^(%d+):(%d+):(%d+):?(%d*)$')
-  if not t then return nil end
+  if not t then
+    local l = live_part(v)
+    if l then return tat_read(l) end
+    return nil
+  end
   t, f, r = tonumber(t), tonumber(f), tonumber(r)
   if r < 1 or f >= r then return nil end
   if u == '' then return t, f, r end

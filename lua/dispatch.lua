@@ -416,20 +416,31 @@ end
 -- kind, in plain arithmetic: no tonumber, no string.format, no key of its
 -- own. Appends each candidate's reply (short for a bucket, a fixed or
 -- calendar window; long for a counter) to out after o; returns the new o,
--- and the pack's value with every allowing candidate charged and its PX
--- (the longest-lived state's), or nil when none allows.
+-- the pack's value with every allowing candidate charged and its PX (the
+-- longest-lived state's), or nil when none allows; and the PX of the
+-- stored pack's longest-lived state (nil when none lives: the pack kept
+-- as it is by a tier key that holds it, inline_write).
+-- In a tier key's value (candidate_inline), z is the position of the '\0'
+-- the pack follows (0: the value holds none) and the value ends with one
+-- more byte, the number of states (the pack it returns has it too); else
+-- z is nil and the pack is the whole value.
 -- The new pack's numbers, reused by every call (no table per call).
 local pack_out = {}
-local pack_formats = { '<dddd', '<dddddddd', '<dddddddddddd', '<dddddddddddddddd' }
-local function candidate_pack(t, v, now, out, o)
+local pack_formats = { '<dddd', '<dddddddd', '<dddddddddddd', '<dddddddddddddddd',
+  [-1] = '<ddddB', [-2] = '<ddddddddB', [-3] = '<ddddddddddddB', [-4] = '<ddddddddddddddddB' }
+local function candidate_pack(t, v, now, out, o, z)
   local c = t[16]
   local k = #c
   -- The stored states: m of them, each read where it is, by its tag (a
-  -- value of another form, or no string, reads as no state).
-  local m = 0
-  if type(v) == 'string' and #v % 32 == 0 and #v <= 256 then m = #v / 32 end
+  -- value of another form, or no string, reads as no state), from base.
+  local m, base = 0, 0
+  if z then
+    if z > 0 then m, base = (#v - z - 1) / 32, z end
+  elseif type(v) == 'string' and #v % 32 == 0 and #v <= 256 then
+    m = #v / 32
+  end
   local new = pack_out
-  local any, latest = false, 0
+  local any, latest, stored = false, 0, 0
   for j = 1, k do
     local e = c[j]
     local kind, tag = e[1], e[7]
@@ -438,18 +449,31 @@ local function candidate_pack(t, v, now, out, o)
       -- Its own place first (the same candidates in the same order).
       local found, sa, sb, sx
       if j <= m then
-        found, sa, sb, sx = struct.unpack('<dddd', v, 32 * j - 31)
+        found, sa, sb, sx = struct.unpack('<dddd', v, base + 32 * j - 31)
       end
       if found ~= tag then
         found = nil
         for r = 1, m do
           if r ~= j then
-            local g, ra, rb, rx = struct.unpack('<dddd', v, 32 * r - 31)
+            local g, ra, rb, rx = struct.unpack('<dddd', v, base + 32 * r - 31)
             if g == tag then found, sa, sb, sx = g, ra, rb, rx; break end
           end
         end
       end
-      if found then a, b, x = sa, sb, sx end
+      if found then
+        a, b, x = sa, sb, sx
+        -- Until when the stored state lives (as until_us below).
+        local u = 0
+        if kind == 1 or kind == 5 then
+          u = a
+        elseif kind == 4 then
+          if b > 0 then u = a + 2 * e[3] elseif x > 0 then u = a + e[3] end
+        elseif b > 0 then
+          u = x
+          if kind == 3 then u = u + 60000000 end
+        end
+        if u > stored then stored = u end
+      end
     end
     local w = 4 * j - 3
     new[w] = tag
@@ -553,10 +577,77 @@ local function candidate_pack(t, v, now, out, o)
     new[w + 1], new[w + 2], new[w + 3] = a, b, x
     if until_us > latest then latest = until_us end
   end
-  if not any then return o, nil end
+  local stored_px
+  if stored > now then stored_px = px_of(stored - now) end
+  if not any then return o, nil, nil, stored_px end
+  if z then
+    -- Counted (a tier key's value).
+    local f = pack_formats[-k]
+    if not f then f = '<' .. string.rep('d', 4 * k) .. 'B'; pack_formats[-k] = f end
+    new[4 * k + 1] = k
+    return o, struct.pack(f, unpack(new, 1, 4 * k + 1)), px_of(latest - now), stored_px
+  end
   local f = pack_formats[k]
   if not f then f = '<' .. string.rep('d', 4 * k); pack_formats[k] = f end
-  return o, struct.pack(f, unpack(new, 1, 4 * k)), px_of(latest - now)
+  return o, struct.pack(f, unpack(new, 1, 4 * k)), px_of(latest - now), stored_px
+end
+
+-- A pack of candidates whose tier key holds it (its KEYS entry is its live
+-- check's: src/backend/redis/wire/args.rs, `pack_key`) in its value v:
+-- the live value, a '\0', 32 bytes a state, and one byte, their number
+-- (docs/redis.md, "Stored values"; no key and no write of its own). Found
+-- from the end, by that number (no search and no copy): z, the '\0''s
+-- position, 0 when v holds no pack.
+-- Returns the new o and the record inline_write reads: { live check's
+-- number, the pack charged (nil: none allows) and its PX, v, the stored
+-- pack's PX (nil: no state of it lives), z (0: none), then [7], [8] the live value
+-- to write and its PX, set by the caller when the request charges the
+-- live check }.
+local function candidate_inline(t, v, now, out, o)
+  local z = 0
+  if v then
+    local n = #v
+    local count = string.byte(v, n)
+    if count then
+      z = n - 32 * count - 1
+      if z < 1 or string.byte(v, z) ~= 0 then z = 0 end
+    end
+  end
+  local value, px, stored_px
+  o, value, px, stored_px = candidate_pack(t, v, now, out, o, z)
+  return o, { t[15], value, px, v, stored_px, z }
+end
+
+-- The one write of a tier key that holds its candidates' pack (record r of
+-- candidate_inline), when the request charged its live check (r[7], PX
+-- r[8]) or committed the pack (`commit`): the live value charged or else
+-- the stored one, a '\0', and the pack charged or else the stored one while
+-- a state of it lives (without one, the live value alone, as a tier
+-- without candidates writes it). The key lives as long as its
+-- longer-lived part: the stored live value's own expiry is read (PTTL)
+-- when only the pack was charged.
+local function inline_write(key, r, commit)
+  local live, live_px = r[7], r[8]
+  local pack, pack_px = r[2], r[3]
+  if not commit then pack = nil end
+  if not live and not pack then return end
+  local v, z = r[4], r[6]
+  if not pack and r[5] then pack, pack_px = string.sub(v, z + 1), r[5] end
+  if not live and v then
+    if z == 0 then
+      live = v
+    elseif z > 1 then
+      live = string.sub(v, 1, z - 1)
+    end
+    if live then live_px = rcall('PTTL', key) end
+  end
+  local px = live_px or 0
+  if pack then
+    if pack_px > px then px = pack_px end
+    rcall('SET', key, (live or '') .. '\0' .. pack, 'PX', px)
+  else
+    rcall('SET', key, live, 'PX', px)
+  end
 end
 
 -- The check of a request whose tiers are all plain (see tier_spec:
@@ -589,7 +680,7 @@ local function check_plain(now, first, n, states)
   end
   local o = 1
   local value1, px1, writes
-  local rejected, cands
+  local rejected, cands, inl
   for i = 1, n do
     local value, px
     if i > 1 then
@@ -600,13 +691,23 @@ local function check_plain(now, first, n, states)
     end
     local kind = t[10]
     local v = states[i]
-    if t[15] then
+    if t[15] and kind ~= 8 then
       -- A candidate of the live tier numbered t[15].
       if cands then cands[i] = t[15] else cands = { [i] = t[15] } end
     end
     if kind == 8 then
-      -- The candidates of one tier key, packed (candidate_pack).
-      o, value, px = candidate_pack(t, v, now, out, o)
+      -- The candidates of one tier key, packed (candidate_pack): in the
+      -- tier key's own value (candidate_inline; written with the live
+      -- value below, by their rule) or in a key of their own (written by
+      -- the candidates' rule below).
+      if KEYS[i] == KEYS[t[15]] then
+        local r
+        o, r = candidate_inline(t, v, now, out, o)
+        if inl then inl[#inl + 1] = r else inl = { r } end
+      else
+        if cands then cands[i] = t[15] else cands = { [i] = t[15] } end
+        o, value, px = candidate_pack(t, v, now, out, o)
+      end
     elseif kind == 1 or kind == 5 then
       -- A bucket of rate 1: the µs it is short of full (the token bucket)
       -- or its backlog (the leaky bucket) is TAT - now.
@@ -827,6 +928,25 @@ local function check_plain(now, first, n, states)
     end
   end
   out[o + 1] = nil
+  -- Tier keys holding their candidates' pack: one write each, of the live
+  -- value (charged when no tier rejected) and the pack (charged by the
+  -- candidates' rule below).
+  if inl then
+    for _, r in ipairs(inl) do
+      local live = r[1]
+      if not rejected then
+        if live == 1 then
+          r[7], r[8], value1 = value1, px1, nil
+        else
+          if writes then
+            r[7], r[8] = writes[2 * live - 1], writes[2 * live]
+            writes[2 * live - 1] = nil
+          end
+        end
+      end
+      inline_write(KEYS[live], r, not rejected or (#rejected == 1 and rejected[1] == live))
+    end
+  end
   -- Candidates (flag +16, never the first tier): each charged when it
   -- allowed and every live tier but its own did (check_request's rule;
   -- every plain tier is enforced).
@@ -849,8 +969,9 @@ local function check_plain(now, first, n, states)
   end
   if not rejected then
     -- px: a SET's PX; negative, a sliding log's (log_write); false, a
-    -- function that writes.
-    if not px1 then
+    -- function that writes. (No value: written with its candidates.)
+    if value1 == nil then
+    elseif not px1 then
       value1()
     elseif px1 > 0 then
       rcall('SET', KEYS[1], value1, 'PX', px1)
@@ -959,8 +1080,10 @@ local function check_request(clock, first, n)
   -- enforced denials (how many, and the last one's position).
   local cands, denials, denied_at = nil, 0, 0
   -- Packs of candidates (candidate_pack): how many checks of the client's
-  -- each tier is past its own number.
+  -- each tier is past its own number; those a tier key holds
+  -- (candidate_inline), by their live check's number.
   local shift, shifts = 0, nil
+  local inl
   for i = 1, n do
     -- The kept spec looked up here (a call less per tier), else parsed.
     local spec = ARGV[first + i - 1]
@@ -979,7 +1102,16 @@ local function check_request(clock, first, n)
       -- The candidates of one tier key, packed (candidate_pack): their
       -- replies, and the pack's write under their commit rule (below).
       local value, px
-      o, value, px = candidate_pack(t, states[i], now, out, o)
+      if KEYS[i] == KEYS[t[15]] then
+        -- In the tier key's value: written with the live value (below).
+        local r
+        o, r = candidate_inline(t, states[i], now, out, o)
+        r[9] = i
+        if not inl then inl = {} end
+        inl[t[15]] = r
+      else
+        o, value, px = candidate_pack(t, states[i], now, out, o)
+      end
       shift = shift + #t[16] - 1
       local p = 5 * i
       pend[p - 4], pend[p - 3], pend[p - 2], pend[p - 1], pend[p] = value or false, px, 0, 0, false
@@ -1052,8 +1184,13 @@ local function check_request(clock, first, n)
       local commit = all
       if commits and commits[i] ~= nil then commit = commits[i] end
       if commit then
+        local r = inl and inl[i]
         if type(write) == 'function' then
           undo = write() or 0
+        elseif r then
+          -- A tier key holding its candidates' pack (inline_write below).
+          r[7], r[8] = write, pend[p - 3]
+          undo = pend[p - 2] or 0
         else
           rcall('SET', KEYS[i], write, 'PX', pend[p - 3])
           undo = pend[p - 2] or 0
@@ -1073,8 +1210,18 @@ local function check_request(clock, first, n)
       local commit = all
       if commits and commits[i] ~= nil then commit = commits[i] end
       if not (commit and pend[5 * i - 4]) then
-        rcall('SET', KEYS[i], carried[c + 1], 'PX', carried[c + 2])
+        local r = inl and inl[i]
+        if r then
+          r[7], r[8] = carried[c + 1], carried[c + 2]
+        else
+          rcall('SET', KEYS[i], carried[c + 1], 'PX', carried[c + 2])
+        end
       end
+    end
+  end
+  if inl then
+    for live, r in pairs(inl) do
+      inline_write(KEYS[live], r, commits[r[9]])
     end
   end
   -- The reply ends at its first nil (the slots presized for four tiers).

@@ -25,7 +25,11 @@ local function window_count(v, now, hs, he)
     return 0
   end
   local s, c, e = string.match(v, '^(%d+):(%d+):?(%d*)$')
-  if not s then return 0 end
+  if not s then
+    local l = live_part(v)
+    if l then return window_count(l, now, hs, he) end
+    return 0
+  end
   s = tonumber(s)
   if e ~= '' then
     e = tonumber(e)

@@ -31,12 +31,47 @@
 -- state (full bucket, empty window), the key is deleted, exactly as if the
 -- charge had never happened.
 
+-- A tier key's value may hold its candidates' pack after its live value
+-- and a '\0' (docs/redis.md, "Stored values"): a refund or a debt reads
+-- the live value alone (refund_get, which keeps the rest in refund_rest)
+-- and writes the pack back after whatever it writes (refund_set: the live
+-- value, or false for "nothing stored"; px nil keeps the TTL), the key
+-- living no shorter than it did.
+local refund_rest = false
+local function refund_get(key)
+  local v = rcall('GET', key)
+  refund_rest = false
+  if not v then return v end
+  local z = string.find(v, '\0', 1, true)
+  if not z then return v end
+  refund_rest = string.sub(v, z)
+  if z == 1 then return false end
+  return string.sub(v, 1, z - 1)
+end
+local function refund_set(key, value, px)
+  if refund_rest then
+    value = (value or '') .. refund_rest
+    if px then
+      local left = rcall('PTTL', key)
+      if left > px then px = left end
+    end
+  elseif not value then
+    rcall('DEL', key)
+    return
+  end
+  if px then
+    rcall('SET', key, value, 'PX', px)
+  else
+    rcall('SET', key, value, 'KEEPTTL')
+  end
+end
+
 -- A window's charge given back (fixed and calendar windows): the charge's
 -- window is [start, start + window); home, when the tier's quota is not
 -- its configured one, that quota's window length (a value in the home
 -- forms is then of another window, left alone).
 local function window_refund(key, start, window, limit, cost, home)
-  local v = rcall('GET', key)
+  local v = refund_get(key)
   if not v then return end
   local s, c, e = string.match(v, '^(%d+):(%d+):(%d+)$')
   local count
@@ -51,11 +86,11 @@ local function window_refund(key, start, window, limit, cost, home)
   if count == 0 then return end
   count = count - cost
   if count <= 0 then
-    rcall('DEL', key)
+    refund_set(key, false)
   else
     local tag
     if s then tag = start + window end
-    rcall('SET', key, window_value(limit, window, start, count, tag), 'KEEPTTL')
+    refund_set(key, window_value(limit, window, start, count, tag))
   end
 end
 
@@ -88,7 +123,7 @@ end
 local function sliding_window_counter_refund(key, _, charged_at, limit, window, home, _, cost, _)
   if home == 0 then home = nil end
   local start = div_floor(charged_at, window) * window
-  local v = rcall('GET', key)
+  local v = refund_get(key)
   if not v then return end
   local s, c, p, w = counter_read(v, home or window)
   if not s or w ~= window then return end
@@ -103,9 +138,9 @@ local function sliding_window_counter_refund(key, _, charged_at, limit, window, 
     return
   end
   if c == 0 and p == 0 then
-    rcall('DEL', key)
+    refund_set(key, false)
   else
-    rcall('SET', key, counter_value(limit, window, home, s, c, p), 'KEEPTTL')
+    refund_set(key, counter_value(limit, window, home, s, c, p))
   end
 end
 
@@ -134,17 +169,17 @@ local function token_bucket_refund(key, now, charged_at, capacity, rate, unit, h
   local back = capacity - left - elapsed * rate
   if back > cost then back = cost end
   if back <= 0 then return end
-  local v = rcall('GET', key)
+  local v = refund_get(key)
   if not v then return end
   -- Refill to now exactly as token_bucket() does, then add back.
   local tat, frac, tagged = tat_of_quota(v, rate, unit, hunit)
   if not tat then return end
   local missing = bucket_missing(rate, unit, tat, frac, rate, unit, now) - back
   if missing <= 0 then
-    rcall('DEL', key)
+    refund_set(key, false)
   else
-    rcall('SET', key, bucket_value(rate, unit, tagged, missing, now),
-      'PX', ttl_ms(div_ceil(missing, rate)))
+    refund_set(key, bucket_value(rate, unit, tagged, missing, now),
+      ttl_ms(div_ceil(missing, rate)))
   end
 end
 
@@ -159,16 +194,16 @@ local function leaky_bucket_refund(key, now, charged_at, _, rate, unit, hunit, c
   local back = after - elapsed * rate
   if back > cost then back = cost end
   if back <= 0 then return end
-  local v = rcall('GET', key)
+  local v = refund_get(key)
   if not v then return end
   local tat, frac, tagged = tat_of_quota(v, rate, unit, hunit)
   if not tat or tat < now then return end
   local backlog = (tat - now) * rate + frac - back
   if backlog <= 0 then
-    rcall('DEL', key)
+    refund_set(key, false)
   else
-    rcall('SET', key, leaky_value(now, backlog, rate, unit, tagged),
-      'PX', ttl_ms(div_ceil(backlog, rate)))
+    refund_set(key, leaky_value(now, backlog, rate, unit, tagged),
+      ttl_ms(div_ceil(backlog, rate)))
   end
 end
 
@@ -185,7 +220,7 @@ local function fixed_window_debt(key, now, limit, window, home, _, extra)
   if home == 0 then home = nil end
   local start = div_floor(now, window) * window
   local count = 0
-  local v = rcall('GET', key)
+  local v = refund_get(key)
   if v then count = window_count(v, now, home_window(now, home or window)) end
   count = count + extra
   if count > 4503599627370496 then count = 4503599627370496 end
@@ -198,17 +233,17 @@ local function fixed_window_debt(key, now, limit, window, home, _, extra)
     -- A debt may count past the window's length: the long form.
     value = format('%d:%d', start, count)
   end
-  rcall('SET', key, value, 'PX', ttl_ms(start + window - now))
+  refund_set(key, value, ttl_ms(start + window - now))
 end
 
 local function token_bucket_debt(key, now, _, rate, unit, hunit, extra)
   if hunit == 0 then hunit = nil end
   local missing = 0
-  local v = rcall('GET', key)
+  local v = refund_get(key)
   if v then missing = bucket_read(v, rate, unit, hunit or unit, now) or 0 end
   missing = missing + extra * unit
   if missing > 4503599627370496 then missing = 4503599627370496 end
   if missing <= 0 then return end
-  rcall('SET', key, bucket_value(rate, unit, hunit, missing, now),
-    'PX', ttl_ms(div_ceil(missing, rate)))
+  refund_set(key, bucket_value(rate, unit, hunit, missing, now),
+    ttl_ms(div_ceil(missing, rate)))
 end

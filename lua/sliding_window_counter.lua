@@ -17,7 +17,11 @@ local function counter_read(v, hw)
   local x = tonumber(v)
   if not x then
     local s, c, p, w = string.match(v, '^(%d+):(%d+):(%d+):?(%d*)$')
-    if not s then return nil end
+    if not s then
+      local l = live_part(v)
+      if l then return counter_read(l, hw) end
+      return nil
+    end
     if w == '' then w = hw else w = tonumber(w) end
     return tonumber(s), tonumber(c), tonumber(p), w
   end

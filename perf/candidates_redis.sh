@@ -4,12 +4,14 @@
 # (the default: FCALL, the tier key and the hourly blocked-keys set, the
 # deadline clock argument, the short-reply spec of a quota that never
 # denies), alone and with 1, 2 and 4 candidates of the same algorithm
-# that never deny, in both of the shapes a call can send them
-# (src/backend/redis/wire/args.rs, `packs`): packed, ONE key
-# `<tier key>{c}` and one spec ("10 <live> <k>" then seven numbers a
-# candidate: lua/dispatch.lua, `pack_spec`), as the layer sends a token
-# bucket's; and each on its own key `<tier key>{c:<quota>}` with its own
-# spec (flag +16 naming the live check), as it sends a sliding log's.
+# that never deny, in the shapes a call can send them
+# (src/backend/redis/wire/args.rs, `packs` and `pack_key`): packed, one
+# spec ("10 <live> <k>" then seven numbers a candidate: lua/dispatch.lua,
+# `pack_spec`) with the tier key itself, the pack in its value, as the
+# layer sends a token bucket's, or with ONE key `<tier key>{c}`, as it
+# sends them beside a sliding log; and each on its own key
+# `<tier key>{c:<quota>}` with its own spec (flag +16 naming the live
+# check), as it sends a sliding log's candidate of another algorithm.
 # Counted by callgrind as perf/redis_instructions.sh counts them (the
 # difference of N = 2 000 and N = 12 000 calls / 10 000). Prints a
 # markdown table with the ratio to the tier without candidates.
@@ -83,18 +85,23 @@ own() { # K: the call with K candidates, each on its own key
   per_call "own$k" fcall FN $((k + 2)) "${keys[@]}" rl:blocked:h "$deadline" "${specs[@]}"
 }
 
-packed() { # K: the call with K candidates in one packed key
-  local k=$1 pack="10 1 $1" j
+packed() { # K WHERE: the call with K candidates packed, in the tier key's
+  # own value (WHERE = inline: the pack's key is the tier key) or in one
+  # key of their own (WHERE = apart: `<tier key>{c}`, as a sliding log's)
+  local k=$1 pack="10 1 $1" j pkey=$key
+  [[ $2 == apart ]] && pkey="$key{c}"
   for j in $(seq 1 "$k"); do
     pack+=" 4 $((1000000000000 + j)) 1 1000 0 1 $(tag "{c:$j}")"
   done
-  per_call "packed$k" fcall FN 3 "$key" "$key{c}" rl:blocked:h "$deadline" "$spec" "$pack"
+  per_call "packed$k$2" fcall FN 3 "$key" "$pkey" rl:blocked:h "$deadline" "$spec" "$pack"
 }
 
 c0=$(own 0)
-p1=$(packed 1)
-p2=$(packed 2)
-p4=$(packed 4)
+p1=$(packed 1 inline)
+p2=$(packed 2 inline)
+p4=$(packed 4 inline)
+a1=$(packed 1 apart)
+a4=$(packed 4 apart)
 o1=$(own 1)
 o2=$(own 2)
 o4=$(own 4)
@@ -102,11 +109,13 @@ echo "Redis $(redis-server --version | awk '{print $3}'), code $commit"
 echo
 echo "| call | Redis instructions per call | × without |"
 echo "|---|---|---|"
-python3 - "$c0" "$p1" "$p2" "$p4" "$o1" "$o2" "$o4" <<'PY'
+python3 - "$c0" "$p1" "$p2" "$p4" "$a1" "$a4" "$o1" "$o2" "$o4" <<'PY'
 import sys
 c = list(map(int, sys.argv[1:]))
 names = ("1 tier",
-         "1 tier + 1 candidate, packed", "1 tier + 2 candidates, packed", "1 tier + 4 candidates, packed",
+         "1 tier + 1 candidate, packed in the tier key", "1 tier + 2 candidates, packed in the tier key",
+         "1 tier + 4 candidates, packed in the tier key",
+         "1 tier + 1 candidate, packed in `{c}`", "1 tier + 4 candidates, packed in `{c}`",
          "1 tier + 1 candidate, own key", "1 tier + 2 candidates, own keys", "1 tier + 4 candidates, own keys")
 for name, v in zip(names, c):
     print(f"| {name} | {v:,} | {v / c[0]:.2f} |")

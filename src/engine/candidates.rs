@@ -215,9 +215,9 @@ pub(crate) fn plan(
 
 /// Whether `backend` names a candidate by its suffix's tag alone (the
 /// memory backend's packs, in their tier key's entry), so [`plan`] leaves
-/// its key empty. Redis keeps
-/// the keys: a pack is `<live key>{c}` and a candidate it cannot pack (or
-/// a cluster's) is on `<live key>{c:<quota>}`.
+/// its key empty. Redis keeps the keys: a pack is in the live key's value
+/// or `<live key>{c}` (`wire::pack_key`), and a candidate it cannot pack
+/// (or a cluster's) is on `<live key>{c:<quota>}`.
 fn by_tag(backend: &crate::backend::Backend) -> bool {
     matches!(backend, crate::backend::Backend::Memory(_))
 }

@@ -300,13 +300,14 @@ fn candidate_decisions_are_counted_in_the_metric() {
     );
 }
 
-/// Candidates the Redis scripts pack in one key of their tier key,
-/// `<tier key>{c}` (a token bucket and a policing leaky bucket of rate 1,
-/// fixed and calendar windows, sliding window counters): four of different
-/// kinds and periods on one tier, one on the other, under every live
-/// algorithm, on one long sequence: the model, the memory backend and
-/// Redis agree on every decision, and Redis holds one key per tier key for
-/// them, none of their own.
+/// Candidates the Redis scripts pack (a token bucket and a policing leaky
+/// bucket of rate 1, fixed and calendar windows, sliding window counters):
+/// four of different kinds and periods on one tier, one on the other,
+/// under every live algorithm, on one long sequence: the model, the memory
+/// backend and Redis agree on every decision. Redis holds them in the tier
+/// key's own value when the live algorithm's value is a string (no key of
+/// theirs at all), else in one key per tier key, `<tier key>{c}`, never
+/// one of a candidate's own.
 #[test]
 fn packed_candidates_agree_on_model_memory_and_redis() {
     use crate::support::algorithms::S;
@@ -361,32 +362,47 @@ fn packed_candidates_agree_on_model_memory_and_redis() {
             "{na}: {denied} denied, {allowed} allowed proves little"
         );
     }
-    // Tier a's candidates packed; tier b's log and shaping one on keys of
-    // their own.
-    let keys: Vec<String> = h._redis.cmd(&["KEYS", "c3*:a:*{c*"]);
-    assert!(!keys.is_empty());
-    assert!(
-        keys.iter().all(|k| k.ends_with("{c}")),
-        "a candidate on a key of its own: {keys:?}"
-    );
+    // Tier a's candidates packed: in the tier key under a string-valued
+    // live algorithm, else in `{c}`; tier b's log and shaping one on keys
+    // of their own.
+    for (i, (na, _)) in all.iter().enumerate() {
+        let pattern = format!("c{}:a:*{{c*", 3_000_000 + i);
+        let keys: Vec<String> = h._redis.cmd(&["KEYS", &pattern]);
+        let tiers: Vec<String> = h._redis.cmd(&["KEYS", &pattern.replace("{c*", "")]);
+        assert!(!tiers.is_empty(), "{na}");
+        if matches!(*na, "log") {
+            assert!(!keys.is_empty(), "{na}");
+            assert!(
+                keys.iter().all(|k| k.ends_with("{c}")),
+                "{na}: a candidate on a key of its own: {keys:?}"
+            );
+        } else {
+            assert_eq!(keys, Vec::<String>::new(), "{na}: packed in the tier key");
+        }
+    }
     let b: Vec<String> = h._redis.cmd(&["KEYS", "c3*:b:*{c*"]);
-    assert!(b.iter().any(|k| k.ends_with("{c}")), "{b:?}");
     assert!(b.iter().any(|k| k.ends_with("{c:0}")), "{b:?}");
 }
 
-/// A packed candidates key expires with its longest-lived candidate:
-/// fixed windows of 1 s, 10 s, 100 s and 1 000 s, each charged once, give
-/// the key the 1 000 s window's remaining time (as its own key would
-/// have), not another's.
+/// A Redis server, a runtime, a clock just past the start of a 1 000 s
+/// window and a Redis backend on it.
+fn just_past_a_1000s_window() -> (RedisServer, tokio::runtime::Runtime, ManualClock, Backend) {
+    let redis = RedisServer::start();
+    let clock = ManualClock::new(T0_US - T0_US % (1_000 * crate::support::algorithms::S) + 123_457);
+    let backend: Backend = redis.backend_on(&clock).into();
+    (redis, current_thread_runtime(), clock, backend)
+}
+
+/// A tier key holding its candidates' pack expires with the longest-lived
+/// of the live state and the candidates: fixed windows of 1 s, 10 s,
+/// 100 s and 1 000 s, each charged once beside a token bucket full again
+/// in 1 s, give the key the 1 000 s window's remaining time (as its own
+/// key would have), not another's; no other key exists.
 #[test]
 fn a_packed_key_lives_as_long_as_its_longest_candidate() {
     use crate::support::algorithms::S;
     use tiered_ratelimit::algorithm::{TokenBucket, Window};
-    let redis = RedisServer::start();
-    let rt = current_thread_runtime();
-    // Just past the start of a 1 000 s window.
-    let clock = ManualClock::new(T0_US - T0_US % (1_000 * S) + 123_457);
-    let backend: Backend = redis.backend_on(&clock).into();
+    let (redis, rt, clock, backend) = just_past_a_1000s_window();
     let live = TierCheck {
         key: "rl:ip:a".into(),
         limit: Limit::TokenBucket(TokenBucket::new(10, S, 10).unwrap()),
@@ -414,14 +430,71 @@ fn a_packed_key_lives_as_long_as_its_longest_candidate() {
     let ends = windows.map(|w| (now - now % w + w - now).div_ceil(1000));
     let longest = ends[2];
     assert!(ends.iter().all(|&e| e == longest || e + 5_000 < longest));
-    let pttl: u64 = redis.cmd(&["PTTL", "rl:ip:a{c}"]);
+    let pttl: u64 = redis.cmd(&["PTTL", "rl:ip:a"]);
     // (PTTL counts down in Redis's real time since the SET.)
     assert!(
         pttl <= longest && pttl + 5_000 > longest,
         "PTTL {pttl}, want {longest} (each window's end: {ends:?})"
     );
-    let own: i64 = redis.cmd(&["EXISTS", "rl:ip:a{c:5/1000s}"]);
-    assert_eq!(own, 0);
+    let keys: Vec<String> = redis.cmd(&["KEYS", "*"]);
+    assert_eq!(keys, ["rl:ip:a"]);
+}
+
+/// A tier key holding its candidates' pack never lives shorter than
+/// either part needs, whichever the request charged: a request its live
+/// bucket denies but a candidate allows keeps the live value with its own
+/// expiry (~1 000 s, not the candidate's 1 s), and a request the live
+/// bucket allows but the candidate denies keeps the stored pack as long as
+/// its window runs (~1 000 s, not the live value's ~1 ms), so neither
+/// hands out a fresh bucket or window early.
+#[test]
+fn a_tier_key_keeps_what_the_request_did_not_charge() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::{TokenBucket, Window};
+    let (redis, rt, clock, backend) = just_past_a_1000s_window();
+    let check = |key: &str, live: Limit, cand: Limit| {
+        let checks = vec![
+            TierCheck {
+                key: key.into(),
+                limit: live,
+                cost: 1,
+                home: None,
+            },
+            TierCheck {
+                key: format!("{key}{{c:x}}"),
+                limit: cand,
+                cost: 1,
+                home: None,
+            },
+        ];
+        let v = rt
+            .block_on(backend.check_candidates(checks, 0, &[0]))
+            .unwrap();
+        (v.decisions[0].allowed, v.decisions[1].allowed)
+    };
+    let pttl = |key: &str| -> i64 { redis.cmd(&["PTTL", key]) };
+    // One token, back in 1 000 s; a candidate of 100 a second.
+    let slow = Limit::TokenBucket(TokenBucket::new(1, 1_000 * S, 1).unwrap());
+    let wide = Limit::FixedWindow(Window {
+        limit: 100,
+        window_us: S,
+    });
+    assert_eq!(check("rl:a", slow, wide), (true, true));
+    assert_eq!(check("rl:a", slow, wide), (false, true));
+    let left = pttl("rl:a");
+    assert!(left > 990_000, "the live value's expiry kept: PTTL {left}");
+    // A bucket of a million a second; a candidate of one per 1 000 s.
+    let fast = Limit::TokenBucket(TokenBucket::new(1_000_000, S, 1_000_000).unwrap());
+    let once = Limit::FixedWindow(Window {
+        limit: 1,
+        window_us: 1_000 * S,
+    });
+    assert_eq!(check("rl:b", fast, once), (true, true));
+    assert_eq!(check("rl:b", fast, once), (true, false));
+    let left = pttl("rl:b");
+    assert!(left > 990_000, "the stored pack's window kept: PTTL {left}");
+    clock.advance(std::time::Duration::from_secs(500));
+    assert_eq!(check("rl:b", fast, once), (true, false));
 }
 
 /// A pack read with its candidates in another order (a tier's list
@@ -491,4 +564,87 @@ fn a_reordered_pack_finds_each_candidates_state() {
     );
     let own: i64 = h._redis.cmd(&["EXISTS", "reorder:a:k{c:bucket}"]);
     assert_eq!(own, 0);
+}
+
+/// A fleet where some instances have a tier's candidates and some do not
+/// (a policy rolled out instance by instance): the tier key then holds the
+/// candidates' pack after its live value, and an instance without them
+/// reads that value. Under every live algorithm, requests alternate
+/// between a Redis backend checking four packed candidates and one
+/// checking the live tiers alone, on one Redis: every live decision is the
+/// model's without candidates, so no reader takes the pack for the live
+/// state. (The candidates' own decisions are not compared: an instance
+/// without them writes the live value alone, and their states start
+/// again, docs/rollout.md, "Candidate quotas".)
+#[test]
+fn an_instance_without_the_candidates_reads_the_live_value_alone() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::TokenBucket;
+    let h = Harness::new();
+    let all = algorithm_limits();
+    let named = |n: &str| all.iter().find(|(name, _)| *name == n).unwrap().1;
+    let ca = [
+        Limit::TokenBucket(TokenBucket::new(2, S, 3).unwrap()),
+        named("fixed_odd"),
+        named("calendar"),
+        named("counter"),
+    ];
+    let mut rng =
+        crate::support::rng::Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
+    let mut next = move || rng.next();
+    for (n, (na, la)) in all.iter().enumerate() {
+        let clock = ManualClock::new(T0_US + 123_457);
+        let redis = h.redis(&clock);
+        let mut model = Model::default();
+        let (mut with, mut without, mut denied) = (0, 0, 0);
+        for i in 0..400 {
+            let step = match next() % 4 {
+                0 => 0,
+                1 => next() % 300_000,
+                _ => next() % 1_500_000,
+            };
+            clock.advance(Duration::from_micros(step));
+            let cost = 1 + next() % 3;
+            let key = format!("m{n}:a:k{}", next() % 2);
+            let live = TierCheck {
+                key: key.clone(),
+                limit: *la,
+                cost,
+                home: None,
+            };
+            let clamped = TierCheck {
+                cost: cost.min(la.capacity() + 1),
+                ..live.clone()
+            };
+            let want = model.check_candidates(&[clamped], 0, &[], clock.now_us());
+            let got = if next() % 2 == 0 {
+                let mut checks = vec![live];
+                for (j, l) in ca.iter().enumerate() {
+                    checks.push(TierCheck {
+                        key: format!("{key}{{c:{j}}}"),
+                        limit: *l,
+                        cost,
+                        home: None,
+                    });
+                }
+                with += 1;
+                h.rt.block_on(redis.check_candidates(checks, 0, &[0; 4]))
+                    .unwrap()
+            } else {
+                without += 1;
+                h.rt.block_on(redis.check_candidates(vec![live], 0, &[]))
+                    .unwrap()
+            };
+            assert_eq!(
+                got.decisions[..1],
+                want[..],
+                "{na}: live decision at op {i}"
+            );
+            denied += usize::from(!want[0].allowed);
+        }
+        assert!(
+            with > 100 && without > 100 && denied > 0,
+            "{na}: {with} with, {without} without, {denied} denied proves little"
+        );
+    }
 }

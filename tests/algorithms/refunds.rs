@@ -252,6 +252,30 @@ fn twin_ops() -> impl Strategy<Value = Vec<Op>> {
     )
 }
 
+/// Candidates the Redis scripts pack: a token bucket and a policing leaky
+/// bucket of rate 1, a fixed window, a sliding window counter.
+fn candidate_limits() -> [Limit; 4] {
+    use tiered_ratelimit::algorithm::{Gcra, TokenBucket, Window};
+    let s = 1_000_000;
+    [
+        Limit::TokenBucket(TokenBucket::new(2, s, 3).unwrap()),
+        Limit::LeakyBucket(Gcra {
+            bucket: TokenBucket::new(4, 2 * s, 4).unwrap(),
+            max_delay_us: None,
+        }),
+        Limit::FixedWindow(Window {
+            limit: 3,
+            window_us: 2 * s,
+        }),
+        Limit::SlidingWindowCounter(Window {
+            limit: 4,
+            window_us: 3 * s,
+        }),
+    ]
+}
+
+/// Refunds on Redis and in memory leave the same state, with and without
+/// candidate quotas beside the refunded tier.
 #[test]
 fn rust_refunds_equal_lua_refunds() {
     let server = RedisServer::start();
@@ -263,63 +287,87 @@ fn rust_refunds_equal_lua_refunds() {
     });
     let cases = std::sync::atomic::AtomicU64::new(0);
     runner
-        .run(&(0usize..6, twin_ops()), |(which, ops)| {
-            let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let limit = twin_limits()[which];
-            let clock = ManualClock::new(T0_US + 123_457);
-            let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
-            let redis: Backend = server
-                .backend_on(&clock)
-                .with_test_ttl_slack(Duration::from_secs(600))
-                .into();
-            let mut charged: Vec<(TierRefund, TierRefund)> = Vec::new();
-            for (i, &(step, key, cost, refund)) in ops.iter().enumerate() {
-                clock.advance(Duration::from_micros(step));
-                let check = TierCheck {
-                    key: format!("t{case}:k{key}"),
-                    limit,
-                    cost,
-                    home: None,
-                };
-                let m = rt.block_on(memory.check(vec![check.clone()])).unwrap();
-                let r = rt.block_on(redis.check(vec![check.clone()])).unwrap();
-                prop_assert_eq!(&m.decisions, &r.decisions, "check diverged at op {}", i);
-                if m.decisions[0].allowed {
-                    let charge = |v: &tiered_ratelimit::backend::Verdict| TierRefund {
-                        check: check.clone(),
-                        charge: v.charges[0].expect("a charge"),
-                        debt: false,
+        .run(
+            &(0usize..6, twin_ops(), any::<bool>()),
+            |(which, ops, cands)| {
+                let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let limit = twin_limits()[which];
+                let clock = ManualClock::new(T0_US + 123_457);
+                let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
+                let redis: Backend = server
+                    .backend_on(&clock)
+                    .with_test_ttl_slack(Duration::from_secs(600))
+                    .into();
+                let mut charged: Vec<(TierRefund, TierRefund)> = Vec::new();
+                for (i, &(step, key, cost, refund)) in ops.iter().enumerate() {
+                    clock.advance(Duration::from_micros(step));
+                    let check = TierCheck {
+                        key: format!("t{case}:k{key}"),
+                        limit,
+                        cost,
+                        home: None,
                     };
-                    charged.push((charge(&m), charge(&r)));
-                }
-                if let (Some(k), false) = (refund, charged.is_empty()) {
-                    // Each charge is refunded at most once, as the layer does.
-                    let (rm, rr) = charged.remove(k % charged.len());
-                    rt.block_on(memory.refund(vec![rm])).unwrap();
-                    rt.block_on(redis.refund(vec![rr])).unwrap();
-                    // The state after the refund, read on both without
-                    // charging: a cost above the capacity is always denied
-                    // and its decision shows remaining and reset.
-                    for key in 0..2u8 {
-                        let probe = vec![TierCheck {
-                            key: format!("t{case}:k{key}"),
-                            limit,
-                            cost: limit.capacity() + 1,
-                            home: None,
-                        }];
-                        let m = rt.block_on(memory.check(probe.clone())).unwrap();
-                        let r = rt.block_on(redis.check(probe)).unwrap();
-                        prop_assert_eq!(
-                            &m.decisions,
-                            &r.decisions,
-                            "state after refund diverged at op {}",
-                            i
-                        );
+                    // With four candidates (packed in the tier key's value on
+                    // Redis), which a refund of the live charge must leave as
+                    // they are: every later decision of theirs is compared.
+                    let (checks, live_of) = if cands {
+                        let mut checks = vec![check.clone()];
+                        for (j, l) in candidate_limits().into_iter().enumerate() {
+                            checks.push(TierCheck {
+                                key: format!("t{case}:k{key}{{c:{j}}}"),
+                                limit: l,
+                                cost,
+                                home: None,
+                            });
+                        }
+                        (checks, vec![0u8; 4])
+                    } else {
+                        (vec![check.clone()], Vec::new())
+                    };
+                    let m = rt
+                        .block_on(memory.check_candidates(checks.clone(), 0, &live_of))
+                        .unwrap();
+                    let r = rt
+                        .block_on(redis.check_candidates(checks, 0, &live_of))
+                        .unwrap();
+                    prop_assert_eq!(&m.decisions, &r.decisions, "check diverged at op {}", i);
+                    if m.decisions[0].allowed {
+                        let charge = |v: &tiered_ratelimit::backend::Verdict| TierRefund {
+                            check: check.clone(),
+                            charge: v.charges[0].expect("a charge"),
+                            debt: false,
+                        };
+                        charged.push((charge(&m), charge(&r)));
+                    }
+                    if let (Some(k), false) = (refund, charged.is_empty()) {
+                        // Each charge is refunded at most once, as the layer does.
+                        let (rm, rr) = charged.remove(k % charged.len());
+                        rt.block_on(memory.refund(vec![rm])).unwrap();
+                        rt.block_on(redis.refund(vec![rr])).unwrap();
+                        // The state after the refund, read on both without
+                        // charging: a cost above the capacity is always denied
+                        // and its decision shows remaining and reset.
+                        for key in 0..2u8 {
+                            let probe = vec![TierCheck {
+                                key: format!("t{case}:k{key}"),
+                                limit,
+                                cost: limit.capacity() + 1,
+                                home: None,
+                            }];
+                            let m = rt.block_on(memory.check(probe.clone())).unwrap();
+                            let r = rt.block_on(redis.check(probe)).unwrap();
+                            prop_assert_eq!(
+                                &m.decisions,
+                                &r.decisions,
+                                "state after refund diverged at op {}",
+                                i
+                            );
+                        }
                     }
                 }
-            }
-            Ok(())
-        })
+                Ok(())
+            },
+        )
         .unwrap();
 }
 

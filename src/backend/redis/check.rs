@@ -91,7 +91,7 @@ impl RedisBackend {
         for s in &sent_candidates {
             match s {
                 wire::Sent::Own(i) => cmd.arg(checks[*i].key.as_str()),
-                wire::Sent::Pack((of, _)) => cmd.arg(&wire::pack_key(&checks[*of].key)[..]),
+                wire::Sent::Pack((of, _)) => cmd.arg(&wire::pack_key(checks, *of, live)[..]),
             };
         }
         if let Some((refused, shadow_limited)) = blocked {

@@ -400,11 +400,38 @@ fn packable(live: &str, c: &TierCheck) -> bool {
         }
 }
 
-/// The key of `live`'s candidates pack: `<live>{c}`.
-pub(in crate::backend::redis) fn pack_key(live: &str) -> smallvec::SmallVec<[u8; 64]> {
+/// The key the candidates pack of `checks[of]` is sent with, the first
+/// `live` of `checks` being the live checks: the live check's own key when
+/// its value is a string of one `SET` (a token or leaky bucket, a fixed or
+/// calendar window, a sliding window counter) and no other live check has
+/// that key (the pack then follows the live value and a `\0` in it, and
+/// is written by the live value's own `SET`: no key and no write of its
+/// own; `lua/dispatch.lua`, `candidate_inline`); else `<live>{c}`
+/// (docs/redis.md, "Stored values").
+pub(in crate::backend::redis) fn pack_key(
+    checks: &[TierCheck],
+    of: usize,
+    live: usize,
+) -> smallvec::SmallVec<[u8; 64]> {
     let mut k = smallvec::SmallVec::new();
-    k.extend_from_slice(live.as_bytes());
-    k.extend_from_slice(PACK_SUFFIX.as_bytes());
+    let Some(c) = checks.get(of) else {
+        return k;
+    };
+    k.extend_from_slice(c.key.as_bytes());
+    let inline = matches!(
+        c.limit,
+        Limit::TokenBucket(_)
+            | Limit::LeakyBucket(_)
+            | Limit::FixedWindow(_)
+            | Limit::Calendar(_)
+            | Limit::SlidingWindowCounter(_)
+    ) && checks[..live.min(checks.len())]
+        .iter()
+        .enumerate()
+        .all(|(j, other)| j == of || other.key != c.key);
+    if !inline {
+        k.extend_from_slice(PACK_SUFFIX.as_bytes());
+    }
     k
 }
 

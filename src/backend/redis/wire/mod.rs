@@ -21,7 +21,8 @@
 //!           answers its state, one number; a sliding log without +2 its
 //!           remaining, when it allows).
 //!           The candidates of one live check may go as ONE "tier": the
-//!           key `<live key>{c}` and the spec "10 <live> <k>" then seven
+//!           live key itself (the pack in its value) or `<live key>{c}`
+//!           ([`pack_key`]) and the spec "10 <live> <k>" then seven
 //!           numbers a candidate, "<algorithm> <p1> <p2> <p3> <p4> <cost>
 //!           <tag>" ([`packs`], [`write_pack`]); it answers each
 //!           candidate's reply in turn, and the trailer's `i` counts them.
