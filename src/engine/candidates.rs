@@ -35,6 +35,10 @@ pub(crate) struct BuiltCandidate {
     #[cfg_attr(not(feature = "admin"), allow(dead_code))]
     pub(crate) quota: Quota,
     pub(crate) limit: Limit,
+    /// `limit`'s capacity + 1, the most a request's cost is charged on it
+    /// (computed once: a division for a bucket), for a tier without a
+    /// calendar (a calendar's limit is computed per request).
+    pub(crate) cost_cap: u64,
     /// `{c:<label>}`, appended to the live key.
     pub(crate) suffix: String,
     /// What names it on the memory backend, which packs a tier key's
@@ -142,6 +146,7 @@ pub(crate) fn compile(
             suffix,
             label: Arc::from(label),
             quota: q,
+            cost_cap: limit.capacity().saturating_add(1),
             limit,
         });
     }
@@ -154,8 +159,8 @@ pub(crate) fn compile(
 /// [`Meta::live_of`] and [`Meta::candidates`] filled in.
 ///
 /// A candidate's key is `<live key>{c:<quota>}` (its suffix), except on
-/// the memory backend, which keeps a tier key's candidates in one entry
-/// named by the live key and tells them apart by their suffixes' tags
+/// the memory backend, which keeps a tier key's candidates in the live
+/// key's own entry and tells them apart by their suffixes' tags
 /// alone: there the key is left empty (no string built per candidate) and
 /// the tag is noted in [`Meta::tags`] for the backend.
 pub(crate) fn plan(
@@ -187,14 +192,17 @@ pub(crate) fn plan(
                 meta.tags.push(c.tag);
                 String::new()
             };
-            let limit = match (&t.calendar, c.limit) {
-                (Some(cal), l) => cal.limit(l, shared.local_clock.now_us()),
-                (None, l) => l,
+            let (limit, cost_cap) = match (&t.calendar, c.limit) {
+                (Some(cal), l) => {
+                    let l = cal.limit(l, shared.local_clock.now_us());
+                    (l, l.capacity().saturating_add(1))
+                }
+                (None, l) => (l, c.cost_cap),
             };
             checks.push(TierCheck {
                 key,
                 limit,
-                cost: cost.min(limit.capacity().saturating_add(1)),
+                cost: cost.min(cost_cap),
                 home: None,
             });
             meta.live_of.push(live);
@@ -206,10 +214,10 @@ pub(crate) fn plan(
 }
 
 /// Whether `backend` names a candidate by its suffix's tag alone (the
-/// memory backend's packs), so [`plan`] leaves its key empty. Redis keeps
-/// the keys: a pack is in the live key's value or `<live key>{c}`
-/// (`wire::pack_key`), and a candidate it cannot pack (or a cluster's) is
-/// on `<live key>{c:<quota>}`.
+/// memory backend's packs, in their tier key's entry), so [`plan`] leaves
+/// its key empty. Redis keeps the keys: a pack is in the live key's value
+/// or `<live key>{c}` (`wire::pack_key`), and a candidate it cannot pack
+/// (or a cluster's) is on `<live key>{c:<quota>}`.
 fn by_tag(backend: &crate::backend::Backend) -> bool {
     matches!(backend, crate::backend::Backend::Memory(_))
 }

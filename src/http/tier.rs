@@ -264,7 +264,8 @@ impl Tier {
 
     /// Up to four candidate quotas beside the live one: each is checked and
     /// charged on its own state (a tier key's candidates packed together
-    /// where the backend can: on Redis in the tier key's own value) in the same backend
+    /// where the backend can: in the tier key's own entry in memory, in its
+    /// own value on Redis) in the same backend
     /// call as the live check, under the tier's key, algorithm and cost,
     /// and never changes an answer. Each counts what it would do (requests
     /// checked, would-be denials, distinct keys it would deny, its heaviest

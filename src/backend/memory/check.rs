@@ -75,12 +75,30 @@ impl MemoryBackend {
     /// [`MemoryBackend::check`] into `out`, whose vectors are cleared and
     /// refilled: a caller that hands back the previous verdict allocates
     /// nothing once they have grown to its number of checks.
+    #[inline]
     pub(crate) fn check_reusing(
         &self,
         checks: &[TierCheck],
         shadow: Shadow,
         with_charges: bool,
         out: &mut Verdict,
+    ) {
+        self.check_deciding(checks, shadow, with_charges, out, None);
+    }
+
+    /// [`MemoryBackend::check_reusing`], and on its locked path the
+    /// candidates `inline` names, decided on the pack of their live key's
+    /// entry as found by the live check (no second lookup): their
+    /// decisions pushed after the live ones, and `inline.done` set. Not
+    /// there (a lock-free answer, a key without a pack yet, a key listed
+    /// twice), nothing of them is done.
+    fn check_deciding(
+        &self,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        with_charges: bool,
+        out: &mut Verdict,
+        inline: Option<&mut super::pack::Inline<'_>>,
     ) {
         let now_us = self.inner.clock.now_us();
         let n = checks.len();
@@ -225,6 +243,24 @@ impl MemoryBackend {
             }
         }
         let commits = shadow.commits(decisions);
+        if let Some(inline) = inline {
+            // Decided before the live commit, on states of their own: the
+            // commit that follows may move the pack, never change it.
+            if let Some(Some(super::shard::Entry::Packed(p))) = found.get(inline.live) {
+                let others = decisions
+                    .iter()
+                    .enumerate()
+                    .all(|(i, d)| d.allowed || shadow.contains(i) || i == inline.live);
+                super::shard::locked(&p.pack).decide(
+                    inline.group,
+                    inline.tags,
+                    others,
+                    now_us,
+                    decisions,
+                );
+                inline.done = true;
+            }
+        }
         if commits {
             if with_charges {
                 if charges.capacity() < n {
@@ -334,12 +370,15 @@ impl MemoryBackend {
     /// never listed in its charges (never refunded).
     ///
     /// The candidates of one live check (consecutive in `live_of`, as the
-    /// engine plans them) whose keys are its key then a suffix share one
-    /// entry of the store, `<live key>{c}` (`pack.rs`): one lookup and one
-    /// write for all of them. Another candidate is checked on its own key.
+    /// engine plans them) whose keys are its key then a suffix share the
+    /// live key's entry (`pack.rs`): one write for all of them, on the
+    /// entry the live check found when it ran locked and they are its
+    /// only candidates, else after one more lookup. Another candidate is
+    /// checked on its own key.
     /// Either way a candidate's state is its own, so deciding it after the
-    /// live checks (not under their locks) changes nothing of either: its
-    /// rule reads only the live decisions.
+    /// live decisions (before or after their commit, under their locks or
+    /// not) changes nothing of either: its rule reads only the live
+    /// decisions.
     ///
     /// `tags`: empty, or each candidate's [`candidate_tag`](super::candidate_tag)
     /// (of its suffix past its live key, `{c:80/1m}`) when the caller left
@@ -356,13 +395,47 @@ impl MemoryBackend {
         out: &mut Verdict,
     ) {
         let n = checks.len().saturating_sub(live_of.len());
-        self.check_reusing(&checks[..n], shadow, with_charges, out);
+        let named = tags.len() == live_of.len();
+        // One live check's candidates, named by their tags (as the engine
+        // plans them) or packable: decided on the pack its check finds.
+        let of_keys: SmallVec<[u64; 4]>;
+        let group = &checks[n..];
+        let single = |live: u8| usize::from(live) < n && live_of.iter().all(|&l| l == live);
+        let mut inline = match live_of.first() {
+            Some(&live) if single(live) => {
+                let of = &checks[usize::from(live)].key;
+                let tags = if named {
+                    Some(tags)
+                } else if super::pack::packable(of, group) {
+                    of_keys = group
+                        .iter()
+                        .map(|c| super::candidate_tag(c.key.get(of.len()..).unwrap_or("")))
+                        .collect();
+                    Some(&of_keys[..])
+                } else {
+                    None
+                };
+                tags.map(|tags| super::pack::Inline {
+                    live: usize::from(live),
+                    group,
+                    tags,
+                    done: false,
+                })
+            }
+            _ => None,
+        };
+        self.check_deciding(&checks[..n], shadow, with_charges, out, inline.as_mut());
         if live_of.is_empty() {
             return;
         }
         let charged = out.charges.len() == n && n > 0;
+        if inline.is_some_and(|i| i.done) {
+            if charged {
+                out.charges.resize(out.decisions.len(), None);
+            }
+            return;
+        }
         let now_us = out.now_us;
-        let named = tags.len() == live_of.len();
         let mut j = 0;
         while j < live_of.len() {
             let live = live_of[j];

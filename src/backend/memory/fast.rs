@@ -42,7 +42,10 @@ impl MemoryBackend {
         let (decisions, charges) = out;
         let guard = self.inner.collector.enter();
         let key = Lookup { hash, text: &c.key };
-        let Some(Entry::Cell(cell)) = self.inner.shards[shard_of(hash)].table.get(&key, &guard)
+        let Some(cell) = self.inner.shards[shard_of(hash)]
+            .table
+            .get(&key, &guard)
+            .and_then(Entry::tat_cell)
         else {
             return false;
         };
@@ -134,7 +137,10 @@ impl MemoryBackend {
                 hash: h,
                 text: &c.key,
             };
-            let Some(Entry::Cell(cell)) = self.inner.shards[shard_of(h)].table.get(&key, &guard)
+            let Some(cell) = self.inner.shards[shard_of(h)]
+                .table
+                .get(&key, &guard)
+                .and_then(Entry::tat_cell)
             else {
                 return false;
             };

@@ -75,8 +75,9 @@ impl<T> std::ops::Deref for Padded<T> {
 ///   one allocation of its key (inline up to 24 bytes) and state, and a
 ///   slot of a table that grows by doubling: about 98 MB of resident
 ///   memory for 10^6 keys, measured (perf/README.md). A tier key's
-///   candidate quotas share one entry, `<tier key>{c}`, counted as one
-///   key and swept or evicted by its longest-lived state.
+///   candidate quotas live in its entry, beside its bucket (no key of
+///   their own: the key counts once), which is swept or evicted by the
+///   later of its bucket's and its candidates' expiries.
 ///
 /// ```
 /// use tiered_ratelimit::backend::MemoryBackend;

@@ -1,26 +1,29 @@
 //! Candidate quotas in memory (`docs/rollout.md`, "Candidate quotas"): the
-//! candidates of one tier key packed in **one** entry of the store, under
-//! `<tier key>{c}`, holding each candidate's state with its own expiry.
+//! candidates of one tier key packed in that key's own entry, beside its
+//! live state ([`Entry::Packed`]), each candidate's state with its own
+//! expiry.
 //!
-//! A request's candidates of one tier key are one lookup and one charge of
-//! that entry (not one per candidate): each is decided on its own state
-//! with its algorithm's code ([`Limit::check_prepared`], [`Limit::charge`]),
-//! as it would be on a key of its own, and by the same rule (charged when
-//! it allows and every enforced check but its own tier's live one allows).
-//! A candidate's state lives until its own time-to-live ends, exactly as
-//! its own key would; the entry lives until its last state's ends (what
-//! the sweep and the eviction read), and counts as one key of
-//! [`max_keys`](super::MemoryBackend::max_keys).
+//! A request's candidates of one tier key are one charge of its pack (not
+//! one per candidate), found by the live check's own lookup when it runs
+//! locked ([`Inline`]), else by one more lookup of the tier key, just
+//! read: each is decided on its own state with its algorithm's
+//! code ([`Limit::check_prepared`], [`Limit::charge`]), as it would be on a
+//! key of its own, and by the same rule (charged when it allows and every
+//! enforced check but its own tier's live one allows). A candidate's state
+//! lives until its own time-to-live ends, exactly as its own key would;
+//! the entry lives until the later of its live state's and its last
+//! candidate's (what the sweep and the eviction read), and counts as one
+//! key of [`max_keys`](super::MemoryBackend::max_keys), candidates and
+//! all. The live state is kept as it would be without candidates (a
+//! token or leaky bucket's in a cell, charged without a lock); a reset or
+//! a refund that forgets it leaves the candidates' states.
 
-use super::shard::{locked, shard_of, Entry, Held, Lookup, Writer, PLACEHOLDER};
+use super::shard::{locked, shard_of, Entry, Held, Lookup, Packed, Writer, PLACEHOLDER};
 use super::MemoryBackend;
 use crate::algorithm::{Limit, State, TierDecision};
 use crate::backend::TierCheck;
 use smallvec::SmallVec;
 use std::sync::Mutex;
-
-/// What a tier key's candidates entry is named by: `<tier key>{c}`.
-pub(super) const PACK_SUFFIX: &str = "{c}";
 
 /// The most states a pack holds: a tier's candidates (four). A fifth (a
 /// candidate list changed at run time) takes the place of the state that
@@ -45,6 +48,18 @@ struct Slot {
     expires_us: u64,
 }
 
+/// The candidates of one live check, for the live check to decide on the
+/// pack of the entry it finds ([`Pack::decide`]).
+pub(super) struct Inline<'a> {
+    /// The live check's index.
+    pub(super) live: usize,
+    pub(super) group: &'a [TierCheck],
+    /// Each candidate's [`tag`].
+    pub(super) tags: &'a [u64],
+    /// Whether they were decided.
+    pub(super) done: bool,
+}
+
 /// What names a candidate in its pack: the hash of its key past its tier
 /// key (`{c:80/1m}`, a configured quota's, never a request's), without a
 /// per-store seed, so a caller can compute it once per candidate (the
@@ -54,16 +69,22 @@ pub(crate) fn tag(suffix: &str) -> u64 {
 }
 
 impl Pack {
-    /// Epoch µs after which no state of the pack means anything.
+    /// Epoch µs after which no state of the pack means anything (0: it
+    /// holds none).
     pub(super) fn expires_us(&self) -> u64 {
         self.slots.iter().map(|s| s.expires_us).max().unwrap_or(0)
+    }
+
+    /// Whether it holds no state.
+    pub(super) fn is_empty(&self) -> bool {
+        self.slots.is_empty()
     }
 
     /// Decides each of `group` (candidates of one tier key, each named by
     /// its tag in `tags`) on its own state, each decision pushed onto
     /// `decisions`; `charge`: every enforced check but their tier's live
     /// one allowed, so each that allows is charged.
-    fn decide(
+    pub(super) fn decide(
         &mut self,
         group: &[TierCheck],
         tags: &[u64],
@@ -170,9 +191,14 @@ impl Pack {
 impl MemoryBackend {
     /// The candidates `group` of the tier key `live_key` (each key is
     /// `live_key` then its suffix, or each named by its [`tag`] in `tags`
-    /// when given), decided on their pack, one lookup under the pack's
-    /// shard's mutex; `charge`: each that allows is charged. Their
-    /// decisions are pushed onto `decisions`, in order.
+    /// when given), decided on the pack in `live_key`'s entry, one lookup
+    /// under its shard's mutex; `charge`: each that allows is charged.
+    /// Their decisions are pushed onto `decisions`, in order.
+    ///
+    /// A key's first candidate state moves its live state into a new
+    /// [`Packed`] entry beside the pack, as it is (a cell a lock-free check
+    /// holds is frozen for the move: that check goes to the locked path
+    /// and finds the new entry).
     pub(super) fn check_pack(
         &self,
         live_key: &str,
@@ -193,51 +219,35 @@ impl MemoryBackend {
                 &of_keys
             }
         };
-        with_pack_key(live_key, |key| {
-            let h = self.hash(key);
-            let guard = self.inner.collector.enter();
-            let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
-            let mut held = Held::new(&guard);
-            let lookup = Lookup { hash: h, text: key };
-            let found = w.find(lookup, &held);
-            if let Some(Entry::Pack(m)) = found {
-                locked(m).decide(group, tags, charge, now_us, decisions);
-                return;
-            }
-            // No pack yet (or a tier's state under that name: replaced).
-            let mut pack = Pack::default();
-            pack.decide(group, tags, charge, now_us, decisions);
-            if !pack.slots.is_empty() {
-                let entry = Entry::Pack(Box::new(Mutex::new(pack)));
-                w.insert(found, &mut held, lookup, entry, now_us);
-            }
-        });
+        let h = self.hash(live_key);
+        let guard = self.inner.collector.enter();
+        let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
+        let mut held = Held::new(&guard);
+        let lookup = Lookup {
+            hash: h,
+            text: live_key,
+        };
+        let found = w.find(lookup, &held);
+        if let Some(Entry::Packed(p)) = found {
+            locked(&p.pack).decide(group, tags, charge, now_us, decisions);
+            return;
+        }
+        // No pack yet: one beside the live state, once it holds a state.
+        let mut pack = Pack::default();
+        pack.decide(group, tags, charge, now_us, decisions);
+        if pack.is_empty() {
+            return;
+        }
+        let live = match found {
+            Some(e) => held.moved(e, now_us),
+            None => Entry::absent(),
+        };
+        let entry = Entry::Packed(Box::new(Packed {
+            live,
+            pack: Mutex::new(pack),
+        }));
+        w.insert(found, &mut held, lookup, entry, now_us);
     }
-}
-
-/// `f` of `<live_key>{c}`, built in a buffer of this thread's (no
-/// allocation per request once it has grown).
-fn with_pack_key<R>(live_key: &str, mut f: impl FnMut(&str) -> R) -> R {
-    thread_local! {
-        static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-    }
-    let build = |s: &mut String| {
-        s.clear();
-        s.push_str(live_key);
-        s.push_str(PACK_SUFFIX);
-    };
-    let reused = KEY.try_with(|k| {
-        let mut k = k.try_borrow_mut().ok()?;
-        build(&mut k);
-        Some(f(&k))
-    });
-    if let Ok(Some(r)) = reused {
-        return r;
-    }
-    // The thread's buffer gone (its thread ending) or in use.
-    let mut k = String::new();
-    build(&mut k);
-    f(&k)
 }
 
 /// Whether `group`'s keys are each `live_key` then a suffix (the keys the

@@ -119,16 +119,18 @@ fn a_pack_of_four_candidates_decides_as_four_keys() {
         denied > 500 && allowed > 500,
         "{denied} denied, {allowed} allowed"
     );
-    // Three tier keys and the global one: a pack each, not four keys each.
-    assert_eq!(packed.len(), 4 + 3, "packed");
+    // Three tier keys and the global one: each tier key's pack in its
+    // own entry, not four keys more each.
+    assert_eq!(packed.len(), 4, "packed");
     assert_eq!(apart.len(), 4 + 3 * 4, "apart");
-    assert_eq!(named.len(), 4 + 3, "named");
+    assert_eq!(named.len(), 4, "named");
 }
 
 /// A pack lives as long as its longest-lived candidate's state, each
-/// state as long as its own key would: the sweep drops it only once the
-/// last has expired, and a candidate whose own time is up starts again
-/// from nothing while the others keep theirs.
+/// state as long as its own key would, and its entry as long as the later
+/// of the pack and the live state: the sweep drops it only once the last
+/// has expired, and a candidate whose own time is up starts again from
+/// nothing while the others keep theirs.
 #[test]
 fn a_pack_expires_with_its_longest_candidate() {
     use crate::algorithm::Window;
@@ -174,28 +176,84 @@ fn a_pack_expires_with_its_longest_candidate() {
     // The short window over: it starts again, the long one still denies.
     clock.advance(std::time::Duration::from_secs(1));
     assert_eq!(run("rl:ip:a"), [true, true, false]);
-    // The pack's expiry, after a sweep of its shard (`None`: swept).
+    // The pack's expiry, after a sweep of its shard (`None`: swept),
+    // and that of the entry's live state.
     let swept_then_expiry = || {
-        let key = "rl:ip:a{c}";
+        let key = "rl:ip:a";
         let guard = m.inner.collector.enter();
         let h = m.hash(key);
         let held = shard::Held::new(&guard);
         let mut w = shard::Writer::lock(&m.inner.shards[shard::shard_of(h)]);
         w.sweep(&held, m.now_us());
+        let mut held = held;
         match w.find(shard::Lookup { hash: h, text: key }, &held) {
-            Some(shard::Entry::Pack(p)) => Some(shard::locked(p).expires_us()),
-            Some(_) => panic!("another entry under {key}"),
+            Some(e @ shard::Entry::Packed(p)) => {
+                Some((shard::locked(&p.pack).expires_us(), held.expires_us(e)))
+            }
+            Some(_) => panic!("no pack in the entry of {key}"),
             None => None,
         }
     };
-    // The long window's end (the short one's state ends at start + 2 s).
+    // The long window's end (the short one's state ends at start + 2 s);
+    // the live bucket's, a token (10 ms) after its last charge.
     let start = clock.now_us() - 1_000_000;
-    assert_eq!(swept_then_expiry(), Some(start + 10_000_000));
+    let long_end = start + 10_000_000;
+    assert_eq!(swept_then_expiry(), Some((long_end, start + 1_010_000)));
     clock.advance(std::time::Duration::from_micros(8_999_999));
-    assert_eq!(swept_then_expiry(), Some(start + 10_000_000));
+    assert_eq!(swept_then_expiry(), Some((long_end, start + 1_010_000)));
     assert_eq!(run("rl:ip:a"), [true, true, false]);
-    // Past it, the sweep drops the pack; the next request starts afresh.
+    // Past the pack's, the entry stays for its live state.
     clock.advance(std::time::Duration::from_micros(1));
+    let live_end = start + 9_999_999 + 10_000;
+    assert_eq!(swept_then_expiry(), Some((long_end, live_end)));
+    // Past both, the sweep drops the entry; the next request starts afresh.
+    clock.advance(std::time::Duration::from_micros(live_end - long_end));
     assert_eq!(swept_then_expiry(), None);
     assert_eq!(run("rl:ip:a"), [true, true, true]);
+}
+
+/// A tier key's candidates live in its own entry, beside its live state:
+/// candidates charged on a key whose live check denied without a state
+/// hold the entry alone; the live state's first charge joins them (and
+/// is charged without a lock there after, as anywhere); a reset of the
+/// key forgets its live state and keeps its candidates'. One key all
+/// along.
+#[test]
+fn a_tier_keys_candidates_share_its_entry() {
+    let clock = ManualClock::new(1_000_000_000_000);
+    let m = MemoryBackend::with_manual_clock(clock.clone());
+    let live = check("rl:ip:a", TokenBucket::new(3, 1_000_000, 3).unwrap());
+    let candidate = check(
+        "rl:ip:a{c:5/1s}",
+        TokenBucket::new(5, 1_000_000, 5).unwrap(),
+    );
+    let run = |cost: u64| {
+        let checks = [live.clone(), candidate.clone()].map(|c| TierCheck { cost, ..c });
+        let mut v = Verdict::default();
+        m.check_with_candidates(&checks, Shadow::NONE, &[0], &[], true, &mut v);
+        v.decisions
+            .iter()
+            .map(|d| (d.allowed, d.remaining))
+            .collect::<Vec<_>>()
+    };
+    // 4 tokens: over the live burst (denied, nothing stored), not the
+    // candidate's (charged).
+    assert_eq!(run(4), [(false, 3), (true, 1)]);
+    assert_eq!(m.len(), 1);
+    assert_eq!(run(1), [(true, 2), (true, 0)]);
+    assert_eq!(m.len(), 1);
+    // The live tier alone (the lock-free path), on the same state.
+    let mut v = Verdict::default();
+    m.check_into(std::slice::from_ref(&live), &mut v);
+    assert_eq!(
+        (v.decisions[0].allowed, v.decisions[0].remaining),
+        (true, 1)
+    );
+    assert!(m.reset("rl:ip:a"));
+    assert_eq!(m.len(), 1);
+    // A fresh live bucket; the candidate's still empty.
+    assert_eq!(run(1), [(true, 2), (false, 0)]);
+    assert!(m.reset("rl:ip:a"));
+    assert!(!m.reset("rl:ip:a"), "no live state left to forget");
+    assert_eq!(m.len(), 1);
 }

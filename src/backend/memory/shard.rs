@@ -112,13 +112,23 @@ pub(super) struct Locked {
 /// is never contended (its writers hold the shard's); it only lets them
 /// change the state in place, so a check of a held key allocates nothing.
 ///
-/// A tier key's candidate quotas share one more entry, a [`Pack`] under
-/// `<tier key>{c}` (`pack.rs`), read and written by writers only, as a
-/// `Locked` state is.
+/// A tier key with candidate quotas holds them in its own entry, beside
+/// its live state: [`Entry::Packed`] (`pack.rs`); one lookup finds both.
 pub(super) enum Entry {
     Cell(TatCell),
     Locked(Box<Mutex<Locked>>),
-    Pack(Box<Mutex<Pack>>),
+    Packed(Box<Packed>),
+}
+
+/// A tier key's live state and its candidates' [`Pack`], in one entry.
+/// `live` is a `Cell` or a `Locked` state, never itself `Packed`; a key
+/// whose candidates have a state and it none holds an expired `Locked`
+/// one ([`Entry::absent`]). Its cell, if any, is charged without a lock as
+/// any other; the pack is read and written by writers only, as a `Locked`
+/// state is. The entry lives until the later of the two expiries.
+pub(super) struct Packed {
+    pub(super) live: Entry,
+    pub(super) pack: Mutex<Pack>,
 }
 
 impl Entry {
@@ -136,9 +146,37 @@ impl Entry {
     fn cell(state: &State, expires_us: u64, now_us: u64) -> Option<TatCell> {
         TatCell::new(state, now_us).filter(|c| c.expires_us(c.load()) == expires_us)
     }
+
+    /// No live state: the `live` of a [`Packed`] entry whose key has none
+    /// (expired at 0, so read as absent).
+    pub(super) fn absent() -> Self {
+        Entry::Locked(Box::new(Mutex::new(Locked {
+            state: PLACEHOLDER,
+            expires_us: 0,
+        })))
+    }
+
+    /// The entry of the key's live state: its own, or a `Packed` one's.
+    #[inline]
+    pub(super) fn live(&self) -> &Entry {
+        match self {
+            Entry::Packed(p) => &p.live,
+            e => e,
+        }
+    }
+
+    /// The key's cell, if its live state is in one (what the lock-free
+    /// path charges).
+    #[inline]
+    pub(super) fn tat_cell(&self) -> Option<&TatCell> {
+        match self.live() {
+            Entry::Cell(cell) => Some(cell),
+            _ => None,
+        }
+    }
 }
 
-/// A `Locked` entry's state, or a `Pack` (a poisoned mutex still holds a
+/// A `Locked` entry's state, or a [`Pack`] (a poisoned mutex still holds a
 /// whole state: every write to it is a single assignment).
 pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -206,8 +244,8 @@ impl<'g> Held<'g> {
         now_us: u64,
         f: impl FnOnce(Option<&State>) -> R,
     ) -> R {
-        match entry {
-            None => f(None),
+        match entry.map(Entry::live) {
+            None | Some(Entry::Packed(_)) => f(None),
             Some(Entry::Cell(cell)) => {
                 let ticks = self.ticks(cell);
                 let state = (cell.expires_us(ticks) > now_us).then(|| cell.state(ticks));
@@ -217,18 +255,45 @@ impl<'g> Held<'g> {
                 let l = locked(m);
                 f((l.expires_us > now_us).then_some(&l.state))
             }
-            // Candidates' states under a key a tier check names (a key
-            // ending in `{c}`): no state of its own.
-            Some(Entry::Pack(_)) => f(None),
         }
     }
 
-    /// The expiry (epoch µs) of `entry` (a cell frozen here).
+    /// The expiry (epoch µs) of `entry`'s live state (a cell frozen here).
     pub(super) fn expires_us(&mut self, entry: &'g Entry) -> u64 {
-        match entry {
+        match entry.live() {
             Entry::Cell(cell) => cell.expires_us(self.ticks(cell)),
             Entry::Locked(m) => locked(m).expires_us,
-            Entry::Pack(m) => locked(m).expires_us(),
+            Entry::Packed(_) => 0,
+        }
+    }
+
+    /// A new entry holding `entry`'s live state as it is (absent if
+    /// expired), to be stored in its place (a cell: frozen here, then
+    /// [`FROZEN`] once replaced; a `Locked` state: moved out, its writers
+    /// being this one).
+    pub(super) fn moved(&mut self, entry: &'g Entry, now_us: u64) -> Entry {
+        match entry.live() {
+            Entry::Cell(cell) => {
+                let ticks = self.ticks(cell);
+                let expires_us = cell.expires_us(ticks);
+                if expires_us > now_us {
+                    Entry::new(cell.state(ticks), expires_us, now_us)
+                } else {
+                    Entry::absent()
+                }
+            }
+            Entry::Locked(m) => {
+                let mut l = locked(m);
+                let expires_us = l.expires_us;
+                if expires_us > now_us {
+                    let state = std::mem::replace(&mut l.state, PLACEHOLDER);
+                    l.expires_us = 0;
+                    Entry::Locked(Box::new(Mutex::new(Locked { state, expires_us })))
+                } else {
+                    Entry::absent()
+                }
+            }
+            Entry::Packed(_) => Entry::absent(),
         }
     }
 }
@@ -284,7 +349,7 @@ impl<'g> Writer<'g> {
                 (state, ttl_us, undo)
             }
             None => {
-                let old = match entry {
+                let old = match entry.live() {
                     // Taken, not cloned: a sliding log may be long.
                     Entry::Locked(m) => {
                         let mut l = locked(m);
@@ -292,7 +357,7 @@ impl<'g> Writer<'g> {
                             .then(|| std::mem::replace(&mut l.state, PLACEHOLDER))
                     }
                     Entry::Cell(_) => held.with_live(Some(entry), now_us, |s| s.cloned()),
-                    Entry::Pack(_) => None,
+                    Entry::Packed(_) => None,
                 };
                 c.limit.charge_undo(old, now_us, c.cost)
             }
@@ -303,11 +368,12 @@ impl<'g> Writer<'g> {
         undo
     }
 
-    /// Stores `state`, expiring at `expires_us`, as `key`'s entry (`found`,
-    /// if it has one): in place when the entry can hold it (a cell: the
-    /// ticks it is released at; a `Locked` state no cell can hold: written
-    /// into its place), else as a new entry that replaces it. A new key
-    /// sweeps the table when it has doubled.
+    /// Stores `state`, expiring at `expires_us`, as `key`'s live state
+    /// (`found`, if it has an entry): in place when the entry can hold it
+    /// (a cell: the ticks it is released at; a `Locked` state no cell can
+    /// hold: written into its place), else as a new entry that replaces it
+    /// (with the key's candidates, if it has any). A new key sweeps the
+    /// table when it has doubled.
     pub(super) fn store<'e>(
         &mut self,
         found: Option<&'e Entry>,
@@ -317,7 +383,7 @@ impl<'g> Writer<'g> {
         expires_us: u64,
         now_us: u64,
     ) {
-        let entry = match found {
+        let entry = match found.map(Entry::live) {
             Some(Entry::Cell(cell)) => {
                 let ticks = cell.ticks_of_state(&state);
                 if let Some(ticks) = ticks.filter(|&t| cell.expires_us(t) == expires_us) {
@@ -336,14 +402,15 @@ impl<'g> Writer<'g> {
                     return;
                 }
             },
-            Some(Entry::Pack(_)) | None => Entry::new(state, expires_us, now_us),
+            Some(Entry::Packed(_)) | None => Entry::new(state, expires_us, now_us),
         };
         self.insert(found, held, key, entry, now_us);
     }
 
     /// Inserts `entry` as `key`'s, replacing `found` (a cell replaced stays
     /// [`FROZEN`]: a lock-free check holding it goes to the locked path).
-    /// A new key sweeps the table when it has doubled.
+    /// A live state replacing a `Packed` entry's takes its candidates
+    /// along. A new key sweeps the table when it has doubled.
     pub(super) fn insert<'e>(
         &mut self,
         found: Option<&'e Entry>,
@@ -352,19 +419,41 @@ impl<'g> Writer<'g> {
         entry: Entry,
         now_us: u64,
     ) {
-        if let Some(Entry::Cell(cell)) = found {
+        if let Some(cell) = found.and_then(Entry::tat_cell) {
             held.set(cell, FROZEN);
         }
+        let entry = match (found, entry) {
+            (Some(Entry::Packed(p)), live @ (Entry::Cell(_) | Entry::Locked(_))) => {
+                Entry::Packed(Box::new(Packed {
+                    live,
+                    pack: Mutex::new(std::mem::take(&mut *locked(&p.pack))),
+                }))
+            }
+            (_, entry) => entry,
+        };
         self.shard.table.insert(Key::from(key), entry, held.guard);
         if found.is_none() && self.shard.table.len() >= self.writes.sweep_at {
             self.sweep(held, now_us);
         }
     }
 
-    /// Removes `entry`, `key`'s (its cell released [`GONE`]).
+    /// Removes `entry`, `key`'s live state (its cell released [`GONE`]):
+    /// the entry leaves the table, or, if the key's candidates hold
+    /// states, stays for them with no live state.
     pub(super) fn remove<'e>(&mut self, entry: &'e Entry, held: &mut Held<'e>, key: Lookup<'_>) {
-        if let Entry::Cell(cell) = entry {
+        if let Some(cell) = entry.tat_cell() {
             held.set(cell, GONE);
+        }
+        if let Entry::Packed(p) = entry {
+            let pack = std::mem::take(&mut *locked(&p.pack));
+            if !pack.is_empty() {
+                let kept = Entry::Packed(Box::new(Packed {
+                    live: Entry::absent(),
+                    pack: Mutex::new(pack),
+                }));
+                self.shard.table.insert(Key::from(key), kept, held.guard);
+                return;
+            }
         }
         self.shard.table.remove(&key, held.guard);
     }
@@ -456,35 +545,54 @@ pub(super) const PLACEHOLDER: State = State::FixedWindow(crate::algorithm::Fixed
     end_us: 0,
 });
 
-/// An entry's expiry, `None` for a cell this writer holds (it stays).
+/// An entry's expiry (a `Packed` one's: the later of its live state's and
+/// its candidates'), `None` for a cell this writer holds (it stays).
 fn expiry(entry: &Entry, held: &Held<'_>) -> Option<u64> {
     match entry {
         Entry::Cell(cell) if held.holds(cell) => None,
         Entry::Cell(cell) => cell.live_ticks().map(|t| cell.expires_us(t)),
         Entry::Locked(m) => Some(locked(m).expires_us),
-        Entry::Pack(m) => Some(locked(m).expires_us()),
+        Entry::Packed(p) => {
+            let live = expiry(&p.live, held)?;
+            Some(live.max(locked(&p.pack).expires_us()))
+        }
     }
 }
 
-/// Whether `entry` leaves the table: `leaves` of its expiry; a cell that
+/// Whether `entry` leaves the table: `leaves` of its expiry (a `Packed`
+/// one's: the later of its live state's and its candidates'); a cell that
 /// leaves is marked [`GONE`] first, from the ticks judged (a charge that
 /// lands first has it judged again).
 fn retire_if(entry: &Entry, held: &Held<'_>, leaves: impl Fn(u64) -> bool) -> bool {
+    retire_after(entry, held, 0, leaves)
+}
+
+/// [`retire_if`] of an entry whose candidates' states expire at
+/// `pack_us` (0: none).
+fn retire_after(
+    entry: &Entry,
+    held: &Held<'_>,
+    pack_us: u64,
+    leaves: impl Fn(u64) -> bool,
+) -> bool {
     match entry {
         Entry::Cell(cell) if held.holds(cell) => false,
         Entry::Cell(cell) => loop {
             let Some(ticks) = cell.live_ticks() else {
                 return false;
             };
-            if !leaves(cell.expires_us(ticks)) {
+            if !leaves(cell.expires_us(ticks).max(pack_us)) {
                 return false;
             }
             if cell.retire_from(ticks) {
                 return true;
             }
         },
-        Entry::Locked(m) => leaves(locked(m).expires_us),
-        Entry::Pack(m) => leaves(locked(m).expires_us()),
+        Entry::Locked(m) => leaves(locked(m).expires_us.max(pack_us)),
+        Entry::Packed(p) => {
+            let pack_us = locked(&p.pack).expires_us();
+            retire_after(&p.live, held, pack_us, leaves)
+        }
     }
 }
 

@@ -15,7 +15,10 @@ impl MemoryBackend {
         let mut w = Writer::lock(&self.inner.shards[shard_of(h)]);
         let mut held = Held::new(&guard);
         let key = Lookup { hash: h, text: key };
-        let Some(e @ Entry::Locked(m)) = w.find(key, &held) else {
+        let Some(e) = w.find(key, &held) else {
+            return;
+        };
+        let Entry::Locked(m) = e.live() else {
             return;
         };
         let mut l = locked(m);
@@ -39,7 +42,10 @@ impl MemoryBackend {
         let guard = self.inner.collector.enter();
         let w = Writer::lock(&self.inner.shards[shard_of(h)]);
         let held = Held::new(&guard);
-        let Some(Entry::Locked(m)) = w.find(Lookup { hash: h, text: key }, &held) else {
+        let Some(Entry::Locked(m)) = w
+            .find(Lookup { hash: h, text: key }, &held)
+            .map(Entry::live)
+        else {
             return false;
         };
         let mut l = locked(m);
