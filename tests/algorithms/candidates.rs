@@ -300,6 +300,37 @@ fn candidate_decisions_are_counted_in_the_metric() {
     );
 }
 
+/// Four candidates the Redis scripts pack, of four kinds and periods: a
+/// token bucket of rate 1 (the limit divides the period), a fixed window,
+/// a calendar window, a sliding window counter.
+fn four_packed(all: &[(&'static str, Limit)]) -> [Limit; 4] {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::TokenBucket;
+    let named = |n: &str| all.iter().find(|(name, _)| *name == n).unwrap().1;
+    [
+        Limit::TokenBucket(TokenBucket::new(2, S, 3).unwrap()),
+        named("fixed_odd"),
+        named("calendar"),
+        named("counter"),
+    ]
+}
+
+/// The long sequences' numbers (a fixed seed).
+fn seeded() -> impl FnMut() -> u64 {
+    let mut rng =
+        crate::support::rng::Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
+    move || rng.next()
+}
+
+/// A long sequence's clock step (µs): none, up to 0.3 s or up to 1.5 s.
+fn step(next: &mut impl FnMut() -> u64) -> u64 {
+    match next() % 4 {
+        0 => 0,
+        1 => next() % 300_000,
+        _ => next() % 1_500_000,
+    }
+}
+
 /// Candidates the Redis scripts pack (a token bucket and a policing leaky
 /// bucket of rate 1, fixed and calendar windows, sliding window counters):
 /// four of different kinds and periods on one tier, one on the other,
@@ -315,31 +346,18 @@ fn packed_candidates_agree_on_model_memory_and_redis() {
     let h = Harness::new();
     let all = algorithm_limits();
     let named = |n: &str| all.iter().find(|(name, _)| *name == n).unwrap().1;
-    // Rate 1: the limit divides the period.
-    let bucket = Limit::TokenBucket(TokenBucket::new(2, S, 3).unwrap());
     let police = Limit::LeakyBucket(Gcra {
         bucket: TokenBucket::new(4, 2 * S, 4).unwrap(),
         max_delay_us: None,
     });
-    let ca = [
-        bucket,
-        named("fixed_odd"),
-        named("calendar"),
-        named("counter"),
-    ];
+    let ca = four_packed(&all);
     // The other tier's packed too, or on a key of its own: a sliding log
     // (its undo value in the reply's trailer, past the pack), a shaping
     // leaky bucket.
-    let mut rng =
-        crate::support::rng::Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
-    let mut next = move || rng.next();
+    let mut next = seeded();
     let ops: Vec<Op> = (0..300)
         .map(|_| {
-            let step = match next() % 4 {
-                0 => 0,
-                1 => next() % 300_000,
-                _ => next() % 1_500_000,
-            };
+            let step = step(&mut next);
             (
                 step,
                 (next() % 3) as u8,
@@ -578,32 +596,17 @@ fn a_reordered_pack_finds_each_candidates_state() {
 /// again, docs/rollout.md, "Candidate quotas".)
 #[test]
 fn an_instance_without_the_candidates_reads_the_live_value_alone() {
-    use crate::support::algorithms::S;
-    use tiered_ratelimit::algorithm::TokenBucket;
     let h = Harness::new();
     let all = algorithm_limits();
-    let named = |n: &str| all.iter().find(|(name, _)| *name == n).unwrap().1;
-    let ca = [
-        Limit::TokenBucket(TokenBucket::new(2, S, 3).unwrap()),
-        named("fixed_odd"),
-        named("calendar"),
-        named("counter"),
-    ];
-    let mut rng =
-        crate::support::rng::Rng::with_multiplier(0x2545_F491_4F6C_DD1D, 0x9E37_79B9_7F4A_7C15);
-    let mut next = move || rng.next();
+    let ca = four_packed(&all);
+    let mut next = seeded();
     for (n, (na, la)) in all.iter().enumerate() {
         let clock = ManualClock::new(T0_US + 123_457);
         let redis = h.redis(&clock);
         let mut model = Model::default();
         let (mut with, mut without, mut denied) = (0, 0, 0);
         for i in 0..400 {
-            let step = match next() % 4 {
-                0 => 0,
-                1 => next() % 300_000,
-                _ => next() % 1_500_000,
-            };
-            clock.advance(Duration::from_micros(step));
+            clock.advance(Duration::from_micros(step(&mut next)));
             let cost = 1 + next() % 3;
             let key = format!("m{n}:a:k{}", next() % 2);
             let live = TierCheck {
@@ -617,7 +620,7 @@ fn an_instance_without_the_candidates_reads_the_live_value_alone() {
                 ..live.clone()
             };
             let want = model.check_candidates(&[clamped], 0, &[], clock.now_us());
-            let got = if next() % 2 == 0 {
+            let got = if next().is_multiple_of(2) {
                 let mut checks = vec![live];
                 for (j, l) in ca.iter().enumerate() {
                     checks.push(TierCheck {

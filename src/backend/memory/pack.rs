@@ -18,7 +18,7 @@
 //! token or leaky bucket's in a cell, charged without a lock); a reset or
 //! a refund that forgets it leaves the candidates' states.
 
-use super::shard::{locked, shard_of, Entry, Held, Lookup, Packed, Writer, PLACEHOLDER};
+use super::shard::{locked, shard_of, Entry, Held, Locked, Lookup, Writer, PLACEHOLDER};
 use super::MemoryBackend;
 use crate::algorithm::{Limit, State, TierDecision};
 use crate::backend::TierCheck;
@@ -256,4 +256,47 @@ pub(super) fn packable(live_key: &str, group: &[TierCheck]) -> bool {
     group
         .iter()
         .all(|c| c.key.len() > live_key.len() && c.key.starts_with(live_key))
+}
+
+/// A tier key's live state and its candidates' [`Pack`], in one entry.
+/// `live` is a `Cell` or a `Locked` state, never itself `Packed`; a key
+/// whose candidates have a state and it none holds an expired `Locked`
+/// one ([`Entry::absent`]). Its cell, if any, is charged without a lock as
+/// any other; the pack is read and written by writers only, as a `Locked`
+/// state is. The entry lives until the later of the two expiries.
+pub(super) struct Packed {
+    pub(super) live: Entry,
+    pub(super) pack: Mutex<Pack>,
+}
+
+impl<'g> Held<'g> {
+    /// A new entry holding `entry`'s live state as it is (absent if
+    /// expired), to be stored in its place (a cell: frozen here, then
+    /// [`FROZEN`] once replaced; a `Locked` state: moved out, its writers
+    /// being this one).
+    pub(super) fn moved(&mut self, entry: &'g Entry, now_us: u64) -> Entry {
+        match entry.live() {
+            Entry::Cell(cell) => {
+                let ticks = self.ticks(cell);
+                let expires_us = cell.expires_us(ticks);
+                if expires_us > now_us {
+                    Entry::new(cell.state(ticks), expires_us, now_us)
+                } else {
+                    Entry::absent()
+                }
+            }
+            Entry::Locked(m) => {
+                let mut l = locked(m);
+                let expires_us = l.expires_us;
+                if expires_us > now_us {
+                    let state = std::mem::replace(&mut l.state, PLACEHOLDER);
+                    l.expires_us = 0;
+                    Entry::Locked(Box::new(Mutex::new(Locked { state, expires_us })))
+                } else {
+                    Entry::absent()
+                }
+            }
+            Entry::Packed(_) => Entry::absent(),
+        }
+    }
 }

@@ -3,7 +3,7 @@
 //! table bounded.
 
 use super::cell::{TatCell, FROZEN, GONE};
-use super::pack::Pack;
+use super::pack::Packed;
 use super::SHARDS;
 use crate::algorithm::{Refund, State};
 use crate::backend::TierCheck;
@@ -120,17 +120,6 @@ pub(super) enum Entry {
     Packed(Box<Packed>),
 }
 
-/// A tier key's live state and its candidates' [`Pack`], in one entry.
-/// `live` is a `Cell` or a `Locked` state, never itself `Packed`; a key
-/// whose candidates have a state and it none holds an expired `Locked`
-/// one ([`Entry::absent`]). Its cell, if any, is charged without a lock as
-/// any other; the pack is read and written by writers only, as a `Locked`
-/// state is. The entry lives until the later of the two expiries.
-pub(super) struct Packed {
-    pub(super) live: Entry,
-    pub(super) pack: Mutex<Pack>,
-}
-
 impl Entry {
     /// The entry for `state`, which expires at `expires_us`: a cell when one
     /// can hold it ([`Entry::cell`]), else a `Locked` state.
@@ -176,7 +165,7 @@ impl Entry {
     }
 }
 
-/// A `Locked` entry's state, or a [`Pack`] (a poisoned mutex still holds a
+/// A `Locked` entry's state, or a [`Pack`](super::pack::Pack) (a poisoned mutex still holds a
 /// whole state: every write to it is a single assignment).
 pub(super) fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -264,36 +253,6 @@ impl<'g> Held<'g> {
             Entry::Cell(cell) => cell.expires_us(self.ticks(cell)),
             Entry::Locked(m) => locked(m).expires_us,
             Entry::Packed(_) => 0,
-        }
-    }
-
-    /// A new entry holding `entry`'s live state as it is (absent if
-    /// expired), to be stored in its place (a cell: frozen here, then
-    /// [`FROZEN`] once replaced; a `Locked` state: moved out, its writers
-    /// being this one).
-    pub(super) fn moved(&mut self, entry: &'g Entry, now_us: u64) -> Entry {
-        match entry.live() {
-            Entry::Cell(cell) => {
-                let ticks = self.ticks(cell);
-                let expires_us = cell.expires_us(ticks);
-                if expires_us > now_us {
-                    Entry::new(cell.state(ticks), expires_us, now_us)
-                } else {
-                    Entry::absent()
-                }
-            }
-            Entry::Locked(m) => {
-                let mut l = locked(m);
-                let expires_us = l.expires_us;
-                if expires_us > now_us {
-                    let state = std::mem::replace(&mut l.state, PLACEHOLDER);
-                    l.expires_us = 0;
-                    Entry::Locked(Box::new(Mutex::new(Locked { state, expires_us })))
-                } else {
-                    Entry::absent()
-                }
-            }
-            Entry::Packed(_) => Entry::absent(),
         }
     }
 }
