@@ -9,7 +9,7 @@ use axum::{http::HeaderMap, http::StatusCode, routing::post, Router};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 use tiered_ratelimit::algorithm::Limit;
-use tiered_ratelimit::backend::{Backend, ManualClock, MemoryBackend, TierCheck, TierRefund};
+use tiered_ratelimit::backend::{Backend, ManualClock, TierCheck, TierRefund};
 use tiered_ratelimit::{
     key::{ClientIp, Global},
     Quota, RateLimitLayer, Tier,
@@ -293,11 +293,7 @@ fn rust_refunds_equal_lua_refunds() {
                 let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let limit = twin_limits()[which];
                 let clock = ManualClock::new(T0_US + 123_457);
-                let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
-                let redis: Backend = server
-                    .backend_on(&clock)
-                    .with_test_ttl_slack(Duration::from_secs(600))
-                    .into();
+                let (redis, memory) = server.redis_and_memory(&clock);
                 let mut charged: Vec<(TierRefund, TierRefund)> = Vec::new();
                 for (i, &(step, key, cost, refund)) in ops.iter().enumerate() {
                     clock.advance(Duration::from_micros(step));

@@ -149,12 +149,10 @@ fn model_memory_and_redis_agree_on_reserve_and_settle() {
             let case = cases.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let limit = priced_limits()[which];
             let clock = ManualClock::new(T0_US + 123_457);
+            let (redis, memory) = server.redis_and_memory(&clock);
             let twins = Twins {
-                memory: MemoryBackend::with_manual_clock(clock.clone()).into(),
-                redis: server
-                    .backend_on(&clock)
-                    .with_test_ttl_slack(Duration::from_secs(600))
-                    .into(),
+                memory,
+                redis,
                 clock,
                 key: format!("p{case}"),
                 tier: limit,
@@ -200,11 +198,7 @@ fn under_an_override_model_memory_and_redis_agree() {
             let (algorithm, quota, over, model_limit) = pairs[which];
             let tier = [priced_limits()[0], priced_limits()[3]][which];
             let clock = ManualClock::new(T0_US + 123_457);
-            let memory: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
-            let redis: Backend = server
-                .backend_on(&clock)
-                .with_test_ttl_slack(Duration::from_secs(600))
-                .into();
+            let (redis, memory) = server.redis_and_memory(&clock);
             let name = format!("o{case}");
             for b in [&memory, &redis] {
                 let layer = RateLimitLayer::builder()

@@ -11,9 +11,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 use tiered_ratelimit::algorithm::{Gcra, Limit, TokenBucket, Window};
-use tiered_ratelimit::backend::{
-    Backend, ManualClock, MemoryBackend, RedisBackend, TierCheck, Verdict,
-};
+use tiered_ratelimit::backend::{Backend, ManualClock, RedisBackend, TierCheck, Verdict};
 use tiered_ratelimit::{key::Global, BackendError, Quota, RateLimitLayer, Tier};
 
 type CheckFut = Pin<Box<dyn Future<Output = Result<Verdict, BackendError>> + Send>>;
@@ -55,16 +53,6 @@ fn checks_of(b: &Backend, requests: &[Vec<TierCheck>]) -> Vec<CheckFut> {
 /// A Redis backend on `redis` and a memory backend, both on `clock` (the
 /// Redis keys' TTLs with 10 minutes' slack, so that the manual clock can
 /// run ahead of Redis's), to decide the same requests side by side.
-fn redis_and_memory(redis: &RedisServer, clock: &ManualClock) -> (Backend, Backend) {
-    let red: Backend = RedisBackend::from_url(&redis.url())
-        .unwrap()
-        .with_manual_clock(clock.clone())
-        .with_test_ttl_slack(Duration::from_secs(600))
-        .into();
-    let mem: Backend = MemoryBackend::with_manual_clock(clock.clone()).into();
-    (red, mem)
-}
-
 fn fixed(limit: u64) -> Limit {
     Limit::FixedWindow(Window {
         limit,
@@ -191,7 +179,7 @@ async fn a_denied_request_in_a_batch_charges_none_of_its_keys() {
 async fn a_batch_decides_as_the_memory_backend_in_arrival_order() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let (red, mem) = redis_and_memory(&redis, &clock);
+    let (red, mem) = redis.redis_and_memory(&clock);
     let bucket = TokenBucket::new(5, 60 * S, 5).unwrap();
     let limits = [
         fixed(4),
@@ -342,7 +330,7 @@ async fn max_batch_one_sends_every_request_alone() {
 async fn fixed_windows_increment_first_decide_as_the_memory_backend() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let (red, mem) = redis_and_memory(&redis, &clock);
+    let (red, mem) = redis.redis_and_memory(&clock);
     let limits = [
         fixed(3),
         Limit::FixedWindow(Window {
@@ -498,7 +486,7 @@ fn random_requests(
 async fn candidates_in_a_batch_decide_as_the_memory_backend() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let (red, mem) = redis_and_memory(&redis, &clock);
+    let (red, mem) = redis.redis_and_memory(&clock);
     let bucket = TokenBucket::new(5, 60 * S, 5).unwrap();
     let limits = [
         fixed(4),
@@ -577,7 +565,7 @@ async fn candidates_in_a_batch_decide_as_the_memory_backend() {
 async fn fixed_window_candidates_in_a_batch_never_reject_a_request() {
     let redis = RedisServer::start();
     let clock = ManualClock::new(T0_US);
-    let (red, mem) = redis_and_memory(&redis, &clock);
+    let (red, mem) = redis.redis_and_memory(&clock);
     let mut rng = Rng::new(53);
     red.check(vec![tier("warm", fixed(1))]).await.unwrap();
     let (mut live_allowed, mut candidate_denied) = (0, 0);

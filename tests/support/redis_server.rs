@@ -133,6 +133,23 @@ impl RedisServer {
             .unwrap()
             .with_manual_clock(clock.clone())
     }
+
+    /// A backend on this server and a memory backend, both on `clock`: the
+    /// pair a model test compares. The Redis one with 600 s of TTL slack,
+    /// so Redis's real-time expiry never runs ahead of the test's clock.
+    pub fn redis_and_memory(
+        &self,
+        clock: &tiered_ratelimit::backend::ManualClock,
+    ) -> (
+        tiered_ratelimit::backend::Backend,
+        tiered_ratelimit::backend::Backend,
+    ) {
+        let redis = self
+            .backend_on(clock)
+            .with_test_ttl_slack(Duration::from_secs(600));
+        let memory = tiered_ratelimit::backend::MemoryBackend::with_manual_clock(clock.clone());
+        (redis.into(), memory.into())
+    }
 }
 
 impl RedisServer {
