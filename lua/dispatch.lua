@@ -94,7 +94,9 @@ end
 -- unit (token and leaky buckets) or window length (fixed window, sliding
 -- window counter), h1..h3 the configured calendar's three boundaries.
 -- Kept as t[14] (nil without a suffix); the tier then writes the tagged
--- forms (docs/redis.md, "Stored values") and is never plain.
+-- forms (docs/redis.md, "Stored values") and is never plain. A spec may
+-- then carry its candidates' pack: " c " and the pack's spec (pack_spec;
+-- t[20], see tier_spec).
 -- Parsed specs are kept by their string: loaded as a Redis Function the
 -- table lives as long as the library, so a request's tiers cost one table
 -- lookup each instead of seven tonumber() calls (a deployment has a few
@@ -124,6 +126,10 @@ local specs, specs_n = {}, 0
 -- { kind as check_plain's, p1, p2, p3, p4, cost, tag }. false when
 -- malformed.
 local pack_kinds = { [4] = 1, [5] = 5, [1] = 2, [9] = 3, [3] = 4 }
+-- The algorithms whose value is a string of one SET: the tiers that can
+-- hold their candidates' pack in their own value.
+local string_valued = { [token_bucket] = true, [leaky_bucket] = true, [fixed_window] = true,
+  [calendar] = true, [sliding_window_counter] = true }
 local function pack_spec(s)
   local n = {}
   for x in string.gmatch(s, '-?%d+') do n[#n + 1] = tonumber(x) end
@@ -137,7 +143,8 @@ local function pack_spec(s)
     if (kind == 1 or kind == 5) and n[b + 3] ~= 1 then return false end
     if kind == 5 and n[b + 5] >= 0 then return false end
     if (kind == 2 or kind == 4) and n[b + 3] < 1 then return false end
-    c[j] = { kind, n[b + 2], n[b + 3], n[b + 4], n[b + 5], n[b + 6], n[b + 7] }
+    -- [8]: a bucket's cost in µs of its rate (cost × unit), computed once.
+    c[j] = { kind, n[b + 2], n[b + 3], n[b + 4], n[b + 5], n[b + 6], n[b + 7], n[b + 6] * n[b + 4] }
   end
   local t = { false, 0, 0, 0, 0, 0, false, false, false, 8 }
   t[15], t[16] = n[2], c
@@ -147,6 +154,25 @@ end
 local function tier_spec(s)
   local t = specs[s]
   if t ~= nil then return t end
+  -- A live tier carrying its candidates' pack: its spec, " c ", then the
+  -- pack's (src/backend/redis/wire/args.rs, `write_tier_with_pack`): the
+  -- live spec's table with the pack's as t[20]; only a tier whose value
+  -- is a string of one SET holds a pack (docs/redis.md, "Stored values"),
+  -- and it is never decided increment-first (t[18]).
+  local c = string.find(s, ' c ', 1, true)
+  if c then
+    local live, pack = tier_spec(string.sub(s, 1, c - 1)), pack_spec(string.sub(s, c + 3))
+    t = false
+    if live and pack and string_valued[live[1]] then
+      t = {}
+      for q, x in pairs(live) do t[q] = x end
+      t[18], t[19], t[20] = nil, nil, pack
+    end
+    if specs_n >= 1024 then specs, specs_n = {}, 0 end
+    specs[s] = t
+    specs_n = specs_n + 1
+    return t
+  end
   if string.sub(s, 1, 3) == '10 ' then
     t = pack_spec(s)
     if specs_n >= 1024 then specs, specs_n = {}, 0 end
@@ -420,15 +446,19 @@ end
 -- longest-lived state's), or nil when none allows; and the PX of the
 -- stored pack's longest-lived state (nil when none lives: the pack kept
 -- as it is by a tier key that holds it, inline_write).
--- In a tier key's value (candidate_inline), z is the position of the '\0'
--- the pack follows (0: the value holds none) and the value ends with one
--- more byte, the number of states (the pack it returns has it too); else
--- z is nil and the pack is the whole value.
+-- In a tier key's value (candidate_inline, embedded_pack), z is the
+-- position of the '\0' the pack follows (0: the value holds none) and the
+-- value ends with one more byte, the number of states (the pack it
+-- returns has it too); else z is nil and the pack is the whole value.
+-- pre: the live value the returned value starts with (then a '\0', packed
+-- by struct's 's' with the states: one string made, not two joined), or
+-- false for the decisions alone (no value returned).
 -- The new pack's numbers, reused by every call (no table per call).
 local pack_out = {}
 local pack_formats = { '<dddd', '<dddddddd', '<dddddddddddd', '<dddddddddddddddd',
   [-1] = '<ddddB', [-2] = '<ddddddddB', [-3] = '<ddddddddddddB', [-4] = '<ddddddddddddddddB' }
-local function candidate_pack(t, v, now, out, o, z)
+local prefixed_formats = { '<sddddB', '<sddddddddB', '<sddddddddddddB', '<sddddddddddddddddB' }
+local function candidate_pack(t, v, now, out, o, z, pre)
   local c = t[16]
   local k = #c
   -- The stored states: m of them, each read where it is, by its tag (a
@@ -480,23 +510,23 @@ local function candidate_pack(t, v, now, out, o, z)
     local until_us = 0
     if kind == 1 or kind == 5 then
       -- A bucket of rate 1: a = its TAT.
-      local capacity, cost = e[2], e[6] * e[4]
+      local capacity, cost = e[2], e[8]
       local missing = 0
       if a > now then
         missing = a - now
         if kind == 1 and missing > 4503599627370496 then missing = 4503599627370496 end
       end
-      local ok, after
+      -- after: the TAT past now once charged; nil: it denies.
+      local after
       if kind == 1 then
         local tokens = capacity - missing
         if tokens < 0 then tokens = 0 end
-        ok = cost <= tokens
-        after = capacity - tokens + cost
+        if cost <= tokens then after = capacity - tokens + cost end
       else
         after = missing + cost
-        ok = cost <= capacity and after <= capacity
+        if cost > capacity or after > capacity then after = nil end
       end
-      if ok then
+      if after then
         out[o + 1] = missing
         a = now + after
         any = true
@@ -579,7 +609,18 @@ local function candidate_pack(t, v, now, out, o, z)
   end
   local stored_px
   if stored > now then stored_px = px_of(stored - now) end
-  if not any then return o, nil, nil, stored_px end
+  if not any or pre == false then return o, nil, nil, stored_px end
+  if pre then
+    local f = prefixed_formats[k]
+    if not f then f = '<s' .. string.rep('d', 4 * k) .. 'B'; prefixed_formats[k] = f end
+    new[4 * k + 1] = k
+    -- px_of(latest - now), written out.
+    local us = latest - now + 999
+    local ms = floor(us / 1000)
+    if ms * 1000 > us then ms = ms - 1 end
+    if ms < 1 then ms = 1 end
+    return o, struct.pack(f, pre, unpack(new, 1, 4 * k + 1)), ms + ttl_slack_ms, stored_px
+  end
   if z then
     -- Counted (a tier key's value).
     local f = pack_formats[-k]
@@ -603,16 +644,18 @@ end
 -- pack's PX (nil: no state of it lives), z (0: none), then [7], [8] the live value
 -- to write and its PX, set by the caller when the request charges the
 -- live check }.
+local function pack_at(v)
+  if not v then return 0 end
+  local n = #v
+  local count = string.byte(v, n)
+  if not count then return 0 end
+  local z = n - 32 * count - 1
+  if z < 1 or string.byte(v, z) ~= 0 then return 0 end
+  return z
+end
+
 local function candidate_inline(t, v, now, out, o)
-  local z = 0
-  if v then
-    local n = #v
-    local count = string.byte(v, n)
-    if count then
-      z = n - 32 * count - 1
-      if z < 1 or string.byte(v, z) ~= 0 then z = 0 end
-    end
-  end
+  local z = pack_at(v)
   local value, px, stored_px
   o, value, px, stored_px = candidate_pack(t, v, now, out, o, z)
   return o, { t[15], value, px, v, stored_px, z }
@@ -650,6 +693,7 @@ local function inline_write(key, r, commit)
   end
 end
 
+
 -- The check of a request whose tiers are all plain (see tier_spec:
 -- enforced, listed once, and of a kind written out here, so neither an
 -- override nor a penalty box is among them): each algorithm's commonest
@@ -672,7 +716,8 @@ local function check_plain(now, first, n, states)
   -- first tier's write in locals, the others' in a table made for them.
   local out
   if n == 1 then
-    out = { now, 0, 0, 0 }
+    -- (A tier carrying its candidates' pack answers them too: up to four.)
+    if t[20] then out = { now, 0, 0, 0, 0, 0, 0, 0 } else out = { now, 0, 0, 0 } end
   elseif n <= 4 then
     out = { now, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
   else
@@ -681,6 +726,8 @@ local function check_plain(now, first, n, states)
   local o = 1
   local value1, px1, writes
   local rejected, cands, inl
+  -- Live tiers carrying their candidates' pack: the first in locals.
+  local emb_i, emb_pack, emb
   for i = 1, n do
     local value, px
     if i > 1 then
@@ -691,6 +738,16 @@ local function check_plain(now, first, n, states)
     end
     local kind = t[10]
     local v = states[i]
+    -- A live tier carrying its candidates' pack: decided after the tiers.
+    if t[20] then
+      if not emb_i then
+        emb_i, emb_pack = i, t[20]
+      elseif emb then
+        emb[#emb + 1], emb[#emb + 2] = i, t[20]
+      else
+        emb = { i, t[20] }
+      end
+    end
     if t[15] and kind ~= 8 then
       -- A candidate of the live tier numbered t[15].
       if cands then cands[i] = t[15] else cands = { [i] = t[15] } end
@@ -927,6 +984,68 @@ local function check_plain(now, first, n, states)
       writes[2 * i - 1], writes[2 * i] = value, px
     end
   end
+  -- Live tiers carrying their candidates' pack (tier_spec): the
+  -- candidates' replies after every tier's, and one write of each tier
+  -- key, of the live value (charged when no tier rejected) and the pack
+  -- (charged when no tier but its own live one did: the candidates' rule
+  -- below).
+  if emb_i then
+    local one = rejected and #rejected == 1 and rejected[1]
+    local i, pack, q = emb_i, emb_pack, -1
+    while i do
+      local live, live_px
+      if not rejected then
+        if i == 1 then
+          live, live_px, value1 = value1, px1, nil
+        elseif writes then
+          live, live_px = writes[2 * i - 1], writes[2 * i]
+          writes[2 * i - 1] = nil
+        end
+      end
+      -- Decided, and with their commit written with the live value in
+      -- one SET, as inline_write writes them (no record table, and the
+      -- new value made by one struct.pack): the live value charged, else
+      -- the stored one (its PTTL), a '\0', and the pack charged, else the
+      -- stored pack while a state of it lives.
+      local key, v = KEYS[i], states[i]
+      -- pack_at(v), written out.
+      local z = 0
+      if v then
+        local nv = #v
+        local count = string.byte(v, nv)
+        if count then
+          z = nv - 32 * count - 1
+          if z < 1 or string.byte(v, z) ~= 0 then z = 0 end
+        end
+      end
+      if rejected and one ~= i then
+        -- (The request charged nothing of this key.)
+        o = candidate_pack(pack, v, now, out, o, z, false)
+      else
+        local pre = live
+        if not live and v then
+          if z == 0 then pre = v elseif z > 1 then pre = string.sub(v, 1, z - 1) end
+        end
+        local value, px, stored_px
+        o, value, px, stored_px = candidate_pack(pack, v, now, out, o, z, pre or '')
+        if value then
+          if not live and pre then live_px = rcall('PTTL', key) end
+          if live_px and live_px > px then px = live_px end
+          rcall('SET', key, value, 'PX', px)
+        elseif live then
+          if stored_px then
+            if stored_px > live_px then live_px = stored_px end
+            rcall('SET', key, live .. '\0' .. string.sub(v, z + 1), 'PX', live_px)
+          else
+            rcall('SET', key, live, 'PX', live_px)
+          end
+        end
+      end
+      q = q + 2
+      if not emb then break end
+      i, pack = emb[q], emb[q + 1]
+    end
+  end
   out[o + 1] = nil
   -- Tier keys holding their candidates' pack: one write each, of the live
   -- value (charged when no tier rejected) and the pack (charged by the
@@ -1083,7 +1202,7 @@ local function check_request(clock, first, n)
   -- each tier is past its own number; those a tier key holds
   -- (candidate_inline), by their live check's number.
   local shift, shifts = 0, nil
-  local inl
+  local inl, emb
   for i = 1, n do
     -- The kept spec looked up here (a call less per tier), else parsed.
     local spec = ARGV[first + i - 1]
@@ -1118,6 +1237,11 @@ local function check_request(clock, first, n)
       if not cands then cands = {} end
       cands[i] = t[15]
     else
+      -- A live tier carrying its candidates' pack (tier_spec): decided
+      -- after the tiers.
+      if t[20] then
+        if emb then emb[#emb + 1], emb[#emb + 2] = i, t[20] else emb = { i, t[20] } end
+      end
       -- A per-key override read by the check just before (override.lua).
       if override_next then t = override_apply(t) end
       local allowed, remaining, reset, retry, delay, write, ttl, undo, cv, cpx =
@@ -1161,6 +1285,19 @@ local function check_request(clock, first, n)
         out[o + 3] = retry
         o = o + 3
       end
+    end
+  end
+  -- Live tiers carrying their candidates' pack: the candidates' replies
+  -- after every tier's, and their record for the tier key's one write
+  -- (inline_write below), with their commit (the candidates' rule below).
+  if emb then
+    for q = 1, #emb, 2 do
+      local i = emb[q]
+      local r
+      o, r = candidate_inline(emb[q + 1], states[i], now, out, o)
+      r[1], r[10] = i, denials == 0 or (denials == 1 and denied_at == i)
+      if not inl then inl = {} end
+      inl[i] = r
     end
   end
   -- Charge, then the trailer: every allowing tier with a delay, or with a
@@ -1221,7 +1358,9 @@ local function check_request(clock, first, n)
   end
   if inl then
     for live, r in pairs(inl) do
-      inline_write(KEYS[live], r, commits[r[9]])
+      local commit = r[10]
+      if commit == nil then commit = commits[r[9]] end
+      inline_write(KEYS[live], r, commit)
     end
   end
   -- The reply ends at its first nil (the slots presized for four tiers).

@@ -651,3 +651,35 @@ fn an_instance_without_the_candidates_reads_the_live_value_alone() {
         );
     }
 }
+
+/// The layer's commonest shape: a token bucket of rate 1 carrying its
+/// four candidates' pack in its own spec (`wire::embedded_packs`) beside a
+/// tier that never denies, both decided by the script's plain path. The
+/// bucket alone denies often while its candidates, larger, allow: each
+/// allowing candidate is charged then (its tier's live check is the only
+/// one denying), and the model, the memory backend and Redis agree on
+/// every decision; no key of the candidates' own exists.
+#[test]
+fn a_bucket_carrying_its_pack_charges_the_candidates_when_it_alone_denies() {
+    use crate::support::algorithms::S;
+    use tiered_ratelimit::algorithm::{TokenBucket, Window};
+    let h = Harness::new();
+    let all = algorithm_limits();
+    let live = Limit::TokenBucket(TokenBucket::new(1, S, 2).unwrap());
+    let never = Limit::FixedWindow(Window {
+        limit: 1_000_000,
+        window_us: 60 * S,
+    });
+    let ca = four_packed(&all);
+    let mut next = seeded();
+    let ops: Vec<Op> = (0..400)
+        .map(|_| (next() % 400_000, (next() % 2) as u8, 1, false))
+        .collect();
+    let (denied, allowed) = h.run(4_000_000, (live, never), &ca, &[], &ops);
+    assert!(
+        denied > 0 && allowed > 0,
+        "{denied} denied, {allowed} allowed"
+    );
+    let own: Vec<String> = h._redis.cmd(&["KEYS", "c4000000:*{c*"]);
+    assert_eq!(own, Vec::<String>::new());
+}

@@ -81,14 +81,18 @@ impl RedisBackend {
             Some(_) => 2,
         };
         // The candidates: a live check's packed in one key and one spec
-        // when they can be (wire::packs), else each on its own key.
+        // when they can be (wire::packs), else each on its own key; the
+        // packs at the end that their tier key holds, in their live
+        // check's spec (wire::embedded_packs: no key and no spec).
         let live = checks.len().saturating_sub(live_of.len());
-        let sent_candidates = wire::packs(checks, live_of);
+        let all_candidates = wire::packs(checks, live_of);
+        let embedded = wire::embedded_packs(checks, &all_candidates, live);
+        let (sent_candidates, embedded) = all_candidates.split_at(all_candidates.len() - embedded);
         cmd.arg(live + sent_candidates.len() + sets);
         for c in &checks[..live] {
             cmd.arg(c.key.as_str());
         }
-        for s in &sent_candidates {
+        for s in sent_candidates {
             match s {
                 wire::Sent::Own(i) => cmd.arg(checks[*i].key.as_str()),
                 wire::Sent::Pack((of, _)) => cmd.arg(&wire::pack_key(checks, *of, live)[..]),
@@ -107,9 +111,17 @@ impl RedisBackend {
         // flags).
         for (i, (c, t)) in checks[..live].iter().zip(tiers).enumerate() {
             let shadow = if shadow.contains(i) { wire::SHADOW } else { 0 };
-            wire::write_tier(&mut cmd, c, shadow | undo | t.listing_flag());
+            let flags = shadow | undo | t.listing_flag();
+            let pack = embedded.iter().find_map(|s| match s {
+                wire::Sent::Pack(p) if p.0 == i => Some(p),
+                _ => None,
+            });
+            match pack {
+                Some(p) => wire::write_tier_with_pack(&mut cmd, c, flags, checks, p, i),
+                None => wire::write_tier(&mut cmd, c, flags),
+            }
         }
-        for s in &sent_candidates {
+        for s in sent_candidates {
             match s {
                 wire::Sent::Own(i) => {
                     if let (Some(c), Some(t)) = (checks.get(*i), tiers.get(*i)) {

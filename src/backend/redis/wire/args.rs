@@ -418,21 +418,55 @@ pub(in crate::backend::redis) fn pack_key(
         return k;
     };
     k.extend_from_slice(c.key.as_bytes());
-    let inline = matches!(
-        c.limit,
-        Limit::TokenBucket(_)
-            | Limit::LeakyBucket(_)
-            | Limit::FixedWindow(_)
-            | Limit::Calendar(_)
-            | Limit::SlidingWindowCounter(_)
-    ) && checks[..live.min(checks.len())]
-        .iter()
-        .enumerate()
-        .all(|(j, other)| j == of || other.key != c.key);
-    if !inline {
+    if !holds_pack(checks, of, live) {
         k.extend_from_slice(PACK_SUFFIX.as_bytes());
     }
     k
+}
+
+/// Whether the candidates pack of `checks[of]` lives in the live check's
+/// own value ([`pack_key`]).
+fn holds_pack(checks: &[TierCheck], of: usize, live: usize) -> bool {
+    checks.get(of).is_some_and(|c| {
+        matches!(
+            c.limit,
+            Limit::TokenBucket(_)
+                | Limit::LeakyBucket(_)
+                | Limit::FixedWindow(_)
+                | Limit::Calendar(_)
+                | Limit::SlidingWindowCounter(_)
+        ) && checks[..live.min(checks.len())]
+            .iter()
+            .enumerate()
+            .all(|(j, other)| j == of || other.key != c.key)
+    })
+}
+
+/// How many of the last of `sent` (a call's candidates, [`packs`]) are
+/// carried in their live check's spec ([`write_tier_with_pack`]): the
+/// packs at the end of the call that their tier key holds, in the order
+/// of their live checks. They have no key and no spec of their own, and
+/// the script answers them after every check it was sent, in that order
+/// (`lua/dispatch.lua`, `embedded_pack`): the reply's layout and the
+/// trailer's numbering are the same as with each sent on its own. The
+/// first `live` of `checks` are the live checks.
+pub(in crate::backend::redis) fn embedded_packs(
+    checks: &[TierCheck],
+    sent: &[Sent],
+    live: usize,
+) -> usize {
+    let mut n = 0;
+    let mut before = usize::MAX;
+    for s in sent.iter().rev() {
+        match s {
+            Sent::Pack((of, _)) if *of < before && holds_pack(checks, *of, live) => {
+                before = *of;
+                n += 1;
+            }
+            _ => break,
+        }
+    }
+    n
 }
 
 /// A candidate's tag in its pack: the FNV-1a hash of its key past its
@@ -455,26 +489,56 @@ pub(in crate::backend::redis) fn write_pack(
     pack: &Pack,
     at: usize,
 ) {
+    let mut spec: smallvec::SmallVec<[u8; 256]> = smallvec::SmallVec::new();
+    push_pack(&mut spec, checks, pack, at);
+    cmd.arg(&spec[..]);
+}
+
+/// Writes the spec of live check `check` (as [`write_tier`]) carrying the
+/// candidates `pack` of `checks`, its live check at `at` (from 0):
+/// `"<spec> c <pack spec>"` ([`write_pack`]; `lua/dispatch.lua`,
+/// `tier_spec`). The pack is in the tier key's value ([`pack_key`]).
+pub(in crate::backend::redis) fn write_tier_with_pack(
+    cmd: &mut Cmd,
+    check: &TierCheck,
+    flags: u8,
+    checks: &[TierCheck],
+    pack: &Pack,
+    at: usize,
+) {
+    let mut spec: smallvec::SmallVec<[u8; 256]> = smallvec::SmallVec::new();
+    spec.extend_from_slice(TierSpec::new(check, flags).as_bytes());
+    spec.extend_from_slice(b" c ");
+    push_pack(&mut spec, checks, pack, at);
+    cmd.arg(&spec[..]);
+}
+
+/// Appends the spec of `pack` ([`write_pack`]) to `spec`.
+fn push_pack(
+    spec: &mut smallvec::SmallVec<[u8; 256]>,
+    checks: &[TierCheck],
+    pack: &Pack,
+    at: usize,
+) {
     let (of, range) = pack;
     let live = checks.get(*of).map_or(0, |c| c.key.len());
-    fn push(n: i64, spec: &mut smallvec::SmallVec<[u8; 256]>) {
-        if !spec.is_empty() {
+    let start = spec.len();
+    let mut push = |n: i64| {
+        if spec.len() > start {
             spec.push(b' ');
         }
         spec.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-    }
-    let mut spec: smallvec::SmallVec<[u8; 256]> = smallvec::SmallVec::new();
-    push(PACK, &mut spec);
-    push(int(at as u64 + 1), &mut spec);
-    push(int(range.len() as u64), &mut spec);
+    };
+    push(PACK);
+    push(int(at as u64 + 1));
+    push(int(range.len() as u64));
     for c in &checks[range.clone()] {
         let (algorithm, p) = encode(&c.limit);
-        push(i64::from(algorithm), &mut spec);
+        push(i64::from(algorithm));
         for x in p {
-            push(x, &mut spec);
+            push(x);
         }
-        push(int(c.cost), &mut spec);
-        push(pack_tag(c.key.get(live..).unwrap_or("")), &mut spec);
+        push(int(c.cost));
+        push(pack_tag(c.key.get(live..).unwrap_or("")));
     }
-    cmd.arg(&spec[..]);
 }

@@ -411,3 +411,43 @@ fn a_batch_reply_splits_by_tiers() {
     let v = BatchValues::from_redis_value_ref(&Value::Array(vec![Value::Int(1), Value::Int(0)]));
     assert_eq!(v.unwrap().replies([0]), None);
 }
+
+/// Which packs a call carries in their live check's spec
+/// (`embedded_packs`): those at the end of the call that their tier key
+/// holds, in their live checks' order; a pack a log's own key holds
+/// (`{c}`), a candidate on its own key, or a pack out of order after them
+/// leaves the ones before it sent with a key and spec of their own.
+#[test]
+fn packs_at_the_end_that_the_tier_key_holds_ride_in_its_spec() {
+    let w = Window {
+        limit: 10,
+        window_us: 60_000_000,
+    };
+    let bucket = Limit::TokenBucket(TokenBucket::new(10, 60_000_000, 10).unwrap());
+    let check = |key: &str, limit: Limit| TierCheck {
+        key: key.to_owned(),
+        limit,
+        cost: 1,
+        home: None,
+    };
+    let fixed = Limit::FixedWindow(w);
+    let log = Limit::SlidingWindowLog(w);
+    // Live a (bucket), b (log), c (fixed); candidates of each.
+    let live = [check("a", bucket), check("b", log), check("c", fixed)];
+    let calls: [(&[u8], usize); 5] = [
+        (&[0, 2], 2),
+        (&[0, 1], 0),
+        (&[1, 0], 1),
+        (&[2, 0], 1),
+        (&[0, 0, 2], 2),
+    ];
+    for (live_of, want) in calls {
+        let mut checks = live.to_vec();
+        for &of in live_of {
+            let key = format!("{}{{c:{}}}", live[usize::from(of)].key, checks.len());
+            checks.push(check(&key, fixed));
+        }
+        let sent = packs(&checks, live_of);
+        assert_eq!(embedded_packs(&checks, &sent, 3), want, "{live_of:?}");
+    }
+}
