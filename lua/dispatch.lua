@@ -471,6 +471,8 @@ local function candidate_pack(t, v, now, out, o, z, pre)
   end
   local new = pack_out
   local any, latest, stored = false, 0, 0
+  -- new[w]: the tag of candidate j's state (w = 4j - 3).
+  local w = -3
   for j = 1, k do
     local e = c[j]
     local kind, tag = e[1], e[7]
@@ -505,107 +507,118 @@ local function candidate_pack(t, v, now, out, o, z, pre)
         if u > stored then stored = u end
       end
     end
-    local w = 4 * j - 3
+    w = w + 4
     new[w] = tag
-    local until_us = 0
-    if kind == 1 or kind == 5 then
-      -- A bucket of rate 1: a = its TAT.
+    if kind == 1 then
+      -- A token bucket of rate 1 (the commonest: its own branch, the
+      -- fewest VM instructions): a = its TAT.
       local capacity, cost = e[2], e[8]
       local missing = 0
       if a > now then
         missing = a - now
-        if kind == 1 and missing > 4503599627370496 then missing = 4503599627370496 end
+        if missing > 4503599627370496 then missing = 4503599627370496 end
       end
-      -- after: the TAT past now once charged; nil: it denies.
-      local after
-      if kind == 1 then
-        local tokens = capacity - missing
-        if tokens < 0 then tokens = 0 end
-        if cost <= tokens then after = capacity - tokens + cost end
-      else
-        after = missing + cost
-        if cost > capacity or after > capacity then after = nil end
-      end
-      if after then
-        out[o + 1] = missing
-        a = now + after
-        any = true
-      else
-        out[o + 1] = -missing - 1
-      end
+      local tokens = capacity - missing
+      if tokens < 0 then tokens = 0 end
       o = o + 1
-      until_us = a
-    elseif kind == 4 then
-      -- A sliding window counter: a start, b current, x previous count.
-      local limit, window, cost = e[2], e[3], e[6]
-      local start = floor(now / window)
-      if start * window > now then start = start - 1 end
-      start = start * window
-      local prev, cur = 0, 0
-      if a == start then
-        prev, cur = x, b
-      elseif a + window == start then
-        prev = b
-      end
-      local cap = limit * window
-      local est = prev * (window - (now - start)) + cur * window
-      if est + cost * window <= cap then
-        local reset = start + 2 * window - now
-        if cur + cost == 0 then reset = counter_reset(start, window, prev, 0, now) end
-        local left = cap - est - cost * window
-        out[o + 1], out[o + 2], out[o + 3] = div_floor(left, window), reset, 0
-        a, b, x = start, cur + cost, prev
+      if cost <= tokens then
+        out[o] = missing
+        a = now + (capacity - tokens + cost)
         any = true
       else
-        -- sliding_window_counter's denial, written out.
-        local reset = counter_reset(start, window, prev, cur, now)
-        local retry
-        if cost > limit then
-          retry = reset
-        elseif cur + cost <= limit then
-          retry = start + window - div_floor((limit - cost - cur) * window, prev) - now
-        else
-          local wait = 0
-          if cur > 0 then
-            wait = window - div_floor((limit - cost) * window, cur)
-            if wait < 0 then wait = 0 end
-          end
-          retry = start + window + wait - now
-        end
-        local left = cap - est
-        if left < 0 then left = 0 end
-        out[o + 1], out[o + 2], out[o + 3] = -div_floor(left, window) - 1, reset, retry
+        out[o] = -missing - 1
       end
-      o = o + 3
-      if b > 0 then until_us = a + 2 * window elseif x > 0 then until_us = a + window end
+      new[w + 1], new[w + 2], new[w + 3] = a, 0, 0
+      if a > latest then latest = a end
     else
-      -- A fixed window (kind 2) or a calendar window (kind 3): a start,
-      -- b count, x end.
-      local limit, start, window, margin = e[2], nil, nil, 0
-      if kind == 2 then
-        window = e[3]
-        start = floor(now / window)
+      local until_us = 0
+      if kind == 5 then
+        -- A policing leaky bucket of rate 1: a = its TAT.
+        local capacity, cost = e[2], e[8]
+        local missing = 0
+        if a > now then missing = a - now end
+        local after = missing + cost
+        if cost <= capacity and after <= capacity then
+          out[o + 1] = missing
+          a = now + after
+          any = true
+        else
+          out[o + 1] = -missing - 1
+        end
+        o = o + 1
+        until_us = a
+      elseif kind == 4 then
+        -- A sliding window counter: a start, b current, x previous count.
+        local limit, window, cost = e[2], e[3], e[6]
+        local start = floor(now / window)
         if start * window > now then start = start - 1 end
         start = start * window
+        local prev, cur = 0, 0
+        if a == start then
+          prev, cur = x, b
+        elseif a + window == start then
+          prev = b
+        end
+        local cap = limit * window
+        local est = prev * (window - (now - start)) + cur * window
+        if est + cost * window <= cap then
+          local reset = start + 2 * window - now
+          if cur + cost == 0 then reset = counter_reset(start, window, prev, 0, now) end
+          local left = cap - est - cost * window
+          out[o + 1], out[o + 2], out[o + 3] = div_floor(left, window), reset, 0
+          a, b, x = start, cur + cost, prev
+          any = true
+        else
+          -- sliding_window_counter's denial, written out.
+          local reset = counter_reset(start, window, prev, cur, now)
+          local retry
+          if cost > limit then
+            retry = reset
+          elseif cur + cost <= limit then
+            retry = start + window - div_floor((limit - cost - cur) * window, prev) - now
+          else
+            local wait = 0
+            if cur > 0 then
+              wait = window - div_floor((limit - cost) * window, cur)
+              if wait < 0 then wait = 0 end
+            end
+            retry = start + window + wait - now
+          end
+          local left = cap - est
+          if left < 0 then left = 0 end
+          out[o + 1], out[o + 2], out[o + 3] = -div_floor(left, window) - 1, reset, retry
+        end
+        o = o + 3
+        if b > 0 then until_us = a + 2 * window elseif x > 0 then until_us = a + window end
       else
-        start, window = calendar_window(now, e[3], e[4], e[5])
-        margin = 60000000
+        -- A fixed window (kind 2) or a calendar window (kind 3): a start,
+        -- b count, x end.
+        local limit, start, window, margin = e[2], nil, nil, 0
+        if kind == 2 then
+          window = e[3]
+          start = floor(now / window)
+          if start * window > now then start = start - 1 end
+          start = start * window
+        else
+          start, window = calendar_window(now, e[3], e[4], e[5])
+          margin = 60000000
+        end
+        local count = 0
+        if a == start and x == start + window then count = b end
+        local after = count + e[6]
+        if after <= limit then
+          out[o + 1] = count
+          a, b, x = start, after, start + window
+          any = true
+        else
+          out[o + 1] = -count - 1
+        end
+        o = o + 1
+        if b > 0 then until_us = x + margin end
       end
-      local count = 0
-      if a == start and x == start + window then count = b end
-      local after = count + e[6]
-      if after <= limit then
-        out[o + 1] = count
-        a, b, x = start, after, start + window
-        any = true
-      else
-        out[o + 1] = -count - 1
-      end
-      o = o + 1
-      if b > 0 then until_us = x + margin end
+      new[w + 1], new[w + 2], new[w + 3] = a, b, x
+      if until_us > latest then latest = until_us end
     end
-    new[w + 1], new[w + 2], new[w + 3] = a, b, x
-    if until_us > latest then latest = until_us end
   end
   local stored_px
   if stored > now then stored_px = px_of(stored - now) end

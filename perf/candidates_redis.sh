@@ -105,6 +105,21 @@ packed() { # K WHERE: the call with K candidates packed: in the tier key's
   fi
 }
 
+# The same with a bucket whose key lives (4 × 10^15 µs of capacity, each
+# call costing 10^9: the key is found and its states read every call,
+# where the shape above finds it gone, its PX being 1 ms).
+lived() { # K
+  local k=$1 long="4 4000000000000000 1 1000000000 0 1 8" pack="10 1 $1" j
+  if [[ $k == 0 ]]; then
+    per_call "lived0" fcall FN 2 "$key" rl:blocked:h "$deadline" "$long"
+    return
+  fi
+  for j in $(seq 1 "$k"); do
+    pack+=" 4 $((4000000000000000 + j)) 1 1000000000 0 1 $(tag "{c:$j}")"
+  done
+  per_call "lived$k" fcall FN 2 "$key" rl:blocked:h "$deadline" "$long c $pack"
+}
+
 c0=$(own 0)
 p1=$(packed 1 embedded)
 p2=$(packed 2 embedded)
@@ -116,6 +131,8 @@ a4=$(packed 4 apart)
 o1=$(own 1)
 o2=$(own 2)
 o4=$(own 4)
+l0=$(lived 0)
+l4=$(lived 4)
 echo "Redis $(redis-server --version | awk '{print $3}'), code $commit"
 echo
 echo "| call | Redis instructions per call | × without |"
@@ -135,3 +152,10 @@ names = ("1 tier", "1 tier (again)",
 for name, v in zip(names, c):
     print(f"| {name} | {v:,} | {v / base:.3f} |")
 PY
+echo
+echo "| a key that lives | Redis instructions per call | × without |"
+echo "|---|---|---|"
+python3 -c 'import sys
+a, b = map(int, sys.argv[1:])
+print(f"| 1 tier | {a:,} | 1.000 |")
+print(f"| 1 tier + 4 candidates, packed in the tier key | {b:,} | {b / a:.3f} |")' "$l0" "$l4"
