@@ -11,6 +11,12 @@
 //! [`take`] counts the candidates' decisions and cuts them off the
 //! verdict and the sent checks: everything after (outcome, decide, the
 //! deny cache, top-N, refunds) sees the live checks only.
+//!
+//! On the memory backend a request's candidates are, when they can be,
+//! their tiers' [`UnitCandidates`], built once: nothing is appended, each
+//! live check with candidates is noted in [`Meta::packs`], and the backend
+//! answers only which candidates denied ([`Meta::denials`]), which
+//! [`take`] counts the same way.
 
 use super::meta::Meta;
 use super::state::Shared;

@@ -4,8 +4,10 @@
 //! would deny, and its heaviest would-be-denied keys.
 //!
 //! One mutex per tier, taken once per request its candidates check (a few
-//! additions per quota; a denial also inserts the key's hash, computed once
-//! for the request, and feeds the sketch). The
+//! additions per quota, or one for all of them when every quota allowed
+//! the request, added to each before the counts are read or changed; a
+//! denial also inserts the key's hash, computed once for the request, and
+//! feeds the sketch). The
 //! distinct keys are kept exactly, as 64-bit hashes of the key parts, up
 //! to [`MAX_KEYS`] an hour: past that the count is a lower bound and the
 //! report says so (`keys_capped`). The heaviest keys come from a
