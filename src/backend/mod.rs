@@ -23,8 +23,8 @@ pub use charge::{Charge, TierRefund};
 #[cfg(not(feature = "__testing"))]
 pub(crate) use charge::{Charge, TierRefund};
 pub use clock::ManualClock;
-pub(crate) use memory::candidate_tag;
 pub use memory::MemoryBackend;
+pub(crate) use memory::{candidate_tag, Denials, PackGroup};
 
 use crate::algorithm::{Limit, TierDecision};
 use crate::error::BackendError;

@@ -418,6 +418,7 @@ fn compile_tier(
             name.clone(),
             candidates.iter().map(|c| c.label.clone()).collect(),
         ),
+        unit_candidates: super::candidates::UnitCandidates::new(&candidates, t.calendar.is_some()),
         candidates,
         no_key: NoKeyWatch::new(no_key_warn_after, t.no_key_cause),
         cost_exceeded_logged: std::sync::atomic::AtomicBool::new(false),

@@ -11,12 +11,18 @@
 //! [`take`] counts the candidates' decisions and cuts them off the
 //! verdict and the sent checks: everything after (outcome, decide, the
 //! deny cache, top-N, refunds) sees the live checks only.
+//!
+//! On the memory backend a request's candidates are, when they can be,
+//! their tiers' [`UnitCandidates`], built once: nothing is appended, each
+//! live check with candidates is noted in [`Meta::packs`], and the backend
+//! answers only which candidates denied ([`Meta::denials`]), which
+//! [`take`] counts the same way.
 
 use super::meta::Meta;
 use super::state::Shared;
 use crate::algorithm::kind::Algorithm;
 use crate::algorithm::Limit;
-use crate::backend::{TierCheck, Verdict};
+use crate::backend::{Denials, TierCheck, Verdict};
 use crate::error::{BackendError, ConfigError};
 use crate::quota::Quota;
 use std::sync::Arc;
@@ -44,6 +50,39 @@ pub(crate) struct BuiltCandidate {
     /// What names it on the memory backend, which packs a tier key's
     /// candidates in one entry: its suffix's tag there.
     pub(crate) tag: u64,
+}
+
+/// A tier's candidates as every request of cost 1 checks them on the
+/// memory backend when the tier has no calendar: the same checks each
+/// time (their keys empty, each named by its tag), so built once with
+/// the tier ([`plan`] notes the request's live check in
+/// [`Meta::packs`] instead of appending them).
+#[derive(Debug, Default)]
+pub(crate) struct UnitCandidates {
+    pub(crate) checks: Box<[TierCheck]>,
+    pub(crate) tags: Box<[u64]>,
+}
+
+impl UnitCandidates {
+    /// Of `candidates`; none for a calendar tier (its candidates' limits
+    /// follow the clock).
+    pub(crate) fn new(candidates: &[BuiltCandidate], calendar: bool) -> Self {
+        if calendar {
+            return Self::default();
+        }
+        Self {
+            checks: candidates
+                .iter()
+                .map(|c| TierCheck {
+                    key: String::new(),
+                    limit: c.limit,
+                    cost: 1,
+                    home: None,
+                })
+                .collect(),
+            tags: candidates.iter().map(|c| c.tag).collect(),
+        }
+    }
 }
 
 /// A quota as a candidate's label: `<limit>/<period>` (humantime, no
@@ -163,6 +202,11 @@ pub(crate) fn compile(
 /// key's own entry and tells them apart by their suffixes' tags
 /// alone: there the key is left empty (no string built per candidate) and
 /// the tag is noted in [`Meta::tags`] for the backend.
+///
+/// On the memory backend, when every live check of `pending` costs 1 on a
+/// tier without a calendar, nothing is appended: each is noted in
+/// [`Meta::packs`], and its tier's [`UnitCandidates`] checks are sent beside the
+/// live checks.
 pub(crate) fn plan(
     shared: &Shared,
     checks: &mut Vec<TierCheck>,
@@ -170,6 +214,12 @@ pub(crate) fn plan(
     pending: &[(u8, u8, u64)],
 ) {
     let keyed = !by_tag(&shared.backend);
+    if !keyed && units(shared, checks.len(), pending) {
+        for &(live, tier, _) in pending {
+            meta.packs.push((live, tier));
+        }
+        return;
+    }
     for &(live, tier, cost) in pending {
         let Some(t) = shared.config.tiers.get(usize::from(tier)) else {
             continue;
@@ -213,6 +263,24 @@ pub(crate) fn plan(
     }
 }
 
+/// Whether each of `pending` (after `live` live checks) is planned as its
+/// tier's [`UnitCandidates`]: its live check exists, costs 1 and its tier has one,
+/// and every candidate fits in [`MAX_TIERS`](crate::engine::MAX_TIERS)
+/// checks (as appended, none would be cut off).
+fn units(shared: &Shared, live: usize, pending: &[(u8, u8, u64)]) -> bool {
+    let mut n = live;
+    pending.iter().all(|&(at, tier, cost)| {
+        let Some(t) = shared.config.tiers.get(usize::from(tier)) else {
+            return false;
+        };
+        n += t.candidates.len();
+        cost == 1
+            && usize::from(at) < live
+            && !t.unit_candidates.checks.is_empty()
+            && t.unit_candidates.checks.len() == t.candidates.len()
+    }) && n <= crate::engine::MAX_TIERS
+}
+
 /// Whether `backend` names a candidate by its suffix's tag alone (the
 /// memory backend's packs, in their tier key's entry), so [`plan`] leaves
 /// its key empty. Redis keeps the keys: a pack is in the live key's value
@@ -227,6 +295,14 @@ fn by_tag(backend: &crate::backend::Backend) -> bool {
 /// candidates off the verdict and the sent checks (on an error, off the
 /// sent checks only: nothing is counted).
 pub(crate) fn take(shared: &Shared, meta: &mut Meta, result: &mut Result<Verdict, BackendError>) {
+    if !meta.packs.is_empty() {
+        if let Ok(v) = result {
+            count_units(shared, meta, v);
+        }
+        meta.packs.clear();
+        meta.denials = Denials::default();
+        return;
+    }
     if meta.live_of.is_empty() {
         return;
     }
@@ -294,6 +370,43 @@ fn count(shared: &Shared, meta: &Meta, v: &Verdict, live: usize, group: std::ops
             if n == 0 {
                 let live = crate::observe::fleet_candidates::live();
                 f.record(&shared.backend, &t.name, &live, part, !d.allowed, v.now_us);
+            }
+        }
+    }
+}
+
+/// [`count`] for the live checks of [`Meta::packs`], whose candidates (each
+/// tier's [`UnitCandidates`], in order) left only their denials, in
+/// [`Meta::denials`].
+fn count_units(shared: &Shared, meta: &Meta, v: &Verdict) {
+    let now_s = v.now_us / 1_000_000;
+    let mut at = 0u32;
+    for &(live, tier) in &meta.packs {
+        let Some(t) = shared.config.tiers.get(usize::from(tier)) else {
+            continue;
+        };
+        let k = u32::try_from(t.candidates.len()).unwrap_or(u32::MAX);
+        let denied = meta.denials.bits.checked_shr(at).unwrap_or(0)
+            & 1u64.checked_shl(k).map_or(u64::MAX, |b| b - 1);
+        at = at.saturating_add(k);
+        let (Some(d), Some(check)) = (
+            v.decisions.get(usize::from(live)),
+            meta.sent.get(usize::from(live)),
+        ) else {
+            continue;
+        };
+        let part = check.key.get(t.key_base.len()..).unwrap_or("");
+        t.candidate_stats
+            .record_all(part, now_s, !d.allowed, denied);
+        if let Some(f) = &shared.telemetry.fleet_candidates {
+            // The first candidate, the live quota, then the others.
+            for (n, c) in t.candidates.iter().enumerate() {
+                let denied = denied >> n & 1 == 1;
+                f.record(&shared.backend, &t.name, &c.label, part, denied, v.now_us);
+                if n == 0 {
+                    let live = crate::observe::fleet_candidates::live();
+                    f.record(&shared.backend, &t.name, &live, part, !d.allowed, v.now_us);
+                }
             }
         }
     }

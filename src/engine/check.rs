@@ -141,7 +141,7 @@ impl Engine {
                 // with candidates is always checked: they count every
                 // request (docs/rollout.md, "Candidate quotas").
                 let now = shared.guards.deny_cache.enabled().then(Instant::now);
-                let cached = if now.is_some() && meta.live_of.is_empty() {
+                let cached = if now.is_some() && meta.live_of.is_empty() && meta.packs.is_empty() {
                     deny_cached(shared, &checks, &meta, true, now)
                 } else {
                     Cached::Check(None)
@@ -352,7 +352,32 @@ fn begin(
         // Synchronous: keep the checks themselves, no copies; the verdict's
         // vectors are a spare's, given back once the request is decided.
         let mut verdict = super::spare::verdict();
-        if meta.live_of.is_empty() {
+        if !meta.packs.is_empty() {
+            // Each tier's candidate checks, built with it.
+            let tiers = &shared.config.tiers;
+            let group = |&(live, tier): &(u8, u8)| {
+                tiers
+                    .get(usize::from(tier))
+                    .map(|t| crate::backend::PackGroup {
+                        live: usize::from(live),
+                        checks: &t.unit_candidates.checks,
+                        tags: &t.unit_candidates.tags,
+                    })
+            };
+            let (shadow, refunds) = (meta.shadow, shared.config.refunds());
+            let denials = &mut meta.denials;
+            match meta.packs.as_slice() {
+                [one] => {
+                    let groups = group(one);
+                    let groups = groups.as_slice();
+                    m.check_with_packs(&checks, shadow, groups, refunds, &mut verdict, denials);
+                }
+                more => {
+                    let groups: Vec<_> = more.iter().filter_map(group).collect();
+                    m.check_with_packs(&checks, shadow, &groups, refunds, &mut verdict, denials);
+                }
+            }
+        } else if meta.live_of.is_empty() {
             m.check_reusing(&checks, meta.shadow, shared.config.refunds(), &mut verdict);
         } else {
             // The candidates' keys are left empty: named by their tags.

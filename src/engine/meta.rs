@@ -66,6 +66,14 @@ pub(crate) struct Meta {
     /// On the memory backend, each candidate check's tag (its key is left
     /// empty: `engine/candidates.rs`); empty on Redis.
     pub(crate) tags: smallvec::SmallVec<[u64; 4]>,
+    /// On the memory backend, instead of the three above when planned so
+    /// (`engine/candidates.rs`, [`UnitCandidates`](super::candidates::UnitCandidates)): each
+    /// live check whose tier's candidates are sent beside the checks (its
+    /// index, its tier), in order.
+    pub(crate) packs: smallvec::SmallVec<[(u8, u8); 2]>,
+    /// Which of those candidates denied (bit `k`: the `k`-th over
+    /// `packs`' tiers, in order).
+    pub(crate) denials: crate::backend::Denials,
 }
 
 impl Drop for Meta {

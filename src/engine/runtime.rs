@@ -73,6 +73,9 @@ pub(crate) struct BuiltTier {
     pub(crate) exhausted_status: u16,
     /// Its candidate quotas (`engine/candidates.rs`).
     pub(crate) candidates: Vec<super::candidates::BuiltCandidate>,
+    /// Their checks on a request of cost 1, built once (none for a
+    /// calendar tier).
+    pub(crate) unit_candidates: super::candidates::UnitCandidates,
     /// With candidates: their counts and metric, and the live quota's
     /// counts on the same requests.
     pub(crate) candidate_stats: crate::observe::candidates::CandidateStats,

@@ -4,14 +4,17 @@
 //! would deny, and its heaviest would-be-denied keys.
 //!
 //! One mutex per tier, taken once per request its candidates check (a few
-//! additions per quota; a denial also inserts the key's hash, computed once
-//! for the request, and feeds the sketch). The
+//! additions per quota, or one for all of them when every quota allowed
+//! the request, added to each before the counts are read or changed; a
+//! denial also inserts the key's hash, computed once for the request, and
+//! feeds the sketch). The
 //! distinct keys are kept exactly, as 64-bit hashes of the key parts, up
 //! to [`MAX_KEYS`] an hour: past that the count is a lower bound and the
 //! report says so (`keys_capped`). The heaviest keys come from a
 //! Space-Saving sketch per hour, as the top-N of blocked keys
 //! ([`super::topn`]).
 
+use compact_str::CompactString;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use topk::FilteredSpaceSaving;
@@ -101,14 +104,41 @@ pub struct CandidateKey {
     pub count: u64,
 }
 
+/// Distinct denied keys, as hashes, up to [`MAX_KEYS`].
+#[derive(Default)]
+struct Keys {
+    set: KeySet,
+    /// Whether a key was left out (the count is a lower bound).
+    capped: bool,
+    /// The hash last found or put in `set` (a heavy key is denied many
+    /// times in a row: it is there, no lookup needed).
+    last: Option<u64>,
+}
+
+impl Keys {
+    fn add(&mut self, hash: u64) {
+        if self.last == Some(hash) {
+            return;
+        }
+        if self.set.len() < MAX_KEYS {
+            self.set.insert(hash);
+        } else if !self.set.contains(&hash) {
+            self.capped = true;
+            return;
+        }
+        self.last = Some(hash);
+    }
+}
+
 /// One clock hour of one candidate.
 struct Hour {
     hour: u64,
     requests: u64,
     would_deny: u64,
-    keys: KeySet,
-    capped: bool,
-    top: FilteredSpaceSaving<String>,
+    keys: Keys,
+    /// Keyed by inline strings: a key part up to 24 bytes (an address)
+    /// is counted without an allocation.
+    top: FilteredSpaceSaving<CompactString>,
 }
 
 impl Hour {
@@ -117,8 +147,7 @@ impl Hour {
             hour,
             requests: 0,
             would_deny: 0,
-            keys: KeySet::default(),
-            capped: false,
+            keys: Keys::default(),
             top: FilteredSpaceSaving::new(SKETCH),
         }
     }
@@ -148,6 +177,47 @@ struct Tally {
     /// installed (no label vector or registry lookup per request).
     recorder: usize,
     counters: Box<[Option<[metrics::Counter; 2]>]>,
+    /// Requests every quota allowed in clock hour `pending.1`, not yet
+    /// added to `counts` (each quota's latest hour is that one): added
+    /// before anything else reads or changes them ([`Tally::settle`]).
+    pending: (u64, u64),
+}
+
+impl Tally {
+    /// Adds the pending requests to every quota's counts.
+    fn settle(&mut self) {
+        let n = std::mem::take(&mut self.pending.0);
+        if n == 0 {
+            return;
+        }
+        for c in &mut self.counts {
+            c.total.0 += n;
+            if let Some(h) = c.hours.back_mut() {
+                h.requests += n;
+            }
+        }
+    }
+
+    /// Counts a request every quota allowed in clock hour `hour` as
+    /// pending, if each quota's latest hour is that one (else false, and
+    /// nothing is counted).
+    #[inline]
+    fn defer(&mut self, hour: u64) -> bool {
+        if self.pending.0 > 0 && self.pending.1 == hour {
+            self.pending.0 += 1;
+            return true;
+        }
+        self.settle();
+        if self
+            .counts
+            .iter()
+            .all(|c| c.hours.back().is_some_and(|h| h.hour == hour))
+        {
+            self.pending = (1, hour);
+            return true;
+        }
+        false
+    }
 }
 
 #[derive(Default)]
@@ -155,7 +225,7 @@ struct Counts {
     hours: VecDeque<Hour>,
     /// Since the layer was built: requests, would-be denials, distinct
     /// denied keys (hashes, up to [`MAX_KEYS`]) and whether capped.
-    total: (u64, u64, KeySet, bool),
+    total: (u64, u64, Keys),
 }
 
 impl std::fmt::Debug for CandidateStats {
@@ -164,20 +234,78 @@ impl std::fmt::Debug for CandidateStats {
     }
 }
 
+/// One request being counted, under the tally's lock.
+struct Counting<'a> {
+    stats: &'a CandidateStats,
+    tally: &'a mut Tally,
+    key: &'a str,
+    hour: u64,
+    /// The key's hash, computed once for the request's denials.
+    hash: Option<u64>,
+}
+
+impl Counting<'_> {
+    /// Quota `i` (0: the live one, `1 + j`: candidate `j`) denied the
+    /// request (or would have) or not; a candidate's decision is counted
+    /// in the metric too. An allowed request in the current hour, once
+    /// the metric's counters are registered, is a few additions.
+    #[inline(always)]
+    fn count(&mut self, i: usize, denied: bool) {
+        if let Some(c) = self.tally.counts.get_mut(i) {
+            c.total.0 += 1;
+            match c.hours.back_mut() {
+                Some(h) if h.hour == self.hour && !denied => h.requests += 1,
+                _ => c.record(self.key, &mut self.hash, denied, self.hour),
+            }
+        }
+        if let Some(j) = i.checked_sub(1) {
+            self.metric(j, denied);
+        }
+    }
+
+    /// Candidate `j`'s decision in the metric.
+    #[inline(always)]
+    fn metric(&mut self, j: usize, denied: bool) {
+        match self.tally.counters.get(j) {
+            Some(Some(pair)) => pair[usize::from(denied)].increment(1),
+            _ => self.register(j, denied),
+        }
+    }
+
+    /// Candidate `j`'s decision in the metric, its counters registered
+    /// first (once per recorder).
+    #[cold]
+    #[inline(never)]
+    fn register(&mut self, j: usize, denied: bool) {
+        let (Some(slot), Some(label)) = (self.tally.counters.get_mut(j), self.stats.labels.get(j))
+        else {
+            return;
+        };
+        let pair = slot.get_or_insert_with(|| {
+            ["allowed", "would_deny"].map(|decision| {
+                metrics::counter!(
+                    CANDIDATE_DECISIONS,
+                    "tier" => self.stats.tier.clone(),
+                    "candidate" => label.clone(),
+                    "decision" => decision
+                )
+            })
+        });
+        pair[usize::from(denied)].increment(1);
+    }
+}
+
 impl Counts {
     /// One request checked in clock hour `hour` on key part `key` (its
-    /// hash, computed once for the request's denials in `hash`).
+    /// hash, computed once for the request's denials in `hash`), once
+    /// counted in `total.0`: a denial, or the first of an hour.
+    #[inline(never)]
     fn record(&mut self, key: &str, hash: &mut Option<u64>, denied: bool, hour: u64) {
         let Self { hours, total } = self;
-        total.0 += 1;
         let hash = denied.then(|| *hash.get_or_insert_with(|| xxh3_64(key.as_bytes())));
         if let Some(hash) = hash {
             total.1 += 1;
-            if total.2.len() < MAX_KEYS {
-                total.2.insert(hash);
-            } else if !total.2.contains(&hash) {
-                total.3 = true;
-            }
+            total.2.add(hash);
         }
         if hours.back().is_none_or(|h| h.hour != hour) {
             hours.push_back(Hour::new(hour));
@@ -191,12 +319,8 @@ impl Counts {
         h.requests += 1;
         if let Some(hash) = hash {
             h.would_deny += 1;
-            if h.keys.len() < MAX_KEYS {
-                h.keys.insert(hash);
-            } else if !h.keys.contains(&hash) {
-                h.capped = true;
-            }
-            h.top.insert(key.to_owned(), 1);
+            h.keys.add(hash);
+            h.top.insert(CompactString::from(key), 1);
         }
     }
 }
@@ -213,6 +337,7 @@ impl CandidateStats {
                 counts: (0..=n).map(|_| Counts::default()).collect(),
                 recorder: 0,
                 counters: (0..n).map(|_| None).collect(),
+                pending: (0, 0),
             }),
         }
     }
@@ -222,41 +347,56 @@ impl CandidateStats {
     /// live one, `1 + j`: candidate `j`) denied it (or would have); each
     /// candidate's decision is counted in the metric too.
     pub(crate) fn record(&self, key: &str, now_s: u64, decisions: &[(usize, bool)]) {
-        let hour = now_s / 3600;
-        let mut hash = None;
+        self.with_tally(key, now_s, |tally| {
+            tally.tally.settle();
+            for &(i, denied) in decisions {
+                tally.count(i, denied);
+            }
+        });
+    }
+
+    /// [`record`](Self::record) of the live quota and every candidate:
+    /// `live_denied` the live quota's decision, bit `j` of `denied`
+    /// candidate `j`'s. A request every quota allowed is counted in
+    /// `total.0` and its hour's `requests` of each quota at once, later
+    /// ([`Tally::defer`]); its metric at once.
+    pub(crate) fn record_all(&self, key: &str, now_s: u64, live_denied: bool, denied: u64) {
+        let n = self.labels.len();
+        let mask = u32::try_from(n)
+            .ok()
+            .and_then(|n| 1u64.checked_shl(n))
+            .map_or(u64::MAX, |b| b - 1);
+        self.with_tally(key, now_s, |tally| {
+            if !live_denied && denied & mask == 0 && tally.tally.defer(tally.hour) {
+                for j in 0..n {
+                    tally.metric(j, false);
+                }
+                return;
+            }
+            tally.tally.settle();
+            tally.count(0, live_denied);
+            for j in 0..n {
+                let bit = u32::try_from(j).ok().and_then(|j| denied.checked_shr(j));
+                tally.count(1 + j, bit.unwrap_or(0) & 1 == 1);
+            }
+        });
+    }
+
+    /// `count` given one request's [`Counting`], under the lock.
+    fn with_tally(&self, key: &str, now_s: u64, count: impl FnOnce(&mut Counting<'_>)) {
         let recorder = metrics::with_recorder(|r| std::ptr::from_ref(r).cast::<()>() as usize);
         let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
-        let Tally {
-            counts,
-            recorder: held,
-            counters,
-        } = &mut *tally;
-        if *held != recorder {
-            *held = recorder;
-            counters.iter_mut().for_each(|c| *c = None);
+        if tally.recorder != recorder {
+            tally.recorder = recorder;
+            tally.counters.iter_mut().for_each(|c| *c = None);
         }
-        for &(i, denied) in decisions {
-            if let Some(c) = counts.get_mut(i) {
-                c.record(key, &mut hash, denied, hour);
-            }
-            let Some(j) = i.checked_sub(1) else {
-                continue;
-            };
-            let (Some(slot), Some(label)) = (counters.get_mut(j), self.labels.get(j)) else {
-                continue;
-            };
-            let pair = slot.get_or_insert_with(|| {
-                ["allowed", "would_deny"].map(|decision| {
-                    metrics::counter!(
-                        CANDIDATE_DECISIONS,
-                        "tier" => self.tier.clone(),
-                        "candidate" => label.clone(),
-                        "decision" => decision
-                    )
-                })
-            });
-            pair[usize::from(denied)].increment(1);
-        }
+        count(&mut Counting {
+            stats: self,
+            tally: &mut tally,
+            key,
+            hour: now_s / 3600,
+            hash: None,
+        });
     }
 
     /// Quota `i`'s counts (0: the live one, `1 + j`: candidate `j`) of the
@@ -272,7 +412,8 @@ impl CandidateStats {
         now_s: u64,
     ) -> CandidateReport {
         let first = (now_s / 3600).saturating_sub(hours_back.clamp(1, 24) - 1);
-        let tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        tally.settle();
         let empty = Counts::default();
         let counts = tally.counts.get(i).unwrap_or(&empty);
         let hours = &counts.hours;
@@ -289,8 +430,8 @@ impl CandidateStats {
         for h in hours.iter().filter(|h| h.hour >= first) {
             report.requests += h.requests;
             report.would_deny += h.would_deny;
-            report.keys_capped |= h.capped;
-            keys.extend(h.keys.iter().copied());
+            report.keys_capped |= h.keys.capped;
+            keys.extend(h.keys.set.iter().copied());
             // Same capacity everywhere: merging cannot fail.
             let _ = merged.merge(&h.top);
         }
@@ -299,15 +440,15 @@ impl CandidateStats {
             // Since the layer was built.
             report.requests = counts.total.0;
             report.would_deny = counts.total.1;
-            report.keys_denied = counts.total.2.len() as u64;
-            report.keys_capped = counts.total.3;
+            report.keys_denied = counts.total.2.set.len() as u64;
+            report.keys_capped = counts.total.2.capped;
         }
         report.top = merged
             .into_sorted_vec()
             .into_iter()
             .take(n)
             .map(|(key, c)| CandidateKey {
-                key,
+                key: key.into_string(),
                 count: c.estimated_count(),
             })
             .collect();

@@ -251,13 +251,13 @@ impl MemoryBackend {
                     .iter()
                     .enumerate()
                     .all(|(i, d)| d.allowed || shadow.contains(i) || i == inline.live);
-                super::shard::locked(&p.pack).decide(
-                    inline.group,
-                    inline.tags,
-                    others,
-                    now_us,
-                    decisions,
-                );
+                let mut pack = super::shard::locked(&p.pack);
+                match inline.denials.as_deref_mut() {
+                    Some(denials) => {
+                        pack.decide(inline.group, inline.tags, others, now_us, denials);
+                    }
+                    None => pack.decide(inline.group, inline.tags, others, now_us, decisions),
+                }
                 inline.done = true;
             }
         }
@@ -419,6 +419,7 @@ impl MemoryBackend {
                     live: usize::from(live),
                     group,
                     tags,
+                    denials: None,
                     done: false,
                 })
             }
@@ -480,6 +481,51 @@ impl MemoryBackend {
         }
     }
 
+    /// [`check_with_candidates`](Self::check_with_candidates) of candidates
+    /// named by their tags, as the engine plans them on this store, given
+    /// apart from the live `checks`: each of `groups` is one live check's
+    /// (its index, its candidates, their tags), and each candidate is
+    /// decided, charged and stored exactly as there. Their decisions are
+    /// not kept: `denials` gets whether each denied, in order over the
+    /// groups (the engine counts nothing else of them, and the candidates'
+    /// checks can then be built once per tier rather than per request).
+    pub(crate) fn check_with_packs(
+        &self,
+        checks: &[TierCheck],
+        shadow: Shadow,
+        groups: &[PackGroup<'_>],
+        with_charges: bool,
+        out: &mut Verdict,
+        denials: &mut super::pack::Denials,
+    ) {
+        let n = checks.len();
+        let mut inline = match groups {
+            [g] if g.live < n => Some(super::pack::Inline {
+                live: g.live,
+                group: g.checks,
+                tags: g.tags,
+                denials: Some(&mut *denials),
+                done: false,
+            }),
+            _ => None,
+        };
+        self.check_deciding(checks, shadow, with_charges, out, inline.as_mut());
+        if inline.is_some_and(|i| i.done) {
+            return;
+        }
+        let now_us = out.now_us;
+        for g in groups {
+            let others = out
+                .decisions
+                .iter()
+                .take(n)
+                .enumerate()
+                .all(|(i, d)| d.allowed || shadow.contains(i) || i == g.live);
+            let of = checks.get(g.live).map_or("", |c| c.key.as_str());
+            self.check_pack(of, g.checks, Some(g.tags), others, now_us, denials);
+        }
+    }
+
     /// A candidate on a key of its own: alone and enforced when `charge`
     /// (charged iff it allows), else peeked.
     fn check_alone(&self, c: &TierCheck, charge: bool) -> Option<TierDecision> {
@@ -515,6 +561,18 @@ impl MemoryBackend {
             w.refund(&mut held, h, limit, r, now_us);
         }
     }
+}
+
+/// One live check's candidates for
+/// [`MemoryBackend::check_with_packs`]: each named by its tag (its key is
+/// not read), packed under the live check's key.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PackGroup<'a> {
+    /// The live check's index among the checks.
+    pub(crate) live: usize,
+    pub(crate) checks: &'a [TierCheck],
+    /// Each candidate's [`candidate_tag`](super::candidate_tag).
+    pub(crate) tags: &'a [u64],
 }
 
 /// `n` elements of `array` (each as it was), or of `vec` filled with

@@ -7,7 +7,9 @@ mod check;
 mod fast;
 mod overrides;
 mod pack;
+pub(crate) use self::check::PackGroup;
 pub(crate) use self::pack::tag as candidate_tag;
+pub(crate) use self::pack::Denials;
 #[cfg(test)]
 mod pack_tests;
 mod peek;

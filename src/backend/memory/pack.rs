@@ -56,8 +56,49 @@ pub(super) struct Inline<'a> {
     pub(super) group: &'a [TierCheck],
     /// Each candidate's [`tag`].
     pub(super) tags: &'a [u64],
+    /// Where their decisions go: `None`, after the live ones in the
+    /// verdict; else only their denials, here.
+    pub(super) denials: Option<&'a mut Denials>,
     /// Whether they were decided.
     pub(super) done: bool,
+}
+
+/// Where [`Pack::decide`] puts each candidate's decision, in order.
+pub(super) trait Decided {
+    /// Whether it reads more of a decision than `allowed` (else a token
+    /// bucket's is given with its other figures left at 0).
+    const DETAILS: bool;
+    fn decided(&mut self, d: TierDecision);
+}
+
+impl Decided for Vec<TierDecision> {
+    const DETAILS: bool = true;
+    #[inline]
+    fn decided(&mut self, d: TierDecision) {
+        self.push(d);
+    }
+}
+
+/// Which candidates denied, for a caller that counts their decisions and
+/// reads nothing else of them
+/// ([`check_with_packs`](MemoryBackend::check_with_packs)): bit `k` set
+/// when the `k`-th candidate decided denied it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Denials {
+    pub(crate) bits: u64,
+    /// Candidates decided so far (at most 64 are told apart).
+    pub(crate) n: u32,
+}
+
+impl Decided for Denials {
+    const DETAILS: bool = false;
+    #[inline]
+    fn decided(&mut self, d: TierDecision) {
+        if !d.allowed {
+            self.bits |= 1u64.checked_shl(self.n).unwrap_or(0);
+        }
+        self.n = self.n.saturating_add(1);
+    }
 }
 
 /// What names a candidate in its pack: the hash of its key past its tier
@@ -81,16 +122,16 @@ impl Pack {
     }
 
     /// Decides each of `group` (candidates of one tier key, each named by
-    /// its tag in `tags`) on its own state, each decision pushed onto
+    /// its tag in `tags`) on its own state, each decision given to
     /// `decisions`; `charge`: every enforced check but their tier's live
     /// one allowed, so each that allows is charged.
-    pub(super) fn decide(
+    pub(super) fn decide<O: Decided>(
         &mut self,
         group: &[TierCheck],
         tags: &[u64],
         charge: bool,
         now_us: u64,
-        decisions: &mut Vec<TierDecision>,
+        decisions: &mut O,
     ) {
         for (j, (c, &tag)) in group.iter().zip(tags).enumerate() {
             // Its own place first (the same candidates in the same order).
@@ -100,8 +141,9 @@ impl Pack {
             };
             // A token bucket in its slot: what follows, on its state where
             // it lies (not moved out and back).
-            if let Some(d) = i.and_then(|i| self.bucket_in_place(i, c, charge, now_us)) {
-                decisions.push(d);
+            let in_place = i.and_then(|i| self.bucket_in_place::<O>(i, c, charge, now_us));
+            if let Some(d) = in_place {
+                decisions.decided(d);
                 continue;
             }
             let state = i
@@ -117,7 +159,7 @@ impl Pack {
                 _ => None,
             };
             let (d, ready) = c.limit.check_prepared(state, now_us, c.cost);
-            decisions.push(d);
+            decisions.decided(d);
             let write = if charge && d.allowed {
                 Some(ready.unwrap_or_else(|| {
                     let old = i.and_then(|i| self.take(i, now_us));
@@ -136,7 +178,7 @@ impl Pack {
     /// holds a bucket's state, charged there when `charge` and it allows
     /// (as [`Pack::decide`]'s general way would: its state if live, a new
     /// one past its expiry); `None`, with nothing changed, for any other.
-    fn bucket_in_place(
+    fn bucket_in_place<O: Decided>(
         &mut self,
         i: usize,
         c: &TierCheck,
@@ -151,7 +193,20 @@ impl Pack {
             return None;
         };
         let live = (slot.expires_us > now_us).then_some(*state);
-        let (d, charged) = b.check(live, now_us, c.cost);
+        let (d, charged) = if O::DETAILS {
+            b.check(live, now_us, c.cost)
+        } else {
+            let (allowed, charged) = b.admits(live, now_us, c.cost);
+            let d = TierDecision {
+                allowed,
+                limit: 0,
+                remaining: 0,
+                reset_after_us: 0,
+                retry_after_us: 0,
+                delay_us: 0,
+            };
+            (d, charged)
+        };
         if charge && d.allowed {
             let (new, ttl_us) = charged?;
             *state = new;
@@ -193,7 +248,7 @@ impl MemoryBackend {
     /// `live_key` then its suffix, or each named by its [`tag`] in `tags`
     /// when given), decided on the pack in `live_key`'s entry, one lookup
     /// under its shard's mutex; `charge`: each that allows is charged.
-    /// Their decisions are pushed onto `decisions`, in order.
+    /// Their decisions are given to `decisions`, in order.
     ///
     /// A key's first candidate state moves its live state into a new
     /// [`Packed`] entry beside the pack, as it is (a cell a lock-free check
@@ -206,7 +261,7 @@ impl MemoryBackend {
         tags: Option<&[u64]>,
         charge: bool,
         now_us: u64,
-        decisions: &mut Vec<TierDecision>,
+        decisions: &mut impl Decided,
     ) {
         let of_keys: SmallVec<[u64; SLOTS]>;
         let tags = match tags {
