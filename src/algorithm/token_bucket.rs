@@ -245,6 +245,32 @@ mod tests {
 
     const S: u64 = 1_000_000;
 
+    /// `admits` (the candidates' decision in a replay) is `check`'s
+    /// `allowed` and charged state, for every bucket, state, time and
+    /// cost of a grid (costs above the capacity and states far past
+    /// included).
+    #[test]
+    fn admits_is_checks_allowed_and_state() {
+        let buckets = [
+            TokenBucket::new(7, 60 * S, 7).unwrap(),
+            TokenBucket::new(3, S, 5).unwrap(),
+            TokenBucket::new(100, 60 * S, 10).unwrap(),
+        ];
+        for tb in buckets {
+            let mut state = None;
+            for step in 0..400u64 {
+                let now = 1_700_000_000 * S + step * 137_531;
+                for cost in [0, 1, 2, 7, 11] {
+                    let (decision, charged) = tb.check(state, now, cost);
+                    assert_eq!(tb.admits(state, now, cost), (decision.allowed, charged));
+                }
+                if let (_, Some((next, _))) = tb.check(state, now, 1 + step % 3) {
+                    state = Some(next);
+                }
+            }
+        }
+    }
+
     #[test]
     fn units_make_odd_rates_exact() {
         // 7 per minute: a token every 8 571 428.57 µs.
