@@ -446,7 +446,7 @@ end
 -- longest-lived state's), or nil when none allows; and the PX of the
 -- stored pack's longest-lived state (nil when none lives: the pack kept
 -- as it is by a tier key that holds it, inline_write).
--- In a tier key's value (candidate_inline, embedded_pack), z is the
+-- In a tier key's value (candidate_inline, check_plain), z is the
 -- position of the '\0' the pack follows (0: the value holds none) and the
 -- value ends with one more byte, the number of states (the pack it
 -- returns has it too); else z is nil and the pack is the whole value.

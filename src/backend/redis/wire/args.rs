@@ -447,9 +447,9 @@ fn holds_pack(checks: &[TierCheck], of: usize, live: usize) -> bool {
 /// packs at the end of the call that their tier key holds, in the order
 /// of their live checks. They have no key and no spec of their own, and
 /// the script answers them after every check it was sent, in that order
-/// (`lua/dispatch.lua`, `embedded_pack`): the reply's layout and the
-/// trailer's numbering are the same as with each sent on its own. The
-/// first `live` of `checks` are the live checks.
+/// (`lua/dispatch.lua`, `check_plain` and `check_request`): the reply's
+/// layout and the trailer's numbering are the same as with each sent on
+/// its own. The first `live` of `checks` are the live checks.
 pub(in crate::backend::redis) fn embedded_packs(
     checks: &[TierCheck],
     sent: &[Sent],
