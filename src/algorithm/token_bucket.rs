@@ -173,28 +173,6 @@ impl TokenBucket {
         }
     }
 
-    /// [`TokenBucket::check`]'s `allowed` and charged state, without the
-    /// rest of its decision (for a caller that counts decisions and reads
-    /// no remaining or reset times: a few divisions fewer).
-    #[inline]
-    pub(crate) fn admits(
-        &self,
-        state: Option<BucketState>,
-        now_us: u64,
-        cost: u64,
-    ) -> (bool, Option<(BucketState, u64)>) {
-        let missing = self.missing(state, now_us);
-        let tokens = self.capacity.saturating_sub(missing);
-        let cost_units = cost.saturating_mul(self.unit);
-        if cost_units <= tokens {
-            let used = self.capacity - (tokens - cost_units);
-            let reset_after_us = div_ceil(used, self.rate);
-            (true, Some((self.state_at(used, now_us), reset_after_us)))
-        } else {
-            (false, None)
-        }
-    }
-
     /// [`TokenBucket::check`] of a bucket `missing` units short of full:
     /// the decision and, when allowed, the units it is short after the
     /// charge (its TAT is `now + used / rate`; its time-to-live the
@@ -237,6 +215,17 @@ impl TokenBucket {
             (decision, None)
         }
     }
+
+    /// Whether [`TokenBucket::check_missing`] allows, and if so the units
+    /// it leaves the bucket short (its second value), without the rest of
+    /// its decision: for a caller that counts decisions and reads no
+    /// remaining or reset times (no division).
+    #[inline(always)]
+    pub(crate) fn admits_missing(&self, missing: u64, cost: u64) -> Option<u64> {
+        let tokens = self.capacity.saturating_sub(missing);
+        let cost_units = cost.saturating_mul(self.unit);
+        (cost_units <= tokens).then(|| self.capacity - (tokens - cost_units))
+    }
 }
 
 #[cfg(test)]
@@ -245,28 +234,26 @@ mod tests {
 
     const S: u64 = 1_000_000;
 
-    /// `admits` (the candidates' decision in a replay) is `check`'s
-    /// `allowed` and charged state, for every bucket, state, time and
-    /// cost of a grid (costs above the capacity and states far past
-    /// included).
+    /// `admits_missing` (the candidates' decision in a replay) is
+    /// `check_missing`'s `allowed` and units short after the charge, for
+    /// every bucket, units missing (full to past empty) and cost of a grid.
     #[test]
-    fn admits_is_checks_allowed_and_state() {
+    fn admits_missing_is_check_missings_allowed_and_units() {
         let buckets = [
             TokenBucket::new(7, 60 * S, 7).unwrap(),
             TokenBucket::new(3, S, 5).unwrap(),
             TokenBucket::new(100, 60 * S, 10).unwrap(),
         ];
         for tb in buckets {
-            let mut state = None;
-            for step in 0..400u64 {
-                let now = 1_700_000_000 * S + step * 137_531;
+            let step = (tb.capacity / 97).max(1);
+            let mut missing = 0;
+            while missing <= tb.capacity + 3 * step {
                 for cost in [0, 1, 2, 7, 11] {
-                    let (decision, charged) = tb.check(state, now, cost);
-                    assert_eq!(tb.admits(state, now, cost), (decision.allowed, charged));
+                    let (decision, used) = tb.check_missing(missing, cost);
+                    assert_eq!(tb.admits_missing(missing, cost), used);
+                    assert_eq!(used.is_some(), decision.allowed);
                 }
-                if let (_, Some((next, _))) = tb.check(state, now, 1 + step % 3) {
-                    state = Some(next);
-                }
+                missing += step;
             }
         }
     }

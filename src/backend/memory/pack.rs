@@ -1,7 +1,8 @@
 //! Candidate quotas in memory (`docs/rollout.md`, "Candidate quotas"): the
 //! candidates of one tier key packed in that key's own entry, beside its
-//! live state ([`Entry::Packed`]), each candidate's state with its own
-//! expiry.
+//! live state ([`Entry::Packed`]): a token bucket's state in ticks, as
+//! its cell would keep it (no expiry of its own, decided without a
+//! division), every other one with its own expiry.
 //!
 //! A request's candidates of one tier key are one charge of its pack (not
 //! one per candidate), found by the live check's own lookup when it runs
@@ -31,13 +32,70 @@ use std::sync::Mutex;
 const SLOTS: usize = 4;
 
 /// The candidates' states of one tier key.
+///
+/// A token bucket's state is kept as a [`TatCell`](super::cell::TatCell)
+/// keeps it, in [`Ticks`] from the pack's anchor: 32 bytes, decided without
+/// a division and without an expiry of its own (a bucket past its TAT is
+/// full, as its own key would have expired). Four such states are two
+/// cache lines. Every other state (another algorithm; a bucket the ticks
+/// cannot express: a clock stepped back before the anchor, a quota of
+/// another unit or rate under the same name, a TAT too far to count) is a
+/// [`Slot`] of `slots`. A candidate's state is in one of the two, never
+/// both; together they hold at most [`SLOTS`].
 #[derive(Default)]
 pub(super) struct Pack {
-    slots: SmallVec<[Slot; SLOTS]>,
+    buckets: SmallVec<[Ticks; SLOTS]>,
+    /// Epoch µs the buckets' ticks count from: at or before each one's TAT
+    /// (the clock when the first of them was stored).
+    anchor_us: u64,
+    slots: Vec<Slot>,
 }
 
-/// One candidate's state in a pack (no pointer to follow: a check reads
-/// the pack's few cache lines and nothing else).
+/// One token bucket candidate's state: its TAT is `anchor_us + ticks /
+/// rate` µs, in units of `1 / rate` µs (the bucket's own, `unit` units a
+/// token, as [`BucketState`](crate::algorithm::BucketState) keeps it). It
+/// means something while `ticks` is past the clock's ticks (`(now −
+/// anchor) × rate`): the bucket is then `ticks − now` units short of full.
+struct Ticks {
+    /// The candidate's [`tag`].
+    tag: u64,
+    ticks: u64,
+    unit: u64,
+    rate: u64,
+}
+
+impl Ticks {
+    /// `now_us` in this bucket's ticks from `anchor_us`, if it is not
+    /// before the anchor and fits.
+    #[inline]
+    fn now(&self, anchor_us: u64, now_us: u64) -> Option<u64> {
+        now_us
+            .checked_sub(anchor_us)
+            .and_then(|d| d.checked_mul(self.rate))
+    }
+
+    /// Epoch µs after which the bucket is full (its TAT, rounded up): its
+    /// own key's expiry.
+    fn expires_us(&self, anchor_us: u64) -> u64 {
+        anchor_us.saturating_add(self.ticks.div_ceil(self.rate))
+    }
+
+    /// The state as the algorithm keeps it, in a slot of its own.
+    fn slot(&self, anchor_us: u64) -> Slot {
+        Slot {
+            tag: self.tag,
+            state: State::Bucket(crate::algorithm::BucketState {
+                tat_us: anchor_us + self.ticks / self.rate,
+                frac: self.ticks % self.rate,
+                unit: self.unit,
+                rate: self.rate,
+            }),
+            expires_us: self.expires_us(anchor_us),
+        }
+    }
+}
+
+/// One candidate's state in a pack, as the algorithm keeps it.
 struct Slot {
     /// The [`tag`] of the candidate's key past its tier key (`{c:80/1m}`):
     /// what names it.
@@ -113,12 +171,14 @@ impl Pack {
     /// Epoch µs after which no state of the pack means anything (0: it
     /// holds none).
     pub(super) fn expires_us(&self) -> u64 {
-        self.slots.iter().map(|s| s.expires_us).max().unwrap_or(0)
+        let buckets = self.buckets.iter().map(|b| b.expires_us(self.anchor_us));
+        let slots = self.slots.iter().map(|s| s.expires_us);
+        buckets.chain(slots).max().unwrap_or(0)
     }
 
     /// Whether it holds no state.
     pub(super) fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.buckets.is_empty() && self.slots.is_empty()
     }
 
     /// Decides each of `group` (candidates of one tier key, each named by
@@ -134,85 +194,138 @@ impl Pack {
         decisions: &mut O,
     ) {
         for (j, (c, &tag)) in group.iter().zip(tags).enumerate() {
-            // Its own place first (the same candidates in the same order).
-            let i = match self.slots.get(j) {
-                Some(s) if s.tag == tag => Some(j),
-                _ => self.slots.iter().position(|s| s.tag == tag),
-            };
-            // A token bucket in its slot: what follows, on its state where
-            // it lies (not moved out and back).
-            let in_place = i.and_then(|i| self.bucket_in_place::<O>(i, c, charge, now_us));
-            if let Some(d) = in_place {
-                decisions.decided(d);
-                continue;
+            if let Limit::TokenBucket(b) = c.limit {
+                if let Some(d) = self.bucket::<O>(j, tag, b, c.cost, charge, now_us) {
+                    decisions.decided(d);
+                    continue;
+                }
+            } else if let Some(k) = self.buckets.iter().position(|t| t.tag == tag) {
+                // Another algorithm under a bucket's name: its state, as
+                // the algorithm keeps it, decides (as none).
+                let t = self.buckets.swap_remove(k);
+                self.slots.push(t.slot(self.anchor_us));
             }
-            let state = i
-                .and_then(|i| self.slots.get(i))
-                .filter(|s| s.expires_us > now_us)
-                .map(|s| &s.state);
-            // A state written under another quota of the same name (a
-            // calendar's, whose bounds move with the months; any other
-            // candidate's quota is its name's): stored whatever the
-            // decision, as on a key of its own.
-            let carried = match c.limit {
-                Limit::Calendar(_) => c.limit.carry(state, now_us),
-                _ => None,
-            };
-            let (d, ready) = c.limit.check_prepared(state, now_us, c.cost);
+            let d = self.general(c, tag, charge, now_us);
             decisions.decided(d);
-            let write = if charge && d.allowed {
-                Some(ready.unwrap_or_else(|| {
-                    let old = i.and_then(|i| self.take(i, now_us));
-                    c.limit.charge(old, now_us, c.cost)
-                }))
-            } else {
-                carried
-            };
-            if let Some((state, ttl_us)) = write {
-                self.put(i, tag, state, now_us.saturating_add(ttl_us), now_us);
-            }
         }
     }
 
-    /// Candidate `c`'s decision when it is a token bucket and slot `i`
-    /// holds a bucket's state, charged there when `charge` and it allows
-    /// (as [`Pack::decide`]'s general way would: its state if live, a new
-    /// one past its expiry); `None`, with nothing changed, for any other.
-    fn bucket_in_place<O: Decided>(
+    /// Token bucket `b`'s decision for `cost` on its [`Ticks`] (named
+    /// `tag`, looked for at `j` first), stored there when `charge` and it
+    /// allows (a bucket without a state starts its ticks, when it has no
+    /// slot); `None`, with the state moved to a slot when it had ticks,
+    /// when the ticks cannot decide it (the slot's way then does). As
+    /// [`TatCell::decide`](super::cell::TatCell::decide) does, on the same
+    /// numbers: the bucket is `ticks − now` short of full, or full once
+    /// expired.
+    #[inline]
+    fn bucket<O: Decided>(
         &mut self,
-        i: usize,
-        c: &TierCheck,
+        j: usize,
+        tag: u64,
+        b: crate::algorithm::TokenBucket,
+        cost: u64,
         charge: bool,
         now_us: u64,
     ) -> Option<TierDecision> {
-        let Limit::TokenBucket(b) = c.limit else {
+        let k = match self.buckets.get(j) {
+            Some(t) if t.tag == tag => Some(j),
+            _ => self.buckets.iter().position(|t| t.tag == tag),
+        };
+        let Some(k) = k else {
+            if self.slots.iter().any(|s| s.tag == tag) {
+                return None;
+            }
+            return self.bucket_new::<O>(tag, b, cost, charge, now_us);
+        };
+        let anchor_us = self.anchor_us;
+        let t = &mut self.buckets[k];
+        let fits = t.unit == b.unit && t.rate == b.rate;
+        let missing = match t.now(anchor_us, now_us) {
+            Some(now) if fits && t.ticks.saturating_sub(now) <= b.capacity => {
+                Some((now, t.ticks.saturating_sub(now)))
+            }
+            _ => None,
+        };
+        let Some((now, missing)) = missing else {
+            let t = self.buckets.swap_remove(k);
+            self.slots.push(t.slot(anchor_us));
             return None;
         };
-        let slot = self.slots.get_mut(i)?;
-        let State::Bucket(state) = &mut slot.state else {
-            return None;
-        };
-        let live = (slot.expires_us > now_us).then_some(*state);
-        let (d, charged) = if O::DETAILS {
-            b.check(live, now_us, c.cost)
-        } else {
-            let (allowed, charged) = b.admits(live, now_us, c.cost);
-            let d = TierDecision {
-                allowed,
-                limit: 0,
-                remaining: 0,
-                reset_after_us: 0,
-                retry_after_us: 0,
-                delay_us: 0,
-            };
-            (d, charged)
-        };
-        if charge && d.allowed {
-            let (new, ttl_us) = charged?;
-            *state = new;
-            slot.expires_us = now_us.saturating_add(ttl_us);
+        let (d, used) = decision::<O>(b, missing, cost);
+        if let (true, Some(used)) = (charge, used) {
+            match now.checked_add(used) {
+                Some(ticks) => t.ticks = ticks,
+                None => {
+                    let t = self.buckets.swap_remove(k);
+                    self.slots.push(t.slot(anchor_us));
+                    return None;
+                }
+            }
         }
         Some(d)
+    }
+
+    /// [`Pack::bucket`] of a bucket with no state in the pack (a full
+    /// bucket), its charge stored as new ticks; `None` when they cannot
+    /// hold it (the slot's way then decides).
+    fn bucket_new<O: Decided>(
+        &mut self,
+        tag: u64,
+        b: crate::algorithm::TokenBucket,
+        cost: u64,
+        charge: bool,
+        now_us: u64,
+    ) -> Option<TierDecision> {
+        let (d, used) = decision::<O>(b, 0, cost);
+        let Some(used) = used.filter(|_| charge) else {
+            return Some(d);
+        };
+        self.drop_expired(now_us);
+        if self.buckets.is_empty() {
+            self.anchor_us = now_us;
+        }
+        let mut t = Ticks {
+            tag,
+            ticks: 0,
+            unit: b.unit,
+            rate: b.rate,
+        };
+        t.ticks = t.now(self.anchor_us, now_us)?.checked_add(used)?;
+        self.make_room();
+        self.buckets.push(t);
+        Some(d)
+    }
+
+    /// Candidate `c`'s decision on its [`Slot`] (named `tag`), stored there
+    /// when `charge` and it allows.
+    fn general(&mut self, c: &TierCheck, tag: u64, charge: bool, now_us: u64) -> TierDecision {
+        let i = self.slots.iter().position(|s| s.tag == tag);
+        let state = i
+            .and_then(|i| self.slots.get(i))
+            .filter(|s| s.expires_us > now_us)
+            .map(|s| &s.state);
+        // A state written under another quota of the same name (a
+        // calendar's, whose bounds move with the months; any other
+        // candidate's quota is its name's): stored whatever the
+        // decision, as on a key of its own.
+        let carried = match c.limit {
+            Limit::Calendar(_) => c.limit.carry(state, now_us),
+            _ => None,
+        };
+        let (d, ready) = c.limit.check_prepared(state, now_us, c.cost);
+        let write = if charge && d.allowed {
+            Some(ready.unwrap_or_else(|| {
+                let old = i.and_then(|i| self.take(i, now_us));
+                c.limit.charge(old, now_us, c.cost)
+            }))
+        } else {
+            carried
+        };
+        if let Some((state, ttl_us)) = write {
+            self.put(i, tag, state, now_us.saturating_add(ttl_us), now_us);
+        }
+        d
     }
 
     /// Slot `i`'s state if live, taken (not cloned: a sliding log may be
@@ -229,18 +342,69 @@ impl Pack {
             s.expires_us = expires_us;
             return;
         }
-        self.slots.retain(|s| s.expires_us > now_us);
-        if self.slots.len() >= SLOTS {
-            if let Some(first) = (0..self.slots.len()).min_by_key(|&j| self.slots[j].expires_us) {
-                self.slots.swap_remove(first);
-            }
-        }
+        self.drop_expired(now_us);
+        self.make_room();
         self.slots.push(Slot {
             tag,
             state,
             expires_us,
         });
     }
+
+    /// Forgets the states expired at `now_us` (their own keys would be
+    /// gone).
+    fn drop_expired(&mut self, now_us: u64) {
+        let anchor_us = self.anchor_us;
+        self.buckets.retain(|t| t.expires_us(anchor_us) > now_us);
+        self.slots.retain(|s| s.expires_us > now_us);
+    }
+
+    /// Room for one more state: with [`SLOTS`] already, the one that
+    /// expires first is forgotten.
+    fn make_room(&mut self) {
+        if self.buckets.len() + self.slots.len() < SLOTS {
+            return;
+        }
+        let anchor_us = self.anchor_us;
+        let bucket = (0..self.buckets.len()).min_by_key(|&k| self.buckets[k].expires_us(anchor_us));
+        let slot = (0..self.slots.len()).min_by_key(|&k| self.slots[k].expires_us);
+        let bucket_us = bucket.map_or(u64::MAX, |k| self.buckets[k].expires_us(anchor_us));
+        let slot_us = slot.map_or(u64::MAX, |k| self.slots[k].expires_us);
+        match (bucket, slot) {
+            (Some(k), _) if bucket_us <= slot_us => {
+                self.buckets.swap_remove(k);
+            }
+            (_, Some(k)) => {
+                self.slots.swap_remove(k);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Token bucket `b`'s decision for `cost` on a bucket `missing` units short
+/// of full, and when it allows the units it is short after the charge:
+/// [`TokenBucket::check_missing`](crate::algorithm::TokenBucket::check_missing),
+/// or only whether it allows when the caller reads nothing else.
+#[inline(always)]
+fn decision<O: Decided>(
+    b: crate::algorithm::TokenBucket,
+    missing: u64,
+    cost: u64,
+) -> (TierDecision, Option<u64>) {
+    if O::DETAILS {
+        return b.check_missing(missing, cost);
+    }
+    let used = b.admits_missing(missing, cost);
+    let d = TierDecision {
+        allowed: used.is_some(),
+        limit: 0,
+        remaining: 0,
+        reset_after_us: 0,
+        retry_after_us: 0,
+        delay_us: 0,
+    };
+    (d, used)
 }
 
 impl MemoryBackend {

@@ -257,3 +257,128 @@ fn a_tier_keys_candidates_share_its_entry() {
     assert!(!m.reset("rl:ip:a"), "no live state left to forget");
     assert_eq!(m.len(), 1);
 }
+
+/// A token bucket candidate's state kept in ticks gives way to a state as
+/// the algorithm keeps it whenever the ticks cannot decide (the clock
+/// stepped back before the pack's anchor, or so far that a bucket is
+/// further from full than its capacity). On a long sequence of requests
+/// naming two of four candidates (three token buckets, a fixed window),
+/// the clock now and then stepping back, the other tier now and then
+/// denying, the packed candidates decide as keys of their own, with their
+/// decisions in full (`check_with_candidates`) and as denial bits
+/// (`check_with_packs`, the replay's way), and each packed store keeps one
+/// entry for the tier key.
+#[test]
+fn a_buckets_ticks_give_way_when_they_cannot_decide() {
+    use crate::algorithm::Window;
+    let origin = 1_000_000_000_000;
+    let clock = ManualClock::new(origin);
+    let packed = MemoryBackend::with_manual_clock(clock.clone());
+    let bits = MemoryBackend::with_manual_clock(clock.clone());
+    let apart = MemoryBackend::with_manual_clock(clock.clone());
+    let live = TokenBucket::new(50, 1_000_000, 50).unwrap();
+    let other = TokenBucket::new(3, 1_000_000, 3).unwrap();
+    // Each name's quota (a name is its quota, as the engine's are).
+    let quotas = [
+        Limit::TokenBucket(TokenBucket::new(2, 1_000_000, 2).unwrap()),
+        Limit::TokenBucket(TokenBucket::new(3, 2_000_000, 4).unwrap()),
+        Limit::TokenBucket(TokenBucket::new(7, 60_000_000, 3).unwrap()),
+        Limit::FixedWindow(Window {
+            limit: 2,
+            window_us: 1_000_000,
+        }),
+    ];
+    let names = ["{c:0}", "{c:1}", "{c:2}", "{c:3}"];
+    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let (mut first, mut denied, mut allowed, mut back) = (0, 0, 0, 0);
+    for op in 0..4_000 {
+        match next() % 16 {
+            // First every candidate's state, the clock moving on only: a
+            // pack forgets an expired state when it stores a new one, and
+            // a clock stepping back would find it live again on a key of
+            // its own (not swept yet).
+            _ if op < 4 => {
+                first = op % 2 * 2;
+                clock.advance(std::time::Duration::from_micros(next() % 400_000));
+            }
+            0 => first = (next() % 4) as usize,
+            1 => {
+                // Back by up to 3 s, or late in the sequence to about the
+                // first request's time (the pack's anchor), a little before
+                // or after it.
+                let to = match next() % 4 {
+                    0 if op > 3_000 => origin + next() % 1_000_000 - 500_000,
+                    _ => clock.now_us() - next() % 3_000_000,
+                };
+                clock.set(to);
+                back += 1;
+            }
+            _ => clock.advance(std::time::Duration::from_micros(next() % 400_000)),
+        }
+        let cost = 1 + next() % 2;
+        let pair = [first, (first + 1) % 4];
+        // The candidates' keys under `under`: the live key's own (packed),
+        // or another (keys of their own).
+        let checks = |under: &str| {
+            let mut all = vec![
+                TierCheck {
+                    key: "rl:ip:k".to_owned(),
+                    limit: Limit::TokenBucket(live),
+                    cost,
+                    home: None,
+                },
+                check("rl:global:all", other),
+            ];
+            for q in pair {
+                all.push(TierCheck {
+                    key: format!("{under}{}", names[q]),
+                    limit: quotas[q],
+                    cost,
+                    home: None,
+                });
+            }
+            all
+        };
+        let tags = pair.map(|q| candidate_tag(names[q]));
+        let (mut a, mut b, mut c) = (Verdict::default(), Verdict::default(), Verdict::default());
+        let own = checks("rl:ip:k");
+        packed.check_with_candidates(&own, Shadow::NONE, &[0, 0], &tags, true, &mut a);
+        let mut denials = Denials::default();
+        let groups = [PackGroup {
+            live: 0,
+            checks: &own[2..],
+            tags: &tags,
+        }];
+        bits.check_with_packs(&own[..2], Shadow::NONE, &groups, true, &mut c, &mut denials);
+        let apart_checks = checks("apart:k");
+        apart.check_with_candidates(&apart_checks, Shadow::NONE, &[0, 0], &[], true, &mut b);
+        assert_eq!(a.decisions, b.decisions, "op {op}");
+        assert_eq!(c.decisions[..], b.decisions[..2], "op {op}, bits");
+        let expected = b.decisions[2..]
+            .iter()
+            .enumerate()
+            .fold(0, |bits, (k, d)| bits | (u64::from(!d.allowed) << k));
+        assert_eq!(denials.bits, expected, "op {op}, bits");
+        for d in &b.decisions[2..] {
+            if d.allowed {
+                allowed += 1;
+            } else {
+                denied += 1;
+            }
+        }
+    }
+    assert!(back > 100, "{back} steps back");
+    assert!(
+        denied > 500 && allowed > 500,
+        "{denied} denied, {allowed} allowed"
+    );
+    assert_eq!(packed.len(), 2, "packed");
+    assert_eq!(bits.len(), 2, "bits");
+    assert_eq!(apart.len(), 2 + 4, "apart");
+}
