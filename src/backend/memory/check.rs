@@ -158,6 +158,18 @@ impl MemoryBackend {
         let mut held = Held::new(&guard);
         // A shard's guard: the number of locked shards below it.
         let guard_of = |h: u64| (shards & ((1u64 << shard_of(h)) - 1)).count_ones() as usize;
+        // Every check's entry first, then the decisions: the lookups are
+        // loads only, so their cache misses overlap (a decision freezes its
+        // cell with an atomic swap, which a later lookup would wait behind).
+        let (mut entries_a, mut entries_v) = ([None; 8], Vec::new());
+        let entries = scratch(&mut entries_a, &mut entries_v, n);
+        for (e, (c, &h)) in entries.iter_mut().zip(checks.iter().zip(hashes.iter())) {
+            let key = Lookup {
+                hash: h,
+                text: &c.key,
+            };
+            *e = guards[guard_of(h)].find(key, &held);
+        }
 
         decisions.clear();
         decisions.reserve(n);
@@ -183,11 +195,7 @@ impl MemoryBackend {
         let mut overridden: Option<crate::backend::override_rule::Active> = None;
         let mut uncharged = 0u64;
         for (i, (c, &h)) in checks.iter().zip(hashes.iter()).enumerate() {
-            let key = Lookup {
-                hash: h,
-                text: &c.key,
-            };
-            let entry = guards[guard_of(h)].find(key, &held);
+            let entry = entries[i];
             let repeated = hashes[..i]
                 .iter()
                 .zip(checks)
