@@ -46,6 +46,7 @@ use crate::observe::RequestDecision;
 use http::request::Parts;
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// What the layer decided for one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +173,12 @@ impl Checks {
 pub struct Offline {
     front: Arc<Front>,
     bases: Arc<[usize]>,
+    /// The arrival time handed to the engine for every request: an
+    /// unobserved check reads it nowhere (it only feeds the latency
+    /// histogram and a wait for a deny-cache probe, neither of which an
+    /// offline check on the memory backend has), so the clock is read once
+    /// here rather than once per request.
+    arrival: Instant,
 }
 
 impl RateLimitLayer {
@@ -191,6 +198,7 @@ impl RateLimitLayer {
         Some(Offline {
             front: self.front.clone(),
             bases,
+            arrival: Instant::now(),
         })
     }
 }
@@ -204,7 +212,7 @@ impl Offline {
         checks.n = 0;
         let step = front.engine.start_inspected(
             &Unobserved(front.facts(parts)),
-            std::time::Instant::now(),
+            self.arrival,
             |planned, meta| checks.record(&self.bases, planned, &meta.tiers),
         );
         let decision = match step {
