@@ -133,11 +133,13 @@ impl Checks {
 
     /// How many tiers checked the request (0: none applied, or it was
     /// decided before any tier).
+    #[inline]
     pub fn len(&self) -> usize {
         self.n
     }
 
     /// Whether no tier checked the request.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.n == 0
     }
@@ -146,6 +148,7 @@ impl Checks {
     ///
     /// # Panics
     /// When `k >= len()`.
+    #[inline]
     pub fn tier(&self, k: usize) -> usize {
         self.checks[..self.n][k].0
     }
@@ -155,6 +158,7 @@ impl Checks {
     ///
     /// # Panics
     /// When `k >= len()`.
+    #[inline]
     pub fn key_part(&self, k: usize) -> &str {
         let (tier, key) = &self.checks[..self.n][k];
         let base = self.bases.get(*tier).copied().unwrap_or(0);
@@ -162,6 +166,7 @@ impl Checks {
     }
 
     /// The check of tier `tier`, if that tier checked the request.
+    #[inline]
     pub fn check_of_tier(&self, tier: usize) -> Option<usize> {
         self.checks[..self.n].iter().position(|c| c.0 == tier)
     }
