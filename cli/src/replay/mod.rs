@@ -156,6 +156,8 @@ pub struct Replayer {
     /// Where the user id and plan extensions are: in `parts`, or absent
     /// with the buffer of the last one removed kept for the next insert.
     spare: Spare,
+    /// The route whose `MatchedPath` is in `parts` (`None`: no route's).
+    matched_route: Option<usize>,
     uri_buf: bytes::BytesMut,
     endpoint_ids: FxMap<(Method, Option<usize>), usize>,
     collector: Collector,
