@@ -216,9 +216,7 @@ fn put(time_format: TimeFormat, slot: Slot, b: &[u8], rec: &mut Record) {
         Slot::Method => rec.method.put(b),
         Slot::Path => rec.target.put(b),
         Slot::Request => rec.request.put(b),
-        Slot::Status => {
-            rec.status = std::str::from_utf8(b).ok().and_then(|s| s.parse().ok());
-        }
+        Slot::Status => rec.status = parse_status(b),
         Slot::User => {
             if !b.is_empty() && b != b"-" {
                 rec.user.put(b);
@@ -268,6 +266,16 @@ fn parse_ip(b: &[u8]) -> Option<IpAddr> {
         return inner.parse().ok();
     }
     s.parse::<SocketAddr>().ok().map(|a| a.ip())
+}
+
+/// A status code as `u16`'s `FromStr` reads it. Up to four ASCII digits
+/// (every status a log holds) are read directly: the same value, without
+/// UTF-8 validation and std's general integer parser.
+fn parse_status(b: &[u8]) -> Option<u16> {
+    if (1..=4).contains(&b.len()) && b.iter().all(u8::is_ascii_digit) {
+        return Some(b.iter().fold(0, |v, &c| v * 10 + u16::from(c - b'0')));
+    }
+    std::str::from_utf8(b).ok()?.parse().ok()
 }
 
 /// A plain dotted-quad IPv4 address (`10.0.0.1`), most logs' client

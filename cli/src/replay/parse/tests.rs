@@ -193,3 +193,39 @@ fn parse_ip_agrees_with_std() {
     }
     assert!(accepted > 10_000, "{accepted} addresses read");
 }
+
+/// A status reads as `u16`'s `FromStr` reads it: every number of up to
+/// six digits (leading zeros included) and text that is not a plain number.
+#[test]
+fn parse_status_agrees_with_std() {
+    let std_status = |b: &[u8]| -> Option<u16> { std::str::from_utf8(b).ok()?.parse().ok() };
+    for n in 0..1_000_000u32 {
+        for width in [0, 3, 4, 5] {
+            let b = format!("{n:0width$}").into_bytes();
+            assert_eq!(parse_status(&b), std_status(&b), "{n:0width$}");
+        }
+    }
+    let odd: &[&[u8]] = &[
+        b"",
+        b"-",
+        b"+200",
+        b"-200",
+        b" 200",
+        b"200 ",
+        b"2 0",
+        b"20x",
+        b"0x20",
+        b"65535",
+        b"65536",
+        b"\xd9\xa0",
+        b"2\xff",
+    ];
+    for b in odd {
+        assert_eq!(
+            parse_status(b),
+            std_status(b),
+            "{:?}",
+            String::from_utf8_lossy(b)
+        );
+    }
+}
