@@ -122,22 +122,27 @@ impl Replayer {
         }
         set_string_extension::<UserId>(&mut p.extensions, rec.user.get(), &mut self.spare.user);
         set_string_extension::<Plan>(&mut p.extensions, rec.plan.get(), &mut self.spare.plan);
-        match route {
-            Some(i) => {
-                let m = self
-                    .routes
-                    .matched_path(i, &p.uri)
-                    .map_err(ReplayError::Engine)?;
-                match p.extensions.get_mut::<MatchedPath>() {
-                    Some(old) => *old = m,
-                    None => {
-                        p.extensions.insert(m);
+        // The `MatchedPath` in the head is the previous line's route's: set
+        // only when the route changes.
+        if route != self.matched_route {
+            match route {
+                Some(i) => {
+                    let m = self
+                        .routes
+                        .matched_path(i, &p.uri)
+                        .map_err(ReplayError::Engine)?;
+                    match p.extensions.get_mut::<MatchedPath>() {
+                        Some(old) => *old = m,
+                        None => {
+                            p.extensions.insert(m);
+                        }
                     }
                 }
+                None => {
+                    p.extensions.remove::<MatchedPath>();
+                }
             }
-            None => {
-                p.extensions.remove::<MatchedPath>();
-            }
+            self.matched_route = route;
         }
         let status = rec.status;
         let endpoint = match self.endpoint_ids.get(&(p.method.clone(), route)) {

@@ -118,8 +118,8 @@ enum KeyKind {
 
 #[derive(Default)]
 struct Spare {
-    user: Option<String>,
-    plan: Option<String>,
+    user: extension::Held,
+    plan: extension::Held,
 }
 
 enum EngineImpl {
@@ -153,8 +153,11 @@ pub struct Replayer {
     format_confirmed: bool,
     rec: Record,
     parts: Parts,
-    /// Buffers of extensions removed from `parts`, for the next insert.
+    /// Where the user id and plan extensions are: in `parts`, or absent
+    /// with the buffer of the last one removed kept for the next insert.
     spare: Spare,
+    /// The route whose `MatchedPath` is in `parts` (`None`: no route's).
+    matched_route: Option<usize>,
     uri_buf: bytes::BytesMut,
     endpoint_ids: FxMap<(Method, Option<usize>), usize>,
     collector: Collector,

@@ -130,6 +130,7 @@ impl Replayer {
             rec: Record::default(),
             parts: http::Request::new(()).into_parts().0,
             spare: Spare::default(),
+            matched_route: None,
             uri_buf: bytes::BytesMut::with_capacity(64 << 10),
             endpoint_ids: FxMap::default(),
             collector: Collector::new(names, options.max_examples),

@@ -1,7 +1,7 @@
 //! The combined / common log format (nginx, Apache): a line's fields by
 //! position, quoted fields unescaped.
 
-use super::{bad, parse_ip, LineParser, Malformed, Record};
+use super::{bad, parse_ip, parse_status, LineParser, Malformed, Record};
 
 impl LineParser {
     pub(super) fn parse_combined(
@@ -27,9 +27,7 @@ impl LineParser {
         unescape_into(request, &mut rec.request.bytes);
         rec.request.set = true;
         let status = c.token().ok_or(bad("missing status"))?;
-        rec.status = std::str::from_utf8(status)
-            .ok()
-            .and_then(|s| s.parse().ok());
+        rec.status = parse_status(status);
         c.token().ok_or(bad("missing body bytes"))?;
         // Optional: referer, user agent, then the configured extras.
         if c.at_end() {

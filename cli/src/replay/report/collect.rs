@@ -173,12 +173,13 @@ impl Collector {
         t.requests += 1;
         self.cur.requests += 1;
         for c in 0..planned.len() {
-            let (i, key) = (planned.tier(c), planned.key_part(c));
+            let i = planned.tier(c);
             let tier = &mut self.tiers[i];
             tier.applied += 1;
             self.cur.applied[i] += 1;
+            // The key is read only for a tier with blocked keys to count.
             if !tier.keys.is_empty() {
-                if let Some(k) = tier.keys.get_mut(key) {
+                if let Some(k) = tier.keys.get_mut(planned.key_part(c)) {
                     k.requests += 1;
                 }
             }
