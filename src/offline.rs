@@ -295,19 +295,25 @@ struct Unobserved<'a>(HttpFacts<'a>);
 
 impl Facts for Unobserved<'_> {
     const OBSERVED: bool = false;
+    const HEADERS: bool = false;
 
+    #[inline]
     fn standing(&self) -> crate::rollout::Standing {
         self.0.standing()
     }
+    #[inline]
     fn cost(&self, tier: usize) -> Option<u64> {
         self.0.cost(tier)
     }
+    #[inline]
     fn key(&self, tier: usize, key: &mut KeyWriter<'_>) -> Result<bool, KeyError> {
         self.0.key(tier, key)
     }
+    #[inline]
     fn plan(&self, tier: usize) -> Option<Cow<'_, str>> {
         self.0.plan(tier)
     }
+    #[inline]
     fn endpoint(&self) -> (&str, &str) {
         self.0.endpoint()
     }

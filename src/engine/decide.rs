@@ -91,6 +91,7 @@ pub(crate) fn decide(
             .unwrap_or(0);
         let headers = match shared.config.header_style {
             HeaderStyle::None => None,
+            _ if meta.headless => None,
             _ => shown.map(|(i, d)| {
                 let mut h = headers_for(shared, meta, i, d, v.now_us, false);
                 super::meters::attach(shared, meta, ds, false, &mut h);

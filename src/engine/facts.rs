@@ -25,6 +25,11 @@ pub(crate) trait Facts {
     /// the binding tier only and says no.
     const DETAILS: bool = false;
 
+    /// Whether an allowed request's decision carries its rate-limit
+    /// headers (default yes). Replay's offline front door says no: no
+    /// response is built (a denial still carries its rejection).
+    const HEADERS: bool = true;
+
     /// How many checks tier `tier` makes for this request (default 1): a
     /// front door whose request can name one tier several times under
     /// different keys (two descriptors matching one rule) plans each, as

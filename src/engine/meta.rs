@@ -38,6 +38,8 @@ pub(crate) struct Meta {
     /// Not observed ([`Facts::OBSERVED`](super::facts::Facts::OBSERVED)): no endpoint series, sketches or
     /// latency.
     pub(crate) quiet: bool,
+    /// No headers on an allowed decision ([`Facts::HEADERS`](super::facts::Facts::HEADERS) false).
+    pub(crate) headless: bool,
     /// With IETF headers: each check's quota (requests), period in
     /// microseconds (0 for a concurrency tier), and whether its algorithm
     /// refills continuously.

@@ -393,6 +393,7 @@ pub(crate) fn plan<F: Facts>(
             meta.endpoint = Some(shared.telemetry.observer.endpoint(method, route));
         }
         meta.quiet = !F::OBSERVED;
+        meta.headless = !F::HEADERS;
         meta.details = F::DETAILS;
         Planned::Check(checks)
     }
