@@ -202,8 +202,7 @@ impl Pack {
             } else if let Some(k) = self.buckets.iter().position(|t| t.tag == tag) {
                 // Another algorithm under a bucket's name: its state, as
                 // the algorithm keeps it, decides (as none).
-                let t = self.buckets.swap_remove(k);
-                self.slots.push(t.slot(self.anchor_us));
+                self.move_to_slot(k);
             }
             let d = self.general(c, tag, charge, now_us);
             decisions.decided(d);
@@ -248,8 +247,7 @@ impl Pack {
             _ => None,
         };
         let Some((now, missing)) = missing else {
-            let t = self.buckets.swap_remove(k);
-            self.slots.push(t.slot(anchor_us));
+            self.move_to_slot(k);
             return None;
         };
         let (d, used) = decision::<O>(b, missing, cost);
@@ -257,13 +255,18 @@ impl Pack {
             match now.checked_add(used) {
                 Some(ticks) => t.ticks = ticks,
                 None => {
-                    let t = self.buckets.swap_remove(k);
-                    self.slots.push(t.slot(anchor_us));
+                    self.move_to_slot(k);
                     return None;
                 }
             }
         }
         Some(d)
+    }
+
+    /// Moves bucket `k`'s state to a slot, as the algorithm keeps it.
+    fn move_to_slot(&mut self, k: usize) {
+        let t = self.buckets.swap_remove(k);
+        self.slots.push(t.slot(self.anchor_us));
     }
 
     /// [`Pack::bucket`] of a bucket with no state in the pack (a full
