@@ -5,6 +5,16 @@ use super::*;
 use crate::algorithm::{Limit, TokenBucket};
 use crate::backend::{Shadow, TierCheck, Verdict};
 
+/// A xorshift64 sequence from `seed` (a test's repeatable choices).
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
 fn check(key: &str, tb: TokenBucket) -> TierCheck {
     TierCheck {
         key: key.to_owned(),
@@ -48,13 +58,7 @@ fn a_pack_of_four_candidates_decides_as_four_keys() {
             window_us: 5_000_000,
         }),
     ];
-    let mut seed = 0x2545_F491_4F6C_DD1Du64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x2545_F491_4F6C_DD1D);
     let (mut denied, mut allowed) = (0, 0);
     for op in 0..3_000 {
         clock.advance(std::time::Duration::from_micros(match next() % 4 {
@@ -289,13 +293,7 @@ fn a_buckets_ticks_give_way_when_they_cannot_decide() {
         }),
     ];
     let names = ["{c:0}", "{c:1}", "{c:2}", "{c:3}"];
-    let mut seed = 0x9E37_79B9_7F4A_7C15u64;
-    let mut next = move || {
-        seed ^= seed << 13;
-        seed ^= seed >> 7;
-        seed ^= seed << 17;
-        seed
-    };
+    let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
     let (mut first, mut denied, mut allowed, mut back) = (0, 0, 0, 0);
     for op in 0..4_000 {
         match next() % 16 {
